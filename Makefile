@@ -1,0 +1,59 @@
+# MoEScope — one entry point for users, developers and CI.
+#   make run    set everything up (venv, pinned packages, engine) and open the app
+#   make test   set everything up and run every test (native + Python, Qt offscreen)
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP_PIN := pip==25.3
+DEPS_STAMP := $(VENV)/.moescope-deps
+NATIVE_BUILD := build/native
+export MOESCOPE_CACHE ?= $(HOME)/.cache/moescope
+
+.PHONY: setup deps engine engine-cuda-configure native test test-native test-python lint \
+        run bench gpu-bundle screenshot clean
+
+setup: deps native engine
+
+deps: $(DEPS_STAMP)
+$(DEPS_STAMP): pyproject.toml constraints.txt
+	@command -v $(PYTHON) >/dev/null || { echo "python3 not found: sudo apt-get install python3 python3-venv"; exit 2; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { echo "MoEScope needs Python >= 3.10"; exit 2; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "could not create a venv: sudo apt-get install python3-venv"; exit 2; }
+	$(PY) -m pip install --quiet $(PIP_PIN)
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	@touch $@
+
+# The patched llama-cpp-python wheel with the native core compiled in; cached by input hash.
+engine: deps
+	$(PY) engine_patch/build_engine.py --venv $(VENV)
+
+# Checks the CUDA path up to CMake configuration (a full CUDA build takes ~45 min on 2 cores).
+engine-cuda-configure: deps
+	MOESCOPE_CUDA=1 $(PY) engine_patch/build_engine.py --configure-only
+
+native:
+	@command -v cmake >/dev/null || { echo "cmake not found: sudo apt-get install cmake"; exit 2; }
+	@cmake -S native -B $(NATIVE_BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(NATIVE_BUILD) -j2
+
+test: setup test-native lint test-python
+
+test-native: native
+	ctest --test-dir $(NATIVE_BUILD) --output-on-failure
+
+test-python: setup
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q
+
+lint: deps
+	$(VENV)/bin/ruff check app tests bench packaging engine_patch
+	$(VENV)/bin/lint-imports
+
+run: setup
+	$(VENV)/bin/moescope
+
+bench: setup
+	$(PY) bench/engine_bench.py
+
+clean:
+	rm -rf $(NATIVE_BUILD) .pytest_cache .ruff_cache

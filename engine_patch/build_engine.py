@@ -1,0 +1,352 @@
+#!/usr/bin/env python3
+"""Build MoEScope's engine: llama-cpp-python 0.3.36 with our patches and the native core.
+
+Why a script and not a vendored copy: the repo carries no third-party source. We download
+the pinned sdist with pip, check its sha256, apply ``engine_patch/*.patch`` in order, copy
+``native/`` (the expert-cache core) into the llama.cpp tree so it is compiled into libllama,
+and build a wheel. The wheel is cached under a key hashed from every input (sdist hash,
+patches, native sources, build flags, this script), so a second ``make test`` reuses it.
+
+Incremental rebuilds: the patched tree is synced file-by-file into one working directory per
+flavour (cpu/cuda), keeping unchanged files' mtimes, and scikit-build-core reuses one CMake
+build directory, so a change to the native core recompiles a handful of files, not 200.
+
+Usage: build_engine.py [--venv .venv] [--cuda] [--configure-only] [--print-key]
+Environment: MOESCOPE_CACHE (default ~/.cache/moescope), MOESCOPE_CUDA=1,
+CMAKE_CUDA_ARCHITECTURES (default "86;89;90"), CUBLAS_ROOT (a folder with include/ and lib/
+of cuBLAS when the CUDA toolkit lacks it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PATCH_DIR = REPO / "engine_patch"
+NATIVE_DIR = REPO / "native"
+BUILDER_VERSION = "1"  # bump to invalidate every cached wheel
+T0 = time.monotonic()
+
+
+class BuildError(RuntimeError):
+    """A build step failed; the message says what to do."""
+
+
+def step(msg: str) -> None:
+    """Print one build step with the elapsed time, so slow steps are visible in CI logs."""
+    print(f"[engine {time.monotonic() - T0:6.1f}s] {msg}", flush=True)
+
+
+def read_lock() -> dict[str, str]:
+    lock: dict[str, str] = {}
+    for line in (PATCH_DIR / "sdist.lock").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            lock[key.strip()] = value.strip()
+    return lock
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("MOESCOPE_CACHE", Path.home() / ".cache" / "moescope"))
+
+
+def patches() -> list[Path]:
+    return sorted(PATCH_DIR.glob("*.patch"))
+
+
+def native_sources() -> list[Path]:
+    """The core's sources as compiled into libllama: headers and .cpp files, flat."""
+    files = sorted(NATIVE_DIR.glob("include/*.h")) + sorted(NATIVE_DIR.glob("src/*.h"))
+    return files + sorted(NATIVE_DIR.glob("src/*.cpp"))
+
+
+def check_tools(cuda: bool) -> None:
+    """Fail early with the Debian package to install, instead of a CMake backtrace."""
+    needs = {"cmake": "cmake", "c++": "g++ (build-essential)", "patch": "patch",
+             "ninja": "ninja-build"}
+    for tool, package in needs.items():
+        if shutil.which(tool) is None:
+            raise BuildError(f"'{tool}' not found: install it, e.g. `sudo apt-get install "
+                             f"{package.split()[0]}` ({package})")
+    if cuda and shutil.which("nvcc") is None:
+        raise BuildError("MOESCOPE_CUDA=1 but 'nvcc' is not on PATH: install the CUDA "
+                         "toolkit (nvidia-cuda-toolkit or NVIDIA's cuda-toolkit package)")
+
+
+def cmake_args(cuda: bool) -> list[str]:
+    """Flags: portable CPU code, and nothing we do not load (tools, tests, mtmd, common)."""
+    args = [
+        "-DGGML_NATIVE=OFF",
+        "-DLLAVA_BUILD=OFF",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_TOOLS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_BUILD_SERVER=OFF",
+        "-DLLAMA_BUILD_APP=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+        "-DCMAKE_BUILD_TYPE=Release",
+    ]
+    if cuda:
+        archs = os.environ.get("CMAKE_CUDA_ARCHITECTURES", "86;89;90")
+        args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]
+        args += cuda_toolkit_workarounds()
+    return args
+
+
+def cuda_toolkit_workarounds() -> list[str]:
+    """Flags for toolkits without cuBLAS or the libcuda stub (our CI machine has neither)."""
+    nvcc = shutil.which("nvcc")
+    root = Path(os.path.realpath(nvcc)).parents[1] if nvcc else Path("/usr/local/cuda")
+    extra: list[str] = []
+    if not (root / "include" / "cublas_v2.h").exists():
+        cublas = os.environ.get("CUBLAS_ROOT")
+        if not cublas:
+            raise BuildError(
+                f"the CUDA toolkit at {root} has no cuBLAS (cublas_v2.h). Install it "
+                "(cuda-libraries-dev) or unpack the PyPI wheel `nvidia-cublas` and set "
+                "CUBLAS_ROOT to its nvidia/cu13 folder (see docs/building.md)")
+        inc, lib = Path(cublas) / "include", Path(cublas) / "lib"
+        extra += [f"-DCUDA_cublas_LIBRARY={next(lib.glob('libcublas.so*'))}",
+                  f"-DCUDA_cublasLt_LIBRARY={next(lib.glob('libcublasLt.so*'))}",
+                  f"-DCMAKE_CUDA_FLAGS=-I{inc}", f"-DCMAKE_CXX_FLAGS=-I{inc}"]
+    stub = list(root.glob("lib64/stubs/libcuda.so")) + list(root.glob("lib/stubs/libcuda.so"))
+    if not stub and not Path("/usr/lib/x86_64-linux-gnu/libcuda.so.1").exists():
+        extra.append("-DGGML_CUDA_NO_VMM=ON")
+    return extra
+
+
+def cache_key(sdist_sha: str, cuda: bool) -> str:
+    """Hash of everything that changes the wheel's bytes."""
+    h = hashlib.sha256()
+    h.update(f"builder={BUILDER_VERSION}\nsdist={sdist_sha}\n".encode())
+    h.update(Path(__file__).read_bytes())
+    h.update((PATCH_DIR / "build-requirements.txt").read_bytes())
+    for path in patches() + native_sources():
+        h.update(f"\n{path.relative_to(REPO)}\n".encode())
+        h.update(path.read_bytes())
+    h.update("\n".join(cmake_args(cuda)).encode())
+    return h.hexdigest()[:16]
+
+
+def fetch_sdist(lock: dict[str, str], cache: Path) -> Path:
+    dest = cache / "sdist"
+    sdist = dest / lock["filename"]
+    if not sdist.exists():
+        step(f"downloading {lock['name']}=={lock['version']} sdist with pip")
+        dest.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+             "--no-build-isolation", "--quiet",
+             f"{lock['name']}=={lock['version']}", "-d", str(dest)],
+            check=False)
+        if not sdist.exists():  # metadata preparation may need isolation; try again with it
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                 "--quiet", f"{lock['name']}=={lock['version']}", "-d", str(dest)],
+                check=True)
+    digest = sha256_file(sdist)
+    if digest != lock["sha256"]:
+        sdist.unlink()
+        raise BuildError(f"{sdist.name}: sha256 {digest} does not match the pinned "
+                         f"{lock['sha256']} (engine_patch/sdist.lock); the file was removed")
+    step(f"sdist verified: {sdist.name} sha256 {digest[:12]}...")
+    return sdist
+
+
+def apply_patches(tree: Path) -> None:
+    """Apply every patch in order; a failure names the patch, the file and the hunk."""
+    for patch in patches():
+        cmd = ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-i",
+               str(patch)]
+        dry = subprocess.run([*cmd, "--dry-run"], cwd=tree, capture_output=True, text=True)
+        if dry.returncode != 0:
+            raise BuildError(f"patch {patch.name} does not apply:\n{dry.stdout}{dry.stderr}")
+        subprocess.run(cmd, cwd=tree, check=True, capture_output=True)
+        step(f"applied {patch.name}")
+
+
+def sync_tree(src: Path, dst: Path) -> int:
+    """Make dst equal to src, touching only files whose bytes differ (keeps mtimes)."""
+    changed = 0
+    seen: set[Path] = set()
+    for path in src.rglob("*"):
+        rel = path.relative_to(src)
+        seen.add(rel)
+        target = dst / rel
+        if path.is_dir() and not path.is_symlink():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        if target.exists() and not path.is_symlink() and target.stat().st_size == \
+                path.stat().st_size and target.read_bytes() == path.read_bytes():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists() or target.is_symlink():
+            target.unlink()
+        shutil.copy2(path, target, follow_symlinks=False)
+        changed += 1
+    for path in sorted(dst.rglob("*"), reverse=True):
+        if path.relative_to(dst) not in seen:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            changed += 1
+    return changed
+
+
+def prepare_tree(sdist: Path, lock: dict[str, str], work: Path, key: str) -> Path:
+    """Unpack, patch, add the core, stamp the version; sync into the stable work tree."""
+    with tempfile.TemporaryDirectory(prefix="moescope-engine-") as tmp:
+        with tarfile.open(sdist) as tar:
+            tar.extractall(tmp, filter="tar")
+        tree = Path(tmp) / f"llama_cpp_python-{lock['version']}"
+        shutil.rmtree(tree / "vendor" / "llama.cpp" / ".git", ignore_errors=True)
+        apply_patches(tree)
+        core_dir = tree / "vendor" / "llama.cpp" / "src" / "moescope"
+        core_dir.mkdir()
+        for path in native_sources():
+            shutil.copy2(path, core_dir / path.name)
+        init = tree / "llama_cpp" / "__init__.py"
+        init.write_text(init.read_text().replace(
+            f'__version__ = "{lock["version"]}"',
+            f'__version__ = "{lock["version"]}+moescope.{key}"'))
+        work.mkdir(parents=True, exist_ok=True)
+        changed = sync_tree(tree, work)
+    step(f"patched tree ready in {work} ({changed} files changed)")
+    return work
+
+
+def build_env(cache: Path) -> Path:
+    """A private venv with the pinned build backend (for --no-build-isolation reuse)."""
+    reqs = PATCH_DIR / "build-requirements.txt"
+    env = cache / "buildenv"
+    stamp = env / "requirements.sha256"
+    want = sha256_file(reqs)
+    if not stamp.exists() or stamp.read_text() != want:
+        step("creating the build environment (scikit-build-core)")
+        shutil.rmtree(env, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
+        subprocess.run([str(env / "bin" / "pip"), "install", "--quiet", "-r", str(reqs)],
+                       check=True)
+        stamp.write_text(want)
+    return env
+
+
+def build_wheel(tree: Path, cache: Path, cuda: bool, configure_only: bool) -> Path:
+    flavour = "cuda" if cuda else "cpu"
+    env = build_env(cache)
+    build_dir = cache / "build" / flavour
+    out = cache / "tmp-wheel"
+    shutil.rmtree(out, ignore_errors=True)
+    args = cmake_args(cuda)
+    if configure_only:
+        step(f"configuring only ({flavour}): cmake {' '.join(args)}")
+        build_dir.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cmake", "-S", str(tree), "-B", str(build_dir / "configure-only"),
+                        "-G", "Ninja", *args], check=True)
+        step("CMake configuration succeeded")
+        return build_dir
+    environ = dict(os.environ)
+    environ["CMAKE_ARGS"] = " ".join(args)
+    environ.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
+    step(f"building the {flavour} wheel (first build ~8 min on 2 cores; incremental later)")
+    log = cache / f"build-{flavour}.log"
+    with log.open("w") as f:
+        proc = subprocess.run(
+            [str(env / "bin" / "pip"), "wheel", "--no-deps", "--no-build-isolation",
+             "-C", f"build-dir={build_dir}", "-C", "cmake.verbose=false",
+             "-w", str(out), str(tree)],
+            env=environ, stdout=f, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode != 0:
+        tail = "".join(log.read_text(errors="replace").splitlines(True)[-40:])
+        raise BuildError(f"wheel build failed (full log: {log}):\n{tail}")
+    wheels = list(out.glob("*.whl"))
+    if len(wheels) != 1:
+        raise BuildError(f"expected one wheel in {out}, found {wheels}")
+    return wheels[0]
+
+
+def install(wheel: Path, venv: Path, key: str) -> None:
+    """Install into the project venv unless this exact build is already there."""
+    marker = venv / "moescope-engine.key"
+    if marker.exists() and marker.read_text().strip() == key:
+        step(f"engine {key} already installed in {venv}")
+        return
+    step(f"installing {wheel.name} into {venv}")
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                    "--no-deps", "--force-reinstall", str(wheel)], check=True)
+    marker.write_text(key + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--venv", type=Path, default=None,
+                        help="install the wheel into this venv")
+    parser.add_argument("--cuda", action="store_true",
+                        default=os.environ.get("MOESCOPE_CUDA") == "1")
+    parser.add_argument("--configure-only", action="store_true",
+                        help="stop after CMake configuration (checks the CUDA path)")
+    parser.add_argument("--print-key", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        lock = read_lock()
+        cache = cache_root()
+        if args.print_key:
+            print(cache_key(lock["sha256"], args.cuda))
+            return 0
+        check_tools(args.cuda)
+        key = cache_key(lock["sha256"], args.cuda)
+        flavour = "cuda" if args.cuda else "cpu"
+        cached = cache / "wheels" / key
+        wheels = list(cached.glob("*.whl")) if cached.exists() else []
+        if wheels and not args.configure_only:
+            step(f"reusing cached {flavour} wheel {key} ({wheels[0].name})")
+            wheel = wheels[0]
+        else:
+            sdist = fetch_sdist(lock, cache)
+            tree = prepare_tree(sdist, lock, cache / "src" / flavour, key)
+            built = build_wheel(tree, cache, args.cuda, args.configure_only)
+            if args.configure_only:
+                return 0
+            cached.mkdir(parents=True, exist_ok=True)
+            wheel = cached / built.name
+            shutil.move(str(built), wheel)
+            (cached / "manifest.json").write_text(json.dumps({
+                "key": key, "flavour": flavour, "sdist_sha256": lock["sha256"],
+                "patches": [p.name for p in patches()], "cmake_args": cmake_args(args.cuda),
+                "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "seconds": round(time.monotonic() - T0, 1)}, indent=2))
+            step(f"built and cached {wheel}")
+        if args.venv is not None:
+            install(wheel, args.venv, key)
+        step("done")
+        return 0
+    except BuildError as err:
+        print(f"[engine] ERROR: {err}", file=sys.stderr)
+        return 2
+    except subprocess.CalledProcessError as err:
+        print(f"[engine] ERROR: command failed ({err.returncode}): {err.cmd}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

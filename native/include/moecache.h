@@ -1,0 +1,216 @@
+/*
+ * moecache.h — MoEScope's expert-cache core: the C API.
+ *
+ * DRAFT interface written by the lead; the native-core owner may refine it, but keep
+ * the names (they are the paper's words) and tell the lead about any change, because the
+ * llama.cpp glue (engine_patch/) and the Python bindings (moescope.core.native) call it.
+ *
+ * The core DECIDES and never copies bytes (like vLLM's block manager): for every routed
+ * expert it says hit / fetch / substitute, keeps the LOGICAL cache (which experts count as
+ * resident, in which slot), and returns a COPY PLAN the caller executes against real memory
+ * (the engine) or a cost model (the simulator). Decisions depend only on the logical cache
+ * and the router inputs, never on when copies finish, so they are deterministic.
+ *
+ * No llama.cpp dependency. Compiled standalone (libmoecache.so, tests) and into libllama.
+ */
+#ifndef MOECACHE_H
+#define MOECACHE_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define MOECACHE_API __declspec(dllexport)
+#else
+#define MOECACHE_API __attribute__((visibility("default")))
+#endif
+
+#define MOECACHE_MAX_K 32 /* largest top-k the event rows can hold */
+
+/* Defaults shared by the presets and the Python Policy (moescope.core.policy). */
+#define MOECACHE_DEFAULT_THETA      0.15f  /* paper 1: the 0.15 rule */
+#define MOECACHE_DEFAULT_BETA       0.5f   /* paper 1: background admission threshold */
+#define MOECACHE_DEFAULT_HALF_LIFE  64.0f  /* ours: frequency half-life, in steps (tokens) */
+#define MOECACHE_DEFAULT_EVENT_ROWS 8192   /* event ring capacity, rows */
+
+/* Return codes of the functions that return int32_t status. */
+enum moecache_status {
+    MOECACHE_OK          = 0,
+    MOECACHE_E_ARG       = -1, /* bad argument (range, NULL, duplicate id in a token) */
+    MOECACHE_E_NO_SLOT   = -2, /* the batch needs more distinct experts than there are slots */
+    MOECACHE_E_PLAN_CAP  = -3, /* plan_cap < min(slots_per_layer, n_tokens * top_k) */
+};
+
+/* What to do with a routed expert that is not resident (paper 1, "miss rules"). */
+enum moecache_miss_rule {
+    MOECACHE_FETCH_ALL      = 0, /* wait for every miss: exact output */
+    MOECACHE_THRESHOLD      = 1, /* fetch if first choice or normalized weight >= theta */
+    MOECACHE_FIRST_CHOICE   = 2, /* fetch only a missing first choice */
+    MOECACHE_SUBSTITUTE_ALL = 3, /* substitute every miss (reference for what it costs) */
+};
+
+/* Which resident expert makes room (never one used by the current route call).
+ * LRU: least recently used (hit, fetched, used as substitute, or admitted); ties by lower id.
+ * FREQUENCY: lowest exponentially decayed count of router selections (hit, fetch or miss
+ * alike), decayed lazily with policy.half_life steps; ties by LRU, then lower id. */
+enum moecache_eviction {
+    MOECACHE_EVICT_LRU       = 0,
+    MOECACHE_EVICT_FREQUENCY = 1, /* exponentially decayed use counts, half-life in tokens */
+};
+
+/* Which gate weight a substitute expert gets. */
+enum moecache_substitute_weight {
+    MOECACHE_SUBW_MISSING = 0, /* the missing expert's gate weight (default, paper 1) */
+    MOECACHE_SUBW_OWN     = 1, /* the substitute's own router probability */
+};
+
+/* Per selected expert, what the core decided. */
+enum moecache_action {
+    MOECACHE_HIT        = 0,
+    MOECACHE_FETCH      = 1,
+    MOECACHE_SUBSTITUTE = 2,
+};
+
+typedef struct moecache_policy {
+    int32_t miss_rule;         /* enum moecache_miss_rule */
+    float   theta;             /* THRESHOLD: 0.15 in the paper */
+    int32_t eviction;          /* enum moecache_eviction */
+    float   half_life;         /* half-life of use counts, in steps (> 0; kept even under LRU) */
+    int32_t admission;         /* 1: background admission on */
+    float   beta;              /* admission threshold on accumulated lost mass: 0.5 */
+    int32_t substitute_weight; /* enum moecache_substitute_weight */
+} moecache_policy;
+
+/* One expert copy the caller must perform: host bytes of `expert` into `slot` of `layer`.
+ * async == 0: needed before this layer's matmul (a fetch). async == 1: background
+ * admission; the slot counts as resident at once (logical cache) and a later token that
+ * uses it must wait for the copy to finish. */
+typedef struct moecache_copy {
+    int32_t layer;
+    int32_t expert;
+    int32_t slot;
+    int32_t async;
+} moecache_copy;
+
+/* One row per (step, layer, token in batch). Weights are normalized over the top-k. */
+typedef struct moecache_event {
+    int64_t step;
+    int32_t layer;
+    int32_t token;                       /* index within the routed batch */
+    int32_t k;
+    int32_t ids[MOECACHE_MAX_K];         /* router's selection, router order */
+    float   weights[MOECACHE_MAX_K];     /* normalized gate weights */
+    int8_t  action[MOECACHE_MAX_K];      /* enum moecache_action */
+    int32_t used_ids[MOECACHE_MAX_K];    /* expert actually computed (substitute for SUBSTITUTE) */
+    int32_t slots[MOECACHE_MAX_K];
+    float   substituted_mass;            /* sum of normalized weights of substituted experts */
+    int32_t n_hit, n_fetch, n_substitute;
+    int32_t n_admit, n_evict;
+    int32_t admitted[MOECACHE_MAX_K];    /* first min(n_admit, MAX_K) admitted experts */
+    int32_t evicted[MOECACHE_MAX_K];     /* first min(n_evict, MAX_K) evicted experts */
+    int64_t bytes_sync;                  /* bytes fetched synchronously for this row */
+    int64_t bytes_async;                 /* bytes of background admissions scheduled */
+} moecache_event;
+
+typedef struct moecache_layer_stats {
+    int64_t tokens;
+    int64_t selections;
+    int64_t hits;
+    int64_t fetches;
+    int64_t substitutions;
+    int64_t admissions;
+    int64_t evictions;
+    double  substituted_mass;
+    int64_t bytes_sync;
+    int64_t bytes_async;
+    int64_t resize_evictions;  /* experts dropped by moecache_set_slots (no event rows) */
+} moecache_layer_stats;
+
+typedef struct moecache moecache;
+
+/* Presets: "exact", "quality-first", "speed-first", "substitute-all", "threshold",
+ * "first-choice". Returns 0, or -1 for an unknown name. The last three are the bare miss
+ * rules of paper 1 (LRU, no admission). */
+MOECACHE_API int32_t moecache_preset(const char * name, moecache_policy * out);
+
+/* Every slot starts free. Returns NULL on bad arguments: n_layers >= 1,
+ * 1 <= top_k <= min(MOECACHE_MAX_K, n_experts), top_k <= slots_per_layer <= n_experts,
+ * a valid policy (NULL: the "exact" preset). */
+MOECACHE_API moecache * moecache_create(int32_t n_layers, int32_t n_experts, int32_t top_k,
+                                        int32_t slots_per_layer, const moecache_policy * policy);
+MOECACHE_API void      moecache_destroy(moecache * c);
+
+/* Takes effect at the next moecache_begin_step. Returns 0 or MOECACHE_E_ARG on bad
+ * parameters (unknown enum, theta outside [0, 1], half_life <= 0, beta <= 0). */
+MOECACHE_API int32_t moecache_set_policy(moecache * c, const moecache_policy * policy);
+/* The ACTIVE policy (a pending one shows only after the next moecache_begin_step). */
+MOECACHE_API void    moecache_get_policy(const moecache * c, moecache_policy * out);
+
+/* Resize every layer to `slots` (>= top_k, <= n_experts), immediately (call it between
+ * tokens). Shrinking evicts by the active eviction rule and compacts residents into slots
+ * [0, slots): residents already below `slots` stay put, the others move, in slot order, to
+ * the lowest free slots. Growing adds free slots. The caller then reallocates its slot
+ * buffers and re-copies every resident expert (see moecache_layer_slots). Returns 0 or <0. */
+MOECACHE_API int32_t moecache_set_slots(moecache * c, int32_t slots);
+MOECACHE_API int32_t moecache_get_slots(const moecache * c);
+
+/* Bytes one expert occupies in `layer` (all its matrices), for the byte counters. */
+MOECACHE_API void moecache_set_expert_bytes(moecache * c, int32_t layer, int64_t bytes);
+
+/* Start a new token (decode step): applies a pending policy, advances the step (the time
+ * of frequency decay and of event rows). The step starts at 0 and is 1 after the first call. */
+MOECACHE_API void    moecache_begin_step(moecache * c);
+MOECACHE_API int64_t moecache_step(const moecache * c);
+
+/* Decide for n_tokens tokens of one layer.
+ *   probs   [n_tokens * n_experts] router probabilities (choosing substitutes)
+ *   ids     [n_tokens * k] selected experts, router order (ids[0] = first choice)
+ *   weights [n_tokens * k] gate weights as the router produced them (in/out: a substitute
+ *           gets the weight given by policy.substitute_weight)
+ *   out_ids [n_tokens * k] expert actually used; out_slots [n_tokens * k] its slot
+ *   plan    room for plan_cap copies; *n_plan receives the count. Sync fetches come first
+ *           (decision order), then async admissions. plan_cap >= min(slots, n_tokens * k)
+ *           always suffices and is required (else MOECACHE_E_PLAN_CAP).
+ * Experts used by any token of the call (hits, fetches, substitutes) are never evicted
+ * during it; admissions are decided after every token's fetches. Ids must be in range and
+ * distinct within a token. Returns MOECACHE_OK, MOECACHE_E_NO_SLOT when the batch needs more
+ * distinct experts than there are slots, or MOECACHE_E_ARG / MOECACHE_E_PLAN_CAP. On any
+ * error nothing changes (cache, weights, stats, events); out_ids/out_slots are undefined. */
+MOECACHE_API int32_t moecache_route(moecache * c, int32_t layer, int32_t n_tokens,
+                                    const float * probs, const int32_t * ids, float * weights,
+                                    int32_t * out_ids, int32_t * out_slots,
+                                    moecache_copy * plan, int32_t plan_cap, int32_t * n_plan);
+
+/* expert -> slot (-1 if not resident), n_experts entries; and slot -> expert (-1 free). */
+MOECACHE_API void moecache_layer_experts(const moecache * c, int32_t layer, int32_t * slot_of_expert);
+MOECACHE_API void moecache_layer_slots(const moecache * c, int32_t layer, int32_t * expert_of_slot);
+
+/* Admission accumulators: per expert, the normalized gate mass lost to substitution since
+ * it was last brought into the cache (n_experts entries). */
+MOECACHE_API void moecache_layer_lost_mass(const moecache * c, int32_t layer, float * lost_mass);
+
+/* Event ring buffer: returns rows copied (oldest first) and removes them. When full, a new
+ * row overwrites the oldest, which is counted in moecache_events_dropped (cumulative).
+ * Capacity 0 stops recording. Changing the capacity keeps the newest rows that fit. */
+MOECACHE_API int32_t moecache_drain_events(moecache * c, moecache_event * out, int32_t cap);
+MOECACHE_API int32_t moecache_events_pending(const moecache * c);
+MOECACHE_API int64_t moecache_events_dropped(const moecache * c);
+MOECACHE_API void    moecache_set_event_capacity(moecache * c, int32_t rows);
+
+MOECACHE_API void moecache_get_layer_stats(const moecache * c, int32_t layer, moecache_layer_stats * out);
+MOECACHE_API void moecache_reset_stats(moecache * c);
+
+/* Forget all residency (every slot free), accumulators, recency and frequency; keeps
+ * policy, slots, step, stats and events. */
+MOECACHE_API void moecache_clear(moecache * c);
+
+MOECACHE_API const char * moecache_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOECACHE_H */
