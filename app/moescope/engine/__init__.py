@@ -1,0 +1,23 @@
+"""The patched llama.cpp engine: load a MoE model with the expert cache and generate."""
+
+from moescope.engine.engine import (
+    CacheError,
+    Engine,
+    LoadedModel,
+    Message,
+    ModelLoadError,
+    Sampling,
+)
+from moescope.engine.stats import AnswerStats, CacheTotals, TokenStats
+
+__all__ = [
+    "AnswerStats",
+    "CacheError",
+    "CacheTotals",
+    "Engine",
+    "LoadedModel",
+    "Message",
+    "ModelLoadError",
+    "Sampling",
+    "TokenStats",
+]

@@ -1,0 +1,90 @@
+"""ctypes bindings to the llama.h functions our patch adds (``llama_moe_*``).
+
+They live in the same ``libllama.so`` that ``llama_cpp`` loads, so we declare them on
+``llama_cpp.llama_cpp._lib`` rather than opening a second copy. The cache's policy, counters
+and events are reached through the core's own C API (:mod:`moescope.core.native`) on the
+handle ``llama_moe_cache_core`` returns: one implementation, shared with the simulator.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from moescope.core.errors import MoEScopeError
+
+# return codes of llama_moe_cache_enable / _resize (see engine_patch/0002)
+RC_OK = 0
+RC_NOT_MOE = -1
+RC_BAD_SLOTS = -2
+RC_ALLOC_FAILED = -3
+RC_ALREADY_ENABLED = -4
+
+
+class EngineNotPatchedError(MoEScopeError):
+    """The installed llama_cpp is stock: it has no expert cache."""
+
+
+class MoeCacheTimings(ctypes.Structure):
+    """``struct llama_moe_cache_timings``: where the time of the cache went (µs)."""
+
+    _fields_ = [
+        ("route_us", ctypes.c_int64),
+        ("sync_copy_us", ctypes.c_int64),
+        ("async_copy_us", ctypes.c_int64),
+        ("wait_us", ctypes.c_int64),
+        ("n_sync", ctypes.c_int64),
+        ("n_async", ctypes.c_int64),
+    ]
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: int(getattr(self, name)) for name, _ in self._fields_}
+
+
+_declared: Any = None
+
+
+def engine_library() -> Any:
+    """The llama library of the installed ``llama_cpp``, with our functions declared."""
+    global _declared
+    if _declared is not None:
+        return _declared
+    try:
+        from llama_cpp import llama_cpp as low
+    except ImportError as err:  # pragma: no cover - depends on the installation
+        raise EngineNotPatchedError(
+            f"llama_cpp is not installed ({err}); run `make engine`") from err
+    lib = low._lib
+    if not hasattr(lib, "llama_moe_cache_enable"):
+        raise EngineNotPatchedError(
+            "the installed llama_cpp has no MoEScope expert cache (stock build?); "
+            "run `make engine` to install the patched one")
+    vp, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
+    signatures: dict[str, tuple[Any, list[Any]]] = {
+        "llama_moe_set_host_experts": (None, [ctypes.c_bool]),
+        "llama_moe_cache_enable": (i32, [vp, i32, vp]),
+        "llama_moe_cache_resize": (i32, [vp, i32]),
+        "llama_moe_cache_disable": (None, [vp]),
+        "llama_moe_cache_core": (vp, [vp]),
+        "llama_moe_cache_n_slots": (i32, [vp]),
+        "llama_moe_cache_expert_bytes": (i64, [vp, i32]),
+        "llama_moe_cache_set_max_tokens": (None, [vp, i32]),
+        "llama_moe_cache_set_copy_delay": (None, [vp, i32]),
+        "llama_moe_cache_get_timings": (None, [vp, ctypes.POINTER(MoeCacheTimings)]),
+        "llama_moe_cache_reset_timings": (None, [vp]),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    _declared = lib
+    return lib
+
+
+def is_patched() -> bool:
+    """True when the installed llama_cpp carries the MoEScope expert cache."""
+    try:
+        engine_library()
+    except EngineNotPatchedError:
+        return False
+    return True
