@@ -1,9 +1,9 @@
 /*
  * moecache.h — MoEScope's expert-cache core: the C API.
  *
- * DRAFT interface written by the lead; the native-core owner may refine it, but keep
- * the names (they are the paper's words) and tell the lead about any change, because the
- * llama.cpp glue (engine_patch/) and the Python bindings (moescope.core.native) call it.
+ * Interface drafted by the lead and implemented in native/src/. Keep the names (they are
+ * the paper's words) and tell the lead about any change: the llama.cpp glue (engine_patch/)
+ * and the Python binding (moescope.core.native, which mirrors these structs) call it.
  *
  * The core DECIDES and never copies bytes (like vLLM's block manager): for every routed
  * expert it says hit / fetch / substitute, keeps the LOGICAL cache (which experts count as
@@ -47,7 +47,7 @@ enum moecache_status {
 /* What to do with a routed expert that is not resident (paper 1, "miss rules"). */
 enum moecache_miss_rule {
     MOECACHE_FETCH_ALL      = 0, /* wait for every miss: exact output */
-    MOECACHE_THRESHOLD      = 1, /* fetch if first choice or normalized weight >= theta */
+    MOECACHE_THRESHOLD      = 1, /* fetch if first choice or w_i / sum_k w >= theta */
     MOECACHE_FIRST_CHOICE   = 2, /* fetch only a missing first choice */
     MOECACHE_SUBSTITUTE_ALL = 3, /* substitute every miss (reference for what it costs) */
 };
@@ -64,7 +64,8 @@ enum moecache_eviction {
 /* Which gate weight a substitute expert gets. */
 enum moecache_substitute_weight {
     MOECACHE_SUBW_MISSING = 0, /* the missing expert's gate weight (default, paper 1) */
-    MOECACHE_SUBW_OWN     = 1, /* the substitute's own router probability */
+    MOECACHE_SUBW_OWN     = 1, /* its own router probability, scaled as the router scaled
+                                  the missing one's: p_sub * (w_i / p_i) */
 };
 
 /* Per selected expert, what the core decided. */
@@ -87,7 +88,8 @@ typedef struct moecache_policy {
 /* One expert copy the caller must perform: host bytes of `expert` into `slot` of `layer`.
  * async == 0: needed before this layer's matmul (a fetch). async == 1: background
  * admission; the slot counts as resident at once (logical cache) and a later token that
- * uses it must wait for the copy to finish. */
+ * uses it must wait for the copy to finish. A later plan may reuse the same slot (eviction),
+ * so the executor must finish copies into one slot in plan order (e.g. one copy stream). */
 typedef struct moecache_copy {
     int32_t layer;
     int32_t expert;
@@ -95,7 +97,8 @@ typedef struct moecache_copy {
     int32_t async;
 } moecache_copy;
 
-/* One row per (step, layer, token in batch). Weights are normalized over the top-k. */
+/* One row per (step, layer, token in batch). `weights` are the router's gate weights of
+ * `ids`, normalized over the top-k (before any substitute weight is applied). */
 typedef struct moecache_event {
     int64_t step;
     int32_t layer;
@@ -177,7 +180,8 @@ MOECACHE_API int64_t moecache_step(const moecache * c);
  * Experts used by any token of the call (hits, fetches, substitutes) are never evicted
  * during it; admissions are decided after every token's fetches. Ids must be in range and
  * distinct within a token. Returns MOECACHE_OK, MOECACHE_E_NO_SLOT when the batch needs more
- * distinct experts than there are slots, or MOECACHE_E_ARG / MOECACHE_E_PLAN_CAP. On any
+ * distinct experts than there are slots (only possible when n_tokens * k > slots; the glue
+ * then keeps llama.cpp's original path), or MOECACHE_E_ARG / MOECACHE_E_PLAN_CAP. On any
  * error nothing changes (cache, weights, stats, events); out_ids/out_slots are undefined. */
 MOECACHE_API int32_t moecache_route(moecache * c, int32_t layer, int32_t n_tokens,
                                     const float * probs, const int32_t * ids, float * weights,

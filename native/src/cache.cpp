@@ -1,0 +1,124 @@
+/*
+ * cache.cpp — the per-layer LOGICAL cache: S slots and the expert <-> slot maps.
+ *
+ * "Which Expert Misses Are Worth Waiting For?" keeps a fixed number of expert slots per
+ * layer in VRAM; PSR (paper 2) makes residency a logical record updated only by decisions.
+ * Here a slot holds at most one expert and an expert sits in at most one slot; free slots
+ * are always taken lowest index first, so the layout is a pure function of the decisions.
+ */
+#include "moecache_internal.h"
+
+#include <algorithm>
+
+namespace moecache_core {
+
+void layer_init(LayerState & L, int32_t n_experts, int32_t slots) {
+    L.slot_of.assign(n_experts, -1);
+    L.expert_of.assign(slots, -1);
+    L.last_use.assign(n_experts, 0);
+    L.freq.assign(n_experts, 0.0);
+    L.freq_step.assign(n_experts, 0);
+    L.freq_key.assign(n_experts, -1e300);
+    L.lost_mass.assign(n_experts, 0.0f);
+    L.n_resident = 0;
+}
+
+void layer_clear(LayerState & L) {
+    std::fill(L.slot_of.begin(), L.slot_of.end(), -1);
+    std::fill(L.expert_of.begin(), L.expert_of.end(), -1);
+    std::fill(L.last_use.begin(), L.last_use.end(), 0);
+    std::fill(L.freq.begin(), L.freq.end(), 0.0);
+    std::fill(L.freq_step.begin(), L.freq_step.end(), 0);
+    std::fill(L.freq_key.begin(), L.freq_key.end(), -1e300);
+    std::fill(L.lost_mass.begin(), L.lost_mass.end(), 0.0f);
+    L.n_resident = 0;
+}
+
+void layer_insert(LayerState & L, int32_t expert, int32_t slot) {
+    L.slot_of[expert] = slot;
+    L.expert_of[slot] = expert;
+    L.n_resident += 1;
+}
+
+void layer_remove(LayerState & L, int32_t expert) {
+    const int32_t slot = L.slot_of[expert];
+    L.expert_of[slot] = -1;
+    L.slot_of[expert] = -1;
+    L.n_resident -= 1;
+}
+
+int32_t layer_lowest_free_slot(const LayerState & L) {
+    const int32_t n = static_cast<int32_t>(L.expert_of.size());
+    for (int32_t s = 0; s < n; ++s) {
+        if (L.expert_of[s] < 0) {
+            return s;
+        }
+    }
+    return -1;
+}
+
+/* A slot for a new resident: the lowest free one, else the eviction rule's victim's among
+ * experts not pinned by this route call. Returns -1 when every slot is pinned. */
+int32_t acquire_slot(moecache & c, LayerState & L, int64_t pin_epoch, int32_t * victim) {
+    *victim = -1;
+    if (L.n_resident < static_cast<int32_t>(L.expert_of.size())) {
+        return layer_lowest_free_slot(L);
+    }
+    const int32_t v = pick_victim(c, L, pin_epoch);
+    if (v < 0) {
+        return -1;
+    }
+    const int32_t slot = L.slot_of[v];
+    layer_remove(L, v);
+    *victim = v;
+    return slot;
+}
+
+/* Live resize (between tokens): shrinking evicts by the eviction rule with nothing pinned,
+ * then compacts; residents already inside [0, slots) keep their slot so the caller re-copies
+ * as little as it wants to. Growing only adds free slots at the end. */
+void resize_layer(moecache & c, LayerState & L, int32_t slots) {
+    const int64_t no_pins = ++c.scratch.pin_epoch;
+    while (L.n_resident > slots) {
+        const int32_t v = pick_victim(c, L, no_pins);
+        layer_remove(L, v);
+        L.stats.resize_evictions += 1;
+    }
+    const int32_t old_slots = static_cast<int32_t>(L.expert_of.size());
+    for (int32_t s = slots; s < old_slots; ++s) {
+        const int32_t e = L.expert_of[s];
+        if (e >= 0) {
+            layer_remove(L, e);
+            int32_t dst = -1;
+            for (int32_t d = 0; d < slots; ++d) {
+                if (L.expert_of[d] < 0) {
+                    dst = d;
+                    break;
+                }
+            }
+            layer_insert(L, e, dst);
+        }
+    }
+    L.expert_of.resize(slots, -1);
+}
+
+/* Grows the per-call buffers to the largest batch seen; steady-state calls allocate nothing. */
+void Scratch::reserve(int32_t n_experts, int32_t n_tokens, int32_t k) {
+    if (pin.size() < static_cast<size_t>(n_experts)) {
+        pin.resize(n_experts, 0);
+        token_mark.resize(n_experts, 0);
+    }
+    const size_t selections = static_cast<size_t>(n_tokens) * static_cast<size_t>(k);
+    if (action.size() < selections) {
+        action.resize(selections);
+        wnorm.resize(selections);
+        admitted.resize(selections);
+        admit_evicted.resize(selections);
+        fetches.reserve(selections);
+    }
+    if (n_admitted.size() < static_cast<size_t>(n_tokens)) {
+        n_admitted.resize(n_tokens);
+    }
+}
+
+}  // namespace moecache_core

@@ -1,0 +1,121 @@
+/*
+ * moecache_internal.h — the state behind the C API, shared by the core's source files.
+ *
+ * The LOGICAL cache (paper 2, PSR): which experts count as resident, and where, changes only
+ * through routing decisions and resizes; copy timing never enters. Everything is indexed by
+ * dense vectors (no hash maps), so no decision can depend on container iteration order.
+ */
+#ifndef MOECACHE_INTERNAL_H
+#define MOECACHE_INTERNAL_H
+
+#include "moecache.h"
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace moecache_core {
+
+/* One MoE layer's slice of the logical cache plus the per-expert history the policy reads. */
+struct LayerState {
+    std::vector<int32_t> slot_of;    /* expert -> slot, -1 when not resident */
+    std::vector<int32_t> expert_of;  /* slot -> expert, -1 when free */
+    std::vector<int64_t> last_use;   /* expert -> LRU clock of its last use, 0 = never */
+    std::vector<double> freq;        /* decayed selection count as of freq_step */
+    std::vector<int64_t> freq_step;  /* step of the last (lazy) decay of freq */
+    std::vector<double> freq_key;    /* log2(freq) + freq_step / half_life: orders like freq */
+    std::vector<float> lost_mass;    /* admission accumulator, normalized gate mass */
+    int32_t n_resident = 0;
+    int64_t expert_bytes = 0;
+    moecache_layer_stats stats{};
+};
+
+/* Rows of moecache_event, oldest overwritten when full (see moecache_drain_events). */
+struct EventRing {
+    std::vector<moecache_event> rows;
+    int64_t head = 0;  /* index of the oldest row */
+    int64_t count = 0;
+    int64_t dropped = 0;
+
+    moecache_event * push();  /* row to fill, or nullptr when recording is off */
+    int32_t drain(moecache_event * out, int32_t cap);
+    void set_capacity(int32_t capacity);
+};
+
+/* One fetch made while deciding a route call, so a failed call can be undone exactly. */
+struct FetchRecord {
+    int32_t token;
+    int32_t expert;
+    int32_t slot;
+    int32_t victim; /* expert evicted to make room, -1 if the slot was free */
+};
+
+/* Buffers reused by every route call: no heap allocation once they have grown. */
+struct Scratch {
+    std::vector<int64_t> pin;         /* expert -> route call that pinned it */
+    std::vector<int64_t> token_mark;  /* expert -> token that uses it (substitute exclusion) */
+    std::vector<int8_t> action;       /* [n_tokens * k] enum moecache_action */
+    std::vector<float> wnorm;         /* [n_tokens * k] normalized gate weights */
+    std::vector<FetchRecord> fetches; /* decision order */
+    std::vector<int32_t> admitted;    /* [n_tokens * k] experts admitted, per token */
+    std::vector<int32_t> admit_evicted; /* [n_tokens * k] matching victims (-1: free slot) */
+    std::vector<int32_t> n_admitted;  /* [n_tokens] */
+    int64_t pin_epoch = 0;
+    int64_t token_epoch = 0;
+
+    void reserve(int32_t n_experts, int32_t n_tokens, int32_t k);
+};
+
+}  // namespace moecache_core
+
+struct moecache {
+    int32_t n_layers = 0;
+    int32_t n_experts = 0;
+    int32_t top_k = 0;
+    int32_t slots = 0;
+    moecache_policy policy{};
+    moecache_policy pending{};
+    bool has_pending = false;
+    int64_t step = 0;
+    int64_t clock = 0; /* LRU clock: +1 per use, so recency never ties */
+    std::vector<moecache_core::LayerState> layers;
+    moecache_core::EventRing events;
+    moecache_core::Scratch scratch;
+    mutable std::mutex mutex;
+};
+
+namespace moecache_core {
+
+/* cache.cpp: slot maps of one layer. */
+void layer_init(LayerState & L, int32_t n_experts, int32_t slots);
+void layer_clear(LayerState & L);
+void layer_insert(LayerState & L, int32_t expert, int32_t slot);
+void layer_remove(LayerState & L, int32_t expert);
+int32_t layer_lowest_free_slot(const LayerState & L);
+int32_t acquire_slot(moecache & c, LayerState & L, int64_t pin_epoch, int32_t * victim);
+void resize_layer(moecache & c, LayerState & L, int32_t slots);
+
+/* eviction.cpp: which resident expert leaves. */
+int32_t pick_victim(const moecache & c, const LayerState & L, int64_t pin_epoch);
+void record_selection(LayerState & L, int32_t expert, int64_t step, float half_life);
+void refresh_frequency_keys(LayerState & L, float half_life);
+
+/* rules.cpp: miss rules, substitution, policies. */
+bool policy_valid(const moecache_policy & p);
+int32_t preset(const char * name, moecache_policy * out);
+bool miss_rule_fetches(const moecache_policy & p, int32_t rank, float normalized_weight);
+int32_t pick_substitute(const LayerState & L, const float * probs_row,
+                        const std::vector<int64_t> & token_mark, int64_t token);
+
+/* admission.cpp: background admission of experts that lost enough mass. */
+void admit_lost_mass(moecache & c, LayerState & L, int32_t layer, int32_t n_tokens,
+                     const int32_t * ids, moecache_copy * plan, int32_t * n_plan);
+
+/* route.cpp: one route call, under the caller's lock. */
+int32_t route(moecache & c, int32_t layer, int32_t n_tokens, const float * probs,
+              const int32_t * ids, float * weights, int32_t * out_ids, int32_t * out_slots,
+              moecache_copy * plan, int32_t plan_cap, int32_t * n_plan);
+
+}  // namespace moecache_core
+
+#endif /* MOECACHE_INTERNAL_H */

@@ -1,0 +1,271 @@
+/*
+ * route.cpp — one moecache_route call: hit / fetch / substitute for every routed expert.
+ *
+ * Order of a call ("Which Expert Misses Are Worth Waiting For?", with PSR's logical cache):
+ *   1. pin every selected expert that is resident (a hit for some token of the call);
+ *   2. per token, in router order: hits; misses the miss rule fetches; substitutes for the
+ *      others (highest-probability resident expert the token does not compute; none left ->
+ *      fetch); then the fetches take free or evicted slots. Nothing but slot maps changes
+ *      here, so a call that runs out of slots is undone exactly;
+ *   3. commit: recency and frequency, substitute weights, background admissions, counters
+ *      and one event row per token.
+ * Victims are chosen from the history as it stood when the call began; experts used by the
+ * call are pinned and never evicted during it.
+ */
+#include "moecache_internal.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace moecache_core {
+
+namespace {
+
+bool arguments_valid(moecache & c, int32_t layer, int32_t n_tokens, const float * probs,
+                     const int32_t * ids, const float * weights, const int32_t * out_ids,
+                     const int32_t * out_slots, const int32_t * n_plan) {
+    if (layer < 0 || layer >= c.n_layers || n_tokens < 0 || n_plan == nullptr) {
+        return false;
+    }
+    if (n_tokens == 0) {
+        return true;
+    }
+    if (!probs || !ids || !weights || !out_ids || !out_slots) {
+        return false;
+    }
+    Scratch & sc = c.scratch;
+    for (int32_t t = 0; t < n_tokens; ++t) {
+        const int64_t mark = ++sc.token_epoch;
+        for (int32_t j = 0; j < c.top_k; ++j) {
+            const int32_t e = ids[t * c.top_k + j];
+            if (e < 0 || e >= c.n_experts || sc.token_mark[e] == mark) {
+                return false;
+            }
+            sc.token_mark[e] = mark;
+        }
+    }
+    return true;
+}
+
+void undo_fetches(LayerState & L, const std::vector<FetchRecord> & fetches) {
+    for (auto it = fetches.rbegin(); it != fetches.rend(); ++it) {
+        layer_remove(L, it->expert);
+        if (it->victim >= 0) {
+            layer_insert(L, it->victim, it->slot);
+        }
+    }
+}
+
+/* Step 2 for one token. Returns false when a fetch finds every slot pinned. */
+bool decide_token(moecache & c, LayerState & L, int32_t t, const float * probs,
+                  const int32_t * ids, const float * weights, int32_t * out_ids,
+                  int32_t * out_slots) {
+    Scratch & sc = c.scratch;
+    const int32_t k = c.top_k;
+    const int32_t base = t * k;
+    const int64_t pin_epoch = sc.pin_epoch;
+    const int64_t mark = ++sc.token_epoch;
+
+    float sum = 0.0f;
+    for (int32_t j = 0; j < k; ++j) {
+        sum += weights[base + j];
+    }
+    for (int32_t j = 0; j < k; ++j) {
+        const int32_t i = base + j;
+        const int32_t e = ids[i];
+        sc.wnorm[i] = sum > 0.0f ? weights[i] / sum : 0.0f;
+        sc.token_mark[e] = mark;
+        out_ids[i] = e;
+        if (L.slot_of[e] >= 0) {
+            sc.action[i] = MOECACHE_HIT;
+        } else if (miss_rule_fetches(c.policy, j, sc.wnorm[i])) {
+            sc.action[i] = MOECACHE_FETCH;
+        } else {
+            sc.action[i] = MOECACHE_SUBSTITUTE;
+        }
+    }
+    const float * probs_row = probs + static_cast<int64_t>(t) * c.n_experts;
+    for (int32_t i = base; i < base + k; ++i) {
+        if (sc.action[i] != MOECACHE_SUBSTITUTE) {
+            continue;
+        }
+        const int32_t r = pick_substitute(L, probs_row, sc.token_mark, mark);
+        if (r < 0) {
+            sc.action[i] = MOECACHE_FETCH; /* no resident expert left to substitute */
+            continue;
+        }
+        out_ids[i] = r;
+        sc.token_mark[r] = mark;
+        sc.pin[r] = pin_epoch;
+    }
+    for (int32_t i = base; i < base + k; ++i) {
+        if (sc.action[i] != MOECACHE_FETCH) {
+            continue;
+        }
+        int32_t victim = -1;
+        const int32_t slot = acquire_slot(c, L, pin_epoch, &victim);
+        if (slot < 0) {
+            return false;
+        }
+        layer_insert(L, ids[i], slot);
+        sc.pin[ids[i]] = pin_epoch;
+        sc.fetches.push_back(FetchRecord{t, ids[i], slot, victim});
+    }
+    for (int32_t i = base; i < base + k; ++i) {
+        out_slots[i] = L.slot_of[out_ids[i]];
+    }
+    return true;
+}
+
+/* The weight a substitute computes with: the missing expert's (default), or its own router
+ * probability scaled as the router scaled the missing one (w_i / p_i), so it stays in the
+ * same units whether or not the router renormalized the top-k. */
+void apply_substitute_weights(const moecache & c, int32_t n_tokens, const float * probs,
+                              const int32_t * ids, float * weights, const int32_t * out_ids) {
+    if (c.policy.substitute_weight != MOECACHE_SUBW_OWN) {
+        return;
+    }
+    for (int32_t i = 0; i < n_tokens * c.top_k; ++i) {
+        if (c.scratch.action[i] != MOECACHE_SUBSTITUTE) {
+            continue;
+        }
+        const float * row = probs + static_cast<int64_t>(i / c.top_k) * c.n_experts;
+        const float p_missing = row[ids[i]];
+        const float p_own = row[out_ids[i]];
+        weights[i] = p_missing > 0.0f ? p_own * (weights[i] / p_missing) : p_own;
+    }
+}
+
+void record_token(moecache & c, LayerState & L, int32_t layer, int32_t t, const int32_t * ids,
+                  const int32_t * out_ids, const int32_t * out_slots, size_t * next_fetch) {
+    Scratch & sc = c.scratch;
+    const int32_t k = c.top_k;
+    const int32_t base = t * k;
+    int32_t n_hit = 0;
+    int32_t n_fetch = 0;
+    int32_t n_sub = 0;
+    float mass = 0.0f;
+    for (int32_t i = base; i < base + k; ++i) {
+        n_hit += sc.action[i] == MOECACHE_HIT;
+        n_fetch += sc.action[i] == MOECACHE_FETCH;
+        if (sc.action[i] == MOECACHE_SUBSTITUTE) {
+            n_sub += 1;
+            mass += sc.wnorm[i];
+        }
+    }
+    int32_t evicted[2 * MOECACHE_MAX_K];
+    int32_t n_evict = 0;
+    while (*next_fetch < sc.fetches.size() && sc.fetches[*next_fetch].token == t) {
+        if (sc.fetches[*next_fetch].victim >= 0) {
+            evicted[n_evict++] = sc.fetches[*next_fetch].victim;
+        }
+        *next_fetch += 1;
+    }
+    const int32_t n_admit = sc.n_admitted[t];
+    for (int32_t a = 0; a < n_admit; ++a) {
+        if (sc.admit_evicted[base + a] >= 0) {
+            evicted[n_evict++] = sc.admit_evicted[base + a];
+        }
+    }
+
+    moecache_layer_stats & s = L.stats;
+    s.tokens += 1;
+    s.selections += k;
+    s.hits += n_hit;
+    s.fetches += n_fetch;
+    s.substitutions += n_sub;
+    s.admissions += n_admit;
+    s.evictions += n_evict;
+    s.substituted_mass += static_cast<double>(mass);
+    s.bytes_sync += n_fetch * L.expert_bytes;
+    s.bytes_async += n_admit * L.expert_bytes;
+
+    moecache_event * row = c.events.push();
+    if (row == nullptr) {
+        return;
+    }
+    std::memset(row, 0, sizeof(*row));
+    row->step = c.step;
+    row->layer = layer;
+    row->token = t;
+    row->k = k;
+    for (int32_t j = 0; j < k; ++j) {
+        row->ids[j] = ids[base + j];
+        row->weights[j] = sc.wnorm[base + j];
+        row->action[j] = sc.action[base + j];
+        row->used_ids[j] = out_ids[base + j];
+        row->slots[j] = out_slots[base + j];
+    }
+    row->substituted_mass = mass;
+    row->n_hit = n_hit;
+    row->n_fetch = n_fetch;
+    row->n_substitute = n_sub;
+    row->n_admit = n_admit;
+    row->n_evict = n_evict;
+    for (int32_t a = 0; a < std::min(n_admit, MOECACHE_MAX_K); ++a) {
+        row->admitted[a] = sc.admitted[base + a];
+    }
+    for (int32_t v = 0; v < std::min(n_evict, MOECACHE_MAX_K); ++v) {
+        row->evicted[v] = evicted[v];
+    }
+    row->bytes_sync = n_fetch * L.expert_bytes;
+    row->bytes_async = n_admit * L.expert_bytes;
+}
+
+}  // namespace
+
+int32_t route(moecache & c, int32_t layer, int32_t n_tokens, const float * probs,
+              const int32_t * ids, float * weights, int32_t * out_ids, int32_t * out_slots,
+              moecache_copy * plan, int32_t plan_cap, int32_t * n_plan) {
+    if (!arguments_valid(c, layer, n_tokens, probs, ids, weights, out_ids, out_slots, n_plan)) {
+        return MOECACHE_E_ARG;
+    }
+    const int32_t k = c.top_k;
+    const int64_t selections = static_cast<int64_t>(n_tokens) * k;
+    const int32_t plan_needed = static_cast<int32_t>(std::min<int64_t>(c.slots, selections));
+    if (plan_cap < plan_needed || (plan_needed > 0 && plan == nullptr)) {
+        return MOECACHE_E_PLAN_CAP;
+    }
+    *n_plan = 0;
+    if (n_tokens == 0) {
+        return MOECACHE_OK;
+    }
+    LayerState & L = c.layers[layer];
+    Scratch & sc = c.scratch;
+    sc.reserve(c.n_experts, n_tokens, k);
+    sc.fetches.clear();
+
+    /* 1. pin the hits of every token */
+    const int64_t pin_epoch = ++sc.pin_epoch;
+    for (int64_t i = 0; i < selections; ++i) {
+        if (L.slot_of[ids[i]] >= 0) {
+            sc.pin[ids[i]] = pin_epoch;
+        }
+    }
+    /* 2. decide */
+    for (int32_t t = 0; t < n_tokens; ++t) {
+        if (!decide_token(c, L, t, probs, ids, weights, out_ids, out_slots)) {
+            undo_fetches(L, sc.fetches);
+            return MOECACHE_E_NO_SLOT;
+        }
+    }
+    /* 3. commit */
+    for (int64_t i = 0; i < selections; ++i) {
+        L.last_use[out_ids[i]] = ++c.clock;
+        record_selection(L, ids[i], c.step, c.policy.half_life);
+    }
+    for (const FetchRecord & f : sc.fetches) {
+        L.lost_mass[f.expert] = 0.0f;
+        plan[*n_plan] = moecache_copy{layer, f.expert, f.slot, 0};
+        *n_plan += 1;
+    }
+    apply_substitute_weights(c, n_tokens, probs, ids, weights, out_ids);
+    admit_lost_mass(c, L, layer, n_tokens, ids, plan, n_plan);
+    size_t next_fetch = 0;
+    for (int32_t t = 0; t < n_tokens; ++t) {
+        record_token(c, L, layer, t, ids, out_ids, out_slots, &next_fetch);
+    }
+    return MOECACHE_OK;
+}
+
+}  // namespace moecache_core

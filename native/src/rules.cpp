@@ -1,0 +1,104 @@
+/*
+ * rules.cpp — miss rules, substitution and the named policies.
+ *
+ * "Which Expert Misses Are Worth Waiting For?" decides, per routed expert that is not
+ * resident (a miss), whether to wait for it (fetch) or to substitute a resident expert:
+ *   fetch-every-miss  exact output;
+ *   0.15 rule         fetch the router's first choice, and any miss whose normalized gate
+ *                     weight w_i / sum_j w_j (over the top-k) is >= theta (0.15);
+ *   first-choice      fetch only a missing first choice;
+ *   substitute-all    the reference for what substituting everything costs.
+ * A substitute is the resident expert with the highest router probability for the token
+ * that the token does not already compute; it takes the missing expert's gate weight.
+ */
+#include "moecache_internal.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace moecache_core {
+
+bool policy_valid(const moecache_policy & p) {
+    const bool rule_ok = p.miss_rule >= MOECACHE_FETCH_ALL && p.miss_rule <= MOECACHE_SUBSTITUTE_ALL;
+    const bool evict_ok = p.eviction == MOECACHE_EVICT_LRU || p.eviction == MOECACHE_EVICT_FREQUENCY;
+    const bool subw_ok =
+        p.substitute_weight == MOECACHE_SUBW_MISSING || p.substitute_weight == MOECACHE_SUBW_OWN;
+    const bool admission_ok = p.admission == 0 || p.admission == 1;
+    const bool theta_ok = std::isfinite(p.theta) && p.theta >= 0.0f && p.theta <= 1.0f;
+    const bool half_life_ok = std::isfinite(p.half_life) && p.half_life > 0.0f;
+    const bool beta_ok = std::isfinite(p.beta) && p.beta > 0.0f;
+    return rule_ok && evict_ok && subw_ok && admission_ok && theta_ok && half_life_ok && beta_ok;
+}
+
+/* The presets of paper 1. Quality-first and speed-first are its recommended operating
+ * points; the bare rules use LRU and no admission so they isolate the rule itself. */
+int32_t preset(const char * name, moecache_policy * out) {
+    if (name == nullptr || out == nullptr) {
+        return MOECACHE_E_ARG;
+    }
+    moecache_policy p{};
+    p.miss_rule = MOECACHE_FETCH_ALL;
+    p.theta = MOECACHE_DEFAULT_THETA;
+    p.eviction = MOECACHE_EVICT_LRU;
+    p.half_life = MOECACHE_DEFAULT_HALF_LIFE;
+    p.admission = 0;
+    p.beta = MOECACHE_DEFAULT_BETA;
+    p.substitute_weight = MOECACHE_SUBW_MISSING;
+    if (std::strcmp(name, "exact") == 0) {
+        /* defaults */
+    } else if (std::strcmp(name, "quality-first") == 0) {
+        p.miss_rule = MOECACHE_THRESHOLD;
+        p.eviction = MOECACHE_EVICT_FREQUENCY;
+        p.admission = 1;
+    } else if (std::strcmp(name, "speed-first") == 0) {
+        p.miss_rule = MOECACHE_FIRST_CHOICE;
+        p.eviction = MOECACHE_EVICT_FREQUENCY;
+        p.admission = 1;
+    } else if (std::strcmp(name, "substitute-all") == 0) {
+        p.miss_rule = MOECACHE_SUBSTITUTE_ALL;
+    } else if (std::strcmp(name, "threshold") == 0) {
+        p.miss_rule = MOECACHE_THRESHOLD;
+    } else if (std::strcmp(name, "first-choice") == 0) {
+        p.miss_rule = MOECACHE_FIRST_CHOICE;
+    } else {
+        return MOECACHE_E_ARG;
+    }
+    *out = p;
+    return MOECACHE_OK;
+}
+
+/* The miss rule: true = wait for this missing expert. `rank` is its position in router
+ * order (0 = first choice). */
+bool miss_rule_fetches(const moecache_policy & p, int32_t rank, float normalized_weight) {
+    switch (p.miss_rule) {
+        case MOECACHE_FETCH_ALL:
+            return true;
+        case MOECACHE_THRESHOLD:
+            return rank == 0 || normalized_weight >= p.theta;
+        case MOECACHE_FIRST_CHOICE:
+            return rank == 0;
+        default:
+            return false;
+    }
+}
+
+/* Highest router probability among resident experts the token does not already use
+ * (token_mark[e] == token); ties by lower expert id. -1 when none is left. */
+int32_t pick_substitute(const LayerState & L, const float * probs_row,
+                        const std::vector<int64_t> & token_mark, int64_t token) {
+    int32_t best = -1;
+    float best_p = 0.0f;
+    for (const int32_t e : L.expert_of) {
+        if (e < 0 || token_mark[e] == token) {
+            continue;
+        }
+        const float p = probs_row[e];
+        if (best < 0 || p > best_p || (p == best_p && e < best)) {
+            best = e;
+            best_p = p;
+        }
+    }
+    return best;
+}
+
+}  // namespace moecache_core
