@@ -1,0 +1,1 @@
+"""Qt-free domain code: model info, budgets, policies, traces."""

@@ -1,0 +1,1 @@
+"""Router-logit simulator: replays recorded routing through the native core (no model)."""
