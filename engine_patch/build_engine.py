@@ -69,8 +69,12 @@ def cache_root() -> Path:
     return Path(os.environ.get("MOESCOPE_CACHE", Path.home() / ".cache" / "moescope"))
 
 
+STOCK = False  # --stock: only the build patches (no slot cache), for the benchmark
+
+
 def patches() -> list[Path]:
-    return sorted(PATCH_DIR.glob("*.patch"))
+    found = sorted(PATCH_DIR.glob("*.patch"))
+    return [p for p in found if "-build-" in p.name] if STOCK else found
 
 
 def native_sources() -> list[Path]:
@@ -106,30 +110,112 @@ def cmake_args(cuda: bool) -> list[str]:
         "-DCMAKE_BUILD_TYPE=Release",
     ]
     if cuda:
-        archs = os.environ.get("CMAKE_CUDA_ARCHITECTURES", "86;89;90")
-        args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]
-        args += cuda_toolkit_workarounds()
+        args += cuda_args()
     return args
+
+
+def cuda_args(archs: str | None = None) -> list[str]:
+    """The CUDA part of the flags: backend on, target architectures, toolkit workarounds.
+
+    ``archs`` defaults to $CMAKE_CUDA_ARCHITECTURES, else "86;89;90" (bench/gpu_check.py
+    passes "90" for the H200 check)."""
+    archs = archs or os.environ.get("CMAKE_CUDA_ARCHITECTURES", "86;89;90")
+    return ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={archs}",
+            *cuda_toolkit_workarounds()]
+
+
+def cuda_toolkit_root() -> Path:
+    """The CUDA toolkit that `nvcc` belongs to.
+
+    $CUDAToolkit_ROOT / $CUDA_HOME / $CUDA_PATH first; then the folder above the real
+    `nvcc`, following a wrapper script such as ``exec /usr/local/cuda-13.0/bin/nvcc "$@"``
+    (our CI machine's /usr/local/bin/nvcc); /usr/local/cuda last."""
+    import re
+
+    def is_toolkit(path: Path) -> bool:
+        return (path / "include" / "cuda_runtime.h").exists() or any(
+            path.glob("targets/*/include/cuda_runtime.h"))
+
+    for var in ("CUDAToolkit_ROOT", "CUDA_HOME", "CUDA_PATH"):
+        value = os.environ.get(var)
+        if value and is_toolkit(Path(value)):
+            return Path(value)
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        real = Path(os.path.realpath(nvcc))
+        if is_toolkit(real.parents[1]):
+            return real.parents[1]
+        with real.open("rb") as f:
+            head = f.read(4096)
+        if head.startswith(b"#!"):
+            for match in re.finditer(rb"(/[^\s\"']+)/bin/nvcc", head):
+                root = Path(match.group(1).decode(errors="replace"))
+                if is_toolkit(root):
+                    return root
+    return Path("/usr/local/cuda")
+
+
+def nvcc_major() -> int | None:
+    """The major version of the `nvcc` on PATH (13 for "release 13.0"), None if unknown."""
+    import re
+
+    try:
+        out = subprocess.run(["nvcc", "--version"], capture_output=True, text=True,
+                             timeout=60, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"release (\d+)\.", out)
+    return int(match.group(1)) if match else None
+
+
+def find_cublas_root(toolkit: Path) -> Path | None:
+    """Where cuBLAS is when the toolkit lacks it: None if the toolkit has it; else
+    $CUBLAS_ROOT; else a pip-installed ``nvidia-cublas`` (PyTorch brings one) in this
+    Python's site-packages, preferring the folder of nvcc's major version (nvidia/cu13).
+    Raises :class:`BuildError` when there is none."""
+    if any((toolkit / inc / "cublas_v2.h").exists()
+           for inc in ("include", "targets/x86_64-linux/include", "targets/sbsa-linux/include")):
+        return None
+    env = os.environ.get("CUBLAS_ROOT")
+    if env:
+        return Path(env)
+    found: list[Path] = []
+    for entry in sys.path:
+        base = Path(entry or ".") / "nvidia"
+        if base.is_dir():
+            found += [h.parents[1] for h in sorted(base.glob("*/include/cublas_v2.h"))]
+    if not found:
+        raise BuildError(
+            f"the CUDA toolkit at {toolkit} has no cuBLAS (cublas_v2.h). Install it "
+            "(cuda-libraries-dev), or unpack the PyPI wheel `nvidia-cublas` and set "
+            "CUBLAS_ROOT to its nvidia/cu13 folder (see docs/building.md)")
+    major = nvcc_major()
+    found.sort(key=lambda root: root.name not in (f"cu{major}", "cublas"))
+    return found[0]
 
 
 def cuda_toolkit_workarounds() -> list[str]:
     """Flags for toolkits without cuBLAS or the libcuda stub (our CI machine has neither)."""
-    nvcc = shutil.which("nvcc")
-    root = Path(os.path.realpath(nvcc)).parents[1] if nvcc else Path("/usr/local/cuda")
+    root = cuda_toolkit_root()
     extra: list[str] = []
-    if not (root / "include" / "cublas_v2.h").exists():
-        cublas = os.environ.get("CUBLAS_ROOT")
-        if not cublas:
-            raise BuildError(
-                f"the CUDA toolkit at {root} has no cuBLAS (cublas_v2.h). Install it "
-                "(cuda-libraries-dev) or unpack the PyPI wheel `nvidia-cublas` and set "
-                "CUBLAS_ROOT to its nvidia/cu13 folder (see docs/building.md)")
-        inc, lib = Path(cublas) / "include", Path(cublas) / "lib"
-        extra += [f"-DCUDA_cublas_LIBRARY={next(lib.glob('libcublas.so*'))}",
-                  f"-DCUDA_cublasLt_LIBRARY={next(lib.glob('libcublasLt.so*'))}",
+    cublas = find_cublas_root(root)
+    if cublas is not None:
+        inc = cublas / "include"
+        libs = [d for d in (cublas / "lib", cublas / "lib64") if d.is_dir()]
+        blas = sorted(p for d in libs for p in d.glob("libcublas.so*"))
+        blas_lt = sorted(p for d in libs for p in d.glob("libcublasLt.so*"))
+        if not (inc / "cublas_v2.h").exists() or not blas or not blas_lt:
+            raise BuildError(f"CUBLAS_ROOT={cublas} needs include/cublas_v2.h and "
+                             "lib/libcublas.so* + lib/libcublasLt.so*")
+        extra += [f"-DCUDA_cublas_LIBRARY={blas[0]}",
+                  f"-DCUDA_cublasLt_LIBRARY={blas_lt[0]}",
                   f"-DCMAKE_CUDA_FLAGS=-I{inc}", f"-DCMAKE_CXX_FLAGS=-I{inc}"]
-    stub = list(root.glob("lib64/stubs/libcuda.so")) + list(root.glob("lib/stubs/libcuda.so"))
-    if not stub and not Path("/usr/lib/x86_64-linux-gnu/libcuda.so.1").exists():
+    # CUDA VMM links libcuda.so; CMake finds the toolkit's stub or an unversioned system
+    # libcuda.so, never the driver's libcuda.so.1 alone. Without one, use the legacy pool.
+    linkable = [*root.glob("lib*/stubs/libcuda.so"), *root.glob("targets/*/lib/stubs/libcuda.so"),
+                *root.glob("lib*/libcuda.so"), Path("/usr/lib/x86_64-linux-gnu/libcuda.so"),
+                Path("/usr/lib64/libcuda.so"), Path("/usr/lib/libcuda.so")]
+    if not any(p.exists() for p in linkable):
         extra.append("-DGGML_CUDA_NO_VMM=ON")
     return extra
 
@@ -137,7 +223,7 @@ def cuda_toolkit_workarounds() -> list[str]:
 def cache_key(sdist_sha: str, cuda: bool) -> str:
     """Hash of everything that changes the wheel's bytes."""
     h = hashlib.sha256()
-    h.update(f"builder={BUILDER_VERSION}\nsdist={sdist_sha}\n".encode())
+    h.update(f"builder={BUILDER_VERSION}\nsdist={sdist_sha}\nstock={STOCK}\n".encode())
     h.update(Path(__file__).read_bytes())
     h.update((PATCH_DIR / "build-requirements.txt").read_bytes())
     for path in patches() + native_sources():
@@ -251,11 +337,11 @@ def build_env(cache: Path) -> Path:
     return env
 
 
-def build_wheel(tree: Path, cache: Path, cuda: bool, configure_only: bool) -> Path:
-    flavour = "cuda" if cuda else "cpu"
+def build_wheel(tree: Path, cache: Path, cuda: bool, configure_only: bool,
+                flavour: str) -> Path:
     env = build_env(cache)
     build_dir = cache / "build" / flavour
-    out = cache / "tmp-wheel"
+    out = cache / f"tmp-wheel-{os.getpid()}"
     shutil.rmtree(out, ignore_errors=True)
     args = cmake_args(cuda)
     if configure_only:
@@ -297,6 +383,20 @@ def install(wheel: Path, venv: Path, key: str) -> None:
     marker.write_text(key + "\n")
 
 
+def _lock(cache: Path, flavour: str) -> object:
+    """Hold an exclusive lock on this flavour's build directory until the process exits."""
+    import fcntl
+
+    cache.mkdir(parents=True, exist_ok=True)
+    handle = (cache / f"build-{flavour}.lock").open("w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        step(f"another {flavour} engine build is running; waiting for it")
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    return handle
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--venv", type=Path, default=None,
@@ -306,7 +406,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configure-only", action="store_true",
                         help="stop after CMake configuration (checks the CUDA path)")
     parser.add_argument("--print-key", action="store_true")
+    parser.add_argument("--stock", action="store_true",
+                        help="build llama-cpp-python without the slot-cache patch (for "
+                             "bench/engine_bench.py) and print a folder to put on PYTHONPATH")
     args = parser.parse_args(argv)
+    global STOCK
+    STOCK = args.stock
     try:
         lock = read_lock()
         cache = cache_root()
@@ -315,16 +420,19 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         check_tools(args.cuda)
         key = cache_key(lock["sha256"], args.cuda)
-        flavour = "cuda" if args.cuda else "cpu"
+        flavour = ("cuda" if args.cuda else "cpu") + ("-stock" if args.stock else "")
         cached = cache / "wheels" / key
         wheels = list(cached.glob("*.whl")) if cached.exists() else []
+        build_lock = _lock(cache, flavour)  # noqa: F841 (held until exit) one build per flavour at a time (CI, helpers, make)
+        if not wheels:
+            wheels = list(cached.glob("*.whl")) if cached.exists() else []  # built meanwhile
         if wheels and not args.configure_only:
             step(f"reusing cached {flavour} wheel {key} ({wheels[0].name})")
             wheel = wheels[0]
         else:
             sdist = fetch_sdist(lock, cache)
             tree = prepare_tree(sdist, lock, cache / "src" / flavour, key)
-            built = build_wheel(tree, cache, args.cuda, args.configure_only)
+            built = build_wheel(tree, cache, args.cuda, args.configure_only, flavour)
             if args.configure_only:
                 return 0
             cached.mkdir(parents=True, exist_ok=True)
@@ -336,6 +444,18 @@ def main(argv: list[str] | None = None) -> int:
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "seconds": round(time.monotonic() - T0, 1)}, indent=2))
             step(f"built and cached {wheel}")
+        if args.stock:
+            site = cache / "stock" / key
+            if not (site / "llama_cpp").is_dir():
+                import zipfile
+
+                with zipfile.ZipFile(wheel) as zf:
+                    zf.extractall(site)
+                for so in (site / "llama_cpp" / "lib").glob("*.so*"):
+                    so.chmod(0o755)
+            step("stock llama_cpp unpacked; put this folder on PYTHONPATH:")
+            print(site)
+            return 0
         if args.venv is not None:
             install(wheel, args.venv, key)
         step("done")

@@ -72,6 +72,9 @@ def engine_library() -> Any:
         "llama_moe_cache_set_copy_delay": (None, [vp, i32]),
         "llama_moe_cache_get_timings": (None, [vp, ctypes.POINTER(MoeCacheTimings)]),
         "llama_moe_cache_reset_timings": (None, [vp]),
+        "llama_moe_cache_last_route": (i32, [vp, i32, ctypes.POINTER(ctypes.c_float),
+                                             ctypes.POINTER(ctypes.c_float),
+                                             ctypes.POINTER(ctypes.c_int32)]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)

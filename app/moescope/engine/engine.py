@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import io
 import os
 import threading
 import time
@@ -97,11 +98,14 @@ class Engine:
     def load(self, path: str | os.PathLike[str], *, budget: str = "25%",
              policy: Policy | str = "quality-first", n_gpu_layers: int = 0,
              n_ctx: int = 2048, n_threads: int | None = None, cache: bool = True,
+             host_experts: bool | None = None,
              progress: ProgressFn | None = None) -> LoadedModel:
         """Load ``path``; the expert cache is on for MoE models unless ``cache=False``.
 
         A dense model loads with the cache off and says so in ``LoadedModel.notice``. A
         file that is not a GGUF raises ``ModelFormatError`` before llama.cpp sees it.
+        ``host_experts`` (default: same as ``cache``) keeps experts in GGUF layout in host
+        memory; a cache-off run with it on is the exact reference for the cache.
         """
         report = progress or (lambda stage, frac: None)
         self.close()
@@ -113,8 +117,12 @@ class Engine:
             info = read_model_info(p)
         except NotMoEError as err:
             info, cache, notice = None, False, f"{err}; loaded with the expert cache off"
+        plan = plan_for_model(info, budget) if cache and info is not None else None  # fail fast
+        if info is not None and info.context_length:
+            n_ctx = min(n_ctx, info.context_length)
         self._lib = bindings.engine_library()
-        self._lib.llama_moe_set_host_experts(bool(cache))
+        self._lib.llama_moe_set_host_experts(bool(cache if host_experts is None
+                                                   else host_experts))
         report("loading weights", 0.1)
         import llama_cpp  # deferred: loading the shared library takes a moment
 
@@ -125,10 +133,8 @@ class Engine:
                     n_threads=n_threads, verbose=False, logits_all=False)
         except (ValueError, RuntimeError, OSError) as err:
             raise ModelLoadError(f"llama.cpp could not load {p.name}: {err}") from err
-        plan = None
-        if cache and info is not None:
+        if plan is not None and info is not None:
             report("allocating expert slots", 0.8)
-            plan = plan_for_model(info, budget)
             self.set_policy(policy, _apply=False)
             rc = self._lib.llama_moe_cache_enable(
                 self._ctx, plan.slots_per_layer, ctypes.byref(self._policy.to_c()))
@@ -255,6 +261,24 @@ class Engine:
         if self._cache is None or self.model is None or self.model.info is None:
             return {}
         return {il: self._cache.layer_stats(il) for il in self.model.info.moe_layers}
+
+    def last_route(self, layer: int) -> tuple[npt.NDArray[np.float32],
+                                              npt.NDArray[np.float32],
+                                              npt.NDArray[np.int32]] | None:
+        """Router inputs of ``layer``'s latest decoded token: full probabilities, gate
+        weights before the cache's decision, selected ids. Traces record them so that a
+        replay through the core makes exactly the engine's decisions."""
+        if self._cache is None or self.model is None or self.model.info is None:
+            return None
+        info = self.model.info
+        probs = np.empty(info.n_expert, dtype=np.float32)
+        weights = np.empty(info.top_k, dtype=np.float32)
+        ids = np.empty(info.top_k, dtype=np.int32)
+        f32 = ctypes.POINTER(ctypes.c_float)
+        rc = self._lib.llama_moe_cache_last_route(
+            self._ctx, layer, probs.ctypes.data_as(f32), weights.ctypes.data_as(f32),
+            ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)))
+        return (probs, weights, ids) if rc == 0 else None
 
     def drain_events(self) -> npt.NDArray[Any]:
         if self._cache is None:
@@ -430,7 +454,8 @@ def _quiet_stderr() -> Iterator[None]:
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, 2)
-        yield
+        with contextlib.redirect_stderr(io.StringIO()):  # llama_cpp's Python log callback
+            yield
     finally:
         os.dup2(saved, 2)
         os.close(saved)

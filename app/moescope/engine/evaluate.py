@@ -1,0 +1,357 @@
+"""Quality evaluation: teacher-forced perplexity per policy, on the same tokens, and the
+substituted-mass hypothesis.
+
+*Which Expert Misses Are Worth Waiting For?* measures what a policy costs in quality with
+exact emulation: the same token stream is forced through the model under each policy and
+budget, and perplexity is compared with fetch-every-miss (``exact``), whose output equals
+the unpatched engine's at any budget. Tokens are decoded one at a time, because the cache
+governs only small ubatches (a wide prefill batch would bypass it and measure nothing).
+
+The paper's claim checked here: among policies that always fetch the router's first choice,
+the more normalized gate mass a policy substitutes, the more perplexity rises (r ≈ 0.92).
+We compute Pearson r between substituted mass per token and perplexity change over fixed
+windows of the text, with bootstrap confidence intervals that resample windows.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from moescope.core.budget import format_bytes
+from moescope.core.errors import MoEScopeError
+from moescope.core.policy import MissRule, Policy
+from moescope.engine.engine import Engine
+
+ProgressFn = Callable[[int, int, str], None]
+"""``progress(tokens done, tokens in total, label of the current run)``."""
+
+FIRST_CHOICE_RULES = (MissRule.FETCH_ALL, MissRule.THRESHOLD, MissRule.FIRST_CHOICE)
+"""Miss rules that always fetch a missing first choice: the mass hypothesis's population."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One evaluation run: a policy at a budget."""
+
+    policy: Policy
+    budget: str
+
+    @property
+    def label(self) -> str:
+        return self.policy.name or "custom"
+
+
+@dataclass
+class RunResult:
+    """Per scored token of one run: negative log-likelihood, substituted mass, bytes, time."""
+
+    spec: RunSpec
+    slots: int
+    nll: npt.NDArray[np.float64]
+    mass: npt.NDArray[np.float64]
+    bytes_sync: npt.NDArray[np.int64]
+    seconds: npt.NDArray[np.float64]
+    selections: int = 0
+    hits: int = 0
+    substitutions: int = 0
+    bytes_async: int = 0
+    timings: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.nll)
+
+    @property
+    def perplexity(self) -> float:
+        return float(math.exp(self.nll.mean())) if self.n_tokens else float("nan")
+
+    @property
+    def substituted_fraction(self) -> float:
+        """Share of expert calls that ran a substitute."""
+        return self.substitutions / self.selections if self.selections else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.selections if self.selections else 0.0
+
+    @property
+    def mass_per_token(self) -> float:
+        return float(self.mass.mean()) if self.n_tokens else 0.0
+
+    @property
+    def fetched_bytes_per_token(self) -> float:
+        return float(self.bytes_sync.mean()) if self.n_tokens else 0.0
+
+    @property
+    def seconds_per_token(self) -> float:
+        return float(self.seconds.mean()) if self.n_tokens else 0.0
+
+
+def forced_steps(engine: Engine, tokens: Sequence[int]) -> Iterator[
+        tuple[int, npt.NDArray[np.float32], npt.NDArray[Any], float]]:
+    """Decode ``tokens`` one at a time from an empty context, streaming each step.
+
+    Yields ``(i, logits after tokens[:i+1], the core's event rows of that step, seconds)``.
+    Same decoding as :meth:`Engine.forced_logits` (a test checks they agree), but it holds
+    one logits row at a time instead of ``len(tokens) x n_vocab`` floats, and it can report
+    progress and the cache's work per token.
+    """
+    from llama_cpp import llama_cpp as low
+
+    llm = engine._llm
+    if llm is None:
+        raise MoEScopeError("no model is loaded")
+    llm.reset()
+    llm._ctx.kv_cache_clear()
+    n_vocab = llm.n_vocab()
+    engine.drain_events()
+    for i, tok in enumerate(tokens):
+        t0 = time.perf_counter()
+        llm.eval([int(tok)])
+        ptr = low.llama_get_logits_ith(engine._ctx, -1)
+        logits = np.ctypeslib.as_array(ptr, shape=(n_vocab,))
+        seconds = time.perf_counter() - t0
+        yield i, logits, engine.drain_events(), seconds
+
+
+def _nll(logits: npt.NDArray[np.float32], target: int) -> float:
+    """-log softmax(logits)[target], in float64."""
+    x = logits.astype(np.float64)
+    top = float(x.max())
+    return float(top + math.log(float(np.exp(x - top).sum())) - x[target])
+
+
+def run_one(engine: Engine, tokens: Sequence[int], spec: RunSpec, *,
+            progress: Callable[[int], None] | None = None) -> RunResult:
+    """Score ``tokens[1:]`` under one policy and budget, from an empty cache.
+
+    The cache is resized, given the policy and emptied first, so every run starts from the
+    same logical state and only the policy and budget differ.
+    """
+    cache = engine.cache
+    if cache is None:
+        raise MoEScopeError("evaluation needs the expert cache (a MoE model, cache on)")
+    plan = engine.set_budget(spec.budget)
+    engine.set_policy(spec.policy)
+    cache.clear()
+    cache.reset_stats()
+    before = engine.timings()
+    n = len(tokens) - 1
+    nll = np.zeros(n, dtype=np.float64)
+    mass = np.zeros(n, dtype=np.float64)
+    bytes_sync = np.zeros(n, dtype=np.int64)
+    seconds = np.zeros(n, dtype=np.float64)
+    result = RunResult(spec=spec, slots=plan.slots_per_layer, nll=nll, mass=mass,
+                       bytes_sync=bytes_sync, seconds=seconds)
+    for i, logits, rows, dt in forced_steps(engine, tokens[:-1]):
+        nll[i] = _nll(logits, int(tokens[i + 1]))
+        mass[i] = float(rows["substituted_mass"].astype(np.float64).sum())
+        bytes_sync[i] = int(rows["bytes_sync"].sum())
+        seconds[i] = dt
+        result.selections += int(rows["k"].sum())
+        result.hits += int(rows["n_hit"].sum())
+        result.substitutions += int(rows["n_substitute"].sum())
+        result.bytes_async += int(rows["bytes_async"].sum())
+        if progress is not None:
+            progress(i + 1)
+    after = engine.timings()
+    result.timings = {k: after[k] - before.get(k, 0) for k in after}
+    return result
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def pearson(x: npt.ArrayLike, y: npt.ArrayLike) -> float:
+    """Pearson's r; NaN when either side has no variance or fewer than 3 points."""
+    a = np.asarray(x, dtype=np.float64)
+    b = np.asarray(y, dtype=np.float64)
+    if a.size < 3 or a.size != b.size:
+        return float("nan")
+    a = a - a.mean()
+    b = b - b.mean()
+    den = math.sqrt(float((a * a).sum()) * float((b * b).sum()))
+    return float((a * b).sum() / den) if den > 0 else float("nan")
+
+
+@dataclass(frozen=True)
+class MassHypothesis:
+    """Pearson r between substituted mass and perplexity change (paper 1's r ≈ 0.92).
+
+    ``r_runs``: one point per run (policy x budget), mass per token against perplexity
+    change over the whole text; ``r_windows``: one point per run and window. Both have
+    95% bootstrap intervals from resampling windows with replacement.
+    """
+
+    runs: tuple[str, ...]
+    n_windows: int
+    window: int
+    r_runs: float
+    ci_runs: tuple[float, float]
+    r_windows: float
+    ci_windows: tuple[float, float]
+    n_boot: int
+
+    def describe(self) -> str:
+        def fmt(r: float, ci: tuple[float, float]) -> str:
+            if math.isnan(r):
+                return "n/a"
+            lo, hi = ci
+            return f"{r:+.3f}" + ("" if math.isnan(lo) else f" [95% CI {lo:+.3f}, {hi:+.3f}]")
+
+        return (f"mass hypothesis over {len(self.runs)} first-choice-fetching runs, "
+                f"{self.n_windows} windows of {self.window} tokens: r = "
+                f"{fmt(self.r_runs, self.ci_runs)} across runs, "
+                f"{fmt(self.r_windows, self.ci_windows)} across run x window points")
+
+
+def _window_means(values: npt.NDArray[np.float64], window: int) -> npt.NDArray[np.float64]:
+    n = max(1, len(values) // window)
+    w = min(window, len(values))
+    return values[: n * w].reshape(n, w).mean(axis=1)
+
+
+def mass_hypothesis(runs: Sequence[RunResult], baseline: RunResult, window: int, *,
+                    n_boot: int = 1000, seed: int = 0) -> MassHypothesis:
+    """Correlate substituted mass with perplexity change among runs whose miss rule always
+    fetches the first choice (``exact`` included: it is the zero point)."""
+    eligible = [r for r in runs if r.spec.policy.miss_rule in FIRST_CHOICE_RULES]
+    base_nll = _window_means(baseline.nll, window)  # (W,)
+    nll = np.array([_window_means(r.nll, window) for r in eligible]).reshape(len(eligible), -1)
+    mass = np.array([_window_means(r.mass, window) for r in eligible]).reshape(len(eligible), -1)
+    n_windows = base_nll.size
+
+    def stats(idx: npt.NDArray[np.intp]) -> tuple[float, float]:
+        d_nll = nll[:, idx] - base_nll[idx]  # per-window log perplexity ratio
+        change_w = 100.0 * np.expm1(d_nll)
+        change_runs = 100.0 * np.expm1(d_nll.mean(axis=1))
+        return (pearson(mass[:, idx].mean(axis=1), change_runs),
+                pearson(mass[:, idx].ravel(), change_w.ravel()))
+
+    everything = np.arange(n_windows)
+    r_runs, r_windows = stats(everything) if eligible else (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    boots: list[tuple[float, float]] = []
+    if eligible and n_windows > 1:
+        boots = [stats(rng.integers(0, n_windows, n_windows)) for _ in range(n_boot)]
+
+    def interval(values: list[float]) -> tuple[float, float]:
+        v = np.asarray([x for x in values if not math.isnan(x)])
+        if v.size < max(10, n_boot // 10):
+            return (float("nan"), float("nan"))
+        lo, hi = np.percentile(v, [2.5, 97.5])
+        return (float(lo), float(hi))
+
+    return MassHypothesis(
+        runs=tuple(f"{r.spec.label}@{r.spec.budget}" for r in eligible), n_windows=n_windows,
+        window=min(window, baseline.n_tokens), r_runs=r_runs,
+        ci_runs=interval([b[0] for b in boots]), r_windows=r_windows,
+        ci_windows=interval([b[1] for b in boots]), n_boot=len(boots),
+    )
+
+
+# --------------------------------------------------------------------------- the report
+
+
+@dataclass
+class EvalReport:
+    """Every run, the exact baseline they are compared with, and the mass hypothesis."""
+
+    runs: list[RunResult]
+    baseline: RunResult
+    hypothesis: MassHypothesis
+    n_tokens: int
+    model: str = ""
+
+    def change_pct(self, run: RunResult) -> float:
+        """Perplexity change against ``exact``, in percent."""
+        return 100.0 * (run.perplexity / self.baseline.perplexity - 1.0)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per run with raw numbers (the CSV's rows)."""
+        return [{
+            "policy": r.spec.label, "budget": r.spec.budget, "slots": r.slots,
+            "tokens": r.n_tokens, "perplexity": r.perplexity,
+            "ppl_change_pct": self.change_pct(r),
+            "substituted_pct": 100.0 * r.substituted_fraction,
+            "mass_per_token": r.mass_per_token, "hit_rate": r.hit_rate,
+            "fetched_bytes_per_token": r.fetched_bytes_per_token,
+            "seconds_per_token": r.seconds_per_token,
+        } for r in self.runs]
+
+    def to_csv(self) -> str:
+        out = io.StringIO()
+        rows = self.rows()
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["policy"],
+                                lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return out.getvalue()
+
+    def to_markdown(self) -> str:
+        """The table the CLI prints, with the mass hypothesis underneath."""
+        lines = [
+            f"Teacher-forced perplexity on {self.n_tokens} tokens"
+            + (f" of {self.model}" if self.model else "")
+            + f"; baseline exact = {self.baseline.perplexity:.4f}",
+            "",
+            "| policy | budget | slots | perplexity | Δ vs exact | substituted | mass/tok "
+            "| hit rate | fetched/tok | ms/tok |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in self.runs:
+            lines.append(
+                f"| {r.spec.label} | {r.spec.budget} | {r.slots} | {r.perplexity:.4f} | "
+                f"{self.change_pct(r):+.2f}% | {100 * r.substituted_fraction:.1f}% | "
+                f"{r.mass_per_token:.3f} | {100 * r.hit_rate:.1f}% | "
+                f"{format_bytes(round(r.fetched_bytes_per_token))} | "
+                f"{1e3 * r.seconds_per_token:.2f} |")
+        lines += ["", self.hypothesis.describe()]
+        return "\n".join(lines)
+
+
+def evaluate(engine: Engine, tokens: Sequence[int], specs: Sequence[RunSpec], *,
+             window: int = 64, n_boot: int = 1000, seed: int = 0,
+             progress: ProgressFn | None = None) -> EvalReport:
+    """Run every spec on ``tokens`` (one at a time, cache governing each) and compare.
+
+    If no spec is ``exact``, an exact run at the first spec's budget is added as the
+    baseline (any budget gives the same logits). ``window`` is the mass-hypothesis window.
+    """
+    if len(tokens) < 2:
+        raise MoEScopeError("evaluation needs at least 2 tokens of text")
+    if window < 1:
+        raise MoEScopeError("the window must be at least 1 token")
+    if not specs:
+        raise MoEScopeError("no policy x budget to evaluate")
+    specs = list(specs)
+    if not any(s.policy.exact for s in specs):
+        specs.insert(0, RunSpec(Policy.preset("exact"), specs[0].budget))
+    per_run = len(tokens) - 1
+    total = per_run * len(specs)
+    runs: list[RunResult] = []
+    for n, spec in enumerate(specs):
+        label = f"{spec.label} @ {spec.budget}"
+        done = n * per_run
+
+        def tick(i: int, done: int = done, label: str = label) -> None:
+            if progress is not None:
+                progress(done + i, total, label)
+
+        tick(0)
+        runs.append(run_one(engine, tokens, spec, progress=tick))
+    baseline = next(r for r in runs if r.spec.policy.exact)
+    model = engine.model.path.name if engine.model is not None else ""
+    return EvalReport(runs=runs, baseline=baseline,
+                      hypothesis=mass_hypothesis(runs, baseline, window, n_boot=n_boot,
+                                                 seed=seed),
+                      n_tokens=per_run, model=model)

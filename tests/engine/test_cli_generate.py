@@ -1,0 +1,38 @@
+"""`moescope generate` prints the text, then one summary line of the cache's work."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from moescope.cli import main
+
+
+def test_generate_prints_text_and_summary_line(
+        synth_model: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
+    path = synth_model("qwen3moe")
+    code = main(["generate", str(path), "--prompt", "Hello", "--policy", "speed-first",
+                 "--budget", "25%", "--n", "16", "--seed", "1"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0
+    summary = out[-1]
+    for field in ("tok/s", "hit", "MB/tok", "substituted", "mass/tok", "speed-first"):
+        assert field in summary
+    assert "16 tokens" in summary or "stop: eos" in summary
+
+
+def test_generate_without_cache_says_so(
+        synth_model: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["generate", str(synth_model("olmoe")), "--n", "4", "--no-cache"])
+    assert code == 0
+    assert "cache off" in capsys.readouterr().out
+
+
+def test_generate_rejects_a_bad_budget_in_one_line(
+        synth_model: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["generate", str(synth_model("qwen3moe")), "--budget", "lots"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and "budget" in err[0]

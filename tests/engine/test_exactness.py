@@ -1,0 +1,62 @@
+"""Acceptance: with policy `exact` the cache changes nothing — logits are bitwise identical
+to the same engine with the cache off, at full and at 25% budget, for every architecture."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from engine_helpers import ARCHES, PROMPT, forced_stream
+
+
+def _logits(engine: Callable[..., object], path: Path, **kw: object) -> np.ndarray:
+    e = engine(path, **kw)
+    tokens = forced_stream(e._llm.n_vocab(), 64)
+    return e.forced_logits(PROMPT, tokens)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("budget", ["100%", "25%"])
+def test_exact_policy_is_bitwise_identical_to_cache_off(
+        synth_model: Callable[..., Path], engine: Callable[..., object], arch: str,
+        budget: str) -> None:
+    path = synth_model(arch)
+    reference = _logits(engine, path, cache=False, host_experts=True)
+    cached = _logits(engine, path, budget=budget, policy="exact")
+    assert np.isfinite(reference).all()
+    assert np.array_equal(cached, reference)
+
+
+@pytest.mark.parametrize("expert_type", ["q8_0", "q4_0"])
+def test_quantized_experts_are_exact_under_the_cache(
+        synth_model: Callable[..., Path], engine: Callable[..., object],
+        expert_type: str) -> None:
+    path = synth_model("qwen3moe", expert_type=expert_type)
+    reference = _logits(engine, path, cache=False, host_experts=True)
+    cached = _logits(engine, path, budget="25%", policy="exact")
+    assert np.array_equal(cached, reference)
+
+
+def test_exact_survives_any_sequence_of_resizes(
+        synth_model: Callable[..., Path], engine: Callable[..., object]) -> None:
+    path = synth_model("qwen3moe", expert_type="q8_0")
+    reference = _logits(engine, path, cache=False, host_experts=True)
+    e = engine(path, budget="25%", policy="exact")
+    tokens = forced_stream(e._llm.n_vocab(), 64)
+    e._llm.reset()
+    e._llm._ctx.kv_cache_clear()
+    e._llm.eval(PROMPT)
+    from llama_cpp import llama_cpp as low
+
+    out = []
+    budgets = {5: "50%", 12: "25%", 20: "100%", 33: "30%", 47: "25%"}
+    for i, tok in enumerate(tokens):
+        if i in budgets:
+            e.set_budget(budgets[i])  # between tokens; KV cache kept
+        e._llm.eval([tok])
+        n_vocab = e._llm.n_vocab()
+        out.append(np.ctypeslib.as_array(low.llama_get_logits_ith(e._ctx, -1),
+                                         shape=(n_vocab,)).copy())
+    assert np.array_equal(np.array(out), reference)

@@ -1,0 +1,54 @@
+"""Acceptance: substituting policies change the logits, report substituted mass, keep the
+counters equal to the drained events, and never substitute the router's first choice."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from engine_helpers import PROMPT, forced_stream
+
+from moescope.core.native import SUBSTITUTE as ACTION_SUBSTITUTE
+
+SUBSTITUTING = ["quality-first", "speed-first", "substitute-all"]
+
+
+@pytest.fixture(scope="module")
+def reference(synth_model: Callable[..., Path]) -> np.ndarray:
+    from moescope.engine import Engine
+
+    e = Engine()
+    e.load(synth_model("qwen3moe"), cache=False, host_experts=True, n_ctx=256, n_threads=2)
+    try:
+        return e.forced_logits(PROMPT, forced_stream(e._llm.n_vocab()))
+    finally:
+        e.close()
+
+
+@pytest.mark.parametrize("policy", SUBSTITUTING)
+def test_substituting_policy_changes_logits_and_reports_mass(
+        synth_model: Callable[..., Path], engine: Callable[..., object], reference: np.ndarray,
+        policy: str) -> None:
+    e = engine(synth_model("qwen3moe"), budget="25%", policy=policy)
+    logits = e.forced_logits(PROMPT, forced_stream(e._llm.n_vocab()))
+    events = e.drain_events()
+    assert not np.array_equal(logits, reference)
+    mass_events = float(events["substituted_mass"].astype(np.float64).sum())
+    mass_counters = sum(s.substituted_mass for s in e.layer_stats().values())
+    assert mass_events > 0
+    assert mass_counters == pytest.approx(mass_events, rel=1e-6)
+    assert sum(s.substitutions for s in e.layer_stats().values()) == int(
+        events["n_substitute"].sum())
+
+
+@pytest.mark.parametrize("policy", ["quality-first", "speed-first"])
+def test_first_choice_is_never_substituted(
+        synth_model: Callable[..., Path], engine: Callable[..., object], policy: str) -> None:
+    e = engine(synth_model("olmoe"), budget="25%", policy=policy)
+    e.forced_logits(PROMPT, forced_stream(e._llm.n_vocab()))
+    events = e.drain_events()
+    assert len(events) > 0
+    assert not (events["action"][:, 0] == ACTION_SUBSTITUTE).any()
+    assert (events["action"] == ACTION_SUBSTITUTE).any()
