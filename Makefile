@@ -55,5 +55,14 @@ run: setup
 bench: setup
 	$(PY) bench/engine_bench.py
 
+# A self-contained folder (bundle/) for the GPU check on a machine without network.
+gpu-bundle: deps
+	$(PY) bench/make_gpu_bundle.py
+
+# The README's screenshot: the real window under a virtual X server, mid-generation.
+screenshot: setup
+	@command -v xvfb-run >/dev/null || { echo "xvfb-run not found: sudo apt-get install xvfb"; exit 2; }
+	xvfb-run -a -s "-screen 0 1600x1000x24" $(PY) packaging/screenshot.py docs/screenshot.png
+
 clean:
 	rm -rf $(NATIVE_BUILD) .pytest_cache .ruff_cache

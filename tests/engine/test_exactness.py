@@ -60,3 +60,14 @@ def test_exact_survives_any_sequence_of_resizes(
         out.append(np.ctypeslib.as_array(low.llama_get_logits_ith(e._ctx, -1),
                                          shape=(n_vocab,)).copy())
     assert np.array_equal(np.array(out), reference)
+
+
+@pytest.mark.parametrize("arch", ["qwen3next", "deepseek2"])
+def test_merged_gate_up_experts_are_exact_and_substitutable(
+        synth_model: Callable[..., Path], engine: Callable[..., object], arch: str) -> None:
+    """One merged ffn_gate_up_exps tensor per layer: slots hold it like any expert matrix."""
+    path = synth_model(arch, merged_gate_up=True, expert_type="q8_0")
+    reference = _logits(engine, path, cache=False, host_experts=True)
+    assert np.array_equal(_logits(engine, path, budget="25%", policy="exact"), reference)
+    assert not np.array_equal(_logits(engine, path, budget="25%", policy="substitute-all"),
+                              reference)
