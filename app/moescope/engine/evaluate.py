@@ -226,6 +226,11 @@ def mass_hypothesis(runs: Sequence[RunResult], baseline: RunResult, window: int,
     fetches the first choice (``exact`` included: it is the zero point)."""
     eligible = [r for r in runs if r.spec.policy.miss_rule in FIRST_CHOICE_RULES]
     base_nll = _window_means(baseline.nll, window)  # (W,)
+    nan2 = (float("nan"), float("nan"))
+    if not eligible:
+        return MassHypothesis(runs=(), n_windows=base_nll.size, window=window,
+                              r_runs=nan2[0], ci_runs=nan2, r_windows=nan2[0],
+                              ci_windows=nan2, n_boot=0)
     nll = np.array([_window_means(r.nll, window) for r in eligible]).reshape(len(eligible), -1)
     mass = np.array([_window_means(r.mass, window) for r in eligible]).reshape(len(eligible), -1)
     n_windows = base_nll.size
@@ -238,16 +243,16 @@ def mass_hypothesis(runs: Sequence[RunResult], baseline: RunResult, window: int,
                 pearson(mass[:, idx].ravel(), change_w.ravel()))
 
     everything = np.arange(n_windows)
-    r_runs, r_windows = stats(everything) if eligible else (float("nan"), float("nan"))
+    r_runs, r_windows = stats(everything)
     rng = np.random.default_rng(seed)
     boots: list[tuple[float, float]] = []
-    if eligible and n_windows > 1:
+    if n_windows > 1:
         boots = [stats(rng.integers(0, n_windows, n_windows)) for _ in range(n_boot)]
 
     def interval(values: list[float]) -> tuple[float, float]:
         v = np.asarray([x for x in values if not math.isnan(x)])
         if v.size < max(10, n_boot // 10):
-            return (float("nan"), float("nan"))
+            return nan2
         lo, hi = np.percentile(v, [2.5, 97.5])
         return (float(lo), float(hi))
 

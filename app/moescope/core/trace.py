@@ -1,0 +1,900 @@
+"""Session traces: what the expert cache did, token by token, in a file you can replay.
+
+Every number MoEScope shows must be recomputable offline (ARCHITECTURE.md, "Where numbers
+come from"), and the router-logit simulator must be able to replay a chat under other
+policies and budgets. Both need a record of the session, so this module defines one:
+
+* a **header** line: the model (file name, metadata hash, experts, top-k, bytes one copy
+  moves per layer), the budget, slots and policy at the start, software and machine;
+* one **token** line per generated token: wall time, phase, the policy or budget changes
+  that took effect at that token, the core's event rows for every routed layer, optionally
+  the router inputs (full probabilities, raw gate weights, ids) that make a replay exact,
+  and the engine's copy timings spent on it;
+* an optional **end** line (a crash simply leaves it out).
+
+The file is JSON Lines, optionally gzip-compressed, and flushed after every token so that a
+crash loses at most the token being written; :func:`read_trace` validates every record,
+names the line of a bad one, and accepts a truncated last line. :func:`to_perfetto` turns a
+trace into Chrome/Perfetto trace-event JSON (open it in ui.perfetto.dev). The schema is
+documented in ``docs/trace-format.md`` and versioned by :data:`TRACE_VERSION`.
+
+This module is engine-agnostic on purpose (``core`` may not import ``engine``): the
+:class:`TraceRecorder` takes any object shaped like the Engine (:class:`RouteSource`) and
+any object shaped like its ``TokenStats`` (:class:`TokenLike`).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime as _dt
+import gzip
+import json
+import os
+import platform
+import re
+import sys
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from moescope.core.errors import MoEScopeError
+from moescope.core.native import EVENT_DTYPE, FETCH, MAX_K, SUBSTITUTE
+from moescope.core.policy import Eviction, MissRule, Policy, SubstituteWeight
+
+TRACE_FORMAT = "moescope-trace"
+TRACE_VERSION = 1
+"""Schema version written in the header; readers refuse a newer major version."""
+
+RouterDtype = Literal["f32", "f16"]
+PHASES = ("prefill", "decode")
+TIMING_KEYS = ("route_us", "sync_copy_us", "async_copy_us", "wait_us", "n_sync", "n_async")
+
+_EVENT_SCALARS = ("step", "layer", "token", "k", "substituted_mass", "n_hit", "n_fetch",
+                  "n_substitute", "n_admit", "n_evict", "bytes_sync", "bytes_async")
+_EVENT_K_ARRAYS = ("ids", "weights", "action", "used_ids", "slots")
+
+
+class TraceFormatError(MoEScopeError):
+    """A trace file is not a valid MoEScope trace; the message names the line."""
+
+
+# --------------------------------------------------------------------------- header
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """The model facts a replay needs (and a reader uses to tell models apart)."""
+
+    file_name: str
+    metadata_sha256: str
+    architecture: str
+    n_layers: int
+    moe_layers: tuple[int, ...]
+    n_expert: int
+    top_k: int
+    bytes_per_expert: tuple[int, ...]
+    """Bytes one copy of an expert moves, per entry of ``moe_layers`` (the engine's unit:
+    the expert's weight matrices, not biases or scales)."""
+    non_expert_bytes: int = 0
+    name: str | None = None
+
+    def expert_bytes(self, layer: int) -> int:
+        """Bytes of one expert of ``layer`` (0 for a dense layer)."""
+        try:
+            return self.bytes_per_expert[self.moe_layers.index(layer)]
+        except ValueError:
+            return 0
+
+    @classmethod
+    def from_info(cls, info: Any) -> ModelSummary:
+        """From a :class:`~moescope.core.gguf_info.ModelInfo`; bytes per expert count only
+        the ``*_exps.weight`` tensors, which is what the engine's slots hold and copy."""
+        per_layer = []
+        for layer in info.moe_layers:
+            tensors = info.expert_tensors.get(layer, ())
+            weights = sum(t.bytes_per_expert for t in tensors if t.part == "weight")
+            per_layer.append(int(weights or info.bytes_per_expert[layer]))
+        return cls(
+            file_name=str(info.file_name), metadata_sha256=str(info.metadata_sha256),
+            architecture=str(info.architecture), n_layers=int(info.n_layers),
+            moe_layers=tuple(int(x) for x in info.moe_layers), n_expert=int(info.n_expert),
+            top_k=int(info.top_k), bytes_per_expert=tuple(per_layer),
+            non_expert_bytes=int(info.non_expert_bytes), name=info.name,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "file_name": self.file_name, "metadata_sha256": self.metadata_sha256,
+            "architecture": self.architecture, "name": self.name, "n_layers": self.n_layers,
+            "moe_layers": list(self.moe_layers), "n_expert": self.n_expert,
+            "top_k": self.top_k, "bytes_per_expert": list(self.bytes_per_expert),
+            "non_expert_bytes": self.non_expert_bytes,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ModelSummary:
+        return cls(
+            file_name=str(d["file_name"]), metadata_sha256=str(d["metadata_sha256"]),
+            architecture=str(d["architecture"]), n_layers=int(d["n_layers"]),
+            moe_layers=tuple(int(x) for x in d["moe_layers"]), n_expert=int(d["n_expert"]),
+            top_k=int(d["top_k"]), bytes_per_expert=tuple(int(x) for x in d["bytes_per_expert"]),
+            non_expert_bytes=int(d.get("non_expert_bytes") or 0), name=d.get("name"),
+        )
+
+
+@dataclass(frozen=True)
+class TraceHeader:
+    """The first line of a trace: model, starting cache state, software, machine."""
+
+    model: ModelSummary
+    budget: str
+    slots_per_layer: int
+    policy: Policy
+    router_inputs: RouterDtype | None = "f32"
+    initial_step: int = 0
+    """The core's step when recording began; a replay starts from this step."""
+    initial_resident: int = 0
+    """Experts resident (all layers) when recording began; 0 means the replay, which starts
+    from an empty cache, can be exact."""
+    software: Mapping[str, str | None] = field(default_factory=dict)
+    machine: Mapping[str, Any] = field(default_factory=dict)
+    created: str = ""
+    version: int = TRACE_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": "header", "format": TRACE_FORMAT, "version": self.version,
+            "created": self.created, "model": self.model.to_json(), "budget": self.budget,
+            "slots_per_layer": self.slots_per_layer, "policy": policy_to_json(self.policy),
+            "router_inputs": self.router_inputs,
+            "initial_state": {"step": self.initial_step, "resident": self.initial_resident},
+            "software": dict(self.software), "machine": dict(self.machine),
+        }
+
+
+def policy_to_json(policy: Policy) -> dict[str, Any]:
+    """A policy as readable JSON (enum names, not numbers) that round-trips exactly."""
+    return {
+        "name": policy.name, "miss_rule": policy.miss_rule.name.lower(),
+        "theta": policy.theta, "eviction": policy.eviction.name.lower(),
+        "half_life": policy.half_life, "admission": policy.admission, "beta": policy.beta,
+        "substitute_weight": policy.substitute_weight.name.lower(),
+    }
+
+
+def policy_from_json(d: Mapping[str, Any]) -> Policy:
+    """Inverse of :func:`policy_to_json`; ``ValueError``/``KeyError`` on bad input."""
+    return Policy(
+        miss_rule=MissRule[str(d["miss_rule"]).upper()], theta=float(d["theta"]),
+        eviction=Eviction[str(d["eviction"]).upper()], half_life=float(d["half_life"]),
+        admission=bool(d["admission"]), beta=float(d["beta"]),
+        substitute_weight=SubstituteWeight[str(d["substitute_weight"]).upper()],
+        name=d.get("name"),
+    )
+
+
+def software_versions() -> dict[str, str | None]:
+    """moescope, the engine (llama_cpp), the native core, Python and numpy versions.
+
+    llama_cpp is not imported here (that would load the engine library from ``core``):
+    its ``__version__`` is read if it is already loaded, else the installed distribution's.
+    """
+    from moescope import __version__
+
+    out: dict[str, str | None] = {"moescope": __version__, "python": platform.python_version(),
+                                  "numpy": np.__version__}
+    mod = sys.modules.get("llama_cpp")
+    version = getattr(mod, "__version__", None) if mod is not None else None
+    if version is None:
+        from importlib import metadata
+
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            version = metadata.version("llama_cpp_python")
+    out["llama_cpp"] = version
+    try:
+        from moescope.core import native
+
+        out["moecache"] = native.version()
+    except Exception:  # the core may be missing on a machine that only reads traces
+        out["moecache"] = None
+    return out
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU and GPU names, so a trace says where its timings were measured."""
+    cpu = platform.processor() or None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    gpus: list[str] = []
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+                gpus.append(name.decode() if isinstance(name, bytes) else str(name))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVIDIA driver: an empty list says so
+        pass
+    return {"cpu": cpu, "gpus": gpus, "os": platform.platform(), "cpu_count": os.cpu_count()}
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class Change:
+    """A policy or budget change that took effect at a token (applied before its decode)."""
+
+    kind: Literal["policy", "slots", "note"]
+    policy: Policy | None = None
+    slots: int | None = None
+    text: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.policy is not None:
+            out["policy"] = policy_to_json(self.policy)
+        if self.slots is not None:
+            out["slots"] = self.slots
+        if self.text:
+            out["text"] = self.text
+        return out
+
+
+@dataclass(frozen=True)
+class RouterInput:
+    """The exact inputs the core got for one event row: what a replay feeds back."""
+
+    row: int
+    probs: npt.NDArray[np.float32]
+    weights: npt.NDArray[np.float32]
+    """Gate weights as the router produced them (before normalization or any decision)."""
+    ids: npt.NDArray[np.int32]
+
+
+@dataclass
+class TokenRecord:
+    """One token of a trace (see the module docstring)."""
+
+    index: int
+    phase: str
+    token_id: int
+    text: str
+    seconds: float
+    policy: str
+    slots_per_layer: int
+    events: npt.NDArray[Any]
+    routes: dict[int, RouterInput] = field(default_factory=dict)
+    changes: list[Change] = field(default_factory=list)
+    timings: dict[str, int] | None = None
+    answer: int = 0
+    position: int = 0
+
+    def to_json(self, router_dtype: RouterDtype | None = "f32") -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "type": "token", "index": self.index, "answer": self.answer,
+            "position": self.position, "phase": self.phase, "token_id": self.token_id,
+            "text": self.text, "seconds": self.seconds, "policy": self.policy,
+            "slots_per_layer": self.slots_per_layer,
+        }
+        if self.changes:
+            out["changes"] = [c.to_json() for c in self.changes]
+        if self.timings is not None:
+            out["timings"] = {k: int(self.timings.get(k, 0)) for k in TIMING_KEYS}
+        out["events"] = [_event_to_json(row) for row in self.events]
+        if self.routes and router_dtype is not None:
+            out["routes"] = [_route_to_json(r, router_dtype) for r in self.routes.values()]
+        return out
+
+
+@dataclass
+class Trace:
+    """A trace read back: header, complete tokens, the end record if the session closed."""
+
+    header: TraceHeader
+    tokens: list[TokenRecord]
+    end: dict[str, Any] | None = None
+    truncated: bool = False
+    """True when the last line was incomplete (the writer was killed mid-token)."""
+    path: Path | None = None
+
+    @property
+    def total_seconds(self) -> float:
+        return float(sum(t.seconds for t in self.tokens))
+
+    def events(self) -> npt.NDArray[Any]:
+        """Every event row of the trace, in order, as ``EVENT_DTYPE``."""
+        parts = [t.events for t in self.tokens if len(t.events)]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=EVENT_DTYPE)
+
+
+def _f32_list(values: npt.ArrayLike) -> list[float]:
+    """Shortest decimals that round-trip to the same float32 (``0.15`` not ``0.1500000059``)."""
+    return [float(str(v)) for v in np.asarray(values, dtype=np.float32).ravel()]
+
+
+def _event_to_json(row: Any) -> dict[str, Any]:
+    k = int(row["k"])
+    out: dict[str, Any] = {}
+    for name in _EVENT_SCALARS:
+        value = row[name]
+        out[name] = float(str(np.float32(value))) if name == "substituted_mass" else int(value)
+    out["ids"] = row["ids"][:k].tolist()
+    out["weights"] = _f32_list(row["weights"][:k])
+    out["action"] = row["action"][:k].tolist()
+    out["used_ids"] = row["used_ids"][:k].tolist()
+    out["slots"] = row["slots"][:k].tolist()
+    out["admitted"] = row["admitted"][: min(int(row["n_admit"]), MAX_K)].tolist()
+    out["evicted"] = row["evicted"][: min(int(row["n_evict"]), MAX_K)].tolist()
+    return out
+
+
+def _event_from_json(d: Mapping[str, Any], out: Any) -> None:
+    """Fill one ``EVENT_DTYPE`` row from its JSON form (raises on a malformed row)."""
+    for name in _EVENT_SCALARS:
+        out[name] = d[name]
+    k = int(d["k"])
+    if not 0 < k <= MAX_K:
+        raise ValueError(f"event k={k} outside 1..{MAX_K}")
+    for name in _EVENT_K_ARRAYS:
+        values = d[name]
+        if len(values) != k:
+            raise ValueError(f"event {name} has {len(values)} entries, k is {k}")
+        out[name][:k] = values
+    for name, count in (("admitted", "n_admit"), ("evicted", "n_evict")):
+        values = d.get(name, [])
+        if len(values) != min(int(d[count]), MAX_K):
+            raise ValueError(f"event {name} has {len(values)} entries, {count} is {d[count]}")
+        out[name][: len(values)] = values
+
+
+def _route_to_json(r: RouterInput, dtype: RouterDtype) -> dict[str, Any]:
+    probs = np.asarray(r.probs, dtype=np.float32).astype("<f2" if dtype == "f16" else "<f4")
+    return {
+        "row": r.row, "ids": np.asarray(r.ids).tolist(), "weights": _f32_list(r.weights),
+        "probs_dtype": dtype, "probs": base64.b64encode(probs.tobytes()).decode("ascii"),
+    }
+
+
+def _route_from_json(d: Mapping[str, Any], n_expert: int, n_rows: int) -> RouterInput:
+    dtype = {"f32": "<f4", "f16": "<f2"}.get(str(d.get("probs_dtype")))
+    if dtype is None:
+        raise ValueError(f"unknown probs_dtype {d.get('probs_dtype')!r}")
+    probs = np.frombuffer(base64.b64decode(d["probs"], validate=True), dtype=dtype)
+    if probs.size != n_expert:
+        raise ValueError(f"route probs have {probs.size} entries, the model has {n_expert}")
+    row = int(d["row"])
+    if not 0 <= row < n_rows:
+        raise ValueError(f"route row {row} is not an event row of this token")
+    ids = np.asarray(d["ids"], dtype=np.int32)
+    weights = np.asarray(d["weights"], dtype=np.float32)
+    if ids.shape != weights.shape:
+        raise ValueError("route ids and weights differ in length")
+    return RouterInput(row=row, probs=probs.astype(np.float32), weights=weights, ids=ids)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+class TraceWriter:
+    """Streams records to a ``.jsonl`` (or ``.jsonl.gz``) file, flushing after each.
+
+    A gzip stream is sync-flushed after every record, so everything written so far is
+    decodable even if the process dies. ``fsync=True`` also survives a power cut, at the
+    cost of a disk sync per token.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], header: TraceHeader, *,
+                 compress: bool | None = None, fsync: bool = False) -> None:
+        self.path = Path(path)
+        self.header = header
+        self._fsync = fsync
+        self._raw: IO[bytes] = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+        gz = self.path.suffix == ".gz" if compress is None else compress
+        self._gz = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0) if gz else None
+        self.n_tokens = 0
+        self._write(header.to_json())
+
+    def _write(self, obj: Mapping[str, Any]) -> None:
+        data = (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        if self._gz is not None:
+            self._gz.write(data)
+            self._gz.flush(zlib.Z_SYNC_FLUSH)
+        else:
+            self._raw.write(data)
+        self._raw.flush()
+        if self._fsync:
+            os.fsync(self._raw.fileno())
+
+    def write_token(self, record: TokenRecord) -> None:
+        """Append one token (written and flushed before this returns)."""
+        self._write(record.to_json(self.header.router_inputs))
+        self.n_tokens += 1
+
+    def close(self, **end: Any) -> None:
+        """Write the end record (``end`` adds fields, e.g. ``stop_reason``) and close."""
+        if self._raw.closed:
+            return
+        self._write({"type": "end", "tokens": self.n_tokens, **end})
+        if self._gz is not None:
+            self._gz.close()
+        self._raw.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@runtime_checkable
+class TokenLike(Protocol):
+    """What the recorder reads from one generated token (the engine's ``TokenStats``)."""
+
+    index: int
+    token_id: int
+    text: str
+    seconds: float
+    policy: str
+    slots_per_layer: int
+    events: npt.NDArray[Any]
+
+
+class RouteSource(Protocol):
+    """What the recorder reads from the engine: policy, slots, router inputs, timings.
+
+    ``changes`` (a list of ``(step, [text])``) and ``cache`` (with ``step`` and
+    ``resident(layer)``) are read too when present.
+    """
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def slots_per_layer(self) -> int: ...
+
+    def last_route(self, layer: int) -> tuple[Any, Any, Any] | None: ...
+
+    def timings(self) -> dict[str, int]: ...
+
+
+_SLOTS_CHANGE = re.compile(r"^slots=(\d+)$")
+
+
+class TraceRecorder:
+    """Turns the engine's per-token output into trace records, written as they come.
+
+    Feed it every ``TokenStats`` the engine yields, with the engine as ``source``::
+
+        recorder = TraceRecorder.for_engine("chat.jsonl.gz", engine)
+        for stats in engine.generate(prompt):
+            recorder.record(stats, engine)
+        recorder.close(stop_reason=engine.last_answer.stop_reason)
+
+    For each token it reads the router inputs of every layer that token routed
+    (``last_route``), the change of the engine's copy timings, and the policy or budget
+    changes made since the previous token. Start it right after the model is loaded: a
+    replay starts from an empty cache, so only then is it exact (the header says so).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], header: TraceHeader, *,
+                 source: RouteSource | None = None, compress: bool | None = None,
+                 fsync: bool = False) -> None:
+        self.header = header
+        self.writer = TraceWriter(path, header, compress=compress, fsync=fsync)
+        self._policy = header.policy
+        self._slots = header.slots_per_layer
+        self._index = 0
+        self._answer = -1
+        self._last_position = -1
+        self._timings = _timings_of(source)
+        self._dropped = _dropped_of(source)
+        changes = getattr(source, "changes", None)
+        self._n_changes = len(changes) if changes is not None else 0
+        self.route_mismatches = 0
+        """Rows whose ``last_route`` ids disagreed with the event (left without inputs)."""
+
+    @classmethod
+    def for_engine(cls, path: str | os.PathLike[str], engine: Any, *,
+                   router_inputs: RouterDtype | None = "f32", compress: bool | None = None,
+                   fsync: bool = False) -> TraceRecorder:
+        """A recorder whose header describes ``engine``'s loaded model, budget and policy."""
+        return cls(path, header_for(engine, router_inputs=router_inputs), source=engine,
+                   compress=compress, fsync=fsync)
+
+    @property
+    def path(self) -> Path:
+        return self.writer.path
+
+    def record(self, stats: TokenLike, source: RouteSource | None = None) -> TokenRecord:
+        """Write one token; ``source`` supplies router inputs, timings and changes."""
+        if stats.index <= self._last_position:
+            self._answer += 1
+        elif self._answer < 0:
+            self._answer = 0
+        self._last_position = stats.index
+        events = np.asarray(stats.events)
+        if events.dtype != EVENT_DTYPE:
+            events = np.zeros(0, dtype=EVENT_DTYPE)
+        record = TokenRecord(
+            index=self._index, answer=self._answer, position=int(stats.index),
+            phase="prefill" if stats.index == 0 else "decode", token_id=int(stats.token_id),
+            text=str(stats.text), seconds=float(stats.seconds), policy=str(stats.policy),
+            slots_per_layer=int(stats.slots_per_layer), events=events.copy(),
+            changes=self._changes(source, stats),
+        )
+        if source is not None:
+            if self.header.router_inputs is not None:
+                record.routes = self._routes(source, events)
+            now = _timings_of(source)
+            if now is not None:
+                before = self._timings or dict.fromkeys(TIMING_KEYS, 0)
+                record.timings = {k: int(now.get(k, 0)) - int(before.get(k, 0))
+                                  for k in TIMING_KEYS}
+                self._timings = now
+        self.writer.write_token(record)
+        self._index += 1
+        return record
+
+    def _changes(self, source: RouteSource | None, stats: TokenLike) -> list[Change]:
+        """Changes applied since the previous token: budget resizes in the order the engine
+        made them, and the policy now in force if it differs from the last one recorded."""
+        out: list[Change] = []
+        changes = getattr(source, "changes", None) if source is not None else None
+        if changes is not None:
+            for _step, items in list(changes)[self._n_changes:]:
+                for text in items:
+                    m = _SLOTS_CHANGE.match(text)
+                    if m:
+                        out.append(Change("slots", slots=int(m.group(1))))
+                    elif not text.startswith("policy="):
+                        out.append(Change("note", text=text))
+            self._n_changes = len(changes)
+        dropped = _dropped_of(source)
+        if dropped > self._dropped:  # the ring overflowed: a replay cannot be exact
+            out.append(Change("note", text=f"{dropped - self._dropped} event rows dropped"))
+            self._dropped = dropped
+        slots = int(stats.slots_per_layer)
+        last = self._slots
+        for c in out:
+            if c.kind == "slots" and c.slots is not None:
+                last = c.slots
+        if last != slots:  # resized without an entry in ``changes`` (a direct set_budget)
+            out.append(Change("slots", slots=slots))
+        self._slots = slots
+        policy = source.policy if source is not None else None
+        if policy is not None and (policy != self._policy or policy.name != self._policy.name):
+            out.insert(0, Change("policy", policy=policy))
+            self._policy = policy
+        return out
+
+    def _routes(self, source: RouteSource, events: npt.NDArray[Any]) -> dict[int, RouterInput]:
+        """Router inputs of the last row of every layer this token routed: that is what
+        ``last_route`` still holds (earlier rows of a batched ubatch have none)."""
+        last_row: dict[int, int] = {}
+        for i, layer in enumerate(events["layer"].tolist()):
+            last_row[int(layer)] = i
+        out: dict[int, RouterInput] = {}
+        last_route = getattr(source, "last_route", None)
+        if last_route is None:
+            return {}
+        for layer, i in sorted(last_row.items(), key=lambda kv: kv[1]):
+            got = last_route(layer)
+            if got is None:
+                continue
+            probs, weights, ids = (np.array(a, copy=True) for a in got)
+            k = int(events[i]["k"])
+            if not np.array_equal(np.asarray(ids[:k]), events[i]["ids"][:k]):
+                self.route_mismatches += 1
+                continue
+            out[i] = RouterInput(row=i, probs=probs.astype(np.float32),
+                                 weights=weights.astype(np.float32),
+                                 ids=ids.astype(np.int32))
+        return out
+
+    def close(self, **end: Any) -> None:
+        """Write the end record and close the file (idempotent)."""
+        self.writer.close(**end)
+
+    def __enter__(self) -> TraceRecorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _dropped_of(source: Any) -> int:
+    cache = getattr(source, "cache", None)
+    return int(getattr(cache, "events_dropped", 0) or 0) if cache is not None else 0
+
+
+def _timings_of(source: Any) -> dict[str, int] | None:
+    fn = getattr(source, "timings", None)
+    if fn is None:
+        return None
+    try:
+        return dict(fn())
+    except MoEScopeError:
+        return None
+
+
+def header_for(engine: Any, *, router_inputs: RouterDtype | None = "f32",
+               budget: str | None = None) -> TraceHeader:
+    """The header describing ``engine`` now (model, budget, slots, policy, cache state).
+
+    Duck-typed on the Engine: ``model.info`` (ModelInfo), ``model.plan`` (BudgetPlan),
+    ``policy``, ``slots_per_layer`` and ``cache`` (``step``, ``resident(layer)``).
+    """
+    model = getattr(engine, "model", None)
+    info = getattr(model, "info", None)
+    if info is None:
+        raise MoEScopeError("tracing needs a loaded MoE model with the expert cache on")
+    plan = getattr(model, "plan", None)
+    cache = getattr(engine, "cache", None)
+    if cache is None:
+        raise MoEScopeError("tracing needs the expert cache on (it records its decisions)")
+    step = int(cache.step)
+    resident = sum(len(cache.resident(il)) for il in info.moe_layers)
+    return TraceHeader(
+        model=ModelSummary.from_info(info),
+        budget=budget or (plan.budget.text if plan is not None else ""),
+        slots_per_layer=int(engine.slots_per_layer), policy=engine.policy,
+        router_inputs=router_inputs, initial_step=step, initial_resident=resident,
+        software=software_versions(), machine=machine_info(),
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _read_lines(path: Path) -> tuple[list[tuple[int, bytes, bool]], bool]:
+    """(line number, raw line, ended with newline) for every line, and whether a gzip
+    stream was cut off (a crash: everything sync-flushed before it is still complete)."""
+    lines: list[tuple[int, bytes, bool]] = []
+    with open(path, "rb") as raw:
+        gz = raw.read(2) == b"\x1f\x8b"
+        raw.seek(0)
+        stream: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+        while True:
+            try:
+                line = stream.readline()
+            except (EOFError, zlib.error, gzip.BadGzipFile):
+                return lines, True
+            if not line:
+                return lines, False
+            lines.append((len(lines) + 1, line, line.endswith(b"\n")))
+
+
+def read_trace(path: str | os.PathLike[str]) -> Trace:
+    """Read and validate a trace (plain or gzip JSON Lines).
+
+    A malformed record raises :class:`TraceFormatError` naming its line; a last line
+    without its newline (a writer killed mid-token) is dropped and flagged ``truncated``.
+    """
+    p = Path(path)
+    try:
+        lines, cut_off = _read_lines(p)
+    except FileNotFoundError:
+        raise TraceFormatError(f"{p}: no such trace file") from None
+    except OSError as err:
+        raise TraceFormatError(f"{p}: cannot read trace ({err})") from None
+    if not lines:
+        raise TraceFormatError(f"{p.name}: empty file, not a MoEScope trace")
+    header: TraceHeader | None = None
+    tokens: list[TokenRecord] = []
+    end: dict[str, Any] | None = None
+    truncated = cut_off
+    for n, raw, complete in lines:
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+            if not isinstance(obj, dict):
+                raise ValueError("a record must be a JSON object")
+        except ValueError as err:
+            if not complete and n == lines[-1][0] and header is not None:
+                truncated = True  # the writer died while writing this line
+                break
+            raise TraceFormatError(f"{p.name}: line {n}: not valid JSON ({err})") from None
+        kind = obj.get("type")
+        try:
+            if n == 1 or header is None:
+                if kind != "header":
+                    raise ValueError("the first record must be the header")
+                header = _header_from_json(obj)
+            elif kind == "token":
+                tokens.append(_token_from_json(obj, header, len(tokens)))
+            elif kind == "end":
+                end = obj
+            elif kind == "header":
+                raise ValueError("a second header")
+            # other record types: written by a newer minor version, skipped
+        except TraceFormatError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError) as err:
+            what = f"missing field {err}" if isinstance(err, KeyError) else str(err)
+            raise TraceFormatError(f"{p.name}: line {n}: bad {kind or 'record'} "
+                                   f"record: {what}") from None
+    if header is None:
+        raise TraceFormatError(f"{p.name}: no header record")
+    return Trace(header=header, tokens=tokens, end=end, truncated=truncated, path=p)
+
+
+def _header_from_json(d: Mapping[str, Any]) -> TraceHeader:
+    if d.get("format") != TRACE_FORMAT:
+        raise ValueError(f"format is {d.get('format')!r}, expected {TRACE_FORMAT!r}")
+    version = int(d["version"])
+    if version > TRACE_VERSION or version < 1:
+        raise TraceFormatError(f"trace version {version} is not supported (this MoEScope "
+                               f"reads version {TRACE_VERSION}); update MoEScope")
+    router = d.get("router_inputs")
+    if router not in (None, "f32", "f16"):
+        raise ValueError(f"router_inputs {router!r} is not f32, f16 or null")
+    state = d.get("initial_state") or {}
+    model = ModelSummary.from_json(d["model"])
+    if len(model.bytes_per_expert) != len(model.moe_layers):
+        raise ValueError("bytes_per_expert needs one entry per MoE layer")
+    return TraceHeader(
+        model=model, budget=str(d.get("budget", "")),
+        slots_per_layer=int(d["slots_per_layer"]), policy=policy_from_json(d["policy"]),
+        router_inputs=router, initial_step=int(state.get("step", 0)),
+        initial_resident=int(state.get("resident", 0)),
+        software=dict(d.get("software") or {}), machine=dict(d.get("machine") or {}),
+        created=str(d.get("created", "")), version=version,
+    )
+
+
+def _token_from_json(d: Mapping[str, Any], header: TraceHeader, expected: int) -> TokenRecord:
+    index = int(d["index"])
+    if index != expected:
+        raise ValueError(f"token index {index}, expected {expected}")
+    phase = str(d["phase"])
+    if phase not in PHASES:
+        raise ValueError(f"phase {phase!r} is not one of {', '.join(PHASES)}")
+    seconds = float(d["seconds"])
+    if not seconds >= 0.0:
+        raise ValueError(f"seconds {seconds} must be >= 0")
+    raw_events = d["events"]
+    events = np.zeros(len(raw_events), dtype=EVENT_DTYPE)
+    m = header.model
+    for i, e in enumerate(raw_events):
+        _event_from_json(e, events[i])
+        if int(e["k"]) != m.top_k or not 0 <= int(e["layer"]) < m.n_layers:
+            raise ValueError(f"event {i}: layer {e['layer']} / k {e['k']} do not fit the model")
+    routes = {}
+    for r in d.get("routes", ()):
+        route = _route_from_json(r, m.n_expert, len(events))
+        routes[route.row] = route
+    changes = [_change_from_json(c) for c in d.get("changes", ())]
+    timings = d.get("timings")
+    return TokenRecord(
+        index=index, phase=phase, token_id=int(d["token_id"]), text=str(d["text"]),
+        seconds=seconds, policy=str(d["policy"]), slots_per_layer=int(d["slots_per_layer"]),
+        events=events, routes=routes, changes=changes,
+        timings={k: int(timings.get(k, 0)) for k in TIMING_KEYS} if timings else None,
+        answer=int(d.get("answer", 0)), position=int(d.get("position", 0)),
+    )
+
+
+def _change_from_json(d: Mapping[str, Any]) -> Change:
+    kind = d["kind"]
+    if kind == "policy":
+        return Change("policy", policy=policy_from_json(d["policy"]))
+    if kind == "slots":
+        return Change("slots", slots=int(d["slots"]))
+    if kind == "note":
+        return Change("note", text=str(d.get("text", "")))
+    raise ValueError(f"unknown change kind {kind!r}")
+
+
+# --------------------------------------------------------------------------- Perfetto
+
+_PID = 1
+_TID_TOKENS, _TID_LAYERS, _TID_SYNC, _TID_ASYNC, _TID_WAIT = 1, 2, 3, 4, 5
+
+
+def to_perfetto(trace: Trace) -> dict[str, Any]:
+    """The trace as Chrome/Perfetto trace-event JSON (``{"traceEvents": [...]}``).
+
+    One complete slice (``ph: "X"``) per token, laid end to end so that the slices' sum
+    is the recorded wall time; an instant per fetch and per substitution, spread over the
+    token's slice in layer order (rows carry no timestamps of their own); and the engine's
+    measured copy time per token as slices on their own tracks (sync copies, background
+    copies, waits), starting at the token's start. Times are in microseconds.
+    """
+    h = trace.header
+    ev: list[dict[str, Any]] = [
+        _meta("process_name", 0, {"name": f"MoEScope {h.model.file_name}"}),
+        _meta("thread_name", _TID_TOKENS, {"name": "tokens"}),
+        _meta("thread_name", _TID_LAYERS, {"name": "fetch / substitute"}),
+        _meta("thread_name", _TID_SYNC, {"name": "sync copies (measured)"}),
+        _meta("thread_name", _TID_ASYNC, {"name": "background copies (measured)"}),
+        _meta("thread_name", _TID_WAIT, {"name": "waits for background copies"}),
+    ]
+    t = 0.0
+    for tok in trace.tokens:
+        dur = tok.seconds * 1e6
+        rows = tok.events
+        args: dict[str, Any] = {
+            "index": tok.index, "token_id": tok.token_id, "text": tok.text,
+            "policy": tok.policy, "slots_per_layer": tok.slots_per_layer,
+            "hits": int(rows["n_hit"].sum()), "fetches": int(rows["n_fetch"].sum()),
+            "substitutions": int(rows["n_substitute"].sum()),
+            "substituted_mass": float(rows["substituted_mass"].astype(np.float64).sum()),
+            "bytes_sync": int(rows["bytes_sync"].sum()),
+        }
+        if tok.changes:
+            args["changes"] = [c.to_json() for c in tok.changes]
+        ev.append({"name": f"{tok.phase} {tok.text!r}", "cat": tok.phase, "ph": "X",
+                   "pid": _PID, "tid": _TID_TOKENS, "ts": t, "dur": dur, "args": args})
+        for c in tok.changes:
+            label = (f"policy → {c.policy.name or 'custom'}" if c.policy is not None
+                     else f"slots → {c.slots}" if c.slots is not None else c.text)
+            ev.append({"name": label, "cat": "change", "ph": "i", "s": "g", "pid": _PID,
+                       "tid": _TID_TOKENS, "ts": t})
+        n = len(rows)
+        for i, row in enumerate(rows):
+            ts = t + dur * (i + 0.5) / n
+            for j in range(int(row["k"])):
+                action = int(row["action"][j])
+                if action not in (FETCH, SUBSTITUTE):
+                    continue
+                expert = int(row["ids"][j])
+                a: dict[str, Any] = {"layer": int(row["layer"]), "expert": expert,
+                                     "weight": float(row["weights"][j]),
+                                     "step": int(row["step"])}
+                if action == SUBSTITUTE:
+                    a["substitute"] = int(row["used_ids"][j])
+                name = f"{'fetch' if action == FETCH else 'substitute'} L{a['layer']} E{expert}"
+                ev.append({"name": name, "cat": "fetch" if action == FETCH else "substitute",
+                           "ph": "i", "s": "t", "pid": _PID, "tid": _TID_LAYERS, "ts": ts,
+                           "args": a})
+        if tok.timings:
+            for tid, key, count, label in ((_TID_SYNC, "sync_copy_us", "n_sync", "sync copies"),
+                                           (_TID_ASYNC, "async_copy_us", "n_async",
+                                            "background copies"),
+                                           (_TID_WAIT, "wait_us", None, "wait")):
+                us = tok.timings.get(key, 0)
+                if us > 0:
+                    a = {"us": us} | ({"copies": tok.timings.get(count, 0)} if count else {})
+                    ev.append({"name": label, "cat": "copy", "ph": "X", "pid": _PID,
+                               "tid": tid, "ts": t, "dur": float(us), "args": a})
+        t += dur
+    return {
+        "traceEvents": ev, "displayTimeUnit": "ms",
+        "otherData": {"moescope_trace_version": h.version, "model": h.model.file_name,
+                      "policy": h.policy.name, "budget": h.budget,
+                      "slots_per_layer": h.slots_per_layer},
+    }
+
+
+def _meta(name: str, tid: int, args: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "ph": "M", "pid": _PID, "tid": tid, "args": args}
+
+
+def write_perfetto(trace: Trace, path: str | os.PathLike[str]) -> Path:
+    """Write :func:`to_perfetto` to ``path`` (a ``.json`` file ui.perfetto.dev opens)."""
+    out = Path(path)
+    out.write_text(json.dumps(to_perfetto(trace), ensure_ascii=False), encoding="utf-8")
+    return out
+
+
+__all__ = [
+    "TRACE_FORMAT", "TRACE_VERSION", "Change", "ModelSummary", "RouteSource", "RouterInput",
+    "TokenLike", "TokenRecord", "Trace", "TraceFormatError", "TraceHeader", "TraceRecorder",
+    "TraceWriter", "header_for", "machine_info", "policy_from_json", "policy_to_json",
+    "read_trace", "software_versions", "to_perfetto", "write_perfetto",
+]

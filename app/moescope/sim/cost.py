@@ -1,0 +1,144 @@
+"""Time per token from what the cache did: the simulator's cost model.
+
+The simulator knows, per token, how many experts were copied synchronously (the token
+waits for them) and in the background (admissions), and how many bytes each moved. A cost
+model turns that into seconds:
+
+    t = compute + n_sync * latency + bytes_sync / bandwidth
+        + max(0, n_async * latency + bytes_async / bandwidth - compute)
+
+Compute runs with background copies in flight; only the part of the background copying that
+does not fit under the compute time delays the token (one copy stream, as in the engine).
+
+Presets come from ``shared/docs/research/offload-anchors.md``: PCIe 4.0 x16 moves about
+25 GB/s from pinned host memory, a ``cudaMemcpyAsync`` costs about 5-10 µs of latency, and
+decode compute is bound by reading the active weights at the GPU's memory bandwidth (936
+GB/s on an RTX 3090). ``pcie5`` doubles the link (about 50 GB/s pinned) with an RTX 5090's
+1792 GB/s. ``calibrated`` fits bandwidth and compute to the copy and wall timings the engine
+measured while the trace was recorded, i.e. this machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from moescope.core.errors import MoEScopeError
+from moescope.core.trace import ModelSummary, Trace
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Copy link and compute speed; ``compute_s=None`` derives compute from the model."""
+
+    name: str
+    bandwidth: float
+    """Host-to-device copy bandwidth, bytes per second."""
+    latency: float
+    """Fixed cost of one expert copy, seconds."""
+    gpu_bandwidth: float = 936e9
+    """Bytes per second the GPU reads weights at (derives compute when not given)."""
+    compute_s: float | None = None
+    """Seconds of compute per decoded token (None: active weight bytes / gpu_bandwidth)."""
+    note: str = ""
+
+    def compute_for(self, model: ModelSummary) -> float:
+        """Compute per token: given, or the active bytes (non-expert weights plus top-k
+        experts in every MoE layer) read once at ``gpu_bandwidth``."""
+        if self.compute_s is not None:
+            return self.compute_s
+        active = model.non_expert_bytes + model.top_k * sum(model.bytes_per_expert)
+        return active / self.gpu_bandwidth
+
+    def token_seconds(self, per_token: npt.NDArray[Any], model: ModelSummary) -> npt.NDArray[
+            np.float64]:
+        """Estimated seconds of every token of a replay's ``per_token`` array."""
+        compute = self.compute_for(model)
+        sync = per_token["n_sync"] * self.latency + per_token["bytes_sync"] / self.bandwidth
+        background = (per_token["n_async"] * self.latency
+                      + per_token["bytes_async"] / self.bandwidth)
+        return np.asarray(compute + sync + np.maximum(0.0, background - compute),
+                          dtype=np.float64)
+
+    def with_overrides(self, *, bandwidth: float | None = None, latency: float | None = None,
+                       compute_s: float | None = None) -> CostModel:
+        """A copy with some parameters replaced (the CLI's --bandwidth, ...)."""
+        changes: dict[str, Any] = {}
+        if bandwidth is not None:
+            changes["bandwidth"] = bandwidth
+        if latency is not None:
+            changes["latency"] = latency
+        if compute_s is not None:
+            changes["compute_s"] = compute_s
+        return replace(self, **changes) if changes else self
+
+    def describe(self, model: ModelSummary | None = None) -> str:
+        """One line: the parameters used."""
+        if model is not None:
+            compute = f"{self.compute_for(model) * 1e3:.3f} ms"
+        elif self.compute_s is not None:
+            compute = f"{self.compute_s * 1e3:.3f} ms"
+        else:
+            compute = "from the model's bytes"
+        text = (f"{self.name}: {self.bandwidth / 1e9:.2f} GB/s, {self.latency * 1e6:.1f} µs per "
+                f"copy, compute {compute}/token")
+        return text + (f" ({self.note})" if self.note else "")
+
+
+PRESETS: dict[str, CostModel] = {
+    "pcie4": CostModel("pcie4", bandwidth=25e9, latency=7e-6, gpu_bandwidth=936e9,
+                       note="PCIe 4.0 x16 pinned, RTX 3090-class compute"),
+    "pcie5": CostModel("pcie5", bandwidth=50e9, latency=7e-6, gpu_bandwidth=1792e9,
+                       note="PCIe 5.0 x16 pinned, RTX 5090-class compute"),
+}
+COST_MODEL_NAMES: tuple[str, ...] = (*PRESETS, "calibrated")
+
+
+def calibrate(trace: Trace) -> CostModel:
+    """Fit the cost model to the engine's own measurements in ``trace``.
+
+    Bandwidth is the effective one of the synchronous copies (bytes fetched / time spent
+    copying, per-copy latency included, so latency is 0); compute is the mean over decode
+    tokens of wall time minus copy and wait time (the mean, like the tokens/s it is compared
+    with, so one-off stalls such as a graph rebuild after a resize count). Raises when the
+    trace has no timings (not recorded from the engine) or never copied anything.
+    """
+    timed = [t for t in trace.tokens if t.timings is not None]
+    if not timed:
+        raise MoEScopeError("the trace has no engine timings; record it from the engine "
+                            "(TraceRecorder with the engine as source) to calibrate")
+    sync_us = sum(t.timings["sync_copy_us"] for t in timed if t.timings)
+    sync_bytes = sum(int(t.events["bytes_sync"].sum()) for t in timed)
+    async_us = sum(t.timings["async_copy_us"] for t in timed if t.timings)
+    async_bytes = sum(int(t.events["bytes_async"].sum()) for t in timed)
+    if sync_us > 0 and sync_bytes > 0:
+        bandwidth = sync_bytes / (sync_us * 1e-6)
+    elif async_us > 0 and async_bytes > 0:
+        bandwidth = async_bytes / (async_us * 1e-6)
+    else:
+        raise MoEScopeError("the trace records no timed expert copies to calibrate "
+                            "bandwidth from")
+    decode = [t for t in timed if t.phase == "decode" and t.timings]
+    rest = [t.seconds - (t.timings["sync_copy_us"] + t.timings["wait_us"]) * 1e-6
+            for t in decode if t.timings]
+    if not rest:
+        raise MoEScopeError("the trace has no timed decode tokens to calibrate compute from")
+    compute = max(0.0, float(np.mean(rest)))
+    return CostModel("calibrated", bandwidth=bandwidth, latency=0.0, compute_s=compute,
+                     note=f"fitted to {len(decode)} decode tokens of this trace")
+
+
+def cost_model(name: str, trace: Trace | None = None) -> CostModel:
+    """A preset by name, or ``calibrated`` (needs ``trace``)."""
+    if name == "calibrated":
+        if trace is None:
+            raise MoEScopeError("the calibrated cost model needs a trace")
+        return calibrate(trace)
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise MoEScopeError(f"unknown cost model {name!r} (known: "
+                            f"{', '.join(COST_MODEL_NAMES)})") from None

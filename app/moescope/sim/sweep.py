@@ -1,0 +1,227 @@
+"""Policy x budget sweeps over one trace, and the table, CSV and JSON they print as.
+
+``moescope replay`` answers "what would policy P at budget B have done to this chat?" for
+several P and B at once. The trace's routing is laid out once (:class:`Routing`) and
+replayed per combination; each replay is reduced to the paper's numbers plus a cost-model
+estimate of time per token.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from moescope.core.budget import format_bytes, plan_slots
+from moescope.core.errors import MoEScopeError
+from moescope.core.policy import PRESET_NAMES, Eviction, MissRule, Policy, SubstituteWeight
+from moescope.core.trace import Trace
+from moescope.sim.cost import CostModel
+from moescope.sim.replay import Routing, replay
+
+RECORDED = "recorded"
+"""A policy or budget spec meaning "as the trace recorded it, changes included"."""
+
+
+def parse_policy(spec: str) -> Policy | None:
+    """``recorded`` (None), a preset name, or ``preset:key=value[:key=value]``.
+
+    Keys: ``theta``, ``beta``, ``half_life``, ``eviction`` (lru|frequency), ``admission``
+    (on|off), ``miss_rule`` (fetch_all|threshold|first_choice|substitute_all),
+    ``substitute_weight`` (missing|own). A policy with parameters is labelled by its spec.
+    """
+    spec = spec.strip()
+    if spec == RECORDED:
+        return None
+    name, *params = spec.split(":")
+    if name not in PRESET_NAMES:
+        raise MoEScopeError(f"unknown policy {name!r} (known: {RECORDED}, "
+                            f"{', '.join(PRESET_NAMES)})")
+    policy = Policy.preset(name)
+    if not params:
+        return policy
+    changes: dict[str, Any] = {}
+    for item in params:
+        key, sep, value = item.partition("=")
+        key, value = key.strip().replace("-", "_"), value.strip().lower()
+        try:
+            if not sep:
+                raise ValueError("expected key=value")
+            if key in ("theta", "beta", "half_life"):
+                changes[key] = float(value)
+            elif key == "eviction":
+                changes[key] = Eviction[value.upper()]
+            elif key == "miss_rule":
+                changes[key] = MissRule[value.upper().replace("-", "_")]
+            elif key == "substitute_weight":
+                changes[key] = SubstituteWeight[value.upper()]
+            elif key == "admission":
+                if value not in ("on", "off", "true", "false", "1", "0"):
+                    raise ValueError("use on or off")
+                changes[key] = value in ("on", "true", "1")
+            else:
+                raise ValueError("unknown parameter")
+        except (KeyError, ValueError) as err:
+            raise MoEScopeError(f"policy {spec!r}: cannot use {item!r} ({err})") from None
+    try:
+        return policy.replace(name=spec, **changes)
+    except ValueError as err:
+        raise MoEScopeError(f"policy {spec!r}: {err}") from None
+
+
+def split_list(values: Sequence[str] | str) -> list[str]:
+    """``["a,b", "c"]`` -> ``["a", "b", "c"]`` (options may repeat or hold lists)."""
+    items = [values] if isinstance(values, str) else list(values)
+    return [v.strip() for item in items for v in item.split(",") if v.strip()]
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One policy x budget of a sweep (per-token numbers average decode tokens)."""
+
+    policy: str
+    budget: str
+    slots: int | None
+    tokens: int
+    hit_rate: float
+    fetches_per_token: float
+    fetched_bytes_per_token: float
+    substituted_pct: float
+    mass_per_token: float
+    admissions_per_token: float
+    est_ms_per_token: float
+    speedup_vs_exact: float | None
+    approximate_rows: int
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A sweep's rows and what they were computed with."""
+
+    rows: list[SweepRow]
+    cost_model: CostModel
+    trace_tokens: int
+    recorded_ms_per_token: float | None
+    """Mean measured wall time of the trace's decode tokens, for comparison."""
+    warnings: list[str]
+
+
+def sweep(trace: Trace, policies: Sequence[str], budgets: Sequence[str],
+          cost: CostModel) -> Sweep:
+    """Replay ``trace`` under every policy x budget spec and summarize each."""
+    routing = Routing.from_trace(trace)
+    m = trace.header.model
+    parsed = [(spec, parse_policy(spec)) for spec in policies]
+    rows: list[SweepRow] = []
+    warnings: list[str] = []
+    exact_ms: dict[str, float] = {}
+    pending: list[tuple[str, Policy | None, str, int | None, Any]] = []
+    for budget in budgets:
+        slots = None
+        if budget.strip() != RECORDED:
+            slots = plan_slots(budget, n_expert=m.n_expert, top_k=m.top_k,
+                               bytes_per_expert=m.bytes_per_expert).slots_per_layer
+        for spec, policy in parsed:
+            result = replay(routing, policy, slots)
+            for w in result.warnings:
+                if w not in warnings:
+                    warnings.append(w)
+            seconds = cost.token_seconds(result.decode, m)
+            ms = float(seconds.mean() * 1e3) if len(seconds) else 0.0
+            if policy is not None and policy.exact:
+                exact_ms.setdefault(budget, ms)
+            pending.append((spec, policy, budget, slots, (result, ms)))
+    for spec, _policy, budget, slots, (result, ms) in pending:
+        base = exact_ms.get(budget)
+        rows.append(SweepRow(
+            policy=spec, budget=budget.strip(), slots=slots, tokens=result.n_tokens,
+            hit_rate=result.hit_rate, fetches_per_token=result.fetches_per_token,
+            fetched_bytes_per_token=result.fetched_bytes_per_token,
+            substituted_pct=100.0 * result.substituted_fraction,
+            mass_per_token=result.mass_per_token,
+            admissions_per_token=result.admissions_per_token, est_ms_per_token=ms,
+            speedup_vs_exact=(base / ms) if base and ms > 0 else None,
+            approximate_rows=result.approximate_rows,
+        ))
+    decode = [t.seconds for t in trace.tokens if t.phase == "decode"]
+    return Sweep(rows=rows, cost_model=cost, trace_tokens=len(trace.tokens),
+                 recorded_ms_per_token=float(np.mean(decode) * 1e3) if decode else None,
+                 warnings=warnings)
+
+
+_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("policy", "policy"), ("budget", "budget"), ("slots", "slots"), ("hit", "hit_rate"),
+    ("fetch/tok", "fetches_per_token"), ("fetched/tok", "fetched_bytes_per_token"),
+    ("subst %", "substituted_pct"), ("mass/tok", "mass_per_token"),
+    ("admit/tok", "admissions_per_token"), ("est ms/tok", "est_ms_per_token"),
+    ("vs exact", "speedup_vs_exact"),
+)
+
+
+def _cell(name: str, value: Any) -> str:
+    if value is None:
+        return "recorded" if name == "slots" else "-"
+    if name == "hit_rate":
+        return f"{value:.1%}"
+    if name == "fetched_bytes_per_token":
+        return format_bytes(round(value))
+    if name == "speedup_vs_exact":
+        return f"{value:.2f}x"
+    if name in ("est_ms_per_token",):
+        return f"{value:.3f}"
+    if isinstance(value, float):
+        return f"{value:.2f}" if name != "mass_per_token" else f"{value:.3f}"
+    return str(value)
+
+
+def format_table(result: Sweep, model: Any = None) -> str:
+    """The sweep as an aligned text table with a footer naming the cost model."""
+    header = [title for title, _ in _COLUMNS]
+    body = [[_cell(key, getattr(r, key)) for _, key in _COLUMNS] for r in result.rows]
+    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h)
+              for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) if i < 2 else h.rjust(w)
+                       for i, (h, w) in enumerate(zip(header, widths, strict=True)))]
+    for row in body:
+        lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+    tokens = result.rows[0].tokens if result.rows else 0
+    lines.append("")
+    lines.append(f"{tokens} decode tokens of {result.trace_tokens} in the trace; cost model "
+                 f"{result.cost_model.describe(model)}")
+    if result.recorded_ms_per_token is not None:
+        lines.append(f"measured while recording: {result.recorded_ms_per_token:.3f} ms/token")
+    approx = max((r.approximate_rows for r in result.rows), default=0)
+    if approx:
+        lines.append(f"note: {approx} rows had no router inputs and were replayed from their "
+                     "event rows (substitute choices may differ)")
+    lines.extend(f"warning: {w}" for w in result.warnings)
+    return "\n".join(lines)
+
+
+def to_csv(result: Sweep) -> str:
+    """One CSV row per policy x budget, raw numbers (bytes, ratios, ms)."""
+    out = io.StringIO()
+    names = list(SweepRow.__dataclass_fields__)
+    writer = csv.DictWriter(out, fieldnames=names, lineterminator="\n")
+    writer.writeheader()
+    for r in result.rows:
+        writer.writerow(asdict(r))
+    return out.getvalue()
+
+
+def to_json(result: Sweep) -> str:
+    """The sweep, its cost model and warnings as JSON."""
+    cm = result.cost_model
+    return json.dumps({
+        "cost_model": {"name": cm.name, "bandwidth": cm.bandwidth, "latency": cm.latency,
+                       "gpu_bandwidth": cm.gpu_bandwidth, "compute_s": cm.compute_s},
+        "trace_tokens": result.trace_tokens,
+        "recorded_ms_per_token": result.recorded_ms_per_token,
+        "rows": [asdict(r) for r in result.rows], "warnings": result.warnings,
+    }, indent=2)

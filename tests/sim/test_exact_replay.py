@@ -1,0 +1,84 @@
+"""The simulator shares the engine's core: replaying a recorded session under its own
+policy and budget makes exactly the engine's decisions, on every synthetic architecture."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moescope.core.trace import read_trace
+from moescope.sim import Routing, decision_mismatches, replay
+from moescope.testing import MOE_ARCHES
+
+RecordFn = Callable[..., Path]
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHES)
+def test_replaying_a_recorded_session_reproduces_the_engines_decisions(
+        record: RecordFn, arch: str) -> None:
+    """Two answers (the second reuses the first's KV cache), with a switch to speed-first
+    and a larger budget requested mid-answer, as a user would from the window."""
+    trace = read_trace(record(arch, tokens=20, answers=2, switch_at=7))
+    recorded = trace.events()
+    assert len(recorded) > 0
+    assert any(t.changes for t in trace.tokens)
+
+    result = replay(trace, keep_events=True)
+    assert result.approximate_rows == 0
+    assert result.warnings == []
+    assert result.events is not None
+    assert decision_mismatches(recorded, result.events) == []
+    k = trace.header.model.top_k
+    assert np.array_equal(recorded["weights"][:, :k], result.events["weights"][:, :k])
+    assert int(recorded["n_substitute"].sum()) > 0  # the policies really substituted
+
+
+def test_a_trace_without_router_inputs_replays_exact_exactly(record: RecordFn) -> None:
+    """Fetch-every-miss never consults probabilities, so the event rows alone suffice;
+    the rows are still counted as approximate for policies that substitute."""
+    trace = read_trace(record("olmoe", policy="exact", tokens=16, router_inputs=None))
+    assert all(not t.routes for t in trace.tokens)
+    result = replay(trace, keep_events=True)
+    assert result.events is not None
+    assert decision_mismatches(trace.events(), result.events) == []
+    assert result.approximate_rows == len(trace.events())
+
+
+def test_one_routing_replays_under_many_policies_from_the_same_start(record: RecordFn) -> None:
+    routing = Routing.from_trace(read_trace(record("qwen3moe", tokens=20, answers=2, switch_at=7)))
+    first = replay(routing, "speed-first", 4)
+    again = replay(routing, "speed-first", 4)
+    assert np.array_equal(first.per_token, again.per_token)
+    exact = replay(routing, "exact", 4)
+    assert exact.substituted_fraction == 0.0 and exact.mass_per_token == 0.0
+    assert first.mass_per_token > 0.0
+    assert first.fetches_per_token < exact.fetches_per_token
+    everything = replay(routing, "exact", 16)
+    assert everything.hit_rate > exact.hit_rate
+
+
+def test_a_short_prompt_decoded_as_one_batch_is_replayed_as_one_batch(
+        record: RecordFn) -> None:
+    """A prompt of a few tokens is one governed ubatch: its rows share a step and are
+    decided in one call (pinning spans the batch). Only the batch's last token has router
+    inputs, which fetch-every-miss does not need."""
+    trace = read_trace(record("qwen3moe", policy="exact", budget="75%", tokens=10,
+                              prompt="Hi"))
+    prefill = trace.tokens[0].events
+    assert len(prefill) > len(trace.header.model.moe_layers)  # several tokens per layer
+    assert len(set(prefill["step"].tolist())) == 1
+    result = replay(trace, keep_events=True)
+    assert result.events is not None
+    assert decision_mismatches(trace.events(), result.events) == []
+    assert 0 < result.approximate_rows < len(prefill)
+
+
+def test_a_trace_with_missing_rows_is_replayed_with_a_warning(record: RecordFn) -> None:
+    trace = read_trace(record("qwen3moe", tokens=20, answers=2, switch_at=7))
+    trace.tokens[5].events = trace.tokens[5].events[:0]
+    trace.tokens[5].routes = {}
+    result = replay(trace)
+    assert len(result.warnings) == 1 and "jumps from step" in result.warnings[0]
