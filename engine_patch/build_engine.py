@@ -314,7 +314,7 @@ def prepare_tree(sdist: Path, lock: dict[str, str], work: Path, key: str) -> Pat
         init = tree / "llama_cpp" / "__init__.py"
         init.write_text(init.read_text().replace(
             f'__version__ = "{lock["version"]}"',
-            f'__version__ = "{lock["version"]}+moescope.{key}"'))
+            f'__version__ = "{lock["version"]}+{"stock" if STOCK else "moescope"}.{key}"'))
         work.mkdir(parents=True, exist_ok=True)
         changed = sync_tree(tree, work)
     step(f"patched tree ready in {work} ({changed} files changed)")

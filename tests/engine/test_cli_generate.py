@@ -36,3 +36,18 @@ def test_generate_rejects_a_bad_budget_in_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and "budget" in err[0]
+
+
+def test_generate_records_a_trace_that_replays_exactly(
+        synth_model: Callable[..., Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from moescope.core.trace import read_trace
+
+    trace = tmp_path / "session.jsonl"
+    assert main(["generate", str(synth_model("qwen3moe")), "--n", "12", "--policy",
+                 "quality-first", "--trace", str(trace)]) == 0
+    tokens = read_trace(trace).tokens
+    assert 1 <= len(tokens) <= 12
+    capsys.readouterr()
+    assert main(["replay", str(trace), "--policy", "recorded", "--budget", "recorded"]) == 0
+    assert "recorded" in capsys.readouterr().out

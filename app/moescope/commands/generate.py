@@ -36,6 +36,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--n-gpu-layers", type=int, default=0, help="layers on the GPU (default 0)")
     p.add_argument("--no-cache", action="store_true", help="run stock llama.cpp (cache off)")
+    p.add_argument("--trace", type=Path, metavar="FILE.jsonl[.gz]",
+                   help="record a session trace (replay it with `moescope replay`)")
     p.set_defaults(func=run)
 
 
@@ -52,11 +54,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"moescope: {loaded.notice}", file=sys.stderr)
     prompt: Any = [Message("user", args.prompt)] if args.chat else args.prompt
     sampling = Sampling(temperature=args.temperature, max_tokens=args.n, seed=args.seed)
+    recorder = None
+    if args.trace:
+        from moescope.core.trace import TraceRecorder
+
+        recorder = TraceRecorder.for_engine(args.trace, engine)
     if not args.chat:
         sys.stdout.write(args.prompt)
-    for tok in engine.generate(prompt, sampling):
-        sys.stdout.write(tok.text)
-        sys.stdout.flush()
+    try:
+        for tok in engine.generate(prompt, sampling):
+            if recorder is not None:
+                recorder.record(tok, engine)
+            sys.stdout.write(tok.text)
+            sys.stdout.flush()
+    finally:
+        if recorder is not None:
+            recorder.close(stop_reason=engine.last_answer.stop_reason)
     sys.stdout.write("\n")
     a = engine.last_answer
     c = a.cache
