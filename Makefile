@@ -46,7 +46,7 @@ test-python: setup
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q
 
 lint: deps
-	$(VENV)/bin/ruff check app tests bench packaging engine_patch
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
 run: setup
