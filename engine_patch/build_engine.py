@@ -354,7 +354,7 @@ def build_wheel(tree: Path, cache: Path, cuda: bool, configure_only: bool,
     environ = dict(os.environ)
     environ["CMAKE_ARGS"] = " ".join(args)
     environ.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
-    step(f"building the {flavour} wheel (first build ~8 min on 2 cores; incremental later)")
+    step(f"building the {flavour} wheel (first build ~3-4 min on 2 cores; incremental later)")
     log = cache / f"build-{flavour}.log"
     with log.open("w") as f:
         proc = subprocess.run(
