@@ -1,0 +1,253 @@
+"""The conversation logic between the chat widgets, the chat store and the engine worker.
+
+Kept out of the window so the rules read in one place: a user message is stored before
+the engine sees it; the answer row is created empty with status ``generating`` and every
+streamed token is appended and committed as it arrives (a killed process loses at most the
+token in flight); Regenerate drops the last answer and asks again; Edit puts the last user
+message back in the box and Resend replaces it and everything after it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from PySide6.QtCore import QObject, Signal
+
+from moescope.gui.chat_list import ChatListPanel
+from moescope.gui.chat_settings import ChatSettingsPanel
+from moescope.gui.chat_view import ChatView
+from moescope.gui.snapshots import AnswerSummary, TokenSnapshot
+from moescope.gui.store import DONE, GENERATING, STOPPED, ChatMessage, ChatStore
+from moescope.gui.worker import EngineClient, GenerateRequest
+
+log = logging.getLogger("moescope.gui.chat")
+
+TITLE_CHARS = 48
+NEW_CHAT = "New chat"
+
+
+class ChatController(QObject):
+    """Owns the current chat id and the answer being generated."""
+
+    answerStarted = Signal()
+    tokensArrived = Signal(object)  # list[TokenSnapshot], after the GUI has handled them
+    answerFinished = Signal(object)  # AnswerSummary
+    chatChanged = Signal(int)
+    problem = Signal(str, str)  # title, message: the window shows a dialog
+
+    def __init__(self, store: ChatStore, client: EngineClient, view: ChatView,
+                 chat_list: ChatListPanel, settings: ChatSettingsPanel,
+                 parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.store, self.client, self.view = store, client, view
+        self.chat_list, self.settings = chat_list, settings
+        self.chat_id: int | None = None
+        self.answer_id: int | None = None
+        self.generating = False
+        self.model_loaded = False
+        self.model_name = ""
+        self.last_answer: AnswerSummary | None = None
+        self.tokens_received = 0
+        self.closed = False
+        """Set when the window has closed the store: late worker signals are ignored."""
+        self._search = ""
+        view.sendRequested.connect(self.send)
+        view.stopRequested.connect(self.stop)
+        view.regenerateRequested.connect(self.regenerate)
+        view.editRequested.connect(self.edit_last)
+        chat_list.chatSelected.connect(self.select_chat)
+        chat_list.newRequested.connect(self.new_chat)
+        chat_list.searchChanged.connect(self._search_changed)
+        settings.system_prompt.textChanged.connect(self._system_prompt_edited)
+        client.worker.tokens.connect(self.on_tokens)
+        client.worker.finished.connect(self.on_finished)
+
+    # ------------------------------------------------------------------ chats
+    def refresh_list(self) -> None:
+        self.chat_list.set_chats(self.store.chats(self._search), self.chat_id)
+
+    def _search_changed(self, text: str) -> None:
+        self._search = text
+        self.refresh_list()
+
+    def new_chat(self) -> int:
+        if self.generating:
+            return self.chat_id or 0
+        chat = self.store.create_chat(NEW_CHAT, self.settings.system_prompt.toPlainText(),
+                                      self.model_name)
+        self.select_chat(chat.id)
+        return chat.id
+
+    def select_chat(self, chat_id: int) -> None:
+        if self.generating and chat_id != self.chat_id:
+            self.refresh_list()  # keep the generating chat selected
+            return
+        chat = self.store.chat(chat_id)
+        if chat is None:
+            return
+        self.chat_id = chat_id
+        self.view.end_edit()
+        self.settings.system_prompt.blockSignals(True)
+        self.settings.system_prompt.setPlainText(chat.system_prompt)
+        self.settings.system_prompt.blockSignals(False)
+        self.render()
+        self.refresh_list()
+        self.chatChanged.emit(chat_id)
+
+    def rename(self, chat_id: int, title: str) -> None:
+        title = title.strip()
+        if title:
+            self.store.rename_chat(chat_id, title)
+            self.refresh_list()
+            if chat_id == self.chat_id:
+                self.render()
+
+    def delete(self, chat_id: int) -> None:
+        if self.generating and chat_id == self.chat_id:
+            return
+        self.store.delete_chat(chat_id)
+        if chat_id == self.chat_id:
+            self.chat_id = None
+            remaining = self.store.chats()
+            if remaining:
+                self.select_chat(remaining[0].id)
+                return
+            self.view.render([], "No chat")
+            self._update_buttons()
+        self.refresh_list()
+
+    def render(self) -> None:
+        if self.chat_id is None:
+            return
+        chat = self.store.chat(self.chat_id)
+        self.view.render(self.store.messages(self.chat_id), chat.title if chat else "")
+        self._update_buttons()
+
+    def _system_prompt_edited(self) -> None:
+        if self.chat_id is not None:
+            self.store.set_system_prompt(self.chat_id, self.settings.system_prompt.toPlainText())
+
+    # ------------------------------------------------------------------ sending
+    def send(self, text: str) -> bool:
+        """Store the user's message and start the answer; False when it cannot start."""
+        text = text.strip()
+        if not text or self.generating:
+            return False
+        if not self.model_loaded:
+            self.problem.emit("No model loaded",
+                              "Open a model first (File ▸ Open model…, or drop a .gguf file "
+                              "on the window).")
+            return False
+        if self.chat_id is None:
+            self.new_chat()
+        assert self.chat_id is not None
+        if self.view.editing_position is not None:
+            self.store.delete_messages_from(self.chat_id, self.view.editing_position)
+            self.view.end_edit()
+        self.store.add_message(self.chat_id, "user", text)
+        chat = self.store.chat(self.chat_id)
+        if chat is not None and chat.title == NEW_CHAT:
+            first_line = text.splitlines()[0]
+            title = first_line[:TITLE_CHARS] + ("…" if len(first_line) > TITLE_CHARS else "")
+            self.store.rename_chat(self.chat_id, title)
+            self.refresh_list()
+        self.view.input.clear()
+        self._start_answer()
+        return True
+
+    def regenerate(self) -> bool:
+        """Drop the last answer and generate a new one for the same conversation."""
+        if self.generating or self.chat_id is None or not self.model_loaded:
+            return False
+        messages = self.store.messages(self.chat_id)
+        if not messages:
+            return False
+        if messages[-1].role == "assistant":
+            self.store.delete_messages_from(self.chat_id, messages[-1].position)
+        self._start_answer()
+        return True
+
+    def edit_last(self) -> bool:
+        """Put the last user message back in the input box; Resend replaces it."""
+        if self.generating or self.chat_id is None:
+            return False
+        user = [m for m in self.store.messages(self.chat_id) if m.role == "user"]
+        if not user:
+            return False
+        self.view.start_edit(user[-1].position, user[-1].content)
+        return True
+
+    def stop(self) -> None:
+        if self.generating:
+            log.info("stop requested after %d tokens", self.tokens_received)
+            self.client.stop()
+
+    def history(self) -> list[dict[str, str]]:
+        """The conversation as the engine gets it: system prompt, then done messages."""
+        assert self.chat_id is not None
+        chat = self.store.chat(self.chat_id)
+        out = []
+        if chat is not None and chat.system_prompt.strip():
+            out.append({"role": "system", "content": chat.system_prompt})
+        out += [{"role": m.role, "content": m.content}
+                for m in self.store.messages(self.chat_id) if m.content or m.role == "user"]
+        return out
+
+    def _start_answer(self) -> None:
+        assert self.chat_id is not None
+        messages = self.history()
+        self.render()
+        answer = self.store.add_message(self.chat_id, "assistant", "", GENERATING)
+        self.answer_id = answer.id
+        self.view.begin_answer()
+        self.generating = True
+        self.tokens_received = 0
+        self._update_buttons()
+        self.client.generate(GenerateRequest(messages=tuple(messages),
+                                             sampling=self.settings.sampling()))
+        self.answerStarted.emit()
+
+    # ------------------------------------------------------------------ worker output
+    def on_tokens(self, snaps: list[TokenSnapshot]) -> None:
+        if self.closed:
+            return
+        if self.answer_id is not None:
+            self.store.append_texts(self.answer_id, [s.text for s in snaps])
+        self.view.append_text("".join(s.text for s in snaps))
+        self.tokens_received += len(snaps)
+        last = snaps[-1]
+        self.view.set_context(last.context_used, last.n_ctx)
+        self.tokensArrived.emit(snaps)
+
+    def on_finished(self, summary: AnswerSummary) -> None:
+        if self.closed:
+            return
+        self.view.flush()
+        self.last_answer = summary
+        if self.answer_id is not None:
+            if summary.n_tokens == 0 and summary.stop_reason == "error":
+                self._drop_answer(self.answer_id)
+            else:
+                status = STOPPED if summary.stop_reason == "stopped" else DONE
+                self.store.finish_message(self.answer_id, status, summary.as_dict())
+        self.answer_id = None
+        self.generating = False
+        self.view.set_context(summary.n_prompt_tokens + summary.n_tokens,
+                              self.view.context_bar.maximum())
+        self.render()
+        log.info("answer: %s", summary.summary)
+        self.answerFinished.emit(summary)
+
+    def _drop_answer(self, message_id: int) -> None:
+        if self.chat_id is None:
+            return
+        for m in self.store.messages(self.chat_id):
+            if m.id == message_id:
+                self.store.delete_messages_from(self.chat_id, m.position)
+
+    def _update_buttons(self) -> None:
+        messages: list[ChatMessage] = (self.store.messages(self.chat_id)
+                                       if self.chat_id is not None else [])
+        has_user = any(m.role == "user" for m in messages)
+        self.view.set_generating(self.generating, can_regenerate=has_user and self.model_loaded,
+                                 can_edit=has_user)

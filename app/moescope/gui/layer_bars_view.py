@@ -1,0 +1,70 @@
+"""Per-layer bars: where the substituted mass, the hits and the copies happen.
+
+Averages over the model's last ``layer_window`` tokens (one token per layer is too noisy to
+read), so a layer whose experts keep missing stands out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtWidgets import QVBoxLayout, QWidget
+
+from moescope.gui import theme
+from moescope.gui.cache_model import CacheModel
+
+BARS: tuple[tuple[str, str], ...] = (
+    ("mass", "mass / token per layer"),
+    ("hit_rate", "hit rate per layer"),
+    ("fetched_mb", "fetched MB / token per layer"),
+)
+
+
+class LayerBarsView(QWidget):
+    def __init__(self, model: CacheModel, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model = model
+        self.setAccessibleName("Per-layer cache bars")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self.graphics = pg.GraphicsLayoutWidget()
+        layout.addWidget(self.graphics)
+        self.plots: dict[str, pg.PlotItem] = {}
+        self.bars: dict[str, pg.BarGraphItem] = {}
+        for col, (key, title) in enumerate(BARS):
+            plot = self.graphics.addPlot(row=0, col=col)
+            plot.setTitle(title, size="8pt", color=theme.MUTED)
+            plot.setMenuEnabled(False)
+            plot.setMouseEnabled(x=False, y=False)
+            plot.hideButtons()
+            plot.getAxis("left").setWidth(36)
+            plot.setLabel("bottom", "layer")
+            theme.cache_axes(plot)
+            bars = pg.BarGraphItem(x=[0], height=[0], width=0.8,
+                                   brush=theme.CURVE[key], pen=None)
+            plot.addItem(bars)
+            self.plots[key] = plot
+            self.bars[key] = bars
+        self.values: dict[str, np.ndarray] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        layers = self.model.model.moe_layers if self.model.model else ()
+        n = max(len(layers), 1)
+        step = max(1, len(layers) // 6)
+        ticks = [[(i, str(layer)) for i, layer in enumerate(layers) if i % step == 0]]
+        for key, plot in self.plots.items():
+            plot.getAxis("bottom").setTicks(ticks)
+            plot.setXRange(-0.6, n - 0.4, padding=0)
+            self.bars[key].setOpts(x=np.arange(n), height=np.zeros(n))
+        self.values = {}
+
+    def refresh(self) -> None:
+        means = self.model.layer_means()
+        self.values = means
+        for key, values in means.items():
+            if len(values) == 0:
+                continue
+            self.bars[key].setOpts(x=np.arange(len(values)), height=values)
+            top = 1.0 if key == "hit_rate" else theme.nice_ceiling(float(values.max()))
+            self.plots[key].setYRange(0, top, padding=0)

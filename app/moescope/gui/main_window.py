@@ -1,0 +1,570 @@
+"""The main window: chats on the left, the conversation in the centre, the cache on the right.
+
+The window wires parts together and owns what outlives a chat: the engine client (worker
+thread), the chat store, QSettings, the session recording. Conversation rules live in
+:mod:`chat_controller`, drawing in the panels; errors from anywhere end up in one dialog
+(:meth:`MainWindow.show_error`) and the app stays usable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections import deque
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, QCoreApplication, QEvent, QSettings, Qt, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QInputDialog,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QProgressBar,
+    QSplitter,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from moescope.core.errors import MoEScopeError
+from moescope.core.gguf_info import read_model_info
+from moescope.core.resources import demo_model_path
+from moescope.core.trace import TraceFormatError
+from moescope.engine import Engine
+from moescope.gui import paths
+from moescope.gui.about_dialog import AboutDialog
+from moescope.gui.cache_panel import CachePanel
+from moescope.gui.chat_controller import ChatController
+from moescope.gui.chat_list import ChatListPanel
+from moescope.gui.chat_settings import ChatSettingsPanel
+from moescope.gui.chat_view import ChatView
+from moescope.gui.controls import ControlsPanel
+from moescope.gui.logs_view import LogsView
+from moescope.gui.open_model_dialog import OpenModelDialog
+from moescope.gui.snapshots import ModelSummary, TokenSnapshot
+from moescope.gui.store import ChatStore
+from moescope.gui.trace_io import export_session, prune_traces, reopen
+from moescope.gui.trace_window import TraceWindow
+from moescope.gui.worker import EngineClient, LoadRequest
+
+log = logging.getLogger("moescope.gui")
+
+MAX_RECENT = 8
+RECENT_TOKENS = 4096
+"""Snapshots kept in memory for inspection; the full session is in the trace file."""
+TOGGLE_SHORTCUT = "Ctrl+T"
+
+
+def budget_percent(slots: int, n_expert: int) -> str:
+    """A percentage budget that buys exactly ``slots`` per layer on any model with
+    ``n_expert`` experts (rounded up so the core's floor lands on ``slots``)."""
+    return f"{math.ceil(slots * 100 / n_expert * 1e6) / 1e6}%"
+
+
+class MainWindow(QMainWindow):
+    modelLoaded = Signal(object)  # ModelSummary
+    modelFailed = Signal(str)
+    changesApplied = Signal(object, object)  # ModelSummary, list[str] (GUI thread)
+
+    def __init__(self, *, engine: Engine | None = None, store: ChatStore | None = None,
+                 settings: QSettings | None = None) -> None:
+        super().__init__()
+        self.setWindowTitle("MoEScope")
+        self.setAcceptDrops(True)
+        self.settings = settings or QSettings(str(paths.settings_path()),
+                                              QSettings.Format.IniFormat)
+        self.store = store or ChatStore(paths.chats_db_path())
+        self.client = EngineClient(engine, parent=self)
+        self.model: ModelSummary | None = None
+        self.loading = False
+        self.recording = self._setting_bool("record_traces", True)
+        self.trace_path: Path | None = None
+        """The current session's trace file (recorded by the worker), if recording."""
+        self.recent_tokens: deque[TokenSnapshot] = deque(maxlen=RECENT_TOKENS)
+        self.trace_windows: list[TraceWindow] = []
+        self._closed = False
+
+        self.chat_list = ChatListPanel()
+        self.chat_view = ChatView()
+        self.controls = ControlsPanel()
+        self.cache_panel = CachePanel()
+        self.chat_settings = ChatSettingsPanel()
+        self.logs = LogsView()
+        self.logs.attach()
+        self._build_layout()
+        self.chat = ChatController(self.store, self.client, self.chat_view, self.chat_list,
+                                   self.chat_settings, parent=self)
+        self._build_menus()
+        self._build_status_bar()
+        self._connect()
+        self._restore_settings()
+        self.chat.refresh_list()
+        chats = self.store.chats()
+        if chats:
+            self.chat.select_chat(chats[0].id)
+        else:
+            self.chat_view.render([], "No chat yet: type a message to start one")
+            self.chat._update_buttons()
+        for old in prune_traces(paths.traces_dir()):
+            log.info("deleted old session trace %s", old.name)
+        if self.store.recovered:
+            log.warning("%d answer(s) were cut off when MoEScope last stopped; their text "
+                        "is kept and marked interrupted", self.store.recovered)
+
+    # ------------------------------------------------------------------ building
+    def _build_layout(self) -> None:
+        right = QWidget()
+        right_layout = QVBoxLayout(right)
+        right_layout.setContentsMargins(0, 6, 6, 6)
+        right_layout.addWidget(self.controls)
+        self.right_tabs = QTabWidget()
+        self.right_tabs.setAccessibleName("Side panels")
+        self.right_tabs.addTab(self.cache_panel, "&Cache")
+        self.right_tabs.addTab(self.chat_settings, "Chat settin&gs")
+        self.right_tabs.addTab(self.logs, "&Logs")
+        right_layout.addWidget(self.right_tabs, 1)
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.addWidget(self.chat_list)
+        self.splitter.addWidget(self.chat_view)
+        self.splitter.addWidget(right)
+        self.splitter.setStretchFactor(0, 0)
+        self.splitter.setStretchFactor(1, 3)
+        self.splitter.setStretchFactor(2, 3)
+        self.splitter.setSizes([200, 560, 560])
+        self.setCentralWidget(self.splitter)
+        self.resize(1380, 860)
+
+    def _action(self, text: str, slot: object, shortcut: str | QKeySequence | None = None,
+                tip: str = "") -> QAction:
+        action = QAction(text, self)
+        if shortcut is not None:
+            action.setShortcut(QKeySequence(shortcut))
+        if tip:
+            action.setStatusTip(tip)
+        action.triggered.connect(slot)
+        self.addAction(action)
+        return action
+
+    def _build_menus(self) -> None:
+        bar = self.menuBar()
+        file = bar.addMenu("&File")
+        file.addAction(self._action("&Open model…", self.open_model_dialog,
+                                    QKeySequence.StandardKey.Open, "Open a GGUF model"))
+        self.recent_menu = file.addMenu("Open &recent")
+        file.addSeparator()
+        file.addAction(self._action("Export chat as &Markdown…",
+                                    lambda: self.export_chat_dialog("md")))
+        file.addAction(self._action("Export chat as &JSON…",
+                                    lambda: self.export_chat_dialog("json")))
+        file.addSeparator()
+        file.addAction(self._action("E&xport trace…", self.export_trace_dialog,
+                                    "Ctrl+Shift+E", "Save this session's trace (JSONL + "
+                                    "Perfetto)"))
+        file.addAction(self._action("Open &trace…", self.open_trace_dialog, "Ctrl+Shift+O"))
+        self.record_action = self._action(
+            "&Record session traces", self._toggle_recording,
+            tip="Record each model session to a trace file (from the next model load)")
+        self.record_action.setCheckable(True)
+        self.record_action.setChecked(self.recording)
+        file.addAction(self.record_action)
+        file.addSeparator()
+        file.addAction(self._action("&Quit", self.close, QKeySequence.StandardKey.Quit))
+
+        chat = bar.addMenu("&Chat")
+        chat.addAction(self._action("&New chat", self.chat.new_chat, QKeySequence.StandardKey.New))
+        chat.addAction(self._action("&Stop", self.chat.stop, "Esc"))
+        chat.addAction(self._action("&Regenerate", self.chat.regenerate, "Ctrl+R"))
+        chat.addAction(self._action("&Edit last message", self.chat.edit_last, "Ctrl+E"))
+        chat.addAction(self._action("Re&name chat…", self.rename_current_dialog, "F2"))
+        chat.addAction(self._action("&Delete chat", self.delete_current_dialog))
+        chat.addAction(self._action("Focus &message box", self.chat_view.input.setFocus,
+                                    "Ctrl+L"))
+
+        cache = bar.addMenu("C&ache")
+        self.toggle_action = self._action(
+            "&Toggle Quality-first / Speed-first", self.controls.toggle_quality_speed,
+            TOGGLE_SHORTCUT, "Switch between the 0.15 rule and the first-choice rule")
+        cache.addAction(self.toggle_action)
+        for key, label in (("exact", "&Exact"), ("quality-first", "&Quality-first"),
+                           ("speed-first", "&Speed-first")):
+            cache.addAction(self._action(label, lambda _=False, k=key:
+                                         self.controls.select_policy(k)))
+
+        help_menu = bar.addMenu("&Help")
+        help_menu.addAction(self._action("&About MoEScope", self.show_about))
+        self._rebuild_recent_menu()
+
+    def _build_status_bar(self) -> None:
+        self.model_label = QLabel("No model loaded — File ▸ Open model… (Ctrl+O)")
+        self.model_label.setAccessibleName("Model status")
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 100)
+        self.progress.setMaximumWidth(220)
+        self.progress.setAccessibleName("Loading progress")
+        self.progress.hide()
+        self.statusBar().addWidget(self.model_label, 1)
+        self.statusBar().addPermanentWidget(self.progress)
+
+    def _connect(self) -> None:
+        w = self.client.worker
+        w.loadProgress.connect(self._on_load_progress)
+        w.loaded.connect(self._on_loaded)
+        w.loadFailed.connect(self._on_load_failed)
+        w.tokens.connect(self._on_tokens)
+        # bound methods of this QObject, never lambdas: a lambda connected to a worker
+        # signal would run on the worker thread
+        w.failed.connect(self._on_generation_failed)
+        w.requestsApplied.connect(self._on_requests_applied)
+        self.controls.policyRequested.connect(self.request_policy)
+        self.controls.budgetRequested.connect(self.request_budget)
+        self.chat.problem.connect(self.show_error)
+        self.chat.answerFinished.connect(lambda _s: self._update_title())
+        self.chat_list.renameRequested.connect(self.rename_chat_dialog)
+        self.chat_list.deleteRequested.connect(self.delete_chat_dialog)
+        # one display clock: the cache panel's frame timer also flushes streamed text
+        self.cache_panel.timer.timeout.connect(self.chat_view.flush)
+
+    # ------------------------------------------------------------------ settings
+    def _setting_bool(self, key: str, default: bool) -> bool:
+        value = self.settings.value(key, default)
+        return value in (True, "true", "1", 1) if not isinstance(value, bool) else value
+
+    def _restore_settings(self) -> None:
+        geometry = self.settings.value("window/geometry")
+        if isinstance(geometry, QByteArray):
+            self.restoreGeometry(geometry)
+        state = self.settings.value("window/splitter")
+        if isinstance(state, QByteArray):
+            self.splitter.restoreState(state)
+        sampling = self.settings.value("chat/sampling")
+        if isinstance(sampling, dict):
+            self.chat_settings.set_values(sampling)
+
+    def _save_settings(self) -> None:
+        self.settings.setValue("window/geometry", self.saveGeometry())
+        self.settings.setValue("window/splitter", self.splitter.saveState())
+        self.settings.setValue("chat/sampling", self.chat_settings.values())
+        self.settings.setValue("record_traces", self.recording)
+        self.settings.sync()
+
+    def recent_models(self) -> list[str]:
+        value = self.settings.value("recent_models", [])
+        if isinstance(value, str):
+            value = [value]
+        return [str(v) for v in (value or [])]
+
+    def _remember_model(self, path: str) -> None:
+        recent = [path] + [p for p in self.recent_models() if p != path]
+        self.settings.setValue("recent_models", recent[:MAX_RECENT])
+        self.settings.setValue("last_model", path)
+        self._rebuild_recent_menu()
+
+    def _rebuild_recent_menu(self) -> None:
+        self.recent_menu.clear()
+        recent = self.recent_models()
+        for path in recent:
+            action = self.recent_menu.addAction(Path(path).name)
+            action.setStatusTip(path)
+            action.triggered.connect(lambda _=False, p=path: self.prepare_open(p))
+        self.recent_menu.setEnabled(bool(recent))
+
+    def _toggle_recording(self, on: bool) -> None:
+        self.recording = bool(on)
+        self.settings.setValue("record_traces", self.recording)
+
+    # ------------------------------------------------------------------ model
+    def open_model_dialog(self) -> None:
+        start = self.settings.value("last_model", "") or str(Path.home())
+        path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", str(start),
+                                              "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.prepare_open(path)
+
+    def prepare_open(self, path: str | Path) -> None:
+        """Read the header, show the fit estimate, load if the user confirms."""
+        try:
+            info = read_model_info(path, require_moe=False)
+        except MoEScopeError as err:
+            self.show_error("Cannot open this model", str(err))
+            return
+        dialog = OpenModelDialog(info, budget=self.default_budget(),
+                                 policy=str(self.settings.value("policy", "quality-first")),
+                                 n_ctx=int(self.settings.value("n_ctx", 2048)), parent=self)
+        if dialog.exec() == OpenModelDialog.DialogCode.Accepted:
+            self.load_model(dialog.request())
+
+    def default_budget(self) -> str:
+        return str(self.settings.value("budget", "25%"))
+
+    def load_model(self, request: LoadRequest | str | Path) -> bool:
+        """Load in the worker (progress in the status bar); False if busy."""
+        if isinstance(request, str | Path):
+            request = LoadRequest(path=str(request), budget=self.default_budget(),
+                                  policy=str(self.settings.value("policy", "quality-first")),
+                                  n_ctx=int(self.settings.value("n_ctx", 2048)))
+        if self.recording and request.trace_dir is None:
+            request = dataclasses.replace(request, trace_dir=str(paths.traces_dir()))
+        if self.chat.generating or self.loading:
+            self.show_error("Busy", "Wait for the current answer or load to finish (Esc "
+                                    "stops an answer).")
+            return False
+        self.loading = True
+        self.chat.model_loaded = False
+        self.chat._update_buttons()
+        self.model_label.setText(f"Loading {Path(request.path).name}…")
+        self.progress.setValue(0)
+        self.progress.show()
+        self._pending_request = request
+        self.client.load(request)
+        return True
+
+    def _on_load_progress(self, stage: str, fraction: float) -> None:
+        self.progress.setValue(int(fraction * 100))
+        self.progress.setFormat(f"{stage} %p%")
+
+    def _on_loaded(self, summary: ModelSummary) -> None:
+        self.loading = False
+        self.progress.hide()
+        self.model = summary
+        self.chat.model_loaded = True
+        self.chat.model_name = summary.name
+        self.cache_panel.set_model(summary)
+        self.controls.set_model(summary)
+        self.trace_path = Path(summary.trace_path) if summary.trace_path else None
+        self.recent_tokens.clear()
+        self._remember_model(summary.path)
+        req = getattr(self, "_pending_request", None)
+        if req is not None:
+            self.settings.setValue("n_ctx", req.n_ctx)
+            if isinstance(req.policy, str):
+                self.settings.setValue("policy", req.policy)
+        if summary.cache_enabled and summary.n_expert:
+            self.settings.setValue("budget", budget_percent(summary.slots_per_layer,
+                                                            summary.n_expert))
+        self._update_title()
+        self.chat._update_buttons()
+        self.chat_view.set_context(0, summary.n_ctx)
+        self.modelLoaded.emit(summary)
+        if summary.notice:
+            self.show_warning("Model loaded with a note", summary.notice)
+
+    def _on_load_failed(self, message: str) -> None:
+        self.loading = False
+        self.progress.hide()
+        self.model = None
+        self.chat.model_loaded = False
+        self.cache_panel.set_model(None)
+        self.controls.set_model(None)
+        self._update_title()
+        self.chat._update_buttons()
+        self.modelFailed.emit(message)
+        self.show_error("Could not load the model", message)
+
+    def _update_title(self) -> None:
+        m = self.model
+        if m is None:
+            self.setWindowTitle("MoEScope")
+            self.model_label.setText("No model loaded — File ▸ Open model… (Ctrl+O)")
+            return
+        self.setWindowTitle(f"{m.name} — MoEScope")
+        cache = (f"{m.slots_per_layer}/{m.n_expert} expert slots per layer · "
+                 f"{m.n_moe_layers} MoE layers" if m.cache_enabled else "expert cache off")
+        self.model_label.setText(f"{m.name} · {m.architecture} · {cache} · "
+                                 f"context {m.n_ctx}")
+
+    # ------------------------------------------------------------------ live control
+    def request_policy(self, policy: object) -> None:
+        from moescope.core.policy import Policy
+
+        assert isinstance(policy, Policy)
+        log.info("policy requested: %s", policy.name or "custom")
+        self.client.request_policy(policy)
+        if policy.name in ("exact", "quality-first", "speed-first"):
+            self.settings.setValue("policy", policy.name)
+
+    def request_budget(self, slots: int) -> None:
+        m = self.model
+        if m is None or not m.cache_enabled:
+            return
+        log.info("budget requested: %d slots per layer", slots)
+        self.client.request_budget(str(slots * m.slot_row_bytes))
+        self.settings.setValue("budget", budget_percent(slots, m.n_expert))
+
+    def _on_requests_applied(self, summary: ModelSummary, changes: list[str]) -> None:
+        self.model = summary
+        self.controls.show_applied(summary)
+        self.cache_panel.update_model(summary)
+        self._update_title()
+        self._report_change_errors(changes)
+        self.changesApplied.emit(summary, changes)
+
+    def _on_tokens(self, snaps: list[TokenSnapshot]) -> None:
+        if self._closed and self.chat.closed:
+            return
+        self.cache_panel.add_snapshots(snaps)
+        self.recent_tokens.extend(snaps)
+        changed = [s for s in snaps if s.changes]
+        if changed and self.model is not None:
+            last = snaps[-1]
+            self.model = dataclasses.replace(self.model, slots_per_layer=last.slots_per_layer,
+                                             policy=last.policy)
+            self.controls.show_applied(self.model)
+            self._update_title()
+            for s in changed:
+                self._report_change_errors(list(s.changes))
+
+    def _on_generation_failed(self, message: str) -> None:
+        self.show_error("Generation failed", message)
+
+    def _report_change_errors(self, changes: list[str]) -> None:
+        for change in changes:
+            if change.startswith("budget error"):
+                self.statusBar().showMessage(change, 8000)
+                log.warning("%s", change)
+
+    # ------------------------------------------------------------------ chats
+    def rename_current_dialog(self) -> None:
+        if self.chat.chat_id is not None:
+            self.rename_chat_dialog(self.chat.chat_id)
+
+    def rename_chat_dialog(self, chat_id: int) -> None:
+        chat = self.store.chat(chat_id)
+        if chat is None:
+            return
+        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=chat.title)
+        if ok:
+            self.chat.rename(chat_id, title)
+
+    def delete_current_dialog(self) -> None:
+        if self.chat.chat_id is not None:
+            self.delete_chat_dialog(self.chat.chat_id)
+
+    def delete_chat_dialog(self, chat_id: int) -> None:
+        chat = self.store.chat(chat_id)
+        if chat is None:
+            return
+        answer = QMessageBox.question(self, "Delete chat",
+                                      f"Delete “{chat.title}” and all its messages?")
+        if answer == QMessageBox.StandardButton.Yes:
+            self.chat.delete(chat_id)
+
+    def export_chat_dialog(self, kind: str) -> None:
+        if self.chat.chat_id is None:
+            self.show_error("Nothing to export", "Select a chat first.")
+            return
+        chat = self.store.chat(self.chat.chat_id)
+        name = (chat.title if chat else "chat").replace("/", "_")[:40] or "chat"
+        pattern = "Markdown (*.md)" if kind == "md" else "JSON (*.json)"
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"{name}.{kind}", pattern)
+        if path:
+            self.export_chat(path, kind)
+
+    def export_chat(self, path: str | Path, kind: str) -> Path:
+        assert self.chat.chat_id is not None
+        text = (self.store.export_markdown(self.chat.chat_id) if kind == "md"
+                else self.store.export_json(self.chat.chat_id))
+        dest = Path(path)
+        dest.write_text(text, encoding="utf-8")
+        log.info("chat exported to %s", dest)
+        return dest
+
+    # ------------------------------------------------------------------ traces
+    def export_trace_dialog(self) -> None:
+        if self.trace_path is None:
+            self.show_error("No trace to export", "This session is not being recorded: turn "
+                                                  "on File ▸ Record session traces and load "
+                                                  "the model again.")
+            return
+        default = str(Path.home() / f"{self.trace_path.stem}.jsonl")
+        path, _ = QFileDialog.getSaveFileName(self, "Export trace", default,
+                                              "MoEScope trace (*.jsonl)")
+        if path:
+            self.export_trace(path)
+
+    def export_trace(self, path: str | Path) -> tuple[Path, Path]:
+        """Copy the session's trace to ``path`` and write Perfetto JSON next to it."""
+        if self.trace_path is None:
+            raise MoEScopeError("this session is not being recorded")
+        jsonl, perfetto = export_session(self.trace_path, Path(path))
+        log.info("trace exported: %s and %s", jsonl, perfetto.name)
+        self.statusBar().showMessage(f"Trace saved to {jsonl} and {perfetto.name}", 8000)
+        return jsonl, perfetto
+
+    def open_trace_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Open trace", str(paths.traces_dir()),
+            "MoEScope traces (*.jsonl *.jsonl.gz);;All files (*)")
+        if path:
+            self.open_trace(path)
+
+    def open_trace(self, path: str | Path) -> TraceWindow | None:
+        """Show a recorded session's plots in their own window."""
+        try:
+            reopened = reopen(path)
+        except (TraceFormatError, OSError, ValueError, KeyError) as err:
+            self.show_error("Cannot open the trace", str(err))
+            return None
+        window = TraceWindow(path, reopened)
+        window.show()
+        self.trace_windows.append(window)
+        return window
+
+    # ------------------------------------------------------------------ dialogs
+    def show_error(self, title: str, message: str) -> None:
+        log.error("%s: %s", title, message)
+        QMessageBox.critical(self, title, message)
+
+    def show_warning(self, title: str, message: str) -> None:
+        log.warning("%s: %s", title, message)
+        QMessageBox.warning(self, title, message)
+
+    def show_about(self) -> None:
+        AboutDialog(self).exec()
+
+    # ------------------------------------------------------------------ drag and drop
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        urls = event.mimeData().urls()
+        if urls and urls[0].isLocalFile() and urls[0].toLocalFile().endswith(
+                (".gguf", ".jsonl", ".jsonl.gz")):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        path = event.mimeData().urls()[0].toLocalFile()
+        event.acceptProposedAction()
+        if path.endswith((".jsonl", ".jsonl.gz")):
+            self.open_trace(path)
+        else:
+            self.prepare_open(path)
+
+    # ------------------------------------------------------------------ startup / close
+    def autoload(self, model: str | Path | None = None) -> bool:
+        """Load ``model``, else the last model, else the bundled demo model."""
+        candidates = [model, self.settings.value("last_model", ""), demo_model_path()]
+        for candidate in candidates:
+            if candidate and Path(str(candidate)).is_file():
+                return self.load_model(str(candidate))
+        return False
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        """Stop a running answer (it is saved as stopped), free the engine, save state."""
+        if not self._closed:
+            self._closed = True
+            self.chat.stop()
+            self.cache_panel.stop()
+            self.client.shutdown()
+            # deliver what the worker emitted before it stopped (the last tokens and the
+            # answer's finished signal), so the stopped answer is saved with its stats
+            QCoreApplication.sendPostedEvents(None, QEvent.Type.MetaCall)
+            self.chat.closed = True
+            if self.chat.answer_id is not None:  # the finished signal will not arrive now
+                self.store.finish_message(self.chat.answer_id, "stopped")
+                self.chat.answer_id = None
+            self._save_settings()
+            self.logs.detach()
+            for window in self.trace_windows:
+                window.close()
+            self.store.close()
+        super().closeEvent(event)

@@ -1,0 +1,56 @@
+"""RAM and VRAM curves (process and system) with a two-line summary."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+
+from moescope.gui import theme
+from moescope.gui.memory_model import MemoryModel
+
+
+class MemoryView(QWidget):
+    def __init__(self, model: MemoryModel, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model = model
+        self.setAccessibleName("Memory use")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self.label = QLabel("")
+        self.label.setObjectName("statsLabel")
+        layout.addWidget(self.label)
+        self.graphics = pg.GraphicsLayoutWidget()
+        layout.addWidget(self.graphics, 1)
+        self.curves: dict[str, pg.PlotDataItem] = {}
+        self.plots: dict[str, pg.PlotItem] = {}
+        for row, (kind, title) in enumerate((("ram", "RAM (GiB)"), ("vram", "VRAM (GiB)"))):
+            plot = self.graphics.addPlot(row=row, col=0)
+            plot.setTitle(title, size="8pt", color=theme.MUTED)
+            self.plots[kind] = plot
+            plot.setMenuEnabled(False)
+            plot.hideButtons()
+            plot.showGrid(x=True, y=True, alpha=0.15)
+            plot.addLegend(offset=(5, 5), labelTextSize="7pt")
+            plot.getAxis("left").setWidth(42)
+            theme.cache_axes(plot)
+            for who in ("process", "system"):
+                self.curves[f"{kind}_{who}"] = plot.plot(
+                    pen=pg.mkPen(theme.CURVE[who], width=1.5), name=f"{who}",
+                    connect="finite")
+            if row == 1:
+                plot.setLabel("bottom", "seconds")
+
+    def refresh(self) -> None:
+        s = self.model.samples
+        if s.count == 0:
+            return
+        t = s.view("t")
+        for key, curve in self.curves.items():
+            y = s.view(key)
+            if np.isfinite(y).any():
+                curve.setData(t, y, connect="finite")
+        self.label.setText(self.model.summary())
+        if self.model.gpu is None:
+            self.plots["vram"].setTitle("VRAM: no NVIDIA GPU (expert slots in RAM)",
+                                        size="8pt", color=theme.MUTED)

@@ -1,0 +1,144 @@
+"""Session traces in the window: the shared format of :mod:`moescope.core.trace`.
+
+The worker records every answer with ``core.trace.TraceRecorder`` (on the decode thread,
+the only one allowed to read the engine), so a GUI session is a normal MoEScope trace: the
+simulator can replay it and ``moescope replay`` reads it. This module does the GUI's part:
+export a copy (plus Perfetto JSON), and turn a trace back into the snapshots the cache
+panel draws, through the same :class:`CacheModel` code as a live session.
+
+The trace does not store residency; it is rebuilt from the event rows (what a token hit,
+fetched, used as a substitute, admitted or evicted). That is exact from an empty cache,
+which is how recording starts, except after a budget *shrink*: the core evicts without
+event rows then, so until the cache turns over the rebuilt residency keeps the most
+recently used experts (:attr:`ReopenedTrace.approximate_from`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from moescope.core.native import FETCH, HIT, SUBSTITUTE
+from moescope.core.trace import Change, Trace, read_trace, write_perfetto
+from moescope.gui.snapshots import ModelSummary, TokenSnapshot
+
+KEEP_TRACES = 20
+"""Recorded sessions kept in the data directory (older ones are deleted at start)."""
+
+
+def new_trace_path(directory: Path, model_path: str) -> Path:
+    """Where the worker records the session of a newly loaded model."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return directory / f"{stamp}-{Path(model_path).stem}.jsonl"
+
+
+def prune_traces(directory: Path, keep: int = KEEP_TRACES) -> list[Path]:
+    """Delete all but the ``keep`` newest recorded sessions; returns what was deleted."""
+    files = sorted(directory.glob("*.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True)
+    gone = files[keep:]
+    for p in gone:
+        p.unlink(missing_ok=True)
+    return gone
+
+
+def export_session(recorded: Path, dest: Path) -> tuple[Path, Path]:
+    """Copy the session's trace to ``dest`` (``.jsonl``) and write Perfetto JSON next to it.
+
+    Safe while recording continues: the recorder flushes whole lines, and a reader drops a
+    half-written last line.
+    """
+    jsonl = dest if dest.name.endswith((".jsonl", ".jsonl.gz")) else dest.with_suffix(".jsonl")
+    shutil.copyfile(recorded, jsonl)
+    perfetto = jsonl.with_name(jsonl.name.split(".jsonl")[0] + ".perfetto.json")
+    write_perfetto(read_trace(jsonl), perfetto)
+    return jsonl, perfetto
+
+
+def change_label(change: Change) -> str:
+    """The marker text the live window shows for the same change."""
+    if change.kind == "policy" and change.policy is not None:
+        return f"policy={change.policy.name or 'custom'}"
+    if change.kind == "slots":
+        return f"slots={change.slots}"
+    return change.text
+
+
+@dataclass
+class ReopenedTrace:
+    model: ModelSummary
+    tokens: list[TokenSnapshot]
+    trace: Trace
+    approximate_from: int | None = None
+    """First step whose rebuilt residency is approximate (after a budget shrink)."""
+
+
+def reopen(path: str | Path) -> ReopenedTrace:
+    """Read a trace and rebuild the snapshots the panel draws (``TraceFormatError``)."""
+    trace = read_trace(path)
+    h = trace.header
+    m = h.model
+    row_bytes = int(sum(m.bytes_per_expert))
+    model = ModelSummary(
+        path=str(trace.path or path), name=m.name or m.file_name,
+        architecture=m.architecture, n_expert=m.n_expert, top_k=m.top_k,
+        moe_layers=tuple(m.moe_layers), slot_row_bytes=row_bytes,
+        total_expert_bytes=row_bytes * m.n_expert, non_expert_bytes=m.non_expert_bytes,
+        cache_enabled=True, slots_per_layer=h.slots_per_layer,
+        policy=h.policy.name or "custom", n_ctx=0)
+    rows_of = {layer: i for i, layer in enumerate(m.moe_layers)}
+    resident = np.zeros((len(m.moe_layers), m.n_expert), dtype=np.bool_)
+    last_use = np.full(resident.shape, -1, dtype=np.int64)
+    approximate_from: int | None = None
+    slots = h.slots_per_layer
+    tokens: list[TokenSnapshot] = []
+    for rec in trace.tokens:
+        step = rec.index + 1
+        for change in rec.changes:
+            if change.kind == "slots" and change.slots is not None:
+                if change.slots < slots:
+                    _shrink(resident, last_use, change.slots)
+                    approximate_from = approximate_from or step
+                slots = change.slots
+        _apply_rows(resident, last_use, rec.events, rows_of, step)
+        tokens.append(TokenSnapshot(
+            step=step, index=rec.position, text=rec.text, seconds=rec.seconds,
+            policy=rec.policy, slots_per_layer=rec.slots_per_layer, n_prompt_tokens=0,
+            n_ctx=0, events=rec.events, resident=resident.copy(),
+            changes=tuple(change_label(c) for c in rec.changes),
+            ttft=rec.seconds if rec.position == 0 else None))
+    return ReopenedTrace(model=model, tokens=tokens, trace=trace,
+                         approximate_from=approximate_from)
+
+
+def _apply_rows(resident: np.ndarray, last_use: np.ndarray, events: np.ndarray,
+                rows_of: dict[int, int], step: int) -> None:
+    """What one token's rows did to residency: computed experts are resident, admitted
+    ones enter, evicted ones leave (in row order, as the core decided them)."""
+    for row in events:
+        r = rows_of.get(int(row["layer"]))
+        if r is None:
+            continue
+        k = int(row["k"])
+        action = row["action"][:k]
+        computed = np.where(action == SUBSTITUTE, row["used_ids"][:k], row["ids"][:k])
+        computed = computed[(action == HIT) | (action == FETCH) | (action == SUBSTITUTE)]
+        computed = computed[(computed >= 0) & (computed < resident.shape[1])]
+        resident[r, computed] = True
+        last_use[r, computed] = step
+        evicted = row["evicted"][: int(row["n_evict"])]
+        resident[r, evicted[(evicted >= 0) & (evicted < resident.shape[1])]] = False
+        admitted = row["admitted"][: int(row["n_admit"])]
+        resident[r, admitted[(admitted >= 0) & (admitted < resident.shape[1])]] = True
+
+
+def _shrink(resident: np.ndarray, last_use: np.ndarray, slots: int) -> None:
+    """A budget shrink evicts without event rows: keep the most recently used."""
+    for r in range(resident.shape[0]):
+        ids = np.flatnonzero(resident[r])
+        if len(ids) > slots:
+            order = ids[np.argsort(-last_use[r, ids], kind="stable")]
+            resident[r, order[slots:]] = False

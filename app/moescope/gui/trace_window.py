@@ -1,0 +1,47 @@
+"""A recorded session, reopened: the same cache panel, filled from a trace file.
+
+The panel is fed the trace's snapshots through the same :class:`CacheModel` code as a
+live session, so the curves and bars are the numbers the live window showed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtWidgets import QLabel, QMainWindow, QVBoxLayout, QWidget
+
+from moescope.gui.cache_panel import CachePanel
+from moescope.gui.trace_io import ReopenedTrace
+
+
+class TraceWindow(QMainWindow):
+    def __init__(self, path: str | Path, reopened: ReopenedTrace,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.path = Path(path)
+        self.reopened = reopened
+        model, tokens = reopened.model, reopened.tokens
+        self.tokens = tokens
+        self.setWindowTitle(f"Trace: {self.path.name} — MoEScope")
+        self.resize(760, 720)
+        body = QWidget()
+        layout = QVBoxLayout(body)
+        policies = sorted({t.policy for t in tokens})
+        text = (f"{model.name} · {len(tokens)} tokens · policies: "
+                f"{', '.join(policies) or '–'} · {self.path}")
+        if reopened.trace.truncated:
+            text += " · the recording was cut off (its last token is missing)"
+        if reopened.approximate_from is not None:
+            text += (f" · residency after the budget shrink at token "
+                     f"{reopened.approximate_from} is approximate")
+        info = QLabel(text)
+        info.setWordWrap(True)
+        info.setObjectName("statsLabel")
+        layout.addWidget(info)
+        self.panel = CachePanel(live=False)
+        self.panel.set_model(model)
+        self.panel.add_snapshots(tokens)
+        self.panel.time_plots.full_range = True
+        self.panel.draw(force=True)
+        layout.addWidget(self.panel, 1)
+        self.setCentralWidget(body)

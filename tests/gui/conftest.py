@@ -1,0 +1,89 @@
+"""GUI fixtures: the real window on the real engine with a tiny synthetic MoE model.
+
+Qt runs offscreen; every window gets its own data directory (chat database, settings);
+dialogs that would block (QMessageBox) are replaced by a recorder the tests read.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gui_helpers import LONG_SEED, load
+
+from moescope.gui import paths
+
+
+@dataclass
+class Dialogs:
+    """What QMessageBox would have shown: (kind, title, text) in order."""
+
+    shown: list[tuple[str, str, str]] = field(default_factory=list)
+    question_answer: Any = None
+
+    def texts(self, kind: str | None = None) -> list[str]:
+        return [f"{t}: {x}" for k, t, x in self.shown if kind is None or k == kind]
+
+
+@pytest.fixture
+def dialogs(monkeypatch: pytest.MonkeyPatch) -> Dialogs:
+    """Record message boxes instead of opening them (they would block offscreen)."""
+    from PySide6.QtWidgets import QMessageBox
+
+    rec = Dialogs(question_answer=QMessageBox.StandardButton.Yes)
+
+    def make(kind: str) -> Callable[..., Any]:
+        def show(_parent: Any, title: str, text: str, *args: Any, **kw: Any) -> Any:
+            rec.shown.append((kind, title, text))
+            return rec.question_answer if kind == "question" else QMessageBox.StandardButton.Ok
+        return show
+
+    for kind in ("critical", "warning", "information", "question"):
+        monkeypatch.setattr(QMessageBox, kind, staticmethod(make(kind)))
+    return rec
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh MOESCOPE_DATA_DIR: chats and settings never touch the real profile."""
+    d = tmp_path / "data"
+    monkeypatch.setenv(paths.ENV_DATA_DIR, str(d))
+    return d
+
+
+@pytest.fixture
+def make_window(qtbot: Any, data_dir: Path, dialogs: Dialogs) -> Iterator[Callable[..., Any]]:
+    """Factory: a shown MainWindow (closed at teardown, engine thread joined)."""
+    from moescope.gui.app import create_app
+    from moescope.gui.main_window import MainWindow
+
+    create_app([])
+    windows: list[MainWindow] = []
+
+    def make() -> MainWindow:
+        w = MainWindow()
+        qtbot.addWidget(w)
+        w.show()
+        windows.append(w)
+        return w
+
+    yield make
+    for w in windows:
+        w.close()
+        assert not w.client.thread.isRunning()
+
+
+@pytest.fixture
+def window(make_window: Callable[..., Any], qtbot: Any, tiny_moe: Path) -> Any:
+    """A window with the tiny MoE model loaded (quality-first, 25% of experts)."""
+    w = make_window()
+    load(qtbot, w, tiny_moe, budget="25%", policy="quality-first", n_ctx=512)
+    w.chat_settings.seed.setValue(LONG_SEED)
+    return w

@@ -1,0 +1,36 @@
+"""Helpers shared by the GUI tests (drive the real window, wait on its signals)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+LONG_PROMPT = "Tell me a story"
+LONG_SEED = 3
+"""With the tiny qwen3moe model this prompt and seed run to the token limit (no early EOS)
+under quality-first at 25%; tests that need a long answer use them."""
+
+
+def load(qtbot: Any, window: Any, path: Path | str, **request: Any) -> Any:
+    """Load ``path`` in the worker and wait for it; returns the ModelSummary."""
+    from moescope.gui.worker import LoadRequest
+
+    with qtbot.waitSignal(window.modelLoaded, timeout=30_000) as blocker:
+        window.load_model(LoadRequest(path=str(path), **request) if request else path)
+    return blocker.args[0]
+
+
+def send(qtbot: Any, window: Any, text: str, *, max_tokens: int = 40,
+         timeout: int = 30_000) -> Any:
+    """Send ``text`` and wait for the answer; returns its AnswerSummary."""
+    window.chat_settings.max_tokens.setValue(max_tokens)
+    with qtbot.waitSignal(window.chat.answerFinished, timeout=timeout) as blocker:
+        assert window.chat.send(text)
+    return blocker.args[0]
+
+
+def slow_down(window: Any, max_us: int) -> None:
+    """Make each expert copy sleep up to ``max_us`` (engine test hook; decisions and
+    tokens are unchanged), so an answer lasts long enough to act on mid-stream."""
+    assert not window.chat.generating
+    window.client.worker.engine.set_copy_delay(max_us)

@@ -1,0 +1,112 @@
+"""Steering while chatting: policy switches and budget changes apply live, between tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gui_helpers import LONG_PROMPT, send, slow_down
+from PySide6.QtCore import Qt
+
+
+def _switch_mid_answer(window: Any, qtbot: Any, act: Any, after: int = 4) -> tuple[Any, int]:
+    """Start a long answer, call ``act`` once ``after`` tokens have arrived, wait for the
+    end. Returns the answer's summary and the worker's step when ``act`` ran."""
+    slow_down(window, 3000)
+    window.chat_settings.max_tokens.setValue(60)
+    acted: list[int] = []
+
+    def maybe_act(_snaps: list[Any]) -> None:
+        if not acted and window.chat.tokens_received >= after:
+            acted.append(window.client.worker.step)
+            act()
+
+    window.chat.tokensArrived.connect(maybe_act)
+    with qtbot.waitSignal(window.chat.answerFinished, timeout=60_000) as blocker:
+        window.chat.send(LONG_PROMPT)
+    window.chat.tokensArrived.disconnect(maybe_act)
+    assert acted, "the answer ended before the change could be made"
+    return blocker.args[0], acted[0]
+
+
+def test_policy_switch_mid_answer_applies_from_the_next_token(window: Any, qtbot: Any) -> None:
+    summary, step_at_request = _switch_mid_answer(
+        window, qtbot, lambda: window.controls.select_policy("speed-first"))
+    engine = window.client.worker.engine
+    assert engine.policy_name == "speed-first"
+    tokens = list(window.recent_tokens)
+    policies = [t.policy for t in tokens]
+    first_new = policies.index("speed-first")
+    assert set(policies[:first_new]) == {"quality-first"}
+    assert set(policies[first_new:]) == {"speed-first"}
+    # the token being decoded when the request landed may finish under the old policy;
+    # the one after it is decoded under the new one
+    assert tokens[first_new].step <= step_at_request + 2
+    assert "policy=speed-first" in tokens[first_new].changes
+    # the per-message stats say both policies ran
+    assert summary.policies == ("quality-first", "speed-first")
+    assert "quality-first/speed-first" in window.store.messages(window.chat.chat_id)[-1] \
+        .stats["summary"]
+    # the switch is marked on the time plots
+    window.cache_panel.draw(force=True)
+    assert (tokens[first_new].step, "policy=speed-first") in \
+        window.cache_panel.time_plots.marker_labels()
+    assert window.controls.policy_combo.currentData() == "speed-first"
+
+
+def test_custom_policy_sliders_set_theta_and_beta(window: Any, qtbot: Any) -> None:
+    c = window.controls
+    c.select_policy("custom")
+    assert c.theta.isEnabled() and c.beta.isEnabled()
+    c.theta.setValue(40)
+    c.beta.setValue(120)
+    engine = window.client.worker.engine
+
+    def applied() -> None:
+        p = engine.policy
+        assert abs(p.theta - 0.40) < 1e-6 and abs(p.beta - 1.2) < 1e-6
+        assert window.cache_panel.model.policy == "custom"  # the window heard of it too
+
+    qtbot.waitUntil(applied, timeout=10_000)
+    assert engine.policy_name == "custom"
+
+
+def test_shortcut_toggles_quality_and_speed_first(window: Any, qtbot: Any) -> None:
+    engine = window.client.worker.engine
+    with qtbot.waitSignal(window.changesApplied, timeout=10_000):
+        qtbot.keyClick(window, Qt.Key.Key_T, Qt.KeyboardModifier.ControlModifier)
+    assert engine.policy_name == "speed-first"
+    with qtbot.waitSignal(window.changesApplied, timeout=10_000):
+        window.toggle_action.trigger()
+    assert engine.policy_name == "quality-first"
+    assert window.controls.policy_combo.currentData() == "quality-first"
+
+
+def test_budget_change_between_answers_keeps_the_conversation(window: Any, qtbot: Any) -> None:
+    send(qtbot, window, "first question", max_tokens=8)
+    with qtbot.waitSignal(window.changesApplied, timeout=10_000) as blocker:
+        window.controls.budget.setValue(8)
+    summary = blocker.args[0]
+    assert summary.slots_per_layer == 8
+    assert window.client.worker.engine.slots_per_layer == 8
+    assert "8 slots/layer · 50.0% resident" in window.controls.budget_label.text()
+    assert "8/16 expert slots per layer" in window.model_label.text()
+    send(qtbot, window, "second question", max_tokens=8)
+    messages = window.store.messages(window.chat.chat_id)
+    assert [m.content for m in messages if m.role == "user"] == [
+        "first question", "second question"]
+    assert list(window.recent_tokens)[-1].slots_per_layer == 8
+
+
+def test_budget_change_mid_answer_resizes_before_the_next_token(window: Any,
+                                                                qtbot: Any) -> None:
+    _summary, step_at_request = _switch_mid_answer(
+        window, qtbot, lambda: window.controls.budget.setValue(12))
+    tokens = list(window.recent_tokens)
+    slots = [t.slots_per_layer for t in tokens]
+    first_new = slots.index(12)
+    assert set(slots[:first_new]) == {4} and set(slots[first_new:]) == {12}
+    assert tokens[first_new].step <= step_at_request + 2
+    assert window.client.worker.engine.slots_per_layer == 12
+    assert window.controls.budget.value() == 12
+    resident = tokens[-1].resident
+    assert resident is not None and int(resident.sum(axis=1).max()) <= 12

@@ -1,0 +1,104 @@
+"""The cache panel's contents: heatmap states and tooltip, per-layer bars, fit estimate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gui_helpers import LONG_PROMPT, send
+
+from moescope.core.gguf_info import read_model_info
+from moescope.gui import snapshots as S
+from moescope.gui.fit import estimate_fit
+from moescope.gui.open_model_dialog import OpenModelDialog
+
+
+def test_heatmap_shows_the_last_tokens_cache_states(window: Any, qtbot: Any) -> None:
+    send(qtbot, window, LONG_PROMPT, max_tokens=20)
+    panel = window.cache_panel
+    panel.draw(force=True)
+    image = panel.heatmap.image.image
+    last = list(window.recent_tokens)[-1]
+    assert image.shape == (2, 16)
+    np.testing.assert_array_equal(image, S.cell_states(last.resident, last.events,
+                                                       panel.model.rows_of))
+    assert panel.heatmap.image.levels is not None
+    assert tuple(panel.heatmap.image.levels) == (0, len(S.CELL_LABELS))
+    # every routed expert of the last token shows what the cache did with it
+    for row in last.events:
+        r = int(panel.model.rows_of[row["layer"]])
+        for j in range(int(row["k"])):
+            expert, action = int(row["ids"][j]), int(row["action"][j])
+            expected = {0: S.HIT_NOW, 1: S.FETCHED_NOW, 2: S.SUBSTITUTED_AWAY}[action]
+            if action == 2:
+                assert image[r, int(row["used_ids"][j])] in (S.USED_AS_SUBSTITUTE,
+                                                             S.HIT_NOW, S.FETCHED_NOW)
+                if image[r, expert] != S.SUBSTITUTED_AWAY:
+                    continue  # the same expert was also computed for this token
+            assert image[r, expert] == expected
+
+
+def test_heatmap_tooltip_names_layer_expert_uses_and_last_use(window: Any,
+                                                              qtbot: Any) -> None:
+    send(qtbot, window, LONG_PROMPT, max_tokens=20)
+    model = window.cache_panel.model
+    row, expert = np.unravel_index(np.argmax(model.uses), model.uses.shape)
+    text = model.tooltip(int(row), int(expert))
+    assert f"layer {model.model.moe_layers[row]}, expert {expert}" in text
+    assert f"uses: {model.uses[row, expert]}" in text
+    assert f"last use: token {model.last_use[row, expert]}" in text
+    # hovering maps the scene position of the cell to the same text
+    heat = window.cache_panel.heatmap
+    center = heat.plot.vb.mapViewToScene(pg_point(expert + 0.5, row + 0.5))
+    assert heat.cell_at(center) == (row, expert)
+
+
+def pg_point(x: float, y: float) -> Any:
+    from PySide6.QtCore import QPointF
+
+    return QPointF(x, y)
+
+
+def test_per_layer_bars_average_the_recent_tokens(window: Any, qtbot: Any) -> None:
+    send(qtbot, window, LONG_PROMPT, max_tokens=20)
+    panel = window.cache_panel
+    panel.tabs.setCurrentWidget(panel.layer_bars)
+    panel.draw(force=True)
+    tokens = list(window.recent_tokens)[-20:]
+    rows_of = panel.model.rows_of
+    nums = [S.layer_numbers(t.events, rows_of) for t in tokens]
+    mass = np.mean([n.mass for n in nums], axis=0)
+    np.testing.assert_allclose(panel.layer_bars.values["mass"], mass)
+    hits = np.sum([n.hits for n in nums], axis=0)
+    sel = np.sum([n.selections for n in nums], axis=0)
+    np.testing.assert_allclose(panel.layer_bars.values["hit_rate"], hits / sel)
+
+
+def test_fit_estimate_before_loading(tiny_moe: Path, qtbot: Any) -> None:
+    info = read_model_info(tiny_moe)
+    fit = estimate_fit(info, "50%", n_ctx=512)
+    assert fit.plan is not None and fit.plan.slots_per_layer == 8
+    assert fit.non_expert_bytes == info.non_expert_bytes
+    assert fit.expert_bytes == info.total_expert_bytes
+    assert fit.ram_needed >= info.non_expert_bytes + info.total_expert_bytes
+    rows = dict(fit.lines())
+    assert rows["Slots per layer"].startswith("8 of 16 (50.0% resident")
+    assert "GPU" in rows
+    dialog = OpenModelDialog(info, budget="25%")
+    qtbot.addWidget(dialog)
+    assert dialog.budget.value() == 4
+    dialog.budget.setValue(12)
+    assert dialog.estimate is not None and dialog.estimate.plan.slots_per_layer == 12
+    request = dialog.request()
+    assert request.path == str(tiny_moe) and int(request.budget) == 12 * fit.plan.slot_row_bytes
+
+
+def test_fit_estimate_without_nvidia_gpu_says_slots_are_in_ram(tiny_moe: Path,
+                                                              monkeypatch: Any) -> None:
+    import moescope.gui.fit as fit_module
+
+    monkeypatch.setattr(fit_module, "gpu_status", lambda: None)
+    fit = estimate_fit(read_model_info(tiny_moe), "25%")
+    assert fit.gpu == "no NVIDIA GPU: expert slots in RAM"
+    assert fit.vram_free is None and fit.fits_vram

@@ -1,0 +1,94 @@
+"""Session traces: recorded in the shared format, exported (JSONL + Perfetto), reopened with
+the same numbers in the plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gui_helpers import LONG_PROMPT, send
+
+from moescope.core.trace import read_trace
+from moescope.sim.replay import replay
+
+
+def _curves(panel: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    panel.draw(force=True)
+    return {key: tuple(np.asarray(a) for a in curve.getData())
+            for key, curve in panel.time_plots.curves.items()}
+
+
+def _chat_with_a_policy_switch(window: Any, qtbot: Any) -> None:
+    send(qtbot, window, LONG_PROMPT, max_tokens=25)
+    window.controls.select_policy("speed-first")
+    qtbot.waitUntil(lambda: window.client.worker.engine.policy_name == "speed-first")
+    send(qtbot, window, "and then?", max_tokens=15)
+
+
+def test_session_is_recorded_in_the_shared_trace_format(window: Any, qtbot: Any) -> None:
+    _chat_with_a_policy_switch(window, qtbot)
+    assert window.trace_path is not None and window.trace_path.is_file()
+    trace = read_trace(window.trace_path)
+    live = list(window.recent_tokens)
+    assert [t.text for t in trace.tokens] == [s.text for s in live]
+    assert [t.policy for t in trace.tokens] == [s.policy for s in live]
+    # the simulator replays the GUI's session and makes the engine's decisions
+    result = replay(trace, keep_events=True)
+    assert result.events is not None
+    recorded = trace.events()
+    np.testing.assert_array_equal(result.events["action"], recorded["action"])
+    np.testing.assert_array_equal(result.events["used_ids"], recorded["used_ids"])
+
+
+def test_exported_trace_reopens_with_the_same_plots(window: Any, qtbot: Any,
+                                                    tmp_path: Path) -> None:
+    _chat_with_a_policy_switch(window, qtbot)
+    jsonl, perfetto = window.export_trace(tmp_path / "session.jsonl")
+    n_tokens = len(window.recent_tokens)
+
+    trace_window = window.open_trace(jsonl)
+    assert trace_window is not None
+    live, replayed = window.cache_panel, trace_window.panel
+    live_curves, replay_curves = _curves(live), _curves(replayed)
+    for key, (x, y) in live_curves.items():
+        rx, ry = replay_curves[key]
+        np.testing.assert_array_equal(rx, x)
+        np.testing.assert_array_equal(ry, y, err_msg=key)
+    for key, values in live.layer_bars.values.items():
+        np.testing.assert_array_equal(replayed.layer_bars.values[key], values)
+    np.testing.assert_array_equal(replayed.heatmap.image.image, live.heatmap.image.image)
+    np.testing.assert_array_equal(replayed.model.uses, live.model.uses)
+    np.testing.assert_array_equal(replayed.model.last_use, live.model.last_use)
+    assert [(m.step, m.label) for m in replayed.model.markers] == \
+        [(m.step, m.label) for m in live.model.markers]
+    assert any(label == "policy=speed-first" for _, label in
+               replayed.time_plots.marker_labels())
+    assert replayed.model.ttft_s == live.model.ttft_s
+
+    doc = json.loads(perfetto.read_text())
+    names = {e.get("name") for e in doc["traceEvents"]}
+    assert len(doc["traceEvents"]) > n_tokens and names
+
+
+def test_rebuilt_residency_matches_the_live_cache_token_by_token(window: Any,
+                                                                 qtbot: Any) -> None:
+    from moescope.gui.trace_io import reopen
+
+    send(qtbot, window, LONG_PROMPT, max_tokens=30)
+    window.controls.budget.setValue(10)  # grow: exact; shrinking would be approximate
+    qtbot.waitUntil(lambda: window.client.worker.engine.slots_per_layer == 10)
+    send(qtbot, window, "more", max_tokens=20)
+    rebuilt = reopen(window.trace_path)
+    assert rebuilt.approximate_from is None
+    for live, again in zip(window.recent_tokens, rebuilt.tokens, strict=True):
+        np.testing.assert_array_equal(again.resident, live.resident, err_msg=str(live.step))
+
+
+def test_opening_something_else_as_a_trace_is_explained(window: Any, dialogs: Any,
+                                                        tmp_path: Path) -> None:
+    bogus = tmp_path / "bogus.jsonl"
+    bogus.write_text('{"hello": 1}\n')
+    assert window.open_trace(bogus) is None
+    assert dialogs.shown[-1][1] == "Cannot open the trace"

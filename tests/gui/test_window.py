@@ -1,0 +1,94 @@
+"""Window-level behaviour: close mid-answer, About, logs, accessibility, keyboard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gui_helpers import LONG_PROMPT, slow_down
+
+from moescope.gui.about_dialog import LLAMA_CPP_COMMIT, versions
+from moescope.gui.store import STOPPED, ChatStore
+
+
+def test_closing_mid_answer_stops_cleanly_and_keeps_the_text(window: Any, qtbot: Any,
+                                                             data_dir: Any) -> None:
+    slow_down(window, 5000)
+    window.chat_settings.max_tokens.setValue(300)
+    window.chat.send(LONG_PROMPT)
+    qtbot.waitUntil(lambda: window.chat.tokens_received >= 3, timeout=30_000)
+    chat_id = window.chat.chat_id
+    window.close()
+    assert not window.client.thread.isRunning()
+    store = ChatStore(data_dir / "chats.sqlite3")
+    answer = store.messages(chat_id)[-1]
+    assert answer.role == "assistant" and answer.status == STOPPED and answer.content
+    store.close()
+
+
+def test_about_lists_engine_commit_and_gpu() -> None:
+    rows = dict(versions())
+    import llama_cpp
+
+    assert rows["Engine (llama-cpp-python + patch key)"] == llama_cpp.__version__
+    assert "moescope" in llama_cpp.__version__
+    assert rows["llama.cpp commit"] == LLAMA_CPP_COMMIT == "0c1e570"
+    assert rows["GPU"]
+
+
+def test_logs_panel_shows_engine_and_app_events(window: Any, qtbot: Any) -> None:
+    qtbot.waitUntil(lambda: "loaded" in window.logs.toPlainText(), timeout=5_000)
+    assert "moescope.gui.worker" in window.logs.toPlainText()
+
+
+def test_controls_have_accessible_names_and_take_keyboard_focus(window: Any) -> None:
+    for widget in (window.controls.policy_combo, window.controls.budget,
+                   window.controls.theta, window.controls.beta, window.chat_view.input,
+                   window.chat_view.send_button, window.chat_view.stop_button,
+                   window.chat_list.list, window.chat_list.search,
+                   window.chat_settings.temperature, window.cache_panel.heatmap):
+        assert widget.accessibleName(), widget
+    for widget in (window.controls.policy_combo, window.controls.budget,
+                   window.chat_view.input, window.chat_view.send_button):
+        assert widget.focusPolicy() & widget.focusPolicy().TabFocus
+    shortcuts = {a.shortcut().toString() for a in window.actions()}
+    assert {"Ctrl+T", "Ctrl+O", "Ctrl+N", "Esc", "Ctrl+R", "Ctrl+E"} <= shortcuts
+
+
+def test_open_model_shows_the_fit_estimate_then_loads(make_window: Any, qtbot: Any,
+                                                      monkeypatch: Any, tiny_moe: Any) -> None:
+    from moescope.gui.open_model_dialog import OpenModelDialog
+
+    seen: list[OpenModelDialog] = []
+
+    def accept(dialog: OpenModelDialog) -> int:
+        seen.append(dialog)
+        dialog.budget.setValue(8)  # the user picks 8 slots per layer
+        return OpenModelDialog.DialogCode.Accepted
+
+    monkeypatch.setattr(OpenModelDialog, "exec", accept)
+    w = make_window()
+    with qtbot.waitSignal(w.modelLoaded, timeout=30_000) as blocker:
+        w.prepare_open(tiny_moe)
+    (dialog,) = seen
+    labels = {dialog.estimate_form.itemAt(i, dialog.estimate_form.ItemRole.LabelRole)
+              .widget().text() for i in range(dialog.estimate_form.rowCount())}
+    assert {"Non-expert weights", "Expert weights (host RAM)", "Slots per layer",
+            "RAM needed", "GPU"} <= labels
+    assert blocker.args[0].slots_per_layer == 8
+    assert w.recent_models() == [str(tiny_moe)]
+
+
+def test_dropping_a_gguf_on_the_window_opens_it(make_window: Any, monkeypatch: Any,
+                                                tiny_moe: Any) -> None:
+    from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+    from PySide6.QtGui import QDropEvent
+
+    w = make_window()
+    opened: list[str] = []
+    monkeypatch.setattr(w, "prepare_open", lambda path: opened.append(str(path)))
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(tiny_moe))])
+    event = QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, mime,
+                       Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    w.dropEvent(event)
+    assert opened == [str(tiny_moe)]
