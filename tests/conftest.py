@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from moescope.core.trace import TraceRecorder
 from moescope.testing import ensure_synth_model, preset, write_broken_file
 
 
@@ -54,3 +55,79 @@ def broken_file(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pat
         return cache[kind]
 
     return make
+
+
+# --- sessions recorded from the real engine (trace, simulator and GUI tests) ---
+
+PROMPT = "The quick brown fox jumps over the lazy dog, again and again and again."
+"""Longer than 8 tokens, so prefill keeps llama.cpp's path (only its last layer is routed)."""
+
+
+def _engine_available() -> str | None:
+    try:
+        from moescope.engine.bindings import is_patched
+
+        return None if is_patched() else "the patched engine is not installed (make engine)"
+    except Exception as err:  # an engine built before llama_moe_cache_last_route
+        return f"the installed engine is unusable for traces: {err}"
+
+
+@pytest.fixture(scope="session")
+def engine_required() -> None:
+    reason = _engine_available()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+RecordFn = Callable[..., Path]
+SEEDS = (3, 7)
+"""Sampling seeds that run 40 tokens without an end-of-text on every synthetic model."""
+
+
+@pytest.fixture(scope="session")
+def record(engine_required: None, synth_model: Callable[..., Path],
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecordFn]:
+    """``record(arch, name=..., policy=..., budget=..., tokens=..., switch_at=...)`` -> the
+    path of a trace of one answer (two if ``answers=2``), recorded from the engine. Each
+    distinct request is recorded once per session (prefill dominates the cost).
+
+    ``switch_at`` asks for ``switch_policy`` and ``switch_budget`` after that many tokens,
+    through the engine's thread-safe requests, as the GUI does while an answer streams.
+    """
+    from moescope.engine import Engine, Sampling
+
+    engines: list[Any] = []
+    made: dict[tuple[Any, ...], Path] = {}
+    tmp_path = tmp_path_factory.mktemp("traces")
+
+    def make(arch: str = "qwen3moe", *, name: str = "trace.jsonl", policy: str =
+             "quality-first", budget: str = "25%", tokens: int = 24, answers: int = 1,
+             switch_at: int | None = None, switch_policy: str = "speed-first",
+             switch_budget: str = "50%", router_inputs: str | None = "f32",
+             prompt: str = PROMPT) -> Path:
+        key = (arch, name, policy, budget, tokens, answers, switch_at, switch_policy,
+               switch_budget, router_inputs, prompt)
+        if key in made:
+            return made[key]
+        engine = Engine()
+        engines.append(engine)
+        engine.load(synth_model(arch), budget=budget, policy=policy, n_ctx=256, n_threads=1)
+        path = tmp_path / f"{len(made)}-{name}"
+        recorder = TraceRecorder.for_engine(path, engine, router_inputs=router_inputs)
+        for answer in range(answers):
+            sampling = Sampling(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0,
+                                repeat_penalty=1.0, max_tokens=tokens, seed=SEEDS[answer])
+            for stats in engine.generate(prompt, sampling):
+                recorder.record(stats, engine)
+                if switch_at is not None and stats.index + 1 == switch_at and answer == 0:
+                    engine.request_policy(switch_policy)
+                    engine.request_budget(switch_budget)
+            prompt += " And then the dog woke up and ran off into the woods, barking."
+        recorder.close(stop_reason=engine.last_answer.stop_reason)
+        engine.close()
+        made[key] = path
+        return path
+
+    yield make
+    for engine in engines:
+        engine.close()

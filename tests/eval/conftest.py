@@ -1,21 +1,10 @@
-"""Fixtures for the evaluation tests: a text to score and the engine's availability."""
+"""Fixtures for the evaluation tests: a text to score (engine_required is in tests/conftest.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def engine_required() -> None:
-    try:
-        from moescope.engine.bindings import is_patched
-
-        if not is_patched():
-            pytest.skip("the patched engine is not installed (make engine)")
-    except Exception as err:  # pragma: no cover - depends on the installation
-        pytest.skip(f"the installed engine is unusable: {err}")
 
 
 @pytest.fixture(scope="session")
