@@ -1,17 +1,20 @@
 """A recorded session, reopened: the same cache panel, filled from a trace file.
 
 The panel is fed the trace's snapshots through the same :class:`CacheModel` code as a
-live session, so the curves and bars are the numbers the live window showed.
+live session, so the curves and bars are the numbers the live window showed. A second tab,
+the what-if view, replays the trace under other policies and budgets.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtWidgets import QLabel, QMainWindow, QVBoxLayout, QWidget
+from PySide6.QtGui import QCloseEvent
+from PySide6.QtWidgets import QLabel, QMainWindow, QTabWidget, QVBoxLayout, QWidget
 
 from moescope.gui.cache_panel import CachePanel
 from moescope.gui.trace_io import ReopenedTrace
+from moescope.gui.whatif_view import WhatIfView
 
 
 class TraceWindow(QMainWindow):
@@ -43,5 +46,15 @@ class TraceWindow(QMainWindow):
         self.panel.add_snapshots(tokens)
         self.panel.time_plots.full_range = True
         self.panel.draw(force=True)
-        layout.addWidget(self.panel, 1)
+        self.whatif = WhatIfView(reopened.trace)
+        self.tabs = QTabWidget()
+        self.tabs.setAccessibleName("Trace views")
+        self.tabs.addTab(self.panel, "&Plots")
+        self.tabs.addTab(self.whatif, "&What-if")
+        layout.addWidget(self.tabs, 1)
         self.setCentralWidget(body)
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        """Join the what-if sweep's thread: a QThread must not outlive its window."""
+        self.whatif.shutdown()
+        super().closeEvent(event)
