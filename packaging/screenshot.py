@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         app.quit()
 
     def loaded(_summary: object) -> None:
-        if synthetic:  # keep the tiny model streaming at a realistic pace for the grab
-            window.client.worker.engine.set_copy_delay(4000)
+        # a small model decodes hundreds of tokens/s and would fill its context before the
+        # grab; slow the copies (decisions do not depend on copy timing) to a big model's pace
+        window.client.worker.engine.set_copy_delay(4000 if synthetic else 1500)
         window.chat_settings.max_tokens.setValue(2000)
         window.chat_settings.seed.setValue(3)
         window.chat.send(PROMPT)
@@ -76,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def answered(_summary: object) -> None:
         """An early end of text: keep the conversation going so the grab is mid-answer."""
-        if status["code"] != 0:
+        if status["code"] != 0 and not status.get("resent"):
+            status["resent"] = True
             QTimer.singleShot(0, lambda: window.chat.send("Go on, in more detail."))
 
     def first_tokens(_snaps: object) -> None:
