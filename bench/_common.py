@@ -89,11 +89,9 @@ def read_manifest(bundle: Path) -> dict[str, Any]:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """The engine build's own hashing, so bundle and wheel cache agree by construction."""
+    digest: str = load_build_engine().sha256_file(path)
+    return digest
 
 
 class Clock:
