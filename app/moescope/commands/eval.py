@@ -133,10 +133,15 @@ def run(args: argparse.Namespace) -> int:
         if not loaded.cache_enabled:
             raise MoEScopeError(f"{Path(model).name}: the expert cache is off "
                                 f"({loaded.notice or 'not a MoE model'}); nothing to evaluate")
-        tokens = engine.tokenize(text, add_bos=True, special=False)[: args.tokens + 1]
+        n_tokens = args.tokens
+        if loaded.n_ctx <= n_tokens:  # the engine clamps n_ctx to the model's context
+            n_tokens = loaded.n_ctx - 1
+            print(f"moescope: note: the model's context is {loaded.n_ctx} tokens; scoring "
+                  f"{n_tokens}", file=sys.stderr)
+        tokens = engine.tokenize(text, add_bos=True, special=False)[: n_tokens + 1]
         if len(tokens) < 2:
             raise MoEScopeError(f"{args.text.name}: the text has fewer than 2 tokens")
-        if len(tokens) < args.tokens + 1:
+        if len(tokens) < n_tokens + 1:
             print(f"moescope: note: the text has only {len(tokens) - 1} tokens to score",
                   file=sys.stderr)
         specs = [RunSpec(p, b) for b in budgets for p in policies]
