@@ -124,7 +124,7 @@ class TrainConfig:
     z_coef: float = 1e-3
     eval_every: int = 200
     eval_windows: int = 24
-    threads: int = 2
+    threads: int = 1
     holdout_frac: float = 0.1
     chat_frac: float = 0.15
     seg_min_chars: int = 300
@@ -787,10 +787,10 @@ def train(args: argparse.Namespace) -> None:
         format="%(asctime)s %(message)s",
         handlers=[logging.FileHandler(workdir / "train.log", mode="w"), logging.StreamHandler()],
     )
-    # A fixed thread count (not "all cores") keeps the result reproducible. Two threads on
-    # an otherwise idle 2-core machine is ~1.8x faster than one; while another job keeps a
-    # core busy, use --threads 1: two OpenMP threads then spin at barriers (measured 1.4 s
-    # vs 8 s per step while a C++ build was running).
+    # A fixed thread count (not "all cores") keeps the result reproducible. The default is
+    # one: on a shared 2-core machine two OpenMP threads spin at barriers whenever the other
+    # core is busy (measured 1.4 s vs 8 s per step while a C++ build was running). On an idle
+    # 2-core machine --threads 2 is ~1.8x faster, but gives a (reproducibly) different file.
     torch.set_num_threads(tc.threads)
     torch.manual_seed(tc.seed)
     torch.use_deterministic_algorithms(True)
