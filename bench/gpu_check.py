@@ -313,7 +313,7 @@ def cmd_config(argv: list[str]) -> int:
     # stop anyway, the warm-up (which also fills the cache) picks the first prompt that
     # decodes the full warm-up count.
     if hasattr(e, "_is_eog"):
-        e._is_eog = lambda token, eos: False  # type: ignore[method-assign]
+        e._is_eog = lambda token: False  # type: ignore[method-assign]
     warm_tokens = min(a.tokens, 64)
     prompt = PROMPTS[0]
     for candidate in PROMPTS:

@@ -333,14 +333,11 @@ class Engine:
         text = self._llm._model.token_get_text(token)
         return text.decode("utf-8", errors="replace") if isinstance(text, bytes) else str(text)
 
-    def _is_eog(self, token: int, eos: set[int]) -> bool:
-        """End of generation: EOS, or any token the vocabulary marks as end-of-turn."""
+    def _is_eog(self, token: int) -> bool:
+        """End of generation: EOS or any token the vocabulary marks as end-of-turn."""
         from llama_cpp import llama_cpp as low
 
-        if token in eos:
-            return True
-        vocab = low.llama_model_get_vocab(self._llm._model.model)
-        return bool(low.llama_vocab_is_eog(vocab, token))
+        return bool(low.llama_vocab_is_eog(self._vocab, token))
 
     # ------------------------------------------------------------------ generation
     def stop(self) -> None:
@@ -369,7 +366,9 @@ class Engine:
         t_prev = t0
         pending = b""
         out_tokens: list[int] = []
-        eos = {self._llm.token_eos()}
+        from llama_cpp import llama_cpp as low
+
+        self._vocab = low.llama_model_get_vocab(self._llm._model.model)  # once, not per token
         self.apply_requests()
         gen = self._llm.generate(tokens, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
                                  temp=s.temperature, repeat_penalty=s.repeat_penalty,
@@ -379,7 +378,7 @@ class Engine:
             for token in gen:
                 now = time.perf_counter()
                 self._steps_done += 1
-                if self._is_eog(token, eos):
+                if self._is_eog(token):
                     stop_reason = "eos"
                     break
                 out_tokens.append(token)
