@@ -35,6 +35,8 @@ extern "C" {
 #define MOECACHE_DEFAULT_BETA       0.5f   /* paper 1: background admission threshold */
 #define MOECACHE_DEFAULT_HALF_LIFE  64.0f  /* ours: frequency half-life, in steps (tokens) */
 #define MOECACHE_DEFAULT_EVENT_ROWS 8192   /* event ring capacity, rows */
+#define MOECACHE_DEFAULT_BONUS      0.05f  /* ours: Cache-Prior routing bonus (router probability) */
+#define MOECACHE_PREFETCH_TOP_K     (-1)   /* policy.prefetch: as many as the router selects */
 
 /* Return codes of the functions that return int32_t status. */
 enum moecache_status {
@@ -50,6 +52,12 @@ enum moecache_miss_rule {
     MOECACHE_THRESHOLD      = 1, /* fetch if first choice or w_i / sum_k w >= theta */
     MOECACHE_FIRST_CHOICE   = 2, /* fetch only a missing first choice */
     MOECACHE_SUBSTITUTE_ALL = 3, /* substitute every miss (reference for what it costs) */
+    MOECACHE_ROUTING_BONUS  = 4, /* paper 2, Cache-Prior: route as if every resident expert's
+                                    probability were raised by policy.bonus, i.e. the top-k
+                                    of p + bonus * resident. A miss is replaced by the best
+                                    resident the token does not use when p_sub + bonus > p_miss
+                                    (lowest-probability misses first, which makes the result
+                                    exactly that top-k); every other miss is fetched. */
 };
 
 /* Which resident expert makes room (never one used by the current route call).
@@ -83,6 +91,9 @@ typedef struct moecache_policy {
     int32_t admission;         /* 1: background admission on */
     float   beta;              /* admission threshold on accumulated lost mass: 0.5 */
     int32_t substitute_weight; /* enum moecache_substitute_weight */
+    float   bonus;             /* ROUTING_BONUS: added to a resident expert's probability, >= 0 */
+    int32_t prefetch;          /* paper 2, PSR: experts of the next layer to bring in per token
+                                  from moecache_prefetch's prediction; 0 = off, -1 = top_k */
 } moecache_policy;
 
 /* One expert copy the caller must perform: host bytes of `expert` into `slot` of `layer`.
@@ -130,13 +141,16 @@ typedef struct moecache_layer_stats {
     int64_t bytes_sync;
     int64_t bytes_async;
     int64_t resize_evictions;  /* experts dropped by moecache_set_slots (no event rows) */
+    int64_t prefetches;        /* experts brought in by moecache_prefetch (async copies) */
+    int64_t prefetch_hits;     /* of those, routed to (a hit) before being evicted */
 } moecache_layer_stats;
 
 typedef struct moecache moecache;
 
-/* Presets: "exact", "quality-first", "speed-first", "substitute-all", "threshold",
- * "first-choice". Returns 0, or -1 for an unknown name. The last three are the bare miss
- * rules of paper 1 (LRU, no admission). */
+/* Presets: "exact", "quality-first", "speed-first", "cache-prior", "psr", "substitute-all",
+ * "threshold", "first-choice". Returns 0, or -1 for an unknown name. cache-prior and psr are
+ * paper 2's (routing bonus with frequency eviction and admission; psr adds prefetch of the
+ * predicted top-k); the last three are the bare miss rules of paper 1 (LRU, no admission). */
 MOECACHE_API int32_t moecache_preset(const char * name, moecache_policy * out);
 
 /* Every slot starts free. Returns NULL on bad arguments: n_layers >= 1,
@@ -147,7 +161,8 @@ MOECACHE_API moecache * moecache_create(int32_t n_layers, int32_t n_experts, int
 MOECACHE_API void      moecache_destroy(moecache * c);
 
 /* Takes effect at the next moecache_begin_step. Returns 0 or MOECACHE_E_ARG on bad
- * parameters (unknown enum, theta outside [0, 1], half_life <= 0, beta <= 0). */
+ * parameters (unknown enum, theta outside [0, 1], half_life <= 0, beta <= 0, bonus < 0 or
+ * not finite, prefetch < -1). */
 MOECACHE_API int32_t moecache_set_policy(moecache * c, const moecache_policy * policy);
 /* The ACTIVE policy (a pending one shows only after the next moecache_begin_step). */
 MOECACHE_API void    moecache_get_policy(const moecache * c, moecache_policy * out);
@@ -187,6 +202,19 @@ MOECACHE_API int32_t moecache_route(moecache * c, int32_t layer, int32_t n_token
                                     const float * probs, const int32_t * ids, float * weights,
                                     int32_t * out_ids, int32_t * out_slots,
                                     moecache_copy * plan, int32_t plan_cap, int32_t * n_plan);
+
+/* PSR (paper 2): bring the experts predicted for `layer` into the logical cache before that
+ * layer routes. `scores` [n_tokens * n_experts] rank the experts per token (the engine
+ * applies `layer`'s router to the previous layer's hidden state); each token's top
+ * policy.prefetch (ties: lower id) that are not resident take a free or evicted slot (never
+ * another predicted one) and become ASYNC copies in `plan`: resident at once, so the routing
+ * bonus and hits see them, while the copy overlaps computation. Nothing happens when
+ * policy.prefetch is 0. plan_cap >= min(slots, n_tokens * prefetch) is required. Counted in
+ * moecache_layer_stats (prefetches, bytes_async, evictions); no event row. Returns 0 or <0,
+ * and on error nothing changes. */
+MOECACHE_API int32_t moecache_prefetch(moecache * c, int32_t layer, int32_t n_tokens,
+                                       const float * scores, moecache_copy * plan,
+                                       int32_t plan_cap, int32_t * n_plan);
 
 /* expert -> slot (-1 if not resident), n_experts entries; and slot -> expert (-1 free). */
 MOECACHE_API void moecache_layer_experts(const moecache * c, int32_t layer, int32_t * slot_of_expert);

@@ -49,6 +49,7 @@ void admit_lost_mass(moecache & c, LayerState & L, int32_t layer, int32_t n_toke
             sc.pin[e] = pin_epoch;
             L.last_use[e] = ++c.clock;
             L.lost_mass[e] = 0.0f;
+            L.prefetched[e] = 0;
             plan[*n_plan] = moecache_copy{layer, e, slot, 1};
             *n_plan += 1;
             const int32_t a = t * k + sc.n_admitted[t];

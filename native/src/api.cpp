@@ -154,6 +154,15 @@ int32_t moecache_route(moecache * c, int32_t layer, int32_t n_tokens, const floa
                                 plan, plan_cap, n_plan);
 }
 
+int32_t moecache_prefetch(moecache * c, int32_t layer, int32_t n_tokens, const float * scores,
+                          moecache_copy * plan, int32_t plan_cap, int32_t * n_plan) {
+    if (c == nullptr) {
+        return MOECACHE_E_ARG;
+    }
+    Lock lock(c->mutex);
+    return moecache_core::prefetch(*c, layer, n_tokens, scores, plan, plan_cap, n_plan);
+}
+
 void moecache_layer_experts(const moecache * c, int32_t layer, int32_t * slot_of_expert) {
     if (!layer_ok(c, layer) || slot_of_expert == nullptr) {
         return;

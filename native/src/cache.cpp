@@ -20,6 +20,7 @@ void layer_init(LayerState & L, int32_t n_experts, int32_t slots) {
     L.freq_step.assign(n_experts, 0);
     L.freq_key.assign(n_experts, -1e300);
     L.lost_mass.assign(n_experts, 0.0f);
+    L.prefetched.assign(n_experts, 0);
     L.n_resident = 0;
 }
 
@@ -31,6 +32,7 @@ void layer_clear(LayerState & L) {
     std::fill(L.freq_step.begin(), L.freq_step.end(), 0);
     std::fill(L.freq_key.begin(), L.freq_key.end(), -1e300);
     std::fill(L.lost_mass.begin(), L.lost_mass.end(), 0.0f);
+    std::fill(L.prefetched.begin(), L.prefetched.end(), 0);
     L.n_resident = 0;
 }
 
@@ -107,6 +109,7 @@ void Scratch::reserve(int32_t n_experts, int32_t n_tokens, int32_t k) {
     if (pin.size() < static_cast<size_t>(n_experts)) {
         pin.resize(n_experts, 0);
         token_mark.resize(n_experts, 0);
+        ranked.resize(n_experts, 0);
     }
     const size_t selections = static_cast<size_t>(n_tokens) * static_cast<size_t>(k);
     if (action.size() < selections) {

@@ -25,6 +25,7 @@ struct LayerState {
     std::vector<int64_t> freq_step;  /* step of the last (lazy) decay of freq */
     std::vector<double> freq_key;    /* log2(freq) + freq_step / half_life: orders like freq */
     std::vector<float> lost_mass;    /* admission accumulator, normalized gate mass */
+    std::vector<int8_t> prefetched;  /* 1: brought in by PSR prefetch and not used since */
     int32_t n_resident = 0;
     int64_t expert_bytes = 0;
     moecache_layer_stats stats{};
@@ -60,6 +61,7 @@ struct Scratch {
     std::vector<int32_t> admitted;    /* [n_tokens * k] experts admitted, per token */
     std::vector<int32_t> admit_evicted; /* [n_tokens * k] matching victims (-1: free slot) */
     std::vector<int32_t> n_admitted;  /* [n_tokens] */
+    std::vector<int32_t> ranked;      /* [n_experts] prefetch: expert ids, best score first */
     int64_t pin_epoch = 0;
     int64_t token_epoch = 0;
 
@@ -110,6 +112,11 @@ int32_t pick_substitute(const LayerState & L, const float * probs_row,
 /* admission.cpp: background admission of experts that lost enough mass. */
 void admit_lost_mass(moecache & c, LayerState & L, int32_t layer, int32_t n_tokens,
                      const int32_t * ids, moecache_copy * plan, int32_t * n_plan);
+
+/* prefetch.cpp: PSR, predicted experts of the next layer (see moecache_prefetch). */
+int32_t prefetch(moecache & c, int32_t layer, int32_t n_tokens, const float * scores,
+                 moecache_copy * plan, int32_t plan_cap, int32_t * n_plan);
+int32_t prefetch_per_token(const moecache & c);
 
 /* route.cpp: one route call, under the caller's lock. */
 int32_t route(moecache & c, int32_t layer, int32_t n_tokens, const float * probs,

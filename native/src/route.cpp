@@ -5,7 +5,9 @@
  *   1. pin every selected expert that is resident (a hit for some token of the call);
  *   2. per token, in router order: hits; misses the miss rule fetches; substitutes for the
  *      others (highest-probability resident expert the token does not compute; none left ->
- *      fetch); then the fetches take free or evicted slots. Nothing but slot maps changes
+ *      fetch); under the routing bonus (paper 2) the misses are instead offered the best
+ *      residents lowest-probability first, and a miss whose substitute scores p + bonus
+ *      below it is fetched; then the fetches take free or evicted slots. Nothing but slot maps changes
  *      here, so a call that runs out of slots is undone exactly;
  *   3. commit: recency and frequency, substitute weights, background admissions, counters
  *      and one event row per token.
@@ -56,6 +58,40 @@ void undo_fetches(LayerState & L, const std::vector<FetchRecord> & fetches) {
     }
 }
 
+/* Cache-Prior (paper 2) for one token's misses: the top-k of p + bonus * resident. Pairing
+ * the lowest-probability misses with the most probable unused residents, while
+ * p_resident + bonus > p_miss, gives exactly that top-k; once a pair fails every later one
+ * would, so the rest are fetched. Equal probabilities: the later router rank goes first. */
+void steer_to_residents(moecache & c, const LayerState & L, int32_t base, const float * probs_row,
+                        const int32_t * ids, int32_t * out_ids, int64_t mark) {
+    Scratch & sc = c.scratch;
+    int32_t order[MOECACHE_MAX_K];
+    int32_t n = 0;
+    for (int32_t i = base; i < base + c.top_k; ++i) {
+        if (sc.action[i] == MOECACHE_SUBSTITUTE) {
+            order[n++] = i;
+        }
+    }
+    std::sort(order, order + n, [&](int32_t a, int32_t b) {
+        const float pa = probs_row[ids[a]];
+        const float pb = probs_row[ids[b]];
+        return pa != pb ? pa < pb : a > b;
+    });
+    bool steering = true;
+    for (int32_t o = 0; o < n; ++o) {
+        const int32_t i = order[o];
+        const int32_t r = steering ? pick_substitute(L, probs_row, sc.token_mark, mark) : -1;
+        if (r >= 0 && probs_row[r] + c.policy.bonus > probs_row[ids[i]]) {
+            out_ids[i] = r;
+            sc.token_mark[r] = mark;
+            sc.pin[r] = sc.pin_epoch;
+        } else {
+            sc.action[i] = MOECACHE_FETCH;
+            steering = false;
+        }
+    }
+}
+
 /* Step 2 for one token. Returns false when a fetch finds every slot pinned. */
 bool decide_token(moecache & c, LayerState & L, int32_t t, const float * probs,
                   const int32_t * ids, const float * weights, int32_t * out_ids,
@@ -85,8 +121,11 @@ bool decide_token(moecache & c, LayerState & L, int32_t t, const float * probs,
         }
     }
     const float * probs_row = probs + static_cast<int64_t>(t) * c.n_experts;
+    if (c.policy.miss_rule == MOECACHE_ROUTING_BONUS) {
+        steer_to_residents(c, L, base, probs_row, ids, out_ids, mark);
+    }
     for (int32_t i = base; i < base + k; ++i) {
-        if (sc.action[i] != MOECACHE_SUBSTITUTE) {
+        if (sc.action[i] != MOECACHE_SUBSTITUTE || c.policy.miss_rule == MOECACHE_ROUTING_BONUS) {
             continue;
         }
         const int32_t r = pick_substitute(L, probs_row, sc.token_mark, mark);
@@ -253,9 +292,14 @@ int32_t route(moecache & c, int32_t layer, int32_t n_tokens, const float * probs
     for (int64_t i = 0; i < selections; ++i) {
         L.last_use[out_ids[i]] = ++c.clock;
         record_selection(L, ids[i], c.step, c.policy.half_life);
+        if (sc.action[i] != MOECACHE_FETCH && L.prefetched[out_ids[i]]) {
+            L.prefetched[out_ids[i]] = 0; /* a prefetch that paid off (hit or substitute) */
+            L.stats.prefetch_hits += 1;
+        }
     }
     for (const FetchRecord & f : sc.fetches) {
         L.lost_mass[f.expert] = 0.0f;
+        L.prefetched[f.expert] = 0;
         plan[*n_plan] = moecache_copy{layer, f.expert, f.slot, 0};
         *n_plan += 1;
     }

@@ -8,6 +8,8 @@
  *                     weight w_i / sum_j w_j (over the top-k) is >= theta (0.15);
  *   first-choice      fetch only a missing first choice;
  *   substitute-all    the reference for what substituting everything costs.
+ * "Prefetch-Steered Routing" (paper 2) adds the Cache-Prior routing bonus: resident experts
+ * score p + bonus, so a miss gives way to a resident expert that is nearly as probable.
  * A substitute is the resident expert with the highest router probability for the token
  * that the token does not already compute; it takes the missing expert's gate weight.
  */
@@ -19,7 +21,7 @@
 namespace moecache_core {
 
 bool policy_valid(const moecache_policy & p) {
-    const bool rule_ok = p.miss_rule >= MOECACHE_FETCH_ALL && p.miss_rule <= MOECACHE_SUBSTITUTE_ALL;
+    const bool rule_ok = p.miss_rule >= MOECACHE_FETCH_ALL && p.miss_rule <= MOECACHE_ROUTING_BONUS;
     const bool evict_ok = p.eviction == MOECACHE_EVICT_LRU || p.eviction == MOECACHE_EVICT_FREQUENCY;
     const bool subw_ok =
         p.substitute_weight == MOECACHE_SUBW_MISSING || p.substitute_weight == MOECACHE_SUBW_OWN;
@@ -27,11 +29,16 @@ bool policy_valid(const moecache_policy & p) {
     const bool theta_ok = std::isfinite(p.theta) && p.theta >= 0.0f && p.theta <= 1.0f;
     const bool half_life_ok = std::isfinite(p.half_life) && p.half_life > 0.0f;
     const bool beta_ok = std::isfinite(p.beta) && p.beta > 0.0f;
-    return rule_ok && evict_ok && subw_ok && admission_ok && theta_ok && half_life_ok && beta_ok;
+    const bool bonus_ok = std::isfinite(p.bonus) && p.bonus >= 0.0f;
+    const bool prefetch_ok = p.prefetch >= MOECACHE_PREFETCH_TOP_K;
+    return rule_ok && evict_ok && subw_ok && admission_ok && theta_ok && half_life_ok && beta_ok &&
+           bonus_ok && prefetch_ok;
 }
 
-/* The presets of paper 1. Quality-first and speed-first are its recommended operating
- * points; the bare rules use LRU and no admission so they isolate the rule itself. */
+/* The presets. Quality-first and speed-first are paper 1's recommended operating points;
+ * cache-prior and psr are paper 2's routing bonus without and with prefetch, on the same
+ * eviction and admission as quality-first so that only the routing differs; the bare rules
+ * use LRU and no admission so they isolate the rule itself. */
 int32_t preset(const char * name, moecache_policy * out) {
     if (name == nullptr || out == nullptr) {
         return MOECACHE_E_ARG;
@@ -44,6 +51,8 @@ int32_t preset(const char * name, moecache_policy * out) {
     p.admission = 0;
     p.beta = MOECACHE_DEFAULT_BETA;
     p.substitute_weight = MOECACHE_SUBW_MISSING;
+    p.bonus = MOECACHE_DEFAULT_BONUS;
+    p.prefetch = 0;
     if (std::strcmp(name, "exact") == 0) {
         /* defaults */
     } else if (std::strcmp(name, "quality-first") == 0) {
@@ -54,6 +63,13 @@ int32_t preset(const char * name, moecache_policy * out) {
         p.miss_rule = MOECACHE_FIRST_CHOICE;
         p.eviction = MOECACHE_EVICT_FREQUENCY;
         p.admission = 1;
+    } else if (std::strcmp(name, "cache-prior") == 0 || std::strcmp(name, "psr") == 0) {
+        /* the router chose the substitute, so it computes with its own probability */
+        p.miss_rule = MOECACHE_ROUTING_BONUS;
+        p.eviction = MOECACHE_EVICT_FREQUENCY;
+        p.admission = 1;
+        p.substitute_weight = MOECACHE_SUBW_OWN;
+        p.prefetch = std::strcmp(name, "psr") == 0 ? MOECACHE_PREFETCH_TOP_K : 0;
     } else if (std::strcmp(name, "substitute-all") == 0) {
         p.miss_rule = MOECACHE_SUBSTITUTE_ALL;
     } else if (std::strcmp(name, "threshold") == 0) {
@@ -77,6 +93,7 @@ bool miss_rule_fetches(const moecache_policy & p, int32_t rank, float normalized
             return rank == 0 || normalized_weight >= p.theta;
         case MOECACHE_FIRST_CHOICE:
             return rank == 0;
+        case MOECACHE_ROUTING_BONUS: /* a candidate; route.cpp compares with the substitute */
         default:
             return false;
     }

@@ -50,7 +50,7 @@ def test_the_repo_build_is_found_without_configuration(monkeypatch: pytest.Monke
 def test_numpy_dtypes_match_the_c_structs() -> None:
     assert EVENT_DTYPE.itemsize == ctypes.sizeof(CEvent) == 864
     assert COPY_DTYPE.itemsize == 16
-    assert ctypes.sizeof(CLayerStats) == 11 * 8
+    assert ctypes.sizeof(CLayerStats) == 13 * 8
     assert native.version()
 
 

@@ -29,6 +29,8 @@ def test_both_know_the_same_preset_names() -> None:
         "exact",
         "quality-first",
         "speed-first",
+        "cache-prior",
+        "psr",
         "substitute-all",
         "threshold",
         "first-choice",

@@ -46,6 +46,8 @@ class CPolicy(ctypes.Structure):
         ("admission", ctypes.c_int32),
         ("beta", ctypes.c_float),
         ("substitute_weight", ctypes.c_int32),
+        ("bonus", ctypes.c_float),
+        ("prefetch", ctypes.c_int32),
     ]
 
 
@@ -101,6 +103,8 @@ class CLayerStats(ctypes.Structure):
         ("bytes_sync", ctypes.c_int64),
         ("bytes_async", ctypes.c_int64),
         ("resize_evictions", ctypes.c_int64),
+        ("prefetches", ctypes.c_int64),
+        ("prefetch_hits", ctypes.c_int64),
     ]
 
 
@@ -145,6 +149,8 @@ class LayerStats:
     bytes_sync: int
     bytes_async: int
     resize_evictions: int
+    prefetches: int
+    prefetch_hits: int
 
 
 @dataclass(frozen=True)
@@ -247,6 +253,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
             i32,
             [vp, i32, i32, f32p, i32p, f32p, i32p, i32p, ctypes.POINTER(CCopy), i32, i32p],
         ),
+        "moecache_prefetch": (i32, [vp, i32, i32, f32p, ctypes.POINTER(CCopy), i32, i32p]),
         "moecache_layer_experts": (None, [vp, i32, i32p]),
         "moecache_layer_slots": (None, [vp, i32, i32p]),
         "moecache_layer_lost_mass": (None, [vp, i32, f32p]),
@@ -465,6 +472,22 @@ class ExpertCache:
             weights=w2.reshape(shape),
             plan=plan,
         )
+
+    def prefetch(self, layer: int, scores: npt.ArrayLike) -> npt.NDArray[Any]:
+        """PSR: bring ``layer``'s predicted experts in (``scores`` ``(n_tokens, n_experts)``,
+        or 1-D for one token, ranks them); returns the async copy plan. A no-op under a
+        policy with ``prefetch == 0``."""
+        scores2 = np.ascontiguousarray(scores, dtype=np.float32).reshape(-1, self.n_experts)
+        n_tokens = scores2.shape[0]
+        plan_cap = max(1, min(self.slots, n_tokens * self.n_experts))
+        if len(self._plan) < plan_cap:
+            self._plan = (CCopy * plan_cap)()
+        n_plan = ctypes.c_int32(0)
+        code = self._lib.moecache_prefetch(
+            self.handle, layer, n_tokens, _ptr(scores2, ctypes.c_float), self._plan,
+            len(self._plan), ctypes.byref(n_plan))
+        _check(code, f"prefetch(layer={layer}, n_tokens={n_tokens})")
+        return np.frombuffer(self._plan, dtype=COPY_DTYPE, count=n_plan.value).copy()
 
     # inspection ---------------------------------------------------------------------
     def layer_experts(self, layer: int) -> npt.NDArray[np.int32]:

@@ -4,7 +4,9 @@ The policy is the user's quality/speed dial. Its parts are the definitions of *W
 Misses Are Worth Waiting For?*: a **miss rule** decides whether a routed expert that is not
 resident is fetched (waited for) or substituted by a resident one; **eviction** picks the
 resident expert that leaves; **background admission** brings in experts that keep losing
-gate mass to substitution. The native core (``native/``) is the single implementation the
+gate mass to substitution. *Prefetch-Steered Routing* adds the **routing bonus**
+(Cache-Prior: resident experts score ``p + bonus``) and **prefetch** (PSR: the next layer's
+predicted experts enter the logical cache before it routes). The native core (``native/``) is the single implementation the
 engine and the simulator share; this module only names and validates policies, and its
 presets must equal the C ones (``moecache_preset``), which a test checks.
 """
@@ -28,6 +30,10 @@ DEFAULT_BETA = 0.5
 """Paper 1's admission threshold on the gate mass an expert lost to substitution."""
 DEFAULT_HALF_LIFE = 64.0
 """Our default half-life of frequency counts, in decode steps (tokens)."""
+DEFAULT_BONUS = 0.05
+"""Our default Cache-Prior bonus, in router-probability units."""
+PREFETCH_TOP_K = -1
+"""``Policy.prefetch`` value meaning "as many experts as the router selects"."""
 
 
 class MissRule(IntEnum):
@@ -37,6 +43,7 @@ class MissRule(IntEnum):
     THRESHOLD = 1
     FIRST_CHOICE = 2
     SUBSTITUTE_ALL = 3
+    ROUTING_BONUS = 4
 
 
 class Eviction(IntEnum):
@@ -68,6 +75,10 @@ class Policy:
     admission: bool = False
     beta: float = DEFAULT_BETA
     substitute_weight: SubstituteWeight = SubstituteWeight.MISSING
+    bonus: float = DEFAULT_BONUS
+    """ROUTING_BONUS: added to a resident expert's router probability before top-k."""
+    prefetch: int = 0
+    """PSR: next-layer experts brought in per token (0 off, -1 = the router's top-k)."""
     name: str | None = field(default=None, compare=False)
     """The preset this policy is (a label for the UI and traces; not part of equality)."""
 
@@ -83,6 +94,12 @@ class Policy:
             raise ValueError(f"half_life must be > 0 steps, got {self.half_life}")
         if not (math.isfinite(self.beta) and self.beta > 0.0):
             raise ValueError(f"beta must be > 0, got {self.beta}")
+        if not (math.isfinite(self.bonus) and self.bonus >= 0.0):
+            raise ValueError(f"bonus must be >= 0, got {self.bonus}")
+        object.__setattr__(self, "prefetch", int(self.prefetch))
+        if self.prefetch < PREFETCH_TOP_K:
+            raise ValueError(f"prefetch must be >= -1 (-1: the router's top-k), "
+                             f"got {self.prefetch}")
 
     @property
     def exact(self) -> bool:
@@ -116,6 +133,8 @@ class Policy:
             admission=int(self.admission),
             beta=self.beta,
             substitute_weight=int(self.substitute_weight),
+            bonus=self.bonus,
+            prefetch=self.prefetch,
         )
 
     @classmethod
@@ -130,6 +149,8 @@ class Policy:
             admission=bool(c.admission),
             beta=_from_float32(c.beta),
             substitute_weight=SubstituteWeight(c.substitute_weight),
+            bonus=_from_float32(c.bonus),
+            prefetch=int(c.prefetch),
         )
 
 
@@ -152,6 +173,23 @@ PRESETS: dict[str, Policy] = {
         eviction=Eviction.FREQUENCY,
         admission=True,
         name="speed-first",
+    ),
+    # paper 2: the Cache-Prior routing bonus, without and with PSR prefetch (the eviction
+    # and admission of quality-first, so only the routing differs)
+    "cache-prior": Policy(
+        miss_rule=MissRule.ROUTING_BONUS,
+        eviction=Eviction.FREQUENCY,
+        admission=True,
+        substitute_weight=SubstituteWeight.OWN,
+        name="cache-prior",
+    ),
+    "psr": Policy(
+        miss_rule=MissRule.ROUTING_BONUS,
+        eviction=Eviction.FREQUENCY,
+        admission=True,
+        substitute_weight=SubstituteWeight.OWN,
+        prefetch=PREFETCH_TOP_K,
+        name="psr",
     ),
     # the bare miss rules (LRU, no admission), to isolate what each rule costs
     "substitute-all": Policy(miss_rule=MissRule.SUBSTITUTE_ALL, name="substitute-all"),

@@ -1,0 +1,99 @@
+/*
+ * prefetch.cpp — PSR: bring the next layer's predicted experts in before it routes.
+ *
+ * "Prefetch-Steered Routing" (paper 2) applies layer l+1's router to layer l's hidden state,
+ * inserts a bounded number of the predicted experts into the LOGICAL cache and schedules
+ * their copies separately, so the copy overlaps layer l's computation and, with the routing
+ * bonus, the prediction steers routing towards experts that are (or soon will be) present.
+ * The insertion is a decision like any other: it depends only on the scores and the logical
+ * cache, never on when the copies land, so outputs stay repeatable.
+ *
+ * Per token, the top policy.prefetch experts by score (ties: lower id) are predicted. Those
+ * already resident are pinned (kept); the others take the lowest free slot or evict by the
+ * eviction rule, in token then rank order, and never evict another predicted expert. The
+ * first route that computes a prefetched expert (a hit, or as a substitute) before it is
+ * evicted counts a prefetch hit: prefetch accuracy = prefetch_hits / prefetches.
+ */
+#include "moecache_internal.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace moecache_core {
+
+int32_t prefetch_per_token(const moecache & c) {
+    const int32_t want = c.policy.prefetch == MOECACHE_PREFETCH_TOP_K ? c.top_k : c.policy.prefetch;
+    return std::min({want, c.n_experts, c.slots});
+}
+
+int32_t prefetch(moecache & c, int32_t layer, int32_t n_tokens, const float * scores,
+                 moecache_copy * plan, int32_t plan_cap, int32_t * n_plan) {
+    if (layer < 0 || layer >= c.n_layers || n_tokens < 0 || n_plan == nullptr) {
+        return MOECACHE_E_ARG;
+    }
+    const int32_t per_token = prefetch_per_token(c);
+    if (per_token <= 0 || n_tokens == 0) {
+        *n_plan = 0;
+        return MOECACHE_OK;
+    }
+    if (scores == nullptr) {
+        return MOECACHE_E_ARG;
+    }
+    const int64_t wanted = static_cast<int64_t>(n_tokens) * per_token;
+    const int32_t plan_needed = static_cast<int32_t>(std::min<int64_t>(c.slots, wanted));
+    if (plan_cap < plan_needed || plan == nullptr) {
+        return MOECACHE_E_PLAN_CAP;
+    }
+    *n_plan = 0;
+    LayerState & L = c.layers[layer];
+    Scratch & sc = c.scratch;
+    sc.reserve(c.n_experts, n_tokens, c.top_k);
+    const int64_t pin_epoch = ++sc.pin_epoch;
+
+    /* NaN ranks last, so a broken score can never displace a real prediction */
+    auto score = [](float x) { return std::isnan(x) ? -std::numeric_limits<float>::infinity() : x; };
+    std::vector<int32_t> & ranked = sc.ranked;
+    for (int32_t t = 0; t < n_tokens; ++t) {
+        const float * row = scores + static_cast<int64_t>(t) * c.n_experts;
+        for (int32_t e = 0; e < c.n_experts; ++e) {
+            ranked[e] = e;
+        }
+        std::partial_sort(ranked.begin(), ranked.begin() + per_token, ranked.begin() + c.n_experts,
+                          [&](int32_t a, int32_t b) {
+                              const float sa = score(row[a]);
+                              const float sb = score(row[b]);
+                              return sa != sb ? sa > sb : a < b;
+                          });
+        /* pin this token's resident predictions before any insertion can evict them */
+        for (int32_t j = 0; j < per_token; ++j) {
+            if (L.slot_of[ranked[j]] >= 0) {
+                sc.pin[ranked[j]] = pin_epoch;
+            }
+        }
+        for (int32_t j = 0; j < per_token; ++j) {
+            const int32_t e = ranked[j];
+            if (L.slot_of[e] >= 0) {
+                continue;
+            }
+            int32_t victim = -1;
+            const int32_t slot = acquire_slot(c, L, pin_epoch, &victim);
+            if (slot < 0) {
+                return MOECACHE_OK; /* every slot holds a prediction: enough */
+            }
+            layer_insert(L, e, slot);
+            sc.pin[e] = pin_epoch;
+            L.last_use[e] = ++c.clock;
+            L.lost_mass[e] = 0.0f;
+            L.prefetched[e] = 1;
+            plan[*n_plan] = moecache_copy{layer, e, slot, 1};
+            *n_plan += 1;
+            L.stats.prefetches += 1;
+            L.stats.bytes_async += L.expert_bytes;
+            L.stats.evictions += victim >= 0;
+        }
+    }
+    return MOECACHE_OK;
+}
+
+}  // namespace moecache_core
