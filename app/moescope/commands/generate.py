@@ -3,6 +3,10 @@
 Generates with the expert cache on and ends with one summary line: tokens/s, hit rate,
 fetched MB per token, % of expert calls substituted, mean substituted mass per token — the
 numbers that say what the policy traded.
+
+The helpers at the end of this module (default model, policy spec, sampling options, the
+summary line) are shared with ``chat`` and ``bench``, so every command takes the same
+options and reports the cache's work in the same words.
 """
 
 from __future__ import annotations
@@ -10,11 +14,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moescope.core.errors import MoEScopeError
-from moescope.core.policy import PRESET_NAMES
+from moescope.core.policy import PRESET_NAMES, Policy
 from moescope.core.resources import demo_model_path
+
+if TYPE_CHECKING:  # the engine loads llama.cpp: import it only where a command runs
+    from moescope.engine import CacheTotals, Engine, Sampling
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -31,9 +38,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="expert-cache policy (default quality-first)")
     p.add_argument("--budget", default="25%",
                    help="VRAM for expert slots: 25%% of experts, 12GiB, 512MiB ...")
-    p.add_argument("--n", type=int, default=128, help="tokens to generate (default 128)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--temperature", type=float, default=0.7)
+    add_sampling_arguments(p, n_default=128, n_help="tokens to generate")
     p.add_argument("--n-gpu-layers", type=int, default=0, help="layers on the GPU (default 0)")
     p.add_argument("--no-cache", action="store_true", help="run stock llama.cpp (cache off)")
     p.add_argument("--trace", type=Path, metavar="FILE.jsonl[.gz]",
@@ -42,18 +47,16 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from moescope.engine import Engine, Message, Sampling
+    from moescope.engine import Engine, Message
 
-    model = args.model or demo_model_path()
-    if model is None:
-        raise MoEScopeError("no model given and no demo model in resources/models/")
+    model = resolve_model(args.model)
     engine = Engine()
     loaded = engine.load(model, budget=args.budget, policy=args.policy,
                          n_gpu_layers=args.n_gpu_layers, cache=not args.no_cache)
     if loaded.notice:
         print(f"moescope: {loaded.notice}", file=sys.stderr)
     prompt: Any = [Message("user", args.prompt)] if args.chat else args.prompt
-    sampling = Sampling(temperature=args.temperature, max_tokens=args.n, seed=args.seed)
+    sampling = sampling_from_args(args)
     recorder = None
     if args.trace:
         from moescope.core.trace import TraceRecorder
@@ -71,14 +74,65 @@ def run(args: argparse.Namespace) -> int:
         if recorder is not None:
             recorder.close(stop_reason=engine.last_answer.stop_reason)
     sys.stdout.write("\n")
-    a = engine.last_answer
-    c = a.cache
-    cache_state = (f"{engine.policy_name} @ {loaded.plan.slots_per_layer}/"
-                   f"{loaded.plan.n_expert} slots" if loaded.cache_enabled and loaded.plan
-                   else "cache off")
-    print(f"[{cache_state}] {a.tokens_per_second:.1f} tok/s | hit {c.hit_rate:.1%} | "
-          f"fetched {c.fetched_mb_per_token:.3f} MB/tok | substituted "
-          f"{c.substituted_fraction:.1%} | mass/tok {c.mass_per_token:.3f} | "
-          f"{a.n_tokens} tokens, stop: {a.stop_reason}")
+    print(answer_summary(engine))
     engine.close()
     return 0
+
+
+# ---------------------------------------------------------------- shared with chat, bench
+def resolve_model(path: Path | None) -> Path:
+    """The model to load: the one given, else the bundled demo model."""
+    model = path or demo_model_path()
+    if model is None:
+        raise MoEScopeError("no model given and no demo model in resources/models/")
+    return model
+
+
+def parse_live_policy(spec: str) -> Policy:
+    """A preset or ``preset:key=value`` (replay's syntax, without its ``recorded``)."""
+    from moescope.sim.sweep import parse_policy
+
+    name = spec.strip().split(":", 1)[0]
+    if name not in PRESET_NAMES:
+        raise MoEScopeError(f"unknown policy {name!r} (known: {', '.join(PRESET_NAMES)})")
+    policy = parse_policy(spec)
+    assert policy is not None  # only 'recorded' parses to None
+    return policy
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser, *, n_default: int,
+                           n_help: str) -> None:
+    """``--n``, ``--seed``, ``--temperature``: the same spelling in every command."""
+    p.add_argument("--n", type=int, default=n_default, help=f"{n_help} (default {n_default})")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--temperature", type=float, default=0.7)
+
+
+def sampling_from_args(args: argparse.Namespace) -> Sampling:
+    """The :class:`Sampling` that :func:`add_sampling_arguments`' options describe."""
+    from moescope.engine import Sampling
+
+    return Sampling(temperature=args.temperature, max_tokens=args.n, seed=args.seed)
+
+
+def cache_state(engine: Engine) -> str:
+    """``quality-first @ 16/64 slots``, or ``cache off``: the label in front of a summary."""
+    m = engine.model
+    if m is not None and m.cache_enabled and m.plan is not None:
+        return f"{engine.policy_name} @ {m.plan.slots_per_layer}/{m.plan.n_expert} slots"
+    return "cache off"
+
+
+def summary_line(label: str, tokens_per_second: float, cache: CacheTotals, tail: str) -> str:
+    """``[label] tok/s | hit | fetched MB/tok | substituted | mass/tok | tail``."""
+    c = cache
+    return (f"[{label}] {tokens_per_second:.1f} tok/s | hit {c.hit_rate:.1%} | "
+            f"fetched {c.fetched_mb_per_token:.3f} MB/tok | substituted "
+            f"{c.substituted_fraction:.1%} | mass/tok {c.mass_per_token:.3f} | {tail}")
+
+
+def answer_summary(engine: Engine) -> str:
+    """The summary line of the engine's last answer (what ``generate`` ends with)."""
+    a = engine.last_answer
+    return summary_line(cache_state(engine), a.tokens_per_second, a.cache,
+                        f"{a.n_tokens} tokens, stop: {a.stop_reason}")

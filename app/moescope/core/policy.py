@@ -6,9 +6,10 @@ resident is fetched (waited for) or substituted by a resident one; **eviction** 
 resident expert that leaves; **background admission** brings in experts that keep losing
 gate mass to substitution. *Prefetch-Steered Routing* adds the **routing bonus**
 (Cache-Prior: resident experts score ``p + bonus``) and **prefetch** (PSR: the next layer's
-predicted experts enter the logical cache before it routes). The native core (``native/``) is the single implementation the
-engine and the simulator share; this module only names and validates policies, and its
-presets must equal the C ones (``moecache_preset``), which a test checks.
+predicted experts enter the logical cache before it routes). The native core
+(``native/``) is the single implementation the engine and the simulator share; this module
+only names and validates policies, and its presets must equal the C ones
+(``moecache_preset``), which a test checks.
 """
 
 from __future__ import annotations

@@ -1,0 +1,237 @@
+"""`moescope chat`: a scripted conversation through the real engine on a tiny model.
+
+Stdin is a pipe here, so chat reads one message per line. A spy around ``Engine.generate``
+records what the engine was asked each turn (messages, policy, slots) without changing it.
+"""
+
+from __future__ import annotations
+
+import io
+import signal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from moescope.cli import main
+from moescope.engine import Engine
+
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("engine_required")]
+
+FAST = ["--n", "6", "--threads", "1", "--seed", "3"]
+
+
+@dataclass
+class Turn:
+    """One call of ``Engine.generate`` as chat made it."""
+
+    messages: list[dict[str, str]]
+    prompt: str
+    policy: str
+    slots: int
+    text: str = ""
+    n_tokens: int = 0
+    stop_reason: str = ""
+
+
+@dataclass
+class Spy:
+    turns: list[Turn] = field(default_factory=list)
+    loads: int = 0
+
+
+@pytest.fixture
+def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
+    """Records every answer the engine generated and every model load."""
+    seen = Spy()
+    generate, load = Engine.generate, Engine.load
+
+    def spy_generate(self: Engine, prompt: Any, sampling: Any = None) -> Iterator[Any]:
+        messages = [{"role": m.role, "content": m.content} for m in prompt]
+        turn = Turn(messages, self.format_chat(prompt), self.policy_name, self.slots_per_layer)
+        seen.turns.append(turn)
+        for tok in generate(self, prompt, sampling):
+            turn.text += tok.text
+            yield tok
+        turn.n_tokens = self.last_answer.n_tokens
+        turn.stop_reason = self.last_answer.stop_reason
+
+    def spy_load(self: Engine, *args: Any, **kwargs: Any) -> Any:
+        seen.loads += 1
+        return load(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", spy_generate)
+    monkeypatch.setattr(Engine, "load", spy_load)
+    return seen
+
+
+def chat(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+         model: Path, script: str, *extra: str) -> tuple[int, str, str]:
+    """Run ``moescope chat MODEL`` with ``script`` on stdin; (exit code, stdout, stderr)."""
+    monkeypatch.setattr("sys.stdin", io.StringIO(script))
+    code = main(["chat", str(model), *FAST, *extra])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def summaries(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("[") and "tok/s" in line]
+
+
+def test_second_turn_sees_the_whole_conversation(
+        synth_model: Callable[..., Path], spy: Spy,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = chat(monkeypatch, capsys, synth_model("qwen3moe"),
+                        "How are you?\nAnd the weather?\n", "--system", "Be brief.")
+    assert code == 0
+    assert len(spy.turns) == 2
+    first, second = spy.turns
+    assert first.text, "the first answer is empty; pick another --seed"
+    assert first.messages == [{"role": "system", "content": "Be brief."},
+                              {"role": "user", "content": "How are you?"}]
+    assert second.messages == [*first.messages,
+                               {"role": "assistant", "content": first.text},
+                               {"role": "user", "content": "And the weather?"}]
+    # the template really got two user turns and the first answer between them
+    assert second.prompt.count("<|im_start|>user") == 2
+    assert second.prompt.index("How are you?") < second.prompt.index(first.text) \
+        < second.prompt.index("And the weather?")
+    assert first.text in out and second.text in out
+    lines = summaries(out)
+    assert len(lines) == 2
+    for part in ("tok/s", "hit", "substituted", "mass/tok", "quality-first @ 4/16 slots"):
+        assert part in lines[0]
+
+
+def test_policy_and_budget_apply_live_between_turns(
+        synth_model: Callable[..., Path], spy: Spy,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    script = "Hello\n/policy speed-first\n/budget 50%\nHello again\n/stats\n"
+    code, out, err = chat(monkeypatch, capsys, synth_model("qwen3moe"), script,
+                          "--policy", "exact", "--budget", "25%")
+    assert code == 0, err
+    assert [(t.policy, t.slots) for t in spy.turns] == [("exact", 4), ("speed-first", 8)]
+    assert spy.loads == 1  # one model load: the change was live
+    assert len(spy.turns[1].messages) == 3  # ... and the conversation was kept
+    assert "policy speed-first · 4/16 slots per layer" in out
+    assert "budget 50% · 8/16 slots per layer (50.0% resident)" in out
+    assert "speed-first @ 8/16 slots" in summaries(out)[1]
+    stats = [line for line in out.splitlines() if " answer" in line and "tok/s" in line]
+    assert stats[0].startswith("[session]") and "2 answers" in stats[0]
+    assert any(line.strip().startswith("[exact]") for line in stats)
+    assert any(line.strip().startswith("[speed-first]") for line in stats)
+
+
+def test_bad_policy_or_budget_is_a_hint_and_changes_nothing(
+        synth_model: Callable[..., Path], spy: Spy,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    script = "/policy fastest\n/budget lots\nHi\n"
+    code, _, err = chat(monkeypatch, capsys, synth_model("qwen3moe"), script)
+    assert code == 0
+    assert "unknown policy 'fastest'" in err and "cannot read budget 'lots'" in err
+    assert [(t.policy, t.slots) for t in spy.turns] == [("quality-first", 4)]
+
+
+def test_reset_starts_a_new_conversation(
+        synth_model: Callable[..., Path], spy: Spy,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    script = "First\n/reset\nSecond\n/system Talk like a pirate.\nThird\n"
+    code, out, _ = chat(monkeypatch, capsys, synth_model("qwen3moe"), script)
+    assert code == 0
+    assert "new conversation" in out
+    assert spy.turns[1].messages == [{"role": "user", "content": "Second"}]
+    assert spy.turns[2].messages[0] == {"role": "system", "content": "Talk like a pirate."}
+    assert spy.turns[2].messages[-1] == {"role": "user", "content": "Third"}
+    assert [m["content"] for m in spy.turns[2].messages if m["role"] == "user"] == \
+        ["Second", "Third"]
+
+
+def test_unknown_command_gets_a_one_line_hint_and_quit_stops_reading(
+        synth_model: Callable[..., Path], spy: Spy,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    script = "/frobnicate now\n//not a command\n/quit\nnever sent\n"
+    code, _, err = chat(monkeypatch, capsys, synth_model("qwen3moe"), script)
+    assert code == 0
+    hints = [line for line in err.splitlines() if "frobnicate" in line]
+    assert len(hints) == 1 and "/help" in hints[0]
+    assert [t.messages[-1]["content"] for t in spy.turns] == ["/not a command"]
+
+
+def test_ctrl_c_stops_the_answer_and_keeps_it(
+        synth_model: Callable[..., Path], spy: Spy,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """SIGINT after the fifth token stops that answer only; the chat goes on."""
+    spied = Engine.generate
+
+    def interrupted(self: Engine, prompt: Any, sampling: Any = None) -> Iterator[Any]:
+        for tok in spied(self, prompt, sampling):
+            yield tok
+            if len(spy.turns) == 1 and tok.index == 4:
+                signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(Engine, "generate", interrupted)
+    code, out, _ = chat(monkeypatch, capsys, synth_model("qwen3moe"),
+                        "Tell me a story\nGo on\n", "--n", "40")
+    assert code == 0
+    first, second = spy.turns
+    assert first.stop_reason == "stopped"
+    assert first.n_tokens == 5 and "stop: stopped" in summaries(out)[0]
+    assert first.text, "nothing printable in 5 tokens; pick another --seed"
+    assert second.messages[1] == {"role": "assistant", "content": first.text}
+    assert second.stop_reason != "stopped"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_conversation_too_long_for_the_context_is_refused_and_the_chat_goes_on(
+        synth_model: Callable[..., Path], spy: Spy,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    long = " ".join(["word"] * 200)
+    code, _, err = chat(monkeypatch, capsys, synth_model("qwen3moe"),
+                        f"{long}\n/reset\nShort\n", "--ctx", "64")
+    assert code == 0
+    assert "does not fit the context" in err and "/reset" in err
+    assert spy.turns[-1].messages == [{"role": "user", "content": "Short"}]
+
+
+@pytest.mark.parametrize("bad", ["missing", "random", "truncated_data"])
+def test_bad_model_file_fails_like_generate(
+        bad: str, broken_file: Callable[[str], Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "nope.gguf" if bad == "missing" else broken_file(bad)
+    code, _, err = chat(monkeypatch, capsys, path, "Hi\n")
+    generate_code = main(["generate", str(path), "--n", "2"])
+    generate_err = capsys.readouterr().err
+    assert code == generate_code == 2
+    assert err == generate_err and len(err.strip().splitlines()) == 1
+
+
+def test_dense_model_chats_with_the_cache_off_like_generate(
+        dense_model: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = chat(monkeypatch, capsys, dense_model, "Hi\n/budget 50%\n")
+    assert code == 0
+    assert "loaded with the expert cache off" in err
+    assert "cache off" in summaries(out)[0]
+    assert "the expert cache is off" in err.splitlines()[-1]
+
+
+def test_trace_of_a_chat_with_live_changes_replays_exactly(
+        synth_model: Callable[..., Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from moescope.core.trace import read_trace
+    from moescope.sim import decision_mismatches, replay
+
+    path = tmp_path / "chat.jsonl"
+    script = "Hello\n/policy speed-first\n/budget 50%\nHello again\n"
+    code, _, _ = chat(monkeypatch, capsys, synth_model("qwen3moe"), script,
+                      "--trace", str(path))
+    assert code == 0
+    trace = read_trace(path)
+    assert {t.answer for t in trace.tokens} == {0, 1}
+    changes = [c.kind for t in trace.tokens for c in t.changes]
+    assert "policy" in changes and "slots" in changes
+    result = replay(trace, None, None, keep_events=True)
+    assert result.events is not None
+    assert decision_mismatches(trace.events(), result.events) == []
