@@ -3,6 +3,7 @@ policy and budget makes exactly the engine's decisions, on every synthetic archi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -80,3 +81,25 @@ def test_a_trace_with_missing_rows_is_replayed_with_a_warning(record: RecordFn) 
     trace.tokens[5].routes = {}
     result = replay(trace)
     assert len(result.warnings) == 1 and "jumps from step" in result.warnings[0]
+
+
+def test_a_psr_session_replays_exactly_with_its_recorded_predictions(record: RecordFn) -> None:
+    """PSR prefetches from the next layer's predicted router scores; the trace keeps their
+    ranking, so the replay prefetches, and therefore decides, exactly as the engine did."""
+    trace = read_trace(record("qwen3moe", name="psr.jsonl", policy="psr", tokens=24,
+                              switch_at=9, switch_policy="quality-first"))
+    routing = Routing.from_trace(trace)
+    assert routing.predicted is not None and (routing.next_layer >= 0).any()
+    result = replay(routing, keep_events=True)
+    assert result.warnings == []
+    assert result.events is not None
+    assert decision_mismatches(trace.events(), result.events) == []
+    assert result.per_token["n_async"].sum() > result.per_token["admissions"].sum()
+    # without its predictions the same trace cannot be replayed exactly, and says so
+    for tok in trace.tokens:
+        tok.routes = {i: dataclasses.replace(r, predicted=None, next_layer=-1)
+                      for i, r in tok.routes.items()}
+    blind = replay(trace, keep_events=True)
+    assert any("PSR" in w for w in blind.warnings)
+    assert blind.events is not None
+    assert decision_mismatches(trace.events(), blind.events) != []

@@ -45,7 +45,7 @@ import numpy.typing as npt
 
 from moescope.core.errors import MoEScopeError
 from moescope.core.native import EVENT_DTYPE, FETCH, MAX_K, SUBSTITUTE
-from moescope.core.policy import Eviction, MissRule, Policy, SubstituteWeight
+from moescope.core.policy import DEFAULT_BONUS, Eviction, MissRule, Policy, SubstituteWeight
 
 TRACE_FORMAT = "moescope-trace"
 TRACE_VERSION = 1
@@ -165,6 +165,7 @@ def policy_to_json(policy: Policy) -> dict[str, Any]:
         "theta": policy.theta, "eviction": policy.eviction.name.lower(),
         "half_life": policy.half_life, "admission": policy.admission, "beta": policy.beta,
         "substitute_weight": policy.substitute_weight.name.lower(),
+        "bonus": policy.bonus, "prefetch": policy.prefetch,
     }
 
 
@@ -175,6 +176,7 @@ def policy_from_json(d: Mapping[str, Any]) -> Policy:
         eviction=Eviction[str(d["eviction"]).upper()], half_life=float(d["half_life"]),
         admission=bool(d["admission"]), beta=float(d["beta"]),
         substitute_weight=SubstituteWeight[str(d["substitute_weight"]).upper()],
+        bonus=float(d.get("bonus", DEFAULT_BONUS)), prefetch=int(d.get("prefetch", 0)),
         name=d.get("name"),
     )
 
@@ -262,6 +264,24 @@ class RouterInput:
     weights: npt.NDArray[np.float32]
     """Gate weights as the router produced them (before normalization or any decision)."""
     ids: npt.NDArray[np.int32]
+    next_layer: int = -1
+    """PSR: the MoE layer this row's prediction is for (-1: none recorded)."""
+    predicted: npt.NDArray[np.int32] | None = None
+    """PSR: that layer's experts as its router ranked them from this layer's input, best
+    first (the first :data:`PREDICTED_KEEP`), which is all ``moecache_prefetch`` uses."""
+
+
+PREDICTED_KEEP = 32
+"""How many ranked predictions a trace keeps per row: a replay prefetches exactly for any
+``Policy.prefetch`` up to this (the ``psr`` preset prefetches top-k <= 32)."""
+
+
+def rank_predictions(scores: npt.ArrayLike, keep: int = PREDICTED_KEEP) -> npt.NDArray[np.int32]:
+    """Expert ids by descending score, ties by lower id (the core's order), NaN last."""
+    s = np.asarray(scores, dtype=np.float32)
+    s = np.where(np.isnan(s), -np.inf, s)
+    order = np.argsort(-s, kind="stable")
+    return order[:keep].astype(np.int32)
 
 
 @dataclass
@@ -362,10 +382,14 @@ def _event_from_json(d: Mapping[str, Any], out: Any) -> None:
 
 def _route_to_json(r: RouterInput, dtype: RouterDtype) -> dict[str, Any]:
     probs = np.asarray(r.probs, dtype=np.float32).astype("<f2" if dtype == "f16" else "<f4")
-    return {
+    out: dict[str, Any] = {
         "row": r.row, "ids": np.asarray(r.ids).tolist(), "weights": _f32_list(r.weights),
         "probs_dtype": dtype, "probs": base64.b64encode(probs.tobytes()).decode("ascii"),
     }
+    if r.predicted is not None and r.next_layer >= 0:
+        out["next_layer"] = int(r.next_layer)
+        out["predicted"] = np.asarray(r.predicted).tolist()
+    return out
 
 
 def _route_from_json(d: Mapping[str, Any], n_expert: int, n_rows: int) -> RouterInput:
@@ -382,7 +406,14 @@ def _route_from_json(d: Mapping[str, Any], n_expert: int, n_rows: int) -> Router
     weights = np.asarray(d["weights"], dtype=np.float32)
     if ids.shape != weights.shape:
         raise ValueError("route ids and weights differ in length")
-    return RouterInput(row=row, probs=probs.astype(np.float32), weights=weights, ids=ids)
+    predicted, next_layer = None, -1
+    if "predicted" in d:
+        predicted = np.asarray(d["predicted"], dtype=np.int32)
+        if predicted.ndim != 1 or ((predicted < 0) | (predicted >= n_expert)).any():
+            raise ValueError("route predicted ids out of range")
+        next_layer = int(d["next_layer"])
+    return RouterInput(row=row, probs=probs.astype(np.float32), weights=weights, ids=ids,
+                       next_layer=next_layer, predicted=predicted)
 
 
 # --------------------------------------------------------------------------- writing
@@ -588,6 +619,7 @@ class TraceRecorder:
             last_row[int(layer)] = i
         out: dict[int, RouterInput] = {}
         last_route = getattr(source, "last_route", None)
+        last_prediction = getattr(source, "last_prediction", None)
         if last_route is None:
             return {}
         for layer, i in sorted(last_row.items(), key=lambda kv: kv[1]):
@@ -599,9 +631,12 @@ class TraceRecorder:
             if not np.array_equal(np.asarray(ids[:k]), events[i]["ids"][:k]):
                 self.route_mismatches += 1
                 continue
+            prediction = last_prediction(layer) if last_prediction is not None else None
             out[i] = RouterInput(row=i, probs=probs.astype(np.float32),
-                                 weights=weights.astype(np.float32),
-                                 ids=ids.astype(np.int32))
+                                 weights=weights.astype(np.float32), ids=ids.astype(np.int32),
+                                 next_layer=prediction[0] if prediction else -1,
+                                 predicted=rank_predictions(prediction[1]) if prediction
+                                 else None)
         return out
 
     def close(self, **end: Any) -> None:

@@ -75,6 +75,8 @@ def engine_library() -> Any:
         "llama_moe_cache_last_route": (i32, [vp, i32, ctypes.POINTER(ctypes.c_float),
                                              ctypes.POINTER(ctypes.c_float),
                                              ctypes.POINTER(ctypes.c_int32)]),
+        "llama_moe_cache_last_prediction": (i32, [vp, i32, ctypes.POINTER(ctypes.c_float), i32]),
+        "llama_moe_cache_expert_buffer": (ctypes.c_char_p, [vp]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)

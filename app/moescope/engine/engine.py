@@ -68,6 +68,13 @@ class LoadedModel:
     notice: str = ""
     n_ctx: int = 0
     n_gpu_layers: int = 0
+    expert_buffer: str = ""
+    """Where the experts live in host memory: llama.cpp's buffer name, e.g. ``CUDA_Host``
+    (pinned: copies to VRAM at full PCIe speed) or ``CPU`` (pageable)."""
+
+    @property
+    def pinned_experts(self) -> bool:
+        return self.expert_buffer.endswith("_Host")
 
 
 @dataclass
@@ -98,7 +105,7 @@ class Engine:
     def load(self, path: str | os.PathLike[str], *, budget: str = "25%",
              policy: Policy | str = "quality-first", n_gpu_layers: int = 0,
              n_ctx: int = 2048, n_threads: int | None = None, cache: bool = True,
-             host_experts: bool | None = None,
+             host_experts: bool | None = None, pinned_experts: bool | None = None,
              progress: ProgressFn | None = None) -> LoadedModel:
         """Load ``path``; the expert cache is on for MoE models unless ``cache=False``.
 
@@ -106,6 +113,10 @@ class Engine:
         file that is not a GGUF raises ``ModelFormatError`` before llama.cpp sees it.
         ``host_experts`` (default: same as ``cache``) keeps experts in GGUF layout in host
         memory; a cache-off run with it on is the exact reference for the cache.
+        ``pinned_experts`` (default: with the cache on, when layers are offloaded to a GPU)
+        reads the experts into the GPU's pinned host memory instead of mapping the file:
+        slower to load and not shared with the page cache, but every fetch then copies at
+        full PCIe speed instead of staging through pageable memory.
         """
         report = progress or (lambda stage, frac: None)
         self.close()
@@ -126,11 +137,15 @@ class Engine:
         report("loading weights", 0.1)
         import llama_cpp  # deferred: loading the shared library takes a moment
 
+        if pinned_experts is None:
+            pinned_experts = bool(cache and n_gpu_layers != 0
+                                  and llama_cpp.llama_supports_gpu_offload())
         try:
             with _quiet_stderr():
                 self._llm = llama_cpp.Llama(
                     model_path=str(p), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
-                    n_threads=n_threads, verbose=False, logits_all=False)
+                    n_threads=n_threads, verbose=False, logits_all=False,
+                    use_mmap=not pinned_experts)
         except (ValueError, RuntimeError, OSError) as err:
             raise ModelLoadError(f"llama.cpp could not load {p.name}: {err}") from err
         if plan is not None and info is not None:
@@ -150,9 +165,11 @@ class Engine:
                 notice = plan.message
         report("warming up", 0.9)
         self._warm_up()
+        buffer = self._lib.llama_moe_cache_expert_buffer(self._ctx) if self._cache else b""
         self.model = LoadedModel(info=info, path=p, cache_enabled=self._cache is not None,
                                  plan=plan, notice=notice, n_ctx=n_ctx,
-                                 n_gpu_layers=n_gpu_layers)
+                                 n_gpu_layers=n_gpu_layers,
+                                 expert_buffer=(buffer or b"").decode(errors="replace"))
         report("ready", 1.0)
         return self.model
 
@@ -297,6 +314,18 @@ class Engine:
             self._ctx, layer, probs.ctypes.data_as(f32), weights.ctypes.data_as(f32),
             ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)))
         return (probs, weights, ids) if rc == 0 else None
+
+    def last_prediction(self, layer: int) -> tuple[int, npt.NDArray[np.float32]] | None:
+        """PSR: the next MoE layer and its router's scores as predicted at ``layer`` for the
+        latest decoded token (what ``prefetch`` ranked), or None. Traces keep the ranking
+        so a replay can prefetch exactly as the engine did."""
+        if self._cache is None or self.model is None or self.model.info is None:
+            return None
+        scores = np.empty(self.model.info.n_expert, dtype=np.float32)
+        nxt = self._lib.llama_moe_cache_last_prediction(
+            self._ctx, layer, scores.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            scores.size)
+        return (int(nxt), scores) if nxt > 0 else None
 
     def drain_events(self) -> npt.NDArray[Any]:
         if self._cache is None:

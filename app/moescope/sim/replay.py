@@ -15,7 +15,10 @@ Exactness needs the engine's order and cache state, which the trace provides:
 * one ``route`` call per (step, layer) group of consecutive rows, so a batched ubatch is
   decided as one batch;
 * policy and budget changes are applied at the token where they took effect, before its
-  rows, just as the engine applies them between tokens.
+  rows, just as the engine applies them between tokens;
+* after each route call, PSR's ``prefetch`` for the next MoE layer with the prediction the
+  row recorded (ranked ids; a policy that does not prefetch ignores them), as the engine's
+  route op does. Its copies are counted as background copies of that token.
 
 Rows recorded without router inputs (earlier tokens of a batched ubatch, or a trace written
 without them) are replayed from the event row itself: ids and normalized weights are exact,
@@ -89,6 +92,12 @@ class Routing:
     exact: npt.NDArray[np.bool_]
     recorded: npt.NDArray[Any]
     """The engine's event rows, for comparisons."""
+    next_layer: npt.NDArray[np.int32] | None = None
+    """PSR: per row, the layer its recorded prediction is for (-1: none); None: no row has
+    one (a trace from before PSR, or recorded without router inputs)."""
+    predicted: npt.NDArray[np.float32] | None = None
+    """PSR: per row, scores that rank the recorded predictions (``PREDICTED_KEEP`` ranks;
+    -inf for the rest), so ``moecache_prefetch`` picks what the engine picked."""
 
     @property
     def n_rows(self) -> int:
@@ -105,6 +114,11 @@ class Routing:
         weights = np.zeros((n, k), dtype=np.float32)
         probs = np.zeros((n, m.n_expert), dtype=np.float32)
         exact = np.zeros(n, dtype=np.bool_)
+        has_pred = any(rt.predicted is not None for tok in trace.tokens
+                       for rt in tok.routes.values())
+        next_layer = np.full(n, -1, dtype=np.int32) if has_pred else None
+        predicted = (np.full((n, m.n_expert), -np.inf, dtype=np.float32) if has_pred
+                     else None)
         tokens: list[TokenRouting] = []
         r = 0
         for tok in trace.tokens:
@@ -124,6 +138,11 @@ class Routing:
                     weights[r] = route.weights
                     probs[r] = route.probs
                     exact[r] = True
+                    if route.predicted is not None and next_layer is not None \
+                            and predicted is not None:
+                        next_layer[r] = route.next_layer
+                        ranks = route.predicted.size
+                        predicted[r, route.predicted] = np.arange(ranks, 0, -1)
                 else:
                     ids[r] = row["ids"][:k]
                     weights[r] = row["weights"][:k]
@@ -133,7 +152,7 @@ class Routing:
                 calls.append(RouteCall(prev[0], prev[1], start, r))
             tokens.append(TokenRouting(tuple(tok.changes), tuple(calls), tok.phase == "decode"))
         return cls(header=trace.header, tokens=tokens, ids=ids, weights=weights, probs=probs,
-                   exact=exact, recorded=events)
+                   exact=exact, recorded=events, next_layer=next_layer, predicted=predicted)
 
 
 @dataclass
@@ -226,6 +245,12 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
         while cache.step < h.initial_step:
             cache.begin_step()
         route = _Router(cache, routing, max(rows_per_token, 1))
+        prefetched = 0
+        if routing.predicted is None and (start_policy.prefetch or any(
+                c.kind == "policy" and c.policy and c.policy.prefetch
+                for tok in routing.tokens for c in tok.changes)):
+            warnings.append("the trace has no PSR predictions (recorded before PSR or "
+                            "without router inputs): the replay cannot prefetch")
         step = cache.step
         for t, tok in enumerate(routing.tokens):
             for change in tok.changes:
@@ -246,8 +271,13 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
                     cache.begin_step()
                     step += 1
                 route(call.layer, call.start, call.stop)
+                prefetched += route.prefetch(call.start, call.stop)
             rows = cache.drain_events()
             _summarize(per_token[t], rows, tok.decode)
+            if prefetched:
+                per_token[t]["n_async"] += prefetched
+                per_token[t]["bytes_async"] += route.prefetched_bytes
+                prefetched, route.prefetched_bytes = 0, 0
             if keep_events:
                 kept.append(rows)
         if cache.events_dropped:
@@ -268,6 +298,12 @@ _ROUTE_PROTO = ctypes.CFUNCTYPE(
 """``moecache_route`` with plain addresses: the replay passes row slices of its big arrays
 without building a ctypes pointer object or a numpy copy per call (the binding's
 :meth:`ExpertCache.route` is general but costs tens of microseconds a call)."""
+
+
+_PREFETCH_PROTO = ctypes.CFUNCTYPE(
+    ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p,
+    ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p)
+"""``moecache_prefetch`` with plain addresses, like :data:`_ROUTE_PROTO`."""
 
 
 class _Router:
@@ -291,6 +327,12 @@ class _Router:
         self._plan = np.empty(max(max_rows * k, 1), dtype=COPY_DTYPE)
         self._n_plan = np.zeros(1, dtype=np.int32)
         self._row_probs, self._row_k = n_expert * 4, k * 4
+        self._cache = cache
+        self._prefetch_fn = _PREFETCH_PROTO(("moecache_prefetch", lib))
+        self._pplan = np.empty(max(cache.n_experts, 1), dtype=COPY_DTYPE)
+        self.prefetched_bytes = 0
+        m = routing.header.model
+        self._bytes = dict(zip(m.moe_layers, m.bytes_per_expert, strict=True))
         self._at = (routing.probs.ctypes.data, routing.ids.ctypes.data,
                     self._weights.ctypes.data, self._out_ids.ctypes.data,
                     self._out_slots.ctypes.data, self._plan.ctypes.data, len(self._plan),
@@ -305,6 +347,29 @@ class _Router:
         if code != OK:
             raise NativeError(code, f"route(layer={layer}, rows {start}:{stop}) failed "
                                     f"(code {code})")
+
+
+    def prefetch(self, start: int, stop: int) -> int:
+        """PSR after the route call of rows ``start:stop``: the recorded prediction of its
+        last row (the engine's route op prefetches once per call, for one decode token).
+        Returns the number of copies; their bytes accumulate in ``prefetched_bytes``."""
+        r = self._routing
+        if r.next_layer is None or r.predicted is None or stop <= start:
+            return 0
+        nxt = int(r.next_layer[stop - 1])
+        if nxt < 0 or self._cache.policy.prefetch == 0:
+            return 0
+        n_expert = r.predicted.shape[1]
+        code = self._prefetch_fn(self._handle, nxt, 1,
+                                 r.predicted.ctypes.data + (stop - 1) * n_expert * 4,
+                                 self._pplan.ctypes.data, len(self._pplan),
+                                 self._n_plan.ctypes.data)
+        if code != OK:
+            raise NativeError(code, f"prefetch(layer={nxt}) failed (code {code})")
+        n = int(self._n_plan[0])
+        if n:
+            self.prefetched_bytes += n * self._bytes.get(nxt, 0)
+        return n
 
 
 def _warn_once(warnings: list[str], key: str, text: str) -> None:
