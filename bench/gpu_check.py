@@ -106,6 +106,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
                       "policy": "quality-first"},
     "speed-first": {"label": "MoEScope speed-first @25%", "cache": True,
                     "policy": "speed-first"},
+    # paper 2: routing bonus + prefetch of the next layer's predicted experts (copies
+    # overlap compute); last, so a short deadline drops it before the paper-1 targets
+    "psr": {"label": "MoEScope psr @25%", "cache": True, "policy": "psr"},
 }
 TARGET_QUALITY_VS_EXACT = 2.5
 TAG = "gpu-check"
@@ -281,6 +284,7 @@ def cmd_config(argv: list[str]) -> int:
     mem1 = gpu_memory_used_mib()
     result["gpu_mem_mib"] = mem1 - mem0 if mem0 is not None and mem1 is not None else None
     result["slots_per_layer"] = e.slots_per_layer
+    result["expert_buffer"] = e.model.expert_buffer if e.model else ""
     result["engine_version"] = __import__("llama_cpp").__version__
     print(f"  {a.name}: loaded in {result['load_s']} s"
           + (f", {e.slots_per_layer} slots/layer" if cfg["cache"] else ""), flush=True)
@@ -288,6 +292,7 @@ def cmd_config(argv: list[str]) -> int:
     def one_run(prompt: str, tokens: int) -> dict[str, Any]:
         if e.cache is not None:
             e._lib.llama_moe_cache_reset_timings(e._ctx)
+            e.cache.reset_stats()  # per-run prefetch counters
         sampling = Sampling(temperature=0.0, top_k=1, top_p=1.0, min_p=0.0,
                             repeat_penalty=1.0, max_tokens=tokens, seed=0)
         for _ in e.generate(prompt, sampling):
@@ -306,6 +311,11 @@ def cmd_config(argv: list[str]) -> int:
                        route_ms_per_token=t["route_us"] / 1000 / n,
                        wait_ms_per_token=t["wait_us"] / 1000 / n,
                        async_copies_per_token=t["n_async"] / n)
+            stats = e.layer_stats().values()
+            pre = sum(s.prefetches for s in stats)
+            if pre:
+                run.update(prefetches_per_token=pre / n,
+                           prefetch_accuracy=sum(s.prefetch_hits for s in stats) / pre)
         return run
 
     # Decode a fixed count, as llama-bench's tg128 does: an end-of-generation token is
@@ -341,7 +351,7 @@ def cmd_config(argv: list[str]) -> int:
                          for t, rs in by_threads.items()})
     for key in ("hit_rate", "substituted", "mass_per_token", "fetched_mb_per_token",
                 "sync_copy_ms_per_token", "route_ms_per_token", "wait_ms_per_token",
-                "async_copies_per_token"):
+                "async_copies_per_token", "prefetches_per_token", "prefetch_accuracy"):
         if key in runs[-1]:
             result[key] = statistics.median(r[key] for r in runs)
 
@@ -740,6 +750,15 @@ class Check:
         if gbps:
             lines.append(f"copy bandwidth ({bw.get('backend', '?')}): " + ", ".join(
                 f"{k} {v:.1f} GB/s" for k, v in gbps.items()))
+        buffers = sorted({r.get("expert_buffer") for r in results.values()
+                          if r.get("expert_buffer")})
+        if buffers:
+            lines.append("experts in host memory: " + ", ".join(
+                f"{b} ({'pinned' if b.endswith('_Host') else 'pageable'})" for b in buffers))
+        psr = results.get("psr", {})
+        if psr.get("prefetch_accuracy") is not None:
+            lines.append(f"psr: {psr['prefetches_per_token']:.1f} prefetches/token, "
+                         f"{psr['prefetch_accuracy']:.0%} of them routed to")
         if verdict["exact_max_abs_diff"] is not None:
             lines.append(
                 f"exactness: exact vs {results['reference'].get('label')}: max |dlogit| = "

@@ -15,7 +15,7 @@ import pytest
 from moescope.engine.bindings import is_patched
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIGS = ["reference", "stock", "exact", "quality-first", "speed-first"]
+CONFIGS = ["reference", "stock", "exact", "quality-first", "speed-first", "psr"]
 
 needs_engine = pytest.mark.skipif(not is_patched(),
                                   reason="the patched engine is not installed (make engine)")
@@ -100,8 +100,11 @@ def test_dry_run_measures_every_configuration_and_prints_the_table_last(
     table = (tmp_path / "out" / "gpu_check_table.txt").read_text().splitlines()
     printed = proc.stdout.rstrip().splitlines()
     assert printed[-len(table):] == table  # the table is the last thing printed
-    assert table[-7].startswith("configuration") and "vs stock" in table[-7]
-    assert [line.split("  ")[0] for line in table[-5:]] == [r["label"] for r in rows]
+    n = len(rows)
+    assert table[-n - 2].startswith("configuration") and "vs stock" in table[-n - 2]
+    assert [line.split("  ")[0] for line in table[-n:]] == [r["label"] for r in rows]
+    assert report["configs"]["psr"]["prefetches_per_token"] > 0  # PSR prefetched here too
+    assert any(line.startswith("experts in host memory: CPU") for line in table)
 
 
 @pytest.mark.slow
