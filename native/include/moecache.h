@@ -35,7 +35,7 @@ extern "C" {
 #define MOECACHE_DEFAULT_BETA       0.5f   /* paper 1: background admission threshold */
 #define MOECACHE_DEFAULT_HALF_LIFE  64.0f  /* ours: frequency half-life, in steps (tokens) */
 #define MOECACHE_DEFAULT_EVENT_ROWS 8192   /* event ring capacity, rows */
-#define MOECACHE_DEFAULT_BONUS      0.05f  /* ours: Cache-Prior routing bonus (router probability) */
+#define MOECACHE_DEFAULT_BONUS      0.02f  /* ours: Cache-Prior routing bonus (router probability) */
 #define MOECACHE_PREFETCH_TOP_K     (-1)   /* policy.prefetch: as many as the router selects */
 
 /* Return codes of the functions that return int32_t status. */

@@ -31,8 +31,9 @@ DEFAULT_BETA = 0.5
 """Paper 1's admission threshold on the gate mass an expert lost to substitution."""
 DEFAULT_HALF_LIFE = 64.0
 """Our default half-life of frequency counts, in decode steps (tokens)."""
-DEFAULT_BONUS = 0.05
-"""Our default Cache-Prior bonus, in router-probability units."""
+DEFAULT_BONUS = 0.02
+"""Our default Cache-Prior bonus, in router-probability units: on the demo model 0.02 costs
+no measurable perplexity where 0.05 costs +1-2% and 0.15 +50-140% (docs/benchmarks.md)."""
 PREFETCH_TOP_K = -1
 """``Policy.prefetch`` value meaning "as many experts as the router selects"."""
 

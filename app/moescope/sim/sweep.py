@@ -32,8 +32,10 @@ def parse_policy(spec: str) -> Policy | None:
     """``recorded`` (None), a preset name, or ``preset:key=value[:key=value]``.
 
     Keys: ``theta``, ``beta``, ``half_life``, ``eviction`` (lru|frequency), ``admission``
-    (on|off), ``miss_rule`` (fetch_all|threshold|first_choice|substitute_all),
-    ``substitute_weight`` (missing|own). A policy with parameters is labelled by its spec.
+    (on|off), ``miss_rule`` (fetch_all|threshold|first_choice|substitute_all|
+    routing_bonus),
+    ``substitute_weight`` (missing|own), ``bonus`` (routing bonus), ``prefetch``
+    (off|top-k|N experts per token). A policy with parameters is labelled by its spec.
     """
     spec = spec.strip()
     if spec == RECORDED:
@@ -52,8 +54,12 @@ def parse_policy(spec: str) -> Policy | None:
         try:
             if not sep:
                 raise ValueError("expected key=value")
-            if key in ("theta", "beta", "half_life"):
+            if key in ("theta", "beta", "half_life", "bonus"):
                 changes[key] = float(value)
+            elif key == "prefetch":
+                changes[key] = {"off": 0, "topk": -1, "top_k": -1}.get(value.replace("-", "_"))
+                if changes[key] is None:
+                    changes[key] = int(value)
             elif key == "eviction":
                 changes[key] = Eviction[value.upper()]
             elif key == "miss_rule":
