@@ -232,11 +232,7 @@ def _one_run(engine: Engine, policy: Policy, prompt: str, sampling: Sampling) ->
     """Switch the policy live, empty the cache, decode; the same start every time."""
     engine.request_policy(policy)
     engine.apply_requests()
-    cache = engine.cache
-    assert cache is not None
-    cache.clear()
-    cache.reset_stats()
-    engine.drain_events()
+    engine.clear_cache()
     for _ in engine.generate(prompt, sampling):
         pass
     a = engine.last_answer

@@ -183,6 +183,12 @@ class Engine:
         self._llm.eval([bos])
         self._llm.reset()
         self._llm._ctx.kv_cache_clear()
+        self.clear_cache()
+
+    def clear_cache(self) -> None:
+        """Empty the expert cache (every slot free), zero its counters and timings and drop
+        undrained event rows: the cache as right after loading, without reloading, so runs
+        that must start alike (benchmarks, evaluations) can."""
         if self._cache is not None:
             self._cache.clear()
             self._cache.reset_stats()
