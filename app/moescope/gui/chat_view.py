@@ -1,20 +1,38 @@
 """The conversation: transcript, input box, Send / Stop / Regenerate / Edit, context bar.
 
 The transcript is a ``QTextBrowser`` (no web engine: its GPU process would take VRAM from
-the expert cache). Streamed text is buffered and inserted at the end of the document at
-most once per display frame, so a fast model costs one cheap insert per frame instead of
-one layout per token; the full transcript is rebuilt only when its structure changes.
+the expert cache). Answers are Markdown (:mod:`markdown`), the user's messages plain text.
+Streamed text is buffered and the answer re-rendered at most once per display frame
+(:mod:`markdown_stream` keeps that cost to the answer's unfinished tail), so a fast model
+costs one render per frame instead of one per token; messages already shown are kept when
+the transcript is rendered again. Copying an answer gives the model's raw Markdown.
 """
 
 from __future__ import annotations
 
+import bisect
+import logging
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QColor, QFont, QKeyEvent, QTextBlockFormat, QTextCharFormat, QTextCursor
+from PySide6.QtCore import QPoint, Qt, QUrl, Signal
+from PySide6.QtGui import (
+    QAction,
+    QColor,
+    QDesktopServices,
+    QFont,
+    QGuiApplication,
+    QKeyEvent,
+    QKeySequence,
+    QTextBlockFormat,
+    QTextCharFormat,
+    QTextCursor,
+)
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
+    QMenu,
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
@@ -24,10 +42,33 @@ from PySide6.QtWidgets import (
 )
 
 from moescope.gui import theme
-from moescope.gui.store import DONE, ChatMessage
+from moescope.gui.markdown import code_text, is_code_block, markdown_fragment
+from moescope.gui.markdown_stream import LiveMarkdown
+from moescope.gui.store import DONE, GENERATING, ChatMessage
+
+log = logging.getLogger("moescope.gui.chat")
 
 ROLE_COLOURS = {"user": theme.ACCENT, "assistant": "#4cc38a", "system": theme.MUTED}
 USER_BACKGROUND = "#252c36"
+MAX_RENDER_SHARE = 0.25
+"""At most this share of the GUI thread goes to re-rendering a streaming answer."""
+LINK_SCHEMES = ("http", "https", "mailto")
+COPY_ANSWER_SHORTCUT = "Ctrl+Shift+C"
+
+
+@dataclass
+class _Shown:
+    """A message in the transcript: where its header line starts and its raw text."""
+
+    key: tuple[object, ...] | None
+    """What it was rendered from; None for the answer still streaming (never matches)."""
+    start: int
+    role: str
+    raw: str
+
+
+def _key(m: ChatMessage) -> tuple[object, ...]:
+    return (m.id, m.role, m.content, m.status, m.stats.get("summary", ""))
 
 
 class ChatInput(QPlainTextEdit):
@@ -60,8 +101,18 @@ class ChatView(QWidget):
         layout.addWidget(self.title)
         self.transcript = QTextBrowser()
         self.transcript.setAccessibleName("Conversation")
-        self.transcript.setOpenLinks(False)
+        self.transcript.setOpenLinks(False)  # links open in the system browser, on click
+        self.transcript.anchorClicked.connect(self.open_link)
         self.transcript.document().setDocumentMargin(10)
+        self.transcript.document().setUndoRedoEnabled(False)  # read-only: no edit history
+        self.transcript.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.transcript.customContextMenuRequested.connect(self._show_context_menu)
+        self.copy_answer_action = QAction("Copy last answer as Markdown", self)
+        self.copy_answer_action.setShortcut(QKeySequence(COPY_ANSWER_SHORTCUT))
+        self.copy_answer_action.setShortcutContext(
+            Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        self.copy_answer_action.triggered.connect(self.copy_last_answer)
+        self.addAction(self.copy_answer_action)
         layout.addWidget(self.transcript, 1)
 
         self.input = ChatInput()
@@ -100,8 +151,11 @@ class ChatView(QWidget):
         layout.addLayout(buttons)
 
         self.editing_position: int | None = None
+        self._shown: list[_Shown] = []
+        self._live: LiveMarkdown | None = None
+        """The answer being streamed, rendered at the end of the transcript."""
         self._pending = ""
-        self._streaming = False
+        self._render_after = 0.0
         self.set_generating(False)
 
     # ------------------------------------------------------------------ formats
@@ -138,61 +192,127 @@ class ChatView(QWidget):
 
     # ------------------------------------------------------------------ rendering
     def render(self, messages: Sequence[ChatMessage], title: str = "") -> None:
-        """Rebuild the transcript (chat switched, answer finished, message edited)."""
+        """Show ``messages`` (chat switched, answer finished, message edited).
+
+        Messages already shown unchanged at the top are kept: finishing an answer renders
+        only that answer again (as a whole, with its stats line), not the whole chat's
+        Markdown. The view follows the end unless the user scrolled up in the same chat.
+        """
         self.title.setText(title or "New chat")
         self._pending = ""
-        self._streaming = False
+        self._live = None
+        streaming: str | None = None
+        if messages and messages[-1].role == "assistant" and messages[-1].status == GENERATING:
+            # rendered again mid-answer (the chat was renamed): the answer keeps streaming
+            streaming, messages = messages[-1].content, messages[:-1]
+        bar = self.transcript.verticalScrollBar()
+        at_end, value = bar.value() >= bar.maximum() - 4, bar.value()
+        keep = 0
+        while (keep < min(len(self._shown), len(messages))
+               and self._shown[keep].key == _key(messages[keep])):
+            keep += 1
         doc = self.transcript.document()
-        doc.clear()
+        if keep == 0:
+            doc.clear()
         cursor = QTextCursor(doc)
-        first = True
-        for m in messages:
-            self._insert_message(cursor, m.role, m.content, first)
-            first = False
-            stats = m.stats.get("summary", "")
-            note = "" if m.status == DONE else m.status
-            if m.role == "assistant" and (stats or note):
-                cursor.insertBlock(self._block("stats", 2), self._stats_format())
-                cursor.insertText(" · ".join(t for t in (stats, note) if t))
-        self._scroll_to_end()
+        cursor.beginEditBlock()
+        if keep:
+            cursor.movePosition(QTextCursor.MoveOperation.End)
+            if keep < len(self._shown):  # from the end of the last kept message's text
+                cursor.setPosition(self._shown[keep].start - 1)
+                cursor.movePosition(QTextCursor.MoveOperation.End,
+                                    QTextCursor.MoveMode.KeepAnchor)
+                cursor.removeSelectedText()
+        del self._shown[keep:]
+        for m in messages[keep:]:
+            self._append_message(cursor, m)
+        cursor.endEditBlock()
+        if streaming is not None:
+            self.begin_answer()
+            if streaming:
+                assert self._live is not None
+                self._live.update(streaming)
+                self._shown[-1].raw = streaming
+        if keep and not at_end:
+            bar.setValue(value)
+        else:
+            self._scroll_to_end()
 
-    def _insert_message(self, cursor: QTextCursor, role: str, content: str,
-                        first: bool) -> None:
-        if first:
+    def _append_message(self, cursor: QTextCursor, m: ChatMessage) -> None:
+        start = self._insert_header(cursor, m.role)
+        if m.role == "assistant":
+            if m.content.strip():
+                cursor.insertFragment(markdown_fragment(m.content))
+        else:  # the user's own words, exactly as typed: no Markdown, no HTML
+            cursor.insertBlock(self._block(m.role, 2), self._body_format())
+            cursor.insertText(m.content)
+        stats = m.stats.get("summary", "")
+        note = "" if m.status == DONE else m.status
+        if m.role == "assistant" and (stats or note):
+            cursor.insertBlock(self._block("stats", 2), self._stats_format())
+            cursor.insertText(" · ".join(t for t in (stats, note) if t))
+        self._shown.append(_Shown(_key(m), start, m.role, m.content))
+
+    def _insert_header(self, cursor: QTextCursor, role: str) -> int:
+        """The role line ("You", "Assistant") at ``cursor``; returns where it begins."""
+        if not self._shown:
             cursor.setBlockFormat(self._block(role, 4))
             cursor.setBlockCharFormat(self._role_format(role))
         else:
             cursor.insertBlock(self._block(role, 14), self._role_format(role))
+        start = cursor.block().position()
         cursor.insertText({"user": "You", "assistant": "Assistant"}.get(role, role.title()))
-        cursor.insertBlock(self._block(role, 2), self._body_format())
-        cursor.insertText(content)
+        return start
 
     def begin_answer(self) -> None:
-        """Start the streamed answer's block at the end of the transcript."""
+        """Start the streamed answer at the end of the transcript."""
         cursor = QTextCursor(self.transcript.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
-        empty = self.transcript.document().isEmpty()
-        self._insert_message(cursor, "assistant", "", empty)
+        start = self._insert_header(cursor, "assistant")
+        self._shown.append(_Shown(None, start, "assistant", ""))
+        self._live = LiveMarkdown(self.transcript.document(), cursor.position())
         self._pending = ""
-        self._streaming = True
+        self._render_after = 0.0
         self._scroll_to_end()
 
+    @property
+    def live(self) -> LiveMarkdown | None:
+        """The answer being streamed (None when no answer is streaming)."""
+        return self._live
+
+    @property
+    def pending(self) -> str:
+        """Streamed text waiting for the next :meth:`flush`."""
+        return self._pending
+
     def append_text(self, text: str) -> None:
-        """Queue streamed text; :meth:`flush` writes it (display frame)."""
+        """Queue streamed text; :meth:`flush` renders it (display frame)."""
         self._pending += text
 
     def flush(self) -> bool:
-        """Insert queued text at the end; True when something was written."""
-        if not self._pending or not self._streaming:
+        """Render the streamed answer with what was queued; True when it was rendered.
+
+        Called by the window's display timer. A render that took long (a huge code block
+        still open) postpones the next one, so Markdown never takes more than
+        :data:`MAX_RENDER_SHARE` of the GUI thread.
+        """
+        live = self._live
+        if not self._pending or live is None:
+            return False
+        started = time.perf_counter()
+        if started < self._render_after:
             return False
         bar = self.transcript.verticalScrollBar()
-        at_end = bar.value() >= bar.maximum() - 4
-        cursor = QTextCursor(self.transcript.document())
-        cursor.movePosition(QTextCursor.MoveOperation.End)
-        cursor.insertText(self._pending, self._body_format())
+        at_end, value = bar.value() >= bar.maximum() - 4, bar.value()
+        live.update(live.text + self._pending)
         self._pending = ""
+        self._shown[-1].raw = live.text
         if at_end:
             self._scroll_to_end()
+        else:
+            bar.setValue(value)  # reading above: the text must not move under the user
+        cost = time.perf_counter() - started
+        self._render_after = started + cost / MAX_RENDER_SHARE
         return True
 
     def _scroll_to_end(self) -> None:
@@ -200,7 +320,64 @@ class ChatView(QWidget):
         bar.setValue(bar.maximum())
 
     def text(self) -> str:
+        """The transcript as shown (rendered, not the Markdown source)."""
         return self.transcript.toPlainText()
+
+    # ------------------------------------------------------------------ copy, links
+    def message_at(self, position: int) -> int | None:
+        """Index of the message shown at document ``position`` (None above the first)."""
+        index = bisect.bisect_right([s.start for s in self._shown], position) - 1
+        return index if index >= 0 else None
+
+    def raw_text(self, index: int) -> str:
+        """What message ``index`` really says: the model's Markdown, not its rendering."""
+        shown = self._shown[index]
+        if shown.key is None and self._live is not None:
+            return self._live.text + self._pending
+        return shown.raw
+
+    def copy_message(self, index: int) -> None:
+        QGuiApplication.clipboard().setText(self.raw_text(index))
+
+    def copy_last_answer(self) -> bool:
+        """Copy the last answer's Markdown; False when there is none."""
+        for index in range(len(self._shown) - 1, -1, -1):
+            if self._shown[index].role == "assistant":
+                self.copy_message(index)
+                return True
+        return False
+
+    def context_menu(self, pos: QPoint) -> QMenu:
+        """The transcript's menu at viewport point ``pos``: Qt's own (Copy, Select All, Copy
+        Link Location) plus "Copy answer as Markdown" over an answer and "Copy code block"
+        over code."""
+        bars = QPoint(self.transcript.horizontalScrollBar().value(),
+                      self.transcript.verticalScrollBar().value())
+        menu = self.transcript.createStandardContextMenu(pos + bars)
+        cursor = self.transcript.cursorForPosition(pos)
+        index = self.message_at(cursor.position())
+        if index is not None and self._shown[index].role == "assistant":
+            action = menu.addAction("Copy answer as &Markdown")
+            action.triggered.connect(lambda _=False, i=index: self.copy_message(i))
+            if is_code_block(cursor.block()):
+                code = code_text(cursor)
+                action = menu.addAction("Copy &code block")
+                action.triggered.connect(
+                    lambda _=False, c=code: QGuiApplication.clipboard().setText(c))
+        return menu
+
+    def _show_context_menu(self, pos: QPoint) -> None:
+        menu = self.context_menu(pos)
+        menu.exec(self.transcript.viewport().mapToGlobal(pos))
+        menu.deleteLater()
+
+    def open_link(self, url: QUrl) -> bool:
+        """A clicked link opens in the system's handler, web and mail links only: an answer
+        is untrusted text, and ``file:`` or custom schemes could start programs."""
+        if url.scheme().lower() not in LINK_SCHEMES:
+            log.info("not opening link %s (scheme %r)", url.toString(), url.scheme())
+            return False
+        return QDesktopServices.openUrl(url)
 
     # ------------------------------------------------------------------ input
     def _submit(self) -> None:
