@@ -28,12 +28,47 @@ from moescope.gui.snapshots import (
 
 TIME_COLUMNS = (
     "step", "tokens_per_s", "mass", "hit_rate", "fetched_mb", "substituted_fraction",
-    "slots",
+    "slots", "prefetches", "prefetch_hits",
 )
-"""One row per token: what the time plots draw (x = ``step``)."""
+"""One row per token: what the time plots draw (x = ``step``). The prefetch columns are
+NaN for a token whose policy does not prefetch, so a mean over them never mixes in zeros
+that only mean "off"."""
 
 ROLLING_TOKENS = 16
 """Tokens/s is shown as a rolling mean over this many decode steps (one token is noisy)."""
+
+
+@dataclass(frozen=True)
+class PrefetchSummary:
+    """PSR over the recent prefetching tokens: how many experts it brought in, and how
+    many of those the router then used (prefetch accuracy = hits / prefetches)."""
+
+    tokens: int
+    prefetches: int
+    hits: int
+
+    @property
+    def per_token(self) -> float:
+        return self.prefetches / self.tokens if self.tokens else 0.0
+
+    @property
+    def accuracy(self) -> float | None:
+        """None before anything was prefetched. A hit can land a few tokens after its
+        prefetch, so a window's ratio is capped at 1."""
+        return min(1.0, self.hits / self.prefetches) if self.prefetches else None
+
+
+def prefetch_text(summary: PrefetchSummary) -> str:
+    """The stats line's PSR part: ``prefetch accuracy 94% · 2.9/token``."""
+    acc = summary.accuracy
+    return (f"prefetch accuracy {acc:.0%} · {summary.per_token:.1f}/token" if acc is not None
+            else f"prefetch accuracy – · {summary.per_token:.1f}/token")
+
+
+PREFETCH_TIP = (
+    "Prefetch accuracy (PSR): of the experts prefetched over the last {n} tokens, the share "
+    "the router then used before they were evicted. /token: experts prefetched per decoded "
+    "token, all layers together. Low accuracy means wasted copies and evictions.")
 
 
 @dataclass(frozen=True)
@@ -72,6 +107,9 @@ class CacheModel:
         self._layer_hits = np.zeros((w, n_rows))
         self._layer_sel = np.zeros((w, n_rows))
         self._layer_bytes = np.zeros((w, n_rows))
+        self._layer_prefetches = np.zeros((w, n_rows))
+        self._layer_prefetch_hits = np.zeros((w, n_rows))
+        self._layer_prefetching = np.zeros(w, np.bool_)
         self._layer_head = 0
         self._layer_count = 0
         self.time.clear()
@@ -82,6 +120,8 @@ class CacheModel:
         self.slots_per_layer = model.slots_per_layer if model else 0
         self.context_used = 0
         self.n_ctx = model.n_ctx if model else 0
+        self.prefetching = False
+        """Whether the latest token's policy prefetched (PSR numbers are shown only then)."""
         self.dirty = {"heatmap", "time", "layers", "labels"}
 
     def set_model(self, model: ModelSummary) -> None:
@@ -114,6 +154,8 @@ class CacheModel:
             tok_s = len(self._decode_seconds) / total if total > 0 else float("nan")
         nums = layer_numbers(snap.events, self.rows_of)
         selections = int(nums.selections.sum())
+        pf, pf_hits = snap.prefetches, snap.prefetch_hits
+        prefetching = pf is not None and pf_hits is not None
         self.time.append({
             "step": snap.step,
             "tokens_per_s": tok_s,
@@ -123,6 +165,8 @@ class CacheModel:
             "substituted_fraction": (nums.substitutions.sum() / selections
                                      if selections else float("nan")),
             "slots": snap.slots_per_layer,
+            "prefetches": float(pf.sum()) if pf is not None else float("nan"),
+            "prefetch_hits": float(pf_hits.sum()) if pf_hits is not None else float("nan"),
         })
         if self.n_rows:
             i = self._layer_head
@@ -130,6 +174,13 @@ class CacheModel:
             self._layer_hits[i] = nums.hits[: self.n_rows]
             self._layer_sel[i] = nums.selections[: self.n_rows]
             self._layer_bytes[i] = nums.bytes_sync[: self.n_rows]
+            self._layer_prefetching[i] = prefetching
+            if pf is not None and pf_hits is not None and pf.shape == (self.n_rows,):
+                self._layer_prefetches[i] = pf
+                self._layer_prefetch_hits[i] = pf_hits
+            else:
+                self._layer_prefetches[i] = 0
+                self._layer_prefetch_hits[i] = 0
             self._layer_head = (i + 1) % self.layer_window
             self._layer_count = min(self._layer_count + 1, self.layer_window)
             rows, experts = used_experts(snap.events, self.rows_of, self.n_expert)
@@ -139,6 +190,7 @@ class CacheModel:
             self.markers.append(Marker(snap.step, change))
         if snap.changes:
             self.dirty.add("markers")
+        self.prefetching = prefetching
         self.policy = snap.policy
         self.slots_per_layer = snap.slots_per_layer
         self.context_used = snap.context_used
@@ -170,6 +222,33 @@ class CacheModel:
             "hit_rate": np.divide(hits, sel, out=np.zeros_like(hits), where=sel > 0),
             "fetched_mb": self._layer_bytes[:n].sum(axis=0) / n / 1e6,
         }
+
+    def prefetch_summary(self) -> PrefetchSummary | None:
+        """PSR over the prefetching tokens among the last ``layer_window``; None while the
+        latest token's policy does not prefetch (nothing to show, not a zero)."""
+        if not self.prefetching:
+            return None
+        t = self.time
+        n = min(t.count, self.layer_window)
+        pf = t.view("prefetches")[t.count - n:]
+        hits = t.view("prefetch_hits")[t.count - n:]
+        on = np.isfinite(pf)
+        return PrefetchSummary(tokens=int(on.sum()), prefetches=int(pf[on].sum()),
+                               hits=int(hits[on].sum()))
+
+    def layer_prefetch(self) -> list[PrefetchSummary] | None:
+        """Per MoE layer, PSR over the prefetching tokens among the last ``layer_window``
+        (a layer nothing is predicted for, like the first, has no prefetches); None while
+        the policy does not prefetch."""
+        if not self.prefetching or self.n_rows == 0:
+            return None
+        n = self._layer_count
+        on = self._layer_prefetching[:n]
+        pf = self._layer_prefetches[:n][on].sum(axis=0)
+        hits = self._layer_prefetch_hits[:n][on].sum(axis=0)
+        tokens = int(on.sum())
+        return [PrefetchSummary(tokens=tokens, prefetches=int(pf[r]), hits=int(hits[r]))
+                for r in range(self.n_rows)]
 
     def tooltip(self, row: int, expert: int) -> str:
         """Hover text of a heatmap cell: layer, expert, state, uses, last use."""

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QLabel, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
-from moescope.gui.cache_model import CacheModel
+from moescope.gui.cache_model import PREFETCH_TIP, CacheModel, prefetch_text
 from moescope.gui.heatmap_view import HeatmapView
 from moescope.gui.layer_bars_view import LayerBarsView
 from moescope.gui.memory_model import MemoryModel
@@ -86,6 +86,7 @@ class CachePanel(QWidget):
         self.heatmap.reset()
         self.time_plots.reset()
         self.layer_bars.reset()
+        self.memory_view.set_expert_buffer(summary.expert_buffer if summary else "")
         self._mark_all_dirty()
         self.summary.setText(self._summary_text())
         self.heatmap.update_title()
@@ -133,6 +134,8 @@ class CachePanel(QWidget):
             pending.add("time")
         if "labels" in pending and (force or self._frames % LABEL_EVERY_FRAMES == 0):
             self.summary.setText(self._summary_text())
+            self.summary.setToolTip(PREFETCH_TIP.format(n=self.model.layer_window)
+                                    if self.model.prefetching else "")
             self.heatmap.update_title()
             pending.discard("labels")
         self._pending = pending
@@ -156,6 +159,9 @@ class CachePanel(QWidget):
             hit = t.last("hit_rate")
             parts.append(f"hit {hit:.0%}" if hit == hit else "hit –")
             parts.append(f"mass/token {t.last('mass'):.3f}")
+            prefetch = self.model.prefetch_summary()
+            if prefetch is not None:
+                parts.append(prefetch_text(prefetch))
             tok_s = t.last("tokens_per_s")
             if tok_s == tok_s:
                 parts.append(f"{tok_s:.1f} tok/s")

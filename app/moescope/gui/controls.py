@@ -1,9 +1,10 @@
-"""The user's dials: cache policy (presets or custom θ/β) and the VRAM budget.
+"""The user's dials: cache policy (presets or Custom) and the VRAM budget.
 
 Both only *request* a change (signals); the window forwards it to the engine, which applies
 it between tokens. The budget slider moves in whole slots per layer, the unit the cache
 actually allocates, and shows what that costs in bytes and % of experts resident: a GiB
-slider would snap unpredictably to slot boundaries.
+slider would snap unpredictably to slot boundaries. What each preset does, and how Custom's
+θ, β, routing bonus and prefetch map to a policy, is :mod:`moescope.gui.policy_choices`.
 """
 
 from __future__ import annotations
@@ -16,30 +17,32 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QSlider,
+    QSpinBox,
     QWidget,
 )
 
 from moescope.core.budget import format_bytes
 from moescope.core.policy import PRESETS, Policy
+from moescope.gui.policy_choices import (
+    BONUS_MAX,
+    BONUS_STEPS,
+    CUSTOM,
+    POLICY_CHOICES,
+    POLICY_TIPS,
+    PREFETCH_FIXED,
+    PREFETCH_MAX,
+    PREFETCH_MODES,
+    control_values,
+    custom_policy,
+    prefetch_value,
+)
 from moescope.gui.snapshots import ModelSummary
 
-CUSTOM = "custom"
-POLICY_CHOICES: tuple[tuple[str, str], ...] = (
-    ("exact", "Exact (fetch every miss)"),
-    ("quality-first", "Quality-first (0.15 rule)"),
-    ("speed-first", "Speed-first (first choice)"),
-    (CUSTOM, "Custom (θ, β)"),
-    ("threshold", "Threshold rule, LRU"),
-    ("first-choice", "First-choice rule, LRU"),
-    ("substitute-all", "Substitute every miss"),
-)
-"""Policy menu: the paper's three operating points first, then the bare rules."""
+__all__ = ["CUSTOM", "POLICY_CHOICES", "ControlsPanel", "custom_policy"]
 
-
-def custom_policy(theta: float, beta: float) -> Policy:
-    """Quality-first's machinery (threshold rule, frequency eviction, admission) with the
-    user's θ (fetch threshold) and β (admission threshold)."""
-    return PRESETS["quality-first"].replace(theta=theta, beta=beta, name=CUSTOM)
+SPEED_FIRST = "speed-first"
+TOGGLE_FALLBACK = "quality-first"
+"""Where the shortcut returns from Speed-first when it did not come from another policy."""
 
 
 class ControlsPanel(QGroupBox):
@@ -51,23 +54,50 @@ class ControlsPanel(QGroupBox):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Cache controls", parent)
         self.model: ModelSummary | None = None
+        self._quiet = True
+        self._last_other = TOGGLE_FALLBACK
+        """The latest policy other than Speed-first: where the shortcut returns to."""
+        self._custom_saved = custom_policy()
+        """Custom's settings while a preset is shown in its controls."""
         form = QFormLayout(self)
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         self.policy_combo = QComboBox()
         self.policy_combo.setAccessibleName("Cache policy")
         for key, label in POLICY_CHOICES:
             self.policy_combo.addItem(label, key)
-        self.policy_combo.setToolTip(
-            "What to do with a routed expert that is not in VRAM: wait for it (fetch) or "
-            "use a resident one instead (substitute). Applies from the next token.")
+            self.policy_combo.setItemData(self.policy_combo.count() - 1, POLICY_TIPS[key],
+                                          Qt.ItemDataRole.ToolTipRole)
         form.addRow("&Policy", self.policy_combo)
 
         self.theta = self._slider(0, 100, 15, "Fetch threshold θ")
         self.theta_label = QLabel()
-        form.addRow("θ fetch", self._with_label(self.theta, self.theta_label))
+        form.addRow("θ fetch", self._row(self.theta, self.theta_label))
         self.beta = self._slider(5, 200, 50, "Admission threshold β")
+        self.beta.setToolTip("Background admission: an expert that lost this much gate mass "
+                             "to substitution is copied in, off the critical path.")
         self.beta_label = QLabel()
-        form.addRow("β admit", self._with_label(self.beta, self.beta_label))
+        form.addRow("β admit", self._row(self.beta, self.beta_label))
+        self.bonus = self._slider(0, round(BONUS_MAX * BONUS_STEPS), 0, "Routing bonus")
+        self.bonus.setToolTip(
+            "Cache-Prior: resident experts score p + bonus, so routing prefers what is "
+            "already in VRAM. 0 = off (the 0.15 rule with θ). Larger: fewer copies, more "
+            "substituted mass.")
+        self.bonus_label = QLabel()
+        form.addRow("Bonus", self._row(self.bonus, self.bonus_label))
+        self.prefetch_mode = QComboBox()
+        self.prefetch_mode.setAccessibleName("Prefetch (PSR)")
+        for key, label in PREFETCH_MODES:
+            self.prefetch_mode.addItem(label, key)
+        self.prefetch_mode.setToolTip(
+            "PSR: per token, bring the next layer's predicted experts into the cache before "
+            "it routes (their copies overlap this layer's compute). Right predictions save "
+            "waits; wrong ones cost PCIe traffic and evict useful experts.")
+        self.prefetch_count = QSpinBox()
+        self.prefetch_count.setAccessibleName("Experts prefetched per token")
+        self.prefetch_count.setRange(1, PREFETCH_MAX)
+        self.prefetch_count.setValue(2)
+        self.prefetch_count.setSuffix(" experts")
+        form.addRow("Prefetch", self._row(self.prefetch_mode, self.prefetch_count))
 
         self.budget = self._slider(1, 1, 1, "VRAM budget for expert slots")
         self.budget.setToolTip("Expert slots per layer kept in VRAM; applied live, the "
@@ -78,13 +108,16 @@ class ControlsPanel(QGroupBox):
         form.addRow("", self.budget_label)
 
         self.policy_combo.currentIndexChanged.connect(self._policy_chosen)
-        for slider in (self.theta, self.beta):
+        for slider in (self.theta, self.beta, self.bonus):
             slider.valueChanged.connect(self._custom_changed)
             slider.sliderReleased.connect(self._custom_released)
+        self.prefetch_mode.currentIndexChanged.connect(self._custom_changed)
+        self.prefetch_count.valueChanged.connect(self._custom_changed)
         self.budget.valueChanged.connect(self._budget_moved)
         self.budget.sliderReleased.connect(self._budget_released)
+        self._shown = str(self.policy_combo.currentData())
+        self._show_values(PRESETS[self._shown])
         self._quiet = False
-        self._update_custom_labels()
         self._update_custom_enabled()
         self.set_model(None)
 
@@ -98,13 +131,14 @@ class ControlsPanel(QGroupBox):
         return s
 
     @staticmethod
-    def _with_label(slider: QSlider, label: QLabel) -> QWidget:
+    def _row(control: QWidget, extra: QWidget) -> QWidget:
         w = QWidget()
         row = QHBoxLayout(w)
         row.setContentsMargins(0, 0, 0, 0)
-        row.addWidget(slider, 1)
-        label.setMinimumWidth(36)
-        row.addWidget(label)
+        row.addWidget(control, 1)
+        if isinstance(extra, QLabel):
+            extra.setMinimumWidth(36)
+        row.addWidget(extra)
         return w
 
     # ------------------------------------------------------------------ state in
@@ -116,6 +150,7 @@ class ControlsPanel(QGroupBox):
         if model and enabled:
             self.budget.setRange(model.top_k, model.n_expert)
             self.budget.setValue(model.slots_per_layer)
+            self.prefetch_count.setRange(1, max(1, min(PREFETCH_MAX, model.n_expert)))
         self.budget.setEnabled(enabled)
         self.policy_combo.setEnabled(enabled)
         self._quiet = False
@@ -145,9 +180,27 @@ class ControlsPanel(QGroupBox):
     # ------------------------------------------------------------------ requests out
     def current_policy(self) -> Policy:
         key = self.policy_combo.currentData()
-        if key == CUSTOM:
-            return custom_policy(self.theta.value() / 100, self.beta.value() / 100)
-        return PRESETS[key]
+        return self._controls_policy() if key == CUSTOM else PRESETS[key]
+
+    def _controls_policy(self) -> Policy:
+        """Custom's policy from the controls as they stand."""
+        return custom_policy(self.theta.value() / 100, self.beta.value() / 100,
+                             self.bonus.value() / BONUS_STEPS,
+                             prefetch_value(self.prefetch_mode.currentData(),
+                                            self.prefetch_count.value()))
+
+    def _show_values(self, policy: Policy) -> None:
+        """Set the controls to ``policy``'s parameters without requesting anything."""
+        v = control_values(policy)
+        quiet, self._quiet = self._quiet, True
+        self.theta.setValue(round(v.theta * 100))
+        self.beta.setValue(round(v.beta * 100))
+        self.bonus.setValue(round(v.bonus * BONUS_STEPS))
+        self.prefetch_mode.setCurrentIndex(self.prefetch_mode.findData(v.prefetch_mode))
+        if v.prefetch_count is not None:
+            self.prefetch_count.setValue(v.prefetch_count)
+        self._quiet = quiet
+        self._update_custom_labels()
 
     def select_policy(self, key: str) -> None:
         """Choose a menu entry as the user would (emits the request)."""
@@ -160,20 +213,32 @@ class ControlsPanel(QGroupBox):
             self.policy_combo.setCurrentIndex(index)
 
     def toggle_quality_speed(self) -> str:
-        """The shortcut: Quality-first <-> Speed-first (from anything else: Speed-first)."""
-        key = "quality-first" if self.policy_combo.currentData() == "speed-first" \
-            else "speed-first"
+        """The shortcut: to Speed-first, and from it back to the policy in use before
+        (Quality-first at first; Custom comes back with its settings). Returns the key."""
+        current = self.policy_combo.currentData()
+        key = self._last_other if current == SPEED_FIRST else SPEED_FIRST
         self.select_policy(key)
         return key
 
     def _policy_chosen(self, _index: int) -> None:
+        """A preset shows its own parameters in Custom's (greyed) controls; Custom gets
+        back the settings it had when the user left it."""
+        key = str(self.policy_combo.currentData())
+        if self._shown == CUSTOM and key != CUSTOM:
+            self._custom_saved = self._controls_policy()
+        if key != self._shown:
+            self._shown = key
+            self._show_values(self._custom_saved if key == CUSTOM else PRESETS[key])
         self._update_custom_enabled()
+        if key != SPEED_FIRST:
+            self._last_other = key
         if not self._quiet:
             self.policyRequested.emit(self.current_policy())
 
     def _custom_changed(self, _value: int) -> None:
         self._update_custom_labels()
-        dragging = self.theta.isSliderDown() or self.beta.isSliderDown()
+        self._update_custom_enabled()
+        dragging = any(s.isSliderDown() for s in (self.theta, self.beta, self.bonus))
         if not self._quiet and not dragging and self.policy_combo.currentData() == CUSTOM:
             self.policyRequested.emit(self.current_policy())
 
@@ -191,13 +256,33 @@ class ControlsPanel(QGroupBox):
 
     # ------------------------------------------------------------------ labels
     def _update_custom_enabled(self) -> None:
+        """Custom's controls are live only under Custom; θ only while the 0.15 rule is
+        the rule (bonus 0), the count only for a fixed prefetch."""
         custom = self.policy_combo.currentData() == CUSTOM and self.policy_combo.isEnabled()
-        self.theta.setEnabled(custom)
-        self.beta.setEnabled(custom)
+        self.theta.setEnabled(custom and self.bonus.value() == 0)
+        self.theta.setToolTip(
+            "Fetch a missing expert when its gate weight is at least θ (or it is the "
+            "first choice); substitute the rest." if self.bonus.value() == 0 else
+            "Not used: with a routing bonus the Cache-Prior rule decides (set the bonus to "
+            "0 for the 0.15 rule).")
+        key = self.policy_combo.currentData()
+        self.policy_combo.setToolTip(
+            f"{POLICY_TIPS.get(str(key), '')}\n\nWhat to do with a routed expert that is not "
+            "in VRAM: wait for it (fetch) or use a resident one (substitute). Applies from "
+            "the next token.")
+        for widget in (self.beta, self.bonus, self.prefetch_mode):
+            widget.setEnabled(custom)
+        self.prefetch_count.setEnabled(
+            custom and self.prefetch_mode.currentData() == PREFETCH_FIXED)
+        for slider, label in ((self.theta, self.theta_label), (self.beta, self.beta_label),
+                              (self.bonus, self.bonus_label)):
+            label.setEnabled(slider.isEnabled())  # greyed like what it labels
 
     def _update_custom_labels(self) -> None:
         self.theta_label.setText(f"{self.theta.value() / 100:.2f}")
         self.beta_label.setText(f"{self.beta.value() / 100:.2f}")
+        bonus = self.bonus.value() / BONUS_STEPS
+        self.bonus_label.setText(f"{bonus:.2f}" if bonus > 0 else "off")
 
     def _update_budget_label(self) -> None:
         m = self.model

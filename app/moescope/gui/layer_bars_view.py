@@ -1,7 +1,9 @@
 """Per-layer bars: where the substituted mass, the hits and the copies happen.
 
 Averages over the model's last ``layer_window`` tokens (one token per layer is too noisy to
-read), so a layer whose experts keep missing stands out.
+read), so a layer whose experts keep missing stands out. While the policy prefetches (PSR),
+the view's tooltip lists each layer's prefetch accuracy: a layer whose predictions miss is
+where prefetch wastes copies.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import pyqtgraph as pg
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from moescope.gui import theme
-from moescope.gui.cache_model import CacheModel
+from moescope.gui.cache_model import CacheModel, PrefetchSummary
 
 BARS: tuple[tuple[str, str], ...] = (
     ("mass", "mass / token per layer"),
@@ -46,6 +48,7 @@ class LayerBarsView(QWidget):
             self.plots[key] = plot
             self.bars[key] = bars
         self.values: dict[str, np.ndarray] = {}
+        self.prefetch_tip = ""
         self.reset()
 
     def reset(self) -> None:
@@ -68,3 +71,22 @@ class LayerBarsView(QWidget):
             self.bars[key].setOpts(x=np.arange(len(values)), height=values)
             top = 1.0 if key == "hit_rate" else theme.nice_ceiling(float(values.max()))
             self.plots[key].setYRange(0, top, padding=0)
+        tip = self._prefetch_tip(self.model.layer_prefetch())
+        if tip != self.prefetch_tip:  # a tooltip change is cheap, but not free at 30 Hz
+            self.prefetch_tip = tip
+            self.setToolTip(tip)
+
+    def _prefetch_tip(self, layers: list[PrefetchSummary] | None) -> str:
+        """One line per MoE layer: accuracy and experts prefetched per token ("" when the
+        policy does not prefetch)."""
+        model = self.model.model
+        if layers is None or model is None:
+            return ""
+        lines = [f"Prefetch (PSR), last {layers[0].tokens if layers else 0} tokens:"]
+        for layer, pf in zip(model.moe_layers, layers, strict=False):
+            acc = pf.accuracy
+            if acc is None:
+                lines.append(f"layer {layer}: nothing prefetched")
+            else:
+                lines.append(f"layer {layer}: {acc:.0%} used · {pf.per_token:.1f}/token")
+        return "\n".join(lines)

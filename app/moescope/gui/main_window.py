@@ -44,6 +44,7 @@ from moescope.gui.chat_view import ChatView
 from moescope.gui.controls import ControlsPanel
 from moescope.gui.logs_view import LogsView
 from moescope.gui.open_model_dialog import OpenModelDialog
+from moescope.gui.policy_choices import POLICY_TIPS
 from moescope.gui.snapshots import ModelSummary, TokenSnapshot
 from moescope.gui.store import ChatStore
 from moescope.gui.trace_io import export_session, prune_traces, reopen
@@ -56,6 +57,14 @@ MAX_RECENT = 8
 RECENT_TOKENS = 4096
 """Snapshots kept in memory for inspection; the full session is in the trace file."""
 TOGGLE_SHORTCUT = "Ctrl+T"
+MENU_POLICIES: tuple[tuple[str, str], ...] = (
+    ("exact", "&Exact"), ("quality-first", "&Quality-first"), ("speed-first", "&Speed-first"),
+    ("cache-prior", "Cache-&prior (routing bonus)"), ("psr", "PS&R (prefetch + bonus)"),
+)
+"""The Cache menu's presets (the operating points of both papers)."""
+REMEMBERED_POLICIES = frozenset(key for key, _ in MENU_POLICIES)
+"""Presets remembered as the next model's starting policy (Custom and the bare rules are
+experiments, not a default)."""
 
 
 def budget_percent(slots: int, n_expert: int) -> str:
@@ -185,13 +194,13 @@ class MainWindow(QMainWindow):
 
         cache = bar.addMenu("C&ache")
         self.toggle_action = self._action(
-            "&Toggle Quality-first / Speed-first", self.controls.toggle_quality_speed,
-            TOGGLE_SHORTCUT, "Switch between the 0.15 rule and the first-choice rule")
+            "&Toggle Speed-first / previous policy", self.controls.toggle_quality_speed,
+            TOGGLE_SHORTCUT, "Switch to Speed-first (first-choice rule) and back to the "
+                             "policy you were using")
         cache.addAction(self.toggle_action)
-        for key, label in (("exact", "&Exact"), ("quality-first", "&Quality-first"),
-                           ("speed-first", "&Speed-first")):
+        for key, label in MENU_POLICIES:
             cache.addAction(self._action(label, lambda _=False, k=key:
-                                         self.controls.select_policy(k)))
+                                         self.controls.select_policy(k), tip=POLICY_TIPS[key]))
 
         help_menu = bar.addMenu("&Help")
         help_menu.addAction(self._action("&About MoEScope", self.show_about))
@@ -382,7 +391,7 @@ class MainWindow(QMainWindow):
         assert isinstance(policy, Policy)
         log.info("policy requested: %s", policy.name or "custom")
         self.client.request_policy(policy)
-        if policy.name in ("exact", "quality-first", "speed-first"):
+        if policy.name in REMEMBERED_POLICIES:
             self.settings.setValue("policy", policy.name)
 
     def request_budget(self, slots: int) -> None:

@@ -1,7 +1,9 @@
 """RAM (psutil) and VRAM (pynvml) of this process and of the whole system, over time.
 
 Sampled about once a second by the cache panel (cheap system calls); the display timer
-draws it with the other plots. VRAM columns stay NaN without an NVIDIA GPU.
+draws it with the other plots. VRAM columns stay NaN without an NVIDIA GPU. It also names
+where the experts live in host memory (:func:`expert_memory`), which decides how fast a
+fetch can copy: the engine reports llama.cpp's buffer name once, at load.
 """
 
 from __future__ import annotations
@@ -14,6 +16,33 @@ from moescope.gui.gpu import GpuStatus, gpu_status
 from moescope.gui.ring import RingBuffer
 
 GIB = float(2**30)
+
+PINNED_TIP = (
+    "The experts are in pinned (page-locked) host memory: every fetch copies to VRAM by "
+    "DMA at full PCIe speed. Costs: a slower load, and the RAM is not shared with the "
+    "page cache.")
+PAGEABLE_TIP = (
+    "The experts are in pageable host memory{how}: a copy to VRAM is staged through a "
+    "driver bounce buffer, slower than from pinned memory (full PCIe speed). With layers "
+    "offloaded to a GPU (CUDA build) MoEScope loads them into pinned memory. On a CPU-only "
+    "build the slots are RAM too, and pinning does not apply.")
+
+
+def expert_memory(buffer: str) -> tuple[str, str]:
+    """``(text, tooltip)`` for llama.cpp's expert buffer name; ``("", "")`` when unknown.
+
+    ``*_Host`` buffers (``CUDA_Host``) are the GPU backend's pinned memory; ``CPU_Mapped``
+    is the memory-mapped GGUF file; ``CPU`` is ordinary RAM the weights were read into.
+    """
+    if not buffer:
+        return "", ""
+    if buffer.endswith("_Host"):
+        return f"pinned ({buffer})", PINNED_TIP
+    if buffer.endswith("_Mapped"):
+        return "pageable (mmap)", PAGEABLE_TIP.format(how=" (the model file, memory-mapped)")
+    if buffer == "CPU":
+        return "pageable (RAM)", PAGEABLE_TIP.format(how=" (read into RAM)")
+    return buffer, f"The experts are in llama.cpp's {buffer} buffer."
 MEMORY_COLUMNS = ("t", "ram_process", "ram_system", "vram_process", "vram_system")
 
 
@@ -26,6 +55,8 @@ class MemoryModel:
         self._process = psutil.Process()
         self.ram_total = psutil.virtual_memory().total / GIB
         self.gpu: GpuStatus | None = None
+        self.expert_buffer = ""
+        """llama.cpp's buffer holding the experts (``ModelSummary.expert_buffer``)."""
         self.dirty = False
 
     def sample(self) -> None:

@@ -1,4 +1,5 @@
-"""RAM and VRAM curves (process and system) with a two-line summary."""
+"""RAM and VRAM curves (process and system) with a two-line summary, and where the
+experts live in host memory (pinned or pageable, with why it matters in the tooltip)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pyqtgraph as pg
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from moescope.gui import theme
-from moescope.gui.memory_model import MemoryModel
+from moescope.gui.memory_model import MemoryModel, expert_memory
 
 
 class MemoryView(QWidget):
@@ -20,6 +21,11 @@ class MemoryView(QWidget):
         self.label = QLabel("")
         self.label.setObjectName("statsLabel")
         layout.addWidget(self.label)
+        self.experts_label = QLabel("")
+        self.experts_label.setObjectName("statsLabel")
+        self.experts_label.setAccessibleName("Where the experts live in host memory")
+        self.experts_label.hide()
+        layout.addWidget(self.experts_label)
         self.graphics = pg.GraphicsLayoutWidget()
         layout.addWidget(self.graphics, 1)
         self.curves: dict[str, pg.PlotDataItem] = {}
@@ -40,6 +46,14 @@ class MemoryView(QWidget):
                     connect="finite")
             if row == 1:
                 plot.setLabel("bottom", "seconds")
+
+    def set_expert_buffer(self, buffer: str) -> None:
+        """A model was loaded (or closed): say where its experts live; hidden if unknown."""
+        self.model.expert_buffer = buffer
+        text, tip = expert_memory(buffer)
+        self.experts_label.setText(f"Experts in host memory: {text}" if text else "")
+        self.experts_label.setToolTip(tip)
+        self.experts_label.setVisible(bool(text))
 
     def refresh(self) -> None:
         s = self.model.samples

@@ -21,8 +21,8 @@ from PySide6.QtWidgets import (
 )
 
 from moescope.core.gguf_info import ModelInfo
-from moescope.gui.controls import CUSTOM, POLICY_CHOICES
 from moescope.gui.fit import FitEstimate, estimate_fit
+from moescope.gui.policy_choices import CUSTOM, POLICY_CHOICES, POLICY_TIPS
 from moescope.gui.worker import LoadRequest
 
 
@@ -50,6 +50,8 @@ class OpenModelDialog(QDialog):
         for key, label in POLICY_CHOICES:
             if key != CUSTOM:
                 self.policy.addItem(label, key)
+                self.policy.setItemData(self.policy.count() - 1, POLICY_TIPS[key],
+                                        Qt.ItemDataRole.ToolTipRole)
         index = self.policy.findData(policy)
         self.policy.setCurrentIndex(max(index, 0))
         settings.addRow("&Policy", self.policy)

@@ -49,6 +49,9 @@ class ModelSummary:
     budget_message: str = ""
     trace_path: str = ""
     """The session's trace file while recording ("" when not recording)."""
+    expert_buffer: str = ""
+    """llama.cpp's buffer holding the experts in host memory (``CUDA_Host``: pinned;
+    ``CPU_Mapped`` / ``CPU``: pageable); "" when unknown (cache off, a reopened trace)."""
 
     @property
     def n_moe_layers(self) -> int:
@@ -81,6 +84,11 @@ class TokenSnapshot:
     """Policy or budget changes applied just before this token was decoded."""
     ttft: float | None = None
     """Time to first token (set on an answer's first token only)."""
+    prefetches: npt.NDArray[np.int64] | None = field(repr=False, default=None)
+    """PSR: experts prefetched during this token, per MoE layer (None: the policy does not
+    prefetch, or unknown as in a reopened trace; the core writes no event row for them)."""
+    prefetch_hits: npt.NDArray[np.int64] | None = field(repr=False, default=None)
+    """PSR: prefetched experts first routed to during this token, per MoE layer."""
 
     @property
     def context_used(self) -> int:

@@ -18,12 +18,17 @@ from dataclasses import dataclass, field
 
 from moescope.core.budget import format_bytes
 from moescope.core.errors import MoEScopeError
+from moescope.core.policy import PRESET_NAMES, PRESETS
 from moescope.core.trace import Trace
 from moescope.sim import COST_MODEL_NAMES, SweepRow, cost_model, sweep
 from moescope.sim.sweep import RECORDED
 
-POLICIES: tuple[str, ...] = ("exact", "quality-first", "speed-first", "substitute-all")
-"""The reference, paper 1's two presets, and the fastest (and least exact) rule."""
+POLICIES: tuple[str, ...] = ("exact", "quality-first", "speed-first", "cache-prior", "psr",
+                             "substitute-all")
+"""Swept by default: the reference, paper 1's two presets, paper 2's two, and the fastest
+(and least exact) rule. Any preset can be added in the view (:func:`preset_choices`)."""
+REFERENCE = "exact"
+"""Always swept: every "speed vs exact" is measured against it."""
 BUDGETS: tuple[str, ...] = ("12.5%", "25%", "50%", "100%")
 """Fractions of the experts resident; 25% is the paper's operating point."""
 
@@ -78,6 +83,31 @@ def cost_model_choices(trace: Trace) -> dict[str, str | None]:
         except MoEScopeError as err:
             choices[name] = str(err)
     return choices
+
+
+def has_predictions(trace: Trace) -> bool:
+    """Whether the trace kept PSR's predictions (traces since PSR do, from any policy)."""
+    return any(route.predicted is not None for token in trace.tokens
+               for route in token.routes.values())
+
+
+def preset_choices(trace: Trace) -> dict[str, str | None]:
+    """Every preset by name, with why it cannot be replayed from this trace (None: it can).
+
+    A prefetching preset needs the recorded predictions; without them the replay would
+    silently be its non-prefetching twin, so it is offered disabled, with the reason.
+    """
+    predicted = has_predictions(trace)
+    return {name: (None if predicted or PRESETS[name].prefetch == 0 else
+                   "this trace has no PSR predictions (recorded before PSR, or without "
+                   "router inputs), so prefetch cannot be replayed")
+            for name in PRESET_NAMES}
+
+
+def default_policies(trace: Trace) -> tuple[str, ...]:
+    """:data:`POLICIES` less what this trace cannot replay."""
+    choices = preset_choices(trace)
+    return tuple(p for p in POLICIES if choices.get(p) is None)
 
 
 def compute(trace: Trace, cost_name: str, policies: Sequence[str] = POLICIES,

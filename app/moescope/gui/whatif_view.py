@@ -6,7 +6,8 @@ session as recorded is a star. The sweep replays every token through the native 
 per point, which takes seconds on a long chat, so it runs on a :class:`SweepWorker` on its
 own QThread (the GPT4All worker pattern of :mod:`moescope.gui.worker`): requests go in
 through a queued signal, progress and the finished :class:`WhatIfResult` (plain data) come
-back through signals, and the event loop never waits on a replay.
+back through signals, and the event loop never waits on a replay. Which presets are swept
+is the user's choice (the "Policies" menu); paper 2's cache-prior and psr are in by default.
 """
 
 from __future__ import annotations
@@ -16,17 +17,19 @@ import math
 
 import pyqtgraph as pg
 from PySide6.QtCore import QObject, QPointF, Qt, QThread, Signal, Slot
-from PySide6.QtGui import QCursor, QFont, QShowEvent, QStandardItemModel
+from PySide6.QtGui import QAction, QCursor, QFont, QShowEvent, QStandardItemModel
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
     QHBoxLayout,
     QHeaderView,
     QLabel,
+    QMenu,
     QProgressBar,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
+    QToolButton,
     QToolTip,
     QVBoxLayout,
     QWidget,
@@ -34,25 +37,33 @@ from PySide6.QtWidgets import (
 
 from moescope.core.trace import Trace
 from moescope.gui import theme
+from moescope.gui.policy_choices import POLICY_CHOICES, POLICY_TIPS
 from moescope.gui.whatif_model import (
     BUDGETS,
     COLUMNS,
-    POLICIES,
+    REFERENCE,
     Cancelled,
     WhatIfResult,
     cell_text,
     compute,
     cost_model_choices,
+    default_policies,
     label,
+    preset_choices,
     tooltip,
 )
 from moescope.sim import SweepRow
 
 log = logging.getLogger(__name__)
 
-SERIES_COLORS: tuple[str, ...] = ("#d8dce3", "#5aa9e6", "#e6915a", "#c06bd6", "#6bd68a",
-                                  "#d6c36b")
-"""One colour per policy curve, in the order of the sweep's policies (exact first)."""
+SERIES_COLORS: dict[str, str] = {
+    "exact": "#d8dce3", "quality-first": "#5aa9e6", "speed-first": "#e6915a",
+    "cache-prior": "#6bd68a", "psr": "#d6c36b", "substitute-all": "#c06bd6",
+    "threshold": "#6bc6d6", "first-choice": "#e5534b",
+}
+"""One colour per policy, fixed, so a curve keeps its colour when others are added."""
+OTHER_COLOR = "#8a919c"
+POLICY_LABELS: dict[str, str] = {key: text for key, text in POLICY_CHOICES}
 HOVER_PX = 12.0
 """A point within this many pixels of the cursor is the one the tooltip describes."""
 DEFAULT_COST = "pcie4"
@@ -76,8 +87,8 @@ class SweepWorker(QObject):
         self.trace = trace
         self.latest = 0
 
-    @Slot(int, str)
-    def run(self, generation: int, cost_name: str) -> None:
+    @Slot(int, str, object)
+    def run(self, generation: int, cost_name: str, policies: tuple[str, ...]) -> None:
         if generation != self.latest:
             return
 
@@ -88,7 +99,7 @@ class SweepWorker(QObject):
             return True
 
         try:
-            result = compute(self.trace, cost_name, POLICIES, BUDGETS, progress=report)
+            result = compute(self.trace, cost_name, policies, BUDGETS, progress=report)
         except Cancelled:
             return
         except Exception as err:  # a replay error must reach the user, not kill the thread
@@ -107,7 +118,7 @@ class WhatIfView(QWidget):
 
     sweepFinished = Signal(object)  # WhatIfResult
     sweepFailed = Signal(str)
-    _request = Signal(int, str)
+    _request = Signal(int, str, object)
 
     def __init__(self, trace: Trace, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -133,6 +144,25 @@ class WhatIfView(QWidget):
         self.cost.currentIndexChanged.connect(lambda _i: self.start())
         cost_label = QLabel("&Cost model:")
         cost_label.setBuddy(self.cost)
+        self.policy_button = QToolButton()
+        self.policy_button.setText("&Policies")
+        self.policy_button.setAccessibleName("Policies to replay")
+        self.policy_button.setToolTip("Which presets the sweep replays (exact is always in: "
+                                      "speed-ups are measured against it)")
+        self.policy_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        self.policy_menu = QMenu(self.policy_button)
+        self.policy_menu.setToolTipsVisible(True)
+        self.policy_actions: dict[str, QAction] = {}
+        defaults = default_policies(trace)
+        for name, reason in preset_choices(trace).items():
+            action = self.policy_menu.addAction(POLICY_LABELS.get(name, name))
+            action.setCheckable(True)
+            action.setChecked(name in defaults or name == REFERENCE)
+            action.setEnabled(reason is None and name != REFERENCE)
+            action.setToolTip(reason or POLICY_TIPS.get(name, ""))
+            action.toggled.connect(lambda _on: self.start())
+            self.policy_actions[name] = action
+        self.policy_button.setMenu(self.policy_menu)
         self.progress = QProgressBar()
         self.progress.setAccessibleName("What-if sweep progress")
         self.progress.setTextVisible(True)
@@ -144,6 +174,7 @@ class WhatIfView(QWidget):
         top = QHBoxLayout()
         top.addWidget(cost_label)
         top.addWidget(self.cost)
+        top.addWidget(self.policy_button)
         top.addWidget(self.progress, 1)
 
         self.plot = pg.PlotWidget()
@@ -194,6 +225,23 @@ class WhatIfView(QWidget):
     def running(self) -> bool:
         return self._running
 
+    def policies(self) -> tuple[str, ...]:
+        """The presets the next sweep replays, in menu order (the reference first)."""
+        return tuple(name for name, action in self.policy_actions.items()
+                     if action.isChecked())
+
+    def set_policies(self, names: tuple[str, ...] | list[str]) -> None:
+        """Check exactly ``names`` (plus the reference; not what this trace cannot replay)
+        and sweep once, as picking them in the menu would, without a sweep per click."""
+        unknown = set(names) - set(self.policy_actions)
+        if unknown:
+            raise ValueError(f"unknown policies: {', '.join(sorted(unknown))}")
+        for name, action in self.policy_actions.items():
+            action.blockSignals(True)
+            action.setChecked((name in names and action.isEnabled()) or name == REFERENCE)
+            action.blockSignals(False)
+        self.start()
+
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
         if self.result is None and not self._running:
@@ -216,9 +264,10 @@ class WhatIfView(QWidget):
         self.progress.setRange(0, len(BUDGETS) + 1)
         self.progress.setValue(0)
         self.progress.show()
-        self.status.setText(f"Replaying the trace under {len(POLICIES)} policies × "
+        policies = self.policies()
+        self.status.setText(f"Replaying the trace under {len(policies)} policies × "
                             f"{len(BUDGETS)} budgets ({name})…")
-        self._request.emit(self._generation, name)
+        self._request.emit(self._generation, name, policies)
 
     def shutdown(self, timeout_ms: int = 10_000) -> bool:
         """Abandon any sweep (it stops at its next budget) and join the worker thread."""
@@ -290,8 +339,8 @@ class WhatIfView(QWidget):
         if self.recorded_item.scene() is not None:
             item.removeItem(self.recorded_item)
         self.legend.clear()
-        for i, (policy, rows) in enumerate(result.series().items()):
-            color = SERIES_COLORS[i % len(SERIES_COLORS)]
+        for policy, rows in result.series().items():
+            color = SERIES_COLORS.get(policy, OTHER_COLOR)
             self.curves[policy] = item.plot(
                 [r.mass_per_token for r in rows], [r.est_ms_per_token for r in rows],
                 pen=pg.mkPen(color, width=1.5), symbol="o", symbolSize=8,

@@ -84,6 +84,8 @@ class EngineWorker(QObject):
         self.generating = False
         self._changes_seen = 0
         self.recorder: TraceRecorder | None = None
+        self._prefetch_base: np.ndarray | None = None
+        """Cumulative (prefetches, prefetch hits) per MoE layer at the previous token."""
 
     # ------------------------------------------------------------------ slots
     @Slot()
@@ -119,6 +121,7 @@ class EngineWorker(QObject):
             return
         self._changes_seen = len(self.engine.changes)
         self.step = 0
+        self._prefetch_base = None
         if request.trace_dir and self.engine.cache is not None:
             self._open_recorder(Path(request.trace_dir), request.path)
         summary = self.summary()
@@ -245,19 +248,22 @@ class EngineWorker(QObject):
             slots_per_layer=self.engine.slots_per_layer,
             policy=self.engine.policy_name, n_ctx=m.n_ctx, notice=m.notice,
             budget_message=plan.message if plan else "",
-            trace_path=str(self.recorder.path) if self.recorder else "")
+            trace_path=str(self.recorder.path) if self.recorder else "",
+            expert_buffer=m.expert_buffer)
 
     def _snapshot(self, ts: Any) -> TokenSnapshot:
         engine = self.engine
         changes = engine.changes[self._changes_seen:]
         self._changes_seen = len(engine.changes)
         resident = None
+        prefetch: np.ndarray | None = None
         cache, m = engine.cache, engine.model
         if cache is not None and m is not None and m.info is not None:
             layers = m.info.moe_layers
             resident = np.empty((len(layers), m.info.n_expert), dtype=np.bool_)
             for row, il in enumerate(layers):
                 resident[row] = cache.layer_experts(il) >= 0
+            prefetch = self._prefetch_delta(cache, layers)
         answer = engine.last_answer
         self.step += 1
         return TokenSnapshot(
@@ -266,7 +272,26 @@ class EngineWorker(QObject):
             n_prompt_tokens=answer.n_prompt_tokens, n_ctx=m.n_ctx if m else 0,
             events=np.array(ts.events, copy=True), resident=resident,
             changes=tuple(c for _, group in changes for c in group),
-            ttft=answer.time_to_first_token_s if ts.index == 0 else None)
+            ttft=answer.time_to_first_token_s if ts.index == 0 else None,
+            prefetches=prefetch[0] if prefetch is not None else None,
+            prefetch_hits=prefetch[1] if prefetch is not None else None)
+
+    def _prefetch_delta(self, cache: Any, layers: Any) -> np.ndarray | None:
+        """This token's PSR counters per MoE layer (rows: prefetches, hits), or None when
+        the policy it ran under does not prefetch. The core counts prefetches only in its
+        cumulative layer stats (no event rows), so the worker keeps the previous totals
+        and takes the difference; a total that went down was reset, and counts anew."""
+        totals = np.empty((2, len(layers)), dtype=np.int64)
+        for row, il in enumerate(layers):
+            stats = cache.layer_stats(il)
+            totals[0, row], totals[1, row] = stats.prefetches, stats.prefetch_hits
+        base = self._prefetch_base
+        self._prefetch_base = totals
+        if self.engine.policy.prefetch == 0:
+            return None
+        if base is None or base.shape != totals.shape:
+            return totals
+        return np.where(totals >= base, totals - base, totals)
 
 
 def _policy_label(policy: Policy | str) -> str:
