@@ -87,3 +87,24 @@ def window(make_window: Callable[..., Any], qtbot: Any, tiny_moe: Path) -> Any:
     load(qtbot, w, tiny_moe, budget="25%", policy="quality-first", n_ctx=512)
     w.chat_settings.seed.setValue(LONG_SEED)
     return w
+
+
+@pytest.fixture(scope="module")
+def trace_path(record: Callable[..., Path]) -> Path:
+    """A real session for the trace window's tests: the tiny qwen3moe model under
+    quality-first at 25%, from the engine (recorded once per test session)."""
+    return record("qwen3moe", name="whatif.jsonl", tokens=24)
+
+
+@pytest.fixture
+def trace_window(qtbot: Any, trace_path: Path) -> Iterator[Any]:
+    """The reopened session's trace window; its sweep thread must be gone after closing."""
+    from moescope.gui.trace_io import reopen
+    from moescope.gui.trace_window import TraceWindow
+
+    window = TraceWindow(trace_path, reopen(trace_path))
+    qtbot.addWidget(window)
+    window.show()
+    yield window
+    window.close()
+    assert not window.whatif._thread.isRunning()

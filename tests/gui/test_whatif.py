@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,30 +14,11 @@ from PySide6.QtCore import QPointF, QTimer
 
 from moescope.core.trace import read_trace
 from moescope.gui import whatif_model
-from moescope.gui.trace_io import reopen
 from moescope.gui.trace_window import TraceWindow
 from moescope.gui.whatif_model import BUDGETS, COLUMNS, POLICIES, cell_text
 from moescope.gui.whatif_view import WhatIfView
 from moescope.sim import cost_model, sweep
 from moescope.sim.sweep import RECORDED
-
-RecordFn = Any
-
-
-@pytest.fixture(scope="module")
-def trace_path(record: RecordFn) -> Path:
-    """A real session: the tiny qwen3moe model under quality-first at 25%, from the engine."""
-    return record("qwen3moe", name="whatif.jsonl", tokens=24)
-
-
-@pytest.fixture
-def trace_window(qtbot: Any, trace_path: Path) -> Iterator[TraceWindow]:
-    window = TraceWindow(trace_path, reopen(trace_path))
-    qtbot.addWidget(window)
-    window.show()
-    yield window
-    window.close()
-    assert not window.whatif._thread.isRunning()
 
 
 def _open_whatif(qtbot: Any, window: TraceWindow) -> WhatIfView:

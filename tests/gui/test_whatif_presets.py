@@ -4,7 +4,6 @@ picked, and psr is offered only when the trace kept the predictions it replays."
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,6 @@ import pytest
 
 from moescope.core.trace import read_trace
 from moescope.gui.policy_choices import POLICY_TIPS
-from moescope.gui.trace_io import reopen
 from moescope.gui.trace_window import TraceWindow
 from moescope.gui.whatif_model import (
     BUDGETS,
@@ -23,23 +21,6 @@ from moescope.gui.whatif_model import (
 )
 from moescope.gui.whatif_view import WhatIfView
 from moescope.sim import cost_model, sweep
-
-RecordFn = Any
-
-
-@pytest.fixture(scope="module")
-def trace_path(record: RecordFn) -> Path:
-    """The same session test_whatif records (the record fixture reuses it)."""
-    return record("qwen3moe", name="whatif.jsonl", tokens=24)
-
-
-@pytest.fixture
-def trace_window(qtbot: Any, trace_path: Path) -> Iterator[TraceWindow]:
-    window = TraceWindow(trace_path, reopen(trace_path))
-    qtbot.addWidget(window)
-    window.show()
-    yield window
-    window.close()
 
 
 def test_cache_prior_and_psr_are_swept_by_default(qtbot: Any, trace_window: TraceWindow,
