@@ -103,3 +103,14 @@ def test_a_psr_session_replays_exactly_with_its_recorded_predictions(record: Rec
     assert any("PSR" in w for w in blind.warnings)
     assert blind.events is not None
     assert decision_mismatches(trace.events(), blind.events) != []
+
+
+def test_switching_into_psr_mid_session_replays_exactly(record: RecordFn) -> None:
+    """The switch takes effect at the token's first step, so that token already prefetches."""
+    trace = read_trace(record("qwen3moe", name="to-psr.jsonl", policy="quality-first",
+                              tokens=24, switch_at=9, switch_policy="psr"))
+    result = replay(trace, keep_events=True)
+    assert result.warnings == []
+    assert result.events is not None
+    assert decision_mismatches(trace.events(), result.events) == []
+    assert result.per_token["n_async"][9:].sum() > result.per_token["admissions"][9:].sum()

@@ -246,6 +246,7 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
             cache.begin_step()
         route = _Router(cache, routing, max(rows_per_token, 1))
         prefetched = 0
+        requested = before = start_policy  # the latest policy set, and the one before
         if routing.predicted is None and (start_policy.prefetch or any(
                 c.kind == "policy" and c.policy and c.policy.prefetch
                 for tok in routing.tokens for c in tok.changes)):
@@ -259,9 +260,15 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
                                                     f"({change.text}); the replay diverges")
                 if change.kind == "policy" and fixed_policy is None and change.policy:
                     cache.set_policy(change.policy)
+                    requested = change.policy
                 elif (change.kind == "slots" and slots is None and change.slots
                       and change.slots != cache.slots):
                     cache.set_slots(change.slots)
+            # a switch applies at the token's first begin_step, so either policy may be in
+            # force for its rows; the core's prefetch is a no-op under one that does not
+            prefetching = routing.predicted is not None and bool(
+                requested.prefetch or before.prefetch)
+            before = requested
             for call in tok.calls:
                 if step > call.step or call.step > step + 1:
                     _warn_once(warnings, "order",
@@ -271,7 +278,8 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
                     cache.begin_step()
                     step += 1
                 route(call.layer, call.start, call.stop)
-                prefetched += route.prefetch(call.start, call.stop)
+                if prefetching:
+                    prefetched += route.prefetch(call.start, call.stop)
             rows = cache.drain_events()
             _summarize(per_token[t], rows, tok.decode)
             if prefetched:
@@ -327,7 +335,6 @@ class _Router:
         self._plan = np.empty(max(max_rows * k, 1), dtype=COPY_DTYPE)
         self._n_plan = np.zeros(1, dtype=np.int32)
         self._row_probs, self._row_k = n_expert * 4, k * 4
-        self._cache = cache
         self._prefetch_fn = _PREFETCH_PROTO(("moecache_prefetch", lib))
         self._pplan = np.empty(max(cache.n_experts, 1), dtype=COPY_DTYPE)
         self.prefetched_bytes = 0
@@ -350,14 +357,15 @@ class _Router:
 
 
     def prefetch(self, start: int, stop: int) -> int:
-        """PSR after the route call of rows ``start:stop``: the recorded prediction of its
-        last row (the engine's route op prefetches once per call, for one decode token).
+        """PSR after the route call of rows ``start:stop`` (the caller checks that the policy
+        prefetches): the recorded prediction of its last row (the engine's route op
+        prefetches once per call, for one decode token).
         Returns the number of copies; their bytes accumulate in ``prefetched_bytes``."""
         r = self._routing
         if r.next_layer is None or r.predicted is None or stop <= start:
             return 0
         nxt = int(r.next_layer[stop - 1])
-        if nxt < 0 or self._cache.policy.prefetch == 0:
+        if nxt < 0:
             return 0
         n_expert = r.predicted.shape[1]
         code = self._prefetch_fn(self._handle, nxt, 1,
