@@ -110,3 +110,39 @@ def test_budget_change_mid_answer_resizes_before_the_next_token(window: Any,
     assert window.controls.budget.value() == 12
     resident = tokens[-1].resident
     assert resident is not None and int(resident.sum(axis=1).max()) <= 12
+
+
+def test_a_stale_applied_report_does_not_flip_the_policy_back(window: Any, qtbot: Any) -> None:
+    """Reports of applied changes are queued: one for an older request can reach the window
+    after the user has chosen again. It must not move the combo back, even for a moment."""
+    import time
+
+    engine = window.client.worker.engine
+    combo = window.controls.policy_combo
+    shown: list[str] = []
+    combo.currentIndexChanged.connect(lambda _i: shown.append(combo.currentData()))
+    window.controls.select_policy("speed-first")
+    first = window.requested[0]
+    deadline = time.monotonic() + 10
+    while engine.applied_requests[0] < first:  # no event processing: the report stays queued
+        assert time.monotonic() < deadline, "the worker did not apply the first request"
+        time.sleep(0.001)
+    window.controls.select_policy("exact")
+    assert window.requested[0] > first
+    qtbot.waitUntil(lambda: window.model.policy == "exact"
+                    and engine.applied_requests[0] == window.requested[0], timeout=10_000)
+    qtbot.wait(50)  # let any remaining queued report arrive
+    assert shown == ["speed-first", "exact"]
+    assert combo.currentData() == "exact" and engine.policy_name == "exact"
+
+
+def test_request_numbers_count_what_the_engine_applied(window: Any, qtbot: Any) -> None:
+    engine = window.client.worker.engine
+    p1 = engine.request_policy("speed-first")
+    b1 = engine.request_budget("50%")
+    p2 = engine.request_policy("exact")
+    assert p1 < b1 < p2
+    assert engine.applied_requests[0] < p2  # queued, not applied yet
+    window.client._apply.emit()
+    qtbot.waitUntil(lambda: engine.applied_requests == (p2, b1), timeout=10_000)
+    assert engine.policy_name == "exact"

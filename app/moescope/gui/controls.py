@@ -159,14 +159,17 @@ class ControlsPanel(QGroupBox):
         self._update_budget_label()
         self._update_custom_enabled()
 
-    def show_applied(self, model: ModelSummary) -> None:
-        """The engine applied a change: reflect its slots and policy."""
+    def show_applied(self, model: ModelSummary, *, policy: bool = True,
+                     budget: bool = True) -> None:
+        """The engine applied a change: reflect its slots and policy (``policy`` /
+        ``budget`` False: a newer request of that kind is pending, leave its control)."""
         self.model = model
         self._quiet = True
-        if model.cache_enabled and not self.budget.isSliderDown():
+        if budget and model.cache_enabled and not self.budget.isSliderDown():
             self.budget.setValue(model.slots_per_layer)
         self._quiet = False
-        self.show_policy(model.policy)
+        if policy:
+            self.show_policy(model.policy)
         self._update_budget_label()
 
     def show_policy(self, name: str) -> None:

@@ -88,6 +88,9 @@ class MainWindow(QMainWindow):
         self.store = store or ChatStore(paths.chats_db_path())
         self.client = EngineClient(engine, parent=self)
         self.model: ModelSummary | None = None
+        self.requested = (0, 0)
+        """Numbers of the latest policy and budget requests sent to the engine: a report
+        of an older one is stale, and must not move the control the user just moved."""
         self.loading = False
         self.recording = self._setting_bool("record_traces", True)
         self.trace_path: Path | None = None
@@ -390,7 +393,7 @@ class MainWindow(QMainWindow):
 
         assert isinstance(policy, Policy)
         log.info("policy requested: %s", policy.name or "custom")
-        self.client.request_policy(policy)
+        self.requested = (self.client.request_policy(policy), self.requested[1])
         if policy.name in REMEMBERED_POLICIES:
             self.settings.setValue("policy", policy.name)
 
@@ -399,16 +402,25 @@ class MainWindow(QMainWindow):
         if m is None or not m.cache_enabled:
             return
         log.info("budget requested: %d slots per layer", slots)
-        self.client.request_budget(str(slots * m.slot_row_bytes))
+        self.requested = (self.requested[0],
+                          self.client.request_budget(str(slots * m.slot_row_bytes)))
         self.settings.setValue("budget", budget_percent(slots, m.n_expert))
 
     def _on_requests_applied(self, summary: ModelSummary, changes: list[str]) -> None:
         self.model = summary
-        self.controls.show_applied(summary)
+        self._show_applied(summary.requests)
         self.cache_panel.update_model(summary)
         self._update_title()
         self._report_change_errors(changes)
         self.changesApplied.emit(summary, changes)
+
+    def _show_applied(self, applied: tuple[int, int]) -> None:
+        """Reflect what the engine applied, except where a newer request is still on its
+        way: reports are queued, so one from before the user's latest change can arrive
+        after it and would flip the control back for a moment."""
+        assert self.model is not None
+        self.controls.show_applied(self.model, policy=applied[0] >= self.requested[0],
+                                   budget=applied[1] >= self.requested[1])
 
     def _on_tokens(self, snaps: list[TokenSnapshot]) -> None:
         if self._closed and self.chat.closed:
@@ -420,7 +432,7 @@ class MainWindow(QMainWindow):
             last = snaps[-1]
             self.model = dataclasses.replace(self.model, slots_per_layer=last.slots_per_layer,
                                              policy=last.policy)
-            self.controls.show_applied(self.model)
+            self._show_applied(last.requests)
             self._update_title()
             for s in changed:
                 self._report_change_errors(list(s.changes))

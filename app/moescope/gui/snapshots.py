@@ -52,6 +52,9 @@ class ModelSummary:
     expert_buffer: str = ""
     """llama.cpp's buffer holding the experts in host memory (``CUDA_Host``: pinned;
     ``CPU_Mapped`` / ``CPU``: pageable); "" when unknown (cache off, a reopened trace)."""
+    requests: tuple[int, int] = (0, 0)
+    """Numbers of the latest policy and budget requests the engine had applied (see
+    ``Engine.applied_requests``): older than the window's latest request means stale."""
 
     @property
     def n_moe_layers(self) -> int:
@@ -89,6 +92,8 @@ class TokenSnapshot:
     prefetch, or unknown as in a reopened trace; the core writes no event row for them)."""
     prefetch_hits: npt.NDArray[np.int64] | None = field(repr=False, default=None)
     """PSR: prefetched experts first routed to during this token, per MoE layer."""
+    requests: tuple[int, int] = (0, 0)
+    """Numbers of the latest policy and budget requests applied as of this token."""
 
     @property
     def context_used(self) -> int:

@@ -249,7 +249,7 @@ class EngineWorker(QObject):
             policy=self.engine.policy_name, n_ctx=m.n_ctx, notice=m.notice,
             budget_message=plan.message if plan else "",
             trace_path=str(self.recorder.path) if self.recorder else "",
-            expert_buffer=m.expert_buffer)
+            expert_buffer=m.expert_buffer, requests=self.engine.applied_requests)
 
     def _snapshot(self, ts: Any) -> TokenSnapshot:
         engine = self.engine
@@ -274,7 +274,8 @@ class EngineWorker(QObject):
             changes=tuple(c for _, group in changes for c in group),
             ttft=answer.time_to_first_token_s if ts.index == 0 else None,
             prefetches=prefetch[0] if prefetch is not None else None,
-            prefetch_hits=prefetch[1] if prefetch is not None else None)
+            prefetch_hits=prefetch[1] if prefetch is not None else None,
+            requests=engine.applied_requests)
 
     def _prefetch_delta(self, cache: Any, layers: Any) -> np.ndarray | None:
         """This token's PSR counters per MoE layer (rows: prefetches, hits), or None when
@@ -333,15 +334,18 @@ class EngineClient(QObject):
     def stop(self) -> None:
         self.worker.stop()
 
-    def request_policy(self, policy: Policy | str) -> None:
-        """From the next token (mid-answer), or at once when idle."""
-        self.worker.engine.request_policy(policy)
+    def request_policy(self, policy: Policy | str) -> int:
+        """From the next token (mid-answer), or at once when idle; returns the request's
+        number, which snapshots report back once it is applied."""
+        number = self.worker.engine.request_policy(policy)
         self._apply.emit()
+        return number
 
-    def request_budget(self, budget: str) -> None:
+    def request_budget(self, budget: str) -> int:
         """Resize the expert cache between tokens; the model and the chat are kept."""
-        self.worker.engine.request_budget(budget)
+        number = self.worker.engine.request_budget(budget)
         self._apply.emit()
+        return number
 
     def shutdown(self, timeout_ms: int = 10_000) -> bool:
         """Stop any answer, free the model on the worker thread, join the thread."""
