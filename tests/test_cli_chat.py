@@ -235,3 +235,35 @@ def test_trace_of_a_chat_with_live_changes_replays_exactly(
     result = replay(trace, None, None, keep_events=True)
     assert result.events is not None
     assert decision_mismatches(trace.events(), result.events) == []
+
+
+def test_a_thinking_models_thoughts_stay_out_of_scripts_and_the_next_turn(
+        synth_model: Callable[..., Path], spy: Spy,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from moescope.testing.vocab import THINKING_CHAT_TEMPLATE
+
+    model = synth_model("qwen3moe", chat_template=THINKING_CHAT_TEMPLATE)
+    code, out, _ = chat(monkeypatch, capsys, model, "Hi\nAgain\n")
+    assert code == 0 and len(spy.turns) == 2
+    first, second = spy.turns
+    assert first.prompt.endswith("<think>\n") and first.text.strip()
+    # the tiny model never closes <think>: all thoughts, so no answer goes back
+    assert second.messages == [{"role": "user", "content": "Hi"},
+                               {"role": "user", "content": "Again"}]
+    assert first.text.strip() not in out  # a script gets answers only
+
+
+def test_the_terminal_prints_thoughts_dim_then_the_answer() -> None:
+    from moescope.commands.chat import _AnswerPrinter
+
+    raw = "<|channel|>analysis<|message|>Two and two.<|start|>assistant<|channel|>final" \
+          "<|message|>It is 4."
+    out = io.StringIO()
+    printer = _AnswerPrinter(out, show_thoughts=True)
+    for i in range(0, len(raw), 2):
+        printer.feed(raw[i:i + 2])
+    assert printer.finish() == "It is 4."
+    text = out.getvalue()
+    assert "<|" not in text
+    assert text.replace("\x1b[0m\x1b[2m", "") == \
+        "\x1b[2mthinking: Two and two.\x1b[0m\n\nIt is 4."

@@ -6,7 +6,9 @@ and slash commands that steer the cache live, as the window's controls do: ``/po
 ``/budget`` go through the engine's request queue, so model, KV cache and conversation are
 kept. Ctrl+C stops an answer (what was generated stays in the conversation); Ctrl+C or
 Ctrl+D at an empty prompt quits. With stdin not a terminal it reads one message per line
-and prints only answers and summaries, so a session can be scripted.
+and prints only answers and summaries, so a session can be scripted. A thinking model's
+thoughts (``<think>`` or harmony channels, see ``core.reasoning``) print dim before the
+answer on a terminal, not at all in a script, and never go back into the conversation.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from moescope.commands.generate import (
 )
 from moescope.core.errors import MoEScopeError
 from moescope.core.policy import PRESET_NAMES
+from moescope.core.reasoning import split_reasoning
 
 if TYPE_CHECKING:
     from moescope.core.trace import TraceRecorder
@@ -172,6 +175,14 @@ class ChatSession:
     total: SessionStats = field(default_factory=SessionStats)
     by_policy: dict[str, SessionStats] = field(default_factory=dict)
 
+    _answer_prefix: str | None = field(default=None, init=False, repr=False)
+
+    def answer_prefix(self) -> str:
+        """What the model's template opens each answer with (read once)."""
+        if self._answer_prefix is None:
+            self._answer_prefix = self.engine.answer_prefix()
+        return self._answer_prefix
+
     def conversation(self) -> list[Message]:
         """What the engine gets: the system prompt (if any), then every message."""
         from moescope.engine import Message
@@ -197,15 +208,13 @@ class ChatSession:
         self.messages.append(Message("user", text))
         engine = self.engine
         previous = engine.last_answer
-        pieces: list[str] = []
+        printer = _AnswerPrinter(self.out, show_thoughts=self.color, raw=self.answer_prefix())
         try:
             with _stop_on_interrupt(engine) as interrupted:
                 for tok in engine.generate(self.conversation(), self.sampling):
                     if self.recorder is not None:
                         self.recorder.record(tok, engine)
-                    pieces.append(tok.text)
-                    self.out.write(tok.text)
-                    self.out.flush()
+                    printer.feed(tok.text)
                     if interrupted():
                         engine.stop()  # Ctrl+C came before generate() cleared the flag
         except MoEScopeError as err:  # e.g. the conversation outgrew the context
@@ -214,10 +223,10 @@ class ChatSession:
                 self._error(f"{err}; /reset starts a new conversation")
                 return
             self._error(str(err))
-        answer = "".join(pieces)
+        answer = printer.finish()
         if answer:
             self.messages.append(Message("assistant", answer))
-        if not answer.endswith("\n"):
+        if printer.last != "\n":
             self.out.write("\n")
         a = engine.last_answer
         self._dim(answer_summary(engine))
@@ -327,6 +336,46 @@ class ChatSession:
         self.out.flush()
         self.err.write(f"moescope: {text}\n")
         self.err.flush()
+
+
+@dataclass
+class _AnswerPrinter:
+    """Streams an answer to ``out``: thoughts dim (or not at all), then the answer.
+
+    Prints what each split adds to what it printed before; a marker cut by the stream is
+    held back by the split until it completes, so none is ever printed.
+    """
+
+    out: TextIO
+    show_thoughts: bool
+    raw: str = ""
+    last: str = ""
+    """The last character printed."""
+    _thoughts: int = 0
+    _answer: int = 0
+
+    def feed(self, text: str, *, partial: bool = True) -> None:
+        self.raw += text
+        split = split_reasoning(self.raw, partial=partial)
+        if self.show_thoughts and len(split.reasoning) > self._thoughts:
+            head = "" if self._thoughts else "thinking: "
+            self._write(f"\x1b[2m{head}{split.reasoning[self._thoughts:]}\x1b[0m")
+            self._thoughts = len(split.reasoning)
+        if len(split.answer) > self._answer:
+            if self._thoughts and not self._answer:
+                self._write("\n\n")
+            self._write(split.answer[self._answer:])
+            self._answer = len(split.answer)
+
+    def _write(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
+        self.last = text[-1:] or self.last
+
+    def finish(self) -> str:
+        """Print what was held back; returns the answer (without thoughts)."""
+        self.feed("", partial=False)
+        return split_reasoning(self.raw).answer
 
 
 @contextlib.contextmanager

@@ -385,6 +385,17 @@ class Engine:
         lines = [f"{m['role'].capitalize()}: {m['content']}" for m in msgs]
         return "\n".join(lines) + "\nAssistant:"
 
+    def answer_prefix(self) -> str:
+        """Text the chat template puts at the start of every answer: ``"<think>\\n"`` for
+        templates that open the reasoning in the prompt (Qwen3 *Thinking*), else "".
+        Prepended to stored answers so their reasoning splits like any other model's."""
+        from moescope.core.reasoning import reasoning_prefix
+
+        try:
+            return reasoning_prefix(self.format_chat([{"role": "user", "content": "Hi"}]))
+        except Exception:  # a template that fails here fails (and says why) at generate
+            return ""
+
     def _token_text(self, token: int) -> str:
         if token < 0:
             return ""

@@ -13,6 +13,7 @@ import logging
 
 from PySide6.QtCore import QObject, Signal
 
+from moescope.core.reasoning import split_reasoning
 from moescope.gui.chat_list import ChatListPanel
 from moescope.gui.chat_settings import ChatSettingsPanel
 from moescope.gui.chat_view import ChatView
@@ -46,12 +47,20 @@ class ChatController(QObject):
         self.generating = False
         self.model_loaded = False
         self.model_name = ""
+        self.answer_prefix = ""
+        """What the model's chat template opens each answer with (see ``core.reasoning``)."""
         self.last_answer: AnswerSummary | None = None
         self.tokens_received = 0
         self.closed = False
         """Set when the window has closed the store: late worker signals are ignored."""
         self._search = ""
+        self._raw = ""
+        self._answer_begun = False
+        self.reasoning_tokens = 0
+        """Tokens of the answer being generated spent before its first answer character."""
+        self.reasoning_seconds = 0.0
         view.sendRequested.connect(self.send)
+        view.reasoningToggled.connect(lambda _id: self.render())
         view.stopRequested.connect(self.stop)
         view.regenerateRequested.connect(self.regenerate)
         view.editRequested.connect(self.edit_last)
@@ -189,19 +198,27 @@ class ChatController(QObject):
         out = []
         if chat is not None and chat.system_prompt.strip():
             out.append({"role": "system", "content": chat.system_prompt})
-        out += [{"role": m.role, "content": m.content}
-                for m in self.store.messages(self.chat_id) if m.content or m.role == "user"]
+        for m in self.store.messages(self.chat_id):
+            # earlier answers go back without their thoughts, as the models' own templates
+            # send them: thoughts would only take context
+            content = split_reasoning(m.content).answer if m.role == "assistant" else m.content
+            if content or m.role == "user":
+                out.append({"role": m.role, "content": content})
         return out
 
     def _start_answer(self) -> None:
         assert self.chat_id is not None
         messages = self.history()
         self.render()
-        answer = self.store.add_message(self.chat_id, "assistant", "", GENERATING)
+        answer = self.store.add_message(self.chat_id, "assistant", self.answer_prefix,
+                                        GENERATING)
         self.answer_id = answer.id
         self.view.begin_answer()
+        self.view.append_text(self.answer_prefix)
         self.generating = True
         self.tokens_received = 0
+        self._raw, self._answer_begun = self.answer_prefix, False
+        self.reasoning_tokens, self.reasoning_seconds = 0, 0.0
         self._update_buttons()
         self.client.generate(GenerateRequest(messages=tuple(messages),
                                              sampling=self.settings.sampling()))
@@ -215,9 +232,23 @@ class ChatController(QObject):
             self.store.append_texts(self.answer_id, [s.text for s in snaps])
         self.view.append_text("".join(s.text for s in snaps))
         self.tokens_received += len(snaps)
+        self._count_reasoning(snaps)
         last = snaps[-1]
         self.view.set_context(last.context_used, last.n_ctx)
         self.tokensArrived.emit(snaps)
+
+    def _count_reasoning(self, snaps: list[TokenSnapshot]) -> None:
+        """Count the tokens (and decode time) before the answer's first character."""
+        for snap in snaps:
+            if self._answer_begun:
+                return
+            self._raw += snap.text
+            split = split_reasoning(self._raw, partial=True)
+            if split.answer:
+                self._answer_begun = True
+            elif split.has_reasoning:
+                self.reasoning_tokens += 1
+                self.reasoning_seconds += snap.seconds
 
     def on_finished(self, summary: AnswerSummary) -> None:
         if self.closed:
@@ -229,7 +260,11 @@ class ChatController(QObject):
                 self._drop_answer(self.answer_id)
             else:
                 status = STOPPED if summary.stop_reason == "stopped" else DONE
-                self.store.finish_message(self.answer_id, status, summary.as_dict())
+                stats = summary.as_dict()
+                if self.reasoning_tokens:
+                    stats["reasoning_tokens"] = self.reasoning_tokens
+                    stats["reasoning_seconds"] = round(self.reasoning_seconds, 2)
+                self.store.finish_message(self.answer_id, status, stats)
         self.answer_id = None
         self.generating = False
         self.view.set_context(summary.n_prompt_tokens + summary.n_tokens,

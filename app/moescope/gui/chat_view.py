@@ -41,9 +41,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from moescope.core.reasoning import split_reasoning
 from moescope.gui import theme
 from moescope.gui.markdown import code_text, is_code_block, markdown_fragment
 from moescope.gui.markdown_stream import LiveMarkdown
+from moescope.gui.reasoning_view import (
+    LiveReasoning,
+    header_text,
+    insert_reasoning,
+    message_id_of,
+    reasoning_href,
+)
 from moescope.gui.store import DONE, GENERATING, ChatMessage
 
 log = logging.getLogger("moescope.gui.chat")
@@ -67,8 +75,8 @@ class _Shown:
     raw: str
 
 
-def _key(m: ChatMessage) -> tuple[object, ...]:
-    return (m.id, m.role, m.content, m.status, m.stats.get("summary", ""))
+def _key(m: ChatMessage, expanded: bool) -> tuple[object, ...]:
+    return (m.id, m.role, m.content, m.status, m.stats.get("summary", ""), expanded)
 
 
 class ChatInput(QPlainTextEdit):
@@ -91,6 +99,7 @@ class ChatView(QWidget):
     stopRequested = Signal()
     regenerateRequested = Signal()
     editRequested = Signal()
+    reasoningToggled = Signal(int)  # message id: render the chat again
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -156,6 +165,13 @@ class ChatView(QWidget):
         """The answer being streamed, rendered at the end of the transcript."""
         self._pending = ""
         self._render_after = 0.0
+        self._stream_raw: str | None = None
+        """The streaming answer's raw text rendered so far (None: nothing streams)."""
+        self._thoughts: LiveReasoning | None = None
+        self._answer_start = 0
+        self._stream_started = 0.0
+        self.expanded: set[int] = set()
+        """Ids of the messages whose reasoning is unfolded."""
         self.set_generating(False)
 
     # ------------------------------------------------------------------ formats
@@ -201,6 +217,7 @@ class ChatView(QWidget):
         self.title.setText(title or "New chat")
         self._pending = ""
         self._live = None
+        self._stream_raw = None
         streaming: str | None = None
         if messages and messages[-1].role == "assistant" and messages[-1].status == GENERATING:
             # rendered again mid-answer (the chat was renamed): the answer keeps streaming
@@ -209,7 +226,7 @@ class ChatView(QWidget):
         at_end, value = bar.value() >= bar.maximum() - 4, bar.value()
         keep = 0
         while (keep < min(len(self._shown), len(messages))
-               and self._shown[keep].key == _key(messages[keep])):
+               and self._shown[keep].key == self._key(messages[keep])):
             keep += 1
         doc = self.transcript.document()
         if keep == 0:
@@ -230,19 +247,28 @@ class ChatView(QWidget):
         if streaming is not None:
             self.begin_answer()
             if streaming:
-                assert self._live is not None
-                self._live.update(streaming)
-                self._shown[-1].raw = streaming
+                self._show_stream(streaming)
         if keep and not at_end:
             bar.setValue(value)
         else:
             self._scroll_to_end()
 
+    def _key(self, m: ChatMessage) -> tuple[object, ...]:
+        return _key(m, m.id in self.expanded)
+
     def _append_message(self, cursor: QTextCursor, m: ChatMessage) -> None:
         start = self._insert_header(cursor, m.role)
         if m.role == "assistant":
-            if m.content.strip():
-                cursor.insertFragment(markdown_fragment(m.content))
+            split = split_reasoning(m.content)
+            if split.has_reasoning:
+                expanded = m.id in self.expanded
+                seconds = m.stats.get("reasoning_seconds")
+                header = header_text(expanded=expanded, tokens=m.stats.get("reasoning_tokens"),
+                                     seconds=float(seconds) if seconds is not None else None)
+                insert_reasoning(cursor, split.reasoning, header=header,
+                                 href=reasoning_href(m.id), expanded=expanded)
+            if split.answer.strip():
+                cursor.insertFragment(markdown_fragment(split.answer))
         else:  # the user's own words, exactly as typed: no Markdown, no HTML
             cursor.insertBlock(self._block(m.role, 2), self._body_format())
             cursor.insertText(m.content)
@@ -251,7 +277,7 @@ class ChatView(QWidget):
         if m.role == "assistant" and (stats or note):
             cursor.insertBlock(self._block("stats", 2), self._stats_format())
             cursor.insertText(" · ".join(t for t in (stats, note) if t))
-        self._shown.append(_Shown(_key(m), start, m.role, m.content))
+        self._shown.append(_Shown(self._key(m), start, m.role, m.content))
 
     def _insert_header(self, cursor: QTextCursor, role: str) -> int:
         """The role line ("You", "Assistant") at ``cursor``; returns where it begins."""
@@ -270,7 +296,11 @@ class ChatView(QWidget):
         cursor.movePosition(QTextCursor.MoveOperation.End)
         start = self._insert_header(cursor, "assistant")
         self._shown.append(_Shown(None, start, "assistant", ""))
-        self._live = LiveMarkdown(self.transcript.document(), cursor.position())
+        self._answer_start = cursor.position()
+        self._live = LiveMarkdown(self.transcript.document(), self._answer_start)
+        self._thoughts = None
+        self._stream_raw = ""
+        self._stream_started = time.perf_counter()
         self._pending = ""
         self._render_after = 0.0
         self._scroll_to_end()
@@ -296,17 +326,15 @@ class ChatView(QWidget):
         still open) postpones the next one, so Markdown never takes more than
         :data:`MAX_RENDER_SHARE` of the GUI thread.
         """
-        live = self._live
-        if not self._pending or live is None:
+        if not self._pending or self._stream_raw is None:
             return False
         started = time.perf_counter()
         if started < self._render_after:
             return False
         bar = self.transcript.verticalScrollBar()
         at_end, value = bar.value() >= bar.maximum() - 4, bar.value()
-        live.update(live.text + self._pending)
+        self._show_stream(self._stream_raw + self._pending)
         self._pending = ""
-        self._shown[-1].raw = live.text
         if at_end:
             self._scroll_to_end()
         else:
@@ -314,6 +342,36 @@ class ChatView(QWidget):
         cost = time.perf_counter() - started
         self._render_after = started + cost / MAX_RENDER_SHARE
         return True
+
+    def _show_stream(self, raw: str) -> None:
+        """Render the streaming answer's ``raw`` text: thoughts while the model thinks,
+        folded into one line when the answer begins, the answer as live Markdown."""
+        self._stream_raw = self._shown[-1].raw = raw
+        split = split_reasoning(raw, partial=True)
+        doc = self.transcript.document()
+        if self._thoughts is None and split.has_reasoning:
+            # thoughts come first: nothing of the answer has been shown yet
+            cursor = QTextCursor(doc)
+            cursor.setPosition(self._answer_start)
+            cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
+            cursor.removeSelectedText()
+            self._thoughts = LiveReasoning(doc, self._answer_start)
+            self._live = None
+        if self._thoughts is not None:
+            self._thoughts.update(split.reasoning)
+            if split.thinking:
+                return
+            if self._live is None:
+                seconds = time.perf_counter() - self._stream_started
+                self._live = LiveMarkdown(doc, self._thoughts.fold(
+                    seconds, keep=bool(split.reasoning.strip())))
+        assert self._live is not None
+        self._live.update(split.answer)
+
+    @property
+    def thinking(self) -> bool:
+        """The streaming answer is still in its reasoning."""
+        return self._thoughts is not None and not self._thoughts.folded
 
     def _scroll_to_end(self) -> None:
         bar = self.transcript.verticalScrollBar()
@@ -332,12 +390,15 @@ class ChatView(QWidget):
     def raw_text(self, index: int) -> str:
         """What message ``index`` really says: the model's Markdown, not its rendering."""
         shown = self._shown[index]
-        if shown.key is None and self._live is not None:
-            return self._live.text + self._pending
+        if shown.key is None and self._stream_raw is not None:
+            return self._stream_raw + self._pending
         return shown.raw
 
     def copy_message(self, index: int) -> None:
-        QGuiApplication.clipboard().setText(self.raw_text(index))
+        """Copy the answer's Markdown (without its reasoning: that is what gets pasted)."""
+        raw = self.raw_text(index)
+        text = split_reasoning(raw).answer if self._shown[index].role == "assistant" else raw
+        QGuiApplication.clipboard().setText(text)
 
     def copy_last_answer(self) -> bool:
         """Copy the last answer's Markdown; False when there is none."""
@@ -359,6 +420,11 @@ class ChatView(QWidget):
         if index is not None and self._shown[index].role == "assistant":
             action = menu.addAction("Copy answer as &Markdown")
             action.triggered.connect(lambda _=False, i=index: self.copy_message(i))
+            thoughts = split_reasoning(self.raw_text(index)).reasoning
+            if thoughts:
+                action = menu.addAction("Copy &thinking")
+                action.triggered.connect(
+                    lambda _=False, t=thoughts: QGuiApplication.clipboard().setText(t))
             if is_code_block(cursor.block()):
                 code = code_text(cursor)
                 action = menu.addAction("Copy &code block")
@@ -373,7 +439,13 @@ class ChatView(QWidget):
 
     def open_link(self, url: QUrl) -> bool:
         """A clicked link opens in the system's handler, web and mail links only: an answer
-        is untrusted text, and ``file:`` or custom schemes could start programs."""
+        is untrusted text, and ``file:`` or custom schemes could start programs. Our own
+        reasoning links fold or unfold a message's thoughts."""
+        message_id = message_id_of(url.toString())
+        if message_id is not None:
+            self.expanded.symmetric_difference_update({message_id})
+            self.reasoningToggled.emit(message_id)
+            return True
         if url.scheme().lower() not in LINK_SCHEMES:
             log.info("not opening link %s (scheme %r)", url.toString(), url.scheme())
             return False

@@ -52,6 +52,9 @@ class ModelSummary:
     expert_buffer: str = ""
     """llama.cpp's buffer holding the experts in host memory (``CUDA_Host``: pinned;
     ``CPU_Mapped`` / ``CPU``: pageable); "" when unknown (cache off, a reopened trace)."""
+    answer_prefix: str = ""
+    """What the chat template opens every answer with (``"<think>\\n"`` for Qwen3 Thinking
+    models): the chat prepends it to the stored answer (see ``core.reasoning``)."""
     requests: tuple[int, int] = (0, 0)
     """Numbers of the latest policy and budget requests the engine had applied (see
     ``Engine.applied_requests``): older than the window's latest request means stale."""

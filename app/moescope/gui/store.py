@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moescope.core.reasoning import split_reasoning
+
 GENERATING = "generating"
 DONE = "done"
 STOPPED = "stopped"
@@ -239,7 +241,13 @@ def chat_markdown(chat: Chat, messages: Sequence[ChatMessage]) -> str:
     if chat.system_prompt:
         out += ["## System", "", chat.system_prompt, ""]
     for m in messages:
-        out += [f"## {m.role.capitalize()}", "", m.content, ""]
+        content = m.content
+        if m.role == "assistant":
+            split = split_reasoning(m.content)
+            if split.has_reasoning:  # folded, as the app shows it (GitHub renders it so)
+                content = (f"<details><summary>Thinking</summary>\n\n{split.reasoning}\n\n"
+                           f"</details>\n\n{split.answer}")
+        out += [f"## {m.role.capitalize()}", "", content, ""]
         if m.stats.get("summary"):
             out += [f"*{m.stats['summary']}*", ""]
     return "\n".join(out)

@@ -86,6 +86,7 @@ class EngineWorker(QObject):
         self.recorder: TraceRecorder | None = None
         self._prefetch_base: np.ndarray | None = None
         """Cumulative (prefetches, prefetch hits) per MoE layer at the previous token."""
+        self._answer_prefix = ""
 
     # ------------------------------------------------------------------ slots
     @Slot()
@@ -122,6 +123,7 @@ class EngineWorker(QObject):
         self._changes_seen = len(self.engine.changes)
         self.step = 0
         self._prefetch_base = None
+        self._answer_prefix = self.engine.answer_prefix()  # once: it renders the template
         if request.trace_dir and self.engine.cache is not None:
             self._open_recorder(Path(request.trace_dir), request.path)
         summary = self.summary()
@@ -249,7 +251,8 @@ class EngineWorker(QObject):
             policy=self.engine.policy_name, n_ctx=m.n_ctx, notice=m.notice,
             budget_message=plan.message if plan else "",
             trace_path=str(self.recorder.path) if self.recorder else "",
-            expert_buffer=m.expert_buffer, requests=self.engine.applied_requests)
+            expert_buffer=m.expert_buffer, answer_prefix=self._answer_prefix,
+            requests=self.engine.applied_requests)
 
     def _snapshot(self, ts: Any) -> TokenSnapshot:
         engine = self.engine

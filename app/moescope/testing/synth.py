@@ -97,6 +97,9 @@ class SynthSpec:
     seed: int = 0
     router_scale: float = 1.0
     name: str | None = None
+    chat_template: str | None = None
+    """None: the vocabulary's ChatML template (``vocab.THINKING_CHAT_TEMPLATE`` opens a
+    reasoning block in the prompt, as Qwen3 Thinking models do)."""
     # deepseek2 and qwen3next: shared expert width is n_shared_experts * n_ff_exp.
     n_shared_experts: int = 1
     # deepseek2: leading dense layers and MLA ranks (qk_nope = head_dim - qk_rope_dim).
@@ -523,7 +526,7 @@ def _write_metadata(w: GGUFWriter, spec: SynthSpec, name: str) -> None:
     w.add_eos_token_id(vocab.eos_id)
     w.add_pad_token_id(vocab.pad_id)
     w.add_add_bos_token(False)
-    w.add_chat_template(vocab.chat_template)
+    w.add_chat_template(spec.chat_template or vocab.chat_template)
 
 
 def _file_type(spec: SynthSpec) -> int:
@@ -579,7 +582,10 @@ def default_name(spec: SynthSpec) -> str:
 
 def spec_digest(spec: SynthSpec) -> str:
     """A stable hash of every field; two specs with equal digests write identical files."""
-    text = repr(sorted(dataclasses.asdict(spec).items()))
+    fields = dataclasses.asdict(spec)
+    if fields["chat_template"] is None:  # the default: digests of older specs stay valid
+        del fields["chat_template"]
+    text = repr(sorted(fields.items()))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 

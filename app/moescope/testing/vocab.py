@@ -48,6 +48,9 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+THINKING_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
+    "'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'")
+"""ChatML whose generation prompt opens ``<think>``, like Qwen3's *Thinking* models."""
 
 # llama.cpp token types (llama_token_type in llama.h / gguf.TokenType).
 TOKEN_TYPE_NORMAL = 1

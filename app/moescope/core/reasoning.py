@@ -1,0 +1,113 @@
+"""Reasoning ("thinking") in an answer: where it ends and the answer proper begins.
+
+The models our users run think before they answer. Qwen3 and Qwen3-Next write
+``<think>…</think>`` first (the *Thinking* variants' chat template already opens the tag in
+the prompt, so the model's text starts inside it); gpt-oss writes the harmony format,
+``<|channel|>analysis<|message|>…`` then ``<|start|>assistant<|channel|>final<|message|>…``
+(llama.cpp renders those four markers as text and drops ``<|end|>``). Shown raw, that is
+a wall of markers; sent back raw in the next turn, it spends context on thoughts the
+model's own template would have dropped.
+
+The raw text stays what is stored, exported as JSON and traced; :func:`split_reasoning`
+is a pure function of it, so the live view, a reopened chat, the history sent to the model
+and the CLI all agree on the split. It works on partial text: a marker cut in half at the
+end of a stream is held back, not shown.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+HARMONY_CHANNEL = "<|channel|>"
+HARMONY_MESSAGE = "<|message|>"
+HARMONY_START = "<|start|>"
+FINAL_CHANNEL = "final"
+_MARKERS = (THINK_OPEN, THINK_CLOSE, HARMONY_CHANNEL, HARMONY_MESSAGE, HARMONY_START)
+_HARMONY_SEGMENT = re.compile(r"(?:assistant)?<\|channel\|>(?P<channel>.*?)<\|message\|>",
+                              re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ReasoningSplit:
+    """An answer's raw text, split into what the model thought and what it answered."""
+
+    reasoning: str
+    """The thinking, markers removed ("" when the model did not think)."""
+    answer: str
+    """What the model answered: the text to render, copy and send back next turn."""
+    thinking: bool
+    """The text ends inside the reasoning: the answer has not begun yet."""
+
+    @property
+    def has_reasoning(self) -> bool:
+        return bool(self.reasoning.strip()) or self.thinking
+
+
+def _held_back(text: str) -> int:
+    """Length of a trailing prefix of a marker (a marker cut by the stream), else 0."""
+    tail = text[-max(len(m) for m in _MARKERS):]
+    for i in range(len(tail)):
+        piece = tail[i:]
+        if any(m.startswith(piece) and m != piece for m in _MARKERS):
+            return len(piece)
+    return 0
+
+
+def split_reasoning(raw: str, *, partial: bool = False) -> ReasoningSplit:
+    """Split ``raw`` into reasoning and answer (``partial``: the text is still streaming,
+    so a marker cut at its end is held back instead of shown).
+
+    Recognised: ``<think>…</think>answer`` (also with the opening tag left to the prompt,
+    see :func:`reasoning_prefix`) and harmony channels (every channel but ``final`` counts
+    as reasoning). Anything else is all answer.
+    """
+    text = raw[:len(raw) - _held_back(raw)] if partial else raw
+    stripped = text.lstrip()
+    if stripped.startswith(HARMONY_CHANNEL) or stripped.startswith(HARMONY_START):
+        return _split_harmony(stripped)
+    if stripped.startswith(THINK_OPEN):
+        body = stripped[len(THINK_OPEN):]
+        head, sep, answer = body.partition(THINK_CLOSE)
+        if not sep:
+            return ReasoningSplit(head.strip(), "", thinking=True)
+        return ReasoningSplit(head.strip(), answer.lstrip(), thinking=False)
+    return ReasoningSplit("", text, thinking=False)
+
+
+def _split_harmony(text: str) -> ReasoningSplit:
+    thoughts: list[str] = []
+    answer: list[str] = []
+    segments = [s for s in text.split(HARMONY_START) if s.strip()]
+    thinking = False
+    for segment in segments:
+        match = _HARMONY_SEGMENT.match(segment.lstrip())
+        if match is None:  # the header is still arriving
+            thinking = not answer
+            continue
+        body = segment.lstrip()[match.end():]
+        if match.group("channel").split()[0:1] == [FINAL_CHANNEL]:
+            answer.append(body)
+            thinking = False
+        else:
+            thoughts.append(body.strip())
+            thinking = True
+    return ReasoningSplit("\n\n".join(t for t in thoughts if t), "".join(answer).lstrip(),
+                          thinking=thinking)
+
+
+def reasoning_prefix(prompt: str) -> str:
+    """What the prompt already opened for the answer: ``"<think>\\n"`` when a chat
+    template ends its generation prompt inside a think tag (Qwen3 *Thinking* models), so
+    the stored answer reads ``<think>…</think>answer`` like everyone else's; else ""."""
+    tail = prompt.rstrip()
+    if tail.endswith(THINK_OPEN):
+        return THINK_OPEN + "\n"
+    return ""
+
+
+def answer_text(raw: str) -> str:
+    """The answer without its reasoning: what the next turn's prompt should carry."""
+    return split_reasoning(raw).answer

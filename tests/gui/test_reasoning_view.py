@@ -1,0 +1,120 @@
+"""Thinking models: thoughts stream under "Thinking…", fold when the answer begins, unfold
+on click, and never reach the clipboard's answer, the next turn's prompt or a marker on
+screen."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gui_helpers import LONG_SEED, load, send
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QGuiApplication
+
+from moescope.gui.chat_view import ChatView
+from moescope.gui.reasoning_view import reasoning_href
+from moescope.gui.store import ChatStore
+from moescope.testing.vocab import THINKING_CHAT_TEMPLATE
+
+QWEN = ("<think>\nThe user says hi. Greet them back,\nbriefly.\n</think>\n\n"
+        "Hello! **How** can I help?")
+HARMONY = ("<|channel|>analysis<|message|>User asks 2+2. Answer 4."
+           "<|start|>assistant<|channel|>final<|message|>The answer is **4**.")
+MARKERS = ("<think>", "</think>", "<|channel|>", "<|message|>", "<|start|>", "analysis<")
+
+
+def _stream(view: ChatView, raw: str, step: int = 3) -> list[str]:
+    """Stream ``raw`` in pieces of ``step`` characters; the transcript after each flush."""
+    view.begin_answer()
+    seen = []
+    for i in range(0, len(raw), step):
+        view.append_text(raw[i:i + step])
+        view._render_after = 0.0  # every piece is a frame here
+        view.flush()
+        seen.append(view.text())
+    return seen
+
+
+@pytest.mark.parametrize("raw", [QWEN, HARMONY], ids=["think-tags", "harmony"])
+def test_thoughts_stream_then_fold_and_no_marker_is_ever_shown(qtbot: Any, raw: str) -> None:
+    view = ChatView()
+    qtbot.addWidget(view)
+    seen = _stream(view, raw)
+    for text in seen:
+        assert not any(m in text for m in MARKERS), text
+    thinking = [t for t in seen if "Thinking…" in t]
+    assert thinking, "the thoughts were never shown while streaming"
+    assert any(("Greet them" in t) or ("User asks" in t) for t in thinking)
+    final = seen[-1]
+    assert "Thinking…" not in final and "▸ Thought for" in final
+    assert "Greet them" not in final and "User asks" not in final  # folded
+    assert ("Hello! How can I help?" in final) or ("The answer is 4." in final)
+    assert not view.thinking
+
+
+def test_a_stored_answer_folds_its_thoughts_and_unfolds_on_click(qtbot: Any,
+                                                                  tmp_path: Path) -> None:
+    store = ChatStore(tmp_path / "chats.db")
+    chat = store.create_chat("t", "", "m")
+    store.add_message(chat.id, "user", "hi")
+    answer = store.add_message(chat.id, "assistant", QWEN)
+    store.finish_message(answer.id, "done", {"summary": "12 tok/s", "reasoning_tokens": 9,
+                                             "reasoning_seconds": 1.25})
+    view = ChatView()
+    qtbot.addWidget(view)
+    toggled: list[int] = []
+    view.reasoningToggled.connect(toggled.append)
+    view.render(store.messages(chat.id))
+    text = view.text()
+    assert "▸ Thought for 1.2 s · 9 tokens" in text or "▸ Thought for 1.3 s · 9 tokens" in text
+    assert "Greet them" not in text and "Hello! How can I help?" in text
+    assert view.open_link(QUrl(reasoning_href(answer.id)))
+    assert toggled == [answer.id]
+    view.render(store.messages(chat.id))
+    text = view.text()
+    assert "▾ Thought for" in text and "Greet them back," in text
+    assert not any(m in text for m in MARKERS)
+    # the answer copied is the answer; the thoughts have their own action
+    view.copy_message(1)
+    assert QGuiApplication.clipboard().text() == "Hello! **How** can I help?"
+    # exported Markdown keeps the thoughts, folded
+    md = store.export_markdown(chat.id)
+    assert "<details><summary>Thinking</summary>" in md and "Greet them back," in md
+    assert "<think>" not in md
+    # clicking again folds
+    view.open_link(QUrl(reasoning_href(answer.id)))
+    view.render(store.messages(chat.id))
+    assert "Greet them" not in view.text()
+
+
+@pytest.fixture
+def thinking_model(synth_model: Callable[..., Path]) -> Path:
+    return synth_model("qwen3moe", expert_type="q8_0", chat_template=THINKING_CHAT_TEMPLATE)
+
+
+def test_a_thinking_model_streams_thoughts_and_the_next_turn_drops_them(
+        make_window: Callable[..., Any], qtbot: Any, thinking_model: Path) -> None:
+    """Real engine, a template that opens <think> in the prompt (Qwen3 Thinking): the
+    random tiny model never closes it, so the whole answer is thoughts."""
+    window = make_window()
+    summary = load(qtbot, window, thinking_model, budget="25%", n_ctx=512)
+    assert summary.answer_prefix == "<think>\n"
+    window.chat_settings.seed.setValue(LONG_SEED)
+    shown_thinking: list[bool] = []
+    window.chat.tokensArrived.connect(
+        lambda _s: shown_thinking.append(window.chat_view.flush() or window.chat_view.thinking))
+    result = send(qtbot, window, "Say hi", max_tokens=16)
+    assert result.n_tokens > 0 and any(shown_thinking)
+    message = window.store.messages(window.chat.chat_id)[-1]
+    assert message.content.startswith("<think>\n")
+    assert message.stats["reasoning_tokens"] == result.n_tokens
+    assert message.stats["reasoning_seconds"] > 0
+    text = window.chat_view.text()
+    assert f"▸ Thought for {message.stats['reasoning_seconds']:.1f} s" in text
+    assert "<think>" not in text
+    # the next turn's prompt carries no thoughts (an answer of thoughts only is left out)
+    history = window.chat.history()
+    assert [m["role"] for m in history] == ["user"]
+    assert all("<think>" not in m["content"] for m in history)
