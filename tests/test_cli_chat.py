@@ -267,3 +267,14 @@ def test_the_terminal_prints_thoughts_dim_then_the_answer() -> None:
     assert "<|" not in text
     assert text.replace("\x1b[0m\x1b[2m", "") == \
         "\x1b[2mthinking: Two and two.\x1b[0m\n\nIt is 4."
+
+
+def test_a_long_conversation_keeps_going_without_its_earliest_turns(
+        synth_model: Callable[..., Path], spy: Spy,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    lines = "".join(f"Question {i}: " + "tell me more " * 6 + "\n" for i in range(6))
+    code, out, err = chat(monkeypatch, capsys, synth_model("qwen3moe"), lines,
+                          "--ctx", "160", "--n", "8")
+    assert code == 0 and "does not fit" not in err
+    assert len(spy.turns) == 6 and all(t.n_tokens for t in spy.turns)
+    assert "earliest messages were left out" in out

@@ -129,3 +129,16 @@ def test_send_without_a_model_explains_instead_of_failing(make_window: Any,
     w = make_window()
     assert not w.chat.send("hello")
     assert any("Open a model first" in t for t in dialogs.texts("critical"))
+
+
+def test_a_chat_longer_than_the_context_goes_on_without_its_earliest_turns(
+        window: Any, qtbot: Any) -> None:
+    long = "tell me more about the experts " * 12
+    for i in range(6):
+        summary = send(qtbot, window, f"Question {i}: {long}", max_tokens=6)
+        assert summary.stop_reason != "error"
+    assert "earliest messages left out to fit the context" in summary.summary
+    assert summary.n_prompt_tokens <= 512
+    stored = window.store.messages(window.chat.chat_id)
+    assert len(stored) == 12  # nothing is deleted from the chat itself
+    assert "earliest messages left out" in stored[-1].stats["summary"]

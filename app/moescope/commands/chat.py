@@ -230,6 +230,9 @@ class ChatSession:
             self.out.write("\n")
         a = engine.last_answer
         self._dim(answer_summary(engine))
+        if a.dropped_messages:
+            self._dim(f"({a.dropped_messages} earliest messages were left out of the prompt "
+                      "to fit the context; /reset starts a new conversation)")
         if a.n_tokens:
             self.total.add(a)
             self.by_policy.setdefault("/".join(a.policies), SessionStats()).add(a)

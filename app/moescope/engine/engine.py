@@ -396,6 +396,37 @@ class Engine:
         except Exception:  # a template that fails here fails (and says why) at generate
             return ""
 
+    @property
+    def n_ctx(self) -> int:
+        """Tokens the conversation may use: the context size asked for. llama.cpp may pad
+        its context beyond it, but llama-cpp-python's token buffer has the size asked for,
+        and a prompt longer than that buffer fails inside ``eval``."""
+        return min(self._llm.n_ctx(), int(self._llm.context_params.n_ctx))
+
+    def fit_conversation(self, messages: Sequence[Message | dict[str, str]], *,
+                         room: int) -> tuple[list[int], int]:
+        """The prompt's tokens, leaving out the earliest turns while the prompt leaves less
+        than ``room`` tokens of the context for the answer (a rolling window: the system
+        prompt and the last user message always stay; a turn is a user message with the
+        answers after it, so roles keep alternating, as some templates require).
+
+        Returns the tokens and how many messages were left out. A conversation whose last
+        turn alone does not fit is returned whole: the caller says it does not fit.
+        """
+        msgs = [m if isinstance(m, dict) else {"role": m.role, "content": m.content}
+                for m in messages]
+        head = [m for m in msgs[:1] if m["role"] == "system"]
+        body = msgs[len(head):]
+        limit = self.n_ctx - room
+        dropped = 0
+        while True:
+            tokens = self.tokenize(self.format_chat(head + body), add_bos=True, special=True)
+            starts = [i for i, m in enumerate(body) if m["role"] == "user"]
+            if len(tokens) <= limit or len(starts) < 2:
+                return tokens, dropped
+            dropped += starts[1]
+            body = body[starts[1]:]
+
     def _token_text(self, token: int) -> str:
         if token < 0:
             return ""
@@ -419,16 +450,20 @@ class Engine:
         :attr:`last_answer`. The prompt's shared prefix with the previous call is reused
         from the KV cache (no re-prefill of the conversation)."""
         s = sampling or Sampling()
-        text = prompt if isinstance(prompt, str) else self.format_chat(prompt)
-        tokens = self.tokenize(text, add_bos=True, special=True)
-        n_ctx = self._llm.n_ctx()
+        n_ctx = self.n_ctx
+        dropped = 0
+        if isinstance(prompt, str):
+            tokens = self.tokenize(prompt, add_bos=True, special=True)
+        else:
+            tokens, dropped = self.fit_conversation(prompt, room=min(s.max_tokens, n_ctx // 4))
         if len(tokens) >= n_ctx:
             raise MoEScopeError(f"the conversation ({len(tokens)} tokens) does not fit the "
                                 f"context of {n_ctx} tokens")
         self._stop.clear()
         if s.seed is not None:
             self._llm.set_seed(s.seed)
-        answer = AnswerStats(n_prompt_tokens=len(tokens), policies=[self._policy_name])
+        answer = AnswerStats(n_prompt_tokens=len(tokens), policies=[self._policy_name],
+                             dropped_messages=dropped)
         self.last_answer = answer
         self.drain_events()  # rows from earlier calls are not this answer's
         t0 = time.perf_counter()

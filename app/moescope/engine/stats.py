@@ -97,6 +97,8 @@ class AnswerStats:
     cache: CacheTotals = field(default_factory=CacheTotals)
     policies: list[str] = field(default_factory=list)
     stop_reason: str = ""
+    dropped_messages: int = 0
+    """Earliest messages left out of the prompt so the conversation fits the context."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -111,4 +113,6 @@ class AnswerStats:
                 f"fetched {c.fetched_mb_per_token:.2f} MB/tok · "
                 f"substituted {c.substituted_fraction:.1%} · "
                 f"mass/tok {c.mass_per_token:.3f} · {'/'.join(self.policies) or '-'} · "
-                f"{self.stop_reason}")
+                f"{self.stop_reason}"
+                + (f" · {self.dropped_messages} earliest messages left out to fit the context"
+                   if self.dropped_messages else ""))
