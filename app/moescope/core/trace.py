@@ -9,7 +9,9 @@ policies and budgets. Both need a record of the session, so this module defines 
 * one **token** line per generated token: wall time, phase, the policy or budget changes
   that took effect at that token, the core's event rows for every routed layer, optionally
   the router inputs (full probabilities, raw gate weights, ids) that make a replay exact,
-  and the engine's copy timings spent on it;
+  the engine's copy timings spent on it, and PSR's prefetch counters (the core keeps them
+  only as cumulative layer stats, with no event row, so without them a reopened trace
+  could not show prefetch accuracy);
 * an optional **end** line (a crash simply leaves it out).
 
 The file is JSON Lines, optionally gzip-compressed, and flushed after every token so that a
@@ -35,7 +37,7 @@ import platform
 import re
 import sys
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol, runtime_checkable
@@ -46,6 +48,7 @@ import numpy.typing as npt
 from moescope.core.errors import MoEScopeError
 from moescope.core.native import EVENT_DTYPE, FETCH, MAX_K, SUBSTITUTE
 from moescope.core.policy import DEFAULT_BONUS, Eviction, MissRule, Policy, SubstituteWeight
+from moescope.core.prefetch import PrefetchCounters, prefetch_delta
 
 TRACE_FORMAT = "moescope-trace"
 TRACE_VERSION = 1
@@ -301,8 +304,18 @@ class TokenRecord:
     timings: dict[str, int] | None = None
     answer: int = 0
     position: int = 0
+    prefetches: npt.NDArray[np.int64] | None = None
+    """PSR: experts ``moecache_prefetch`` brought in during this token, per MoE layer (in
+    the order of ``model.moe_layers``), whatever the policy (0 where it does not prefetch).
+    None: not recorded (a trace written before these counters): unknown, not zero."""
+    prefetch_hits: npt.NDArray[np.int64] | None = None
+    """PSR: prefetched experts the router first computed during this token (as a hit or
+    a substitute), per MoE layer; None exactly when ``prefetches`` is."""
 
-    def to_json(self, router_dtype: RouterDtype | None = "f32") -> dict[str, Any]:
+    def to_json(self, router_dtype: RouterDtype | None = "f32",
+                moe_layers: Sequence[int] | None = None) -> dict[str, Any]:
+        """The token record; ``moe_layers`` (the header's) names the layers of the prefetch
+        counters, which are written only when known (see :func:`_prefetch_to_json`)."""
         out: dict[str, Any] = {
             "type": "token", "index": self.index, "answer": self.answer,
             "position": self.position, "phase": self.phase, "token_id": self.token_id,
@@ -313,6 +326,10 @@ class TokenRecord:
             out["changes"] = [c.to_json() for c in self.changes]
         if self.timings is not None:
             out["timings"] = {k: int(self.timings.get(k, 0)) for k in TIMING_KEYS}
+        if self.prefetches is not None and self.prefetch_hits is not None:
+            if moe_layers is None:
+                raise ValueError("prefetch counters need the model's MoE layers to be written")
+            out["prefetch"] = _prefetch_to_json(self.prefetches, self.prefetch_hits, moe_layers)
         out["events"] = [_event_to_json(row) for row in self.events]
         if self.routes and router_dtype is not None:
             out["routes"] = [_route_to_json(r, router_dtype) for r in self.routes.values()]
@@ -416,6 +433,44 @@ def _route_from_json(d: Mapping[str, Any], n_expert: int, n_rows: int) -> Router
                        next_layer=next_layer, predicted=predicted)
 
 
+def _prefetch_to_json(prefetches: npt.ArrayLike, hits: npt.ArrayLike,
+                      moe_layers: Sequence[int]) -> list[list[int]]:
+    """``[[layer, prefetches, hits], ...]`` for the MoE layers with a nonzero count, in layer
+    order; ``[]`` when nothing was prefetched or hit. Sparse because most tokens of most
+    sessions prefetch nothing (every policy but PSR), and a present empty list still says
+    "recorded: zero", unlike an absent field ("unknown")."""
+    pf = np.asarray(prefetches, dtype=np.int64).ravel()
+    h = np.asarray(hits, dtype=np.int64).ravel()
+    if not len(pf) == len(h) == len(moe_layers):
+        raise ValueError(f"prefetch counters have {len(pf)}/{len(h)} entries for "
+                         f"{len(moe_layers)} MoE layers")
+    return [[int(layer), int(a), int(b)]
+            for layer, a, b in zip(moe_layers, pf, h, strict=True) if a or b]
+
+
+def _prefetch_from_json(items: Any, moe_layers: Sequence[int]
+                        ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Inverse of :func:`_prefetch_to_json`: dense per-MoE-layer arrays (raises on a layer
+    that is not a MoE layer, a repeated layer, or a negative count)."""
+    if not isinstance(items, list):
+        raise ValueError("prefetch must be a list of [layer, prefetches, hits]")
+    row_of = {layer: i for i, layer in enumerate(moe_layers)}
+    pf = np.zeros(len(moe_layers), dtype=np.int64)
+    hits = np.zeros(len(moe_layers), dtype=np.int64)
+    seen: set[int] = set()
+    for item in items:
+        if not isinstance(item, list) or len(item) != 3:
+            raise ValueError(f"prefetch entry {item!r} is not [layer, prefetches, hits]")
+        layer, a, b = (int(x) for x in item)
+        if layer not in row_of or layer in seen:
+            raise ValueError(f"prefetch layer {layer} is not a MoE layer, or repeats")
+        if a < 0 or b < 0:
+            raise ValueError(f"prefetch counts of layer {layer} must be >= 0")
+        seen.add(layer)
+        pf[row_of[layer]], hits[row_of[layer]] = a, b
+    return pf, hits
+
+
 # --------------------------------------------------------------------------- writing
 
 
@@ -451,7 +506,7 @@ class TraceWriter:
 
     def write_token(self, record: TokenRecord) -> None:
         """Append one token (written and flushed before this returns)."""
-        self._write(record.to_json(self.header.router_inputs))
+        self._write(record.to_json(self.header.router_inputs, self.header.model.moe_layers))
         self.n_tokens += 1
 
     def close(self, **end: Any) -> None:
@@ -515,9 +570,11 @@ class TraceRecorder:
         recorder.close(stop_reason=engine.last_answer.stop_reason)
 
     For each token it reads the router inputs of every layer that token routed
-    (``last_route``), the change of the engine's copy timings, and the policy or budget
-    changes made since the previous token. Start it right after the model is loaded: a
-    replay starts from an empty cache, so only then is it exact (the header says so).
+    (``last_route``), the change of the engine's copy timings, the change of the core's
+    prefetch counters (``cache.layer_stats``: PSR writes no event row, so this is the only
+    record of it), and the policy or budget changes made since the previous token. Start
+    it right after the model is loaded: a replay starts from an empty cache, so only then
+    is it exact (the header says so).
     """
 
     def __init__(self, path: str | os.PathLike[str], header: TraceHeader, *,
@@ -532,6 +589,9 @@ class TraceRecorder:
         self._last_position = -1
         self._timings = _timings_of(source)
         self._dropped = _dropped_of(source)
+        self._prefetch: PrefetchCounters | None = None
+        self._prefetch_base: npt.NDArray[np.int64] | None = None
+        self._prefetch_counts(source)  # the baseline: what was counted before recording
         changes = getattr(source, "changes", None)
         self._n_changes = len(changes) if changes is not None else 0
         self.route_mismatches = 0
@@ -575,9 +635,28 @@ class TraceRecorder:
                 record.timings = {k: int(now.get(k, 0)) - int(before.get(k, 0))
                                   for k in TIMING_KEYS}
                 self._timings = now
+            counts = self._prefetch_counts(source)
+            if counts is not None:
+                record.prefetches, record.prefetch_hits = counts[0], counts[1]
         self.writer.write_token(record)
         self._index += 1
         return record
+
+    def _prefetch_counts(self, source: Any) -> npt.NDArray[np.int64] | None:
+        """PSR counters since the previous reading, per MoE layer (rows: prefetches, hits),
+        or None when ``source`` has no cache to read. Counted for every token whatever the
+        policy, so a replay can be compared token by token; views show them only for tokens
+        whose policy prefetches, as the live panel does."""
+        cache = getattr(source, "cache", None) if source is not None else None
+        if cache is None or not hasattr(cache, "layer_stats"):
+            return None
+        if self._prefetch is None or self._prefetch.cache is not cache:
+            self._prefetch = PrefetchCounters(cache, self.header.model.moe_layers)
+            self._prefetch_base = None
+        totals = self._prefetch.read()
+        counts = prefetch_delta(totals, self._prefetch_base)
+        self._prefetch_base = totals
+        return counts
 
     def _changes(self, source: RouteSource | None, stats: TokenLike) -> list[Change]:
         """Changes applied since the previous token: budget resizes in the order the engine
@@ -815,12 +894,16 @@ def _token_from_json(d: Mapping[str, Any], header: TraceHeader, expected: int) -
         routes[route.row] = route
     changes = [_change_from_json(c) for c in d.get("changes", ())]
     timings = d.get("timings")
+    prefetches = prefetch_hits = None
+    if "prefetch" in d:  # absent: written before the counters existed, so unknown
+        prefetches, prefetch_hits = _prefetch_from_json(d["prefetch"], m.moe_layers)
     return TokenRecord(
         index=index, phase=phase, token_id=int(d["token_id"]), text=str(d["text"]),
         seconds=seconds, policy=str(d["policy"]), slots_per_layer=int(d["slots_per_layer"]),
         events=events, routes=routes, changes=changes,
         timings={k: int(timings.get(k, 0)) for k in TIMING_KEYS} if timings else None,
         answer=int(d.get("answer", 0)), position=int(d.get("position", 0)),
+        prefetches=prefetches, prefetch_hits=prefetch_hits,
     )
 
 
@@ -871,6 +954,9 @@ def to_perfetto(trace: Trace) -> dict[str, Any]:
             "substituted_mass": float(rows["substituted_mass"].astype(np.float64).sum()),
             "bytes_sync": int(rows["bytes_sync"].sum()),
         }
+        if tok.prefetches is not None and tok.prefetch_hits is not None:
+            args["prefetches"] = int(tok.prefetches.sum())
+            args["prefetch_hits"] = int(tok.prefetch_hits.sum())
         if tok.changes:
             args["changes"] = [c.to_json() for c in tok.changes]
         ev.append({"name": f"{tok.phase} {tok.text!r}", "cat": tok.phase, "ph": "X",

@@ -4,6 +4,9 @@ Friture's split: this model only accumulates numbers (cheap, once per token); th
 read it when the display timer fires, and only the parts marked dirty. Nothing here
 imports Qt, so a reopened trace fills the same model through the same code as a live
 session, and tests read the numbers the plots show.
+
+Prefetch accuracy is :class:`moescope.core.prefetch.PrefetchSummary` (imported here, as
+before): a reopened trace and the simulator's what-if table use the same definition.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from moescope.core.prefetch import PrefetchSummary
 from moescope.gui.ring import RingBuffer
 from moescope.gui.snapshots import (
     CELL_LABELS,
@@ -36,26 +40,6 @@ that only mean "off"."""
 
 ROLLING_TOKENS = 16
 """Tokens/s is shown as a rolling mean over this many decode steps (one token is noisy)."""
-
-
-@dataclass(frozen=True)
-class PrefetchSummary:
-    """PSR over the recent prefetching tokens: how many experts it brought in, and how
-    many of those the router then used (prefetch accuracy = hits / prefetches)."""
-
-    tokens: int
-    prefetches: int
-    hits: int
-
-    @property
-    def per_token(self) -> float:
-        return self.prefetches / self.tokens if self.tokens else 0.0
-
-    @property
-    def accuracy(self) -> float | None:
-        """None before anything was prefetched. A hit can land a few tokens after its
-        prefetch, so a window's ratio is capped at 1."""
-        return min(1.0, self.hits / self.prefetches) if self.prefetches else None
 
 
 def prefetch_text(summary: PrefetchSummary) -> str:

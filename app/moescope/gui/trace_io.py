@@ -11,6 +11,12 @@ fetched, used as a substitute, admitted or evicted). That is exact from an empty
 which is how recording starts, except after a budget *shrink*: the core evicts without
 event rows then, so until the cache turns over the rebuilt residency keeps the most
 recently used experts (:attr:`ReopenedTrace.approximate_from`).
+
+PSR's prefetch counters come from the trace's own per-token record (the core writes no
+event row for a prefetch), and a token carries them in its snapshot only when its policy
+prefetched, exactly the live worker's rule, so the panel shows prefetch accuracy when and
+as it did live. A trace from before the counters has none: its accuracy is unknown, and
+:attr:`ReopenedTrace.prefetch_unrecorded` says for how many prefetching tokens.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from moescope.core.native import FETCH, HIT, SUBSTITUTE
+from moescope.core.prefetch import PrefetchSummary, summarize
 from moescope.core.trace import Change, Trace, read_trace, write_perfetto
+from moescope.gui.cache_model import prefetch_text
 from moescope.gui.snapshots import ModelSummary, TokenSnapshot
 
 KEEP_TRACES = 20
@@ -74,6 +82,12 @@ class ReopenedTrace:
     trace: Trace
     approximate_from: int | None = None
     """First step whose rebuilt residency is approximate (after a budget shrink)."""
+    prefetch: PrefetchSummary | None = None
+    """PSR over every token whose policy prefetched and whose counters were recorded;
+    None when there is none (no policy prefetched, or the trace predates the counters)."""
+    prefetch_unrecorded: int = 0
+    """Tokens whose policy prefetched but whose trace line has no counters (an older
+    trace): their prefetch accuracy is unknown, not zero."""
 
 
 def reopen(path: str | Path) -> ReopenedTrace:
@@ -94,24 +108,61 @@ def reopen(path: str | Path) -> ReopenedTrace:
     last_use = np.full(resident.shape, -1, dtype=np.int64)
     approximate_from: int | None = None
     slots = h.slots_per_layer
+    policy = h.policy
+    unrecorded = 0
     tokens: list[TokenSnapshot] = []
     for rec in trace.tokens:
         step = rec.index + 1
         for change in rec.changes:
+            if change.kind == "policy" and change.policy is not None:
+                policy = change.policy
             if change.kind == "slots" and change.slots is not None:
                 if change.slots < slots:
                     _shrink(resident, last_use, change.slots)
                     approximate_from = approximate_from or step
                 slots = change.slots
         _apply_rows(resident, last_use, rec.events, rows_of, step)
+        # the live worker's rule: counters only while the token's policy prefetches
+        show = policy.prefetch != 0 and rec.prefetches is not None
         tokens.append(TokenSnapshot(
             step=step, index=rec.position, text=rec.text, seconds=rec.seconds,
             policy=rec.policy, slots_per_layer=rec.slots_per_layer, n_prompt_tokens=0,
             n_ctx=0, events=rec.events, resident=resident.copy(),
             changes=tuple(change_label(c) for c in rec.changes),
-            ttft=rec.seconds if rec.position == 0 else None))
+            ttft=rec.seconds if rec.position == 0 else None,
+            prefetches=rec.prefetches if show else None,
+            prefetch_hits=rec.prefetch_hits if show else None))
+        if policy.prefetch != 0 and rec.prefetches is None:
+            unrecorded += 1
+    counted = [(t.prefetches, t.prefetch_hits) for t in tokens
+               if t.prefetches is not None and t.prefetch_hits is not None]
     return ReopenedTrace(model=model, tokens=tokens, trace=trace,
-                         approximate_from=approximate_from)
+                         approximate_from=approximate_from,
+                         prefetch=summarize(counted) if counted else None,
+                         prefetch_unrecorded=unrecorded)
+
+
+PREFETCH_SESSION_TIP = (
+    "Prefetch accuracy (PSR) over the whole recorded session: of the experts prefetched "
+    "while the policy prefetched, the share the router then used before they were evicted. "
+    "/token: experts prefetched per token, all layers together.")
+"""Tooltip of the trace window's session-wide prefetch line."""
+
+
+def prefetch_overview(reopened: ReopenedTrace) -> str:
+    """The trace window's prefetch line: accuracy and rate over the session's prefetching
+    tokens, "not recorded" for an older trace of a prefetching policy, "" (hidden) when no
+    token's policy prefetched: the live panel's rule, over the whole session."""
+    summary, missing = reopened.prefetch, reopened.prefetch_unrecorded
+    if summary is not None:
+        text = f"PSR, {summary.tokens} prefetching tokens: {prefetch_text(summary)}"
+        if missing:
+            text += f" ({missing} more prefetching tokens not recorded)"
+        return text
+    if missing:
+        return ("PSR: prefetch accuracy not recorded (this trace was written before "
+                "MoEScope recorded prefetch counters)")
+    return ""
 
 
 def _apply_rows(resident: np.ndarray, last_use: np.ndarray, events: np.ndarray,

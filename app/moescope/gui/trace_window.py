@@ -1,8 +1,10 @@
 """A recorded session, reopened: the same cache panel, filled from a trace file.
 
 The panel is fed the trace's snapshots through the same :class:`CacheModel` code as a
-live session, so the curves and bars are the numbers the live window showed. A second tab,
-the what-if view, replays the trace under other policies and budgets.
+live session, so the curves and bars are the numbers the live window showed. A line above
+it gives PSR's prefetch accuracy over the whole session (hidden when no policy prefetched,
+"not recorded" for a trace from before the counters). A second tab, the what-if view,
+replays the trace under other policies and budgets, prefetch accuracy included.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import QLabel, QMainWindow, QTabWidget, QVBoxLayout, QWidget
 
 from moescope.gui.cache_panel import CachePanel
-from moescope.gui.trace_io import ReopenedTrace
+from moescope.gui.trace_io import PREFETCH_SESSION_TIP, ReopenedTrace, prefetch_overview
 from moescope.gui.whatif_view import WhatIfView
 
 
@@ -41,6 +43,14 @@ class TraceWindow(QMainWindow):
         info.setWordWrap(True)
         info.setObjectName("statsLabel")
         layout.addWidget(info)
+        prefetch = prefetch_overview(reopened)
+        self.prefetch_label = QLabel(prefetch)
+        """Session-wide prefetch accuracy; hidden when no token's policy prefetched."""
+        self.prefetch_label.setObjectName("statsLabel")
+        self.prefetch_label.setWordWrap(True)
+        self.prefetch_label.setToolTip(PREFETCH_SESSION_TIP if reopened.prefetch else "")
+        self.prefetch_label.setVisible(bool(prefetch))
+        layout.addWidget(self.prefetch_label)
         self.panel = CachePanel(live=False)
         self.panel.set_model(model)
         self.panel.add_snapshots(tokens)

@@ -149,8 +149,10 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("policy", "Policy"), ("budget", "Budget"), ("slots", "Slots"), ("hit_rate", "Hit rate"),
     ("substituted_pct", "% substituted"), ("mass_per_token", "Mass/token"),
     ("est_ms_per_token", "Est. ms/token"), ("speedup_vs_exact", "Speed vs exact"),
+    ("prefetch_accuracy", "Prefetch accuracy"),
 )
-"""Table columns: (SweepRow field, header)."""
+"""Table columns: (SweepRow field, header). Prefetch accuracy is "–" for a policy that
+does not prefetch (PSR's number, as the cache panel shows it live)."""
 
 
 def cell_text(row: SweepRow, key: str) -> str:
@@ -158,7 +160,7 @@ def cell_text(row: SweepRow, key: str) -> str:
     value = getattr(row, key)
     if value is None:
         return "recorded" if key == "slots" else "–"
-    if key == "hit_rate":
+    if key in ("hit_rate", "prefetch_accuracy"):
         return f"{value:.1%}"
     if key == "substituted_pct":
         return f"{value:.1f}%"
@@ -191,4 +193,9 @@ def tooltip(row: SweepRow) -> str:
     ]
     if row.speedup_vs_exact is not None:
         lines.append(f"speed vs exact at this budget: {row.speedup_vs_exact:.2f}×")
+    if row.prefetches_per_token is not None:
+        acc = row.prefetch_accuracy
+        lines.append(f"prefetch accuracy: {acc:.1%}" if acc is not None
+                     else "prefetch accuracy: – (nothing prefetched)")
+        lines.append(f"prefetched/token: {row.prefetches_per_token:.1f} experts")
     return "\n".join(lines)

@@ -29,6 +29,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from moescope.core.errors import MoEScopeError
 from moescope.core.policy import Policy
+from moescope.core.prefetch import PrefetchCounters, prefetch_delta
 from moescope.core.trace import TraceRecorder
 from moescope.engine import AnswerStats, Engine, Sampling
 from moescope.gui.snapshots import AnswerSummary, ModelSummary, TokenSnapshot
@@ -282,20 +283,13 @@ class EngineWorker(QObject):
 
     def _prefetch_delta(self, cache: Any, layers: Any) -> np.ndarray | None:
         """This token's PSR counters per MoE layer (rows: prefetches, hits), or None when
-        the policy it ran under does not prefetch. The core counts prefetches only in its
-        cumulative layer stats (no event rows), so the worker keeps the previous totals
-        and takes the difference; a total that went down was reset, and counts anew."""
-        totals = np.empty((2, len(layers)), dtype=np.int64)
-        for row, il in enumerate(layers):
-            stats = cache.layer_stats(il)
-            totals[0, row], totals[1, row] = stats.prefetches, stats.prefetch_hits
-        base = self._prefetch_base
-        self._prefetch_base = totals
+        the policy it ran under does not prefetch (``core.prefetch``: the core counts them
+        only cumulatively, so the worker keeps the previous totals)."""
+        totals = PrefetchCounters(cache, layers).read()
+        base, self._prefetch_base = self._prefetch_base, totals
         if self.engine.policy.prefetch == 0:
             return None
-        if base is None or base.shape != totals.shape:
-            return totals
-        return np.where(totals >= base, totals - base, totals)
+        return prefetch_delta(totals, base)
 
 
 def _policy_label(policy: Policy | str) -> str:

@@ -18,7 +18,9 @@ Exactness needs the engine's order and cache state, which the trace provides:
   rows, just as the engine applies them between tokens;
 * after each route call, PSR's ``prefetch`` for the next MoE layer with the prediction the
   row recorded (ranked ids; a policy that does not prefetch ignores them), as the engine's
-  route op does. Its copies are counted as background copies of that token.
+  route op does. Its copies are counted as background copies of that token, and the core's
+  prefetch counters (prefetches, prefetch hits) are taken per token exactly as the trace
+  recorder takes the engine's (:mod:`moescope.core.prefetch`), so the two can be compared.
 
 Rows recorded without router inputs (earlier tokens of a batched ubatch, or a trace written
 without them) are replayed from the event row itself: ids and normalized weights are exact,
@@ -38,6 +40,7 @@ import numpy.typing as npt
 
 from moescope.core.native import COPY_DTYPE, EVENT_DTYPE, OK, ExpertCache, NativeError, load_library
 from moescope.core.policy import Policy
+from moescope.core.prefetch import PrefetchCounters, PrefetchSummary, prefetch_delta
 from moescope.core.trace import Change, Trace, TraceHeader
 
 TOKEN_COST_DTYPE = np.dtype([
@@ -53,8 +56,13 @@ TOKEN_COST_DTYPE = np.dtype([
     ("bytes_async", np.int64),
     ("n_sync", np.int64),
     ("n_async", np.int64),
+    ("prefetching", np.bool_),
+    ("prefetches", np.int64),
+    ("prefetch_hits", np.int64),
 ])
-"""What the cache did for one trace token, summed over its rows and copy plans."""
+"""What the cache did for one trace token, summed over its rows and copy plans.
+``prefetching``: the policy in force prefetches (and the trace has the predictions to);
+``prefetches`` / ``prefetch_hits``: the core's PSR counters for the token, all layers."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +179,11 @@ class ReplayResult:
     events: npt.NDArray[Any] | None = None
     approximate_rows: int = 0
     warnings: list[str] = field(default_factory=list)
+    layer_prefetches: npt.NDArray[np.int64] | None = None
+    """With ``keep_events``: per token and MoE layer (``(n_tokens, len(moe_layers))``), the
+    experts prefetched, to compare with the trace's ``TokenRecord.prefetches``."""
+    layer_prefetch_hits: npt.NDArray[np.int64] | None = None
+    """With ``keep_events``: per token and MoE layer, the prefetch hits."""
 
     @property
     def decode(self) -> npt.NDArray[Any]:
@@ -214,6 +227,18 @@ class ReplayResult:
         """Substituted gate mass per token, summed over layers (paper 1's metric)."""
         return self._per_token("substituted_mass")
 
+    @property
+    def prefetch(self) -> PrefetchSummary | None:
+        """PSR over the decode tokens whose policy prefetched (the live panel's definition
+        of prefetch accuracy, :class:`~moescope.core.prefetch.PrefetchSummary`); None when
+        none did, so a policy without prefetch shows no number rather than 0%."""
+        d = self.decode
+        on = d[d["prefetching"]]
+        if not len(on):
+            return None
+        return PrefetchSummary(tokens=len(on), prefetches=int(on["prefetches"].sum()),
+                               hits=int(on["prefetch_hits"].sum()))
+
 
 def replay(routing: Routing | Trace, policy: Policy | str | None = None,
            slots: int | None = None, *, keep_events: bool = False) -> ReplayResult:
@@ -246,6 +271,12 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
             cache.begin_step()
         route = _Router(cache, routing, max(rows_per_token, 1))
         prefetched = 0
+        counters = PrefetchCounters(cache, m.moe_layers)
+        counts_base: npt.NDArray[np.int64] | None = None
+        counting = False  # the counters stay 0 until the first prefetch: no need to read
+        layer_pf = (np.zeros((len(routing.tokens), len(m.moe_layers)), dtype=np.int64)
+                    if keep_events else None)
+        layer_hits = layer_pf.copy() if layer_pf is not None else None
         requested = before = start_policy  # the latest policy set, and the one before
         if routing.predicted is None and (start_policy.prefetch or any(
                 c.kind == "policy" and c.policy and c.policy.prefetch
@@ -279,9 +310,20 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
                     step += 1
                 route(call.layer, call.start, call.stop)
                 if prefetching:
+                    counting = True
                     prefetched += route.prefetch(call.start, call.stop)
             rows = cache.drain_events()
             _summarize(per_token[t], rows, tok.decode)
+            per_token[t]["prefetching"] = routing.predicted is not None and bool(
+                requested.prefetch)
+            if counting:
+                totals = counters.read()
+                delta = prefetch_delta(totals, counts_base)
+                counts_base = totals
+                per_token[t]["prefetches"] = int(delta[0].sum())
+                per_token[t]["prefetch_hits"] = int(delta[1].sum())
+                if layer_pf is not None and layer_hits is not None:
+                    layer_pf[t], layer_hits[t] = delta[0], delta[1]
             if prefetched:
                 per_token[t]["n_async"] += prefetched
                 per_token[t]["bytes_async"] += route.prefetched_bytes
@@ -296,6 +338,7 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
         events=(np.concatenate(kept) if kept else np.zeros(0, EVENT_DTYPE)) if keep_events
         else None,
         approximate_rows=int((~routing.exact).sum()), warnings=warnings,
+        layer_prefetches=layer_pf, layer_prefetch_hits=layer_hits,
     )
 
 

@@ -103,6 +103,12 @@ class SweepRow:
     est_ms_per_token: float
     speedup_vs_exact: float | None
     approximate_rows: int
+    prefetches_per_token: float | None = None
+    """PSR: experts prefetched per decode token under a prefetching policy; None when no
+    token's policy prefetched (not 0: "does not prefetch" is not "prefetched nothing")."""
+    prefetch_accuracy: float | None = None
+    """PSR: prefetch hits / prefetches (capped at 1), the live panel's definition; None
+    when the policy does not prefetch or nothing was prefetched."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,7 @@ def sweep(trace: Trace, policies: Sequence[str], budgets: Sequence[str],
             pending.append((spec, policy, budget, slots, (result, ms)))
     for spec, _policy, budget, slots, (result, ms) in pending:
         base = exact_ms.get(budget)
+        prefetch = result.prefetch
         rows.append(SweepRow(
             policy=spec, budget=budget.strip(), slots=slots, tokens=result.n_tokens,
             hit_rate=result.hit_rate, fetches_per_token=result.fetches_per_token,
@@ -153,6 +160,8 @@ def sweep(trace: Trace, policies: Sequence[str], budgets: Sequence[str],
             admissions_per_token=result.admissions_per_token, est_ms_per_token=ms,
             speedup_vs_exact=(base / ms) if base and ms > 0 else None,
             approximate_rows=result.approximate_rows,
+            prefetches_per_token=prefetch.per_token if prefetch is not None else None,
+            prefetch_accuracy=prefetch.accuracy if prefetch is not None else None,
         ))
     decode = [t.seconds for t in trace.tokens if t.phase == "decode"]
     return Sweep(rows=rows, cost_model=cost, trace_tokens=len(trace.tokens),
@@ -165,14 +174,14 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("fetch/tok", "fetches_per_token"), ("fetched/tok", "fetched_bytes_per_token"),
     ("subst %", "substituted_pct"), ("mass/tok", "mass_per_token"),
     ("admit/tok", "admissions_per_token"), ("est ms/tok", "est_ms_per_token"),
-    ("vs exact", "speedup_vs_exact"),
+    ("vs exact", "speedup_vs_exact"), ("prefetch acc", "prefetch_accuracy"),
 )
 
 
 def _cell(name: str, value: Any) -> str:
     if value is None:
         return "recorded" if name == "slots" else "-"
-    if name == "hit_rate":
+    if name in ("hit_rate", "prefetch_accuracy"):
         return f"{value:.1%}"
     if name == "fetched_bytes_per_token":
         return format_bytes(round(value))
