@@ -278,3 +278,22 @@ def test_a_long_conversation_keeps_going_without_its_earliest_turns(
     assert code == 0 and "does not fit" not in err
     assert len(spy.turns) == 6 and all(t.n_tokens for t in spy.turns)
     assert "earliest messages were left out" in out
+
+
+def test_thinking_switch_in_the_cli(
+        synth_model: Callable[..., Path], spy: Spy,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from moescope.testing.vocab import HYBRID_THINKING_CHAT_TEMPLATE
+
+    prompts: list[str] = []
+    format_chat = Engine.format_chat
+    monkeypatch.setattr(Engine, "format_chat", lambda self, m, thinking="default": (
+        prompts.append(format_chat(self, m, thinking)) or prompts[-1]))
+    hybrid = synth_model("qwen3moe", chat_template=HYBRID_THINKING_CHAT_TEMPLATE)
+    code, _, err = chat(monkeypatch, capsys, hybrid, "Hi\n", "--thinking", "off")
+    assert code == 0 and "thinking setting" not in err
+    assert prompts[-1].endswith("<think>\n\n</think>\n\n")
+    code, _, err = chat(monkeypatch, capsys, synth_model("qwen3moe"), "Hi\n",
+                        "--thinking", "high")
+    assert code == 0 and "has no 'high' thinking setting; it is ignored" in err
+    assert "Reasoning:" not in prompts[-1]

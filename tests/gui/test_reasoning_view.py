@@ -118,3 +118,41 @@ def test_a_thinking_model_streams_thoughts_and_the_next_turn_drops_them(
     history = window.chat.history()
     assert [m["role"] for m in history] == ["user"]
     assert all("<think>" not in m["content"] for m in history)
+
+
+def test_the_thinking_setting_follows_the_model_and_reaches_the_prompt(
+        make_window: Callable[..., Any], qtbot: Any, synth_model: Callable[..., Path],
+        tiny_moe: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from moescope.engine import Engine
+    from moescope.gui.chat_settings import NO_SWITCH_TIP
+    from moescope.testing.vocab import HYBRID_THINKING_CHAT_TEMPLATE
+
+    prompts: list[str] = []
+    format_chat = Engine.format_chat
+
+    def spy(self: Engine, messages: Any, thinking: str = "default") -> str:
+        prompts.append(format_chat(self, messages, thinking))
+        return prompts[-1]
+
+    monkeypatch.setattr(Engine, "format_chat", spy)
+    window = make_window()
+    combo = window.chat_settings.thinking
+    load(qtbot, window, tiny_moe, n_ctx=512)
+    assert not combo.isEnabled() and combo.toolTip() == NO_SWITCH_TIP
+    hybrid = synth_model("qwen3moe", expert_type="q8_0",
+                         chat_template=HYBRID_THINKING_CHAT_TEMPLATE)
+    load(qtbot, window, hybrid, n_ctx=512)
+    assert combo.isEnabled()
+    assert [combo.itemData(i) for i in range(combo.count())] == [
+        "default", "off", "on", "low", "medium", "high"]
+    combo.setCurrentIndex(combo.findData("off"))
+    combo.activated.emit(combo.currentIndex())  # what a click does
+    prompts.clear()
+    send(qtbot, window, "Two and two?", max_tokens=2)
+    assert prompts and prompts[-1].endswith("<think>\n\n</think>\n\n")
+    # remembered across a model without the switch, and restored from the settings
+    assert window.chat_settings.values()["thinking"] == "off"
+    load(qtbot, window, tiny_moe, n_ctx=512)
+    assert window.chat_settings.sampling().thinking == "default"
+    load(qtbot, window, hybrid, n_ctx=512)
+    assert combo.currentData() == "off"

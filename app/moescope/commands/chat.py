@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -34,7 +35,7 @@ from moescope.commands.generate import (
 )
 from moescope.core.errors import MoEScopeError
 from moescope.core.policy import PRESET_NAMES
-from moescope.core.reasoning import split_reasoning
+from moescope.core.reasoning import THINKING_SETTINGS, split_reasoning
 
 if TYPE_CHECKING:
     from moescope.core.trace import TraceRecorder
@@ -65,6 +66,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("model", type=Path, nargs="?", metavar="MODEL.gguf",
                    help="GGUF model (default: the bundled demo model)")
     p.add_argument("--system", default="", metavar="TEXT", help="system prompt")
+    p.add_argument("--thinking", default="default", choices=THINKING_SETTINGS,
+                   help="the chat template's thinking switch: off/on (Qwen3 hybrids), "
+                        "low/medium/high (gpt-oss); default leaves the template be")
     p.add_argument("--policy", default="quality-first", metavar="P",
                    help="expert-cache policy: exact, quality-first, speed-first, ... or "
                         "preset:key=value (default quality-first)")
@@ -107,7 +111,13 @@ def run(args: argparse.Namespace) -> int:
         tty = stdin.isatty()
         print(f"moescope chat · {loaded.path.name} · {cache_state(engine)} · context "
               f"{loaded.n_ctx} tokens · /help for commands, Ctrl+D to quit", file=sys.stderr)
-        session = ChatSession(engine, sampling_from_args(args), system=args.system,
+        thinking = args.thinking
+        if thinking not in engine.thinking_choices():
+            print(f"moescope: this model's chat template has no '{thinking}' thinking "
+                  "setting; it is ignored", file=sys.stderr)
+            thinking = "default"
+        sampling = dataclasses.replace(sampling_from_args(args), thinking=thinking)
+        session = ChatSession(engine, sampling, system=args.system,
                               recorder=recorder, color=_use_color(sys.stdout))
         read = _terminal_reader() if tty else _stream_reader(stdin)
         while True:

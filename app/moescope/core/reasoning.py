@@ -111,3 +111,40 @@ def reasoning_prefix(prompt: str) -> str:
 def answer_text(raw: str) -> str:
     """The answer without its reasoning: what the next turn's prompt should carry."""
     return split_reasoning(raw).answer
+
+
+THINKING_DEFAULT = "default"
+_SWITCH = ("off", "on")  # Qwen3's hybrid templates: ``enable_thinking``
+_EFFORT = ("low", "medium", "high")  # gpt-oss: ``reasoning_effort``
+
+
+def thinking_choices(template: str | None) -> tuple[str, ...]:
+    """The thinking settings a chat template understands, "default" first.
+
+    Qwen3's hybrid templates read ``enable_thinking`` (off: the template writes an empty
+    ``<think></think>`` and the model answers at once); gpt-oss reads ``reasoning_effort``.
+    Thinking costs tokens, and on an offloaded MoE every token costs expert copies, so
+    the switch is worth having wherever the template offers it, and only there.
+    """
+    text = template or ""
+    out = [THINKING_DEFAULT]
+    if "enable_thinking" in text:
+        out += _SWITCH
+    if "reasoning_effort" in text:
+        out += _EFFORT
+    return tuple(out)
+
+
+def template_variables(choice: str) -> dict[str, object]:
+    """The chat template variables of a thinking setting ({} for "default")."""
+    if choice == THINKING_DEFAULT:
+        return {}
+    if choice in _SWITCH:
+        return {"enable_thinking": choice == "on"}
+    if choice in _EFFORT:
+        return {"enable_thinking": True, "reasoning_effort": choice}
+    raise ValueError(f"thinking must be one of {', '.join((THINKING_DEFAULT, *_SWITCH, *_EFFORT))}"
+                     f", got {choice!r}")
+
+
+THINKING_SETTINGS = (THINKING_DEFAULT, *_SWITCH, *_EFFORT)

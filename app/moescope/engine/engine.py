@@ -55,6 +55,9 @@ class Sampling:
     repeat_penalty: float = 1.1
     max_tokens: int = 256
     seed: int | None = None
+    thinking: str = "default"
+    """The chat template's thinking switch (``core.reasoning.THINKING_SETTINGS``: off/on
+    for Qwen3 hybrids, low/medium/high for gpt-oss); "default" leaves the template be."""
 
 
 @dataclass
@@ -370,8 +373,12 @@ class Engine:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return bytes(self._llm.detokenize(list(tokens))).decode("utf-8", errors="replace")
 
-    def format_chat(self, messages: Sequence[Message | dict[str, str]]) -> str:
-        """The model's own chat template (GGUF ``tokenizer.chat_template``), else a plain one."""
+    def format_chat(self, messages: Sequence[Message | dict[str, str]],
+                    thinking: str = "default") -> str:
+        """The model's own chat template (GGUF ``tokenizer.chat_template``), else a plain
+        one; ``thinking`` sets the template's thinking switch (see ``Sampling.thinking``)."""
+        from moescope.core.reasoning import template_variables
+
         msgs = [m if isinstance(m, dict) else {"role": m.role, "content": m.content}
                 for m in messages]
         template = self._llm.metadata.get("tokenizer.chat_template")
@@ -381,9 +388,15 @@ class Engine:
             eos = self._token_text(self._llm.token_eos())
             bos = self._token_text(self._llm.token_bos())
             return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)(
-                messages=msgs).prompt
+                messages=msgs, **template_variables(thinking)).prompt
         lines = [f"{m['role'].capitalize()}: {m['content']}" for m in msgs]
         return "\n".join(lines) + "\nAssistant:"
+
+    def thinking_choices(self) -> tuple[str, ...]:
+        """The thinking settings the model's chat template understands ("default" first)."""
+        from moescope.core.reasoning import thinking_choices
+
+        return thinking_choices(self._llm.metadata.get("tokenizer.chat_template"))
 
     def answer_prefix(self) -> str:
         """Text the chat template puts at the start of every answer: ``"<think>\\n"`` for
@@ -404,7 +417,7 @@ class Engine:
         return min(self._llm.n_ctx(), int(self._llm.context_params.n_ctx))
 
     def fit_conversation(self, messages: Sequence[Message | dict[str, str]], *,
-                         room: int) -> tuple[list[int], int]:
+                         room: int, thinking: str = "default") -> tuple[list[int], int]:
         """The prompt's tokens, leaving out the earliest turns while the prompt leaves less
         than ``room`` tokens of the context for the answer (a rolling window: the system
         prompt and the last user message always stay; a turn is a user message with the
@@ -420,7 +433,8 @@ class Engine:
         limit = self.n_ctx - room
         dropped = 0
         while True:
-            tokens = self.tokenize(self.format_chat(head + body), add_bos=True, special=True)
+            tokens = self.tokenize(self.format_chat(head + body, thinking), add_bos=True,
+                                   special=True)
             starts = [i for i, m in enumerate(body) if m["role"] == "user"]
             if len(tokens) <= limit or len(starts) < 2:
                 return tokens, dropped
@@ -455,7 +469,8 @@ class Engine:
         if isinstance(prompt, str):
             tokens = self.tokenize(prompt, add_bos=True, special=True)
         else:
-            tokens, dropped = self.fit_conversation(prompt, room=min(s.max_tokens, n_ctx // 4))
+            tokens, dropped = self.fit_conversation(prompt, room=min(s.max_tokens, n_ctx // 4),
+                                                    thinking=s.thinking)
         if len(tokens) >= n_ctx:
             raise MoEScopeError(f"the conversation ({len(tokens)} tokens) does not fit the "
                                 f"context of {n_ctx} tokens")

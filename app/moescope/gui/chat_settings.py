@@ -1,11 +1,12 @@
 """System prompt and sampling settings of the current chat (temperature, top-p, top-k,
-max tokens, seed). Plain widgets; the window saves them (QSettings, chat store)."""
+max tokens, seed, thinking). Plain widgets; the window saves them (QSettings, chat store)."""
 
 from __future__ import annotations
 
 import contextlib
 
 from PySide6.QtWidgets import (
+    QComboBox,
     QDoubleSpinBox,
     QFormLayout,
     QPlainTextEdit,
@@ -14,7 +15,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from moescope.core.reasoning import THINKING_DEFAULT
 from moescope.engine import Sampling
+
+THINKING_LABELS = {
+    "default": "Model default", "on": "On", "off": "Off (answer at once)",
+    "low": "Low effort", "medium": "Medium effort", "high": "High effort",
+}
+NO_SWITCH_TIP = "This model's chat template has no thinking switch"
 
 
 class ChatSettingsPanel(QWidget):
@@ -43,6 +51,28 @@ class ChatSettingsPanel(QWidget):
         self.seed = self._int(-1, 2**31 - 1, -1, "Seed (random when -1)")
         self.seed.setSpecialValueText("random")
         form.addRow("S&eed", self.seed)
+        self.thinking = QComboBox()
+        self.thinking.setAccessibleName("Thinking")
+        form.addRow("T&hinking", self.thinking)
+        self._wanted_thinking = THINKING_DEFAULT
+        """The saved choice, kept while a model without it is loaded."""
+        self.thinking.activated.connect(
+            lambda _i: setattr(self, "_wanted_thinking", self.thinking.currentData()))
+        self.set_thinking_choices((THINKING_DEFAULT,))
+
+    def set_thinking_choices(self, choices: tuple[str, ...]) -> None:
+        """Offer the thinking settings the loaded model's template understands; the choice
+        made earlier is kept when the new model offers it too."""
+        self.thinking.clear()
+        for choice in choices:
+            self.thinking.addItem(THINKING_LABELS.get(choice, choice), choice)
+        index = self.thinking.findData(self._wanted_thinking)
+        self.thinking.setCurrentIndex(max(index, 0))
+        switch = len(choices) > 1
+        self.thinking.setEnabled(switch)
+        self.thinking.setToolTip(
+            "How much the model thinks before it answers: each thought is a token, and on "
+            "an offloaded MoE each token costs expert copies" if switch else NO_SWITCH_TIP)
 
     @staticmethod
     def _double(lo: float, hi: float, step: float, value: float, name: str) -> QDoubleSpinBox:
@@ -66,12 +96,13 @@ class ChatSettingsPanel(QWidget):
         seed = self.seed.value()
         return Sampling(temperature=self.temperature.value(), top_p=self.top_p.value(),
                         top_k=self.top_k.value(), max_tokens=self.max_tokens.value(),
-                        seed=None if seed < 0 else seed)
+                        seed=None if seed < 0 else seed,
+                        thinking=self.thinking.currentData() or THINKING_DEFAULT)
 
-    def values(self) -> dict[str, float]:
+    def values(self) -> dict[str, object]:
         return {"temperature": self.temperature.value(), "top_p": self.top_p.value(),
                 "top_k": self.top_k.value(), "max_tokens": self.max_tokens.value(),
-                "seed": self.seed.value()}
+                "seed": self.seed.value(), "thinking": self._wanted_thinking}
 
     def set_values(self, values: dict[str, object]) -> None:
         """Restore saved values; unknown or malformed entries keep the defaults."""
@@ -82,3 +113,9 @@ class ChatSettingsPanel(QWidget):
                              ("seed", self.seed)):
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 iwidget.setValue(int(float(values[key])))  # type: ignore[arg-type]
+        wanted = values.get("thinking")
+        if isinstance(wanted, str) and wanted in THINKING_LABELS:
+            self._wanted_thinking = wanted
+            index = self.thinking.findData(wanted)
+            if index >= 0:
+                self.thinking.setCurrentIndex(index)

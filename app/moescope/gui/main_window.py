@@ -344,6 +344,7 @@ class MainWindow(QMainWindow):
         self.chat.model_loaded = True
         self.chat.model_name = summary.name
         self.chat.answer_prefix = summary.answer_prefix
+        self.chat_settings.set_thinking_choices(summary.thinking_choices)
         self.cache_panel.set_model(summary)
         self.controls.set_model(summary)
         self.trace_path = Path(summary.trace_path) if summary.trace_path else None

@@ -53,6 +53,8 @@ class ModelSummary:
     """llama.cpp's buffer holding the experts in host memory (``CUDA_Host``: pinned;
     ``CPU_Mapped`` / ``CPU``: pageable); "" when unknown (cache off, a reopened trace)."""
     answer_prefix: str = ""
+    thinking_choices: tuple[str, ...] = ("default",)
+    """The thinking settings the model's chat template understands (``core.reasoning``)."""
     """What the chat template opens every answer with (``"<think>\\n"`` for Qwen3 Thinking
     models): the chat prepends it to the stored answer (see ``core.reasoning``)."""
     requests: tuple[int, int] = (0, 0)

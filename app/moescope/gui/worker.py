@@ -88,6 +88,7 @@ class EngineWorker(QObject):
         self._prefetch_base: np.ndarray | None = None
         """Cumulative (prefetches, prefetch hits) per MoE layer at the previous token."""
         self._answer_prefix = ""
+        self._thinking_choices: tuple[str, ...] = ("default",)
 
     # ------------------------------------------------------------------ slots
     @Slot()
@@ -125,6 +126,7 @@ class EngineWorker(QObject):
         self.step = 0
         self._prefetch_base = None
         self._answer_prefix = self.engine.answer_prefix()  # once: it renders the template
+        self._thinking_choices = self.engine.thinking_choices()
         if request.trace_dir and self.engine.cache is not None:
             self._open_recorder(Path(request.trace_dir), request.path)
         summary = self.summary()
@@ -253,6 +255,7 @@ class EngineWorker(QObject):
             budget_message=plan.message if plan else "",
             trace_path=str(self.recorder.path) if self.recorder else "",
             expert_buffer=m.expert_buffer, answer_prefix=self._answer_prefix,
+            thinking_choices=self._thinking_choices,
             requests=self.engine.applied_requests)
 
     def _snapshot(self, ts: Any) -> TokenSnapshot:

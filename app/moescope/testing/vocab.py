@@ -51,6 +51,15 @@ CHAT_TEMPLATE = (
 THINKING_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
     "'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'")
 """ChatML whose generation prompt opens ``<think>``, like Qwen3's *Thinking* models."""
+HYBRID_THINKING_CHAT_TEMPLATE = (
+    "{% if reasoning_effort is defined %}{{ '<|im_start|>system\\nReasoning: ' + "
+    "reasoning_effort + '<|im_end|>\\n' }}{% endif %}"
+    + CHAT_TEMPLATE.replace(
+        "'<|im_start|>assistant\\n' }}",
+        "'<|im_start|>assistant\\n' }}{% if enable_thinking is defined and "
+        "enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}"))
+"""ChatML with both thinking switches: Qwen3 hybrids' ``enable_thinking`` (false writes an
+empty think block) and gpt-oss's ``reasoning_effort`` (here a system line)."""
 
 # llama.cpp token types (llama_token_type in llama.h / gguf.TokenType).
 TOKEN_TYPE_NORMAL = 1
