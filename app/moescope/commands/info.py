@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
 def format_info(info: ModelInfo, plan: BudgetPlan | None = None) -> str:
     """The human-readable report, one fact per line."""
     rows: list[tuple[str, str]] = [
-        ("model", f"{info.file_name} ({format_bytes(info.file_size)})"),
+        ("model", f"{info.file_name} ({format_bytes(info.file_size)}"
+                  + (f" in {len(info.parts)} files)" if info.parts else ")")),
         ("architecture", info.architecture + (f" ({info.name})" if info.name else "")),
         ("layers", _layers_line(info)),
         ("experts", f"{info.n_expert} per layer, top-{info.top_k} routed per token"

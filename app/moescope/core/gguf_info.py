@@ -7,6 +7,10 @@ cache makes). All of that is in the GGUF header and tensor table; the multi-giga
 data is only memory-mapped by :class:`gguf.GGUFReader`, never read, so ``moescope info``
 answers in a fraction of a second even for an 80B model.
 
+A model split into several files (``PREFIX-00001-of-00003.gguf`` …, llama.cpp's
+``gguf-split`` naming, as 80B models are published) is read as one: any part may be given,
+the metadata comes from the first, the tensors from all, and a missing part is named.
+
 Expert tensors are recognized by llama.cpp's names: ``blk.N.ffn_{gate,up,down,gate_up}_exps``
 with a ``.weight`` and optionally a per-expert ``.bias`` (gpt-oss) or ``.scale``. Their last
 ggml dimension is the expert index, so one expert's slice of each is a contiguous byte range
@@ -36,6 +40,7 @@ _SUPPORTED_VERSIONS = (2, 3)
 
 _EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_exps\.(weight|bias|scale)$")
 _BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.")
+_SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
 class _Truncated(Exception):
@@ -112,12 +117,14 @@ class ExpertTensor:
     n_bytes: int
     bytes_per_expert: int
     data_offset: int  # absolute file offset of expert 0's bytes
+    split: int = 0  # index of the file holding it (a split model), else 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "layer": self.layer, "kind": self.kind, "part": self.part,
             "ggml_type": self.ggml_type, "shape": list(self.shape), "n_bytes": self.n_bytes,
             "bytes_per_expert": self.bytes_per_expert, "data_offset": self.data_offset,
+            "split": self.split,
         }
 
 
@@ -126,8 +133,10 @@ class ModelInfo:
     """Header facts about a GGUF model that the expert cache and its budget depend on."""
 
     path: Path
+    """The file llama.cpp opens: the first part of a split model."""
     file_name: str
     file_size: int
+    """Bytes of all the model's files."""
     architecture: str
     name: str | None
     n_layers: int
@@ -148,6 +157,8 @@ class ModelInfo:
     # without hashing gigabytes of weights.
     metadata_sha256: str
     metadata: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    parts: tuple[Path, ...] = ()
+    """Every file of a split model, in order (empty for a single file)."""
 
     @property
     def is_moe(self) -> bool:
@@ -193,6 +204,7 @@ class ModelInfo:
             "total_expert_bytes": self.total_expert_bytes,
             "non_expert_bytes": self.non_expert_bytes, "n_tensors": self.n_tensors,
             "metadata_sha256": self.metadata_sha256,
+            "parts": [str(x) for x in self.parts],
         }
 
 
@@ -204,9 +216,46 @@ def read_model_info(path: str | os.PathLike[str], *, require_moe: bool = True) -
     ``require_moe`` is false) :class:`NotMoEError` for a model without routed experts.
     """
     p = Path(path)
+    files = [_open(p)]
+    count = _int(files[0][2], "split.count", 0) or 0
+    if count > 1:
+        parts = split_paths(p, count)
+        if parts[0] != p:  # a later part was given: the metadata is in the first
+            files = [_open(parts[0])]
+        for index, part in enumerate(parts[1:], start=1):
+            if not part.exists():
+                raise ModelFileNotFoundError(
+                    f"{p.name}: part {index + 1} of {count} of this split model is missing "
+                    f"({part.name} should be next to it; incomplete download?)")
+            files.append(_open(part))
+            no = _int(files[-1][2], "split.no", -1)
+            if no != index:
+                raise ModelFormatError(f"{part.name}: says it is split part {no}, expected "
+                                       f"{index} (parts of different models mixed?)")
+    try:
+        return _describe(files, require_moe)
+    finally:
+        files.clear()
+
+
+def split_paths(path: str | os.PathLike[str], count: int) -> list[Path]:
+    """The files of a model split in ``count`` parts, one of which is ``path``
+    (llama.cpp's ``llama_split_path`` naming: ``PREFIX-00001-of-00003.gguf``)."""
+    p = Path(path)
+    m = _SPLIT_NAME.match(p.name)
+    if m is None or int(m["count"]) != count:
+        raise ModelFormatError(
+            f"{p.name}: is part of a model split in {count} files, but its name does not "
+            f"follow llama.cpp's PREFIX-00001-of-{count:05d}.gguf pattern (rename the parts)")
+    return [p.with_name(f"{m['prefix']}-{i:05d}-of-{count:05d}.gguf")
+            for i in range(1, count + 1)]
+
+
+def _open(p: Path) -> tuple[Path, int, GGUFReader]:
+    """``(path, size, reader)``, or one clear sentence on why the file cannot be read."""
     file_size = _check_file(p)
     try:
-        reader = _StrictReader(p, "r")
+        return p, file_size, _StrictReader(p, "r")
     except _Truncated as err:
         raise ModelFormatError(
             f"{p.name}: file is truncated: it needs at least {err.offset} bytes but has "
@@ -217,10 +266,6 @@ def read_model_info(path: str | os.PathLike[str], *, require_moe: bool = True) -
         raise ModelFormatError(f"{p.name}: corrupt GGUF header ({_reason(err)})") from None
     except OSError as err:
         raise ModelFileNotFoundError(f"{p.name}: cannot read file ({err.strerror})") from None
-    try:
-        return _describe(p, file_size, reader, require_moe)
-    finally:
-        del reader
 
 
 def _check_file(p: Path) -> int:
@@ -305,14 +350,11 @@ def _small_metadata(reader: GGUFReader) -> dict[str, Any]:
     return out
 
 
-def _describe(p: Path, file_size: int, reader: GGUFReader, require_moe: bool) -> ModelInfo:
+def _describe(files: list[tuple[Path, int, GGUFReader]], require_moe: bool) -> ModelInfo:
+    p, _, reader = files[0]
     arch = _scalar(reader, "general.architecture")
     if not isinstance(arch, str) or not arch:
         raise ModelFormatError(f"{p.name}: GGUF file has no general.architecture")
-    if (_int(reader, "split.count", 0) or 0) > 1:
-        raise ModelFormatError(
-            f"{p.name}: split GGUF models (one model in several files) are not supported yet"
-        )
     n_layers = _int(reader, f"{arch}.block_count")
     if n_layers is None or n_layers <= 0:
         raise ModelFormatError(f"{p.name}: metadata has no {arch}.block_count")
@@ -323,12 +365,14 @@ def _describe(p: Path, file_size: int, reader: GGUFReader, require_moe: bool) ->
     block_layers: set[int] = set()
     total_bytes = 0
     expert_bytes = 0
-    for t in reader.tensors:
+    tensors = [(index, path, size, t) for index, (path, size, r) in enumerate(files)
+               for t in r.tensors]
+    for split, path, file_size, t in tensors:
         n_bytes = int(t.n_bytes)
         end = int(t.data_offset) + n_bytes
         if end > file_size:
             raise ModelFormatError(
-                f"{p.name}: file is truncated (tensor {t.name} ends at byte {end}, "
+                f"{path.name}: file is truncated (tensor {t.name} ends at byte {end}, "
                 f"the file has {file_size})"
             )
         total_bytes += n_bytes
@@ -352,7 +396,7 @@ def _describe(p: Path, file_size: int, reader: GGUFReader, require_moe: bool) ->
             name=t.name, layer=layer, kind=kind, part=part,
             ggml_type=GGMLQuantizationType(t.tensor_type).name.lower(), shape=shape,
             n_bytes=n_bytes, bytes_per_expert=n_bytes // n_expert,
-            data_offset=int(t.data_offset),
+            data_offset=int(t.data_offset), split=split,
         ))
         expert_bytes += n_bytes
 
@@ -382,7 +426,7 @@ def _describe(p: Path, file_size: int, reader: GGUFReader, require_moe: bool) ->
     return ModelInfo(
         path=p,
         file_name=p.name,
-        file_size=file_size,
+        file_size=sum(size for _, size, _ in files),
         architecture=arch,
         name=_scalar(reader, "general.name"),
         n_layers=n_layers,
@@ -398,9 +442,10 @@ def _describe(p: Path, file_size: int, reader: GGUFReader, require_moe: bool) ->
                           for layer, ts in frozen.items()},
         total_expert_bytes=expert_bytes,
         non_expert_bytes=total_bytes - expert_bytes,
-        n_tensors=len(reader.tensors),
+        n_tensors=len(tensors),
         metadata_sha256=hashlib.sha256(header.tobytes()).hexdigest(),
         metadata=_small_metadata(reader),
+        parts=tuple(path for path, _, _ in files) if len(files) > 1 else (),
     )
 
 

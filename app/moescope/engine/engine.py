@@ -138,6 +138,8 @@ class Engine:
         except NotMoEError as err:
             info, cache, notice = None, False, f"{err}; loaded with the expert cache off"
         plan = plan_for_model(info, budget) if cache and info is not None else None  # fail fast
+        if info is not None:
+            p = info.path  # a split model opens at its first part, whichever was given
         if info is not None and info.context_length:
             n_ctx = min(n_ctx, info.context_length)
         self._lib = bindings.engine_library()

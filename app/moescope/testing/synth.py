@@ -604,7 +604,7 @@ def expert_bytes_per_layer(spec: SynthSpec) -> int:
 
 
 def write_synth_model(path: str | os.PathLike[str], spec: SynthSpec, *,
-                      sparse: bool = False) -> Path:
+                      sparse: bool = False, parts: int = 1) -> Path:
     """Write the model described by ``spec`` to ``path`` and return the path.
 
     The file is written next to its destination and renamed into place, so a reader never
@@ -613,16 +613,44 @@ def write_synth_model(path: str | os.PathLike[str], spec: SynthSpec, *,
     With ``sparse=True`` only the header is written and the tensor data is left as a hole
     of zeros (a sparse file): a "17 GiB" model in milliseconds, for tests of code that
     must read only the header. All weights are zero, so it is useless for generation.
+
+    With ``parts > 1`` the model is split as llama.cpp's ``gguf-split`` does: files
+    ``STEM-00001-of-0000N.gguf`` …, the metadata in the first, each with ``split.*`` keys
+    and a contiguous share of the tensors; the first part's path is returned.
     """
     spec.validate()
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    plan = _plan(spec)
+    if parts < 1 or parts > len(plan):
+        raise ValueError(f"parts must be 1..{len(plan)}, got {parts}")
+    if parts == 1:
+        _write_part(dest, spec, plan, sparse=sparse)
+        return dest
+    stem = dest.name[:-len(".gguf")] if dest.name.endswith(".gguf") else dest.name
+    names = [dest.with_name(f"{stem}-{i + 1:05d}-of-{parts:05d}.gguf") for i in range(parts)]
+    share = -(-len(plan) // parts)
+    for i, name in enumerate(names):
+        _write_part(name, spec, plan[i * share:(i + 1) * share], sparse=sparse,
+                    split=(i, parts, len(plan)))
+    return names[0]
+
+
+def _write_part(dest: Path, spec: SynthSpec, plan: list[_Tensor], *, sparse: bool,
+                split: tuple[int, int, int] | None = None) -> None:
+    """One GGUF file: the metadata (only in the first part of a split model), the
+    ``split.*`` keys of part ``split = (index, count, total tensors)``, and ``plan``'s
+    tensors."""
     # Unique per writer, so parallel test workers never share a half-written file.
     tmp = dest.with_name(f"{dest.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
-    plan = _plan(spec)
     w = GGUFWriter(tmp, arch=spec.gguf_arch)
     try:
-        _write_metadata(w, spec, spec.name or default_name(spec))
+        if split is None or split[0] == 0:
+            _write_metadata(w, spec, spec.name or default_name(spec))
+        if split is not None:
+            w.add_uint16("split.no", split[0])
+            w.add_uint16("split.count", split[1])
+            w.add_int32("split.tensors.count", split[2])
         for t in plan:
             # A non-uint8 dtype makes the writer keep our element shape as-is.
             w.add_tensor_info(t.name, tuple(reversed(t.shape)), np.dtype(np.float32), t.nbytes,
@@ -652,7 +680,6 @@ def write_synth_model(path: str | os.PathLike[str], spec: SynthSpec, *,
         w.close()
         tmp.unlink(missing_ok=True)
         raise
-    return dest
 
 
 def ensure_synth_model(directory: str | os.PathLike[str], spec: SynthSpec) -> Path:
