@@ -64,7 +64,7 @@ def test_a_renamed_part_is_a_clear_error(models: tuple[Path, Path], tmp_path: Pa
     _, first = models
     odd = tmp_path / "my-model.gguf"
     odd.symlink_to(first)
-    with pytest.raises(ModelFormatError, match="PREFIX-00001-of-00003.gguf pattern"):
+    with pytest.raises(ModelFormatError, match=r"PREFIX-00001-of-00003\.gguf pattern"):
         read_model_info(odd)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from pygments.lexer import Lexer
 from PySide6.QtCore import QPoint, Qt, QTimer
 from PySide6.QtGui import (
     QColor,
@@ -29,10 +30,11 @@ from PySide6.QtGui import (
     QTextListFormat,
     QTextTable,
 )
+from PySide6.QtWidgets import QTextBrowser
 
 from moescope.core.native import EVENT_DTYPE
-from moescope.gui import markdown_stream
-from moescope.gui.markdown import CODE_BACKGROUND, is_code_block
+from moescope.gui import highlight, markdown_stream
+from moescope.gui.markdown import CODE_BACKGROUND, is_code_block, render_markdown
 from moescope.gui.snapshots import AnswerSummary, TokenSnapshot
 from moescope.gui.store import DONE
 
@@ -174,7 +176,7 @@ def assert_rendered_as_markdown(doc: QTextDocument) -> None:
     assert [b.text() for b in code] == CODE_LINES, "code keeps its indentation and spaces"
     mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont).family()
     for b in code:
-        assert b.blockFormat().nonBreakableLines(), "code lines never wrap"
+        assert not b.blockFormat().nonBreakableLines(), "long code lines wrap"
         frame = QTextCursor(b).currentFrame()
         assert frame != doc.rootFrame(), "code sits in its own frame"
         assert frame.frameFormat().background().color() == QColor(CODE_BACKGROUND)
@@ -465,3 +467,209 @@ def test_markdown_stream_keeps_the_event_loop_responsive(
     assert window.store.messages(window.chat.chat_id)[-1].content == text
     assert len(renders) <= elapsed * 35 + 2, "at most one render per display frame"
     assert p99 < 50.0, f"p99 {p99:.1f} ms"
+
+
+# ---------------------------------------------------------------------------- highlighting
+StyledChar = tuple[str, "str | None", bool, bool]
+
+
+def styled_code(doc: QTextDocument) -> list[StyledChar]:
+    """Every character of every code line (and a "\\n" per line) with its foreground (None:
+    not set, body text), bold and italic: what syntax colouring changed, comparable across
+    documents however Qt splits the fragments."""
+    out: list[StyledChar] = []
+    for b in blocks(doc):
+        if not is_code_block(b):
+            continue
+        for f in fragments(b):
+            fmt = f.charFormat()
+            colour = (fmt.foreground().color().name()
+                      if fmt.hasProperty(QTextFormat.Property.ForegroundBrush) else None)
+            bold = fmt.fontWeight() == QFont.Weight.Bold
+            out += [(ch, colour, bold, fmt.fontItalic()) for ch in f.text()]
+        out.append(("\n", None, False, False))
+    return out
+
+
+def colour_of(doc: QTextDocument, word: str) -> str | None:
+    """The one foreground of ``word``'s first occurrence in a code line."""
+    for b in blocks(doc):
+        at = b.text().find(word) if is_code_block(b) else -1
+        if at >= 0:
+            cursor = QTextCursor(b)
+            found: set[str | None] = set()
+            for i in range(at, at + len(word)):
+                cursor.setPosition(b.position() + i + 1)  # the format of the char before
+                fmt = cursor.charFormat()
+                found.add(fmt.foreground().color().name()
+                          if fmt.hasProperty(QTextFormat.Property.ForegroundBrush) else None)
+            assert len(found) == 1, f"{word!r} is one token, one colour: {found}"
+            return found.pop()
+    raise AssertionError(f"no code {word!r}")
+
+
+def relative_luminance(colour: QColor) -> float:
+    def channel(c: float) -> float:
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+    return (0.2126 * channel(colour.redF()) + 0.7152 * channel(colour.greenF())
+            + 0.0722 * channel(colour.blueF()))
+
+
+def test_python_code_is_coloured_and_copied_unchanged(
+        window: Any, scripted: ScriptedAnswers) -> None:
+    code = ('import os\n\n\ndef slots(budget: int) -> int:\n    """Half."""\n'
+            '    if budget and os.sep:\n        return  budget // 2   # two spaces\n'
+            '    return None')
+    answer = f"Here:\n\n```python\n{code}\n```\n\nDone."
+    scripted.ask("colour me")
+    scripted.stream(answer)
+    scripted.finish()
+    view = window.chat_view
+    doc = view.transcript.document()
+    keyword, function, name = (colour_of(doc, w) for w in ("def", "slots", "budget"))
+    assert keyword is not None and function is not None, "keyword and function name coloured"
+    assert len({keyword, function, name}) == 3, "keyword, function and plain name differ"
+    assert colour_of(doc, "if") == colour_of(doc, "return") == keyword
+    assert colour_of(doc, '"""Half."""') not in (None, keyword, function)
+    assert colour_of(doc, "# two spaces") not in (None, keyword, function)
+    assert colour_of(doc, "2") not in (None, keyword, function)
+    assert len({c for _, c, _, _ in styled_code(doc)} - {None}) >= 5
+    mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont).family()
+    code_blocks = [b for b in blocks(doc) if is_code_block(b)]
+    assert all(mono in (f.charFormat().fontFamilies() or [])
+               for b in code_blocks for f in fragments(b)), "colours keep the monospace font"
+    assert "\n".join(b.text() for b in code_blocks) == code, "the text itself is untouched"
+
+    clipboard = QGuiApplication.clipboard()
+    clipboard.clear()
+    menu = {a.text(): a for a in view.context_menu(point_of(view, "if budget")).actions()}
+    menu["Copy &code block"].trigger()
+    assert clipboard.text() == code
+    assert window.store.messages(window.chat.chat_id)[-1].content == answer
+
+
+@pytest.mark.parametrize(("fence", "coloured"), [
+    ("python", True), ("py", True), ("Python", True), ("js", True), ("bash", True),
+    ("nosuchlanguage", False), ("", False)])
+def test_only_a_known_fence_language_is_coloured(qapp: Any, fence: str, coloured: bool) -> None:
+    code = {"js": "const x = 'a'; // note\nfunction f() { return 1; }",
+            "bash": 'for f in *.txt; do\n  echo "$f"  # note\ndone'}.get(
+                fence, "def f(x):\n    return 'a'  # note")
+    doc = render_markdown(f"text\n\n```{fence}\n{code}\n```\n\nafter")
+    styles = styled_code(doc)
+    assert "".join(ch for ch, *_ in styles) == code + "\n"
+    colours = {c for _, c, _, _ in styles} - {None}
+    if coloured:
+        assert len(colours) >= 2, colours
+    else:
+        assert colours == set() and not any(b or i for *_, b, i in styles), "plain"
+
+
+def test_indented_code_and_huge_blocks_stay_plain(qapp: Any) -> None:
+    indented = render_markdown("text\n\n    def f():\n        return 1\n\nafter")
+    assert [ch for ch, *_ in styled_code(indented)][:3] == ["d", "e", "f"]
+    assert {c for _, c, _, _ in styled_code(indented)} == {None}, "no fence, no language"
+    huge = "x = 1\n" * (highlight.MAX_CODE_CHARS // 6 + 1)
+    assert {c for _, c, _, _ in styled_code(render_markdown(f"```python\n{huge}```"))} == {None}
+
+
+def test_code_colours_are_readable_on_the_code_background() -> None:
+    background = relative_luminance(QColor(CODE_BACKGROUND))
+    for token, style in highlight.STYLES.items():
+        fg = relative_luminance(QColor(style.colour))
+        ratio = (max(fg, background) + 0.05) / (min(fg, background) + 0.05)
+        assert ratio >= 4.5, f"{token}: {style.colour} contrast {ratio:.2f}"
+
+
+STREAMED_CODE = """Intro with `inline`.
+
+```python
+@dataclass
+class Budget:
+    slots: int = 4  # per layer
+
+    def halve(self) -> int:
+        return self.slots // 2
+```
+
+Then the script:
+
+```js
+const cache = new Map();
+function get(k) { return cache.has(k) ? cache.get(k) : null; }
+```
+
+- a list
+- of items
+
+```bash
+for m in "$HOME"/models/*.gguf; do
+  echo "run $m"
+done
+```"""
+
+
+def test_streamed_code_is_coloured_like_a_one_shot_render_and_lexed_once(
+        qapp: Any, qtbot: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    lexed: list[str] = []
+    get_tokens = Lexer.get_tokens
+
+    def counted(self: Lexer, text: str, unfiltered: bool = False) -> Any:
+        lexed.append(text)
+        return get_tokens(self, text, unfiltered)
+
+    monkeypatch.setattr(Lexer, "get_tokens", counted)
+    highlight.highlight_runs.cache_clear()
+    view = QTextBrowser()
+    qtbot.addWidget(view)
+    view.resize(700, 500)
+    view.show()
+    live = markdown_stream.LiveMarkdown(view.document(), 0)
+    states: dict[int, list[StyledChar]] = {}
+    for end in range(3, len(STREAMED_CODE) + 3, 3):  # token-sized pieces
+        live.update(STREAMED_CODE[:end])
+        states[end] = styled_code(view.document())
+    assert live.frozen == STREAMED_CODE.index("```bash"), "the first blocks were frozen"
+    whole = styled_code(render_markdown(STREAMED_CODE))
+    assert len({c for _, c, _, _ in whole} - {None}) >= 5
+    assert states[end] == whole, "streamed, then as a one-shot render: the same colours"
+    assert len(lexed) == len(set(lexed)) == 3, "each block lexed once, not at every update"
+
+    def state_after(text: str) -> list[StyledChar]:
+        return states[next(e for e in states if e >= STREAMED_CODE.index(text) + len(text))]
+
+    streaming = state_after("    def halve")
+    assert "def halve" in "".join(ch for ch, *_ in streaming)
+    assert {c for _, c, _, _ in streaming} == {None}, "an open fence stays plain"
+    closed = state_after("// 2\n```\n")
+    assert closed == whole[:len(closed)], "coloured as soon as its fence closes"
+
+
+def test_long_code_lines_wrap_instead_of_widening_the_transcript(
+        window: Any, scripted: ScriptedAnswers, qtbot: Any) -> None:
+    spaced = "value = compute(" + ", ".join(f"argument_{i}" for i in range(60)) + ")"
+    unbroken = "blob = '" + "x" * 400 + "'"
+    answer = f"Long lines:\n\n```python\n{spaced}\n{unbroken}\n```\n\nAfter them.\n"
+    view = window.chat_view
+    transcript = view.transcript
+    scripted.ask("long lines")
+    scripted.stream(answer)
+    doc = transcript.document()
+
+    def fits() -> bool:
+        return (doc.size().width() <= transcript.viewport().width() + 1
+                and transcript.horizontalScrollBar().maximum() == 0)
+
+    qtbot.waitUntil(fits, timeout=2000)  # while streaming
+    scripted.finish()
+    qtbot.waitUntil(fits, timeout=2000)  # and as rendered again at the end
+    line = block_with(doc, spaced)
+    assert line.layout().lineCount() > 1, "the long line wraps"
+    assert block_with(doc, unbroken).layout().lineCount() > 1, "even without spaces"
+    assert colour_of(doc, "value") is None and colour_of(doc, "compute") is None
+    assert colour_of(doc, "'xxxx") is not None, "and it is still coloured"
+    clipboard = QGuiApplication.clipboard()
+    clipboard.clear()
+    menu = {a.text(): a for a in view.context_menu(point_of(view, "argument_3,")).actions()}
+    menu["Copy &code block"].trigger()
+    assert clipboard.text() == f"{spaced}\n{unbroken}", "copied as written, not as wrapped"

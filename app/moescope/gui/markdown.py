@@ -3,13 +3,17 @@
 Why Qt's parser and not a Markdown package: it is already here (no new dependency), it
 builds a ``QTextDocument`` directly (no HTML round trip) and it runs in C++, a few ms for a
 long answer. What it produces is restyled here: code blocks go into a padded frame with a
-subtle background and keep their whitespace without wrapping, tables get a visible grid,
-headings are sized for a chat rather than a page. Raw HTML is not interpreted and images
+subtle background, keep their whitespace, wrap long lines at the view's width (a line that
+did not wrap would widen, and scroll sideways, the whole transcript) and are coloured by
+:mod:`highlight` when their fence names a language; tables get a visible grid, headings are
+sized for a chat rather than a page. Raw HTML is not interpreted and images
 are never loaded (an answer must not make the app read files or reach the network); an
 image becomes a link, and links open only when clicked (the view decides, not this module).
 """
 
 from __future__ import annotations
+
+from functools import cache
 
 from PySide6.QtGui import (
     QColor,
@@ -27,6 +31,7 @@ from PySide6.QtGui import (
 )
 
 from moescope.gui import theme
+from moescope.gui.highlight import Style, highlight_runs
 
 _Feature = QTextDocument.MarkdownFeature
 HARD_SOFT_BREAKS = 0x8000
@@ -67,16 +72,21 @@ def code_text(cursor: QTextCursor) -> str:
     return select.selection().toPlainText()
 
 
-def render_markdown(text: str) -> QTextDocument:
-    """``text`` parsed and styled, in a document of its own (not laid out: cheap)."""
+def render_markdown(text: str, *, open_fence: bool = False) -> QTextDocument:
+    """``text`` parsed and styled, in a document of its own (not laid out: cheap).
+
+    ``open_fence``: ``text`` ends inside a code fence that is still streaming. Its block,
+    the last one, stays plain until the fence closes: it grows at every frame, and lexing
+    it again each time would make the cost of a frame grow with the block.
+    """
     doc = QTextDocument()
     doc.setUndoRedoEnabled(False)
     doc.setMarkdown(text, FEATURES)
-    _style(doc)
+    _style(doc, highlight_last=not open_fence)
     return doc
 
 
-def markdown_fragment(text: str) -> QTextDocumentFragment:
+def markdown_fragment(text: str, *, open_fence: bool = False) -> QTextDocumentFragment:
     """``text`` as a fragment to insert at the end of a block of another document.
 
     Qt merges a fragment's first block into the block it is inserted at, dropping that
@@ -84,16 +94,17 @@ def markdown_fragment(text: str) -> QTextDocumentFragment:
     list); a block that follows a separator keeps its format. So the fragment starts with
     an empty block: it is what merges, and the answer's blocks follow, every one intact.
     An answer that opens with a table or code already starts with one (Qt keeps an empty
-    line before a frame); a second would only add space.
+    line before a frame); a second would only add space. ``open_fence``: as for
+    :func:`render_markdown`.
     """
-    doc = render_markdown(text)
+    doc = render_markdown(text, open_fence=open_fence)
     if doc.begin().length() > 1:
         QTextCursor(doc).insertBlock()
     return QTextDocumentFragment(doc)
 
 
 # ---------------------------------------------------------------------------- styling
-def _style(doc: QTextDocument) -> None:
+def _style(doc: QTextDocument, *, highlight_last: bool = True) -> None:
     # structure edits first (they shift block numbers), then formats, then code frames from
     # the last one back (a frame inserts blocks only at and after its own lines)
     _replace_images(doc)
@@ -110,8 +121,8 @@ def _style(doc: QTextDocument) -> None:
         else:
             _style_text_block(block)
         block = block.next()
-    for first, last in reversed(code_runs):
-        _frame_code(doc, first, last)
+    for n, (first, last) in enumerate(reversed(code_runs)):
+        _frame_code(doc, first, last, highlight=highlight_last or n > 0)
     _collapse_frame_spacers(doc)
 
 
@@ -220,11 +231,15 @@ def _drop_leading_empty_block(cursor: QTextCursor, last: int) -> None:
         cursor.setBlockFormat(keep)
 
 
-def _frame_code(doc: QTextDocument, first: int, last: int) -> None:
-    """Put code lines ``first``..``last`` in a padded frame with a background.
+def _frame_code(doc: QTextDocument, first: int, last: int, *, highlight: bool = True) -> None:
+    """Put code lines ``first``..``last`` in a padded frame with a background, coloured
+    for their fence's language unless ``highlight`` is False.
 
     A block background would touch the text (block margins lie outside it); a frame has
-    padding. The lines never wrap: code keeps its shape and a long line scrolls.
+    padding. Long lines wrap at the view's width (at a space, or anywhere in a long word):
+    a line that does not wrap widens the document, and the whole transcript, prose
+    included, then scrolls sideways. Wrapping is layout only: the text, and so what "Copy
+    code block" copies, keeps its lines as written.
     """
     start, end = doc.findBlockByNumber(first), doc.findBlockByNumber(last)
     outer = start.blockFormat()
@@ -249,7 +264,7 @@ def _frame_code(doc: QTextDocument, first: int, last: int) -> None:
     for fmt in inner:
         if not block.isValid() or block.position() > frame.lastPosition():
             break
-        fmt.setNonBreakableLines(True)
+        fmt.setNonBreakableLines(False)
         fmt.setLeftMargin(0)
         fmt.setRightMargin(0)
         fmt.setTopMargin(0)
@@ -257,6 +272,43 @@ def _frame_code(doc: QTextDocument, first: int, last: int) -> None:
         fmt.setIndent(0)
         QTextCursor(block).setBlockFormat(fmt)
         block = block.next()
+    if highlight and inner:
+        _highlight_code(frame, inner[0].stringProperty(_CODE))
+
+
+def _highlight_code(frame: QTextFrame, language: str) -> None:
+    """Colour the code in ``frame`` as ``language`` (see :mod:`highlight`).
+
+    Formats are merged onto the existing characters, never by inserting text or HTML: the
+    code's text stays exactly as parsed, and its monospace font is kept.
+    """
+    doc = frame.document()
+    lines: list[str] = []
+    block = doc.findBlock(frame.firstPosition())
+    while block.isValid() and block.position() <= frame.lastPosition():
+        lines.append(block.text())
+        block = block.next()
+    runs = highlight_runs(language, "\n".join(lines))  # a block separator is one position
+    base = frame.firstPosition()
+    cursor = QTextCursor(doc)
+    cursor.beginEditBlock()  # one change notification for the block, not one per token
+    for start, end, style in runs:
+        cursor.setPosition(base + start)
+        cursor.setPosition(base + end, QTextCursor.MoveMode.KeepAnchor)
+        cursor.mergeCharFormat(_char_format(style))
+    cursor.endEditBlock()
+
+
+@cache
+def _char_format(style: Style) -> QTextCharFormat:
+    """The format merged for ``style`` (built once per style; merging only reads it)."""
+    fmt = QTextCharFormat()
+    fmt.setForeground(QColor(style.colour))
+    if style.bold:
+        fmt.setFontWeight(QFont.Weight.Bold)
+    if style.italic:
+        fmt.setFontItalic(True)
+    return fmt
 
 
 def _drop_empty_line_before(frame: QTextFrame) -> None:

@@ -9,6 +9,12 @@ item). Everything before it is rendered once and frozen; only the tail after it 
 again. An unfinished code fence stays in the tail, where md4c renders it as a code block
 running to the end of the answer, so it never swallows text outside the answer.
 
+Code blocks are syntax-coloured once they are closed: a block in the frozen part is
+coloured once, when it is frozen; a closed block still in the tail reuses its first lexing
+(:func:`highlight.highlight_runs` is cached); the block of a fence still open at the end
+stays plain until its closing fence arrives, so a long block streaming in is not lexed
+again at every frame.
+
 When the answer ends the view renders it again as a whole, so rare constructs that look
 across a freeze point (a link whose reference definition comes later) come out right.
 """
@@ -35,8 +41,31 @@ def _starts_block(line: str, complete: bool, in_list: bool) -> bool:
     return complete or not _DIGITS.fullmatch(line)  # "12" may still become "12. item"
 
 
+def _next_fence(fence: str, line: str) -> str:
+    """The code fence open after ``line`` ("" for none), given ``fence``, the one before."""
+    match = _FENCE.fullmatch(line)
+    if fence:
+        closes = (match is not None and match.group(1)[0] == fence[0]
+                  and len(match.group(1)) >= len(fence) and not match.group(2).strip())
+        return "" if closes else fence
+    if match and not (match.group(1)[0] == "`" and "`" in match.group(2)):
+        return match.group(1)
+    return ""
+
+
 def stable_length(text: str) -> int:
     """How many leading characters of a growing answer can be rendered for good."""
+    return _scan(text)[0]
+
+
+def _scan(text: str) -> tuple[int, bool]:
+    """:func:`stable_length`, and whether ``text`` ends inside an open code fence.
+
+    The last line counts for the fence even when unfinished: a closing fence that md4c
+    already closes there is taken as closed (the block is then coloured, as the final render
+    will colour it); should more characters turn it into a code line, the block is simply
+    plain again at the next render.
+    """
     stable = 0
     position = 0
     fence = ""  # the opening run while inside a fenced code block
@@ -50,25 +79,20 @@ def stable_length(text: str) -> int:
                 and _starts_block(line, complete, in_list)):
             stable = start
         if not complete:
+            fence = _next_fence(fence, line)
             break
-        match = _FENCE.fullmatch(line)
         if fence:
-            if (match and match.group(1)[0] == fence[0] and len(match.group(1)) >= len(fence)
-                    and not match.group(2).strip()):
-                fence = ""
-                after_blank = True  # a closed code block cannot be continued
+            fence = _next_fence(fence, line)
+            after_blank = not fence  # a closed code block cannot be continued
             continue
         if line[:1] not in ("", " ", "\t"):  # a top-level line: a list starts or ends here
             if _LIST_ITEM.match(line):
                 in_list = True
             elif after_blank:
                 in_list = False
-        if match and not (match.group(1)[0] == "`" and "`" in match.group(2)):
-            fence = match.group(1)
-            after_blank = False
-        else:
-            after_blank = not line.strip()
-    return stable
+        fence = _next_fence(fence, line)
+        after_blank = not fence and not line.strip()
+    return stable, bool(fence)
 
 
 class LiveMarkdown:
@@ -86,7 +110,8 @@ class LiveMarkdown:
     def update(self, text: str) -> None:
         """Render ``text`` (the previous text plus what streamed in since)."""
         self.text = text
-        cut = self.frozen + stable_length(text[self.frozen:])
+        stable, open_fence = _scan(text[self.frozen:])
+        cut = self.frozen + stable
         cursor = QTextCursor(self.doc)
         cursor.beginEditBlock()  # one layout pass, one repaint: no flicker
         cursor.setPosition(self.tail_start)
@@ -98,5 +123,6 @@ class LiveMarkdown:
             self.tail_start = cursor.position()
         tail = text[cut:]
         if tail.strip():
-            cursor.insertFragment(markdown_fragment(tail))
+            # an open fence never precedes the cut, so it is the tail's, and its last block
+            cursor.insertFragment(markdown_fragment(tail, open_fence=open_fence))
         cursor.endEditBlock()
