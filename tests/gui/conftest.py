@@ -97,14 +97,28 @@ def trace_path(record: Callable[..., Path]) -> Path:
 
 
 @pytest.fixture
-def trace_window(qtbot: Any, trace_path: Path) -> Iterator[Any]:
-    """The reopened session's trace window; its sweep thread must be gone after closing."""
+def open_trace_window(qtbot: Any) -> Iterator[Callable[[Path], Any]]:
+    """Factory: the trace window of a reopened trace file; every one's sweep thread must be
+    gone after closing."""
     from moescope.gui.trace_io import reopen
     from moescope.gui.trace_window import TraceWindow
 
-    window = TraceWindow(trace_path, reopen(trace_path))
-    qtbot.addWidget(window)
-    window.show()
-    yield window
-    window.close()
-    assert not window.whatif._thread.isRunning()
+    windows: list[TraceWindow] = []
+
+    def make(path: Path) -> TraceWindow:
+        window = TraceWindow(path, reopen(path))
+        qtbot.addWidget(window)
+        window.show()
+        windows.append(window)
+        return window
+
+    yield make
+    for window in windows:
+        window.close()
+        assert not window.whatif._thread.isRunning()
+
+
+@pytest.fixture
+def trace_window(open_trace_window: Callable[[Path], Any], trace_path: Path) -> Any:
+    """The reopened session's trace window."""
+    return open_trace_window(trace_path)

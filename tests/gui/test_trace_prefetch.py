@@ -6,7 +6,7 @@ recorded point agrees with what the engine recorded."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,23 +32,6 @@ def to_psr_path(record: Callable[..., Path]) -> Path:
                   switch_at=9, switch_policy="psr")
 
 
-@pytest.fixture
-def open_window(qtbot: Any) -> Iterator[Callable[[Path], TraceWindow]]:
-    windows: list[TraceWindow] = []
-
-    def make(path: Path) -> TraceWindow:
-        window = TraceWindow(path, reopen(path))
-        qtbot.addWidget(window)
-        window.show()
-        windows.append(window)
-        return window
-
-    yield make
-    for window in windows:
-        window.close()
-        assert not window.whatif._thread.isRunning()
-
-
 def _psr_tokens(path: Path) -> tuple[list[bool], np.ndarray, np.ndarray]:
     trace = read_trace(path)
     on = [t.policy == "psr" for t in trace.tokens]
@@ -65,8 +48,8 @@ def _sweep(qtbot: Any, window: TraceWindow) -> Any:
 
 
 def test_a_psr_trace_shows_the_recorded_prefetch_accuracy(
-        open_window: Callable[[Path], TraceWindow], to_psr_path: Path) -> None:
-    window = open_window(to_psr_path)
+        open_trace_window: Callable[[Path], TraceWindow], to_psr_path: Path) -> None:
+    window = open_trace_window(to_psr_path)
     on, pf, hits = _psr_tokens(to_psr_path)
     assert on == [False] * 9 + [True] * 15
     session = PrefetchSummary(tokens=15, prefetches=int(pf[9:].sum()), hits=int(hits[9:].sum()))
@@ -103,7 +86,7 @@ def test_without_a_prefetching_policy_the_prefetch_line_is_hidden(
 
 
 def test_an_older_psr_trace_says_prefetch_was_not_recorded(
-        open_window: Callable[[Path], TraceWindow], to_psr_path: Path,
+        open_trace_window: Callable[[Path], TraceWindow], to_psr_path: Path,
         tmp_path: Path) -> None:
     old = tmp_path / "old.jsonl"
     lines = []
@@ -113,7 +96,7 @@ def test_an_older_psr_trace_says_prefetch_was_not_recorded(
             del obj["prefetch"]
         lines.append(json.dumps(obj))
     old.write_text("\n".join(lines) + "\n")
-    window = open_window(old)
+    window = open_trace_window(old)
     assert window.reopened.prefetch is None and window.reopened.prefetch_unrecorded == 15
     assert window.prefetch_label.isVisible()
     assert "not recorded" in window.prefetch_label.text()
@@ -124,8 +107,8 @@ def test_an_older_psr_trace_says_prefetch_was_not_recorded(
 
 
 def test_the_whatif_table_has_a_prefetch_accuracy_column(
-        qtbot: Any, open_window: Callable[[Path], TraceWindow], to_psr_path: Path) -> None:
-    window = open_window(to_psr_path)
+        qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], to_psr_path: Path) -> None:
+    window = open_trace_window(to_psr_path)
     result = _sweep(qtbot, window)
     table = window.whatif.table
     assert table.horizontalHeaderItem(PREFETCH_COLUMN).text() == "Prefetch accuracy"
