@@ -33,6 +33,22 @@ def test_info_prints_layout_bytes_and_hash(tiny_moe: Path,
     assert "gate 2.12 KiB q8_0" in out and "down 2.12 KiB q8_0" in out
     assert "204.0 KiB" in out  # 2 layers x 16 experts x 6528 B
     assert "non-expert" in out and "sha256:" in out
+    assert "thinking" not in out  # ChatML without a switch
+
+
+def test_info_names_the_thinking_switch_and_the_parts_of_a_split_model(
+        synth_model: Callable[..., Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from moescope.testing import preset, write_synth_model
+    from moescope.testing.vocab import HYBRID_THINKING_CHAT_TEMPLATE
+
+    code, out, _ = _run(["info", str(synth_model(
+        "qwen3moe", chat_template=HYBRID_THINKING_CHAT_TEMPLATE))], capsys)
+    assert code == 0
+    assert "chat template switch: off/on/low/medium/high" in out
+    first = write_synth_model(tmp_path / "m.gguf", preset("tiny", "qwen3moe"), parts=2)
+    code, out, _ = _run(["info", str(first.with_name("m-00002-of-00002.gguf"))], capsys)
+    assert code == 0 and "m-00001-of-00002.gguf" in out and "in 2 files)" in out
 
 
 def test_info_with_a_percentage_budget_prints_slots_and_residency(

@@ -16,6 +16,7 @@ from typing import Any
 
 from moescope.core.budget import BudgetPlan, format_bytes, parse_budget, plan_for_model
 from moescope.core.gguf_info import ModelInfo, read_model_info
+from moescope.core.reasoning import thinking_choices
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -80,6 +81,11 @@ def format_info(info: ModelInfo, plan: BudgetPlan | None = None) -> str:
         ("non-expert", format_bytes(info.non_expert_bytes)),
         ("metadata", f"sha256:{info.metadata_sha256}"),
     ]
+    template = info.metadata.get("tokenizer.chat_template")
+    choices = thinking_choices(template if isinstance(template, str) else None)[1:]
+    if choices:
+        rows.append(("thinking", f"chat template switch: {'/'.join(choices)} "
+                                 "(moescope chat --thinking, GUI: Chat settings)"))
     if plan is not None:
         rows += [
             (f"budget {plan.budget.text}",
