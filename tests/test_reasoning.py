@@ -74,3 +74,16 @@ def test_streaming_never_shows_what_the_whole_text_hides(full: str, data: st.Dat
     assert "<|" not in s.reasoning and "</think" not in s.reasoning
     if s.answer:
         assert not s.thinking
+
+
+def test_closing_the_thoughts_makes_the_rest_the_answer() -> None:
+    from moescope.core.reasoning import close_reasoning
+
+    for raw in ("<think>\nHmm, let me", "<think>\nHmm\n",
+                "<|channel|>analysis<|message|>Hmm, let me"):
+        closed = raw + close_reasoning(raw) + "The answer."
+        s = split_reasoning(closed)
+        assert s.answer == "The answer." and not s.thinking and s.reasoning.startswith("Hmm")
+        assert "<" not in s.reasoning
+    assert close_reasoning("Plain answer") == ""
+    assert close_reasoning(QWEN) == ""

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from gui_helpers import LONG_SEED, load, send
-from PySide6.QtCore import QUrl
+from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QGuiApplication
 
 from moescope.gui.chat_view import ChatView
@@ -156,3 +156,55 @@ def test_the_thinking_setting_follows_the_model_and_reaches_the_prompt(
     assert window.chat_settings.sampling().thinking == "default"
     load(qtbot, window, hybrid, n_ctx=512)
     assert combo.currentData() == "off"
+
+
+def test_answer_now_closes_the_thoughts_and_the_model_answers(
+        make_window: Callable[..., Any], qtbot: Any, thinking_model: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny model never closes <think> by itself: "Answer now" after a few thinking
+    tokens must end the thoughts, continue the same message, and count both parts."""
+    from moescope.engine import Engine
+
+    starts: list[str] = []
+    generate = Engine.generate
+
+    def spy(self: Engine, prompt: Any, sampling: Any = None, **kw: Any) -> Any:
+        starts.append(kw.get("answer_start", ""))
+        return generate(self, prompt, sampling, **kw)
+
+    monkeypatch.setattr(Engine, "generate", spy)
+    window = make_window()
+    load(qtbot, window, thinking_model, budget="25%", n_ctx=512)
+    window.chat_settings.seed.setValue(LONG_SEED)
+    window.chat_settings.max_tokens.setValue(40)
+    view = window.chat_view
+    pressed: list[bool] = []
+
+    def maybe_press(_snaps: list[Any]) -> None:
+        view.flush()
+        if not pressed and window.chat.reasoning_tokens >= 4:
+            assert view.answer_now_button.isVisible()
+            pressed.append(True)
+            qtbot.mouseClick(view.answer_now_button, Qt.MouseButton.LeftButton)
+
+    window.chat.tokensArrived.connect(maybe_press)
+    window.client.worker.engine.set_copy_delay(2000)  # long enough to press mid-thought
+    with qtbot.waitSignal(window.chat.answerFinished, timeout=60_000) as blocker:
+        assert window.chat.send("Say hi")
+    window.chat.tokensArrived.disconnect(maybe_press)
+    assert pressed
+    assert len(starts) == 2 and starts[0] == "" and starts[1].endswith("</think>\n\n")
+    message = window.store.messages(window.chat.chat_id)[-1]
+    assert message.content.count("</think>") == 1 and message.status == "done"
+    from moescope.core.reasoning import split_reasoning
+
+    split = split_reasoning(message.content)
+    assert split.reasoning and split.answer.strip() and not split.thinking
+    assert message.stats["reasoning_cut_short"] is True
+    assert message.stats["reasoning_tokens"] >= 4
+    assert blocker.args[0].n_tokens > 0  # the answer's own tokens
+    text = view.text()
+    assert "cut short" in text and "</think>" not in text and "Thinking…" not in text
+    assert not view.answer_now_button.isVisible()
+    # the next turn sends the answer, not the thoughts
+    assert window.chat.history()[-1] == {"role": "assistant", "content": split.answer}

@@ -24,8 +24,10 @@ THINK_CLOSE = "</think>"
 HARMONY_CHANNEL = "<|channel|>"
 HARMONY_MESSAGE = "<|message|>"
 HARMONY_START = "<|start|>"
+HARMONY_END = "<|end|>"  # llama.cpp drops it from generated text; "Answer now" writes it
 FINAL_CHANNEL = "final"
-_MARKERS = (THINK_OPEN, THINK_CLOSE, HARMONY_CHANNEL, HARMONY_MESSAGE, HARMONY_START)
+_MARKERS = (THINK_OPEN, THINK_CLOSE, HARMONY_CHANNEL, HARMONY_MESSAGE, HARMONY_START,
+            HARMONY_END)
 _HARMONY_SEGMENT = re.compile(r"(?:assistant)?<\|channel\|>(?P<channel>.*?)<\|message\|>",
                               re.DOTALL)
 
@@ -87,7 +89,7 @@ def _split_harmony(text: str) -> ReasoningSplit:
         if match is None:  # the header is still arriving
             thinking = not answer
             continue
-        body = segment.lstrip()[match.end():]
+        body = segment.lstrip()[match.end():].replace(HARMONY_END, "")
         if match.group("channel").split()[0:1] == [FINAL_CHANNEL]:
             answer.append(body)
             thinking = False
@@ -106,6 +108,20 @@ def reasoning_prefix(prompt: str) -> str:
     if tail.endswith(THINK_OPEN):
         return THINK_OPEN + "\n"
     return ""
+
+
+def close_reasoning(raw: str) -> str:
+    """What to append to ``raw``, an answer still thinking, so that the model answers next
+    ("Answer now"): the closing tag, or harmony's switch to the final channel; "" when the
+    answer is not in its thoughts."""
+    split = split_reasoning(raw, partial=True)
+    if not split.thinking:
+        return ""
+    if raw.lstrip().startswith((HARMONY_CHANNEL, HARMONY_START)):
+        return f"{HARMONY_END}{HARMONY_START}assistant{HARMONY_CHANNEL}{FINAL_CHANNEL}" \
+               f"{HARMONY_MESSAGE}"
+    held = len(raw) - len(raw.rstrip())  # a newline ends the thoughts, once
+    return ("" if held else "\n") + THINK_CLOSE + "\n\n"
 
 
 def answer_text(raw: str) -> str:

@@ -419,7 +419,8 @@ class Engine:
         return min(self._llm.n_ctx(), int(self._llm.context_params.n_ctx))
 
     def fit_conversation(self, messages: Sequence[Message | dict[str, str]], *,
-                         room: int, thinking: str = "default") -> tuple[list[int], int]:
+                         room: int, thinking: str = "default",
+                         answer_start: str = "") -> tuple[list[int], int]:
         """The prompt's tokens, leaving out the earliest turns while the prompt leaves less
         than ``room`` tokens of the context for the answer (a rolling window: the system
         prompt and the last user message always stay; a turn is a user message with the
@@ -435,8 +436,8 @@ class Engine:
         limit = self.n_ctx - room
         dropped = 0
         while True:
-            tokens = self.tokenize(self.format_chat(head + body, thinking), add_bos=True,
-                                   special=True)
+            tokens = self.tokenize(self.format_chat(head + body, thinking) + answer_start,
+                                   add_bos=True, special=True)
             starts = [i for i, m in enumerate(body) if m["role"] == "user"]
             if len(tokens) <= limit or len(starts) < 2:
                 return tokens, dropped
@@ -461,10 +462,16 @@ class Engine:
         self._stop.set()
 
     def generate(self, prompt: str | Sequence[Message | dict[str, str]],
-                 sampling: Sampling | None = None) -> Iterator[TokenStats]:
+                 sampling: Sampling | None = None, *,
+                 answer_start: str = "") -> Iterator[TokenStats]:
         """Stream tokens with per-token cache stats; the last item's ``AnswerStats`` is in
         :attr:`last_answer`. The prompt's shared prefix with the previous call is reused
-        from the KV cache (no re-prefill of the conversation)."""
+        from the KV cache (no re-prefill of the conversation).
+
+        ``answer_start`` (messages only): text the answer already has, written after the
+        template's generation prompt; the model continues from there. "Answer now" uses it
+        to close a thinking model's thoughts and have it answer (``core.reasoning``).
+        """
         s = sampling or Sampling()
         n_ctx = self.n_ctx
         dropped = 0
@@ -472,7 +479,8 @@ class Engine:
             tokens = self.tokenize(prompt, add_bos=True, special=True)
         else:
             tokens, dropped = self.fit_conversation(prompt, room=min(s.max_tokens, n_ctx // 4),
-                                                    thinking=s.thinking)
+                                                    thinking=s.thinking,
+                                                    answer_start=answer_start)
         if len(tokens) >= n_ctx:
             raise MoEScopeError(f"the conversation ({len(tokens)} tokens) does not fit the "
                                 f"context of {n_ctx} tokens")

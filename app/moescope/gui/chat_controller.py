@@ -13,7 +13,7 @@ import logging
 
 from PySide6.QtCore import QObject, Signal
 
-from moescope.core.reasoning import split_reasoning
+from moescope.core.reasoning import close_reasoning, split_reasoning
 from moescope.gui.chat_list import ChatListPanel
 from moescope.gui.chat_settings import ChatSettingsPanel
 from moescope.gui.chat_view import ChatView
@@ -59,7 +59,13 @@ class ChatController(QObject):
         self.reasoning_tokens = 0
         """Tokens of the answer being generated spent before its first answer character."""
         self.reasoning_seconds = 0.0
+        self._answer_now = False
+        self._cut_short = False
+        """This answer's thoughts were cut short by "Answer now"."""
+        self._request: GenerateRequest | None = None
+        """The request of the answer being generated (its history and sampling)."""
         view.sendRequested.connect(self.send)
+        view.answerNowRequested.connect(self.answer_now)
         view.reasoningToggled.connect(lambda _id: self.render())
         view.stopRequested.connect(self.stop)
         view.regenerateRequested.connect(self.regenerate)
@@ -191,6 +197,34 @@ class ChatController(QObject):
             log.info("stop requested after %d tokens", self.tokens_received)
             self.client.stop()
 
+    def answer_now(self) -> bool:
+        """Cut a thinking model's thoughts short: stop, close them, and generate the answer
+        from there (the KV cache keeps the thoughts, so nothing is decoded twice). False
+        when no answer is thinking."""
+        if not self.generating or not split_reasoning(self._raw, partial=True).thinking:
+            return False
+        log.info("answer now, after %d thinking tokens", self.reasoning_tokens)
+        self._answer_now = True
+        self.client.stop()
+        return True
+
+    def _continue_answer(self) -> bool:
+        """After "Answer now" stopped the thoughts: append their close and generate on."""
+        self._answer_now = False
+        closing = close_reasoning(self._raw)
+        if not closing or self._request is None or self.answer_id is None:
+            return False
+        self.store.append_texts(self.answer_id, [closing])
+        self.view.append_text(closing)
+        self._raw += closing
+        start = self._raw[len(self.answer_prefix):] if self._raw.startswith(
+            self.answer_prefix) else self._raw
+        self._request = GenerateRequest(messages=self._request.messages,
+                                        sampling=self._request.sampling, answer_start=start)
+        self._cut_short = True
+        self.client.generate(self._request)
+        return True
+
     def history(self) -> list[dict[str, str]]:
         """The conversation as the engine gets it: system prompt, then done messages."""
         assert self.chat_id is not None
@@ -219,9 +253,11 @@ class ChatController(QObject):
         self.tokens_received = 0
         self._raw, self._answer_begun = self.answer_prefix, False
         self.reasoning_tokens, self.reasoning_seconds = 0, 0.0
+        self._answer_now = self._cut_short = False
         self._update_buttons()
-        self.client.generate(GenerateRequest(messages=tuple(messages),
-                                             sampling=self.settings.sampling()))
+        self._request = GenerateRequest(messages=tuple(messages),
+                                        sampling=self.settings.sampling())
+        self.client.generate(self._request)
         self.answerStarted.emit()
 
     # ------------------------------------------------------------------ worker output
@@ -254,6 +290,8 @@ class ChatController(QObject):
         if self.closed:
             return
         self.view.flush()
+        if self._answer_now and summary.stop_reason != "error" and self._continue_answer():
+            return
         self.last_answer = summary
         if self.answer_id is not None:
             if summary.n_tokens == 0 and summary.stop_reason == "error":
@@ -264,6 +302,8 @@ class ChatController(QObject):
                 if self.reasoning_tokens:
                     stats["reasoning_tokens"] = self.reasoning_tokens
                     stats["reasoning_seconds"] = round(self.reasoning_seconds, 2)
+                if self._cut_short:
+                    stats["reasoning_cut_short"] = True
                 self.store.finish_message(self.answer_id, status, stats)
         self.answer_id = None
         self.generating = False

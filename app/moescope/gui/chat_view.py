@@ -100,6 +100,7 @@ class ChatView(QWidget):
     regenerateRequested = Signal()
     editRequested = Signal()
     reasoningToggled = Signal(int)  # message id: render the chat again
+    answerNowRequested = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -137,7 +138,13 @@ class ChatView(QWidget):
         self.stop_button = QPushButton("Sto&p")
         self.regenerate_button = QPushButton("&Regenerate")
         self.edit_button = QPushButton("&Edit last")
+        self.answer_now_button = QPushButton("&Answer now")
+        self.answer_now_button.setToolTip(
+            "Stop thinking: close the model's thoughts and have it answer from what it has "
+            "thought so far (each thought is a token of expert copies)")
+        self.answer_now_button.setVisible(False)
         for b, name in ((self.send_button, "Send message"), (self.stop_button, "Stop"),
+                        (self.answer_now_button, "Stop thinking and answer now"),
                         (self.regenerate_button, "Regenerate the last answer"),
                         (self.edit_button, "Edit and resend the last message")):
             b.setAccessibleName(name)
@@ -147,6 +154,7 @@ class ChatView(QWidget):
         self.stop_button.clicked.connect(self.stopRequested)
         self.regenerate_button.clicked.connect(self.regenerateRequested)
         self.edit_button.clicked.connect(self.editRequested)
+        self.answer_now_button.clicked.connect(self.answerNowRequested)
         buttons.addStretch(1)
         self.context_bar = QProgressBar()
         self.context_bar.setAccessibleName("Context used")
@@ -264,7 +272,8 @@ class ChatView(QWidget):
                 expanded = m.id in self.expanded
                 seconds = m.stats.get("reasoning_seconds")
                 header = header_text(expanded=expanded, tokens=m.stats.get("reasoning_tokens"),
-                                     seconds=float(seconds) if seconds is not None else None)
+                                     seconds=float(seconds) if seconds is not None else None,
+                                     cut_short=bool(m.stats.get("reasoning_cut_short")))
                 insert_reasoning(cursor, split.reasoning, header=header,
                                  href=reasoning_href(m.id), expanded=expanded)
             if split.answer.strip():
@@ -359,6 +368,7 @@ class ChatView(QWidget):
             self._live = None
         if self._thoughts is not None:
             self._thoughts.update(split.reasoning)
+            self.answer_now_button.setVisible(split.thinking and self.stop_button.isEnabled())
             if split.thinking:
                 return
             if self._live is None:
@@ -462,6 +472,8 @@ class ChatView(QWidget):
                        can_edit: bool = False) -> None:
         self.send_button.setEnabled(not generating)
         self.stop_button.setEnabled(generating)
+        if not generating:
+            self.answer_now_button.setVisible(False)
         self.regenerate_button.setEnabled(not generating and can_regenerate)
         self.edit_button.setEnabled(not generating and can_edit)
 

@@ -33,14 +33,17 @@ def message_id_of(href: str) -> int | None:
 
 
 def header_text(*, expanded: bool, thinking: bool = False, seconds: float | None = None,
-                tokens: int | None = None) -> str:
-    """"Thinking…" while it streams, else "▸ Thought for 4.2 s · 312 tokens"."""
+                tokens: int | None = None, cut_short: bool = False) -> str:
+    """"Thinking…" while it streams, else "▸ Thought for 4.2 s · 312 tokens" (and "cut
+    short" when "Answer now" ended the thoughts)."""
     if thinking:
         return "Thinking…"
     arrow = "▾" if expanded else "▸"
     parts = [f"Thought for {seconds:.1f} s" if seconds is not None else "Thoughts"]
     if tokens:
         parts.append(f"{tokens} tokens")
+    if cut_short:
+        parts.append("cut short")
     return f"{arrow} {' · '.join(parts)}"
 
 

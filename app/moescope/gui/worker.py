@@ -60,6 +60,8 @@ class LoadRequest:
 class GenerateRequest:
     messages: tuple[dict[str, str], ...]
     sampling: Sampling = field(default_factory=Sampling)
+    answer_start: str = ""
+    """Text the answer already has (``Engine.generate``): "Answer now" continues from it."""
 
 
 class EngineWorker(QObject):
@@ -145,7 +147,8 @@ class EngineWorker(QObject):
         batch: list[TokenSnapshot] = []
         last_emit = 0.0
         try:
-            for ts in engine.generate(list(request.messages), request.sampling):
+            for ts in engine.generate(list(request.messages), request.sampling,
+                                      answer_start=request.answer_start):
                 self.answer_tokens = ts.index + 1
                 self._record(ts)
                 batch.append(self._snapshot(ts))
