@@ -13,6 +13,7 @@ import ctypes
 import importlib.util
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from types import TracebackType
@@ -335,6 +336,8 @@ class ExpertCache:
         self._handle: int | None = handle
         self._owned = True
         self._plan = (CCopy * max(1, slots_per_layer))()
+        self._masks_lock = threading.Lock()
+        self._masks_buffer: tuple[tuple[int, ...], npt.NDArray[np.int32], list[Any]] | None = None
 
     @classmethod
     def attach(
@@ -356,6 +359,8 @@ class ExpertCache:
         self._handle = handle
         self._owned = False
         self._plan = (CCopy * max(1, self.slots))()
+        self._masks_lock = threading.Lock()
+        self._masks_buffer = None
         return self
 
     # lifetime ------------------------------------------------------------------
@@ -507,6 +512,28 @@ class ExpertCache:
     def resident(self, layer: int) -> set[int]:
         """The experts of ``layer`` that count as resident."""
         return {int(e) for e in np.flatnonzero(self.layer_experts(layer) >= 0)}
+
+    def resident_masks(self, layers: Sequence[int]) -> npt.NDArray[np.bool_]:
+        """Resident masks of ``layers`` (one row each, ``n_experts`` columns), read into one
+        reused buffer: the trace recorder reads every MoE layer after every token, and
+        :meth:`layer_experts` per layer spends most of its time building ctypes pointers.
+        The buffer is guarded by a lock, so the class stays as thread-safe as the core."""
+        key = tuple(int(x) for x in layers)
+        with self._masks_lock:
+            cached = self._masks_buffer
+            if cached is None or cached[0] != key:
+                for layer in key:
+                    self._check_layer(layer)
+                buf = np.empty((len(key), self.n_experts), dtype=np.int32)
+                base, stride = buf.ctypes.data, buf.strides[0]
+                i32p = ctypes.POINTER(ctypes.c_int32)
+                pointers = [ctypes.cast(base + i * stride, i32p) for i in range(len(key))]
+                cached = self._masks_buffer = (key, buf, pointers)
+            _, buf, pointers = cached
+            fn, handle = self._lib.moecache_layer_experts, self.handle
+            for layer, ptr in zip(key, pointers, strict=True):
+                fn(handle, layer, ptr)
+            return buf >= 0
 
     def layer_lost_mass(self, layer: int) -> npt.NDArray[np.float32]:
         """Admission accumulators: gate mass each expert lost to substitution while missing."""

@@ -9,9 +9,12 @@ policies and budgets. Both need a record of the session, so this module defines 
 * one **token** line per generated token: wall time, phase, the policy or budget changes
   that took effect at that token, the core's event rows for every routed layer, optionally
   the router inputs (full probabilities, raw gate weights, ids) that make a replay exact,
-  the engine's copy timings spent on it, and PSR's prefetch counters (the core keeps them
+  the engine's copy timings spent on it, PSR's prefetch counters (the core keeps them
   only as cumulative layer stats, with no event row, so without them a reopened trace
-  could not show prefetch accuracy);
+  could not show prefetch accuracy), and, only for the MoE layers where the event rows do
+  not explain it (a PSR prefetch, a budget shrink), the real resident mask
+  (:mod:`moescope.core.residency`), so a reopened trace draws exactly what the live panel
+  drew;
 * an optional **end** line (a crash simply leaves it out).
 
 The file is JSON Lines, optionally gzip-compressed, and flushed after every token so that a
@@ -49,6 +52,7 @@ from moescope.core.errors import MoEScopeError
 from moescope.core.native import EVENT_DTYPE, FETCH, MAX_K, SUBSTITUTE
 from moescope.core.policy import DEFAULT_BONUS, Eviction, MissRule, Policy, SubstituteWeight
 from moescope.core.prefetch import PrefetchCounters, prefetch_delta
+from moescope.core.residency import Residency, masks_from_json, masks_to_json, read_resident
 
 TRACE_FORMAT = "moescope-trace"
 TRACE_VERSION = 1
@@ -311,6 +315,12 @@ class TokenRecord:
     prefetch_hits: npt.NDArray[np.int64] | None = None
     """PSR: prefetched experts the router first computed during this token (as a hit or
     a substitute), per MoE layer; None exactly when ``prefetches`` is."""
+    resident: dict[int, npt.NDArray[np.bool_]] | None = None
+    """The cache's real resident mask after this token (model layer index -> ``n_expert``
+    booleans), only for the MoE layers where it differs from what the event rows rebuild
+    (:class:`~moescope.core.residency.Residency`): PSR prefetches and budget shrinks
+    change residency without rows. None: nothing to correct (or, on a token that shrank
+    the budget, a trace written before the masks: its residency is then a guess)."""
 
     def to_json(self, router_dtype: RouterDtype | None = "f32",
                 moe_layers: Sequence[int] | None = None) -> dict[str, Any]:
@@ -330,6 +340,8 @@ class TokenRecord:
             if moe_layers is None:
                 raise ValueError("prefetch counters need the model's MoE layers to be written")
             out["prefetch"] = _prefetch_to_json(self.prefetches, self.prefetch_hits, moe_layers)
+        if self.resident is not None:
+            out["resident"] = masks_to_json(self.resident)
         out["events"] = [_event_to_json(row) for row in self.events]
         if self.routes and router_dtype is not None:
             out["routes"] = [_route_to_json(r, router_dtype) for r in self.routes.values()]
@@ -542,7 +554,8 @@ class RouteSource(Protocol):
     """What the recorder reads from the engine: policy, slots, router inputs, timings.
 
     ``changes`` (a list of ``(step, [text])``) and ``cache`` (with ``step`` and
-    ``resident(layer)``) are read too when present.
+    ``resident(layer)``, or the faster ``resident_masks(layers)``) are read too when
+    present.
     """
 
     @property
@@ -572,7 +585,13 @@ class TraceRecorder:
     For each token it reads the router inputs of every layer that token routed
     (``last_route``), the change of the engine's copy timings, the change of the core's
     prefetch counters (``cache.layer_stats``: PSR writes no event row, so this is the only
-    record of it), and the policy or budget changes made since the previous token. Start
+    record of it), and the policy or budget changes made since the previous token.
+
+    It also rebuilds residency from the event rows as it goes, exactly as a reader will
+    (:class:`~moescope.core.residency.Residency`), reads the cache's real resident masks
+    after each token (``cache.resident_masks``, else per layer) and writes the real mask
+    of every MoE layer where the two differ (PSR prefetches and budget shrinks evict and
+    admit without rows). A session whose rows explain everything gets no such field. Start
     it right after the model is loaded: a replay starts from an empty cache, so only then
     is it exact (the header says so).
     """
@@ -594,6 +613,8 @@ class TraceRecorder:
         self._prefetch_counts(source)  # the baseline: what was counted before recording
         changes = getattr(source, "changes", None)
         self._n_changes = len(changes) if changes is not None else 0
+        m = header.model
+        self._residency = Residency(m.moe_layers, m.n_expert, header.slots_per_layer)
         self.route_mismatches = 0
         """Rows whose ``last_route`` ids disagreed with the event (left without inputs)."""
 
@@ -638,6 +659,7 @@ class TraceRecorder:
             counts = self._prefetch_counts(source)
             if counts is not None:
                 record.prefetches, record.prefetch_hits = counts[0], counts[1]
+        record.resident = self._resident_masks(record, source)
         self.writer.write_token(record)
         self._index += 1
         return record
@@ -657,6 +679,26 @@ class TraceRecorder:
         counts = prefetch_delta(totals, self._prefetch_base)
         self._prefetch_base = totals
         return counts
+
+    def _resident_masks(self, record: TokenRecord, source: RouteSource | None
+                        ) -> dict[int, npt.NDArray[np.bool_]] | None:
+        """The real masks of the layers the rows do not explain, or None (nothing to write).
+
+        Advances the rebuilt residency as a reader will, then compares it with the cache.
+        A token that shrank the budget always gets the field (``{}`` if the guess was right)
+        so that a reader can tell it from a trace written before the masks, whose shrink
+        it must call approximate. Without a cache to read, None: unknown, as before.
+        """
+        shrunk = self._residency.advance_token(record)
+        cache = getattr(source, "cache", None) if source is not None else None
+        if cache is None:
+            return None
+        m = self.header.model
+        masks = self._residency.differing(read_resident(cache, m.moe_layers, m.n_expert))
+        if not masks and not shrunk:
+            return None
+        self._residency.apply_masks(masks)
+        return masks
 
     def _changes(self, source: RouteSource | None, stats: TokenLike) -> list[Change]:
         """Changes applied since the previous token: budget resizes in the order the engine
@@ -897,13 +939,17 @@ def _token_from_json(d: Mapping[str, Any], header: TraceHeader, expected: int) -
     prefetches = prefetch_hits = None
     if "prefetch" in d:  # absent: written before the counters existed, so unknown
         prefetches, prefetch_hits = _prefetch_from_json(d["prefetch"], m.moe_layers)
+    slots = int(d["slots_per_layer"])
+    resident = None
+    if "resident" in d:  # absent: the event rows explain residency (or an older trace)
+        resident = masks_from_json(d["resident"], m.moe_layers, m.n_expert, slots)
     return TokenRecord(
         index=index, phase=phase, token_id=int(d["token_id"]), text=str(d["text"]),
-        seconds=seconds, policy=str(d["policy"]), slots_per_layer=int(d["slots_per_layer"]),
-        events=events, routes=routes, changes=changes,
+        seconds=seconds, policy=str(d["policy"]), slots_per_layer=slots, events=events,
+        routes=routes, changes=changes,
         timings={k: int(timings.get(k, 0)) for k in TIMING_KEYS} if timings else None,
         answer=int(d.get("answer", 0)), position=int(d.get("position", 0)),
-        prefetches=prefetches, prefetch_hits=prefetch_hits,
+        prefetches=prefetches, prefetch_hits=prefetch_hits, resident=resident,
     )
 
 

@@ -6,11 +6,14 @@ simulator can replay it and ``moescope replay`` reads it. This module does the G
 export a copy (plus Perfetto JSON), and turn a trace back into the snapshots the cache
 panel draws, through the same :class:`CacheModel` code as a live session.
 
-The trace does not store residency; it is rebuilt from the event rows (what a token hit,
-fetched, used as a substitute, admitted or evicted). That is exact from an empty cache,
-which is how recording starts, except after a budget *shrink*: the core evicts without
-event rows then, so until the cache turns over the rebuilt residency keeps the most
-recently used experts (:attr:`ReopenedTrace.approximate_from`).
+Residency is rebuilt from the event rows (what a token hit, fetched, used as a substitute,
+admitted or evicted) by :class:`moescope.core.residency.Residency`, the same code the
+recorder runs, and corrected by the real masks the recorder wrote where the rows do not
+explain it (PSR prefetches, budget shrinks): every reopened token's resident mask is the
+one the live panel read. A trace written before those masks has none; after a budget
+*shrink* its residency keeps the most recently used experts, a guess, until the cache
+turns over (:attr:`ReopenedTrace.approximate_from`), and PSR's unused prefetches are
+missing from it.
 
 PSR's prefetch counters come from the trace's own per-token record (the core writes no
 event row for a prefetch), and a token carries them in its snapshot only when its policy
@@ -26,10 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from moescope.core.native import FETCH, HIT, SUBSTITUTE
 from moescope.core.prefetch import PrefetchSummary, summarize
+from moescope.core.residency import Residency
 from moescope.core.trace import Change, Trace, read_trace, write_perfetto
 from moescope.gui.cache_model import prefetch_text
 from moescope.gui.snapshots import ModelSummary, TokenSnapshot
@@ -81,7 +82,8 @@ class ReopenedTrace:
     tokens: list[TokenSnapshot]
     trace: Trace
     approximate_from: int | None = None
-    """First step whose rebuilt residency is approximate (after a budget shrink)."""
+    """First step whose rebuilt residency is approximate: a budget shrink in a trace
+    written before the recorder wrote resident masks (None for every newer trace)."""
     prefetch: PrefetchSummary | None = None
     """PSR over every token whose policy prefetched and whose counters were recorded;
     None when there is none (no policy prefetched, or the trace predates the counters)."""
@@ -103,11 +105,8 @@ def reopen(path: str | Path) -> ReopenedTrace:
         total_expert_bytes=row_bytes * m.n_expert, non_expert_bytes=m.non_expert_bytes,
         cache_enabled=True, slots_per_layer=h.slots_per_layer,
         policy=h.policy.name or "custom", n_ctx=0)
-    rows_of = {layer: i for i, layer in enumerate(m.moe_layers)}
-    resident = np.zeros((len(m.moe_layers), m.n_expert), dtype=np.bool_)
-    last_use = np.full(resident.shape, -1, dtype=np.int64)
+    residency = Residency(m.moe_layers, m.n_expert, h.slots_per_layer)
     approximate_from: int | None = None
-    slots = h.slots_per_layer
     policy = h.policy
     unrecorded = 0
     tokens: list[TokenSnapshot] = []
@@ -116,18 +115,17 @@ def reopen(path: str | Path) -> ReopenedTrace:
         for change in rec.changes:
             if change.kind == "policy" and change.policy is not None:
                 policy = change.policy
-            if change.kind == "slots" and change.slots is not None:
-                if change.slots < slots:
-                    _shrink(resident, last_use, change.slots)
-                    approximate_from = approximate_from or step
-                slots = change.slots
-        _apply_rows(resident, last_use, rec.events, rows_of, step)
+        shrunk = residency.advance_token(rec)  # the recorder's own rebuild, then its masks
+        if rec.resident is not None:
+            residency.apply_masks(rec.resident)
+        elif shrunk:  # an older trace: the shrink's evictions were not recorded
+            approximate_from = approximate_from or step
         # the live worker's rule: counters only while the token's policy prefetches
         show = policy.prefetch != 0 and rec.prefetches is not None
         tokens.append(TokenSnapshot(
             step=step, index=rec.position, text=rec.text, seconds=rec.seconds,
             policy=rec.policy, slots_per_layer=rec.slots_per_layer, n_prompt_tokens=0,
-            n_ctx=0, events=rec.events, resident=resident.copy(),
+            n_ctx=0, events=rec.events, resident=residency.resident.copy(),
             changes=tuple(change_label(c) for c in rec.changes),
             ttft=rec.seconds if rec.position == 0 else None,
             prefetches=rec.prefetches if show else None,
@@ -163,33 +161,3 @@ def prefetch_overview(reopened: ReopenedTrace) -> str:
         return ("PSR: prefetch accuracy not recorded (this trace was written before "
                 "MoEScope recorded prefetch counters)")
     return ""
-
-
-def _apply_rows(resident: np.ndarray, last_use: np.ndarray, events: np.ndarray,
-                rows_of: dict[int, int], step: int) -> None:
-    """What one token's rows did to residency: computed experts are resident, admitted
-    ones enter, evicted ones leave (in row order, as the core decided them)."""
-    for row in events:
-        r = rows_of.get(int(row["layer"]))
-        if r is None:
-            continue
-        k = int(row["k"])
-        action = row["action"][:k]
-        computed = np.where(action == SUBSTITUTE, row["used_ids"][:k], row["ids"][:k])
-        computed = computed[(action == HIT) | (action == FETCH) | (action == SUBSTITUTE)]
-        computed = computed[(computed >= 0) & (computed < resident.shape[1])]
-        resident[r, computed] = True
-        last_use[r, computed] = step
-        evicted = row["evicted"][: int(row["n_evict"])]
-        resident[r, evicted[(evicted >= 0) & (evicted < resident.shape[1])]] = False
-        admitted = row["admitted"][: int(row["n_admit"])]
-        resident[r, admitted[(admitted >= 0) & (admitted < resident.shape[1])]] = True
-
-
-def _shrink(resident: np.ndarray, last_use: np.ndarray, slots: int) -> None:
-    """A budget shrink evicts without event rows: keep the most recently used."""
-    for r in range(resident.shape[0]):
-        ids = np.flatnonzero(resident[r])
-        if len(ids) > slots:
-            order = ids[np.argsort(-last_use[r, ids], kind="stable")]
-            resident[r, order[slots:]] = False
