@@ -30,6 +30,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 from moescope.core.errors import MoEScopeError
 from moescope.core.policy import Policy
 from moescope.core.prefetch import PrefetchCounters, prefetch_delta
+from moescope.core.residency import read_resident
 from moescope.core.trace import TraceRecorder
 from moescope.engine import AnswerStats, Engine, Sampling
 from moescope.gui.snapshots import AnswerSummary, ModelSummary, TokenSnapshot
@@ -270,9 +271,7 @@ class EngineWorker(QObject):
         cache, m = engine.cache, engine.model
         if cache is not None and m is not None and m.info is not None:
             layers = m.info.moe_layers
-            resident = np.empty((len(layers), m.info.n_expert), dtype=np.bool_)
-            for row, il in enumerate(layers):
-                resident[row] = cache.layer_experts(il) >= 0
+            resident = read_resident(cache, layers, m.info.n_expert)  # a copy: the GUI's
             prefetch = self._prefetch_delta(cache, layers)
         answer = engine.last_answer
         self.step += 1
