@@ -11,7 +11,7 @@ NATIVE_BUILD := build/native
 export MOESCOPE_CACHE ?= $(HOME)/.cache/moescope
 
 .PHONY: setup deps engine engine-cuda-configure native test test-native test-python lint \
-        run bench gpu-bundle screenshot clean
+        run bench gpu-bundle screenshot clean install-desktop uninstall-desktop
 
 setup: deps native engine
 
@@ -51,6 +51,13 @@ lint: deps
 
 run: setup
 	$(VENV)/bin/moescope
+
+# A launcher in the desktop's application menu for this checkout (~/.local/share, no root).
+install-desktop: setup
+	$(PY) packaging/install_desktop.py
+
+uninstall-desktop:
+	$(PY) packaging/install_desktop.py --uninstall
 
 bench: setup
 	$(PY) bench/engine_bench.py

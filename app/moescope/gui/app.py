@@ -30,6 +30,10 @@ must then wait for the decode thread to drop it, up to the switch interval each 
 while decoding; 1 ms keeps the event loop's latency low at a negligible cost."""
 
 
+DESKTOP_ID = "io.github.moescope.MoEScope"
+"""The freedesktop application id (packaging/linux/)."""
+
+
 def create_app(argv: Sequence[str] | None = None) -> QApplication:
     """The QApplication with MoEScope's names, icon and dark theme (reused if one exists,
     e.g. under pytest-qt)."""
@@ -41,6 +45,8 @@ def create_app(argv: Sequence[str] | None = None) -> QApplication:
     app.setOrganizationName("MoEScope")
     app.setApplicationVersion(__version__)
     app.setWindowIcon(app_icon())
+    # the installed launcher (make install-desktop): Wayland matches windows to it by this
+    app.setDesktopFileName(DESKTOP_ID)
     apply_theme(app)
     return app
 
