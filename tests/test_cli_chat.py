@@ -34,6 +34,7 @@ class Turn:
     text: str = ""
     n_tokens: int = 0
     stop_reason: str = ""
+    answer_start: str = ""
 
 
 @dataclass
@@ -48,11 +49,13 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
     seen = Spy()
     generate, load = Engine.generate, Engine.load
 
-    def spy_generate(self: Engine, prompt: Any, sampling: Any = None) -> Iterator[Any]:
+    def spy_generate(self: Engine, prompt: Any, sampling: Any = None,
+                     **kw: Any) -> Iterator[Any]:
         messages = [{"role": m.role, "content": m.content} for m in prompt]
-        turn = Turn(messages, self.format_chat(prompt), self.policy_name, self.slots_per_layer)
+        turn = Turn(messages, self.format_chat(prompt), self.policy_name, self.slots_per_layer,
+                    answer_start=kw.get("answer_start", ""))
         seen.turns.append(turn)
-        for tok in generate(self, prompt, sampling):
+        for tok in generate(self, prompt, sampling, **kw):
             turn.text += tok.text
             yield tok
         turn.n_tokens = self.last_answer.n_tokens
@@ -165,8 +168,9 @@ def test_ctrl_c_stops_the_answer_and_keeps_it(
     """SIGINT after the fifth token stops that answer only; the chat goes on."""
     spied = Engine.generate
 
-    def interrupted(self: Engine, prompt: Any, sampling: Any = None) -> Iterator[Any]:
-        for tok in spied(self, prompt, sampling):
+    def interrupted(self: Engine, prompt: Any, sampling: Any = None,
+                    **kw: Any) -> Iterator[Any]:
+        for tok in spied(self, prompt, sampling, **kw):
             yield tok
             if len(spy.turns) == 1 and tok.index == 4:
                 signal.raise_signal(signal.SIGINT)
@@ -297,3 +301,35 @@ def test_thinking_switch_in_the_cli(
                         "--thinking", "high")
     assert code == 0 and "has no 'high' thinking setting; it is ignored" in err
     assert "Reasoning:" not in prompts[-1]
+
+
+def test_ctrl_c_while_thinking_means_answer_now(
+        synth_model: Callable[..., Path], spy: Spy,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A thinking model (its template opens <think>; the tiny model never closes it):
+    SIGINT after four thoughts closes them and the same answer goes on; the next turn
+    gets that answer without the thoughts."""
+    from moescope.testing.vocab import THINKING_CHAT_TEMPLATE
+
+    spied = Engine.generate
+
+    def interrupted(self: Engine, prompt: Any, sampling: Any = None,
+                    **kw: Any) -> Iterator[Any]:
+        for tok in spied(self, prompt, sampling, **kw):
+            yield tok
+            if len(spy.turns) == 1 and tok.index == 3:
+                signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(Engine, "generate", interrupted)
+    model = synth_model("qwen3moe", chat_template=THINKING_CHAT_TEMPLATE)
+    code, out, _ = chat(monkeypatch, capsys, model, "Hi\nAgain\n", "--n", "12")
+    assert code == 0
+    thinking, answering, second = spy.turns
+    assert thinking.stop_reason == "stopped" and thinking.n_tokens == 4
+    assert answering.answer_start == thinking.text + "\n</think>\n\n" \
+        or answering.answer_start == thinking.text + "</think>\n\n"
+    assert answering.n_tokens > 0 and answering.stop_reason != "stopped"
+    assert "answer now" in out
+    answer = answering.text.lstrip()
+    assert second.messages[1] == {"role": "assistant", "content": answer}
+    assert "</think>" not in out and thinking.text.strip() not in out

@@ -8,7 +8,9 @@ kept. Ctrl+C stops an answer (what was generated stays in the conversation); Ctr
 Ctrl+D at an empty prompt quits. With stdin not a terminal it reads one message per line
 and prints only answers and summaries, so a session can be scripted. A thinking model's
 thoughts (``<think>`` or harmony channels, see ``core.reasoning``) print dim before the
-answer on a terminal, not at all in a script, and never go back into the conversation.
+answer on a terminal, not at all in a script, and never go back into the conversation;
+Ctrl+C while it thinks means "answer now" (the thoughts are closed and it answers), a
+second Ctrl+C stops.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from moescope.commands.generate import (
 )
 from moescope.core.errors import MoEScopeError
 from moescope.core.policy import PRESET_NAMES
-from moescope.core.reasoning import THINKING_SETTINGS, split_reasoning
+from moescope.core.reasoning import THINKING_SETTINGS, close_reasoning, split_reasoning
 
 if TYPE_CHECKING:
     from moescope.core.trace import TraceRecorder
@@ -218,15 +220,28 @@ class ChatSession:
         self.messages.append(Message("user", text))
         engine = self.engine
         previous = engine.last_answer
-        printer = _AnswerPrinter(self.out, show_thoughts=self.color, raw=self.answer_prefix())
+        prefix = self.answer_prefix()
+        printer = _AnswerPrinter(self.out, show_thoughts=self.color, raw=prefix)
+        start = ""
         try:
-            with _stop_on_interrupt(engine) as interrupted:
-                for tok in engine.generate(self.conversation(), self.sampling):
-                    if self.recorder is not None:
-                        self.recorder.record(tok, engine)
-                    printer.feed(tok.text)
-                    if interrupted():
-                        engine.stop()  # Ctrl+C came before generate() cleared the flag
+            while True:
+                with _stop_on_interrupt(engine) as interrupted:
+                    for tok in engine.generate(self.conversation(), self.sampling,
+                                               answer_start=start):
+                        if self.recorder is not None:
+                            self.recorder.record(tok, engine)
+                        printer.feed(tok.text)
+                        if interrupted():
+                            engine.stop()  # Ctrl+C came before generate() cleared the flag
+                closing = close_reasoning(printer.raw) if interrupted() and not start else ""
+                if not closing:
+                    break
+                # Ctrl+C while thinking: "answer now", from what it has thought so far
+                self._add_to_totals(engine.last_answer)
+                self._dim("(answer now: thoughts cut short; Ctrl+C again stops)")
+                printer.feed(closing)
+                start = printer.raw[len(prefix):] if printer.raw.startswith(prefix) \
+                    else printer.raw
         except MoEScopeError as err:  # e.g. the conversation outgrew the context
             if engine.last_answer is previous:
                 self.messages.pop()
@@ -243,11 +258,14 @@ class ChatSession:
         if a.dropped_messages:
             self._dim(f"({a.dropped_messages} earliest messages were left out of the prompt "
                       "to fit the context; /reset starts a new conversation)")
+        self._add_to_totals(a)
+        if a.stop_reason == "context full":
+            self._error("the context is full; /reset starts a new conversation")
+
+    def _add_to_totals(self, a: AnswerStats) -> None:
         if a.n_tokens:
             self.total.add(a)
             self.by_policy.setdefault("/".join(a.policies), SessionStats()).add(a)
-        if a.stop_reason == "context full":
-            self._error("the context is full; /reset starts a new conversation")
 
     # -------------------------------------------------------------------- commands
     def command(self, text: str) -> bool:
