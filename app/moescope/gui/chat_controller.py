@@ -195,6 +195,7 @@ class ChatController(QObject):
     def stop(self) -> None:
         if self.generating:
             log.info("stop requested after %d tokens", self.tokens_received)
+            self._answer_now = False  # Stop wins over an "Answer now" not yet carried out
             self.client.stop()
 
     def answer_now(self) -> bool:
