@@ -146,3 +146,22 @@ def test_request_numbers_count_what_the_engine_applied(window: Any, qtbot: Any) 
     window.client._apply.emit()
     qtbot.waitUntil(lambda: engine.applied_requests == (p2, b1), timeout=10_000)
     assert engine.policy_name == "exact"
+
+
+def test_a_typed_budget_moves_the_slider_and_applies(window: Any, qtbot: Any) -> None:
+    """Sizes, shares and slot counts all work; a typo is explained and changes nothing."""
+    c, engine = window.controls, window.client.worker.engine
+    m = window.model
+    for typed, slots in (("50%", 8), ("6", 6), ("6 slots", 6),
+                         (f"{7 * m.slot_row_bytes / 2**10:.3f}KiB", 7), ("2", 4)):
+        qtbot.keyClicks(c.budget_entry, typed)
+        qtbot.keyClick(c.budget_entry, Qt.Key.Key_Return)
+        assert c.budget.value() == slots, typed
+        qtbot.waitUntil(lambda s=slots: engine.slots_per_layer == s, timeout=10_000)
+        assert c.budget_entry.text() == "" and not c.budget_entry.property("invalid")
+    assert "top-k = 4" in c.budget_entry.toolTip()  # "2" was raised to the minimum
+    qtbot.keyClicks(c.budget_entry, "lots")
+    qtbot.keyClick(c.budget_entry, Qt.Key.Key_Return)
+    assert c.budget_entry.property("invalid") and "cannot read budget" in c.budget_entry.toolTip()
+    assert c.budget.value() == 4 and engine.slots_per_layer == 4
+    assert c.budget_entry.text() == "lots"  # kept, to be corrected

@@ -16,12 +16,14 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QSlider,
     QSpinBox,
     QWidget,
 )
 
-from moescope.core.budget import format_bytes
+from moescope.core.budget import format_bytes, plan_slots
+from moescope.core.errors import MoEScopeError
 from moescope.core.policy import PRESETS, Policy
 from moescope.gui.policy_choices import (
     BONUS_MAX,
@@ -43,6 +45,26 @@ __all__ = ["CUSTOM", "POLICY_CHOICES", "ControlsPanel", "custom_policy"]
 SPEED_FIRST = "speed-first"
 TOGGLE_FALLBACK = "quality-first"
 """Where the shortcut returns from Speed-first when it did not come from another policy."""
+
+
+BUDGET_ENTRY_TIP = ("Type a VRAM budget for expert slots and press Enter: a size (12GiB, "
+                    "512MiB), a share of the experts (25%), or slots per layer (16).")
+
+
+def typed_slots(text: str, model: ModelSummary) -> tuple[int, str]:
+    """Slots per layer for a typed budget, and a note when it had to be clamped.
+
+    A bare whole number no larger than the model's expert count means slots per layer
+    (what the label shows); anything else is a budget as ``--budget`` reads it (a bare
+    larger number is bytes, as there).
+    """
+    count = text.removesuffix("slots").strip()
+    if count.isdigit() and 0 < int(count) <= model.n_expert:
+        slots = max(int(count), model.top_k)
+        return slots, (f"at least top-k = {model.top_k} slots" if slots != int(count) else "")
+    plan = plan_slots(text, n_expert=model.n_expert, top_k=model.top_k,
+                      bytes_per_expert=[model.slot_row_bytes])
+    return plan.slots_per_layer, plan.message if plan.clamped else ""
 
 
 class ControlsPanel(QGroupBox):
@@ -104,7 +126,13 @@ class ControlsPanel(QGroupBox):
                                "model and the chat are kept.")
         self.budget_label = QLabel("–")
         self.budget_label.setObjectName("budgetLabel")
-        form.addRow("&VRAM budget", self.budget)
+        self.budget_entry = QLineEdit()
+        self.budget_entry.setAccessibleName("VRAM budget, typed")
+        self.budget_entry.setPlaceholderText("12GiB, 25%, 16")
+        self.budget_entry.setToolTip(BUDGET_ENTRY_TIP)
+        self.budget_entry.setMaximumWidth(96)
+        self.budget_entry.returnPressed.connect(self.apply_typed_budget)
+        form.addRow("&VRAM budget", self._row(self.budget, self.budget_entry))
         form.addRow("", self.budget_label)
 
         self.policy_combo.currentIndexChanged.connect(self._policy_chosen)
@@ -152,6 +180,7 @@ class ControlsPanel(QGroupBox):
             self.budget.setValue(model.slots_per_layer)
             self.prefetch_count.setRange(1, max(1, min(PREFETCH_MAX, model.n_expert)))
         self.budget.setEnabled(enabled)
+        self.budget_entry.setEnabled(enabled)
         self.policy_combo.setEnabled(enabled)
         self._quiet = False
         if model is not None:
@@ -256,6 +285,36 @@ class ControlsPanel(QGroupBox):
 
     def _budget_released(self) -> None:
         self.budgetRequested.emit(self.budget.value())
+
+    def apply_typed_budget(self) -> bool:
+        """The typed budget (a size, a share of the experts, or a slot count) moves the
+        slider, which requests it. A slider alone cannot hit "exactly 12 GiB" on a model
+        with 512 experts; a typo is explained in place and changes nothing."""
+        m, text = self.model, self.budget_entry.text().strip()
+        if m is None or not m.cache_enabled or not text:
+            return False
+        try:
+            slots, note = typed_slots(text, m)
+        except MoEScopeError as err:
+            self.budget_entry.setToolTip(f"{err}\n\n{BUDGET_ENTRY_TIP}")
+            self.budget_entry.setProperty("invalid", True)
+            self._restyle(self.budget_entry)
+            return False
+        self.budget_entry.setToolTip(f"{note}\n\n{BUDGET_ENTRY_TIP}" if note
+                                     else BUDGET_ENTRY_TIP)
+        self.budget_entry.setProperty("invalid", False)
+        self._restyle(self.budget_entry)
+        if slots == self.budget.value():
+            self.budgetRequested.emit(slots)  # e.g. a pending request to undo
+        else:
+            self.budget.setValue(slots)  # _budget_moved requests it
+        self.budget_entry.clear()
+        return True
+
+    @staticmethod
+    def _restyle(widget: QWidget) -> None:
+        widget.style().unpolish(widget)
+        widget.style().polish(widget)
 
     # ------------------------------------------------------------------ labels
     def _update_custom_enabled(self) -> None:
