@@ -128,7 +128,7 @@ class ControlsPanel(QGroupBox):
         self.budget_label.setObjectName("budgetLabel")
         self.budget_entry = QLineEdit()
         self.budget_entry.setAccessibleName("VRAM budget, typed")
-        self.budget_entry.setPlaceholderText("12GiB, 25%, 16")
+        self.budget_entry.setPlaceholderText("e.g. 12GiB")
         self.budget_entry.setToolTip(BUDGET_ENTRY_TIP)
         self.budget_entry.setMaximumWidth(96)
         self.budget_entry.returnPressed.connect(self.apply_typed_budget)
