@@ -92,3 +92,14 @@ def test_opening_something_else_as_a_trace_is_explained(window: Any, dialogs: An
     bogus.write_text('{"hello": 1}\n')
     assert window.open_trace(bogus) is None
     assert dialogs.shown[-1][1] == "Cannot open the trace"
+
+
+def test_two_sessions_started_in_one_second_never_share_a_file(tmp_path: Path) -> None:
+    from moescope.gui.trace_io import new_trace_path
+
+    first = new_trace_path(tmp_path, "/m/model.gguf")
+    first.write_text("{}\n")
+    second = new_trace_path(tmp_path, "/m/model.gguf")
+    second.write_text("{}\n")
+    third = new_trace_path(tmp_path, "/m/model.gguf")
+    assert len({first, second, third}) == 3 and not third.exists()

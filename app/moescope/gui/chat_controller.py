@@ -241,6 +241,16 @@ class ChatController(QObject):
                 out.append({"role": m.role, "content": content})
         return out
 
+    def prompt_of_last_answer(self) -> list[dict[str, str]]:
+        """The conversation up to its last user message: what the last answer answered
+        (what a comparison of policies answers again); [] without a user message."""
+        if self.chat_id is None:
+            return []
+        messages = self.history()
+        while messages and messages[-1]["role"] != "user":
+            messages.pop()
+        return messages if any(m["role"] == "user" for m in messages) else []
+
     def _start_answer(self) -> None:
         assert self.chat_id is not None
         messages = self.history()

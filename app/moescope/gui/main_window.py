@@ -41,6 +41,7 @@ from moescope.gui.chat_controller import ChatController
 from moescope.gui.chat_list import ChatListPanel
 from moescope.gui.chat_settings import ChatSettingsPanel
 from moescope.gui.chat_view import ChatView
+from moescope.gui.compare_dialog import CompareDialog
 from moescope.gui.controls import ControlsPanel
 from moescope.gui.logs_view import LogsView
 from moescope.gui.open_model_dialog import OpenModelDialog
@@ -201,6 +202,11 @@ class MainWindow(QMainWindow):
             TOGGLE_SHORTCUT, "Switch to Speed-first (first-choice rule) and back to the "
                              "policy you were using")
         cache.addAction(self.toggle_action)
+        cache.addAction(self._action(
+            "Co&mpare policies on the last message…", self.open_compare_dialog,
+            "Ctrl+Shift+P", "Greedy answers to your last message under several policies, "
+                            "side by side with Exact's: speed, and where the answers part"))
+        cache.addSeparator()
         for key, label in MENU_POLICIES:
             cache.addAction(self._action(label, lambda _=False, k=key:
                                          self.controls.select_policy(k), tip=POLICY_TIPS[key]))
@@ -447,6 +453,36 @@ class MainWindow(QMainWindow):
             if change.startswith("budget error"):
                 self.statusBar().showMessage(change, 8000)
                 log.warning("%s", change)
+
+    # ------------------------------------------------------------------ compare
+    def open_compare_dialog(self) -> CompareDialog | None:
+        """The comparison dialog for the chat's last user message (None, with the reason
+        shown, when there is nothing to compare yet)."""
+        m = self.model
+        reason = ("Open a model first." if m is None else
+                  "This model has no expert cache to compare policies on." if not m.cache_enabled
+                  else "Wait for the answer to finish (or stop it)." if self.chat.generating
+                  else "")
+        messages = self.chat.prompt_of_last_answer() if not reason else []
+        if not reason and not messages:
+            reason = "Send a message first: the comparison answers your last message."
+        if reason:
+            self.show_warning("Nothing to compare", reason)
+            return None
+        assert m is not None
+        dialog = CompareDialog(self.client, m, messages,
+                               self.chat_settings.sampling().thinking, parent=self)
+        dialog.finished.connect(lambda _r: self._after_compare(dialog))
+        dialog.open()
+        return dialog
+
+    def _after_compare(self, dialog: CompareDialog) -> None:
+        """A comparison empties the cache and starts a new session trace."""
+        if dialog.result is not None:
+            self.model = dialog.model
+            self.trace_path = Path(dialog.model.trace_path) if dialog.model.trace_path \
+                else None
+        dialog.deleteLater()
 
     # ------------------------------------------------------------------ chats
     def rename_current_dialog(self) -> None:

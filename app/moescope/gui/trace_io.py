@@ -40,9 +40,14 @@ KEEP_TRACES = 20
 
 
 def new_trace_path(directory: Path, model_path: str) -> Path:
-    """Where the worker records the session of a newly loaded model."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return directory / f"{stamp}-{Path(model_path).stem}.jsonl"
+    """Where the worker records a new session: named by time and model, and never an
+    existing file (two sessions can start in one second: a reload, a comparison)."""
+    stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(model_path).stem}"
+    path, n = directory / f"{stem}.jsonl", 1
+    while path.exists():
+        n += 1
+        path = directory / f"{stem}-{n}.jsonl"
+    return path
 
 
 def prune_traces(directory: Path, keep: int = KEEP_TRACES) -> list[Path]:

@@ -33,6 +33,7 @@ from moescope.core.prefetch import PrefetchCounters, prefetch_delta
 from moescope.core.residency import read_resident
 from moescope.core.trace import TraceRecorder
 from moescope.engine import AnswerStats, Engine, Sampling
+from moescope.engine.compare import compare_policies
 from moescope.gui.snapshots import AnswerSummary, ModelSummary, TokenSnapshot
 from moescope.gui.trace_io import new_trace_path
 
@@ -65,6 +66,16 @@ class GenerateRequest:
     """Text the answer already has (``Engine.generate``): "Answer now" continues from it."""
 
 
+@dataclass(frozen=True)
+class CompareRequest:
+    """Greedy answers to ``messages`` under each of ``policies`` (``engine.compare``)."""
+
+    messages: tuple[dict[str, str], ...]
+    policies: tuple[str, ...]
+    max_tokens: int = 64
+    thinking: str = "default"
+
+
 class EngineWorker(QObject):
     """Owns the Engine; every slot runs on the worker thread."""
 
@@ -75,6 +86,9 @@ class EngineWorker(QObject):
     finished = Signal(object)  # AnswerSummary
     failed = Signal(str)
     requestsApplied = Signal(object, object)  # ModelSummary, list[str]
+    compareProgress = Signal(int, int, str)  # done, total, policy now answering
+    compareFinished = Signal(object, object)  # Comparison, ModelSummary
+    compareFailed = Signal(str)
     closed = Signal()
 
     def __init__(self, engine: Engine | None = None) -> None:
@@ -92,6 +106,7 @@ class EngineWorker(QObject):
         """Cumulative (prefetches, prefetch hits) per MoE layer at the previous token."""
         self._answer_prefix = ""
         self._thinking_choices: tuple[str, ...] = ("default",)
+        self._cancel_compare = threading.Event()
 
     # ------------------------------------------------------------------ slots
     @Slot()
@@ -182,6 +197,44 @@ class EngineWorker(QObject):
             stop_reason=a.stop_reason or ("error" if error else ""),
             summary=a.summary()))
 
+    @Slot(object)
+    def compare(self, request: CompareRequest) -> None:
+        """Answer the message under each policy (``engine.compare``). The session trace
+        ends before and a new one starts after: the comparison's cache traffic is not the
+        chat's, and the chat goes on from an empty cache, from which a replay is exact."""
+        engine = self.engine
+        trace_dir = self.recorder.path.parent if self.recorder is not None else None
+        self._close_recorder()
+        self._cancel_compare.clear()
+        self.generating = True
+        result = None
+        try:
+            result = compare_policies(
+                engine, list(request.messages), request.policies,
+                max_tokens=request.max_tokens, thinking=request.thinking,
+                progress=self.compareProgress.emit, stopped=self._cancel_compare.is_set)
+        except MoEScopeError as err:
+            self.compareFailed.emit(str(err))
+        except Exception as err:
+            log.exception("comparison failed")
+            self.compareFailed.emit(f"comparison failed: {err}")
+        finally:
+            self.generating = False
+            self._prefetch_base = None
+            m = engine.model
+            if trace_dir is not None and m is not None:
+                self._open_recorder(trace_dir, str(m.path))
+        if result is not None:
+            log.info("compared %s", ", ".join(
+                f"{a.policy} {a.tokens_per_second:.1f} tok/s {a.agreement:.0%}"
+                for a in result.answers))
+            self.compareFinished.emit(result, self.summary())
+
+    def cancel_compare(self) -> None:
+        """Any thread: end a comparison after the token being decoded."""
+        self._cancel_compare.set()
+        self.engine.stop()
+
     @Slot()
     def applyRequests(self) -> None:
         """Apply queued policy/budget requests while idle (mid-answer they are already
@@ -237,6 +290,7 @@ class EngineWorker(QObject):
         """Any thread: stop after the token being decoded."""
         if self.generating:
             self.tokens_at_stop = self.answer_tokens
+        self._cancel_compare.set()  # a comparison ends too (and the window can close)
         self.engine.stop()
 
     # ------------------------------------------------------------------ helpers
@@ -310,6 +364,7 @@ class EngineClient(QObject):
 
     _load = Signal(object)
     _generate = Signal(object)
+    _compare = Signal(object)
     _apply = Signal()
     _shutdown = Signal()
 
@@ -322,6 +377,7 @@ class EngineClient(QObject):
         self.thread.started.connect(self.worker.threadStarted)
         self._load.connect(self.worker.load)
         self._generate.connect(self.worker.generate)
+        self._compare.connect(self.worker.compare)
         self._apply.connect(self.worker.applyRequests)
         self._shutdown.connect(self.worker.shutdown)
         self.thread.start()
@@ -335,6 +391,9 @@ class EngineClient(QObject):
 
     def stop(self) -> None:
         self.worker.stop()
+
+    def compare(self, request: CompareRequest) -> None:
+        self._compare.emit(request)
 
     def request_policy(self, policy: Policy | str) -> int:
         """From the next token (mid-answer), or at once when idle; returns the request's

@@ -1,0 +1,278 @@
+"""Compare policies on the last message: would speed-first have said the same thing?
+
+Perplexity on held-out text says how much a policy costs on average; this dialog answers
+for the user's own conversation. It asks the worker (``engine.compare``) for greedy answers
+to the chat's last user message under each chosen policy, each from an empty expert cache
+at the current budget, the first (Exact, the unpatched engine's answer) as the reference.
+The table gives speed, how long each answer stays identical to the reference, the share
+of positions that agree, and what the cache did; below it, the chosen answer with the
+part that differs from the reference marked.
+
+Modal while it runs: the engine answers one thing at a time, and the chat's next message
+must not interleave with the comparison's.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QBrush, QColor, QTextCharFormat, QTextCursor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QDialog,
+    QDialogButtonBox,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
+
+from moescope.engine.compare import Comparison, PolicyAnswer
+from moescope.gui import theme
+from moescope.gui.policy_choices import CUSTOM, POLICY_CHOICES, POLICY_TIPS
+from moescope.gui.snapshots import ModelSummary
+from moescope.gui.worker import CompareRequest, EngineClient
+
+REFERENCE = "exact"
+DEFAULT_CHOSEN = ("quality-first", "speed-first", "psr")
+DIVERGED_BACKGROUND = "#4a2b2e"
+COLUMNS = ("Policy", "tok/s", "vs exact", "Same start", "Agreement", "Hit rate",
+           "Substituted", "Mass/token", "Fetched MB/token")
+
+
+class CompareDialog(QDialog):
+    """Choose policies, run, read the table; the worker does the decoding."""
+
+    def __init__(self, client: EngineClient, model: ModelSummary,
+                 messages: list[dict[str, str]], thinking: str = "default",
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Compare policies on the last message")
+        self.setModal(True)
+        self.client, self.model, self.messages, self.thinking = client, model, messages, thinking
+        self.result: Comparison | None = None
+        self.running = False
+        layout = QVBoxLayout(self)
+        intro = QLabel(
+            f"Greedy answers to your last message under each policy, each from an empty "
+            f"expert cache at the current budget ({model.slots_per_layer}/{model.n_expert} "
+            f"experts per layer). Exact, the unpatched engine's answer, is the reference.")
+        intro.setWordWrap(True)
+        layout.addWidget(intro)
+
+        row = QHBoxLayout()
+        self.policies = QListWidget()
+        self.policies.setAccessibleName("Policies to compare")
+        self.policies.setMaximumHeight(150)
+        for key, label in POLICY_CHOICES:
+            if key in (REFERENCE, CUSTOM):
+                continue
+            item = QListWidgetItem(label)
+            item.setData(Qt.ItemDataRole.UserRole, key)
+            item.setToolTip(POLICY_TIPS.get(key, ""))
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
+            item.setCheckState(Qt.CheckState.Checked if key in DEFAULT_CHOSEN
+                               else Qt.CheckState.Unchecked)
+            self.policies.addItem(item)
+        row.addWidget(self.policies, 1)
+        side = QVBoxLayout()
+        side.addWidget(QLabel("Tokens per answer"))
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setAccessibleName("Tokens per answer")
+        self.max_tokens.setRange(4, 4096)
+        self.max_tokens.setValue(64)
+        side.addWidget(self.max_tokens)
+        self.run_button = QPushButton("&Run")
+        self.run_button.setDefault(True)
+        self.run_button.clicked.connect(self.run)
+        self.stop_button = QPushButton("Sto&p")
+        self.stop_button.setEnabled(False)
+        self.stop_button.clicked.connect(self.stop)
+        side.addWidget(self.run_button)
+        side.addWidget(self.stop_button)
+        side.addStretch(1)
+        row.addLayout(side)
+        layout.addLayout(row)
+
+        self.progress = QProgressBar()
+        self.progress.setVisible(False)
+        layout.addWidget(self.progress)
+        self.status = QLabel("")
+        self.status.setWordWrap(True)
+        layout.addWidget(self.status)
+
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setAccessibleName("Comparison")
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.verticalHeader().setVisible(False)
+        self.table.itemSelectionChanged.connect(self._show_selected)
+        layout.addWidget(self.table, 1)
+        self.answer = QTextBrowser()
+        self.answer.setAccessibleName("Answer of the selected policy")
+        self.answer.setOpenLinks(False)
+        layout.addWidget(self.answer, 1)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        buttons.rejected.connect(self.reject)
+        layout.addWidget(buttons)
+        self.resize(900, 640)
+
+        w = client.worker
+        w.compareProgress.connect(self._on_progress)
+        w.compareFinished.connect(self._on_finished)
+        w.compareFailed.connect(self._on_failed)
+
+    # ------------------------------------------------------------------ running
+    def chosen(self) -> tuple[str, ...]:
+        """The reference first, then the checked policies in menu order."""
+        keys = [self.policies.item(i).data(Qt.ItemDataRole.UserRole)
+                for i in range(self.policies.count())
+                if self.policies.item(i).checkState() == Qt.CheckState.Checked]
+        return (REFERENCE, *keys)
+
+    def run(self) -> bool:
+        if self.running:
+            return False
+        policies = self.chosen()
+        if len(policies) < 2:
+            self.status.setText("Check at least one policy to compare with Exact.")
+            return False
+        self.running = True
+        self.result = None
+        self.table.setRowCount(0)
+        self.answer.clear()
+        self.run_button.setEnabled(False)
+        self.stop_button.setEnabled(True)
+        self.policies.setEnabled(False)
+        self.progress.setRange(0, len(policies))
+        self.progress.setValue(0)
+        self.progress.setVisible(True)
+        self.status.setText("Answering…")
+        self.client.compare(CompareRequest(messages=tuple(self.messages), policies=policies,
+                                           max_tokens=self.max_tokens.value(),
+                                           thinking=self.thinking))
+        return True
+
+    def stop(self) -> None:
+        if self.running:
+            self.status.setText("Stopping after the current token…")
+            self.client.worker.cancel_compare()
+
+    def _on_progress(self, done: int, total: int, policy: str) -> None:
+        if not self.running:
+            return
+        self.progress.setValue(done)
+        if policy:
+            self.status.setText(f"Answering under {policy} ({done + 1} of {total})…")
+
+    def _on_failed(self, message: str) -> None:
+        if not self.running:
+            return
+        self._done()
+        self.status.setText(f"The comparison failed: {message}")
+
+    def _on_finished(self, result: Comparison, summary: ModelSummary) -> None:
+        if not self.running:
+            return
+        self._done()
+        self.result = result
+        self.model = summary
+        self._fill(result)
+        ref = result.reference
+        n = len(ref.token_ids) if ref else 0
+        text = f"{len(result.answers)} answers of up to {result.max_tokens} tokens"
+        if ref is not None:
+            text += f" (Exact gave {n})"
+        if result.stopped:
+            text += "; stopped before every policy answered"
+        self.status.setText(text + ". Select a row to read its answer.")
+        if self.table.rowCount():
+            self.table.selectRow(min(1, self.table.rowCount() - 1))
+
+    def _done(self) -> None:
+        self.running = False
+        self.run_button.setEnabled(True)
+        self.stop_button.setEnabled(False)
+        self.policies.setEnabled(True)
+        self.progress.setVisible(False)
+
+    # ------------------------------------------------------------------ results
+    def _fill(self, result: Comparison) -> None:
+        self.table.setRowCount(len(result.answers))
+        for r, a in enumerate(result.answers):
+            c = a.cache
+            reference = r == 0
+            cells = (
+                a.policy, f"{a.tokens_per_second:.1f}",
+                "reference" if reference else f"{result.speedup(a):.2f}×",
+                "reference" if reference else same_start_text(a),
+                "reference" if reference else f"{a.agreement:.0%}",
+                f"{c.hit_rate:.1%}", f"{c.substituted_fraction:.1%}",
+                f"{c.mass_per_token:.3f}", f"{c.fetched_mb_per_token:.2f}")
+            for col, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                if col:
+                    item.setTextAlignment(Qt.AlignmentFlag.AlignRight
+                                          | Qt.AlignmentFlag.AlignVCenter)
+                self.table.setItem(r, col, item)
+        self.table.resizeColumnsToContents()
+
+    def _show_selected(self) -> None:
+        rows = self.table.selectionModel().selectedRows()
+        if not rows or self.result is None:
+            return
+        show_answer(self.answer, self.result, self.result.answers[rows[0].row()])
+
+    # ------------------------------------------------------------------ closing
+    def reject(self) -> None:
+        """Close; a running comparison is stopped (the worker finishes the token)."""
+        self.stop()
+        self.running = False
+        w = self.client.worker
+        for signal, slot in ((w.compareProgress, self._on_progress),
+                             (w.compareFinished, self._on_finished),
+                             (w.compareFailed, self._on_failed)):
+            signal.disconnect(slot)
+        super().reject()
+
+
+def same_start_text(a: PolicyAnswer) -> str:
+    """"identical", or "12 tokens" (identical up to there)."""
+    return "identical" if a.identical else f"{a.same_prefix} tokens"
+
+
+def common_start(a: str, b: str) -> int:
+    """Characters at the start of ``a`` and ``b`` that are the same."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def show_answer(view: QTextBrowser, result: Comparison, answer: PolicyAnswer) -> None:
+    """``answer`` as plain text (model text is never HTML), the part after the first
+    character where it differs from the reference marked."""
+    view.clear()
+    ref = result.reference
+    common = common_start(ref.text, answer.text) if ref else len(answer.text)
+    cursor = QTextCursor(view.document())
+    plain = QTextCharFormat()
+    plain.setForeground(QColor(theme.TEXT))
+    cursor.insertText(answer.text[:common], plain)
+    if common < len(answer.text):
+        marked = QTextCharFormat(plain)
+        marked.setBackground(QBrush(QColor(DIVERGED_BACKGROUND)))
+        cursor.insertText(answer.text[common:], marked)
+    view.setToolTip("" if answer is ref else
+                    "Marked: where this answer stops matching Exact's")

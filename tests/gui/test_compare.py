@@ -1,0 +1,76 @@
+"""Compare policies on the last message, in the window over the real engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gui_helpers import send
+from PySide6.QtCore import Qt
+
+from moescope.engine.compare import agreement
+
+
+def _run(window: Any, qtbot: Any, *checked: str, tokens: int = 16) -> Any:
+    dialog = window.open_compare_dialog()
+    assert dialog is not None and dialog.isVisible() and dialog.isModal()
+    for i in range(dialog.policies.count()):
+        item = dialog.policies.item(i)
+        key = item.data(Qt.ItemDataRole.UserRole)
+        item.setCheckState(Qt.CheckState.Checked if key in checked else Qt.CheckState.Unchecked)
+    dialog.max_tokens.setValue(tokens)
+    with qtbot.waitSignal(window.client.worker.compareFinished, timeout=60_000):
+        qtbot.mouseClick(dialog.run_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: dialog.result is not None, timeout=10_000)
+    return dialog
+
+
+def test_policies_answer_the_last_message_side_by_side(window: Any, qtbot: Any) -> None:
+    send(qtbot, window, "Tell me about the sea.", max_tokens=8)
+    engine = window.client.worker.engine
+    trace_before = window.trace_path
+    dialog = _run(window, qtbot, "speed-first", "substitute-all")
+    result = dialog.result
+    assert [a.policy for a in result.answers] == ["exact", "speed-first", "substitute-all"]
+    t = dialog.table
+    assert t.rowCount() == 3
+    assert [t.item(r, 0).text() for r in range(3)] == ["exact", "speed-first", "substitute-all"]
+    assert t.item(0, 2).text() == "reference"
+    ref, sub = result.answers[0], result.answers[2]
+    prefix, share = agreement(ref.token_ids, sub.token_ids)
+    assert t.item(2, 4).text() == f"{share:.0%}"
+    assert t.item(2, 3).text() == ("identical" if prefix == len(sub.token_ids)
+                                   else f"{prefix} tokens")
+    # the selected answer is shown, its differing part marked
+    t.selectRow(2)
+    assert dialog.answer.toPlainText() == sub.text
+    # the user's policy is back, the cache is empty, and the chat goes on in a new trace
+    assert engine.policy_name == "quality-first"
+    dialog.reject()
+    qtbot.waitUntil(lambda: not dialog.isVisible())
+    if trace_before is not None:
+        assert window.trace_path is not None and window.trace_path != trace_before
+    summary = send(qtbot, window, "And the ships?", max_tokens=4)
+    assert summary.n_tokens > 0 and summary.stop_reason != "error"
+
+
+def test_nothing_to_compare_before_a_message(window: Any, dialogs: Any) -> None:
+    window.chat.new_chat()
+    assert window.open_compare_dialog() is None
+    assert any("Send a message first" in text for text in dialogs.texts())
+
+
+def test_stop_keeps_the_answers_so_far(window: Any, qtbot: Any) -> None:
+    send(qtbot, window, "Tell me about the sea.", max_tokens=4)
+    window.client.worker.engine.set_copy_delay(3000)
+    dialog = window.open_compare_dialog()
+    dialog.max_tokens.setValue(40)
+    progress: list[str] = []
+    window.client.worker.compareProgress.connect(
+        lambda d, t, p: (progress.append(p), p == "quality-first" and dialog.stop()))
+    with qtbot.waitSignal(window.client.worker.compareFinished, timeout=60_000):
+        dialog.run()
+    qtbot.waitUntil(lambda: dialog.result is not None, timeout=10_000)
+    assert dialog.result.stopped and [a.policy for a in dialog.result.answers] == ["exact"]
+    assert "stopped" in dialog.status.text()
+    assert dialog.run_button.isEnabled() and not dialog.stop_button.isEnabled()
+    dialog.reject()
