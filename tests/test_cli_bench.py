@@ -75,6 +75,14 @@ def test_bench_prints_one_row_per_policy_and_writes_medians_and_ratios(
         assert by_name[name]["substituted"] > 0, name
     # warm-up round, then round-robin with the first policy rotating
     assert switches == [*POLICIES, *POLICIES, "quality-first", "speed-first", "exact"]
+    # the greedy texts against exact's: exact agrees with itself, the others are measured
+    assert (exact["same_start_tokens"], exact["agreement"]) == (8, 1.0)
+    assert "identical" in lines[header + 1] and "same text" in lines[header]
+    for name in ("quality-first", "speed-first"):
+        row = by_name[name]
+        assert 0 <= row["same_start_tokens"] <= 8 and 0.0 <= row["agreement"] <= 1.0
+        shown = next(line for line in lines if line.startswith(name))
+        assert ("identical" in shown) == (row["same_start_tokens"] == 8)
 
 
 @pytest.mark.parametrize(("args", "message"), [

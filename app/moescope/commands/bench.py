@@ -72,6 +72,7 @@ class Run:
     tokens: int
     stop_reason: str
     cache: CacheTotals
+    token_ids: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         c = self.cache
@@ -101,10 +102,17 @@ class PolicyResult:
             total.add(r.cache)
         return total
 
+    def same_as(self, reference: PolicyResult) -> tuple[int, float]:
+        """``(same_prefix, agreement)`` of this policy's greedy text with ``reference``'s
+        (``engine.compare.agreement``): tokens identical at the start, share that agree."""
+        from moescope.engine.compare import agreement
+
+        return agreement(reference.runs[0].token_ids, self.runs[0].token_ids)
+
     @property
     def deterministic(self) -> bool:
         """Whether every run made the same cache decisions, as a clean start promises."""
-        keys = {(r.tokens, r.cache.hits, r.cache.fetches, r.cache.substitutions)
+        keys = {(r.token_ids, r.cache.hits, r.cache.fetches, r.cache.substitutions)
                 for r in self.runs}
         return len(keys) <= 1
 
@@ -142,6 +150,8 @@ class BenchResult:
                 "mass_per_token": c.mass_per_token,
                 "fetched_mb_per_token": c.fetched_mb_per_token,
                 "background_mb_per_token": c.bytes_async / 1e6 / c.tokens if c.tokens else 0.0,
+                "same_start_tokens": r.same_as(self.rows[0])[0],
+                "agreement": r.same_as(self.rows[0])[1],
                 "runs": [run.to_dict() for run in r.runs]})
         return {
             "model": self.model.name, "path": str(self.model), "budget": self.budget,
@@ -233,11 +243,10 @@ def _one_run(engine: Engine, policy: Policy, prompt: str, sampling: Sampling) ->
     engine.request_policy(policy)
     engine.apply_requests()
     engine.clear_cache()
-    for _ in engine.generate(prompt, sampling):
-        pass
+    ids = tuple(t.token_id for t in engine.generate(prompt, sampling))
     a = engine.last_answer
     return Run(tok_s=a.tokens_per_second, tokens=a.n_tokens, stop_reason=a.stop_reason,
-               cache=a.cache)
+               cache=a.cache, token_ids=ids)
 
 
 def _notes(rows: Sequence[PolicyResult], tokens: int) -> list[str]:
@@ -266,7 +275,8 @@ def _progress(text: str) -> None:
 
 
 # ------------------------------------------------------------------------------ output
-COLUMNS = ("policy", "tok/s", "runs", "vs {base}", "hit", "subst", "mass/tok", "MB/tok")
+COLUMNS = ("policy", "tok/s", "runs", "vs {base}", "same text", "hit", "subst", "mass/tok",
+           "MB/tok")
 
 
 def format_report(result: BenchResult) -> str:
@@ -296,8 +306,11 @@ def format_report(result: BenchResult) -> str:
     for row in result.rows:
         c = row.cache
         speeds = [r.tok_s for r in row.runs]
+        prefix, share = row.same_as(result.rows[0])
+        same = ("identical" if prefix == len(row.runs[0].token_ids)
+                else f"{prefix} tok, {share:.0%}")
         body.append([row.name, f"{row.median:.1f}", f"{min(speeds):.1f}-{max(speeds):.1f}",
-                     f"{result.ratio(row):.2f}x", f"{c.hit_rate:.1%}",
+                     f"{result.ratio(row):.2f}x", same, f"{c.hit_rate:.1%}",
                      f"{c.substituted_fraction:.1%}", f"{c.mass_per_token:.3f}",
                      f"{c.fetched_mb_per_token:.3f}"])
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
