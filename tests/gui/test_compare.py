@@ -74,3 +74,17 @@ def test_stop_keeps_the_answers_so_far(window: Any, qtbot: Any) -> None:
     assert "stopped" in dialog.status.text()
     assert dialog.run_button.isEnabled() and not dialog.stop_button.isEnabled()
     dialog.reject()
+
+
+def test_closing_the_window_mid_comparison_stops_it_and_joins_the_engine(
+        window: Any, qtbot: Any) -> None:
+    send(qtbot, window, "Tell me about the sea.", max_tokens=4)
+    window.client.worker.engine.set_copy_delay(5000)
+    dialog = window.open_compare_dialog()
+    dialog.max_tokens.setValue(200)
+    started: list[str] = []
+    window.client.worker.compareProgress.connect(lambda d, t, p: started.append(p))
+    dialog.run()
+    qtbot.waitUntil(lambda: bool(started), timeout=30_000)
+    window.close()
+    assert not window.client.thread.isRunning()
