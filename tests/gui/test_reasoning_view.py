@@ -100,7 +100,7 @@ def test_a_thinking_model_streams_thoughts_and_the_next_turn_drops_them(
     random tiny model never closes it, so the whole answer is thoughts."""
     window = make_window()
     summary = load(qtbot, window, thinking_model, budget="25%", n_ctx=512)
-    assert summary.answer_prefix == "<think>\n"
+    assert summary.answer_prefixes == {"default": "<think>\n"}
     window.chat_settings.seed.setValue(LONG_SEED)
     shown_thinking: list[bool] = []
     window.chat.tokensArrived.connect(
@@ -208,3 +208,30 @@ def test_answer_now_closes_the_thoughts_and_the_model_answers(
     assert not view.answer_now_button.isVisible()
     # the next turn sends the answer, not the thoughts
     assert window.chat.history()[-1] == {"role": "assistant", "content": split.answer}
+
+
+def test_the_answer_prefix_follows_the_thinking_setting(
+        make_window: Callable[..., Any], qtbot: Any,
+        synth_model: Callable[..., Path]) -> None:
+    """A template like Qwen3.5's opens <think> in the prompt unless thinking is off: with
+    "off" the answer is an answer, not thoughts (a prefix read once at load would have
+    turned every "off" answer into thoughts)."""
+    from moescope.testing.vocab import CHAT_TEMPLATE
+
+    template = CHAT_TEMPLATE.replace(
+        "'<|im_start|>assistant\\n' }}",
+        "'<|im_start|>assistant\\n' }}{% if enable_thinking is defined and enable_thinking "
+        "is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% else %}{{ '<think>\\n' }}{% endif %}")
+    assert template != CHAT_TEMPLATE
+    model = synth_model("qwen3moe", expert_type="q8_0", chat_template=template)
+    window = make_window()
+    summary = load(qtbot, window, model, n_ctx=512)
+    assert summary.answer_prefixes == {"default": "<think>\n", "off": "", "on": "<think>\n"}
+    window.chat_settings.seed.setValue(LONG_SEED)
+    combo = window.chat_settings.thinking
+    for choice, thinks in (("off", False), ("default", True)):
+        combo.setCurrentIndex(combo.findData(choice))
+        send(qtbot, window, "Say hi", max_tokens=6)
+        message = window.store.messages(window.chat.chat_id)[-1]
+        assert message.content.startswith("<think>") == thinks, choice
+        assert ("reasoning_tokens" in message.stats) == thinks, choice

@@ -190,9 +190,10 @@ class ChatSession:
     _answer_prefix: str | None = field(default=None, init=False, repr=False)
 
     def answer_prefix(self) -> str:
-        """What the model's template opens each answer with (read once)."""
+        """What the model's template opens each answer with (read once: the thinking
+        setting is fixed for the session)."""
         if self._answer_prefix is None:
-            self._answer_prefix = self.engine.answer_prefix()
+            self._answer_prefix = self.engine.answer_prefix(self.sampling.thinking)
         return self._answer_prefix
 
     def conversation(self) -> list[Message]:

@@ -400,14 +400,16 @@ class Engine:
 
         return thinking_choices(self._llm.metadata.get("tokenizer.chat_template"))
 
-    def answer_prefix(self) -> str:
-        """Text the chat template puts at the start of every answer: ``"<think>\\n"`` for
-        templates that open the reasoning in the prompt (Qwen3 *Thinking*), else "".
-        Prepended to stored answers so their reasoning splits like any other model's."""
+    def answer_prefix(self, thinking: str = "default") -> str:
+        """Text the chat template puts at the start of every answer under the thinking
+        setting ``thinking``: ``"<think>\\n"`` for templates that open the reasoning in the
+        prompt (Qwen3 *Thinking*, Qwen3.5 unless thinking is off), else "". Prepended to
+        stored answers so their reasoning splits like any other model's."""
         from moescope.core.reasoning import reasoning_prefix
 
         try:
-            return reasoning_prefix(self.format_chat([{"role": "user", "content": "Hi"}]))
+            return reasoning_prefix(self.format_chat([{"role": "user", "content": "Hi"}],
+                                                     thinking))
         except Exception:  # a template that fails here fails (and says why) at generate
             return ""
 

@@ -47,8 +47,11 @@ class ChatController(QObject):
         self.generating = False
         self.model_loaded = False
         self.model_name = ""
+        self.answer_prefixes: dict[str, str] = {}
+        """Per thinking setting, what the model's chat template opens each answer with
+        (see ``core.reasoning``)."""
         self.answer_prefix = ""
-        """What the model's chat template opens each answer with (see ``core.reasoning``)."""
+        """The prefix of the answer being generated (its thinking setting's)."""
         self.last_answer: AnswerSummary | None = None
         self.tokens_received = 0
         self.closed = False
@@ -255,6 +258,8 @@ class ChatController(QObject):
         assert self.chat_id is not None
         messages = self.history()
         self.render()
+        sampling = self.settings.sampling()
+        self.answer_prefix = self.answer_prefixes.get(sampling.thinking, "")
         answer = self.store.add_message(self.chat_id, "assistant", self.answer_prefix,
                                         GENERATING)
         self.answer_id = answer.id
@@ -266,8 +271,7 @@ class ChatController(QObject):
         self.reasoning_tokens, self.reasoning_seconds = 0, 0.0
         self._answer_now = self._cut_short = False
         self._update_buttons()
-        self._request = GenerateRequest(messages=tuple(messages),
-                                        sampling=self.settings.sampling())
+        self._request = GenerateRequest(messages=tuple(messages), sampling=sampling)
         self.client.generate(self._request)
         self.answerStarted.emit()
 

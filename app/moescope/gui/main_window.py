@@ -349,7 +349,7 @@ class MainWindow(QMainWindow):
         self.model = summary
         self.chat.model_loaded = True
         self.chat.model_name = summary.name
-        self.chat.answer_prefix = summary.answer_prefix
+        self.chat.answer_prefixes = dict(summary.answer_prefixes)
         self.chat_settings.set_thinking_choices(summary.thinking_choices)
         self.cache_panel.set_model(summary)
         self.controls.set_model(summary)

@@ -52,11 +52,12 @@ class ModelSummary:
     expert_buffer: str = ""
     """llama.cpp's buffer holding the experts in host memory (``CUDA_Host``: pinned;
     ``CPU_Mapped`` / ``CPU``: pageable); "" when unknown (cache off, a reopened trace)."""
-    answer_prefix: str = ""
     thinking_choices: tuple[str, ...] = ("default",)
     """The thinking settings the model's chat template understands (``core.reasoning``)."""
-    """What the chat template opens every answer with (``"<think>\\n"`` for Qwen3 Thinking
-    models): the chat prepends it to the stored answer (see ``core.reasoning``)."""
+    answer_prefixes: dict[str, str] = field(default_factory=dict)
+    """Per thinking setting, what the chat template opens every answer with
+    (``"<think>\\n"`` where it opens the thoughts in the prompt): the chat prepends it to
+    the stored answer (see ``core.reasoning``)."""
     requests: tuple[int, int] = (0, 0)
     """Numbers of the latest policy and budget requests the engine had applied (see
     ``Engine.applied_requests``): older than the window's latest request means stale."""

@@ -104,7 +104,7 @@ class EngineWorker(QObject):
         self.recorder: TraceRecorder | None = None
         self._prefetch_base: np.ndarray | None = None
         """Cumulative (prefetches, prefetch hits) per MoE layer at the previous token."""
-        self._answer_prefix = ""
+        self._answer_prefixes: dict[str, str] = {}
         self._thinking_choices: tuple[str, ...] = ("default",)
         self._cancel_compare = threading.Event()
 
@@ -143,8 +143,9 @@ class EngineWorker(QObject):
         self._changes_seen = len(self.engine.changes)
         self.step = 0
         self._prefetch_base = None
-        self._answer_prefix = self.engine.answer_prefix()  # once: it renders the template
         self._thinking_choices = self.engine.thinking_choices()
+        self._answer_prefixes = {c: self.engine.answer_prefix(c)  # once: renders the template
+                                 for c in self._thinking_choices}
         if request.trace_dir and self.engine.cache is not None:
             self._open_recorder(Path(request.trace_dir), request.path)
         summary = self.summary()
@@ -312,7 +313,7 @@ class EngineWorker(QObject):
             policy=self.engine.policy_name, n_ctx=m.n_ctx, notice=m.notice,
             budget_message=plan.message if plan else "",
             trace_path=str(self.recorder.path) if self.recorder else "",
-            expert_buffer=m.expert_buffer, answer_prefix=self._answer_prefix,
+            expert_buffer=m.expert_buffer, answer_prefixes=dict(self._answer_prefixes),
             thinking_choices=self._thinking_choices,
             requests=self.engine.applied_requests)
 
