@@ -203,7 +203,8 @@ class ChatController(QObject):
 
     def answer_now(self) -> bool:
         """Cut a thinking model's thoughts short: stop, close them, and generate the answer
-        from there (the KV cache keeps the thoughts, so nothing is decoded twice). False
+        from there (the KV cache keeps the thoughts: at most their tail is read again in one
+        batch where their text tokenizes differently). False
         when no answer is thinking."""
         if not self.generating or not split_reasoning(self._raw, partial=True).thinking:
             return False
