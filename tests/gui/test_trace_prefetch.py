@@ -5,7 +5,6 @@ recorded point agrees with what the engine recorded."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from moescope.gui.trace_io import reopen
 from moescope.gui.trace_window import TraceWindow
 from moescope.gui.whatif_model import COLUMNS, cell_text
 from moescope.sim.sweep import RECORDED
+from moescope.testing.traces import as_older_trace
 
 PREFETCH_COLUMN = [key for key, _ in COLUMNS].index("prefetch_accuracy")
 
@@ -89,13 +89,7 @@ def test_an_older_psr_trace_says_prefetch_was_not_recorded(
         open_trace_window: Callable[[Path], TraceWindow], to_psr_path: Path,
         tmp_path: Path) -> None:
     old = tmp_path / "old.jsonl"
-    lines = []
-    for line in to_psr_path.read_text().splitlines():
-        obj = json.loads(line)
-        if obj["type"] == "token":
-            del obj["prefetch"]
-        lines.append(json.dumps(obj))
-    old.write_text("\n".join(lines) + "\n")
+    assert as_older_trace(to_psr_path, old, "prefetch") == 24
     window = open_trace_window(old)
     assert window.reopened.prefetch is None and window.reopened.prefetch_unrecorded == 15
     assert window.prefetch_label.isVisible()

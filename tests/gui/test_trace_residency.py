@@ -5,7 +5,6 @@ approximate after its shrink, as before."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from gui_helpers import LONG_PROMPT, LONG_SEED, load, send, slow_down
 
 from moescope.core.trace import read_trace
 from moescope.gui.trace_io import reopen
+from moescope.testing.traces import as_older_trace
 
 
 def _shrink_mid_answer(window: Any, qtbot: Any, slots: int, after: int = 6) -> None:
@@ -74,12 +74,7 @@ def test_an_older_trace_without_masks_reopens_approximate_after_its_shrink(
     assert new.approximate_from is None
     assert read_trace(shrink_path).tokens[9].resident is not None  # the shrink was checked
     old_path = tmp_path / "old.jsonl"
-    lines = []
-    for line in shrink_path.read_text().splitlines():
-        obj = json.loads(line)
-        obj.pop("resident", None)
-        lines.append(json.dumps(obj))
-    old_path.write_text("\n".join(lines) + "\n")
+    as_older_trace(shrink_path, old_path, "resident")
     old = reopen(old_path)
     assert old.approximate_from == 10  # token index 9, plotted at step 10
     assert len(old.tokens) == len(new.tokens) == 24

@@ -10,31 +10,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from trace_helpers import MOE_LAYERS, psr_header
 
-from moescope.core.policy import Policy
 from moescope.core.prefetch import PrefetchCounters, PrefetchSummary, prefetch_delta, summarize
 from moescope.core.trace import (
     TRACE_VERSION,
-    ModelSummary,
     TokenRecord,
     TraceFormatError,
-    TraceHeader,
     TraceRecorder,
     TraceWriter,
     read_trace,
     to_perfetto,
 )
+from moescope.testing.traces import as_older_trace
 
 RecordFn = Callable[..., Path]
-MOE_LAYERS = (1, 2, 3)  # a leading dense layer: counters are keyed by the model's layer index
-
-
-def _header() -> TraceHeader:
-    model = ModelSummary(file_name="m.gguf", metadata_sha256="cd" * 32, architecture="deepseek2",
-                         n_layers=4, moe_layers=MOE_LAYERS, n_expert=16, top_k=4,
-                         bytes_per_expert=(1000, 1000, 1000))
-    return TraceHeader(model=model, budget="25%", slots_per_layer=4,
-                       policy=Policy.preset("psr"), router_inputs=None)
 
 
 def _token(i: int, prefetches: list[int] | None, hits: list[int] | None) -> TokenRecord:
@@ -51,7 +41,7 @@ def test_counters_round_trip_and_are_written_sparse(tmp_path: Path) -> None:
     tokens = [_token(0, [0, 0, 0], [0, 0, 0]), _token(1, [0, 4, 0], [0, 0, 0]),
               _token(2, [0, 3, 4], [0, 2, 3]), _token(3, None, None)]
     path = tmp_path / "t.jsonl"
-    with TraceWriter(path, _header()) as writer:
+    with TraceWriter(path, psr_header()) as writer:
         for t in tokens:
             writer.write_token(t)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
@@ -86,7 +76,7 @@ def test_writing_counters_needs_the_layers_they_belong_to() -> None:
                                  {"2": [1, 0]}])
 def test_a_malformed_prefetch_field_names_its_line(tmp_path: Path, bad: object) -> None:
     path = tmp_path / "t.jsonl"
-    with TraceWriter(path, _header()) as writer:
+    with TraceWriter(path, psr_header()) as writer:
         writer.write_token(_token(0, [0, 0, 0], [0, 0, 0]))
         writer.write_token(_token(1, [0, 2, 0], [0, 1, 0]))
     lines = path.read_text().splitlines()
@@ -113,13 +103,7 @@ def test_an_old_trace_without_counters_still_loads(record: RecordFn, tmp_path: P
     recorded = record("qwen3moe", name="psr.jsonl", policy="psr", tokens=24, switch_at=9,
                       switch_policy="quality-first")
     old = tmp_path / "old.jsonl"
-    lines, dropped = [], 0
-    for line in recorded.read_text().splitlines():
-        obj = json.loads(line)
-        if obj["type"] == "token":
-            dropped += obj.pop("prefetch", None) is not None
-        lines.append(json.dumps(obj))
-    old.write_text("\n".join(lines) + "\n")
+    dropped = as_older_trace(recorded, old, "prefetch")
     assert dropped == 24  # every token of the new trace has them
     trace = read_trace(old)
     assert len(trace.tokens) == 24 and not trace.truncated

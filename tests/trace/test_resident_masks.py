@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from trace_helpers import MOE_LAYERS, psr_header
 
 from moescope.core.native import EVENT_DTYPE, FETCH, HIT, ExpertCache
 from moescope.core.policy import Policy
 from moescope.core.residency import Residency, mask_from_hex, mask_to_hex, read_resident
 from moescope.core.trace import (
-    ModelSummary,
     TokenRecord,
     TraceFormatError,
     TraceHeader,
@@ -25,19 +25,15 @@ from moescope.core.trace import (
     TraceWriter,
     read_trace,
 )
+from moescope.testing.traces import as_older_trace
 
 RecordFn = Callable[..., Path]
-MOE_LAYERS = (1, 2, 3)  # a leading dense layer: masks are keyed by the model's layer index
 N_EXPERT, TOP_K, SLOTS = 16, 4, 8
 PROMPT = "The quick brown fox jumps over the lazy dog, again and again and again."
 
 
 def _header(slots: int = SLOTS) -> TraceHeader:
-    model = ModelSummary(file_name="m.gguf", metadata_sha256="ef" * 32, architecture="deepseek2",
-                         n_layers=4, moe_layers=MOE_LAYERS, n_expert=N_EXPERT, top_k=TOP_K,
-                         bytes_per_expert=(1000, 1000, 1000))
-    return TraceHeader(model=model, budget="25%", slots_per_layer=slots,
-                       policy=Policy.preset("psr"), router_inputs=None)
+    return psr_header(n_expert=N_EXPERT, top_k=TOP_K, slots=slots, sha="ef" * 32)
 
 
 def _mask(*experts: int) -> np.ndarray:
@@ -307,12 +303,7 @@ def test_an_old_trace_without_masks_still_reads(synth_model: Callable[..., Path]
     _record_with_truth(synth_model, path, policy="psr", budget="50%", tokens=16,
                        shrink_at=9)
     old = tmp_path / "old.jsonl"
-    lines = []
-    for line in path.read_text().splitlines():
-        obj = json.loads(line)
-        obj.pop("resident", None)
-        lines.append(json.dumps(obj))
-    old.write_text("\n".join(lines) + "\n")
+    as_older_trace(path, old, "resident")
     trace = read_trace(old)
     assert len(trace.tokens) == 16 and all(t.resident is None for t in trace.tokens)
     np.testing.assert_array_equal(trace.events(), read_trace(path).events())

@@ -1,0 +1,19 @@
+"""Shared by the trace tests: a hand-made header for writer/reader tests without a model."""
+
+from __future__ import annotations
+
+from moescope.core.policy import Policy
+from moescope.core.trace import ModelSummary, TraceHeader
+
+MOE_LAYERS = (1, 2, 3)
+"""A leading dense layer: per-layer fields are keyed by the model's layer index."""
+
+
+def psr_header(*, n_expert: int = 16, top_k: int = 4, slots: int = 4,
+               sha: str = "cd" * 32) -> TraceHeader:
+    """A deepseek2-shaped header (layers 1-3 are MoE) under psr, without router inputs."""
+    model = ModelSummary(file_name="m.gguf", metadata_sha256=sha, architecture="deepseek2",
+                         n_layers=4, moe_layers=MOE_LAYERS, n_expert=n_expert, top_k=top_k,
+                         bytes_per_expert=(1000, 1000, 1000))
+    return TraceHeader(model=model, budget="25%", slots_per_layer=slots,
+                       policy=Policy.preset("psr"), router_inputs=None)
