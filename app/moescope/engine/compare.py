@@ -74,12 +74,13 @@ def agreement(reference: Sequence[int], other: Sequence[int]) -> tuple[int, floa
     return prefix, same / len(reference)
 
 
-def compare_policies(engine: Engine, messages: Sequence[Message | dict[str, str]],
+def compare_policies(engine: Engine, messages: str | Sequence[Message | dict[str, str]],
                      policies: Sequence[Policy | str], *, max_tokens: int = 64,
                      thinking: str = "default",
                      progress: Callable[[int, int, str], None] | None = None,
                      stopped: Callable[[], bool] | None = None) -> Comparison:
-    """Greedy answers to ``messages`` under each policy, the first as the reference.
+    """Greedy answers to ``messages`` (or a raw prompt string, for a base model) under
+    each policy, the first as the reference.
 
     Runs on the engine's thread. The cache is emptied before each policy, and again at the
     end, and the engine's policy is restored: the chat goes on from an empty cache, as
