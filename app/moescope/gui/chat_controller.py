@@ -58,6 +58,8 @@ class ChatController(QObject):
         """Set when the window has closed the store: late worker signals are ignored."""
         self._search = ""
         self._raw = ""
+        """The answer's raw text until its answer proper begins: all that counting the
+        thoughts and "Answer now" need (not kept up after that)."""
         self._answer_begun = False
         self.reasoning_tokens = 0
         """Tokens of the answer being generated spent before its first answer character."""
