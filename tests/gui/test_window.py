@@ -92,3 +92,24 @@ def test_dropping_a_gguf_on_the_window_opens_it(make_window: Any, monkeypatch: A
                        Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
     w.dropEvent(event)
     assert opened == [str(tiny_moe)]
+
+
+def test_open_model_names_a_split_models_files_and_a_thinking_switch(
+        make_window: Any, qtbot: Any, tmp_path: Any) -> None:
+    from moescope.core.gguf_info import read_model_info
+    from moescope.gui.open_model_dialog import OpenModelDialog
+    from moescope.testing import preset, write_synth_model
+    from moescope.testing.vocab import HYBRID_THINKING_CHAT_TEMPLATE
+
+    first = write_synth_model(tmp_path / "m.gguf", preset(
+        "tiny", "qwen3moe", chat_template=HYBRID_THINKING_CHAT_TEMPLATE), parts=2)
+    make_window()  # the QApplication and its style
+    dialog = OpenModelDialog(read_model_info(first.with_name("m-00002-of-00002.gguf")))
+    qtbot.addWidget(dialog)
+    rows = {dialog.estimate_form.itemAt(i, dialog.estimate_form.ItemRole.LabelRole)
+            .widget().text(): dialog.estimate_form.itemAt(
+                i, dialog.estimate_form.ItemRole.FieldRole).widget().text()
+            for i in range(dialog.estimate_form.rowCount())}
+    assert rows["Files"].startswith("2 parts (m-00001-of-00002.gguf")
+    assert rows["Thinking"] == "switch in Chat settings: off/on/low/medium/high"
+    assert dialog.request().path == str(first)

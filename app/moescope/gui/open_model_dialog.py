@@ -21,9 +21,23 @@ from PySide6.QtWidgets import (
 )
 
 from moescope.core.gguf_info import ModelInfo
+from moescope.core.reasoning import thinking_choices
 from moescope.gui.fit import FitEstimate, estimate_fit
 from moescope.gui.policy_choices import CUSTOM, POLICY_CHOICES, POLICY_TIPS
 from moescope.gui.worker import LoadRequest
+
+
+def model_facts(info: ModelInfo) -> list[tuple[str, str]]:
+    """What else a user should know before loading: a split model's files, and a chat
+    template's thinking switch."""
+    out = []
+    if info.parts:
+        out.append(("Files", f"{len(info.parts)} parts ({info.parts[0].name} …)"))
+    template = info.metadata.get("tokenizer.chat_template")
+    choices = thinking_choices(template if isinstance(template, str) else None)[1:]
+    if choices:
+        out.append(("Thinking", f"switch in Chat settings: {'/'.join(choices)}"))
+    return out
 
 
 class OpenModelDialog(QDialog):
@@ -89,7 +103,7 @@ class OpenModelDialog(QDialog):
         self.estimate = estimate_fit(self.info, self.budget_text(), self.n_ctx.value())
         while self.estimate_form.rowCount():
             self.estimate_form.removeRow(0)
-        for label, value in self.estimate.lines():
+        for label, value in [*self.estimate.lines(), *model_facts(self.info)]:
             v = QLabel(value)
             v.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
             self.estimate_form.addRow(label, v)
