@@ -7,11 +7,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP_PIN := pip==25.3
 DEPS_STAMP := $(VENV)/.moescope-deps
+DIST_STAMP := $(VENV)/.moescope-dist-deps
 NATIVE_BUILD := build/native
 export MOESCOPE_CACHE ?= $(HOME)/.cache/moescope
 
 .PHONY: setup deps engine engine-cuda-configure native test test-native test-python lint \
-        run bench gpu-bundle screenshot clean install-desktop uninstall-desktop
+        run bench gpu-bundle screenshot clean install-desktop uninstall-desktop dist dist-smoke
 
 setup: deps native engine
 
@@ -59,6 +60,19 @@ install-desktop: setup
 uninstall-desktop:
 	$(PY) packaging/install_desktop.py --uninstall
 
+# The desktop bundle dist/MoEScope/ (PyInstaller one-dir), then its smoke test: the frozen
+# app's info, generate and --self-test (docs/building.md). PyInstaller comes from the
+# optional "dist" extra, so `make test` never installs it.
+dist: setup $(DIST_STAMP)
+	$(PY) packaging/build_bundle.py
+
+dist-smoke: deps
+	$(PY) packaging/build_bundle.py --smoke-only
+
+$(DIST_STAMP): $(DEPS_STAMP) pyproject.toml constraints.txt
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dist]'
+	@touch $@
+
 bench: setup
 	$(PY) bench/engine_bench.py
 
@@ -72,4 +86,4 @@ screenshot: setup
 	xvfb-run -a -s "-screen 0 1600x1000x24" $(PY) packaging/screenshot.py docs/screenshot.png
 
 clean:
-	rm -rf $(NATIVE_BUILD) .pytest_cache .ruff_cache
+	rm -rf $(NATIVE_BUILD) build/pyinstaller dist .pytest_cache .ruff_cache

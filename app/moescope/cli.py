@@ -29,6 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "what the expert cache does. Without a subcommand, opens the window.",
     )
     parser.add_argument("--version", action="version", version=f"moescope {__version__}")
+    parser.add_argument(
+        "--self-test", action="store_true",
+        help="check this installation and exit: open the window offscreen, load the demo "
+             "model, generate a few tokens, check code colours; prints one OK line "
+             "(exit 0) or what failed (exit 1)")
+    parser.add_argument("--self-test-timeout", type=float, default=120.0, metavar="S",
+                        help="give up on --self-test after S seconds (default 120)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in load_commands():
         module.register(subparsers)
@@ -44,6 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if stop.code is None:
             return 0
         return stop.code if isinstance(stop.code, int) else EXIT_USAGE
+    if args.self_test:
+        if args.command is not None:
+            print("moescope: error: --self-test takes no subcommand", file=sys.stderr)
+            return EXIT_USAGE
+        return self_test(args.self_test_timeout)
     if args.command is None:
         return launch_gui()
     try:
@@ -74,6 +86,19 @@ def launch_gui() -> int:
         )
         return EXIT_USAGE
     return int(run_app() or 0)
+
+
+def self_test(timeout_s: float) -> int:
+    """``moescope --self-test``: :func:`moescope.gui.self_test.run_self_test`, imported by
+    name for the same reason as the window (no Qt for headless commands). Exit 1, not 2,
+    when Qt itself is missing: that is a broken installation, not a usage mistake."""
+    try:
+        run = importlib.import_module("moescope.gui.self_test").run_self_test
+    except (ImportError, AttributeError) as err:
+        print(f"moescope self-test: FAILED: the desktop window is not available ({err})",
+              file=sys.stderr)
+        return 1
+    return int(run(timeout_s, watchdog=True))
 
 
 if __name__ == "__main__":

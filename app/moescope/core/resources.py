@@ -1,21 +1,42 @@
 """Where the bundled resources are: the demo model, icons, the style sheet.
 
-The repo's ``resources/`` folder sits next to ``app/``; a packaged build may point
-``MOESCOPE_RESOURCES`` elsewhere.
+The repo's ``resources/`` folder sits next to ``app/``. A frozen desktop bundle
+(PyInstaller, ``make dist``) has no repo around it: there the folder is copied next to the
+bundled Python modules, in ``sys._MEIPASS`` (``dist/MoEScope/_internal/resources``), and
+``__file__`` no longer tells where it is. ``MOESCOPE_RESOURCES`` overrides both.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 DEMO_MODEL_NAME = "moescope-demo-qwen3moe.gguf"
+ENV_RESOURCES = "MOESCOPE_RESOURCES"
+
+
+def frozen_base() -> Path | None:
+    """The folder of a frozen app's bundled files, or None when running from source.
+
+    PyInstaller sets ``sys.frozen`` and ``sys._MEIPASS`` (the ``_internal`` folder of a
+    one-dir bundle); a freezer without ``_MEIPASS`` keeps its files next to the executable.
+    """
+    if not getattr(sys, "frozen", False):
+        return None
+    base = getattr(sys, "_MEIPASS", None)
+    return Path(base) if base else Path(sys.executable).resolve().parent
 
 
 def resources_dir() -> Path:
-    env = os.environ.get("MOESCOPE_RESOURCES")
+    """The ``resources/`` folder: ``$MOESCOPE_RESOURCES``, else the frozen bundle's, else
+    the checkout's."""
+    env = os.environ.get(ENV_RESOURCES)
     if env:
         return Path(env)
+    base = frozen_base()
+    if base is not None:
+        return base / "resources"
     return Path(__file__).resolve().parents[3] / "resources"
 
 
