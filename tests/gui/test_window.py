@@ -113,3 +113,28 @@ def test_open_model_names_a_split_models_files_and_a_thinking_switch(
     assert rows["Files"].startswith("2 parts (m-00001-of-00002.gguf")
     assert rows["Thinking"] == "switch in Chat settings: off/on/low/medium/high"
     assert dialog.request().path == str(first)
+
+
+def test_budget_and_policy_are_remembered_per_model(
+        window: Any, qtbot: Any, synth_model: Any) -> None:
+    from gui_helpers import load
+
+    from moescope.gui.main_window import model_key
+
+    tiny = window.model.path
+    engine = window.client.worker.engine
+    window.controls.budget.setValue(8)
+    qtbot.waitUntil(lambda: engine.slots_per_layer == 8, timeout=10_000)
+    other = synth_model("olmoe", expert_type="q8_0")
+    load(qtbot, window, other)
+    window.controls.budget.setValue(12)
+    window.controls.select_policy("speed-first")
+    qtbot.waitUntil(lambda: engine.slots_per_layer == 12
+                    and engine.policy_name == "speed-first", timeout=10_000)
+    for path, slots, policy in ((tiny, 8, "quality-first"), (other, 12, "speed-first"),
+                                (tiny, 8, "quality-first")):
+        summary = load(qtbot, window, path)
+        assert (summary.slots_per_layer, summary.policy) == (slots, policy), path
+    # any part of a split model names the same settings
+    assert model_key("/m/x-00002-of-00003.gguf") == model_key("/m/x-00001-of-00003.gguf")
+    assert model_key("/m/x.gguf") != model_key("/m/y.gguf")

@@ -9,8 +9,10 @@ thread), the chat store, QSettings, the session recording. Conversation rules li
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
+import re
 from collections import deque
 from pathlib import Path
 
@@ -72,6 +74,14 @@ def budget_percent(slots: int, n_expert: int) -> str:
     """A percentage budget that buys exactly ``slots`` per layer on any model with
     ``n_expert`` experts (rounded up so the core's floor lands on ``slots``)."""
     return f"{math.ceil(slots * 100 / n_expert * 1e6) / 1e6}%"
+
+
+def model_key(path: str | Path) -> str:
+    """The settings group of one model file: its resolved path, hashed (any part of a split
+    model names the first), so budget, policy and context are remembered per model."""
+    p = Path(path).expanduser().resolve()
+    name = re.sub(r"-\d{5}-of-(\d{5})\.gguf$", r"-00001-of-\1.gguf", p.name)
+    return "model-" + hashlib.sha1(str(p.with_name(name)).encode()).hexdigest()[:16]
 
 
 class MainWindow(QMainWindow):
@@ -308,21 +318,40 @@ class MainWindow(QMainWindow):
         except MoEScopeError as err:
             self.show_error("Cannot open this model", str(err))
             return
-        dialog = OpenModelDialog(info, budget=self.default_budget(),
-                                 policy=str(self.settings.value("policy", "quality-first")),
-                                 n_ctx=int(self.settings.value("n_ctx", 2048)), parent=self)
+        dialog = OpenModelDialog(info, budget=self.default_budget(info.path),
+                                 policy=str(self.model_setting(info.path, "policy",
+                                                               "quality-first")),
+                                 n_ctx=int(self.model_setting(info.path, "n_ctx", 2048)),
+                                 parent=self)
         if dialog.exec() == OpenModelDialog.DialogCode.Accepted:
             self.load_model(dialog.request())
 
-    def default_budget(self) -> str:
-        return str(self.settings.value("budget", "25%"))
+    def default_budget(self, path: str | Path | None = None) -> str:
+        return str(self.model_setting(path, "budget", "25%"))
+
+    def model_setting(self, path: str | Path | None, name: str, default: object) -> object:
+        """``name`` as last used with the model at ``path``, else as last used with any
+        model, else ``default``: a 30B and an 80B model want different budgets."""
+        if path is not None:
+            value = self.settings.value(f"{model_key(path)}/{name}")
+            if value is not None:
+                return value
+        return self.settings.value(name, default)
+
+    def remember_setting(self, path: str | Path | None, name: str, value: object) -> None:
+        """Remember ``name`` for the model at ``path`` and as the default for others."""
+        self.settings.setValue(name, value)
+        if path is not None:
+            self.settings.setValue(f"{model_key(path)}/{name}", value)
 
     def load_model(self, request: LoadRequest | str | Path) -> bool:
         """Load in the worker (progress in the status bar); False if busy."""
         if isinstance(request, str | Path):
-            request = LoadRequest(path=str(request), budget=self.default_budget(),
-                                  policy=str(self.settings.value("policy", "quality-first")),
-                                  n_ctx=int(self.settings.value("n_ctx", 2048)))
+            path = request
+            request = LoadRequest(path=str(path), budget=self.default_budget(path),
+                                  policy=str(self.model_setting(path, "policy",
+                                                                "quality-first")),
+                                  n_ctx=int(self.model_setting(path, "n_ctx", 2048)))
         if self.recording and request.trace_dir is None:
             request = dataclasses.replace(request, trace_dir=str(paths.traces_dir()))
         if self.chat.generating or self.loading:
@@ -358,12 +387,12 @@ class MainWindow(QMainWindow):
         self._remember_model(summary.path)
         req = getattr(self, "_pending_request", None)
         if req is not None:
-            self.settings.setValue("n_ctx", req.n_ctx)
+            self.remember_setting(summary.path, "n_ctx", req.n_ctx)
             if isinstance(req.policy, str):
-                self.settings.setValue("policy", req.policy)
+                self.remember_setting(summary.path, "policy", req.policy)
         if summary.cache_enabled and summary.n_expert:
-            self.settings.setValue("budget", budget_percent(summary.slots_per_layer,
-                                                            summary.n_expert))
+            self.remember_setting(summary.path, "budget", budget_percent(
+                summary.slots_per_layer, summary.n_expert))
         self._update_title()
         self.chat._update_buttons()
         self.chat_view.set_context(0, summary.n_ctx)
@@ -403,7 +432,8 @@ class MainWindow(QMainWindow):
         log.info("policy requested: %s", policy.name or "custom")
         self.requested = (self.client.request_policy(policy), self.requested[1])
         if policy.name in REMEMBERED_POLICIES:
-            self.settings.setValue("policy", policy.name)
+            self.remember_setting(self.model.path if self.model else None, "policy",
+                                  policy.name)
 
     def request_budget(self, slots: int) -> None:
         m = self.model
@@ -412,7 +442,7 @@ class MainWindow(QMainWindow):
         log.info("budget requested: %d slots per layer", slots)
         self.requested = (self.requested[0],
                           self.client.request_budget(str(slots * m.slot_row_bytes)))
-        self.settings.setValue("budget", budget_percent(slots, m.n_expert))
+        self.remember_setting(m.path, "budget", budget_percent(slots, m.n_expert))
 
     def _on_requests_applied(self, summary: ModelSummary, changes: list[str]) -> None:
         self.model = summary
