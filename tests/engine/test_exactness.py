@@ -29,11 +29,14 @@ def test_exact_policy_is_bitwise_identical_to_cache_off(
     assert np.array_equal(cached, reference)
 
 
-@pytest.mark.parametrize("expert_type", ["q8_0", "q4_0"])
+@pytest.mark.parametrize(("arch", "expert_type"), [
+    ("qwen3moe", "q8_0"), ("qwen3moe", "q4_0"),
+    ("gpt-oss", "mxfp4"),  # the format real gpt-oss GGUFs ship their experts in
+])
 def test_quantized_experts_are_exact_under_the_cache(
-        synth_model: Callable[..., Path], engine: Callable[..., object],
+        synth_model: Callable[..., Path], engine: Callable[..., object], arch: str,
         expert_type: str) -> None:
-    path = synth_model("qwen3moe", expert_type=expert_type)
+    path = synth_model(arch, expert_type=expert_type)
     reference = _logits(engine, path, cache=False, host_experts=True)
     cached = _logits(engine, path, budget="25%", policy="exact")
     assert np.array_equal(cached, reference)

@@ -52,3 +52,19 @@ def test_first_choice_is_never_substituted(
     assert len(events) > 0
     assert not (events["action"][:, 0] == ACTION_SUBSTITUTE).any()
     assert (events["action"] == ACTION_SUBSTITUTE).any()
+
+
+def test_mxfp4_experts_substitute_like_any_other(
+        synth_model: Callable[..., Path], engine: Callable[..., object]) -> None:
+    """gpt-oss ships MXFP4 experts: a slot holds one as a byte range like q8_0, and a
+    substitute computes with it (finite logits, mass reported, counters match events)."""
+    path = synth_model("gpt-oss", expert_type="mxfp4")
+    ref = engine(path, cache=False, host_experts=True)
+    tokens = forced_stream(ref._llm.n_vocab())
+    reference = ref.forced_logits(PROMPT, tokens)
+    e = engine(path, budget="25%", policy="speed-first")
+    logits = e.forced_logits(PROMPT, tokens)
+    events = e.drain_events()
+    assert np.isfinite(logits).all() and not np.array_equal(logits, reference)
+    assert int(events["n_substitute"].sum()) > 0
+    assert "mxfp4" in e.model.info.expert_bytes_by_type()  # biases stay f32

@@ -63,6 +63,7 @@ _QTYPES: dict[str, GGMLQuantizationType] = {
     "f16": GGMLQuantizationType.F16,
     "q8_0": GGMLQuantizationType.Q8_0,
     "q4_0": GGMLQuantizationType.Q4_0,
+    "mxfp4": GGMLQuantizationType.MXFP4,  # how gpt-oss ships its experts
 }
 EXPERT_TYPES: tuple[str, ...] = tuple(_QTYPES)
 WEIGHT_TYPES: tuple[str, ...] = ("f32", "f16")
@@ -531,7 +532,7 @@ def _write_metadata(w: GGUFWriter, spec: SynthSpec, name: str) -> None:
 
 def _file_type(spec: SynthSpec) -> int:
     """llama_ftype of the dominant tensors (informational; llama.cpp prints it)."""
-    return {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7}[
+    return {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "mxfp4": 38}[
         spec.expert_type if spec.is_moe else spec.weight_type
     ]
 
