@@ -74,3 +74,20 @@ def test_merged_gate_up_experts_are_exact_and_substitutable(
     assert np.array_equal(_logits(engine, path, budget="25%", policy="exact"), reference)
     assert not np.array_equal(_logits(engine, path, budget="25%", policy="substitute-all"),
                               reference)
+
+
+def test_k_quant_experts_of_two_types_are_exact_under_the_cache(
+        synth_model: Callable[..., Path], engine: Callable[..., object]) -> None:
+    """Q4_K_M as users run it: gate and up in Q4_K, down in Q6_K, so one expert's bytes
+    span two tensor types (256-wide blocks, and CPU repacking candidates both)."""
+    path = synth_model("qwen3moe", expert_type="q4_k_m", n_embd=256, n_head=4,
+                       head_dim=64, n_ff_exp=256)
+    from moescope.core.gguf_info import read_model_info
+
+    assert set(read_model_info(path).expert_bytes_by_type()) == {"q4_k", "q6_k"}
+    reference = _logits(engine, path, cache=False, host_experts=True)
+    assert np.isfinite(reference).all() and reference.std() > 0
+    cached = _logits(engine, path, budget="25%", policy="exact")
+    assert np.array_equal(cached, reference)
+    substituted = _logits(engine, path, budget="25%", policy="speed-first")
+    assert np.isfinite(substituted).all() and not np.array_equal(substituted, reference)

@@ -64,8 +64,15 @@ _QTYPES: dict[str, GGMLQuantizationType] = {
     "q8_0": GGMLQuantizationType.Q8_0,
     "q4_0": GGMLQuantizationType.Q4_0,
     "mxfp4": GGMLQuantizationType.MXFP4,  # how gpt-oss ships its experts
+    "q4_k": GGMLQuantizationType.Q4_K,
+    "q6_k": GGMLQuantizationType.Q6_K,
 }
-EXPERT_TYPES: tuple[str, ...] = tuple(_QTYPES)
+_MIXES: dict[str, tuple[GGMLQuantizationType, GGMLQuantizationType]] = {
+    # (gate and up, down): llama.cpp's Q4_K_M keeps the down projection at Q6_K, so one
+    # expert spans two types, as in the Qwen3-30B-A3B-Q4_K_M files users run
+    "q4_k_m": (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K),
+}
+EXPERT_TYPES: tuple[str, ...] = (*_QTYPES, *_MIXES)
 WEIGHT_TYPES: tuple[str, ...] = ("f32", "f16")
 
 _F32 = GGMLQuantizationType.F32
@@ -148,8 +155,8 @@ class SynthSpec:
         errors: list[str] = []
         if self.arch not in ARCHES:
             errors.append(f"arch must be one of {', '.join(ARCHES)}, got {self.arch!r}")
-        if self.expert_type not in _QTYPES:
-            errors.append(f"expert_type must be one of {', '.join(_QTYPES)}")
+        if self.expert_type not in EXPERT_TYPES:
+            errors.append(f"expert_type must be one of {', '.join(EXPERT_TYPES)}")
         if self.weight_type not in WEIGHT_TYPES:
             errors.append(f"weight_type must be one of {', '.join(WEIGHT_TYPES)}")
         for field in ("n_layers", "n_embd", "n_head", "n_head_kv", "head_dim", "vocab_size",
@@ -170,8 +177,8 @@ class SynthSpec:
                 errors.append("top_k must be in [1, n_expert]")
             if self.n_ff_exp <= 0:
                 errors.append("n_ff_exp must be > 0")
-        if self.expert_type in ("q8_0", "q4_0") and self.is_moe:
-            block = GGML_QUANT_SIZES[_QTYPES[self.expert_type]][0]
+        if self.expert_type not in ("f32", "f16") and self.is_moe:
+            block = max(GGML_QUANT_SIZES[t][0] for t in _expert_qtypes(self.expert_type))
             if self.n_embd % block or self.n_ff_exp % block:
                 errors.append(
                     f"{self.expert_type} experts need n_embd and n_ff_exp to be multiples "
@@ -317,10 +324,17 @@ def _small(name: str, shape: Sequence[int], std: float = 0.02) -> _Tensor:
     return _Tensor(name, tuple(shape), _F32, _Init(std=std))
 
 
+def _expert_qtypes(expert_type: str) -> tuple[GGMLQuantizationType, GGMLQuantizationType]:
+    """(gate and up, down) types of ``expert_type``."""
+    if expert_type in _MIXES:
+        return _MIXES[expert_type]
+    return _QTYPES[expert_type], _QTYPES[expert_type]
+
+
 def _plan(spec: SynthSpec) -> list[_Tensor]:
     """Every tensor of the file, in write order, with llama.cpp's names and ggml shapes."""
     wt = _QTYPES[spec.weight_type]
-    et = _QTYPES[spec.expert_type]
+    et, dt = _expert_qtypes(spec.expert_type)
     E, F, D, V = spec.n_expert, spec.n_ff_exp, spec.n_embd, spec.vocab_size
     H, HKV, HD = spec.n_head, spec.n_head_kv, spec.head_dim
     out: list[_Tensor] = [
@@ -335,7 +349,7 @@ def _plan(spec: SynthSpec) -> list[_Tensor]:
         else:
             out.append(_w(f"{blk}.ffn_gate_exps.weight", (D, F, E), et))
             out.append(_w(f"{blk}.ffn_up_exps.weight", (D, F, E), et))
-        out.append(_w(f"{blk}.ffn_down_exps.weight", (F, D, E), et))
+        out.append(_w(f"{blk}.ffn_down_exps.weight", (F, D, E), dt))
         if biases:
             out.append(_small(f"{blk}.ffn_gate_exps.bias", (F, E)))
             out.append(_small(f"{blk}.ffn_up_exps.bias", (F, E)))
@@ -532,7 +546,8 @@ def _write_metadata(w: GGUFWriter, spec: SynthSpec, name: str) -> None:
 
 def _file_type(spec: SynthSpec) -> int:
     """llama_ftype of the dominant tensors (informational; llama.cpp prints it)."""
-    return {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "mxfp4": 38}[
+    return {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "mxfp4": 38, "q4_k": 15, "q6_k": 18,
+            "q4_k_m": 15}[
         spec.expert_type if spec.is_moe else spec.weight_type
     ]
 
@@ -570,8 +585,37 @@ def _chunks(t: _Tensor, seed: int) -> Iterator[np.ndarray]:
             yield x
         elif t.qtype == GGMLQuantizationType.F16:
             yield x.astype(np.float16)
+        elif t.qtype in _K_QUANTS:
+            yield _k_quant_blocks(shape, t.qtype, t.init.std, rng)
         else:
             yield quantize(x, t.qtype)
+
+
+# K-quant block layouts (ggml-common.h): where the fp16 super-block scales sit, and the
+# spread of the integer part of a weight, to pick scales that give the requested std.
+_K_QUANTS: dict[GGMLQuantizationType, tuple[tuple[int, ...], float]] = {
+    # block_q4_K: half d, half dmin, u8 scales[12], u8 qs[128]; w = d*sc*q - dmin*m
+    GGMLQuantizationType.Q4_K: ((0, 2), 218.0),
+    # block_q6_K: u8 ql[128], u8 qh[64], i8 scales[16], half d; w = d*sc*(q-32)
+    GGMLQuantizationType.Q6_K: ((208,), 1366.0),
+}
+
+
+def _k_quant_blocks(shape: Sequence[int], qtype: GGMLQuantizationType, std: float,
+                    rng: np.random.Generator) -> np.ndarray:
+    """Valid K-quant blocks with weights of about ``std`` (gguf-py cannot quantize to
+    K-quants): random quants and sub-block scales, and super-block scales set to finite
+    values so no weight is NaN or huge. For Q4_K the min scale is set near the mean of the
+    positive part, which keeps the weights roughly centred."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    n_blocks = math.prod(shape) // block
+    raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
+    offsets, spread = _K_QUANTS[qtype]
+    d = np.float16(std / spread)
+    scales = [d, np.float16(float(d) * 7.5)] if len(offsets) == 2 else [d]
+    for offset, value in zip(offsets, scales, strict=True):
+        raw[:, offset:offset + 2] = np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
+    return raw.reshape(*shape[:-1], shape[-1] // block * size)
 
 
 # --------------------------------------------------------------------------- public API
