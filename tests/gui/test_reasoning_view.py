@@ -83,6 +83,13 @@ def test_a_stored_answer_folds_its_thoughts_and_unfolds_on_click(qtbot: Any,
     md = store.export_markdown(chat.id)
     assert "<details><summary>Thinking</summary>" in md and "Greet them back," in md
     assert "<think>" not in md
+    import json
+
+    exported = json.loads(store.export_json(chat.id))["messages"]
+    assert exported[1]["content"] == QWEN  # raw, as stored
+    assert exported[1]["answer"] == "Hello! **How** can I help?"
+    assert exported[1]["reasoning"].startswith("The user says hi.")
+    assert "answer" not in exported[0]
     # clicking again folds
     view.open_link(QUrl(reasoning_href(answer.id)))
     view.render(store.messages(chat.id))

@@ -221,8 +221,7 @@ class ChatStore:
             raise KeyError(chat_id)
         doc = {
             "title": chat.title, "system_prompt": chat.system_prompt, "model": chat.model,
-            "messages": [{"role": m.role, "content": m.content, "status": m.status,
-                          "stats": m.stats} for m in self.messages(chat_id)],
+            "messages": [_message_json(m) for m in self.messages(chat_id)],
         }
         return json.dumps(doc, indent=2, ensure_ascii=False)
 
@@ -231,6 +230,18 @@ class ChatStore:
         if chat is None:
             raise KeyError(chat_id)
         return chat_markdown(chat, self.messages(chat_id))
+
+
+def _message_json(m: ChatMessage) -> dict[str, Any]:
+    """A message for the JSON export: the raw content as stored, and for an answer with
+    thoughts also ``reasoning`` and ``answer`` split out, so a script need not parse tags."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content, "status": m.status,
+                           "stats": m.stats}
+    if m.role == "assistant":
+        split = split_reasoning(m.content)
+        if split.has_reasoning:
+            out["reasoning"], out["answer"] = split.reasoning, split.answer
+    return out
 
 
 def chat_markdown(chat: Chat, messages: Sequence[ChatMessage]) -> str:
