@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from trace_helpers import MOE_LAYERS, psr_header
+from trace_helpers import MOE_LAYERS, psr_header, set_token_field
 
 from moescope.core.prefetch import PrefetchCounters, PrefetchSummary, prefetch_delta, summarize
 from moescope.core.trace import (
@@ -79,11 +79,7 @@ def test_a_malformed_prefetch_field_names_its_line(tmp_path: Path, bad: object) 
     with TraceWriter(path, psr_header()) as writer:
         writer.write_token(_token(0, [0, 0, 0], [0, 0, 0]))
         writer.write_token(_token(1, [0, 2, 0], [0, 1, 0]))
-    lines = path.read_text().splitlines()
-    token = json.loads(lines[2])
-    token["prefetch"] = bad
-    lines[2] = json.dumps(token)
-    path.write_text("\n".join(lines) + "\n")
+    set_token_field(path, 2, "prefetch", bad)
     with pytest.raises(TraceFormatError, match=r"line 3: bad token record: .*prefetch"):
         read_trace(path)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from trace_helpers import MOE_LAYERS, psr_header
+from trace_helpers import MOE_LAYERS, psr_header, set_token_field
 
 from moescope.core.native import EVENT_DTYPE, FETCH, HIT, ExpertCache
 from moescope.core.policy import Policy
@@ -104,11 +104,7 @@ def test_a_malformed_mask_is_refused_naming_its_line(tmp_path: Path, bad: Any) -
     with TraceWriter(path, _header()) as writer:
         writer.write_token(_token(0))
         writer.write_token(_token(1, {1: _mask(4, 5, 6)}))
-    lines = path.read_text().splitlines()
-    token = json.loads(lines[2])
-    token["resident"] = bad
-    lines[2] = json.dumps(token)
-    path.write_text("\n".join(lines) + "\n")
+    set_token_field(path, 2, "resident", bad)
     with pytest.raises(TraceFormatError, match=r"line 3: bad token record: .*resident"):
         read_trace(path)
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 from moescope.core.policy import Policy
 from moescope.core.trace import ModelSummary, TraceHeader
 
@@ -17,3 +21,13 @@ def psr_header(*, n_expert: int = 16, top_k: int = 4, slots: int = 4,
                          bytes_per_expert=(1000, 1000, 1000))
     return TraceHeader(model=model, budget="25%", slots_per_layer=slots,
                        policy=Policy.preset("psr"), router_inputs=None)
+
+
+def set_token_field(path: Path, line: int, field: str, value: Any) -> None:
+    """Rewrite one field of the JSON record on ``line`` (0-based) of the trace at ``path``:
+    how the malformed-field tests make a bad file from a good one."""
+    lines = path.read_text().splitlines()
+    record = json.loads(lines[line])
+    record[field] = value
+    lines[line] = json.dumps(record)
+    path.write_text("\n".join(lines) + "\n")
