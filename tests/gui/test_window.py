@@ -138,3 +138,21 @@ def test_budget_and_policy_are_remembered_per_model(
     # any part of a split model names the same settings
     assert model_key("/m/x-00002-of-00003.gguf") == model_key("/m/x-00001-of-00003.gguf")
     assert model_key("/m/x.gguf") != model_key("/m/y.gguf")
+
+
+def test_the_shortcuts_dialog_lists_what_the_keys_do(window: Any, qtbot: Any) -> None:
+    from PySide6.QtCore import Qt
+
+    from moescope.gui.shortcuts_dialog import ShortcutsDialog
+
+    qtbot.keyClick(window, Qt.Key.Key_Slash, Qt.KeyboardModifier.ControlModifier)
+    (dialog,) = [d for d in window.findChildren(ShortcutsDialog) if d.isVisible()]
+    rows = {dialog.table.item(r, 0).text(): dialog.table.item(r, 1).text()
+            for r in range(dialog.table.rowCount())}
+    assert rows["Toggle Speed-first / previous policy"] == "Ctrl+T"
+    assert rows["Compare policies on the last message"] == "Ctrl+Shift+P"
+    assert rows["Copy last answer as Markdown"] == "Ctrl+Shift+C"
+    assert rows["Keyboard shortcuts"] == "Ctrl+/"
+    assert rows["Send the message"] == "Enter"
+    assert "&" not in "".join(rows)
+    dialog.close()

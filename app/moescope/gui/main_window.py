@@ -48,6 +48,7 @@ from moescope.gui.controls import ControlsPanel
 from moescope.gui.logs_view import LogsView
 from moescope.gui.open_model_dialog import OpenModelDialog
 from moescope.gui.policy_choices import POLICY_TIPS
+from moescope.gui.shortcuts_dialog import ShortcutsDialog
 from moescope.gui.snapshots import ModelSummary, TokenSnapshot
 from moescope.gui.store import ChatStore
 from moescope.gui.trace_io import export_session, prune_traces, reopen
@@ -222,6 +223,8 @@ class MainWindow(QMainWindow):
                                          self.controls.select_policy(k), tip=POLICY_TIPS[key]))
 
         help_menu = bar.addMenu("&Help")
+        help_menu.addAction(self._action("&Keyboard shortcuts", self.show_shortcuts,
+                                         "Ctrl+/"))
         help_menu.addAction(self._action("&About MoEScope", self.show_about))
         self._rebuild_recent_menu()
 
@@ -609,6 +612,13 @@ class MainWindow(QMainWindow):
     def show_warning(self, title: str, message: str) -> None:
         log.warning("%s: %s", title, message)
         QMessageBox.warning(self, title, message)
+
+    def show_shortcuts(self) -> ShortcutsDialog:
+        """Every shortcut of the window and its chat view (non-modal, closes on Esc)."""
+        dialog = ShortcutsDialog([*self.actions(), *self.chat_view.actions()], parent=self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.show()
+        return dialog
 
     def show_about(self) -> None:
         AboutDialog(self).exec()

@@ -1,0 +1,60 @@
+"""Help → Keyboard shortcuts: every shortcut the window has, read from its actions.
+
+Built from the live ``QAction`` list (the menus' and the chat view's), not from a table
+kept by hand, so it can never disagree with what the keys do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QDialog,
+    QDialogButtonBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+EXTRA: tuple[tuple[str, str], ...] = (
+    ("Send the message", "Enter"),
+    ("New line in the message", "Shift+Enter"),
+)
+"""Keys handled by widgets rather than actions."""
+
+
+def shortcut_rows(actions: Iterable[QAction]) -> list[tuple[str, str]]:
+    """``(what, keys)`` for every action with a shortcut, menu mnemonics removed, sorted by
+    what it does; then the keys widgets handle themselves."""
+    rows = {}
+    for action in actions:
+        keys = action.shortcut().toString(QKeySequence.SequenceFormat.NativeText)
+        if keys:
+            what = action.text().replace("&&", "\0").replace("&", "").replace("\0", "&")
+            rows[what.rstrip("…").strip()] = keys
+    return sorted(rows.items(), key=lambda r: r[0].lower()) + list(EXTRA)
+
+
+class ShortcutsDialog(QDialog):
+    def __init__(self, actions: Iterable[QAction], parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Keyboard shortcuts")
+        layout = QVBoxLayout(self)
+        rows = shortcut_rows(actions)
+        self.table = QTableWidget(len(rows), 2)
+        self.table.setAccessibleName("Keyboard shortcuts")
+        self.table.setHorizontalHeaderLabels(("Action", "Keys"))
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        for r, (what, keys) in enumerate(rows):
+            self.table.setItem(r, 0, QTableWidgetItem(what))
+            self.table.setItem(r, 1, QTableWidgetItem(keys))
+        self.table.resizeColumnsToContents()
+        layout.addWidget(self.table)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        buttons.rejected.connect(self.reject)
+        layout.addWidget(buttons)
+        self.resize(460, 520)
