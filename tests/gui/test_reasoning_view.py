@@ -213,6 +213,11 @@ def test_answer_now_closes_the_thoughts_and_the_model_answers(
     text = view.text()
     assert "cut short" in text and "</think>" not in text and "Thinking…" not in text
     assert not view.answer_now_button.isVisible()
+    # the time plots mark where the answer began, after the thoughts
+    window.cache_panel.draw(force=True)
+    marks = [step for step, label in window.cache_panel.time_plots.marker_labels()
+             if label == "answer"]
+    assert len(marks) == 1 and marks[0] > message.stats["reasoning_tokens"]
     # the next turn sends the answer, not the thoughts
     assert window.chat.history()[-1] == {"role": "assistant", "content": split.answer}
 

@@ -120,6 +120,12 @@ class CacheModel:
         self.dirty.add("labels")
 
     # ------------------------------------------------------------------ input
+    def add_marker(self, step: int, label: str) -> None:
+        """A labelled vertical line on the time plots at ``step`` (a policy or budget
+        change, or where a thinking model's answer began)."""
+        self.markers.append(Marker(step, label))
+        self.dirty.add("markers")
+
     def add_many(self, snaps: Iterable[TokenSnapshot]) -> None:
         for snap in snaps:
             self.add(snap)
@@ -171,7 +177,7 @@ class CacheModel:
             np.add.at(self.uses, (rows, experts), 1)
             self.last_use[rows, experts] = snap.step
         for change in snap.changes:
-            self.markers.append(Marker(snap.step, change))
+            self.add_marker(snap.step, change)
         if snap.changes:
             self.dirty.add("markers")
         self.prefetching = prefetching

@@ -95,6 +95,10 @@ class CachePanel(QWidget):
         """Same model, new budget or policy (history kept)."""
         self.model.set_model(summary)
 
+    def add_marker(self, step: int, label: str) -> None:
+        """Mark ``step`` on the time plots (drawn at the next frame)."""
+        self.model.add_marker(step, label)
+
     def add_snapshots(self, snaps: Iterable[TokenSnapshot]) -> None:
         """Account tokens; drawing waits for the next frame."""
         self.model.add_many(snaps)

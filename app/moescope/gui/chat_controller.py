@@ -33,6 +33,7 @@ class ChatController(QObject):
     answerStarted = Signal()
     tokensArrived = Signal(object)  # list[TokenSnapshot], after the GUI has handled them
     answerFinished = Signal(object)  # AnswerSummary
+    answerBegan = Signal(int)  # step of a thinking model's first answer token
     chatChanged = Signal(int)
     problem = Signal(str, str)  # title, message: the window shows a dialog
 
@@ -300,6 +301,8 @@ class ChatController(QObject):
             split = split_reasoning(self._raw, partial=True)
             if split.answer:
                 self._answer_begun = True
+                if self.reasoning_tokens:
+                    self.answerBegan.emit(snap.step)
             elif split.has_reasoning:
                 self.reasoning_tokens += 1
                 self.reasoning_seconds += snap.seconds

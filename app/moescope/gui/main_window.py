@@ -251,6 +251,7 @@ class MainWindow(QMainWindow):
         w.requestsApplied.connect(self._on_requests_applied)
         self.controls.policyRequested.connect(self.request_policy)
         self.controls.budgetRequested.connect(self.request_budget)
+        self.chat.answerBegan.connect(lambda step: self.cache_panel.add_marker(step, "answer"))
         self.chat.problem.connect(self.show_error)
         self.chat.answerFinished.connect(lambda _s: self._update_title())
         self.chat_list.renameRequested.connect(self.rename_chat_dialog)
