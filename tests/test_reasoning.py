@@ -87,3 +87,15 @@ def test_closing_the_thoughts_makes_the_rest_the_answer() -> None:
         assert "<" not in s.reasoning
     assert close_reasoning("Plain answer") == ""
     assert close_reasoning(QWEN) == ""
+
+
+def test_where_the_answer_begins_in_a_traces_tokens() -> None:
+    from moescope.core.reasoning import answer_begins
+
+    assert answer_begins(["<think>", "\nHmm", ".\n", "</think>", "\n\n", "Hi", "!"]) == 5
+    # a Thinking template opened <think> in the prompt: the trace never saw it
+    assert answer_begins(["Hmm", ".\n", "</th", "ink>\n\n", "Hi"]) == 4
+    assert answer_begins(["Just", " an answer"]) is None
+    assert answer_begins(["<think>", "still thinking"]) is None
+    assert answer_begins(["<|channel|>analysis<|message|>", "x", "<|start|>assistant",
+                          "<|channel|>final<|message|>", "4"]) == 4

@@ -17,6 +17,7 @@ end of a stream is held back, not shown.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 THINK_OPEN = "<think>"
@@ -122,6 +123,26 @@ def close_reasoning(raw: str) -> str:
                f"{HARMONY_MESSAGE}"
     held = len(raw) - len(raw.rstrip())  # a newline ends the thoughts, once
     return ("" if held else "\n") + THINK_CLOSE + "\n\n"
+
+
+def answer_begins(texts: Sequence[str]) -> int | None:
+    """Index of the token where the answer proper begins after thoughts, given one answer's
+    token texts (as a trace records them), else None (no thoughts, or no answer yet).
+
+    A trace has the model's tokens only, not what the template opened in the prompt, so an
+    answer that closes ``</think>`` without having opened it is read as a Qwen3 *Thinking*
+    answer whose ``<think>`` the prompt held."""
+    whole = "".join(texts)
+    prefix = THINK_OPEN + "\n" if THINK_CLOSE in whole and THINK_OPEN not in whole else ""
+    raw = prefix
+    thought = False
+    for i, text in enumerate(texts):
+        raw += text
+        split = split_reasoning(raw, partial=True)
+        if split.answer:
+            return i if thought else None
+        thought = thought or split.has_reasoning
+    return None
 
 
 def answer_text(raw: str) -> str:

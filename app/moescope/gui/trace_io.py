@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moescope.core.prefetch import PrefetchSummary, summarize
+from moescope.core.reasoning import answer_begins
 from moescope.core.residency import Residency
 from moescope.core.trace import Change, Trace, read_trace, write_perfetto
 from moescope.gui.cache_model import prefetch_text
@@ -115,6 +116,7 @@ def reopen(path: str | Path) -> ReopenedTrace:
     policy = h.policy
     unrecorded = 0
     tokens: list[TokenSnapshot] = []
+    begins = _answer_begins(trace)
     for rec in trace.tokens:
         step = rec.index + 1
         for change in rec.changes:
@@ -131,7 +133,8 @@ def reopen(path: str | Path) -> ReopenedTrace:
             step=step, index=rec.position, text=rec.text, seconds=rec.seconds,
             policy=rec.policy, slots_per_layer=rec.slots_per_layer, n_prompt_tokens=0,
             n_ctx=0, events=rec.events, resident=residency.resident.copy(),
-            changes=tuple(change_label(c) for c in rec.changes),
+            changes=(*(change_label(c) for c in rec.changes),
+                     *(("answer",) if rec.index in begins else ())),
             ttft=rec.seconds if rec.position == 0 else None,
             prefetches=rec.prefetches if show else None,
             prefetch_hits=rec.prefetch_hits if show else None))
@@ -143,6 +146,22 @@ def reopen(path: str | Path) -> ReopenedTrace:
                          approximate_from=approximate_from,
                          prefetch=summarize(counted) if counted else None,
                          prefetch_unrecorded=unrecorded)
+
+
+def _answer_begins(trace: Trace) -> set[int]:
+    """Token indices where a thinking model's answer began: the live panel marks them
+    ("answer"), so the reopened one does too. (An answer that "Answer now" cut short was
+    continued by a second generation; the trace has no record of the closing text written
+    between the two, so that answer's start is not marked here.)"""
+    by_answer: dict[int, list[tuple[int, str]]] = {}
+    for rec in trace.tokens:
+        by_answer.setdefault(rec.answer, []).append((rec.index, rec.text))
+    out = set()
+    for tokens in by_answer.values():
+        at = answer_begins([text for _, text in tokens])
+        if at is not None:
+            out.add(tokens[at][0])
+    return out
 
 
 PREFETCH_SESSION_TIP = (
