@@ -88,3 +88,11 @@ def test_closing_the_window_mid_comparison_stops_it_and_joins_the_engine(
     qtbot.waitUntil(lambda: bool(started), timeout=30_000)
     window.close()
     assert not window.client.thread.isRunning()
+
+
+def test_a_thinking_answer_is_shown_without_markers() -> None:
+    from moescope.gui.compare_dialog import shown_text
+
+    assert shown_text("<think>\nHmm.\n</think>\n\nHi!") == "Thinking: Hmm.\n\nHi!"
+    assert shown_text("<think>\nstill going") == "Thinking: still going"
+    assert shown_text("Plain <b>text</b>") == "Plain <b>text</b>"

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from moescope.core.reasoning import split_reasoning
 from moescope.engine.compare import Comparison, PolicyAnswer
 from moescope.gui import theme
 from moescope.gui.policy_choices import CUSTOM, POLICY_CHOICES, POLICY_TIPS
@@ -260,19 +261,29 @@ def common_start(a: str, b: str) -> int:
     return n
 
 
+def shown_text(raw: str) -> str:
+    """An answer as the dialog shows it: a thinking model's thoughts under "Thinking:",
+    then its answer, never the raw markers (``core.reasoning``)."""
+    split = split_reasoning(raw)
+    if not split.has_reasoning:
+        return raw
+    return f"Thinking: {split.reasoning}" + (f"\n\n{split.answer}" if split.answer else "")
+
+
 def show_answer(view: QTextBrowser, result: Comparison, answer: PolicyAnswer) -> None:
     """``answer`` as plain text (model text is never HTML), the part after the first
     character where it differs from the reference marked."""
     view.clear()
     ref = result.reference
-    common = common_start(ref.text, answer.text) if ref else len(answer.text)
+    text = shown_text(answer.text)
+    common = common_start(shown_text(ref.text), text) if ref else len(text)
     cursor = QTextCursor(view.document())
     plain = QTextCharFormat()
     plain.setForeground(QColor(theme.TEXT))
-    cursor.insertText(answer.text[:common], plain)
-    if common < len(answer.text):
+    cursor.insertText(text[:common], plain)
+    if common < len(text):
         marked = QTextCharFormat(plain)
         marked.setBackground(QBrush(QColor(DIVERGED_BACKGROUND)))
-        cursor.insertText(answer.text[common:], marked)
+        cursor.insertText(text[common:], marked)
     view.setToolTip("" if answer is ref else
                     "Marked: where this answer stops matching Exact's")
