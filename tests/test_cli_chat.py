@@ -70,6 +70,21 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
     return seen
 
 
+def interrupt_first_answer(monkeypatch: pytest.MonkeyPatch, spy: Spy, after_index: int) -> None:
+    """Ctrl+C (a real SIGINT) right after token ``after_index`` of the first answer, through
+    the spied ``Engine.generate`` (which keeps recording the turns)."""
+    spied = Engine.generate
+
+    def interrupted(self: Engine, prompt: Any, sampling: Any = None,
+                    **kw: Any) -> Iterator[Any]:
+        for tok in spied(self, prompt, sampling, **kw):
+            yield tok
+            if len(spy.turns) == 1 and tok.index == after_index:
+                signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(Engine, "generate", interrupted)
+
+
 def chat(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
          model: Path, script: str, *extra: str) -> tuple[int, str, str]:
     """Run ``moescope chat MODEL`` with ``script`` on stdin; (exit code, stdout, stderr)."""
@@ -166,16 +181,7 @@ def test_ctrl_c_stops_the_answer_and_keeps_it(
         synth_model: Callable[..., Path], spy: Spy,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """SIGINT after the fifth token stops that answer only; the chat goes on."""
-    spied = Engine.generate
-
-    def interrupted(self: Engine, prompt: Any, sampling: Any = None,
-                    **kw: Any) -> Iterator[Any]:
-        for tok in spied(self, prompt, sampling, **kw):
-            yield tok
-            if len(spy.turns) == 1 and tok.index == 4:
-                signal.raise_signal(signal.SIGINT)
-
-    monkeypatch.setattr(Engine, "generate", interrupted)
+    interrupt_first_answer(monkeypatch, spy, after_index=4)
     code, out, _ = chat(monkeypatch, capsys, synth_model("qwen3moe"),
                         "Tell me a story\nGo on\n", "--n", "40")
     assert code == 0
@@ -311,16 +317,7 @@ def test_ctrl_c_while_thinking_means_answer_now(
     gets that answer without the thoughts."""
     from moescope.testing.vocab import THINKING_CHAT_TEMPLATE
 
-    spied = Engine.generate
-
-    def interrupted(self: Engine, prompt: Any, sampling: Any = None,
-                    **kw: Any) -> Iterator[Any]:
-        for tok in spied(self, prompt, sampling, **kw):
-            yield tok
-            if len(spy.turns) == 1 and tok.index == 3:
-                signal.raise_signal(signal.SIGINT)
-
-    monkeypatch.setattr(Engine, "generate", interrupted)
+    interrupt_first_answer(monkeypatch, spy, after_index=3)
     model = synth_model("qwen3moe", chat_template=THINKING_CHAT_TEMPLATE)
     code, out, _ = chat(monkeypatch, capsys, model, "Hi\nAgain\n", "--n", "12")
     assert code == 0
