@@ -10,14 +10,24 @@ from PySide6.QtCore import Qt
 
 def _switch_mid_answer(window: Any, qtbot: Any, act: Any, after: int = 4) -> tuple[Any, int]:
     """Start a long answer, call ``act`` once ``after`` tokens have arrived, wait for the
-    end. Returns the answer's summary and the worker's step when ``act`` ran."""
+    end. Returns the answer's summary and the worker's step when the engine queued the
+    request ``act`` made (read then, not when ``act`` began: on a loaded machine the GUI
+    thread can be late by a token, and the promise is about the queue, not the GUI)."""
     slow_down(window, 3000)
     window.chat_settings.max_tokens.setValue(60)
     acted: list[int] = []
+    engine = window.client.worker.engine
+    for name in ("request_policy", "request_budget"):
+        original = getattr(engine, name)
+
+        def queued(arg: Any, original: Any = original) -> int:
+            acted.append(window.client.worker.step)
+            return original(arg)
+
+        setattr(engine, name, queued)
 
     def maybe_act(_snaps: list[Any]) -> None:
         if not acted and window.chat.tokens_received >= after:
-            acted.append(window.client.worker.step)
             act()
 
     window.chat.tokensArrived.connect(maybe_act)
