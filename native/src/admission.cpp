@@ -41,17 +41,9 @@ void admit_lost_mass(moecache & c, LayerState & L, int32_t layer, int32_t n_toke
                 continue;
             }
             int32_t victim = -1;
-            const int32_t slot = acquire_slot(c, L, pin_epoch, &victim);
-            if (slot < 0) {
+            if (insert_background(c, L, layer, e, pin_epoch, false, plan, n_plan, &victim) < 0) {
                 continue;
             }
-            layer_insert(L, e, slot);
-            sc.pin[e] = pin_epoch;
-            L.last_use[e] = ++c.clock;
-            L.lost_mass[e] = 0.0f;
-            L.prefetched[e] = 0;
-            plan[*n_plan] = moecache_copy{layer, e, slot, 1};
-            *n_plan += 1;
             const int32_t a = t * k + sc.n_admitted[t];
             sc.admitted[a] = e;
             sc.admit_evicted[a] = victim;

@@ -76,6 +76,26 @@ int32_t acquire_slot(moecache & c, LayerState & L, int64_t pin_epoch, int32_t * 
     return slot;
 }
 
+/* An expert that enters off the critical path (admission, PSR prefetch): a slot as for a
+ * fetch, pinned for this call, a fresh recency and lost mass, and an asynchronous copy in
+ * the plan. Returns the slot, or -1 when every slot is pinned (nothing changes then). */
+int32_t insert_background(moecache & c, LayerState & L, int32_t layer, int32_t expert,
+                          int64_t pin_epoch, bool prefetched, moecache_copy * plan,
+                          int32_t * n_plan, int32_t * victim) {
+    const int32_t slot = acquire_slot(c, L, pin_epoch, victim);
+    if (slot < 0) {
+        return -1;
+    }
+    layer_insert(L, expert, slot);
+    c.scratch.pin[expert] = pin_epoch;
+    L.last_use[expert] = ++c.clock;
+    L.lost_mass[expert] = 0.0f;
+    L.prefetched[expert] = prefetched ? 1 : 0;
+    plan[*n_plan] = moecache_copy{layer, expert, slot, 1};
+    *n_plan += 1;
+    return slot;
+}
+
 /* Live resize (between tokens): shrinking evicts by the eviction rule with nothing pinned,
  * then compacts; residents already inside [0, slots) keep their slot so the caller re-copies
  * as little as it wants to. Growing only adds free slots at the end. */

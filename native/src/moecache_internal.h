@@ -95,6 +95,9 @@ void layer_insert(LayerState & L, int32_t expert, int32_t slot);
 void layer_remove(LayerState & L, int32_t expert);
 int32_t layer_lowest_free_slot(const LayerState & L);
 int32_t acquire_slot(moecache & c, LayerState & L, int64_t pin_epoch, int32_t * victim);
+int32_t insert_background(moecache & c, LayerState & L, int32_t layer, int32_t expert,
+                          int64_t pin_epoch, bool prefetched, moecache_copy * plan,
+                          int32_t * n_plan, int32_t * victim);
 void resize_layer(moecache & c, LayerState & L, int32_t slots);
 
 /* eviction.cpp: which resident expert leaves. */

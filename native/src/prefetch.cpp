@@ -77,17 +77,9 @@ int32_t prefetch(moecache & c, int32_t layer, int32_t n_tokens, const float * sc
                 continue;
             }
             int32_t victim = -1;
-            const int32_t slot = acquire_slot(c, L, pin_epoch, &victim);
-            if (slot < 0) {
+            if (insert_background(c, L, layer, e, pin_epoch, true, plan, n_plan, &victim) < 0) {
                 return MOECACHE_OK; /* every slot holds a prediction: enough */
             }
-            layer_insert(L, e, slot);
-            sc.pin[e] = pin_epoch;
-            L.last_use[e] = ++c.clock;
-            L.lost_mass[e] = 0.0f;
-            L.prefetched[e] = 1;
-            plan[*n_plan] = moecache_copy{layer, e, slot, 1};
-            *n_plan += 1;
             L.stats.prefetches += 1;
             L.stats.bytes_async += L.expert_bytes;
             L.stats.evictions += victim >= 0;
