@@ -35,7 +35,7 @@ extern "C" {
 #define MOECACHE_DEFAULT_BETA       0.5f   /* paper 1: background admission threshold */
 #define MOECACHE_DEFAULT_HALF_LIFE  64.0f  /* ours: frequency half-life, in steps (tokens) */
 #define MOECACHE_DEFAULT_EVENT_ROWS 8192   /* event ring capacity, rows */
-#define MOECACHE_DEFAULT_BONUS      0.02f  /* ours: Cache-Prior routing bonus (router probability) */
+#define MOECACHE_DEFAULT_BONUS      0.07f  /* ours: Cache-Prior routing bonus (gate weight) */
 #define MOECACHE_PREFETCH_TOP_K     (-1)   /* policy.prefetch: as many as the router selects */
 
 /* Return codes of the functions that return int32_t status. */
@@ -53,11 +53,13 @@ enum moecache_miss_rule {
     MOECACHE_FIRST_CHOICE   = 2, /* fetch only a missing first choice */
     MOECACHE_SUBSTITUTE_ALL = 3, /* substitute every miss (reference for what it costs) */
     MOECACHE_ROUTING_BONUS  = 4, /* paper 2, Cache-Prior: route as if every resident expert's
-                                    probability were raised by policy.bonus, i.e. the top-k
-                                    of p + bonus * resident. A miss is replaced by the best
-                                    resident the token does not use when p_sub + bonus > p_miss
-                                    (lowest-probability misses first, which makes the result
-                                    exactly that top-k); every other miss is fetched. */
+                                    gate weight were raised by policy.bonus, i.e. the top-k of
+                                    p + bonus * S * resident, S = sum of the router's selected
+                                    probabilities (so the bonus is in the units of theta, the
+                                    same for 64 or 512 experts). A miss is replaced by the best
+                                    resident the token does not use when p_sub + bonus * S >
+                                    p_miss (lowest-probability misses first, which makes the
+                                    result exactly that top-k); every other miss is fetched. */
 };
 
 /* Which resident expert makes room (never one used by the current route call).
@@ -91,7 +93,7 @@ typedef struct moecache_policy {
     int32_t admission;         /* 1: background admission on */
     float   beta;              /* admission threshold on accumulated lost mass: 0.5 */
     int32_t substitute_weight; /* enum moecache_substitute_weight */
-    float   bonus;             /* ROUTING_BONUS: added to a resident expert's probability, >= 0 */
+    float   bonus;             /* ROUTING_BONUS: added to a resident expert's gate weight, >= 0 */
     int32_t prefetch;          /* paper 2, PSR: experts of the next layer to bring in per token
                                   from moecache_prefetch's prediction; 0 = off, -1 = top_k */
 } moecache_policy;

@@ -255,7 +255,7 @@ void moecache_clear(moecache * c) {
 }
 
 const char * moecache_version(void) {
-    return "0.1.0";
+    return "0.2.0"; /* 0.2: routing bonus in gate-weight units (0.1: probability) */
 }
 
 }  // extern "C"

@@ -6,8 +6,8 @@
  *   2. per token, in router order: hits; misses the miss rule fetches; substitutes for the
  *      others (highest-probability resident expert the token does not compute; none left ->
  *      fetch); under the routing bonus (paper 2) the misses are instead offered the best
- *      residents lowest-probability first, and a miss whose substitute scores p + bonus
- *      below it is fetched; then the fetches take free or evicted slots. Nothing but slot maps changes
+ *      residents lowest-probability first, and a miss whose substitute scores p + bonus * S
+ *      (S: the selection's probability) below it is fetched; then the fetches take free or evicted slots. Nothing but slot maps changes
  *      here, so a call that runs out of slots is undone exactly;
  *   3. commit: recency and frequency, substitute weights, background admissions, counters
  *      and one event row per token.
@@ -58,20 +58,27 @@ void undo_fetches(LayerState & L, const std::vector<FetchRecord> & fetches) {
     }
 }
 
-/* Cache-Prior (paper 2) for one token's misses: the top-k of p + bonus * resident. Pairing
- * the lowest-probability misses with the most probable unused residents, while
- * p_resident + bonus > p_miss, gives exactly that top-k; once a pair fails every later one
+/* Cache-Prior (paper 2) for one token's misses: the top-k of p + bonus * S * resident, where
+ * S is the router probability of the token's selected experts. The bonus is thus in gate-weight
+ * units (p / S is the weight an expert would get among the selection), the units of theta and
+ * of the substituted mass: it means the same with 64 experts or 512, where raw probabilities
+ * are several times smaller, and for a diffuse token as for a confident one. Pairing the
+ * lowest-probability misses with the most probable unused residents, while
+ * p_resident + bonus * S > p_miss, gives exactly that top-k; once a pair fails every later one
  * would, so the rest are fetched. Equal probabilities: the later router rank goes first. */
 void steer_to_residents(moecache & c, const LayerState & L, int32_t base, const float * probs_row,
                         const int32_t * ids, int32_t * out_ids, int64_t mark) {
     Scratch & sc = c.scratch;
     int32_t order[MOECACHE_MAX_K];
     int32_t n = 0;
+    float selected = 0.0f;
     for (int32_t i = base; i < base + c.top_k; ++i) {
+        selected += probs_row[ids[i]];
         if (sc.action[i] == MOECACHE_SUBSTITUTE) {
             order[n++] = i;
         }
     }
+    const float bonus = c.policy.bonus * (selected > 0.0f ? selected : 1.0f);
     std::sort(order, order + n, [&](int32_t a, int32_t b) {
         const float pa = probs_row[ids[a]];
         const float pb = probs_row[ids[b]];
@@ -81,7 +88,7 @@ void steer_to_residents(moecache & c, const LayerState & L, int32_t base, const 
     for (int32_t o = 0; o < n; ++o) {
         const int32_t i = order[o];
         const int32_t r = steering ? pick_substitute(L, probs_row, sc.token_mark, mark) : -1;
-        if (r >= 0 && probs_row[r] + c.policy.bonus > probs_row[ids[i]]) {
+        if (r >= 0 && probs_row[r] + bonus > probs_row[ids[i]]) {
             out_ids[i] = r;
             sc.token_mark[r] = mark;
             sc.pin[r] = sc.pin_epoch;

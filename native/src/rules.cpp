@@ -8,8 +8,9 @@
  *                     weight w_i / sum_j w_j (over the top-k) is >= theta (0.15);
  *   first-choice      fetch only a missing first choice;
  *   substitute-all    the reference for what substituting everything costs.
- * "Prefetch-Steered Routing" (paper 2) adds the Cache-Prior routing bonus: resident experts
- * score p + bonus, so a miss gives way to a resident expert that is nearly as probable.
+ * "Prefetch-Steered Routing" (paper 2) adds the Cache-Prior routing bonus: resident experts'
+ * gate weights count bonus more, so a miss gives way to a resident expert that is nearly as
+ * probable (route.cpp).
  * A substitute is the resident expert with the highest router probability for the token
  * that the token does not already compute; it takes the missing expert's gate weight.
  */

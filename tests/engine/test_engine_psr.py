@@ -88,3 +88,23 @@ def test_asking_for_pinned_experts_without_a_gpu_reads_them_into_ram(
     assert e.model.expert_buffer == "CPU" and not e.model.pinned_experts
     assert np.array_equal(e.forced_logits(PROMPT, forced_stream(e._llm.n_vocab(), 16)),
                           reference)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_the_core_is_handed_router_probabilities_on_every_architecture(
+        synth_model: Callable[..., Path], engine: Callable[..., object], arch: str) -> None:
+    """Cache-Prior compares probabilities and gives a substitute its own probability scaled
+    as the router scaled the miss, which is right only if the core's ``probs`` are
+    non-negative scores whose ratios are the gate weights' ratios. gpt-oss gates with a
+    softmax over the selected logits, and llama.cpp's ``probs`` there are raw logits (some
+    negative), so the glue hands the core their softmax instead."""
+    e = engine(synth_model(arch), budget="25%", policy="cache-prior")
+    for _ in e.generate("Hello", Sampling(max_tokens=3, seed=1)):
+        pass
+    for layer in e.model.info.moe_layers:
+        probs, weights, ids = e.last_route(layer)
+        assert (probs >= 0).all() and np.isfinite(probs).all()
+        assert set(ids.tolist()) == set(np.argsort(-probs)[:len(ids)].tolist()) or \
+            arch == "deepseek2"  # deepseek2 selects with an expert bias added
+        np.testing.assert_allclose(weights / weights.sum(), probs[ids] / probs[ids].sum(),
+                                   rtol=1e-4, atol=1e-6)

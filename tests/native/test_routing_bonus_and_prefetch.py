@@ -1,9 +1,11 @@
 """Paper 2 in the core: the Cache-Prior routing bonus and PSR prefetch.
 
-The routing bonus must be exactly "top-k of p + bonus * resident" (checked against a numpy
-reference on random rows), a bonus of 0 must change nothing, and prefetch must put the
-predicted experts in the logical cache as async copies without ever changing what an exact
-policy computes. Prefetch accuracy (hits / prefetches) is counted per layer.
+The routing bonus must be exactly "top-k of p + bonus * S * resident", S the probability of
+the router's selection (checked against a numpy reference on random rows), so a bonus means
+the same gate weight whatever the number of experts; a bonus of 0 must change nothing,
+and prefetch must put the predicted experts in the logical cache as async copies without
+ever changing what an exact policy computes. Prefetch accuracy (hits / prefetches) is
+counted per layer.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def test_routing_bonus_is_the_top_k_of_biased_scores(seed: int, bonus: float) ->
         ids = np.argsort(-probs, kind="stable")[:k].astype(np.int32)
         weights = probs[ids] / probs[ids].sum()
         r = cache.route(0, probs, ids, weights)
-        biased = probs + bonus * np.isin(np.arange(n), resident)
+        biased = probs + bonus * probs[ids].sum() * np.isin(np.arange(n), resident)
         expected = set(np.argsort(-biased, kind="stable")[:k].tolist())
         assert set(r.out_ids.tolist()) == expected
         # every expert actually computed is resident now; the steered ones were resident
@@ -72,6 +74,32 @@ def test_routing_bonus_is_the_top_k_of_biased_scores(seed: int, bonus: float) ->
         assert ev["substituted_mass"] == pytest.approx(float(ev["weights"][:k][steered].sum()))
     finally:
         cache.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), share=st.sampled_from([1.0, 0.5, 0.125]))
+def test_routing_bonus_means_the_same_whatever_the_probabilities_scale(
+        seed: int, share: float) -> None:
+    """A model with 8x more experts spreads the router's probability over them: the same
+    routing preferences arrive as probabilities several times smaller. The bonus is in
+    gate-weight units, so the decisions must not change (in probability units a fixed bonus
+    would steer far more at the small scale)."""
+    rng = np.random.default_rng(seed)
+    n, k, slots = 32, 4, 16
+    resident = sorted(rng.choice(n, size=slots, replace=False).tolist())
+    probs = softmax_row(rng, n)
+    ids = np.argsort(-probs, kind="stable")[:k].astype(np.int32)
+    weights = probs[ids] / probs[ids].sum()
+    decided = []
+    for scale in (1.0, share):
+        cache = ExpertCache(1, n, k, slots, bonus_policy(0.1))
+        try:
+            fill(cache, 0, resident)
+            r = cache.route(0, (probs * scale).astype(np.float32), ids, weights)
+            decided.append((r.out_ids.tolist(), cache.drain_events()[-1]["action"][:k].tolist()))
+        finally:
+            cache.close()
+    assert decided[0] == decided[1]
 
 
 def test_zero_bonus_changes_nothing(make_cache: MakeCache) -> None:
@@ -92,7 +120,8 @@ def test_bonus_steers_the_weakest_miss_first(make_cache: MakeCache) -> None:
     probs = np.full(16, 0.001, dtype=np.float32)
     probs[[0, 1, 10, 11]] = [0.40, 0.20, 0.15, 0.05]
     r = cache.route(0, probs, np.array([0, 1]), np.array([0.4, 0.2]))
-    # 1 (0.20) < 10 (0.15 + 0.1): steered; 0 (0.40) > 11 (0.05 + 0.1): fetched
+    # the bonus is 0.1 of the selection's 0.6: 0.06 in probability
+    # 1 (0.20) < 10 (0.15 + 0.06): steered; 0 (0.40) > 11 (0.05 + 0.06): fetched
     assert r.out_ids.tolist() == [0, 10]
     ev = cache.drain_events()[-1]
     assert ev["action"][:2].tolist() == [FETCH, SUBSTITUTE]

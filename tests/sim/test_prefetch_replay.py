@@ -159,3 +159,19 @@ def test_the_sweep_reports_prefetch_accuracy_only_for_prefetching_policies(
     by_policy = {r["policy"]: r for r in csv.DictReader(io.StringIO(to_csv(result)))}
     assert by_policy["exact"]["prefetch_accuracy"] == ""
     assert float(by_policy["psr"]["prefetch_accuracy"]) == psr.prefetch_accuracy
+
+
+def test_a_trace_from_the_probability_unit_bonus_core_says_its_replay_is_not_exact(
+        four_layer_psr: Path) -> None:
+    """Cores before 0.2 added the routing bonus to raw router probabilities; 0.2 scales it
+    by the selection's probability. Replaying such a trace under its own psr cannot make the
+    recorded decisions, and the replay must say so instead of passing for exact; a what-if
+    under a chosen policy is a new simulation and needs no warning."""
+    trace = read_trace(four_layer_psr)
+    assert replay(trace).warnings == []
+    software = dict(trace.header.software, moecache="0.1.0")
+    trace.header = dataclasses.replace(trace.header, software=software)
+    warnings = replay(trace).warnings
+    assert len(warnings) == 1 and "gate-weight units" in warnings[0]
+    assert replay(trace, "psr").warnings == []
+    assert replay(trace, "quality-first").warnings == []

@@ -5,10 +5,10 @@ Misses Are Worth Waiting For?*: a **miss rule** decides whether a routed expert 
 resident is fetched (waited for) or substituted by a resident one; **eviction** picks the
 resident expert that leaves; **background admission** brings in experts that keep losing
 gate mass to substitution. *Prefetch-Steered Routing* adds the **routing bonus**
-(Cache-Prior: resident experts score ``p + bonus``) and **prefetch** (PSR: the next layer's
-predicted experts enter the logical cache before it routes). The native core
-(``native/``) is the single implementation the engine and the simulator share; this module
-only names and validates policies, and its presets must equal the C ones
+(Cache-Prior: resident experts' gate weights count ``bonus`` more) and **prefetch** (PSR:
+the next layer's predicted experts enter the logical cache before it routes). The native
+core (``native/``) is the single implementation the engine and the simulator share; this
+module only names and validates policies, and its presets must equal the C ones
 (``moecache_preset``), which a test checks.
 """
 
@@ -31,9 +31,13 @@ DEFAULT_BETA = 0.5
 """Paper 1's admission threshold on the gate mass an expert lost to substitution."""
 DEFAULT_HALF_LIFE = 64.0
 """Our default half-life of frequency counts, in decode steps (tokens)."""
-DEFAULT_BONUS = 0.02
-"""Our default Cache-Prior bonus, in router-probability units: on the demo model 0.02 costs
-no measurable perplexity where 0.05 costs +1-2% and 0.15 +50-140% (docs/benchmarks.md)."""
+DEFAULT_BONUS = 0.07
+"""Our default Cache-Prior bonus, in gate-weight units (those of θ and of the substituted
+mass: a resident expert may take a miss's place when its weight among the token's selection
+would be within 0.07 of the miss's), so it means the same for 64 experts or 512. Measured on
+the demo model over 12 held-out windows (``bench/bonus_bench.py``, docs/benchmarks.md):
+cache-prior +0.3% perplexity (as quality-first) for 0.43x Exact's waited-for bytes, psr
+within noise for 0.18x; 0.2 costs +2-5% and 0.3 +9-16%."""
 PREFETCH_TOP_K = -1
 """``Policy.prefetch`` value meaning "as many experts as the router selects"."""
 
@@ -78,7 +82,8 @@ class Policy:
     beta: float = DEFAULT_BETA
     substitute_weight: SubstituteWeight = SubstituteWeight.MISSING
     bonus: float = DEFAULT_BONUS
-    """ROUTING_BONUS: added to a resident expert's router probability before top-k."""
+    """ROUTING_BONUS: added to a resident expert's gate weight (router probability over
+    the selection's) before top-k."""
     prefetch: int = 0
     """PSR: next-layer experts brought in per token (0 off, -1 = the router's top-k)."""
     name: str | None = field(default=None, compare=False)

@@ -101,9 +101,10 @@ class ControlsPanel(QGroupBox):
         form.addRow("β admit", self._row(self.beta, self.beta_label))
         self.bonus = self._slider(0, round(BONUS_MAX * BONUS_STEPS), 0, "Routing bonus")
         self.bonus.setToolTip(
-            "Cache-Prior: resident experts score p + bonus, so routing prefers what is "
+            "Cache-Prior: a resident expert takes a missing one's place when its gate weight "
+            "is within this much of the miss's (the units of θ), so routing prefers what is "
             "already in VRAM. 0 = off (the 0.15 rule with θ). Larger: fewer copies, more "
-            "substituted mass.")
+            "substituted mass; above ~0.15 perplexity rises on the demo model.")
         self.bonus_label = QLabel()
         form.addRow("Bonus", self._row(self.bonus, self.bonus_label))
         self.prefetch_mode = QComboBox()

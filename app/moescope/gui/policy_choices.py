@@ -9,11 +9,12 @@ presets are points of it:
 * routing bonus 0 (off): paper 1's **0.15 rule** with the user's θ, frequency eviction,
   background admission with the user's β (quality-first's machinery; at θ = 0.15,
   β = 0.5, prefetch off it *is* quality-first);
-* routing bonus > 0: paper 2's **Cache-Prior** rule with that bonus (resident experts score
-  ``p + bonus``; a miss is replaced by a resident expert whose boosted score beats it,
-  else fetched; a substitute computes with its own gate weight), with the same eviction
-  and admission. θ is not used by this rule (its slider is disabled). At the presets'
-  bonus (``DEFAULT_BONUS``, 0.02), β = 0.5, prefetch off it is cache-prior;
+* routing bonus > 0: paper 2's **Cache-Prior** rule with that bonus (resident experts'
+  gate weights count ``bonus`` more; a miss is replaced by a resident expert whose
+  boosted score beats it, else fetched; a substitute computes with its own gate weight),
+  with the same eviction and admission. θ is not used by this rule (its slider is
+  disabled). At the presets' bonus (``DEFAULT_BONUS``, 0.07), β = 0.5, prefetch off it is
+  cache-prior;
 * prefetch (PSR) is independent of the rule: off, the router's top-k, or a fixed number of
   the next layer's predicted experts per token. Cache-Prior at the presets' bonus with
   top-k prefetch is psr.
@@ -74,7 +75,7 @@ POLICY_TIPS: dict[str, str] = {
 """One tooltip per menu entry: what it does and what it trades."""
 
 BONUS_MAX = 0.30
-"""The routing-bonus slider's top (router-probability units); 0 is off."""
+"""The routing-bonus slider's top (gate-weight units, as θ); 0 is off."""
 BONUS_STEPS = 100
 """Slider units per 1.0 of bonus (the slider shows two decimals)."""
 

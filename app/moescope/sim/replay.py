@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from moescope.core.native import COPY_DTYPE, EVENT_DTYPE, OK, ExpertCache, NativeError, load_library
-from moescope.core.policy import Policy
+from moescope.core.policy import MissRule, Policy
 from moescope.core.prefetch import PrefetchCounters, PrefetchSummary, prefetch_delta
 from moescope.core.trace import Change, Trace, TraceHeader
 
@@ -259,6 +259,10 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
     if h.initial_resident:
         warnings.append(f"recording began with {h.initial_resident} experts resident; the "
                         "replay starts empty, so early decisions may differ")
+    if fixed_policy is None and _recorded_with_probability_bonus(routing):
+        warnings.append(f"recorded by core {h.software.get('moecache')}, whose routing bonus "
+                        "was in router-probability units; it is now in gate-weight units, so "
+                        "the recorded cache-prior/psr decisions are not reproduced exactly")
     per_token = np.zeros(len(routing.tokens), dtype=TOKEN_COST_DTYPE)
     kept: list[npt.NDArray[Any]] = []
     rows_per_token = max((sum(c.stop - c.start for c in t.calls) for t in routing.tokens),
@@ -421,6 +425,20 @@ class _Router:
         if n:
             self.prefetched_bytes += n * self._bytes.get(nxt, 0)
         return n
+
+
+def _recorded_with_probability_bonus(routing: Routing) -> bool:
+    """True if a routing-bonus policy of the trace ran on a core before 0.2, whose bonus
+    was added to raw router probabilities (0.2 scales it by the selection's probability)."""
+    h = routing.header
+    version = str(h.software.get("moecache") or "")
+    try:
+        older = tuple(int(x) for x in version.split(".")[:2]) < (0, 2)
+    except ValueError:
+        return False
+    policies = [h.policy] + [c.policy for tok in routing.tokens for c in tok.changes
+                             if c.kind == "policy" and c.policy is not None]
+    return older and any(p.miss_rule == MissRule.ROUTING_BONUS for p in policies)
 
 
 def _warn_once(warnings: list[str], key: str, text: str) -> None:
