@@ -75,6 +75,31 @@ def test_per_layer_bars_average_the_recent_tokens(window: Any, qtbot: Any) -> No
     np.testing.assert_allclose(panel.layer_bars.values["hit_rate"], hits / sel)
 
 
+def test_time_plots_label_zero_half_and_top_only(window: Any, qtbot: Any) -> None:
+    """Short plots with automatic ticks stacked four or five labels on one another."""
+    send(qtbot, window, LONG_PROMPT, max_tokens=20)
+    plots = window.cache_panel.time_plots
+    window.cache_panel.draw(force=True)
+    assert plots.y_tick_labels("hit_rate") == ["0", "0.5", "1"]
+    top = plots.plots["tokens_per_s"].viewRange()[1][1]
+    labels = plots.y_tick_labels("tokens_per_s")
+    assert len(labels) == 3 and labels[0] == "0"
+    assert float(labels[2]) <= top and float(labels[1]) == float(labels[2]) / 2
+
+
+def test_stats_line_averages_the_last_tokens_instead_of_flickering(window: Any,
+                                                                   qtbot: Any) -> None:
+    send(qtbot, window, LONG_PROMPT, max_tokens=40)
+    panel = window.cache_panel
+    panel.draw(force=True)
+    tokens = list(window.recent_tokens)[-panel.model.layer_window:]
+    hit = np.mean([t.events["n_hit"].sum() / t.events["k"].sum() for t in tokens])
+    mass = np.mean([t.events["substituted_mass"].astype(np.float64).sum() for t in tokens])
+    assert f"hit {hit:.0%}" in panel.summary.text()
+    assert f"mass/token {mass:.3f}" in panel.summary.text()
+    assert "last 32 tokens" in panel.summary.toolTip()
+
+
 def test_fit_estimate_before_loading(tiny_moe: Path, qtbot: Any) -> None:
     info = read_model_info(tiny_moe)
     fit = estimate_fit(info, "50%", n_ctx=512)

@@ -181,7 +181,8 @@ def test_psr_from_the_menu_applies_next_token_and_panel_shows_prefetch_accuracy(
     slow_down(window, 0)
     send(qtbot, window, "and now?", max_tokens=6)
     panel.draw(force=True)
-    assert "prefetch" not in panel.summary.text() and panel.summary.toolTip() == ""
+    assert "prefetch" not in panel.summary.text()
+    assert "Prefetch accuracy" not in panel.summary.toolTip()
     assert panel.layer_bars.toolTip() == ""
 
 

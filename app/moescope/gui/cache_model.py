@@ -49,6 +49,9 @@ def prefetch_text(summary: PrefetchSummary) -> str:
             else f"prefetch accuracy – · {summary.per_token:.1f}/token")
 
 
+SUMMARY_TIP = (
+    "Hit rate and substituted gate mass per token: means over the last {n} tokens; "
+    "tokens/s is a rolling rate. The plots below show every token.")
 PREFETCH_TIP = (
     "Prefetch accuracy (PSR): of the experts prefetched over the last {n} tokens, the share "
     "the router then used before they were evicted. /token: experts prefetched per decoded "
@@ -212,6 +215,16 @@ class CacheModel:
             "hit_rate": np.divide(hits, sel, out=np.zeros_like(hits), where=sel > 0),
             "fetched_mb": self._layer_bytes[:n].sum(axis=0) / n / 1e6,
         }
+
+    def recent_mean(self, key: str) -> float:
+        """Mean of a time column over the last ``layer_window`` tokens (NaN where none is
+        known): the stats line's numbers, which one token's values would make flicker
+        (one token's hit rate on the demo model jumps between 25% and 75%)."""
+        t = self.time
+        n = min(t.count, self.layer_window)
+        values = t.view(key)[t.count - n:]
+        finite = values[np.isfinite(values)]
+        return float(finite.mean()) if len(finite) else float("nan")
 
     def prefetch_summary(self) -> PrefetchSummary | None:
         """PSR over the prefetching tokens among the last ``layer_window``; None while the

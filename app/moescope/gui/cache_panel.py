@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QLabel, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
-from moescope.gui.cache_model import PREFETCH_TIP, CacheModel, prefetch_text
+from moescope.gui.cache_model import PREFETCH_TIP, SUMMARY_TIP, CacheModel, prefetch_text
 from moescope.gui.heatmap_view import HeatmapView
 from moescope.gui.layer_bars_view import LayerBarsView
 from moescope.gui.memory_model import MemoryModel
@@ -138,8 +138,9 @@ class CachePanel(QWidget):
             pending.add("time")
         if "labels" in pending and (force or self._frames % LABEL_EVERY_FRAMES == 0):
             self.summary.setText(self._summary_text())
-            self.summary.setToolTip(PREFETCH_TIP.format(n=self.model.layer_window)
-                                    if self.model.prefetching else "")
+            n = self.model.layer_window
+            self.summary.setToolTip(SUMMARY_TIP.format(n=n) + (
+                "\n" + PREFETCH_TIP.format(n=n) if self.model.prefetching else ""))
             self.heatmap.update_title()
             pending.discard("labels")
         self._pending = pending
@@ -160,9 +161,9 @@ class CachePanel(QWidget):
                  f"{self.model.slots_per_layer}/{m.n_expert} slots per layer "
                  f"({self.model.slots_per_layer / m.n_expert:.0%} resident)"]
         if t.count:
-            hit = t.last("hit_rate")
+            hit = self.model.recent_mean("hit_rate")
             parts.append(f"hit {hit:.0%}" if hit == hit else "hit –")
-            parts.append(f"mass/token {t.last('mass'):.3f}")
+            parts.append(f"mass/token {self.model.recent_mean('mass'):.3f}")
             prefetch = self.model.prefetch_summary()
             if prefetch is not None:
                 parts.append(prefetch_text(prefetch))

@@ -49,6 +49,7 @@ class TimePlotsView(QWidget):
         self.plots: dict[str, pg.PlotItem] = {}
         self.curves: dict[str, pg.PlotDataItem] = {}
         self._marker_items: list[tuple[Marker, list[pg.InfiniteLine]]] = []
+        self._y_tops: dict[str, float] = {}
         first: pg.PlotItem | None = None
         for i, (key, title) in enumerate(PLOTS):
             plot = self.graphics.addPlot(row=i, col=0)
@@ -101,11 +102,28 @@ class TimePlotsView(QWidget):
             top = np.nanmax(visible) if np.isfinite(visible).any() else 0.0
             tops[key] = 1.0 if key == "hit_rate" else theme.nice_ceiling(float(top))
             self.plots[key].setYRange(0.0, tops[key], padding=0.02)
+            self._set_y_ticks(key, tops[key])
         self.plots["mass"].setXRange(lo, hi, padding=0.0)
         if self.model.ttft_s is not None:
             self.ttft_text.setText(f"TTFT {self.model.ttft_s * 1000:.0f} ms")
             self.ttft_text.setPos(hi, tops["tokens_per_s"])
         self._sync_markers(lo)
+
+    def _set_y_ticks(self, key: str, top: float) -> None:
+        """Ticks (and grid lines) at 0, half and top only: the plots are short, and
+        pyqtgraph's automatic ticks put four or five labels on top of each other at that
+        height. The edge labels do not fit and are left out, so the half-way label reads
+        alone: the top is twice it."""
+        if self._y_tops.get(key) == top:
+            return
+        self._y_tops[key] = top
+        ticks = [(v, f"{v:g}") for v in (0.0, top / 2, top)]
+        self.plots[key].getAxis("left").setTicks([ticks, []])
+
+    def y_tick_labels(self, key: str) -> list[str]:
+        """The left axis's labels of plot ``key`` (for tests)."""
+        ticks = self.plots[key].getAxis("left")._tickLevels
+        return [label for _, label in ticks[0]] if ticks else []
 
     def _sync_markers(self, lo: float) -> None:
         known = {id(m) for m, _ in self._marker_items}
