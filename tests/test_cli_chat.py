@@ -310,18 +310,25 @@ def test_thinking_switch_in_the_cli(
 
 
 def test_ctrl_c_while_thinking_means_answer_now(
-        synth_model: Callable[..., Path], spy: Spy,
+        synth_model: Callable[..., Path], spy: Spy, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A thinking model (its template opens <think>; the tiny model never closes it):
     SIGINT after four thoughts closes them and the same answer goes on; the next turn
     gets that answer without the thoughts."""
+    from moescope.core.trace import ANSWER_NOW_NOTE, read_trace
     from moescope.testing.vocab import THINKING_CHAT_TEMPLATE
 
     interrupt_first_answer(monkeypatch, spy, after_index=3)
     model = synth_model("qwen3moe", chat_template=THINKING_CHAT_TEMPLATE)
-    code, out, _ = chat(monkeypatch, capsys, model, "Hi\nAgain\n", "--n", "12")
+    trace = tmp_path / "chat.jsonl"
+    code, out, _ = chat(monkeypatch, capsys, model, "Hi\nAgain\n", "--n", "12",
+                        "--trace", str(trace))
     assert code == 0
     thinking, answering, second = spy.turns
+    # the trace notes where the continued answer began (its closing text is not a token)
+    noted = [(t.answer, t.position) for t in read_trace(trace).tokens
+             if any(c.text == ANSWER_NOW_NOTE for c in t.changes)]
+    assert noted == [(1, 0)]
     assert thinking.stop_reason == "stopped" and thinking.n_tokens == 4
     assert answering.answer_start == thinking.text + "\n</think>\n\n" \
         or answering.answer_start == thinking.text + "</think>\n\n"

@@ -218,6 +218,14 @@ def test_answer_now_closes_the_thoughts_and_the_model_answers(
     marks = [step for step, label in window.cache_panel.time_plots.marker_labels()
              if label == "answer"]
     assert len(marks) == 1 and marks[0] > message.stats["reasoning_tokens"]
+    # and so does the session trace, reopened: at the same token, labelled once
+    from moescope.gui.trace_io import reopen
+
+    assert window.trace_path is not None
+    reopened = reopen(window.trace_path)
+    labels = [label for t in reopened.tokens for label in t.changes]
+    assert labels.count("answer") == 1 and "answer now" not in labels
+    assert [t.step for t in reopened.tokens if "answer" in t.changes] == marks
     # the next turn sends the answer, not the thoughts
     assert window.chat.history()[-1] == {"role": "assistant", "content": split.answer}
 

@@ -226,6 +226,10 @@ class ChatSession:
         start = ""
         try:
             while True:
+                if start and self.recorder is not None:
+                    from moescope.core.trace import ANSWER_NOW_NOTE
+
+                    self.recorder.add_note(ANSWER_NOW_NOTE)  # the trace cannot see `start`
                 with _stop_on_interrupt(engine) as interrupted:
                     for tok in engine.generate(self.conversation(), self.sampling,
                                                answer_start=start):

@@ -242,6 +242,12 @@ def machine_info() -> dict[str, Any]:
 # --------------------------------------------------------------------------- records
 
 
+ANSWER_NOW_NOTE = "answer now"
+"""The note on the first token of a generation that continues a thinking model's answer
+after "Answer now" closed its thoughts: the closing text is written into the prompt, not
+generated, so the token texts alone cannot show where that answer began."""
+
+
 @dataclass(frozen=True)
 class Change:
     """A policy or budget change that took effect at a token (applied before its decode)."""
@@ -613,6 +619,7 @@ class TraceRecorder:
         self._prefetch_counts(source)  # the baseline: what was counted before recording
         changes = getattr(source, "changes", None)
         self._n_changes = len(changes) if changes is not None else 0
+        self._notes: list[str] = []
         m = header.model
         self._residency = Residency(m.moe_layers, m.n_expert, header.slots_per_layer)
         self.route_mismatches = 0
@@ -630,6 +637,10 @@ class TraceRecorder:
     def path(self) -> Path:
         return self.writer.path
 
+    def add_note(self, text: str) -> None:
+        """Attach a note to the next recorded token (e.g. :data:`ANSWER_NOW_NOTE`)."""
+        self._notes.append(text)
+
     def record(self, stats: TokenLike, source: RouteSource | None = None) -> TokenRecord:
         """Write one token; ``source`` supplies router inputs, timings and changes."""
         if stats.index <= self._last_position:
@@ -645,8 +656,10 @@ class TraceRecorder:
             phase="prefill" if stats.index == 0 else "decode", token_id=int(stats.token_id),
             text=str(stats.text), seconds=float(stats.seconds), policy=str(stats.policy),
             slots_per_layer=int(stats.slots_per_layer), events=events.copy(),
-            changes=self._changes(source, stats),
+            changes=[*self._changes(source, stats),
+                     *(Change("note", text=text) for text in self._notes)],
         )
+        self._notes.clear()
         if source is not None:
             if self.header.router_inputs is not None:
                 record.routes = self._routes(source, events)

@@ -32,7 +32,7 @@ from pathlib import Path
 from moescope.core.prefetch import PrefetchSummary, summarize
 from moescope.core.reasoning import answer_begins
 from moescope.core.residency import Residency
-from moescope.core.trace import Change, Trace, read_trace, write_perfetto
+from moescope.core.trace import ANSWER_NOW_NOTE, Change, Trace, read_trace, write_perfetto
 from moescope.gui.cache_model import prefetch_text
 from moescope.gui.snapshots import ModelSummary, TokenSnapshot
 
@@ -133,7 +133,7 @@ def reopen(path: str | Path) -> ReopenedTrace:
             step=step, index=rec.position, text=rec.text, seconds=rec.seconds,
             policy=rec.policy, slots_per_layer=rec.slots_per_layer, n_prompt_tokens=0,
             n_ctx=0, events=rec.events, resident=residency.resident.copy(),
-            changes=(*(change_label(c) for c in rec.changes),
+            changes=(*(change_label(c) for c in rec.changes if not _answer_now(c)),
                      *(("answer",) if rec.index in begins else ())),
             ttft=rec.seconds if rec.position == 0 else None,
             prefetches=rec.prefetches if show else None,
@@ -148,15 +148,21 @@ def reopen(path: str | Path) -> ReopenedTrace:
                          prefetch_unrecorded=unrecorded)
 
 
+def _answer_now(change: Change) -> bool:
+    return change.kind == "note" and change.text == ANSWER_NOW_NOTE
+
+
 def _answer_begins(trace: Trace) -> set[int]:
     """Token indices where a thinking model's answer began: the live panel marks them
-    ("answer"), so the reopened one does too. (An answer that "Answer now" cut short was
-    continued by a second generation; the trace has no record of the closing text written
-    between the two, so that answer's start is not marked here.)"""
+    ("answer"), so the reopened one does too. An answer that "Answer now" cut short was
+    continued by a second generation after a closing text the tokens do not contain; its
+    first token carries a note saying so (traces from before that note leave it unmarked)."""
     by_answer: dict[int, list[tuple[int, str]]] = {}
+    out = set()
     for rec in trace.tokens:
         by_answer.setdefault(rec.answer, []).append((rec.index, rec.text))
-    out = set()
+        if any(_answer_now(c) for c in rec.changes):
+            out.add(rec.index)
     for tokens in by_answer.values():
         at = answer_begins([text for _, text in tokens])
         if at is not None:

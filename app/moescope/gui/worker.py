@@ -31,7 +31,7 @@ from moescope.core.errors import MoEScopeError
 from moescope.core.policy import Policy
 from moescope.core.prefetch import PrefetchCounters, prefetch_delta
 from moescope.core.residency import read_resident
-from moescope.core.trace import TraceRecorder
+from moescope.core.trace import ANSWER_NOW_NOTE, TraceRecorder
 from moescope.engine import AnswerStats, Engine, Sampling
 from moescope.engine.compare import compare_policies
 from moescope.gui.snapshots import AnswerSummary, ModelSummary, TokenSnapshot
@@ -163,6 +163,8 @@ class EngineWorker(QObject):
         previous = engine.last_answer
         batch: list[TokenSnapshot] = []
         last_emit = 0.0
+        if request.answer_start and self.recorder is not None:
+            self.recorder.add_note(ANSWER_NOW_NOTE)  # the trace cannot see the closing text
         try:
             for ts in engine.generate(list(request.messages), request.sampling,
                                       answer_start=request.answer_start):
