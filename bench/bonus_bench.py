@@ -39,22 +39,6 @@ def windows(tokens: list[int], count: int, length: int) -> list[list[int]]:
     return [tokens[start + i * length:start + (i + 1) * length] for i in range(usable)]
 
 
-def bootstrap_change(nll: np.ndarray, base: np.ndarray, n_boot: int = 2000,
-                     seed: int = 0) -> tuple[float, float, float]:
-    """Pooled perplexity change (%) and its 95% interval, resampling whole windows.
-
-    ``nll`` and ``base`` are [windows, tokens] of the same tokens under a policy and Exact.
-    """
-    def change(rows: np.ndarray) -> float:
-        return float(np.expm1(nll[rows].mean() - base[rows].mean()) * 100.0)
-
-    rng = np.random.default_rng(seed)
-    n = nll.shape[0]
-    samples = [change(rng.integers(0, n, size=n)) for _ in range(n_boot)]
-    lo, hi = np.percentile(samples, [2.5, 97.5])
-    return change(np.arange(n)), float(lo), float(hi)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None, help="GGUF (default: demo model)")
@@ -74,7 +58,7 @@ def main() -> int:
     from moescope.core.policy import Policy
     from moescope.core.resources import demo_model_path
     from moescope.engine import Engine
-    from moescope.engine.evaluate import RunSpec, run_one
+    from moescope.engine.evaluate import RunSpec, change_interval, run_one
     from moescope.sim.sweep import parse_policy
 
     model = args.model or demo_model_path()
@@ -100,7 +84,7 @@ def main() -> int:
         results = {}
         for policy in policies:
             runs = [run_one(engine, chunk, RunSpec(policy, budget)) for chunk in chunks]
-            nll = np.stack([r.nll for r in runs])
+            nll = np.concatenate([r.nll for r in runs])
             calls = sum(r.selections for r in runs)
             subst = sum(r.substitutions for r in runs) / max(calls, 1)
             fetched = float(np.mean([r.bytes_sync.mean() for r in runs]))
@@ -109,7 +93,7 @@ def main() -> int:
         base_nll, _, base_bytes = results[policies[0].name or "custom"]
         for policy in policies:
             nll, subst, fetched = results[policy.name or "custom"]
-            change, lo, hi = bootstrap_change(nll, base_nll)
+            change, lo, hi = change_interval(nll, base_nll, block=length - 1)  # windows
             print(f"| {policy.name} | {budget} | {change:+.2f}% [{lo:+.2f}, {hi:+.2f}] | "
                   f"{subst:.1%} | {fetched / 1024:.1f} KiB | "
                   f"{fetched / base_bytes if base_bytes else float('nan'):.2f}x |")

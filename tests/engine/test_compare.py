@@ -62,3 +62,49 @@ def test_stopping_keeps_the_answers_so_far(engine: Callable[..., Engine],
     assert c.stopped and [a.policy for a in c.answers] == ["exact"]
     with pytest.raises(ValueError, match="at least one policy"):
         compare_policies(e, MESSAGES, [])
+
+
+def test_scoring_the_conversation_gives_each_policy_its_perplexity_change(
+        engine: Callable[..., Engine], tiny_moe: Path) -> None:
+    """Exact scored twice is the same to the bit (change 0, interval 0); substitute-all
+    costs perplexity on the same tokens; the budget, policy and empty cache are kept."""
+    from moescope.engine.compare import conversation_tokens
+    from moescope.engine.evaluate import RunSpec, run_one
+
+    e = engine(tiny_moe, budget="25%", policy="quality-first")
+    plan = e.model.plan
+    chat = [*MESSAGES, {"role": "assistant", "content": "The sea is wide and grey."},
+            {"role": "user", "content": "And the ships?"}]
+    tokens = conversation_tokens(e, chat)
+    assert len(tokens) > 20
+    labels: list[str] = []
+    c = compare_policies(e, MESSAGES, ["exact", "exact", "substitute-all"], max_tokens=4,
+                         score=tokens, progress=lambda d, t, p: labels.append(p))
+    assert c.scored_tokens == len(tokens) - 1
+    assert "scoring the chat under substitute-all" in labels
+    ref, again, sub = c.answers
+    assert ref.nll is not None and len(ref.nll) == len(tokens) - 1
+    assert c.perplexity_change(ref) == (0.0, 0.0, 0.0)
+    assert c.perplexity_change(again) == (0.0, 0.0, 0.0)
+    change, low, high = c.perplexity_change(sub)
+    assert change > 0 and low <= change <= high and sub.scored_mass > 0
+    # the scores are the evaluation's: the same tokens through run_one give the same NLL
+    e.set_policy("substitute-all")
+    direct = run_one(e, tokens, RunSpec(e.policy, ""))
+    assert list(direct.nll) == list(sub.nll)
+    # the engine kept its budget as the user gave it (scoring never resized the cache)
+    assert e.model.plan is plan
+
+
+def test_stopping_while_scoring_drops_the_unfinished_policy(
+        engine: Callable[..., Engine], tiny_moe: Path) -> None:
+    from moescope.engine.compare import conversation_tokens
+
+    e = engine(tiny_moe, budget="25%")
+    tokens = conversation_tokens(e, MESSAGES)
+    labels: list[str] = []
+    c = compare_policies(e, MESSAGES, ["exact", "speed-first"], max_tokens=4, score=tokens,
+                         progress=lambda d, t, p: labels.append(p),
+                         stopped=lambda: "scoring the chat under speed-first" in labels)
+    assert c.stopped and [a.policy for a in c.answers] == ["exact"]
+    assert c.answers[0].nll is not None

@@ -16,6 +16,7 @@ from moescope.core.policy import Policy
 from moescope.engine.evaluate import (
     RunResult,
     RunSpec,
+    change_interval,
     forced_steps,
     mass_hypothesis,
     pearson,
@@ -91,6 +92,24 @@ def _run(policy: str, nll: np.ndarray, mass: np.ndarray) -> RunResult:
     n = len(nll)
     return RunResult(spec=RunSpec(Policy.preset(policy), "25%"), slots=4, nll=nll, mass=mass,
                      bytes_sync=np.zeros(n, np.int64), seconds=np.zeros(n))
+
+
+def test_the_change_interval_resamples_blocks_and_brackets_the_pooled_change() -> None:
+    rng = np.random.default_rng(1)
+    base = rng.uniform(1.0, 5.0, size=320)
+    worse = base + rng.normal(0.05, 0.2, size=base.size)
+    change, lo, hi = change_interval(worse, base, block=32)
+    assert change == pytest.approx(math.expm1(worse.mean() - base.mean()) * 100)
+    assert lo < change < hi and lo > 0  # a real, consistent loss: the interval excludes 0
+    assert change_interval(base, base, block=32) == (0.0, 0.0, 0.0)
+    # one block that carries the whole difference: no certainty to claim
+    lumpy = base.copy()
+    lumpy[:32] += 1.6
+    change, lo, hi = change_interval(lumpy, base, block=32)
+    assert lo == pytest.approx(0.0) and hi > 2 * change
+    # a ragged last block counts with its own length
+    assert change_interval(worse[:100], base[:100], block=32)[0] == pytest.approx(
+        math.expm1((worse[:100] - base[:100]).mean()) * 100)
 
 
 def test_the_mass_hypothesis_sees_perplexity_that_grows_with_substituted_mass() -> None:

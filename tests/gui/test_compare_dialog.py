@@ -8,9 +8,11 @@ from gui_helpers import send
 from PySide6.QtCore import Qt
 
 from moescope.engine.compare import agreement
+from moescope.gui.compare_dialog import perplexity_text
 
 
-def _run(window: Any, qtbot: Any, *checked: str, tokens: int = 16) -> Any:
+def _run(window: Any, qtbot: Any, *checked: str, tokens: int = 16,
+         score: bool = False) -> Any:
     dialog = window.open_compare_dialog()
     assert dialog is not None and dialog.isVisible() and dialog.isModal()
     for i in range(dialog.policies.count()):
@@ -18,6 +20,7 @@ def _run(window: Any, qtbot: Any, *checked: str, tokens: int = 16) -> Any:
         key = item.data(Qt.ItemDataRole.UserRole)
         item.setCheckState(Qt.CheckState.Checked if key in checked else Qt.CheckState.Unchecked)
     dialog.max_tokens.setValue(tokens)
+    dialog.score.setChecked(score)
     with qtbot.waitSignal(window.client.worker.compareFinished, timeout=60_000):
         qtbot.mouseClick(dialog.run_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: dialog.result is not None, timeout=10_000)
@@ -51,6 +54,32 @@ def test_policies_answer_the_last_message_side_by_side(window: Any, qtbot: Any) 
         assert window.trace_path is not None and window.trace_path != trace_before
     summary = send(qtbot, window, "And the ships?", max_tokens=4)
     assert summary.n_tokens > 0 and summary.stop_reason != "error"
+
+
+def test_scoring_the_chat_adds_each_policys_perplexity_change(window: Any,
+                                                              qtbot: Any) -> None:
+    """The whole chat (both turns and their answers), teacher-forced under each policy:
+    Exact is the reference, substitute-all costs perplexity, shown with its interval."""
+    send(qtbot, window, "Tell me about the sea.", max_tokens=12)
+    send(qtbot, window, "And the ships?", max_tokens=12)
+    first = window.open_compare_dialog()
+    assert first.score.isEnabled() and not first.score.isChecked()  # opt-in: it takes time
+    first.reject()
+    dialog = _run(window, qtbot, "substitute-all", tokens=4, score=True)
+    result = dialog.result
+    assert result.scored_tokens > 30
+    col = dialog.table.columnCount() - 1
+    assert dialog.table.horizontalHeaderItem(col).text() == "Chat perplexity"
+    assert dialog.table.item(0, col).text() == "reference"
+    change = result.perplexity_change(result.answers[1])
+    assert change is not None and change[0] > 0
+    assert dialog.table.item(1, col).text() == perplexity_text(change)
+    assert "scored over" in dialog.status.text()
+    dialog.reject()
+    # without the box ticked nothing is scored, and the column says so
+    dialog = _run(window, qtbot, "substitute-all", tokens=4)
+    assert dialog.result.scored_tokens == 0 and dialog.table.item(1, col).text() == "–"
+    dialog.reject()
 
 
 def test_nothing_to_compare_before_a_message(window: Any, dialogs: Any) -> None:

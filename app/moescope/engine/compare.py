@@ -8,6 +8,11 @@ and every answer set against the first policy's (``exact`` by default, the unpat
 engine's answer). Greedy decoding is deterministic, so a difference is the policy's, not
 sampling noise; the first token where two answers differ is where the policy first
 changed the model's top choice.
+
+A short answer says little about quality on average, so a comparison may also **score the
+conversation**: the whole chat, teacher-forced one token at a time under each policy from
+an empty cache (``engine.evaluate``), gives each policy's perplexity change against the
+reference on the user's own text, with an interval over blocks of tokens.
 """
 
 from __future__ import annotations
@@ -15,9 +20,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+import numpy.typing as npt
+
 from moescope.core.policy import Policy
 from moescope.engine.engine import Engine, Message, Sampling
+from moescope.engine.evaluate import RunSpec, change_interval, run_one
 from moescope.engine.stats import CacheTotals
+
+SCORE_BLOCK = 32
+"""Tokens per block of the perplexity interval (``evaluate.change_interval``)."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +46,10 @@ class PolicyAnswer:
     """Tokens at the start identical to the reference answer (all of them: identical)."""
     agreement: float = 1.0
     """Share of the reference's positions where this answer has the same token."""
+    nll: npt.NDArray[np.float64] | None = field(default=None, compare=False, repr=False)
+    """Per-token negative log-likelihood of the scored conversation (None: not scored)."""
+    scored_mass: float = 0.0
+    """Substituted gate mass per token while scoring the conversation."""
 
     @property
     def identical(self) -> bool:
@@ -48,10 +64,21 @@ class Comparison:
     max_tokens: int = 0
     stopped: bool = False
     """The comparison was stopped before every policy answered."""
+    scored_tokens: int = 0
+    """Tokens of the conversation each policy scored (0: not asked to score)."""
 
     @property
     def reference(self) -> PolicyAnswer | None:
         return self.answers[0] if self.answers else None
+
+    def perplexity_change(self, answer: PolicyAnswer) -> tuple[float, float, float] | None:
+        """``(change %, low, high)`` of ``answer``'s perplexity on the scored conversation
+        against the reference's; None when either was not scored (in full)."""
+        ref = self.reference
+        if ref is None or ref.nll is None or answer.nll is None \
+                or len(answer.nll) != len(ref.nll):
+            return None
+        return change_interval(answer.nll, ref.nll, SCORE_BLOCK)
 
     def speedup(self, answer: PolicyAnswer) -> float:
         ref = self.reference
@@ -74,24 +101,35 @@ def agreement(reference: Sequence[int], other: Sequence[int]) -> tuple[int, floa
     return prefix, same / len(reference)
 
 
+def conversation_tokens(engine: Engine, messages: Sequence[Message | dict[str, str]],
+                        thinking: str = "default") -> list[int]:
+    """The chat as the model reads it, for scoring: the template's rendering of every
+    message, the earliest turns left out (then the earliest tokens) so it fits the
+    context."""
+    tokens, _ = engine.fit_conversation(messages, room=0, thinking=thinking)
+    return tokens[-engine.n_ctx:]
+
+
 def compare_policies(engine: Engine, messages: str | Sequence[Message | dict[str, str]],
                      policies: Sequence[Policy | str], *, max_tokens: int = 64,
-                     thinking: str = "default",
+                     thinking: str = "default", score: Sequence[int] = (),
                      progress: Callable[[int, int, str], None] | None = None,
                      stopped: Callable[[], bool] | None = None) -> Comparison:
     """Greedy answers to ``messages`` (or a raw prompt string, for a base model) under
-    each policy, the first as the reference.
+    each policy, the first as the reference; with ``score`` (tokens, e.g. from
+    :func:`conversation_tokens`), each policy also scores them teacher-forced.
 
     Runs on the engine's thread. The cache is emptied before each policy, and again at the
     end, and the engine's policy is restored: the chat goes on from an empty cache, as
-    after loading. ``progress(done, total, policy)`` is called before each answer;
-    ``stopped()`` true ends the comparison early (the answers so far are kept).
+    after loading. ``progress(done, total, policy)`` is called before each answer (and
+    each scoring, labelled "scoring …"); ``stopped()`` true ends the comparison early (the
+    answers so far are kept).
     """
     if not policies:
         raise ValueError("compare at least one policy")
     before = engine.policy
     sampling = Sampling(temperature=0.0, seed=0, max_tokens=max_tokens, thinking=thinking)
-    out = Comparison(max_tokens=max_tokens)
+    out = Comparison(max_tokens=max_tokens, scored_tokens=max(0, len(score) - 1))
     try:
         for done, policy in enumerate(policies):
             if stopped is not None and stopped():
@@ -121,6 +159,14 @@ def compare_policies(engine: Engine, messages: str | Sequence[Message | dict[str
                 answer = replace(answer, same_prefix=prefix, agreement=share)
             else:
                 answer = replace(answer, same_prefix=len(ids))
+            if len(score) > 1:
+                if progress is not None:
+                    progress(done, len(policies), f"scoring the chat under {name}")
+                run = run_one(engine, score, RunSpec(engine.policy, ""), stopped=stopped)
+                if run.n_tokens < len(score) - 1:
+                    out.stopped = True
+                    break
+                answer = replace(answer, nll=run.nll, scored_mass=run.mass_per_token)
             out.answers.append(answer)
         if progress is not None:
             progress(len(out.answers), len(policies), "")

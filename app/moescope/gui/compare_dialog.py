@@ -6,7 +6,10 @@ to the chat's last user message under each chosen policy, each from an empty exp
 at the current budget, the first (Exact, the unpatched engine's answer) as the reference.
 The table gives speed, how long each answer stays identical to the reference, the share
 of positions that agree, and what the cache did; below it, the chosen answer with the
-part that differs from the reference marked.
+part that differs from the reference marked. With *Score the whole chat*, each policy also
+reads the conversation teacher-forced, and the table adds its perplexity change against
+Exact on the user's own text, with a 95% interval (one short answer says little about
+quality on average; a few hundred tokens of the chat say more).
 
 Modal while it runs: the engine answers one thing at a time, and the chat's next message
 must not interleave with the comparison's.
@@ -18,6 +21,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QBrush, QColor, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QCheckBox,
     QDialog,
     QDialogButtonBox,
     QHBoxLayout,
@@ -45,7 +49,7 @@ REFERENCE = "exact"
 DEFAULT_CHOSEN = ("quality-first", "speed-first", "psr")
 DIVERGED_BACKGROUND = "#4a2b2e"
 COLUMNS = ("Policy", "tok/s", "vs exact", "Same start", "Agreement", "Hit rate",
-           "Substituted", "Mass/token", "Fetched MB/token")
+           "Substituted", "Mass/token", "Fetched MB/token", "Chat perplexity")
 
 
 class CompareDialog(QDialog):
@@ -53,11 +57,13 @@ class CompareDialog(QDialog):
 
     def __init__(self, client: EngineClient, model: ModelSummary,
                  messages: list[dict[str, str]], thinking: str = "default",
-                 parent: QWidget | None = None) -> None:
+                 parent: QWidget | None = None,
+                 transcript: list[dict[str, str]] | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Compare policies on the last message")
         self.setModal(True)
         self.client, self.model, self.messages, self.thinking = client, model, messages, thinking
+        self.transcript = transcript or []
         self.result: Comparison | None = None
         self.running = False
         layout = QVBoxLayout(self)
@@ -90,6 +96,13 @@ class CompareDialog(QDialog):
         self.max_tokens.setRange(4, 4096)
         self.max_tokens.setValue(64)
         side.addWidget(self.max_tokens)
+        self.score = QCheckBox("&Score the whole chat")
+        self.score.setToolTip(
+            "Also read the whole conversation, teacher-forced, under each policy from an "
+            "empty cache: its perplexity change against Exact on your own text, with a 95% "
+            "interval. Takes about as long as answering once per token of the chat.")
+        self.score.setEnabled(len(self.transcript) > 1)
+        side.addWidget(self.score)
         self.run_button = QPushButton("&Run")
         self.run_button.setDefault(True)
         self.run_button.clicked.connect(self.run)
@@ -158,9 +171,10 @@ class CompareDialog(QDialog):
         self.progress.setValue(0)
         self.progress.setVisible(True)
         self.status.setText("Answering…")
+        transcript = tuple(self.transcript) if self.score.isChecked() else ()
         self.client.compare(CompareRequest(messages=tuple(self.messages), policies=policies,
                                            max_tokens=self.max_tokens.value(),
-                                           thinking=self.thinking))
+                                           thinking=self.thinking, transcript=transcript))
         return True
 
     def stop(self) -> None:
@@ -172,7 +186,9 @@ class CompareDialog(QDialog):
         if not self.running:
             return
         self.progress.setValue(done)
-        if policy:
+        if policy.startswith("scoring "):
+            self.status.setText(f"{policy[0].upper()}{policy[1:]} ({done + 1} of {total})…")
+        elif policy:
             self.status.setText(f"Answering under {policy} ({done + 1} of {total})…")
 
     def _on_failed(self, message: str) -> None:
@@ -193,6 +209,8 @@ class CompareDialog(QDialog):
         text = f"{len(result.answers)} answers of up to {result.max_tokens} tokens"
         if ref is not None:
             text += f" (Exact gave {n})"
+        if result.scored_tokens:
+            text += f"; the chat scored over {result.scored_tokens} tokens"
         if result.stopped:
             text += "; stopped before every policy answered"
         self.status.setText(text + ". Select a row to read its answer.")
@@ -218,7 +236,9 @@ class CompareDialog(QDialog):
                 "reference" if reference else same_start_text(a),
                 "reference" if reference else f"{a.agreement:.0%}",
                 f"{c.hit_rate:.1%}", f"{c.substituted_fraction:.1%}",
-                f"{c.mass_per_token:.3f}", f"{c.fetched_mb_per_token:.2f}")
+                f"{c.mass_per_token:.3f}", f"{c.fetched_mb_per_token:.2f}",
+                "reference" if reference and a.nll is not None
+                else perplexity_text(result.perplexity_change(a)))
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 if col:
@@ -244,6 +264,14 @@ class CompareDialog(QDialog):
                              (w.compareFailed, self._on_failed)):
             signal.disconnect(slot)
         super().reject()
+
+
+def perplexity_text(change: tuple[float, float, float] | None) -> str:
+    """"+0.84% [−0.20, +1.90]" (change against Exact, 95% interval), or "–" unscored."""
+    if change is None:
+        return "–"
+    point, low, high = change
+    return f"{point:+.2f}% [{low:+.2f}, {high:+.2f}]"
 
 
 def same_start_text(a: PolicyAnswer) -> str:

@@ -505,7 +505,8 @@ class MainWindow(QMainWindow):
             return None
         assert m is not None
         dialog = CompareDialog(self.client, m, messages,
-                               self.chat_settings.sampling().thinking, parent=self)
+                               self.chat_settings.sampling().thinking, parent=self,
+                               transcript=self.chat.history())
         dialog.finished.connect(lambda _r: self._after_compare(dialog))
         dialog.open()
         return dialog

@@ -33,7 +33,7 @@ from moescope.core.prefetch import PrefetchCounters, prefetch_delta
 from moescope.core.residency import read_resident
 from moescope.core.trace import ANSWER_NOW_NOTE, TraceRecorder
 from moescope.engine import AnswerStats, Engine, Sampling
-from moescope.engine.compare import compare_policies
+from moescope.engine.compare import compare_policies, conversation_tokens
 from moescope.gui.snapshots import AnswerSummary, ModelSummary, TokenSnapshot
 from moescope.gui.trace_io import new_trace_path
 
@@ -74,6 +74,8 @@ class CompareRequest:
     policies: tuple[str, ...]
     max_tokens: int = 64
     thinking: str = "default"
+    transcript: tuple[dict[str, str], ...] = ()
+    """The whole chat to score under each policy (perplexity); () scores nothing."""
 
 
 class EngineWorker(QObject):
@@ -212,9 +214,11 @@ class EngineWorker(QObject):
         self.generating = True
         result = None
         try:
+            score = conversation_tokens(engine, list(request.transcript), request.thinking) \
+                if request.transcript else []
             result = compare_policies(
                 engine, list(request.messages), request.policies,
-                max_tokens=request.max_tokens, thinking=request.thinking,
+                max_tokens=request.max_tokens, thinking=request.thinking, score=score,
                 progress=self.compareProgress.emit, stopped=self._cancel_compare.is_set)
         except MoEScopeError as err:
             self.compareFailed.emit(str(err))
