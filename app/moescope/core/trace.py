@@ -531,10 +531,14 @@ class TraceWriter:
         """Write the end record (``end`` adds fields, e.g. ``stop_reason``) and close."""
         if self._raw.closed:
             return
-        self._write({"type": "end", "tokens": self.n_tokens, **end})
-        if self._gz is not None:
-            self._gz.close()
-        self._raw.close()
+        try:
+            self._write({"type": "end", "tokens": self.n_tokens, **end})
+        finally:  # a full disk fails the end record: the file is closed all the same
+            try:
+                if self._gz is not None:
+                    self._gz.close()
+            finally:
+                self._raw.close()
 
     def __enter__(self) -> TraceWriter:
         return self

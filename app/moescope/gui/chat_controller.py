@@ -5,13 +5,23 @@ the engine sees it; the answer row is created empty with status ``generating`` a
 streamed token is appended and committed as it arrives (a killed process loses at most the
 token in flight); Regenerate drops the last answer and asks again; Edit puts the last user
 message back in the box and Resend replaces it and everything after it.
+
+When the disk is full (or the database cannot be written) nothing is lost: a message that
+cannot be stored is not sent and stays in the box; an answer's text that cannot be stored
+stays on screen and in memory (:class:`PendingSave`) and is written with the next tokens,
+or by a retry every few seconds, as soon as there is room again. The user is told once
+when saving fails and once when it works again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Any
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from moescope.core.reasoning import close_reasoning, split_reasoning
 from moescope.gui.chat_list import ChatListPanel
@@ -25,6 +35,19 @@ log = logging.getLogger("moescope.gui.chat")
 
 TITLE_CHARS = 48
 NEW_CHAT = "New chat"
+STORE_ERRORS = (sqlite3.Error, OSError)
+"""What a full disk (SQLITE_FULL), a read-only or vanished database raise on a write."""
+RETRY_SAVE_MS = 3000
+"""How often unsaved answer text is retried while no token arrives to carry it."""
+
+
+@dataclass
+class PendingSave:
+    """Answer text (and its final status) that could not be written yet."""
+
+    message_id: int
+    texts: list[str] = field(default_factory=list)
+    finish: tuple[str, dict[str, Any]] | None = None
 
 
 class ChatController(QObject):
@@ -36,6 +59,8 @@ class ChatController(QObject):
     answerBegan = Signal(int)  # step of a thinking model's first answer token
     chatChanged = Signal(int)
     problem = Signal(str, str)  # title, message: the window shows a dialog
+    saveFailed = Signal(str)  # why: the window says so once, without blocking the stream
+    saveRecovered = Signal()
 
     def __init__(self, store: ChatStore, client: EngineClient, view: ChatView,
                  chat_list: ChatListPanel, settings: ChatSettingsPanel,
@@ -70,6 +95,13 @@ class ChatController(QObject):
         """This answer's thoughts were cut short by "Answer now"."""
         self._request: GenerateRequest | None = None
         """The request of the answer being generated (its history and sampling)."""
+        self.pending: PendingSave | None = None
+        """Answer text the store could not take yet (full disk); kept until it can."""
+        self.save_error = ""
+        """Why saving fails now ("" while it works)."""
+        self._retry = QTimer(self)
+        self._retry.setInterval(RETRY_SAVE_MS)
+        self._retry.timeout.connect(self.flush_pending)
         view.sendRequested.connect(self.send)
         view.answerNowRequested.connect(self.answer_now)
         view.reasoningToggled.connect(lambda _id: self.render())
@@ -94,8 +126,12 @@ class ChatController(QObject):
     def new_chat(self) -> int:
         if self.generating:
             return self.chat_id or 0
-        chat = self.store.create_chat(NEW_CHAT, self.settings.system_prompt.toPlainText(),
-                                      self.model_name)
+        try:
+            chat = self.store.create_chat(NEW_CHAT, self.settings.system_prompt.toPlainText(),
+                                          self.model_name)
+        except STORE_ERRORS as err:
+            self.problem.emit("Could not create a chat", f"Saving failed: {err}.")
+            return self.chat_id or 0
         self.select_chat(chat.id)
         return chat.id
 
@@ -141,12 +177,28 @@ class ChatController(QObject):
         if self.chat_id is None:
             return
         chat = self.store.chat(self.chat_id)
-        self.view.render(self.store.messages(self.chat_id), chat.title if chat else "")
+        self.view.render(self.messages(), chat.title if chat else "")
         self._update_buttons()
+
+    def messages(self) -> list[ChatMessage]:
+        """The current chat's messages as stored, plus the answer text not saved yet."""
+        if self.chat_id is None:
+            return []
+        messages = self.store.messages(self.chat_id)
+        p = self.pending
+        if p is None:
+            return messages
+        return [dataclasses.replace(m, content=m.content + "".join(p.texts),
+                                    status=p.finish[0] if p.finish else m.status)
+                if m.id == p.message_id else m for m in messages]
 
     def _system_prompt_edited(self) -> None:
         if self.chat_id is not None:
-            self.store.set_system_prompt(self.chat_id, self.settings.system_prompt.toPlainText())
+            try:
+                self.store.set_system_prompt(self.chat_id,
+                                             self.settings.system_prompt.toPlainText())
+            except STORE_ERRORS as err:
+                self._save_failed(err)
 
     # ------------------------------------------------------------------ sending
     def send(self, text: str) -> bool:
@@ -161,16 +213,30 @@ class ChatController(QObject):
             return False
         if self.chat_id is None:
             self.new_chat()
-        assert self.chat_id is not None
-        if self.view.editing_position is not None:
-            self.store.delete_messages_from(self.chat_id, self.view.editing_position)
-            self.view.end_edit()
-        self.store.add_message(self.chat_id, "user", text)
+        if self.chat_id is None:
+            return False
+        if not self.flush_pending():
+            self.problem.emit("Could not save the chat", self._unsaved_message(
+                "Your message was not sent and stays in the box; the last answer is still "
+                "on screen, not yet saved."))
+            return False
+        try:
+            if self.view.editing_position is not None:
+                self.store.delete_messages_from(self.chat_id, self.view.editing_position)
+                self.view.end_edit()
+            self.store.add_message(self.chat_id, "user", text)
+        except STORE_ERRORS as err:
+            self.problem.emit("Could not save your message", self._unsaved_message(
+                "It was not sent and stays in the box.", err))
+            return False
         chat = self.store.chat(self.chat_id)
         if chat is not None and chat.title == NEW_CHAT:
             first_line = text.splitlines()[0]
             title = first_line[:TITLE_CHARS] + ("…" if len(first_line) > TITLE_CHARS else "")
-            self.store.rename_chat(self.chat_id, title)
+            try:
+                self.store.rename_chat(self.chat_id, title)
+            except STORE_ERRORS as err:
+                log.warning("could not title the chat: %s", err)
             self.refresh_list()
         self.view.input.clear()
         self._start_answer()
@@ -183,8 +249,14 @@ class ChatController(QObject):
         messages = self.store.messages(self.chat_id)
         if not messages:
             return False
-        if messages[-1].role == "assistant":
-            self.store.delete_messages_from(self.chat_id, messages[-1].position)
+        try:
+            if messages[-1].role == "assistant":
+                if self.pending is not None and self.pending.message_id == messages[-1].id:
+                    self.pending = None  # its text goes with it
+                self.store.delete_messages_from(self.chat_id, messages[-1].position)
+        except STORE_ERRORS as err:
+            self.problem.emit("Could not regenerate", f"Saving failed: {err}.")
+            return False
         self._start_answer()
         return True
 
@@ -222,7 +294,7 @@ class ChatController(QObject):
         closing = close_reasoning(self._raw)
         if not closing or self._request is None or self.answer_id is None:
             return False
-        self.store.append_texts(self.answer_id, [closing])
+        self._save_texts([closing])
         self.view.append_text(closing)
         self._raw += closing
         start = self._raw[len(self.answer_prefix):] if self._raw.startswith(
@@ -240,7 +312,7 @@ class ChatController(QObject):
         out = []
         if chat is not None and chat.system_prompt.strip():
             out.append({"role": "system", "content": chat.system_prompt})
-        for m in self.store.messages(self.chat_id):
+        for m in self.messages():
             # earlier answers go back without their thoughts, as the models' own templates
             # send them: thoughts would only take context
             content = split_reasoning(m.content).answer if m.role == "assistant" else m.content
@@ -264,8 +336,16 @@ class ChatController(QObject):
         self.render()
         sampling = self.settings.sampling()
         self.answer_prefix = self.answer_prefixes.get(sampling.thinking, "")
-        answer = self.store.add_message(self.chat_id, "assistant", self.answer_prefix,
-                                        GENERATING)
+        try:
+            if not self.flush_pending():  # an earlier answer's text first, in order
+                raise OSError(self.save_error)
+            answer = self.store.add_message(self.chat_id, "assistant", self.answer_prefix,
+                                            GENERATING)
+        except STORE_ERRORS as err:
+            self.problem.emit("Could not start the answer", self._unsaved_message(
+                "Your message is saved; press Regenerate when there is room.", err))
+            self._update_buttons()
+            return
         self.answer_id = answer.id
         self.view.begin_answer()
         self.view.append_text(self.answer_prefix)
@@ -284,7 +364,7 @@ class ChatController(QObject):
         if self.closed:
             return
         if self.answer_id is not None:
-            self.store.append_texts(self.answer_id, [s.text for s in snaps])
+            self._save_texts([s.text for s in snaps])
         self.view.append_text("".join(s.text for s in snaps))
         self.tokens_received += len(snaps)
         self._count_reasoning(snaps)
@@ -325,7 +405,7 @@ class ChatController(QObject):
                     stats["reasoning_seconds"] = round(self.reasoning_seconds, 2)
                 if self._cut_short:
                     stats["reasoning_cut_short"] = True
-                self.store.finish_message(self.answer_id, status, stats)
+                self._finish_answer(self.answer_id, status, stats)
         self.answer_id = None
         self.generating = False
         self.view.set_context(summary.n_prompt_tokens + summary.n_tokens,
@@ -337,9 +417,75 @@ class ChatController(QObject):
     def _drop_answer(self, message_id: int) -> None:
         if self.chat_id is None:
             return
-        for m in self.store.messages(self.chat_id):
-            if m.id == message_id:
-                self.store.delete_messages_from(self.chat_id, m.position)
+        if self.pending is not None and self.pending.message_id == message_id:
+            self.pending = None
+        try:
+            for m in self.store.messages(self.chat_id):
+                if m.id == message_id:
+                    self.store.delete_messages_from(self.chat_id, m.position)
+        except STORE_ERRORS as err:
+            log.warning("could not drop the failed answer: %s", err)
+
+    # ------------------------------------------------------------------ saving
+    def _save_texts(self, texts: list[str]) -> None:
+        """Append streamed text to the answer being generated; while the store refuses,
+        keep it (in order) for the next try."""
+        assert self.answer_id is not None
+        if self.pending is None:
+            self.pending = PendingSave(self.answer_id)
+        self.pending.texts.extend(texts)
+        self.flush_pending()
+
+    def _finish_answer(self, message_id: int, status: str, stats: dict[str, Any]) -> None:
+        if self.pending is None:
+            self.pending = PendingSave(message_id)
+        self.pending.finish = (status, stats)
+        self.flush_pending()
+
+    def close_answer(self, message_id: int) -> None:
+        """The window closes mid-answer: it is saved as stopped (with any pending text)."""
+        if self.pending is None or self.pending.message_id == message_id:
+            if self.pending is None:
+                self.pending = PendingSave(message_id)
+            self.pending.finish = (STOPPED, {})
+        self._retry.stop()
+
+    def flush_pending(self) -> bool:
+        """Write what is pending; True when nothing is left (also the retry timer's slot)."""
+        p = self.pending
+        if p is None:
+            return True
+        try:
+            if p.texts:
+                self.store.append_texts(p.message_id, p.texts)
+                p.texts = []
+            if p.finish is not None:
+                self.store.finish_message(p.message_id, *p.finish)
+        except STORE_ERRORS as err:
+            self._save_failed(err)
+            return False
+        self.pending = None
+        self._retry.stop()
+        if self.save_error:
+            self.save_error = ""
+            log.info("the chat is saved again")
+            self.saveRecovered.emit()
+        return True
+
+    def _save_failed(self, err: BaseException) -> None:
+        first = not self.save_error
+        self.save_error = str(err) or type(err).__name__
+        if self.pending is not None and not self._retry.isActive():
+            self._retry.start()
+        if first:
+            log.error("saving the chat failed: %s", self.save_error)
+            self.saveFailed.emit(self._unsaved_message(
+                "The answer stays on screen and is kept in memory; it is saved as soon as "
+                "there is room again."))
+
+    def _unsaved_message(self, what: str, err: BaseException | None = None) -> str:
+        why = (str(err) or type(err).__name__) if err is not None else self.save_error
+        return f"MoEScope could not write the chat history ({why}); is the disk full? {what}"
 
     def _update_buttons(self) -> None:
         messages: list[ChatMessage] = (self.store.messages(self.chat_id)

@@ -16,7 +16,7 @@ import re
 from collections import deque
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QCoreApplication, QEvent, QSettings, Qt, Signal
+from PySide6.QtCore import QByteArray, QCoreApplication, QEvent, QSettings, Qt, Signal, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
 from PySide6.QtWidgets import (
     QFileDialog,
@@ -109,6 +109,9 @@ class MainWindow(QMainWindow):
         """The current session's trace file (recorded by the worker), if recording."""
         self.recent_tokens: deque[TokenSnapshot] = deque(maxlen=RECENT_TOKENS)
         self.trace_windows: list[TraceWindow] = []
+        self.notices: list[tuple[str, str]] = []
+        """Non-blocking warnings shown (``notify``), oldest first."""
+        self._notice_boxes: list[QMessageBox] = []
         self._closed = False
 
         self.chat_list = ChatListPanel()
@@ -253,6 +256,11 @@ class MainWindow(QMainWindow):
         self.controls.budgetRequested.connect(self.request_budget)
         self.chat.answerBegan.connect(lambda step: self.cache_panel.add_marker(step, "answer"))
         self.chat.problem.connect(self.show_error)
+        self.chat.saveFailed.connect(self._on_save_failed)
+        self.chat.saveRecovered.connect(self._on_save_recovered)
+        # a bound slot, not a lambda: the worker emits on its own thread, and only a
+        # receiver with a thread makes Qt queue the call to the GUI thread
+        self.client.worker.recordingStopped.connect(self._on_recording_stopped)
         self.chat.answerFinished.connect(lambda _s: self._update_title())
         self.chat_list.renameRequested.connect(self.rename_chat_dialog)
         self.chat_list.deleteRequested.connect(self.delete_chat_dialog)
@@ -611,6 +619,33 @@ class MainWindow(QMainWindow):
         log.error("%s: %s", title, message)
         QMessageBox.critical(self, title, message)
 
+    @Slot(str)
+    def _on_save_failed(self, text: str) -> None:
+        self.notify("Could not save the chat", text)
+
+    @Slot()
+    def _on_save_recovered(self) -> None:
+        self.statusBar().showMessage("The chat is saved again.", 8000)
+
+    @Slot(str)
+    def _on_recording_stopped(self, text: str) -> None:
+        self.notify("Session recording stopped", text)
+
+    def notify(self, title: str, message: str) -> QMessageBox:
+        """A warning that does not block: tokens keep streaming while it is shown (a modal
+        box mid-answer would stall the display). It also stays in the status bar and the
+        log; ``notices`` keeps every one shown."""
+        log.warning("%s: %s", title, message)
+        self.notices.append((title, message))
+        self.statusBar().showMessage(f"{title}: {message}")
+        box = QMessageBox(QMessageBox.Icon.Warning, title, message,
+                          QMessageBox.StandardButton.Ok, self)
+        box.setModal(False)
+        box.finished.connect(lambda _r, b=box: self._notice_boxes.remove(b))
+        self._notice_boxes.append(box)
+        box.show()
+        return box
+
     def show_warning(self, title: str, message: str) -> None:
         log.warning("%s: %s", title, message)
         QMessageBox.warning(self, title, message)
@@ -661,9 +696,14 @@ class MainWindow(QMainWindow):
             QCoreApplication.sendPostedEvents(None, QEvent.Type.MetaCall)
             self.chat.closed = True
             if self.chat.answer_id is not None:  # the finished signal will not arrive now
-                self.store.finish_message(self.chat.answer_id, "stopped")
+                self.chat.close_answer(self.chat.answer_id)
                 self.chat.answer_id = None
+            if not self.chat.flush_pending():  # a last try: the process is about to end
+                log.error("closing with unsaved answer text (%s): it is lost",
+                          self.chat.save_error)
             self._save_settings()
+            for box in list(self._notice_boxes):
+                box.done(0)
             self.logs.detach()
             for window in self.trace_windows:
                 window.close()

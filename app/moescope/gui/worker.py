@@ -91,6 +91,7 @@ class EngineWorker(QObject):
     compareProgress = Signal(int, int, str)  # done, total, policy now answering
     compareFinished = Signal(object, object)  # Comparison, ModelSummary
     compareFailed = Signal(str)
+    recordingStopped = Signal(str)  # why, and where the trace so far is
     closed = Signal()
 
     def __init__(self, engine: Engine | None = None) -> None:
@@ -276,6 +277,8 @@ class EngineWorker(QObject):
         except (OSError, MoEScopeError) as err:
             log.warning("session recording is off: %s", err)
             self.recorder = None
+            self.recordingStopped.emit(f"This session is not recorded: {err}. The chat is "
+                                       "not affected.")
 
     def _record(self, ts: Any) -> None:
         if self.recorder is None:
@@ -284,7 +287,11 @@ class EngineWorker(QObject):
             self.recorder.record(ts, self.engine)
         except (OSError, ValueError) as err:
             log.warning("session recording stopped: %s", err)
+            path = self.recorder.path
             self._close_recorder()
+            self.recordingStopped.emit(
+                f"Writing the trace failed ({err}); recording stopped for this session and "
+                f"the chat goes on. The trace so far is readable: {path}")
 
     def _close_recorder(self) -> None:
         if self.recorder is not None:

@@ -1,0 +1,167 @@
+"""A full disk loses nothing: the chat history keeps the answer in memory until it can be
+written, a message that cannot be stored is not sent, and a trace that cannot be written
+stops recording while the chat goes on. The user is told, without a blocking dialog in
+the middle of an answer."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gui_helpers import LONG_PROMPT, send, slow_down
+
+from moescope.core.trace import read_trace
+from moescope.gui.store import DONE, ChatStore
+
+FULL = sqlite3.OperationalError("database or disk is full")
+
+
+def test_a_full_database_raises_and_keeps_what_it_had(tmp_path: Path) -> None:
+    """The store's writes fail with sqlite3 errors on a full database (SQLite's own limit,
+    not a mock) and leave the rows as they were; with room again, writing goes on."""
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    chat = store.create_chat("c")
+    answer = store.add_message(chat.id, "assistant", "")
+    db = store._db
+    pages = db.execute("PRAGMA page_count").fetchone()[0]
+    db.execute(f"PRAGMA max_page_count = {pages}")
+    written = ""
+    with pytest.raises(sqlite3.OperationalError, match="full"):
+        for _ in range(2000):
+            store.append_texts(answer.id, ["x" * 64])
+            written += "x" * 64
+    assert store.messages(chat.id)[0].content == written
+    db.execute(f"PRAGMA max_page_count = {pages + 1000}")
+    store.append_texts(answer.id, ["y"])
+    assert store.messages(chat.id)[0].content == written + "y"
+    store.close()
+
+
+class FullDisk:
+    """Patches the chat store's writes to fail as SQLite does on a full disk, until
+    ``full`` is cleared (the user freed space)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, store: ChatStore) -> None:
+        self.full = False
+        self.refused = 0
+        for name in ("append_texts", "finish_message", "add_message"):
+            real = getattr(store, name)
+
+            def write(*args: Any, _real: Any = real, **kw: Any) -> Any:
+                if self.full:
+                    self.refused += 1
+                    raise FULL
+                return _real(*args, **kw)
+
+            monkeypatch.setattr(store, name, write)
+
+
+def test_a_full_disk_mid_answer_keeps_the_answer_and_saves_it_once_there_is_room(
+        window: Any, qtbot: Any, dialogs: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    send(qtbot, window, "Hello there.", max_tokens=8)
+    disk = FullDisk(monkeypatch, window.store)
+    streamed: list[str] = []
+
+    def fill_up(snaps: list[Any]) -> None:
+        streamed.extend(s.text for s in snaps)
+        if len(streamed) >= 5:
+            disk.full = True
+
+    window.chat.tokensArrived.connect(fill_up)
+    slow_down(window, 300)
+    summary = send(qtbot, window, LONG_PROMPT, max_tokens=30)
+    window.chat.tokensArrived.disconnect(fill_up)
+    assert summary.n_tokens == 30 and disk.refused > 0
+    # told once, without a blocking dialog; the answer is whole on screen and in memory
+    assert [t for t, _ in window.notices] == ["Could not save the chat"]
+    assert "disk full" in window.notices[0][1] and dialogs.shown == []
+    assert window.chat.pending is not None
+    answer = "".join(streamed)
+    assert window.chat.messages()[-1].content == answer
+    assert window.chat.messages()[-1].status == DONE
+    assert answer in window.chat_view.text() or answer.strip()[:20] in window.chat_view.text()
+    stored = window.store.messages(window.chat.chat_id)[-1].content
+    assert answer.startswith(stored) and len(stored) < len(answer)
+    # a new message cannot be stored while the disk is full: not sent, kept in the box
+    window.chat_view.input.setPlainText("Next question")
+    assert not window.chat.send("Next question")
+    assert any("not sent" in text for text in dialogs.texts())
+    assert window.chat_view.input.toPlainText() == "Next question"
+    assert not window.chat.generating
+    # room again: the retry writes the rest of the answer and its status, and says so
+    disk.full = False
+    qtbot.waitUntil(lambda: window.chat.pending is None, timeout=10_000)
+    last = window.store.messages(window.chat.chat_id)[-1]
+    assert last.content == answer and last.status == DONE and last.stats["n_tokens"] == 30
+    assert "saved again" in window.statusBar().currentMessage()
+    assert send(qtbot, window, "Next question", max_tokens=4).n_tokens > 0
+
+
+def test_text_that_failed_to_save_is_carried_by_the_next_tokens(
+        window: Any, qtbot: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    disk = FullDisk(monkeypatch, window.store)
+
+    def frees_space(_snaps: list[Any]) -> None:
+        disk.full = window.chat.tokens_received <= 6
+
+    window.chat.tokensArrived.connect(frees_space)
+    window.chat.answerStarted.connect(lambda: setattr(disk, "full", True))
+    slow_down(window, 200)
+    # the first tokens fail to save; later ones carry them; the answer ends saved
+    send(qtbot, window, "Hello there.", max_tokens=12)
+    assert disk.refused > 0 and window.chat.pending is None
+    chat_id = window.chat.chat_id
+    text = window.chat.messages()[-1].content
+    path = window.store.path
+    window.close()
+    reopened = ChatStore(path)
+    assert reopened.messages(chat_id)[-1].content == text
+    reopened.close()
+
+
+class FillsUp:
+    """A trace file on a disk with ``room`` bytes left: the write that does not fit is
+    written in part, then fails with ENOSPC, as a real full disk does."""
+
+    def __init__(self, f: Any, room: int) -> None:
+        self.f, self.room = f, room
+
+    def write(self, data: bytes) -> int:
+        if len(data) > self.room:
+            self.f.write(data[:self.room])
+            self.room = 0
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return int(self.f.write(data))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.f, name)
+
+
+def test_a_full_disk_stops_the_trace_not_the_chat(window: Any, qtbot: Any,
+                                                   dialogs: Any) -> None:
+    first = send(qtbot, window, "Hello there.", max_tokens=10)
+    recorder = window.client.worker.recorder
+    assert recorder is not None and window.trace_path is not None
+    lines = window.trace_path.read_bytes().splitlines()[1:]  # the first answer's tokens
+    assert len(lines) == first.n_tokens == 10
+    per_token = sum(len(line) + 1 for line in lines) / len(lines)
+    recorder.writer._raw = FillsUp(recorder.writer._raw, int(per_token * 3.5))
+    summary = send(qtbot, window, LONG_PROMPT, max_tokens=20)
+    assert summary.n_tokens == 20 and summary.stop_reason != "error"
+    assert window.client.worker.recorder is None
+    assert [t for t, _ in window.notices] == ["Session recording stopped"]
+    assert "No space left on device" in window.notices[0][1]
+    assert str(window.trace_path) in window.notices[0][1] and dialogs.shown == []
+    # the trace so far reads back: every complete token, the cut one flagged
+    trace = read_trace(window.trace_path)
+    assert trace.truncated and trace.end is None
+    assert 10 + 2 <= len(trace.tokens) < 10 + 20
+    assert [t.text for t in trace.tokens][:10] == [
+        s.text for s in list(window.recent_tokens)[:10]]
+    # and the chat goes on
+    assert send(qtbot, window, "And then?", max_tokens=4).n_tokens > 0
