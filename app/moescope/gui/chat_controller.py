@@ -278,9 +278,9 @@ class ChatController(QObject):
 
     def answer_now(self) -> bool:
         """Cut a thinking model's thoughts short: stop, close them, and generate the answer
-        from there (the KV cache keeps the thoughts: at most their tail is read again in one
-        batch where their text tokenizes differently). False
-        when no answer is thinking."""
+        from there (the engine continues from the tokens it generated, so the KV cache keeps
+        every thought and only the closing text is read). False when no answer is
+        thinking."""
         if not self.generating or not split_reasoning(self._raw, partial=True).thinking:
             return False
         log.info("answer now, after %d thinking tokens", self.reasoning_tokens)
