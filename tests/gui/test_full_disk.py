@@ -48,7 +48,7 @@ class FullDisk:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, store: ChatStore) -> None:
         self.full = False
         self.refused = 0
-        for name in ("append_texts", "finish_message", "add_message"):
+        for name in ("append_texts", "finish_message", "add_message", "set_system_prompt"):
             real = getattr(store, name)
 
             def write(*args: Any, _real: Any = real, **kw: Any) -> Any:
@@ -121,6 +121,21 @@ def test_text_that_failed_to_save_is_carried_by_the_next_tokens(
     reopened = ChatStore(path)
     assert reopened.messages(chat_id)[-1].content == text
     reopened.close()
+
+
+def test_a_system_prompt_edited_on_a_full_disk_is_saved_with_the_next_message(
+        window: Any, qtbot: Any, dialogs: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    send(qtbot, window, "Hello there.", max_tokens=4)
+    disk = FullDisk(monkeypatch, window.store)
+    disk.full = True
+    window.chat_settings.system_prompt.setPlainText("Answer like a sailor.")
+    assert not window.chat.send("Ahoy?")
+    assert any("not sent" in text for text in dialogs.texts())
+    disk.full = False
+    send(qtbot, window, "Ahoy?", max_tokens=4)
+    chat = window.store.chat(window.chat.chat_id)
+    assert chat.system_prompt == "Answer like a sailor."
+    assert window.chat.history()[0] == {"role": "system", "content": "Answer like a sailor."}
 
 
 class FillsUp:

@@ -197,8 +197,8 @@ class ChatController(QObject):
             try:
                 self.store.set_system_prompt(self.chat_id,
                                              self.settings.system_prompt.toPlainText())
-            except STORE_ERRORS as err:
-                self._save_failed(err)
+            except STORE_ERRORS as err:  # saved again when the next message is sent
+                log.warning("could not save the system prompt: %s", err)
 
     # ------------------------------------------------------------------ sending
     def send(self, text: str) -> bool:
@@ -221,6 +221,10 @@ class ChatController(QObject):
                 "on screen, not yet saved."))
             return False
         try:
+            prompt = self.settings.system_prompt.toPlainText()
+            chat = self.store.chat(self.chat_id)
+            if chat is not None and chat.system_prompt != prompt:  # an edit that failed
+                self.store.set_system_prompt(self.chat_id, prompt)
             if self.view.editing_position is not None:
                 self.store.delete_messages_from(self.chat_id, self.view.editing_position)
                 self.view.end_edit()
@@ -251,9 +255,9 @@ class ChatController(QObject):
             return False
         try:
             if messages[-1].role == "assistant":
-                if self.pending is not None and self.pending.message_id == messages[-1].id:
-                    self.pending = None  # its text goes with it
                 self.store.delete_messages_from(self.chat_id, messages[-1].position)
+                if self.pending is not None and self.pending.message_id == messages[-1].id:
+                    self.pending = None  # its unsaved text went with it
         except STORE_ERRORS as err:
             self.problem.emit("Could not regenerate", f"Saving failed: {err}.")
             return False
@@ -417,12 +421,12 @@ class ChatController(QObject):
     def _drop_answer(self, message_id: int) -> None:
         if self.chat_id is None:
             return
-        if self.pending is not None and self.pending.message_id == message_id:
-            self.pending = None
         try:
             for m in self.store.messages(self.chat_id):
                 if m.id == message_id:
                     self.store.delete_messages_from(self.chat_id, m.position)
+            if self.pending is not None and self.pending.message_id == message_id:
+                self.pending = None
         except STORE_ERRORS as err:
             log.warning("could not drop the failed answer: %s", err)
 
