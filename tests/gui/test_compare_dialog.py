@@ -82,6 +82,38 @@ def test_scoring_the_chat_adds_each_policys_perplexity_change(window: Any,
     dialog.reject()
 
 
+def test_custom_settings_can_be_compared_too(window: Any, qtbot: Any,
+                                            monkeypatch: Any) -> None:
+    """The user's own Custom point (here Cache-Prior with bonus 0.12 and top-k prefetch) is
+    one more row, run with exactly those settings."""
+    import moescope.gui.worker as worker_module
+    from moescope.gui.policy_choices import CUSTOM, PREFETCH_TOPK, custom_policy
+
+    send(qtbot, window, "Tell me about the sea.", max_tokens=8)
+    c = window.controls
+    c.select_policy(CUSTOM)
+    c.bonus.setValue(12)
+    c.prefetch_mode.setCurrentIndex(c.prefetch_mode.findData(PREFETCH_TOPK))
+    c.select_policy("quality-first")  # Custom keeps its settings while another is chosen
+    mine = custom_policy(bonus=0.12, prefetch=-1)
+    assert c.custom_setting() == mine
+    asked: list[Any] = []
+    real = worker_module.compare_policies
+
+    def spy(engine: Any, messages: Any, policies: Any, **kw: Any) -> Any:
+        asked.extend(policies)
+        return real(engine, messages, policies, **kw)
+
+    monkeypatch.setattr(worker_module, "compare_policies", spy)
+    dialog = _run(window, qtbot, CUSTOM, tokens=6)
+    labels = [dialog.policies.item(i).text() for i in range(dialog.policies.count())]
+    assert "Custom: bonus 0.12 · β 0.50 · prefetch top-k" in labels
+    assert asked == ["exact", mine]
+    assert [a.policy for a in dialog.result.answers] == ["exact", "custom"]
+    assert window.client.worker.engine.policy_name == "quality-first"
+    dialog.reject()
+
+
 def test_nothing_to_compare_before_a_message(window: Any, dialogs: Any) -> None:
     window.chat.new_chat()
     assert window.open_compare_dialog() is None

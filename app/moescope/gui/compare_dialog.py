@@ -38,10 +38,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from moescope.core.policy import Policy
 from moescope.core.reasoning import split_reasoning
 from moescope.engine.compare import Comparison, PolicyAnswer
 from moescope.gui import theme
-from moescope.gui.policy_choices import CUSTOM, POLICY_CHOICES, POLICY_TIPS
+from moescope.gui.policy_choices import (
+    CUSTOM,
+    POLICY_CHOICES,
+    POLICY_TIPS,
+    PREFETCH_OFF,
+    control_values,
+)
 from moescope.gui.snapshots import ModelSummary
 from moescope.gui.worker import CompareRequest, EngineClient
 
@@ -58,12 +65,15 @@ class CompareDialog(QDialog):
     def __init__(self, client: EngineClient, model: ModelSummary,
                  messages: list[dict[str, str]], thinking: str = "default",
                  parent: QWidget | None = None,
-                 transcript: list[dict[str, str]] | None = None) -> None:
+                 transcript: list[dict[str, str]] | None = None,
+                 custom: Policy | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Compare policies on the last message")
         self.setModal(True)
         self.client, self.model, self.messages, self.thinking = client, model, messages, thinking
         self.transcript = transcript or []
+        self.custom = custom
+        """Custom's settings (θ, β, bonus, prefetch), offered as one more policy."""
         self.result: Comparison | None = None
         self.running = False
         layout = QVBoxLayout(self)
@@ -79,11 +89,15 @@ class CompareDialog(QDialog):
         self.policies.setAccessibleName("Policies to compare")
         self.policies.setMaximumHeight(150)
         for key, label in POLICY_CHOICES:
-            if key in (REFERENCE, CUSTOM):
+            if key == REFERENCE or (key == CUSTOM and custom is None):
                 continue
+            tip = POLICY_TIPS.get(key, "")
+            if key == CUSTOM and custom is not None:
+                label = f"Custom: {custom_text(custom)}"
+                tip = "Your Custom settings, as set in the cache controls."
             item = QListWidgetItem(label)
             item.setData(Qt.ItemDataRole.UserRole, key)
-            item.setToolTip(POLICY_TIPS.get(key, ""))
+            item.setToolTip(tip)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
             item.setCheckState(Qt.CheckState.Checked if key in DEFAULT_CHOSEN
                                else Qt.CheckState.Unchecked)
@@ -146,12 +160,14 @@ class CompareDialog(QDialog):
         w.compareFailed.connect(self._on_failed)
 
     # ------------------------------------------------------------------ running
-    def chosen(self) -> tuple[str, ...]:
-        """The reference first, then the checked policies in menu order."""
+    def chosen(self) -> tuple[Policy | str, ...]:
+        """The reference first, then the checked policies in menu order (Custom as the
+        policy its settings make)."""
         keys = [self.policies.item(i).data(Qt.ItemDataRole.UserRole)
                 for i in range(self.policies.count())
                 if self.policies.item(i).checkState() == Qt.CheckState.Checked]
-        return (REFERENCE, *keys)
+        return (REFERENCE, *(self.custom if k == CUSTOM and self.custom is not None else k
+                             for k in keys))
 
     def run(self) -> bool:
         if self.running:
@@ -264,6 +280,16 @@ class CompareDialog(QDialog):
                              (w.compareFailed, self._on_failed)):
             signal.disconnect(slot)
         super().reject()
+
+
+def custom_text(policy: Policy) -> str:
+    """Custom's settings in one line: "θ 0.15 · β 0.50 · bonus 0.10 · prefetch top-k"."""
+    values = control_values(policy)
+    parts = [f"bonus {values.bonus:.2f}" if values.bonus > 0 else f"θ {values.theta:.2f}",
+             f"β {values.beta:.2f}"]
+    if values.prefetch_mode != PREFETCH_OFF:
+        parts.append(f"prefetch {values.prefetch_count or values.prefetch_mode}")
+    return " · ".join(parts)
 
 
 def perplexity_text(change: tuple[float, float, float] | None) -> str:

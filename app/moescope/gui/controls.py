@@ -215,6 +215,12 @@ class ControlsPanel(QGroupBox):
         key = self.policy_combo.currentData()
         return self._controls_policy() if key == CUSTOM else PRESETS[key]
 
+    def custom_setting(self) -> Policy:
+        """Custom's policy as the user set it, whichever entry is chosen now."""
+        if self.policy_combo.currentData() == CUSTOM:
+            return self._controls_policy()
+        return self._custom_saved
+
     def _controls_policy(self) -> Policy:
         """Custom's policy from the controls as they stand."""
         return custom_policy(self.theta.value() / 100, self.beta.value() / 100,

@@ -514,7 +514,8 @@ class MainWindow(QMainWindow):
         assert m is not None
         dialog = CompareDialog(self.client, m, messages,
                                self.chat_settings.sampling().thinking, parent=self,
-                               transcript=self.chat.history())
+                               transcript=self.chat.history(),
+                               custom=self.controls.custom_setting())
         dialog.finished.connect(lambda _r: self._after_compare(dialog))
         dialog.open()
         return dialog

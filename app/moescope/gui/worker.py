@@ -71,7 +71,7 @@ class CompareRequest:
     """Greedy answers to ``messages`` under each of ``policies`` (``engine.compare``)."""
 
     messages: tuple[dict[str, str], ...]
-    policies: tuple[str, ...]
+    policies: tuple[Policy | str, ...]
     max_tokens: int = 64
     thinking: str = "default"
     transcript: tuple[dict[str, str], ...] = ()
