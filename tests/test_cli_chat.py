@@ -166,6 +166,39 @@ def test_reset_starts_a_new_conversation(
         ["Second", "Third"]
 
 
+def test_compare_answers_the_last_message_under_each_policy_and_scores_the_chat(
+        synth_model: Callable[..., Path], spy: Spy,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    script = ("/compare\nHello\n/compare speed-first, substitute-all score\n/policy\n"
+              "Again\n")
+    code, out, err = chat(monkeypatch, capsys, synth_model("qwen3moe"), script)
+    assert code == 0
+    assert "send a message first" in err  # nothing to compare before a message
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("policy "))
+    table = lines[header:header + 4]
+    assert table[0].split()[-2:] == ["chat", "perplexity"]
+    assert [row.split()[0] for row in table[1:]] == ["exact", "speed-first", "substitute-all"]
+    assert table[1].split()[-1] == "reference"
+    assert "%" in table[3].split()[-3] and table[3].split()[-1].endswith("]")
+    assert "the chat scored over" in out
+    # the comparison answered "Hello" again, under Exact first; the chat goes on after it
+    compare_turns = spy.turns[1:4]
+    assert [t.messages[-1]["content"] for t in compare_turns] == ["Hello"] * 3
+    assert spy.turns[-1].messages[-1]["content"] == "Again"
+    assert [m["content"] for m in spy.turns[-1].messages if m["role"] == "user"] == \
+        ["Hello", "Again"]
+    assert "policy quality-first" in out  # the user's policy is back
+
+
+def test_compare_is_refused_while_recording(
+        synth_model: Callable[..., Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = chat(monkeypatch, capsys, synth_model("qwen3moe"), "Hello\n/compare\n",
+                        "--trace", str(tmp_path / "t.jsonl"))
+    assert code == 0 and "not while recording" in err
+
+
 def test_unknown_command_gets_a_one_line_hint_and_quit_stops_reading(
         synth_model: Callable[..., Path], spy: Spy,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

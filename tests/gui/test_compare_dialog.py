@@ -7,8 +7,7 @@ from typing import Any
 from gui_helpers import send
 from PySide6.QtCore import Qt
 
-from moescope.engine.compare import agreement
-from moescope.gui.compare_dialog import perplexity_text
+from moescope.engine.compare import agreement, perplexity_text
 
 
 def _run(window: Any, qtbot: Any, *checked: str, tokens: int = 16,

@@ -48,6 +48,10 @@ HELP = """\
                  preset:key=value works too, e.g. threshold:theta=0.3)
 /budget [X]      show or change the VRAM for expert slots (25%, 12GiB, ...)
 /stats           this session's totals, per policy when more than one was used
+/compare [P,...] [score]
+                 answer your last message again under Exact and each policy (default
+                 quality-first,speed-first,psr), greedily from an empty cache, side by
+                 side; 'score' also scores the whole chat (perplexity vs Exact)
 /reset           start a new conversation (the system prompt is kept)
 /system [TEXT]   show or set the system prompt ('/system -' removes it)
 /help            this list
@@ -282,7 +286,7 @@ class ChatSession:
         handlers: dict[str, Callable[[str], None]] = {
             "/help": lambda _: self._say(HELP), "/?": lambda _: self._say(HELP),
             "/policy": self._policy, "/budget": self._budget, "/stats": self._stats,
-            "/reset": self._reset, "/system": self._system,
+            "/reset": self._reset, "/system": self._system, "/compare": self._compare,
         }
         handler = handlers.get(name)
         if handler is None:
@@ -345,6 +349,74 @@ class ChatSession:
         if len(self.by_policy) > 1:
             for name, stats in self.by_policy.items():
                 self._say("  " + stats.line(name))
+
+    def _compare(self, arg: str) -> None:
+        """The window's *Compare policies* dialog as a table: Exact's answer to the last
+        message is the reference; with ``score``, every policy also reads the whole chat
+        teacher-forced (``engine.compare``)."""
+        from moescope.engine.compare import (
+            compare_policies,
+            conversation_tokens,
+            perplexity_text,
+            same_start_text,
+        )
+
+        if self.engine.cache is None:
+            self._error("the expert cache is off for this model; there is nothing to compare")
+            return
+        if self.recorder is not None:
+            self._error("not while recording (--trace): a comparison empties the expert "
+                        "cache, which the trace could not show, and its replay would differ")
+            return
+        conversation = self.conversation()
+        while conversation and conversation[-1].role != "user":
+            conversation.pop()
+        if not any(m.role == "user" for m in conversation):
+            self._error("send a message first: /compare answers your last message again")
+            return
+        words = arg.replace(",", " ").split()
+        score = "score" in words
+        names = [w for w in words if w != "score"] or ["quality-first", "speed-first", "psr"]
+        try:
+            policies = [parse_live_policy(name) for name in names]
+        except MoEScopeError as err:
+            self._error(str(err))
+            return
+        tokens = conversation_tokens(self.engine, self.conversation(),
+                                     self.sampling.thinking) if score else []
+
+        def progress(done: int, total: int, label: str) -> None:
+            if label:
+                self._dim(f"[{done + 1}/{total}] {label}…")
+
+        with _stop_on_interrupt(self.engine) as interrupted:
+            result = compare_policies(
+                self.engine, conversation, ["exact", *policies],
+                max_tokens=min(self.sampling.max_tokens, 256), thinking=self.sampling.thinking,
+                score=tokens, progress=progress, stopped=interrupted)
+        rows = [("policy", "tok/s", "vs exact", "same start", "agreement", "hit",
+                 "substituted", "mass/tok", "chat perplexity")]
+        for i, a in enumerate(result.answers):
+            c = a.cache
+            ref = i == 0
+            rows.append((a.policy, f"{a.tokens_per_second:.1f}",
+                         "reference" if ref else f"{result.speedup(a):.2f}x",
+                         "reference" if ref else same_start_text(a),
+                         "reference" if ref else f"{a.agreement:.0%}",
+                         f"{c.hit_rate:.1%}", f"{c.substituted_fraction:.1%}",
+                         f"{c.mass_per_token:.3f}",
+                         "reference" if ref and a.nll is not None
+                         else perplexity_text(result.perplexity_change(a))))
+        widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+        for r in rows:
+            self._say("  ".join(cell.ljust(w) if k == 0 else cell.rjust(w)
+                                for k, (cell, w) in enumerate(zip(r, widths, strict=True))))
+        note = f"greedy answers of up to {result.max_tokens} tokens, each from an empty cache"
+        if result.scored_tokens:
+            note += f"; the chat scored over {result.scored_tokens} tokens"
+        if result.stopped:
+            note += "; stopped before every policy answered"
+        self._dim(note + "; the cache starts empty again")
 
     def _reset(self, _arg: str) -> None:
         self.messages.clear()

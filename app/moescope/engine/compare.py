@@ -101,6 +101,19 @@ def agreement(reference: Sequence[int], other: Sequence[int]) -> tuple[int, floa
     return prefix, same / len(reference)
 
 
+def perplexity_text(change: tuple[float, float, float] | None) -> str:
+    """"+0.84% [−0.20, +1.90]" (change against Exact, 95% interval), or "–" unscored."""
+    if change is None:
+        return "–"
+    point, low, high = change
+    return f"{point:+.2f}% [{low:+.2f}, {high:+.2f}]"
+
+
+def same_start_text(a: PolicyAnswer) -> str:
+    """"identical", or "12 tokens" (identical up to there)."""
+    return "identical" if a.identical else f"{a.same_prefix} tokens"
+
+
 def conversation_tokens(engine: Engine, messages: Sequence[Message | dict[str, str]],
                         thinking: str = "default") -> list[int]:
     """The chat as the model reads it, for scoring: the template's rendering of every

@@ -40,7 +40,7 @@ from PySide6.QtWidgets import (
 
 from moescope.core.policy import Policy
 from moescope.core.reasoning import split_reasoning
-from moescope.engine.compare import Comparison, PolicyAnswer
+from moescope.engine.compare import Comparison, PolicyAnswer, perplexity_text, same_start_text
 from moescope.gui import theme
 from moescope.gui.policy_choices import (
     CUSTOM,
@@ -290,19 +290,6 @@ def custom_text(policy: Policy) -> str:
     if values.prefetch_mode != PREFETCH_OFF:
         parts.append(f"prefetch {values.prefetch_count or values.prefetch_mode}")
     return " · ".join(parts)
-
-
-def perplexity_text(change: tuple[float, float, float] | None) -> str:
-    """"+0.84% [−0.20, +1.90]" (change against Exact, 95% interval), or "–" unscored."""
-    if change is None:
-        return "–"
-    point, low, high = change
-    return f"{point:+.2f}% [{low:+.2f}, {high:+.2f}]"
-
-
-def same_start_text(a: PolicyAnswer) -> str:
-    """"identical", or "12 tokens" (identical up to there)."""
-    return "identical" if a.identical else f"{a.same_prefix} tokens"
 
 
 def common_start(a: str, b: str) -> int:
