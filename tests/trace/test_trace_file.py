@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from moescope.core.native import EVENT_DTYPE, ExpertCache
 from moescope.core.policy import Policy
@@ -205,3 +207,22 @@ def test_an_engine_session_records_every_token_and_its_routing(record: RecordFn)
         if tok.phase == "decode":
             assert len(tok.events) == len(h.model.moe_layers)
             assert sorted(tok.routes) == list(range(len(tok.events)))  # every row replayable
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0, -1.0, float("nan"), float("inf")])
+                | st.floats(-4, 4, width=32), min_size=1, max_size=80),
+       st.integers(1, 40))
+def test_ranked_predictions_are_a_stable_sort_of_the_best(values: list[float],
+                                                          keep: int) -> None:
+    """The partition-then-sort ranking equals a full stable sort (ties by lower id, NaN
+    last), with many ties, NaN and infinities."""
+    from moescope.core.trace import rank_predictions
+
+    s = np.asarray(values, dtype=np.float32)
+    reference = np.argsort(-np.where(np.isnan(s), -np.inf, s), kind="stable")[:keep]
+    assert rank_predictions(s, keep).tolist() == reference.tolist()
+    # a block of rows (one per layer) is ranked row by row
+    block = np.stack([s, s[::-1], np.roll(s, 3)])
+    assert rank_predictions(block, keep).tolist() == [
+        rank_predictions(row, keep).tolist() for row in block]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import datetime as _dt
 import gzip
 import json
@@ -290,11 +291,25 @@ PREDICTED_KEEP = 32
 
 
 def rank_predictions(scores: npt.ArrayLike, keep: int = PREDICTED_KEEP) -> npt.NDArray[np.int32]:
-    """Expert ids by descending score, ties by lower id (the core's order), NaN last."""
-    s = np.asarray(scores, dtype=np.float32)
-    s = np.where(np.isnan(s), -np.inf, s)
-    order = np.argsort(-s, kind="stable")
-    return order[:keep].astype(np.int32)
+    """Expert ids by descending score, ties by lower id (the core's order), NaN last.
+    ``scores`` may be one layer's row or a [layers, experts] block, ranked row by row in
+    one call (a token has a prediction per layer: 48 x 512 scores on Qwen3-Next, and a
+    call per layer was a visible share of recording a token)."""
+    raw = np.asarray(scores, dtype=np.float32)
+    neg = np.atleast_2d(np.where(np.isnan(raw), np.float32(np.inf), -raw))
+    n = neg.shape[1]
+    if keep >= n:
+        ranked = np.argsort(neg, axis=1, kind="stable")[:, :keep]
+    else:  # the best `keep` of each row, then only those sorted (ties by lower id)
+        part = np.argpartition(neg, keep - 1, axis=1)[:, :keep]
+        vals = np.take_along_axis(neg, part, axis=1)
+        ranked = np.take_along_axis(part, np.lexsort((part, vals), axis=1), axis=1)
+        kth = vals.max(axis=1, keepdims=True)
+        tied = (neg == kth).sum(axis=1) != (vals == kth).sum(axis=1)
+        if tied.any():  # a tie across the cut: the partition may have kept a higher id
+            ranked[tied] = np.argsort(neg[tied], axis=1, kind="stable")[:, :keep]
+    ranked = ranked.astype(np.int32)
+    return ranked if raw.ndim > 1 else ranked[0]
 
 
 @dataclass
@@ -348,9 +363,12 @@ class TokenRecord:
             out["prefetch"] = _prefetch_to_json(self.prefetches, self.prefetch_hits, moe_layers)
         if self.resident is not None:
             out["resident"] = masks_to_json(self.resident)
-        out["events"] = [_event_to_json(row) for row in self.events]
+        out["events"] = _events_to_json(self.events)
         if self.routes and router_dtype is not None:
-            out["routes"] = [_route_to_json(r, router_dtype) for r in self.routes.values()]
+            routes = list(self.routes.values())
+            weights = _f32_lists([r.weights for r in routes])
+            out["routes"] = [_route_to_json(r, router_dtype, w)
+                             for r, w in zip(routes, weights, strict=True)]
         return out
 
 
@@ -375,24 +393,43 @@ class Trace:
         return np.concatenate(parts) if parts else np.zeros(0, dtype=EVENT_DTYPE)
 
 
-def _f32_list(values: npt.ArrayLike) -> list[float]:
-    """Shortest decimals that round-trip to the same float32 (``0.15`` not ``0.1500000059``)."""
-    return [float(str(v)) for v in np.asarray(values, dtype=np.float32).ravel()]
+def _f32_lists(groups: Sequence[npt.ArrayLike]) -> list[list[float]]:
+    """Each group as the shortest decimals that round-trip to the same float32 (``0.15`` not
+    ``0.1500000059``). All groups are converted in one numpy call: a token has a group per
+    layer, and a Python ``str`` per value was most of the cost of writing it."""
+    arrays = [np.asarray(g, dtype=np.float32).ravel() for g in groups]
+    if not arrays:
+        return []
+    flat = [float(v) for v in np.concatenate(arrays).astype(str)]
+    out, at = [], 0
+    for a in arrays:
+        out.append(flat[at:at + a.size])
+        at += a.size
+    return out
 
 
-def _event_to_json(row: Any) -> dict[str, Any]:
-    k = int(row["k"])
-    out: dict[str, Any] = {}
-    for name in _EVENT_SCALARS:
-        value = row[name]
-        out[name] = float(str(np.float32(value))) if name == "substituted_mass" else int(value)
-    out["ids"] = row["ids"][:k].tolist()
-    out["weights"] = _f32_list(row["weights"][:k])
-    out["action"] = row["action"][:k].tolist()
-    out["used_ids"] = row["used_ids"][:k].tolist()
-    out["slots"] = row["slots"][:k].tolist()
-    out["admitted"] = row["admitted"][: min(int(row["n_admit"]), MAX_K)].tolist()
-    out["evicted"] = row["evicted"][: min(int(row["n_evict"]), MAX_K)].tolist()
+def _events_to_json(events: npt.NDArray[Any]) -> list[dict[str, Any]]:
+    """A token's event rows, one dict per row; each column is read out of numpy once for
+    all rows (a token has a row per MoE layer: 48 on Qwen3-Next)."""
+    if not len(events):
+        return []
+    cols = {name: events[name].tolist() for name in _EVENT_SCALARS}
+    ks = cols["k"]
+    cols["substituted_mass"] = _f32_lists([events["substituted_mass"]])[0]
+    weights = _f32_lists([w[:k] for w, k in zip(events["weights"], ks, strict=True)])
+    arrays = {name: events[name].tolist() for name in ("ids", "action", "used_ids", "slots",
+                                                        "admitted", "evicted")}
+    out = []
+    for i, k in enumerate(ks):
+        d: dict[str, Any] = {name: cols[name][i] for name in _EVENT_SCALARS}
+        d["ids"] = arrays["ids"][i][:k]
+        d["weights"] = weights[i]
+        d["action"] = arrays["action"][i][:k]
+        d["used_ids"] = arrays["used_ids"][i][:k]
+        d["slots"] = arrays["slots"][i][:k]
+        d["admitted"] = arrays["admitted"][i][:min(cols["n_admit"][i], MAX_K)]
+        d["evicted"] = arrays["evicted"][i][:min(cols["n_evict"][i], MAX_K)]
+        out.append(d)
     return out
 
 
@@ -415,10 +452,13 @@ def _event_from_json(d: Mapping[str, Any], out: Any) -> None:
         out[name][: len(values)] = values
 
 
-def _route_to_json(r: RouterInput, dtype: RouterDtype) -> dict[str, Any]:
+def _route_to_json(r: RouterInput, dtype: RouterDtype,
+                   weights: list[float] | None = None) -> dict[str, Any]:
     probs = np.asarray(r.probs, dtype=np.float32).astype("<f2" if dtype == "f16" else "<f4")
+    if weights is None:
+        weights = _f32_lists([r.weights])[0]
     out: dict[str, Any] = {
-        "row": r.row, "ids": np.asarray(r.ids).tolist(), "weights": _f32_list(r.weights),
+        "row": r.row, "ids": np.asarray(r.ids).tolist(), "weights": weights,
         "probs_dtype": dtype, "probs": base64.b64encode(probs.tobytes()).decode("ascii"),
     }
     if r.predicted is not None and r.next_layer >= 0:
@@ -760,6 +800,7 @@ class TraceRecorder:
         last_prediction = getattr(source, "last_prediction", None)
         if last_route is None:
             return {}
+        predictions: dict[int, tuple[int, npt.NDArray[np.float32]]] = {}
         for layer, i in sorted(last_row.items(), key=lambda kv: kv[1]):
             got = last_route(layer)
             if got is None:
@@ -770,11 +811,16 @@ class TraceRecorder:
                 self.route_mismatches += 1
                 continue
             prediction = last_prediction(layer) if last_prediction is not None else None
+            if prediction:
+                predictions[i] = prediction
             out[i] = RouterInput(row=i, probs=probs.astype(np.float32),
-                                 weights=weights.astype(np.float32), ids=ids.astype(np.int32),
-                                 next_layer=prediction[0] if prediction else -1,
-                                 predicted=rank_predictions(prediction[1]) if prediction
-                                 else None)
+                                 weights=weights.astype(np.float32), ids=ids.astype(np.int32))
+        if predictions:  # ranked together: one sort call for every layer of the token
+            rows = list(predictions)
+            ranked = rank_predictions(np.stack([predictions[i][1] for i in rows]))
+            for i, order in zip(rows, ranked, strict=True):
+                out[i] = dataclasses.replace(out[i], next_layer=predictions[i][0],
+                                             predicted=order)
         return out
 
     def close(self, **end: Any) -> None:
