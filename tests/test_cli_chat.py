@@ -199,6 +199,49 @@ def test_compare_is_refused_while_recording(
     assert code == 0 and "not while recording" in err
 
 
+def test_a_full_disk_stops_recording_and_the_chat_goes_on(
+        synth_model: Callable[..., Path], tmp_path: Path, spy: Spy,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The trace's disk fills up during the first answer (ENOSPC from the writer thread):
+    recording stops with a message, the trace so far reads back, and the chat goes on."""
+    import errno
+
+    from moescope.core import trace as trace_module
+
+    real_init = trace_module.TraceWriter.__init__
+
+    def small_disk(self: Any, *args: Any, **kw: Any) -> None:
+        real_init(self, *args, **kw)
+        raw, room = self._raw, [6000]
+
+        def write(data: bytes) -> int:
+            if len(data) > room[0]:
+                raw_write(data[:room[0]])
+                room[0] = 0
+                raise OSError(errno.ENOSPC, "No space left on device")
+            room[0] -= len(data)
+            return int(raw_write(data))
+
+        raw_write = raw.write
+        self._raw = type("Full", (), {"write": staticmethod(write),
+                                      "flush": raw.flush, "close": raw.close,
+                                      "closed": property(lambda _s: raw.closed),
+                                      "fileno": raw.fileno})()
+
+    monkeypatch.setattr(trace_module.TraceWriter, "__init__", small_disk)
+    path = tmp_path / "full.jsonl"
+    code, out, err = chat(monkeypatch, capsys, synth_model("qwen3moe"), "Hello\nAgain\n",
+                          "--trace", str(path))
+    assert code == 0
+    assert err.count("recording stopped") == 1 and "No space left on device" in err
+    assert [t.messages[-1]["content"] for t in spy.turns] == ["Hello", "Again"]
+    assert len(summaries(out)) == 2
+    from moescope.core.trace import read_trace
+
+    trace = read_trace(path)
+    assert trace.truncated and 0 < len(trace.tokens) < 12
+
+
 def test_unknown_command_gets_a_one_line_hint_and_quit_stops_reading(
         synth_model: Callable[..., Path], spy: Spy,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

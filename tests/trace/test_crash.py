@@ -1,5 +1,6 @@
 """A session killed mid-generation leaves a trace that reads back up to its last complete
-token: the recorder flushes every token, and the reader drops a half-written last line."""
+token: the recorder has at most one token in flight (its writer thread writes and flushes
+each before the next is handed over), and the reader drops a half-written last line."""
 
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ CHILD = textwrap.dedent("""
 
             raw.write = half
         recorder.record(stats, engine)
+        if stats.index == complete:
+            recorder.flush()  # the writer thread has stalled in its write: wait to be killed
         print("token", stats.index, flush=True)
 """)
 

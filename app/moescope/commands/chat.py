@@ -237,8 +237,7 @@ class ChatSession:
                 with _stop_on_interrupt(engine) as interrupted:
                     for tok in engine.generate(self.conversation(), self.sampling,
                                                answer_start=start):
-                        if self.recorder is not None:
-                            self.recorder.record(tok, engine)
+                        self._record(tok)
                         printer.feed(tok.text)
                         if interrupted():
                             engine.stop()  # Ctrl+C came before generate() cleared the flag
@@ -257,6 +256,7 @@ class ChatSession:
                 self._error(f"{err}; /reset starts a new conversation")
                 return
             self._error(str(err))
+        self._record(None)  # the answer's last token on disk before its summary
         answer = printer.finish()
         if answer:
             self.messages.append(Message("assistant", answer))
@@ -270,6 +270,24 @@ class ChatSession:
         self._add_to_totals(a)
         if a.stop_reason == "context full":
             self._error("the context is full; /reset starts a new conversation")
+
+    def _record(self, tok: Any) -> None:
+        """Record a token (None: wait until the recorded ones are written). A failed write
+        (a full disk) stops recording, says so, and the chat goes on; the trace so far
+        stays readable."""
+        if self.recorder is None:
+            return
+        try:
+            if tok is None:
+                self.recorder.flush()
+            else:
+                self.recorder.record(tok, self.engine)
+        except (OSError, ValueError) as err:
+            path = self.recorder.path
+            with contextlib.suppress(OSError, ValueError):
+                self.recorder.close(stop_reason="recording failed")
+            self.recorder = None
+            self._error(f"recording stopped: {err}; the trace so far is in {path}")
 
     def _add_to_totals(self, a: AnswerStats) -> None:
         if a.n_tokens:

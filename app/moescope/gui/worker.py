@@ -187,6 +187,11 @@ class EngineWorker(QObject):
             self.generating = False
             if batch:
                 self.tokens.emit(batch)
+        if self.recorder is not None:  # the answer's last token on disk before it is over
+            try:
+                self.recorder.flush()
+            except (OSError, ValueError) as err:
+                self._recording_failed(err)
         if error is not None:
             log.warning("%s", error)
             self.failed.emit(error)
@@ -286,12 +291,16 @@ class EngineWorker(QObject):
         try:
             self.recorder.record(ts, self.engine)
         except (OSError, ValueError) as err:
-            log.warning("session recording stopped: %s", err)
-            path = self.recorder.path
-            self._close_recorder()
-            self.recordingStopped.emit(
-                f"Writing the trace failed ({err}); recording stopped for this session and "
-                f"the chat goes on. The trace so far is readable: {path}")
+            self._recording_failed(err)
+
+    def _recording_failed(self, err: Exception) -> None:
+        assert self.recorder is not None
+        log.warning("session recording stopped: %s", err)
+        path = self.recorder.path
+        self._close_recorder()
+        self.recordingStopped.emit(
+            f"Writing the trace failed ({err}); recording stopped for this session and "
+            f"the chat goes on. The trace so far is readable: {path}")
 
     def _close_recorder(self) -> None:
         if self.recorder is not None:
