@@ -8,6 +8,7 @@ thread), the chat store, QSettings, the session recording. Conversation rules li
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -591,6 +592,10 @@ class MainWindow(QMainWindow):
         """Copy the session's trace to ``path`` and write Perfetto JSON next to it."""
         if self.trace_path is None:
             raise MoEScopeError("this session is not being recorded")
+        recorder = self.client.worker.recorder
+        if recorder is not None:  # the token its writer thread may still be writing
+            with contextlib.suppress(OSError, ValueError):
+                recorder.flush()
         jsonl, perfetto = export_session(self.trace_path, Path(path))
         log.info("trace exported: %s and %s", jsonl, perfetto.name)
         self.statusBar().showMessage(f"Trace saved to {jsonl} and {perfetto.name}", 8000)
