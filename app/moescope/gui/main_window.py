@@ -59,8 +59,10 @@ from moescope.gui.worker import EngineClient, LoadRequest
 log = logging.getLogger("moescope.gui")
 
 MAX_RECENT = 8
-RECENT_TOKENS = 4096
-"""Snapshots kept in memory for inspection; the full session is in the trace file."""
+RECENT_TOKENS = 256
+"""Snapshots kept in memory for inspection; the full session is in the trace file. Each
+holds its event rows and resident masks: about 65 KB a token with Qwen3-Next's 48 x 512
+cache, so 4,096 of them (as before) held 258 MiB of a machine whose RAM holds the experts."""
 TOGGLE_SHORTCUT = "Ctrl+T"
 MENU_POLICIES: tuple[tuple[str, str], ...] = (
     ("exact", "&Exact"), ("quality-first", "&Quality-first"), ("speed-first", "&Speed-first"),
