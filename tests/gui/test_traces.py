@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gui_helpers import LONG_PROMPT, send
+from gui_helpers import LONG_PROMPT, send, slow_down
 
 from moescope.core.trace import read_trace
 from moescope.sim.replay import replay
@@ -103,3 +103,36 @@ def test_two_sessions_started_in_one_second_never_share_a_file(tmp_path: Path) -
     second.write_text("{}\n")
     third = new_trace_path(tmp_path, "/m/model.gguf")
     assert len({first, second, third}) == 3 and not third.exists()
+
+
+def test_turning_recording_off_mid_answer_closes_the_trace_at_once(window: Any,
+                                                                    qtbot: Any) -> None:
+    """Off applies at the next token (recording costs the decode thread time, and a user
+    turning it off wants that now); the trace so far is closed properly, the answer goes
+    on unrecorded, and on waits for the next model load."""
+    send(qtbot, window, "Hello there.", max_tokens=6)
+    path = window.trace_path
+    assert path is not None and window.client.worker.recorder is not None
+    slow_down(window, 2000)
+    turned_off: list[int] = []
+
+    def off_mid_answer(snaps: list[Any]) -> None:
+        if not turned_off and window.chat.tokens_received >= 3:
+            turned_off.append(window.chat.tokens_received)
+            window.record_action.trigger()
+
+    window.chat.tokensArrived.connect(off_mid_answer)
+    summary = send(qtbot, window, LONG_PROMPT, max_tokens=30)
+    window.chat.tokensArrived.disconnect(off_mid_answer)
+    assert turned_off and summary.n_tokens == 30 and not window.recording
+    assert window.client.worker.recorder is None
+    trace = read_trace(path)
+    assert trace.end is not None and trace.end["stop_reason"] == "recording turned off"
+    assert not trace.truncated
+    second = [t for t in trace.tokens if t.answer == 1]
+    assert turned_off[0] <= len(second) < 30  # stopped within a token or two of asking
+    assert "Recording stopped" in window.statusBar().currentMessage()
+    # on again: nothing is recorded until the next load (a trace starts from an empty cache)
+    window.record_action.trigger()
+    assert window.recording and window.client.worker.recorder is None
+    assert "next model load" in window.statusBar().currentMessage()

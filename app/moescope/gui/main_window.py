@@ -196,7 +196,8 @@ class MainWindow(QMainWindow):
         file.addAction(self._action("Open &trace…", self.open_trace_dialog, "Ctrl+Shift+O"))
         self.record_action = self._action(
             "&Record session traces", self._toggle_recording,
-            tip="Record each model session to a trace file (from the next model load)")
+            tip="Record each model session to a trace file: off stops the current one at "
+                "once, on starts with the next model load")
         self.record_action.setCheckable(True)
         self.record_action.setChecked(self.recording)
         file.addAction(self.record_action)
@@ -315,8 +316,19 @@ class MainWindow(QMainWindow):
         self.recent_menu.setEnabled(bool(recent))
 
     def _toggle_recording(self, on: bool) -> None:
+        """Off stops the session's recording at once (at the next token mid-answer); on
+        starts with the next model load, since a trace must begin with an empty cache for
+        its replay to be exact."""
         self.recording = bool(on)
         self.settings.setValue("record_traces", self.recording)
+        if not self.recording and self.trace_path is not None:
+            self.client.stop_recording()
+            self.statusBar().showMessage(
+                f"Recording stopped; the trace so far is kept: {self.trace_path}", 8000)
+        elif self.recording and self.client.worker.recorder is None:
+            self.statusBar().showMessage(
+                "Recording starts with the next model load (a trace begins with an empty "
+                "cache, so that its replay is exact).", 8000)
 
     # ------------------------------------------------------------------ model
     def open_model_dialog(self) -> None:

@@ -110,6 +110,8 @@ class EngineWorker(QObject):
         self._answer_prefixes: dict[str, str] = {}
         self._thinking_choices: tuple[str, ...] = ("default",)
         self._cancel_compare = threading.Event()
+        self._recording_off = threading.Event()
+        """Set from the GUI thread: stop recording at the next token (or now, if idle)."""
 
     # ------------------------------------------------------------------ slots
     @Slot()
@@ -271,9 +273,23 @@ class EngineWorker(QObject):
             thread.quit()
 
     # ------------------------------------------------------------------ recording
+    def request_recording_off(self) -> None:
+        """Any thread: stop recording this session (at the next token, or at once when
+        idle, through the queued ``stopRecording``)."""
+        self._recording_off.set()
+
+    @Slot()
+    def stopRecording(self) -> None:
+        """Close the session's trace (what was recorded stays readable)."""
+        self._recording_off.clear()
+        if self.recorder is not None:
+            log.info("recording stopped by the user: %s", self.recorder.path)
+            self._close_recorder(stop_reason="recording turned off")
+
     def _open_recorder(self, directory: Path, model_path: str) -> None:
         """Start the session's trace right after loading (the cache is empty then, so a
         replay of it is exact). Recording problems are logged, never fatal."""
+        self._recording_off.clear()  # a stop asked for before this session is not for it
         try:
             directory.mkdir(parents=True, exist_ok=True)
             self.recorder = TraceRecorder.for_engine(new_trace_path(directory, model_path),
@@ -287,6 +303,9 @@ class EngineWorker(QObject):
 
     def _record(self, ts: Any) -> None:
         if self.recorder is None:
+            return
+        if self._recording_off.is_set():
+            self.stopRecording()
             return
         try:
             self.recorder.record(ts, self.engine)
@@ -302,10 +321,11 @@ class EngineWorker(QObject):
             f"Writing the trace failed ({err}); recording stopped for this session and "
             f"the chat goes on. The trace so far is readable: {path}")
 
-    def _close_recorder(self) -> None:
+    def _close_recorder(self, stop_reason: str | None = None) -> None:
         if self.recorder is not None:
             with contextlib.suppress(OSError, ValueError):
-                self.recorder.close(stop_reason=self.engine.last_answer.stop_reason)
+                self.recorder.close(
+                    stop_reason=stop_reason or self.engine.last_answer.stop_reason)
             self.recorder = None
 
     # ------------------------------------------------------------------ thread-safe
@@ -390,6 +410,7 @@ class EngineClient(QObject):
     _compare = Signal(object)
     _apply = Signal()
     _shutdown = Signal()
+    _stop_recording = Signal()
 
     def __init__(self, engine: Engine | None = None, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -403,6 +424,7 @@ class EngineClient(QObject):
         self._compare.connect(self.worker.compare)
         self._apply.connect(self.worker.applyRequests)
         self._shutdown.connect(self.worker.shutdown)
+        self._stop_recording.connect(self.worker.stopRecording)
         self.thread.start()
         self._closed = False
 
@@ -430,6 +452,11 @@ class EngineClient(QObject):
         number = self.worker.engine.request_budget(budget)
         self._apply.emit()
         return number
+
+    def stop_recording(self) -> None:
+        """Close the session's trace: at the next token mid-answer, else at once."""
+        self.worker.request_recording_off()
+        self._stop_recording.emit()
 
     def shutdown(self, timeout_ms: int = 10_000) -> bool:
         """Stop any answer, free the model on the worker thread, join the thread."""
