@@ -48,8 +48,6 @@ class PolicyAnswer:
     """Share of the reference's positions where this answer has the same token."""
     nll: npt.NDArray[np.float64] | None = field(default=None, compare=False, repr=False)
     """Per-token negative log-likelihood of the scored conversation (None: not scored)."""
-    scored_mass: float = 0.0
-    """Substituted gate mass per token while scoring the conversation."""
 
     @property
     def identical(self) -> bool:
@@ -179,7 +177,7 @@ def compare_policies(engine: Engine, messages: str | Sequence[Message | dict[str
                 if run.n_tokens < len(score) - 1:
                     out.stopped = True
                     break
-                answer = replace(answer, nll=run.nll, scored_mass=run.mass_per_token)
+                answer = replace(answer, nll=run.nll)
             out.answers.append(answer)
         if progress is not None:
             progress(len(out.answers), len(policies), "")
