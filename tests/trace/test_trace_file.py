@@ -226,3 +226,45 @@ def test_ranked_predictions_are_a_stable_sort_of_the_best(values: list[float],
     block = np.stack([s, s[::-1], np.roll(s, 3)])
     assert rank_predictions(block, keep).tolist() == [
         rank_predictions(row, keep).tolist() for row in block]
+
+
+def test_a_failed_write_surfaces_on_the_recording_thread_and_the_file_still_closes(
+        tmp_path: Path) -> None:
+    """The writer thread's error is raised by the next record (or flush), again by every
+    later one, once by close (which closes the file all the same); a second close does
+    nothing. What was written before the failure reads back."""
+    import errno
+    from types import SimpleNamespace
+
+    from trace_helpers import psr_header
+
+    from moescope.core.trace import TraceRecorder
+
+    path = tmp_path / "t.jsonl"
+    recorder = TraceRecorder(path, psr_header())
+
+    def token(i: int) -> Any:
+        return SimpleNamespace(index=i, token_id=1, text="x", seconds=0.01, policy="psr",
+                               slots_per_layer=4, events=np.zeros(0, dtype=EVENT_DTYPE))
+
+    for i in range(3):
+        recorder.record(token(i))
+    recorder.flush()
+
+    def full(_data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    raw = recorder.writer._raw
+    recorder.writer._raw = SimpleNamespace(write=full, flush=raw.flush, close=raw.close,
+                                           closed=False)
+    recorder.record(token(3))  # handed over; the writer thread fails on it
+    with pytest.raises(OSError, match="No space"):
+        recorder.record(token(4))
+    with pytest.raises(OSError, match="No space"):
+        recorder.flush()
+    with pytest.raises(OSError, match="No space"):
+        recorder.close()
+    recorder.close()  # closed: nothing more
+    assert raw.closed
+    trace = read_trace(path)
+    assert [t.index for t in trace.tokens] == [0, 1, 2] and trace.end is None
