@@ -243,7 +243,7 @@ def test_a_failed_write_surfaces_on_the_recording_thread_and_the_file_still_clos
     path = tmp_path / "t.jsonl"
     recorder = TraceRecorder(path, psr_header())
 
-    def token(i: int) -> Any:
+    def token(i: int) -> SimpleNamespace:
         return SimpleNamespace(index=i, token_id=1, text="x", seconds=0.01, policy="psr",
                                slots_per_layer=4, events=np.zeros(0, dtype=EVENT_DTYPE))
 
