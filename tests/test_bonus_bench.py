@@ -2,8 +2,8 @@
 
 It is a benchmark (never run for timings in tests), but its table is what the README tells
 users to trust, so its parts are checked: windows are disjoint and taken from the text's
-end, and a tiny run over the real demo model prints one
-row per policy with Exact at zero.
+end, and a tiny run over the real demo model prints one row per policy with Exact at
+zero.
 """
 
 from __future__ import annotations

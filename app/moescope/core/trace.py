@@ -454,10 +454,10 @@ def _event_from_json(d: Mapping[str, Any], out: Any) -> None:
 
 
 def _route_to_json(r: RouterInput, dtype: RouterDtype,
-                   weights: list[float] | None = None) -> dict[str, Any]:
+                   weights: list[float]) -> dict[str, Any]:
+    """One row's router inputs; ``weights`` are its gate weights as ``_f32_lists`` wrote
+    them (converted for all rows of the token at once)."""
     probs = np.asarray(r.probs, dtype=np.float32).astype("<f2" if dtype == "f16" else "<f4")
-    if weights is None:
-        weights = _f32_lists([r.weights])[0]
     out: dict[str, Any] = {
         "row": r.row, "ids": np.asarray(r.ids).tolist(), "weights": weights,
         "probs_dtype": dtype, "probs": base64.b64encode(probs.tobytes()).decode("ascii"),
