@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gui_helpers import LONG_PROMPT, send, slow_down
+from gui_helpers import LONG_PROMPT, load, send, slow_down
 
 from moescope.core.trace import read_trace
 from moescope.sim.replay import replay
@@ -136,3 +136,73 @@ def test_turning_recording_off_mid_answer_closes_the_trace_at_once(window: Any,
     window.record_action.trigger()
     assert window.recording and window.client.worker.recorder is None
     assert "next model load" in window.statusBar().currentMessage()
+
+
+def test_old_sessions_are_deleted_oldest_first_by_count_and_by_size(tmp_path: Path) -> None:
+    import os
+
+    from moescope.gui.trace_io import TraceLimits, prune_traces
+
+    sizes = [300, 200, 100, 100, 50]  # oldest first
+    files = []
+    for n, size in enumerate(sizes):
+        p = tmp_path / f"s{n}.jsonl"
+        p.write_bytes(b"x" * size)
+        os.utime(p, (1000 + n, 1000 + n))
+        files.append(p)
+    (tmp_path / "notes.txt").write_bytes(b"x" * 10_000)  # not a trace: never touched
+    # by size: the newest that fit in 260 bytes stay (50 + 100 + 100), the rest go
+    gone = prune_traces(tmp_path, TraceLimits(keep=10, total_bytes=260))
+    assert sorted(gone) == files[:2]
+    assert [p.exists() for p in files] == [False, False, True, True, True]
+    # room for a session about to start: 100 more bytes must fit
+    assert prune_traces(tmp_path, TraceLimits(keep=10, total_bytes=260), room=100) == \
+        [files[2]]
+    # by count
+    assert prune_traces(tmp_path, TraceLimits(keep=1, total_bytes=10_000)) == [files[3]]
+    assert (tmp_path / "notes.txt").exists() and files[4].exists()
+
+
+def test_a_session_trace_stops_at_its_size_limit_and_the_chat_goes_on(window: Any,
+                                                                      qtbot: Any) -> None:
+    """A long chat on a large model writes ~170 kB a token: recording stops at the
+    session's limit with a reason a reader sees, the user is told, the answer goes on."""
+    from moescope.gui.trace_io import TraceLimits
+
+    path = window.trace_path
+    assert path is not None
+    worker = window.client.worker
+    header = path.stat().st_size
+    limit = header + 20_000  # a few tokens of the tiny model
+    worker.trace_limits = TraceLimits(session_bytes=limit)
+    summary = send(qtbot, window, LONG_PROMPT, max_tokens=40)
+    assert summary.n_tokens == 40  # the answer was not cut
+    assert worker.recorder is None  # File → Export trace still exports what was recorded
+    trace = read_trace(path)
+    assert trace.end is not None and trace.end["stop_reason"] == "size limit"
+    assert not trace.truncated and 0 < len(trace.tokens) < 40
+    # stopped within a token or two of the limit (the writer thread is one token behind)
+    per_token = (path.stat().st_size - header) / len(trace.tokens)
+    assert limit <= path.stat().st_size < limit + 3 * per_token
+    assert any("size limit" in text for _, text in window.notices)
+    assert "recording stopped" in window.statusBar().currentMessage()
+    # the chat goes on, unrecorded
+    assert send(qtbot, window, "and then?", max_tokens=5).n_tokens == 5
+
+
+def test_a_new_session_deletes_the_oldest_traces_to_make_room(window: Any, qtbot: Any,
+                                                              tiny_moe: Path) -> None:
+    import os
+
+    from moescope.gui.trace_io import TraceLimits
+
+    first = window.trace_path
+    assert first is not None
+    old = first.parent / "20200101-000000-old.jsonl"
+    old.write_bytes(b"x" * 4000)
+    os.utime(old, (1000, 1000))
+    window.client.worker.trace_limits = TraceLimits(session_bytes=first.stat().st_size + 10,
+                                                    total_bytes=first.stat().st_size * 2 + 2000)
+    load(qtbot, window, tiny_moe, budget="25%", policy="quality-first", n_ctx=512)
+    assert window.trace_path is not None and window.trace_path != first
+    assert not old.exists() and first.exists()  # the oldest went, the newer one fits

@@ -30,6 +30,9 @@ CHILD = textwrap.dedent("""
     for stats in engine.generate("The quick brown fox jumps over the lazy dog, again.",
                                  sampling):
         if stats.index == complete:
+            # token complete - 1 may still be in the writer thread's hands: let it land
+            # first (else a loaded machine stalls that token's write instead)
+            recorder.flush()
             # a slow disk: the next record reaches the file only in part, then we stall
             raw = recorder.writer._raw
             write = raw.write

@@ -550,6 +550,8 @@ class TraceWriter:
         gz = self.path.suffix == ".gz" if compress is None else compress
         self._gz = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0) if gz else None
         self.n_tokens = 0
+        self.bytes_written = 0
+        """Bytes in the file so far (compressed, for a gzip stream): what the disk holds."""
         self._write(header.to_json())
 
     def _write(self, obj: Mapping[str, Any]) -> None:
@@ -560,6 +562,7 @@ class TraceWriter:
         else:
             self._raw.write(data)
         self._raw.flush()
+        self.bytes_written = self._raw.tell()
         if self._fsync:
             os.fsync(self._raw.fileno())
 
@@ -691,6 +694,12 @@ class TraceRecorder:
     @property
     def path(self) -> Path:
         return self.writer.path
+
+    @property
+    def bytes_written(self) -> int:
+        """The file's size so far, at most one token behind (the writer thread's token
+        is not in it yet): what a caller compares with a size limit after :meth:`record`."""
+        return self.writer.bytes_written
 
     def add_note(self, text: str) -> None:
         """Attach a note to the next recorded token (e.g. :data:`ANSWER_NOW_NOTE`)."""

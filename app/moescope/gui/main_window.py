@@ -138,7 +138,7 @@ class MainWindow(QMainWindow):
         else:
             self.chat_view.render([], "No chat yet: type a message to start one")
             self.chat._update_buttons()
-        for old in prune_traces(paths.traces_dir()):
+        for old in prune_traces(paths.traces_dir(), self.client.worker.trace_limits):
             log.info("deleted old session trace %s", old.name)
         if self.store.recovered:
             log.warning("%d answer(s) were cut off when MoEScope last stopped; their text "

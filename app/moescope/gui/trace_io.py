@@ -24,6 +24,7 @@ as it did live. A trace from before the counters has none: its accuracy is unkno
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from dataclasses import dataclass
@@ -40,6 +41,20 @@ KEEP_TRACES = 20
 """Recorded sessions kept in the data directory (older ones are deleted at start)."""
 
 
+@dataclass(frozen=True)
+class TraceLimits:
+    """How much disk the recorded sessions may take: traces are on by default, and at a
+    large model's geometry (48 MoE layers x 512 experts) one token with router inputs is
+    about 170 kB, so a long chat writes gigabytes unless something bounds it."""
+
+    keep: int = KEEP_TRACES
+    """At most this many sessions are kept (the newest)."""
+    session_bytes: int = 2 << 30
+    """A session's recording stops once its trace reaches this size (the chat goes on)."""
+    total_bytes: int = 8 << 30
+    """All kept sessions together, the one being recorded included."""
+
+
 def new_trace_path(directory: Path, model_path: str) -> Path:
     """Where the worker records a new session: named by time and model, and never an
     existing file (two sessions can start in one second: a reload, a comparison)."""
@@ -51,12 +66,26 @@ def new_trace_path(directory: Path, model_path: str) -> Path:
     return path
 
 
-def prune_traces(directory: Path, keep: int = KEEP_TRACES) -> list[Path]:
-    """Delete all but the ``keep`` newest recorded sessions; returns what was deleted."""
-    files = sorted(directory.glob("*.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True)
-    gone = files[keep:]
-    for p in gone:
-        p.unlink(missing_ok=True)
+def prune_traces(directory: Path, limits: TraceLimits = TraceLimits(),
+                 room: int = 0) -> list[Path]:
+    """Delete the oldest recorded sessions until at most ``limits.keep`` are left and they
+    take at most ``limits.total_bytes`` minus ``room`` (the room a session about to start
+    may take); returns what was deleted. Files that vanish meanwhile are skipped."""
+    files: list[tuple[float, int, Path]] = []
+    for p in directory.glob("*.jsonl"):
+        with contextlib.suppress(OSError):
+            st = p.stat()
+            files.append((st.st_mtime, st.st_size, p))
+    files.sort(key=lambda f: f[0], reverse=True)
+    budget = max(0, limits.total_bytes - room)
+    kept_bytes, gone = 0, []
+    for n, (_, size, p) in enumerate(files):
+        if n < limits.keep and kept_bytes + size <= budget:
+            kept_bytes += size
+            continue
+        with contextlib.suppress(OSError):
+            p.unlink(missing_ok=True)
+            gone.append(p)
     return gone
 
 

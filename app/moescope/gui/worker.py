@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from moescope.core.budget import format_bytes
 from moescope.core.errors import MoEScopeError
 from moescope.core.policy import Policy
 from moescope.core.prefetch import PrefetchCounters, prefetch_delta
@@ -35,7 +36,7 @@ from moescope.core.trace import ANSWER_NOW_NOTE, TraceRecorder
 from moescope.engine import AnswerStats, Engine, Sampling
 from moescope.engine.compare import compare_policies, conversation_tokens
 from moescope.gui.snapshots import AnswerSummary, ModelSummary, TokenSnapshot
-from moescope.gui.trace_io import new_trace_path
+from moescope.gui.trace_io import TraceLimits, new_trace_path, prune_traces
 
 log = logging.getLogger("moescope.gui.worker")
 
@@ -105,6 +106,8 @@ class EngineWorker(QObject):
         self.generating = False
         self._changes_seen = 0
         self.recorder: TraceRecorder | None = None
+        self.trace_limits = TraceLimits()
+        """The disk the session traces may take (tests shrink it)."""
         self._prefetch_base: np.ndarray | None = None
         """Cumulative (prefetches, prefetch hits) per MoE layer at the previous token."""
         self._answer_prefixes: dict[str, str] = {}
@@ -292,6 +295,10 @@ class EngineWorker(QObject):
         self._recording_off.clear()  # a stop asked for before this session is not for it
         try:
             directory.mkdir(parents=True, exist_ok=True)
+            # older sessions make room for this one to reach its own limit
+            for old in prune_traces(directory, self.trace_limits,
+                                    room=self.trace_limits.session_bytes):
+                log.info("deleted old session trace %s to make room", old.name)
             self.recorder = TraceRecorder.for_engine(new_trace_path(directory, model_path),
                                                      self.engine)
             log.info("recording this session to %s", self.recorder.path)
@@ -311,6 +318,21 @@ class EngineWorker(QObject):
             self.recorder.record(ts, self.engine)
         except (OSError, ValueError) as err:
             self._recording_failed(err)
+            return
+        if self.recorder.bytes_written >= self.trace_limits.session_bytes:
+            self._recording_full()
+
+    def _recording_full(self) -> None:
+        """The session's trace reached its size limit: close it (readable, with a reason
+        a reader sees) and say so; the chat goes on, the next model load records anew."""
+        assert self.recorder is not None
+        path, limit = self.recorder.path, self.trace_limits.session_bytes
+        log.warning("session recording stopped at its size limit: %s", path)
+        self._close_recorder(stop_reason="size limit")
+        self.recordingStopped.emit(
+            f"This session's trace reached its size limit ({format_bytes(limit)}), so "
+            f"recording stopped here; the chat goes on. The trace so far is readable: "
+            f"{path}")
 
     def _recording_failed(self, err: Exception) -> None:
         assert self.recorder is not None
