@@ -180,3 +180,37 @@ def test_a_full_disk_stops_the_trace_not_the_chat(window: Any, qtbot: Any,
         s.text for s in list(window.recent_tokens)[:10]]
     # and the chat goes on
     assert send(qtbot, window, "And then?", max_tokens=4).n_tokens > 0
+
+
+def test_an_export_to_a_full_disk_is_explained_and_replaces_nothing(
+        window: Any, qtbot: Any, dialogs: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Export chat / Export trace: a failed write says where and why in a dialog (it used
+    to raise inside the menu's slot, so the user saw nothing), and the file that was
+    there is left as it was."""
+    from moescope.core import files
+
+    send(qtbot, window, "Hello there.", max_tokens=6)
+    out = tmp_path / "exports"
+    out.mkdir()
+    md, jsonl = out / "chat.md", out / "session.jsonl"
+    md.write_text("an earlier export")
+    jsonl.write_text("an earlier trace")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    real_fsync = os.fsync
+    monkeypatch.setattr(files.os, "fsync", full)
+    assert window.export_chat(md, "md") is None
+    assert dialogs.shown[-1][1] == "Could not export the chat"
+    assert "No space left on device" in dialogs.shown[-1][2]
+    assert window.export_trace(jsonl) is None
+    assert dialogs.shown[-1][1] == "Could not export the trace"
+    assert md.read_text() == "an earlier export" and jsonl.read_text() == "an earlier trace"
+    assert sorted(p.name for p in out.iterdir()) == ["chat.md", "session.jsonl"]
+    # a folder that does not exist is explained the same way
+    assert window.export_chat(out / "gone" / "chat.md", "md") is None
+    assert "No such file or directory" in dialogs.shown[-1][2]
+    monkeypatch.setattr(files.os, "fsync", real_fsync)
+    assert window.export_chat(md, "md") == md and "Hello there." in md.read_text()

@@ -3,6 +3,7 @@ the same numbers in the plots."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,12 @@ def test_session_is_recorded_in_the_shared_trace_format(window: Any, qtbot: Any)
 def test_exported_trace_reopens_with_the_same_plots(window: Any, qtbot: Any,
                                                     tmp_path: Path) -> None:
     _chat_with_a_policy_switch(window, qtbot)
-    jsonl, perfetto = window.export_trace(tmp_path / "session.jsonl")
+    exported = window.export_trace(tmp_path / "session.jsonl")
+    assert exported is not None
+    jsonl, perfetto, tokens_csv = exported
+    assert tokens_csv.name == "session.tokens.csv"
+    with tokens_csv.open(newline="", encoding="utf-8") as f:
+        assert len(list(csv.reader(f))) == len(window.recent_tokens) + 1  # and a header
     n_tokens = len(window.recent_tokens)
 
     trace_window = window.open_trace(jsonl)

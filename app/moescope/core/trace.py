@@ -51,6 +51,7 @@ import numpy as np
 import numpy.typing as npt
 
 from moescope.core.errors import MoEScopeError
+from moescope.core.files import write_atomic
 from moescope.core.native import EVENT_DTYPE, FETCH, MAX_K, SUBSTITUTE
 from moescope.core.policy import DEFAULT_BONUS, Eviction, MissRule, Policy, SubstituteWeight
 from moescope.core.prefetch import PrefetchCounters, prefetch_delta
@@ -258,6 +259,15 @@ class Change:
     policy: Policy | None = None
     slots: int | None = None
     text: str = ""
+
+    @property
+    def label(self) -> str:
+        """The short text the live window's markers show for the same change."""
+        if self.kind == "policy" and self.policy is not None:
+            return f"policy={self.policy.name or 'custom'}"
+        if self.kind == "slots":
+            return f"slots={self.slots}"
+        return self.text
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind}
@@ -1131,6 +1141,19 @@ _PID = 1
 _TID_TOKENS, _TID_LAYERS, _TID_SYNC, _TID_ASYNC, _TID_WAIT = 1, 2, 3, 4, 5
 
 
+def token_counts(rows: npt.NDArray[Any]) -> dict[str, int | float]:
+    """What one token's event rows add up to (every export of a trace counts the same)."""
+    return {
+        "selections": int(rows["k"].sum()), "hits": int(rows["n_hit"].sum()),
+        "fetches": int(rows["n_fetch"].sum()),
+        "substitutions": int(rows["n_substitute"].sum()),
+        "admissions": int(rows["n_admit"].sum()), "evictions": int(rows["n_evict"].sum()),
+        "substituted_mass": float(rows["substituted_mass"].astype(np.float64).sum()),
+        "bytes_sync": int(rows["bytes_sync"].sum()),
+        "bytes_async": int(rows["bytes_async"].sum()),
+    }
+
+
 def to_perfetto(trace: Trace) -> dict[str, Any]:
     """The trace as Chrome/Perfetto trace-event JSON (``{"traceEvents": [...]}``).
 
@@ -1153,13 +1176,12 @@ def to_perfetto(trace: Trace) -> dict[str, Any]:
     for tok in trace.tokens:
         dur = tok.seconds * 1e6
         rows = tok.events
+        counts = token_counts(rows)
         args: dict[str, Any] = {
             "index": tok.index, "token_id": tok.token_id, "text": tok.text,
             "policy": tok.policy, "slots_per_layer": tok.slots_per_layer,
-            "hits": int(rows["n_hit"].sum()), "fetches": int(rows["n_fetch"].sum()),
-            "substitutions": int(rows["n_substitute"].sum()),
-            "substituted_mass": float(rows["substituted_mass"].astype(np.float64).sum()),
-            "bytes_sync": int(rows["bytes_sync"].sum()),
+            **{k: counts[k] for k in ("hits", "fetches", "substitutions",
+                                      "substituted_mass", "bytes_sync")},
         }
         if tok.prefetches is not None and tok.prefetch_hits is not None:
             args["prefetches"] = int(tok.prefetches.sum())
@@ -1215,9 +1237,7 @@ def _meta(name: str, tid: int, args: dict[str, Any]) -> dict[str, Any]:
 
 def write_perfetto(trace: Trace, path: str | os.PathLike[str]) -> Path:
     """Write :func:`to_perfetto` to ``path`` (a ``.json`` file ui.perfetto.dev opens)."""
-    out = Path(path)
-    out.write_text(json.dumps(to_perfetto(trace), ensure_ascii=False), encoding="utf-8")
-    return out
+    return write_atomic(path, json.dumps(to_perfetto(trace), ensure_ascii=False))
 
 
 __all__ = [

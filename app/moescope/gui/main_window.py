@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
 )
 
 from moescope.core.errors import MoEScopeError
+from moescope.core.files import write_atomic
 from moescope.core.gguf_info import read_model_info
 from moescope.core.resources import demo_model_path
 from moescope.core.trace import TraceFormatError
@@ -191,8 +192,8 @@ class MainWindow(QMainWindow):
                                     lambda: self.export_chat_dialog("json")))
         file.addSeparator()
         file.addAction(self._action("E&xport trace…", self.export_trace_dialog,
-                                    "Ctrl+Shift+E", "Save this session's trace (JSONL + "
-                                    "Perfetto)"))
+                                    "Ctrl+Shift+E", "Save this session's trace (JSONL), "
+                                    "with a Perfetto timeline and a CSV of every token"))
         file.addAction(self._action("Open &trace…", self.open_trace_dialog, "Ctrl+Shift+O"))
         self.record_action = self._action(
             "&Record session traces", self._toggle_recording,
@@ -580,14 +581,25 @@ class MainWindow(QMainWindow):
         if path:
             self.export_chat(path, kind)
 
-    def export_chat(self, path: str | Path, kind: str) -> Path:
+    def export_chat(self, path: str | Path, kind: str) -> Path | None:
+        """Write the chat as Markdown or JSON; None (and the user told) if it failed."""
         assert self.chat.chat_id is not None
         text = (self.store.export_markdown(self.chat.chat_id) if kind == "md"
                 else self.store.export_json(self.chat.chat_id))
-        dest = Path(path)
-        dest.write_text(text, encoding="utf-8")
+        try:
+            dest = write_atomic(path, text)
+        except OSError as err:
+            self._export_failed("chat", path, err)
+            return None
         log.info("chat exported to %s", dest)
+        self.statusBar().showMessage(f"Chat saved to {dest}", 8000)
         return dest
+
+    def _export_failed(self, what: str, path: str | Path, err: OSError) -> None:
+        self.show_error(f"Could not export the {what}",
+                        f"{Path(path)}: {err.strerror or err}. Nothing was written there "
+                        "(a file already there is unchanged); free some space or pick "
+                        "another folder.")
 
     # ------------------------------------------------------------------ traces
     def export_trace_dialog(self) -> None:
@@ -602,18 +614,25 @@ class MainWindow(QMainWindow):
         if path:
             self.export_trace(path)
 
-    def export_trace(self, path: str | Path) -> tuple[Path, Path]:
-        """Copy the session's trace to ``path`` and write Perfetto JSON next to it."""
+    def export_trace(self, path: str | Path) -> tuple[Path, Path, Path] | None:
+        """Copy the session's trace to ``path`` and write Perfetto JSON and a per-token
+        CSV next to it; None (and the user told) if writing failed."""
         if self.trace_path is None:
             raise MoEScopeError("this session is not being recorded")
         recorder = self.client.worker.recorder
         if recorder is not None:  # the token its writer thread may still be writing
             with contextlib.suppress(OSError, ValueError):
                 recorder.flush()
-        jsonl, perfetto = export_session(self.trace_path, Path(path))
-        log.info("trace exported: %s and %s", jsonl, perfetto.name)
-        self.statusBar().showMessage(f"Trace saved to {jsonl} and {perfetto.name}", 8000)
-        return jsonl, perfetto
+        try:
+            files = export_session(self.trace_path, Path(path))
+        except OSError as err:
+            self._export_failed("trace", path, err)
+            return None
+        jsonl, perfetto, csv = files
+        log.info("trace exported: %s, %s and %s", jsonl, perfetto.name, csv.name)
+        self.statusBar().showMessage(
+            f"Trace saved to {jsonl}, with {perfetto.name} and {csv.name}", 8000)
+        return files
 
     def open_trace_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(

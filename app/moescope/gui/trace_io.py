@@ -25,15 +25,16 @@ as it did live. A trace from before the counters has none: its accuracy is unkno
 from __future__ import annotations
 
 import contextlib
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from moescope.core.files import copy_atomic
 from moescope.core.prefetch import PrefetchSummary, summarize
 from moescope.core.reasoning import answer_begins
 from moescope.core.residency import Residency
 from moescope.core.trace import ANSWER_NOW_NOTE, Change, Trace, read_trace, write_perfetto
+from moescope.core.trace_csv import write_tokens_csv
 from moescope.gui.cache_model import prefetch_text
 from moescope.gui.snapshots import ModelSummary, TokenSnapshot
 
@@ -89,26 +90,21 @@ def prune_traces(directory: Path, limits: TraceLimits = TraceLimits(),
     return gone
 
 
-def export_session(recorded: Path, dest: Path) -> tuple[Path, Path]:
-    """Copy the session's trace to ``dest`` (``.jsonl``) and write Perfetto JSON next to it.
+def export_session(recorded: Path, dest: Path) -> tuple[Path, Path, Path]:
+    """Copy the session's trace to ``dest`` (``.jsonl``) and write Perfetto JSON and a
+    per-token CSV next to it; returns the three paths. Each file is written whole or not
+    at all (``OSError``: a full disk leaves no half file and replaces nothing).
 
     Safe while recording continues: the recorder flushes whole lines, and a reader drops a
     half-written last line.
     """
     jsonl = dest if dest.name.endswith((".jsonl", ".jsonl.gz")) else dest.with_suffix(".jsonl")
-    shutil.copyfile(recorded, jsonl)
-    perfetto = jsonl.with_name(jsonl.name.split(".jsonl")[0] + ".perfetto.json")
-    write_perfetto(read_trace(jsonl), perfetto)
-    return jsonl, perfetto
-
-
-def change_label(change: Change) -> str:
-    """The marker text the live window shows for the same change."""
-    if change.kind == "policy" and change.policy is not None:
-        return f"policy={change.policy.name or 'custom'}"
-    if change.kind == "slots":
-        return f"slots={change.slots}"
-    return change.text
+    copy_atomic(recorded, jsonl)
+    stem = jsonl.name.split(".jsonl")[0]
+    trace = read_trace(jsonl)
+    perfetto = write_perfetto(trace, jsonl.with_name(f"{stem}.perfetto.json"))
+    csv = write_tokens_csv(trace, jsonl.with_name(f"{stem}.tokens.csv"))
+    return jsonl, perfetto, csv
 
 
 @dataclass
@@ -162,7 +158,7 @@ def reopen(path: str | Path) -> ReopenedTrace:
             step=step, index=rec.position, text=rec.text, seconds=rec.seconds,
             policy=rec.policy, slots_per_layer=rec.slots_per_layer, n_prompt_tokens=0,
             n_ctx=0, events=rec.events, resident=residency.resident.copy(),
-            changes=(*(change_label(c) for c in rec.changes if not _answer_now(c)),
+            changes=(*(c.label for c in rec.changes if not _answer_now(c)),
                      *(("answer",) if rec.index in begins else ())),
             ttft=rec.seconds if rec.position == 0 else None,
             prefetches=rec.prefetches if show else None,
