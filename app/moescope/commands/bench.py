@@ -24,7 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moescope.commands.generate import parse_live_policy, resolve_model
+from moescope.commands.generate import (
+    check_output_path,
+    parse_live_policy,
+    resolve_model,
+    write_output,
+)
 from moescope.core.budget import format_bytes, parse_budget
 from moescope.core.errors import MoEScopeError
 
@@ -184,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
                             "first and the last token)")
     if args.runs < 1:
         raise MoEScopeError("--runs must be at least 1")
+    check_output_path(args.json, "--json")
     model = resolve_model(args.model)
 
     engine = Engine()
@@ -212,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         engine.close()
     print(format_report(result))
     if args.json:
-        args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+        write_output(args.json, json.dumps(result.to_dict(), indent=2) + "\n", "--json")
     return 0
 
 

@@ -30,6 +30,8 @@ from moescope.commands.generate import (
     add_sampling_arguments,
     answer_summary,
     cache_state,
+    check_output_path,
+    open_trace,
     parse_live_policy,
     resolve_model,
     sampling_from_args,
@@ -98,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
 
     policy = parse_live_policy(args.policy)  # fail fast, before loading
     parse_budget(args.budget)
-    if args.n < 1:
-        raise MoEScopeError("--n must be at least 1")
+    sampling_from_args(args)  # --n, --temperature
+    check_output_path(args.trace, "--trace")
     model = resolve_model(args.model)
     engine = Engine()
     recorder: TraceRecorder | None = None
@@ -110,9 +112,7 @@ def run(args: argparse.Namespace) -> int:
         if loaded.notice:
             print(f"moescope: {loaded.notice}", file=sys.stderr)
         if args.trace:
-            from moescope.core.trace import TraceRecorder
-
-            recorder = TraceRecorder.for_engine(args.trace, engine)
+            recorder = open_trace(args.trace, engine)
         stdin = sys.stdin
         tty = stdin.isatty()
         print(f"moescope chat · {loaded.path.name} · {cache_state(engine)} · context "
@@ -253,7 +253,8 @@ class ChatSession:
         except MoEScopeError as err:  # e.g. the conversation outgrew the context
             if engine.last_answer is previous:
                 self.messages.pop()
-                self._error(f"{err}; /reset starts a new conversation")
+                self._error(str(err) if _is_template_error(err)
+                            else f"{err}; /reset starts a new conversation")
                 return
             self._error(str(err))
         self._record(None)  # the answer's last token on disk before its summary
@@ -592,3 +593,11 @@ def _use_color(stream: TextIO) -> bool:
     """Dim the summary lines only on a terminal that wants colour (NO_COLOR, TERM=dumb)."""
     return (bool(getattr(stream, "isatty", lambda: False)())
             and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb")
+
+
+def _is_template_error(err: MoEScopeError) -> bool:
+    """The model's chat template refused the conversation (e.g. "System role not
+    supported"): a reset would not help; the message alone says what to change."""
+    from moescope.engine import ChatTemplateError
+
+    return isinstance(err, ChatTemplateError)

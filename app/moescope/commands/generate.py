@@ -12,6 +12,8 @@ options and reports the cache's work in the same words.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +23,7 @@ from moescope.core.policy import PRESET_NAMES, Policy
 from moescope.core.resources import demo_model_path
 
 if TYPE_CHECKING:  # the engine loads llama.cpp: import it only where a command runs
+    from moescope.core.trace import TraceRecorder
     from moescope.engine import CacheTotals, Engine, Sampling
 
 
@@ -49,6 +52,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     from moescope.engine import Engine, Message
 
+    sampling = sampling_from_args(args)  # fail fast, before loading
+    check_output_path(args.trace, "--trace")
     model = resolve_model(args.model)
     engine = Engine()
     loaded = engine.load(model, budget=args.budget, policy=args.policy,
@@ -56,12 +61,9 @@ def run(args: argparse.Namespace) -> int:
     if loaded.notice:
         print(f"moescope: {loaded.notice}", file=sys.stderr)
     prompt: Any = [Message("user", args.prompt)] if args.chat else args.prompt
-    sampling = sampling_from_args(args)
     recorder = None
     if args.trace:
-        from moescope.core.trace import TraceRecorder
-
-        recorder = TraceRecorder.for_engine(args.trace, engine)
+        recorder = open_trace(args.trace, engine)
     if not args.chat:
         sys.stdout.write(args.prompt)
     try:
@@ -109,10 +111,55 @@ def add_sampling_arguments(p: argparse.ArgumentParser, *, n_default: int,
 
 
 def sampling_from_args(args: argparse.Namespace) -> Sampling:
-    """The :class:`Sampling` that :func:`add_sampling_arguments`' options describe."""
+    """The :class:`Sampling` that :func:`add_sampling_arguments`' options describe.
+
+    Checked here, before a model loads: ``--n 0`` would otherwise still generate one token,
+    and a NaN temperature samples garbage without a word.
+    """
     from moescope.engine import Sampling
 
+    if args.n < 1:
+        raise MoEScopeError(f"--n must be at least 1, got {args.n}")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise MoEScopeError(f"--temperature must be a number >= 0 (0 is greedy), got "
+                            f"{args.temperature}")
     return Sampling(temperature=args.temperature, max_tokens=args.n, seed=args.seed)
+
+
+def check_output_path(path: Path | None, option: str) -> None:
+    """Refuse an output file that cannot be created, before the work that fills it: a
+    typo in ``--json`` must not cost a benchmark's minutes, nor ``--trace`` a traceback
+    after the model has loaded."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise MoEScopeError(f"{option} {path}: is a folder; give a file name")
+    parent = path.parent
+    if not parent.is_dir():
+        raise MoEScopeError(f"{option} {path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise MoEScopeError(f"{option} {path}: cannot write in folder {parent}")
+
+
+def write_output(path: Path, text: str, option: str) -> None:
+    """Write an output file whole or not at all (a full disk leaves an older file as it
+    was); a failure is one line, not a traceback, and what was printed stays printed."""
+    from moescope.core.files import write_atomic
+
+    try:
+        write_atomic(path, text)
+    except OSError as err:
+        raise MoEScopeError(f"{option} {path}: cannot write ({err.strerror or err})") from None
+
+
+def open_trace(path: Path, engine: Engine) -> TraceRecorder:
+    """Start recording ``engine``'s session to ``path``, or say in one line why not."""
+    from moescope.core.trace import TraceRecorder
+
+    try:
+        return TraceRecorder.for_engine(path, engine)
+    except OSError as err:
+        raise MoEScopeError(f"--trace {path}: cannot write ({err.strerror or err})") from None
 
 
 def cache_state(engine: Engine) -> str:

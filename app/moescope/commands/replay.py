@@ -4,16 +4,19 @@ The router-logit simulator: replays a recorded session's routing through the nat
 under every policy x budget asked for, and prints per combination the hit rate, fetched
 experts and bytes per token, % substituted, mean substituted mass and an estimated time per
 token. Answers "what would quality-first at 12 GiB have done to this chat?" in seconds,
-without loading the model. ``--perfetto`` also writes the trace for ui.perfetto.dev.
+without loading the model. ``--perfetto`` also writes the trace for ui.perfetto.dev,
+``--tokens-csv`` one CSV row per recorded token.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
+from moescope.commands.generate import check_output_path, write_output
 from moescope.core.errors import MoEScopeError
 
 
@@ -46,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the table as JSON")
     p.add_argument("--perfetto", type=Path, metavar="FILE",
                    help="also export the trace as Chrome/Perfetto trace-event JSON")
+    p.add_argument("--tokens-csv", type=Path, metavar="FILE",
+                   help="also write the recorded session as CSV, one row per token "
+                        "(hits, fetches, substituted mass, bytes, copy times)")
     p.set_defaults(func=run)
 
 
@@ -53,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     """Read the trace, sweep, print the table; user errors raise MoEScopeError (exit 2)."""
     from moescope.core.native import NativeLibraryNotFoundError
     from moescope.core.trace import read_trace, write_perfetto
+    from moescope.core.trace_csv import write_tokens_csv
     from moescope.sim.cost import cost_model
     from moescope.sim.sweep import format_table, parse_policy, split_list, sweep, to_csv, to_json
 
@@ -60,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
     budgets = split_list(args.budget or ["recorded"])
     for spec in policies:
         parse_policy(spec)  # fail on a typo before reading a large trace
+    _check_cost_overrides(args)
+    for option, path in (("--csv", args.csv), ("--json", args.json),
+                         ("--perfetto", args.perfetto), ("--tokens-csv", args.tokens_csv)):
+        check_output_path(path, option)
     trace = read_trace(args.trace)
     if trace.truncated:
         print(f"moescope: note: {args.trace.name} ends mid-token (the session was cut off); "
@@ -76,9 +87,26 @@ def run(args: argparse.Namespace) -> int:
         raise MoEScopeError(str(err)) from None
     print(format_table(result, trace.header.model))
     if args.csv:
-        args.csv.write_text(to_csv(result), encoding="utf-8")
+        write_output(args.csv, to_csv(result), "--csv")
     if args.json:
-        args.json.write_text(to_json(result), encoding="utf-8")
-    if args.perfetto:
-        write_perfetto(trace, args.perfetto)
+        write_output(args.json, to_json(result), "--json")
+    try:
+        if args.perfetto:
+            write_perfetto(trace, args.perfetto)
+        if args.tokens_csv:
+            write_tokens_csv(trace, args.tokens_csv)
+    except OSError as err:
+        raise MoEScopeError(f"{err.filename or 'output'}: cannot write "
+                            f"({err.strerror or err})") from None
     return 0
+
+
+def _check_cost_overrides(args: argparse.Namespace) -> None:
+    """The cost model's overrides must be physical: a zero or negative bandwidth (or a
+    NaN) would print a table of meaningless times instead of an error."""
+    if args.bandwidth is not None and not (math.isfinite(args.bandwidth)
+                                           and args.bandwidth > 0):
+        raise MoEScopeError(f"--bandwidth must be more than 0 GB/s, got {args.bandwidth}")
+    for option, value in (("--latency-us", args.latency_us), ("--compute-ms", args.compute_ms)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise MoEScopeError(f"{option} must be a number >= 0, got {value}")

@@ -2,6 +2,7 @@
 
 from moescope.engine.engine import (
     CacheError,
+    ChatTemplateError,
     Engine,
     LoadedModel,
     Message,
@@ -14,6 +15,7 @@ __all__ = [
     "AnswerStats",
     "CacheError",
     "CacheTotals",
+    "ChatTemplateError",
     "Engine",
     "LoadedModel",
     "Message",

@@ -44,6 +44,13 @@ class CacheError(MoEScopeError):
     """The expert cache could not be set up or resized; the previous state is kept."""
 
 
+class ChatTemplateError(MoEScopeError):
+    """The model's own chat template (Jinja code from the GGUF) failed: it does not parse,
+    or it refuses the conversation (e.g. "System role not supported"). Nothing about the
+    conversation is wrong for another model, so front ends say so without suggesting a
+    reset."""
+
+
 @dataclass
 class Sampling:
     """Sampling settings of one answer; temperature 0 means greedy."""
@@ -129,6 +136,9 @@ class Engine:
         full PCIe speed instead of staging through pageable memory.
         """
         report = progress or (lambda stage, frac: None)
+        if n_ctx < 1:  # llama.cpp reads 0 as "the model's own", which may not fit memory
+            raise MoEScopeError(f"context size {n_ctx} is too small: give at least 1 token "
+                                f"(e.g. 4096)")
         self.close()
         self._discard_requests()  # the load's own budget and policy supersede them
         p = Path(path)
@@ -153,14 +163,22 @@ class Engine:
         if pinned_experts is None:
             pinned_experts = bool(cache and n_gpu_layers != 0
                                   and llama_cpp.llama_supports_gpu_offload())
+        _report_native_aborts()
         try:
-            with _quiet_stderr():
+            with _quiet_stderr(), _llama_errors() as errors, _loading(p):
                 self._llm = llama_cpp.Llama(
                     model_path=str(p), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
                     n_threads=n_threads, verbose=False, logits_all=False,
                     use_mmap=not pinned_experts)
         except (ValueError, RuntimeError, OSError) as err:
-            raise ModelLoadError(f"llama.cpp could not load {p.name}: {err}") from err
+            raise ModelLoadError(_load_message(p, n_ctx, str(err), errors)) from err
+        except Exception as err:
+            if not _is_template_error(err):
+                raise
+            raise ChatTemplateError(
+                f"{p.name}: its chat template (tokenizer.chat_template) is not valid Jinja "
+                f"({_first_line(err)}), so llama-cpp-python cannot load the model; a "
+                f"corrected GGUF is needed") from err
         if plan is not None and info is not None:
             report("allocating expert slots", 0.8)
             self.set_policy(policy, _apply=False)
@@ -192,7 +210,9 @@ class Engine:
         in the first answer's time to first token. The cache is emptied afterwards, so
         every session starts from the same logical state."""
         bos = max(int(self._llm.token_bos()), 0)
-        self._llm.eval([bos] * 16)
+        n = min(16, self.n_ctx - 1)  # the prompt and the token must fit a tiny context
+        if n > 0:
+            self._llm.eval([bos] * n)
         self._llm.eval([bos])
         self._llm.reset()
         self._llm._ctx.kv_cache_clear()
@@ -392,8 +412,13 @@ class Engine:
 
             eos = self._token_text(self._llm.token_eos())
             bos = self._token_text(self._llm.token_bos())
-            return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)(
-                messages=msgs, **template_variables(thinking)).prompt
+            try:
+                return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)(
+                    messages=msgs, **template_variables(thinking)).prompt
+            except Exception as err:  # the template is the model's code, not ours
+                raise ChatTemplateError(
+                    f"the model's chat template refused this conversation: "
+                    f"{_first_line(err)}") from err
         lines = [f"{m['role'].capitalize()}: {m['content']}" for m in msgs]
         return "\n".join(lines) + "\nAssistant:"
 
@@ -478,10 +503,18 @@ class Engine:
         to close a thinking model's thoughts and have it answer (``core.reasoning``).
         """
         s = sampling or Sampling()
+        if s.max_tokens < 1:  # the loop checks the count after a token: 0 would give one
+            raise MoEScopeError(f"max_tokens is {s.max_tokens}: ask for at least 1 token")
         n_ctx = self.n_ctx
         dropped = 0
         if isinstance(prompt, str):
             tokens = self.tokenize(prompt, add_bos=True, special=True)
+            if not tokens:  # an empty prompt of a model that adds no BOS (Qwen3 ...)
+                bos = int(self._llm.token_bos())
+                if bos < 0:
+                    raise MoEScopeError("the prompt is empty and the model has no "
+                                        "beginning-of-text token to start from; give a prompt")
+                tokens = [bos]  # as llama.cpp's own CLI does: generate from BOS
         else:
             room = min(s.max_tokens, n_ctx // 4)
             tokens, dropped = self.fit_conversation(prompt, room=room, thinking=s.thinking,
@@ -637,3 +670,127 @@ def _quiet_stderr() -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of an exception's text (or its type), short enough for one line."""
+    text = str(err).strip()
+    return (text.splitlines()[0] if text else type(err).__name__)[:200]
+
+
+def _is_template_error(err: BaseException) -> bool:
+    """A Jinja error raised while llama-cpp-python compiles the GGUF's chat template."""
+    try:
+        from jinja2 import TemplateError
+    except ImportError:  # pragma: no cover - llama_cpp depends on jinja2
+        return False
+    return isinstance(err, TemplateError)
+
+
+_ERROR_LEVEL = 4  # GGML_LOG_LEVEL_ERROR in ggml.h (llama_cpp._logger still says 3)
+_CONT_LEVEL = 5  # GGML_LOG_LEVEL_CONT: continues the previous message
+_GENERIC_ERRORS = ("failed to load model", "failed to create llama_context")
+
+
+@contextlib.contextmanager
+def _llama_errors() -> Iterator[list[str]]:
+    """Collect llama.cpp's error-level log lines while loading.
+
+    llama-cpp-python turns every load failure into "Failed to load model from file" and
+    sends llama.cpp's log (which says why: an unknown architecture, a tensor of the wrong
+    shape, a buffer that could not be allocated) to /dev/null. A log callback of our own
+    keeps the error lines for the message; everything is still passed on to
+    llama-cpp-python's callback, so ``MOESCOPE_DEBUG`` shows the same log as before.
+    """
+    import llama_cpp
+    from llama_cpp import _logger
+
+    errors: list[str] = []
+    previous = _logger.llama_log_callback
+    last = [0]
+
+    @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator,misc]
+    def collect(level: int, text: bytes, user_data: Any) -> None:
+        if level == _ERROR_LEVEL or (level == _CONT_LEVEL and last[0] == _ERROR_LEVEL):
+            line = text.decode("utf-8", errors="replace").strip()
+            if line:
+                errors.append(line)
+        if level != _CONT_LEVEL:
+            last[0] = level
+        previous(level, text, user_data)
+
+    llama_cpp.llama_log_set(collect, ctypes.c_void_p(0))
+    try:
+        yield errors
+    finally:
+        llama_cpp.llama_log_set(previous, ctypes.c_void_p(0))
+
+
+def _load_message(path: Path, n_ctx: int, error: str, log: Sequence[str]) -> str:
+    """One sentence on why llama.cpp refused ``path``: its own first specific error line
+    (minus the function names it prefixes), and what to try for a context that did not
+    fit in memory."""
+    reasons = [line for line in log
+               if not any(line.lower().endswith(g) for g in _GENERIC_ERRORS)]
+    reason = reasons[0] if reasons else error
+    for prefix in ("llama_model_load: error loading model: ",):
+        reason = reason.removeprefix(prefix)
+    reason = reason[:300]
+    if "llama_context" in error:
+        return (f"llama.cpp could not create a context of {n_ctx} tokens for {path.name} "
+                f"({reason}); try a smaller context")
+    return f"llama.cpp could not load {path.name}: {reason}"
+
+
+_abort_hook: Any = None
+_loading_file: list[str] = []
+"""The model file llama.cpp is reading right now (for the abort message), if any."""
+
+
+@contextlib.contextmanager
+def _loading(path: Path) -> Iterator[None]:
+    """Mark ``path`` as being loaded, so a failed check names it and blames the file."""
+    _loading_file.append(path.name)
+    try:
+        yield
+    finally:
+        _loading_file.pop()
+
+
+def _report_native_aborts() -> None:
+    """Have llama.cpp's failed internal checks (``GGML_ASSERT``) say what failed.
+
+    Such a check ends the process (ggml calls ``abort``), and it comes from a model file
+    whose numbers disagree with each other (a duplicated vocabulary entry, say) more
+    often than from a bug. ggml prints its message to stderr, which is /dev/null while a
+    model loads, so the process died without a word. This hook writes one line to the
+    process's original stderr first; the process still ends (nothing can resume after a
+    failed check), but the user learns which check, and, during a load, which file.
+    """
+    global _abort_hook
+    if _abort_hook is not None:
+        return
+    try:
+        from llama_cpp import _ggml
+
+        setter = _ggml.libggml.ggml_set_abort_callback
+        fd = os.dup(2)  # stderr as it is now, before any load redirects it
+    except (ImportError, AttributeError, OSError):  # an older ggml: keep its own message
+        return
+    callback_type = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+
+    def on_abort(message: bytes | None) -> None:
+        text = (message or b"").decode("utf-8", errors="replace").strip()
+        if _loading_file:
+            why = (f"while loading {_loading_file[-1]}; the file is probably corrupt or made "
+                   f"for another llama.cpp version")
+        else:
+            why = "; please report this as a MoEScope bug, with the model and what you did"
+        with contextlib.suppress(OSError):
+            os.write(fd, f"moescope: fatal: llama.cpp stopped on a failed internal check "
+                         f"({text}) {why}\n".encode())
+
+    _abort_hook = callback_type(on_abort)  # kept referenced: ggml holds a raw pointer
+    setter.restype = ctypes.c_void_p
+    setter.argtypes = [callback_type]
+    setter(_abort_hook)

@@ -1,0 +1,65 @@
+"""``moescope replay`` on a trace whose values disagree with its own header (a corrupt or
+hand-edited file): one line naming the token, not a NativeError or ValueError traceback
+from the core halfway through the sweep, and not a silently replayed table."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from moescope.cli import main
+
+RecordFn = Callable[..., Path]
+
+
+def _edit(source: Path, dest: Path, header: Callable[[dict[str, Any]], None] | None = None,
+          token: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    lines = []
+    for line in source.read_text(encoding="utf-8").splitlines():
+        obj = json.loads(line)
+        if obj["type"] == "header" and header is not None:
+            header(obj)
+        if obj["type"] == "token" and token is not None:
+            token(obj)
+        lines.append(json.dumps(obj))
+    dest.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return dest
+
+
+def _routes(d: dict[str, Any], key: str, value: Any) -> None:
+    for route in d.get("routes", []):
+        route[key] = value
+
+
+def _events(d: dict[str, Any], key: str, value: Any) -> None:
+    for event in d["events"]:
+        event[key] = [value] * len(event[key])
+
+
+CORRUPTIONS: dict[str, tuple[dict[str, Any], str]] = {
+    "router ids": ({"token": lambda d: _routes(d, "ids", [999] * 4)},
+                   "expert ids outside 0..15"),
+    "event ids": ({"token": lambda d: _events(d, "ids", 999)}, "expert ids outside 0..15"),
+    "predicted layer": ({"token": lambda d: _routes(d, "next_layer", 99)},
+                        "predicts for layer 99"),
+    "slot change": ({"token": lambda d: d.__setitem__(
+        "changes", [{"kind": "slots", "slots": -5}])}, "budget change to -5 slots"),
+    "header slots": ({"header": lambda d: d.__setitem__("slots_per_layer", 0)},
+                     "slots_per_layer 0 is outside"),
+}
+
+
+@pytest.mark.parametrize("name", list(CORRUPTIONS))
+def test_a_trace_that_contradicts_its_header_is_one_line(
+        record: RecordFn, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        name: str) -> None:
+    edits, says = CORRUPTIONS[name]
+    trace = _edit(record("qwen3moe", policy="psr"), tmp_path / "corrupt.jsonl", **edits)
+    code = main(["replay", str(trace), "-p", "recorded,exact,psr", "-b", "recorded,50%"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert err.startswith("moescope: error: ") and says in err and "corrupt trace" in err
