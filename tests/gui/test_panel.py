@@ -119,6 +119,29 @@ def test_fit_estimate_before_loading(tiny_moe: Path, qtbot: Any) -> None:
     assert request.path == str(tiny_moe) and int(request.budget) == 12 * fit.plan.slot_row_bytes
 
 
+def test_the_open_dialog_takes_a_typed_budget_and_enter_does_not_open(tiny_moe: Path,
+                                                                      qtbot: Any) -> None:
+    """As in the main window: a size, a share or slots per layer, then Enter, which moves
+    the slider and re-prices the fit without pressing Open; a typo is marked, nothing
+    changes."""
+    from PySide6.QtCore import Qt
+
+    dialog = OpenModelDialog(read_model_info(tiny_moe), budget="25%")
+    qtbot.addWidget(dialog)
+    dialog.show()
+    for typed, slots in (("10", 10), ("75%", 12), ("2 slots", 4)):  # 2 < top-k = 4
+        dialog.budget_entry.setText(typed)
+        qtbot.keyClick(dialog.budget_entry, Qt.Key.Key_Return)
+        assert dialog.budget.value() == slots, typed
+        assert dialog.estimate is not None and dialog.estimate.plan.slots_per_layer == slots
+        assert dialog.isVisible() and dialog.result() == 0  # Enter did not press Open
+    assert "top-k" in dialog.budget_entry.toolTip()
+    dialog.budget_entry.setText("12 parsecs")
+    qtbot.keyClick(dialog.budget_entry, Qt.Key.Key_Return)
+    assert dialog.budget.value() == 4 and dialog.budget_entry.property("invalid")
+    assert "12 parsecs" in dialog.budget_entry.text() and dialog.isVisible()
+
+
 def test_fit_estimate_without_nvidia_gpu_says_slots_are_in_ram(tiny_moe: Path,
                                                               monkeypatch: Any) -> None:
     import moescope.gui.fit as fit_module

@@ -54,8 +54,10 @@ def test_exported_trace_reopens_with_the_same_plots(window: Any, qtbot: Any,
         assert len(list(csv.reader(f))) == len(window.recent_tokens) + 1  # and a header
     n_tokens = len(window.recent_tokens)
 
-    trace_window = window.open_trace(jsonl)
-    assert trace_window is not None
+    with qtbot.waitSignal(window.traceOpened, timeout=30_000) as opened:
+        window.open_trace(jsonl)  # read on a thread: the chat goes on meanwhile
+    trace_window = opened.args[0]
+    assert trace_window in window.trace_windows
     live, replayed = window.cache_panel, trace_window.panel
     live_curves, replay_curves = _curves(live), _curves(replayed)
     for key, (x, y) in live_curves.items():
@@ -93,11 +95,17 @@ def test_rebuilt_residency_matches_the_live_cache_token_by_token(window: Any,
 
 
 def test_opening_something_else_as_a_trace_is_explained(window: Any, dialogs: Any,
-                                                        tmp_path: Path) -> None:
+                                                        qtbot: Any, tmp_path: Path) -> None:
     bogus = tmp_path / "bogus.jsonl"
     bogus.write_text('{"hello": 1}\n')
-    assert window.open_trace(bogus) is None
+    with qtbot.waitSignal(window.traceFailed, timeout=10_000):
+        window.open_trace(bogus)
     assert dialogs.shown[-1][1] == "Cannot open the trace"
+    assert "header" in dialogs.shown[-1][2]
+    with qtbot.waitSignal(window.traceFailed, timeout=10_000):
+        window.open_trace(tmp_path)
+    assert "is a folder" in dialogs.shown[-1][2]
+    assert not window.trace_windows
 
 
 def test_two_sessions_started_in_one_second_never_share_a_file(tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ import re
 import sys
 import threading
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol, runtime_checkable
@@ -572,7 +572,8 @@ class TraceWriter:
         else:
             self._raw.write(data)
         self._raw.flush()
-        self.bytes_written = self._raw.tell()
+        self.bytes_written = (self._raw.tell() if self._gz is not None
+                              else self.bytes_written + len(data))
         if self._fsync:
             os.fsync(self._raw.fileno())
 
@@ -987,44 +988,70 @@ def header_for(engine: Any, *, router_inputs: RouterDtype | None = "f32",
 # --------------------------------------------------------------------------- reading
 
 
-def _read_lines(path: Path) -> tuple[list[tuple[int, bytes, bool]], bool]:
-    """(line number, raw line, ended with newline) for every line, and whether a gzip
-    stream was cut off (a crash: everything sync-flushed before it is still complete)."""
-    lines: list[tuple[int, bytes, bool]] = []
+class TraceReadCancelled(MoEScopeError):
+    """``read_trace``'s ``progress`` asked to stop (the user closed the window, say)."""
+
+
+ReadProgress = Callable[[int, int], bool]
+"""``progress(bytes_read, file_bytes)`` after each record; False stops the read."""
+
+
+def _read_lines(path: Path, progress: ReadProgress | None = None
+                ) -> Iterator[tuple[int, bytes, bool]]:
+    """(line number, raw line, ended with newline) for every line, read as they come (a
+    long session's trace is gigabytes: never all in memory at once); a gzip stream cut
+    off (a crash: everything sync-flushed before it is still complete) ends the lines
+    with ``(n, b"", False)``. ``progress`` hears of the bytes read (compressed bytes of a
+    gzip file) after every line."""
     with open(path, "rb") as raw:
+        size = os.fstat(raw.fileno()).st_size
         gz = raw.read(2) == b"\x1f\x8b"
         raw.seek(0)
         stream: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+        n = 0
         while True:
             try:
                 line = stream.readline()
             except (EOFError, zlib.error, gzip.BadGzipFile):
-                return lines, True
+                yield n + 1, b"", False
+                return
             if not line:
-                return lines, False
-            lines.append((len(lines) + 1, line, line.endswith(b"\n")))
+                return
+            n += 1
+            yield n, line, line.endswith(b"\n")
+            if progress is not None and not progress(raw.tell(), size):
+                raise TraceReadCancelled(f"{path.name}: reading the trace was cancelled")
 
 
-def read_trace(path: str | os.PathLike[str]) -> Trace:
+def read_trace(path: str | os.PathLike[str], progress: ReadProgress | None = None) -> Trace:
     """Read and validate a trace (plain or gzip JSON Lines).
 
     A malformed record raises :class:`TraceFormatError` naming its line; a last line
     without its newline (a writer killed mid-token) is dropped and flagged ``truncated``.
+    ``progress(bytes_read, file_bytes)`` is called after every record; returning False
+    raises :class:`TraceReadCancelled`.
     """
     p = Path(path)
-    try:
-        lines, cut_off = _read_lines(p)
-    except FileNotFoundError:
-        raise TraceFormatError(f"{p}: no such trace file") from None
-    except OSError as err:
-        raise TraceFormatError(f"{p}: cannot read trace ({err})") from None
-    if not lines:
-        raise TraceFormatError(f"{p.name}: empty file, not a MoEScope trace")
     header: TraceHeader | None = None
     tokens: list[TokenRecord] = []
     end: dict[str, Any] | None = None
-    truncated = cut_off
-    for n, raw, complete in lines:
+    truncated = False
+    lines = _read_lines(p, progress)
+    n = 0
+    while True:
+        try:
+            n, raw, complete = next(lines)
+        except StopIteration:
+            break
+        except FileNotFoundError:
+            raise TraceFormatError(f"{p}: no such trace file") from None
+        except IsADirectoryError:
+            raise TraceFormatError(f"{p}: is a folder, not a trace file") from None
+        except OSError as err:
+            raise TraceFormatError(f"{p}: cannot read trace ({err})") from None
+        if not raw and not complete:  # a gzip stream cut off
+            truncated = header is not None
+            break
         if not raw.strip():
             continue
         try:
@@ -1032,7 +1059,7 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
             if not isinstance(obj, dict):
                 raise ValueError("a record must be a JSON object")
         except ValueError as err:
-            if not complete and n == lines[-1][0] and header is not None:
+            if not complete and header is not None:  # only the last line can lack its \n
                 truncated = True  # the writer died while writing this line
                 break
             raise TraceFormatError(f"{p.name}: line {n}: not valid JSON ({err})") from None
@@ -1055,6 +1082,8 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
             what = f"missing field {err}" if isinstance(err, KeyError) else str(err)
             raise TraceFormatError(f"{p.name}: line {n}: bad {kind or 'record'} "
                                    f"record: {what}") from None
+    if n == 0:
+        raise TraceFormatError(f"{p.name}: empty file, not a MoEScope trace")
     if header is None:
         raise TraceFormatError(f"{p.name}: no header record")
     return Trace(header=header, tokens=tokens, end=end, truncated=truncated, path=p)

@@ -31,7 +31,6 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import (
     QHBoxLayout,
-    QLabel,
     QMenu,
     QPlainTextEdit,
     QProgressBar,
@@ -43,6 +42,7 @@ from PySide6.QtWidgets import (
 
 from moescope.core.reasoning import split_reasoning
 from moescope.gui import theme
+from moescope.gui.elided_label import ElidedLabel
 from moescope.gui.markdown import code_text, is_code_block, markdown_fragment
 from moescope.gui.markdown_stream import LiveMarkdown
 from moescope.gui.reasoning_view import (
@@ -106,7 +106,7 @@ class ChatView(QWidget):
         super().__init__(parent)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
-        self.title = QLabel("No chat")
+        self.title = ElidedLabel("No chat")
         self.title.setObjectName("chatTitle")
         layout.addWidget(self.title)
         self.transcript = QTextBrowser()
@@ -158,11 +158,9 @@ class ChatView(QWidget):
         buttons.addStretch(1)
         self.context_bar = QProgressBar()
         self.context_bar.setAccessibleName("Context used")
-        self.context_bar.setFormat("context %v / %m")
         self.context_bar.setToolTip("Tokens of the context window in use (prompt + answer)")
-        self.context_bar.setRange(0, 1)
-        self.context_bar.setValue(0)
-        self.context_bar.setMinimumWidth(170)
+        self.set_context(0, 0)
+        self.context_bar.setMinimumWidth(130)  # "context 12345 / 131072" at 8 pt
         self.context_bar.setMaximumWidth(240)
         buttons.addWidget(self.context_bar)
         layout.addLayout(buttons)
@@ -368,7 +366,10 @@ class ChatView(QWidget):
             self._live = None
         if self._thoughts is not None:
             self._thoughts.update(split.reasoning)
+            had_focus = self.answer_now_button.hasFocus()
             self.answer_now_button.setVisible(split.thinking and self.stop_button.isEnabled())
+            if had_focus and not self.answer_now_button.isVisible():
+                self.input.setFocus()  # not the next widget in the chain
             if split.thinking:
                 return
             if self._live is None:
@@ -470,12 +471,20 @@ class ChatView(QWidget):
 
     def set_generating(self, generating: bool, can_regenerate: bool = False,
                        can_edit: bool = False) -> None:
+        buttons = (self.send_button, self.stop_button, self.answer_now_button,
+                   self.regenerate_button, self.edit_button)
+        focused = next((b for b in buttons if b.hasFocus()), None)
         self.send_button.setEnabled(not generating)
         self.stop_button.setEnabled(generating)
         if not generating:
             self.answer_now_button.setVisible(False)
         self.regenerate_button.setEnabled(not generating and can_regenerate)
         self.edit_button.setEnabled(not generating and can_edit)
+        if focused is not None and not (focused.isEnabled() and focused.isVisible()):
+            # a clicked button that is now disabled would hand the keyboard focus to the
+            # next widget in the chain (the cache policy box, where the next arrow key
+            # would change the policy): give it back to the message box instead
+            self.input.setFocus()
 
     def start_edit(self, position: int, content: str) -> None:
         """Put the last user message back in the box; the next send replaces it."""
@@ -489,5 +498,7 @@ class ChatView(QWidget):
         self.send_button.setText("&Send")
 
     def set_context(self, used: int, n_ctx: int) -> None:
+        """``n_ctx`` 0: no model, no context (not "context 0 / 1")."""
+        self.context_bar.setFormat("context %v / %m" if n_ctx > 0 else "no model loaded")
         self.context_bar.setRange(0, max(n_ctx, 1))
         self.context_bar.setValue(min(used, max(n_ctx, 1)))

@@ -143,6 +143,7 @@ class CompareDialog(QDialog):
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.verticalHeader().setVisible(False)
+        self.table.resizeColumnsToContents()  # whole headers before the first run too
         self.table.itemSelectionChanged.connect(self._show_selected)
         layout.addWidget(self.table, 1)
         self.answer = QTextBrowser()

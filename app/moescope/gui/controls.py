@@ -47,23 +47,25 @@ TOGGLE_FALLBACK = "quality-first"
 """Where the shortcut returns from Speed-first when it did not come from another policy."""
 
 
+CUSTOM_ONLY_TIP = ("Fixed by the chosen preset: choose Custom in Policy to set it "
+                   "yourself.")
+NO_CACHE_TIP = "Open a model with an expert cache to change the policy."
 BUDGET_ENTRY_TIP = ("Type a VRAM budget for expert slots and press Enter: a size (12GiB, "
                     "512MiB), a share of the experts (25%), or slots per layer (16).")
 
 
-def typed_slots(text: str, model: ModelSummary) -> tuple[int, str]:
+def typed_slots(text: str, n_expert: int, top_k: int, row_bytes: int) -> tuple[int, str]:
     """Slots per layer for a typed budget, and a note when it had to be clamped.
 
     A bare whole number no larger than the model's expert count means slots per layer
     (what the label shows); anything else is a budget as ``--budget`` reads it (a bare
-    larger number is bytes, as there).
+    larger number is bytes, as there). ``row_bytes``: one slot in every MoE layer.
     """
     count = text.removesuffix("slots").strip()
-    if count.isdigit() and 0 < int(count) <= model.n_expert:
-        slots = max(int(count), model.top_k)
-        return slots, (f"at least top-k = {model.top_k} slots" if slots != int(count) else "")
-    plan = plan_slots(text, n_expert=model.n_expert, top_k=model.top_k,
-                      bytes_per_expert=[model.slot_row_bytes])
+    if count.isdigit() and 0 < int(count) <= n_expert:
+        slots = max(int(count), top_k)
+        return slots, (f"at least top-k = {top_k} slots" if slots != int(count) else "")
+    plan = plan_slots(text, n_expert=n_expert, top_k=top_k, bytes_per_expert=[row_bytes])
     return plan.slots_per_layer, plan.message if plan.clamped else ""
 
 
@@ -82,6 +84,9 @@ class ControlsPanel(QGroupBox):
         self._custom_saved = custom_policy()
         """Custom's settings while a preset is shown in its controls."""
         form = QFormLayout(self)
+        self.form = form
+        self._tips: dict[QWidget, str] = {}
+        """The Custom controls' own tooltips, before the reason they are greyed is added."""
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         self.policy_combo = QComboBox()
         self.policy_combo.setAccessibleName("Cache policy")
@@ -301,7 +306,7 @@ class ControlsPanel(QGroupBox):
         if m is None or not m.cache_enabled or not text:
             return False
         try:
-            slots, note = typed_slots(text, m)
+            slots, note = typed_slots(text, m.n_expert, m.top_k, m.slot_row_bytes)
         except MoEScopeError as err:
             self.budget_entry.setToolTip(f"{err}\n\n{BUDGET_ENTRY_TIP}")
             self.budget_entry.setProperty("invalid", True)
@@ -346,6 +351,19 @@ class ControlsPanel(QGroupBox):
         for slider, label in ((self.theta, self.theta_label), (self.beta, self.beta_label),
                               (self.bonus, self.bonus_label)):
             label.setEnabled(slider.isEnabled())  # greyed like what it labels
+        # the row names too, and say why they are greyed: a preset fixes its settings
+        why = "" if custom else CUSTOM_ONLY_TIP if self.policy_combo.isEnabled() else \
+            NO_CACHE_TIP
+        for widget in (self.theta, self.beta, self.bonus, self.prefetch_mode,
+                       self.prefetch_count):
+            tip = widget.toolTip() if widget is self.theta else \
+                self._tips.setdefault(widget, widget.toolTip())
+            widget.setToolTip(f"{tip}\n\n{why}" if why else tip)
+        for widget in (self.theta, self.beta, self.bonus, self.prefetch_mode):
+            name = self.form.labelForField(widget.parentWidget())
+            if name is not None:
+                name.setEnabled(widget.isEnabled())
+                name.setToolTip(why)
 
     def _update_custom_labels(self) -> None:
         self.theta_label.setText(f"{self.theta.value() / 100:.2f}")

@@ -15,6 +15,8 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolTip, QVBoxLayout, QWidge
 
 from moescope.gui import theme
 from moescope.gui.cache_model import CacheModel
+from moescope.gui.elided_label import ElidedLabel
+from moescope.gui.flow_layout import FlowLayout
 from moescope.gui.snapshots import CELL_LABELS
 
 
@@ -28,7 +30,7 @@ class HeatmapView(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(2)
-        self.title = QLabel("Expert cache: layers × experts")
+        self.title = ElidedLabel("Expert cache: layers × experts")
         self.title.setObjectName("panelTitle")
         layout.addWidget(self.title)
         self.graphics = pg.GraphicsLayoutWidget()
@@ -45,27 +47,32 @@ class HeatmapView(QWidget):
         self.image.setLookupTable(theme.cell_lut())
         self.plot.addItem(self.image)
         layout.addWidget(self.graphics, 1)
-        layout.addLayout(self._legend())
+        self.legend = self._legend()
+        layout.addWidget(self.legend)
         self.graphics.scene().sigMouseMoved.connect(self._hover)
         self.hover_text = ""
         self.reset()
 
-    def _legend(self) -> QHBoxLayout:
-        row = QHBoxLayout()
-        row.setSpacing(8)
+    def _legend(self) -> QWidget:
+        """Labelled swatches that wrap onto a second row in a narrow panel (one fixed row
+        would set the whole window's minimum width)."""
+        legend = QWidget()
+        legend.setAccessibleName("Heatmap legend")
+        flow = FlowLayout(legend)
         for colour, label in zip(theme.CELL_COLOURS, CELL_LABELS, strict=True):
+            pair_widget = QWidget()
             swatch = QLabel()
             swatch.setFixedSize(11, 11)
             swatch.setStyleSheet(f"background:{colour}; border:1px solid #555;")
             text = QLabel(label)
             text.setObjectName("legendText")
-            pair = QHBoxLayout()
+            pair = QHBoxLayout(pair_widget)
+            pair.setContentsMargins(0, 0, 0, 0)
             pair.setSpacing(3)
             pair.addWidget(swatch)
             pair.addWidget(text)
-            row.addLayout(pair)
-        row.addStretch(1)
-        return row
+            flow.addWidget(pair_widget)
+        return legend
 
     def reset(self) -> None:
         """Resize to the model's layers x experts and draw the empty state."""
@@ -79,6 +86,8 @@ class HeatmapView(QWidget):
         self.graphics.setMinimumHeight(min(max(120, 14 * len(layers) + 70), 360))
         self.plot.getAxis("left").setTicks(
             [[(i + 0.5, str(layer)) for i, layer in enumerate(layers) if i % step == 0]])
+        # no model: no expert numbers (not 0.1 … 0.9 across one empty cell)
+        self.plot.getAxis("bottom").setTicks(None if layers else [[]])
         self.refresh()
 
     def refresh(self) -> None:

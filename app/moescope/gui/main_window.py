@@ -22,10 +22,10 @@ from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKe
 from PySide6.QtWidgets import (
     QFileDialog,
     QInputDialog,
-    QLabel,
     QMainWindow,
     QMessageBox,
     QProgressBar,
+    QProgressDialog,
     QSplitter,
     QTabWidget,
     QVBoxLayout,
@@ -36,7 +36,6 @@ from moescope.core.errors import MoEScopeError
 from moescope.core.files import write_atomic
 from moescope.core.gguf_info import read_model_info
 from moescope.core.resources import demo_model_path
-from moescope.core.trace import TraceFormatError
 from moescope.engine import Engine
 from moescope.gui import paths
 from moescope.gui.about_dialog import AboutDialog
@@ -47,13 +46,15 @@ from moescope.gui.chat_settings import ChatSettingsPanel
 from moescope.gui.chat_view import ChatView
 from moescope.gui.compare_dialog import CompareDialog
 from moescope.gui.controls import ControlsPanel
+from moescope.gui.elided_label import ElidedLabel
 from moescope.gui.logs_view import LogsView
 from moescope.gui.open_model_dialog import OpenModelDialog
 from moescope.gui.policy_choices import POLICY_TIPS
 from moescope.gui.shortcuts_dialog import ShortcutsDialog
 from moescope.gui.snapshots import ModelSummary, TokenSnapshot
 from moescope.gui.store import ChatStore
-from moescope.gui.trace_io import export_session, prune_traces, reopen
+from moescope.gui.trace_io import ReopenedTrace, export_session, prune_traces
+from moescope.gui.trace_opener import PROGRESS_STEPS, TraceOpener
 from moescope.gui.trace_window import TraceWindow
 from moescope.gui.worker import EngineClient, LoadRequest
 
@@ -92,6 +93,8 @@ def model_key(path: str | Path) -> str:
 class MainWindow(QMainWindow):
     modelLoaded = Signal(object)  # ModelSummary
     modelFailed = Signal(str)
+    traceOpened = Signal(object)  # TraceWindow
+    traceFailed = Signal(str)
     changesApplied = Signal(object, object)  # ModelSummary, list[str] (GUI thread)
 
     def __init__(self, *, engine: Engine | None = None, store: ChatStore | None = None,
@@ -113,6 +116,8 @@ class MainWindow(QMainWindow):
         """The current session's trace file (recorded by the worker), if recording."""
         self.recent_tokens: deque[TokenSnapshot] = deque(maxlen=RECENT_TOKENS)
         self.trace_windows: list[TraceWindow] = []
+        self._trace_openers: dict[TraceOpener, QProgressDialog] = {}
+        """Traces being read, with their progress dialogs."""
         self.notices: list[tuple[str, str]] = []
         """Non-blocking warnings shown (``notify``), oldest first."""
         self._notice_boxes: list[QMessageBox] = []
@@ -237,7 +242,7 @@ class MainWindow(QMainWindow):
         self._rebuild_recent_menu()
 
     def _build_status_bar(self) -> None:
-        self.model_label = QLabel("No model loaded — File ▸ Open model… (Ctrl+O)")
+        self.model_label = ElidedLabel("No model loaded — File ▸ Open model… (Ctrl+O)")
         self.model_label.setAccessibleName("Model status")
         self.progress = QProgressBar()
         self.progress.setRange(0, 100)
@@ -435,6 +440,7 @@ class MainWindow(QMainWindow):
         self.chat.model_loaded = False
         self.cache_panel.set_model(None)
         self.controls.set_model(None)
+        self.chat_view.set_context(0, 0)
         self._update_title()
         self.chat._update_buttons()
         self.modelFailed.emit(message)
@@ -641,17 +647,54 @@ class MainWindow(QMainWindow):
         if path:
             self.open_trace(path)
 
-    def open_trace(self, path: str | Path) -> TraceWindow | None:
-        """Show a recorded session's plots in their own window."""
-        try:
-            reopened = reopen(path)
-        except (TraceFormatError, OSError, ValueError, KeyError) as err:
-            self.show_error("Cannot open the trace", str(err))
-            return None
+    def open_trace(self, path: str | Path) -> TraceOpener:
+        """Show a recorded session's plots in their own window, read on a thread (a long
+        session's trace takes seconds to read): a progress dialog with Cancel appears if
+        it takes a while, the chat goes on meanwhile, and ``traceOpened`` (the window)
+        or ``traceFailed`` (the message, also shown) says how it ended."""
+        opener = TraceOpener(path)
+        dialog = QProgressDialog(f"Reading {Path(path).name}…", "Cancel", 0,
+                                 PROGRESS_STEPS, self)
+        dialog.setWindowTitle("Open trace")
+        dialog.setMinimumDuration(400)
+        dialog.setAutoClose(False)
+        dialog.setAutoReset(False)
+        dialog.setValue(0)
+        dialog.canceled.connect(opener.cancel)
+        # the opener emits from its own thread: only bound slots of GUI-thread objects
+        # (queued), never lambdas, which would run on the reading thread
+        opener.progressed.connect(dialog.setValue)
+        opener.opened.connect(self._trace_opened)
+        opener.failed.connect(self._trace_failed)
+        opener.finished.connect(self._trace_opener_finished)
+        self._trace_openers[opener] = dialog
+        opener.start()
+        return opener
+
+    @Slot()
+    def _trace_opener_finished(self) -> None:
+        opener = self.sender()
+        dialog = self._trace_openers.pop(opener, None)  # type: ignore[call-overload]
+        if dialog is not None:
+            dialog.reset()
+            dialog.deleteLater()
+        if opener is not None:
+            opener.deleteLater()
+
+    @Slot(str, object)
+    def _trace_opened(self, path: str, reopened: ReopenedTrace) -> None:
+        if self._closed:
+            return
         window = TraceWindow(path, reopened)
         window.show()
         self.trace_windows.append(window)
-        return window
+        self.traceOpened.emit(window)
+
+    @Slot(str)
+    def _trace_failed(self, message: str) -> None:
+        if not self._closed:
+            self.show_error("Cannot open the trace", message)
+            self.traceFailed.emit(message)
 
     # ------------------------------------------------------------------ dialogs
     def show_error(self, title: str, message: str) -> None:
@@ -744,6 +787,9 @@ class MainWindow(QMainWindow):
             for box in list(self._notice_boxes):
                 box.done(0)
             self.logs.detach()
+            for opener in list(self._trace_openers):  # a trace being read: stop, join
+                opener.cancel()
+                opener.wait()
             for window in self.trace_windows:
                 window.close()
             self.store.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from PySide6.QtCore import QSize
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -22,8 +23,12 @@ from PySide6.QtWidgets import (
 EXTRA: tuple[tuple[str, str], ...] = (
     ("Send the message", "Enter"),
     ("New line in the message", "Shift+Enter"),
+    ("Answer now (while a thinking model thinks)", "Alt+A"),
 )
-"""Keys handled by widgets rather than actions."""
+"""Keys handled by widgets rather than actions (Alt+A is the *Answer now* button's, shown
+only while a model thinks)."""
+MAX_SCREEN_FRACTION = 0.8
+"""The dialog grows to show every row without scrolling, up to this much of the screen."""
 
 
 def shortcut_rows(actions: Iterable[QAction]) -> list[tuple[str, str]]:
@@ -53,8 +58,25 @@ class ShortcutsDialog(QDialog):
             self.table.setItem(r, 0, QTableWidgetItem(what))
             self.table.setItem(r, 1, QTableWidgetItem(keys))
         self.table.resizeColumnsToContents()
+        self.table.horizontalHeader().setStretchLastSection(True)
         layout.addWidget(self.table)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
-        self.resize(460, 520)
+        self.resize(self._fitting_size(buttons.sizeHint().height()))
+
+    def _fitting_size(self, buttons_height: int) -> QSize:
+        """Every row and both columns in view (no scroll bar for the last two rows), within
+        the screen."""
+        table = self.table
+        frame = 2 * table.frameWidth()
+        margins = self.layout().contentsMargins()
+        width = table.horizontalHeader().length() + frame + margins.left() + margins.right()
+        height = (table.horizontalHeader().sizeHint().height()
+                  + table.verticalHeader().length() + frame + buttons_height
+                  + self.layout().spacing() + margins.top() + margins.bottom())
+        screen = self.screen().availableGeometry() if self.screen() else None
+        if screen is not None:
+            width = min(width, int(screen.width() * MAX_SCREEN_FRACTION))
+            height = min(height, int(screen.height() * MAX_SCREEN_FRACTION))
+        return QSize(max(width, 460), height)

@@ -26,6 +26,35 @@ MUTED = "#8a919c"
 ACCENT = "#5aa9e6"
 MARKER = "#f5d76e"
 
+DISABLED_FILL = "#4a505a"
+INDICATOR_QSS = """
+/* Fusion outlines an unchecked box in the window colour darkened, which on this dark
+   ground is the ground itself: unticked boxes (Compare's policy list, "Score the whole
+   chat") did not show at all. Styling one state drops Fusion's box for the other too
+   (a bare tick), so both are drawn here, the tick from resources/icons/check.svg. */
+QCheckBox::indicator, QAbstractItemView::indicator {
+    border: 1px solid #6b7380;
+    border-radius: 2px;
+    background: #1b1d21;
+    width: 12px;
+    height: 12px;
+}
+QCheckBox::indicator:checked, QAbstractItemView::indicator:checked {
+    border-color: #5aa9e6;
+    image: url("@CHECK@");
+}
+QCheckBox::indicator:disabled, QAbstractItemView::indicator:disabled {
+    border-color: #3a3f47;
+}
+"""
+
+
+def indicator_qss() -> str:
+    """:data:`INDICATOR_QSS` with the tick image's path filled in (frozen or not)."""
+    return INDICATOR_QSS.replace("@CHECK@", (resources_dir() / "icons" / "check.svg")
+                                 .as_posix())
+
+
 CELL_COLOURS: tuple[str, ...] = (
     "#2b2f36",  # not resident
     "#3f6c99",  # resident
@@ -103,10 +132,14 @@ def apply_theme(app: QApplication) -> None:
     for role in (QPalette.ColorRole.Text, QPalette.ColorRole.ButtonText,
                  QPalette.ColorRole.WindowText):
         pal.setColor(QPalette.ColorGroup.Disabled, role, QColor(MUTED))
+    # a disabled slider's groove is filled with the highlight: in the accent colour it
+    # looked as live as an enabled one (the θ and β sliders of a preset)
+    pal.setColor(QPalette.ColorGroup.Disabled, QPalette.ColorRole.Highlight,
+                 QColor(DISABLED_FILL))
     app.setPalette(pal)
     qss = style_sheet_path()
-    if qss is not None:
-        app.setStyleSheet(qss.read_text(encoding="utf-8"))
+    sheet = qss.read_text(encoding="utf-8") if qss is not None else ""
+    app.setStyleSheet(sheet + indicator_qss())
     configure_pyqtgraph()
 
 

@@ -24,6 +24,8 @@ X_STEP = 32
 """The window's right edge moves in steps of this many tokens, so the x axis (costly to
 draw) changes a few times per second at most, not on every frame."""
 MAX_MARKERS = 64
+TITLE_PX = 16
+"""Height of a plot's title row (8 pt text)."""
 
 PLOTS: tuple[tuple[str, str], ...] = (
     ("mass", "substituted gate mass / token"),
@@ -54,6 +56,10 @@ class TimePlotsView(QWidget):
         for i, (key, title) in enumerate(PLOTS):
             plot = self.graphics.addPlot(row=i, col=0)
             plot.setTitle(title, size="8pt", color=theme.MUTED)
+            # pyqtgraph reserves 30 px for any title: 4 x 30 px of a short panel went to
+            # four lines of 8 pt text, and the curves were squeezed flat
+            plot.titleLabel.setMaximumHeight(TITLE_PX)
+            plot.layout.setRowFixedHeight(0, TITLE_PX)
             plot.setMenuEnabled(False)
             plot.hideButtons()
             plot.showGrid(x=True, y=True, alpha=0.15)
@@ -75,6 +81,15 @@ class TimePlotsView(QWidget):
             self.curves[key] = curve
         self.ttft_text = pg.TextItem(color=theme.MUTED, anchor=(1, 0))
         self.plots["tokens_per_s"].addItem(self.ttft_text, ignoreBounds=True)
+        self._empty_axes()
+
+    def _empty_axes(self) -> None:
+        """Before the first token: the axes of an empty window (0..1, tokens 0..32), not
+        pyqtgraph's default of four crowded labels between 0.2 and 0.8 per plot."""
+        for key, plot in self.plots.items():
+            plot.setYRange(0.0, 1.0, padding=0.02)
+            self._set_y_ticks(key, 1.0)
+        self.plots["mass"].setXRange(0, X_STEP, padding=0.0)
 
     def reset(self) -> None:
         while self._marker_items:
@@ -82,6 +97,7 @@ class TimePlotsView(QWidget):
         for curve in self.curves.values():
             curve.setData([], [])
         self.ttft_text.setText("")
+        self._empty_axes()
 
     def refresh(self) -> None:
         """Redraw the curves from the model's ring buffers (display timer)."""

@@ -33,7 +33,15 @@ from moescope.core.files import copy_atomic
 from moescope.core.prefetch import PrefetchSummary, summarize
 from moescope.core.reasoning import answer_begins
 from moescope.core.residency import Residency
-from moescope.core.trace import ANSWER_NOW_NOTE, Change, Trace, read_trace, write_perfetto
+from moescope.core.trace import (
+    ANSWER_NOW_NOTE,
+    Change,
+    ReadProgress,
+    Trace,
+    TraceReadCancelled,
+    read_trace,
+    write_perfetto,
+)
 from moescope.core.trace_csv import write_tokens_csv
 from moescope.gui.cache_model import prefetch_text
 from moescope.gui.snapshots import ModelSummary, TokenSnapshot
@@ -123,9 +131,14 @@ class ReopenedTrace:
     trace): their prefetch accuracy is unknown, not zero."""
 
 
-def reopen(path: str | Path) -> ReopenedTrace:
-    """Read a trace and rebuild the snapshots the panel draws (``TraceFormatError``)."""
-    trace = read_trace(path)
+def reopen(path: str | Path, progress: ReadProgress | None = None) -> ReopenedTrace:
+    """Read a trace and rebuild the snapshots the panel draws (``TraceFormatError``).
+
+    ``progress(bytes_read, file_bytes)`` hears how the read goes and may stop it
+    (returning False raises ``TraceReadCancelled``), also while the snapshots are rebuilt.
+    """
+    trace = read_trace(path, progress)
+    size = trace.path.stat().st_size if trace.path is not None else 0
     h = trace.header
     m = h.model
     row_bytes = int(sum(m.bytes_per_expert))
@@ -144,6 +157,8 @@ def reopen(path: str | Path) -> ReopenedTrace:
     begins = _answer_begins(trace)
     for rec in trace.tokens:
         step = rec.index + 1
+        if progress is not None and step % 256 == 0 and not progress(size, size):
+            raise TraceReadCancelled(f"{Path(path).name}: opening the trace was cancelled")
         for change in rec.changes:
             if change.kind == "policy" and change.policy is not None:
                 policy = change.policy

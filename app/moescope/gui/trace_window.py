@@ -18,6 +18,10 @@ from moescope.gui.cache_panel import CachePanel
 from moescope.gui.trace_io import PREFETCH_SESSION_TIP, ReopenedTrace, prefetch_overview
 from moescope.gui.whatif_view import WhatIfView
 
+EMPTY_TRACE = ("This trace holds no tokens yet. A session's trace begins when the model "
+               "loads (or when Compare policies empties the cache) and gains a token with "
+               "every one generated: chat first, then open it again.")
+
 
 class TraceWindow(QMainWindow):
     def __init__(self, path: str | Path, reopened: ReopenedTrace,
@@ -28,7 +32,7 @@ class TraceWindow(QMainWindow):
         model, tokens = reopened.model, reopened.tokens
         self.tokens = tokens
         self.setWindowTitle(f"Trace: {self.path.name} — MoEScope")
-        self.resize(760, 720)
+        self.resize(980, 760)  # the what-if table's ten columns, unscrolled
         body = QWidget()
         layout = QVBoxLayout(body)
         policies = sorted({t.policy for t in tokens})
@@ -51,6 +55,12 @@ class TraceWindow(QMainWindow):
         self.prefetch_label.setToolTip(PREFETCH_SESSION_TIP if reopened.prefetch else "")
         self.prefetch_label.setVisible(bool(prefetch))
         layout.addWidget(self.prefetch_label)
+        self.empty_label = QLabel(EMPTY_TRACE)
+        """Said instead of blank plots when the trace holds no token."""
+        self.empty_label.setObjectName("warningLabel")
+        self.empty_label.setWordWrap(True)
+        self.empty_label.setVisible(not tokens)
+        layout.addWidget(self.empty_label)
         self.panel = CachePanel(live=False)
         self.panel.set_model(model)
         self.panel.add_snapshots(tokens)
@@ -62,6 +72,9 @@ class TraceWindow(QMainWindow):
         self.tabs.addTab(self.panel, "&Plots")
         self.tabs.addTab(self.whatif, "&What-if")
         layout.addWidget(self.tabs, 1)
+        if not tokens:  # nothing to replay: a sweep would draw a table of zeros
+            self.tabs.setTabEnabled(1, False)
+            self.tabs.setTabToolTip(1, "Nothing to replay: this trace has no tokens")
         self.setCentralWidget(body)
 
     def closeEvent(self, event: QCloseEvent) -> None:

@@ -1,0 +1,132 @@
+"""What a first-time user sees: focus after sending, a window that fits a small screen,
+greyed controls that say why, a shortcuts list without a scroll bar, empty states that
+explain themselves."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gui_helpers import send
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QApplication, QCheckBox
+
+SMALL_SCREEN_WIDTH = 1024
+
+
+def _activate(qtbot: Any, window: Any) -> None:
+    window.activateWindow()
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is window, timeout=5_000)
+
+
+def test_clicking_send_leaves_the_keyboard_in_the_message_box(window: Any,
+                                                               qtbot: Any) -> None:
+    """Send is disabled while the answer streams; Qt would pass its focus to the next
+    widget in the chain, the cache policy box, where the user's next arrow key changed
+    the policy."""
+    _activate(qtbot, window)
+    view = window.chat_view
+    window.chat_settings.max_tokens.setValue(8)
+    view.input.setPlainText("Hi")
+    with qtbot.waitSignal(window.chat.answerFinished, timeout=30_000):
+        qtbot.mouseClick(view.send_button, Qt.MouseButton.LeftButton)
+        assert window.chat.generating
+        assert view.input.hasFocus(), QApplication.focusWidget()
+    assert view.input.hasFocus(), QApplication.focusWidget()
+    assert not window.controls.policy_combo.hasFocus()
+    # Regenerate, clicked, also gives the keyboard back to the box
+    with qtbot.waitSignal(window.chat.answerFinished, timeout=30_000):
+        qtbot.mouseClick(view.regenerate_button, Qt.MouseButton.LeftButton)
+    assert view.input.hasFocus(), QApplication.focusWidget()
+
+
+def test_the_window_fits_a_1024_pixel_screen_even_with_a_long_chat_title(
+        window: Any, qtbot: Any) -> None:
+    """The heatmap legend (one row of six entries), the chat title and the status bar's
+    model line used to set the window's minimum width: 1360 pixels."""
+    send(qtbot, window, "Hi", max_tokens=4)
+    window.chat.rename(window.chat.chat_id, "A very long title " * 12)
+    window.model_label.setText("Qwen3-Next-80B-A3B-Instruct-Q4_K_M-00001-of-00002 · " * 3)
+    qtbot.wait(50)
+    assert window.minimumSizeHint().width() <= SMALL_SCREEN_WIDTH
+    window.resize(SMALL_SCREEN_WIDTH, 700)
+    qtbot.waitUntil(lambda: window.width() <= SMALL_SCREEN_WIDTH, timeout=5_000)
+    title = window.chat_view.title
+    assert title.text() == "A very long title " * 12 or title.text().startswith("A very")
+    assert title.elided().endswith("…") and title.toolTip() == title.text()
+    # the legend wraps instead of overlapping the heatmap
+    legend = window.cache_panel.heatmap.legend
+    assert legend.height() >= legend.layout().heightForWidth(legend.width())
+
+
+def test_a_presets_greyed_controls_say_why(window: Any) -> None:
+    from moescope.gui.controls import CUSTOM_ONLY_TIP
+
+    c = window.controls
+    assert c.policy_combo.currentData() == "quality-first"
+    for widget in (c.theta, c.beta, c.bonus, c.prefetch_mode):
+        assert not widget.isEnabled()
+        assert CUSTOM_ONLY_TIP in widget.toolTip()
+        name = c.form.labelForField(widget.parentWidget())
+        assert not name.isEnabled() and name.toolTip() == CUSTOM_ONLY_TIP
+    c.policy_combo.setCurrentIndex(c.policy_combo.findData("custom"))
+    for widget in (c.theta, c.beta, c.bonus, c.prefetch_mode):
+        assert widget.isEnabled() and CUSTOM_ONLY_TIP not in widget.toolTip()
+        assert c.form.labelForField(widget.parentWidget()).isEnabled()
+    assert c.beta.toolTip().startswith("Background admission")  # its own tip, once
+
+
+def test_the_shortcuts_list_shows_every_row_and_answer_now(window: Any, qtbot: Any) -> None:
+    dialog = window.show_shortcuts()
+    qtbot.waitExposed(dialog)
+    rows = {dialog.table.item(r, 0).text(): dialog.table.item(r, 1).text()
+            for r in range(dialog.table.rowCount())}
+    assert "Alt+A" in rows.values()  # README: "Answer now (Alt+A)"
+    assert not dialog.table.verticalScrollBar().isVisible()
+    assert not dialog.table.horizontalScrollBar().isVisible()
+    dialog.close()
+
+
+def test_empty_states_say_what_is_missing(make_window: Callable[..., Any]) -> None:
+    window = make_window()
+    bar = window.chat_view.context_bar
+    assert bar.text() == "no model loaded"  # not "context 0 / 1"
+
+
+def test_an_empty_trace_says_so_instead_of_blank_plots(
+        open_trace_window: Callable[[Path], Any], trace_path: Path, tmp_path: Path) -> None:
+    header = trace_path.read_text(encoding="utf-8").splitlines()[0]
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(header + "\n", encoding="utf-8")
+    window = open_trace_window(empty)
+    assert window.empty_label.isVisible() and "no tokens" in window.empty_label.text()
+    assert not window.tabs.isTabEnabled(1)  # no what-if sweep of nothing
+    full = open_trace_window(trace_path)
+    assert not full.empty_label.isVisible() and full.tabs.isTabEnabled(1)
+
+
+def test_ticked_and_unticked_boxes_both_show_a_box(qtbot: Any) -> None:
+    """Fusion's unticked box was the colour of the ground; a ticked one must keep its box
+    (and show its tick) once the unticked one is styled."""
+    from moescope.gui.app import create_app
+    from moescope.gui.theme import indicator_qss
+
+    app = create_app([])
+    assert indicator_qss() in app.styleSheet()
+    assert Path(indicator_qss().split('url("')[1].split('")')[0]).is_file()  # the tick
+    images = {}
+    for ticked in (False, True):
+        box = QCheckBox("x")
+        box.setChecked(ticked)
+        qtbot.addWidget(box)
+        box.show()
+        images[ticked] = box.grab().toImage()
+    for image in images.values():
+        ground = image.pixelColor(image.width() - 1, image.height() // 2)
+        indicator = [image.pixelColor(x, y) for x in range(16) for y in range(image.height())]
+        assert any(abs(p.lightness() - ground.lightness()) > 40 for p in indicator)
+    # the tick: a ticked box differs from an unticked one inside the box
+    inside = [(x, y) for x in range(4, 12) for y in range(4, images[True].height() - 4)]
+    assert any(images[True].pixelColor(x, y) != images[False].pixelColor(x, y)
+               for x, y in inside)
