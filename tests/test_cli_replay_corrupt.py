@@ -1,6 +1,7 @@
-"""``moescope replay`` on a trace whose values disagree with its own header (a corrupt or
-hand-edited file): one line naming the token, not a NativeError or ValueError traceback
-from the core halfway through the sweep, and not a silently replayed table."""
+"""A trace whose values disagree with its own header (a corrupt or hand-edited file) is
+refused by the reader with the line named, so every consumer (``moescope replay``, the
+trace window, the CSV) is spared it: not a NativeError or ValueError traceback from the
+core halfway through a sweep, not an index error in the views, not a silent table."""
 
 from __future__ import annotations
 
@@ -43,9 +44,12 @@ def _events(d: dict[str, Any], key: str, value: Any) -> None:
 CORRUPTIONS: dict[str, tuple[dict[str, Any], str]] = {
     "router ids": ({"token": lambda d: _routes(d, "ids", [999] * 4)},
                    "expert ids outside 0..15"),
-    "event ids": ({"token": lambda d: _events(d, "ids", 999)}, "expert ids outside 0..15"),
+    "event ids": ({"token": lambda d: _events(d, "ids", 999)}, "ids outside 0..15"),
+    "used ids": ({"token": lambda d: _events(d, "used_ids", -1)}, "used_ids outside 0..15"),
     "predicted layer": ({"token": lambda d: _routes(d, "next_layer", 99)},
-                        "predicts for layer 99"),
+                        "prediction for layer 99"),
+    "predicted ids": ({"token": lambda d: _routes(d, "predicted", [77])},
+                      "predicted ids out of range"),
     "slot change": ({"token": lambda d: d.__setitem__(
         "changes", [{"kind": "slots", "slots": -5}])}, "budget change to -5 slots"),
     "header slots": ({"header": lambda d: d.__setitem__("slots_per_layer", 0)},
@@ -62,4 +66,5 @@ def test_a_trace_that_contradicts_its_header_is_one_line(
     code = main(["replay", str(trace), "-p", "recorded,exact,psr", "-b", "recorded,50%"])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and "Traceback" not in err
-    assert err.startswith("moescope: error: ") and says in err and "corrupt trace" in err
+    assert err.startswith("moescope: error: corrupt.jsonl: line ") and says in err
+    assert ("bad token record" in err) != ("bad header record" in err)

@@ -1050,7 +1050,10 @@ def read_trace(path: str | os.PathLike[str], progress: ReadProgress | None = Non
         except OSError as err:
             raise TraceFormatError(f"{p}: cannot read trace ({err})") from None
         if not raw and not complete:  # a gzip stream cut off
-            truncated = header is not None
+            if header is None:
+                raise TraceFormatError(f"{p.name}: a damaged gzip stream before any "
+                                       f"record, not a readable MoEScope trace")
+            truncated = True
             break
         if not raw.strip():
             continue
@@ -1103,9 +1106,15 @@ def _header_from_json(d: Mapping[str, Any]) -> TraceHeader:
     model = ModelSummary.from_json(d["model"])
     if len(model.bytes_per_expert) != len(model.moe_layers):
         raise ValueError("bytes_per_expert needs one entry per MoE layer")
+    if not 0 < model.top_k <= min(model.n_expert, MAX_K):
+        raise ValueError(f"top_k {model.top_k} does not fit {model.n_expert} experts")
+    slots = int(d["slots_per_layer"])
+    if not model.top_k <= slots <= model.n_expert:
+        raise ValueError(f"slots_per_layer {slots} is outside [top-k {model.top_k}, "
+                         f"{model.n_expert} experts]")
     return TraceHeader(
         model=model, budget=str(d.get("budget", "")),
-        slots_per_layer=int(d["slots_per_layer"]), policy=policy_from_json(d["policy"]),
+        slots_per_layer=slots, policy=policy_from_json(d["policy"]),
         router_inputs=router, initial_step=int(state.get("step", 0)),
         initial_resident=int(state.get("resident", 0)),
         software=dict(d.get("software") or {}), machine=dict(d.get("machine") or {}),
@@ -1128,18 +1137,32 @@ def _token_from_json(d: Mapping[str, Any], header: TraceHeader, expected: int) -
     m = header.model
     for i, e in enumerate(raw_events):
         _event_from_json(e, events[i])
-        if int(e["k"]) != m.top_k or not 0 <= int(e["layer"]) < m.n_layers:
+        if int(e["k"]) != m.top_k or int(e["layer"]) not in m.moe_layers:
             raise ValueError(f"event {i}: layer {e['layer']} / k {e['k']} do not fit the model")
+    _check_expert_ids(events, m.n_expert)
     routes = {}
     for r in d.get("routes", ()):
         route = _route_from_json(r, m.n_expert, len(events))
+        if route.ids.size and not (route.ids.min() >= 0 and route.ids.max() < m.n_expert):
+            raise ValueError(f"router input of row {route.row}: expert ids outside "
+                             f"0..{m.n_expert - 1}")
+        if route.predicted is not None and route.next_layer not in m.moe_layers:
+            raise ValueError(f"row {route.row}: a prediction for layer {route.next_layer}, "
+                             f"not a MoE layer")
         routes[route.row] = route
     changes = [_change_from_json(c) for c in d.get("changes", ())]
+    for c in changes:
+        if c.kind == "slots" and c.slots is not None and not m.top_k <= c.slots <= m.n_expert:
+            raise ValueError(f"a budget change to {c.slots} slots is outside [top-k "
+                             f"{m.top_k}, {m.n_expert} experts]")
     timings = d.get("timings")
     prefetches = prefetch_hits = None
     if "prefetch" in d:  # absent: written before the counters existed, so unknown
         prefetches, prefetch_hits = _prefetch_from_json(d["prefetch"], m.moe_layers)
     slots = int(d["slots_per_layer"])
+    if not m.top_k <= slots <= m.n_expert:
+        raise ValueError(f"slots_per_layer {slots} is outside [top-k {m.top_k}, "
+                         f"{m.n_expert} experts]")
     resident = None
     if "resident" in d:  # absent: the event rows explain residency (or an older trace)
         resident = masks_from_json(d["resident"], m.moe_layers, m.n_expert, slots)
@@ -1151,6 +1174,21 @@ def _token_from_json(d: Mapping[str, Any], header: TraceHeader, expected: int) -
         answer=int(d.get("answer", 0)), position=int(d.get("position", 0)),
         prefetches=prefetches, prefetch_hits=prefetch_hits, resident=resident,
     )
+
+
+def _check_expert_ids(events: npt.NDArray[Any], n_expert: int) -> None:
+    """Every expert id a row names (routed, used, admitted, evicted) is one of the model's:
+    the views and the simulator index arrays with them, and the core refuses them."""
+    if not len(events):
+        return
+    for name, count in (("ids", "k"), ("used_ids", "k"), ("admitted", "n_admit"),
+                        ("evicted", "n_evict")):
+        ids = events[name]
+        named = np.arange(ids.shape[1]) < np.minimum(events[count], ids.shape[1])[:, None]
+        bad = (named & ((ids < 0) | (ids >= n_expert))).any(axis=1)
+        if bad.any():
+            raise ValueError(f"event {int(np.argmax(bad))}: {name} outside "
+                             f"0..{n_expert - 1}")
 
 
 def _change_from_json(d: Mapping[str, Any]) -> Change:

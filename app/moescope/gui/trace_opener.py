@@ -71,5 +71,10 @@ class TraceOpener(QThread):
         except (TraceFormatError, OSError, ValueError, KeyError) as err:
             self.failed.emit(str(err))
             return
+        except Exception as err:  # a reader bug must still end in a message, not silence
+            log.exception("opening %s failed", self.path)
+            self.failed.emit(f"{self.path.name}: cannot open this trace "
+                             f"({type(err).__name__}: {err}); the log has the details")
+            return
         if not self._cancel.is_set():
             self.opened.emit(str(self.path), reopened)
