@@ -9,6 +9,7 @@ from moescope.engine.engine import (
     ModelLoadError,
     Sampling,
 )
+from moescope.engine.load_hooks import LoadCancelled
 from moescope.engine.stats import AnswerStats, CacheTotals, TokenStats
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "CacheTotals",
     "ChatTemplateError",
     "Engine",
+    "LoadCancelled",
     "LoadedModel",
     "Message",
     "ModelLoadError",

@@ -31,6 +31,16 @@ from moescope.core.gguf_info import ModelInfo, read_model_info
 from moescope.core.native import ExpertCache, LayerStats
 from moescope.core.policy import Policy
 from moescope.engine import bindings
+from moescope.engine.load_hooks import (
+    LoadCancelled,
+    first_line,
+    is_template_error,
+    llama_errors,
+    load_message,
+    load_progress,
+    loading,
+    report_native_aborts,
+)
 from moescope.engine.stats import AnswerStats, CacheTotals, TokenStats
 
 ProgressFn = Callable[[str, float], None]
@@ -102,6 +112,7 @@ class Engine:
         self._lib: Any = None
         self.model: LoadedModel | None = None
         self._stop = threading.Event()
+        self._cancel_load = threading.Event()
         self._policy_name = "exact"
         self._policy: Policy = Policy.preset("exact")
         self.last_answer = AnswerStats()
@@ -136,6 +147,7 @@ class Engine:
         full PCIe speed instead of staging through pageable memory.
         """
         report = progress or (lambda stage, frac: None)
+        self._cancel_load.clear()  # a cancel meant for an earlier load is not for this one
         if n_ctx < 1:  # llama.cpp reads 0 as "the model's own", which may not fit memory
             raise MoEScopeError(f"context size {n_ctx} is too small: give at least 1 token "
                                 f"(e.g. 4096)")
@@ -163,22 +175,28 @@ class Engine:
         if pinned_experts is None:
             pinned_experts = bool(cache and n_gpu_layers != 0
                                   and llama_cpp.llama_supports_gpu_offload())
-        _report_native_aborts()
+        report_native_aborts()
         try:
-            with _quiet_stderr(), _llama_errors() as errors, _loading(p):
+            with _quiet_stderr(), llama_errors() as errors, loading(p), load_progress(
+                    lambda f: report("loading weights", 0.1 + 0.7 * f), self._cancel_load):
                 self._llm = llama_cpp.Llama(
                     model_path=str(p), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
                     n_threads=n_threads, verbose=False, logits_all=False,
                     use_mmap=not pinned_experts)
         except (ValueError, RuntimeError, OSError) as err:
-            raise ModelLoadError(_load_message(p, n_ctx, str(err), errors)) from err
+            if self._cancel_load.is_set():
+                raise LoadCancelled(f"loading {p.name} was cancelled") from None
+            raise ModelLoadError(load_message(p, n_ctx, str(err), errors)) from err
         except Exception as err:
-            if not _is_template_error(err):
+            if not is_template_error(err):
                 raise
             raise ChatTemplateError(
                 f"{p.name}: its chat template (tokenizer.chat_template) is not valid Jinja "
-                f"({_first_line(err)}), so llama-cpp-python cannot load the model; a "
+                f"({first_line(err)}), so llama-cpp-python cannot load the model; a "
                 f"corrected GGUF is needed") from err
+        if self._cancel_load.is_set():  # asked for while the last tensors were read
+            self.close()
+            raise LoadCancelled(f"loading {p.name} was cancelled")
         if plan is not None and info is not None:
             report("allocating expert slots", 0.8)
             self.set_policy(policy, _apply=False)
@@ -418,7 +436,7 @@ class Engine:
             except Exception as err:  # the template is the model's code, not ours
                 raise ChatTemplateError(
                     f"the model's chat template refused this conversation: "
-                    f"{_first_line(err)}") from err
+                    f"{first_line(err)}") from err
         lines = [f"{m['role'].capitalize()}: {m['content']}" for m in msgs]
         return "\n".join(lines) + "\nAssistant:"
 
@@ -490,6 +508,11 @@ class Engine:
     def stop(self) -> None:
         """Ask a running generation to stop after the current token (any thread)."""
         self._stop.set()
+
+    def cancel_load(self) -> None:
+        """Any thread: end a running :meth:`load` at llama.cpp's next progress step (it
+        raises :class:`LoadCancelled`, nothing loaded); no effect on a later load."""
+        self._cancel_load.set()
 
     def generate(self, prompt: str | Sequence[Message | dict[str, str]],
                  sampling: Sampling | None = None, *,
@@ -670,127 +693,3 @@ def _quiet_stderr() -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
-
-
-def _first_line(err: BaseException) -> str:
-    """The first line of an exception's text (or its type), short enough for one line."""
-    text = str(err).strip()
-    return (text.splitlines()[0] if text else type(err).__name__)[:200]
-
-
-def _is_template_error(err: BaseException) -> bool:
-    """A Jinja error raised while llama-cpp-python compiles the GGUF's chat template."""
-    try:
-        from jinja2 import TemplateError
-    except ImportError:  # pragma: no cover - llama_cpp depends on jinja2
-        return False
-    return isinstance(err, TemplateError)
-
-
-_ERROR_LEVEL = 4  # GGML_LOG_LEVEL_ERROR in ggml.h (llama_cpp._logger still says 3)
-_CONT_LEVEL = 5  # GGML_LOG_LEVEL_CONT: continues the previous message
-_GENERIC_ERRORS = ("failed to load model", "failed to create llama_context")
-
-
-@contextlib.contextmanager
-def _llama_errors() -> Iterator[list[str]]:
-    """Collect llama.cpp's error-level log lines while loading.
-
-    llama-cpp-python turns every load failure into "Failed to load model from file" and
-    sends llama.cpp's log (which says why: an unknown architecture, a tensor of the wrong
-    shape, a buffer that could not be allocated) to /dev/null. A log callback of our own
-    keeps the error lines for the message; everything is still passed on to
-    llama-cpp-python's callback, so ``MOESCOPE_DEBUG`` shows the same log as before.
-    """
-    import llama_cpp
-    from llama_cpp import _logger
-
-    errors: list[str] = []
-    previous = _logger.llama_log_callback
-    last = [0]
-
-    @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator,misc]
-    def collect(level: int, text: bytes, user_data: Any) -> None:
-        if level == _ERROR_LEVEL or (level == _CONT_LEVEL and last[0] == _ERROR_LEVEL):
-            line = text.decode("utf-8", errors="replace").strip()
-            if line:
-                errors.append(line)
-        if level != _CONT_LEVEL:
-            last[0] = level
-        previous(level, text, user_data)
-
-    llama_cpp.llama_log_set(collect, ctypes.c_void_p(0))
-    try:
-        yield errors
-    finally:
-        llama_cpp.llama_log_set(previous, ctypes.c_void_p(0))
-
-
-def _load_message(path: Path, n_ctx: int, error: str, log: Sequence[str]) -> str:
-    """One sentence on why llama.cpp refused ``path``: its own first specific error line
-    (minus the function names it prefixes), and what to try for a context that did not
-    fit in memory."""
-    reasons = [line for line in log
-               if not any(line.lower().endswith(g) for g in _GENERIC_ERRORS)]
-    reason = reasons[0] if reasons else error
-    for prefix in ("llama_model_load: error loading model: ",):
-        reason = reason.removeprefix(prefix)
-    reason = reason[:300]
-    if "llama_context" in error:
-        return (f"llama.cpp could not create a context of {n_ctx} tokens for {path.name} "
-                f"({reason}); try a smaller context")
-    return f"llama.cpp could not load {path.name}: {reason}"
-
-
-_abort_hook: Any = None
-_loading_file: list[str] = []
-"""The model file llama.cpp is reading right now (for the abort message), if any."""
-
-
-@contextlib.contextmanager
-def _loading(path: Path) -> Iterator[None]:
-    """Mark ``path`` as being loaded, so a failed check names it and blames the file."""
-    _loading_file.append(path.name)
-    try:
-        yield
-    finally:
-        _loading_file.pop()
-
-
-def _report_native_aborts() -> None:
-    """Have llama.cpp's failed internal checks (``GGML_ASSERT``) say what failed.
-
-    Such a check ends the process (ggml calls ``abort``), and it comes from a model file
-    whose numbers disagree with each other (a duplicated vocabulary entry, say) more
-    often than from a bug. ggml prints its message to stderr, which is /dev/null while a
-    model loads, so the process died without a word. This hook writes one line to the
-    process's original stderr first; the process still ends (nothing can resume after a
-    failed check), but the user learns which check, and, during a load, which file.
-    """
-    global _abort_hook
-    if _abort_hook is not None:
-        return
-    try:
-        from llama_cpp import _ggml
-
-        setter = _ggml.libggml.ggml_set_abort_callback
-        fd = os.dup(2)  # stderr as it is now, before any load redirects it
-    except (ImportError, AttributeError, OSError):  # an older ggml: keep its own message
-        return
-    callback_type = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
-
-    def on_abort(message: bytes | None) -> None:
-        text = (message or b"").decode("utf-8", errors="replace").strip()
-        if _loading_file:
-            why = (f"while loading {_loading_file[-1]}; the file is probably corrupt or made "
-                   f"for another llama.cpp version")
-        else:
-            why = "; please report this as a MoEScope bug, with the model and what you did"
-        with contextlib.suppress(OSError):
-            os.write(fd, f"moescope: fatal: llama.cpp stopped on a failed internal check "
-                         f"({text}) {why}\n".encode())
-
-    _abort_hook = callback_type(on_abort)  # kept referenced: ggml holds a raw pointer
-    setter.restype = ctypes.c_void_p
-    setter.argtypes = [callback_type]
-    setter(_abort_hook)

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QProgressBar,
     QProgressDialog,
+    QPushButton,
     QSplitter,
     QTabWidget,
     QVBoxLayout,
@@ -249,14 +250,22 @@ class MainWindow(QMainWindow):
         self.progress.setMaximumWidth(220)
         self.progress.setAccessibleName("Loading progress")
         self.progress.hide()
+        self.cancel_load_button = QPushButton("Cancel")
+        self.cancel_load_button.setAccessibleName("Cancel loading")
+        self.cancel_load_button.setToolTip("Stop loading this model (a large model takes "
+                                           "minutes to read into memory)")
+        self.cancel_load_button.clicked.connect(self.cancel_load)
+        self.cancel_load_button.hide()
         self.statusBar().addWidget(self.model_label, 1)
         self.statusBar().addPermanentWidget(self.progress)
+        self.statusBar().addPermanentWidget(self.cancel_load_button)
 
     def _connect(self) -> None:
         w = self.client.worker
         w.loadProgress.connect(self._on_load_progress)
         w.loaded.connect(self._on_loaded)
         w.loadFailed.connect(self._on_load_failed)
+        w.loadCancelled.connect(self._on_load_cancelled)
         w.tokens.connect(self._on_tokens)
         # bound methods of this QObject, never lambdas: a lambda connected to a worker
         # signal would run on the worker thread
@@ -397,17 +406,30 @@ class MainWindow(QMainWindow):
         self.model_label.setText(f"Loading {Path(request.path).name}…")
         self.progress.setValue(0)
         self.progress.show()
+        self.cancel_load_button.setEnabled(True)
+        self.cancel_load_button.show()
         self._pending_request = request
         self.client.load(request)
         return True
+
+    def cancel_load(self) -> None:
+        """Stop the model load in progress (the worker says so with ``loadCancelled``)."""
+        if self.loading:
+            self.cancel_load_button.setEnabled(False)
+            self.model_label.setText("Cancelling…")
+            self.client.cancel_load()
 
     def _on_load_progress(self, stage: str, fraction: float) -> None:
         self.progress.setValue(int(fraction * 100))
         self.progress.setFormat(f"{stage} %p%")
 
-    def _on_loaded(self, summary: ModelSummary) -> None:
+    def _load_ended(self) -> None:
         self.loading = False
         self.progress.hide()
+        self.cancel_load_button.hide()
+
+    def _on_loaded(self, summary: ModelSummary) -> None:
+        self._load_ended()
         self.model = summary
         self.chat.model_loaded = True
         self.chat.model_name = summary.name
@@ -433,9 +455,18 @@ class MainWindow(QMainWindow):
         if summary.notice:
             self.show_warning("Model loaded with a note", summary.notice)
 
+    def _on_load_cancelled(self, message: str) -> None:
+        """Nothing is loaded now (the previous model was freed before loading began)."""
+        self._no_model()
+        self.statusBar().showMessage(message, 8000)
+
     def _on_load_failed(self, message: str) -> None:
-        self.loading = False
-        self.progress.hide()
+        self._no_model()
+        self.modelFailed.emit(message)
+        self.show_error("Could not load the model", message)
+
+    def _no_model(self) -> None:
+        self._load_ended()
         self.model = None
         self.chat.model_loaded = False
         self.cache_panel.set_model(None)
@@ -443,8 +474,6 @@ class MainWindow(QMainWindow):
         self.chat_view.set_context(0, 0)
         self._update_title()
         self.chat._update_buttons()
-        self.modelFailed.emit(message)
-        self.show_error("Could not load the model", message)
 
     def _update_title(self) -> None:
         m = self.model

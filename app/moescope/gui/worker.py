@@ -33,7 +33,7 @@ from moescope.core.policy import Policy
 from moescope.core.prefetch import PrefetchCounters, prefetch_delta
 from moescope.core.residency import read_resident
 from moescope.core.trace import ANSWER_NOW_NOTE, TraceRecorder
-from moescope.engine import AnswerStats, Engine, Sampling
+from moescope.engine import AnswerStats, Engine, LoadCancelled, Sampling
 from moescope.engine.compare import compare_policies, conversation_tokens
 from moescope.gui.snapshots import AnswerSummary, ModelSummary, TokenSnapshot
 from moescope.gui.trace_io import TraceLimits, new_trace_path, prune_traces
@@ -85,6 +85,7 @@ class EngineWorker(QObject):
     loadProgress = Signal(str, float)
     loaded = Signal(object)  # ModelSummary
     loadFailed = Signal(str)
+    loadCancelled = Signal(str)
     tokens = Signal(object)  # list[TokenSnapshot], oldest first
     finished = Signal(object)  # AnswerSummary
     failed = Signal(str)
@@ -140,6 +141,10 @@ class EngineWorker(QObject):
             self.engine.load(request.path, budget=request.budget, policy=request.policy,
                              n_ctx=request.n_ctx, n_gpu_layers=request.n_gpu_layers,
                              progress=self.loadProgress.emit)
+        except LoadCancelled as err:
+            log.info("%s", err)
+            self.loadCancelled.emit(str(err))
+            return
         except MoEScopeError as err:
             log.warning("load failed: %s", err)
             self.loadFailed.emit(str(err))
@@ -459,6 +464,10 @@ class EngineClient(QObject):
     def stop(self) -> None:
         self.worker.stop()
 
+    def cancel_load(self) -> None:
+        """Any thread: end a model load at llama.cpp's next progress step."""
+        self.worker.engine.cancel_load()
+
     def compare(self, request: CompareRequest) -> None:
         self._compare.emit(request)
 
@@ -486,6 +495,7 @@ class EngineClient(QObject):
             return True
         self._closed = True
         self.worker.stop()
+        self.worker.engine.cancel_load()  # a load in progress ends too (minutes, else)
         self._shutdown.emit()
         ok = self.thread.wait(timeout_ms)
         if not ok:
