@@ -35,7 +35,8 @@ def test_policies_answer_the_last_message_side_by_side(window: Any, qtbot: Any) 
     assert [a.policy for a in result.answers] == ["exact", "speed-first", "substitute-all"]
     t = dialog.table
     assert t.rowCount() == 3
-    assert [t.item(r, 0).text() for r in range(3)] == ["exact", "speed-first", "substitute-all"]
+    assert [t.item(r, 0).text() for r in range(3)] == ["Exact", "Speed-first",
+                                                       "Substitute every miss"]
     assert t.item(0, 2).text() == "reference"
     ref, sub = result.answers[0], result.answers[2]
     prefix, share = agreement(ref.token_ids, sub.token_ids)

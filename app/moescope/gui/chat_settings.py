@@ -41,7 +41,7 @@ class ChatSettingsPanel(QWidget):
         self.system_prompt.setMaximumHeight(110)
         form.addRow("S&ystem prompt", self.system_prompt)
         self.temperature = self._double(0.0, 2.0, 0.05, 0.7, "Temperature (0 = greedy)")
-        form.addRow("&Temperature ", self.temperature)
+        form.addRow("&Temperature", self.temperature)
         self.top_p = self._double(0.0, 1.0, 0.01, 0.95, "Top-p")
         form.addRow("Top-&p", self.top_p)
         self.top_k = self._int(0, 1000, 40, "Top-k (0 = off)")

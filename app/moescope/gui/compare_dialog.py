@@ -45,6 +45,7 @@ from moescope.gui import theme
 from moescope.gui.policy_choices import (
     CUSTOM,
     POLICY_CHOICES,
+    POLICY_NAMES,
     POLICY_TIPS,
     PREFETCH_OFF,
     control_values,
@@ -55,7 +56,7 @@ from moescope.gui.worker import CompareRequest, EngineClient
 REFERENCE = "exact"
 DEFAULT_CHOSEN = ("quality-first", "speed-first", "psr")
 DIVERGED_BACKGROUND = "#4a2b2e"
-COLUMNS = ("Policy", "tok/s", "vs exact", "Same start", "Agreement", "Hit rate",
+COLUMNS = ("Policy", "tok/s", "vs Exact", "Same start", "Agreement", "Hit rate",
            "Substituted", "Mass/token", "Fetched MB/token", "Chat perplexity")
 
 
@@ -248,7 +249,7 @@ class CompareDialog(QDialog):
             c = a.cache
             reference = r == 0
             cells = (
-                a.policy, f"{a.tokens_per_second:.1f}",
+                POLICY_NAMES.get(a.policy, a.policy), f"{a.tokens_per_second:.1f}",
                 "reference" if reference else f"{result.speedup(a):.2f}×",
                 "reference" if reference else same_start_text(a),
                 "reference" if reference else f"{a.agreement:.0%}",

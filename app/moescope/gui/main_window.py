@@ -170,7 +170,7 @@ class MainWindow(QMainWindow):
         self.splitter.setStretchFactor(0, 0)
         self.splitter.setStretchFactor(1, 3)
         self.splitter.setStretchFactor(2, 3)
-        self.splitter.setSizes([200, 560, 560])
+        self.splitter.setSizes([200, 530, 620])  # the heatmap legend on one row
         self.setCentralWidget(self.splitter)
         self.resize(1380, 860)
 

@@ -49,6 +49,9 @@ POLICY_CHOICES: tuple[tuple[str, str], ...] = (
 )
 """Policy menu: paper 1's operating points, paper 2's, Custom, then the bare rules."""
 
+POLICY_NAMES: dict[str, str] = {key: label.split(" (")[0] for key, label in POLICY_CHOICES}
+"""The short name a table shows for each choice ("Quality-first", "PSR", "Custom")."""
+
 POLICY_TIPS: dict[str, str] = {
     "exact": "Waits for every missing expert. Output identical to llama.cpp; the slowest "
              "when little of the model is resident.",
