@@ -27,7 +27,20 @@ def test_generate_without_cache_says_so(
         synth_model: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["generate", str(synth_model("olmoe")), "--n", "4", "--no-cache"])
     assert code == 0
-    assert "cache off" in capsys.readouterr().out
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert summary.startswith("[cache off]") and "tok/s" in summary
+    assert "hit" not in summary  # no cache, no hit rate (a 0% would read as measured)
+
+
+def test_generate_takes_a_policy_with_parameters_like_the_other_commands(
+        synth_model: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["generate", str(synth_model("qwen3moe")), "--n", "4",
+                 "--policy", "threshold:theta=0.3"])
+    assert code == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith(
+        "[threshold:theta=0.3 @ ")
+    assert main(["generate", str(synth_model("qwen3moe")), "--policy", "fastest"]) == 2
+    assert "unknown policy 'fastest'" in capsys.readouterr().err
 
 
 def test_generate_rejects_a_bad_budget_in_one_line(

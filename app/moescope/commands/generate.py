@@ -37,8 +37,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--prompt", "-p", default="ROMEO:", help="prompt text (raw, no template)")
     p.add_argument("--chat", action="store_true",
                    help="wrap the prompt as a user message in the model's chat template")
-    p.add_argument("--policy", default="quality-first", choices=PRESET_NAMES,
-                   help="expert-cache policy (default quality-first)")
+    p.add_argument("--policy", default="quality-first", metavar="POLICY",
+                   help=f"expert-cache policy: {', '.join(PRESET_NAMES)}, or "
+                        f"preset:key=value, e.g. threshold:theta=0.3 (default quality-first)")
     p.add_argument("--budget", default="25%",
                    help="VRAM for expert slots: 25%% of experts, 12GiB, 512MiB ...")
     add_sampling_arguments(p, n_default=128, n_help="tokens to generate")
@@ -53,10 +54,11 @@ def run(args: argparse.Namespace) -> int:
     from moescope.engine import Engine, Message
 
     sampling = sampling_from_args(args)  # fail fast, before loading
+    policy = parse_live_policy(args.policy)
     check_output_path(args.trace, "--trace")
     model = resolve_model(args.model)
     engine = Engine()
-    loaded = engine.load(model, budget=args.budget, policy=args.policy,
+    loaded = engine.load(model, budget=args.budget, policy=policy,
                          n_gpu_layers=args.n_gpu_layers, cache=not args.no_cache)
     if loaded.notice:
         print(f"moescope: {loaded.notice}", file=sys.stderr)
@@ -171,8 +173,12 @@ def cache_state(engine: Engine) -> str:
 
 
 def summary_line(label: str, tokens_per_second: float, cache: CacheTotals, tail: str) -> str:
-    """``[label] tok/s | hit | fetched MB/tok | substituted | mass/tok | tail``."""
+    """``[label] tok/s | hit | fetched MB/tok | substituted | mass/tok | tail``; with the
+    cache off (no expert was routed through it) only tok/s and the tail: a 0% hit rate
+    would read as a measurement."""
     c = cache
+    if c.selections == 0 and label == "cache off":
+        return f"[{label}] {tokens_per_second:.1f} tok/s | {tail}"
     return (f"[{label}] {tokens_per_second:.1f} tok/s | hit {c.hit_rate:.1%} | "
             f"fetched {c.fetched_mb_per_token:.3f} MB/tok | substituted "
             f"{c.substituted_fraction:.1%} | mass/tok {c.mass_per_token:.3f} | {tail}")

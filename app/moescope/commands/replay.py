@@ -18,6 +18,7 @@ from typing import Any
 
 from moescope.commands.generate import check_output_path, write_output
 from moescope.core.errors import MoEScopeError
+from moescope.core.policy import PRESET_NAMES
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -31,9 +32,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="a trace written by MoEScope (.jsonl or .jsonl.gz)")
     p.add_argument("--policy", "-p", action="append", metavar="P[,P...]",
                    help="policies: 'recorded' (as traced, changes included), a preset "
-                        "(exact, quality-first, speed-first, threshold, first-choice, "
-                        "substitute-all) or preset:key=value, e.g. threshold:theta=0.3 "
-                        "(default: recorded,exact,quality-first,speed-first)")
+                        f"({', '.join(PRESET_NAMES)}) or preset:key=value, e.g. "
+                        "threshold:theta=0.3 (default: recorded,exact,quality-first,"
+                        "speed-first)")
     p.add_argument("--budget", "-b", action="append", metavar="B[,B...]",
                    help="budgets: 'recorded', 25%%, 12GiB ... (default: recorded)")
     p.add_argument("--cost-model", default="pcie4",

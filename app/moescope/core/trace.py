@@ -1079,8 +1079,10 @@ def read_trace(path: str | os.PathLike[str], progress: ReadProgress | None = Non
             elif kind == "header":
                 raise ValueError("a second header")
             # other record types: written by a newer minor version, skipped
-        except TraceFormatError:
-            raise
+        except TraceFormatError as err:
+            if str(err).startswith(p.name):
+                raise
+            raise TraceFormatError(f"{p.name}: {err}") from None
         except (KeyError, TypeError, ValueError, IndexError) as err:
             what = f"missing field {err}" if isinstance(err, KeyError) else str(err)
             raise TraceFormatError(f"{p.name}: line {n}: bad {kind or 'record'} "
