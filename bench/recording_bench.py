@@ -6,7 +6,8 @@ and writes one JSON line. That cost grows with layers x experts, so it is measur
 synthetic models with the cache geometry of the models users run (tiny hidden sizes:
 the decode itself is cheap here, the recorder's work is not) and reported per token, next
 to decode without recording. Variants run round-robin, each from an empty cache, on the
-same greedy tokens; medians of ``--reps`` runs.
+same greedy tokens; medians of ``--reps`` runs. A second table gives each trace's size on
+disk and the time to read it back, per token.
 
     .venv/bin/python bench/recording_bench.py --reps 5
 """
@@ -40,11 +41,12 @@ def main() -> int:
                         / "moescope-recording-bench")
     args = parser.parse_args()
 
-    from moescope.core.trace import TraceRecorder
+    from moescope.core.trace import TraceRecorder, read_trace
     from moescope.engine import Engine, Sampling
     from moescope.testing.synth import SynthSpec, ensure_synth_model
 
     sampling = Sampling(temperature=0.0, max_tokens=args.tokens, seed=0)
+    footprint: list[str] = []
     print("| geometry | variant | tok/s (median) | recording ms/token (median) | vs no trace |")
     print("|---|---|---:|---:|---:|")
     for label, (layers, experts, k) in GEOMETRIES.items():
@@ -55,6 +57,8 @@ def main() -> int:
                     n_ctx=1024)
         rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
         costs: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        reads: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        sizes: dict[str, list[float]] = {v: [] for v in VARIANTS}
         with tempfile.TemporaryDirectory() as tmp:
             for rep in range(args.reps):
                 order = VARIANTS[rep % 3:] + VARIANTS[:rep % 3]
@@ -74,12 +78,24 @@ def main() -> int:
                     costs[variant].append(spent / n * 1000.0)
                     if recorder is not None:
                         recorder.close()
+                        t = time.perf_counter()
+                        n_read = len(read_trace(recorder.path).tokens)
+                        reads[variant].append((time.perf_counter() - t) / n_read * 1000.0)
+                        sizes[variant].append(recorder.path.stat().st_size / n_read)
         engine.close()
         base = statistics.median(rates["no trace"])
         for variant in VARIANTS:
             rate = statistics.median(rates[variant])
             print(f"| {label} | {variant} | {rate:.1f} | "
                   f"{statistics.median(costs[variant]):.2f} | {rate / base:.2f}x |", flush=True)
+            if reads[variant]:
+                footprint.append(f"| {label} | {variant} | "
+                                 f"{statistics.median(sizes[variant]) / 1000:.1f} | "
+                                 f"{statistics.median(reads[variant]):.2f} |")
+    print("\nOn disk and read back (`read_trace`, what opening a trace costs):\n")
+    print("| geometry | variant | kB/token | read ms/token |")
+    print("|---|---|---:|---:|")
+    print("\n".join(footprint))
     return 0
 
 
