@@ -58,10 +58,12 @@ def test_open_model_shows_the_fit_estimate_then_loads(make_window: Any, qtbot: A
                                                       monkeypatch: Any, tiny_moe: Any) -> None:
     from moescope.gui.open_model_dialog import OpenModelDialog
 
-    seen: list[OpenModelDialog] = []
+    seen: list[set[str]] = []
 
     def accept(dialog: OpenModelDialog) -> int:
-        seen.append(dialog)
+        form = dialog.estimate_form
+        seen.append({form.itemAt(i, form.ItemRole.LabelRole).widget().text()
+                     for i in range(form.rowCount())})
         dialog.budget.setValue(8)  # the user picks 8 slots per layer
         return OpenModelDialog.DialogCode.Accepted
 
@@ -69,12 +71,11 @@ def test_open_model_shows_the_fit_estimate_then_loads(make_window: Any, qtbot: A
     w = make_window()
     with qtbot.waitSignal(w.modelLoaded, timeout=30_000) as blocker:
         w.prepare_open(tiny_moe)
-    (dialog,) = seen
-    labels = {dialog.estimate_form.itemAt(i, dialog.estimate_form.ItemRole.LabelRole)
-              .widget().text() for i in range(dialog.estimate_form.rowCount())}
+    (labels,) = seen
     assert {"Non-expert weights", "Expert weights (host RAM)", "Slots per layer",
             "RAM needed", "GPU"} <= labels
     assert blocker.args[0].slots_per_layer == 8
+    qtbot.waitUntil(lambda: not w.findChildren(OpenModelDialog))  # freed after use
     assert w.recent_models() == [str(tiny_moe)]
 
 

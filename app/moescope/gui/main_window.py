@@ -365,8 +365,11 @@ class MainWindow(QMainWindow):
                                                                "quality-first")),
                                  n_ctx=int(self.model_setting(info.path, "n_ctx", 2048)),
                                  parent=self)
-        if dialog.exec() == OpenModelDialog.DialogCode.Accepted:
-            self.load_model(dialog.request())
+        accepted = dialog.exec() == OpenModelDialog.DialogCode.Accepted
+        request = dialog.request()
+        dialog.deleteLater()  # one per File → Open: a long session opens many
+        if accepted:
+            self.load_model(request)
 
     def default_budget(self, path: str | Path | None = None) -> str:
         return str(self.model_setting(path, "budget", "25%"))
@@ -715,9 +718,17 @@ class MainWindow(QMainWindow):
         if self._closed:
             return
         window = TraceWindow(path, reopened)
+        window.closed.connect(self._trace_window_closed)
         window.show()
         self.trace_windows.append(window)
         self.traceOpened.emit(window)
+
+    @Slot(object)
+    def _trace_window_closed(self, window: TraceWindow) -> None:
+        """Free a closed trace window: it holds the whole trace (every token's masks and
+        router inputs), and a closed window is never shown again."""
+        self.trace_windows = [w for w in self.trace_windows if w is not window]
+        window.deleteLater()
 
     @Slot(str)
     def _trace_failed(self, message: str) -> None:
@@ -752,6 +763,7 @@ class MainWindow(QMainWindow):
         box = QMessageBox(QMessageBox.Icon.Warning, title, message,
                           QMessageBox.StandardButton.Ok, self)
         box.setModal(False)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)  # a long session has many
         box.finished.connect(lambda _r, b=box: self._notice_boxes.remove(b))
         self._notice_boxes.append(box)
         box.show()
@@ -769,7 +781,9 @@ class MainWindow(QMainWindow):
         return dialog
 
     def show_about(self) -> None:
-        AboutDialog(self).exec()
+        dialog = AboutDialog(self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.exec()
 
     # ------------------------------------------------------------------ drag and drop
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:
@@ -819,7 +833,7 @@ class MainWindow(QMainWindow):
             for opener in list(self._trace_openers):  # a trace being read: stop, join
                 opener.cancel()
                 opener.wait()
-            for window in self.trace_windows:
+            for window in list(self.trace_windows):  # each closed one leaves the list
                 window.close()
             self.store.close()
         super().closeEvent(event)

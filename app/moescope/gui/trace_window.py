@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from PySide6.QtCore import Signal
 from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import QLabel, QMainWindow, QTabWidget, QVBoxLayout, QWidget
 
@@ -24,6 +25,9 @@ EMPTY_TRACE = ("This trace holds no tokens yet. A session's trace begins when th
 
 
 class TraceWindow(QMainWindow):
+    closed = Signal(object)
+    """This window, once closed: whoever opened it frees it (it holds the whole trace)."""
+
     def __init__(self, path: str | Path, reopened: ReopenedTrace,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -81,3 +85,5 @@ class TraceWindow(QMainWindow):
         """Join the what-if sweep's thread: a QThread must not outlive its window."""
         self.whatif.shutdown()
         super().closeEvent(event)
+        if event.isAccepted():
+            self.closed.emit(self)
