@@ -12,12 +12,20 @@ import gc
 import weakref
 from typing import Any
 
+import pytest
 from gui_helpers import send
 from PySide6.QtWidgets import QApplication
 
 
 def test_a_closed_trace_window_is_freed_with_its_trace(window: Any, qtbot: Any,
-                                                       dialogs: Any) -> None:
+                                                       dialogs: Any,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from moescope.core import memory
+    from moescope.gui import main_window
+
+    released: list[bool] = []
+    monkeypatch.setattr(main_window, "release_freed_memory",
+                        lambda: released.append(memory.release_freed_memory()))
     send(qtbot, window, "Hello", max_tokens=6)
     assert window.trace_path is not None
     qtbot.wait(50)
@@ -34,6 +42,9 @@ def test_a_closed_trace_window_is_freed_with_its_trace(window: Any, qtbot: Any,
         qtbot.waitUntil(lambda: not window._trace_openers)
         qtbot.waitUntil(lambda t=trace: gc.collect() >= 0 and t() is None, timeout=3000)
         assert len(QApplication.allWidgets()) == widgets_before
+    # and its memory handed back to the system, once per window (glibc: malloc_trim)
+    qtbot.waitUntil(lambda: len(released) == 2, timeout=3000)
+    assert released == [True, True]
     assert not dialogs.shown
 
 

@@ -17,7 +17,16 @@ import re
 from collections import deque
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QCoreApplication, QEvent, QSettings, Qt, Signal, Slot
+from PySide6.QtCore import (
+    QByteArray,
+    QCoreApplication,
+    QEvent,
+    QSettings,
+    Qt,
+    QTimer,
+    Signal,
+    Slot,
+)
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
 from PySide6.QtWidgets import (
     QFileDialog,
@@ -36,6 +45,7 @@ from PySide6.QtWidgets import (
 from moescope.core.errors import MoEScopeError
 from moescope.core.files import write_atomic
 from moescope.core.gguf_info import read_model_info
+from moescope.core.memory import release_freed_memory
 from moescope.core.resources import demo_model_path
 from moescope.engine import Engine
 from moescope.gui import paths
@@ -66,6 +76,8 @@ RECENT_TOKENS = 256
 """Snapshots kept in memory for inspection; the full session is in the trace file. Each
 holds its event rows and resident masks: about 65 KB a token with Qwen3-Next's 48 x 512
 cache, so 4,096 of them (as before) held 258 MiB of a machine whose RAM holds the experts."""
+RELEASE_DELAY_MS = 500
+"""After a trace window closes, when its memory is handed back (it is deleted by then)."""
 TOGGLE_SHORTCUT = "Ctrl+T"
 MENU_POLICIES: tuple[tuple[str, str], ...] = (
     ("exact", "&Exact"), ("quality-first", "&Quality-first"), ("speed-first", "&Speed-first"),
@@ -729,6 +741,9 @@ class MainWindow(QMainWindow):
         router inputs), and a closed window is never shown again."""
         self.trace_windows = [w for w in self.trace_windows if w is not window]
         window.deleteLater()
+        # once it is gone, hand its memory back to the system (the allocator would keep
+        # the peak for the rest of the session)
+        QTimer.singleShot(RELEASE_DELAY_MS, release_freed_memory)
 
     @Slot(str)
     def _trace_failed(self, message: str) -> None:
