@@ -22,6 +22,7 @@ def test_a_closed_trace_window_is_freed_with_its_trace(window: Any, qtbot: Any,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from moescope.core import memory
     from moescope.gui import main_window
+    from moescope.gui.trace_window import TraceWindow
 
     released: list[bool] = []
     monkeypatch.setattr(main_window, "release_freed_memory",
@@ -41,7 +42,11 @@ def test_a_closed_trace_window_is_freed_with_its_trace(window: Any, qtbot: Any,
         del trace_window, opened
         qtbot.waitUntil(lambda: not window._trace_openers)
         qtbot.waitUntil(lambda t=trace: gc.collect() >= 0 and t() is None, timeout=3000)
-        assert len(QApplication.allWidgets()) == widgets_before
+        # no trace window's widget is left (other tests' windows may be freed meanwhile,
+        # so the count can only be compared one way)
+        qtbot.waitUntil(lambda: not any(isinstance(w, TraceWindow)
+                                        for w in QApplication.topLevelWidgets()))
+        assert len(QApplication.allWidgets()) <= widgets_before
     # and its memory handed back to the system, once per window (glibc: malloc_trim)
     qtbot.waitUntil(lambda: len(released) == 2, timeout=3000)
     assert released == [True, True]
@@ -66,5 +71,5 @@ def test_closed_notices_and_about_boxes_are_freed(make_window: Any, qtbot: Any) 
     w.show_about()  # modal: returns once the timer closed it
     qtbot.wait(20)  # deferred deletes
     assert not w.findChildren(QMessageBox) and not w.findChildren(AboutDialog)
-    assert len(QApplication.allWidgets()) == widgets_before
+    assert len(QApplication.allWidgets()) <= widgets_before  # others may be freed meanwhile
     assert len(w.notices) == 3 and not w._notice_boxes
