@@ -145,8 +145,11 @@ def test_the_event_loop_stays_responsive_while_the_sweep_runs(
     gaps = np.diff(beats)
     assert len(gaps) > 20
     assert np.percentile(gaps, 99) < 0.05
-    assert gaps.max() < 0.15, f"the event loop stalled for {gaps.max() * 1e3:.0f} ms"
     total = len(BUDGETS) + 1
+    # a sweep on this thread would stall the heartbeat once per replay call (`total`
+    # times); drawing the finished result may take one long frame on a loaded machine
+    stalls = gaps[gaps >= 0.15]
+    assert len(stalls) <= 1, f"the event loop stalled {len(stalls)} times: {stalls}"
     assert progress == [(i, total) for i in range(total + 1)]
     assert not view.running and not view.progress.isVisible()
 
