@@ -113,7 +113,7 @@ def test_slots_are_within_bounds_and_use_at_most_the_budget_unless_clamped_up(
     n_expert: int, data: st.DataObject, bytes_per_expert: list[int], budget: int,
 ) -> None:
     top_k = data.draw(st.integers(1, n_expert))
-    plan = plan_slots(str(budget), n_expert=n_expert, top_k=top_k,
+    plan = plan_slots(f"{budget}B", n_expert=n_expert, top_k=top_k,
                       bytes_per_expert=bytes_per_expert)
     row = sum(bytes_per_expert)
     assert top_k <= plan.slots_per_layer <= n_expert
@@ -122,7 +122,7 @@ def test_slots_are_within_bounds_and_use_at_most_the_budget_unless_clamped_up(
         assert plan.bytes_used <= budget < plan.bytes_used + row
     elif plan.slots_per_layer == top_k and top_k < n_expert:
         assert budget < top_k * row
-    more = plan_slots(str(budget + row), n_expert=n_expert, top_k=top_k,
+    more = plan_slots(f"{budget + row}B", n_expert=n_expert, top_k=top_k,
                       bytes_per_expert=bytes_per_expert)
     assert more.slots_per_layer >= plan.slots_per_layer  # monotonic in the budget
 
@@ -140,3 +140,26 @@ def test_whole_percentages_give_floor_of_the_exact_share(percent: int, n_expert:
 )
 def test_format_bytes(n: int, text: str) -> None:
     assert format_bytes(n) == text
+
+
+def test_slots_per_layer_read_the_same_everywhere() -> None:
+    """"16 slots", or a bare whole number up to the expert count, is slots per layer (the
+    window's budget box always read it so; the CLI read a bare 16 as 16 bytes and then
+    clamped it to top-k); a larger bare number is bytes; a unit is never slots."""
+    kw = {"n_expert": 64, "top_k": 4, "bytes_per_expert": [1000, 3000]}
+    for text in ("16 slots", "16slots", "16 SLOTS", "16", " 16 "):
+        plan = plan_slots(text, **kw)
+        assert plan.slots_per_layer == 16 and not plan.clamped, text
+        assert plan.budget_bytes == plan.bytes_used == 16 * 4000
+    assert plan_slots("64", **kw).slots_per_layer == 64 and not plan_slots("64", **kw).clamped
+    assert plan_slots("65", **kw).slots_per_layer == 4  # 65 bytes: less than a slot row
+    assert plan_slots("16B", **kw).slots_per_layer == 4  # bytes, said so
+    assert plan_slots("16.0", **kw).slots_per_layer == 4  # not a whole slot count
+    low, high = plan_slots("2 slots", **kw), plan_slots("100 slots", **kw)
+    assert low.slots_per_layer == 4 and low.clamped and "top-k = 4" in low.message
+    assert high.slots_per_layer == 64 and high.clamped and "all 64" in high.message
+    for bad in ("0 slots", "1.5 slots"):
+        with pytest.raises(BudgetError, match="whole number"):
+            plan_slots(bad, **kw)
+    with pytest.raises(BudgetError, match="in slots"):
+        parse_budget("8 slots").resolve(10**9)

@@ -53,7 +53,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("model", type=Path, nargs="?", metavar="MODEL.gguf",
                    help="GGUF model (default: the bundled demo model)")
     p.add_argument("--budget", default="25%",
-                   help="VRAM for expert slots: 25%% of experts, 12GiB ... (default 25%%)")
+                   help="VRAM for expert slots: 25%% of experts, 12GiB, or 16 (slots per "
+                        "layer) (default 25%%)")
     p.add_argument("--policies", action="append", metavar="P[,P...]",
                    help=f"policies, the first is the reference (default {DEFAULT_POLICIES}); "
                         "preset:key=value works too, e.g. threshold:theta=0.3")

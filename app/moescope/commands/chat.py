@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 HELP = """\
 /policy [NAME]   show or switch the policy (exact, quality-first, speed-first, ...;
                  preset:key=value works too, e.g. threshold:theta=0.3)
-/budget [X]      show or change the VRAM for expert slots (25%, 12GiB, ...)
+/budget [X]      show or change the VRAM for expert slots (25%, 12GiB, 16 slots)
 /stats           this session's totals, per policy when more than one was used
 /compare [P,...] [score]
                  answer your last message again under Exact and each policy (default
@@ -81,7 +81,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="expert-cache policy: exact, quality-first, speed-first, ... or "
                         "preset:key=value (default quality-first)")
     p.add_argument("--budget", default="25%",
-                   help="VRAM for expert slots: 25%% of experts, 12GiB, 512MiB ...")
+                   help="VRAM for expert slots: 25%% of experts, 12GiB, 512MiB, or 16 "
+                        "(slots per layer)")
     add_sampling_arguments(p, n_default=512, n_help="most tokens per answer")
     p.add_argument("--ctx", type=int, default=4096, metavar="N",
                    help="context length in tokens (default 4096, at most the model's)")

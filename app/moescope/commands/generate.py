@@ -41,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help=f"expert-cache policy: {', '.join(PRESET_NAMES)}, or "
                         f"preset:key=value, e.g. threshold:theta=0.3 (default quality-first)")
     p.add_argument("--budget", default="25%",
-                   help="VRAM for expert slots: 25%% of experts, 12GiB, 512MiB ...")
+                   help="VRAM for expert slots: 25%% of experts, 12GiB, 512MiB, or 16 "
+                        "(slots per layer)")
     add_sampling_arguments(p, n_default=128, n_help="tokens to generate")
     p.add_argument("--n-gpu-layers", type=int, default=0, help="layers on the GPU (default 0)")
     p.add_argument("--no-cache", action="store_true", help="run stock llama.cpp (cache off)")

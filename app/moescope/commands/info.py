@@ -29,7 +29,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("model", type=Path, metavar="MODEL.gguf", help="path to a GGUF model")
     p.add_argument(
         "--budget", metavar="SIZE|PCT",
-        help="VRAM for expert slots: 12GiB, 512MiB, 3000000000 (bytes) or 25%% of the experts",
+        help="VRAM for expert slots: 12GiB, 512MiB, 3000000000 (bytes), 25%% of the "
+             "experts, or 16 (slots per layer)",
     )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=run)

@@ -8,7 +8,10 @@ experts routed per token cannot hold one token's selection, and more than ``n_ex
 are wasted. Clamping is reported, not raised, so a UI can show why the slider stopped.
 
 Units: ``KiB MiB GiB TiB`` (and bare ``K M G T``) are powers of 1024, ``KB MB GB TB``
-powers of 1000, a plain number is bytes, and ``N%`` is a share of the expert bytes.
+powers of 1000, ``N%`` is a share of the expert bytes, and ``N slots`` is slots per layer.
+A plain number is bytes, except a whole number no larger than the model's expert count,
+which means slots per layer (as the window's budget box reads it: "16" is never a budget
+of 16 bytes).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ _UNITS: dict[str, int] = {
     "t": 2**40, "ti": 2**40, "tib": 2**40, "tb": 10**12,
 }
 _BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*|%)\s*$", re.IGNORECASE)
+_SLOTS = ("slot", "slots")
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,11 @@ class Budget:
     text: str
     n_bytes: int | None = None
     fraction: Fraction | None = None
+    slots: int | None = None
+    """``N slots``: slots per layer, whatever they cost."""
+    bare: bool = False
+    """A plain number (no unit): slots per layer if it is a whole number up to the
+    model's expert count, else bytes (only a model can tell)."""
 
     @property
     def is_fraction(self) -> bool:
@@ -51,12 +60,14 @@ class Budget:
         """Bytes this budget stands for, given the model's total routed-expert bytes."""
         if self.fraction is not None:
             return math.floor(self.fraction * total_expert_bytes)
-        assert self.n_bytes is not None
+        if self.n_bytes is None:
+            raise BudgetError(f"budget {self.text!r} is in slots: plan it for a model")
         return self.n_bytes
 
 
 def parse_budget(text: str) -> Budget:
-    """Parse ``"12GiB"``, ``"512 MiB"``, ``"1.5G"``, ``"25%"`` or ``"3000000000"``.
+    """Parse ``"12GiB"``, ``"512 MiB"``, ``"1.5G"``, ``"25%"``, ``"16 slots"``, ``"16"``
+    or ``"3000000000"``.
 
     Raises :class:`BudgetError` with a one-line explanation for anything else, for zero or
     negative budgets, and for percentages above 100.
@@ -72,15 +83,21 @@ def parse_budget(text: str) -> Budget:
         if not 0 < number <= 100:
             raise BudgetError(f"budget {text.strip()!r} must be a percentage in (0, 100]")
         return Budget(text=text.strip(), fraction=number / 100)
+    if unit in _SLOTS:
+        if number.denominator != 1 or number <= 0:
+            raise BudgetError(f"budget {text.strip()!r}: slots per layer must be a whole "
+                              f"number of at least 1")
+        return Budget(text=text.strip(), slots=int(number))
     if unit not in _UNITS:
         raise BudgetError(
             f"unknown unit {m.group(2)!r} in budget {text.strip()!r}: use B, KiB, MiB, GiB, "
-            f"TiB (or KB, MB, GB, TB)"
+            f"TiB (or KB, MB, GB, TB), % of the experts, or slots"
         )
     n_bytes = math.floor(number * _UNITS[unit])
     if n_bytes <= 0:
         raise BudgetError(f"budget {text.strip()!r} must be more than zero bytes")
-    return Budget(text=text.strip(), n_bytes=n_bytes)
+    bare = unit == "" and number.denominator == 1 and "." not in m.group(1)
+    return Budget(text=text.strip(), n_bytes=n_bytes, bare=bare)
 
 
 @dataclass(frozen=True)
@@ -124,7 +141,12 @@ def plan_slots(budget: Budget | str, *, n_expert: int, top_k: int,
     if row <= 0:
         raise BudgetError("the model's experts have no bytes")
     total = row * n_expert
-    if b.fraction is not None:
+    slots_asked = b.slots if b.slots is not None else (
+        b.n_bytes if b.bare and b.n_bytes is not None and b.n_bytes <= n_expert else None)
+    if slots_asked is not None:  # "16 slots", or a bare 16 on a model with >= 16 experts
+        budget_bytes = slots_asked * row
+        fitting = slots_asked
+    elif b.fraction is not None:
         # Exact rational arithmetic: 25% of 128 experts is 32 slots, never 31.
         budget_bytes = math.floor(b.fraction * total)
         fitting = math.floor(b.fraction * n_expert)
@@ -135,7 +157,13 @@ def plan_slots(budget: Budget | str, *, n_expert: int, top_k: int,
     slots = min(max(fitting, top_k), n_expert)
     clamped = slots != fitting
     used = slots * row
-    if fitting < top_k:
+    if slots_asked is not None and fitting < top_k:
+        message = (f"{fitting} slot(s) per layer cannot hold one token's top-k = {top_k} "
+                   f"experts; using {top_k} slots ({format_bytes(used)})")
+    elif slots_asked is not None and fitting > n_expert:
+        message = (f"{fitting} slots per layer is more than the model's {n_expert} experts; "
+                   f"all {n_expert} are resident ({format_bytes(used)})")
+    elif fitting < top_k:
         message = (
             f"budget {b.text} ({format_bytes(budget_bytes)}) holds only {fitting} expert(s) "
             f"per layer; using the minimum of top-k = {top_k} slots "

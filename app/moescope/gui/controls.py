@@ -55,16 +55,10 @@ BUDGET_ENTRY_TIP = ("Type a VRAM budget for expert slots and press Enter: a size
 
 
 def typed_slots(text: str, n_expert: int, top_k: int, row_bytes: int) -> tuple[int, str]:
-    """Slots per layer for a typed budget, and a note when it had to be clamped.
-
-    A bare whole number no larger than the model's expert count means slots per layer
-    (what the label shows); anything else is a budget as ``--budget`` reads it (a bare
-    larger number is bytes, as there). ``row_bytes``: one slot in every MoE layer.
+    """Slots per layer for a typed budget, and a note when it had to be clamped: read as
+    ``--budget`` reads it (``core.budget``: a size, a share, ``16 slots``, or a bare whole
+    number up to the expert count as slots). ``row_bytes``: one slot in every MoE layer.
     """
-    count = text.removesuffix("slots").strip()
-    if count.isdigit() and 0 < int(count) <= n_expert:
-        slots = max(int(count), top_k)
-        return slots, (f"at least top-k = {top_k} slots" if slots != int(count) else "")
     plan = plan_slots(text, n_expert=n_expert, top_k=top_k, bytes_per_expert=[row_bytes])
     return plan.slots_per_layer, plan.message if plan.clamped else ""
 
