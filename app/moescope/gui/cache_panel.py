@@ -46,7 +46,12 @@ class CachePanel(QWidget):
         self.summary = QLabel("No model loaded")
         self.summary.setObjectName("statsLabel")
         self.summary.setWordWrap(True)
-        self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.summary.setAccessibleName("Cache statistics")
+        # selectable by keyboard too, so it is in the Tab chain: the hit rate and tokens/s
+        # reach a screen reader, and the numbers can be copied without a mouse
+        self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse
+                                             | Qt.TextInteractionFlag.TextSelectableByKeyboard)
+        self.summary.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # Qt gives it click focus only
         layout.addWidget(self.summary)
         self.heatmap = HeatmapView(self.model)
         self.time_plots = TimePlotsView(self.model)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLineEdit,
@@ -42,6 +43,14 @@ class ChatListPanel(QWidget):
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.list.setUniformItemSizes(True)
         self.list.currentItemChanged.connect(self._current_changed)
+        # Delete in the list deletes the chat (after asking); only there, so that Delete in
+        # a text box or on a slider never offers to delete a chat
+        self.delete_action = QAction("Delete chat (in the chat list)", self.list)
+        self.delete_action.setShortcut(QKeySequence(QKeySequence.StandardKey.Delete))
+        self.delete_action.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
+        self.delete_action.triggered.connect(
+            lambda: self._emit_for_current(self.deleteRequested))
+        self.list.addAction(self.delete_action)
         layout.addWidget(self.list, 1)
         row = QHBoxLayout()
         self.new_button = QPushButton("&New")

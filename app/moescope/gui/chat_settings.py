@@ -34,6 +34,8 @@ class ChatSettingsPanel(QWidget):
         form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.DontWrapRows)
         outer.addLayout(form)
         outer.addStretch(1)
+        # Alt+letters only where the window has no other use for them (Alt+P Stop, Alt+M
+        # Rename, Alt+E the Cache menu, Alt+H Help): a shared letter only moves the focus
         self.system_prompt = QPlainTextEdit()
         self.system_prompt.setAccessibleName("System prompt")
         self.system_prompt.setPlaceholderText("Optional: instructions for the whole chat")
@@ -43,17 +45,17 @@ class ChatSettingsPanel(QWidget):
         self.temperature = self._double(0.0, 2.0, 0.05, 0.7, "Temperature (0 = greedy)")
         form.addRow("&Temperature", self.temperature)
         self.top_p = self._double(0.0, 1.0, 0.01, 0.95, "Top-p")
-        form.addRow("Top-&p", self.top_p)
+        form.addRow("Top-p", self.top_p)
         self.top_k = self._int(0, 1000, 40, "Top-k (0 = off)")
-        form.addRow("Top-&k", self.top_k)
+        form.addRow("Top-k", self.top_k)
         self.max_tokens = self._int(1, 32768, 512, "Maximum new tokens")
-        form.addRow("&Max tokens", self.max_tokens)
+        form.addRow("Ma&x tokens", self.max_tokens)
         self.seed = self._int(-1, 2**31 - 1, -1, "Seed (random when -1)")
         self.seed.setSpecialValueText("random")
-        form.addRow("S&eed", self.seed)
+        form.addRow("Seed", self.seed)
         self.thinking = QComboBox()
         self.thinking.setAccessibleName("Thinking")
-        form.addRow("T&hinking", self.thinking)
+        form.addRow("Thin&king", self.thinking)
         self._wanted_thinking = THINKING_DEFAULT
         """The saved choice, kept while a model without it is loaded."""
         self.thinking.activated.connect(

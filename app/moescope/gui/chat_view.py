@@ -137,7 +137,7 @@ class ChatView(QWidget):
         self.send_button = QPushButton("&Send")
         self.stop_button = QPushButton("Sto&p")
         self.regenerate_button = QPushButton("&Regenerate")
-        self.edit_button = QPushButton("&Edit last")
+        self.edit_button = QPushButton("Ed&it last")  # Alt+E: the Cache menu
         self.answer_now_button = QPushButton("&Answer now")
         self.answer_now_button.setToolTip(
             "Stop thinking: close the model's thoughts and have it answer from what it has "

@@ -88,7 +88,7 @@ class ControlsPanel(QGroupBox):
             self.policy_combo.addItem(label, key)
             self.policy_combo.setItemData(self.policy_combo.count() - 1, POLICY_TIPS[key],
                                           Qt.ItemDataRole.ToolTipRole)
-        form.addRow("&Policy", self.policy_combo)
+        form.addRow("P&olicy", self.policy_combo)  # Alt+P is Stop's
 
         self.theta = self._slider(0, 100, 15, "Fetch threshold θ")
         self.theta_label = QLabel()
@@ -134,6 +134,12 @@ class ControlsPanel(QGroupBox):
         self.budget_entry.returnPressed.connect(self.apply_typed_budget)
         form.addRow("&VRAM budget", self._row(self.budget, self.budget_entry))
         form.addRow("", self.budget_label)
+        for control in (self.theta, self.beta, self.bonus, self.prefetch_mode, self.budget):
+            # the row's name labels the control itself, not the row holding it and its value:
+            # Alt+V reaches the slider, and a screen reader reads the name with it
+            label = form.labelForField(control.parentWidget())
+            if isinstance(label, QLabel):
+                label.setBuddy(control)
 
         self.policy_combo.currentIndexChanged.connect(self._policy_chosen)
         for slider in (self.theta, self.beta, self.bonus):
@@ -364,14 +370,18 @@ class ControlsPanel(QGroupBox):
         self.beta_label.setText(f"{self.beta.value() / 100:.2f}")
         bonus = self.bonus.value() / BONUS_STEPS
         self.bonus_label.setText(f"{bonus:.2f}" if bonus > 0 else "off")
+        for slider, label in ((self.theta, self.theta_label), (self.beta, self.beta_label),
+                              (self.bonus, self.bonus_label)):
+            # what a screen reader says: the value shown beside it, not the raw step (15)
+            slider.setAccessibleDescription(label.text())
 
     def _update_budget_label(self) -> None:
         m = self.model
         if m is None:
-            self.budget_label.setText("no model loaded")
+            self._set_budget_text("no model loaded")
             return
         if not m.cache_enabled:
-            self.budget_label.setText("expert cache off for this model")
+            self._set_budget_text("expert cache off for this model")
             return
         slots = self.budget.value()
         n_bytes = slots * m.slot_row_bytes
@@ -379,4 +389,10 @@ class ControlsPanel(QGroupBox):
         text = f"{size} · {slots} slots/layer · {slots / m.n_expert:.1%} resident"
         if slots != m.slots_per_layer:
             text += f" (applied: {m.slots_per_layer})"
+        self._set_budget_text(text)
+
+    def _set_budget_text(self, text: str) -> None:
+        """The line under the budget slider, also the slider's spoken description (its
+        value alone is a bare slot count)."""
         self.budget_label.setText(text)
+        self.budget.setAccessibleDescription(text)

@@ -35,6 +35,9 @@ class HeatmapView(QWidget):
         layout.addWidget(self.title)
         self.graphics = pg.GraphicsLayoutWidget()
         self.graphics.setMinimumHeight(110)
+        # the view takes the keyboard focus (Tab), so it is what a screen reader names
+        self.graphics.setAccessibleName(self.accessibleName())
+        self.graphics.setAccessibleDescription(self.title.text())
         self.plot = self.graphics.addPlot()
         self.plot.setMenuEnabled(False)
         self.plot.setMouseEnabled(x=False, y=False)
@@ -105,6 +108,7 @@ class HeatmapView(QWidget):
             self.title.setText(
                 f"Expert cache: {m.n_moe_layers} layers × {m.n_expert} experts · "
                 f"{snap.slots_per_layer} slots/layer · token {snap.step}")
+            self.graphics.setAccessibleDescription(self.title.text())
 
     def cell_at(self, scene_pos: QPointF) -> tuple[int, int] | None:
         if not self.plot.sceneBoundingRect().contains(scene_pos):

@@ -30,6 +30,8 @@ class LayerBarsView(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         self.graphics = pg.GraphicsLayoutWidget()
+        self.graphics.setAccessibleName(self.accessibleName())  # it takes the focus
+        self.graphics.setAccessibleDescription(", ".join(title for _, title in BARS))
         layout.addWidget(self.graphics)
         self.plots: dict[str, pg.PlotItem] = {}
         self.bars: dict[str, pg.BarGraphItem] = {}

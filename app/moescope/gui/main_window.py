@@ -171,7 +171,7 @@ class MainWindow(QMainWindow):
         right_layout.addWidget(self.controls)
         self.right_tabs = QTabWidget()
         self.right_tabs.setAccessibleName("Side panels")
-        self.right_tabs.addTab(self.cache_panel, "&Cache")
+        self.right_tabs.addTab(self.cache_panel, "Cache")  # Alt+C is the Chat menu's
         self.right_tabs.addTab(self.chat_settings, "Chat settin&gs")
         self.right_tabs.addTab(self.logs, "&Logs")
         right_layout.addWidget(self.right_tabs, 1)
@@ -224,8 +224,9 @@ class MainWindow(QMainWindow):
         file.addAction(self._action("&Quit", self.close, QKeySequence.StandardKey.Quit))
 
         chat = bar.addMenu("&Chat")
-        chat.addAction(self._action("&New chat", self.chat.new_chat, QKeySequence.StandardKey.New))
-        chat.addAction(self._action("&Stop", self.chat.stop, "Esc"))
+        chat.addAction(self._action("&New chat", self.new_chat, QKeySequence.StandardKey.New))
+        chat.addAction(self._action("&Stop", self.stop, "Esc",
+                                    "Stop the answer (or the model load) in progress"))
         chat.addAction(self._action("&Regenerate", self.chat.regenerate, "Ctrl+R"))
         chat.addAction(self._action("&Edit last message", self.chat.edit_last, "Ctrl+E"))
         chat.addAction(self._action("Re&name chat…", self.rename_current_dialog, "F2"))
@@ -233,7 +234,7 @@ class MainWindow(QMainWindow):
         chat.addAction(self._action("Focus &message box", self.chat_view.input.setFocus,
                                     "Ctrl+L"))
 
-        cache = bar.addMenu("C&ache")
+        cache = bar.addMenu("Cach&e")  # Alt+A is Answer now's, Alt+C the Chat menu's
         self.toggle_action = self._action(
             "&Toggle Speed-first / previous policy", self.controls.toggle_quality_speed,
             TOGGLE_SHORTCUT, "Switch to Speed-first (first-choice rule) and back to the "
@@ -294,6 +295,8 @@ class MainWindow(QMainWindow):
         self.client.worker.recordingStopped.connect(self._on_recording_stopped)
         self.chat.answerFinished.connect(lambda _s: self._update_title())
         self.chat_list.renameRequested.connect(self.rename_chat_dialog)
+        # after the controller made the chat (it connected first): the next keys are its text
+        self.chat_list.newRequested.connect(self.chat_view.input.setFocus)
         self.chat_list.deleteRequested.connect(self.delete_chat_dialog)
         # one display clock: the cache panel's frame timer also flushes streamed text
         self.cache_panel.timer.timeout.connect(self.chat_view.flush)
@@ -427,9 +430,17 @@ class MainWindow(QMainWindow):
         self.client.load(request)
         return True
 
+    def stop(self) -> None:
+        """Esc: stop the answer, or the model load, in progress."""
+        if self.loading:
+            self.cancel_load()
+        else:
+            self.chat.stop()
+
     def cancel_load(self) -> None:
         """Stop the model load in progress (the worker says so with ``loadCancelled``)."""
         if self.loading:
+            self._focus_off_cancel()
             self.cancel_load_button.setEnabled(False)
             self.model_label.setText("Cancelling…")
             self.client.cancel_load()
@@ -438,8 +449,15 @@ class MainWindow(QMainWindow):
         self.progress.setValue(int(fraction * 100))
         self.progress.setFormat(f"{stage} %p%")
 
+    def _focus_off_cancel(self) -> None:
+        """Disabled or hidden, the focused Cancel button would hand the keyboard to the next
+        widget in the chain (the chat search box, at the far end of the window)."""
+        if self.cancel_load_button.hasFocus():
+            self.chat_view.input.setFocus()
+
     def _load_ended(self) -> None:
         self.loading = False
+        self._focus_off_cancel()
         self.progress.hide()
         self.cancel_load_button.hide()
 
@@ -595,6 +613,12 @@ class MainWindow(QMainWindow):
         dialog.deleteLater()
 
     # ------------------------------------------------------------------ chats
+    def new_chat(self) -> int:
+        """Chat ▸ New chat: a new chat, and the keyboard in its message box."""
+        chat_id = self.chat.new_chat()
+        self.chat_view.input.setFocus()
+        return chat_id
+
     def rename_current_dialog(self) -> None:
         if self.chat.chat_id is not None:
             self.rename_chat_dialog(self.chat.chat_id)
@@ -615,8 +639,12 @@ class MainWindow(QMainWindow):
         chat = self.store.chat(chat_id)
         if chat is None:
             return
+        # No is the default: Enter (pressed once too often) never deletes a chat
         answer = QMessageBox.question(self, "Delete chat",
-                                      f"Delete “{chat.title}” and all its messages?")
+                                      f"Delete “{chat.title}” and all its messages?",
+                                      QMessageBox.StandardButton.Yes
+                                      | QMessageBox.StandardButton.No,
+                                      QMessageBox.StandardButton.No)
         if answer == QMessageBox.StandardButton.Yes:
             self.chat.delete(chat_id)
 
@@ -741,6 +769,8 @@ class MainWindow(QMainWindow):
         router inputs), and a closed window is never shown again."""
         self.trace_windows = [w for w in self.trace_windows if w is not window]
         window.deleteLater()
+        if not self._closed and self.isVisible():
+            self.activateWindow()  # the keyboard goes back where it was, not nowhere
         # once it is gone, hand its memory back to the system (the allocator would keep
         # the peak for the rest of the session)
         QTimer.singleShot(RELEASE_DELAY_MS, release_freed_memory)
@@ -789,8 +819,10 @@ class MainWindow(QMainWindow):
         QMessageBox.warning(self, title, message)
 
     def show_shortcuts(self) -> ShortcutsDialog:
-        """Every shortcut of the window and its chat view (non-modal, closes on Esc)."""
-        dialog = ShortcutsDialog([*self.actions(), *self.chat_view.actions()], parent=self)
+        """Every shortcut of the window, its chat view and chat list (non-modal, closes on
+        Esc)."""
+        dialog = ShortcutsDialog([*self.actions(), *self.chat_view.actions(),
+                                  *self.chat_list.list.actions()], parent=self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.show()
         return dialog

@@ -27,6 +27,7 @@ class MemoryView(QWidget):
         self.experts_label.hide()
         layout.addWidget(self.experts_label)
         self.graphics = pg.GraphicsLayoutWidget()
+        self.graphics.setAccessibleName("RAM and VRAM over time")  # it takes the focus
         layout.addWidget(self.graphics, 1)
         self.curves: dict[str, pg.PlotDataItem] = {}
         self.plots: dict[str, pg.PlotItem] = {}

@@ -74,7 +74,9 @@ class OpenModelDialog(QDialog):
         row = QHBoxLayout()
         row.addWidget(self.budget, 1)
         row.addWidget(self.budget_entry)
-        settings.addRow("VRAM &budget", row)
+        budget_label = QLabel("VRAM &budget")
+        budget_label.setBuddy(self.budget)  # a row of two has no buddy of its own: Alt+B
+        settings.addRow(budget_label, row)
         self.policy = QComboBox()
         self.policy.setAccessibleName("Cache policy")
         for key, label in POLICY_CHOICES:

@@ -47,6 +47,8 @@ class TimePlotsView(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         self.graphics = pg.GraphicsLayoutWidget()
+        self.graphics.setAccessibleName(self.accessibleName())  # it takes the focus
+        self.graphics.setAccessibleDescription(", ".join(title for _, title in PLOTS))
         layout.addWidget(self.graphics)
         self.plots: dict[str, pg.PlotItem] = {}
         self.curves: dict[str, pg.PlotDataItem] = {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import Signal
-from PySide6.QtGui import QCloseEvent
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import QLabel, QMainWindow, QTabWidget, QVBoxLayout, QWidget
 
 from moescope.gui.cache_panel import CachePanel
@@ -73,13 +73,21 @@ class TraceWindow(QMainWindow):
         self.whatif = WhatIfView(reopened.trace)
         self.tabs = QTabWidget()
         self.tabs.setAccessibleName("Trace views")
-        self.tabs.addTab(self.panel, "&Plots")
+        self.tabs.addTab(self.panel, "P&lots")  # Alt+P: What-if's Policies
         self.tabs.addTab(self.whatif, "&What-if")
         layout.addWidget(self.tabs, 1)
         if not tokens:  # nothing to replay: a sweep would draw a table of zeros
             self.tabs.setTabEnabled(1, False)
             self.tabs.setTabToolTip(1, "Nothing to replay: this trace has no tokens")
         self.setCentralWidget(body)
+        # a window with no menu: without these only the mouse (or the window manager)
+        # closed it
+        self.close_action = QAction("Close", self)
+        keys = [*QKeySequence.keyBindings(QKeySequence.StandardKey.Close),
+                QKeySequence("Ctrl+W"), QKeySequence("Esc")]
+        self.close_action.setShortcuts(list({k.toString(): k for k in keys}.values()))
+        self.close_action.triggered.connect(self.close)
+        self.addAction(self.close_action)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         """Join the what-if sweep's thread: a QThread must not outlive its window."""
