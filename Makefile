@@ -11,16 +11,19 @@ DIST_STAMP := $(VENV)/.moescope-dist-deps
 NATIVE_BUILD := build/native
 export MOESCOPE_CACHE ?= $(HOME)/.cache/moescope
 
-.PHONY: setup deps engine engine-cuda-configure native test test-native test-python lint \
+.PHONY: FORCE setup deps engine engine-cuda-configure native test test-native test-python lint \
         run bench gpu-bundle screenshot clean install-desktop uninstall-desktop dist dist-smoke
 
 setup: deps native engine
 
+# A venv whose python is gone (deleted, or a dangling link after a Python upgrade) or that
+# has no pip (venv creation interrupted, or python3-venv was missing) is made again.
 deps: $(DEPS_STAMP)
-$(DEPS_STAMP): pyproject.toml constraints.txt
+$(DEPS_STAMP): pyproject.toml constraints.txt $(if $(shell test -x $(PY) && echo ok),,FORCE)
 	@command -v $(PYTHON) >/dev/null || { echo "python3 not found: sudo apt-get install python3 python3-venv"; exit 2; }
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { echo "MoEScope needs Python >= 3.10"; exit 2; }
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "could not create a venv: sudo apt-get install python3-venv"; exit 2; }
+	@$(PY) -c 'import pip' 2>/dev/null || { test ! -e $(VENV) -o -f $(VENV)/pyvenv.cfg || { echo "$(VENV) is not a venv: remove it"; exit 2; }; \
+	    $(PYTHON) -m venv --clear $(VENV) || { echo "could not create a venv: sudo apt-get install python3-venv"; exit 2; }; }
 	$(PY) -m pip install --quiet $(PIP_PIN)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	@touch $@
@@ -35,6 +38,7 @@ engine-cuda-configure: deps
 
 native:
 	@command -v cmake >/dev/null || { echo "cmake not found: sudo apt-get install cmake"; exit 2; }
+	@command -v $${CXX:-c++} >/dev/null || { echo "no C++ compiler ($${CXX:-c++}): sudo apt-get install g++"; exit 2; }
 	@cmake -S native -B $(NATIVE_BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build $(NATIVE_BUILD) -j2
 
@@ -87,3 +91,5 @@ screenshot: setup
 
 clean:
 	rm -rf $(NATIVE_BUILD) build/pyinstaller dist .pytest_cache .ruff_cache
+
+FORCE:

@@ -20,6 +20,7 @@ of cuBLAS when the CUDA toolkit lacks it).
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import json
 import os
@@ -30,6 +31,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 PATCH_DIR = REPO / "engine_patch"
@@ -233,27 +235,35 @@ def cache_key(sdist_sha: str, cuda: bool) -> str:
     return h.hexdigest()[:16]
 
 
-def fetch_sdist(lock: dict[str, str], cache: Path) -> Path:
+def fetch_sdist(lock: dict[str, str], cache: Path, pip: Path | None = None) -> Path:
+    """The pinned sdist, hash-checked; a damaged cached copy (an interrupted copy, a bad
+    disk) is downloaded again. ``pip``: the build venv's, whose scikit-build-core prepares
+    the sdist's metadata (no isolated env to fetch, no pip traceback about the backend)."""
     dest = cache / "sdist"
     sdist = dest / lock["filename"]
-    if not sdist.exists():
+    digest = sha256_file(sdist) if sdist.exists() else None
+    if digest is not None and digest != lock["sha256"]:
+        step(f"cached {sdist.name} is damaged (sha256 mismatch); downloading it again")
+        sdist.unlink()
+        digest = None
+    if digest is None:
         step(f"downloading {lock['name']}=={lock['version']} sdist with pip")
         dest.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             "--no-build-isolation", "--quiet",
-             f"{lock['name']}=={lock['version']}", "-d", str(dest)],
-            check=False)
-        if not sdist.exists():  # metadata preparation may need isolation; try again with it
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                 "--quiet", f"{lock['name']}=={lock['version']}", "-d", str(dest)],
-                check=True)
-    digest = sha256_file(sdist)
+        pip = pip or build_env(cache) / "bin" / "pip"
+        proc = subprocess.run(
+            [str(pip), "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
+             "--quiet", f"{lock['name']}=={lock['version']}", "-d", str(dest)], check=False)
+        if proc.returncode != 0 or not sdist.exists():
+            raise BuildError(
+                f"could not download {lock['name']}=={lock['version']} (pip's message above): "
+                f"check the network or proxy (PIP_INDEX_URL), or put {lock['filename']} "
+                f"(sha256 {lock['sha256']}) into {dest}/, then run make again")
+        digest = sha256_file(sdist)
     if digest != lock["sha256"]:
         sdist.unlink()
         raise BuildError(f"{sdist.name}: sha256 {digest} does not match the pinned "
-                         f"{lock['sha256']} (engine_patch/sdist.lock); the file was removed")
+                         f"{lock['sha256']} (engine_patch/sdist.lock); the file was removed "
+                         "(if this repeats, your package index serves a different file)")
     step(f"sdist verified: {sdist.name} sha256 {digest[:12]}...")
     return sdist
 
@@ -330,9 +340,14 @@ def build_env(cache: Path) -> Path:
     if not stamp.exists() or stamp.read_text() != want:
         step("creating the build environment (scikit-build-core)")
         shutil.rmtree(env, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
-        subprocess.run([str(env / "bin" / "pip"), "install", "--quiet", "-r", str(reqs)],
-                       check=True)
+        if subprocess.run([sys.executable, "-m", "venv", str(env)], check=False).returncode:
+            raise BuildError(f"could not create the build venv {env}: install python3-venv "
+                             "(`sudo apt-get install python3-venv`), then run make again")
+        if subprocess.run([str(env / "bin" / "pip"), "install", "--quiet", "-r", str(reqs)],
+                          check=False).returncode:
+            raise BuildError("could not install the build backend (engine_patch/"
+                             "build-requirements.txt; pip's message above): check the "
+                             "network or proxy (PIP_INDEX_URL), then run make again")
         stamp.write_text(want)
     return env
 
@@ -356,19 +371,61 @@ def build_wheel(tree: Path, cache: Path, cuda: bool, configure_only: bool,
     environ.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     step(f"building the {flavour} wheel (first build ~3-4 min on 2 cores; incremental later)")
     log = cache / f"build-{flavour}.log"
-    with log.open("w") as f:
-        proc = subprocess.run(
-            [str(env / "bin" / "pip"), "wheel", "--no-deps", "--no-build-isolation",
-             "-C", f"build-dir={build_dir}", "-C", "cmake.verbose=false",
-             "-w", str(out), str(tree)],
-            env=environ, stdout=f, stderr=subprocess.STDOUT, check=False)
+    try:
+        with log.open("w") as f:
+            proc = subprocess.run(
+                [str(env / "bin" / "pip"), "wheel", "--no-deps", "--no-build-isolation",
+                 "-C", f"build-dir={build_dir}", "-C", "cmake.verbose=false",
+                 "-w", str(out), str(tree)],
+                env=environ, stdout=f, stderr=subprocess.STDOUT, check=False)
+    except BaseException:  # Ctrl+C: no half-copied wheel left behind
+        shutil.rmtree(out, ignore_errors=True)
+        raise
     if proc.returncode != 0:
-        tail = "".join(log.read_text(errors="replace").splitlines(True)[-40:])
+        shutil.rmtree(out, ignore_errors=True)  # a half-copied wheel would fill the disk
+        text = log.read_text(errors="replace")
+        if "No space left on device" in text:
+            raise BuildError(no_space(cache, log))
+        tail = "".join(text.splitlines(True)[-40:])
         raise BuildError(f"wheel build failed (full log: {log}):\n{tail}")
     wheels = list(out.glob("*.whl"))
     if len(wheels) != 1:
         raise BuildError(f"expected one wheel in {out}, found {wheels}")
     return wheels[0]
+
+
+def no_space(cache: Path, log: Path | None = None) -> str:
+    where = f" (log: {log})" if log else ""
+    return (f"no space left on device while building the engine{where}: free about 1 GB "
+            f"under {cache} and {tempfile.gettempdir()} (or set MOESCOPE_CACHE to a bigger "
+            "disk), then run make again")
+
+
+def wheel_ok(path: Path) -> bool:
+    """A complete wheel with the engine in it, not a truncated or damaged copy (~0.2 s)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return zf.testzip() is None and any(
+                n.endswith("/libllama.so") for n in zf.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def sweep_tmp_wheels(cache: Path) -> None:
+    """Remove tmp-wheel-<pid> folders of builds that were killed (each can hold ~14 MB);
+    only old ones, in case the cache is shared with another machine (pids differ there)."""
+    for tmp in cache.glob("tmp-wheel-*"):
+        pid = tmp.name.rpartition("-")[2]
+        if not pid.isdigit() or time.time() - tmp.stat().st_mtime < 12 * 3600:
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:
+            pass  # alive, another user's
 
 
 def install(wheel: Path, venv: Path, key: str) -> None:
@@ -383,8 +440,10 @@ def install(wheel: Path, venv: Path, key: str) -> None:
     marker.write_text(key + "\n")
 
 
-def _lock(cache: Path, flavour: str) -> object:
-    """Hold an exclusive lock on this flavour's build directory until the process exits."""
+def _lock(cache: Path, flavour: str) -> Any:
+    """Hold an exclusive lock on this flavour's build directory until the process exits
+    (or the handle is closed); flavour "shared" guards the sdist and the build venv, which
+    every flavour uses."""
     import fcntl
 
     cache.mkdir(parents=True, exist_ok=True)
@@ -426,11 +485,17 @@ def main(argv: list[str] | None = None) -> int:
         build_lock = _lock(cache, flavour)  # noqa: F841 (held until exit) one build per flavour at a time (CI, helpers, make)
         if not wheels:
             wheels = list(cached.glob("*.whl")) if cached.exists() else []  # built meanwhile
+        sweep_tmp_wheels(cache)
+        if wheels and not args.configure_only and not wheel_ok(wheels[0]):
+            step(f"cached wheel {wheels[0].name} is damaged; removing it and rebuilding")
+            shutil.rmtree(cached)
+            wheels = []
         if wheels and not args.configure_only:
             step(f"reusing cached {flavour} wheel {key} ({wheels[0].name})")
             wheel = wheels[0]
         else:
-            sdist = fetch_sdist(lock, cache)
+            with _lock(cache, "shared"):
+                sdist = fetch_sdist(lock, cache, build_env(cache) / "bin" / "pip")
             tree = prepare_tree(sdist, lock, cache / "src" / flavour, key)
             built = build_wheel(tree, cache, args.cuda, args.configure_only, flavour)
             if args.configure_only:
@@ -438,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
             cached.mkdir(parents=True, exist_ok=True)
             wheel = cached / built.name
             shutil.move(str(built), wheel)
+            shutil.rmtree(built.parent, ignore_errors=True)
             (cached / "manifest.json").write_text(json.dumps({
                 "key": key, "flavour": flavour, "sdist_sha256": lock["sha256"],
                 "patches": [p.name for p in patches()], "cmake_args": cmake_args(args.cuda),
@@ -449,10 +515,14 @@ def main(argv: list[str] | None = None) -> int:
             if not (site / "llama_cpp").is_dir():
                 import zipfile
 
+                part = site.with_name(f"{key}.part-{os.getpid()}")  # whole, or not there
+                shutil.rmtree(part, ignore_errors=True)
                 with zipfile.ZipFile(wheel) as zf:
-                    zf.extractall(site)
-                for so in (site / "llama_cpp" / "lib").glob("*.so*"):
+                    zf.extractall(part)
+                for so in (part / "llama_cpp" / "lib").glob("*.so*"):
                     so.chmod(0o755)
+                shutil.rmtree(site, ignore_errors=True)
+                part.rename(site)
             step("stock llama_cpp unpacked; put this folder on PYTHONPATH:")
             print(site)
             return 0
@@ -465,6 +535,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except subprocess.CalledProcessError as err:
         print(f"[engine] ERROR: command failed ({err.returncode}): {err.cmd}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\n[engine] interrupted: run make again to resume (a build continues where "
+              "it stopped)", file=sys.stderr)
+        return 130
+    except OSError as err:
+        msg = no_space(cache_root()) if err.errno == errno.ENOSPC else str(err)
+        print(f"[engine] ERROR: {msg}", file=sys.stderr)
         return 2
 
 
