@@ -7,6 +7,8 @@ dialogs that would block (QMessageBox) are replaced by a recorder the tests read
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -122,3 +124,25 @@ def open_trace_window(qtbot: Any) -> Iterator[Callable[[Path], Any]]:
 def trace_window(open_trace_window: Callable[[Path], Any], trace_path: Path) -> Any:
     """The reopened session's trace window."""
     return open_trace_window(trace_path)
+
+
+@pytest.fixture
+def held_load(make_window: Callable[..., Any]
+              ) -> Iterator[tuple[Any, threading.Event, list[float]]]:
+    """A window whose next load waits at llama.cpp's first weight-loading progress step
+    until ``release`` is set or the load is cancelled (a stand-in for a big model, whose
+    load takes minutes). Returns (window, release, the progress fractions seen)."""
+    window = make_window()
+    release = threading.Event()
+    steps: list[float] = []
+    engine = window.client.worker.engine
+
+    def hold(stage: str, fraction: float) -> None:  # runs on the worker thread
+        if stage == "loading weights":
+            steps.append(fraction)
+            while not release.is_set() and not engine._cancel_load.is_set():
+                time.sleep(0.005)
+
+    window.client.worker.loadProgress.connect(hold)
+    yield window, release, steps
+    release.set()

@@ -5,12 +5,9 @@ and a name (and value) for every control the focus reaches."""
 from __future__ import annotations
 
 import re
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from gui_helpers import send
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
@@ -126,25 +123,6 @@ def test_open_model_budget_label_reaches_its_slider(qtbot: Any, tiny_moe: Path) 
     dialog.n_ctx.setFocus()
     qtbot.keyClick(dialog.n_ctx, Qt.Key.Key_B, ALT)
     assert dialog.budget.hasFocus(), QApplication.focusWidget()
-
-
-@pytest.fixture
-def held_load(make_window: Any) -> tuple[Any, threading.Event, list[float]]:
-    """A window whose next load waits at llama.cpp's first weight-loading step until
-    ``release`` is set or the load is cancelled (as test_load_cancel's)."""
-    window = make_window()
-    release = threading.Event()
-    steps: list[float] = []
-    engine = window.client.worker.engine
-
-    def hold(stage: str, fraction: float) -> None:  # runs on the worker thread
-        if stage == "loading weights":
-            steps.append(fraction)
-            while not release.is_set() and not engine._cancel_load.is_set():
-                time.sleep(0.005)
-
-    window.client.worker.loadProgress.connect(hold)
-    return window, release, steps
 
 
 def test_escape_cancels_a_load(held_load: Any, qtbot: Any, tiny_moe: Path) -> None:

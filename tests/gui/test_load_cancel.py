@@ -4,32 +4,11 @@ llama.cpp's own progress drives the status bar, and its progress callback ends t
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from gui_helpers import load, send
-
-
-@pytest.fixture
-def held_load(make_window: Any) -> tuple[Any, threading.Event, list[float]]:
-    """A window whose next load stops at llama.cpp's first weight-loading progress step
-    until ``release`` is set or the load is cancelled (a stand-in for a big model)."""
-    window = make_window()
-    release = threading.Event()
-    steps: list[float] = []
-    engine = window.client.worker.engine
-
-    def hold(stage: str, fraction: float) -> None:  # runs on the worker thread
-        if stage == "loading weights":
-            steps.append(fraction)
-            while not release.is_set() and not engine._cancel_load.is_set():
-                time.sleep(0.005)
-
-    window.client.worker.loadProgress.connect(hold)
-    return window, release, steps
 
 
 def test_cancel_stops_a_load_and_the_next_one_works(held_load: Any, qtbot: Any,
