@@ -16,15 +16,14 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QLabel,
-    QLineEdit,
     QSlider,
     QSpinBox,
     QWidget,
 )
 
-from moescope.core.budget import format_bytes, plan_slots
-from moescope.core.errors import MoEScopeError
+from moescope.core.budget import format_bytes
 from moescope.core.policy import PRESETS, Policy
+from moescope.gui.budget_entry import BudgetEntry
 from moescope.gui.policy_choices import (
     BONUS_MAX,
     BONUS_STEPS,
@@ -50,17 +49,6 @@ TOGGLE_FALLBACK = "quality-first"
 CUSTOM_ONLY_TIP = ("Fixed by the chosen preset: choose Custom in Policy to set it "
                    "yourself.")
 NO_CACHE_TIP = "Open a model with an expert cache to change the policy."
-BUDGET_ENTRY_TIP = ("Type a VRAM budget for expert slots and press Enter: a size (12GiB, "
-                    "512MiB), a share of the experts (25%), or slots per layer (16).")
-
-
-def typed_slots(text: str, n_expert: int, top_k: int, row_bytes: int) -> tuple[int, str]:
-    """Slots per layer for a typed budget, and a note when it had to be clamped: read as
-    ``--budget`` reads it (``core.budget``: a size, a share, ``16 slots``, or a bare whole
-    number up to the expert count as slots). ``row_bytes``: one slot in every MoE layer.
-    """
-    plan = plan_slots(text, n_expert=n_expert, top_k=top_k, bytes_per_expert=[row_bytes])
-    return plan.slots_per_layer, plan.message if plan.clamped else ""
 
 
 class ControlsPanel(QGroupBox):
@@ -126,12 +114,8 @@ class ControlsPanel(QGroupBox):
                                "model and the chat are kept.")
         self.budget_label = QLabel("–")
         self.budget_label.setObjectName("budgetLabel")
-        self.budget_entry = QLineEdit()
-        self.budget_entry.setAccessibleName("VRAM budget, typed")
-        self.budget_entry.setPlaceholderText("e.g. 12GiB")
-        self.budget_entry.setToolTip(BUDGET_ENTRY_TIP)
-        self.budget_entry.setMaximumWidth(96)
-        self.budget_entry.returnPressed.connect(self.apply_typed_budget)
+        self.budget_entry = BudgetEntry()
+        self.budget_entry.submitted.connect(self.apply_typed_budget)
         form.addRow("&VRAM budget", self._row(self.budget, self.budget_entry))
         form.addRow("", self.budget_label)
         for control in (self.theta, self.beta, self.bonus, self.prefetch_mode, self.budget):
@@ -302,31 +286,18 @@ class ControlsPanel(QGroupBox):
         """The typed budget (a size, a share of the experts, or a slot count) moves the
         slider, which requests it. A slider alone cannot hit "exactly 12 GiB" on a model
         with 512 experts; a typo is explained in place and changes nothing."""
-        m, text = self.model, self.budget_entry.text().strip()
-        if m is None or not m.cache_enabled or not text:
+        m = self.model
+        if m is None or not m.cache_enabled:
             return False
-        try:
-            slots, note = typed_slots(text, m.n_expert, m.top_k, m.slot_row_bytes)
-        except MoEScopeError as err:
-            self.budget_entry.setToolTip(f"{err}\n\n{BUDGET_ENTRY_TIP}")
-            self.budget_entry.setProperty("invalid", True)
-            self._restyle(self.budget_entry)
+        slots = self.budget_entry.take_slots(m.n_expert, m.top_k, m.slot_row_bytes)
+        if slots is None:
             return False
-        self.budget_entry.setToolTip(f"{note}\n\n{BUDGET_ENTRY_TIP}" if note
-                                     else BUDGET_ENTRY_TIP)
-        self.budget_entry.setProperty("invalid", False)
-        self._restyle(self.budget_entry)
         if slots == self.budget.value():
             self.budgetRequested.emit(slots)  # e.g. a pending request to undo
         else:
             self.budget.setValue(slots)  # _budget_moved requests it
-        self.budget_entry.clear()
         return True
 
-    @staticmethod
-    def _restyle(widget: QWidget) -> None:
-        widget.style().unpolish(widget)
-        widget.style().polish(widget)
 
     # ------------------------------------------------------------------ labels
     def _update_custom_enabled(self) -> None:

@@ -7,8 +7,7 @@ slider moves.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, QObject, Qt
-from PySide6.QtGui import QKeyEvent
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
@@ -16,17 +15,15 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QHBoxLayout,
     QLabel,
-    QLineEdit,
     QSlider,
     QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
-from moescope.core.errors import MoEScopeError
 from moescope.core.gguf_info import ModelInfo
 from moescope.core.reasoning import thinking_choices
-from moescope.gui.controls import BUDGET_ENTRY_TIP, typed_slots
+from moescope.gui.budget_entry import BudgetEntry
 from moescope.gui.fit import FitEstimate, estimate_fit
 from moescope.gui.policy_choices import CUSTOM, POLICY_CHOICES, POLICY_TIPS
 from moescope.gui.worker import LoadRequest
@@ -64,13 +61,9 @@ class OpenModelDialog(QDialog):
             self.budget.setRange(info.top_k, info.n_expert)
             start = estimate_fit(info, budget, n_ctx).plan
             self.budget.setValue(start.slots_per_layer if start else info.top_k)
-        self.budget_entry = QLineEdit()
-        self.budget_entry.setAccessibleName("VRAM budget, typed")
-        self.budget_entry.setPlaceholderText("e.g. 12GiB")
-        self.budget_entry.setToolTip(BUDGET_ENTRY_TIP)
-        self.budget_entry.setMaximumWidth(96)
+        self.budget_entry = BudgetEntry()  # its Enter applies it, never presses Open
         self.budget_entry.setEnabled(info.is_moe)
-        self.budget_entry.installEventFilter(self)  # Enter applies it, not "Open"
+        self.budget_entry.submitted.connect(self.apply_typed_budget)
         row = QHBoxLayout()
         row.addWidget(self.budget, 1)
         row.addWidget(self.budget_entry)
@@ -110,41 +103,16 @@ class OpenModelDialog(QDialog):
         self.estimate: FitEstimate | None = None
         self._update()
 
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        """Enter in the typed budget applies it and stays in the dialog (a dialog's Enter
-        would otherwise also press Open, loading a budget the user has not seen)."""
-        if (watched is self.budget_entry and event.type() == QEvent.Type.KeyPress
-                and isinstance(event, QKeyEvent)
-                and event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)):
-            self.apply_typed_budget()
-            return True
-        return super().eventFilter(watched, event)
-
     def apply_typed_budget(self) -> bool:
-        """Move the slider to the typed budget (a size, a share, or slots per layer, as
-        in the main window); a typo is explained in place and changes nothing."""
-        text = self.budget_entry.text().strip()
-        if not self.info.is_moe or not text:
+        """Move the slider to the typed budget (as in the main window)."""
+        if not self.info.is_moe:
             return False
-        try:
-            slots, note = typed_slots(text, self.info.n_expert, self.info.top_k,
-                                      self._row_bytes())
-        except MoEScopeError as err:
-            self.budget_entry.setToolTip(f"{err}\n\n{BUDGET_ENTRY_TIP}")
-            self.budget_entry.setProperty("invalid", True)
-            self._restyle()
+        slots = self.budget_entry.take_slots(self.info.n_expert, self.info.top_k,
+                                             self._row_bytes())
+        if slots is None:
             return False
-        self.budget_entry.setToolTip(f"{note}\n\n{BUDGET_ENTRY_TIP}" if note
-                                     else BUDGET_ENTRY_TIP)
-        self.budget_entry.setProperty("invalid", False)
-        self._restyle()
         self.budget.setValue(slots)
-        self.budget_entry.clear()
         return True
-
-    def _restyle(self) -> None:
-        self.budget_entry.style().unpolish(self.budget_entry)
-        self.budget_entry.style().polish(self.budget_entry)
 
     def _row_bytes(self) -> int:
         return sum(self.info.bytes_per_expert[layer] for layer in self.info.moe_layers)
