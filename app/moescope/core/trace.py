@@ -56,6 +56,7 @@ from moescope.core.native import EVENT_DTYPE, FETCH, MAX_K, SUBSTITUTE
 from moescope.core.policy import DEFAULT_BONUS, Eviction, MissRule, Policy, SubstituteWeight
 from moescope.core.prefetch import PrefetchCounters, prefetch_delta
 from moescope.core.residency import Residency, masks_from_json, masks_to_json, read_resident
+from moescope.core.totals import CacheTotals
 
 TRACE_FORMAT = "moescope-trace"
 TRACE_VERSION = 1
@@ -1110,10 +1111,7 @@ def _header_from_json(d: Mapping[str, Any]) -> TraceHeader:
         raise ValueError("bytes_per_expert needs one entry per MoE layer")
     if not 0 < model.top_k <= min(model.n_expert, MAX_K):
         raise ValueError(f"top_k {model.top_k} does not fit {model.n_expert} experts")
-    slots = int(d["slots_per_layer"])
-    if not model.top_k <= slots <= model.n_expert:
-        raise ValueError(f"slots_per_layer {slots} is outside [top-k {model.top_k}, "
-                         f"{model.n_expert} experts]")
+    slots = _checked_slots(int(d["slots_per_layer"]), model, "slots_per_layer {}")
     return TraceHeader(
         model=model, budget=str(d.get("budget", "")),
         slots_per_layer=slots, policy=policy_from_json(d["policy"]),
@@ -1154,17 +1152,13 @@ def _token_from_json(d: Mapping[str, Any], header: TraceHeader, expected: int) -
         routes[route.row] = route
     changes = [_change_from_json(c) for c in d.get("changes", ())]
     for c in changes:
-        if c.kind == "slots" and c.slots is not None and not m.top_k <= c.slots <= m.n_expert:
-            raise ValueError(f"a budget change to {c.slots} slots is outside [top-k "
-                             f"{m.top_k}, {m.n_expert} experts]")
+        if c.kind == "slots" and c.slots is not None:
+            _checked_slots(c.slots, m, "a budget change to {} slots")
     timings = d.get("timings")
     prefetches = prefetch_hits = None
     if "prefetch" in d:  # absent: written before the counters existed, so unknown
         prefetches, prefetch_hits = _prefetch_from_json(d["prefetch"], m.moe_layers)
-    slots = int(d["slots_per_layer"])
-    if not m.top_k <= slots <= m.n_expert:
-        raise ValueError(f"slots_per_layer {slots} is outside [top-k {m.top_k}, "
-                         f"{m.n_expert} experts]")
+    slots = _checked_slots(int(d["slots_per_layer"]), m, "slots_per_layer {}")
     resident = None
     if "resident" in d:  # absent: the event rows explain residency (or an older trace)
         resident = masks_from_json(d["resident"], m.moe_layers, m.n_expert, slots)
@@ -1176,6 +1170,15 @@ def _token_from_json(d: Mapping[str, Any], header: TraceHeader, expected: int) -
         answer=int(d.get("answer", 0)), position=int(d.get("position", 0)),
         prefetches=prefetches, prefetch_hits=prefetch_hits, resident=resident,
     )
+
+
+def _checked_slots(slots: int, model: ModelSummary, what: str) -> int:
+    """``slots`` per layer if the model can have that many (top-k to all experts);
+    ``what`` names the field, ``{}`` standing for the value."""
+    if not model.top_k <= slots <= model.n_expert:
+        raise ValueError(f"{what.format(slots)} is outside [top-k {model.top_k}, "
+                         f"{model.n_expert} experts]")
+    return slots
 
 
 def _check_expert_ids(events: npt.NDArray[Any], n_expert: int) -> None:
@@ -1210,19 +1213,6 @@ _PID = 1
 _TID_TOKENS, _TID_LAYERS, _TID_SYNC, _TID_ASYNC, _TID_WAIT = 1, 2, 3, 4, 5
 
 
-def token_counts(rows: npt.NDArray[Any]) -> dict[str, int | float]:
-    """What one token's event rows add up to (every export of a trace counts the same)."""
-    return {
-        "selections": int(rows["k"].sum()), "hits": int(rows["n_hit"].sum()),
-        "fetches": int(rows["n_fetch"].sum()),
-        "substitutions": int(rows["n_substitute"].sum()),
-        "admissions": int(rows["n_admit"].sum()), "evictions": int(rows["n_evict"].sum()),
-        "substituted_mass": float(rows["substituted_mass"].astype(np.float64).sum()),
-        "bytes_sync": int(rows["bytes_sync"].sum()),
-        "bytes_async": int(rows["bytes_async"].sum()),
-    }
-
-
 def to_perfetto(trace: Trace) -> dict[str, Any]:
     """The trace as Chrome/Perfetto trace-event JSON (``{"traceEvents": [...]}``).
 
@@ -1245,12 +1235,12 @@ def to_perfetto(trace: Trace) -> dict[str, Any]:
     for tok in trace.tokens:
         dur = tok.seconds * 1e6
         rows = tok.events
-        counts = token_counts(rows)
+        c = CacheTotals.from_events(rows)
         args: dict[str, Any] = {
             "index": tok.index, "token_id": tok.token_id, "text": tok.text,
             "policy": tok.policy, "slots_per_layer": tok.slots_per_layer,
-            **{k: counts[k] for k in ("hits", "fetches", "substitutions",
-                                      "substituted_mass", "bytes_sync")},
+            "hits": c.hits, "fetches": c.fetches, "substitutions": c.substitutions,
+            "substituted_mass": c.substituted_mass, "bytes_sync": c.bytes_sync,
         }
         if tok.prefetches is not None and tok.prefetch_hits is not None:
             args["prefetches"] = int(tok.prefetches.sum())

@@ -3,7 +3,7 @@
 The JSONL trace is for replay and the Perfetto file for a timeline; a user who wants to
 plot tokens/s against substituted mass in a notebook or a spreadsheet wants neither, but
 one row per token with the numbers the live panel showed. Counts are sums over the
-token's event rows (:func:`moescope.core.trace.token_counts`, as the Perfetto export);
+token's event rows (:class:`moescope.core.totals.CacheTotals`, as everywhere else);
 an empty cell is a number the trace did not record (copy timings, prefetch counters),
 never a zero.
 """
@@ -17,13 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from moescope.core.files import write_atomic
-from moescope.core.trace import TIMING_KEYS, Trace, token_counts
+from moescope.core.totals import CacheTotals
+from moescope.core.trace import TIMING_KEYS, Trace
 
+COUNT_COLUMNS: tuple[str, ...] = (
+    "selections", "hits", "fetches", "substitutions", "admissions", "evictions",
+    "substituted_mass", "bytes_sync", "bytes_async",
+)
+"""The :class:`CacheTotals` fields a row gives (sums over the token's event rows)."""
 TOKEN_COLUMNS: tuple[str, ...] = (
     "token", "answer", "phase", "position", "token_id", "text", "policy",
-    "slots_per_layer", "seconds", "selections", "hits", "fetches", "substitutions",
-    "admissions", "evictions", "substituted_mass", "bytes_sync", "bytes_async",
-    *TIMING_KEYS, "prefetches", "prefetch_hits", "changes",
+    "slots_per_layer", "seconds", *COUNT_COLUMNS, *TIMING_KEYS, "prefetches",
+    "prefetch_hits", "changes",
 )
 """The CSV's columns, in order (docs/trace-format.md explains each field)."""
 
@@ -32,12 +37,14 @@ def token_rows(trace: Trace) -> list[dict[str, Any]]:
     """One dict per token, keyed by :data:`TOKEN_COLUMNS` (None: not recorded)."""
     rows = []
     for tok in trace.tokens:
+        totals = CacheTotals.from_events(tok.events)
         timings = tok.timings or {}
         rows.append({
             "token": tok.index, "answer": tok.answer, "phase": tok.phase,
             "position": tok.position, "token_id": tok.token_id, "text": tok.text,
             "policy": tok.policy, "slots_per_layer": tok.slots_per_layer,
-            "seconds": tok.seconds, **token_counts(tok.events),
+            "seconds": tok.seconds,
+            **{name: getattr(totals, name) for name in COUNT_COLUMNS},
             **{k: timings.get(k) if tok.timings is not None else None for k in TIMING_KEYS},
             "prefetches": int(tok.prefetches.sum()) if tok.prefetches is not None else None,
             "prefetch_hits": (int(tok.prefetch_hits.sum())
