@@ -174,11 +174,11 @@ def cache_state(engine: Engine) -> str:
 
 
 def summary_line(label: str, tokens_per_second: float, cache: CacheTotals, tail: str) -> str:
-    """``[label] tok/s | hit | fetched MB/tok | substituted | mass/tok | tail``; with the
-    cache off (no expert was routed through it) only tok/s and the tail: a 0% hit rate
+    """``[label] tok/s | hit | fetched MB/tok | substituted | mass/tok | tail``; when no
+    expert went through the cache (cache off) only tok/s and the tail: a 0% hit rate
     would read as a measurement."""
     c = cache
-    if c.selections == 0 and label == "cache off":
+    if c.selections == 0:
         return f"[{label}] {tokens_per_second:.1f} tok/s | {tail}"
     return (f"[{label}] {tokens_per_second:.1f} tok/s | hit {c.hit_rate:.1%} | "
             f"fetched {c.fetched_mb_per_token:.3f} MB/tok | substituted "
