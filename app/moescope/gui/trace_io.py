@@ -47,7 +47,8 @@ from moescope.gui.cache_model import prefetch_text
 from moescope.gui.snapshots import ModelSummary, TokenSnapshot
 
 KEEP_TRACES = 20
-"""Recorded sessions kept in the data directory (older ones are deleted at start)."""
+"""Recorded sessions kept in the data directory (older ones are deleted at start and
+before each new session; see :class:`TraceLimits`)."""
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,7 @@ class TraceOpener(QThread):
 
     Signals (queued to the GUI thread, where this object lives): ``progressed(done,
     PROGRESS_STEPS)`` as the file is read, then exactly one of ``opened(path,
-    ReopenedTrace)``,
-    ``failed(message)``, or nothing after :meth:`cancel`.
+    ReopenedTrace)``, ``failed(message)``, or nothing after :meth:`cancel`.
     """
 
     progressed = Signal(int, int)
