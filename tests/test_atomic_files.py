@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from moescope.core import files
-from moescope.core.files import copy_atomic, write_atomic
+from moescope.util import files
+from moescope.util.files import copy_atomic, write_atomic
 
 
 def test_a_write_replaces_the_file_whole_with_the_usual_permissions(tmp_path: Path) -> None:

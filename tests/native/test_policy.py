@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from moescope.core.native import CPolicy, ExpertCache, RouteResult, c_preset, load_library
-from moescope.core.policy import PRESET_NAMES, Eviction, MissRule, Policy
+from moescope.cache.native import CPolicy, ExpertCache, RouteResult, c_preset, load_library
+from moescope.cache.policy import PRESET_NAMES, Eviction, MissRule, Policy
 
 MakeCache = Callable[..., ExpertCache]
 RouteFn = Callable[..., RouteResult]

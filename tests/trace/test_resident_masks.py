@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from trace_helpers import MOE_LAYERS, psr_header, set_token_field
 
-from moescope.core.native import EVENT_DTYPE, FETCH, HIT, ExpertCache
-from moescope.core.policy import Policy
-from moescope.core.residency import Residency, mask_from_hex, mask_to_hex, read_resident
-from moescope.core.trace import (
+from moescope.cache.native import EVENT_DTYPE, FETCH, HIT, ExpertCache
+from moescope.cache.policy import Policy
+from moescope.cache.residency import Residency, mask_from_hex, mask_to_hex, read_resident
+from moescope.trace import (
     TokenRecord,
     TraceFormatError,
     TraceHeader,
@@ -25,7 +25,7 @@ from moescope.core.trace import (
     TraceWriter,
     read_trace,
 )
-from moescope.testing.traces import as_older_trace
+from moescope_testing.traces import as_older_trace
 
 RecordFn = Callable[..., Path]
 N_EXPERT, TOP_K, SLOTS = 16, 4, 8

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moescope.core.native import EVENT_DTYPE, ExpertCache
-from moescope.core.policy import Policy
-from moescope.core.trace import (
+from moescope.cache.native import EVENT_DTYPE, ExpertCache
+from moescope.cache.policy import Policy
+from moescope.trace import (
     TRACE_VERSION,
     ModelSummary,
     RouterInput,
@@ -217,7 +217,7 @@ def test_ranked_predictions_are_a_stable_sort_of_the_best(values: list[float],
                                                           keep: int) -> None:
     """The partition-then-sort ranking equals a full stable sort (ties by lower id, NaN
     last), with many ties, NaN and infinities."""
-    from moescope.core.trace import rank_predictions
+    from moescope.trace import rank_predictions
 
     s = np.asarray(values, dtype=np.float32)
     reference = np.argsort(-np.where(np.isnan(s), -np.inf, s), kind="stable")[:keep]
@@ -238,7 +238,7 @@ def test_a_failed_write_surfaces_on_the_recording_thread_and_the_file_still_clos
 
     from trace_helpers import psr_header
 
-    from moescope.core.trace import TraceRecorder
+    from moescope.trace import TraceRecorder
 
     path = tmp_path / "t.jsonl"
     recorder = TraceRecorder(path, psr_header())

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from moescope.core.policy import Policy
-from moescope.core.trace import ModelSummary, TraceHeader
+from moescope.cache.policy import Policy
+from moescope.trace import ModelSummary, TraceHeader
 
 MOE_LAYERS = (1, 2, 3)
 """A leading dense layer: per-layer fields are keyed by the model's layer index."""

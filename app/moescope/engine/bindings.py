@@ -2,7 +2,7 @@
 
 They live in the same ``libllama.so`` that ``llama_cpp`` loads, so we declare them on
 ``llama_cpp.llama_cpp._lib`` rather than opening a second copy. The cache's policy, counters
-and events are reached through the core's own C API (:mod:`moescope.core.native`) on the
+and events are reached through the core's own C API (:mod:`moescope.cache.native`) on the
 handle ``llama_moe_cache_core`` returns: one implementation, shared with the simulator.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from moescope.core.errors import MoEScopeError
+from moescope.util.errors import MoEScopeError
 
 # return codes of llama_moe_cache_enable / _resize (see engine_patch/0002)
 RC_OK = 0

@@ -25,11 +25,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from moescope.core.budget import BudgetPlan, plan_for_model
-from moescope.core.errors import MoEScopeError, NotMoEError
-from moescope.core.gguf_info import ModelInfo, read_model_info
-from moescope.core.native import ExpertCache, LayerStats
-from moescope.core.policy import Policy
+from moescope.cache.budget import BudgetPlan, plan_for_model
+from moescope.cache.native import ExpertCache, LayerStats
+from moescope.cache.policy import Policy
 from moescope.engine import bindings
 from moescope.engine.load_hooks import (
     LoadCancelled,
@@ -42,6 +40,8 @@ from moescope.engine.load_hooks import (
     report_native_aborts,
 )
 from moescope.engine.stats import AnswerStats, CacheTotals, TokenStats
+from moescope.model.gguf_info import ModelInfo, read_model_info
+from moescope.util.errors import MoEScopeError, NotMoEError
 
 ProgressFn = Callable[[str, float], None]
 
@@ -404,7 +404,7 @@ class Engine:
 
     def drain_events(self) -> npt.NDArray[Any]:
         if self._cache is None:
-            from moescope.core.native import EVENT_DTYPE
+            from moescope.cache.native import EVENT_DTYPE
 
             return np.zeros(0, dtype=EVENT_DTYPE)
         return self._cache.drain_events()
@@ -420,7 +420,7 @@ class Engine:
                     thinking: str = "default") -> str:
         """The model's own chat template (GGUF ``tokenizer.chat_template``), else a plain
         one; ``thinking`` sets the template's thinking switch (see ``Sampling.thinking``)."""
-        from moescope.core.reasoning import template_variables
+        from moescope.model.reasoning import template_variables
 
         msgs = [m if isinstance(m, dict) else {"role": m.role, "content": m.content}
                 for m in messages]
@@ -442,7 +442,7 @@ class Engine:
 
     def thinking_choices(self) -> tuple[str, ...]:
         """The thinking settings the model's chat template understands ("default" first)."""
-        from moescope.core.reasoning import thinking_choices
+        from moescope.model.reasoning import thinking_choices
 
         return thinking_choices(self._llm.metadata.get("tokenizer.chat_template"))
 
@@ -451,7 +451,7 @@ class Engine:
         setting ``thinking``: ``"<think>\\n"`` for templates that open the reasoning in the
         prompt (Qwen3 *Thinking*, Qwen3.5 unless thinking is off), else "". Prepended to
         stored answers so their reasoning splits like any other model's."""
-        from moescope.core.reasoning import reasoning_prefix
+        from moescope.model.reasoning import reasoning_prefix
 
         try:
             return reasoning_prefix(self.format_chat([{"role": "user", "content": "Hi"}],

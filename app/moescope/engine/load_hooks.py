@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from moescope.core.errors import MoEScopeError
+from moescope.util.errors import MoEScopeError
 
 
 class LoadCancelled(MoEScopeError):

@@ -1,5 +1,5 @@
 """What one generated token and one answer cost: the engine's per-token and per-answer
-records, built on :class:`moescope.core.totals.CacheTotals` (sums over event rows).
+records, built on :class:`moescope.cache.totals.CacheTotals` (sums over event rows).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from moescope.core.totals import CacheTotals
+from moescope.cache.totals import CacheTotals
 
 
 @dataclass

@@ -42,32 +42,32 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from moescope.core.errors import MoEScopeError
-from moescope.core.files import write_atomic
-from moescope.core.gguf_info import read_model_info
-from moescope.core.memory import release_freed_memory
-from moescope.core.resources import demo_model_path
+from moescope.display.policy_choices import POLICY_TIPS
+from moescope.display.trace_io import ReopenedTrace, export_session, prune_traces
 from moescope.engine import Engine
-from moescope.gui import paths
-from moescope.gui.about_dialog import AboutDialog
-from moescope.gui.cache_panel import CachePanel
-from moescope.gui.chat_controller import ChatController
-from moescope.gui.chat_list import ChatListPanel
-from moescope.gui.chat_settings import ChatSettingsPanel
-from moescope.gui.chat_view import ChatView
-from moescope.gui.compare_dialog import CompareDialog
-from moescope.gui.controls import ControlsPanel
-from moescope.gui.elided_label import ElidedLabel
-from moescope.gui.logs_view import LogsView
-from moescope.gui.open_model_dialog import OpenModelDialog
-from moescope.gui.policy_choices import POLICY_TIPS
-from moescope.gui.shortcuts_dialog import ShortcutsDialog
-from moescope.gui.snapshots import ModelSummary, TokenSnapshot
-from moescope.gui.store import ChatStore
-from moescope.gui.trace_io import ReopenedTrace, export_session, prune_traces
-from moescope.gui.trace_opener import PROGRESS_STEPS, TraceOpener
-from moescope.gui.trace_window import TraceWindow
+from moescope.gui.cache.panel import CachePanel
+from moescope.gui.chat.chat_list import ChatListPanel
+from moescope.gui.chat.chat_view import ChatView
+from moescope.gui.chat.controller import ChatController
+from moescope.gui.chat.settings import ChatSettingsPanel
+from moescope.gui.controls.cache_controls import ControlsPanel
+from moescope.gui.dialogs.about import AboutDialog
+from moescope.gui.dialogs.compare import CompareDialog
+from moescope.gui.dialogs.open_model import OpenModelDialog
+from moescope.gui.dialogs.shortcuts import ShortcutsDialog
+from moescope.gui.traces.trace_opener import PROGRESS_STEPS, TraceOpener
+from moescope.gui.traces.trace_window import TraceWindow
+from moescope.gui.widgets.elided_label import ElidedLabel
+from moescope.gui.widgets.logs_view import LogsView
 from moescope.gui.worker import EngineClient, LoadRequest
+from moescope.model.gguf_info import read_model_info
+from moescope.session.snapshots import ModelSummary, TokenSnapshot
+from moescope.session.store import ChatStore
+from moescope.util import paths
+from moescope.util.errors import MoEScopeError
+from moescope.util.files import write_atomic
+from moescope.util.memory import release_freed_memory
+from moescope.util.resources import demo_model_path
 
 log = logging.getLogger("moescope.gui")
 
@@ -522,7 +522,7 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ live control
     def request_policy(self, policy: object) -> None:
-        from moescope.core.policy import Policy
+        from moescope.cache.policy import Policy
 
         assert isinstance(policy, Policy)
         log.info("policy requested: %s", policy.name or "custom")

@@ -27,16 +27,16 @@ from typing import Any
 import numpy as np
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from moescope.core.budget import format_bytes
-from moescope.core.errors import MoEScopeError
-from moescope.core.policy import Policy
-from moescope.core.prefetch import PrefetchCounters, prefetch_delta
-from moescope.core.residency import read_resident
-from moescope.core.trace import ANSWER_NOW_NOTE, TraceRecorder
+from moescope.cache.budget import format_bytes
+from moescope.cache.policy import Policy
+from moescope.cache.prefetch import PrefetchCounters, prefetch_delta
+from moescope.cache.residency import read_resident
+from moescope.display.trace_io import TraceLimits, new_trace_path, prune_traces
 from moescope.engine import AnswerStats, Engine, LoadCancelled, Sampling
 from moescope.engine.compare import compare_policies, conversation_tokens
-from moescope.gui.snapshots import AnswerSummary, ModelSummary, TokenSnapshot
-from moescope.gui.trace_io import TraceLimits, new_trace_path, prune_traces
+from moescope.session.snapshots import AnswerSummary, ModelSummary, TokenSnapshot
+from moescope.trace import ANSWER_NOW_NOTE, TraceRecorder
+from moescope.util.errors import MoEScopeError
 
 log = logging.getLogger("moescope.gui.worker")
 

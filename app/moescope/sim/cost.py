@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from moescope.core.errors import MoEScopeError
-from moescope.core.trace import ModelSummary, Trace
+from moescope.trace import ModelSummary, Trace
+from moescope.util.errors import MoEScopeError
 
 
 @dataclass(frozen=True)

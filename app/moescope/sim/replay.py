@@ -2,7 +2,7 @@
 
 *Which Expert Misses Are Worth Waiting For?* compares policies with a simulator that replays
 router decisions instead of running the model. Ours replays a MoEScope trace through the
-SAME core the engine runs (:class:`~moescope.core.native.ExpertCache`), so with the trace's
+SAME core the engine runs (:class:`~moescope.cache.native.ExpertCache`), so with the trace's
 own policy and budget it makes exactly the engine's decisions, and under another policy or
 budget it says what that one would have done to the same routing.
 
@@ -20,7 +20,7 @@ Exactness needs the engine's order and cache state, which the trace provides:
   row recorded (ranked ids; a policy that does not prefetch ignores them), as the engine's
   route op does. Its copies are counted as background copies of that token, and the core's
   prefetch counters (prefetches, prefetch hits) are taken per token exactly as the trace
-  recorder takes the engine's (:mod:`moescope.core.prefetch`), so the two can be compared.
+  recorder takes the engine's (:mod:`moescope.cache.prefetch`), so the two can be compared.
 
 Rows recorded without router inputs (earlier tokens of a batched ubatch, or a trace written
 without them) are replayed from the event row itself: ids and normalized weights are exact,
@@ -38,10 +38,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from moescope.core.native import COPY_DTYPE, EVENT_DTYPE, OK, ExpertCache, NativeError, load_library
-from moescope.core.policy import MissRule, Policy
-from moescope.core.prefetch import PrefetchCounters, PrefetchSummary, prefetch_delta
-from moescope.core.trace import Change, Trace, TraceHeader
+from moescope.cache.native import (
+    COPY_DTYPE,
+    EVENT_DTYPE,
+    OK,
+    ExpertCache,
+    NativeError,
+    load_library,
+)
+from moescope.cache.policy import MissRule, Policy
+from moescope.cache.prefetch import PrefetchCounters, PrefetchSummary, prefetch_delta
+from moescope.trace import Change, Trace, TraceHeader
 
 TOKEN_COST_DTYPE = np.dtype([
     ("decode", np.bool_),
@@ -230,7 +237,7 @@ class ReplayResult:
     @property
     def prefetch(self) -> PrefetchSummary | None:
         """PSR over the decode tokens whose policy prefetched (the live panel's definition
-        of prefetch accuracy, :class:`~moescope.core.prefetch.PrefetchSummary`); None when
+        of prefetch accuracy, :class:`~moescope.cache.prefetch.PrefetchSummary`); None when
         none did, so a policy without prefetch shows no number rather than 0%."""
         d = self.decode
         on = d[d["prefetching"]]

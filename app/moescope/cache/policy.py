@@ -1,0 +1,208 @@
+"""Cache policies: miss rule + eviction + admission + their parameters, and the named presets.
+
+The policy is the user's quality/speed dial. Its parts are the definitions of *Which Expert
+Misses Are Worth Waiting For?*: a **miss rule** decides whether a routed expert that is not
+resident is fetched (waited for) or substituted by a resident one; **eviction** picks the
+resident expert that leaves; **background admission** brings in experts that keep losing
+gate mass to substitution. *Prefetch-Steered Routing* adds the **routing bonus**
+(Cache-Prior: resident experts' gate weights count ``bonus`` more) and **prefetch** (PSR:
+the next layer's predicted experts enter the logical cache before it routes). The native
+core (``native/``) is the single implementation the engine and the simulator share; this
+module only names and validates policies, and its presets must equal the C ones
+(``moecache_preset``), which a test checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from moescope.cache.native import CPolicy
+
+DEFAULT_THETA = 0.15
+"""Paper 1's 0.15 rule: fetch a miss whose normalized gate weight is at least this."""
+DEFAULT_BETA = 0.5
+"""Paper 1's admission threshold on the gate mass an expert lost to substitution."""
+DEFAULT_HALF_LIFE = 64.0
+"""Our default half-life of frequency counts, in decode steps (tokens)."""
+DEFAULT_BONUS = 0.07
+"""Our default Cache-Prior bonus, in gate-weight units (those of θ and of the substituted
+mass: a resident expert may take a miss's place when its weight among the token's selection
+would be within 0.07 of the miss's), so it means the same for 64 experts or 512. Measured on
+the demo model over 12 held-out windows (``bench/bonus_bench.py``, docs/benchmarks.md):
+cache-prior +0.3% perplexity (as quality-first) for 0.43x Exact's waited-for bytes, psr
+within noise for 0.18x; 0.2 costs +2-5% and 0.3 +9-16%."""
+PREFETCH_TOP_K = -1
+"""``Policy.prefetch`` value meaning "as many experts as the router selects"."""
+
+
+class MissRule(IntEnum):
+    """What to do with a routed expert that is not resident (values = C enum)."""
+
+    FETCH_ALL = 0
+    THRESHOLD = 1
+    FIRST_CHOICE = 2
+    SUBSTITUTE_ALL = 3
+    ROUTING_BONUS = 4
+
+
+class Eviction(IntEnum):
+    """Which resident expert makes room (values = C enum)."""
+
+    LRU = 0
+    FREQUENCY = 1
+
+
+class SubstituteWeight(IntEnum):
+    """Which gate weight a substitute computes with (values = C enum)."""
+
+    MISSING = 0
+    OWN = 1
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One complete cache policy; immutable so a snapshot can be shared across threads.
+
+    ``half_life`` is kept under LRU too, so that switching to frequency eviction starts from
+    a meaningful history; ``beta`` likewise when admission is off.
+    """
+
+    miss_rule: MissRule = MissRule.FETCH_ALL
+    theta: float = DEFAULT_THETA
+    eviction: Eviction = Eviction.LRU
+    half_life: float = DEFAULT_HALF_LIFE
+    admission: bool = False
+    beta: float = DEFAULT_BETA
+    substitute_weight: SubstituteWeight = SubstituteWeight.MISSING
+    bonus: float = DEFAULT_BONUS
+    """ROUTING_BONUS: added to a resident expert's gate weight (router probability over
+    the selection's) before top-k."""
+    prefetch: int = 0
+    """PSR: next-layer experts brought in per token (0 off, -1 = the router's top-k)."""
+    name: str | None = field(default=None, compare=False)
+    """The preset this policy is (a label for the UI and traces; not part of equality)."""
+
+    def __post_init__(self) -> None:
+        """Coerce the enums and reject what the native core would reject, with a reason."""
+        object.__setattr__(self, "miss_rule", MissRule(self.miss_rule))
+        object.__setattr__(self, "eviction", Eviction(self.eviction))
+        object.__setattr__(self, "substitute_weight", SubstituteWeight(self.substitute_weight))
+        object.__setattr__(self, "admission", bool(self.admission))
+        if not (math.isfinite(self.theta) and 0.0 <= self.theta <= 1.0):
+            raise ValueError(f"theta must be in [0, 1], got {self.theta}")
+        if not (math.isfinite(self.half_life) and self.half_life > 0.0):
+            raise ValueError(f"half_life must be > 0 steps, got {self.half_life}")
+        if not (math.isfinite(self.beta) and self.beta > 0.0):
+            raise ValueError(f"beta must be > 0, got {self.beta}")
+        if not (math.isfinite(self.bonus) and self.bonus >= 0.0):
+            raise ValueError(f"bonus must be >= 0, got {self.bonus}")
+        object.__setattr__(self, "prefetch", int(self.prefetch))
+        if self.prefetch < PREFETCH_TOP_K:
+            raise ValueError(f"prefetch must be >= -1 (-1: the router's top-k), "
+                             f"got {self.prefetch}")
+
+    @property
+    def exact(self) -> bool:
+        """True when the output equals the unpatched engine's (every miss is waited for)."""
+        return self.miss_rule == MissRule.FETCH_ALL
+
+    def replace(self, **changes: Any) -> Policy:
+        """A copy with some parameters changed (the GUI's sliders); it is no longer the
+        preset it came from unless ``name`` is given."""
+        changes.setdefault("name", None)
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def preset(cls, name: str) -> Policy:
+        """The named preset (see :data:`PRESETS`); ``ValueError`` for an unknown name."""
+        try:
+            return PRESETS[name]
+        except KeyError:
+            known = ", ".join(PRESETS)
+            raise ValueError(f"unknown policy preset {name!r} (known: {known})") from None
+
+    def to_c(self) -> CPolicy:
+        """The ``moecache_policy`` struct for the native core."""
+        from moescope.cache.native import CPolicy
+
+        return CPolicy(
+            miss_rule=int(self.miss_rule),
+            theta=self.theta,
+            eviction=int(self.eviction),
+            half_life=self.half_life,
+            admission=int(self.admission),
+            beta=self.beta,
+            substitute_weight=int(self.substitute_weight),
+            bonus=self.bonus,
+            prefetch=self.prefetch,
+        )
+
+    @classmethod
+    def from_c(cls, c: CPolicy) -> Policy:
+        """Read a ``moecache_policy`` back; float32 parameters come back as the shortest
+        decimal that rounds to them (0.15f -> 0.15), so ``from_c(p.to_c()) == p``."""
+        return cls(
+            miss_rule=MissRule(c.miss_rule),
+            theta=_from_float32(c.theta),
+            eviction=Eviction(c.eviction),
+            half_life=_from_float32(c.half_life),
+            admission=bool(c.admission),
+            beta=_from_float32(c.beta),
+            substitute_weight=SubstituteWeight(c.substitute_weight),
+            bonus=_from_float32(c.bonus),
+            prefetch=int(c.prefetch),
+        )
+
+
+def _from_float32(value: float) -> float:
+    return float(str(np.float32(value)))
+
+
+PRESETS: dict[str, Policy] = {
+    # reference: exact output at any budget
+    "exact": Policy(name="exact"),
+    # paper 1's operating points
+    "quality-first": Policy(
+        miss_rule=MissRule.THRESHOLD,
+        eviction=Eviction.FREQUENCY,
+        admission=True,
+        name="quality-first",
+    ),
+    "speed-first": Policy(
+        miss_rule=MissRule.FIRST_CHOICE,
+        eviction=Eviction.FREQUENCY,
+        admission=True,
+        name="speed-first",
+    ),
+    # paper 2: the Cache-Prior routing bonus, without and with PSR prefetch (the eviction
+    # and admission of quality-first, so only the routing differs)
+    "cache-prior": Policy(
+        miss_rule=MissRule.ROUTING_BONUS,
+        eviction=Eviction.FREQUENCY,
+        admission=True,
+        substitute_weight=SubstituteWeight.OWN,
+        name="cache-prior",
+    ),
+    "psr": Policy(
+        miss_rule=MissRule.ROUTING_BONUS,
+        eviction=Eviction.FREQUENCY,
+        admission=True,
+        substitute_weight=SubstituteWeight.OWN,
+        prefetch=PREFETCH_TOP_K,
+        name="psr",
+    ),
+    # the bare miss rules (LRU, no admission), to isolate what each rule costs
+    "substitute-all": Policy(miss_rule=MissRule.SUBSTITUTE_ALL, name="substitute-all"),
+    "threshold": Policy(miss_rule=MissRule.THRESHOLD, name="threshold"),
+    "first-choice": Policy(miss_rule=MissRule.FIRST_CHOICE, name="first-choice"),
+}
+"""Named presets, identical to the C ``moecache_preset`` table."""
+
+PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)

@@ -1,0 +1,453 @@
+"""What a GGUF file says about its experts, read from the header alone.
+
+The expert cache is sized in *experts per layer*, so before loading anything MoEScope needs
+to know which layers route to experts, how many experts each has, how many are routed per
+token, and how many bytes one expert occupies in each layer (the unit of every copy the
+cache makes). All of that is in the GGUF header and tensor table; the multi-gigabyte tensor
+data is only memory-mapped by :class:`gguf.GGUFReader`, never read, so ``moescope info``
+answers in a fraction of a second even for an 80B model.
+
+A model split into several files (``PREFIX-00001-of-00003.gguf`` …, llama.cpp's
+``gguf-split`` naming, as 80B models are published) is read as one: any part may be given,
+the metadata comes from the first, the tensors from all, and a missing part is named.
+
+Expert tensors are recognized by llama.cpp's names: ``blk.N.ffn_{gate,up,down,gate_up}_exps``
+with a ``.weight`` and optionally a per-expert ``.bias`` (gpt-oss) or ``.scale``. Their last
+ggml dimension is the expert index, so one expert's slice of each is a contiguous byte range
+of ``n_bytes / n_expert`` bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFEndian, GGUFReader, GGUFValueType
+from gguf.gguf_reader import ReaderField
+
+from moescope.util.errors import ModelFileNotFoundError, ModelFormatError, NotMoEError
+
+GGUF_MAGIC = b"GGUF"
+_MIN_HEADER_BYTES = 24  # magic, version, tensor count, kv count
+_SUPPORTED_VERSIONS = (2, 3)
+
+_EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_exps\.(weight|bias|scale)$")
+_BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.")
+_SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+class _Truncated(Exception):
+    """Raised from inside the reader when the header points past the end of the file."""
+
+    def __init__(self, offset: int, size: int) -> None:
+        super().__init__(offset, size)
+        self.offset = offset
+        self.size = size
+
+
+class _StrictReader(GGUFReader):
+    """GGUFReader that fails fast on reads past the end of the file.
+
+    The stock reader silently returns short arrays at the end of the memory map, which
+    turns truncation into an obscure reshape error (or, for a corrupt array length, a very
+    long loop). Checking every read turns both into one precise message.
+    """
+
+    def _get(self, offset: int, dtype: Any, count: int = 1,
+             override_order: Any = None) -> np.ndarray:
+        count = int(count)
+        end = int(offset) + np.dtype(dtype).itemsize * count
+        if end > len(self.data):
+            raise _Truncated(end, len(self.data))
+        return super()._get(offset, dtype, count, override_order)
+
+    def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple[int, list[Any],
+                                                                      list[int], list[Any]]:
+        """Keep arrays as one view instead of one numpy object per element.
+
+        A 150k-token vocabulary plus its merges makes the stock reader build about half a
+        million small arrays (seconds); MoEScope never needs the individual strings here.
+        Numeric arrays become a single typed view; string arrays a single byte view.
+        """
+        if GGUFValueType(raw_type) != GGUFValueType.ARRAY:
+            return super()._get_field_parts(orig_offs, raw_type)
+        offs = orig_offs
+        raw_itype = self._get(offs, np.uint32)
+        offs += int(raw_itype.nbytes)
+        alen = self._get(offs, np.uint64)
+        offs += int(alen.nbytes)
+        itype = GGUFValueType(int(raw_itype[0]))
+        count = int(alen[0])
+        types = [GGUFValueType.ARRAY, itype]
+        if itype == GGUFValueType.STRING:
+            fmt = "<Q" if self.endianess == GGUFEndian.LITTLE else ">Q"
+            pos, size = offs, len(self.data)
+            if offs + 8 * count > size:  # each string needs at least its 8-byte length
+                raise _Truncated(offs + 8 * count, size)
+            for _ in range(count):
+                if pos + 8 > size:
+                    raise _Truncated(pos + 8, size)
+                pos += 8 + struct.unpack_from(fmt, self.data, pos)[0]
+            payload = self._get(offs, np.uint8, pos - offs)
+            return pos - orig_offs, [raw_itype, alen, payload], [], types
+        nptype = self.gguf_scalar_to_np.get(itype)
+        if nptype is None:  # nested arrays: rare, let the stock code handle them
+            return super()._get_field_parts(orig_offs, raw_type)
+        values = self._get(offs, nptype, count)
+        return offs + int(values.nbytes) - orig_offs, [raw_itype, alen, values], [2], types
+
+
+@dataclass(frozen=True)
+class ExpertTensor:
+    """One stacked expert tensor of a layer (all experts of that layer in one tensor)."""
+
+    name: str
+    layer: int
+    kind: str  # "gate", "up", "down" or "gate_up"
+    part: str  # "weight", "bias" or "scale"
+    ggml_type: str  # lower-case ggml type name, e.g. "q8_0"
+    shape: tuple[int, ...]  # ggml order: ne0 first, the expert index last
+    n_bytes: int
+    bytes_per_expert: int
+    data_offset: int  # absolute file offset of expert 0's bytes
+    split: int = 0  # index of the file holding it (a split model), else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "layer": self.layer, "kind": self.kind, "part": self.part,
+            "ggml_type": self.ggml_type, "shape": list(self.shape), "n_bytes": self.n_bytes,
+            "bytes_per_expert": self.bytes_per_expert, "data_offset": self.data_offset,
+            "split": self.split,
+        }
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Header facts about a GGUF model that the expert cache and its budget depend on."""
+
+    path: Path
+    """The file llama.cpp opens: the first part of a split model."""
+    file_name: str
+    file_size: int
+    """Bytes of all the model's files."""
+    architecture: str
+    name: str | None
+    n_layers: int
+    n_embd: int | None
+    context_length: int | None
+    n_expert: int
+    top_k: int
+    n_expert_shared: int
+    moe_layers: tuple[int, ...]
+    dense_layers: tuple[int, ...]
+    expert_tensors: Mapping[int, tuple[ExpertTensor, ...]]
+    bytes_per_expert: Mapping[int, int]
+    total_expert_bytes: int
+    non_expert_bytes: int
+    n_tensors: int
+    # sha256 of the file's first data_offset bytes: magic, version, counts, every KV pair,
+    # every tensor info and the alignment padding. Identifies the model in trace headers
+    # without hashing gigabytes of weights.
+    metadata_sha256: str
+    metadata: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    parts: tuple[Path, ...] = ()
+    """Every file of a split model, in order (empty for a single file)."""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_expert > 0 and bool(self.moe_layers)
+
+    @property
+    def max_bytes_per_expert(self) -> int:
+        """Bytes of the largest expert across layers: the size one cache slot must hold."""
+        return max(self.bytes_per_expert.values(), default=0)
+
+    @property
+    def uniform_experts(self) -> bool:
+        """True when every MoE layer has the same expert tensors, types and sizes."""
+        layouts = {
+            tuple((t.kind, t.part, t.ggml_type, t.bytes_per_expert) for t in tensors)
+            for tensors in self.expert_tensors.values()
+        }
+        return len(layouts) <= 1
+
+    def expert_bytes_by_type(self, layer: int | None = None) -> dict[str, int]:
+        """Bytes of one expert in ``layer`` (default: the first MoE layer) per ggml type."""
+        if not self.moe_layers:
+            return {}
+        tensors = self.expert_tensors[self.moe_layers[0] if layer is None else layer]
+        out: dict[str, int] = {}
+        for t in tensors:
+            out[t.ggml_type] = out.get(t.ggml_type, 0) + t.bytes_per_expert
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready view (without the raw metadata, which may hold a 150k-token vocab)."""
+        return {
+            "path": str(self.path), "file_name": self.file_name, "file_size": self.file_size,
+            "architecture": self.architecture, "name": self.name, "n_layers": self.n_layers,
+            "n_embd": self.n_embd, "context_length": self.context_length,
+            "n_expert": self.n_expert, "top_k": self.top_k,
+            "n_expert_shared": self.n_expert_shared, "moe_layers": list(self.moe_layers),
+            "dense_layers": list(self.dense_layers),
+            "bytes_per_expert": {str(k): v for k, v in self.bytes_per_expert.items()},
+            "expert_tensors": {
+                str(k): [t.to_dict() for t in v] for k, v in self.expert_tensors.items()
+            },
+            "total_expert_bytes": self.total_expert_bytes,
+            "non_expert_bytes": self.non_expert_bytes, "n_tensors": self.n_tensors,
+            "metadata_sha256": self.metadata_sha256,
+            "parts": [str(x) for x in self.parts],
+        }
+
+
+def read_model_info(path: str | os.PathLike[str], *, require_moe: bool = True) -> ModelInfo:
+    """Read a GGUF file's header and describe its experts.
+
+    Raises :class:`ModelFileNotFoundError` for a missing/unreadable path,
+    :class:`ModelFormatError` for anything that is not a complete GGUF file, and (unless
+    ``require_moe`` is false) :class:`NotMoEError` for a model without routed experts.
+    """
+    p = Path(path)
+    files = [_open(p)]
+    count = _int(files[0][2], "split.count", 0) or 0
+    if count > 1:
+        parts = split_paths(p, count)
+        if parts[0] != p:  # a later part was given: the metadata is in the first
+            files = [_open(parts[0])]
+        for index, part in enumerate(parts[1:], start=1):
+            if not part.exists():
+                raise ModelFileNotFoundError(
+                    f"{p.name}: part {index + 1} of {count} of this split model is missing "
+                    f"({part.name} should be next to it; incomplete download?)")
+            files.append(_open(part))
+            no = _int(files[-1][2], "split.no", -1)
+            if no != index:
+                raise ModelFormatError(f"{part.name}: says it is split part {no}, expected "
+                                       f"{index} (parts of different models mixed?)")
+    try:
+        return _describe(files, require_moe)
+    finally:
+        files.clear()
+
+
+def split_paths(path: str | os.PathLike[str], count: int) -> list[Path]:
+    """The files of a model split in ``count`` parts, one of which is ``path``
+    (llama.cpp's ``llama_split_path`` naming: ``PREFIX-00001-of-00003.gguf``)."""
+    p = Path(path)
+    m = _SPLIT_NAME.match(p.name)
+    if m is None or int(m["count"]) != count:
+        raise ModelFormatError(
+            f"{p.name}: is part of a model split in {count} files, but its name does not "
+            f"follow llama.cpp's PREFIX-00001-of-{count:05d}.gguf pattern (rename the parts)")
+    return [p.with_name(f"{m['prefix']}-{i:05d}-of-{count:05d}.gguf")
+            for i in range(1, count + 1)]
+
+
+def _open(p: Path) -> tuple[Path, int, GGUFReader]:
+    """``(path, size, reader)``, or one clear sentence on why the file cannot be read."""
+    file_size = _check_file(p)
+    try:
+        return p, file_size, _StrictReader(p, "r")
+    except _Truncated as err:
+        raise ModelFormatError(
+            f"{p.name}: file is truncated: it needs at least {err.offset} bytes but has "
+            f"{err.size} (incomplete download?)"
+        ) from None
+    except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError,
+            TypeError, MemoryError) as err:
+        raise ModelFormatError(f"{p.name}: corrupt GGUF header ({_reason(err)})") from None
+    except OSError as err:
+        raise ModelFileNotFoundError(f"{p.name}: cannot read file ({err.strerror})") from None
+
+
+def _check_file(p: Path) -> int:
+    """Fail with one clear sentence before handing the file to the GGUF parser."""
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise ModelFileNotFoundError(f"{p}: no such file") from None
+    except OSError as err:
+        raise ModelFileNotFoundError(f"{p}: cannot access file ({err.strerror})") from None
+    if p.is_dir():
+        raise ModelFormatError(f"{p}: is a directory, not a GGUF model file")
+    if st.st_size == 0:
+        raise ModelFormatError(f"{p.name}: file is empty, not a GGUF model")
+    try:
+        with p.open("rb") as f:
+            head = f.read(8)
+    except OSError as err:
+        raise ModelFileNotFoundError(f"{p.name}: cannot read file ({err.strerror})") from None
+    if head[:4] != GGUF_MAGIC:
+        raise ModelFormatError(
+            f"{p.name}: not a GGUF model file (starts with {head[:4]!r}, "
+            f"expected {GGUF_MAGIC!r})"
+        )
+    if st.st_size < _MIN_HEADER_BYTES:
+        raise ModelFormatError(f"{p.name}: file is truncated ({st.st_size} bytes)")
+    version = int.from_bytes(head[4:8], "little")
+    swapped = int.from_bytes(head[4:8], "big")  # a big-endian GGUF
+    if version not in _SUPPORTED_VERSIONS and swapped not in _SUPPORTED_VERSIONS:
+        raise ModelFormatError(
+            f"{p.name}: unsupported GGUF version {version} (supported: "
+            f"{', '.join(map(str, _SUPPORTED_VERSIONS))})"
+        )
+    return st.st_size
+
+
+def _reason(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return text[:160]
+
+
+def _scalar(reader: GGUFReader, key: str) -> Any:
+    """A scalar/string KV value, the max of an integer array (per-layer values), or None."""
+    f = reader.fields.get(key)
+    if f is None or not f.types:
+        return None
+    main = f.types[0]
+    if main == GGUFValueType.STRING:
+        return bytes(f.parts[f.data[0]]).decode("utf-8", errors="replace")
+    if main == GGUFValueType.ARRAY:
+        if len(f.types) < 2 or f.types[1] == GGUFValueType.STRING or not f.data:
+            return None
+        values = np.concatenate([np.asarray(f.parts[i]).ravel() for i in f.data])
+        return values.max().item() if values.size else None
+    return f.parts[f.data[0]][0].item()
+
+
+def _int(reader: GGUFReader, key: str, default: int | None = None) -> int | None:
+    value = _scalar(reader, key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ModelFormatError(f"metadata key {key} should be a number, got {value!r}")
+    return int(value)
+
+
+def _array_len(f: ReaderField) -> int:
+    """Element count of an array field (parts: key len, key, type, item type, count, ...)."""
+    return int(f.parts[4][0])
+
+
+def _small_metadata(reader: GGUFReader) -> dict[str, Any]:
+    """Scalar KV pairs only; arrays (vocabularies, merges) are summarized by their length."""
+    out: dict[str, Any] = {}
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF.") or not f.types:
+            continue
+        if f.types[0] == GGUFValueType.ARRAY:
+            out[key] = f"[{_array_len(f)} items]"
+        else:
+            out[key] = _scalar(reader, key)
+    return out
+
+
+def _describe(files: list[tuple[Path, int, GGUFReader]], require_moe: bool) -> ModelInfo:
+    p, _, reader = files[0]
+    arch = _scalar(reader, "general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise ModelFormatError(f"{p.name}: GGUF file has no general.architecture")
+    n_layers = _int(reader, f"{arch}.block_count")
+    if n_layers is None or n_layers <= 0:
+        raise ModelFormatError(f"{p.name}: metadata has no {arch}.block_count")
+    n_expert = _int(reader, f"{arch}.expert_count", 0) or 0
+    top_k = _int(reader, f"{arch}.expert_used_count", 0) or 0
+
+    expert_tensors: dict[int, list[ExpertTensor]] = {}
+    block_layers: set[int] = set()
+    total_bytes = 0
+    expert_bytes = 0
+    tensors = [(index, path, size, t) for index, (path, size, r) in enumerate(files)
+               for t in r.tensors]
+    for split, path, file_size, t in tensors:
+        n_bytes = int(t.n_bytes)
+        end = int(t.data_offset) + n_bytes
+        if end > file_size:
+            raise ModelFormatError(
+                f"{path.name}: file is truncated (tensor {t.name} ends at byte {end}, "
+                f"the file has {file_size})"
+            )
+        total_bytes += n_bytes
+        if m := _BLOCK_TENSOR.match(t.name):
+            block_layers.add(int(m.group(1)))
+        m = _EXPERT_TENSOR.match(t.name)
+        if m is None:
+            continue
+        layer, kind, part = int(m.group(1)), m.group(2), m.group(3)
+        shape = tuple(int(d) for d in t.shape)
+        if n_expert <= 0:
+            raise ModelFormatError(
+                f"{p.name}: has expert tensors ({t.name}) but no {arch}.expert_count"
+            )
+        if shape[-1] != n_expert or n_bytes % n_expert:
+            raise ModelFormatError(
+                f"{p.name}: tensor {t.name} has shape {list(shape)}, which does not hold "
+                f"{n_expert} experts"
+            )
+        expert_tensors.setdefault(layer, []).append(ExpertTensor(
+            name=t.name, layer=layer, kind=kind, part=part,
+            ggml_type=GGMLQuantizationType(t.tensor_type).name.lower(), shape=shape,
+            n_bytes=n_bytes, bytes_per_expert=n_bytes // n_expert,
+            data_offset=int(t.data_offset), split=split,
+        ))
+        expert_bytes += n_bytes
+
+    if n_expert > 0 and not expert_tensors and require_moe:
+        raise NotMoEError(
+            f"{p.name}: metadata declares {n_expert} experts but the file has no "
+            f"expert tensors (blk.N.ffn_*_exps); this layout is not supported"
+        )
+    if not expert_tensors and require_moe:
+        raise NotMoEError(
+            f"{p.name}: {arch} model has no routed experts (dense model); MoEScope needs a "
+            f"Mixture-of-Experts model"
+        )
+    if expert_tensors and not 0 < top_k <= n_expert:
+        raise ModelFormatError(
+            f"{p.name}: {arch}.expert_used_count is {top_k}, expected 1..{n_expert}"
+        )
+
+    moe_layers = tuple(sorted(expert_tensors))
+    all_layers = set(range(n_layers)) | block_layers
+    dense_layers = tuple(sorted(all_layers - set(moe_layers)))
+    frozen = {
+        layer: tuple(sorted(ts, key=lambda t: (_KIND_ORDER[t.kind], _PART_ORDER[t.part])))
+        for layer, ts in sorted(expert_tensors.items())
+    }
+    header = np.asarray(reader.data[: reader.data_offset])
+    return ModelInfo(
+        path=p,
+        file_name=p.name,
+        file_size=sum(size for _, size, _ in files),
+        architecture=arch,
+        name=_scalar(reader, "general.name"),
+        n_layers=n_layers,
+        n_embd=_int(reader, f"{arch}.embedding_length"),
+        context_length=_int(reader, f"{arch}.context_length"),
+        n_expert=n_expert if expert_tensors else 0,
+        top_k=top_k if expert_tensors else 0,
+        n_expert_shared=_int(reader, f"{arch}.expert_shared_count", 0) or 0,
+        moe_layers=moe_layers,
+        dense_layers=dense_layers,
+        expert_tensors=frozen,
+        bytes_per_expert={layer: sum(t.bytes_per_expert for t in ts)
+                          for layer, ts in frozen.items()},
+        total_expert_bytes=expert_bytes,
+        non_expert_bytes=total_bytes - expert_bytes,
+        n_tensors=len(tensors),
+        metadata_sha256=hashlib.sha256(header.tobytes()).hexdigest(),
+        metadata=_small_metadata(reader),
+        parts=tuple(path for path, _, _ in files) if len(files) > 1 else (),
+    )
+
+
+_KIND_ORDER = {"gate": 0, "up": 1, "gate_up": 2, "down": 3}
+_PART_ORDER = {"weight": 0, "bias": 1, "scale": 2}
