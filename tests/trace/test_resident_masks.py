@@ -17,7 +17,9 @@ from trace_helpers import MOE_LAYERS, psr_header, set_token_field
 from moescope.cache.native import EVENT_DTYPE, FETCH, HIT, ExpertCache
 from moescope.cache.policy import Policy
 from moescope.cache.residency import Residency, mask_from_hex, mask_to_hex, read_resident
+from moescope.engine.changes import ChangeLog
 from moescope.trace import (
+    Change,
     TokenRecord,
     TraceFormatError,
     TraceHeader,
@@ -155,7 +157,7 @@ class _Source:
         self.policy = Policy.preset("psr")
         self.slots_per_layer = SLOTS
         self.cache = _Cache()
-        self.changes: list[tuple[int, list[str]]] = []
+        self.changes = ChangeLog()
 
 
 class _Stats:
@@ -178,7 +180,7 @@ def test_the_recorder_writes_only_the_layers_the_rows_do_not_explain(tmp_path: P
     recorder.record(_Stats(1, np.zeros(0, dtype=EVENT_DTYPE), SLOTS), source)
     # token 2: a shrink to 4 slots that the guess (most recently used, then lower ids) gets
     # right: the field is written, empty, so a reader knows the shrink was checked
-    source.changes.append((2, ["slots=4"]))
+    source.changes.append(2, [Change("slots", slots=4)])
     source.slots_per_layer = 4
     source.cache.sets[1] = {2, 3, 4, 5}
     recorder.record(_Stats(2, _row(1, [2, 3, 4, 5], [HIT] * 4), 4), source)

@@ -5,6 +5,10 @@ implementation of *Which Expert Misses Are Worth Waiting For?*'s miss rules, evi
 admission. This module mirrors the header's structs, finds the library, and wraps a cache
 handle in :class:`ExpertCache`, which speaks numpy so a router-logit replay needs no loop
 per expert. No Qt, no llama_cpp import (only its shipped library, if it carries the core).
+
+A little above 600 lines on purpose: it is the one binding of the core's C API (structs,
+signatures, the numpy wrappers, and the by-address batch path the replay uses); split, the
+binding would have two homes again.
 """
 
 from __future__ import annotations
@@ -304,6 +308,21 @@ def _ptr(array: npt.NDArray[Any], ctype: Any) -> Any:
     return array.ctypes.data_as(ctypes.POINTER(ctype))
 
 
+ROUTE_BY_ADDRESS = ctypes.CFUNCTYPE(
+    ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p,
+    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+    ctypes.c_int32, ctypes.c_void_p)
+"""``moecache_route`` with plain addresses: a batch caller (the replay) passes row slices of
+its big arrays without building a ctypes pointer object or a numpy copy per call
+(:meth:`ExpertCache.route` is general but costs tens of microseconds a call)."""
+
+
+PREFETCH_BY_ADDRESS = ctypes.CFUNCTYPE(
+    ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p,
+    ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p)
+"""``moecache_prefetch`` with plain addresses, like :data:`ROUTE_BY_ADDRESS`."""
+
+
 class ExpertCache:
     """One native cache: ``n_layers`` layers of ``slots_per_layer`` slots each.
 
@@ -477,6 +496,13 @@ class ExpertCache:
             weights=w2.reshape(shape),
             plan=plan,
         )
+
+    def by_address(self) -> tuple[Any, Any]:
+        """``moecache_route`` and ``moecache_prefetch`` of this cache's library as
+        :data:`ROUTE_BY_ADDRESS` / :data:`PREFETCH_BY_ADDRESS` functions (the batch path:
+        the caller passes the handle and addresses and keeps the buffers alive)."""
+        return (ROUTE_BY_ADDRESS(("moecache_route", self._lib)),
+                PREFETCH_BY_ADDRESS(("moecache_prefetch", self._lib)))
 
     def prefetch(self, layer: int, scores: npt.ArrayLike) -> npt.NDArray[Any]:
         """PSR: bring ``layer``'s predicted experts in (``scores`` ``(n_tokens, n_experts)``,

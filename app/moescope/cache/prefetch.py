@@ -10,12 +10,14 @@ token*, so they all take them the same way, defined once here:
   read after every token of a recording and of every PSR replay);
 * :func:`prefetch_delta` turns two readings into one token's counts (a total that went
   down was reset by ``moecache_reset_stats`` and counts anew);
+* :class:`PrefetchMeter` is the two together, read once per token: the engine reads it on
+  the decode thread into each ``TokenStats`` (which the window and the recorder consume)
+  and the replay reads it after each replayed token;
 * :class:`PrefetchSummary` is prefetch accuracy over a set of tokens: hits / prefetches,
   capped at 1 (a hit can land tokens after its prefetch, so a window can hold more hits
   than prefetches), None when nothing was prefetched.
 
-Qt-free and engine-free, so ``gui`` (live panel, reopened trace), ``core.trace`` (the
-recorder) and ``sim`` (the replay) share it.
+Qt-free and engine-free, so the engine and ``sim`` (the replay) share it.
 """
 
 from __future__ import annotations
@@ -92,6 +94,22 @@ class PrefetchCounters:
         return out
 
 
+class PrefetchMeter:
+    """One token's PSR counters per layer: reads the cumulative counters after each token
+    and keeps that reading as the next token's base."""
+
+    def __init__(self, cache: Any, layers: Sequence[int]) -> None:
+        self.counters = PrefetchCounters(cache, layers)
+        self._base: npt.NDArray[np.int64] | None = None
+
+    def take(self) -> npt.NDArray[np.int64]:
+        """``(2, len(layers))``: this token's prefetches (row 0) and hits (row 1)."""
+        totals = self.counters.read()
+        delta = prefetch_delta(totals, self._base)
+        self._base = totals
+        return delta
+
+
 def summarize(counts: Sequence[tuple[npt.ArrayLike, npt.ArrayLike]]) -> PrefetchSummary:
     """:class:`PrefetchSummary` of tokens given as ``(prefetches, hits)`` (per layer or
     totals): the tokens counted are exactly those passed, so pass only the tokens whose
@@ -101,4 +119,4 @@ def summarize(counts: Sequence[tuple[npt.ArrayLike, npt.ArrayLike]]) -> Prefetch
                            hits=int(sum(int(np.sum(h)) for _, h in counts)))
 
 
-__all__ = ["PrefetchCounters", "PrefetchSummary", "prefetch_delta", "summarize"]
+__all__ = ["PrefetchCounters", "PrefetchMeter", "PrefetchSummary", "prefetch_delta", "summarize"]

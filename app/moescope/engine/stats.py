@@ -25,6 +25,10 @@ class TokenStats:
     policy: str
     slots_per_layer: int
     events: npt.NDArray[Any] = field(repr=False, default_factory=lambda: np.zeros(0))
+    prefetch: npt.NDArray[np.int64] | None = field(repr=False, default=None)
+    """PSR's counters for this token per MoE layer (row 0 prefetches, row 1 hits), read
+    on the decode thread once (:class:`~moescope.cache.prefetch.PrefetchMeter`) for the
+    window and the recorder alike; None without an expert cache."""
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 The window wires parts together and owns what outlives a chat: the engine client (worker
 thread), the chat store, QSettings, the session recording. Conversation rules live in
-:mod:`chat_controller`, drawing in the panels; errors from anywhere end up in one dialog
+:mod:`.chat.controller`, drawing in the panels; errors from anywhere end up in one dialog
 (:meth:`MainWindow.show_error`) and the app stays usable.
 """
 
@@ -63,6 +63,7 @@ from moescope.gui.worker import EngineClient, LoadRequest
 from moescope.model.gguf_info import read_model_info
 from moescope.session.snapshots import ModelSummary, TokenSnapshot
 from moescope.session.store import ChatStore
+from moescope.trace import Change
 from moescope.util import paths
 from moescope.util.errors import MoEScopeError
 from moescope.util.files import write_atomic
@@ -108,7 +109,7 @@ class MainWindow(QMainWindow):
     modelFailed = Signal(str)
     traceOpened = Signal(object)  # TraceWindow
     traceFailed = Signal(str)
-    changesApplied = Signal(object, object)  # ModelSummary, list[str] (GUI thread)
+    changesApplied = Signal(object, object)  # ModelSummary, list[Change] (GUI thread)
 
     def __init__(self, *, engine: Engine | None = None, store: ChatStore | None = None,
                  settings: QSettings | None = None) -> None:
@@ -540,12 +541,12 @@ class MainWindow(QMainWindow):
                           self.client.request_budget(str(slots * m.slot_row_bytes)))
         self.remember_setting(m.path, "budget", budget_percent(slots, m.n_expert))
 
-    def _on_requests_applied(self, summary: ModelSummary, changes: list[str]) -> None:
+    def _on_requests_applied(self, summary: ModelSummary, changes: list[Change]) -> None:
         self.model = summary
         self._show_applied(summary.requests)
         self.cache_panel.update_model(summary)
         self._update_title()
-        self._report_change_errors(changes)
+        self._report_change_errors([c.text for c in changes if c.kind == "error"])
         self.changesApplied.emit(summary, changes)
 
     def _show_applied(self, applied: tuple[int, int]) -> None:
@@ -561,7 +562,7 @@ class MainWindow(QMainWindow):
             return
         self.cache_panel.add_snapshots(snaps)
         self.recent_tokens.extend(snaps)
-        changed = [s for s in snaps if s.changes]
+        changed = [s for s in snaps if s.changes or s.errors]
         if changed and self.model is not None:
             last = snaps[-1]
             self.model = dataclasses.replace(self.model, slots_per_layer=last.slots_per_layer,
@@ -569,16 +570,15 @@ class MainWindow(QMainWindow):
             self._show_applied(last.requests)
             self._update_title()
             for s in changed:
-                self._report_change_errors(list(s.changes))
+                self._report_change_errors(list(s.errors))
 
     def _on_generation_failed(self, message: str) -> None:
         self.show_error("Generation failed", message)
 
-    def _report_change_errors(self, changes: list[str]) -> None:
-        for change in changes:
-            if change.startswith("budget error"):
-                self.statusBar().showMessage(change, 8000)
-                log.warning("%s", change)
+    def _report_change_errors(self, errors: list[str]) -> None:
+        for error in errors:
+            self.statusBar().showMessage(error, 8000)
+            log.warning("%s", error)
 
     # ------------------------------------------------------------------ compare
     def open_compare_dialog(self) -> CompareDialog | None:

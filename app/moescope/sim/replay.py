@@ -30,7 +30,6 @@ but probabilities are unknown, so a substitute choice can differ; such rows are 
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,10 +43,9 @@ from moescope.cache.native import (
     OK,
     ExpertCache,
     NativeError,
-    load_library,
 )
 from moescope.cache.policy import MissRule, Policy
-from moescope.cache.prefetch import PrefetchCounters, PrefetchSummary, prefetch_delta
+from moescope.cache.prefetch import PrefetchMeter, PrefetchSummary
 from moescope.trace import Change, Trace, TraceHeader
 
 TOKEN_COST_DTYPE = np.dtype([
@@ -282,8 +280,7 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
             cache.begin_step()
         route = _Router(cache, routing, max(rows_per_token, 1))
         prefetched = 0
-        counters = PrefetchCounters(cache, m.moe_layers)
-        counts_base: npt.NDArray[np.int64] | None = None
+        meter = PrefetchMeter(cache, m.moe_layers)
         counting = False  # the counters stay 0 until the first prefetch: no need to read
         layer_pf = (np.zeros((len(routing.tokens), len(m.moe_layers)), dtype=np.int64)
                     if keep_events else None)
@@ -328,9 +325,7 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
             per_token[t]["prefetching"] = routing.predicted is not None and bool(
                 requested.prefetch)
             if counting:
-                totals = counters.read()
-                delta = prefetch_delta(totals, counts_base)
-                counts_base = totals
+                delta = meter.take()
                 per_token[t]["prefetches"] = int(delta[0].sum())
                 per_token[t]["prefetch_hits"] = int(delta[1].sum())
                 if layer_pf is not None and layer_hits is not None:
@@ -353,21 +348,6 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
     )
 
 
-_ROUTE_PROTO = ctypes.CFUNCTYPE(
-    ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p,
-    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-    ctypes.c_int32, ctypes.c_void_p)
-"""``moecache_route`` with plain addresses: the replay passes row slices of its big arrays
-without building a ctypes pointer object or a numpy copy per call (the binding's
-:meth:`ExpertCache.route` is general but costs tens of microseconds a call)."""
-
-
-_PREFETCH_PROTO = ctypes.CFUNCTYPE(
-    ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p,
-    ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p)
-"""``moecache_prefetch`` with plain addresses, like :data:`_ROUTE_PROTO`."""
-
-
 class _Router:
     """``router(layer, start, stop)`` decides rows ``start:stop`` in one ``moecache_route``
     call, passing addresses into the routing's arrays.
@@ -378,18 +358,16 @@ class _Router:
     """
 
     def __init__(self, cache: ExpertCache, routing: Routing, max_rows: int) -> None:
-        lib = load_library()
-        self._fn = _ROUTE_PROTO(("moecache_route", lib))
+        self._fn, self._prefetch_fn = cache.by_address()
         self._handle = cache.handle
-        k, n_expert = routing.ids.shape[1], routing.probs.shape[1]
+        k = routing.ids.shape[1]
         self._routing = routing
         self._weights = routing.weights.copy()
         self._out_ids = np.empty(max_rows * k, dtype=np.int32)
         self._out_slots = np.empty(max_rows * k, dtype=np.int32)
         self._plan = np.empty(max(max_rows * k, 1), dtype=COPY_DTYPE)
         self._n_plan = np.zeros(1, dtype=np.int32)
-        self._row_probs, self._row_k = n_expert * 4, k * 4
-        self._prefetch_fn = _PREFETCH_PROTO(("moecache_prefetch", lib))
+        self._row_probs, self._row_k = routing.probs.strides[0], routing.ids.strides[0]
         self._pplan = np.empty(max(cache.n_experts, 1), dtype=COPY_DTYPE)
         self.prefetched_bytes = 0
         m = routing.header.model
@@ -421,9 +399,8 @@ class _Router:
         nxt = int(r.next_layer[stop - 1])
         if nxt < 0:
             return 0
-        n_expert = r.predicted.shape[1]
         code = self._prefetch_fn(self._handle, nxt, 1,
-                                 r.predicted.ctypes.data + (stop - 1) * n_expert * 4,
+                                 r.predicted.ctypes.data + (stop - 1) * r.predicted.strides[0],
                                  self._pplan.ctypes.data, len(self._pplan),
                                  self._n_plan.ctypes.data)
         if code != OK:

@@ -8,7 +8,6 @@ import dataclasses
 import datetime as _dt
 import os
 import platform
-import re
 import sys
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -18,7 +17,6 @@ import numpy.typing as npt
 
 from moescope.cache.native import EVENT_DTYPE
 from moescope.cache.policy import Policy
-from moescope.cache.prefetch import PrefetchCounters, prefetch_delta
 from moescope.cache.residency import Residency, read_resident
 from moescope.trace.schema import (
     TIMING_KEYS,
@@ -102,7 +100,8 @@ class TokenLike(Protocol):
 class RouteSource(Protocol):
     """What the recorder reads from the engine: policy, slots, router inputs, timings.
 
-    ``changes`` (a list of ``(step, [text])``) and ``cache`` (with ``step`` and
+    ``changes`` (a :class:`~moescope.engine.changes.ChangeLog`: the recorder reads it
+    through its own cursor) and ``cache`` (with ``step`` and
     ``resident(layer)``, or the faster ``resident_masks(layers)``) are read too when
     present.
     """
@@ -118,7 +117,6 @@ class RouteSource(Protocol):
     def timings(self) -> dict[str, int]: ...
 
 
-_SLOTS_CHANGE = re.compile(r"^slots=(\d+)$")
 
 
 class TraceRecorder:
@@ -165,11 +163,8 @@ class TraceRecorder:
         self._last_position = -1
         self._timings = _timings_of(source)
         self._dropped = _dropped_of(source)
-        self._prefetch: PrefetchCounters | None = None
-        self._prefetch_base: npt.NDArray[np.int64] | None = None
-        self._prefetch_counts(source)  # the baseline: what was counted before recording
         changes = getattr(source, "changes", None)
-        self._n_changes = len(changes) if changes is not None else 0
+        self._change_cursor = changes.cursor() if changes is not None else None
         self._notes: list[str] = []
         m = header.model
         self._residency = Residency(m.moe_layers, m.n_expert, header.slots_per_layer)
@@ -228,7 +223,7 @@ class TraceRecorder:
                 record.timings = {k: int(now.get(k, 0)) - int(before.get(k, 0))
                                   for k in TIMING_KEYS}
                 self._timings = now
-            counts = self._prefetch_counts(source)
+            counts = getattr(stats, "prefetch", None)  # the engine's TokenStats.prefetch
             if counts is not None:
                 record.prefetches, record.prefetch_hits = counts[0], counts[1]
         record.resident = self._resident_masks(record, source)
@@ -239,22 +234,6 @@ class TraceRecorder:
     def flush(self) -> None:
         """Wait until every recorded token is on disk (raises if writing failed)."""
         self._background.flush()
-
-    def _prefetch_counts(self, source: Any) -> npt.NDArray[np.int64] | None:
-        """PSR counters since the previous reading, per MoE layer (rows: prefetches, hits),
-        or None when ``source`` has no cache to read. Counted for every token whatever the
-        policy, so a replay can be compared token by token; views show them only for tokens
-        whose policy prefetches, as the live panel does."""
-        cache = getattr(source, "cache", None) if source is not None else None
-        if cache is None or not hasattr(cache, "layer_stats"):
-            return None
-        if self._prefetch is None or self._prefetch.cache is not cache:
-            self._prefetch = PrefetchCounters(cache, self.header.model.moe_layers)
-            self._prefetch_base = None
-        totals = self._prefetch.read()
-        counts = prefetch_delta(totals, self._prefetch_base)
-        self._prefetch_base = totals
-        return counts
 
     def _resident_masks(self, record: TokenRecord, source: RouteSource | None
                         ) -> dict[int, npt.NDArray[np.bool_]] | None:
@@ -280,16 +259,8 @@ class TraceRecorder:
         """Changes applied since the previous token: budget resizes in the order the engine
         made them, and the policy now in force if it differs from the last one recorded."""
         out: list[Change] = []
-        changes = getattr(source, "changes", None) if source is not None else None
-        if changes is not None:
-            for _step, items in list(changes)[self._n_changes:]:
-                for text in items:
-                    m = _SLOTS_CHANGE.match(text)
-                    if m:
-                        out.append(Change("slots", slots=int(m.group(1))))
-                    elif not text.startswith("policy="):
-                        out.append(Change("note", text=text))
-            self._n_changes = len(changes)
+        if self._change_cursor is not None:  # the policy in force is compared below instead
+            out.extend(c for _, c in self._change_cursor.take() if c.kind != "policy")
         dropped = _dropped_of(source)
         if dropped > self._dropped:  # the ring overflowed: a replay cannot be exact
             out.append(Change("note", text=f"{dropped - self._dropped} event rows dropped"))

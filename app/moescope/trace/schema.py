@@ -167,9 +167,12 @@ generated, so the token texts alone cannot show where that answer began."""
 
 @dataclass(frozen=True)
 class Change:
-    """A policy or budget change that took effect at a token (applied before its decode)."""
+    """A policy or budget change that took effect at a token (applied before its decode).
 
-    kind: Literal["policy", "slots", "note"]
+    ``error`` is a requested change that failed (a budget that does not fit; ``text`` says
+    why): the engine reports it as such, and the file stores it as a ``note``."""
+
+    kind: Literal["policy", "slots", "note", "error"]
     policy: Policy | None = None
     slots: int | None = None
     text: str = ""
@@ -184,7 +187,7 @@ class Change:
         return self.text
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind}
+        out: dict[str, Any] = {"kind": "note" if self.kind == "error" else self.kind}
         if self.policy is not None:
             out["policy"] = policy_to_json(self.policy)
         if self.slots is not None:
