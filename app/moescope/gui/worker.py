@@ -14,7 +14,6 @@ per second would otherwise flood the GUI's event queue and stall it).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
@@ -29,13 +28,13 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from moescope.cache.budget import format_bytes
 from moescope.cache.policy import Policy
-from moescope.cache.prefetch import PrefetchCounters, prefetch_delta
 from moescope.cache.residency import read_resident
 from moescope.display.trace_io import TraceLimits, new_trace_path, prune_traces
 from moescope.engine import AnswerStats, Engine, LoadCancelled, Sampling
 from moescope.engine.compare import compare_policies, conversation_tokens
+from moescope.session.recording import Recording, RecordingStopped
 from moescope.session.snapshots import AnswerSummary, ModelSummary, TokenSnapshot
-from moescope.trace import ANSWER_NOW_NOTE, TraceRecorder
+from moescope.trace import TraceRecorder
 from moescope.util.errors import MoEScopeError
 
 log = logging.getLogger("moescope.gui.worker")
@@ -105,12 +104,10 @@ class EngineWorker(QObject):
         """Tokens of the answer being generated (read by other threads: stop accounting)."""
         self.tokens_at_stop: int | None = None
         self.generating = False
-        self._changes_seen = 0
-        self.recorder: TraceRecorder | None = None
+        self._changes = self.engine.changes.cursor()
+        self.recording: Recording | None = None
         self.trace_limits = TraceLimits()
         """The disk the session traces may take (tests shrink it)."""
-        self._prefetch_base: np.ndarray | None = None
-        """Cumulative (prefetches, prefetch hits) per MoE layer at the previous token."""
         self._answer_prefixes: dict[str, str] = {}
         self._thinking_choices: tuple[str, ...] = ("default",)
         self._cancel_compare = threading.Event()
@@ -153,9 +150,8 @@ class EngineWorker(QObject):
             log.exception("load failed")
             self.loadFailed.emit(f"could not load {name}: {err}")
             return
-        self._changes_seen = len(self.engine.changes)
+        self._changes = self.engine.changes.cursor()
         self.step = 0
-        self._prefetch_base = None
         self._thinking_choices = self.engine.thinking_choices()
         self._answer_prefixes = {c: self.engine.answer_prefix(c)  # once: renders the template
                                  for c in self._thinking_choices}
@@ -176,8 +172,8 @@ class EngineWorker(QObject):
         previous = engine.last_answer
         batch: list[TokenSnapshot] = []
         last_emit = 0.0
-        if request.answer_start and self.recorder is not None:
-            self.recorder.add_note(ANSWER_NOW_NOTE)  # the trace cannot see the closing text
+        if request.answer_start and self.recording is not None:
+            self.recording.answer_now()
         try:
             for ts in engine.generate(list(request.messages), request.sampling,
                                       answer_start=request.answer_start):
@@ -197,11 +193,8 @@ class EngineWorker(QObject):
             self.generating = False
             if batch:
                 self.tokens.emit(batch)
-        if self.recorder is not None:  # the answer's last token on disk before it is over
-            try:
-                self.recorder.flush()
-            except (OSError, ValueError) as err:
-                self._recording_failed(err)
+        if self.recording is not None:  # the answer's last token on disk before it is over
+            self.recording.flush()
         if error is not None:
             log.warning("%s", error)
             self.failed.emit(error)
@@ -243,7 +236,6 @@ class EngineWorker(QObject):
             self.compareFailed.emit(f"comparison failed: {err}")
         finally:
             self.generating = False
-            self._prefetch_base = None
             m = engine.model
             if trace_dir is not None and m is not None:
                 self._open_recorder(trace_dir, str(m.path))
@@ -266,7 +258,7 @@ class EngineWorker(QObject):
             return
         changes = self.engine.apply_requests()
         if changes:
-            log.info("applied: %s", ", ".join(changes))
+            log.info("applied: %s", ", ".join(c.label for c in changes))
             self.requestsApplied.emit(self.summary(), changes)
 
     @Slot()
@@ -286,6 +278,11 @@ class EngineWorker(QObject):
         idle, through the queued ``stopRecording``)."""
         self._recording_off.set()
 
+    @property
+    def recorder(self) -> TraceRecorder | None:
+        """The session's trace being written, or None (decode thread only)."""
+        return self.recording.recorder if self.recording is not None else None
+
     @Slot()
     def stopRecording(self) -> None:
         """Close the session's trace (what was recorded stays readable)."""
@@ -304,56 +301,44 @@ class EngineWorker(QObject):
             for old in prune_traces(directory, self.trace_limits,
                                     room=self.trace_limits.session_bytes):
                 log.info("deleted old session trace %s to make room", old.name)
-            self.recorder = TraceRecorder.for_engine(new_trace_path(directory, model_path),
-                                                     self.engine)
-            log.info("recording this session to %s", self.recorder.path)
+            recorder = TraceRecorder.for_engine(new_trace_path(directory, model_path),
+                                                self.engine)
         except (OSError, MoEScopeError) as err:
             log.warning("session recording is off: %s", err)
-            self.recorder = None
+            self.recording = None
             self.recordingStopped.emit(f"This session is not recorded: {err}. The chat is "
                                        "not affected.")
+            return
+        self.recording = Recording(recorder, on_stopped=self._recording_stopped,
+                                   limit_bytes=lambda: self.trace_limits.session_bytes)
+        log.info("recording this session to %s", recorder.path)
 
     def _record(self, ts: Any) -> None:
-        if self.recorder is None:
+        if self.recording is None:
             return
         if self._recording_off.is_set():
             self.stopRecording()
             return
-        try:
-            self.recorder.record(ts, self.engine)
-        except (OSError, ValueError) as err:
-            self._recording_failed(err)
-            return
-        if self.recorder.bytes_written >= self.trace_limits.session_bytes:
-            self._recording_full()
+        self.recording.record(ts, self.engine)
 
-    def _recording_full(self) -> None:
-        """The session's trace reached its size limit: close it (readable, with a reason
-        a reader sees) and say so; the chat goes on, the next model load records anew."""
-        assert self.recorder is not None
-        path, limit = self.recorder.path, self.trace_limits.session_bytes
-        log.warning("session recording stopped at its size limit: %s", path)
-        self._close_recorder(stop_reason="size limit")
-        self.recordingStopped.emit(
-            f"This session's trace reached its size limit ({format_bytes(limit)}), so "
-            f"recording stopped here; the chat goes on. The trace so far is readable: "
-            f"{path}")
-
-    def _recording_failed(self, err: Exception) -> None:
-        assert self.recorder is not None
-        log.warning("session recording stopped: %s", err)
-        path = self.recorder.path
-        self._close_recorder()
-        self.recordingStopped.emit(
-            f"Writing the trace failed ({err}); recording stopped for this session and "
-            f"the chat goes on. The trace so far is readable: {path}")
+    def _recording_stopped(self, stopped: RecordingStopped) -> None:
+        """Recording ended on its own (a failed write, the size limit); the chat goes on,
+        the next model load records anew."""
+        self.recording = None
+        if stopped.kind == "size limit":
+            self.recordingStopped.emit(
+                f"This session's trace reached its size limit "
+                f"({format_bytes(stopped.limit_bytes)}), so recording stopped here; the "
+                f"chat goes on. The trace so far is readable: {stopped.path}")
+        else:
+            self.recordingStopped.emit(
+                f"Writing the trace failed ({stopped.error}); recording stopped for this "
+                f"session and the chat goes on. The trace so far is readable: {stopped.path}")
 
     def _close_recorder(self, stop_reason: str | None = None) -> None:
-        if self.recorder is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self.recorder.close(
-                    stop_reason=stop_reason or self.engine.last_answer.stop_reason)
-            self.recorder = None
+        if self.recording is not None:
+            self.recording.close(stop_reason or self.engine.last_answer.stop_reason)
+            self.recording = None
 
     # ------------------------------------------------------------------ thread-safe
     def stop(self) -> None:
@@ -388,15 +373,15 @@ class EngineWorker(QObject):
 
     def _snapshot(self, ts: Any) -> TokenSnapshot:
         engine = self.engine
-        changes = engine.changes[self._changes_seen:]
-        self._changes_seen = len(engine.changes)
+        changes = [change for _, change in self._changes.take()]
         resident = None
         prefetch: np.ndarray | None = None
         cache, m = engine.cache, engine.model
         if cache is not None and m is not None and m.info is not None:
             layers = m.info.moe_layers
             resident = read_resident(cache, layers, m.info.n_expert)  # a copy: the GUI's
-            prefetch = self._prefetch_delta(cache, layers)
+            if self.engine.policy.prefetch:  # shown only for tokens whose policy prefetches
+                prefetch = ts.prefetch
         answer = engine.last_answer
         self.step += 1
         return TokenSnapshot(
@@ -404,21 +389,12 @@ class EngineWorker(QObject):
             policy=ts.policy, slots_per_layer=int(ts.slots_per_layer),
             n_prompt_tokens=answer.n_prompt_tokens, n_ctx=m.n_ctx if m else 0,
             events=np.array(ts.events, copy=True), resident=resident,
-            changes=tuple(c for _, group in changes for c in group),
+            changes=tuple(c.label for c in changes),
+            errors=tuple(c.text for c in changes if c.kind == "error"),
             ttft=answer.time_to_first_token_s if ts.index == 0 else None,
             prefetches=prefetch[0] if prefetch is not None else None,
             prefetch_hits=prefetch[1] if prefetch is not None else None,
             requests=engine.applied_requests)
-
-    def _prefetch_delta(self, cache: Any, layers: Any) -> np.ndarray | None:
-        """This token's PSR counters per MoE layer (rows: prefetches, hits), or None when
-        the policy it ran under does not prefetch (``core.prefetch``: the core counts them
-        only cumulatively, so the worker keeps the previous totals)."""
-        totals = PrefetchCounters(cache, layers).read()
-        base, self._prefetch_base = self._prefetch_base, totals
-        if self.engine.policy.prefetch == 0:
-            return None
-        return prefetch_delta(totals, base)
 
 
 def _policy_label(policy: Policy | str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from moescope.cache.native import EVENT_DTYPE, FETCH, HIT, SUBSTITUTE
+from moescope.cache.native import FETCH, HIT, SUBSTITUTE
 
 # heatmap cell states (the colour table's indices)
 NOT_RESIDENT, RESIDENT, HIT_NOW, FETCHED_NOW, SUBSTITUTED_AWAY, USED_AS_SUBSTITUTE = range(6)
@@ -90,7 +90,10 @@ class TokenSnapshot:
     resident: npt.NDArray[np.bool_] | None = field(repr=False, default=None)
     """MoE layers x experts, True where resident after the token (None: cache off)."""
     changes: tuple[str, ...] = ()
-    """Policy or budget changes applied just before this token was decoded."""
+    """Policy or budget changes applied just before this token was decoded (the
+    markers' labels, ``Change.label``)."""
+    errors: tuple[str, ...] = ()
+    """Requested changes that failed just before this token (why, one line each)."""
     ttft: float | None = None
     """Time to first token (set on an answer's first token only)."""
     prefetches: npt.NDArray[np.int64] | None = field(repr=False, default=None)
@@ -196,10 +199,6 @@ def used_experts(events: npt.NDArray[Any], rows_of: npt.NDArray[np.int64],
     used = ev["used_ids"].astype(np.int64)
     ok = in_k & (used >= 0) & (used < n_expert)
     return rows[ok], used[ok]
-
-
-def empty_events() -> npt.NDArray[Any]:
-    return np.zeros(0, dtype=EVENT_DTYPE)
 
 
 @dataclass(frozen=True)

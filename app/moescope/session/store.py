@@ -201,9 +201,6 @@ class ChatStore:
         self._db.executemany("UPDATE messages SET content = content || ? WHERE id=?",
                              [(t, message_id) for t in texts])
 
-    def set_content(self, message_id: int, content: str) -> None:
-        self._db.execute("UPDATE messages SET content=? WHERE id=?", (content, message_id))
-
     def finish_message(self, message_id: int, status: str,
                        stats: dict[str, Any] | None = None) -> None:
         self._db.execute("UPDATE messages SET status=?, stats=? WHERE id=?",

@@ -38,12 +38,13 @@ from moescope.cli.commands.generate import (
     sampling_from_args,
     summary_line,
 )
-from moescope.model.reasoning import THINKING_SETTINGS, close_reasoning, split_reasoning
+from moescope.model.reasoning import THINKING_SETTINGS, split_reasoning
+from moescope.session.answer import answer_now
+from moescope.session.recording import Recording, RecordingStopped
 from moescope.util.errors import MoEScopeError
 
 if TYPE_CHECKING:
     from moescope.engine import AnswerStats, CacheTotals, Engine, Message, Sampling
-    from moescope.trace import TraceRecorder
 
 HELP = """\
 /policy [NAME]   show or switch the policy (exact, quality-first, speed-first, ...;
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_path(args.trace, "--trace")
     model = resolve_model(args.model)
     engine = Engine()
-    recorder: TraceRecorder | None = None
+    recording: Recording | None = None
     try:
         loaded = engine.load(model, budget=args.budget, policy=policy, n_ctx=args.ctx,
                              n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         if loaded.notice:
             print(f"moescope: {loaded.notice}", file=sys.stderr)
         if args.trace:
-            recorder = open_trace(args.trace, engine)
+            recording = Recording(open_trace(args.trace, engine))
         stdin = sys.stdin
         tty = stdin.isatty()
         print(f"moescope chat · {loaded.path.name} · {cache_state(engine)} · context "
@@ -125,15 +126,15 @@ def run(args: argparse.Namespace) -> int:
             thinking = "default"
         sampling = dataclasses.replace(sampling_from_args(args), thinking=thinking)
         session = ChatSession(engine, sampling, system=args.system,
-                              recorder=recorder, color=_use_color(sys.stdout))
+                              recording=recording, color=_use_color(sys.stdout))
         read = _terminal_reader() if tty else _stream_reader(stdin)
         while True:
             line = read()
             if line is None or not session.handle(line):
                 break
     finally:
-        if recorder is not None:
-            recorder.close(stop_reason=engine.last_answer.stop_reason)
+        if recording is not None:
+            recording.close(stop_reason=engine.last_answer.stop_reason)
         engine.close()
     return 0
 
@@ -184,7 +185,7 @@ class ChatSession:
     engine: Engine
     sampling: Sampling
     system: str = ""
-    recorder: TraceRecorder | None = None
+    recording: Recording | None = None
     color: bool = False
     out: TextIO = field(default_factory=lambda: sys.stdout)
     err: TextIO = field(default_factory=lambda: sys.stderr)
@@ -231,10 +232,8 @@ class ChatSession:
         start = ""
         try:
             while True:
-                if start and self.recorder is not None:
-                    from moescope.trace import ANSWER_NOW_NOTE
-
-                    self.recorder.add_note(ANSWER_NOW_NOTE)  # the trace cannot see `start`
+                if start and self.recording is not None:
+                    self.recording.answer_now()
                 with _stop_on_interrupt(engine) as interrupted:
                     for tok in engine.generate(self.conversation(), self.sampling,
                                                answer_start=start):
@@ -242,15 +241,14 @@ class ChatSession:
                         printer.feed(tok.text)
                         if interrupted():
                             engine.stop()  # Ctrl+C came before generate() cleared the flag
-                closing = close_reasoning(printer.raw) if interrupted() and not start else ""
-                if not closing:
+                cut = answer_now(printer.raw, prefix) if interrupted() and not start else None
+                if cut is None:
                     break
                 # Ctrl+C while thinking: "answer now", from what it has thought so far
                 self._add_to_totals(engine.last_answer)
                 self._dim("(answer now: thoughts cut short; Ctrl+C again stops)")
-                printer.feed(closing)
-                start = printer.raw[len(prefix):] if printer.raw.startswith(prefix) \
-                    else printer.raw
+                printer.feed(cut.closing)
+                start = cut.start
         except MoEScopeError as err:  # e.g. the conversation outgrew the context
             if engine.last_answer is previous:
                 self.messages.pop()
@@ -273,23 +271,22 @@ class ChatSession:
         if a.stop_reason == "context full":
             self._error("the context is full; /reset starts a new conversation")
 
+    def __post_init__(self) -> None:
+        if self.recording is not None:
+            self.recording.on_stopped = self._recording_stopped
+
     def _record(self, tok: Any) -> None:
-        """Record a token (None: wait until the recorded ones are written). A failed write
-        (a full disk) stops recording, says so, and the chat goes on; the trace so far
-        stays readable."""
-        if self.recorder is None:
-            return
-        try:
+        """Record a token (None: wait until the recorded ones are written)."""
+        if self.recording is not None:
             if tok is None:
-                self.recorder.flush()
+                self.recording.flush()
             else:
-                self.recorder.record(tok, self.engine)
-        except (OSError, ValueError) as err:
-            path = self.recorder.path
-            with contextlib.suppress(OSError, ValueError):
-                self.recorder.close(stop_reason="recording failed")
-            self.recorder = None
-            self._error(f"recording stopped: {err}; the trace so far is in {path}")
+                self.recording.record(tok, self.engine)
+
+    def _recording_stopped(self, stopped: RecordingStopped) -> None:
+        """A failed write (a full disk) stopped recording; the chat goes on."""
+        self._error(f"recording stopped: {stopped.error}; the trace so far is in "
+                    f"{stopped.path}")
 
     def _add_to_totals(self, a: AnswerStats) -> None:
         if a.n_tokens:
@@ -344,7 +341,7 @@ class ChatSession:
             self._error(str(err))
             return
         self.engine.request_budget(arg)
-        errors = [c for c in self.engine.apply_requests() if c.startswith("budget error")]
+        errors = [c.text for c in self.engine.apply_requests() if c.kind == "error"]
         if errors:
             self._error(errors[0].removeprefix("budget error: "))
             return
@@ -384,7 +381,7 @@ class ChatSession:
         if self.engine.cache is None:
             self._error("the expert cache is off for this model; there is nothing to compare")
             return
-        if self.recorder is not None:
+        if self.recording is not None and self.recording.active:
             self._error("not while recording (--trace): a comparison empties the expert "
                         "cache, which the trace could not show, and its replay would differ")
             return

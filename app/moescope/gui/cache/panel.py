@@ -150,11 +150,6 @@ class CachePanel(QWidget):
             pending.discard("labels")
         self._pending = pending
 
-    def repaints_per_second(self, window_s: float = 1.0) -> float:
-        """Frames drawn in the last ``window_s`` seconds (throttle check)."""
-        now = time.monotonic()
-        return sum(1 for t in self.repaint_times if now - t <= window_s) / window_s
-
     def _summary_text(self) -> str:
         m = self.model.model
         if m is None:

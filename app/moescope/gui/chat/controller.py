@@ -27,7 +27,8 @@ from moescope.gui.chat.chat_list import ChatListPanel
 from moescope.gui.chat.chat_view import ChatView
 from moescope.gui.chat.settings import ChatSettingsPanel
 from moescope.gui.worker import EngineClient, GenerateRequest
-from moescope.model.reasoning import close_reasoning, split_reasoning
+from moescope.model.reasoning import split_reasoning
+from moescope.session.answer import AnswerState, answer_now
 from moescope.session.snapshots import AnswerSummary, TokenSnapshot
 from moescope.session.store import DONE, GENERATING, STOPPED, ChatMessage, ChatStore
 
@@ -70,7 +71,7 @@ class ChatController(QObject):
         self.chat_list, self.settings = chat_list, settings
         self.chat_id: int | None = None
         self.answer_id: int | None = None
-        self.generating = False
+        self.state = AnswerState.IDLE
         self.model_loaded = False
         self.model_name = ""
         self.answer_prefixes: dict[str, str] = {}
@@ -90,7 +91,6 @@ class ChatController(QObject):
         self.reasoning_tokens = 0
         """Tokens of the answer being generated spent before its first answer character."""
         self.reasoning_seconds = 0.0
-        self._answer_now = False
         self._cut_short = False
         """This answer's thoughts were cut short by "Answer now"."""
         self._request: GenerateRequest | None = None
@@ -116,6 +116,11 @@ class ChatController(QObject):
         client.worker.finished.connect(self.on_finished)
 
     # ------------------------------------------------------------------ chats
+    @property
+    def generating(self) -> bool:
+        """An answer is being generated (or stopping): the worker is busy with it."""
+        return self.state is not AnswerState.IDLE
+
     def refresh_list(self) -> None:
         self.chat_list.set_chats(self.store.chats(self._search), self.chat_id)
 
@@ -277,7 +282,7 @@ class ChatController(QObject):
     def stop(self) -> None:
         if self.generating:
             log.info("stop requested after %d tokens", self.tokens_received)
-            self._answer_now = False  # Stop wins over an "Answer now" not yet carried out
+            self.state = AnswerState.STOPPING  # Stop wins over an "Answer now" not yet done
             self.client.stop()
 
     def answer_now(self) -> bool:
@@ -288,23 +293,22 @@ class ChatController(QObject):
         if not self.generating or not split_reasoning(self._raw, partial=True).thinking:
             return False
         log.info("answer now, after %d thinking tokens", self.reasoning_tokens)
-        self._answer_now = True
+        self.state = AnswerState.ANSWERING_NOW
         self.client.stop()
         return True
 
     def _continue_answer(self) -> bool:
         """After "Answer now" stopped the thoughts: append their close and generate on."""
-        self._answer_now = False
-        closing = close_reasoning(self._raw)
-        if not closing or self._request is None or self.answer_id is None:
+        self.state = AnswerState.GENERATING
+        cut = answer_now(self._raw, self.answer_prefix)
+        if cut is None or self._request is None or self.answer_id is None:
             return False
-        self._save_texts([closing])
-        self.view.append_text(closing)
-        self._raw += closing
-        start = self._raw[len(self.answer_prefix):] if self._raw.startswith(
-            self.answer_prefix) else self._raw
+        self._save_texts([cut.closing])
+        self.view.append_text(cut.closing)
+        self._raw += cut.closing
         self._request = GenerateRequest(messages=self._request.messages,
-                                        sampling=self._request.sampling, answer_start=start)
+                                        sampling=self._request.sampling,
+                                        answer_start=cut.start)
         self._cut_short = True
         self.client.generate(self._request)
         return True
@@ -353,11 +357,11 @@ class ChatController(QObject):
         self.answer_id = answer.id
         self.view.begin_answer()
         self.view.append_text(self.answer_prefix)
-        self.generating = True
+        self.state = AnswerState.GENERATING
         self.tokens_received = 0
         self._raw, self._answer_begun = self.answer_prefix, False
         self.reasoning_tokens, self.reasoning_seconds = 0, 0.0
-        self._answer_now = self._cut_short = False
+        self._cut_short = False
         self._update_buttons()
         self._request = GenerateRequest(messages=tuple(messages), sampling=sampling)
         self.client.generate(self._request)
@@ -395,7 +399,8 @@ class ChatController(QObject):
         if self.closed:
             return
         self.view.flush()
-        if self._answer_now and summary.stop_reason != "error" and self._continue_answer():
+        if (self.state is AnswerState.ANSWERING_NOW and summary.stop_reason != "error"
+                and self._continue_answer()):
             return
         self.last_answer = summary
         if self.answer_id is not None:
@@ -411,7 +416,7 @@ class ChatController(QObject):
                     stats["reasoning_cut_short"] = True
                 self._finish_answer(self.answer_id, status, stats)
         self.answer_id = None
-        self.generating = False
+        self.state = AnswerState.IDLE
         self.view.set_context(summary.n_prompt_tokens + summary.n_tokens,
                               self.view.context_bar.maximum())
         self.render()
