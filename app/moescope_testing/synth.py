@@ -25,6 +25,9 @@ Tensors are streamed to disk one expert at a time, so even multi-gigabyte preset
 little memory; each tensor's values depend only on ``(seed, tensor name)``, so changing one
 dimension does not reshuffle unrelated tensors.
 
+Long (about 800 lines) because every synthetic architecture's writer is here, side by
+side: they differ in a few tensors each, and one file keeps the fixtures comparable.
+
 CLI::
 
     python -m moescope_testing.synth --arch qwen3moe --preset tiny --out x.gguf
@@ -241,7 +244,7 @@ def _qwen3_30b_a3b_like() -> dict[str, Any]:
     )
 
 
-PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
+SYNTH_PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
     "tiny": _tiny,
     "copy-bound": _copy_bound,
     "qwen3-30b-a3b-like": _qwen3_30b_a3b_like,
@@ -279,11 +282,11 @@ def preset(name: str, arch: str = "qwen3moe", **overrides: Any) -> SynthSpec:
     >>> preset("tiny", "olmoe", expert_type="q8_0").n_expert
     16
     """
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+    if name not in SYNTH_PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(SYNTH_PRESETS)}")
     if arch not in ARCHES:
         raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHES)}")
-    fields = PRESETS[name]() | overrides
+    fields = SYNTH_PRESETS[name]() | overrides
     return SynthSpec(arch=arch, **_arch_defaults(name, arch, fields, set(overrides)))
 
 
@@ -768,7 +771,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m moescope_testing.synth",
                                 description="Write a deterministic synthetic (MoE) GGUF model.")
     p.add_argument("--arch", choices=ARCHES, default="qwen3moe")
-    p.add_argument("--preset", choices=tuple(PRESETS), default="tiny")
+    p.add_argument("--preset", choices=tuple(SYNTH_PRESETS), default="tiny")
     p.add_argument("--out", required=True, type=Path, help="output .gguf path")
     p.add_argument("--expert-type", choices=EXPERT_TYPES, help="override the preset's")
     p.add_argument("--layers", type=int, help="override the number of layers")
