@@ -31,10 +31,10 @@ def core_trace(path: Path, *, n_tokens: int = 8, n_layers: int = 3,
 
     from moescope.cache.native import ExpertCache
     from moescope.cache.policy import Policy
-    from moescope.trace import ModelSummary, RouterInput, TokenRecord, TraceHeader, TraceWriter
+    from moescope.trace import RouterInput, TokenRecord, TraceHeader, TraceModel, TraceWriter
 
     rng = np.random.default_rng(seed)
-    model = ModelSummary(file_name="core.gguf", metadata_sha256="ef" * 32,
+    model = TraceModel(file_name="core.gguf", metadata_sha256="ef" * 32,
                          architecture="qwen3moe", n_layers=n_layers, moe_layers=moe_layers,
                          n_expert=n_expert, top_k=top_k,
                          bytes_per_expert=tuple(1000 + i for i in range(len(moe_layers))))

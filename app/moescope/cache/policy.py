@@ -18,12 +18,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
-
-if TYPE_CHECKING:
-    from moescope.cache.native import CPolicy
+from typing import Any
 
 DEFAULT_THETA = 0.15
 """Paper 1's 0.15 rule: fetch a miss whose normalized gate weight is at least this."""
@@ -136,41 +131,6 @@ class Policy:
             known = ", ".join(PRESETS)
             raise ValueError(f"unknown policy preset {name!r} (known: {known})") from None
 
-    def to_c(self) -> CPolicy:
-        """The ``moecache_policy`` struct for the native core."""
-        from moescope.cache.native import CPolicy
-
-        return CPolicy(
-            miss_rule=int(self.miss_rule),
-            theta=self.theta,
-            eviction=int(self.eviction),
-            half_life=self.half_life,
-            admission=int(self.admission),
-            beta=self.beta,
-            substitute_weight=int(self.substitute_weight),
-            bonus=self.bonus,
-            prefetch=self.prefetch,
-        )
-
-    @classmethod
-    def from_c(cls, c: CPolicy) -> Policy:
-        """Read a ``moecache_policy`` back; float32 parameters come back as the shortest
-        decimal that rounds to them (0.15f -> 0.15), so ``from_c(p.to_c()) == p``."""
-        return cls(
-            miss_rule=MissRule(c.miss_rule),
-            theta=_from_float32(c.theta),
-            eviction=Eviction(c.eviction),
-            half_life=_from_float32(c.half_life),
-            admission=bool(c.admission),
-            beta=_from_float32(c.beta),
-            substitute_weight=SubstituteWeight(c.substitute_weight),
-            bonus=_from_float32(c.bonus),
-            prefetch=int(c.prefetch),
-        )
-
-
-def _from_float32(value: float) -> float:
-    return float(str(np.float32(value)))
 
 
 PRESETS: dict[str, Policy] = {

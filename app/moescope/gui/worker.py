@@ -277,6 +277,12 @@ class EngineWorker(QObject):
             thread.quit()
 
     # ------------------------------------------------------------------ recording
+    @Slot(str)
+    def pruneTraces(self, directory: str) -> None:
+        """Startup: old session traces beyond :attr:`trace_limits` are deleted."""
+        for old in prune_traces(Path(directory), self.trace_limits):
+            log.info("deleted old session trace %s", old.name)
+
     def request_recording_off(self) -> None:
         """Any thread: stop recording this session (at the next token, or at once when
         idle, through the queued ``stopRecording``)."""
@@ -413,8 +419,30 @@ class EngineClient(QObject):
     """The window's handle on the worker: owns the QThread, forwards requests.
 
     Signals declared here are connected to the worker's slots; since the worker lives on
-    another thread, Qt queues them (the GUI thread never waits on the engine).
+    another thread, Qt queues them (the GUI thread never waits on the engine). The
+    worker's own signals are re-emitted here, on the GUI thread: the window and its parts
+    connect to the client, never to the worker, and never read the worker's objects
+    (its engine, recorder or limits belong to the decode thread). Besides the queued
+    signals, only the Engine's documented thread-safe calls cross over (stop, cancel, the
+    live policy and budget requests).
     """
+
+    loadProgress = Signal(str, float)
+    loaded = Signal(object)  # ModelSummary
+    loadFailed = Signal(str)
+    loadCancelled = Signal(str)
+    tokens = Signal(object)  # list[TokenSnapshot], oldest first
+    finished = Signal(object)  # AnswerSummary
+    failed = Signal(str)
+    requestsApplied = Signal(object, object)  # ModelSummary, list[Change]
+    compareProgress = Signal(int, int, str)
+    compareFinished = Signal(object, object)  # Comparison, ModelSummary
+    compareFailed = Signal(str)
+    recordingStopped = Signal(str)
+
+    _RELAYED = ("loadProgress", "loaded", "loadFailed", "loadCancelled", "tokens", "finished",
+                "failed", "requestsApplied", "compareProgress", "compareFinished",
+                "compareFailed", "recordingStopped")
 
     _load = Signal(object)
     _generate = Signal(object)
@@ -422,6 +450,7 @@ class EngineClient(QObject):
     _apply = Signal()
     _shutdown = Signal()
     _stop_recording = Signal()
+    _prune_traces = Signal(str)
 
     def __init__(self, engine: Engine | None = None, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -429,6 +458,8 @@ class EngineClient(QObject):
         self.thread.setObjectName("moescope-engine")
         self.worker = EngineWorker(engine)
         self.worker.moveToThread(self.thread)
+        for name in self._RELAYED:  # first: whoever connects later hears of it after us
+            getattr(self.worker, name).connect(getattr(self, name))
         self.thread.started.connect(self.worker.threadStarted)
         self._load.connect(self.worker.load)
         self._generate.connect(self.worker.generate)
@@ -436,6 +467,7 @@ class EngineClient(QObject):
         self._apply.connect(self.worker.applyRequests)
         self._shutdown.connect(self.worker.shutdown)
         self._stop_recording.connect(self.worker.stopRecording)
+        self._prune_traces.connect(self.worker.pruneTraces)
         self.thread.start()
         self._closed = False
 
@@ -454,6 +486,15 @@ class EngineClient(QObject):
 
     def compare(self, request: CompareRequest) -> None:
         self._compare.emit(request)
+
+    def cancel_compare(self) -> None:
+        """Any thread: end a comparison after the token being decoded."""
+        self.worker.cancel_compare()
+
+    def prune_traces(self, directory: str | Path) -> None:
+        """Delete the oldest session traces in ``directory`` beyond the worker's limits
+        (on the worker thread, which owns the limits and writes the traces)."""
+        self._prune_traces.emit(str(directory))
 
     def request_policy(self, policy: Policy | str) -> int:
         """From the next token (mid-answer), or at once when idle; returns the request's

@@ -15,17 +15,19 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from moescope import __version__
+from moescope.cache import native
 from moescope.cache.native import EVENT_DTYPE
 from moescope.cache.policy import Policy
 from moescope.cache.residency import Residency, read_resident
 from moescope.trace.schema import (
     TIMING_KEYS,
     Change,
-    ModelSummary,
     RouterDtype,
     RouterInput,
     TokenRecord,
     TraceHeader,
+    TraceModel,
     rank_predictions,
 )
 from moescope.trace.writer import TraceWriter, _BackgroundWriter
@@ -38,8 +40,6 @@ def software_versions() -> dict[str, str | None]:
     llama_cpp is not imported here (that would load the engine library from ``core``):
     its ``__version__`` is read if it is already loaded, else the installed distribution's.
     """
-    from moescope import __version__
-
     out: dict[str, str | None] = {"moescope": __version__, "python": platform.python_version(),
                                   "numpy": np.__version__}
     mod = sys.modules.get("llama_cpp")
@@ -51,8 +51,6 @@ def software_versions() -> dict[str, str | None]:
             version = metadata.version("llama_cpp_python")
     out["llama_cpp"] = version
     try:
-        from moescope.cache import native
-
         out["moecache"] = native.version()
     except Exception:  # the core may be missing on a machine that only reads traces
         out["moecache"] = None
@@ -396,7 +394,7 @@ def header_for(engine: Any, *, router_inputs: RouterDtype | None = "f32",
     step = int(cache.step)
     resident = sum(len(cache.resident(il)) for il in info.moe_layers)
     return TraceHeader(
-        model=ModelSummary.from_info(info),
+        model=TraceModel.from_info(info),
         budget=budget or (plan.budget.text if plan is not None else ""),
         slots_per_layer=int(engine.slots_per_layer), policy=engine.policy,
         router_inputs=router_inputs, initial_step=step, initial_resident=resident,

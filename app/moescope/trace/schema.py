@@ -40,7 +40,7 @@ class TraceFormatError(MoEScopeError):
 
 
 @dataclass(frozen=True)
-class ModelSummary:
+class TraceModel:
     """The model facts a replay needs (and a reader uses to tell models apart)."""
 
     file_name: str
@@ -64,7 +64,7 @@ class ModelSummary:
             return 0
 
     @classmethod
-    def from_info(cls, info: Any) -> ModelSummary:
+    def from_info(cls, info: Any) -> TraceModel:
         """From a :class:`~moescope.model.gguf_info.ModelInfo`; bytes per expert count only
         the ``*_exps.weight`` tensors, which is what the engine's slots hold and copy."""
         per_layer = []
@@ -90,7 +90,7 @@ class ModelSummary:
         }
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> ModelSummary:
+    def from_json(cls, d: Mapping[str, Any]) -> TraceModel:
         return cls(
             file_name=str(d["file_name"]), metadata_sha256=str(d["metadata_sha256"]),
             architecture=str(d["architecture"]), n_layers=int(d["n_layers"]),
@@ -104,7 +104,7 @@ class ModelSummary:
 class TraceHeader:
     """The first line of a trace: model, starting cache state, software, machine."""
 
-    model: ModelSummary
+    model: TraceModel
     budget: str
     slots_per_layer: int
     policy: Policy

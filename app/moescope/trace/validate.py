@@ -27,11 +27,11 @@ from moescope.trace.schema import (
     TRACE_FORMAT,
     TRACE_VERSION,
     Change,
-    ModelSummary,
     RouterInput,
     TokenRecord,
     TraceFormatError,
     TraceHeader,
+    TraceModel,
 )
 
 MAX_LAYERS = 1024
@@ -207,7 +207,7 @@ def _distinct(ids: npt.NDArray[Any], name: str) -> None:
 # --- records
 
 
-def _model_from_json(raw: Any) -> ModelSummary:
+def _model_from_json(raw: Any) -> TraceModel:
     d = _object(raw, "model")
     n_layers = _int(_get(d, "n_layers", "model."), "model.n_layers", 1, MAX_LAYERS)
     n_expert = _int(_get(d, "n_expert", "model."), "model.n_expert", 1, MAX_EXPERTS)
@@ -228,7 +228,7 @@ def _model_from_json(raw: Any) -> ModelSummary:
     if len(per_expert) != len(moe):
         raise ValueError("bytes_per_expert needs one entry per MoE layer")
     _within(per_expert, "model.bytes_per_expert[{}]", 0, _MAX_BYTES)
-    return ModelSummary(
+    return TraceModel(
         file_name=_text(_get(d, "file_name", "model."), "model.file_name"),
         metadata_sha256=_text(_get(d, "metadata_sha256", "model."), "model.metadata_sha256"),
         architecture=_text(_get(d, "architecture", "model."), "model.architecture"),
@@ -360,7 +360,7 @@ def _token_from_json(d: Mapping[str, Any], header: TraceHeader, expected: int,
     )
 
 
-def _checked_slots(slots: int, model: ModelSummary, what: str) -> int:
+def _checked_slots(slots: int, model: TraceModel, what: str) -> int:
     """``slots`` per layer if the model can have that many (top-k to all experts);
     ``what`` names the field, ``{}`` standing for the value."""
     if not model.top_k <= slots <= model.n_expert:
@@ -369,7 +369,7 @@ def _checked_slots(slots: int, model: ModelSummary, what: str) -> int:
     return slots
 
 
-def _events_from_json(raw: Any, m: ModelSummary, state: _ReadState, token: int,
+def _events_from_json(raw: Any, m: TraceModel, state: _ReadState, token: int,
                       slots: int) -> npt.NDArray[Any]:
     """A token's event rows, every field checked against the model (and ``slots``, the
     most slots in force during the token) column by column, in one numpy call per field:
@@ -466,7 +466,7 @@ def _events_from_json(raw: Any, m: ModelSummary, state: _ReadState, token: int,
     return events
 
 
-def _routes_from_json(raw: Any, m: ModelSummary, events: npt.NDArray[Any]
+def _routes_from_json(raw: Any, m: TraceModel, events: npt.NDArray[Any]
                       ) -> dict[int, RouterInput]:
     """A token's router inputs, checked against the model and its rows; ids, weights and
     probabilities of all its rows are converted and checked together (a token has a row
@@ -523,7 +523,7 @@ def _routes_from_json(raw: Any, m: ModelSummary, events: npt.NDArray[Any]
             for i, row in enumerate(rows)}
 
 
-def _predictions_from_json(items: list[dict[str, Any]], rows: list[int], m: ModelSummary
+def _predictions_from_json(items: list[dict[str, Any]], rows: list[int], m: TraceModel
                            ) -> list[tuple[int, npt.NDArray[np.int32] | None]]:
     """PSR: each route's ``(next_layer, ranked ids)``, ``(-1, None)`` where it has none;
     checked together when all have as many ids (the usual case)."""
@@ -575,7 +575,7 @@ def _prefetch_from_json(items: Any, moe_layers: Sequence[int]
     return pf, hits
 
 
-def _changes_from_json(raw: Any, m: ModelSummary) -> list[Change]:
+def _changes_from_json(raw: Any, m: TraceModel) -> list[Change]:
     out = []
     for i, item in enumerate(_list(raw, "changes")):
         where = f"changes[{i}]"

@@ -7,7 +7,7 @@ and slash commands that steer the cache live, as the window's controls do: ``/po
 kept. Ctrl+C stops an answer (what was generated stays in the conversation); Ctrl+C or
 Ctrl+D at an empty prompt quits. With stdin not a terminal it reads one message per line
 and prints only answers and summaries, so a session can be scripted. A thinking model's
-thoughts (``<think>`` or harmony channels, see ``core.reasoning``) print dim before the
+thoughts (``<think>`` or harmony channels, see ``model.reasoning``) print dim before the
 answer on a terminal, not at all in a script, and never go back into the conversation;
 Ctrl+C while it thinks means "answer now" (the thoughts are closed and it answers), a
 second Ctrl+C stops.

@@ -146,7 +146,7 @@ def check_threads(n: int | None) -> None:
 
 
 def check_budget(text: str) -> None:
-    """``--budget`` read by ``core.budget``'s one grammar before a model loads (an empty
+    """``--budget`` read by ``cache.budget``'s one grammar before a model loads (an empty
     one too: it used to slip through as "no budget")."""
     from moescope.cache.budget import parse_budget
 
@@ -179,7 +179,7 @@ def check_output_path(path: Path | None, option: str,
     """Refuse an output file that cannot or must not be written, before the work that
     fills it: a typo in ``--json`` must not cost a benchmark's minutes, nor ``--trace`` a
     traceback after the model has loaded, and ``--trace model.gguf`` must not truncate
-    the model (``core.files.check_output``: inputs, folders, block devices)."""
+    the model (``util.files.check_output``: inputs, folders, block devices)."""
     if path is None:
         return
     from moescope.util.files import OutputPathError, check_output

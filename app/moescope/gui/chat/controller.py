@@ -76,7 +76,7 @@ class ChatController(QObject):
         self.model_name = ""
         self.answer_prefixes: dict[str, str] = {}
         """Per thinking setting, what the model's chat template opens each answer with
-        (see ``core.reasoning``)."""
+        (see ``model.reasoning``)."""
         self.answer_prefix = ""
         """The prefix of the answer being generated (its thinking setting's)."""
         self.last_answer: AnswerSummary | None = None
@@ -112,8 +112,8 @@ class ChatController(QObject):
         chat_list.newRequested.connect(self.new_chat)
         chat_list.searchChanged.connect(self._search_changed)
         settings.system_prompt.textChanged.connect(self._system_prompt_edited)
-        client.worker.tokens.connect(self.on_tokens)
-        client.worker.finished.connect(self.on_finished)
+        client.tokens.connect(self.on_tokens)
+        client.finished.connect(self.on_finished)
 
     # ------------------------------------------------------------------ chats
     @property
