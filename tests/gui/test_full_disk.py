@@ -211,6 +211,6 @@ def test_an_export_to_a_full_disk_is_explained_and_replaces_nothing(
     assert sorted(p.name for p in out.iterdir()) == ["chat.md", "session.jsonl"]
     # a folder that does not exist is explained the same way
     assert window.export_chat(out / "gone" / "chat.md", "md") is None
-    assert "No such file or directory" in dialogs.shown[-1][2]
+    assert "does not exist" in dialogs.shown[-1][2]
     monkeypatch.setattr(files.os, "fsync", real_fsync)
     assert window.export_chat(md, "md") == md and "Hello there." in md.read_text()
