@@ -44,6 +44,9 @@ class AnswerStats:
     stop_reason: str = ""
     dropped_messages: int = 0
     """Earliest messages left out of the prompt so the conversation fits the context."""
+    n_cached_tokens: int = 0
+    """Prompt tokens reused from the KV cache (the prefix shared with what it holds from
+    the previous call): only the rest was prefilled."""
 
     @property
     def tokens_per_second(self) -> float:
