@@ -55,6 +55,7 @@ from moescope.gui.dialogs.about import AboutDialog
 from moescope.gui.dialogs.compare import CompareDialog
 from moescope.gui.dialogs.open_model import OpenModelDialog
 from moescope.gui.dialogs.shortcuts import ShortcutsDialog
+from moescope.gui.serve import ServeFeature
 from moescope.gui.traces.trace_opener import PROGRESS_STEPS, TraceOpener
 from moescope.gui.traces.trace_window import TraceWindow
 from moescope.gui.widgets.elided_label import ElidedLabel
@@ -147,6 +148,7 @@ class MainWindow(QMainWindow):
         self._build_layout()
         self.chat = ChatController(self.store, self.client, self.chat_view, self.chat_list,
                                    self.chat_settings, parent=self)
+        self.serve = ServeFeature(self)
         self._build_menus()
         self._build_status_bar()
         self._connect()
@@ -222,6 +224,8 @@ class MainWindow(QMainWindow):
         self.record_action.setChecked(self.recording)
         file.addAction(self.record_action)
         file.addSeparator()
+        file.addAction(self._action("Serve &API…", self.serve.show_panel,
+                                    tip="Serve this model over an OpenAI-compatible API"))
         file.addAction(self._action("&Quit", self.close, QKeySequence.StandardKey.Quit))
 
         chat = bar.addMenu("&Chat")
