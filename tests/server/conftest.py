@@ -33,10 +33,12 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
     started: dict[tuple[object, ...], Server] = {}
     tmp = tmp_path_factory.mktemp("serve")
 
-    def get(*args: str, api_key: str | None = None, model: Path | None = None) -> Server:
-        key = (args, api_key, model)
+    def get(*args: str, api_key: str | None = None, model: Path | None = None,
+            copy_delay_us: int = 0) -> Server:
+        key = (args, api_key, model, copy_delay_us)
         if key not in started or not started[key].alive():
-            started[key] = start_server(tmp, *args, api_key=api_key, model=model)
+            started[key] = start_server(tmp, *args, api_key=api_key, model=model,
+                                        copy_delay_us=copy_delay_us)
         return started[key]
 
     yield get

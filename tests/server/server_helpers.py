@@ -80,7 +80,9 @@ class Server:
 
 
 def start_server(tmp: Path, *args: str, api_key: str | None = None,
-                 model: Path | None = None) -> Server:
+                 model: Path | None = None, copy_delay_us: int = 0) -> Server:
+    """``copy_delay_us``: each expert copy sleeps up to that long (the engine's test
+    hook), so an answer lasts long enough to act on while it generates."""
     port = free_port()
     log_path = tmp / f"serve-{port}.log"
     argv = [str(model or demo_model_path()), "--port", str(port), "--threads", "2", *args]
@@ -88,6 +90,7 @@ def start_server(tmp: Path, *args: str, api_key: str | None = None,
         argv += ["--api-key", api_key]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("MOESCOPE_API_KEY", None)
+    env["MOESCOPE_TEST_COPY_DELAY_US"] = str(copy_delay_us)
     with log_path.open("wb") as log:
         process = subprocess.Popen(serve_command(*argv), stdout=log,
                                    stderr=subprocess.STDOUT, env=env)

@@ -14,8 +14,10 @@ import asyncio
 import contextlib
 import hmac
 import json
+import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -163,11 +165,11 @@ class _Api:
     async def generate(self, request: Request, job: Job, stream: bool,
                        include_usage: bool) -> Response:
         turn = self.service.join(job.client)  # 503 when the queue is full
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event] = asyncio.Queue()
+        events = _Channel(asyncio.get_running_loop())
 
         def emit(event: Event) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, event)
+            if stream or not isinstance(event, Delta):  # a whole answer needs only its end
+                events.put(event)
 
         def run() -> None:
             self.service.run(job, turn, emit)
@@ -178,19 +180,19 @@ class _Api:
             job.cancel()
             self.service.queue.cancel(turn)
 
-        future = loop.run_in_executor(self.executor, run)
+        future = events.loop.run_in_executor(self.executor, run)
         shape = _Shape(job.kind, self.service.model_id)
         if stream:
             return _EventStream(_sse(events, shape, include_usage), on_close=cancel)
         return await self._whole(request, cancel, events, shape, future)
 
     async def _whole(self, request: Request, cancel: Callable[[], None],
-                     events: asyncio.Queue[Event], shape: _Shape,
+                     events: _Channel, shape: _Shape,
                      future: asyncio.Future[None]) -> Response:
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             while True:
-                getter = asyncio.ensure_future(events.get())
+                getter = asyncio.ensure_future(events.take())
                 done, _ = await asyncio.wait({getter, gone},
                                              return_when=asyncio.FIRST_COMPLETED)
                 if getter not in done:
@@ -198,11 +200,11 @@ class _Api:
                     cancel()
                     await future
                     return Response(status_code=499)
-                event = getter.result()
-                if isinstance(event, Failed):
-                    return error_response(event.error)
-                if isinstance(event, Done):
-                    return JSONResponse(shape.whole(event.record))
+                for event in getter.result():
+                    if isinstance(event, Failed):
+                        return error_response(event.error)
+                    if isinstance(event, Done):
+                        return JSONResponse(shape.whole(event.record))
         finally:
             gone.cancel()
             cancel()  # no effect once done; stops the generation if we are cancelled
@@ -280,13 +282,48 @@ class _Shape:
             + b"data: [DONE]\n\n"
 
 
-async def _sse(events: asyncio.Queue[Event], shape: _Shape,
+class _Channel:
+    """Events from the generating thread to the event loop. The loop is woken once per
+    batch, not once per token: whatever arrived meanwhile goes out in one write."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.items: deque[Event] = deque()
+        self.lock = threading.Lock()
+        self.scheduled = False
+        self.ready = asyncio.Event()
+
+    def put(self, event: Event) -> None:
+        """Any thread."""
+        with self.lock:
+            self.items.append(event)
+            if self.scheduled:
+                return
+            self.scheduled = True
+        self.loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        with self.lock:
+            self.scheduled = False
+        self.ready.set()
+
+    async def take(self) -> list[Event]:
+        """Every event so far (at least one), oldest first."""
+        while True:
+            with self.lock:
+                if self.items:
+                    batch = list(self.items)
+                    self.items.clear()
+                    return batch
+                self.ready.clear()
+            await self.ready.wait()
+
+
+async def _sse(events: _Channel, shape: _Shape,
                include_usage: bool) -> AsyncIterator[bytes]:
     first = True
     while True:
-        batch = [await events.get()]
-        while not events.empty():  # tokens that came meanwhile go out in one write
-            batch.append(events.get_nowait())
+        batch = await events.take()
         out = []
         for event in batch:
             if isinstance(event, Delta):

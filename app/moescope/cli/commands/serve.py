@@ -98,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
                              cache=not args.no_cache)
         if loaded.notice:
             print(f"moescope: {loaded.notice}", file=sys.stderr)
+        delay = os.environ.get("MOESCOPE_TEST_COPY_DELAY_US", "")
+        if delay.isdigit() and engine.cache is not None:  # tests: answers that take a while
+            engine.set_copy_delay(min(int(delay), 100_000))
         service = Service(engine, EngineQueue(args.queue), model_id=args.model_id,
                           limits=Limits(max_tokens=args.max_tokens,
                                         max_body_bytes=args.max_body << 20))
