@@ -120,7 +120,7 @@ def test_budget_and_policy_are_remembered_per_model(
         window: Any, qtbot: Any, synth_model: Any) -> None:
     from gui_helpers import load
 
-    from moescope.gui.main_window import model_key
+    from moescope.gui.model_loading import model_key
 
     tiny = window.model.path
     engine = window.client.worker.engine

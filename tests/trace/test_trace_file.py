@@ -16,11 +16,11 @@ from moescope.cache.native import EVENT_DTYPE, ExpertCache
 from moescope.cache.policy import Policy
 from moescope.trace import (
     TRACE_VERSION,
-    ModelSummary,
     RouterInput,
     TokenRecord,
     TraceFormatError,
     TraceHeader,
+    TraceModel,
     TraceWriter,
     read_trace,
 )
@@ -30,7 +30,7 @@ N_EXPERT, TOP_K, N_LAYERS = 16, 4, 2
 
 
 def _header(router_inputs: str | None = "f32") -> TraceHeader:
-    model = ModelSummary(file_name="m.gguf", metadata_sha256="ab" * 32, architecture="qwen3moe",
+    model = TraceModel(file_name="m.gguf", metadata_sha256="ab" * 32, architecture="qwen3moe",
                          n_layers=N_LAYERS, moe_layers=(0, 1), n_expert=N_EXPERT, top_k=TOP_K,
                          bytes_per_expert=(1000, 1000))
     return TraceHeader(model=model, budget="25%", slots_per_layer=4,
@@ -161,7 +161,8 @@ def test_a_newer_version_is_refused_with_a_reason(tmp_path: Path) -> None:
     header = json.loads(lines[0])
     header["version"] = TRACE_VERSION + 1
     path.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
-    with pytest.raises(TraceFormatError, match=r"^t\.jsonl: trace version .* not supported"):
+    with pytest.raises(TraceFormatError,
+                       match=r"^t\.jsonl: line 1: trace version .* not supported"):
         read_trace(path)  # named like every other reader error
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from moescope.cache.policy import Policy
+from moescope.cache.policy import Eviction, MissRule, Policy, SubstituteWeight
 from moescope.util.errors import MoEScopeError
 
 MAX_K = 32
@@ -54,6 +54,33 @@ class CPolicy(ctypes.Structure):
         ("bonus", ctypes.c_float),
         ("prefetch", ctypes.c_int32),
     ]
+
+
+def policy_to_c(policy: Policy) -> CPolicy:
+    """The ``moecache_policy`` struct of ``policy`` (here, not on :class:`Policy`: the
+    policy is plain data and imports nothing of the binding)."""
+    return CPolicy(
+        miss_rule=int(policy.miss_rule), theta=policy.theta, eviction=int(policy.eviction),
+        half_life=policy.half_life, admission=int(policy.admission), beta=policy.beta,
+        substitute_weight=int(policy.substitute_weight), bonus=policy.bonus,
+        prefetch=policy.prefetch,
+    )
+
+
+def policy_from_c(c: CPolicy) -> Policy:
+    """Read a ``moecache_policy`` back; float32 parameters come back as the shortest
+    decimal that rounds to them (0.15f -> 0.15), so ``policy_from_c(policy_to_c(p)) == p``."""
+    return Policy(
+        miss_rule=MissRule(c.miss_rule), theta=_from_float32(c.theta),
+        eviction=Eviction(c.eviction), half_life=_from_float32(c.half_life),
+        admission=bool(c.admission), beta=_from_float32(c.beta),
+        substitute_weight=SubstituteWeight(c.substitute_weight),
+        bonus=_from_float32(c.bonus), prefetch=int(c.prefetch),
+    )
+
+
+def _from_float32(value: float) -> float:
+    return float(str(np.float32(value)))
 
 
 class CCopy(ctypes.Structure):
@@ -322,6 +349,9 @@ PREFETCH_BY_ADDRESS = ctypes.CFUNCTYPE(
     ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p)
 """``moecache_prefetch`` with plain addresses, like :data:`ROUTE_BY_ADDRESS`."""
 
+STEP_BY_ADDRESS = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+"""``moecache_begin_step`` with a plain address (:meth:`ExpertCache.begin_steps`)."""
+
 
 class ExpertCache:
     """One native cache: ``n_layers`` layers of ``slots_per_layer`` slots each.
@@ -342,7 +372,7 @@ class ExpertCache:
         self.n_layers = n_layers
         self.n_experts = n_experts
         self.top_k = top_k
-        c_policy = _as_policy(policy).to_c()
+        c_policy = policy_to_c(_as_policy(policy))
         handle = self._lib.moecache_create(
             n_layers, n_experts, top_k, slots_per_layer, ctypes.byref(c_policy)
         )
@@ -415,7 +445,7 @@ class ExpertCache:
     # policy, capacity, time ---------------------------------------------------------
     def set_policy(self, policy: Policy | str) -> None:
         """Takes effect at the next :meth:`begin_step` (decisions within a token never mix)."""
-        c_policy = _as_policy(policy).to_c()
+        c_policy = policy_to_c(_as_policy(policy))
         code = self._lib.moecache_set_policy(self.handle, ctypes.byref(c_policy))
         _check(code, "set_policy")
 
@@ -424,7 +454,7 @@ class ExpertCache:
         """The active policy."""
         out = CPolicy()
         self._lib.moecache_get_policy(self.handle, ctypes.byref(out))
-        return Policy.from_c(out)
+        return policy_from_c(out)
 
     def set_slots(self, slots: int) -> None:
         """Resize every layer now (between tokens); the executor re-copies residents."""
@@ -442,6 +472,15 @@ class ExpertCache:
     def begin_step(self) -> None:
         """Start a decode step: applies a pending policy, advances frequency decay."""
         self._lib.moecache_begin_step(self.handle)
+
+    def begin_steps(self, n: int) -> None:
+        """``n`` :meth:`begin_step` calls through a bare prototype (a fraction of the
+        binding's cost per call). The core's step cannot be set and its frequency keys
+        depend on the absolute step, so an exact replay walks every step; the trace reader
+        bounds how many."""
+        fn, handle = STEP_BY_ADDRESS(("moecache_begin_step", self._lib)), self.handle
+        for _ in range(n):
+            fn(handle)
 
     @property
     def step(self) -> int:

@@ -5,6 +5,11 @@ subcommand lives in its own module under :mod:`moescope.cli.commands` (see there
 add one). User mistakes (a missing file, a file that is not a model, a bad budget) are
 raised as :class:`~moescope.util.errors.MoEScopeError` and reported here as one line on
 stderr with exit status 2, never as a traceback.
+
+Imports inside functions are deliberate in this package (and only here): a subcommand
+module imports the engine, numpy-heavy code or Qt in its ``run``, not at the top, so that
+``moescope --help`` and a mistyped argument answer at once instead of loading llama.cpp,
+numpy's heavier users and Qt first.
 """
 
 from __future__ import annotations

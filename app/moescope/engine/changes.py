@@ -11,12 +11,27 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from moescope.trace.schema import Change
 
 KEEP = 1024
 """Entries the log keeps; one entry per applied request, so a reader reading every token
 never misses one."""
+
+
+@dataclass(frozen=True)
+class RequestNumbers:
+    """The numbers of the latest policy and budget requests (0: none yet). The engine
+    numbers each request it is given; a report carrying an older number than the window's
+    latest request is stale and must not move the control the user just moved."""
+
+    policy: int = 0
+    budget: int = 0
+
+    def at_least(self, other: RequestNumbers) -> tuple[bool, bool]:
+        """Whether each of these numbers has reached ``other``'s: (policy, budget)."""
+        return self.policy >= other.policy, self.budget >= other.budget
 
 
 class ChangeLog:
@@ -53,4 +68,4 @@ class ChangeCursor:
         return new
 
 
-__all__ = ["ChangeCursor", "ChangeLog"]
+__all__ = ["ChangeCursor", "ChangeLog", "RequestNumbers"]

@@ -47,6 +47,12 @@ class AnswerStats:
     n_cached_tokens: int = 0
     """Prompt tokens reused from the KV cache (the prefix shared with what it holds from
     the previous call): only the rest was prefilled."""
+    end_step: TokenStats | None = None
+    """The step that chose the end-of-generation token, when the answer ended on one
+    (``stop_reason`` "eos"): decoded and governed like any token, so it has rows, but it is
+    not part of the answer and ``generate`` does not yield it. A trace records it
+    (``TraceRecorder.end_answer``): without it a replay misses a step of the cache's work.
+    Its rows are counted in :attr:`cache`."""
 
     @property
     def tokens_per_second(self) -> float:

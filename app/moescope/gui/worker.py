@@ -198,6 +198,10 @@ class EngineWorker(QObject):
             log.exception("generation failed")
             error = f"generation failed: {err}"
         finally:
+            end = engine.last_answer.end_step if engine.last_answer is not previous else None
+            if end is not None:  # the step that chose EOS: recorded and drawn like a token
+                self._record(None)
+                batch.append(self._snapshot(end, end=True))
             self.generating = False
             if batch:
                 self.tokens.emit(batch)
@@ -289,6 +293,12 @@ class EngineWorker(QObject):
             thread.quit()
 
     # ------------------------------------------------------------------ recording
+    @Slot(str)
+    def pruneTraces(self, directory: str) -> None:
+        """Startup: old session traces beyond :attr:`trace_limits` are deleted."""
+        for old in prune_traces(Path(directory), self.trace_limits):
+            log.info("deleted old session trace %s", old.name)
+
     def request_recording_off(self) -> None:
         """Any thread: stop recording this session (at the next token, or at once when
         idle, through the queued ``stopRecording``)."""
@@ -329,13 +339,17 @@ class EngineWorker(QObject):
                                    limit_bytes=lambda: self.trace_limits.session_bytes)
         log.info("recording this session to %s", recorder.path)
 
-    def _record(self, ts: Any) -> None:
+    def _record(self, ts: Any | None) -> None:
+        """Record a token; None: the answer's end step (``Recording.end_answer``)."""
         if self.recording is None:
             return
         if self._recording_off.is_set():
             self.stopRecording()
             return
-        self.recording.record(ts, self.engine)
+        if ts is None:
+            self.recording.end_answer(self.engine)
+        else:
+            self.recording.record(ts, self.engine)
 
     def _recording_stopped(self, stopped: RecordingStopped) -> None:
         """Recording ended on its own (a failed write, the size limit); the chat goes on,
@@ -396,6 +410,19 @@ class EngineWorker(QObject):
         self._record(ts)
         return self._snapshot(ts)
 
+    def follow_end(self) -> TokenSnapshot | None:
+        """After another front end's answer (the API server's): its end step recorded
+        and snapshotted, as :meth:`generate` does for the window's own, and the trace
+        flushed. None when the answer did not end on an end-of-generation token."""
+        end = self.engine.last_answer.end_step
+        snap = None
+        if end is not None:
+            self._record(None)
+            snap = self._snapshot(end, end=True)
+        if self.recording is not None:
+            self.recording.flush()
+        return snap
+
     def summary(self) -> ModelSummary:
         """The loaded model as plain data (worker thread: reads the engine)."""
         m = self.engine.model
@@ -418,7 +445,7 @@ class EngineWorker(QObject):
             thinking_choices=self._thinking_choices,
             requests=self.engine.applied_requests)
 
-    def _snapshot(self, ts: Any) -> TokenSnapshot:
+    def _snapshot(self, ts: Any, *, end: bool = False) -> TokenSnapshot:
         engine = self.engine
         changes = [change for _, change in self._changes.take()]
         resident = None
@@ -441,7 +468,7 @@ class EngineWorker(QObject):
             ttft=answer.time_to_first_token_s if ts.index == 0 else None,
             prefetches=prefetch[0] if prefetch is not None else None,
             prefetch_hits=prefetch[1] if prefetch is not None else None,
-            requests=engine.applied_requests)
+            requests=engine.applied_requests, end=end)
 
 
 def _policy_label(policy: Policy | str) -> str:
@@ -452,8 +479,30 @@ class EngineClient(QObject):
     """The window's handle on the worker: owns the QThread, forwards requests.
 
     Signals declared here are connected to the worker's slots; since the worker lives on
-    another thread, Qt queues them (the GUI thread never waits on the engine).
+    another thread, Qt queues them (the GUI thread never waits on the engine). The
+    worker's own signals are re-emitted here, on the GUI thread: the window and its parts
+    connect to the client, never to the worker, and never read the worker's objects
+    (its engine, recorder or limits belong to the decode thread). Besides the queued
+    signals, only the Engine's documented thread-safe calls cross over (stop, cancel, the
+    live policy and budget requests).
     """
+
+    loadProgress = Signal(str, float)
+    loaded = Signal(object)  # ModelSummary
+    loadFailed = Signal(str)
+    loadCancelled = Signal(str)
+    tokens = Signal(object)  # list[TokenSnapshot], oldest first
+    finished = Signal(object)  # AnswerSummary
+    failed = Signal(str)
+    requestsApplied = Signal(object, object)  # ModelSummary, list[Change]
+    compareProgress = Signal(int, int, str)
+    compareFinished = Signal(object, object)  # Comparison, ModelSummary
+    compareFailed = Signal(str)
+    recordingStopped = Signal(str)
+
+    _RELAYED = ("loadProgress", "loaded", "loadFailed", "loadCancelled", "tokens", "finished",
+                "failed", "requestsApplied", "compareProgress", "compareFinished",
+                "compareFailed", "recordingStopped")
 
     _load = Signal(object)
     _generate = Signal(object)
@@ -461,6 +510,7 @@ class EngineClient(QObject):
     _apply = Signal()
     _shutdown = Signal()
     _stop_recording = Signal()
+    _prune_traces = Signal(str)
 
     def __init__(self, engine: Engine | None = None, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -468,6 +518,8 @@ class EngineClient(QObject):
         self.thread.setObjectName("moescope-engine")
         self.worker = EngineWorker(engine)
         self.worker.moveToThread(self.thread)
+        for name in self._RELAYED:  # first: whoever connects later hears of it after us
+            getattr(self.worker, name).connect(getattr(self, name))
         self.thread.started.connect(self.worker.threadStarted)
         self._load.connect(self.worker.load)
         self._generate.connect(self.worker.generate)
@@ -475,6 +527,7 @@ class EngineClient(QObject):
         self._apply.connect(self.worker.applyRequests)
         self._shutdown.connect(self.worker.shutdown)
         self._stop_recording.connect(self.worker.stopRecording)
+        self._prune_traces.connect(self.worker.pruneTraces)
         self.thread.start()
         self._closed = False
 
@@ -493,6 +546,15 @@ class EngineClient(QObject):
 
     def compare(self, request: CompareRequest) -> None:
         self._compare.emit(request)
+
+    def cancel_compare(self) -> None:
+        """Any thread: end a comparison after the token being decoded."""
+        self.worker.cancel_compare()
+
+    def prune_traces(self, directory: str | Path) -> None:
+        """Delete the oldest session traces in ``directory`` beyond the worker's limits
+        (on the worker thread, which owns the limits and writes the traces)."""
+        self._prune_traces.emit(str(directory))
 
     def request_policy(self, policy: Policy | str) -> int:
         """From the next token (mid-answer), or at once when idle; returns the request's

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from moescope.cache.native import FETCH, HIT, SUBSTITUTE
+from moescope.engine.changes import RequestNumbers
 
 # heatmap cell states (the colour table's indices)
 NOT_RESIDENT, RESIDENT, HIT_NOW, FETCHED_NOW, SUBSTITUTED_AWAY, USED_AS_SUBSTITUTE = range(6)
@@ -53,12 +54,12 @@ class ModelSummary:
     """llama.cpp's buffer holding the experts in host memory (``CUDA_Host``: pinned;
     ``CPU_Mapped`` / ``CPU``: pageable); "" when unknown (cache off, a reopened trace)."""
     thinking_choices: tuple[str, ...] = ("default",)
-    """The thinking settings the model's chat template understands (``core.reasoning``)."""
+    """The thinking settings the model's chat template understands (``model.reasoning``)."""
     answer_prefixes: dict[str, str] = field(default_factory=dict)
     """Per thinking setting, what the chat template opens every answer with
     (``"<think>\\n"`` where it opens the thoughts in the prompt): the chat prepends it to
-    the stored answer (see ``core.reasoning``)."""
-    requests: tuple[int, int] = (0, 0)
+    the stored answer (see ``model.reasoning``)."""
+    requests: RequestNumbers = field(default_factory=RequestNumbers)
     """Numbers of the latest policy and budget requests the engine had applied (see
     ``Engine.applied_requests``): older than the window's latest request means stale."""
 
@@ -101,8 +102,11 @@ class TokenSnapshot:
     prefetch, or unknown as in a reopened trace; the core writes no event row for them)."""
     prefetch_hits: npt.NDArray[np.int64] | None = field(repr=False, default=None)
     """PSR: prefetched experts first routed to during this token, per MoE layer."""
-    requests: tuple[int, int] = (0, 0)
+    requests: RequestNumbers = field(default_factory=RequestNumbers)
     """Numbers of the latest policy and budget requests applied as of this token."""
+    end: bool = False
+    """The step that chose the answer's end-of-generation token (``AnswerStats.end_step``):
+    the cache's work is drawn, but it is no token of the answer's text."""
 
     @property
     def context_used(self) -> int:

@@ -15,17 +15,19 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from moescope import __version__
+from moescope.cache import native
 from moescope.cache.native import EVENT_DTYPE
 from moescope.cache.policy import Policy
 from moescope.cache.residency import Residency, read_resident
 from moescope.trace.schema import (
     TIMING_KEYS,
     Change,
-    ModelSummary,
     RouterDtype,
     RouterInput,
     TokenRecord,
     TraceHeader,
+    TraceModel,
     rank_predictions,
 )
 from moescope.trace.writer import TraceWriter, _BackgroundWriter
@@ -38,8 +40,6 @@ def software_versions() -> dict[str, str | None]:
     llama_cpp is not imported here (that would load the engine library from ``core``):
     its ``__version__`` is read if it is already loaded, else the installed distribution's.
     """
-    from moescope import __version__
-
     out: dict[str, str | None] = {"moescope": __version__, "python": platform.python_version(),
                                   "numpy": np.__version__}
     mod = sys.modules.get("llama_cpp")
@@ -51,8 +51,6 @@ def software_versions() -> dict[str, str | None]:
             version = metadata.version("llama_cpp_python")
     out["llama_cpp"] = version
     try:
-        from moescope.cache import native
-
         out["moecache"] = native.version()
     except Exception:  # the core may be missing on a machine that only reads traces
         out["moecache"] = None
@@ -127,6 +125,7 @@ class TraceRecorder:
         recorder = TraceRecorder.for_engine("chat.jsonl.gz", engine)
         for stats in engine.generate(prompt):
             recorder.record(stats, engine)
+        recorder.end_answer(engine)  # the step that chose EOS, which generate() holds back
         recorder.close(stop_reason=engine.last_answer.stop_reason)
 
     For each token it reads the router inputs of every layer that token routed
@@ -166,6 +165,8 @@ class TraceRecorder:
         changes = getattr(source, "changes", None)
         self._change_cursor = changes.cursor() if changes is not None else None
         self._notes: list[str] = []
+        self._last_end: Any = None  # the end step end_answer recorded last
+        self._source: Any = None  # the latest source: close() records its answer's end
         m = header.model
         self._residency = Residency(m.moe_layers, m.n_expert, header.slots_per_layer)
         self.route_mismatches = 0
@@ -197,6 +198,8 @@ class TraceRecorder:
 
     def record(self, stats: TokenLike, source: RouteSource | None = None) -> TokenRecord:
         """Write one token; ``source`` supplies router inputs, timings and changes."""
+        if source is not None:
+            self._source = source
         if stats.index <= self._last_position:
             self._answer += 1
         elif self._answer < 0:
@@ -230,6 +233,27 @@ class TraceRecorder:
         self._background.put(record)
         self._index += 1
         return record
+
+    def end_answer(self, source: Any) -> TokenRecord | None:
+        """The answer is over: record the step that chose its end-of-generation token, if
+        it ended on one, then wait until every token is on disk (raises if writing failed).
+
+        That step (``source.last_answer.end_step``) is decoded and governed like any
+        token, but the engine does not yield it; without it the trace lacks a step, and a
+        replay of the turns after it decides differently. Call this after every
+        ``generate`` loop, before the next one and before reading the engine otherwise:
+        the router inputs, timings and masks read for the step are the engine's latest.
+        Calling it twice for the same answer records the step once."""
+        record = self._record_end(source)
+        self._background.flush()
+        return record
+
+    def _record_end(self, source: Any) -> TokenRecord | None:
+        end = getattr(getattr(source, "last_answer", None), "end_step", None)
+        if end is None or end is self._last_end:
+            return None
+        self._last_end = end
+        return self.record(end, source)
 
     def flush(self) -> None:
         """Wait until every recorded token is on disk (raises if writing failed)."""
@@ -321,7 +345,11 @@ class TraceRecorder:
             return
         self._closed = True
         try:
-            self._background.close()
+            try:
+                if self._source is not None and getattr(self._source, "loaded", True):
+                    self._record_end(self._source)  # a caller that did not call end_answer
+            finally:
+                self._background.close()
         finally:
             self.writer.close(**end)
 
@@ -366,7 +394,7 @@ def header_for(engine: Any, *, router_inputs: RouterDtype | None = "f32",
     step = int(cache.step)
     resident = sum(len(cache.resident(il)) for il in info.moe_layers)
     return TraceHeader(
-        model=ModelSummary.from_info(info),
+        model=TraceModel.from_info(info),
         budget=budget or (plan.budget.text if plan is not None else ""),
         slots_per_layer=int(engine.slots_per_layer), policy=engine.policy,
         router_inputs=router_inputs, initial_step=step, initial_resident=resident,

@@ -76,7 +76,7 @@ class ChatController(QObject):
         self.model_name = ""
         self.answer_prefixes: dict[str, str] = {}
         """Per thinking setting, what the model's chat template opens each answer with
-        (see ``core.reasoning``)."""
+        (see ``model.reasoning``)."""
         self.answer_prefix = ""
         """The prefix of the answer being generated (its thinking setting's)."""
         self.last_answer: AnswerSummary | None = None
@@ -112,8 +112,8 @@ class ChatController(QObject):
         chat_list.newRequested.connect(self.new_chat)
         chat_list.searchChanged.connect(self._search_changed)
         settings.system_prompt.textChanged.connect(self._system_prompt_edited)
-        client.worker.tokens.connect(self.on_tokens)
-        client.worker.finished.connect(self.on_finished)
+        client.tokens.connect(self.on_tokens)
+        client.finished.connect(self.on_finished)
 
     # ------------------------------------------------------------------ chats
     @property
@@ -371,11 +371,12 @@ class ChatController(QObject):
     def on_tokens(self, snaps: list[TokenSnapshot]) -> None:
         if self.closed:
             return
+        words = [s for s in snaps if not s.end]  # an end step has rows, not text
         if self.answer_id is not None:
-            self._save_texts([s.text for s in snaps])
-        self.view.append_text("".join(s.text for s in snaps))
-        self.tokens_received += len(snaps)
-        self._count_reasoning(snaps)
+            self._save_texts([s.text for s in words])
+        self.view.append_text("".join(s.text for s in words))
+        self.tokens_received += len(words)
+        self._count_reasoning(words)
         last = snaps[-1]
         self.view.set_context(last.context_used, last.n_ctx)
         self.tokensArrived.emit(snaps)

@@ -1,4 +1,4 @@
-"""How an answer's reasoning appears in the transcript (the split is ``core.reasoning``).
+"""How an answer's reasoning appears in the transcript (the split is ``model.reasoning``).
 
 A thinking model can spend hundreds of tokens before its answer. While it thinks, the
 thoughts stream in muted text under a "Thinking…" line, so the user sees that the model

@@ -1,7 +1,7 @@
 """The typed VRAM budget next to a budget slider (main window and open-model dialog).
 
 A slider alone cannot hit "exactly 12 GiB" on a model with 512 experts, so a box beside
-it takes a size, a share of the experts, or slots per layer (``core.budget``'s grammar,
+it takes a size, a share of the experts, or slots per layer (``cache.budget``'s grammar,
 the same as ``--budget``). Enter reads it: a typo is marked and explained in the tooltip
 and changes nothing. Enter is the box's own: in a dialog it would otherwise also press
 the default button (the open-model dialog's *Open*, loading a budget not yet seen).

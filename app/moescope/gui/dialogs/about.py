@@ -10,6 +10,7 @@ from PySide6.QtCore import Qt, qVersion
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QVBoxLayout, QWidget
 
 from moescope import __version__
+from moescope.cache.native import version as core_version
 from moescope.util.gpu import gpu_description
 
 LLAMA_CPP_COMMIT = "0c1e570"
@@ -25,8 +26,6 @@ def versions() -> list[tuple[str, str]]:
     except Exception as err:  # the engine wheel is optional for the About box
         engine = f"not available ({err.__class__.__name__})"
     try:
-        from moescope.cache.native import version as core_version
-
         core = core_version()
     except Exception:
         core = "not available"

@@ -159,7 +159,7 @@ class CompareDialog(QDialog):
         layout.addWidget(buttons)
         self.resize(900, 640)
 
-        w = client.worker
+        w = client
         w.compareProgress.connect(self._on_progress)
         w.compareFinished.connect(self._on_finished)
         w.compareFailed.connect(self._on_failed)
@@ -204,7 +204,7 @@ class CompareDialog(QDialog):
     def stop(self) -> None:
         if self.running:
             self.status.setText("Stopping after the current token…")
-            self.client.worker.cancel_compare()
+            self.client.cancel_compare()
 
     def _on_progress(self, done: int, total: int, policy: str) -> None:
         if not self.running:
@@ -282,7 +282,7 @@ class CompareDialog(QDialog):
         """Close; a running comparison is stopped (the worker finishes the token)."""
         self.stop()
         self.running = False
-        w = self.client.worker
+        w = self.client
         for signal, slot in ((w.compareProgress, self._on_progress),
                              (w.compareFinished, self._on_finished),
                              (w.compareFailed, self._on_failed)):
@@ -312,7 +312,7 @@ def common_start(a: str, b: str) -> int:
 
 def shown_text(raw: str) -> str:
     """An answer as the dialog shows it: a thinking model's thoughts under "Thinking:",
-    then its answer, never the raw markers (``core.reasoning``)."""
+    then its answer, never the raw markers (``model.reasoning``)."""
     split = split_reasoning(raw)
     if not split.has_reasoning:
         return raw

@@ -5,6 +5,11 @@ engine through the same turn queue as the window's chat (``EngineWorker.turns``)
 answer at a time, the chat waiting while a request generates (the status bar says so).
 Each token the server decodes goes through the worker's :meth:`EngineWorker.follow`, as
 the chat's do, so the cache panel and the session trace see every token, whoever asked.
+
+The one part of the window that reaches past ``EngineClient`` to the worker: the server
+is a second front end on the worker's engine, generating on its own threads, so it needs
+the engine, the turn queue and the worker's per-token bookkeeping (step counter, change
+cursor, recording), each used only while the server holds the engine's turn.
 """
 
 from __future__ import annotations
@@ -58,11 +63,12 @@ class _Bridge(QObject):
             self._batch, self._last_emit = [], now
 
     def request_finished(self, record: RequestRecord) -> None:
+        end = self.worker.follow_end()
+        if end is not None:
+            self._batch.append(end)
         if self._batch:
             self.tokens.emit(self._batch)
             self._batch = []
-        if self.worker.recording is not None:
-            self.worker.recording.flush()
         self.finished.emit(record)
 
 

@@ -29,12 +29,15 @@ class TraceOpener(QThread):
 
     Signals (queued to the GUI thread, where this object lives): ``progressed(done,
     PROGRESS_STEPS)`` as the file is read, then exactly one of ``opened(path,
-    ReopenedTrace)``, ``failed(message)``, or nothing after :meth:`cancel`.
+    ReopenedTrace)``, ``failed(message)``, or nothing after :meth:`cancel`; last, always,
+    ``done(self)``, so its owner can free it and its dialog (a receiver needs no
+    ``sender()``, which only a registered Qt slot gets).
     """
 
     progressed = Signal(int, int)
     opened = Signal(str, object)  # path, ReopenedTrace
     failed = Signal(str)
+    done = Signal(object)  # this opener: run() has returned
 
     def __init__(self, path: str | Path) -> None:
         super().__init__()
@@ -58,6 +61,12 @@ class TraceOpener(QThread):
         return not self._cancel.is_set()
 
     def run(self) -> None:
+        try:
+            self._read()
+        finally:
+            self.done.emit(self)
+
+    def _read(self) -> None:
         try:
             reopened = reopen(self.path, progress=self._report)
         except TraceReadCancelled:
