@@ -204,7 +204,10 @@ def test_a_full_queue_answers_503_and_nobody_hangs(
     assert server.cache()["totals"]["requests"] >= len(done)
 
 
-def test_a_client_that_leaves_mid_stream_stops_the_generation(server: Server) -> None:
+def test_a_client_that_leaves_mid_stream_stops_the_generation(
+        server_factory: Callable[..., Server]) -> None:
+    server = server_factory("--queue", "1", "--policy", "exact", copy_delay_us=3000)
+    server.wait_idle()
     with server.http() as h, h.stream(
             "POST", "/v1/chat/completions",
             json={"messages": HELLO, "max_tokens": 400, "stream": True, "seed": 4}) as r:
