@@ -114,6 +114,13 @@ def model_pointer(llm: Any) -> Any:
     return llm._model.model
 
 
+def logits_stale(llm: Any) -> bool:
+    """Whether ``Llama.generate`` must decode again before it can sample (its logits were
+    restored, not decoded): then even a fully cached prompt has its last token decoded
+    again, which the count of reused prompt tokens must know."""
+    return bool(getattr(llm, "_requires_eval", True))
+
+
 def clear_kv_cache(llm: Any) -> None:
     """Empty ``llm``'s KV cache. ``Llama.reset()`` only rewinds its token count, which
     leaves the memory of the warm-up (or of a scoring pass) behind."""

@@ -556,7 +556,7 @@ class Engine:
         if s.seed is not None:
             self._llm.set_seed(s.seed)
         answer = AnswerStats(n_prompt_tokens=len(tokens), policies=[self._policy_name],
-                             dropped_messages=dropped)
+                             dropped_messages=dropped, n_cached_tokens=self._reusable(tokens))
         self.last_answer = answer
         self.drain_events()  # rows from earlier calls are not this answer's
         t0 = time.perf_counter()
@@ -611,6 +611,22 @@ class Engine:
             answer.stop_reason = stop_reason
             answer.seconds = time.perf_counter() - t0
             self._previous = (tokens, out_tokens)
+
+    def _reusable(self, tokens: Sequence[int]) -> int:
+        """Prompt tokens ``Llama.generate`` will take from the KV cache rather than
+        prefill: the prefix shared with the tokens it holds, less the last prompt token
+        when that prefix is the whole prompt (it is decoded again for fresh logits)."""
+        held = int(self._llm.n_tokens)
+        if held <= 0:
+            return 0
+        n = 0
+        for a, b in zip(self._llm.input_ids[:held], tokens, strict=False):
+            if a != b:
+                break
+            n += 1
+        if n == len(tokens):
+            return n if held == n and not bindings.logits_stale(self._llm) else n - 1
+        return n
 
     def _end_step(self, answer: AnswerStats, token: int, index: int,
                   seconds: float) -> TokenStats:

@@ -44,6 +44,9 @@ class AnswerStats:
     stop_reason: str = ""
     dropped_messages: int = 0
     """Earliest messages left out of the prompt so the conversation fits the context."""
+    n_cached_tokens: int = 0
+    """Prompt tokens reused from the KV cache (the prefix shared with what it holds from
+    the previous call): only the rest was prefilled."""
     end_step: TokenStats | None = None
     """The step that chose the end-of-generation token, when the answer ended on one
     (``stop_reason`` "eos"): decoded and governed like any token, so it has rows, but it is

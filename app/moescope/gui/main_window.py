@@ -50,6 +50,7 @@ from moescope.gui.dialogs.compare import CompareDialog
 from moescope.gui.dialogs.shortcuts import ShortcutsDialog
 from moescope.gui.menus import MENU_POLICIES, WindowMenus
 from moescope.gui.model_loading import ModelLoading, budget_percent
+from moescope.gui.serve import ServeFeature
 from moescope.gui.traces.session_traces import SessionTraces
 from moescope.gui.traces.trace_opener import TraceOpener
 from moescope.gui.traces.trace_window import TraceWindow
@@ -122,6 +123,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, QMainWin
         self._build_layout()
         self.chat = ChatController(self.store, self.client, self.chat_view, self.chat_list,
                                    self.chat_settings, parent=self)
+        self.serve = ServeFeature(self)
         self._build_menus()
         self._build_status_bar()
         self._connect()

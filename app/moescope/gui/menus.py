@@ -66,6 +66,8 @@ class WindowMenus(_Window):
         self.record_action.setCheckable(True)
         self.record_action.setChecked(self.recording)
         file.addAction(self.record_action)
+        file.addAction(self._action("Serve &API…", self.serve.show_panel,
+                                    tip="Serve this model over an OpenAI-compatible API"))
         file.addSeparator()
         file.addAction(self._action("&Quit", self.close, QKeySequence.StandardKey.Quit))
 

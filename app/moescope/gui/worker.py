@@ -14,11 +14,13 @@ per second would otherwise flood the GUI's event queue and stall it).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from moescope.engine import AnswerStats, Engine, LoadCancelled, Sampling
 from moescope.engine.compare import compare_policies, conversation_tokens
 from moescope.session.recording import Recording, RecordingStopped
 from moescope.session.snapshots import AnswerSummary, ModelSummary, TokenSnapshot
+from moescope.session.turns import EngineQueue, Turn
 from moescope.trace import TraceRecorder
 from moescope.util.errors import MoEScopeError
 
@@ -113,6 +116,10 @@ class EngineWorker(QObject):
         self._cancel_compare = threading.Event()
         self._recording_off = threading.Event()
         """Set from the GUI thread: stop recording at the next token (or now, if idle)."""
+        self.turns: EngineQueue | None = None
+        """Shared with the API server while the window serves (``gui/serve``): loads,
+        answers and comparisons take a turn on it, so the engine runs one at a time."""
+        self._waiting: Turn | None = None
 
     # ------------------------------------------------------------------ slots
     @Slot()
@@ -133,11 +140,12 @@ class EngineWorker(QObject):
         log.info("loading %s (budget %s, policy %s)", name, request.budget,
                  _policy_label(request.policy))
         t0 = time.perf_counter()
-        self._close_recorder()
         try:
-            self.engine.load(request.path, budget=request.budget, policy=request.policy,
-                             n_ctx=request.n_ctx, n_gpu_layers=request.n_gpu_layers,
-                             progress=self.loadProgress.emit)
+            with self._turn():
+                self._close_recorder()
+                self.engine.load(request.path, budget=request.budget, policy=request.policy,
+                                 n_ctx=request.n_ctx, n_gpu_layers=request.n_gpu_layers,
+                                 progress=self.loadProgress.emit)
         except LoadCancelled as err:
             log.info("%s", err)
             self.loadCancelled.emit(str(err))
@@ -175,15 +183,15 @@ class EngineWorker(QObject):
         if request.answer_start and self.recording is not None:
             self.recording.answer_now()
         try:
-            for ts in engine.generate(list(request.messages), request.sampling,
-                                      answer_start=request.answer_start):
-                self.answer_tokens = ts.index + 1
-                self._record(ts)
-                batch.append(self._snapshot(ts))
-                now = time.perf_counter()
-                if now - last_emit >= EMIT_INTERVAL_S:
-                    self.tokens.emit(batch)
-                    batch, last_emit = [], now
+            with self._turn():
+                for ts in engine.generate(list(request.messages), request.sampling,
+                                          answer_start=request.answer_start):
+                    self.answer_tokens = ts.index + 1
+                    batch.append(self.follow(ts))
+                    now = time.perf_counter()
+                    if now - last_emit >= EMIT_INTERVAL_S:
+                        self.tokens.emit(batch)
+                        batch, last_emit = [], now
         except MoEScopeError as err:
             error = str(err)
         except Exception as err:
@@ -229,10 +237,11 @@ class EngineWorker(QObject):
         try:
             score = conversation_tokens(engine, list(request.transcript), request.thinking) \
                 if request.transcript else []
-            result = compare_policies(
-                engine, list(request.messages), request.policies,
-                max_tokens=request.max_tokens, thinking=request.thinking, score=score,
-                progress=self.compareProgress.emit, stopped=self._cancel_compare.is_set)
+            with self._turn():
+                result = compare_policies(
+                    engine, list(request.messages), request.policies,
+                    max_tokens=request.max_tokens, thinking=request.thinking, score=score,
+                    progress=self.compareProgress.emit, stopped=self._cancel_compare.is_set)
         except MoEScopeError as err:
             self.compareFailed.emit(str(err))
         except Exception as err:
@@ -260,7 +269,14 @@ class EngineWorker(QObject):
         applied by the decode loop before this queued call runs)."""
         if not self.engine.loaded:
             return
-        changes = self.engine.apply_requests()
+        turn = self.turns.join_if_idle("window") if self.turns is not None else None
+        if self.turns is not None and turn is None:
+            return  # the API's answer applies them before its next token
+        try:
+            changes = self.engine.apply_requests()
+        finally:
+            if turn is not None and self.turns is not None:
+                self.turns.leave(turn)
         if changes:
             log.info("applied: %s", ", ".join(c.label for c in changes))
             self.requestsApplied.emit(self.summary(), changes)
@@ -356,13 +372,57 @@ class EngineWorker(QObject):
 
     # ------------------------------------------------------------------ thread-safe
     def stop(self) -> None:
-        """Any thread: stop after the token being decoded."""
+        """Any thread: stop after the token being decoded (or stop waiting for the
+        engine while the API server has it: its answer goes on)."""
+        waiting = self._waiting
+        if waiting is not None and self.turns is not None:
+            self.turns.cancel(waiting)
+            return
         if self.generating:
             self.tokens_at_stop = self.answer_tokens
         self._cancel_compare.set()  # a comparison ends too (and the window can close)
         self.engine.stop()
 
     # ------------------------------------------------------------------ helpers
+    @contextlib.contextmanager
+    def _turn(self) -> Iterator[None]:
+        """The engine to this thread for the block: at once unless the API server
+        shares it and is generating (``turns``); then after its answer."""
+        if self.turns is None:
+            yield
+            return
+        turn = self.turns.join("window")
+        self._waiting = turn
+        try:
+            ok = self.turns.wait(turn)
+            self._waiting = None
+            if not ok:
+                raise MoEScopeError("stopped while waiting for the API server's answer")
+            yield
+        finally:
+            self._waiting = None
+            self.turns.leave(turn)
+
+    def follow(self, ts: Any) -> TokenSnapshot:
+        """A decoded token as the window shows it, recorded in the session's trace:
+        the window's own, or one the API server decoded while holding the turn (so the
+        trace stays a replayable record of everything the cache saw)."""
+        self._record(ts)
+        return self._snapshot(ts)
+
+    def follow_end(self) -> TokenSnapshot | None:
+        """After another front end's answer (the API server's): its end step recorded
+        and snapshotted, as :meth:`generate` does for the window's own, and the trace
+        flushed. None when the answer did not end on an end-of-generation token."""
+        end = self.engine.last_answer.end_step
+        snap = None
+        if end is not None:
+            self._record(None)
+            snap = self._snapshot(end, end=True)
+        if self.recording is not None:
+            self.recording.flush()
+        return snap
+
     def summary(self) -> ModelSummary:
         """The loaded model as plain data (worker thread: reads the engine)."""
         m = self.engine.model
