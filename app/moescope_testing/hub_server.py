@@ -116,7 +116,7 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
         def log_message(self, *args: Any) -> None:
             pass
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             url = urlsplit(self.path)
             path = unquote(url.path)
             query = parse_qs(url.query)

@@ -216,7 +216,7 @@ def _download_file(client: HubClient, model: RemoteModel, f: RemoteFile, path: P
                    retries: int) -> None:
     part = path.with_name(path.name + INCOMPLETE)
     fd = os.open(part, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    with os.fdopen(fd, "r+b") as out:
+    with os.fdopen(fd, "r+b", buffering=0) as out:  # a full disk fails at its write
         offset = os.fstat(out.fileno()).st_size
         if offset > f.size:
             offset = 0
@@ -264,7 +264,6 @@ def _download_file(client: HubClient, model: RemoteModel, f: RemoteFile, path: P
                 part.unlink()
             raise HashMismatchError(f"{f.path}: the downloaded bytes are not the Hub's "
                                     f"({bad}); the bad file was deleted: download again")
-        out.flush()
         os.fsync(out.fileno())
     os.replace(part, path)
 
@@ -298,13 +297,15 @@ def _fetch(client: HubClient, model: RemoteModel, f: RemoteFile, out: BinaryIO,
                                f"{start}")
         elif state.offset:
             _restart(out, f, state)
-        for chunk in response.iter_bytes(CHUNK):
+        for chunk in response.iter_bytes():
             if cancel is not None and cancel.is_set():
                 return
             if state.offset + len(chunk) > f.size:
                 raise HubError(f"{f.path}: the server sent more than the {f.size} bytes the "
                                f"Hub lists")
-            out.write(chunk)
+            view = memoryview(chunk)
+            while view:
+                view = view[out.write(view) or 0:]
             state.hashes.update(chunk)
             state.offset += len(chunk)
             meter(f.path, before + state.offset)

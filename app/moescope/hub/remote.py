@@ -307,7 +307,7 @@ class HubClient:
             skip = 0 if response.status_code == 206 else start  # 200: the whole file
             out = bytearray()
             try:
-                for chunk in response.iter_bytes(1 << 16):
+                for chunk in response.iter_bytes():
                     if skip:
                         cut = min(skip, len(chunk))
                         chunk, skip = chunk[cut:], skip - cut
