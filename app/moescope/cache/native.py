@@ -322,6 +322,9 @@ PREFETCH_BY_ADDRESS = ctypes.CFUNCTYPE(
     ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p)
 """``moecache_prefetch`` with plain addresses, like :data:`ROUTE_BY_ADDRESS`."""
 
+STEP_BY_ADDRESS = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+"""``moecache_begin_step`` with a plain address (:meth:`ExpertCache.begin_steps`)."""
+
 
 class ExpertCache:
     """One native cache: ``n_layers`` layers of ``slots_per_layer`` slots each.
@@ -442,6 +445,15 @@ class ExpertCache:
     def begin_step(self) -> None:
         """Start a decode step: applies a pending policy, advances frequency decay."""
         self._lib.moecache_begin_step(self.handle)
+
+    def begin_steps(self, n: int) -> None:
+        """``n`` :meth:`begin_step` calls through a bare prototype (a fraction of the
+        binding's cost per call). The core's step cannot be set and its frequency keys
+        depend on the absolute step, so an exact replay walks every step; the trace reader
+        bounds how many."""
+        fn, handle = STEP_BY_ADDRESS(("moecache_begin_step", self._lib)), self.handle
+        for _ in range(n):
+            fn(handle)
 
     @property
     def step(self) -> int:

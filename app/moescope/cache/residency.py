@@ -102,11 +102,11 @@ def read_resident(cache: Any, moe_layers: Sequence[int], n_expert: int
 
 
 class RecordedToken(Protocol):
-    """What :meth:`Residency.advance_token` reads from a token (``core.trace.TokenRecord``)."""
+    """What :meth:`Residency.advance_token` reads from a token (``trace.TokenRecord``)."""
 
     index: int
     changes: Sequence[Any]
-    """Changes with ``kind`` and ``slots`` (``core.trace.Change``)."""
+    """Changes with ``kind`` and ``slots`` (``trace.Change``)."""
     events: npt.NDArray[Any]
 
 

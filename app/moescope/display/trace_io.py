@@ -1,6 +1,6 @@
 """Session traces in the window: the shared format of :mod:`moescope.trace`.
 
-The worker records every answer with ``core.trace.TraceRecorder`` (on the decode thread,
+The worker records every answer with ``trace.TraceRecorder`` (on the decode thread,
 the only one allowed to read the engine), so a GUI session is a normal MoEScope trace: the
 simulator can replay it and ``moescope replay`` reads it. This module does the GUI's part:
 export a copy (plus Perfetto JSON), and turn a trace back into the snapshots the cache

@@ -190,6 +190,10 @@ class EngineWorker(QObject):
             log.exception("generation failed")
             error = f"generation failed: {err}"
         finally:
+            end = engine.last_answer.end_step if engine.last_answer is not previous else None
+            if end is not None:  # the step that chose EOS: recorded and drawn like a token
+                self._record(None)
+                batch.append(self._snapshot(end, end=True))
             self.generating = False
             if batch:
                 self.tokens.emit(batch)
@@ -313,13 +317,17 @@ class EngineWorker(QObject):
                                    limit_bytes=lambda: self.trace_limits.session_bytes)
         log.info("recording this session to %s", recorder.path)
 
-    def _record(self, ts: Any) -> None:
+    def _record(self, ts: Any | None) -> None:
+        """Record a token; None: the answer's end step (``Recording.end_answer``)."""
         if self.recording is None:
             return
         if self._recording_off.is_set():
             self.stopRecording()
             return
-        self.recording.record(ts, self.engine)
+        if ts is None:
+            self.recording.end_answer(self.engine)
+        else:
+            self.recording.record(ts, self.engine)
 
     def _recording_stopped(self, stopped: RecordingStopped) -> None:
         """Recording ended on its own (a failed write, the size limit); the chat goes on,
@@ -371,7 +379,7 @@ class EngineWorker(QObject):
             thinking_choices=self._thinking_choices,
             requests=self.engine.applied_requests)
 
-    def _snapshot(self, ts: Any) -> TokenSnapshot:
+    def _snapshot(self, ts: Any, *, end: bool = False) -> TokenSnapshot:
         engine = self.engine
         changes = [change for _, change in self._changes.take()]
         resident = None
@@ -394,7 +402,7 @@ class EngineWorker(QObject):
             ttft=answer.time_to_first_token_s if ts.index == 0 else None,
             prefetches=prefetch[0] if prefetch is not None else None,
             prefetch_hits=prefetch[1] if prefetch is not None else None,
-            requests=engine.applied_requests)
+            requests=engine.applied_requests, end=end)
 
 
 def _policy_label(policy: Policy | str) -> str:

@@ -1,7 +1,8 @@
 """Recording a chat session's trace, and what happens when recording fails: written once.
 
 The terminal chat and the window (and the coming API server) record the same way: one
-token at a time on the decode thread, the answer's last token on disk before the answer is
+token at a time on the decode thread, then the step that chose the end-of-generation token
+(which ``generate`` does not yield), the answer's last token on disk before the answer is
 reported over, an "answer now" note on the generation that continues a cut-short answer.
 Recording never stops the chat: a failed write (a full disk), the session's size limit or
 the user turning it off closes the trace (readable, with the reason in its end line) and
@@ -65,10 +66,19 @@ class Recording:
 
     def record(self, token: Any, engine: Any) -> None:
         """Record one generated token (``Engine.generate``'s ``TokenStats``)."""
+        self._write(lambda recorder: recorder.record(token, engine))
+
+    def end_answer(self, engine: Any) -> None:
+        """The generation is over: record the step that chose its end-of-generation token
+        (``TraceRecorder.end_answer``) and wait until all is on disk. Call it after every
+        ``generate`` loop, before "answer now" generates again."""
+        self._write(lambda recorder: recorder.end_answer(engine))
+
+    def _write(self, write: Callable[[TraceRecorder], object]) -> None:
         if self.recorder is None:
             return
         try:
-            self.recorder.record(token, engine)
+            write(self.recorder)
         except (OSError, ValueError) as err:
             self._failed(err)
             return

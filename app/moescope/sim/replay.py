@@ -46,7 +46,7 @@ from moescope.cache.native import (
 )
 from moescope.cache.policy import MissRule, Policy
 from moescope.cache.prefetch import PrefetchMeter, PrefetchSummary
-from moescope.trace import Change, Trace, TraceHeader
+from moescope.trace import MAX_STEP_SLACK, Change, Trace, TraceFormatError, TraceHeader
 
 TOKEN_COST_DTYPE = np.dtype([
     ("decode", np.bool_),
@@ -268,6 +268,7 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
         warnings.append(f"recorded by core {h.software.get('moecache')}, whose routing bonus "
                         "was in router-probability units; it is now in gate-weight units, so "
                         "the recorded cache-prior/psr decisions are not reproduced exactly")
+    _check_steps(routing)
     per_token = np.zeros(len(routing.tokens), dtype=TOKEN_COST_DTYPE)
     kept: list[npt.NDArray[Any]] = []
     rows_per_token = max((sum(c.stop - c.start for c in t.calls) for t in routing.tokens),
@@ -276,8 +277,7 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
         for layer, n_bytes in zip(m.moe_layers, m.bytes_per_expert, strict=True):
             cache.set_expert_bytes(layer, n_bytes)
         cache.set_event_capacity(max(1024, 2 * rows_per_token))
-        while cache.step < h.initial_step:
-            cache.begin_step()
+        cache.begin_steps(h.initial_step - cache.step)
         route = _Router(cache, routing, max(rows_per_token, 1))
         prefetched = 0
         meter = PrefetchMeter(cache, m.moe_layers)
@@ -313,9 +313,9 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
                     _warn_once(warnings, "order",
                                f"the trace jumps from step {step} to {call.step}: rows are "
                                "missing or out of order, so later decisions may differ")
-                while step < call.step:
-                    cache.begin_step()
-                    step += 1
+                if step < call.step:
+                    cache.begin_steps(call.step - step)
+                    step = call.step
                 route(call.layer, call.start, call.stop)
                 if prefetching:
                     counting = True
@@ -409,6 +409,18 @@ class _Router:
         if n:
             self.prefetched_bytes += n * self._bytes.get(nxt, 0)
         return n
+
+
+def _check_steps(routing: Routing) -> None:
+    """The steps a replay will walk are within what ``read_trace`` allows (a trace built in
+    memory skipped it): no step before the initial one, none past the trace's reach."""
+    h = routing.header
+    steps = routing.recorded["step"]
+    reach = h.initial_step + MAX_STEP_SLACK + routing.n_rows + len(routing.tokens)
+    if not 0 <= h.initial_step <= MAX_STEP_SLACK or (len(steps) and (
+            int(steps.min()) < h.initial_step or int(steps.max()) > reach)):
+        raise TraceFormatError("the trace's steps run outside what its records can reach: "
+                               "not a trace a replay can walk")
 
 
 def _recorded_with_probability_bonus(routing: Routing) -> bool:

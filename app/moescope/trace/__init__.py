@@ -29,12 +29,20 @@ The package is engine-agnostic on purpose (``trace`` sits below ``engine`` in th
 (:class:`RouteSource`) and any object shaped like its ``TokenStats`` (:class:`TokenLike`).
 
 Modules: :mod:`.schema` (records and their JSON form), :mod:`.writer` (the file, written
-off the decode thread), :mod:`.recorder` (reads the engine per token), :mod:`.reader`
-(validation), :mod:`.perfetto` and :mod:`.tokens_csv` (exports).
+off the decode thread), :mod:`.recorder` (reads the engine per token), :mod:`.reader` and
+:mod:`.validate` (reading, every field bounded), :mod:`.perfetto` and :mod:`.tokens_csv`
+(exports).
 """
 
 from moescope.trace.perfetto import to_perfetto, write_perfetto
-from moescope.trace.reader import ReadProgress, TraceReadCancelled, read_trace
+from moescope.trace.reader import (
+    MAX_BLANK_LINES,
+    MAX_LINE_BYTES,
+    MAX_UNKNOWN_RECORDS,
+    ReadProgress,
+    TraceReadCancelled,
+    read_trace,
+)
 from moescope.trace.recorder import (
     RouteSource,
     TokenLike,
@@ -56,17 +64,42 @@ from moescope.trace.schema import (
     Trace,
     TraceFormatError,
     TraceHeader,
-    policy_from_json,
     policy_to_json,
     rank_predictions,
 )
+from moescope.trace.validate import MAX_STEP_SLACK, policy_from_json
 from moescope.trace.writer import TraceWriter
 
 __all__ = [
-    "ANSWER_NOW_NOTE", "PREDICTED_KEEP", "TIMING_KEYS", "TRACE_FORMAT", "TRACE_VERSION",
-    "Change", "ModelSummary", "ReadProgress", "RouteSource", "RouterInput", "TokenLike",
-    "TokenRecord", "Trace", "TraceFormatError", "TraceHeader", "TraceReadCancelled",
-    "TraceRecorder", "TraceWriter", "header_for", "machine_info", "policy_from_json",
-    "policy_to_json", "rank_predictions", "read_trace", "software_versions", "to_perfetto",
+    "ANSWER_NOW_NOTE",
+    "MAX_BLANK_LINES",
+    "MAX_LINE_BYTES",
+    "MAX_STEP_SLACK",
+    "MAX_UNKNOWN_RECORDS",
+    "PREDICTED_KEEP",
+    "TIMING_KEYS",
+    "TRACE_FORMAT",
+    "TRACE_VERSION",
+    "Change",
+    "ModelSummary",
+    "ReadProgress",
+    "RouteSource",
+    "RouterInput",
+    "TokenLike",
+    "TokenRecord",
+    "Trace",
+    "TraceFormatError",
+    "TraceHeader",
+    "TraceReadCancelled",
+    "TraceRecorder",
+    "TraceWriter",
+    "header_for",
+    "machine_info",
+    "policy_from_json",
+    "policy_to_json",
+    "rank_predictions",
+    "read_trace",
+    "software_versions",
+    "to_perfetto",
     "write_perfetto",
 ]

@@ -1,4 +1,8 @@
 """Reading a trace back: every record validated, the bad line named, a truncated tail accepted.
+
+This module reads the lines (plain or gzip, with bounds on a line's length and on blank and
+unknown records) and walks the records in order; :mod:`.validate` checks each record's
+fields against the header's model before anything is sized by them.
 """
 
 from __future__ import annotations
@@ -7,34 +11,24 @@ import gzip
 import json
 import os
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-import numpy as np
-import numpy.typing as npt
-
-from moescope.cache.native import EVENT_DTYPE, MAX_K
-from moescope.cache.residency import masks_from_json
 from moescope.trace.schema import (
-    PHASES,
-    TIMING_KEYS,
-    TRACE_FORMAT,
-    TRACE_VERSION,
-    Change,
-    ModelSummary,
     TokenRecord,
     Trace,
     TraceFormatError,
     TraceHeader,
-    _event_from_json,
-    _prefetch_from_json,
-    _route_from_json,
-    policy_from_json,
+)
+from moescope.trace.validate import (
+    _header_from_json,
+    _is_scalar,
+    _ReadState,
+    _show,
+    _token_from_json,
 )
 from moescope.util.errors import MoEScopeError
-
-# --------------------------------------------------------------------------- reading
 
 
 class TraceReadCancelled(MoEScopeError):
@@ -44,39 +38,118 @@ class TraceReadCancelled(MoEScopeError):
 ReadProgress = Callable[[int, int], bool]
 """``progress(bytes_read, file_bytes)`` after each record; False stops the read."""
 
+MAX_LINE_BYTES = 64 << 20
+"""The longest record read: a token of a 48-layer, 512-expert model with f32 router inputs
+is about 0.2 MB, so this leaves room for batched rows, and a file that is one endless line
+(or a small gzip that inflates to one) ends after a fraction of a second."""
+MAX_BLANK_LINES = 1024
+"""The writer writes no blank line; a few from hand editing are forgiven, a gigabyte of
+them (a small gzip that inflates to newlines) ends the read at once."""
+MAX_UNKNOWN_RECORDS = 1024
+"""Records of an unknown type (a newer minor version's) are skipped, up to this many plus
+four per token: a file made of them is not a trace, and would take minutes to skip."""
 
-def _read_lines(path: Path, progress: ReadProgress | None = None
-                ) -> Iterator[tuple[int, bytes, bool]]:
-    """(line number, raw line, ended with newline) for every line, read as they come (a
-    long session's trace is gigabytes: never all in memory at once); a gzip stream cut
-    off (a crash: everything sync-flushed before it is still complete) ends the lines
-    with ``(n, b"", False)``. ``progress`` hears of the bytes read (compressed bytes of a
-    gzip file) after every line."""
-    with open(path, "rb") as raw:
-        size = os.fstat(raw.fileno()).st_size
-        gz = raw.read(2) == b"\x1f\x8b"
-        raw.seek(0)
-        stream: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
-        n = 0
-        while True:
-            try:
-                line = stream.readline()
-            except (EOFError, zlib.error, gzip.BadGzipFile):
-                yield n + 1, b"", False
-                return
-            if not line:
-                return
-            n += 1
-            yield n, line, line.endswith(b"\n")
-            if progress is not None and not progress(raw.tell(), size):
-                raise TraceReadCancelled(f"{path.name}: reading the trace was cancelled")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a trace can hold")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+"""Strict JSON: ``NaN`` and ``Infinity`` are refused while parsing (an out-of-range number
+such as ``1e999`` parses to infinity and is refused by the field's bounds). Integers are not
+hooked (a Python call per integer doubled the parse time): each field bounds its own."""
+
+
+class _LineReader:
+    """Reads a trace's lines as they come (a long session's trace is gigabytes: never all
+    in memory at once), plain or gzip, and tells a gzip stream that was cut off (a crash:
+    everything sync-flushed before it is still complete) from one that is corrupt."""
+
+    def __init__(self, path: Path, progress: ReadProgress | None) -> None:
+        self.path = path
+        self.progress = progress
+        self.raw: IO[bytes] | None = None
+        self.stream: IO[bytes] | None = None
+        self.size = 0
+        self.n = 0
+
+    def lines(self) -> Iterator[tuple[int, bytes, bool]]:
+        """(line number, raw line, ended with newline) for every line. A gzip stream cut
+        off ends the lines with ``(n, b"", False)``; a corrupt one (bad data or CRC,
+        garbage after it) raises :class:`TraceFormatError`, so it is never mistaken for a
+        session that was cut off. ``progress`` hears of the bytes read (compressed bytes of
+        a gzip file) after every line."""
+        with open(self.path, "rb") as raw:
+            self.raw = raw
+            self.size = os.fstat(raw.fileno()).st_size
+            gz = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            self.stream = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+            while True:
+                line = self._next_line()
+                if line is None:
+                    yield self.n + 1, b"", False
+                    return
+                if not line:
+                    return
+                self.n += 1
+                if len(line) > MAX_LINE_BYTES:
+                    raise TraceFormatError(f"{self.path.name}: line {self.n} is longer than "
+                                           f"{MAX_LINE_BYTES >> 20} MiB: not a MoEScope trace")
+                if not line.endswith(b"\n"):  # the last line: is it cut off, or corrupt?
+                    after = self._next_line()  # raises for a corrupt stream
+                    yield self.n, line, False
+                    if after is None:
+                        yield self.n + 1, b"", False
+                    return
+                yield self.n, line, True
+                if self.progress is not None and not self.progress(raw.tell(), self.size):
+                    raise TraceReadCancelled(f"{self.path.name}: reading the trace was "
+                                             f"cancelled")
+
+    def _next_line(self) -> bytes | None:
+        """The next line (``b""`` at the end), or None where the stream was cut off."""
+        assert self.stream is not None
+        try:
+            return self.stream.readline(MAX_LINE_BYTES + 1)
+        except EOFError:  # ends inside a deflate block or the trailer: cut off
+            return None
+        except (zlib.error, gzip.BadGzipFile) as err:
+            raise TraceFormatError(f"{self.path.name}: corrupt gzip stream at line "
+                                   f"{self.n + 1} ({self._where()}: {err})") from None
+
+    def _where(self) -> str:
+        return f"compressed byte {self.raw.tell() if self.raw else 0} of {self.size}"
+
+    def damage(self, budget: int = MAX_LINE_BYTES) -> str | None:
+        """Why the rest of a gzip stream is corrupt, or None (intact as far as ``budget``
+        decompressed bytes, cut off, or not gzip): a record that does not parse in a gzip
+        file is most often corruption, which the stream's CRC tells for certain."""
+        if self.stream is None or self.stream is self.raw or self.raw is None \
+                or self.raw.closed:
+            return None
+        read = 0
+        try:
+            while read < budget:
+                chunk = self.stream.read(1 << 20)
+                if not chunk:
+                    return None
+                read += len(chunk)
+        except EOFError:
+            return None
+        except (zlib.error, gzip.BadGzipFile) as err:
+            return f"{self._where()}: {err}"
+        return None
 
 
 def read_trace(path: str | os.PathLike[str], progress: ReadProgress | None = None) -> Trace:
     """Read and validate a trace (plain or gzip JSON Lines).
 
-    A malformed record raises :class:`TraceFormatError` naming its line; a last line
-    without its newline (a writer killed mid-token) is dropped and flagged ``truncated``.
+    A malformed record raises :class:`TraceFormatError` naming its line and field; a last
+    line without its newline (a writer killed mid-token) is dropped and flagged
+    ``truncated``. Every count, size, id and step is checked against the header's model
+    before anything is sized or looped by it (see ``docs/trace-format.md``).
     ``progress(bytes_read, file_bytes)`` is called after every record; returning False
     raises :class:`TraceReadCancelled`.
     """
@@ -85,8 +158,22 @@ def read_trace(path: str | os.PathLike[str], progress: ReadProgress | None = Non
     tokens: list[TokenRecord] = []
     end: dict[str, Any] | None = None
     truncated = False
-    lines = _read_lines(p, progress)
+    blank = unknown = 0
+    state: _ReadState | None = None
+    reader = _LineReader(p, progress)
+    lines = reader.lines()
     n = 0
+
+    def refuse(message: str) -> TraceFormatError:
+        """The error for line ``n``, unless the gzip stream it came from is corrupt: a
+        flipped byte most often makes a line that does not parse, and the stream's CRC
+        says why."""
+        damage = reader.damage()
+        if damage is not None:
+            return TraceFormatError(f"{p.name}: corrupt gzip stream at line {n} (the line "
+                                    f"does not read back; {damage})")
+        return TraceFormatError(message)
+
     while True:
         try:
             n, raw, complete = next(lines)
@@ -105,151 +192,51 @@ def read_trace(path: str | os.PathLike[str], progress: ReadProgress | None = Non
             truncated = True
             break
         if not raw.strip():
+            blank += 1
+            if blank > MAX_BLANK_LINES:
+                raise refuse(f"{p.name}: line {n}: more than {MAX_BLANK_LINES} blank "
+                             f"lines, not a MoEScope trace")
             continue
         try:
-            obj = json.loads(raw)
+            obj = _DECODER.decode(raw.decode("utf-8"))
             if not isinstance(obj, dict):
                 raise ValueError("a record must be a JSON object")
-        except ValueError as err:
+        except (ValueError, RecursionError) as err:
             if not complete and header is not None:  # only the last line can lack its \n
                 truncated = True  # the writer died while writing this line
                 break
-            raise TraceFormatError(f"{p.name}: line {n}: not valid JSON ({err})") from None
+            what = ("nested deeper than any record" if isinstance(err, RecursionError)
+                    else str(err))
+            raise refuse(f"{p.name}: line {n}: not valid JSON ({what})") from None
         kind = obj.get("type")
         try:
-            if n == 1 or header is None:
+            if header is None:
                 if kind != "header":
                     raise ValueError("the first record must be the header")
                 header = _header_from_json(obj)
+                state = _ReadState(header)
+            elif type(kind) is not str:
+                raise ValueError(f"type is {_show(kind)}, not a record type")
             elif kind == "token":
-                tokens.append(_token_from_json(obj, header, len(tokens)))
+                assert state is not None
+                tokens.append(_token_from_json(obj, header, len(tokens), state))
             elif kind == "end":
-                end = obj
+                end = {k: v for k, v in obj.items() if _is_scalar(v)}
             elif kind == "header":
                 raise ValueError("a second header")
-            # other record types: written by a newer minor version, skipped
+            else:  # written by a newer minor version: skipped, within reason
+                unknown += 1
+                if unknown > MAX_UNKNOWN_RECORDS + 4 * len(tokens):
+                    raise ValueError(f"more than {unknown - 1} records of unknown types")
         except TraceFormatError as err:
-            if str(err).startswith(p.name):
-                raise
-            raise TraceFormatError(f"{p.name}: {err}") from None
+            raise refuse(f"{p.name}: line {n}: {err}") from None
         except (KeyError, TypeError, ValueError, IndexError) as err:
             what = f"missing field {err}" if isinstance(err, KeyError) else str(err)
-            raise TraceFormatError(f"{p.name}: line {n}: bad {kind or 'record'} "
-                                   f"record: {what}") from None
+            shown = f"{kind} record" if isinstance(kind, str) and len(kind) < 20 else "record"
+            raise refuse(f"{p.name}: line {n}: bad {shown}: {what}") from None
     if n == 0:
         raise TraceFormatError(f"{p.name}: empty file, not a MoEScope trace")
     if header is None:
         raise TraceFormatError(f"{p.name}: no header record")
     return Trace(header=header, tokens=tokens, end=end, truncated=truncated, path=p)
 
-
-def _header_from_json(d: Mapping[str, Any]) -> TraceHeader:
-    if d.get("format") != TRACE_FORMAT:
-        raise ValueError(f"format is {d.get('format')!r}, expected {TRACE_FORMAT!r}")
-    version = int(d["version"])
-    if version > TRACE_VERSION or version < 1:
-        raise TraceFormatError(f"trace version {version} is not supported (this MoEScope "
-                               f"reads version {TRACE_VERSION}); update MoEScope")
-    router = d.get("router_inputs")
-    if router not in (None, "f32", "f16"):
-        raise ValueError(f"router_inputs {router!r} is not f32, f16 or null")
-    state = d.get("initial_state") or {}
-    model = ModelSummary.from_json(d["model"])
-    if len(model.bytes_per_expert) != len(model.moe_layers):
-        raise ValueError("bytes_per_expert needs one entry per MoE layer")
-    if not 0 < model.top_k <= min(model.n_expert, MAX_K):
-        raise ValueError(f"top_k {model.top_k} does not fit {model.n_expert} experts")
-    slots = _checked_slots(int(d["slots_per_layer"]), model, "slots_per_layer {}")
-    return TraceHeader(
-        model=model, budget=str(d.get("budget", "")),
-        slots_per_layer=slots, policy=policy_from_json(d["policy"]),
-        router_inputs=router, initial_step=int(state.get("step", 0)),
-        initial_resident=int(state.get("resident", 0)),
-        software=dict(d.get("software") or {}), machine=dict(d.get("machine") or {}),
-        created=str(d.get("created", "")), version=version,
-    )
-
-
-def _token_from_json(d: Mapping[str, Any], header: TraceHeader, expected: int) -> TokenRecord:
-    index = int(d["index"])
-    if index != expected:
-        raise ValueError(f"token index {index}, expected {expected}")
-    phase = str(d["phase"])
-    if phase not in PHASES:
-        raise ValueError(f"phase {phase!r} is not one of {', '.join(PHASES)}")
-    seconds = float(d["seconds"])
-    if not seconds >= 0.0:
-        raise ValueError(f"seconds {seconds} must be >= 0")
-    raw_events = d["events"]
-    events = np.zeros(len(raw_events), dtype=EVENT_DTYPE)
-    m = header.model
-    for i, e in enumerate(raw_events):
-        _event_from_json(e, events[i])
-        if int(e["k"]) != m.top_k or int(e["layer"]) not in m.moe_layers:
-            raise ValueError(f"event {i}: layer {e['layer']} / k {e['k']} do not fit the model")
-    _check_expert_ids(events, m.n_expert)
-    routes = {}
-    for r in d.get("routes", ()):
-        route = _route_from_json(r, m.n_expert, len(events))
-        if route.ids.size and not (route.ids.min() >= 0 and route.ids.max() < m.n_expert):
-            raise ValueError(f"router input of row {route.row}: expert ids outside "
-                             f"0..{m.n_expert - 1}")
-        if route.predicted is not None and route.next_layer not in m.moe_layers:
-            raise ValueError(f"row {route.row}: a prediction for layer {route.next_layer}, "
-                             f"not a MoE layer")
-        routes[route.row] = route
-    changes = [_change_from_json(c) for c in d.get("changes", ())]
-    for c in changes:
-        if c.kind == "slots" and c.slots is not None:
-            _checked_slots(c.slots, m, "a budget change to {} slots")
-    timings = d.get("timings")
-    prefetches = prefetch_hits = None
-    if "prefetch" in d:  # absent: written before the counters existed, so unknown
-        prefetches, prefetch_hits = _prefetch_from_json(d["prefetch"], m.moe_layers)
-    slots = _checked_slots(int(d["slots_per_layer"]), m, "slots_per_layer {}")
-    resident = None
-    if "resident" in d:  # absent: the event rows explain residency (or an older trace)
-        resident = masks_from_json(d["resident"], m.moe_layers, m.n_expert, slots)
-    return TokenRecord(
-        index=index, phase=phase, token_id=int(d["token_id"]), text=str(d["text"]),
-        seconds=seconds, policy=str(d["policy"]), slots_per_layer=slots, events=events,
-        routes=routes, changes=changes,
-        timings={k: int(timings.get(k, 0)) for k in TIMING_KEYS} if timings else None,
-        answer=int(d.get("answer", 0)), position=int(d.get("position", 0)),
-        prefetches=prefetches, prefetch_hits=prefetch_hits, resident=resident,
-    )
-
-
-def _checked_slots(slots: int, model: ModelSummary, what: str) -> int:
-    """``slots`` per layer if the model can have that many (top-k to all experts);
-    ``what`` names the field, ``{}`` standing for the value."""
-    if not model.top_k <= slots <= model.n_expert:
-        raise ValueError(f"{what.format(slots)} is outside [top-k {model.top_k}, "
-                         f"{model.n_expert} experts]")
-    return slots
-
-
-def _check_expert_ids(events: npt.NDArray[Any], n_expert: int) -> None:
-    """Every expert id a row names (routed, used, admitted, evicted) is one of the model's:
-    the views and the simulator index arrays with them, and the core refuses them."""
-    if not len(events):
-        return
-    for name, count in (("ids", "k"), ("used_ids", "k"), ("admitted", "n_admit"),
-                        ("evicted", "n_evict")):
-        ids = events[name]
-        named = np.arange(ids.shape[1]) < np.minimum(events[count], ids.shape[1])[:, None]
-        bad = (named & ((ids < 0) | (ids >= n_expert))).any(axis=1)
-        if bad.any():
-            raise ValueError(f"event {int(np.argmax(bad))}: {name} outside "
-                             f"0..{n_expert - 1}")
-
-
-def _change_from_json(d: Mapping[str, Any]) -> Change:
-    kind = d["kind"]
-    if kind == "policy":
-        return Change("policy", policy=policy_from_json(d["policy"]))
-    if kind == "slots":
-        return Change("slots", slots=int(d["slots"]))
-    if kind == "note":
-        return Change("note", text=str(d.get("text", "")))
-    raise ValueError(f"unknown change kind {kind!r}")

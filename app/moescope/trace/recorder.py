@@ -127,6 +127,7 @@ class TraceRecorder:
         recorder = TraceRecorder.for_engine("chat.jsonl.gz", engine)
         for stats in engine.generate(prompt):
             recorder.record(stats, engine)
+        recorder.end_answer(engine)  # the step that chose EOS, which generate() holds back
         recorder.close(stop_reason=engine.last_answer.stop_reason)
 
     For each token it reads the router inputs of every layer that token routed
@@ -166,6 +167,8 @@ class TraceRecorder:
         changes = getattr(source, "changes", None)
         self._change_cursor = changes.cursor() if changes is not None else None
         self._notes: list[str] = []
+        self._last_end: Any = None  # the end step end_answer recorded last
+        self._source: Any = None  # the latest source: close() records its answer's end
         m = header.model
         self._residency = Residency(m.moe_layers, m.n_expert, header.slots_per_layer)
         self.route_mismatches = 0
@@ -197,6 +200,8 @@ class TraceRecorder:
 
     def record(self, stats: TokenLike, source: RouteSource | None = None) -> TokenRecord:
         """Write one token; ``source`` supplies router inputs, timings and changes."""
+        if source is not None:
+            self._source = source
         if stats.index <= self._last_position:
             self._answer += 1
         elif self._answer < 0:
@@ -230,6 +235,27 @@ class TraceRecorder:
         self._background.put(record)
         self._index += 1
         return record
+
+    def end_answer(self, source: Any) -> TokenRecord | None:
+        """The answer is over: record the step that chose its end-of-generation token, if
+        it ended on one, then wait until every token is on disk (raises if writing failed).
+
+        That step (``source.last_answer.end_step``) is decoded and governed like any
+        token, but the engine does not yield it; without it the trace lacks a step, and a
+        replay of the turns after it decides differently. Call this after every
+        ``generate`` loop, before the next one and before reading the engine otherwise:
+        the router inputs, timings and masks read for the step are the engine's latest.
+        Calling it twice for the same answer records the step once."""
+        record = self._record_end(source)
+        self._background.flush()
+        return record
+
+    def _record_end(self, source: Any) -> TokenRecord | None:
+        end = getattr(getattr(source, "last_answer", None), "end_step", None)
+        if end is None or end is self._last_end:
+            return None
+        self._last_end = end
+        return self.record(end, source)
 
     def flush(self) -> None:
         """Wait until every recorded token is on disk (raises if writing failed)."""
@@ -321,7 +347,11 @@ class TraceRecorder:
             return
         self._closed = True
         try:
-            self._background.close()
+            try:
+                if self._source is not None and getattr(self._source, "loaded", True):
+                    self._record_end(self._source)  # a caller that did not call end_answer
+            finally:
+                self._background.close()
         finally:
             self.writer.close(**end)
 

@@ -1,8 +1,7 @@
 """The trace's records and their JSON form: header, token, change, router input.
 
-One file on purpose: every record serialises itself with the helpers beside it (events,
-routes, prefetch counters, policy), and those helpers build the records back for the
-reader; split apart they would import each other.
+Every record serialises itself with the helpers beside it (events, routes, prefetch
+counters, policy); reading them back, with every field bounded, is :mod:`.validate`'s.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from moescope.cache.native import EVENT_DTYPE, MAX_K
-from moescope.cache.policy import DEFAULT_BONUS, Eviction, MissRule, Policy, SubstituteWeight
+from moescope.cache.policy import Policy
 from moescope.cache.residency import masks_to_json
 from moescope.util.errors import MoEScopeError
 
@@ -31,7 +30,6 @@ TIMING_KEYS = ("route_us", "sync_copy_us", "async_copy_us", "wait_us", "n_sync",
 
 _EVENT_SCALARS = ("step", "layer", "token", "k", "substituted_mass", "n_hit", "n_fetch",
                   "n_substitute", "n_admit", "n_evict", "bytes_sync", "bytes_async")
-_EVENT_K_ARRAYS = ("ids", "weights", "action", "used_ids", "slots")
 
 
 class TraceFormatError(MoEScopeError):
@@ -141,18 +139,6 @@ def policy_to_json(policy: Policy) -> dict[str, Any]:
         "substitute_weight": policy.substitute_weight.name.lower(),
         "bonus": policy.bonus, "prefetch": policy.prefetch,
     }
-
-
-def policy_from_json(d: Mapping[str, Any]) -> Policy:
-    """Inverse of :func:`policy_to_json`; ``ValueError``/``KeyError`` on bad input."""
-    return Policy(
-        miss_rule=MissRule[str(d["miss_rule"]).upper()], theta=float(d["theta"]),
-        eviction=Eviction[str(d["eviction"]).upper()], half_life=float(d["half_life"]),
-        admission=bool(d["admission"]), beta=float(d["beta"]),
-        substitute_weight=SubstituteWeight[str(d["substitute_weight"]).upper()],
-        bonus=float(d.get("bonus", DEFAULT_BONUS)), prefetch=int(d.get("prefetch", 0)),
-        name=d.get("name"),
-    )
 
 
 
@@ -361,24 +347,6 @@ def _events_to_json(events: npt.NDArray[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _event_from_json(d: Mapping[str, Any], out: Any) -> None:
-    """Fill one ``EVENT_DTYPE`` row from its JSON form (raises on a malformed row)."""
-    for name in _EVENT_SCALARS:
-        out[name] = d[name]
-    k = int(d["k"])
-    if not 0 < k <= MAX_K:
-        raise ValueError(f"event k={k} outside 1..{MAX_K}")
-    for name in _EVENT_K_ARRAYS:
-        values = d[name]
-        if len(values) != k:
-            raise ValueError(f"event {name} has {len(values)} entries, k is {k}")
-        out[name][:k] = values
-    for name, count in (("admitted", "n_admit"), ("evicted", "n_evict")):
-        values = d.get(name, [])
-        if len(values) != min(int(d[count]), MAX_K):
-            raise ValueError(f"event {name} has {len(values)} entries, {count} is {d[count]}")
-        out[name][: len(values)] = values
-
 
 def _route_to_json(r: RouterInput, dtype: RouterDtype,
                    weights: list[float]) -> dict[str, Any]:
@@ -395,29 +363,6 @@ def _route_to_json(r: RouterInput, dtype: RouterDtype,
     return out
 
 
-def _route_from_json(d: Mapping[str, Any], n_expert: int, n_rows: int) -> RouterInput:
-    dtype = {"f32": "<f4", "f16": "<f2"}.get(str(d.get("probs_dtype")))
-    if dtype is None:
-        raise ValueError(f"unknown probs_dtype {d.get('probs_dtype')!r}")
-    probs = np.frombuffer(base64.b64decode(d["probs"], validate=True), dtype=dtype)
-    if probs.size != n_expert:
-        raise ValueError(f"route probs have {probs.size} entries, the model has {n_expert}")
-    row = int(d["row"])
-    if not 0 <= row < n_rows:
-        raise ValueError(f"route row {row} is not an event row of this token")
-    ids = np.asarray(d["ids"], dtype=np.int32)
-    weights = np.asarray(d["weights"], dtype=np.float32)
-    if ids.shape != weights.shape:
-        raise ValueError("route ids and weights differ in length")
-    predicted, next_layer = None, -1
-    if "predicted" in d:
-        predicted = np.asarray(d["predicted"], dtype=np.int32)
-        if predicted.ndim != 1 or ((predicted < 0) | (predicted >= n_expert)).any():
-            raise ValueError("route predicted ids out of range")
-        next_layer = int(d["next_layer"])
-    return RouterInput(row=row, probs=probs.astype(np.float32), weights=weights, ids=ids,
-                       next_layer=next_layer, predicted=predicted)
-
 
 def _prefetch_to_json(prefetches: npt.ArrayLike, hits: npt.ArrayLike,
                       moe_layers: Sequence[int]) -> list[list[int]]:
@@ -432,26 +377,3 @@ def _prefetch_to_json(prefetches: npt.ArrayLike, hits: npt.ArrayLike,
                          f"{len(moe_layers)} MoE layers")
     return [[int(layer), int(a), int(b)]
             for layer, a, b in zip(moe_layers, pf, h, strict=True) if a or b]
-
-
-def _prefetch_from_json(items: Any, moe_layers: Sequence[int]
-                        ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Inverse of :func:`_prefetch_to_json`: dense per-MoE-layer arrays (raises on a layer
-    that is not a MoE layer, a repeated layer, or a negative count)."""
-    if not isinstance(items, list):
-        raise ValueError("prefetch must be a list of [layer, prefetches, hits]")
-    row_of = {layer: i for i, layer in enumerate(moe_layers)}
-    pf = np.zeros(len(moe_layers), dtype=np.int64)
-    hits = np.zeros(len(moe_layers), dtype=np.int64)
-    seen: set[int] = set()
-    for item in items:
-        if not isinstance(item, list) or len(item) != 3:
-            raise ValueError(f"prefetch entry {item!r} is not [layer, prefetches, hits]")
-        layer, a, b = (int(x) for x in item)
-        if layer not in row_of or layer in seen:
-            raise ValueError(f"prefetch layer {layer} is not a MoE layer, or repeats")
-        if a < 0 or b < 0:
-            raise ValueError(f"prefetch counts of layer {layer} must be >= 0")
-        seen.add(layer)
-        pf[row_of[layer]], hits[row_of[layer]] = a, b
-    return pf, hits

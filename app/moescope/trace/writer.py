@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from moescope.trace.schema import TokenRecord, TraceHeader
+from moescope.util.files import open_stream
 
 # --------------------------------------------------------------------------- writing
 
@@ -30,7 +31,7 @@ class TraceWriter:
         self.path = Path(path)
         self.header = header
         self._fsync = fsync
-        self._raw: IO[bytes] = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+        self._raw: IO[bytes] = open_stream(self.path)  # closed in close(); files.py's rules
         gz = self.path.suffix == ".gz" if compress is None else compress
         self._gz = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0) if gz else None
         self.n_tokens = 0

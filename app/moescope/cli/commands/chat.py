@@ -31,7 +31,9 @@ from moescope.cli.commands.generate import (
     add_sampling_arguments,
     answer_summary,
     cache_state,
-    check_output_path,
+    check_threads,
+    check_trace_output,
+    model_inputs,
     open_trace,
     parse_live_policy,
     resolve_model,
@@ -88,7 +90,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--ctx", type=int, default=4096, metavar="N",
                    help="context length in tokens (default 4096, at most the model's)")
     p.add_argument("--n-gpu-layers", type=int, default=0, help="layers on the GPU (default 0)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp (1-512)")
     p.add_argument("--no-cache", action="store_true", help="run stock llama.cpp (cache off)")
     p.add_argument("--trace", type=Path, metavar="FILE.jsonl[.gz]",
                    help="record the session as a trace (replay it with `moescope replay`)")
@@ -103,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
     policy = parse_live_policy(args.policy)  # fail fast, before loading
     parse_budget(args.budget)
     sampling_from_args(args)  # --n, --temperature
-    check_output_path(args.trace, "--trace")
+    check_threads(args.threads)
+    inputs = model_inputs(args.model)
+    check_trace_output(args.trace, inputs)
     model = resolve_model(args.model)
     engine = Engine()
     recording: Recording | None = None
@@ -114,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         if loaded.notice:
             print(f"moescope: {loaded.notice}", file=sys.stderr)
         if args.trace:
-            recording = Recording(open_trace(args.trace, engine))
+            recording = Recording(open_trace(args.trace, engine, inputs))
         stdin = sys.stdin
         tty = stdin.isatty()
         print(f"moescope chat · {loaded.path.name} · {cache_state(engine)} · context "
@@ -241,6 +245,7 @@ class ChatSession:
                         printer.feed(tok.text)
                         if interrupted():
                             engine.stop()  # Ctrl+C came before generate() cleared the flag
+                self._record(None)  # before "answer now" generates again
                 cut = answer_now(printer.raw, prefix) if interrupted() and not start else None
                 if cut is None:
                     break
@@ -276,10 +281,11 @@ class ChatSession:
             self.recording.on_stopped = self._recording_stopped
 
     def _record(self, tok: Any) -> None:
-        """Record a token (None: wait until the recorded ones are written)."""
+        """Record a token (None: the generation is over: record the step that chose its
+        end-of-generation token, and wait until all is written)."""
         if self.recording is not None:
             if tok is None:
-                self.recording.flush()
+                self.recording.end_answer(self.engine)
             else:
                 self.recording.record(tok, self.engine)
 
