@@ -7,29 +7,14 @@ the way it finds the real Hub; the models folder is a fresh temporary one.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hub_helpers import BIG_REPO, GATED_REPO, GATED_TOKEN, REPO, SPLIT_REPO, Hub
 
 from moescope.util import paths
 from moescope_testing import preset, write_synth_model
 from moescope_testing.hub_server import HubServer
-
-REPO = "test-org/Tiny-MoE-GGUF"
-SPLIT_REPO = "test-org/Split-MoE-GGUF"
-BIG_REPO = "test-org/Big-MoE-GGUF"
-GATED_REPO = "test-org/Gated-MoE-GGUF"
-GATED_TOKEN = "hf_test_token_allowed"
-
-
-@dataclass
-class Hub:
-    server: HubServer
-    tiny: Path
-    """The local copy of the Q8_0 file, to compare downloads and headers with."""
-    split_first: Path
-    big: Path
 
 
 @pytest.fixture(scope="session")

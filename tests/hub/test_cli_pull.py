@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hub_helpers import GATED_REPO, REPO, SPLIT_REPO, Hub
 
-from conftest import GATED_REPO, REPO, SPLIT_REPO, Hub
 from moescope.cli import main
 from moescope.model.gguf_info import read_model_info
 from moescope_testing.hub_server import closed_port_endpoint, file_key

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hub_helpers import BIG_REPO, GATED_REPO, GATED_TOKEN, REPO, SPLIT_REPO, Hub
 
-from conftest import BIG_REPO, GATED_REPO, GATED_TOKEN, REPO, SPLIT_REPO, Hub
 from moescope.hub.download import Progress, download_model, local_models, model_paths
 from moescope.hub.errors import (
     DiskFullError,

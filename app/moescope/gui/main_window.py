@@ -55,6 +55,7 @@ from moescope.gui.dialogs.about import AboutDialog
 from moescope.gui.dialogs.compare import CompareDialog
 from moescope.gui.dialogs.open_model import OpenModelDialog
 from moescope.gui.dialogs.shortcuts import ShortcutsDialog
+from moescope.gui.hub import show_get_models
 from moescope.gui.traces.trace_opener import PROGRESS_STEPS, TraceOpener
 from moescope.gui.traces.trace_window import TraceWindow
 from moescope.gui.widgets.elided_label import ElidedLabel
@@ -72,6 +73,7 @@ from moescope.util.resources import demo_model_path
 
 log = logging.getLogger("moescope.gui")
 
+NO_MODEL = "No model loaded — File ▸ Open model… (Ctrl+O) or Get models… (Ctrl+Shift+G)"
 MAX_RECENT = 8
 RECENT_TOKENS = 256
 """Snapshots kept in memory for inspection; the full session is in the trace file. Each
@@ -204,6 +206,9 @@ class MainWindow(QMainWindow):
         file.addAction(self._action("&Open model…", self.open_model_dialog,
                                     QKeySequence.StandardKey.Open, "Open a GGUF model"))
         self.recent_menu = file.addMenu("Open &recent")
+        file.addAction(self._action("&Get models…", lambda: show_get_models(self),
+                                    "Ctrl+Shift+G", "Find GGUF models on the Hugging Face "
+                                    "Hub, see their fit, download and open them"))
         file.addSeparator()
         file.addAction(self._action("Export chat as &Markdown…",
                                     lambda: self.export_chat_dialog("md")))
@@ -257,7 +262,7 @@ class MainWindow(QMainWindow):
         self._rebuild_recent_menu()
 
     def _build_status_bar(self) -> None:
-        self.model_label = ElidedLabel("No model loaded — File ▸ Open model… (Ctrl+O)")
+        self.model_label = ElidedLabel(NO_MODEL)
         self.model_label.setAccessibleName("Model status")
         self.progress = QProgressBar()
         self.progress.setRange(0, 100)
@@ -363,7 +368,7 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ model
     def open_model_dialog(self) -> None:
-        start = self.settings.value("last_model", "") or str(Path.home())
+        start = self.settings.value("last_model", "") or str(paths.models_dir())
         path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", str(start),
                                               "GGUF models (*.gguf);;All files (*)")
         if path:
@@ -513,7 +518,7 @@ class MainWindow(QMainWindow):
         m = self.model
         if m is None:
             self.setWindowTitle("MoEScope")
-            self.model_label.setText("No model loaded — File ▸ Open model… (Ctrl+O)")
+            self.model_label.setText(NO_MODEL)
             return
         self.setWindowTitle(f"{m.name} — MoEScope")
         cache = (f"{m.slots_per_layer}/{m.n_expert} expert slots per layer · "

@@ -399,7 +399,7 @@ def read_header_info(parts: Sequence[tuple[str, int, bytes]], *,
     files = []
     for index, (name, size, data) in enumerate(parts):
         _check_head(name, size, data[:8])
-        with tempfile.TemporaryFile() as f:  # np.memmap needs a file; bytes stay in RAM
+        with tempfile.TemporaryFile() as f:  # np.memmap needs a file: an unnamed one
             f.write(data)
             f.flush()
             try:
@@ -410,6 +410,8 @@ def read_header_info(parts: Sequence[tuple[str, int, bytes]], *,
                 raise ModelFormatError(
                     f"{name}: file is truncated: it needs at least {err.offset} bytes but "
                     f"has {size}") from None
+            except _Corrupt as err:
+                raise ModelFormatError(f"{name}: corrupt GGUF header ({err})") from None
             except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError,
                     TypeError, MemoryError) as err:
                 raise ModelFormatError(f"{name}: corrupt GGUF header ({_reason(err)})"
