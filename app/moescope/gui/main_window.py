@@ -64,6 +64,8 @@ from moescope.util import paths
 
 log = logging.getLogger("moescope.gui")
 
+NO_MODEL = "No model loaded — File ▸ Open model… (Ctrl+O) or Get models… (Ctrl+Shift+G)"
+
 RECENT_TOKENS = 256
 """Snapshots kept in memory for inspection; the full session is in the trace file. Each
 holds its event rows and resident masks: about 65 KB a token with Qwen3-Next's 48 x 512
@@ -164,7 +166,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, QMainWin
         self.resize(1380, 860)
 
     def _build_status_bar(self) -> None:
-        self.model_label = ElidedLabel("No model loaded — File ▸ Open model… (Ctrl+O)")
+        self.model_label = ElidedLabel(NO_MODEL)
         self.model_label.setAccessibleName("Model status")
         self.progress = QProgressBar()
         self.progress.setRange(0, 100)
@@ -232,7 +234,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, QMainWin
         m = self.model
         if m is None:
             self.setWindowTitle("MoEScope")
-            self.model_label.setText("No model loaded — File ▸ Open model… (Ctrl+O)")
+            self.model_label.setText(NO_MODEL)
             return
         self.setWindowTitle(f"{m.name} — MoEScope")
         cache = (f"{m.slots_per_layer}/{m.n_expert} expert slots per layer · "

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from PySide6.QtGui import QAction, QKeySequence
 
 from moescope.display.policy_choices import POLICY_TIPS
+from moescope.gui.hub import show_get_models
 
 if TYPE_CHECKING:
     from moescope.gui.main_window import MainWindow
@@ -49,6 +50,9 @@ class WindowMenus(_Window):
         file.addAction(self._action("&Open model…", self.open_model_dialog,
                                     QKeySequence.StandardKey.Open, "Open a GGUF model"))
         self.recent_menu = file.addMenu("Open &recent")
+        file.addAction(self._action("&Get models…", lambda: show_get_models(self),
+                                    "Ctrl+Shift+G", "Find GGUF models on the Hugging Face "
+                                    "Hub, see their fit, download and open them"))
         file.addSeparator()
         file.addAction(self._action("Export chat as &Markdown…",
                                     lambda: self.export_chat_dialog("md")))

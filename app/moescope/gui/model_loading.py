@@ -69,7 +69,7 @@ class ModelLoading(_Window):
 
     # ------------------------------------------------------------------ model
     def open_model_dialog(self) -> None:
-        start = self.settings.value("last_model", "") or str(Path.home())
+        start = self.settings.value("last_model", "") or str(paths.models_dir())
         path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", str(start),
                                               "GGUF models (*.gguf);;All files (*)")
         if path:

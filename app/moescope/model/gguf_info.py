@@ -23,7 +23,8 @@ import hashlib
 import os
 import re
 import struct
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ from moescope.util.errors import ModelFileNotFoundError, ModelFormatError, NotMo
 GGUF_MAGIC = b"GGUF"
 _MIN_HEADER_BYTES = 24  # magic, version, tensor count, kv count
 _SUPPORTED_VERSIONS = (2, 3)
+PARTIAL_SUFFIXES = (".incomplete", ".part", ".partial")
+"""Names of files still being downloaded or written: never opened as a model."""
 
 # Limits of the vendored llama.cpp (llama-hparams.h, ggml.h): a header value beyond them
 # makes its loader fail an internal check (the process aborts), so they are refused here.
@@ -218,6 +221,37 @@ def _check_alignment(f: ReaderField | None) -> None:
                        f"{_TENSOR_ALIGNMENT} to {MAX_ALIGNMENT}")
 
 
+class _HeaderReader(_StrictReader):
+    """A reader over the first bytes of a file only (a header fetched with an HTTP range
+    request): the tensor table is read, the tensor data is never touched.
+
+    Each tensor's ``data`` becomes a zero-stride view of the right shape (no memory), so
+    the stock code builds its tensor list unchanged while the bytes are elsewhere.
+    """
+
+    _tensor_data = False
+
+    def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:
+        self._tensor_data = True
+        super()._build_tensors(start_offs, fields)
+
+    def _get(self, offset: int, dtype: Any, count: int = 1,
+             override_order: Any = None) -> np.ndarray:
+        if self._tensor_data:
+            return np.broadcast_to(np.zeros((), dtype=dtype), (int(count),))
+        return super()._get(offset, dtype, count, override_order)
+
+
+class HeaderIncomplete(ModelFormatError):
+    """A header prefix ended before the header did: read ``needed`` bytes of part ``part``
+    (at least) and try again."""
+
+    def __init__(self, name: str, part: int, needed: int) -> None:
+        super().__init__(f"{name}: the header needs at least {needed} bytes")
+        self.part = part
+        self.needed = needed
+
+
 @dataclass(frozen=True)
 class ExpertTensor:
     """One stacked expert tensor of a layer (all experts of that layer in one tensor)."""
@@ -352,6 +386,49 @@ def read_model_info(path: str | os.PathLike[str], *, require_moe: bool = True) -
         files.clear()
 
 
+def read_header_info(parts: Sequence[tuple[str, int, bytes]], *,
+                     require_moe: bool = True) -> ModelInfo:
+    """The :class:`ModelInfo` of a model of which only the first bytes of each file are
+    at hand: ``parts`` holds ``(file name, full file size, first bytes)`` per file, in
+    split order (one entry for a single file).
+
+    What a remote file's fit needs before any download. Raises :class:`HeaderIncomplete`
+    when a prefix is shorter than its header (fetch more and call again), and the same
+    errors as :func:`read_model_info` otherwise.
+    """
+    files = []
+    for index, (name, size, data) in enumerate(parts):
+        _check_head(name, size, data[:8])
+        with tempfile.TemporaryFile() as f:  # np.memmap needs a file: an unnamed one
+            f.write(data)
+            f.flush()
+            try:
+                reader = _HeaderReader(f, "r")
+            except _Truncated as err:
+                if err.offset <= size:
+                    raise HeaderIncomplete(name, index, err.offset) from None
+                raise ModelFormatError(
+                    f"{name}: file is truncated: it needs at least {err.offset} bytes but "
+                    f"has {size}") from None
+            except _Corrupt as err:
+                raise ModelFormatError(f"{name}: corrupt GGUF header ({err})") from None
+            except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError,
+                    TypeError, MemoryError) as err:
+                raise ModelFormatError(f"{name}: corrupt GGUF header ({_reason(err)})"
+                                       ) from None
+        if reader.data_offset > len(data):  # the padding before the data is hashed too
+            raise HeaderIncomplete(name, index, int(reader.data_offset))
+        files.append((Path(name), size, reader))
+        no = _int(reader, "split.no", 0)
+        if len(parts) > 1 and no != index:
+            raise ModelFormatError(f"{name}: says it is split part {no}, expected {index}")
+    count = _int(files[0][2], "split.count", 0) or 0
+    if max(count, 1) != len(parts):
+        raise ModelFormatError(f"{parts[0][0]}: is split in {count or 1} files, "
+                               f"{len(parts)} given")
+    return _describe(files, require_moe)
+
+
 def split_paths(path: str | os.PathLike[str], count: int) -> list[Path]:
     """The files of a model split in ``count`` parts, one of which is ``path``
     (llama.cpp's ``llama_split_path`` naming: ``PREFIX-00001-of-00003.gguf``)."""
@@ -386,6 +463,9 @@ def _open(p: Path) -> tuple[Path, int, GGUFReader]:
 
 def _check_file(p: Path) -> int:
     """Fail with one clear sentence before handing the file to the GGUF parser."""
+    if p.name.endswith(PARTIAL_SUFFIXES):
+        raise ModelFormatError(f"{p.name}: is an unfinished download, not a model (finish "
+                               f"it with Get models or moescope pull)")
     try:
         st = p.stat()
     except FileNotFoundError:
@@ -401,21 +481,26 @@ def _check_file(p: Path) -> int:
             head = f.read(8)
     except OSError as err:
         raise ModelFileNotFoundError(f"{p.name}: cannot read file ({err.strerror})") from None
+    _check_head(p.name, st.st_size, head)
+    return st.st_size
+
+
+def _check_head(name: str, size: int, head: bytes) -> None:
+    """The magic, the size and the version, from a file's first 8 bytes."""
     if head[:4] != GGUF_MAGIC:
         raise ModelFormatError(
-            f"{p.name}: not a GGUF model file (starts with {head[:4]!r}, "
+            f"{name}: not a GGUF model file (starts with {head[:4]!r}, "
             f"expected {GGUF_MAGIC!r})"
         )
-    if st.st_size < _MIN_HEADER_BYTES:
-        raise ModelFormatError(f"{p.name}: file is truncated ({st.st_size} bytes)")
+    if size < _MIN_HEADER_BYTES:
+        raise ModelFormatError(f"{name}: file is truncated ({size} bytes)")
     version = int.from_bytes(head[4:8], "little")
     swapped = int.from_bytes(head[4:8], "big")  # a big-endian GGUF
     if version not in _SUPPORTED_VERSIONS and swapped not in _SUPPORTED_VERSIONS:
         raise ModelFormatError(
-            f"{p.name}: unsupported GGUF version {version} (supported: "
+            f"{name}: unsupported GGUF version {version} (supported: "
             f"{', '.join(map(str, _SUPPORTED_VERSIONS))})"
         )
-    return st.st_size
 
 
 def _reason(err: BaseException) -> str:

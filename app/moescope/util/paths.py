@@ -12,6 +12,7 @@ from pathlib import Path
 import platformdirs
 
 ENV_DATA_DIR = "MOESCOPE_DATA_DIR"
+ENV_MODELS_DIR = "MOESCOPE_MODELS_DIR"
 
 
 def data_dir() -> Path:
@@ -33,5 +34,14 @@ def settings_path() -> Path:
 
 def traces_dir() -> Path:
     path = data_dir() / "traces"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def models_dir() -> Path:
+    """Where downloaded models land (and the Open dialog starts): ``MOESCOPE_MODELS_DIR``,
+    else ``models/`` in the data directory."""
+    env = os.environ.get(ENV_MODELS_DIR)
+    path = Path(env).expanduser() if env else data_dir() / "models"
     path.mkdir(parents=True, exist_ok=True)
     return path

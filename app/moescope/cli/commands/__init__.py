@@ -16,7 +16,7 @@ import pkgutil
 from types import ModuleType
 
 # Preferred order in `moescope --help`; subcommands not listed follow alphabetically.
-HELP_ORDER: tuple[str, ...] = ("info", "generate", "chat", "eval", "replay", "bench")
+HELP_ORDER: tuple[str, ...] = ("info", "pull", "generate", "chat", "eval", "replay", "bench")
 
 
 def command_names() -> list[str]:
