@@ -31,7 +31,8 @@ def core_trace(path: Path, *, n_tokens: int = 8, n_layers: int = 3,
 
     from moescope.cache.native import ExpertCache
     from moescope.cache.policy import Policy
-    from moescope.trace import ModelSummary, RouterInput, TokenRecord, TraceHeader, TraceWriter
+    from moescope.trace import ModelSummary, RouterInput, TokenRecord, TraceHeader
+    from moescope.trace.writer import open_writer
 
     rng = np.random.default_rng(seed)
     model = ModelSummary(file_name="core.gguf", metadata_sha256="ef" * 32,
@@ -41,7 +42,7 @@ def core_trace(path: Path, *, n_tokens: int = 8, n_layers: int = 3,
     header = TraceHeader(model=model, budget="test", slots_per_layer=slots,
                          policy=Policy.preset(policy), router_inputs="f32")
     with ExpertCache(n_layers, n_expert, top_k, slots, policy) as cache, \
-            TraceWriter(path, header) as writer:
+            open_writer(path, header) as writer:
         for layer, n_bytes in zip(moe_layers, model.bytes_per_expert, strict=True):
             cache.set_expert_bytes(layer, n_bytes)
         for i in range(n_tokens):
