@@ -39,10 +39,10 @@ import numpy as np
 import numpy.typing as npt
 
 from moescope.cache.native import (
-    CPolicy,
     COPY_DTYPE,
     EVENT_DTYPE,
     OK,
+    CPolicy,
     ExpertCache,
     NativeError,
 )

@@ -103,7 +103,7 @@ def normalized(gate: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
 
 
 def _fixed(values: npt.NDArray[Any], t: pa.DataType) -> pa.Array:
-    n, w = values.shape
+    w = values.shape[1]
     return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1), type=t), w)
 
 

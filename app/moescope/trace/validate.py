@@ -696,7 +696,7 @@ def check_columns(cols: Mapping[str, Any], header: TraceHeader,
     if bad.any():
         i, j = _bad_at(bad)
         raise ValueError(f"row {i}.gate[{j}] {_show(float(gate[i, j]))} is not a gate weight")
-    stored, lengths = cols["weights"]
+    _, lengths = cols["weights"]
     present = cols["weights_valid"]
     bad = present & (lengths != k)
     if bad.any():
