@@ -308,11 +308,11 @@ def columns_of(batches: list[pa.RecordBatch], header: TraceHeader) -> dict[str, 
         lengths = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(
             np.int64)
         values = col.flatten().to_numpy(zero_copy_only=False)
-        out = np.full((n, max(width, 1)), -1, dtype=np.int64 if values.dtype.kind == "i"
-                      else np.float64)
-        if lengths.size and int(lengths.max(initial=0)) > width:
-            raise ValueError(f"{name}: a row holds {int(lengths.max())} entries, more than "
-                             f"{width}")
+        longest = int(lengths.max(initial=0))
+        if longest > width:
+            raise ValueError(f"{name}: a row holds {longest} entries, more than {width}")
+        out = np.full((n, max(longest, 1)), -1, dtype=values.dtype if values.dtype.kind
+                      in "if" else np.int64)
         mask = np.arange(out.shape[1])[None, :] < lengths[:, None]
         out[mask] = values
         return out, lengths
@@ -352,8 +352,9 @@ def events_of(cols: Mapping[str, Any], k: int) -> npt.NDArray[Any]:
     ev["n_admit"], ev["n_evict"] = cols["n_admit"], cols["n_evict"]
     for name in ("admitted", "evicted"):
         values, lengths = cols[name]
-        mask = np.arange(MAX_K)[None, :] < lengths[:, None]
-        ev[name][mask] = values[:, :MAX_K][mask]
+        w = min(values.shape[1], MAX_K)
+        mask = np.arange(w)[None, :] < lengths[:, None]
+        ev[name][:, :w][mask] = values[:, :w][mask]
     ev["bytes_sync"], ev["bytes_async"] = cols["bytes_sync"], cols["bytes_async"]
     return ev
 
