@@ -57,7 +57,7 @@ def test_eval_compares_every_policy_with_exact_and_writes_table_and_csv(
     assert table.startswith("Teacher-forced perplexity on 48 tokens")
     assert "| policy | budget | slots | perplexity | Δ vs exact |" in table
     assert table.count("| exact |") == 2 and "+0.00%" in table
-    assert "mass hypothesis over 6 first-choice-fetching runs, 6 windows of 8 tokens" in table
+    assert "mass hypothesis over 6 first-choice-preserving runs, 6 windows of 8 tokens" in table
     assert out_md.read_text().strip() == table.strip()
     assert "ETA" in captured.err and "100%" in captured.err
 
