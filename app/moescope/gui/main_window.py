@@ -44,6 +44,7 @@ from moescope.gui.chat.chat_list import ChatListPanel
 from moescope.gui.chat.chat_view import ChatView
 from moescope.gui.chat.controller import ChatController
 from moescope.gui.chat.settings import ChatSettingsPanel
+from moescope.gui.chat.welcome import welcome_html
 from moescope.gui.controls.cache_controls import ControlsPanel
 from moescope.gui.dialogs.about import AboutDialog
 from moescope.gui.dialogs.compare import CompareDialog
@@ -114,6 +115,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, QMainWin
 
         self.chat_list = ChatListPanel()
         self.chat_view = ChatView()
+        self.chat_view.welcome = welcome_html(None)
         self.controls = ControlsPanel()
         self.cache_panel = CachePanel()
         self.chat_settings = ChatSettingsPanel()
@@ -157,7 +159,8 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, QMainWin
         self.splitter.setStretchFactor(0, 0)
         self.splitter.setStretchFactor(1, 3)
         self.splitter.setStretchFactor(2, 3)
-        self.splitter.setSizes([200, 530, 620])  # the heatmap legend on one row
+        self.splitter.setSizes([170, 560, 650])  # the heatmap legend on one row
+        self.splitter.setCollapsible(1, False)  # the chat list and the cache panel fold away
         self.setCentralWidget(self.splitter)
         self.resize(1380, 860)
 

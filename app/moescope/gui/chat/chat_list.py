@@ -1,5 +1,5 @@
-"""The chat list: search by title, new, rename, delete. It only emits requests; the window
-asks the store and calls :meth:`ChatListPanel.set_chats` back."""
+"""The chat list: search by title and message text, new, rename, delete. It only emits
+requests; the window asks the store and calls :meth:`ChatListPanel.set_chats` back."""
 
 from __future__ import annotations
 
@@ -31,9 +31,12 @@ class ChatListPanel(QWidget):
         super().__init__(parent)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 0, 6)
+        self.setMinimumWidth(110)
+        self.setMaximumWidth(320)  # a wide window gives its width to the chat and the cache
         self.search = QLineEdit()
         self.search.setPlaceholderText("Search chats")
-        self.search.setAccessibleName("Search chats by title")
+        self.search.setAccessibleName("Search chats by title and text")
+        self.search.setToolTip("Finds chats whose title or any message contains this")
         self.search.setClearButtonEnabled(True)
         self.search.textChanged.connect(self.searchChanged)
         layout.addWidget(self.search)
