@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,12 @@ from moescope.gui.cache.time_plots_view import PLOT_MIN_PX
 from moescope.session.snapshots import NOT_RESIDENT
 from moescope.session.store import STOPPED
 from moescope.util.errors import ModelFormatError
+
+
+def _token(text: str) -> int:
+    match = re.search(r"· token (\d+)", text)
+    assert match, text
+    return int(match.group(1))
 
 
 def _labels(window: Any) -> tuple[str, str]:
@@ -90,14 +97,14 @@ def test_panel_header_follows_the_policy_and_token_mid_answer(window: Any, qtbot
     qtbot.wait(300)  # a few frames of the display timer (labels at ~5 Hz)
     now = window.cache_panel.summary.text().split("\n")[0]
     assert now.startswith("now: psr")
-    assert int(now.rpartition("token ")[2]) >= before  # live, not where the policy changed
+    assert _token(now) >= before  # live, not where the policy changed
     title = window.cache_panel.heatmap.title.text()
     assert int(title.rpartition("token ")[2]) >= before
     window.chat.stop()
     qtbot.waitUntil(lambda: not window.chat.generating, timeout=30_000)
     qtbot.wait(300)
     latest = window.cache_panel.model.latest
-    assert window.cache_panel.summary.text().split("\n")[0].endswith(f"token {latest.step}")
+    assert _token(window.cache_panel.summary.text().split("\n")[0]) == latest.step
     assert window.cache_panel.heatmap.title.text().endswith(f"token {latest.step}")
     window.chat.tokensArrived.disconnect(act)
 
@@ -301,3 +308,30 @@ def test_marker_labels_never_overlap_nor_leave_the_plot(window: Any, qtbot: Any)
                        for text, left, r in layout if r == row)
         assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), spans
         assert all(end <= width + 1 for _, end in spans)
+
+
+# ---------------------------------------------------------------------- the demo model
+def test_the_demo_models_first_screen_says_what_it_is_and_offers_prompts(
+        make_window: Any, qtbot: Any) -> None:
+    from PySide6.QtCore import QUrl
+
+    from moescope.gui.chat.welcome import DEMO_PROMPTS, prompt_href
+    from moescope.util.resources import demo_model_path
+
+    demo = demo_model_path()
+    if demo is None:
+        pytest.skip("this checkout has no demo model")
+    w = make_window()
+    assert "No model loaded" in w.chat_view.text() and "Open model" in w.chat_view.text()
+    load(qtbot, w, demo, budget="25%", policy="quality-first", n_ctx=512)
+    text = w.chat_view.text()
+    assert "15M-parameter" in text and "Shakespeare and Python" in text
+    assert "for trying the expert cache" in text
+    assert all(p in text for p in DEMO_PROMPTS)
+    assert "Open model" in text
+    w.chat_settings.max_tokens.setValue(4)
+    with qtbot.waitSignal(w.chat.answerFinished, timeout=30_000):
+        assert w.chat_view.open_link(QUrl(prompt_href(0)))
+    messages = w.store.messages(w.chat.chat_id)
+    assert messages[0].content == DEMO_PROMPTS[0] and messages[1].role == "assistant"
+    assert "15M-parameter" not in w.chat_view.text()  # the chat took the screen

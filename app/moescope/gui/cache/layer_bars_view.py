@@ -42,6 +42,7 @@ class LayerBarsView(QWidget):
         self.scroll.setWidgetResizable(True)
         self.scroll.setFrameShape(QFrame.Shape.NoFrame)
         self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll.setFocusPolicy(Qt.FocusPolicy.NoFocus)  # the plots inside take it
         self.scroll.setWidget(self.graphics)
         layout.addWidget(self.scroll)
         self.plots: dict[str, pg.PlotItem] = {}

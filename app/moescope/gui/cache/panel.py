@@ -182,7 +182,7 @@ class CachePanel(QWidget):
         if tok_s == tok_s:
             recent.append(f"{tok_s:.1f} tok/s (last {self.model.rolling_rate_tokens()})")
         if self.model.ttft_s is not None:
-            recent.append(f"TTFT {self.model.ttft_s * 1000:.0f} ms")
+            now.append(f"latest answer's TTFT {self.model.ttft_s * 1000:.0f} ms")
         return " · ".join(now) + "\n" + " · ".join(recent)
 
     def stop(self) -> None:

@@ -55,17 +55,18 @@ class ChatListPanel(QWidget):
             lambda: self._emit_for_current(self.deleteRequested))
         self.list.addAction(self.delete_action)
         layout.addWidget(self.list, 1)
-        row = QHBoxLayout()
+        top, row = QHBoxLayout(), QHBoxLayout()  # two rows: a narrow list cuts no label
         self.new_button = QPushButton("&New")
         self.rename_button = QPushButton("Rena&me")
         self.delete_button = QPushButton("&Delete")
         for b, name in ((self.new_button, "New chat"), (self.rename_button, "Rename chat"),
                         (self.delete_button, "Delete chat")):
             b.setAccessibleName(name)
-            row.addWidget(b)
+            (top if b is self.new_button else row).addWidget(b)
         self.new_button.clicked.connect(self.newRequested)
         self.rename_button.clicked.connect(lambda: self._emit_for_current(self.renameRequested))
         self.delete_button.clicked.connect(lambda: self._emit_for_current(self.deleteRequested))
+        layout.addLayout(top)
         layout.addLayout(row)
         self._quiet = False
 
