@@ -102,3 +102,22 @@ def test_the_seeds_themselves_load(fork_runner: ForkRunner, seeds: dict[str, Pat
         pytest.skip("the patched engine is not installed")
     r = fork_runner.run(["generate", str(seeds[seed]), "--n", "1", "--prompt", "Hi"])
     assert r.outcome == "ok", explain(r)
+
+
+@pytest.mark.parametrize("command", ["info", "generate"])
+def test_an_expert_tensor_without_dimensions_is_one_line(fork_runner: ForkRunner,
+                                                         seeds: dict[str, Path],
+                                                         command: str) -> None:
+    """Found by the 10,000-input campaign: an expert tensor info with 0 dimensions (shape
+    ``()``) ended ``info`` and ``generate`` in an IndexError traceback."""
+    doc = fuzzgen.read_doc(seeds["qwen3moe"])
+    tensor = next(t for t in doc.tensors if t.name == b"blk.1.ffn_up_exps.weight")
+    tensor.dims = []
+    path = fork_runner.scratch / "nodims.gguf"
+    path.write_bytes(fuzzgen.encode_doc(doc))
+    argv = [command, path.name] + (["--n", "1", "--prompt", "Hi"] if command == "generate"
+                                   else [])
+    r = fork_runner.run(argv, cwd=fork_runner.scratch)
+    assert r.outcome == "error", explain(r)
+    assert "tensor blk.1.ffn_up_exps.weight has shape [], which does not hold 4 experts" \
+        in r.stderr

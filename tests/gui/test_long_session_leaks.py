@@ -20,12 +20,12 @@ from PySide6.QtWidgets import QApplication
 def test_a_closed_trace_window_is_freed_with_its_trace(window: Any, qtbot: Any,
                                                        dialogs: Any,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from moescope.gui import main_window
+    from moescope.gui.traces import session_traces
     from moescope.gui.traces.trace_window import TraceWindow
     from moescope.util import memory
 
     released: list[bool] = []
-    monkeypatch.setattr(main_window, "release_freed_memory",
+    monkeypatch.setattr(session_traces, "release_freed_memory",
                         lambda: released.append(memory.release_freed_memory()))
     send(qtbot, window, "Hello", max_tokens=6)
     assert window.trace_path is not None

@@ -729,7 +729,7 @@ def _describe(files: list[tuple[Path, int, GGUFReader]], require_moe: bool) -> M
             raise ModelFormatError(
                 f"{p.name}: has expert tensors ({t.name}) but no {arch}.expert_count"
             )
-        if shape[-1] != n_expert or n_bytes % n_expert:
+        if not shape or shape[-1] != n_expert or n_bytes % n_expert:  # () has 0 dims
             raise ModelFormatError(
                 f"{p.name}: tensor {t.name} has shape {list(shape)}, which does not hold "
                 f"{n_expert} experts"
