@@ -90,10 +90,12 @@ fuzz: setup
 gpu-bundle: deps
 	$(PY) bench/make_gpu_bundle.py
 
-# The README's screenshot: the real window under a virtual X server, mid-generation.
+# The README's screenshots: the real window under a virtual X server, mid-generation, on a
+# full-HD screen and on a small laptop's 1024x700.
 screenshot: setup
 	@command -v xvfb-run >/dev/null || { echo "xvfb-run not found: sudo apt-get install xvfb"; exit 2; }
-	xvfb-run -a -s "-screen 0 1600x1000x24" $(PY) packaging/screenshot.py docs/screenshot.png
+	xvfb-run -a -s "-screen 0 1920x1080x24" $(PY) packaging/screenshot.py docs/screenshot.png --size 1920x1080
+	xvfb-run -a -s "-screen 0 1920x1080x24" $(PY) packaging/screenshot.py docs/screenshot-1024x700.png --size 1024x700
 
 clean:
 	rm -rf $(NATIVE_BUILD) build/pyinstaller dist .pytest_cache .ruff_cache

@@ -15,6 +15,7 @@ per second would otherwise flood the GUI's event queue and stall it).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -279,7 +280,12 @@ class EngineWorker(QObject):
                 self.turns.leave(turn)
         if changes:
             log.info("applied: %s", ", ".join(c.label for c in changes))
-            self.requestsApplied.emit(self.summary(), changes)
+            summary = self.summary()
+            cache, m = self.engine.cache, self.engine.model
+            if cache is not None and m is not None and m.info is not None:
+                summary = dataclasses.replace(summary, resident=read_resident(
+                    cache, m.info.moe_layers, m.info.n_expert))  # a budget cut evicted
+            self.requestsApplied.emit(summary, changes)
 
     @Slot()
     def shutdown(self) -> None:

@@ -62,6 +62,9 @@ class ModelSummary:
     requests: RequestNumbers = field(default_factory=RequestNumbers)
     """Numbers of the latest policy and budget requests the engine had applied (see
     ``Engine.applied_requests``): older than the window's latest request means stale."""
+    resident: npt.NDArray[np.bool_] | None = field(default=None, repr=False, compare=False)
+    """MoE layers x experts resident now, when a change applied while idle moved them (a
+    budget cut evicts): the heatmap shows them before the next token; None otherwise."""
 
     @property
     def n_moe_layers(self) -> int:

@@ -29,6 +29,8 @@ class MemoryView(QWidget):
         self.graphics = pg.GraphicsLayoutWidget()
         self.graphics.setAccessibleName("RAM and VRAM over time")  # it takes the focus
         layout.addWidget(self.graphics, 1)
+        self.no_gpu = False
+        """No GPU was found: only the RAM chart is drawn."""
         self.curves: dict[str, pg.PlotDataItem] = {}
         self.plots: dict[str, pg.PlotItem] = {}
         for row, (kind, title) in enumerate((("ram", "RAM (GiB)"), ("vram", "VRAM (GiB)"))):
@@ -67,5 +69,17 @@ class MemoryView(QWidget):
                 curve.setData(t, y, connect="finite")
         self.label.setText(self.model.summary())
         if self.model.gpu is None:
-            self.plots["vram"].setTitle("VRAM: no NVIDIA GPU (expert slots in RAM)",
-                                        size="8pt", color=theme.MUTED)
+            self._no_gpu()
+
+    def _no_gpu(self) -> None:
+        """No GPU seen: no empty VRAM chart; the RAM chart takes its place and says why."""
+        vram = self.plots.pop("vram", None)
+        if vram is None:
+            return
+        self.graphics.removeItem(vram)
+        for who in ("process", "system"):
+            self.curves.pop(f"vram_{who}", None)
+        self.plots["ram"].setTitle("RAM (GiB) · VRAM: no GPU found (the expert slots are in "
+                                   "RAM)", size="8pt", color=theme.MUTED)
+        self.plots["ram"].setLabel("bottom", "seconds")
+        self.no_gpu = True
