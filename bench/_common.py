@@ -75,7 +75,7 @@ def gpu_cmake_args(archs: str = "90", native_cpu: bool = True,
                    be: ModuleType | None = None) -> list[str]:
     """CMake flags of the GPU check's build: build_engine's, for one CUDA architecture."""
     be = be or load_build_engine()
-    args = [a for a in be.cmake_args(False) if not a.startswith("-DGGML_NATIVE=")]
+    args = [a for a in be.cmake_args("cpu") if not a.startswith("-DGGML_NATIVE=")]
     args.append(f"-DGGML_NATIVE={'ON' if native_cpu else 'OFF'}")
     return args + be.cuda_args(archs) + list(GPU_LEAN_FLAGS)
 

@@ -544,7 +544,7 @@ class Check:
                 toolkit / "lib64", toolkit / "lib") if d.is_dir()]
             self.say(f"configuring ({toolkit}, cuBLAS {cublas or 'from the toolkit'})")
         else:
-            args = [*self.be.cmake_args(False), *GPU_LEAN_FLAGS, "-DGGML_CUDA=OFF"]
+            args = [*self.be.cmake_args("cpu"), *GPU_LEAN_FLAGS, "-DGGML_CUDA=OFF"]
             self.say("configuring (CPU only)")
         self.report["build"] = {"cmake_args": args, "dir": str(build_dir), "jobs": cpus}
         with log.open("w") as f:

@@ -39,9 +39,8 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 PATCH_DIR = REPO / "engine_patch"
@@ -132,8 +131,7 @@ def vulkan_build_missing(which: Any = shutil.which, exists: Any = os.path.exists
     return missing
 
 
-@dataclass
-class BackendChoice:
+class BackendChoice(NamedTuple):
     """The engine backend to build, why, and (CUDA) the architectures to compile for."""
 
     backend: str

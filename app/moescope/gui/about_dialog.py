@@ -10,6 +10,7 @@ from PySide6.QtCore import Qt, qVersion
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QVBoxLayout, QWidget
 
 from moescope import __version__
+from moescope.engine.backend import backend_text, engine_build
 from moescope.gui.gpu import gpu_description
 
 LLAMA_CPP_COMMIT = "0c1e570"
@@ -33,6 +34,7 @@ def versions() -> list[tuple[str, str]]:
     return [
         ("MoEScope", __version__),
         ("Engine (llama-cpp-python + patch key)", engine),
+        ("Engine backend", backend_text(engine_build())),
         ("llama.cpp commit", LLAMA_CPP_COMMIT),
         ("Expert-cache core", core),
         ("GPU", gpu_description()),

@@ -7,6 +7,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
+from moescope.engine.backend import backend_text, engine_build
 from moescope.gui import theme
 from moescope.gui.memory_model import MemoryModel, expert_memory
 
@@ -26,6 +27,10 @@ class MemoryView(QWidget):
         self.experts_label.setAccessibleName("Where the experts live in host memory")
         self.experts_label.hide()
         layout.addWidget(self.experts_label)
+        self.backend_label = QLabel(backend_text(engine_build()))  # engine backend, and why
+        self.backend_label.setObjectName("statsLabel")
+        self.backend_label.setWordWrap(True)
+        layout.addWidget(self.backend_label)
         self.graphics = pg.GraphicsLayoutWidget()
         self.graphics.setAccessibleName("RAM and VRAM over time")  # it takes the focus
         layout.addWidget(self.graphics, 1)
@@ -48,8 +53,9 @@ class MemoryView(QWidget):
             if row == 1:
                 plot.setLabel("bottom", "seconds")
 
-    def set_expert_buffer(self, buffer: str) -> None:
+    def set_expert_buffer(self, buffer: str, slot_buffer: str = "") -> None:
         """A model was loaded (or closed): say where its experts live; hidden if unknown."""
+        self.backend_label.setText(backend_text(engine_build(), slot_buffer))
         self.model.expert_buffer = buffer
         text, tip = expert_memory(buffer)
         self.experts_label.setText(f"Experts in host memory: {text}" if text else "")
