@@ -65,7 +65,7 @@ def source_key(be: ModuleType | None = None) -> str:
     be = be or load_build_engine()
     h = hashlib.sha256()
     h.update(f"sdist={be.read_lock()['sha256']}\n".encode())
-    for path in be.patches() + be.native_sources():
+    for path in be.patches("vulkan") + be.native_sources():  # the bundle has every patch
         h.update(f"\n{path.relative_to(REPO)}\n".encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
