@@ -26,3 +26,12 @@ def reference_kwargs() -> dict[str, object]:
     build it is llama.cpp's ordinary full offload, experts in device memory like the slots
     (experts left in host memory would be computed by the CPU backend instead)."""
     return {"cache": False, "host_experts": not gpu_offload()}
+
+
+def exact_prompt() -> list[int]:
+    """The prompt of bitwise comparisons with the cache off. Prefill (more than one token)
+    keeps llama.cpp's original path, computing experts where they live: on a GPU build that
+    is the CPU backend with the cache on (experts in host memory) but the device with it
+    off, which round differently. A one-token prompt is decoded like every later token, so
+    on a GPU build every token goes through the slots (as in bench/gpu_check.py)."""
+    return PROMPT if not gpu_offload() else PROMPT[:1]

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from engine_helpers import ARCHES, PROMPT, forced_stream, gpu_offload, reference_kwargs
+from engine_helpers import (
+    ARCHES,
+    PROMPT,
+    exact_prompt,
+    forced_stream,
+    gpu_offload,
+    reference_kwargs,
+)
 
 from moescope.core.policy import PREFETCH_TOP_K, Policy
 from moescope.core.resources import demo_model_path
@@ -27,9 +34,9 @@ def test_prefetch_keeps_exact_bitwise_identical_to_cache_off(
         synth_model: Callable[..., Path], engine: Callable[..., object], arch: str) -> None:
     path = synth_model(arch)
     ref = engine(path, **reference_kwargs())
-    reference = ref.forced_logits(PROMPT, forced_stream(ref._llm.n_vocab(), 48))
+    reference = ref.forced_logits(exact_prompt(), forced_stream(ref._llm.n_vocab(), 48))
     e = engine(path, budget="25%", policy=EXACT_PREFETCH)
-    logits = e.forced_logits(PROMPT, forced_stream(e._llm.n_vocab(), 48))
+    logits = e.forced_logits(exact_prompt(), forced_stream(e._llm.n_vocab(), 48))
     assert np.array_equal(logits, reference)
     assert sum(s.prefetches for s in e.layer_stats().values()) > 0
 

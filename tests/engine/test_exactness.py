@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from engine_helpers import ARCHES, PROMPT, forced_stream, reference_kwargs
+from engine_helpers import ARCHES, exact_prompt, forced_stream, reference_kwargs
 
 
 def _logits(engine: Callable[..., object], path: Path, **kw: object) -> np.ndarray:
     e = engine(path, **kw)
     tokens = forced_stream(e._llm.n_vocab(), 64)
-    return e.forced_logits(PROMPT, tokens)
+    return e.forced_logits(exact_prompt(), tokens)
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -52,7 +52,7 @@ def test_exact_survives_any_sequence_of_resizes(
     tokens = forced_stream(e._llm.n_vocab(), 64)
     e._llm.reset()
     e._llm._ctx.kv_cache_clear()
-    e._llm.eval(PROMPT)
+    e._llm.eval(exact_prompt())
     from llama_cpp import llama_cpp as low
 
     out = []
