@@ -566,7 +566,7 @@ def build_wheel(tree: Path, cache: Path, args: list[str], configure_only: bool,
     environ = dict(os.environ)
     environ["CMAKE_ARGS"] = " ".join(args)
     environ.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
-    first = {"cuda": "~20-45 min", "vulkan": "~6-8 min"}.get(flavour.split("-")[0], "~3-4 min")
+    first = {"cuda": "~20-45 min", "vulkan": "~15-25 min"}.get(flavour.split("-")[0], "~3-4 min")
     step(f"building the {flavour} wheel (first build {first} on 2 cores; incremental later)")
     log = cache / f"build-{flavour}.log"
     try:

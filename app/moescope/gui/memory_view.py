@@ -31,6 +31,7 @@ class MemoryView(QWidget):
         self.backend_label.setObjectName("statsLabel")
         self.backend_label.setWordWrap(True)
         layout.addWidget(self.backend_label)
+        self._slots_on_device = False  # e.g. a Vulkan GPU: slots in VRAM, but no NVML to plot
         self.graphics = pg.GraphicsLayoutWidget()
         self.graphics.setAccessibleName("RAM and VRAM over time")  # it takes the focus
         layout.addWidget(self.graphics, 1)
@@ -56,6 +57,7 @@ class MemoryView(QWidget):
     def set_expert_buffer(self, buffer: str, slot_buffer: str = "") -> None:
         """A model was loaded (or closed): say where its experts live; hidden if unknown."""
         self.backend_label.setText(backend_text(engine_build(), slot_buffer))
+        self._slots_on_device = bool(slot_buffer) and not slot_buffer.upper().startswith("CPU")
         self.model.expert_buffer = buffer
         text, tip = expert_memory(buffer)
         self.experts_label.setText(f"Experts in host memory: {text}" if text else "")
@@ -73,5 +75,6 @@ class MemoryView(QWidget):
                 curve.setData(t, y, connect="finite")
         self.label.setText(self.model.summary())
         if self.model.gpu is None:
-            self.plots["vram"].setTitle("VRAM: no NVIDIA GPU (expert slots in RAM)",
+            where = "not measured" if self._slots_on_device else "expert slots in RAM"
+            self.plots["vram"].setTitle(f"VRAM: no NVIDIA GPU ({where})",
                                         size="8pt", color=theme.MUTED)
