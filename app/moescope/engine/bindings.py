@@ -81,9 +81,14 @@ def engine_library() -> Any:
                                              ctypes.POINTER(ctypes.c_int32)]),
         "llama_moe_cache_last_prediction": (i32, [vp, i32, ctypes.POINTER(ctypes.c_float), i32]),
         "llama_moe_cache_expert_buffer": (ctypes.c_char_p, [vp]),
+        "llama_moe_cache_slot_buffer": (ctypes.c_char_p, [vp]),
     }
     for name, (restype, argtypes) in signatures.items():
-        fn = getattr(lib, name)
+        fn = getattr(lib, name, None)
+        if fn is None:  # an engine built from an older patch
+            raise EngineNotPatchedError(
+                f"the installed engine lacks {name} (built from an older patch); run "
+                "`make engine` to rebuild it")
         fn.restype = restype
         fn.argtypes = argtypes
     _declared = lib

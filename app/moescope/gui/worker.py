@@ -57,7 +57,7 @@ class LoadRequest:
     budget: str = "25%"
     policy: Policy | str = "quality-first"
     n_ctx: int = 2048
-    n_gpu_layers: int = 0
+    n_gpu_layers: int | None = None  # None: every layer on a GPU build, else none
     trace_dir: str | None = None
     """Record the session (core trace format) into this directory; None: no recording."""
 
@@ -447,7 +447,8 @@ class EngineWorker(QObject):
             policy=self.engine.policy_name, n_ctx=m.n_ctx, notice=m.notice,
             budget_message=plan.message if plan else "",
             trace_path=str(self.recorder.path) if self.recorder else "",
-            expert_buffer=m.expert_buffer, answer_prefixes=dict(self._answer_prefixes),
+            expert_buffer=m.expert_buffer, slot_buffer=m.slot_buffer,
+            answer_prefixes=dict(self._answer_prefixes),
             thinking_choices=self._thinking_choices,
             requests=self.engine.applied_requests)
 

@@ -53,6 +53,8 @@ class ModelSummary:
     expert_buffer: str = ""
     """llama.cpp's buffer holding the experts in host memory (``CUDA_Host``: pinned;
     ``CPU_Mapped`` / ``CPU``: pageable); "" when unknown (cache off, a reopened trace)."""
+    slot_buffer: str = ""
+    """llama.cpp's buffer holding the slots (``CUDA0``/``Vulkan0``: device; ``CPU``: RAM)."""
     thinking_choices: tuple[str, ...] = ("default",)
     """The thinking settings the model's chat template understands (``model.reasoning``)."""
     answer_prefixes: dict[str, str] = field(default_factory=dict)

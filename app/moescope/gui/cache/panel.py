@@ -91,7 +91,8 @@ class CachePanel(QWidget):
         self.heatmap.reset()
         self.time_plots.reset()
         self.layer_bars.reset()
-        self.memory_view.set_expert_buffer(summary.expert_buffer if summary else "")
+        self.memory_view.set_expert_buffer(summary.expert_buffer if summary else "",
+                                           summary.slot_buffer if summary else "")
         self._mark_all_dirty()
         self.summary.setText(self._summary_text())
         self.heatmap.update_title()
