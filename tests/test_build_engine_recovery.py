@@ -1,12 +1,12 @@
-"""Setup's failure paths: engine_patch/build_engine.py and the Makefile's venv stamp recover
-from a damaged cache, an interrupted or failed step and a full disk, and say in one line
-what to do; no real download or build here (fake pip scripts, a tmp cache)."""
+"""Setup's failure paths: the engine builder (engine_patch/builder.py) and the Makefile's
+venv stamp recover from a damaged cache, an interrupted or failed step and a full disk, and
+say in one line what to do; no real download or build here (fake pip scripts, a tmp cache)."""
 
 from __future__ import annotations
 
 import errno
 import hashlib
-import importlib.util
+import importlib
 import os
 import shutil
 import subprocess
@@ -21,13 +21,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _engine() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "build_engine_under_test", ROOT / "engine_patch" / "build_engine.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _engine(module: str = "builder") -> ModuleType:
+    """engine_patch.<module>, imported as a package from the repository's root."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module(f"engine_patch.{module}")
 
 
 def _fake_pip(path: Path, body: str) -> Path:
