@@ -183,3 +183,29 @@ def test_make_deps_reruns_when_the_venv_python_is_gone(tmp_path: Path) -> None:
     assert "pip install" not in dry_run()  # up to date
     (venv / "bin" / "python").unlink()  # deleted, or a dangling link after an upgrade
     assert "pip install" in dry_run()
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("ninja") is None,
+                    reason="needs cmake and ninja")
+def test_cmake_build_builds_the_target_and_names_the_log_when_it_fails(tmp_path: Path) -> None:
+    """The builder's CMake + ninja build (what the GPU check runs on its bundle), on a
+    one-file library: the libraries' folder comes back; a compile error is one BuildError
+    naming the log, and a library that was not built is named."""
+    be = _engine()
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.14)\nproject(t C)\n"
+        "set(CMAKE_LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\n"
+        "add_library(llama SHARED a.c)\n")
+    (tree / "a.c").write_text("int llama_answer(void) { return 42; }\n")
+    log = tmp_path / "build.log"
+    progress: list[str] = []
+    lib_dir = be.cmake_build(tree, tmp_path / "build", [], log, jobs=1,
+                             expect=("libllama.so",), progress=progress.append)
+    assert (lib_dir / "libllama.so").exists() and log.read_text().startswith("cmake ")
+    with pytest.raises(be.BuildError, match=r"libggml-base.so is missing.*build.log"):
+        be.cmake_build(tree, tmp_path / "build", [], log, jobs=1)
+    (tree / "a.c").write_text("int llama_answer(void) { return }\n")
+    with pytest.raises(be.BuildError, match=r"the build of llama failed \(log: .*build.log\)"):
+        be.cmake_build(tree, tmp_path / "build", [], log, jobs=1, expect=("libllama.so",))
