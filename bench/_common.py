@@ -1,19 +1,24 @@
 """Helpers shared by the GPU check (bench/gpu_check.py) and its bundle builder
-(bench/make_gpu_bundle.py). Standard library only: the GPU machine runs these before any
-third-party package is on the path.
+(bench/make_gpu_bundle.py), over the engine's builder (``engine_patch.builder``, imported
+as a package). Standard library only: the GPU machine runs these before any third-party
+package is on the path.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
+import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # bench/ scripts run with only bench/ on the path
+    sys.path.insert(0, str(REPO))
+
+from engine_patch import backends, builder  # noqa: E402 (needs REPO on the path)
+
 BUNDLE_DIR = REPO / "bundle"
 ARCHIVE_NAME = "llama_cpp_python-moescope-src.tar.gz"
 MANIFEST_NAME = "manifest.json"
@@ -48,36 +53,28 @@ GPU_LEAN_FLAGS: tuple[str, ...] = (
 )
 
 
-def load_build_engine() -> ModuleType:
-    """engine_patch/build_engine.py as a module (its lock, patch list and CUDA flags)."""
-    name = "moescope_build_engine"
-    path = REPO / "engine_patch" / "build_engine.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def source_key(be: ModuleType | None = None) -> str:
+def source_key() -> str:
     """Hash of what the engine's source is made of: the pinned sdist, the patches and the
     native core. A bundle whose key differs from the repo's is stale."""
-    be = be or load_build_engine()
     h = hashlib.sha256()
-    h.update(f"sdist={be.read_lock()['sha256']}\n".encode())
-    for path in be.patches("vulkan") + be.native_sources():  # the bundle has every patch
+    h.update(f"sdist={builder.read_lock()['sha256']}\n".encode())
+    for path in builder.patches("vulkan") + builder.native_sources():  # every patch
         h.update(f"\n{path.relative_to(REPO)}\n".encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 
-def gpu_cmake_args(archs: str = "90", native_cpu: bool = True,
-                   be: ModuleType | None = None) -> list[str]:
-    """CMake flags of the GPU check's build: build_engine's, for one CUDA architecture."""
-    be = be or load_build_engine()
-    args = [a for a in be.cmake_args("cpu") if not a.startswith("-DGGML_NATIVE=")]
+def gpu_cmake_args(archs: str = "90", native_cpu: bool = True) -> list[str]:
+    """CMake flags of the GPU check's CUDA build: build_engine's, for one CUDA architecture."""
+    args = [a for a in backends.cmake_args("cpu") if not a.startswith("-DGGML_NATIVE=")]
     args.append(f"-DGGML_NATIVE={'ON' if native_cpu else 'OFF'}")
-    return args + be.cuda_args(archs) + list(GPU_LEAN_FLAGS)
+    return args + backends.cuda_args(archs) + list(GPU_LEAN_FLAGS)
+
+
+def lean_cmake_args(backend: str) -> list[str]:
+    """CMake flags of the GPU check's CPU-only (dry run --build, bundle check) and Vulkan
+    builds: build_engine's for that backend, lean, without CUDA."""
+    return [*backends.cmake_args(backend), *GPU_LEAN_FLAGS, "-DGGML_CUDA=OFF"]
 
 
 def read_manifest(bundle: Path) -> dict[str, Any]:
@@ -90,8 +87,7 @@ def read_manifest(bundle: Path) -> dict[str, Any]:
 
 def sha256_file(path: Path) -> str:
     """The engine build's own hashing, so bundle and wheel cache agree by construction."""
-    digest: str = load_build_engine().sha256_file(path)
-    return digest
+    return builder.sha256_file(path)
 
 
 class Clock:

@@ -36,7 +36,6 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path, PurePosixPath
-from types import ModuleType
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -50,8 +49,9 @@ from _common import (
     MANIFEST_NAME,
     WHEELS_DIRNAME,
     Clock,
+    builder,
     gpu_cmake_args,
-    load_build_engine,
+    lean_cmake_args,
     sha256_file,
     source_key,
 )
@@ -117,17 +117,17 @@ def extract_trimmed(sdist: Path, dest: Path) -> tuple[Path, dict[str, int]]:
     return dest / top, stats
 
 
-def prepare_tree(be: ModuleType, sdist: Path, dest: Path, key: str) -> tuple[Path, dict[str, int]]:
+def prepare_tree(sdist: Path, dest: Path, key: str) -> tuple[Path, dict[str, int]]:
     """Trimmed sdist + patches + native core + version stamp (as build_engine.prepare_tree)."""
     tree, stats = extract_trimmed(sdist, dest)
     say(f"extracted {stats['kept_files']} files, dropped {stats['dropped_files']} "
         f"({stats['dropped_bytes'] / 2**20:.0f} MiB)")
-    be.apply_patches(tree, "vulkan")  # every patch: the Vulkan guard is inert in CUDA builds
+    builder.apply_patches(tree, "vulkan")  # every patch: the Vulkan guard is inert in CUDA builds
     core = tree / "vendor" / "llama.cpp" / "src" / "moescope"
     core.mkdir(parents=True, exist_ok=True)
-    for path in be.native_sources():
+    for path in builder.native_sources():
         shutil.copy2(path, core / path.name)
-    version = be.read_lock()["version"]
+    version = builder.read_lock()["version"]
     init = tree / "llama_cpp" / "__init__.py"
     init.write_text(init.read_text().replace(f'__version__ = "{version}"',
                                              f'__version__ = "{version}+moescope.gpu.{key}"'))
@@ -148,9 +148,9 @@ def write_archive(tree: Path, archive: Path) -> int:
     return total
 
 
-def download_wheels(be: ModuleType, dest: Path) -> list[dict[str, Any]]:
+def download_wheels(dest: Path) -> list[dict[str, Any]]:
     """Wheels for the GPU machine's Python 3.12, cached in $MOESCOPE_CACHE/gpu-wheels."""
-    cache = be.cache_root() / "gpu-wheels"
+    cache = builder.cache_root() / "gpu-wheels"
     cache.mkdir(parents=True, exist_ok=True)
 
     def cached(req: str) -> Path | None:
@@ -212,7 +212,7 @@ def preprocess_all(build: Path, cuda_files: bool) -> tuple[int, list[str]]:
     return len(chosen), failures
 
 
-def verify(be: ModuleType, archive: Path, deep: bool) -> dict[str, str]:
+def verify(archive: Path, deep: bool) -> dict[str, str]:
     """Configure the trimmed tree with CMake (CPU always, CUDA sm_90 when a toolkit with
     cuBLAS is found) and preprocess every C/C++ source (and CUDA source with ``deep``)."""
     results: dict[str, str] = {}
@@ -220,14 +220,14 @@ def verify(be: ModuleType, archive: Path, deep: bool) -> dict[str, str]:
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="tar")
         tree = next(Path(tmp).iterdir())
-        cpu = [*be.cmake_args(False), *GPU_LEAN_FLAGS, "-DGGML_CUDA=OFF"]
+        cpu = lean_cmake_args("cpu")
         flavours: list[tuple[str, list[str] | str]] = [("cpu_configure", cpu)]
         if shutil.which("nvcc") is None:
             flavours.append(("cuda_configure", "skipped: no nvcc on PATH"))
         else:
             try:
-                flavours.append(("cuda_configure", gpu_cmake_args("90", be=be)))
-            except be.BuildError as err:
+                flavours.append(("cuda_configure", gpu_cmake_args("90")))
+            except builder.BuildError as err:
                 flavours.append(("cuda_configure", f"skipped: {err}"))
         last_build: Path | None = None
         for name, args in flavours:
@@ -274,32 +274,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deep-verify", action="store_true",
                     help="also preprocess the 144 CUDA sources (about a minute on 2 cores)")
     args = ap.parse_args(argv)
-    be = load_build_engine()
-    lock = be.read_lock()
-    cache = be.cache_root()
+    lock = builder.read_lock()
+    cache = builder.cache_root()
     sdist = cache / "sdist" / lock["filename"]
     if args.quick and not sdist.exists():
         print(f"[bundle] {sdist} is not cached (run `make engine` first); --quick does not "
               "download it", file=sys.stderr)
         return 3
     try:
-        sdist = be.fetch_sdist(lock, cache)
-        key = source_key(be)
+        sdist = builder.fetch_sdist(lock, cache)
+        key = source_key()
         out: Path = args.out
         out.mkdir(parents=True, exist_ok=True)
         clear_bundle(out)
         with tempfile.TemporaryDirectory(prefix="moescope-bundle-") as tmp:
-            tree, stats = prepare_tree(be, sdist, Path(tmp), key)
+            tree, stats = prepare_tree(sdist, Path(tmp), key)
             archive = out / ARCHIVE_NAME
             unpacked = write_archive(tree, archive)
         say(f"wrote {archive} ({archive.stat().st_size / 2**20:.1f} MiB, "
             f"{unpacked / 2**20:.1f} MiB unpacked)")
         wheels: list[dict[str, Any]] = []
         if not (args.quick or args.no_wheels):
-            wheels = download_wheels(be, out / WHEELS_DIRNAME)
+            wheels = download_wheels(out / WHEELS_DIRNAME)
         verified = ({"cpu_configure": "skipped", "cuda_configure": "skipped"}
-                    if args.quick or args.no_verify else verify(be, archive, args.deep_verify))
-    except (be.BuildError, RuntimeError, subprocess.CalledProcessError) as err:
+                    if args.quick or args.no_verify else verify(archive, args.deep_verify))
+    except (builder.BuildError, RuntimeError, subprocess.CalledProcessError) as err:
         print(f"[bundle] ERROR: {err}", file=sys.stderr)
         return 2
     files = [p for p in out.rglob("*") if p.is_file() and p.name != MANIFEST_NAME]
@@ -311,8 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         "source_key": key,
         "sdist": {"filename": lock["filename"], "sha256": lock["sha256"],
                   "llama_cpp_commit": lock.get("llama_cpp_commit", "")},
-        "patches": [{"name": p.name, "sha256": sha256_file(p)} for p in be.patches()],
-        "native": [{"name": p.name, "sha256": sha256_file(p)} for p in be.native_sources()],
+        "patches": [{"name": p.name, "sha256": sha256_file(p)} for p in builder.patches("vulkan")],
+        "native": [{"name": p.name, "sha256": sha256_file(p)} for p in builder.native_sources()],
         "archive": {"name": ARCHIVE_NAME, "top": tree.name, "bytes": archive.stat().st_size,
                     "sha256": sha256_file(archive), "unpacked_bytes": unpacked, **stats},
         "wheels": wheels,

@@ -1,11 +1,12 @@
-"""Which engine backend `make` builds (engine_patch/build_engine.py's choose_backend) over faked
+"""Which engine backend `make` builds (engine_patch/backends.py's choose_backend) over faked
 probes: nvcc with and without an NVIDIA driver, a software-only Vulkan device, a hardware one
 with and without the build tools, nothing; and the line the window shows for each build."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -23,16 +24,15 @@ RADEON = ("deviceType = PHYSICAL_DEVICE_TYPE_DISCRETE_GPU\n"
           "deviceName = AMD Radeon RX 7900 XTX (RADV NAVI31)\n")
 
 
-def _engine() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "build_engine_backend_test", ROOT / "engine_patch" / "build_engine.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _engine(module: str = "builder") -> ModuleType:
+    """engine_patch.<module>, imported as a package from the repository's root."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module(f"engine_patch.{module}")
 
 
-BE = _engine()
+BE = _engine("backends")  # the probes and flags
+BUILDER = _engine()  # the cache key and patches
 
 
 class Machine:
@@ -150,12 +150,12 @@ def test_garbage_from_nvidia_smi_is_not_an_architecture() -> None:
 def test_each_backend_has_its_own_cache_key_and_patches(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(BE, "cuda_toolkit_workarounds", lambda: [])
-    sha = BE.read_lock()["sha256"]
-    keys = {b: BE.cache_key(sha, b) for b in BE.BACKENDS}
+    sha = BUILDER.read_lock()["sha256"]
+    keys = {b: BUILDER.cache_key(sha, b) for b in BE.BACKENDS}
     assert len(set(keys.values())) == 3
-    vulkan_only = [p.name for p in BE.patches("vulkan") if p not in BE.patches("cpu")]
+    vulkan_only = [p.name for p in BUILDER.patches("vulkan") if p not in BUILDER.patches("cpu")]
     assert vulkan_only == ["0003-build-vulkan-headers-without-layer-settings.patch"]
-    assert BE.patches("cuda") == BE.patches("cpu"), "the guard leaves the other keys alone"
+    assert BUILDER.patches("cuda") == BUILDER.patches("cpu"), "the other keys stay alone"
 
 
 def test_the_window_line_for_each_build(tmp_path: Path) -> None:

@@ -1,12 +1,12 @@
-"""Setup's failure paths: engine_patch/build_engine.py and the Makefile's venv stamp recover
-from a damaged cache, an interrupted or failed step and a full disk, and say in one line
-what to do; no real download or build here (fake pip scripts, a tmp cache)."""
+"""Setup's failure paths: the engine builder (engine_patch/builder.py) and the Makefile's
+venv stamp recover from a damaged cache, an interrupted or failed step and a full disk, and
+say in one line what to do; no real download or build here (fake pip scripts, a tmp cache)."""
 
 from __future__ import annotations
 
 import errno
 import hashlib
-import importlib.util
+import importlib
 import os
 import shutil
 import subprocess
@@ -21,13 +21,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _engine() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "build_engine_under_test", ROOT / "engine_patch" / "build_engine.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _engine(module: str = "builder") -> ModuleType:
+    """engine_patch.<module>, imported as a package from the repository's root."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module(f"engine_patch.{module}")
 
 
 def _fake_pip(path: Path, body: str) -> Path:
@@ -185,3 +183,29 @@ def test_make_deps_reruns_when_the_venv_python_is_gone(tmp_path: Path) -> None:
     assert "pip install" not in dry_run()  # up to date
     (venv / "bin" / "python").unlink()  # deleted, or a dangling link after an upgrade
     assert "pip install" in dry_run()
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("ninja") is None,
+                    reason="needs cmake and ninja")
+def test_cmake_build_builds_the_target_and_names_the_log_when_it_fails(tmp_path: Path) -> None:
+    """The builder's CMake + ninja build (what the GPU check runs on its bundle), on a
+    one-file library: the libraries' folder comes back; a compile error is one BuildError
+    naming the log, and a library that was not built is named."""
+    be = _engine()
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.14)\nproject(t C)\n"
+        "set(CMAKE_LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\n"
+        "add_library(llama SHARED a.c)\n")
+    (tree / "a.c").write_text("int llama_answer(void) { return 42; }\n")
+    log = tmp_path / "build.log"
+    progress: list[str] = []
+    lib_dir = be.cmake_build(tree, tmp_path / "build", [], log, jobs=1,
+                             expect=("libllama.so",), progress=progress.append)
+    assert (lib_dir / "libllama.so").exists() and log.read_text().startswith("cmake ")
+    with pytest.raises(be.BuildError, match=r"libggml-base.so is missing.*build.log"):
+        be.cmake_build(tree, tmp_path / "build", [], log, jobs=1)
+    (tree / "a.c").write_text("int llama_answer(void) { return }\n")
+    with pytest.raises(be.BuildError, match=r"the build of llama failed \(log: .*build.log\)"):
+        be.cmake_build(tree, tmp_path / "build", [], log, jobs=1, expect=("libllama.so",))

@@ -340,12 +340,12 @@ def test_a_thinking_models_thoughts_stay_out_of_scripts_and_the_next_turn(
 
 
 def test_the_terminal_prints_thoughts_dim_then_the_answer() -> None:
-    from moescope.cli.commands.chat import _AnswerPrinter
+    from moescope.cli.terminal import AnswerPrinter
 
     raw = "<|channel|>analysis<|message|>Two and two.<|start|>assistant<|channel|>final" \
           "<|message|>It is 4."
     out = io.StringIO()
-    printer = _AnswerPrinter(out, show_thoughts=True)
+    printer = AnswerPrinter(out, show_thoughts=True)
     for i in range(0, len(raw), 2):
         printer.feed(raw[i:i + 2])
     assert printer.finish() == "It is 4."

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from gguf import GGUFValueType as T
 
-from moescope.model.gguf_info import MAX_CONTEXT, MAX_LAYERS, read_model_info
+from moescope.model.gguf_info import read_model_info
+from moescope.model.header_checks import MAX_CONTEXT, MAX_LAYERS
 from moescope.util.errors import ModelFormatError, NotMoEError
 from moescope_testing import preset, write_synth_model
 from moescope_testing.hostile import DROP, rewrite_gguf

@@ -57,7 +57,7 @@ def test_an_abort_in_the_first_decode_blames_the_file_once(
         "qwen3moe.attention.layer_norm_rms_epsilon": (T.FLOAT32, float("nan"))})
     script = textwrap.dedent(f"""
         import moescope.model.gguf_info as g
-        g._check_header_numbers = lambda *a: None
+        g.check_header_numbers = lambda *a: None  # the name gguf_info calls
         from moescope.engine import Engine
         Engine().load({str(path)!r}, n_ctx=64, n_threads=1)
         print("LOADED")

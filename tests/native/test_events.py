@@ -8,7 +8,16 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from moescope.cache.native import EVENT_DTYPE, FETCH, HIT, SUBSTITUTE, ExpertCache, RouteResult
+from moescope.cache.native import (
+    EVENT_DTYPE,
+    EVENT_STEPS_HELD,
+    FETCH,
+    HIT,
+    SUBSTITUTE,
+    ExpertCache,
+    RouteResult,
+    event_ring_rows,
+)
 
 MakeCache = Callable[..., ExpertCache]
 RouteFn = Callable[..., RouteResult]
@@ -108,6 +117,22 @@ def test_ring_overflow_keeps_the_newest_rows_and_counts_the_lost(
     assert rows["step"].tolist() == [3, 4, 5]
     assert cache.events_dropped == 2
     assert cache.layer_stats(0).tokens == 5
+
+
+def test_a_ring_sized_to_the_model_holds_its_steps_and_no_more(make_cache: MakeCache) -> None:
+    """The engine's ring: EVENT_STEPS_HELD decode steps of every MoE layer survive undrained
+    (teacher forcing drains once at the end); the next step drops its oldest rows."""
+    cache = make_cache("quality-first", slots=6, top_k=2, n_layers=8)
+    rows = event_ring_rows(cache.n_layers)
+    assert rows == 8 * EVENT_STEPS_HELD and rows * EVENT_DTYPE.itemsize < 2**21
+    cache.set_event_capacity(rows)
+    run_workload(cache, steps=EVENT_STEPS_HELD)
+    assert cache.events_dropped == 0
+    run_workload(cache, steps=1, seed=1)
+    assert cache.events_dropped == cache.n_layers
+    assert len(cache.drain_events()) == rows
+    assert event_ring_rows(2) == 1024, "a floor for tiny models"
+    assert event_ring_rows(48) * EVENT_DTYPE.itemsize < 11e6, "not 57 MB as before"
 
 
 def test_drain_removes_what_it_returns(make_cache: MakeCache, route: RouteFn) -> None:

@@ -145,6 +145,21 @@ EVENT_DTYPE: np.dtype[Any] = np.dtype(CEvent)
 COPY_DTYPE: np.dtype[Any] = np.dtype(CCopy)
 """numpy dtype of one copy-plan entry, byte-identical to ``moecache_copy``."""
 
+EVENT_STEPS_HELD = 256
+"""Governed steps of event rows the ring holds before the oldest are dropped. The engine
+drains every token (generation, evaluation); teacher forcing (``Engine.forced_logits``)
+drains once at the end, so this is also the longest forced run whose rows all survive."""
+
+
+def event_ring_rows(n_moe_layers: int, tokens_per_step: int = 1,
+                    steps: int = EVENT_STEPS_HELD) -> int:
+    """Rows of the core's event ring for a model: one row per (step, MoE layer, token) of a
+    governed step (a decode step is one token; prefill is not governed and writes none),
+    for ``steps`` steps, at least 1,024. Sized to the model rather than a fixed 65,536
+    rows: a row is ``EVENT_DTYPE.itemsize`` (864) bytes, so 48 MoE layers hold
+    12,288 rows (10.6 MB) instead of 57 MB."""
+    return max(1024, max(0, n_moe_layers) * max(1, tokens_per_step) * max(1, steps))
+
 
 class NativeLibraryNotFoundError(MoEScopeError):
     """Neither a built libmoecache nor an engine library carrying the core was found."""

@@ -31,7 +31,13 @@ import numpy as np
 import numpy.typing as npt
 
 from moescope.cache.budget import BudgetPlan, plan_for_model
-from moescope.cache.native import EVENT_DTYPE, ExpertCache, LayerStats, policy_to_c
+from moescope.cache.native import (
+    EVENT_DTYPE,
+    ExpertCache,
+    LayerStats,
+    event_ring_rows,
+    policy_to_c,
+)
 from moescope.cache.policy import Policy
 from moescope.cache.prefetch import PrefetchMeter
 from moescope.engine import bindings
@@ -227,7 +233,7 @@ class Engine:
             self._cache = ExpertCache.attach(handle, n_layers=self._n_layers(),
                                              n_experts=info.n_expert, top_k=info.top_k,
                                              lib=self._lib)
-            self._cache.set_event_capacity(1 << 16)
+            self._cache.set_event_capacity(event_ring_rows(len(info.moe_layers)))
             self._prefetch = PrefetchMeter(self._cache, info.moe_layers)
             if plan.clamped:
                 notice = plan.message

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import struct
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,14 +30,13 @@ from typing import Any
 
 import numpy as np
 from gguf import (
-    GGML_QUANT_SIZES,
     GGMLQuantizationType,
-    GGUFEndian,
     GGUFReader,
     GGUFValueType,
 )
-from gguf.gguf_reader import ReaderField
 
+from moescope.model.gguf_reader import Corrupt, HeaderReader, StrictReader, Truncated
+from moescope.model.header_checks import array_len, check_header_numbers, int_value
 from moescope.util.errors import ModelFileNotFoundError, ModelFormatError, NotMoEError
 
 GGUF_MAGIC = b"GGUF"
@@ -47,199 +45,9 @@ _SUPPORTED_VERSIONS = (2, 3)
 PARTIAL_SUFFIXES = (".incomplete", ".part", ".partial")
 """Names of files still being downloaded or written: never opened as a model."""
 
-# Limits of the vendored llama.cpp (llama-hparams.h, ggml.h): a header value beyond them
-# makes its loader fail an internal check (the process aborts), so they are refused here.
-MAX_LAYERS = 512  # LLAMA_MAX_LAYERS
-MAX_EXPERTS = 1024  # LLAMA_MAX_EXPERTS
-_MAX_DIMS = 4  # GGML_MAX_DIMS
-_MAX_NAME = 64  # GGML_MAX_NAME, with the terminating NUL
-_TENSOR_ALIGNMENT = 32  # TENSOR_ALIGNMENT: where ggml's CPU buffers expect tensor data
-# Not llama.cpp limits but sanity bounds well above any published model, so a corrupt
-# count fails in one line instead of allocating Python objects until memory runs out.
-MAX_TENSORS = 1 << 20
-MAX_KV = 1 << 20
-# llama-cpp-python allocates a buffer of context_length tokens for every tokenize call:
-# 2^31-1 is 8 GiB per call. 2^24 is 1.6x the longest published context (10M tokens).
-MAX_CONTEXT = 1 << 24
-MAX_EMBD = 1 << 20
-MAX_HEADS = 1 << 16
-MAX_VOCAB = (1 << 31) - 1  # token ids are int32
-MAX_ALIGNMENT = 1 << 20
-# Strings of an array are walked one by one (each carries its own length): a few seconds
-# at most. The largest vocabularies and merge lists published have under a million.
-MAX_STRINGS = 1 << 23
-# The smallest encodings: a KV pair (key length, a one-byte key, type, a one-byte value)
-# and a tensor info (name length, a one-byte name, n_dims, type, offset).
-_MIN_KV_BYTES = 8 + 1 + 4 + 1
-_MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 4 + 8
-_INT_TYPES = frozenset({
-    GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
-    GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64,
-})
-_FLOAT_TYPES = frozenset({GGUFValueType.FLOAT32, GGUFValueType.FLOAT64})
-
 _EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_exps\.(weight|bias|scale)$")
 _BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.")
 _SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
-
-
-class _Truncated(Exception):
-    """Raised from inside the reader when the header points past the end of the file."""
-
-    def __init__(self, offset: int, size: int) -> None:
-        super().__init__(offset, size)
-        self.offset = offset
-        self.size = size
-
-
-class _Corrupt(Exception):
-    """Raised from inside the reader for a header value no GGUF file can have."""
-
-
-class _StrictReader(GGUFReader):
-    """GGUFReader that fails fast on reads past the end of the file.
-
-    The stock reader silently returns short arrays at the end of the memory map, which
-    turns truncation into an obscure reshape error (or, for a corrupt array length, a very
-    long loop). Checking every read turns both into one precise message.
-    """
-
-    def _get(self, offset: int, dtype: Any, count: int = 1,
-             override_order: Any = None) -> np.ndarray:
-        count = int(count)
-        end = int(offset) + np.dtype(dtype).itemsize * count
-        if end > len(self.data):
-            raise _Truncated(end, len(self.data))
-        return super()._get(offset, dtype, count, override_order)
-
-    def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple[int, list[Any],
-                                                                      list[int], list[Any]]:
-        """Keep arrays as one view instead of one numpy object per element.
-
-        A 150k-token vocabulary plus its merges makes the stock reader build about half a
-        million small arrays (seconds); MoEScope never needs the individual strings here.
-        Numeric arrays become a single typed view; string arrays a single byte view.
-        """
-        if GGUFValueType(raw_type) != GGUFValueType.ARRAY:
-            return super()._get_field_parts(orig_offs, raw_type)
-        offs = orig_offs
-        raw_itype = self._get(offs, np.uint32)
-        offs += int(raw_itype.nbytes)
-        alen = self._get(offs, np.uint64)
-        offs += int(alen.nbytes)
-        itype = GGUFValueType(int(raw_itype[0]))
-        if itype == GGUFValueType.ARRAY:  # llama.cpp's gguf reader refuses them too
-            raise _Corrupt("an array of arrays, which GGUF does not allow")
-        count = int(alen[0])
-        types = [GGUFValueType.ARRAY, itype]
-        if itype == GGUFValueType.STRING:
-            fmt = "<Q" if self.endianess == GGUFEndian.LITTLE else ">Q"
-            pos, size = offs, len(self.data)
-            # each string needs at least its 8-byte length
-            _check_count(count, "strings in one array", offs, size, 8, MAX_STRINGS)
-            for _ in range(count):
-                if pos + 8 > size:
-                    raise _Truncated(pos + 8, size)
-                pos += 8 + struct.unpack_from(fmt, self.data, pos)[0]
-            payload = self._get(offs, np.uint8, pos - offs)
-            return pos - orig_offs, [raw_itype, alen, payload], [], types
-        nptype = self.gguf_scalar_to_np[itype]
-        values = self._get(offs, nptype, count)
-        return offs + int(values.nbytes) - orig_offs, [raw_itype, alen, values], [2], types
-
-    def _build_fields(self, offs: int, count: int) -> int:
-        """Bound the KV count by the bytes that could hold it before looping over it."""
-        _check_count(int(count), "metadata entries", int(offs), len(self.data),
-                     _MIN_KV_BYTES, MAX_KV)
-        return super()._build_fields(offs, count)
-
-    def _build_tensor_info(self, offs: int, count: int) -> tuple[int, list[ReaderField]]:
-        _check_alignment(self.fields.get("general.alignment"))
-        _check_count(int(count), "tensors", int(offs), len(self.data),
-                     _MIN_TENSOR_INFO_BYTES, MAX_TENSORS)
-        return super()._build_tensor_info(offs, count)
-
-    def _get_tensor_info_field(self, orig_offs: int) -> ReaderField:
-        """One tensor info, with the checks llama.cpp's gguf reader makes: a name shorter
-        than GGML_MAX_NAME, at most four dimensions, an element count that fits int64, a
-        known type whose block size divides the row."""
-        name_len = int(self._get(orig_offs, np.uint64)[0])
-        if name_len >= _MAX_NAME:
-            raise _Corrupt(f"a tensor name is {name_len} bytes long; the limit is "
-                           f"{_MAX_NAME - 1}")
-        n_dims = int(self._get(orig_offs + 8 + name_len, np.uint32)[0])
-        if n_dims > _MAX_DIMS:
-            raise _Corrupt(f"a tensor has {n_dims} dimensions; the limit is {_MAX_DIMS}")
-        field = super()._get_tensor_info_field(orig_offs)
-        name = field.name
-        elements = 1
-        for dim in (int(d) for d in field.parts[3]):
-            if dim >= 1 << 63:
-                raise _Corrupt(f"tensor {name} has a negative dimension")
-            elements *= dim
-        if elements >= 1 << 63:
-            raise _Corrupt(f"tensor {name} has more elements than fit in 64 bits")
-        raw_type = int(field.parts[4][0])
-        try:
-            qtype = GGMLQuantizationType(raw_type)
-            block, type_size = GGML_QUANT_SIZES[qtype]
-        except (ValueError, KeyError):
-            raise _Corrupt(f"tensor {name} has unknown ggml type {raw_type}") from None
-        ne0 = int(field.parts[3][0]) if n_dims else 1
-        if ne0 % block:
-            raise _Corrupt(f"tensor {name} has rows of {ne0} {qtype.name} values, not a "
-                           f"multiple of its block size {block}")
-        if elements // block * type_size >= 1 << 63:
-            raise _Corrupt(f"tensor {name} is larger than 2^63 bytes")
-        if int(field.parts[5][0]) >= 1 << 62:  # the stock reader's sum would overflow
-            raise _Corrupt(f"tensor {name} has data offset {int(field.parts[5][0])}, "
-                           f"beyond any file")
-        return field
-
-
-def _check_count(count: int, what: str, offs: int, size: int, min_bytes: int,
-                 limit: int) -> None:
-    """A count read from the header, bounded by ``limit`` and by the bytes left in the file
-    (each item needs at least ``min_bytes``), before anything loops over it."""
-    if count > limit:
-        raise _Corrupt(f"it declares {count} {what}; the limit is {limit}")
-    if offs + count * min_bytes > size:
-        raise _Truncated(offs + count * min_bytes, size)
-
-
-def _check_alignment(f: ReaderField | None) -> None:
-    """``general.alignment``: a power of two that keeps tensor data where ggml's CPU
-    buffers need it (llama.cpp cannot map the file otherwise), and not so large that the
-    padding alone runs past any real file."""
-    if f is None:
-        return
-    if f.types != [GGUFValueType.UINT32]:
-        raise _Corrupt("general.alignment must be a uint32")
-    value = int(f.parts[-1][0])
-    if value & (value - 1) or not _TENSOR_ALIGNMENT <= value <= MAX_ALIGNMENT:
-        raise _Corrupt(f"general.alignment is {value}; expected a power of two from "
-                       f"{_TENSOR_ALIGNMENT} to {MAX_ALIGNMENT}")
-
-
-class _HeaderReader(_StrictReader):
-    """A reader over the first bytes of a file only (a header fetched with an HTTP range
-    request): the tensor table is read, the tensor data is never touched.
-
-    Each tensor's ``data`` becomes a zero-stride view of the right shape (no memory), so
-    the stock code builds its tensor list unchanged while the bytes are elsewhere.
-    """
-
-    _tensor_data = False
-
-    def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:
-        self._tensor_data = True
-        super()._build_tensors(start_offs, fields)
-
-    def _get(self, offset: int, dtype: Any, count: int = 1,
-             override_order: Any = None) -> np.ndarray:
-        if self._tensor_data:
-            return np.broadcast_to(np.zeros((), dtype=dtype), (int(count),))
-        return super()._get(offset, dtype, count, override_order)
 
 
 class HeaderIncomplete(ModelFormatError):
@@ -365,7 +173,7 @@ def read_model_info(path: str | os.PathLike[str], *, require_moe: bool = True) -
     """
     p = Path(path)
     files = [_open(p)]
-    count = _int(files[0][2], "split.count", 0) or 0
+    count = int_value(files[0][2], "split.count", 0) or 0
     if count > 1:
         parts = split_paths(p, count)
         if parts[0] != p:  # a later part was given: the metadata is in the first
@@ -376,7 +184,7 @@ def read_model_info(path: str | os.PathLike[str], *, require_moe: bool = True) -
                     f"{p.name}: part {index + 1} of {count} of this split model is missing "
                     f"({part.name} should be next to it; incomplete download?)")
             files.append(_open(part))
-            no = _int(files[-1][2], "split.no", -1)
+            no = int_value(files[-1][2], "split.no", -1)
             if no != index:
                 raise ModelFormatError(f"{part.name}: says it is split part {no}, expected "
                                        f"{index} (parts of different models mixed?)")
@@ -403,14 +211,14 @@ def read_header_info(parts: Sequence[tuple[str, int, bytes]], *,
             f.write(data)
             f.flush()
             try:
-                reader = _HeaderReader(f, "r")
-            except _Truncated as err:
+                reader = HeaderReader(f, "r")
+            except Truncated as err:
                 if err.offset <= size:
                     raise HeaderIncomplete(name, index, err.offset) from None
                 raise ModelFormatError(
                     f"{name}: file is truncated: it needs at least {err.offset} bytes but "
                     f"has {size}") from None
-            except _Corrupt as err:
+            except Corrupt as err:
                 raise ModelFormatError(f"{name}: corrupt GGUF header ({err})") from None
             except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError,
                     TypeError, MemoryError) as err:
@@ -419,10 +227,10 @@ def read_header_info(parts: Sequence[tuple[str, int, bytes]], *,
         if reader.data_offset > len(data):  # the padding before the data is hashed too
             raise HeaderIncomplete(name, index, int(reader.data_offset))
         files.append((Path(name), size, reader))
-        no = _int(reader, "split.no", 0)
+        no = int_value(reader, "split.no", 0)
         if len(parts) > 1 and no != index:
             raise ModelFormatError(f"{name}: says it is split part {no}, expected {index}")
-    count = _int(files[0][2], "split.count", 0) or 0
+    count = int_value(files[0][2], "split.count", 0) or 0
     if max(count, 1) != len(parts):
         raise ModelFormatError(f"{parts[0][0]}: is split in {count or 1} files, "
                                f"{len(parts)} given")
@@ -446,13 +254,13 @@ def _open(p: Path) -> tuple[Path, int, GGUFReader]:
     """``(path, size, reader)``, or one clear sentence on why the file cannot be read."""
     file_size = _check_file(p)
     try:
-        return p, file_size, _StrictReader(p, "r")
-    except _Truncated as err:
+        return p, file_size, StrictReader(p, "r")
+    except Truncated as err:
         raise ModelFormatError(
             f"{p.name}: file is truncated: it is {_size_text(err.size)} but its header "
             f"needs at least {_size_text(err.offset)} (incomplete download?)"
         ) from None
-    except _Corrupt as err:
+    except Corrupt as err:
         raise ModelFormatError(f"{p.name}: corrupt GGUF header ({err})") from None
     except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError,
             TypeError, MemoryError) as err:
@@ -542,224 +350,6 @@ def _scalar(reader: GGUFReader, key: str) -> Any:
     return f.parts[f.data[0]][0].item()
 
 
-def _int(reader: GGUFReader, key: str, default: int | None = None) -> int | None:
-    """An integer KV value (the max of a per-layer array), or ``default`` when absent."""
-    values = _numbers(reader, key, integer=True)
-    if values is None or not values.size:
-        return default
-    return int(values.max())
-
-
-def _numbers(reader: GGUFReader, key: str, *, integer: bool) -> np.ndarray | None:
-    """All values of a numeric KV pair (one for a scalar, each layer's for an array), or
-    None when absent. A value of the wrong kind is one clear error, as in llama.cpp, whose
-    loader requires each key's exact type."""
-    f = reader.fields.get(key)
-    if f is None or not f.types:
-        return None
-    kind = f.types[-1] if f.types[0] == GGUFValueType.ARRAY else f.types[0]
-    wanted = _INT_TYPES if integer else _INT_TYPES | _FLOAT_TYPES
-    if kind not in wanted or (f.types[0] == GGUFValueType.ARRAY and len(f.types) < 2):
-        raise ModelFormatError(
-            f"metadata key {key} should be {'an integer' if integer else 'a number'}, "
-            f"but it is {'an array of ' if f.types[0] == GGUFValueType.ARRAY else ''}"
-            f"{kind.name.lower()}")
-    parts = [np.asarray(f.parts[i]).ravel() for i in f.data]
-    values = np.concatenate(parts) if parts else np.zeros(0)
-    # int64 keeps every uint32/int32 exact; uint64 values of 2^63 and above become
-    # negative, which every bound below refuses as they should be.
-    return values.astype(np.float64 if kind in _FLOAT_TYPES else np.int64)
-
-
-def _check_header_numbers(name: str, reader: GGUFReader, arch: str) -> None:
-    """Refuse the hyperparameters the vendored llama.cpp cannot take, with the reason.
-
-    Its loader checks many of them with GGML_ASSERT, which aborts the process (a block
-    count above LLAMA_MAX_LAYERS, more routed experts than experts, a negative or NaN
-    norm epsilon reaching ggml's norm kernels); others reach a division or a loop sized by
-    them. Every count, size and id of the architecture's header is therefore bounded here,
-    before llama.cpp or this module allocates or loops over anything.
-    """
-
-    def ints(key: str, low: int, high: int, what: str, *, per_layer: bool = False,
-             required: bool = False) -> np.ndarray | None:
-        values = _numbers(reader, key, integer=True)
-        if values is None:
-            if required:
-                raise ModelFormatError(f"{name}: metadata has no {key} ({what})")
-            return None
-        if reader.fields[key].types[0] == GGUFValueType.ARRAY and (
-                not per_layer or values.size != n_layers):
-            expected = f"{n_layers} values, one per layer" if per_layer else "one value"
-            raise ModelFormatError(f"{name}: {key} is an array of {values.size} values, "
-                                   f"expected {expected}")
-        bad = values[(values < low) | (values > high)]
-        if bad.size:
-            raise ModelFormatError(f"{name}: {key} ({what}) is {int(bad[0])}, expected "
-                                   f"{low}..{high}")
-        return values
-
-    n_layers = int(ints(f"{arch}.block_count", 1, MAX_LAYERS, "the number of layers",
-                        required=True).max())
-    ints(f"{arch}.nextn_predict_layers", 0, n_layers, "layers for multi-token prediction")
-    n_expert = int(_max(ints(f"{arch}.expert_count", 0, MAX_EXPERTS, "experts per layer")))
-    used = ints(f"{arch}.expert_used_count", 0, MAX_EXPERTS, "experts routed per token",
-                per_layer=True)
-    top_k = int(_max(used))
-    if n_expert and not 1 <= top_k <= n_expert:
-        raise ModelFormatError(f"{name}: {arch}.expert_used_count is {top_k}, expected "
-                               f"1..{n_expert} (the model has {n_expert} experts per layer)")
-    if not n_expert and top_k:
-        raise ModelFormatError(f"{name}: {arch}.expert_used_count is {top_k}, but the model "
-                               f"has no {arch}.expert_count")
-    groups = int(_max(ints(f"{arch}.expert_group_count", 0, MAX_EXPERTS, "expert groups")))
-    group_used = int(_max(ints(f"{arch}.expert_group_used_count", 0, MAX_EXPERTS,
-                               "expert groups used")))
-    if groups and (groups >= max(n_expert, 1) or (groups > 1 and (
-            n_expert % groups or not 0 < group_used < groups))):
-        raise ModelFormatError(
-            f"{name}: {arch}.expert_group_count {groups} and expert_group_used_count "
-            f"{group_used} do not divide {n_expert} experts (llama.cpp needs fewer groups "
-            f"than experts, a divisor of the expert count, and 0 < used < groups)")
-    ints(f"{arch}.expert_shared_count", 0, MAX_EXPERTS, "shared experts")
-    ints(f"{arch}.context_length", 1, MAX_CONTEXT, "the training context in tokens")
-    ints(f"{arch}.embedding_length", 1, MAX_EMBD, "the hidden size")
-    for key in ("feed_forward_length", "expert_feed_forward_length",
-                "expert_shared_feed_forward_length"):
-        ints(f"{arch}.{key}", 0, MAX_EMBD * 64, "a feed-forward width", per_layer=True)
-    heads = ints(f"{arch}.attention.head_count", 0, MAX_HEADS, "attention heads",
-                 per_layer=True)
-    kv_heads = ints(f"{arch}.attention.head_count_kv", 0, MAX_HEADS, "key/value heads",
-                    per_layer=True)
-    if heads is not None and kv_heads is not None:
-        for h, kv in zip(np.broadcast_to(heads, n_layers), np.broadcast_to(kv_heads, n_layers),
-                         strict=True):
-            if kv and h % kv:
-                raise ModelFormatError(
-                    f"{name}: {int(h)} attention heads cannot share {int(kv)} key/value "
-                    f"heads evenly ({arch}.attention.head_count_kv)")
-    for key in ("attention.key_length", "attention.value_length", "rope.dimension_count",
-                "attention.key_length_mla", "attention.value_length_mla",
-                "attention.q_lora_rank", "attention.kv_lora_rank",
-                "attention.sliding_window", "ssm.conv_kernel", "ssm.inner_size",
-                "ssm.state_size", "ssm.time_step_rank", "ssm.group_count"):
-        ints(f"{arch}.{key}", 0, MAX_EMBD, "a size")
-    # llama.cpp's MoE graph aborts on a gating function outside its enum; deepseek2 and
-    # glm4moe read 0 (none) as their default, the others have no default for it
-    ints(f"{arch}.expert_gating_func", 0 if arch in ("deepseek2", "glm4moe") else 1, 4,
-         "the expert gating function: 1 softmax, 2 sigmoid, 3 softmax of the weights, "
-         "4 sqrt-softplus")
-    ints(f"{arch}.leading_dense_block_count", 0, n_layers, "leading dense layers")
-    ints(f"{arch}.full_attention_interval", 1, n_layers, "layers per full-attention layer")
-    ints(f"{arch}.vocab_size", 1, MAX_VOCAB, "the vocabulary size")
-    for key, f in reader.fields.items():
-        if not key.startswith(f"{arch}.") or f.types[-1] not in _FLOAT_TYPES:
-            continue
-        values = _numbers(reader, key, integer=False)
-        if values is None or not values.size:
-            continue
-        if not np.isfinite(values).all():
-            raise ModelFormatError(f"{name}: {key} is {values[~np.isfinite(values)][0]:g}, "
-                                   f"expected a finite number")
-        if key.endswith(("_eps", "epsilon")) and (values < 0).any():
-            raise ModelFormatError(f"{name}: {key} is {values.min():g}, expected a small "
-                                   f"number >= 0 (a normalization epsilon)")
-    if arch in _ATTENTION_ARCHES:
-        _check_attention(name, reader, arch, heads)
-    if arch == "deepseek2":
-        _check_mla_latent(name, reader, arch)
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    if tokens is not None and tokens.types[0] == GGUFValueType.ARRAY:
-        n_vocab = _array_len(tokens)
-        if not 1 <= n_vocab <= MAX_VOCAB:
-            raise ModelFormatError(f"{name}: the vocabulary has {n_vocab} tokens, expected "
-                                   f"1..{MAX_VOCAB}")
-
-
-def _check_mla_latent(name: str, reader: GGUFReader, arch: str) -> None:
-    """deepseek2 with MLA heads (``key_length_mla``) caches one shared latent key/value
-    head of ``kv_lora_rank + rope.dimension_count`` values; other sizes pass the tensor
-    shape checks and abort the first decode (``GGML_ASSERT(a->ne[0] == b->ne[0])``).
-    Fuzzing found a file whose ``head_count_kv`` key was misspelled by a flipped byte:
-    llama.cpp's default, the head count, gave the cache the wrong row size."""
-    heads = _int(reader, f"{arch}.attention.head_count", 0) or 0
-    if heads <= 0 or not (_int(reader, f"{arch}.attention.key_length_mla", 0)
-                          and _int(reader, f"{arch}.attention.value_length_mla", 0)):
-        return
-    kv_heads = _numbers(reader, f"{arch}.attention.head_count_kv", integer=True)
-    if kv_heads is None or (kv_heads != 1).any():
-        shown = heads if kv_heads is None else int(kv_heads[kv_heads != 1][0])
-        raise ModelFormatError(
-            f"{name}: {arch}.attention.head_count_kv is {shown}"
-            f"{' (absent: the head count)' if kv_heads is None else ''}, expected 1: "
-            f"attention with key_length_mla shares one latent key/value head")
-    n_embd = _int(reader, f"{arch}.embedding_length", 0) or 0
-    head_k = _int(reader, f"{arch}.attention.key_length", n_embd // heads) or 0
-    n_rot = _int(reader, f"{arch}.rope.dimension_count", head_k) or 0
-    rank = _int(reader, f"{arch}.attention.kv_lora_rank")
-    if rank is not None and head_k != rank + n_rot:
-        raise ModelFormatError(
-            f"{name}: {arch}.attention.key_length is {head_k}, expected kv_lora_rank + "
-            f"rope.dimension_count = {rank + n_rot} (the latent key of MLA attention)")
-
-
-_ATTENTION_ARCHES = ("qwen3moe", "olmoe", "llama", "qwen3", "gpt-oss", "deepseek2", "qwen3next")
-
-
-def _check_attention(name: str, reader: GGUFReader, arch: str,
-                     heads: np.ndarray | None) -> None:
-    """Head sizes that no tensor shape reveals but that llama.cpp's graph for ``arch``
-    asserts on (``models/<arch>.cpp``, ggml's rope kernel), derived as its loader does."""
-    if heads is None:  # llama.cpp then expects no attention tensors: a clean error
-        return
-    n_head = _max(heads)
-    if n_head < 1:
-        raise ModelFormatError(f"{name}: {arch}.attention.head_count is 0; {arch} layers "
-                               f"have attention heads")
-    n_embd = _int(reader, f"{arch}.embedding_length", 0) or 0
-    head_k = _int(reader, f"{arch}.attention.key_length", n_embd // n_head) or 0
-    head_v = _int(reader, f"{arch}.attention.value_length", n_embd // n_head) or 0
-    n_rot = _int(reader, f"{arch}.rope.dimension_count", head_k) or 0
-    rope_room = head_k
-    if arch == "deepseek2":  # MLA: the rotated part is taken off the key head
-        rope_room = (_int(reader, f"{arch}.attention.key_length_mla", head_k) or 0) - 1
-    why = ""
-    if n_rot < 2 or n_rot % 2 or n_rot > rope_room:
-        why = (f"{arch}.rope.dimension_count is {n_rot}, expected an even number from 2 to "
-               f"{rope_room}" + (" (below the MLA key length)" if arch == "deepseek2" else
-                                 " (the key head size)"))
-    elif (arch in ("qwen3moe", "olmoe", "llama", "qwen3", "gpt-oss")
-          and not head_k == head_v == n_rot):
-        why = (f"key head size {head_k}, value head size {head_v} and rope dimensions "
-               f"{n_rot} differ; {arch} needs them equal")
-    elif arch == "olmoe" and head_k * n_head != n_embd:  # its query weight is n_embd wide
-        why = (f"{n_head} heads of {head_k} do not make up the hidden size {n_embd}, as "
-               f"{arch} needs")
-    elif arch == "qwen3next":
-        groups = _int(reader, f"{arch}.ssm.group_count", 0) or 0
-        rank = _int(reader, f"{arch}.ssm.time_step_rank", 0) or 0
-        inner = _int(reader, f"{arch}.ssm.inner_size", 0) or 0
-        state = _int(reader, f"{arch}.ssm.state_size", 0) or 0
-        if head_k != head_v:
-            why = f"key head size {head_k} and value head size {head_v} differ"
-        elif groups < 1 or rank % groups:
-            why = (f"{arch}.ssm.time_step_rank {rank} is not a multiple of "
-                   f"{arch}.ssm.group_count {groups}")
-        elif inner != state * rank:  # the graph's value head size is inner / rank
-            why = (f"{arch}.ssm.inner_size is {inner}, expected ssm.state_size x "
-                   f"ssm.time_step_rank = {state * rank}")
-    if why:
-        raise ModelFormatError(f"{name}: {why}")
-
-
-def _max(values: np.ndarray | None) -> int:
-    return int(values.max()) if values is not None and values.size else 0
-
-
-def _array_len(f: ReaderField) -> int:
-    """Element count of an array field (parts: key len, key, type, item type, count, ...)."""
-    return int(f.parts[4][0])
-
 
 def _small_metadata(reader: GGUFReader) -> dict[str, Any]:
     """Scalar KV pairs only; arrays (vocabularies, merges) are summarized by their length."""
@@ -768,7 +358,7 @@ def _small_metadata(reader: GGUFReader) -> dict[str, Any]:
         if key.startswith("GGUF.") or not f.types:
             continue
         if f.types[0] == GGUFValueType.ARRAY:
-            out[key] = f"[{_array_len(f)} items]"
+            out[key] = f"[{array_len(f)} items]"
         else:
             out[key] = _scalar(reader, key)
     return out
@@ -779,10 +369,10 @@ def _describe(files: list[tuple[Path, int, GGUFReader]], require_moe: bool) -> M
     arch = _scalar(reader, "general.architecture")
     if not isinstance(arch, str) or not arch:
         raise ModelFormatError(f"{p.name}: GGUF file has no general.architecture")
-    _check_header_numbers(p.name, reader, arch)
-    n_layers = _int(reader, f"{arch}.block_count") or 0
-    n_expert = _int(reader, f"{arch}.expert_count", 0) or 0
-    top_k = _int(reader, f"{arch}.expert_used_count", 0) or 0
+    check_header_numbers(p.name, reader, arch)
+    n_layers = int_value(reader, f"{arch}.block_count") or 0
+    n_expert = int_value(reader, f"{arch}.expert_count", 0) or 0
+    top_k = int_value(reader, f"{arch}.expert_used_count", 0) or 0
 
     expert_tensors: dict[int, list[ExpertTensor]] = {}
     block_layers: set[int] = set()
@@ -828,7 +418,7 @@ def _describe(files: list[tuple[Path, int, GGUFReader]], require_moe: bool) -> M
         expert_bytes += n_bytes
 
     missing = sorted(set(range(n_layers)) - block_layers)
-    if missing and not _int(reader, f"{arch}.nextn_predict_layers", 0):
+    if missing and not int_value(reader, f"{arch}.nextn_predict_layers", 0):
         raise ModelFormatError(
             f"{p.name}: {arch}.block_count says {n_layers} layers, but the file has no "
             f"tensors for layer {missing[0]}"
@@ -863,11 +453,11 @@ def _describe(files: list[tuple[Path, int, GGUFReader]], require_moe: bool) -> M
         architecture=arch,
         name=_scalar(reader, "general.name"),
         n_layers=n_layers,
-        n_embd=_int(reader, f"{arch}.embedding_length"),
-        context_length=_int(reader, f"{arch}.context_length"),
+        n_embd=int_value(reader, f"{arch}.embedding_length"),
+        context_length=int_value(reader, f"{arch}.context_length"),
         n_expert=n_expert if expert_tensors else 0,
         top_k=top_k if expert_tensors else 0,
-        n_expert_shared=_int(reader, f"{arch}.expert_shared_count", 0) or 0,
+        n_expert_shared=int_value(reader, f"{arch}.expert_shared_count", 0) or 0,
         moe_layers=moe_layers,
         dense_layers=dense_layers,
         expert_tensors=frozen,

@@ -26,6 +26,10 @@ Rows recorded without router inputs (earlier tokens of a batched ubatch, or a tr
 without them) are replayed from the event row itself: ids and normalized weights are exact,
 but probabilities are unknown, so a substitute choice can differ; such rows are counted in
 :attr:`ReplayResult.approximate_rows`.
+
+A little above 600 lines on purpose: the rules above are one walk over the trace, each
+depending on the state the previous one left (step, policy, slots, prefetch counters);
+split, the order that makes the replay exact would have to be read across files.
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ naming the field and showing the value briefly, which :mod:`.reader` turns into 
 :class:`~moescope.trace.schema.TraceFormatError` naming the line. A token's event rows and
 router inputs are checked column by column in a few numpy calls (a token has a row per MoE
 layer; per-row Python checks were most of the cost of reading).
+
+About 750 lines on purpose: it is the one list of every field's bound, for every record
+kind of both trace formats (JSON lines and Arrow); kept together so that a bound is
+written once and a reviewer can check the whole schema against ``docs/trace-format.md``
+in one place.
 """
 
 from __future__ import annotations

@@ -16,12 +16,9 @@ second Ctrl+C stops.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import os
-import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -40,7 +37,14 @@ from moescope.cli.commands.generate import (
     sampling_from_args,
     summary_line,
 )
-from moescope.model.reasoning import THINKING_SETTINGS, split_reasoning
+from moescope.cli.terminal import (
+    AnswerPrinter,
+    stop_on_interrupt,
+    stream_reader,
+    terminal_reader,
+    use_color,
+)
+from moescope.model.reasoning import THINKING_SETTINGS
 from moescope.session.answer import answer_now
 from moescope.session.recording import Recording, RecordingStopped
 from moescope.util.errors import MoEScopeError
@@ -130,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
             thinking = "default"
         sampling = dataclasses.replace(sampling_from_args(args), thinking=thinking)
         session = ChatSession(engine, sampling, system=args.system,
-                              recording=recording, color=_use_color(sys.stdout))
-        read = _terminal_reader() if tty else _stream_reader(stdin)
+                              recording=recording, color=use_color(sys.stdout))
+        read = terminal_reader() if tty else stream_reader(stdin)
         while True:
             line = read()
             if line is None or not session.handle(line):
@@ -232,13 +236,13 @@ class ChatSession:
         engine = self.engine
         previous = engine.last_answer
         prefix = self.answer_prefix()
-        printer = _AnswerPrinter(self.out, show_thoughts=self.color, raw=prefix)
+        printer = AnswerPrinter(self.out, show_thoughts=self.color, raw=prefix)
         start = ""
         try:
             while True:
                 if start and self.recording is not None:
                     self.recording.answer_now()
-                with _stop_on_interrupt(engine) as interrupted:
+                with stop_on_interrupt(engine) as interrupted:
                     for tok in engine.generate(self.conversation(), self.sampling,
                                                answer_start=start):
                         self._record(tok)
@@ -412,7 +416,7 @@ class ChatSession:
             if label:
                 self._dim(f"[{done + 1}/{total}] {label}…")
 
-        with _stop_on_interrupt(self.engine) as interrupted:
+        with stop_on_interrupt(self.engine) as interrupted:
             result = compare_policies(
                 self.engine, conversation, ["exact", *policies],
                 max_tokens=min(self.sampling.max_tokens, 256), thinking=self.sampling.thinking,
@@ -467,136 +471,6 @@ class ChatSession:
         self.out.flush()
         self.err.write(f"moescope: {text}\n")
         self.err.flush()
-
-
-@dataclass
-class _AnswerPrinter:
-    """Streams an answer to ``out``: thoughts dim (or not at all), then the answer.
-
-    Prints what each split adds to what it printed before; a marker cut by the stream is
-    held back by the split until it completes, so none is ever printed.
-    """
-
-    out: TextIO
-    show_thoughts: bool
-    raw: str = ""
-    last: str = ""
-    """The last character printed."""
-    _thoughts: int = 0
-    _answer: int = 0
-
-    def feed(self, text: str, *, partial: bool = True) -> None:
-        self.raw += text
-        split = split_reasoning(self.raw, partial=partial)
-        if self.show_thoughts and len(split.reasoning) > self._thoughts:
-            head = "" if self._thoughts else "thinking: "
-            self._write(f"\x1b[2m{head}{split.reasoning[self._thoughts:]}\x1b[0m")
-            self._thoughts = len(split.reasoning)
-        if len(split.answer) > self._answer:
-            if self._thoughts and not self._answer:
-                self._write("\n\n")
-            self._write(split.answer[self._answer:])
-            self._answer = len(split.answer)
-
-    def _write(self, text: str) -> None:
-        self.out.write(text)
-        self.out.flush()
-        self.last = text[-1:] or self.last
-
-    def finish(self) -> str:
-        """Print what was held back; returns the answer (without thoughts)."""
-        self.feed("", partial=False)
-        return split_reasoning(self.raw).answer
-
-
-@contextlib.contextmanager
-def _stop_on_interrupt(engine: Engine) -> Iterator[Callable[[], bool]]:
-    """While an answer streams, Ctrl+C asks the engine to stop after the current token
-    (the answer so far stays valid, and so does the KV cache); a second Ctrl+C raises
-    KeyboardInterrupt as usual, for a token that never ends. Yields "was Ctrl+C pressed"."""
-    hits = 0
-
-    def on_sigint(_signum: int, _frame: object) -> None:
-        nonlocal hits
-        hits += 1
-        if hits > 1:
-            raise KeyboardInterrupt
-        engine.stop()
-
-    try:
-        previous = signal.signal(signal.SIGINT, on_sigint)
-    except ValueError:  # not the main thread: leave SIGINT alone
-        previous = None
-    try:
-        yield lambda: hits > 0
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-
-
-# ------------------------------------------------------------------------------ input
-Reader = Callable[[], "str | None"]
-
-
-def _terminal_reader() -> Reader:
-    """``input()`` with line editing and history; None to quit. Ctrl+C clears a typed
-    line (as a shell does) and quits on an empty one."""
-    with contextlib.suppress(ImportError):
-        import readline  # noqa: F401  (imported for its side effect on input())
-
-    def read() -> str | None:
-        lines: list[str] = []
-        while True:
-            try:
-                line = input("… " if lines else "> ")
-            except EOFError:
-                print(file=sys.stderr)
-                return None
-            except KeyboardInterrupt:
-                print(file=sys.stderr)
-                if lines or _typed_text():
-                    return ""
-                return None
-            if not line.endswith("\\"):
-                return "\n".join([*lines, line])
-            lines.append(line[:-1])
-
-    return read
-
-
-def _typed_text() -> str:
-    """What was on the input line when Ctrl+C came (readline keeps it)."""
-    try:
-        import readline
-    except ImportError:
-        return ""
-    return str(readline.get_line_buffer())
-
-
-def _stream_reader(stream: TextIO) -> Reader:
-    """One message per line from a pipe or file; a trailing backslash joins lines."""
-
-    def read() -> str | None:
-        lines: list[str] = []
-        while True:
-            try:
-                raw = stream.readline()
-            except KeyboardInterrupt:
-                return None
-            if not raw:
-                return "\n".join(lines) if lines else None
-            line = raw.rstrip("\r\n")
-            if not line.endswith("\\"):
-                return "\n".join([*lines, line])
-            lines.append(line[:-1])
-
-    return read
-
-
-def _use_color(stream: TextIO) -> bool:
-    """Dim the summary lines only on a terminal that wants colour (NO_COLOR, TERM=dumb)."""
-    return (bool(getattr(stream, "isatty", lambda: False)())
-            and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb")
 
 
 def _is_template_error(err: MoEScopeError) -> bool:
