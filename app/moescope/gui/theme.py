@@ -180,6 +180,7 @@ def apply_theme(app: QApplication, choice: str | None = None,
     if font_pt is not None:
         _font_pt = max(0.0, float(font_pt))
     scheme = system_scheme(app) if _choice == "system" else _choice
+    changed = scheme != SCHEME
     globals().update(SCHEMES[scheme])
     globals()["SCHEME"] = scheme
     app.setStyle("Fusion")
@@ -194,7 +195,8 @@ def apply_theme(app: QApplication, choice: str | None = None,
     sheet = fill_colours(qss.read_text(encoding="utf-8")) if qss is not None else ""
     app.setStyleSheet(sheet + indicator_qss())
     configure_pyqtgraph()
-    recolour_plots(app)
+    if changed:
+        recolour_plots(app)
     if not _watching:  # follow the desktop while the choice is "system"
         _watching = True
         app.styleHints().colorSchemeChanged.connect(
@@ -232,18 +234,26 @@ def _palette() -> QPalette:
 
 
 def recolour_plots(app: QApplication) -> None:
-    """Give every pyqtgraph view the current ground, axes and titles (they took the
-    colours of the theme they were made in)."""
-    for widget in app.allWidgets():
-        if not isinstance(widget, pg.GraphicsView):
+    """Give every shown pyqtgraph view the current ground, axes and titles (they took the
+    colours of the theme they were made in). Windows closed but not yet deleted are
+    skipped: their scenes may be half torn down."""
+    for top in app.topLevelWidgets():
+        if not top.isVisible():
             continue
-        widget.setBackground(BACKGROUND)
-        for item in widget.scene().items():
-            if isinstance(item, pg.AxisItem):
-                item.setPen(TEXT)
-                item.setTextPen(TEXT)
-            elif isinstance(item, pg.PlotItem) and item.titleLabel.text:
-                item.titleLabel.setText(item.titleLabel.text, color=MUTED)
+        for view in top.findChildren(pg.GraphicsView):
+            view.setBackground(BACKGROUND)
+            if isinstance(view, pg.PlotWidget):
+                plots = [view.getPlotItem()]
+            elif isinstance(view, pg.GraphicsLayoutWidget):
+                plots = [i for i in view.ci.items if isinstance(i, pg.PlotItem)]
+            else:
+                plots = []
+            for plot in plots:
+                for axis in plot.axes.values():
+                    axis["item"].setPen(TEXT)
+                    axis["item"].setTextPen(TEXT)
+                if plot.titleLabel.text:
+                    plot.titleLabel.setText(plot.titleLabel.text, color=MUTED)
 
 
 def style_sheet_path() -> Path | None:
