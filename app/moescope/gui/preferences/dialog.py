@@ -67,6 +67,9 @@ class PreferencesDialog(QDialog):
                                    "0 keeps everything on the CPU")
         form.addRow("&GPU layers:", self.gpu_layers)
         layout.addWidget(engine)
+        for spin in (self.threads, self.gpu_layers):  # the whole "Automatic (…)" in view
+            spin.setMinimumWidth(spin.fontMetrics().horizontalAdvance(
+                spin.specialValueText()) + 48)
 
         look = QGroupBox("Appearance")
         form = QFormLayout(look)
