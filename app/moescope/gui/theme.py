@@ -33,7 +33,7 @@ SCHEMES: dict[str, dict[str, str]] = {
         "WARNING": "#f2b134", "HIGHLIGHTED_TEXT": "#0b0c0e", "USER_BACKGROUND": "#252c36",
         "INLINE_CODE_BACKGROUND": "#2c3038", "TABLE_BORDER": "#3a3f47",
         "INDICATOR_BORDER": "#6b7380", "INDICATOR_DISABLED": "#3a3f47",
-        "DISABLED_FILL": "#4a505a", "ASSISTANT": "#4cc38a",
+        "DISABLED_FILL": "#4a505a", "ASSISTANT": "#4cc38a", "DIVERGED_BACKGROUND": "#4a2b2e",
     },
     "light": {
         "BACKGROUND": "#ffffff", "PANEL": "#f1f2f4", "TEXT": "#1d2024", "MUTED": "#5d6470",
@@ -43,7 +43,7 @@ SCHEMES: dict[str, dict[str, str]] = {
         "WARNING": "#9a6200", "HIGHLIGHTED_TEXT": "#ffffff", "USER_BACKGROUND": "#e8f0f9",
         "INLINE_CODE_BACKGROUND": "#eceef1", "TABLE_BORDER": "#c4c8cf",
         "INDICATOR_BORDER": "#7a818c", "INDICATOR_DISABLED": "#c4c8cf",
-        "DISABLED_FILL": "#c4c8cf", "ASSISTANT": "#1e8a55",
+        "DISABLED_FILL": "#c4c8cf", "ASSISTANT": "#1e8a55", "DIVERGED_BACKGROUND": "#f6d5d3",
     },
 }
 """Each scheme's colours by name; the light one keeps text at 4.5:1 or more on its
@@ -60,6 +60,7 @@ USER_BACKGROUND = "#252c36"
 INLINE_CODE_BACKGROUND = "#2c3038"
 TABLE_BORDER = "#3a3f47"
 ASSISTANT = "#4cc38a"
+DIVERGED_BACKGROUND = "#4a2b2e"
 SCHEME = "dark"
 """The scheme in use ("dark" or "light"); the names above are its colours."""
 _choice = "system"
