@@ -35,6 +35,7 @@ from PySide6.QtWidgets import QTextBrowser
 from moescope.cache.native import EVENT_DTYPE
 from moescope.display.answer_line import answer_line
 from moescope.gui.chat import highlight, markdown_stream
+from moescope.gui.chat.highlight import CODE_TEXT
 from moescope.gui.chat.markdown import CODE_BACKGROUND, is_code_block, render_markdown
 from moescope.session.snapshots import AnswerSummary, TokenSnapshot
 from moescope.session.store import DONE
@@ -478,8 +479,8 @@ StyledChar = tuple[str, "str | None", bool, bool]
 
 def styled_code(doc: QTextDocument) -> list[StyledChar]:
     """Every character of every code line (and a "\\n" per line) with its foreground (None:
-    not set, body text), bold and italic: what syntax colouring changed, comparable across
-    documents however Qt splits the fragments."""
+    not set, or code's plain text), bold and italic: what syntax colouring changed,
+    comparable across documents however Qt splits the fragments."""
     out: list[StyledChar] = []
     for b in blocks(doc):
         if not is_code_block(b):
@@ -488,6 +489,8 @@ def styled_code(doc: QTextDocument) -> list[StyledChar]:
             fmt = f.charFormat()
             colour = (fmt.foreground().color().name()
                       if fmt.hasProperty(QTextFormat.Property.ForegroundBrush) else None)
+            if colour == CODE_TEXT:  # code's plain text (its ground is dark in both themes)
+                colour = None
             bold = fmt.fontWeight() == QFont.Weight.Bold
             out += [(ch, colour, bold, fmt.fontItalic()) for ch in f.text()]
         out.append(("\n", None, False, False))
@@ -495,7 +498,7 @@ def styled_code(doc: QTextDocument) -> list[StyledChar]:
 
 
 def colour_of(doc: QTextDocument, word: str) -> str | None:
-    """The one foreground of ``word``'s first occurrence in a code line."""
+    """The one foreground of ``word``'s first occurrence in a code line (None: plain)."""
     for b in blocks(doc):
         at = b.text().find(word) if is_code_block(b) else -1
         if at >= 0:
@@ -507,7 +510,8 @@ def colour_of(doc: QTextDocument, word: str) -> str | None:
                 found.add(fmt.foreground().color().name()
                           if fmt.hasProperty(QTextFormat.Property.ForegroundBrush) else None)
             assert len(found) == 1, f"{word!r} is one token, one colour: {found}"
-            return found.pop()
+            colour = found.pop()
+            return None if colour == CODE_TEXT else colour  # code's plain text
     raise AssertionError(f"no code {word!r}")
 
 

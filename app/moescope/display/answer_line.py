@@ -34,7 +34,9 @@ def answer_line(stats: Mapping[str, Any], status: str) -> str:
         if note and summary.endswith(f" · {note}"):
             note = ""
         return " · ".join(t for t in (summary, note) if t)
-    policies = "/".join(str(p) for p in stats.get("policies") or ()) or "–"
+    names = stats.get("policies")
+    policies = "/".join(str(p) for p in (names if isinstance(names, list | tuple) else ())) \
+        or "–"
     parts = [f"this answer: {n_tokens} token{'s' if n_tokens != 1 else ''} under {policies}"]
     rate = _number(stats, "tokens_per_second")
     if n_tokens >= 2 and rate:

@@ -103,6 +103,8 @@ class LoadedModel:
     notice: str = ""
     n_ctx: int = 0
     n_gpu_layers: int = 0
+    n_threads: int = 0
+    """Decode threads llama.cpp was given (its default when none was asked for)."""
     expert_buffer: str = ""
     """Where the experts live in host memory: llama.cpp's buffer name, e.g. ``CUDA_Host``
     (pinned: copies to VRAM at full PCIe speed) or ``CPU`` (pageable)."""
@@ -245,6 +247,7 @@ class Engine:
         self.model = LoadedModel(info=info, path=p, cache_enabled=self._cache is not None,
                                  plan=plan, notice=notice, n_ctx=n_ctx,
                                  n_gpu_layers=n_gpu_layers,
+                                 n_threads=int(getattr(self._llm, "n_threads", 0) or 0),
                                  expert_buffer=(buffer or b"").decode(errors="replace"),
                                  slot_buffer=(slots or b"").decode(errors="replace"))
         report("ready", 1.0)

@@ -51,6 +51,7 @@ from moescope.gui.dialogs.compare import CompareDialog
 from moescope.gui.dialogs.shortcuts import ShortcutsDialog
 from moescope.gui.menus import MENU_POLICIES, WindowMenus
 from moescope.gui.model_loading import ModelLoading, budget_percent
+from moescope.gui.preferences import PreferencesFeature, read_preferences
 from moescope.gui.serve import ServeFeature
 from moescope.gui.traces.session_traces import SessionTraces
 from moescope.gui.traces.trace_opener import TraceOpener
@@ -76,10 +77,12 @@ REMEMBERED_POLICIES = frozenset(key for key, _ in MENU_POLICIES)
 experiments, not a default)."""
 
 
-class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, QMainWindow):
+class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, PreferencesFeature,
+                 QMainWindow):
     """Chats, the conversation and the cache side by side; features live in the mixins
     (:mod:`.menus`, :mod:`.model_loading`, :mod:`.chat.chat_actions`,
-    :mod:`.traces.session_traces`), this class builds, wires and closes."""
+    :mod:`.traces.session_traces`, :mod:`.preferences`), this class builds, wires and
+    closes."""
 
     modelLoaded = Signal(object)  # ModelSummary
     modelFailed = Signal(str)
@@ -132,6 +135,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, QMainWin
         self._build_status_bar()
         self._connect()
         self._restore_settings()
+        self.apply_preferences(read_preferences(self.settings), startup=True)
         self.chat.refresh_list()
         chats = self.store.chats()
         if chats:

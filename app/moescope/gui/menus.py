@@ -58,6 +58,9 @@ class WindowMenus(_Window):
                                     lambda: self.export_chat_dialog("md")))
         file.addAction(self._action("Export chat as &JSON…",
                                     lambda: self.export_chat_dialog("json")))
+        file.addAction(self._action("&Import chat…", self.import_chat_dialog,
+                                    tip="Open a chat exported as JSON (by MoEScope) as a new "
+                                        "chat"))
         file.addSeparator()
         file.addAction(self._action("E&xport trace…", self.export_trace_dialog,
                                     "Ctrl+Shift+E", "Save this session's trace (JSONL), "
@@ -73,6 +76,10 @@ class WindowMenus(_Window):
         file.addAction(self._action("Serve &API…", self.serve.show_panel,
                                     tip="Serve this model over an OpenAI-compatible API"))
         file.addSeparator()
+        # in File, not an Edit menu: every letter of "Edit" is another control's Alt+key
+        file.addAction(self._action("&Preferences…", self.show_preferences, "Ctrl+,",
+                                    "Threads, GPU layers, theme and font size, folders, "
+                                    "trace recording"))
         file.addAction(self._action("&Quit", self.close, QKeySequence.StandardKey.Quit))
 
         chat = bar.addMenu("&Chat")

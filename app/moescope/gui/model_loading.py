@@ -120,6 +120,7 @@ class ModelLoading(_Window):
                                   policy=str(self.model_setting(path, "policy",
                                                                 "quality-first")),
                                   n_ctx=int(self.model_setting(path, "n_ctx", 2048)))
+        request = self.with_preferences(request)
         if self.recording and request.trace_dir is None:
             request = dataclasses.replace(request, trace_dir=str(paths.traces_dir()))
         if self.chat.generating or self.loading:

@@ -43,7 +43,7 @@ from PySide6.QtGui import QTextDocument, QTextFormat
 from PySide6.QtWidgets import QApplication
 
 from moescope.gui.app import create_app
-from moescope.gui.chat.highlight import lexer_for
+from moescope.gui.chat.highlight import CODE_TEXT, lexer_for
 from moescope.gui.chat.markdown import is_code_block, render_markdown
 from moescope.gui.main_window import MainWindow
 from moescope.gui.theme import style_sheet_path
@@ -108,7 +108,8 @@ class SelfTestWindow(MainWindow):
 
 
 def code_colours(doc: QTextDocument) -> int:
-    """How many distinct foreground colours the document's code blocks have."""
+    """How many distinct syntax colours the document's code blocks have (their plain
+    text's colour is not one)."""
     colours: set[str] = set()
     block = doc.begin()
     while block.isValid():
@@ -118,6 +119,7 @@ def code_colours(doc: QTextDocument) -> int:
                 fmt = it.fragment().charFormat()
                 if fmt.hasProperty(QTextFormat.Property.ForegroundBrush):
                     colours.add(fmt.foreground().color().name())
+                    colours.discard(CODE_TEXT)
                 it += 1
         block = block.next()
     return len(colours)

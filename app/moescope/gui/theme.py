@@ -1,9 +1,13 @@
-"""Colours and the dark theme: one place, so the heatmap legend, plots and chat agree.
+"""Colours and the two themes, dark and light: one place, so the heatmap legend, plots and
+chat agree.
 
-Dark by default: users run this next to a terminal and a GPU monitor, and bright cache
-colours read best on a dark ground. Cell colours are picked to stay distinct for the
-common colour-vision deficiencies (blue / green / amber / red / violet, with lightness
-differences).
+Dark unless the system says light (Preferences ▸ Theme: System, Light or Dark): users run
+this next to a terminal and a GPU monitor, and bright cache colours read best on a dark
+ground. The module's colour names (``TEXT``, ``MUTED``…) are the current scheme's: widgets
+read them when they draw, and :func:`apply_theme` recolours what was drawn before (the
+palette, the style sheet, every pyqtgraph view). Cell colours are picked to stay distinct
+for the common colour-vision deficiencies (blue / green / amber / red / violet, with
+lightness differences) and keep their dark ground in both themes: the heatmap is an image.
 """
 
 from __future__ import annotations
@@ -14,10 +18,37 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pyqtgraph as pg
-from PySide6.QtGui import QColor, QPalette
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QFont, QPalette
 from PySide6.QtWidgets import QApplication, QGraphicsItem
 
 from moescope.util.resources import resources_dir
+
+SCHEMES: dict[str, dict[str, str]] = {
+    "dark": {
+        "BACKGROUND": "#1b1d21", "PANEL": "#24272d", "TEXT": "#d8dce3", "MUTED": "#8a919c",
+        "ACCENT": "#5aa9e6", "MARKER": "#f5d76e", "BUTTON": "#2e323a",
+        "BUTTON_HOVER": "#363b44", "BORDER": "#3a3f47", "SPLITTER": "#2b2f36",
+        "CHUNK": "#3f6c99", "DISABLED_TEXT": "#5c626c", "ERROR": "#e5534b",
+        "WARNING": "#f2b134", "HIGHLIGHTED_TEXT": "#0b0c0e", "USER_BACKGROUND": "#252c36",
+        "INLINE_CODE_BACKGROUND": "#2c3038", "TABLE_BORDER": "#3a3f47",
+        "INDICATOR_BORDER": "#6b7380", "INDICATOR_DISABLED": "#3a3f47",
+        "DISABLED_FILL": "#4a505a", "ASSISTANT": "#4cc38a", "DIVERGED_BACKGROUND": "#4a2b2e",
+    },
+    "light": {
+        "BACKGROUND": "#ffffff", "PANEL": "#f1f2f4", "TEXT": "#1d2024", "MUTED": "#5d6470",
+        "ACCENT": "#1f6fb2", "MARKER": "#a86b00", "BUTTON": "#e6e8ec",
+        "BUTTON_HOVER": "#dadde2", "BORDER": "#c4c8cf", "SPLITTER": "#d5d8de",
+        "CHUNK": "#7fb0dd", "DISABLED_TEXT": "#9aa0a8", "ERROR": "#c0392b",
+        "WARNING": "#9a6200", "HIGHLIGHTED_TEXT": "#ffffff", "USER_BACKGROUND": "#e8f0f9",
+        "INLINE_CODE_BACKGROUND": "#eceef1", "TABLE_BORDER": "#c4c8cf",
+        "INDICATOR_BORDER": "#7a818c", "INDICATOR_DISABLED": "#c4c8cf",
+        "DISABLED_FILL": "#c4c8cf", "ASSISTANT": "#1e8a55", "DIVERGED_BACKGROUND": "#f6d5d3",
+    },
+}
+"""Each scheme's colours by name; the light one keeps text at 4.5:1 or more on its
+panels (WCAG AA)."""
+THEME_CHOICES = ("system", "light", "dark")
 
 BACKGROUND = "#1b1d21"
 PANEL = "#24272d"
@@ -25,34 +56,53 @@ TEXT = "#d8dce3"
 MUTED = "#8a919c"
 ACCENT = "#5aa9e6"
 MARKER = "#f5d76e"
+USER_BACKGROUND = "#252c36"
+INLINE_CODE_BACKGROUND = "#2c3038"
+TABLE_BORDER = "#3a3f47"
+ASSISTANT = "#4cc38a"
+DIVERGED_BACKGROUND = "#4a2b2e"
+SCHEME = "dark"
+"""The scheme in use ("dark" or "light"); the names above are its colours."""
+_choice = "system"
+_font_pt = 0.0
+_default_font: QFont | None = None
+_watching = False
 
 DISABLED_FILL = "#4a505a"
 INDICATOR_QSS = """
-/* Fusion outlines an unchecked box in the window colour darkened, which on this dark
+/* Fusion outlines an unchecked box in the window colour darkened, which on the dark
    ground is the ground itself: unticked boxes (Compare's policy list, "Score the whole
    chat") did not show at all. Styling one state drops Fusion's box for the other too
    (a bare tick), so both are drawn here, the tick from resources/icons/check.svg. */
 QCheckBox::indicator, QAbstractItemView::indicator {
-    border: 1px solid #6b7380;
+    border: 1px solid @INDICATOR_BORDER@;
     border-radius: 2px;
-    background: #1b1d21;
+    background: @BACKGROUND@;
     width: 12px;
     height: 12px;
 }
 QCheckBox::indicator:checked, QAbstractItemView::indicator:checked {
-    border-color: #5aa9e6;
+    border-color: @ACCENT@;
     image: url("@CHECK@");
 }
 QCheckBox::indicator:disabled, QAbstractItemView::indicator:disabled {
-    border-color: #3a3f47;
+    border-color: @INDICATOR_DISABLED@;
 }
 """
 
 
 def indicator_qss() -> str:
     """:data:`INDICATOR_QSS` with the tick image's path filled in (frozen or not)."""
-    return INDICATOR_QSS.replace("@CHECK@", (resources_dir() / "icons" / "check.svg")
-                                 .as_posix())
+    return fill_colours(INDICATOR_QSS.replace(
+        "@CHECK@", (resources_dir() / "icons" / "check.svg").as_posix()))
+
+
+def fill_colours(template: str, scheme: str | None = None) -> str:
+    """``template`` with each ``@NAME@`` replaced by that colour of ``scheme`` (the
+    current one by default)."""
+    for name, colour in SCHEMES[scheme or SCHEME].items():
+        template = template.replace(f"@{name}@", colour)
+    return template
 
 
 CELL_COLOURS: tuple[str, ...] = (
@@ -108,9 +158,54 @@ def configure_pyqtgraph() -> None:
     pg.setConfigOptions(antialias=False, background=BACKGROUND, foreground=TEXT)
 
 
-def apply_theme(app: QApplication) -> None:
-    """Fusion with a dark palette, then ``resources/style.qss`` when present."""
+def applied() -> tuple[str, float]:
+    """The theme choice and font size last applied."""
+    return _choice, _font_pt
+
+
+def system_scheme(app: QApplication) -> str:
+    """"light" when the desktop says light (Qt 6.5+ reads GNOME's, KDE's, Windows' and
+    macOS's setting), else "dark" (dark too when it says nothing: the app's own look)."""
+    scheme = app.styleHints().colorScheme()
+    return "light" if scheme == Qt.ColorScheme.Light else "dark"
+
+
+def apply_theme(app: QApplication, choice: str | None = None,
+                font_pt: float | None = None) -> str:
+    """Fusion with the ``choice`` scheme ("system", "light" or "dark"; the last one when
+    None) and the app's font at ``font_pt`` points (0: the system's size), then
+    ``resources/style.qss``; recolours every pyqtgraph view already shown. Returns the
+    scheme applied ("light" or "dark")."""
+    global _choice, _font_pt, _default_font, _watching
+    _choice = choice if choice in THEME_CHOICES else _choice
+    if font_pt is not None:
+        _font_pt = max(0.0, float(font_pt))
+    scheme = system_scheme(app) if _choice == "system" else _choice
+    changed = scheme != SCHEME
+    globals().update(SCHEMES[scheme])
+    globals()["SCHEME"] = scheme
     app.setStyle("Fusion")
+    app.setPalette(_palette())
+    if _default_font is None:
+        _default_font = QFont(app.font())
+    font = QFont(_default_font)
+    if _font_pt > 0:
+        font.setPointSizeF(_font_pt)
+    app.setFont(font)
+    qss = style_sheet_path()
+    sheet = fill_colours(qss.read_text(encoding="utf-8")) if qss is not None else ""
+    app.setStyleSheet(sheet + indicator_qss())
+    configure_pyqtgraph()
+    if changed:
+        recolour_plots(app)
+    if not _watching:  # follow the desktop while the choice is "system"
+        _watching = True
+        app.styleHints().colorSchemeChanged.connect(
+            lambda _s: _choice == "system" and apply_theme(app))
+    return scheme
+
+
+def _palette() -> QPalette:
     pal = QPalette()
     roles = {
         QPalette.ColorRole.Window: PANEL,
@@ -120,10 +215,10 @@ def apply_theme(app: QApplication) -> None:
         QPalette.ColorRole.ToolTipBase: PANEL,
         QPalette.ColorRole.ToolTipText: TEXT,
         QPalette.ColorRole.Text: TEXT,
-        QPalette.ColorRole.Button: "#2e323a",
+        QPalette.ColorRole.Button: SCHEMES[SCHEME]["BUTTON"],
         QPalette.ColorRole.ButtonText: TEXT,
         QPalette.ColorRole.Highlight: ACCENT,
-        QPalette.ColorRole.HighlightedText: "#0b0c0e",
+        QPalette.ColorRole.HighlightedText: SCHEMES[SCHEME]["HIGHLIGHTED_TEXT"],
         QPalette.ColorRole.PlaceholderText: MUTED,
         QPalette.ColorRole.Link: ACCENT,
     }
@@ -135,12 +230,31 @@ def apply_theme(app: QApplication) -> None:
     # a disabled slider's groove is filled with the highlight: in the accent colour it
     # looked as live as an enabled one (the θ and β sliders of a preset)
     pal.setColor(QPalette.ColorGroup.Disabled, QPalette.ColorRole.Highlight,
-                 QColor(DISABLED_FILL))
-    app.setPalette(pal)
-    qss = style_sheet_path()
-    sheet = qss.read_text(encoding="utf-8") if qss is not None else ""
-    app.setStyleSheet(sheet + indicator_qss())
-    configure_pyqtgraph()
+                 QColor(SCHEMES[SCHEME]["DISABLED_FILL"]))
+    return pal
+
+
+def recolour_plots(app: QApplication) -> None:
+    """Give every shown pyqtgraph view the current ground, axes and titles (they took the
+    colours of the theme they were made in). Windows closed but not yet deleted are
+    skipped: their scenes may be half torn down."""
+    for top in app.topLevelWidgets():
+        if not top.isVisible():
+            continue
+        for view in top.findChildren(pg.GraphicsView):
+            view.setBackground(BACKGROUND)
+            if isinstance(view, pg.PlotWidget):
+                plots = [view.getPlotItem()]
+            elif isinstance(view, pg.GraphicsLayoutWidget):
+                plots = [i for i in view.ci.items if isinstance(i, pg.PlotItem)]
+            else:
+                plots = []
+            for plot in plots:
+                for axis in plot.axes.values():
+                    axis["item"].setPen(TEXT)
+                    axis["item"].setTextPen(TEXT)
+                if plot.titleLabel.text:
+                    plot.titleLabel.setText(plot.titleLabel.text, color=MUTED)
 
 
 def style_sheet_path() -> Path | None:

@@ -58,6 +58,7 @@ class LoadRequest:
     policy: Policy | str = "quality-first"
     n_ctx: int = 2048
     n_gpu_layers: int | None = None  # None: every layer on a GPU build, else none
+    n_threads: int | None = None  # None: llama.cpp's choice (the machine's cores)
     trace_dir: str | None = None
     """Record the session (core trace format) into this directory; None: no recording."""
 
@@ -146,6 +147,7 @@ class EngineWorker(QObject):
                 self._close_recorder()
                 self.engine.load(request.path, budget=request.budget, policy=request.policy,
                                  n_ctx=request.n_ctx, n_gpu_layers=request.n_gpu_layers,
+                                 n_threads=request.n_threads,
                                  progress=self.loadProgress.emit)
         except LoadCancelled as err:
             log.info("%s", err)

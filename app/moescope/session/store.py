@@ -214,6 +214,35 @@ class ChatStore:
         self._db.execute("DELETE FROM messages WHERE chat_id=? AND position>=?",
                          (chat_id, position))
 
+    # ------------------------------------------------------------------ branch, import
+    def add_chat(self, title: str, system_prompt: str, model: str,
+                 messages: Sequence[tuple[str, str, str, dict[str, Any]]]) -> Chat:
+        """A new chat holding ``messages`` (role, content, status, stats), written in one
+        transaction: an import or a branch is there whole or not at all."""
+        now = time.time()
+        with self._tx():
+            cur = self._db.execute(
+                "INSERT INTO chats(title, system_prompt, model, created, updated) "
+                "VALUES (?, ?, ?, ?, ?)", (title, system_prompt, model, now, now))
+            chat_id = int(cur.lastrowid or 0)
+            self._db.executemany(
+                "INSERT INTO messages(chat_id, position, role, content, status, stats, "
+                "created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(chat_id, i, role, content, status, json.dumps(stats) if stats else None,
+                  now) for i, (role, content, status, stats) in enumerate(messages)])
+        return Chat(id=chat_id, title=title, system_prompt=system_prompt, model=model,
+                    updated=now)
+
+    def branch_chat(self, chat_id: int, position: int, title: str) -> Chat:
+        """A new chat with ``chat_id``'s messages up to and including ``position`` (its
+        system prompt and model too); the original is unchanged."""
+        chat = self.chat(chat_id)
+        if chat is None:
+            raise KeyError(chat_id)
+        kept = [(m.role, m.content, INTERRUPTED if m.status == GENERATING else m.status,
+                 m.stats) for m in self.messages(chat_id) if m.position <= position]
+        return self.add_chat(title, chat.system_prompt, chat.model, kept)
+
     # ------------------------------------------------------------------ export
     def export_json(self, chat_id: int) -> str:
         chat = self.chat(chat_id)

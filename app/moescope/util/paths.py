@@ -13,6 +13,21 @@ import platformdirs
 
 ENV_DATA_DIR = "MOESCOPE_DATA_DIR"
 ENV_MODELS_DIR = "MOESCOPE_MODELS_DIR"
+_chosen: dict[str, Path] = {}
+"""Folders chosen in Preferences ("models", "data"): set by the app at start and when
+changed, so every reader of :func:`models_dir` and :func:`traces_dir` follows."""
+
+
+def choose_folder(kind: str, path: str | Path | None) -> None:
+    """Use ``path`` as the ``kind`` folder ("models": downloads and the Open dialog;
+    "data": where session traces are recorded, in its ``traces/`` folder); None or "":
+    the default again."""
+    if kind not in ("models", "data"):
+        raise ValueError(f"unknown folder kind {kind!r}")
+    if path:
+        _chosen[kind] = Path(path).expanduser()
+    else:
+        _chosen.pop(kind, None)
 
 
 def data_dir() -> Path:
@@ -33,15 +48,19 @@ def settings_path() -> Path:
 
 
 def traces_dir() -> Path:
-    path = data_dir() / "traces"
+    """``traces/`` in the chosen data folder (a folder of its own: old traces in it are
+    pruned), else in :func:`data_dir`."""
+    path = _chosen.get("data") or data_dir()
+    path = path / "traces"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 def models_dir() -> Path:
     """Where downloaded models land (and the Open dialog starts): ``MOESCOPE_MODELS_DIR``,
-    else ``models/`` in the data directory."""
+    else the folder chosen in Preferences, else ``models/`` in the data directory."""
     env = os.environ.get(ENV_MODELS_DIR)
-    path = Path(env).expanduser() if env else data_dir() / "models"
+    path = (Path(env).expanduser() if env else _chosen.get("models")
+            or data_dir() / "models")
     path.mkdir(parents=True, exist_ok=True)
     return path

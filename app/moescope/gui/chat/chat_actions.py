@@ -1,4 +1,4 @@
-"""The main window's chat actions: new, rename, delete, export as Markdown or JSON.
+"""The main window's chat actions: new, rename, delete, export as Markdown or JSON, import.
 
 A mixin of :class:`~moescope.gui.main_window.MainWindow`: the dialogs these need are the
 window's; the chat rules are the controller's (:mod:`.controller`).
@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 
+from moescope.gui.chat.controller import STORE_ERRORS
+from moescope.session.chat_import import ChatImportError, read_chat_file
 from moescope.util.files import write_atomic
 
 log = logging.getLogger("moescope.gui")
@@ -25,7 +27,7 @@ else:
 
 
 class ChatActions(_Window):
-    """Chat ▸ New, Rename, Delete and File ▸ Export chat."""
+    """Chat ▸ New, Rename, Delete and File ▸ Export chat, Import chat."""
 
     def new_chat(self) -> int:
         """Chat ▸ New chat: a new chat, and the keyboard in its message box."""
@@ -86,3 +88,33 @@ class ChatActions(_Window):
         log.info("chat exported to %s", dest)
         self.statusBar().showMessage(f"Chat saved to {dest}", 8000)
         return dest
+
+    def import_chat_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import chat", "",
+                                              "MoEScope chat (*.json);;All files (*)")
+        if path:
+            self.import_chat(path)
+
+    def import_chat(self, path: str | Path) -> int | None:
+        """Add the chat exported (as JSON) at ``path`` as a new chat and show it; None,
+        and the reason in one line, when the file is not one (nothing is stored then)."""
+        if self.chat.generating:
+            self.show_error("Cannot import now", "Wait for the answer to finish (or stop "
+                                                 "it), then import.")
+            return None
+        try:
+            chat = read_chat_file(path)
+            new = self.store.add_chat(
+                chat.title, chat.system_prompt, chat.model,
+                [(m.role, m.content, m.status, m.stats) for m in chat.messages])
+        except ChatImportError as err:
+            self.show_error("Cannot import this chat", f"{Path(path).name}: {err}.")
+            return None
+        except STORE_ERRORS as err:
+            self.show_error("Cannot import this chat", f"Saving failed: {err}.")
+            return None
+        log.info("imported %s as chat %d (%d messages)", path, new.id, len(chat.messages))
+        self.chat.select_chat(new.id)
+        self.statusBar().showMessage(
+            f"Imported “{chat.title}” ({len(chat.messages)} messages)", 8000)
+        return new.id

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -19,6 +19,9 @@ from PySide6.QtWidgets import (
 
 from moescope.session.store import Chat
 
+MIN_WIDTH = 110
+"""The chat list's narrowest (a small screen gives its width to the chat and the cache)."""
+
 
 class ChatListPanel(QWidget):
     chatSelected = Signal(int)
@@ -31,7 +34,7 @@ class ChatListPanel(QWidget):
         super().__init__(parent)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 0, 6)
-        self.setMinimumWidth(110)
+        self.setMinimumWidth(MIN_WIDTH)
         self.setMaximumWidth(320)  # a wide window gives its width to the chat and the cache
         self.search = QLineEdit()
         self.search.setPlaceholderText("Search chats")
@@ -69,6 +72,20 @@ class ChatListPanel(QWidget):
         layout.addLayout(top)
         layout.addLayout(row)
         self._quiet = False
+        self._fit_buttons()
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):
+            self._fit_buttons()
+
+    def _fit_buttons(self) -> None:
+        """As narrow as Rename and Delete side by side allow: a larger font (Preferences)
+        cut "Rename" to "enam" in a column that had fitted it."""
+        margins = self.layout().contentsMargins()
+        row = (self.rename_button.sizeHint().width() + self.delete_button.sizeHint().width()
+               + self.layout().spacing() + margins.left() + margins.right())
+        self.setMinimumWidth(max(MIN_WIDTH, min(row, self.maximumWidth())))
 
     def set_chats(self, chats: Sequence[Chat], current: int | None) -> None:
         """Refill the list without re-emitting a selection."""

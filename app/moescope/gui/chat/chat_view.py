@@ -44,6 +44,7 @@ from moescope.display.answer_line import answer_line
 from moescope.gui import theme
 from moescope.gui.chat.markdown import code_text, is_code_block, markdown_fragment
 from moescope.gui.chat.markdown_stream import LiveMarkdown
+from moescope.gui.chat.message_actions import BRANCH, COPY, EDIT, action_of, insert_actions
 from moescope.gui.chat.reasoning_view import (
     LiveReasoning,
     header_text,
@@ -58,8 +59,6 @@ from moescope.session.store import DONE, GENERATING, ChatMessage
 
 log = logging.getLogger("moescope.gui.chat")
 
-ROLE_COLOURS = {"user": theme.ACCENT, "assistant": "#4cc38a", "system": theme.MUTED}
-USER_BACKGROUND = "#252c36"
 MAX_RENDER_SHARE = 0.25
 """At most this share of the GUI thread goes to re-rendering a streaming answer."""
 LINK_SCHEMES = ("http", "https", "mailto")
@@ -75,6 +74,8 @@ class _Shown:
     start: int
     role: str
     raw: str
+    position: int | None = None
+    """The stored message's position in its chat (None while it streams)."""
 
 
 def _key(m: ChatMessage, expanded: bool) -> tuple[object, ...]:
@@ -101,6 +102,8 @@ class ChatView(QWidget):
     stopRequested = Signal()
     regenerateRequested = Signal()
     editRequested = Signal()
+    editMessageRequested = Signal(int)  # position of one of the user's messages
+    branchRequested = Signal(int)  # position: a new chat with the messages up to it
     reasoningToggled = Signal(int)  # message id: render the chat again
     answerNowRequested = Signal()
     promptChosen = Signal(str)  # a suggested prompt of the empty chat was clicked
@@ -190,7 +193,8 @@ class ChatView(QWidget):
     def _role_format(role: str) -> QTextCharFormat:
         f = QTextCharFormat()
         f.setFontWeight(QFont.Weight.Bold)
-        f.setForeground(QColor(ROLE_COLOURS.get(role, theme.TEXT)))
+        colours = {"user": theme.ACCENT, "assistant": theme.ASSISTANT, "system": theme.MUTED}
+        f.setForeground(QColor(colours.get(role, theme.TEXT)))
         return f
 
     @staticmethod
@@ -214,7 +218,7 @@ class ChatView(QWidget):
         b.setLeftMargin(4)
         b.setRightMargin(4)
         if role == "user":
-            b.setBackground(QColor(USER_BACKGROUND))
+            b.setBackground(QColor(theme.USER_BACKGROUND))
         return b
 
     # ------------------------------------------------------------------ rendering
@@ -266,11 +270,16 @@ class ChatView(QWidget):
         else:
             self._scroll_to_end()
 
+    def forget_rendering(self) -> None:
+        """The next :meth:`render` draws every message anew (the theme changed)."""
+        for shown in self._shown:
+            shown.key = ("stale",)
+
     def _key(self, m: ChatMessage) -> tuple[object, ...]:
         return _key(m, m.id in self.expanded)
 
     def _append_message(self, cursor: QTextCursor, m: ChatMessage) -> None:
-        start = self._insert_header(cursor, m.role)
+        start = self._insert_header(cursor, m.role, len(self._shown))
         if m.role == "assistant":
             split = split_reasoning(m.content)
             if split.has_reasoning:
@@ -294,10 +303,11 @@ class ChatView(QWidget):
         if line:
             cursor.insertBlock(self._block("stats", 2), self._stats_format())
             cursor.insertText(line)
-        self._shown.append(_Shown(self._key(m), start, m.role, m.content))
+        self._shown.append(_Shown(self._key(m), start, m.role, m.content, m.position))
 
-    def _insert_header(self, cursor: QTextCursor, role: str) -> int:
-        """The role line ("You", "Assistant") at ``cursor``; returns where it begins."""
+    def _insert_header(self, cursor: QTextCursor, role: str, index: int) -> int:
+        """The role line ("You", "Assistant", then the message's links) at ``cursor``;
+        returns where it begins."""
         if not self._shown:
             cursor.setBlockFormat(self._block(role, 4))
             cursor.setBlockCharFormat(self._role_format(role))
@@ -305,13 +315,14 @@ class ChatView(QWidget):
             cursor.insertBlock(self._block(role, 14), self._role_format(role))
         start = cursor.block().position()
         cursor.insertText({"user": "You", "assistant": "Assistant"}.get(role, role.title()))
+        insert_actions(cursor, role, index)
         return start
 
     def begin_answer(self) -> None:
         """Start the streamed answer at the end of the transcript."""
         cursor = QTextCursor(self.transcript.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
-        start = self._insert_header(cursor, "assistant")
+        start = self._insert_header(cursor, "assistant", len(self._shown))
         self._shown.append(_Shown(None, start, "assistant", ""))
         self._answer_start = cursor.position()
         self._live = LiveMarkdown(self.transcript.document(), self._answer_start)
@@ -453,6 +464,25 @@ class ChatView(QWidget):
                     lambda _=False, c=code: QGuiApplication.clipboard().setText(c))
         return menu
 
+    def message_action(self, action: str, index: int) -> bool:
+        """A message link was clicked: copy it, or ask to edit or branch from it (the
+        controller decides; a message still streaming has no position to act on yet)."""
+        if not 0 <= index < len(self._shown):
+            return False
+        if action == COPY:
+            self.copy_message(index)
+            return True
+        position = self._shown[index].position
+        if position is None:
+            return False
+        if action == EDIT and self._shown[index].role == "user":
+            self.editMessageRequested.emit(position)
+        elif action == BRANCH:
+            self.branchRequested.emit(position)
+        else:
+            return False
+        return True
+
     def _show_context_menu(self, pos: QPoint) -> None:
         menu = self.context_menu(pos)
         menu.exec(self.transcript.viewport().mapToGlobal(pos))
@@ -466,6 +496,9 @@ class ChatView(QWidget):
         if prompt is not None:
             self.promptChosen.emit(prompt)
             return True
+        action = action_of(url.toString())
+        if action is not None:
+            return self.message_action(*action)
         message_id = message_id_of(url.toString())
         if message_id is not None:
             self.expanded.symmetric_difference_update({message_id})
@@ -501,7 +534,8 @@ class ChatView(QWidget):
             self.input.setFocus()
 
     def start_edit(self, position: int, content: str) -> None:
-        """Put the last user message back in the box; the next send replaces it."""
+        """Put a user message back in the box; the next send replaces it and every
+        message after it."""
         self.editing_position = position
         self.input.setPlainText(content)
         self.input.setFocus()

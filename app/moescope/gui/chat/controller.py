@@ -3,8 +3,9 @@
 Kept out of the window so the rules read in one place: a user message is stored before
 the engine sees it; the answer row is created empty with status ``generating`` and every
 streamed token is appended and committed as it arrives (a killed process loses at most the
-token in flight); Regenerate drops the last answer and asks again; Edit puts the last user
-message back in the box and Resend replaces it and everything after it.
+token in flight); Regenerate drops the last answer and asks again; Edit puts a user message
+(the last, or any through its header's link) back in the box and Resend replaces it and
+everything after it; Branch copies the conversation up to a message into a new chat.
 
 When the disk is full (or the database cannot be written) nothing is lost: a message that
 cannot be stored is not sent and stays in the box; an answer's text that cannot be stored
@@ -110,6 +111,8 @@ class ChatController(QObject):
         view.stopRequested.connect(self.stop)
         view.regenerateRequested.connect(self.regenerate)
         view.editRequested.connect(self.edit_last)
+        view.editMessageRequested.connect(self.edit_message)
+        view.branchRequested.connect(self.branch)
         view.promptChosen.connect(self._prompt_chosen)
         chat_list.chatSelected.connect(self.select_chat)
         chat_list.newRequested.connect(self.new_chat)
@@ -313,6 +316,41 @@ class ChatController(QObject):
             return False
         self.view.start_edit(user[-1].position, user[-1].content)
         return True
+
+    def edit_message(self, position: int) -> bool:
+        """Put the user message at ``position`` back in the box: sending it replaces it
+        and every later message (as editing the last one does)."""
+        if self.generating or self.chat_id is None:
+            return False
+        for m in self.store.messages(self.chat_id):
+            if m.position == position and m.role == "user":
+                self.view.start_edit(position, m.content)
+                return True
+        return False
+
+    def branch(self, position: int) -> int | None:
+        """A new chat with this chat's conversation up to (and with) the message at
+        ``position``, selected; the original stays as it is. None when it cannot be made
+        now (an answer is being written: the new chat could not be shown)."""
+        if self.chat_id is None:
+            return None
+        if self.generating:
+            self.problem.emit("Cannot branch now",
+                              "Wait for the answer to finish (or stop it), then branch.")
+            return None
+        chat = self.store.chat(self.chat_id)
+        title = f"{chat.title if chat else NEW_CHAT} (branch)"
+        try:
+            if not self.flush_pending():
+                raise OSError(self.save_error)
+            branch = self.store.branch_chat(self.chat_id, position, title)
+        except STORE_ERRORS as err:
+            self.problem.emit("Could not branch the chat", f"Saving failed: {err}.")
+            return None
+        log.info("chat %d branched at message %d into chat %d", self.chat_id, position,
+                 branch.id)
+        self.select_chat(branch.id)
+        return branch.id
 
     def stop(self) -> None:
         if self.generating:

@@ -13,7 +13,7 @@ and often wrong on short snippets, and wrong colours read worse than none.
 Lexing is cached by ``(language, code)``: while an answer streams, a closed code block that
 is still in the re-rendered tail is rendered again at every display frame, and each of
 those renders reuses the first lexing. The colours fit the app's dark code background
-(:data:`markdown.CODE_BACKGROUND`); the app has no light theme.
+(:data:`markdown.CODE_BACKGROUND`), which stays dark in the light theme too.
 """
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ from pygments.token import (
 )
 from pygments.util import ClassNotFound
 
-from moescope.gui import theme
-
 MAX_CODE_CHARS = 60_000
 """Longer code blocks stay plain: Pygments' regex lexers are linear on ordinary code, but an
 answer is untrusted text and a pathological block must not stall the GUI thread."""
@@ -56,6 +54,10 @@ class Style:
 # One Dark-like hues, each with a contrast ratio of at least 4.5 (WCAG AA) on the code
 # background; ``test_markdown`` checks that. Plain names, punctuation and operators keep
 # the body text colour, so the coloured tokens stand out instead of everything shouting.
+CODE_TEXT = "#d8dce3"
+CODE_MUTED = "#8a919c"
+"""Code's plain text and comments: the dark code ground's, whatever the app's theme."""
+
 STYLES: dict[_TokenType, Style] = {
     Keyword: Style("#c792ea"),
     Keyword.Constant: Style("#e5a06e"),
@@ -78,18 +80,18 @@ STYLES: dict[_TokenType, Style] = {
     String.Interpol: Style("#56b6c2"),
     String.Regex: Style("#56b6c2"),
     Number: Style("#e5a06e"),
-    Comment: Style(theme.MUTED, italic=True),
+    Comment: Style(CODE_MUTED, italic=True),
     Comment.Preproc: Style("#c792ea"),
     Comment.PreprocFile: Style("#98c379"),
     Generic.Heading: Style("#61afef", bold=True),
     Generic.Subheading: Style("#61afef", bold=True),
     Generic.Deleted: Style("#ef7b84"),
     Generic.Inserted: Style("#98c379"),
-    Generic.Prompt: Style(theme.MUTED),
-    Generic.Output: Style(theme.MUTED),
-    Generic.Emph: Style(theme.TEXT, italic=True),
-    Generic.Strong: Style(theme.TEXT, bold=True),
-    Error: Style(theme.TEXT),  # what a lexer cannot place (often its own gap): not red
+    Generic.Prompt: Style(CODE_MUTED),
+    Generic.Output: Style(CODE_MUTED),
+    Generic.Emph: Style(CODE_TEXT, italic=True),
+    Generic.Strong: Style(CODE_TEXT, bold=True),
+    Error: Style(CODE_TEXT),  # what a lexer cannot place (often its own gap): not red
 }
 
 Run = tuple[int, int, Style]

@@ -31,7 +31,7 @@ from PySide6.QtGui import (
 )
 
 from moescope.gui import theme
-from moescope.gui.chat.highlight import Style, highlight_runs
+from moescope.gui.chat.highlight import CODE_TEXT, Style, highlight_runs
 
 _Feature = QTextDocument.MarkdownFeature
 HARD_SOFT_BREAKS = 0x8000
@@ -47,8 +47,6 @@ BODY_MARGIN = 4.0
 """Left/right margin of every answer block, the same as the view's plain-text messages."""
 CODE_BACKGROUND = "#23262c"
 CODE_BORDER = "#33373f"
-INLINE_CODE_BACKGROUND = "#2c3038"
-TABLE_BORDER = "#3a3f47"
 HEADING_SIZE = {1: 2, 2: 1}
 """``FontSizeAdjustment`` per heading level (Qt's own +3 for ``#`` is a page title, too big
 next to chat text); deeper levels stay body size, bold."""
@@ -175,7 +173,7 @@ def _style_text_block(block: QTextBlock) -> None:
             change.setForeground(QColor(theme.MUTED))
             changed = True
         if cf.hasProperty(QTextFormat.Property.FontFixedPitch):
-            change.setBackground(QColor(INLINE_CODE_BACKGROUND))
+            change.setBackground(QColor(theme.INLINE_CODE_BACKGROUND))
             changed = True
         if cf.isAnchor():
             change.setFontUnderline(True)
@@ -195,7 +193,7 @@ def _style_table(table: QTextTable) -> None:
     """A thin grid, a bold header row on a panel background, cells with some air."""
     fmt = table.format()
     fmt.setBorder(1)
-    fmt.setBorderBrush(QColor(TABLE_BORDER))
+    fmt.setBorderBrush(QColor(theme.TABLE_BORDER))
     fmt.setBorderStyle(QTextFrameFormat.BorderStyle.BorderStyle_Solid)
     fmt.setBorderCollapse(True)
     fmt.setCellSpacing(0)
@@ -272,6 +270,12 @@ def _frame_code(doc: QTextDocument, first: int, last: int, *, highlight: bool = 
         fmt.setIndent(0)
         QTextCursor(block).setBlockFormat(fmt)
         block = block.next()
+    plain = QTextCharFormat()  # the code ground is dark in both themes: so is its text
+    plain.setForeground(QColor(CODE_TEXT))
+    cursor = QTextCursor(doc)
+    cursor.setPosition(frame.firstPosition())
+    cursor.setPosition(frame.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
+    cursor.mergeCharFormat(plain)
     if highlight and inner:
         _highlight_code(frame, inner[0].stringProperty(_CODE))
 

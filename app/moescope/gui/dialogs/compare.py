@@ -55,7 +55,6 @@ from moescope.session.snapshots import ModelSummary
 
 REFERENCE = "exact"
 DEFAULT_CHOSEN = ("quality-first", "speed-first", "psr")
-DIVERGED_BACKGROUND = "#4a2b2e"
 COLUMNS = ("Policy", "tok/s", "vs Exact", "Same start", "Agreement", "Hit rate",
            "Substituted", "Mass/token", "Fetched MB/token", "Chat perplexity")
 
@@ -335,7 +334,7 @@ def show_answer(view: QTextBrowser, result: Comparison, answer: PolicyAnswer) ->
     cursor.insertText(text[:common], plain)
     if common < len(text):
         marked = QTextCharFormat(plain)
-        marked.setBackground(QBrush(QColor(DIVERGED_BACKGROUND)))
+        marked.setBackground(QBrush(QColor(theme.DIVERGED_BACKGROUND)))
         cursor.insertText(text[common:], marked)
     view.setToolTip("" if answer is ref else
                     "Marked: where this answer stops matching Exact's")

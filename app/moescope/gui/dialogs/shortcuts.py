@@ -53,6 +53,9 @@ class ShortcutsDialog(QDialog):
         self.table.setAccessibleName("Keyboard shortcuts")
         self.table.setHorizontalHeaderLabels(("Action", "Keys"))
         self.table.verticalHeader().setVisible(False)
+        # one line of text a row (the style's default is near twice that): the whole
+        # list fits a 768-pixel-high screen without scrolling
+        self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 6)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         for r, (what, keys) in enumerate(rows):
             self.table.setItem(r, 0, QTableWidgetItem(what))

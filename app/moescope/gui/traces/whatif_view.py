@@ -62,7 +62,6 @@ SERIES_COLORS: dict[str, str] = {
     "threshold": "#6bc6d6", "first-choice": "#e5534b",
 }
 """One colour per policy, fixed, so a curve keeps its colour when others are added."""
-OTHER_COLOR = "#8a919c"
 POLICY_LABELS: dict[str, str] = {key: text for key, text in POLICY_CHOICES}
 HOVER_PX = 12.0
 """A point within this many pixels of the cursor is the one the tooltip describes."""
@@ -340,7 +339,8 @@ class WhatIfView(QWidget):
             item.removeItem(self.recorded_item)
         self.legend.clear()
         for policy, rows in result.series().items():
-            color = SERIES_COLORS.get(policy, OTHER_COLOR)
+            color = (theme.TEXT if policy == "exact"  # the reference: the text's colour
+                     else SERIES_COLORS.get(policy, theme.MUTED))
             self.curves[policy] = item.plot(
                 [r.mass_per_token for r in rows], [r.est_ms_per_token for r in rows],
                 pen=pg.mkPen(color, width=1.5), symbol="o", symbolSize=8,

@@ -1,0 +1,192 @@
+"""The Preferences window (Edit ▸ Preferences…, Ctrl+,).
+
+What changes at once is applied at once (theme, font size, recording, folders); threads
+and GPU layers shape how llama.cpp opens a model, so they apply at the next model load, and
+the window says so next to them. Apply keeps the window open; OK applies and closes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from moescope.gui.preferences.values import (
+    FONT_MAX_PT,
+    FONT_MIN_PT,
+    MAX_GPU_LAYERS,
+    MAX_THREADS,
+    Preferences,
+)
+from moescope.util import paths
+
+THEMES = (("system", "Follow the system"), ("light", "Light"), ("dark", "Dark"))
+
+
+class PreferencesDialog(QDialog):
+    """Edits a :class:`Preferences`; ``apply`` hands the new one to the window."""
+
+    def __init__(self, prefs: Preferences, apply: Callable[[Preferences], None],
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Preferences")
+        self._apply = apply
+        layout = QVBoxLayout(self)
+
+        engine = QGroupBox("Engine (from the next model load)")
+        form = QFormLayout(engine)
+        self.threads = QSpinBox()
+        self.threads.setRange(0, MAX_THREADS)
+        self.threads.setSpecialValueText(f"Automatic (half the cores: {_half_cores()})")
+        self.threads.setAccessibleName("Decode threads")
+        self.threads.setToolTip("CPU threads llama.cpp decodes with; the experts' matrix "
+                                "products on the CPU run on these")
+        form.addRow("&Threads:", self.threads)
+        self.gpu_layers = QSpinBox()
+        self.gpu_layers.setRange(-1, MAX_GPU_LAYERS)
+        self.gpu_layers.setSpecialValueText("Automatic (all on a GPU build)")
+        self.gpu_layers.setAccessibleName("GPU layers")
+        self.gpu_layers.setToolTip("Layers placed on the GPU, their expert slots with them; "
+                                   "0 keeps everything on the CPU")
+        form.addRow("&GPU layers:", self.gpu_layers)
+        layout.addWidget(engine)
+        for spin in (self.threads, self.gpu_layers):  # the whole "Automatic (…)" in view
+            spin.setMinimumWidth(spin.fontMetrics().horizontalAdvance(
+                spin.specialValueText()) + 48)
+
+        look = QGroupBox("Appearance")
+        form = QFormLayout(look)
+        self.theme = QComboBox()
+        for key, label in THEMES:
+            self.theme.addItem(label, key)
+        self.theme.setAccessibleName("Theme")
+        form.addRow("T&heme:", self.theme)
+        self.font_pt = QSpinBox()
+        self.font_pt.setRange(FONT_MIN_PT - 1, FONT_MAX_PT)
+        self.font_pt.setSpecialValueText("System size")
+        self.font_pt.setSuffix(" pt")
+        self.font_pt.setAccessibleName("Font size")
+        form.addRow("&Font size:", self.font_pt)
+        layout.addWidget(look)
+
+        files = QGroupBox("Folders and recording")
+        form = QFormLayout(files)
+        self.models_dir = self._folder_row(form, "&Models folder:", "Models folder",
+                                           "where downloads land and File ▸ Open starts")
+        self.data_dir = self._folder_row(form, "&Data folder:", "Data folder",
+                                         "session traces are recorded in its traces/ folder")
+        profile = QLabel(f"Chats and settings stay in {paths.data_dir()} "
+                         f"(set {paths.ENV_DATA_DIR} to move them).")
+        profile.setObjectName("statsLabel")
+        profile.setWordWrap(True)
+        form.addRow(profile)
+        self.record = QCheckBox("&Record session traces")
+        self.record.setToolTip("Off stops the current recording at once; on starts with "
+                               "the next model load")
+        form.addRow(self.record)
+        layout.addWidget(files)
+
+        self.error = QLabel()
+        self.error.setObjectName("warningLabel")
+        self.error.setWordWrap(True)
+        self.error.hide()
+        layout.addWidget(self.error)
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
+                                        | QDialogButtonBox.StandardButton.Apply
+                                        | QDialogButtonBox.StandardButton.Cancel)
+        self.buttons.accepted.connect(self.accept)
+        self.buttons.rejected.connect(self.reject)
+        self.apply_button = self.buttons.button(QDialogButtonBox.StandardButton.Apply)
+        self.apply_button.clicked.connect(self.apply)
+        layout.addWidget(self.buttons)
+        self.set_values(prefs)
+
+    def _folder_row(self, form: QFormLayout, label: str, name: str, tip: str) -> QLineEdit:
+        edit = QLineEdit()
+        edit.setAccessibleName(name)
+        edit.setPlaceholderText("default")
+        edit.setToolTip(tip)
+        browse = QPushButton("Browse…")
+        browse.setAccessibleName(f"Choose the {name.lower()}")
+        browse.clicked.connect(lambda: self._browse(edit, name))
+        row = QHBoxLayout()
+        row.addWidget(edit, 1)
+        row.addWidget(browse)
+        form.addRow(label, row)
+        lbl = form.labelForField(row)
+        if isinstance(lbl, QLabel):
+            lbl.setBuddy(edit)
+        return edit
+
+    def _browse(self, edit: QLineEdit, name: str) -> None:
+        start = edit.text() or str(Path.home())
+        path = QFileDialog.getExistingDirectory(self, name, start)
+        if path:
+            edit.setText(path)
+
+    def set_values(self, prefs: Preferences) -> None:
+        self.threads.setValue(prefs.threads)
+        self.gpu_layers.setValue(prefs.gpu_layers)
+        self.theme.setCurrentIndex(max(0, self.theme.findData(prefs.theme)))
+        self.font_pt.setValue(prefs.font_pt or self.font_pt.minimum())
+        self.models_dir.setText(prefs.models_dir)
+        self.data_dir.setText(prefs.data_dir)
+        self.record.setChecked(prefs.record_traces)
+
+    def values(self) -> Preferences:
+        font = self.font_pt.value()
+        return Preferences(
+            threads=self.threads.value(), gpu_layers=self.gpu_layers.value(),
+            theme=str(self.theme.currentData()),
+            font_pt=0 if font < FONT_MIN_PT else font,
+            models_dir=self.models_dir.text().strip(), data_dir=self.data_dir.text().strip(),
+            record_traces=self.record.isChecked())
+
+    def problem(self) -> str:
+        """Why the values cannot be applied ("" when they can): a folder that is not one."""
+        for name, edit in (("models folder", self.models_dir),
+                           ("data folder", self.data_dir)):
+            text = edit.text().strip()
+            if text:
+                path = Path(text).expanduser()
+                if not path.is_dir():
+                    return f"The {name} {path} is not an existing folder."
+                if not os.access(path, os.W_OK | os.X_OK):
+                    return f"The {name} {path} cannot be written to."
+        return ""
+
+    def apply(self) -> bool:
+        """Hand the values to the window; False (and the reason shown) when a folder is
+        wrong."""
+        problem = self.problem()
+        self.error.setText(problem)
+        self.error.setVisible(bool(problem))
+        if problem:
+            return False
+        self._apply(self.values())
+        return True
+
+    def accept(self) -> None:
+        if self.apply():
+            super().accept()
+
+
+def _half_cores() -> int:
+    return max((os.cpu_count() or 2) // 2, 1)
