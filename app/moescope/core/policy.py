@@ -38,6 +38,11 @@ would be within 0.07 of the miss's), so it means the same for 64 experts or 512.
 the demo model over 12 held-out windows (``bench/bonus_bench.py``, docs/benchmarks.md):
 cache-prior +0.3% perplexity (as quality-first) for 0.43x Exact's waited-for bytes, psr
 within noise for 0.18x; 0.2 costs +2-5% and 0.3 +9-16%."""
+DEFAULT_THETA_DISK = 0.3
+"""Quality-first's threshold for a miss only on disk (RAM tier on): a read from disk
+costs about ten times a copy from RAM, so fewer of those misses are waited for."""
+THETA_DISK_AS_THETA = -1.0
+"""``Policy.theta_disk`` value meaning "the same threshold as ``theta``"."""
 PREFETCH_TOP_K = -1
 """``Policy.prefetch`` value meaning "as many experts as the router selects"."""
 
@@ -86,6 +91,9 @@ class Policy:
     the selection's) before top-k."""
     prefetch: int = 0
     """PSR: next-layer experts brought in per token (0 off, -1 = the router's top-k)."""
+    theta_disk: float = THETA_DISK_AS_THETA
+    """THRESHOLD with the RAM tier on: the threshold for a miss that is only on disk
+    (-1: ``theta``)."""
     name: str | None = field(default=None, compare=False)
     """The preset this policy is (a label for the UI and traces; not part of equality)."""
 
@@ -103,6 +111,10 @@ class Policy:
             raise ValueError(f"beta must be > 0, got {self.beta}")
         if not (math.isfinite(self.bonus) and self.bonus >= 0.0):
             raise ValueError(f"bonus must be >= 0, got {self.bonus}")
+        if self.theta_disk != THETA_DISK_AS_THETA and not (
+                math.isfinite(self.theta_disk) and 0.0 <= self.theta_disk <= 1.0):
+            raise ValueError(f"theta_disk must be in [0, 1] or -1 (= theta), "
+                             f"got {self.theta_disk}")
         object.__setattr__(self, "prefetch", int(self.prefetch))
         if self.prefetch < PREFETCH_TOP_K:
             raise ValueError(f"prefetch must be >= -1 (-1: the router's top-k), "
@@ -142,6 +154,7 @@ class Policy:
             substitute_weight=int(self.substitute_weight),
             bonus=self.bonus,
             prefetch=self.prefetch,
+            theta_disk=self.theta_disk,
         )
 
     @classmethod
@@ -158,6 +171,7 @@ class Policy:
             substitute_weight=SubstituteWeight(c.substitute_weight),
             bonus=_from_float32(c.bonus),
             prefetch=int(c.prefetch),
+            theta_disk=_from_float32(c.theta_disk),
         )
 
 
@@ -173,6 +187,7 @@ PRESETS: dict[str, Policy] = {
         miss_rule=MissRule.THRESHOLD,
         eviction=Eviction.FREQUENCY,
         admission=True,
+        theta_disk=DEFAULT_THETA_DISK,
         name="quality-first",
     ),
     "speed-first": Policy(
