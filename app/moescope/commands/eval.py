@@ -35,6 +35,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                         "exact,quality-first,speed-first,threshold,first-choice,substitute-all")
     p.add_argument("--budgets", action="append", metavar="B[,B...]",
                    help="budgets: 25%%, 12GiB ... (default 25%%,50%%)")
+    p.add_argument("--ram-budget", default=None, metavar="B",
+                   help="host memory for experts (same units as --budget); experts beyond "
+                        "it stay in the model file and are read on demand (default: all)")
     p.add_argument("--tokens", type=int, default=512, metavar="N",
                    help="tokens to score (default 512; fewer if the text is shorter)")
     p.add_argument("--window", type=int, default=64, metavar="W",
@@ -129,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         loaded = engine.load(model, budget=budgets[0], policy="exact",
                              n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
+                             ram_budget=args.ram_budget,
                              n_ctx=max(256, args.tokens + 16))
         if not loaded.cache_enabled:
             raise MoEScopeError(f"{Path(model).name}: the expert cache is off "
