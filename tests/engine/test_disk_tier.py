@@ -215,7 +215,7 @@ def test_chat_keeps_the_conversation_and_the_trace_after_a_read_error(
     code = main(["chat", str(synth_model("qwen3moe", expert_type="q8_0")), "--n", "40",
                  "--threads", "1", "--seed", "3", "--ram-budget", "30%",
                  "--trace", str(trace)])
-    out, err = capsys.readouterr()
+    _out, err = capsys.readouterr()
     assert code == 0
     lines = [line for line in err.splitlines() if "reading the model file failed" in line]
     assert len(lines) == 1

@@ -266,7 +266,7 @@ class Engine:
         every session starts from the same logical state. ``short``: one token only (experts
         left in the file: a batch would read them through the memory map)."""
         bos = max(int(self._llm.token_bos()), 0)
-        n = 0 if short else min(16, self.n_ctx - 1)  # the prompt and the token must fit a tiny context
+        n = 0 if short else min(16, self.n_ctx - 1)  # prompt and token fit a tiny context
         if n > 0:
             self._llm.eval([bos] * n)
         self._llm.eval([bos])
