@@ -23,6 +23,7 @@ Needs root (to make the cgroup). Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -43,11 +44,11 @@ def _cgroup_root() -> tuple[str, Path]:
     """("v1", memory controller mount) or ("v2", unified mount)."""
     mounts = Path("/proc/mounts").read_text().splitlines()
     for line in mounts:
-        dev, where, fstype, opts, *_ = line.split()
+        _dev, where, fstype, opts, *_ = line.split()
         if fstype == "cgroup" and "memory" in opts.split(","):
             return "v1", Path(where)
     for line in mounts:
-        dev, where, fstype, *_ = line.split()
+        _dev, where, fstype, *_ = line.split()
         if fstype == "cgroup2":
             return "v2", Path(where)
     raise SystemExit("no memory cgroup controller is mounted (see `mount | grep cgroup`)")
@@ -81,10 +82,8 @@ class MemoryLimit:
 
     def reset_peak(self) -> None:
         if self.kind == "v1":
-            try:
+            with contextlib.suppress(OSError):
                 (self.path / "memory.max_usage_in_bytes").write_text("0")
-            except OSError:
-                pass
 
     def close(self) -> None:
         for _ in range(50):
@@ -98,10 +97,8 @@ class MemoryLimit:
 def drop_page_cache() -> None:
     """Start every variant cold, as after a reboot (root only; best effort)."""
     os.sync()
-    try:
+    with contextlib.suppress(OSError):
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        pass
 
 
 def sequential_read_mb_s(path: Path, limit: int = 1 << 30) -> float:
@@ -279,7 +276,7 @@ def main() -> int:
               for i in range(len(header))]
     for r in [header, *rows]:
         print("  ".join(str(c).rjust(w) if i else str(c).ljust(w)
-                        for i, (c, w) in enumerate(zip(r, widths))))
+                        for i, (c, w) in enumerate(zip(r, widths, strict=False))))
     if args.json:
         args.json.write_text(json.dumps({"model": str(model), "size": size,
                                          "limit_mb": args.limit_mb, "seq_mb_s": seq,
