@@ -176,7 +176,7 @@ def policy_to_json(policy: Policy) -> dict[str, Any]:
         "theta": policy.theta, "eviction": policy.eviction.name.lower(),
         "half_life": policy.half_life, "admission": policy.admission, "beta": policy.beta,
         "substitute_weight": policy.substitute_weight.name.lower(),
-        "bonus": policy.bonus, "prefetch": policy.prefetch,
+        "bonus": policy.bonus, "prefetch": policy.prefetch, "theta_disk": policy.theta_disk,
     }
 
 
@@ -188,7 +188,7 @@ def policy_from_json(d: Mapping[str, Any]) -> Policy:
         admission=bool(d["admission"]), beta=float(d["beta"]),
         substitute_weight=SubstituteWeight[str(d["substitute_weight"]).upper()],
         bonus=float(d.get("bonus", DEFAULT_BONUS)), prefetch=int(d.get("prefetch", 0)),
-        name=d.get("name"),
+        theta_disk=float(d.get("theta_disk", -1.0)), name=d.get("name"),
     )
 
 
