@@ -5,11 +5,21 @@ memory limit and without one, side by side in one run.
 
 The limit is a memory cgroup (v1 ``memory.limit_in_bytes`` or v2 ``memory.max``; page cache
 included, as on a machine with that much RAM); each variant runs in its own child process
-moved into the group, so one variant's page cache never helps the next. Each child loads the
-model once, then decodes ``--tokens`` tokens greedily ``--runs`` times (the expert cache
-emptied before each) and reports the median tok/s, MB read from disk per token, the disk
-read rate it achieved, and how the experts were read. The disk's own sequential read rate
-(O_DIRECT, 8 MiB reads) is printed beside it.
+moved into the group, so one variant's page cache never helps the next (the page cache is
+dropped before each limited variant). Each child loads the model once, decodes ``--warmup``
+tokens untimed, then decodes ``--tokens`` tokens greedily ``--runs`` times (the expert
+cache emptied before each) and reports the median tok/s, MB read from disk per token and
+the disk read rate it achieved over the decode (prefill excluded). The disk's own
+sequential read rate (O_DIRECT, 8 MiB reads) is printed beside it. The runs without the
+limit start with the model file in the page cache (read once before them), as on a machine
+with RAM to spare; MoEScope runs there with the RAM tier off (today's behaviour), so
+"ratio" is each variant's speed at the limit against its own speed with enough RAM.
+
+Threads: one by default. ggml's CPU backend synchronises its threads with OpenMP barriers
+that spin; on a machine whose cores are shared with other jobs, two threads on two busy
+cores waste most of their time spinning while the other thread is descheduled (stock fell
+from ~17 to ~1-2 tok/s here, MoEScope alike). Children run with ``OMP_WAIT_POLICY=passive``
+so a larger ``--threads`` degrades less on a busy machine.
 
 "Stock" is this engine with the cache off and no host-experts layout: the code path of
 llama-cpp-python 0.3.36 (the patch adds nothing to it), experts read by page faults on the
@@ -101,6 +111,13 @@ def drop_page_cache() -> None:
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
+def warm_page_cache(path: Path) -> None:
+    """Read the whole file once (buffered) so the runs without a limit find it in RAM."""
+    with open(path, "rb", buffering=0) as f:
+        while f.read(8 << 20):
+            pass
+
+
 def sequential_read_mb_s(path: Path, limit: int = 1 << 30) -> float:
     """The disk's sequential read rate: O_DIRECT 8 MiB reads of the model file (the page
     cache dropped first, so a file system without O_DIRECT still reads from disk)."""
@@ -140,27 +157,33 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         e.load(spec["model"], budget=spec["budget"], policy=spec["policy"],
                ram_budget=spec["ram_budget"], **kw)
     load_s = time.perf_counter() - t0
+    if spec["warmup"] > 0:
+        for _ in e.generate(PROMPT, Sampling(max_tokens=spec["warmup"], temperature=0.0)):
+            pass
     runs = []
     for _ in range(spec["runs"]):
         e.clear_cache()
-        before = e.timings() if e.cache else {}
         n, first, last = 0, 0.0, 0.0
         disk = 0
+        before: dict[str, int] = {}
         for tok in e.generate(PROMPT, Sampling(max_tokens=spec["tokens"], temperature=0.0)):
             now = time.perf_counter()
-            if n == 0:
+            if n == 0:  # prefill and the first token done: the decode starts here
                 first = now
+                before = e.timings() if e.cache else {}
+            else:
+                disk += tok.cache.bytes_disk
             last = now
             n += 1
-            disk += tok.cache.bytes_disk
         after = e.timings() if e.cache else {}
         decode_s = last - first
         read = after.get("disk_bytes", 0) - before.get("disk_bytes", 0)
         runs.append({"tok_s": (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
                      "tokens": n, "decode_s": decode_s,
-                     "disk_mb_per_token": disk / 1e6 / max(n, 1),
+                     "disk_mb_per_token": disk / 1e6 / max(n - 1, 1),
                      "read_mb_s": read / 1e6 / decode_s if decode_s > 0 else 0.0,
-                     "disk_wait_s": (after.get("disk_us", 0) - before.get("disk_us", 0)) / 1e6})
+                     "disk_s": (after.get("disk_us", 0) - before.get("disk_us", 0)) / 1e6,
+                     "wait_s": (after.get("wait_us", 0) - before.get("wait_us", 0)) / 1e6})
     out = {"load_s": load_s, "runs": runs,
            "disk_experts": bool(e.model and e.model.disk_experts),
            "ram_slots": e.ram_slots_per_layer if e.cache else 0,
@@ -170,7 +193,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_variant(spec: dict[str, Any], limit: MemoryLimit | None) -> dict[str, Any]:
-    drop_page_cache()
+    if limit:
+        drop_page_cache()
     procs = limit.procs_file() if limit else None
     if limit:
         limit.reset_peak()
@@ -182,8 +206,9 @@ def run_variant(spec: dict[str, Any], limit: MemoryLimit | None) -> dict[str, An
 
     with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
         cmd = [sys.executable, __file__, "--child", json.dumps(spec), "--out", out.name]
+        env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
         proc = subprocess.run(cmd, preexec_fn=enter, capture_output=True, text=True,
-                              timeout=spec["timeout"], check=False)
+                              timeout=spec["timeout"], check=False, env=env)
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
@@ -206,7 +231,9 @@ def main() -> int:
     p.add_argument("--budget", default="20%", help="expert slots (default 20%%)")
     p.add_argument("--ram-budget", default="8 slots",
                    help="RAM tier at the limit (default 8 slots: one token's top-k)")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1,
+                   help="decode threads (default 1: see the module docstring)")
+    p.add_argument("--warmup", type=int, default=4, help="untimed tokens after load")
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
     p.add_argument("--json", type=Path, default=None)
@@ -220,6 +247,9 @@ def main() -> int:
         raise SystemExit("disk_bench needs root to make a memory cgroup")
     if args.runs < 3:
         raise SystemExit("--runs must be at least 3 (medians)")
+    if not (1 <= args.tokens <= 4096 and 0 <= args.warmup <= 4096 and 1 <= args.threads <= 256
+            and 64 <= args.limit_mb <= 10**7):
+        raise SystemExit("--tokens 1-4096, --warmup 0-4096, --threads 1-256, --limit-mb 64-1e7")
     model = args.model
     if model is None:
         from moescope.testing.synth import ensure_synth_model, preset
@@ -239,11 +269,14 @@ def main() -> int:
     results: dict[str, dict[str, Any]] = {}
     for limited in (True, False):
         limit = MemoryLimit(limit_bytes) if limited else None
+        if not limited:
+            warm_page_cache(model)
         try:
             for name in variants:
                 spec = {"model": str(model), "policy": name, "budget": args.budget,
                         "ram_budget": args.ram_budget if limited else None,
                         "tokens": args.tokens, "runs": args.runs, "threads": args.threads,
+                        "warmup": args.warmup,
                         "timeout": args.timeout}
                 key = f"{name}@{'limit' if limited else 'free'}"
                 t0 = time.perf_counter()
@@ -254,8 +287,8 @@ def main() -> int:
             if limit:
                 limit.close()
     print()
-    header = ["variant", f"tok/s @{args.limit_mb}MB", "tok/s free", "ratio",
-              "disk MB/tok", "read MB/s", "of seq.", "peak MB", "load s"]
+    header = ["variant", f"tok/s @{args.limit_mb}MB", "runs", "tok/s free", "runs", "ratio",
+              "disk MB/tok", "read MB/s", "of seq.", "reading %", "peak MB", "load s"]
     rows = []
     for name in variants:
         lim, free = results[f"{name}@limit"], results[f"{name}@free"]
@@ -266,14 +299,21 @@ def main() -> int:
         med_free = statistics.median(r["tok_s"] for r in free["runs"])
         read = statistics.median(r["read_mb_s"] for r in lim["runs"])
         disk = statistics.median(r["disk_mb_per_token"] for r in lim["runs"])
-        rows.append([name, f"{med:.2f}", f"{med_free:.1f}",
+        busy = statistics.median(r["disk_s"] / r["decode_s"] if r["decode_s"] > 0 else 0.0
+                                 for r in lim["runs"])
+        mine = name != "stock"
+        rows.append([name, f"{med:.2f}", "/".join(f"{r['tok_s']:.1f}" for r in lim["runs"]),
+                     f"{med_free:.1f}", "/".join(f"{r['tok_s']:.1f}" for r in free["runs"]),
                      f"{med / med_free:.0%}" if med_free else "-",
-                     f"{disk:.1f}" if name != "stock" else "(faults)",
-                     f"{read:.0f}" if name != "stock" else "-",
-                     f"{read / seq:.0%}" if name != "stock" and seq else "-",
+                     f"{disk:.1f}" if mine else "(faults)",
+                     f"{read:.0f}" if mine else "-",
+                     f"{read / seq:.0%}" if mine and seq else "-",
+                     f"{busy:.0%}" if mine else "-",
                      f"{lim.get('peak_mb', 0):.0f}", f"{lim['load_s']:.1f}"])
     widths = [max(len(str(r[i])) for r in [header, *rows] if i < len(r))
               for i in range(len(header))]
+    print("ratio: tok/s at the limit / tok/s free; read MB/s: bytes read from the file per "
+          "second of decode; reading %: time in reads / decode time")
     for r in [header, *rows]:
         print("  ".join(str(c).rjust(w) if i else str(c).ljust(w)
                         for i, (c, w) in enumerate(zip(r, widths, strict=False))))

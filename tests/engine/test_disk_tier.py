@@ -102,6 +102,28 @@ def test_decisions_do_not_depend_on_read_timing(
     assert (runs[0][1]["tier"] == 2).any()  # some misses were only on disk
 
 
+def test_read_ahead_serves_fetches_and_changes_nothing(
+        synth_model: Callable[..., Path], engine: Callable[..., Engine],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next layer's predicted experts read ahead into spare buffers: some fetches are
+    served from there, and logits and decisions equal those without read-ahead."""
+    path = synth_model("qwen3moe", expert_type="q8_0")
+    runs = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv("MOESCOPE_READAHEAD", flag)  # read when the cache is made
+        e = engine(path, budget="25%", policy="exact", ram_budget="30%")
+        before = e.timings()
+        logits = _forced(e, n=32)
+        t = {k: v - before[k] for k, v in e.timings().items()}
+        rows = e.drain_events()
+        runs.append((logits, rows[["layer", "ids", "action", "slots", "tier"]], t))
+    off, on = runs
+    assert off[2]["n_readahead"] == 0 and off[2]["n_readahead_used"] == 0
+    assert 0 < on[2]["n_readahead_used"] <= on[2]["n_readahead"]
+    assert np.array_equal(off[0], on[0])
+    assert np.array_equal(off[1], on[1])
+
+
 def test_quality_first_substitutes_disk_misses_it_would_fetch_from_ram(
         synth_model: Callable[..., Path], engine: Callable[..., Engine]) -> None:
     """theta_disk: a miss only on disk needs a larger gate weight to be waited for."""

@@ -38,6 +38,8 @@ class MoeCacheTimings(ctypes.Structure):
         ("disk_us", ctypes.c_int64),
         ("n_disk_reads", ctypes.c_int64),
         ("disk_bytes", ctypes.c_int64),
+        ("n_readahead", ctypes.c_int64),
+        ("n_readahead_used", ctypes.c_int64),
     ]
 
     def as_dict(self) -> dict[str, int]:
