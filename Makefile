@@ -12,7 +12,7 @@ NATIVE_BUILD := build/native
 export MOESCOPE_CACHE ?= $(HOME)/.cache/moescope
 
 .PHONY: FORCE setup deps engine engine-cuda-configure native test test-native test-python lint \
-        run bench gpu-bundle screenshot clean install-desktop uninstall-desktop dist dist-smoke
+        run bench fuzz gpu-bundle screenshot clean install-desktop uninstall-desktop dist dist-smoke
 
 setup: deps native engine
 
@@ -79,6 +79,12 @@ $(DIST_STAMP): $(DEPS_STAMP) pyproject.toml constraints.txt
 
 bench: setup
 	$(PY) bench/engine_bench.py
+
+# The long fuzz campaign (issue 14): 10,000 generated GGUF files and traces and 1,000
+# argument vectors against info, generate, chat and replay, each in a limited fork;
+# prints a table of outcomes and keeps failing inputs under build/fuzz/.
+fuzz: setup
+	$(PY) bench/fuzz_campaign.py
 
 # A self-contained folder (bundle/) for the GPU check on a machine without network.
 gpu-bundle: deps

@@ -122,6 +122,7 @@ def record(engine_required: None, synth_model: Callable[..., Path],
                 if switch_at is not None and stats.index + 1 == switch_at and answer == 0:
                     engine.request_policy(switch_policy)
                     engine.request_budget(switch_budget)
+            recorder.end_answer(engine)  # the step that chose EOS, if the answer ended so
             prompt += " And then the dog woke up and ran off into the woods, barking."
         recorder.close(stop_reason=engine.last_answer.stop_reason)
         engine.close()

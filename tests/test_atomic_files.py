@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,8 @@ import pytest
 
 from moescope.core import files
 from moescope.core.files import copy_atomic, write_atomic
+from moescope.core.policy import Policy
+from moescope.core.trace import ModelSummary, TraceHeader, TraceWriter
 
 
 def test_a_write_replaces_the_file_whole_with_the_usual_permissions(tmp_path: Path) -> None:
@@ -49,3 +53,112 @@ def test_a_missing_folder_is_an_os_error(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         copy_atomic(src, tmp_path / "copy.jsonl")
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ what sits at the path
+def test_a_symlink_is_written_through_and_stays_a_symlink(tmp_path: Path) -> None:
+    """The writer used to replace the link by a regular file and never write the file it
+    pointed to."""
+    real_dir = tmp_path / "real"
+    real_dir.mkdir()
+    target = real_dir / "chat.md"
+    target.write_text("old")
+    link = tmp_path / "link.md"
+    link.symlink_to(target)
+    write_atomic(link, "new")
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text() == "new"
+    assert sorted(p.name for p in real_dir.iterdir()) == ["chat.md"]  # no temp file left
+    dangling = tmp_path / "later.md"
+    dangling.symlink_to(real_dir / "later.md")
+    copy_atomic(target, dangling)
+    assert dangling.is_symlink() and (real_dir / "later.md").read_text() == "new"
+
+
+def test_a_fifo_is_written_directly_and_stays_a_fifo(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    write_atomic(fifo, "through the pipe\n")
+    reader.join(10)
+    assert got == [b"through the pipe\n"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+def test_a_character_device_is_written_directly_and_never_replaced() -> None:
+    """As root, ``--json /dev/full`` replaced the device node by a regular file."""
+    write_atomic("/dev/null", "gone")
+    assert stat.S_ISCHR(os.lstat("/dev/null").st_mode)
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    with pytest.raises(OSError) as err:
+        write_atomic("/dev/full", "x" * 100_000)
+    assert err.value.errno == errno.ENOSPC
+    assert stat.S_ISCHR(os.lstat("/dev/full").st_mode)
+    stream = files.open_stream("/dev/full")
+    with pytest.raises(OSError) as err:
+        stream.write(b"x")
+        stream.close()  # buffered: the failure shows on flush
+    assert err.value.errno == errno.ENOSPC
+
+
+def test_dash_is_stdout(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    write_atomic("-", "to stdout\n")
+    src = tmp_path / "a.txt"
+    src.write_text("copied\n")
+    copy_atomic(src, "-")
+    with files.open_stream("-") as f:
+        f.write(b"streamed\n")
+    assert capfd.readouterr().out == "to stdout\ncopied\nstreamed\n"
+    assert not (Path.cwd() / "-").exists()
+
+
+def test_folders_block_devices_and_inputs_are_refused(tmp_path: Path) -> None:
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF precious")
+    link = tmp_path / "link.gguf"
+    link.symlink_to(model)
+    hard = tmp_path / "hard.gguf"
+    os.link(model, hard)
+    for dest in (model, link, hard):
+        with pytest.raises(files.OutputPathError, match="input of this command"):
+            write_atomic(dest, "trace", inputs=[model])
+        with pytest.raises(files.OutputPathError, match="input of this command"):
+            files.open_stream(dest, inputs=[link])
+    with pytest.raises(files.OutputPathError, match="input"):
+        copy_atomic(model, hard)  # the source is an input of a copy
+    assert model.read_bytes() == b"GGUF precious" and link.is_symlink()
+    with pytest.raises(files.OutputPathError, match="folder") as err:
+        write_atomic(tmp_path, "x")
+    assert err.value.errno == errno.EISDIR and isinstance(err.value, OSError)
+    with pytest.raises(OSError):
+        files.open_stream(tmp_path)
+    block = tmp_path / "block"
+    try:
+        os.mknod(block, stat.S_IFBLK | 0o600, os.makedev(7, 200))
+    except (PermissionError, OSError):
+        pytest.skip("cannot make a block device node here (not root)")
+    with pytest.raises(files.OutputPathError, match="block device"):
+        write_atomic(block, "x")
+    assert stat.S_ISBLK(os.lstat(block).st_mode)
+
+
+def test_the_trace_writer_follows_the_same_rules(tmp_path: Path) -> None:
+    """A trace through a symlink lands in the target and the link stays; a folder is
+    refused; the file is written in place (a crash keeps what was written)."""
+    model = ModelSummary(file_name="m.gguf", metadata_sha256="cd" * 32,
+                         architecture="qwen3moe", n_layers=2, moe_layers=(0, 1), n_expert=8,
+                         top_k=2, bytes_per_expert=(1000, 1000))
+    header = TraceHeader(model=model, budget="25%", slots_per_layer=2,
+                         policy=Policy.preset("exact"), router_inputs=None)
+    target = tmp_path / "real.jsonl"
+    link = tmp_path / "t.jsonl"
+    link.symlink_to(target)
+    with TraceWriter(link, header):
+        pass
+    assert link.is_symlink() and target.read_text().count("\n") == 2
+    with pytest.raises(OSError):
+        TraceWriter(tmp_path, header)

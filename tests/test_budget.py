@@ -21,7 +21,7 @@ MiB = 2**20
 @pytest.mark.parametrize(
     ("text", "n_bytes"),
     [("12GiB", 12 * GiB), ("512MiB", 512 * MiB), ("512 MiB", 512 * MiB), ("12gib", 12 * GiB),
-     ("1.5G", 3 * GiB // 2), ("64K", 65536), ("1TiB", 2**40), ("3000000000", 3_000_000_000),
+     ("1.5G", 3 * GiB // 2), ("64K", 65536), ("1TiB", 2**40), ("3000000000B", 3_000_000_000),
      ("1GB", 10**9), ("250MB", 250 * 10**6), ("4096B", 4096), (" 2 GiB ", 2 * GiB)],
 )
 def test_sizes_parse_to_bytes(text: str, n_bytes: int) -> None:
@@ -39,8 +39,8 @@ def test_percentages_parse_to_exact_fractions(text: str, fraction: Fraction) -> 
 
 
 @pytest.mark.parametrize(
-    "text", ["", "abc", "-1GiB", "0", "0%", "0GiB", "150%", "100.1%", "12XB", "1e9", "12 Gib x",
-             "GiB", "%"],
+    "text", ["", "   ", "abc", "-1GiB", "0", "0%", "0GiB", "150%", "100.1%", "12XB", "1e9",
+             "12 Gib x", "GiB", "%", "16.0", "4.7", ".5", "1" * 5000],
 )
 def test_bad_budgets_raise_one_line_budget_error(text: str) -> None:
     with pytest.raises(BudgetError) as err:
@@ -58,14 +58,14 @@ def test_25_percent_of_128_experts_is_exactly_32_slots() -> None:
 
 def test_a_byte_budget_buys_whole_slots_in_every_layer() -> None:
     row = 3 * 1000  # three MoE layers of 1000-byte experts
-    assert plan_slots(str(10 * row), n_expert=64, top_k=4,
+    assert plan_slots(f"{10 * row}B", n_expert=64, top_k=4,
                       bytes_per_expert=[1000] * 3).slots_per_layer == 10
-    assert plan_slots(str(10 * row - 1), n_expert=64, top_k=4,
+    assert plan_slots(f"{10 * row - 1}B", n_expert=64, top_k=4,
                       bytes_per_expert=[1000] * 3).slots_per_layer == 9
 
 
 def test_layers_with_different_expert_sizes_share_one_slot_count() -> None:
-    plan = plan_slots("10000", n_expert=32, top_k=2, bytes_per_expert=[1000, 1500, 2500])
+    plan = plan_slots("10000B", n_expert=32, top_k=2, bytes_per_expert=[1000, 1500, 2500])
     assert plan.slots_per_layer == 2  # 10000 // 5000
     assert plan.slot_row_bytes == 5000 and plan.n_moe_layers == 3
 
@@ -143,23 +143,38 @@ def test_format_bytes(n: int, text: str) -> None:
 
 
 def test_slots_per_layer_read_the_same_everywhere() -> None:
-    """"16 slots", or a bare whole number up to the expert count, is slots per layer (the
-    window's budget box always read it so; the CLI read a bare 16 as 16 bytes and then
-    clamped it to top-k); a larger bare number is bytes; a unit is never slots."""
+    """"16 slots", or any bare whole number, is slots per layer (the window's budget box
+    always read it so; the CLI read a bare 16 as 16 bytes and then clamped it to top-k); a
+    unit is never slots."""
     kw = {"n_expert": 64, "top_k": 4, "bytes_per_expert": [1000, 3000]}
     for text in ("16 slots", "16slots", "16 SLOTS", "16", " 16 "):
         plan = plan_slots(text, **kw)
         assert plan.slots_per_layer == 16 and not plan.clamped, text
         assert plan.budget_bytes == plan.bytes_used == 16 * 4000
     assert plan_slots("64", **kw).slots_per_layer == 64 and not plan_slots("64", **kw).clamped
-    assert plan_slots("65", **kw).slots_per_layer == 4  # 65 bytes: less than a slot row
     assert plan_slots("16B", **kw).slots_per_layer == 4  # bytes, said so
-    assert plan_slots("16.0", **kw).slots_per_layer == 4  # not a whole slot count
-    low, high = plan_slots("2 slots", **kw), plan_slots("100 slots", **kw)
+    low = plan_slots("2 slots", **kw)
     assert low.slots_per_layer == 4 and low.clamped and "top-k = 4" in low.message
-    assert high.slots_per_layer == 64 and high.clamped and "all 64" in high.message
     for bad in ("0 slots", "1.5 slots"):
         with pytest.raises(BudgetError, match="whole number"):
             plan_slots(bad, **kw)
     with pytest.raises(BudgetError, match="in slots"):
         parse_budget("8 slots").resolve(10**9)
+
+
+@pytest.mark.parametrize("text", ["65", "100 slots", "3000000000"])
+def test_more_slots_than_experts_is_an_error_naming_the_maximum(text: str) -> None:
+    """On a 64-expert model "64" meant 64 slots but "65" meant 65 bytes (clamped to 4
+    slots), and "3000000000" was bytes: one rule now, and a mistake says the limit."""
+    with pytest.raises(BudgetError, match="at most 64 slots") as err:
+        plan_slots(text, n_expert=64, top_k=4, bytes_per_expert=[1000, 3000])
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("16.0", "no unit"), ("4.7", "say 4.7GiB, 4.7%"), ("", "empty"), ("  ", "empty")])
+def test_a_bare_decimal_or_an_empty_budget_asks_for_a_unit(text: str, says: str) -> None:
+    """"16.0" and "4.7" were read as bytes (16 bytes: clamped to top-k, without a word),
+    and an empty budget was taken as no budget."""
+    with pytest.raises(BudgetError, match=says):
+        parse_budget(text)

@@ -5,7 +5,11 @@ physical. Each used to end in a traceback after the work, or in a silent wrong r
 
 from __future__ import annotations
 
+import json
+import os
+import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,3 +70,158 @@ def test_replay_refuses_a_cost_model_that_is_not_physical(
     """A bandwidth of 0 GB/s printed a table of meaningless times."""
     err = _one_line_error(capsys, ["replay", str(tmp_path / "t.jsonl"), option, value])
     assert option in err
+
+
+# ------------------------------------------------------------------ outputs vs inputs
+def _same_file_cases(tmp: Path) -> list[list[str]]:
+    model = tmp / "m.gguf"
+    split1, split2 = tmp / "s-00001-of-00002.gguf", tmp / "s-00002-of-00002.gguf"
+    link = tmp / "link.gguf"
+    text, trace = tmp / "text.txt", tmp / "t.jsonl"
+    return [
+        ["generate", str(model), "--trace", str(model)],
+        ["generate", str(model), "--trace", str(link)],  # a symlink to the model
+        ["generate", str(model), "--trace", str(tmp / "hard.gguf")],  # a hard link
+        ["generate", str(split1), "--trace", str(split2)],  # another part of the model
+        ["chat", str(model), "--trace", str(model)],
+        ["bench", str(model), "--json", str(model)],
+        ["eval", str(model), "--text", str(text), "--csv", str(text)],
+        ["eval", str(model), "--text", str(text), "--markdown", str(model)],
+        ["replay", str(trace), "--json", str(trace)],
+        ["replay", str(trace), "--csv", str(trace)],
+        ["replay", str(trace), "--perfetto", str(trace)],
+        ["replay", str(trace), "--tokens-csv", str(trace)],
+    ]
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_an_output_that_is_an_input_is_refused_before_anything_is_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], case: int) -> None:
+    """``generate x.gguf --trace x.gguf`` truncated the model it was reading (the process
+    died with SIGBUS and the model was gone)."""
+    files = {name: f"{name} precious".encode() for name in
+             ("m.gguf", "s-00001-of-00002.gguf", "s-00002-of-00002.gguf", "text.txt",
+              "t.jsonl")}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / "link.gguf").symlink_to(tmp_path / "m.gguf")
+    os.link(tmp_path / "m.gguf", tmp_path / "hard.gguf")
+    err = _one_line_error(capsys, _same_file_cases(tmp_path)[case])
+    assert "is an input of this command" in err and "refusing to overwrite it" in err
+    for name, data in files.items():
+        assert (tmp_path / name).read_bytes() == data
+    assert (tmp_path / "link.gguf").is_symlink()
+
+
+@pytest.mark.parametrize("argv", [
+    ["replay", "{tmp}/t.jsonl", "--csv", "{tmp}/r.out", "--json", "{tmp}/r.out"],
+    ["replay", "{tmp}/t.jsonl", "--csv", "-", "--json", "-"],
+    ["eval", "{tmp}/m.gguf", "--text", "{tmp}/t.jsonl", "--csv", "{tmp}/r", "--markdown",
+     "{tmp}/r"],
+    ["generate", "{tmp}/m.gguf", "--trace", "-"],
+    ["chat", "{tmp}/m.gguf", "--trace", "-"],
+])
+def test_one_file_for_two_outputs_or_trace_to_stdout_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    (tmp_path / "t.jsonl").write_text("not read\n")
+    err = _one_line_error(capsys, [a.format(tmp=tmp_path) for a in argv])
+    assert "same file" in err or "stdout" in err
+
+
+# ------------------------------------------------------------------ numbers in arguments
+@pytest.mark.parametrize("command", ["chat", "eval", "bench"])
+@pytest.mark.parametrize("threads", ["99999999999", "1000", "513", "0", "-4"])
+def test_a_thread_count_llama_cpp_cannot_run_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str,
+        threads: str) -> None:
+    """``--threads 99999999999`` aborted with std::bad_alloc and ``--threads 1000`` ended
+    in a bare libgomp line; 512 is ggml's own maximum (GGML_MAX_N_THREADS)."""
+    argv = [command, str(tmp_path / "never-read.gguf"), "--threads", threads]
+    if command == "eval":
+        argv += ["--text", str(tmp_path / "never-read.txt")]
+    err = _one_line_error(capsys, argv)
+    assert "--threads must be between 1 and 512" in err
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "bench", "eval", "info"])
+@pytest.mark.parametrize("budget", ["", "4.7", "16.0"])
+def test_an_empty_or_unitless_decimal_budget_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str,
+        budget: str) -> None:
+    """``--budget ""`` was taken as no budget, and ``4.7`` as 4.7 bytes."""
+    option = "--budgets" if command == "eval" else "--budget"
+    argv = [command, str(tmp_path / "never-read.gguf"), option, budget]
+    if command == "eval":
+        argv += ["--text", str(tmp_path / "never-read.txt")]
+    err = _one_line_error(capsys, argv)
+    if budget:
+        assert "has no unit" in err
+    else:  # eval's --budgets is a list: an empty one names no budget
+        assert "empty" in err or "names no budget" in err
+
+
+def test_more_slots_than_the_model_has_experts_names_the_maximum(
+        tiny_moe: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from moescope.core.gguf_info import read_model_info
+
+    n = read_model_info(tiny_moe).n_expert
+    err = _one_line_error(capsys, ["info", str(tiny_moe), "--budget", str(n + 1)])
+    assert f"at most {n} slots" in err
+    assert main(["info", str(tiny_moe), "--budget", str(n)]) == 0
+    assert f"{n} slots per layer of {n}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["replay", "{tmp}/t.jsonl", "--policy", ""], "--policy names no policy"),
+    (["replay", "{tmp}/t.jsonl", "--policy", " , "], "--policy names no policy"),
+    (["replay", "{tmp}/t.jsonl", "--budget", ""], "--budget names no budget"),
+    (["replay", "{tmp}/t.jsonl", "--budget", "4.7"], "has no unit"),
+    (["eval", "{tmp}/m.gguf", "--text", "{tmp}/x", "--policies", ""], "names no policy"),
+])
+def test_an_empty_list_of_policies_or_budgets_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+        says: str) -> None:
+    """``replay --policy ''`` printed an empty table."""
+    err = _one_line_error(capsys, [a.format(tmp=tmp_path) for a in argv])
+    assert says in err
+
+
+@pytest.mark.parametrize(("spec", "parameter", "allowed"), [
+    ("quality-first:half_life=1e-300", "half_life", "between 0.1 and 1e+09 steps"),
+    ("quality-first:half_life=inf", "half_life", "between 0.1 and 1e+09 steps"),
+    ("quality-first:beta=1e-300", "beta", "between 0.001 and 1000"),
+    ("threshold:theta=nan", "theta", "between 0 and 1"),
+    ("cache-prior:bonus=1e300", "bonus", "between 0 and 10"),
+    ("psr:prefetch=99999999999", "prefetch", "between -1"),
+])
+@pytest.mark.parametrize("command", ["replay", "generate"])
+def test_a_policy_parameter_out_of_range_names_the_parameter_and_its_range(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, spec: str,
+        parameter: str, allowed: str) -> None:
+    """``quality-first:half_life=1e-300`` (0 in the core's float32) was reported as a
+    budget problem after the model had loaded."""
+    err = _one_line_error(capsys, [command, str(tmp_path / "never-read"), "--policy", spec])
+    assert f"{parameter} must be {allowed}" in err and "budget" not in err
+
+
+# ------------------------------------------------------------------ real outputs
+def test_replay_writes_to_stdout_through_symlinks_and_into_devices(
+        record: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``replay T --json /dev/full`` replaced the device node (as root) and ``--csv
+    /dev/stdout`` would have replaced the machine's /dev/stdout symlink."""
+    trace = str(record("qwen3moe", tokens=20, answers=2, switch_at=7))
+    assert main(["replay", trace, "--policy", "exact", "--json", "/dev/full"]) == 2
+    table, err = capsys.readouterr()
+    assert "exact" in table and err.count("\n") == 1  # what was printed stays printed
+    assert err == "moescope: error: --json /dev/full: cannot write (No space left on device)\n"
+    assert stat.S_ISCHR(os.lstat("/dev/full").st_mode)
+
+    assert main(["replay", trace, "--policy", "exact", "--csv", "-"]) == 0
+    out, table = capsys.readouterr()
+    assert out.startswith("policy,") and "exact" in table  # the table moved to stderr
+
+    real = tmp_path / "real.json"
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    assert main(["replay", trace, "--policy", "exact", "--json", str(link)]) == 0
+    assert link.is_symlink() and json.loads(real.read_text())

@@ -44,8 +44,10 @@ def _events(d: dict[str, Any], key: str, value: Any) -> None:
 CORRUPTIONS: dict[str, tuple[dict[str, Any], str]] = {
     "router ids": ({"token": lambda d: _routes(d, "ids", [999] * 4)},
                    "expert ids outside 0..15"),
-    "event ids": ({"token": lambda d: _events(d, "ids", 999)}, "ids outside 0..15"),
-    "used ids": ({"token": lambda d: _events(d, "used_ids", -1)}, "used_ids outside 0..15"),
+    "event ids": ({"token": lambda d: _events(d, "ids", 999)},
+                  "events[0].ids[0] 999 is not an expert (0..15)"),
+    "used ids": ({"token": lambda d: _events(d, "used_ids", -1)},
+                 "events[0].used_ids[0] -1 is not an expert (0..15)"),
     "predicted layer": ({"token": lambda d: _routes(d, "next_layer", 99)},
                         "prediction for layer 99"),
     "predicted ids": ({"token": lambda d: _routes(d, "predicted", [77])},
@@ -54,6 +56,26 @@ CORRUPTIONS: dict[str, tuple[dict[str, Any], str]] = {
         "changes", [{"kind": "slots", "slots": -5}])}, "budget change to -5 slots"),
     "header slots": ({"header": lambda d: d.__setitem__("slots_per_layer", 0)},
                      "slots_per_layer 0 is outside"),
+    # what a fuzzing pass found (issue 14): each was a traceback, an endless loop or silent
+    "negative layers": ({"header": lambda d: d["model"].__setitem__("n_layers", -3)},
+                        "model.n_layers -3 is outside"),
+    "initial step 1e12": ({"header": lambda d: d["initial_state"].__setitem__("step", 10**12)},
+                          "initial_state.step 1000000000000 is outside"),
+    "half-life 1e-300": ({"header": lambda d: d["policy"].__setitem__("half_life", 1e-300)},
+                         "policy: half_life must be between"),
+    "event step 1e12": ({"token": lambda d: [e.__setitem__("step", 10**12)
+                                             for e in d["events"]]},
+                        "events[0].step 1000000000000 is beyond step"),
+    "slot -1": ({"token": lambda d: _events(d, "slots", -1)},
+                "events[0].slots[0] -1 is not a slot"),
+    "action 9": ({"token": lambda d: _events(d, "action", 9)},
+                 "events[0].action[0] 9 is not an action"),
+    "duplicate ids": ({"token": lambda d: _events(d, "ids", 3)},
+                      "events[0].ids names expert 3 twice"),
+    "routes object": ({"token": lambda d: d.__setitem__("routes", {"row": 0})},
+                      "routes is an object, not a list"),
+    "timings 2^63": ({"token": lambda d: d.__setitem__("timings", {"wait_us": 2**63})},
+                     "timings.wait_us 9223372036854775808 is outside"),
 }
 
 

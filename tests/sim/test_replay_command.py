@@ -83,6 +83,6 @@ def test_mistakes_are_one_line_errors(record: RecordFn, tmp_path: Path,
     assert "line 1" in capsys.readouterr().err
     (tmp_path / "bad.jsonl.gz").write_bytes(b"\x1f\x8bgarbage, not deflate")
     assert main(["replay", str(tmp_path / "bad.jsonl.gz")]) == 2
-    assert "damaged gzip stream" in capsys.readouterr().err
+    assert "corrupt gzip stream at line 1" in capsys.readouterr().err
     assert main(["replay", str(tmp_path)]) == 2
     assert "is a folder" in capsys.readouterr().err

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from trace_helpers import MOE_LAYERS, psr_header, set_token_field
 
-from moescope.core.native import EVENT_DTYPE, FETCH, HIT, ExpertCache
+from moescope.core.native import EVENT_DTYPE, FETCH, HIT, SUBSTITUTE, ExpertCache
 from moescope.core.policy import Policy
 from moescope.core.residency import Residency, mask_from_hex, mask_to_hex, read_resident
 from moescope.core.trace import (
@@ -56,6 +56,8 @@ def _row(layer: int, ids: list[int], action: list[int]) -> np.ndarray:
     row["ids"][0, : len(ids)] = ids
     row["used_ids"][0, : len(ids)] = ids
     row["action"][0, : len(ids)] = action
+    for count, code in (("n_hit", HIT), ("n_fetch", FETCH), ("n_substitute", SUBSTITUTE)):
+        row[count] = action.count(code)  # the reader checks the counts against the actions
     return row
 
 
@@ -234,6 +236,8 @@ def _record_with_truth(synth_model: Callable[..., Path], path: Path, *, policy: 
                 truth.append(np.array([engine.cache.layer_experts(il) >= 0 for il in layers]))
                 if shrink_at is not None and answer == 0 and stats.index + 1 == shrink_at:
                     engine.request_budget(shrink_to)
+            if recorder.end_answer(engine) is not None:  # it ended on EOS: that step too
+                truth.append(np.array([engine.cache.layer_experts(il) >= 0 for il in layers]))
             prompt += " And then the dog woke up and ran off into the woods, barking."
         recorder.close()
     finally:

@@ -161,7 +161,8 @@ def test_a_newer_version_is_refused_with_a_reason(tmp_path: Path) -> None:
     header = json.loads(lines[0])
     header["version"] = TRACE_VERSION + 1
     path.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
-    with pytest.raises(TraceFormatError, match=r"^t\.jsonl: trace version .* not supported"):
+    with pytest.raises(TraceFormatError,
+                       match=r"^t\.jsonl: line 1: trace version .* not supported"):
         read_trace(path)  # named like every other reader error
 
 

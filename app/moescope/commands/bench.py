@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moescope.commands.generate import (
-    check_output_path,
+    check_outputs,
+    check_threads,
+    model_inputs,
     parse_live_policy,
     resolve_model,
     write_output,
@@ -66,9 +68,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--runs", type=int, default=3, metavar="R",
                    help="timed runs per policy; the table shows the median (default 3)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text (raw, no template)")
-    p.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--json", type=Path, metavar="FILE",
+                   help="also write the results as JSON (- for stdout)")
     p.add_argument("--n-gpu-layers", type=int, default=0, help="layers on the GPU (default 0)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp (1-512)")
     p.set_defaults(func=run)
 
 
@@ -194,7 +197,9 @@ def run(args: argparse.Namespace) -> int:
                             "first and the last token)")
     if args.runs < 1:
         raise MoEScopeError("--runs must be at least 1")
-    check_output_path(args.json, "--json")
+    check_threads(args.threads)
+    inputs = model_inputs(args.model)
+    to_stdout = check_outputs([("--json", args.json)], inputs)
     model = resolve_model(args.model)
 
     engine = Engine()
@@ -222,9 +227,10 @@ def run(args: argparse.Namespace) -> int:
             result.notes.insert(0, plan.message)
     finally:
         engine.close()
-    print(format_report(result))
+    print(format_report(result), file=sys.stderr if to_stdout else sys.stdout)
     if args.json:
-        write_output(args.json, json.dumps(result.to_dict(), indent=2) + "\n", "--json")
+        write_output(args.json, json.dumps(result.to_dict(), indent=2) + "\n", "--json",
+                     inputs)
     return 0
 
 

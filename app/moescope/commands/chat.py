@@ -30,7 +30,9 @@ from moescope.commands.generate import (
     add_sampling_arguments,
     answer_summary,
     cache_state,
-    check_output_path,
+    check_threads,
+    check_trace_output,
+    model_inputs,
     open_trace,
     parse_live_policy,
     resolve_model,
@@ -91,7 +93,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--ctx", type=int, default=4096, metavar="N",
                    help="context length in tokens (default 4096, at most the model's)")
     p.add_argument("--n-gpu-layers", type=int, default=0, help="layers on the GPU (default 0)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp (1-512)")
     p.add_argument("--no-cache", action="store_true", help="run stock llama.cpp (cache off)")
     p.add_argument("--trace", type=Path, metavar="FILE.jsonl[.gz]",
                    help="record the session as a trace (replay it with `moescope replay`)")
@@ -106,7 +108,9 @@ def run(args: argparse.Namespace) -> int:
     policy = parse_live_policy(args.policy)  # fail fast, before loading
     parse_budget(args.budget)
     sampling_from_args(args)  # --n, --temperature
-    check_output_path(args.trace, "--trace")
+    check_threads(args.threads)
+    inputs = model_inputs(args.model)
+    check_trace_output(args.trace, inputs)
     model = resolve_model(args.model)
     engine = Engine()
     recorder: TraceRecorder | None = None
@@ -117,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         if loaded.notice:
             print(f"moescope: {loaded.notice}", file=sys.stderr)
         if args.trace:
-            recorder = open_trace(args.trace, engine)
+            recorder = open_trace(args.trace, engine, inputs)
         stdin = sys.stdin
         tty = stdin.isatty()
         print(f"moescope chat · {loaded.path.name} · {cache_state(engine)} · context "
@@ -246,6 +250,7 @@ class ChatSession:
                         printer.feed(tok.text)
                         if interrupted():
                             engine.stop()  # Ctrl+C came before generate() cleared the flag
+                self._record(None)  # before "answer now" generates again
                 closing = close_reasoning(printer.raw) if interrupted() and not start else ""
                 if not closing:
                     break
@@ -278,14 +283,15 @@ class ChatSession:
             self._error("the context is full; /reset starts a new conversation")
 
     def _record(self, tok: Any) -> None:
-        """Record a token (None: wait until the recorded ones are written). A failed write
-        (a full disk) stops recording, says so, and the chat goes on; the trace so far
-        stays readable."""
+        """Record a token (None: the generation is over: record the step that chose its
+        end-of-generation token, and wait until all is written). A failed write (a full
+        disk) stops recording, says so, and the chat goes on; the trace so far stays
+        readable."""
         if self.recorder is None:
             return
         try:
             if tok is None:
-                self.recorder.flush()
+                self.recorder.end_answer(self.engine)
             else:
                 self.recorder.record(tok, self.engine)
         except (OSError, ValueError) as err:

@@ -44,11 +44,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="window, in tokens, of the mass-hypothesis correlation (default 64)")
     p.add_argument("--bootstrap", type=int, default=1000, metavar="B",
                    help="bootstrap resamples for the confidence intervals (default 1000)")
-    p.add_argument("--csv", type=Path, metavar="FILE", help="write the table as CSV")
+    p.add_argument("--csv", type=Path, metavar="FILE", help="write the table as CSV (- for stdout)")
     p.add_argument("--markdown", type=Path, metavar="FILE",
                    help="also write the Markdown table to a file")
     p.add_argument("--n-gpu-layers", type=int, default=0, help="layers on the GPU (default 0)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp (1-512)")
     p.set_defaults(func=run)
 
 
@@ -100,6 +100,12 @@ def _clock(seconds: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Load the model, evaluate every policy x budget, print the table."""
+    from moescope.commands.generate import (
+        check_outputs,
+        check_threads,
+        model_inputs,
+        write_output,
+    )
     from moescope.core.budget import parse_budget
     from moescope.engine import Engine
     from moescope.engine.evaluate import RunSpec, evaluate
@@ -116,8 +122,15 @@ def run(args: argparse.Namespace) -> int:
         policies.append(policy)
     for b in budgets:
         parse_budget(b)
+    if not policies:
+        raise MoEScopeError("--policies names no policy")
+    if not budgets:
+        raise MoEScopeError("--budgets names no budget")
     if args.tokens < 1:
         raise MoEScopeError("--tokens must be at least 1")
+    check_threads(args.threads)
+    inputs = [*model_inputs(args.model), args.text]
+    to_stdout = check_outputs([("--csv", args.csv), ("--markdown", args.markdown)], inputs)
     model = args.model or demo_model_path()
     if model is None:
         raise MoEScopeError("no model given and no demo model in resources/models/")
@@ -154,9 +167,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.close()
     table = report.to_markdown()
-    print(table)
+    print(table, file=sys.stderr if to_stdout else sys.stdout)
     if args.csv:
-        args.csv.write_text(report.to_csv(), encoding="utf-8")
+        write_output(args.csv, report.to_csv(), "--csv", inputs)
     if args.markdown:
-        args.markdown.write_text(table + "\n", encoding="utf-8")
+        write_output(args.markdown, table + "\n", "--markdown", inputs)
     return 0

@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
 
     sampling = sampling_from_args(args)  # fail fast, before loading
     policy = parse_live_policy(args.policy)
-    check_output_path(args.trace, "--trace")
+    check_budget(args.budget)
+    inputs = model_inputs(args.model)
+    check_trace_output(args.trace, inputs)
     model = resolve_model(args.model)
     engine = Engine()
     loaded = engine.load(model, budget=args.budget, policy=policy,
@@ -70,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     prompt: Any = [Message("user", args.prompt)] if args.chat else args.prompt
     recorder = None
     if args.trace:
-        recorder = open_trace(args.trace, engine)
+        recorder = open_trace(args.trace, engine, inputs)
     if not args.chat:
         sys.stdout.write(args.prompt)
     try:
@@ -133,36 +137,113 @@ def sampling_from_args(args: argparse.Namespace) -> Sampling:
     return Sampling(temperature=args.temperature, max_tokens=args.n, seed=args.seed)
 
 
-def check_output_path(path: Path | None, option: str) -> None:
-    """Refuse an output file that cannot be created, before the work that fills it: a
-    typo in ``--json`` must not cost a benchmark's minutes, nor ``--trace`` a traceback
-    after the model has loaded."""
+MAX_THREADS = 512
+"""llama.cpp's ``GGML_MAX_N_THREADS``: more threads abort inside ggml (``bad_alloc``) or
+end in a bare libgomp line."""
+
+
+def check_threads(n: int | None) -> None:
+    """``--threads`` within what llama.cpp accepts (None: llama.cpp's default)."""
+    if n is not None and not 1 <= n <= MAX_THREADS:
+        raise MoEScopeError(f"--threads must be between 1 and {MAX_THREADS} (this machine "
+                            f"has {os.cpu_count() or 1} CPUs), got {n}")
+
+
+def check_budget(text: str) -> None:
+    """``--budget`` read by ``core.budget``'s one grammar before a model loads (an empty
+    one too: it used to slip through as "no budget")."""
+    from moescope.core.budget import parse_budget
+
+    parse_budget(text)
+
+
+def model_inputs(model: Path | None) -> list[Path]:
+    """The files a command reads for ``model``: the file itself, and every part of a split
+    model (``PREFIX-00001-of-00003.gguf``, named by llama.cpp's pattern), so no output can
+    be one of them."""
+    from moescope.core.gguf_info import split_paths
+
+    if model is None:
+        demo = demo_model_path()
+        return [demo] if demo is not None else []
+    m = _SPLIT_PART.match(model.name)
+    if m is None or not 1 < int(m["count"]) <= 9999:
+        return [model]
+    try:
+        return [model, *split_paths(model, int(m["count"]))]
+    except MoEScopeError:
+        return [model]
+
+
+_SPLIT_PART = re.compile(r"^.+-\d{5}-of-(?P<count>\d{5})\.gguf$")
+
+
+def check_output_path(path: Path | None, option: str,
+                      inputs: Sequence[Path] = ()) -> None:
+    """Refuse an output file that cannot or must not be written, before the work that
+    fills it: a typo in ``--json`` must not cost a benchmark's minutes, nor ``--trace`` a
+    traceback after the model has loaded, and ``--trace model.gguf`` must not truncate
+    the model (``core.files.check_output``: inputs, folders, block devices)."""
     if path is None:
         return
-    if path.is_dir():
-        raise MoEScopeError(f"{option} {path}: is a folder; give a file name")
-    parent = path.parent
-    if not parent.is_dir():
-        raise MoEScopeError(f"{option} {path}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise MoEScopeError(f"{option} {path}: cannot write in folder {parent}")
+    from moescope.core.files import OutputPathError, check_output
+
+    try:
+        check_output(path, inputs)
+    except OutputPathError as err:
+        raise MoEScopeError(f"{option} {path}: {err.strerror}") from None
 
 
-def write_output(path: Path, text: str, option: str) -> None:
+def check_outputs(outputs: Sequence[tuple[str, Path | None]],
+                  inputs: Sequence[Path] = ()) -> bool:
+    """:func:`check_output_path` for each ``(option, path)``, and no file given to two
+    options (the second would replace the first); at most one may be ``-`` (stdout).
+    Returns whether one is ``-``, so the command prints its table to stderr instead."""
+    from moescope.core.files import is_stdout, same_file
+
+    given = [(option, path) for option, path in outputs if path is not None]
+    for option, path in given:
+        check_output_path(path, option, inputs)
+    dashes = [option for option, path in given if is_stdout(path)]
+    if len(dashes) > 1:
+        raise MoEScopeError(f"{' and '.join(dashes)} both write to stdout ('-'); "
+                            "give one of them a file")
+    for i, (option, path) in enumerate(given):
+        for other, path2 in given[i + 1:]:
+            if not is_stdout(path) and (path == path2 or same_file(path, path2)):
+                raise MoEScopeError(f"{option} and {other} name the same file {path}; "
+                                    "give each its own")
+    return bool(dashes)
+
+
+def write_output(path: Path, text: str, option: str, inputs: Sequence[Path] = ()) -> None:
     """Write an output file whole or not at all (a full disk leaves an older file as it
     was); a failure is one line, not a traceback, and what was printed stays printed."""
     from moescope.core.files import write_atomic
 
     try:
-        write_atomic(path, text)
+        write_atomic(path, text, inputs=inputs)
     except OSError as err:
         raise MoEScopeError(f"{option} {path}: cannot write ({err.strerror or err})") from None
 
 
-def open_trace(path: Path, engine: Engine) -> TraceRecorder:
-    """Start recording ``engine``'s session to ``path``, or say in one line why not."""
+def check_trace_output(path: Path | None, inputs: Sequence[Path]) -> None:
+    """:func:`check_output_path` for ``--trace``, which cannot be ``-`` (the answer is
+    written to stdout)."""
+    from moescope.core.files import is_stdout
+
+    if path is not None and is_stdout(path):
+        raise MoEScopeError("--trace -: the answer is written to stdout; give a file name")
+    check_output_path(path, "--trace", inputs)
+
+
+def open_trace(path: Path, engine: Engine, inputs: Sequence[Path] = ()) -> TraceRecorder:
+    """Start recording ``engine``'s session to ``path``, or say in one line why not. The
+    answer goes to stdout, so ``-`` is refused; an input (the model) is refused again
+    here, just before the file is opened."""
     from moescope.core.trace import TraceRecorder
 
+    check_trace_output(path, inputs)
     try:
         return TraceRecorder.for_engine(path, engine)
     except OSError as err:

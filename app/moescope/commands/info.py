@@ -29,8 +29,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("model", type=Path, metavar="MODEL.gguf", help="path to a GGUF model")
     p.add_argument(
         "--budget", metavar="SIZE|PCT",
-        help="VRAM for expert slots: 12GiB, 512MiB, 3000000000 (bytes), 25%% of the "
-             "experts, or 16 (slots per layer)",
+        help="VRAM for expert slots: 12GiB, 512MiB, 3000000000B (a size needs a unit), "
+             "25%% of the experts, or 16 (slots per layer)",
     )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=run)
@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the model summary; user errors propagate as MoEScopeError (exit 2)."""
-    budget = parse_budget(args.budget) if args.budget else None  # fail fast, before I/O
+    budget = parse_budget(args.budget) if args.budget is not None else None  # before I/O
     info = read_model_info(args.model)
     plan = plan_for_model(info, budget) if budget is not None else None
     if args.json:

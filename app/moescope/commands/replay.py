@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from moescope.commands.generate import check_output_path, write_output
+from moescope.commands.generate import check_outputs, write_output
+from moescope.core.budget import parse_budget
 from moescope.core.errors import MoEScopeError
 from moescope.core.policy import PRESET_NAMES
 
@@ -46,8 +47,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="override the cost model's latency per copy")
     p.add_argument("--compute-ms", type=float, metavar="ms",
                    help="override the cost model's compute time per token")
-    p.add_argument("--csv", type=Path, metavar="FILE", help="also write the table as CSV")
-    p.add_argument("--json", type=Path, metavar="FILE", help="also write the table as JSON")
+    p.add_argument("--csv", type=Path, metavar="FILE",
+                   help="also write the table as CSV (- for stdout)")
+    p.add_argument("--json", type=Path, metavar="FILE",
+                   help="also write the table as JSON (- for stdout)")
     p.add_argument("--perfetto", type=Path, metavar="FILE",
                    help="also export the trace as Chrome/Perfetto trace-event JSON")
     p.add_argument("--tokens-csv", type=Path, metavar="FILE",
@@ -66,12 +69,20 @@ def run(args: argparse.Namespace) -> int:
 
     policies = split_list(args.policy or ["recorded,exact,quality-first,speed-first"])
     budgets = split_list(args.budget or ["recorded"])
+    if not policies:
+        raise MoEScopeError("--policy names no policy (e.g. --policy exact,quality-first)")
+    if not budgets:
+        raise MoEScopeError("--budget names no budget (e.g. --budget recorded,25%)")
     for spec in policies:
         parse_policy(spec)  # fail on a typo before reading a large trace
+    for b in budgets:
+        if b != "recorded":
+            parse_budget(b)
     _check_cost_overrides(args)
-    for option, path in (("--csv", args.csv), ("--json", args.json),
-                         ("--perfetto", args.perfetto), ("--tokens-csv", args.tokens_csv)):
-        check_output_path(path, option)
+    inputs = [args.trace]
+    to_stdout = check_outputs([("--csv", args.csv), ("--json", args.json),
+                               ("--perfetto", args.perfetto),
+                               ("--tokens-csv", args.tokens_csv)], inputs)
     trace = read_trace(args.trace)
     if trace.truncated:
         print(f"moescope: note: {args.trace.name} ends mid-token (the session was cut off); "
@@ -86,11 +97,12 @@ def run(args: argparse.Namespace) -> int:
         result = sweep(trace, policies, budgets, cost)
     except NativeLibraryNotFoundError as err:
         raise MoEScopeError(str(err)) from None
-    print(format_table(result, trace.header.model))
+    print(format_table(result, trace.header.model),
+          file=sys.stderr if to_stdout else sys.stdout)
     if args.csv:
-        write_output(args.csv, to_csv(result), "--csv")
+        write_output(args.csv, to_csv(result), "--csv", inputs)
     if args.json:
-        write_output(args.json, to_json(result), "--json")
+        write_output(args.json, to_json(result), "--json", inputs)
     try:
         if args.perfetto:
             write_perfetto(trace, args.perfetto)

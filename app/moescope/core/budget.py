@@ -5,13 +5,14 @@ The expert cache gives every MoE layer the same number of slots (the papers' set
 ``floor(budget / sum_l bytes_per_expert[l])`` slots per layer; a percentage is a fraction
 of all routed-expert bytes. The result is clamped to ``[top_k, n_expert]``: fewer slots than
 experts routed per token cannot hold one token's selection, and more than ``n_expert`` slots
-are wasted. Clamping is reported, not raised, so a UI can show why the slider stopped.
+are wasted. Clamping is reported, not raised, so a UI can show why the slider stopped;
+only a slot count asked for in so many words that exceeds the expert count is an error.
 
-Units: ``KiB MiB GiB TiB`` (and bare ``K M G T``) are powers of 1024, ``KB MB GB TB``
+Units: ``B``, ``KiB MiB GiB TiB`` (and ``K M G T``) are powers of 1024, ``KB MB GB TB``
 powers of 1000, ``N%`` is a share of the expert bytes, and ``N slots`` is slots per layer.
-A plain number is bytes, except a whole number no larger than the model's expert count,
-which means slots per layer (as the window's budget box reads it: "16" is never a budget
-of 16 bytes).
+A bare whole number is always slots per layer ("16" is 16 slots, never 16 bytes, whatever
+the model); a size needs its unit (``3000000000B``), and a bare decimal (``4.7``) is
+refused rather than guessed at.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from moescope.core.gguf_info import ModelInfo
 
 _UNITS: dict[str, int] = {
-    "": 1, "b": 1,
+    "b": 1,
     "k": 2**10, "ki": 2**10, "kib": 2**10, "kb": 10**3,
     "m": 2**20, "mi": 2**20, "mib": 2**20, "mb": 10**6,
     "g": 2**30, "gi": 2**30, "gib": 2**30, "gb": 10**9,
@@ -47,10 +48,7 @@ class Budget:
     n_bytes: int | None = None
     fraction: Fraction | None = None
     slots: int | None = None
-    """``N slots``: slots per layer, whatever they cost."""
-    bare: bool = False
-    """A plain number (no unit): slots per layer if it is a whole number up to the
-    model's expert count, else bytes (only a model can tell)."""
+    """``N slots`` or a bare ``N``: slots per layer, whatever they cost."""
 
     @property
     def is_fraction(self) -> bool:
@@ -66,19 +64,29 @@ class Budget:
 
 
 def parse_budget(text: str) -> Budget:
-    """Parse ``"12GiB"``, ``"512 MiB"``, ``"1.5G"``, ``"25%"``, ``"16 slots"``, ``"16"``
-    or ``"3000000000"``.
+    """Parse ``"12GiB"``, ``"512 MiB"``, ``"1.5G"``, ``"3000000000B"``, ``"25%"``,
+    ``"16 slots"`` or ``"16"`` (slots).
 
     Raises :class:`BudgetError` with a one-line explanation for anything else, for zero or
-    negative budgets, and for percentages above 100.
+    negative budgets, for percentages above 100 and for a bare decimal.
     """
-    m = _BUDGET.match(text)
+    if not text.strip():
+        raise BudgetError("the budget is empty: give a size like 12GiB, a share of the "
+                          "experts like 25%, or slots per layer like 16")
+    m = _BUDGET.match(text) if len(text) <= 64 else None
     if m is None:
+        shown = text if len(text) <= 64 else text[:60] + "..."
         raise BudgetError(
-            f"cannot read budget {text!r}: use a size like 12GiB, 512MiB, 3000000000, "
-            f"or a share of the experts like 25%"
+            f"cannot read budget {shown!r}: use a size like 12GiB, 512MiB, 3000000000B, "
+            f"a share of the experts like 25%, or slots per layer like 16"
         )
     number, unit = Fraction(m.group(1)), m.group(2).lower()
+    if unit == "":
+        if "." in m.group(1):
+            raise BudgetError(
+                f"budget {text.strip()!r} has no unit: say {m.group(1)}GiB, {m.group(1)}%, "
+                f"or a whole number of slots per layer like 16")
+        unit = "slots"
     if unit == "%":
         if not 0 < number <= 100:
             raise BudgetError(f"budget {text.strip()!r} must be a percentage in (0, 100]")
@@ -96,8 +104,7 @@ def parse_budget(text: str) -> Budget:
     n_bytes = math.floor(number * _UNITS[unit])
     if n_bytes <= 0:
         raise BudgetError(f"budget {text.strip()!r} must be more than zero bytes")
-    bare = unit == "" and number.denominator == 1 and "." not in m.group(1)
-    return Budget(text=text.strip(), n_bytes=n_bytes, bare=bare)
+    return Budget(text=text.strip(), n_bytes=n_bytes)
 
 
 @dataclass(frozen=True)
@@ -141,9 +148,12 @@ def plan_slots(budget: Budget | str, *, n_expert: int, top_k: int,
     if row <= 0:
         raise BudgetError("the model's experts have no bytes")
     total = row * n_expert
-    slots_asked = b.slots if b.slots is not None else (
-        b.n_bytes if b.bare and b.n_bytes is not None and b.n_bytes <= n_expert else None)
-    if slots_asked is not None:  # "16 slots", or a bare 16 on a model with >= 16 experts
+    slots_asked = b.slots
+    if slots_asked is not None and slots_asked > n_expert:
+        raise BudgetError(f"budget {b.text!r}: {slots_asked} slots per layer is more than "
+                          f"the model's {n_expert} experts (at most {n_expert} slots, or "
+                          f"100%)")
+    if slots_asked is not None:  # "16 slots", or a bare 16
         budget_bytes = slots_asked * row
         fitting = slots_asked
     elif b.fraction is not None:
@@ -160,9 +170,6 @@ def plan_slots(budget: Budget | str, *, n_expert: int, top_k: int,
     if slots_asked is not None and fitting < top_k:
         message = (f"{fitting} slot(s) per layer cannot hold one token's top-k = {top_k} "
                    f"experts; using {top_k} slots ({format_bytes(used)})")
-    elif slots_asked is not None and fitting > n_expert:
-        message = (f"{fitting} slots per layer is more than the model's {n_expert} experts; "
-                   f"all {n_expert} are resident ({format_bytes(used)})")
     elif fitting < top_k:
         message = (
             f"budget {b.text} ({format_bytes(budget_bytes)}) holds only {fitting} expert(s) "

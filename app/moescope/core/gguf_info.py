@@ -29,7 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFEndian, GGUFReader, GGUFValueType
+from gguf import (
+    GGML_QUANT_SIZES,
+    GGMLQuantizationType,
+    GGUFEndian,
+    GGUFReader,
+    GGUFValueType,
+)
 from gguf.gguf_reader import ReaderField
 
 from moescope.core.errors import ModelFileNotFoundError, ModelFormatError, NotMoEError
@@ -37,6 +43,37 @@ from moescope.core.errors import ModelFileNotFoundError, ModelFormatError, NotMo
 GGUF_MAGIC = b"GGUF"
 _MIN_HEADER_BYTES = 24  # magic, version, tensor count, kv count
 _SUPPORTED_VERSIONS = (2, 3)
+
+# Limits of the vendored llama.cpp (llama-hparams.h, ggml.h): a header value beyond them
+# makes its loader fail an internal check (the process aborts), so they are refused here.
+MAX_LAYERS = 512  # LLAMA_MAX_LAYERS
+MAX_EXPERTS = 1024  # LLAMA_MAX_EXPERTS
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+_MAX_NAME = 64  # GGML_MAX_NAME, with the terminating NUL
+_TENSOR_ALIGNMENT = 32  # TENSOR_ALIGNMENT: where ggml's CPU buffers expect tensor data
+# Not llama.cpp limits but sanity bounds well above any published model, so a corrupt
+# count fails in one line instead of allocating Python objects until memory runs out.
+MAX_TENSORS = 1 << 20
+MAX_KV = 1 << 20
+# llama-cpp-python allocates a buffer of context_length tokens for every tokenize call:
+# 2^31-1 is 8 GiB per call. 2^24 is 1.6x the longest published context (10M tokens).
+MAX_CONTEXT = 1 << 24
+MAX_EMBD = 1 << 20
+MAX_HEADS = 1 << 16
+MAX_VOCAB = (1 << 31) - 1  # token ids are int32
+MAX_ALIGNMENT = 1 << 20
+# Strings of an array are walked one by one (each carries its own length): a few seconds
+# at most. The largest vocabularies and merge lists published have under a million.
+MAX_STRINGS = 1 << 23
+# The smallest encodings: a KV pair (key length, a one-byte key, type, a one-byte value)
+# and a tensor info (name length, a one-byte name, n_dims, type, offset).
+_MIN_KV_BYTES = 8 + 1 + 4 + 1
+_MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 4 + 8
+_INT_TYPES = frozenset({
+    GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
+    GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64,
+})
+_FLOAT_TYPES = frozenset({GGUFValueType.FLOAT32, GGUFValueType.FLOAT64})
 
 _EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_exps\.(weight|bias|scale)$")
 _BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.")
@@ -50,6 +87,10 @@ class _Truncated(Exception):
         super().__init__(offset, size)
         self.offset = offset
         self.size = size
+
+
+class _Corrupt(Exception):
+    """Raised from inside the reader for a header value no GGUF file can have."""
 
 
 class _StrictReader(GGUFReader):
@@ -84,24 +125,97 @@ class _StrictReader(GGUFReader):
         alen = self._get(offs, np.uint64)
         offs += int(alen.nbytes)
         itype = GGUFValueType(int(raw_itype[0]))
+        if itype == GGUFValueType.ARRAY:  # llama.cpp's gguf reader refuses them too
+            raise _Corrupt("an array of arrays, which GGUF does not allow")
         count = int(alen[0])
         types = [GGUFValueType.ARRAY, itype]
         if itype == GGUFValueType.STRING:
             fmt = "<Q" if self.endianess == GGUFEndian.LITTLE else ">Q"
             pos, size = offs, len(self.data)
-            if offs + 8 * count > size:  # each string needs at least its 8-byte length
-                raise _Truncated(offs + 8 * count, size)
+            # each string needs at least its 8-byte length
+            _check_count(count, "strings in one array", offs, size, 8, MAX_STRINGS)
             for _ in range(count):
                 if pos + 8 > size:
                     raise _Truncated(pos + 8, size)
                 pos += 8 + struct.unpack_from(fmt, self.data, pos)[0]
             payload = self._get(offs, np.uint8, pos - offs)
             return pos - orig_offs, [raw_itype, alen, payload], [], types
-        nptype = self.gguf_scalar_to_np.get(itype)
-        if nptype is None:  # nested arrays: rare, let the stock code handle them
-            return super()._get_field_parts(orig_offs, raw_type)
+        nptype = self.gguf_scalar_to_np[itype]
         values = self._get(offs, nptype, count)
         return offs + int(values.nbytes) - orig_offs, [raw_itype, alen, values], [2], types
+
+    def _build_fields(self, offs: int, count: int) -> int:
+        """Bound the KV count by the bytes that could hold it before looping over it."""
+        _check_count(int(count), "metadata entries", int(offs), len(self.data),
+                     _MIN_KV_BYTES, MAX_KV)
+        return super()._build_fields(offs, count)
+
+    def _build_tensor_info(self, offs: int, count: int) -> tuple[int, list[ReaderField]]:
+        _check_alignment(self.fields.get("general.alignment"))
+        _check_count(int(count), "tensors", int(offs), len(self.data),
+                     _MIN_TENSOR_INFO_BYTES, MAX_TENSORS)
+        return super()._build_tensor_info(offs, count)
+
+    def _get_tensor_info_field(self, orig_offs: int) -> ReaderField:
+        """One tensor info, with the checks llama.cpp's gguf reader makes: a name shorter
+        than GGML_MAX_NAME, at most four dimensions, an element count that fits int64, a
+        known type whose block size divides the row."""
+        name_len = int(self._get(orig_offs, np.uint64)[0])
+        if name_len >= _MAX_NAME:
+            raise _Corrupt(f"a tensor name is {name_len} bytes long; the limit is "
+                           f"{_MAX_NAME - 1}")
+        n_dims = int(self._get(orig_offs + 8 + name_len, np.uint32)[0])
+        if n_dims > _MAX_DIMS:
+            raise _Corrupt(f"a tensor has {n_dims} dimensions; the limit is {_MAX_DIMS}")
+        field = super()._get_tensor_info_field(orig_offs)
+        name = field.name
+        elements = 1
+        for dim in (int(d) for d in field.parts[3]):
+            if dim >= 1 << 63:
+                raise _Corrupt(f"tensor {name} has a negative dimension")
+            elements *= dim
+        if elements >= 1 << 63:
+            raise _Corrupt(f"tensor {name} has more elements than fit in 64 bits")
+        raw_type = int(field.parts[4][0])
+        try:
+            qtype = GGMLQuantizationType(raw_type)
+            block, type_size = GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise _Corrupt(f"tensor {name} has unknown ggml type {raw_type}") from None
+        ne0 = int(field.parts[3][0]) if n_dims else 1
+        if ne0 % block:
+            raise _Corrupt(f"tensor {name} has rows of {ne0} {qtype.name} values, not a "
+                           f"multiple of its block size {block}")
+        if elements // block * type_size >= 1 << 63:
+            raise _Corrupt(f"tensor {name} is larger than 2^63 bytes")
+        if int(field.parts[5][0]) >= 1 << 62:  # the stock reader's sum would overflow
+            raise _Corrupt(f"tensor {name} has data offset {int(field.parts[5][0])}, "
+                           f"beyond any file")
+        return field
+
+
+def _check_count(count: int, what: str, offs: int, size: int, min_bytes: int,
+                 limit: int) -> None:
+    """A count read from the header, bounded by ``limit`` and by the bytes left in the file
+    (each item needs at least ``min_bytes``), before anything loops over it."""
+    if count > limit:
+        raise _Corrupt(f"it declares {count} {what}; the limit is {limit}")
+    if offs + count * min_bytes > size:
+        raise _Truncated(offs + count * min_bytes, size)
+
+
+def _check_alignment(f: ReaderField | None) -> None:
+    """``general.alignment``: a power of two that keeps tensor data where ggml's CPU
+    buffers need it (llama.cpp cannot map the file otherwise), and not so large that the
+    padding alone runs past any real file."""
+    if f is None:
+        return
+    if f.types != [GGUFValueType.UINT32]:
+        raise _Corrupt("general.alignment must be a uint32")
+    value = int(f.parts[-1][0])
+    if value & (value - 1) or not _TENSOR_ALIGNMENT <= value <= MAX_ALIGNMENT:
+        raise _Corrupt(f"general.alignment is {value}; expected a power of two from "
+                       f"{_TENSOR_ALIGNMENT} to {MAX_ALIGNMENT}")
 
 
 @dataclass(frozen=True)
@@ -261,6 +375,8 @@ def _open(p: Path) -> tuple[Path, int, GGUFReader]:
             f"{p.name}: file is truncated: it needs at least {err.offset} bytes but has "
             f"{err.size} (incomplete download?)"
         ) from None
+    except _Corrupt as err:
+        raise ModelFormatError(f"{p.name}: corrupt GGUF header ({err})") from None
     except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError,
             TypeError, MemoryError) as err:
         raise ModelFormatError(f"{p.name}: corrupt GGUF header ({_reason(err)})") from None
@@ -324,12 +440,217 @@ def _scalar(reader: GGUFReader, key: str) -> Any:
 
 
 def _int(reader: GGUFReader, key: str, default: int | None = None) -> int | None:
-    value = _scalar(reader, key)
-    if value is None:
+    """An integer KV value (the max of a per-layer array), or ``default`` when absent."""
+    values = _numbers(reader, key, integer=True)
+    if values is None or not values.size:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ModelFormatError(f"metadata key {key} should be a number, got {value!r}")
-    return int(value)
+    return int(values.max())
+
+
+def _numbers(reader: GGUFReader, key: str, *, integer: bool) -> np.ndarray | None:
+    """All values of a numeric KV pair (one for a scalar, each layer's for an array), or
+    None when absent. A value of the wrong kind is one clear error, as in llama.cpp, whose
+    loader requires each key's exact type."""
+    f = reader.fields.get(key)
+    if f is None or not f.types:
+        return None
+    kind = f.types[-1] if f.types[0] == GGUFValueType.ARRAY else f.types[0]
+    wanted = _INT_TYPES if integer else _INT_TYPES | _FLOAT_TYPES
+    if kind not in wanted or (f.types[0] == GGUFValueType.ARRAY and len(f.types) < 2):
+        raise ModelFormatError(
+            f"metadata key {key} should be {'an integer' if integer else 'a number'}, "
+            f"but it is {'an array of ' if f.types[0] == GGUFValueType.ARRAY else ''}"
+            f"{kind.name.lower()}")
+    parts = [np.asarray(f.parts[i]).ravel() for i in f.data]
+    values = np.concatenate(parts) if parts else np.zeros(0)
+    # int64 keeps every uint32/int32 exact; uint64 values of 2^63 and above become
+    # negative, which every bound below refuses as they should be.
+    return values.astype(np.float64 if kind in _FLOAT_TYPES else np.int64)
+
+
+def _check_header_numbers(name: str, reader: GGUFReader, arch: str) -> None:
+    """Refuse the hyperparameters the vendored llama.cpp cannot take, with the reason.
+
+    Its loader checks many of them with GGML_ASSERT, which aborts the process (a block
+    count above LLAMA_MAX_LAYERS, more routed experts than experts, a negative or NaN
+    norm epsilon reaching ggml's norm kernels); others reach a division or a loop sized by
+    them. Every count, size and id of the architecture's header is therefore bounded here,
+    before llama.cpp or this module allocates or loops over anything.
+    """
+
+    def ints(key: str, low: int, high: int, what: str, *, per_layer: bool = False,
+             required: bool = False) -> np.ndarray | None:
+        values = _numbers(reader, key, integer=True)
+        if values is None:
+            if required:
+                raise ModelFormatError(f"{name}: metadata has no {key} ({what})")
+            return None
+        if reader.fields[key].types[0] == GGUFValueType.ARRAY and (
+                not per_layer or values.size != n_layers):
+            expected = f"{n_layers} values, one per layer" if per_layer else "one value"
+            raise ModelFormatError(f"{name}: {key} is an array of {values.size} values, "
+                                   f"expected {expected}")
+        bad = values[(values < low) | (values > high)]
+        if bad.size:
+            raise ModelFormatError(f"{name}: {key} ({what}) is {int(bad[0])}, expected "
+                                   f"{low}..{high}")
+        return values
+
+    n_layers = int(ints(f"{arch}.block_count", 1, MAX_LAYERS, "the number of layers",
+                        required=True).max())
+    ints(f"{arch}.nextn_predict_layers", 0, n_layers, "layers for multi-token prediction")
+    n_expert = int(_max(ints(f"{arch}.expert_count", 0, MAX_EXPERTS, "experts per layer")))
+    used = ints(f"{arch}.expert_used_count", 0, MAX_EXPERTS, "experts routed per token",
+                per_layer=True)
+    top_k = int(_max(used))
+    if n_expert and not 1 <= top_k <= n_expert:
+        raise ModelFormatError(f"{name}: {arch}.expert_used_count is {top_k}, expected "
+                               f"1..{n_expert} (the model has {n_expert} experts per layer)")
+    if not n_expert and top_k:
+        raise ModelFormatError(f"{name}: {arch}.expert_used_count is {top_k}, but the model "
+                               f"has no {arch}.expert_count")
+    groups = int(_max(ints(f"{arch}.expert_group_count", 0, MAX_EXPERTS, "expert groups")))
+    group_used = int(_max(ints(f"{arch}.expert_group_used_count", 0, MAX_EXPERTS,
+                               "expert groups used")))
+    if groups and (groups >= max(n_expert, 1) or (groups > 1 and (
+            n_expert % groups or not 0 < group_used < groups))):
+        raise ModelFormatError(
+            f"{name}: {arch}.expert_group_count {groups} and expert_group_used_count "
+            f"{group_used} do not divide {n_expert} experts (llama.cpp needs fewer groups "
+            f"than experts, a divisor of the expert count, and 0 < used < groups)")
+    ints(f"{arch}.expert_shared_count", 0, MAX_EXPERTS, "shared experts")
+    ints(f"{arch}.context_length", 1, MAX_CONTEXT, "the training context in tokens")
+    ints(f"{arch}.embedding_length", 1, MAX_EMBD, "the hidden size")
+    for key in ("feed_forward_length", "expert_feed_forward_length",
+                "expert_shared_feed_forward_length"):
+        ints(f"{arch}.{key}", 0, MAX_EMBD * 64, "a feed-forward width", per_layer=True)
+    heads = ints(f"{arch}.attention.head_count", 0, MAX_HEADS, "attention heads",
+                 per_layer=True)
+    kv_heads = ints(f"{arch}.attention.head_count_kv", 0, MAX_HEADS, "key/value heads",
+                    per_layer=True)
+    if heads is not None and kv_heads is not None:
+        for h, kv in zip(np.broadcast_to(heads, n_layers), np.broadcast_to(kv_heads, n_layers),
+                         strict=True):
+            if kv and h % kv:
+                raise ModelFormatError(
+                    f"{name}: {int(h)} attention heads cannot share {int(kv)} key/value "
+                    f"heads evenly ({arch}.attention.head_count_kv)")
+    for key in ("attention.key_length", "attention.value_length", "rope.dimension_count",
+                "attention.key_length_mla", "attention.value_length_mla",
+                "attention.q_lora_rank", "attention.kv_lora_rank",
+                "attention.sliding_window", "ssm.conv_kernel", "ssm.inner_size",
+                "ssm.state_size", "ssm.time_step_rank", "ssm.group_count"):
+        ints(f"{arch}.{key}", 0, MAX_EMBD, "a size")
+    # llama.cpp's MoE graph aborts on a gating function outside its enum; deepseek2 and
+    # glm4moe read 0 (none) as their default, the others have no default for it
+    ints(f"{arch}.expert_gating_func", 0 if arch in ("deepseek2", "glm4moe") else 1, 4,
+         "the expert gating function: 1 softmax, 2 sigmoid, 3 softmax of the weights, "
+         "4 sqrt-softplus")
+    ints(f"{arch}.leading_dense_block_count", 0, n_layers, "leading dense layers")
+    ints(f"{arch}.full_attention_interval", 1, n_layers, "layers per full-attention layer")
+    ints(f"{arch}.vocab_size", 1, MAX_VOCAB, "the vocabulary size")
+    for key, f in reader.fields.items():
+        if not key.startswith(f"{arch}.") or f.types[-1] not in _FLOAT_TYPES:
+            continue
+        values = _numbers(reader, key, integer=False)
+        if values is None or not values.size:
+            continue
+        if not np.isfinite(values).all():
+            raise ModelFormatError(f"{name}: {key} is {values[~np.isfinite(values)][0]:g}, "
+                                   f"expected a finite number")
+        if key.endswith(("_eps", "epsilon")) and (values < 0).any():
+            raise ModelFormatError(f"{name}: {key} is {values.min():g}, expected a small "
+                                   f"number >= 0 (a normalization epsilon)")
+    if arch in _ATTENTION_ARCHES:
+        _check_attention(name, reader, arch, heads)
+    if arch == "deepseek2":
+        _check_mla_latent(name, reader, arch)
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is not None and tokens.types[0] == GGUFValueType.ARRAY:
+        n_vocab = _array_len(tokens)
+        if not 1 <= n_vocab <= MAX_VOCAB:
+            raise ModelFormatError(f"{name}: the vocabulary has {n_vocab} tokens, expected "
+                                   f"1..{MAX_VOCAB}")
+
+
+def _check_mla_latent(name: str, reader: GGUFReader, arch: str) -> None:
+    """deepseek2 with MLA heads (``key_length_mla``) caches one shared latent key/value
+    head of ``kv_lora_rank + rope.dimension_count`` values; other sizes pass the tensor
+    shape checks and abort the first decode (``GGML_ASSERT(a->ne[0] == b->ne[0])``).
+    Fuzzing found a file whose ``head_count_kv`` key was misspelled by a flipped byte:
+    llama.cpp's default, the head count, gave the cache the wrong row size."""
+    heads = _int(reader, f"{arch}.attention.head_count", 0) or 0
+    if heads <= 0 or not (_int(reader, f"{arch}.attention.key_length_mla", 0)
+                          and _int(reader, f"{arch}.attention.value_length_mla", 0)):
+        return
+    kv_heads = _numbers(reader, f"{arch}.attention.head_count_kv", integer=True)
+    if kv_heads is None or (kv_heads != 1).any():
+        shown = heads if kv_heads is None else int(kv_heads[kv_heads != 1][0])
+        raise ModelFormatError(
+            f"{name}: {arch}.attention.head_count_kv is {shown}"
+            f"{' (absent: the head count)' if kv_heads is None else ''}, expected 1: "
+            f"attention with key_length_mla shares one latent key/value head")
+    n_embd = _int(reader, f"{arch}.embedding_length", 0) or 0
+    head_k = _int(reader, f"{arch}.attention.key_length", n_embd // heads) or 0
+    n_rot = _int(reader, f"{arch}.rope.dimension_count", head_k) or 0
+    rank = _int(reader, f"{arch}.attention.kv_lora_rank")
+    if rank is not None and head_k != rank + n_rot:
+        raise ModelFormatError(
+            f"{name}: {arch}.attention.key_length is {head_k}, expected kv_lora_rank + "
+            f"rope.dimension_count = {rank + n_rot} (the latent key of MLA attention)")
+
+
+_ATTENTION_ARCHES = ("qwen3moe", "olmoe", "llama", "qwen3", "gpt-oss", "deepseek2", "qwen3next")
+
+
+def _check_attention(name: str, reader: GGUFReader, arch: str,
+                     heads: np.ndarray | None) -> None:
+    """Head sizes that no tensor shape reveals but that llama.cpp's graph for ``arch``
+    asserts on (``models/<arch>.cpp``, ggml's rope kernel), derived as its loader does."""
+    if heads is None:  # llama.cpp then expects no attention tensors: a clean error
+        return
+    n_head = _max(heads)
+    if n_head < 1:
+        raise ModelFormatError(f"{name}: {arch}.attention.head_count is 0; {arch} layers "
+                               f"have attention heads")
+    n_embd = _int(reader, f"{arch}.embedding_length", 0) or 0
+    head_k = _int(reader, f"{arch}.attention.key_length", n_embd // n_head) or 0
+    head_v = _int(reader, f"{arch}.attention.value_length", n_embd // n_head) or 0
+    n_rot = _int(reader, f"{arch}.rope.dimension_count", head_k) or 0
+    rope_room = head_k
+    if arch == "deepseek2":  # MLA: the rotated part is taken off the key head
+        rope_room = (_int(reader, f"{arch}.attention.key_length_mla", head_k) or 0) - 1
+    why = ""
+    if n_rot < 2 or n_rot % 2 or n_rot > rope_room:
+        why = (f"{arch}.rope.dimension_count is {n_rot}, expected an even number from 2 to "
+               f"{rope_room}" + (" (below the MLA key length)" if arch == "deepseek2" else
+                                 " (the key head size)"))
+    elif (arch in ("qwen3moe", "olmoe", "llama", "qwen3", "gpt-oss")
+          and not head_k == head_v == n_rot):
+        why = (f"key head size {head_k}, value head size {head_v} and rope dimensions "
+               f"{n_rot} differ; {arch} needs them equal")
+    elif arch == "olmoe" and head_k * n_head != n_embd:  # its query weight is n_embd wide
+        why = (f"{n_head} heads of {head_k} do not make up the hidden size {n_embd}, as "
+               f"{arch} needs")
+    elif arch == "qwen3next":
+        groups = _int(reader, f"{arch}.ssm.group_count", 0) or 0
+        rank = _int(reader, f"{arch}.ssm.time_step_rank", 0) or 0
+        inner = _int(reader, f"{arch}.ssm.inner_size", 0) or 0
+        state = _int(reader, f"{arch}.ssm.state_size", 0) or 0
+        if head_k != head_v:
+            why = f"key head size {head_k} and value head size {head_v} differ"
+        elif groups < 1 or rank % groups:
+            why = (f"{arch}.ssm.time_step_rank {rank} is not a multiple of "
+                   f"{arch}.ssm.group_count {groups}")
+        elif inner != state * rank:  # the graph's value head size is inner / rank
+            why = (f"{arch}.ssm.inner_size is {inner}, expected ssm.state_size x "
+                   f"ssm.time_step_rank = {state * rank}")
+    if why:
+        raise ModelFormatError(f"{name}: {why}")
+
+
+def _max(values: np.ndarray | None) -> int:
+    return int(values.max()) if values is not None and values.size else 0
 
 
 def _array_len(f: ReaderField) -> int:
@@ -355,9 +676,8 @@ def _describe(files: list[tuple[Path, int, GGUFReader]], require_moe: bool) -> M
     arch = _scalar(reader, "general.architecture")
     if not isinstance(arch, str) or not arch:
         raise ModelFormatError(f"{p.name}: GGUF file has no general.architecture")
-    n_layers = _int(reader, f"{arch}.block_count")
-    if n_layers is None or n_layers <= 0:
-        raise ModelFormatError(f"{p.name}: metadata has no {arch}.block_count")
+    _check_header_numbers(p.name, reader, arch)
+    n_layers = _int(reader, f"{arch}.block_count") or 0
     n_expert = _int(reader, f"{arch}.expert_count", 0) or 0
     top_k = _int(reader, f"{arch}.expert_used_count", 0) or 0
 
@@ -377,6 +697,10 @@ def _describe(files: list[tuple[Path, int, GGUFReader]], require_moe: bool) -> M
             )
         total_bytes += n_bytes
         if m := _BLOCK_TENSOR.match(t.name):
+            if int(m.group(1)) >= n_layers:
+                raise ModelFormatError(
+                    f"{path.name}: tensor {t.name} belongs to layer {int(m.group(1))}, but "
+                    f"{arch}.block_count says the model has {n_layers} layers (0..{n_layers - 1})")
             block_layers.add(int(m.group(1)))
         m = _EXPERT_TENSOR.match(t.name)
         if m is None:
@@ -387,7 +711,7 @@ def _describe(files: list[tuple[Path, int, GGUFReader]], require_moe: bool) -> M
             raise ModelFormatError(
                 f"{p.name}: has expert tensors ({t.name}) but no {arch}.expert_count"
             )
-        if shape[-1] != n_expert or n_bytes % n_expert:
+        if not shape or shape[-1] != n_expert or n_bytes % n_expert:  # () has 0 dims
             raise ModelFormatError(
                 f"{p.name}: tensor {t.name} has shape {list(shape)}, which does not hold "
                 f"{n_expert} experts"
@@ -400,6 +724,12 @@ def _describe(files: list[tuple[Path, int, GGUFReader]], require_moe: bool) -> M
         ))
         expert_bytes += n_bytes
 
+    missing = sorted(set(range(n_layers)) - block_layers)
+    if missing and not _int(reader, f"{arch}.nextn_predict_layers", 0):
+        raise ModelFormatError(
+            f"{p.name}: {arch}.block_count says {n_layers} layers, but the file has no "
+            f"tensors for layer {missing[0]}"
+            + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
     if n_expert > 0 and not expert_tensors and require_moe:
         raise NotMoEError(
             f"{p.name}: metadata declares {n_expert} experts but the file has no "

@@ -31,6 +31,17 @@ DEFAULT_BETA = 0.5
 """Paper 1's admission threshold on the gate mass an expert lost to substitution."""
 DEFAULT_HALF_LIFE = 64.0
 """Our default half-life of frequency counts, in decode steps (tokens)."""
+PARAMETER_RANGES: dict[str, tuple[float, float, str]] = {
+    "theta": (0.0, 1.0, ""),
+    "half_life": (0.1, 1e9, " steps"),
+    "beta": (1e-3, 1e3, ""),
+    "bonus": (0.0, 10.0, ""),
+}
+"""What a policy's numbers may be: finite, and far enough from 0 and infinity that the
+native core's float32 keeps them meaningful (a ``half_life`` of 1e-300 is 0 in float32,
+which the core refuses; theta and bonus are gate-weight shares, never above 1 or 10)."""
+MAX_PREFETCH = 4096
+"""More experts than any model has per layer (prefetch -1 means the router's top-k)."""
 DEFAULT_BONUS = 0.07
 """Our default Cache-Prior bonus, in gate-weight units (those of θ and of the substituted
 mass: a resident expert may take a miss's place when its weight among the token's selection
@@ -103,22 +114,19 @@ class Policy:
         object.__setattr__(self, "eviction", Eviction(self.eviction))
         object.__setattr__(self, "substitute_weight", SubstituteWeight(self.substitute_weight))
         object.__setattr__(self, "admission", bool(self.admission))
-        if not (math.isfinite(self.theta) and 0.0 <= self.theta <= 1.0):
-            raise ValueError(f"theta must be in [0, 1], got {self.theta}")
-        if not (math.isfinite(self.half_life) and self.half_life > 0.0):
-            raise ValueError(f"half_life must be > 0 steps, got {self.half_life}")
-        if not (math.isfinite(self.beta) and self.beta > 0.0):
-            raise ValueError(f"beta must be > 0, got {self.beta}")
-        if not (math.isfinite(self.bonus) and self.bonus >= 0.0):
-            raise ValueError(f"bonus must be >= 0, got {self.bonus}")
+        for key, (low, high, unit) in PARAMETER_RANGES.items():
+            value = getattr(self, key)
+            if not (math.isfinite(value) and low <= value <= high):  # NaN fails too
+                raise ValueError(f"{key} must be between {low:g} and {high:g}{unit}, "
+                                 f"got {value}")
         if self.theta_disk != THETA_DISK_AS_THETA and not (
                 math.isfinite(self.theta_disk) and 0.0 <= self.theta_disk <= 1.0):
             raise ValueError(f"theta_disk must be in [0, 1] or -1 (= theta), "
                              f"got {self.theta_disk}")
         object.__setattr__(self, "prefetch", int(self.prefetch))
-        if self.prefetch < PREFETCH_TOP_K:
-            raise ValueError(f"prefetch must be >= -1 (-1: the router's top-k), "
-                             f"got {self.prefetch}")
+        if not PREFETCH_TOP_K <= self.prefetch <= MAX_PREFETCH:
+            raise ValueError(f"prefetch must be between -1 (the router's top-k) and "
+                             f"{MAX_PREFETCH} experts, got {self.prefetch}")
 
     @property
     def exact(self) -> bool:

@@ -249,7 +249,8 @@ class Engine:
         st = p.stat()
         self._file_identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         report("warming up", 0.9)
-        self._warm_up(short=disk_experts)
+        with loading(p):  # its first decode runs the file's numbers: a failed check blames it
+            self._warm_up(short=disk_experts)
         buffer = self._lib.llama_moe_cache_expert_buffer(self._ctx) if self._cache else b""
         self.model = LoadedModel(info=info, path=p, cache_enabled=self._cache is not None,
                                  plan=plan, notice=notice, n_ctx=n_ctx,
@@ -623,7 +624,9 @@ class Engine:
                  answer_start: str = "") -> Iterator[TokenStats]:
         """Stream tokens with per-token cache stats; the last item's ``AnswerStats`` is in
         :attr:`last_answer`. The prompt's shared prefix with the previous call is reused
-        from the KV cache (no re-prefill of the conversation).
+        from the KV cache (no re-prefill of the conversation). The end-of-generation token
+        is not yielded, but the step that chose it was governed: its stats are
+        ``last_answer.end_step`` (a trace records them with ``TraceRecorder.end_answer``).
 
         ``answer_start`` (messages only): text the answer already has, written after the
         template's generation prompt; the model continues from there. "Answer now" uses it
@@ -679,6 +682,8 @@ class Engine:
                 self._steps_done += 1
                 if self._is_eog(token):
                     stop_reason = "eos"
+                    answer.end_step = self._end_step(answer, token, len(out_tokens),
+                                                      now - t_prev)
                     break
                 out_tokens.append(token)
                 context = tokens + out_tokens[:-1]
@@ -712,6 +717,19 @@ class Engine:
             answer.stop_reason = stop_reason
             answer.seconds = time.perf_counter() - t0
             self._previous = (tokens, out_tokens)
+
+    def _end_step(self, answer: AnswerStats, token: int, index: int,
+                  seconds: float) -> TokenStats:
+        """The step that chose the end-of-generation ``token``: the decode of the answer's
+        last token was governed, so its rows wait in the ring. Drained here, into the
+        answer's totals and :attr:`AnswerStats.end_step`; left there, the next answer's
+        first drain would discard them and a trace would lack the step."""
+        rows = self.drain_events()
+        totals = CacheTotals.from_events(rows, tokens=1)
+        answer.cache.add(totals)
+        return TokenStats(index=index, token_id=int(token), text="", seconds=seconds,
+                          cache=totals, policy=self._policy_name,
+                          slots_per_layer=self.slots_per_layer, events=rows)
 
     def _continuation(self, prompt: Sequence[Message | dict[str, str]], room: int,
                       thinking: str, answer_start: str) -> list[int] | None:

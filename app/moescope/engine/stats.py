@@ -42,6 +42,12 @@ class AnswerStats:
     """Earliest messages left out of the prompt so the conversation fits the context."""
     ram_tier: bool = False
     """Experts were read from the model file (RAM tier on): the line shows disk reads."""
+    end_step: TokenStats | None = None
+    """The step that chose the end-of-generation token, when the answer ended on one
+    (``stop_reason`` "eos"): decoded and governed like any token, so it has rows, but it is
+    not part of the answer and ``generate`` does not yield it. A trace records it
+    (``TraceRecorder.end_answer``): without it a replay misses a step of the cache's work.
+    Its rows are counted in :attr:`cache`."""
 
     @property
     def tokens_per_second(self) -> float:

@@ -367,11 +367,12 @@ class ChatController(QObject):
     def on_tokens(self, snaps: list[TokenSnapshot]) -> None:
         if self.closed:
             return
+        words = [s for s in snaps if not s.end]  # an end step has rows, not text
         if self.answer_id is not None:
-            self._save_texts([s.text for s in snaps])
-        self.view.append_text("".join(s.text for s in snaps))
-        self.tokens_received += len(snaps)
-        self._count_reasoning(snaps)
+            self._save_texts([s.text for s in words])
+        self.view.append_text("".join(s.text for s in words))
+        self.tokens_received += len(words)
+        self._count_reasoning(words)
         last = snaps[-1]
         self.view.set_context(last.context_used, last.n_ctx)
         self.tokensArrived.emit(snaps)

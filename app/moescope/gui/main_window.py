@@ -537,7 +537,7 @@ class MainWindow(QMainWindow):
             return
         log.info("budget requested: %d slots per layer", slots)
         self.requested = (self.requested[0],
-                          self.client.request_budget(str(slots * m.slot_row_bytes)))
+                          self.client.request_budget(f"{slots * m.slot_row_bytes}B"))
         self.remember_setting(m.path, "budget", budget_percent(slots, m.n_expert))
 
     def _on_requests_applied(self, summary: ModelSummary, changes: list[str]) -> None:

@@ -121,7 +121,7 @@ class OpenModelDialog(QDialog):
         """The budget as bytes that buy exactly the chosen number of slots."""
         if not self.info.is_moe:
             return "25%"
-        return str(self.budget.value() * self._row_bytes())
+        return f"{self.budget.value() * self._row_bytes()}B"  # a bare number is slots
 
     def _update(self) -> None:
         self.estimate = estimate_fit(self.info, self.budget_text(), self.n_ctx.value())

@@ -100,6 +100,9 @@ class TokenSnapshot:
     """PSR: prefetched experts first routed to during this token, per MoE layer."""
     requests: tuple[int, int] = (0, 0)
     """Numbers of the latest policy and budget requests applied as of this token."""
+    end: bool = False
+    """The step that chose the answer's end-of-generation token (``AnswerStats.end_step``):
+    the cache's work is drawn, but it is no token of the answer's text."""
 
     @property
     def context_used(self) -> int:

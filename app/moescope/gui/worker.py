@@ -194,6 +194,10 @@ class EngineWorker(QObject):
             log.exception("generation failed")
             error = f"generation failed: {err}"
         finally:
+            end = engine.last_answer.end_step if engine.last_answer is not previous else None
+            if end is not None:  # the step that chose EOS: recorded and drawn like a token
+                self._record(None)
+                batch.append(self._snapshot(end, end=True))
             self.generating = False
             if batch:
                 self.tokens.emit(batch)
@@ -313,14 +317,18 @@ class EngineWorker(QObject):
             self.recordingStopped.emit(f"This session is not recorded: {err}. The chat is "
                                        "not affected.")
 
-    def _record(self, ts: Any) -> None:
+    def _record(self, ts: Any | None) -> None:
+        """Record a token; None: the answer's end step (``TraceRecorder.end_answer``)."""
         if self.recorder is None:
             return
         if self._recording_off.is_set():
             self.stopRecording()
             return
         try:
-            self.recorder.record(ts, self.engine)
+            if ts is None:
+                self.recorder.end_answer(self.engine)
+            else:
+                self.recorder.record(ts, self.engine)
         except (OSError, ValueError) as err:
             self._recording_failed(err)
             return
@@ -386,7 +394,7 @@ class EngineWorker(QObject):
             thinking_choices=self._thinking_choices,
             requests=self.engine.applied_requests)
 
-    def _snapshot(self, ts: Any) -> TokenSnapshot:
+    def _snapshot(self, ts: Any, *, end: bool = False) -> TokenSnapshot:
         engine = self.engine
         changes = engine.changes[self._changes_seen:]
         self._changes_seen = len(engine.changes)
@@ -408,7 +416,7 @@ class EngineWorker(QObject):
             ttft=answer.time_to_first_token_s if ts.index == 0 else None,
             prefetches=prefetch[0] if prefetch is not None else None,
             prefetch_hits=prefetch[1] if prefetch is not None else None,
-            requests=engine.applied_requests)
+            requests=engine.applied_requests, end=end)
 
     def _prefetch_delta(self, cache: Any, layers: Any) -> np.ndarray | None:
         """This token's PSR counters per MoE layer (rows: prefetches, hits), or None when

@@ -41,7 +41,7 @@ import numpy.typing as npt
 from moescope.core.native import COPY_DTYPE, EVENT_DTYPE, OK, ExpertCache, NativeError, load_library
 from moescope.core.policy import MissRule, Policy
 from moescope.core.prefetch import PrefetchCounters, PrefetchSummary, prefetch_delta
-from moescope.core.trace import Change, Trace, TraceHeader
+from moescope.core.trace import MAX_STEP_SLACK, Change, Trace, TraceFormatError, TraceHeader
 
 TOKEN_COST_DTYPE = np.dtype([
     ("decode", np.bool_),
@@ -263,6 +263,7 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
         warnings.append(f"recorded by core {h.software.get('moecache')}, whose routing bonus "
                         "was in router-probability units; it is now in gate-weight units, so "
                         "the recorded cache-prior/psr decisions are not reproduced exactly")
+    _check_steps(routing)
     per_token = np.zeros(len(routing.tokens), dtype=TOKEN_COST_DTYPE)
     kept: list[npt.NDArray[Any]] = []
     rows_per_token = max((sum(c.stop - c.start for c in t.calls) for t in routing.tokens),
@@ -271,8 +272,8 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
         for layer, n_bytes in zip(m.moe_layers, m.bytes_per_expert, strict=True):
             cache.set_expert_bytes(layer, n_bytes)
         cache.set_event_capacity(max(1024, 2 * rows_per_token))
-        while cache.step < h.initial_step:
-            cache.begin_step()
+        advance = _Stepper(cache)
+        advance(h.initial_step - cache.step)
         route = _Router(cache, routing, max(rows_per_token, 1))
         prefetched = 0
         counters = PrefetchCounters(cache, m.moe_layers)
@@ -309,9 +310,9 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
                     _warn_once(warnings, "order",
                                f"the trace jumps from step {step} to {call.step}: rows are "
                                "missing or out of order, so later decisions may differ")
-                while step < call.step:
-                    cache.begin_step()
-                    step += 1
+                if step < call.step:
+                    advance(call.step - step)
+                    step = call.step
                 route(call.layer, call.start, call.stop)
                 if prefetching:
                     counting = True
@@ -425,6 +426,37 @@ class _Router:
         if n:
             self.prefetched_bytes += n * self._bytes.get(nxt, 0)
         return n
+
+
+def _check_steps(routing: Routing) -> None:
+    """The steps a replay will walk are within what ``read_trace`` allows (a trace built in
+    memory skipped it): no step before the initial one, none past the trace's reach."""
+    h = routing.header
+    steps = routing.recorded["step"]
+    reach = h.initial_step + MAX_STEP_SLACK + routing.n_rows + len(routing.tokens)
+    if not 0 <= h.initial_step <= MAX_STEP_SLACK or (len(steps) and (
+            int(steps.min()) < h.initial_step or int(steps.max()) > reach)):
+        raise TraceFormatError("the trace's steps run outside what its records can reach: "
+                               "not a trace a replay can walk")
+
+
+_STEP_PROTO = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class _Stepper:
+    """``advance(n)``: ``n`` begin_step calls through a bare prototype (a fraction of the
+    binding's cost). The core's step cannot be set, and its frequency keys depend on the
+    absolute step, so an exact replay walks every step; the trace reader bounds how many
+    (``MAX_STEP_SLACK`` past what the trace's records reach)."""
+
+    def __init__(self, cache: ExpertCache) -> None:
+        self._fn = _STEP_PROTO(("moecache_begin_step", load_library()))
+        self._handle = cache.handle
+
+    def __call__(self, n: int) -> None:
+        fn, handle = self._fn, self._handle
+        for _ in range(n):
+            fn(handle)
 
 
 def _recorded_with_probability_bonus(routing: Routing) -> bool:
