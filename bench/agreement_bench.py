@@ -48,9 +48,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
 
-    from moescope.core.resources import demo_model_path
     from moescope.engine import Engine
     from moescope.engine.compare import compare_policies
+    from moescope.util.resources import demo_model_path
 
     model = args.model or demo_model_path()
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]

@@ -55,11 +55,11 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
 
-    from moescope.core.policy import Policy
-    from moescope.core.resources import demo_model_path
+    from moescope.cache.policy import Policy
     from moescope.engine import Engine
     from moescope.engine.evaluate import RunSpec, change_interval, run_one
     from moescope.sim.sweep import parse_policy
+    from moescope.util.resources import demo_model_path
 
     model = args.model or demo_model_path()
     policies = [parse_policy(p) or Policy.preset("exact")

@@ -92,10 +92,10 @@ def main() -> int:
     parser.add_argument("--chunk", type=int, default=120, help="characters per frame")
     args = parser.parse_args()
 
-    from moescope.gui import highlight, markdown
     from moescope.gui.app import create_app
-    from moescope.gui.chat_view import ChatView
-    from moescope.gui.store import ChatStore
+    from moescope.gui.chat import highlight, markdown
+    from moescope.gui.chat.chat_view import ChatView
+    from moescope.session.store import ChatStore
 
     create_app([])
     coloured_runs = markdown.highlight_runs

@@ -252,7 +252,7 @@ def main() -> int:
         raise SystemExit("--tokens 1-4096, --warmup 0-4096, --threads 1-256, --limit-mb 64-1e7")
     model = args.model
     if model is None:
-        from moescope.testing.synth import ensure_synth_model, preset
+        from moescope_testing.synth import ensure_synth_model, preset
 
         args.workdir.mkdir(parents=True, exist_ok=True)
         model = ensure_synth_model(args.workdir, preset("copy-bound", "qwen3moe", n_layers=12))

@@ -108,7 +108,7 @@ def stock_site(python: str) -> str:
 
 
 def bench_model(layers: int) -> Path:
-    from moescope.testing import ensure_synth_model, preset
+    from moescope_testing import ensure_synth_model, preset
 
     cache = Path(os.environ.get("MOESCOPE_CACHE", Path.home() / ".cache" / "moescope"))
     return ensure_synth_model(cache / "bench-models",

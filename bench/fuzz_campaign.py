@@ -2,9 +2,9 @@
 against ``moescope info``, ``generate``, ``chat`` and ``replay``.
 
 The default tests (``tests/fuzz``) draw a few hundred inputs from the same Hypothesis
-strategies (:mod:`moescope.testing.fuzzgen`); this script draws ``--n`` files (GGUF and
+strategies (:mod:`moescope_testing.fuzzgen`); this script draws ``--n`` files (GGUF and
 traces, alternating) plus ``--args`` argument vectors, split over ``--jobs`` shards, each
-with its own fork worker (:class:`moescope.testing.forkrun.ForkRunner`: one child per
+with its own fork worker (:class:`moescope_testing.forkrun.ForkRunner`: one child per
 input, under address-space, CPU and wall limits). Every GGUF file goes through ``info``,
 every ``--generate-every``-th also through ``generate --n 1`` (the model-load path); every
 trace through ``replay``. It prints one row per (input kind, command) with the count of
@@ -30,7 +30,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "app"))
 
-from moescope.testing.forkrun import ACCEPTABLE, OUTCOMES  # noqa: E402
+from moescope_testing.forkrun import ACCEPTABLE, OUTCOMES  # noqa: E402
 
 
 def _shard(job: dict[str, Any]) -> dict[str, Any]:
@@ -38,8 +38,8 @@ def _shard(job: dict[str, Any]) -> dict[str, Any]:
     from hypothesis import HealthCheck, Phase, given, seed, settings
     from hypothesis import strategies as st
 
-    from moescope.testing import fuzzgen
-    from moescope.testing.forkrun import ForkRunner
+    from moescope_testing import fuzzgen
+    from moescope_testing.forkrun import ForkRunner
 
     out = Path(job["out"])
     models, traces = fuzzgen.make_bases(Path(job["bases"]))
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--n and --args must be >= 0 and --jobs in 1..64")
     args.out.mkdir(parents=True, exist_ok=True)
     bases = args.out / "bases"
-    from moescope.testing import fuzzgen
+    from moescope_testing import fuzzgen
 
     fuzzgen.make_bases(bases)  # once, before the shards read them
     jobs = [{"shard": s, "seed": args.seed + s, "out": str(args.out), "bases": str(bases),

@@ -6,7 +6,7 @@ What it does, on a GPU machine with no network (``bash bench/gpu_check.sh``):
 1. checks ``bundle/`` (``make gpu-bundle``: trimmed, patched llama-cpp-python source and
    wheels) against the repository, unpacks it and installs the wheels whose packages do
    not import;
-2. starts writing the synthetic model in the background (``moescope.testing.synth``,
+2. starts writing the synthetic model in the background (``moescope_testing.synth``,
    preset ``qwen3-30b-a3b-like``: hidden 2048, 128 experts, top-8, expert width 768,
    q4_0 experts; ``--layers`` of the real 48, printed with the results);
 3. builds libllama + ggml with CUDA for sm_90 only (CMake + ninja, all cores), with the
@@ -124,7 +124,7 @@ def cmd_synth(argv: list[str]) -> int:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--json", type=Path, required=True)
     a = ap.parse_args(argv)
-    from moescope.testing import ensure_synth_model, estimate_file_bytes, preset
+    from moescope_testing import ensure_synth_model, estimate_file_bytes, preset
 
     overrides = dict(DRY_OVERRIDES) if a.small else {}
     overrides.update(n_layers=a.layers, expert_type=a.expert_type)

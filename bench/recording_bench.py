@@ -41,9 +41,9 @@ def main() -> int:
                         / "moescope-recording-bench")
     args = parser.parse_args()
 
-    from moescope.core.trace import TraceRecorder, read_trace
     from moescope.engine import Engine, Sampling
-    from moescope.testing.synth import SynthSpec, ensure_synth_model
+    from moescope.trace import TraceRecorder, read_trace
+    from moescope_testing.synth import SynthSpec, ensure_synth_model
 
     sampling = Sampling(temperature=0.0, max_tokens=args.tokens, seed=0)
     footprint: list[str] = []

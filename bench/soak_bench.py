@@ -68,7 +68,7 @@ def main() -> int:
     from moescope.gui.app import create_app
     from moescope.gui.main_window import MainWindow
     from moescope.gui.worker import LoadRequest
-    from moescope.testing.synth import SynthSpec, ensure_synth_model
+    from moescope_testing.synth import SynthSpec, ensure_synth_model
 
     for kind in ("critical", "warning", "information"):  # never block on a dialog
         setattr(QMessageBox, kind, staticmethod(

@@ -36,7 +36,7 @@ def measure(geometry: str, tokens: int, policy: str, models: Path, record: bool)
     from moescope.gui.app import create_app
     from moescope.gui.main_window import MainWindow
     from moescope.gui.worker import LoadRequest
-    from moescope.testing.synth import SynthSpec, ensure_synth_model
+    from moescope_testing.synth import SynthSpec, ensure_synth_model
 
     layers, experts, k = GEOMETRIES[geometry]
     spec = SynthSpec(arch="qwen3moe", n_layers=layers, n_expert=experts, top_k=k,

@@ -227,7 +227,7 @@ def keep_data(dest: str) -> bool:
 def resource_datas() -> list[tuple[str, str]]:
     """``(source, folder in bundle)`` for the app's resources: icons, style sheet, models.
 
-    They land in ``_internal/resources``, where ``moescope.core.resources`` looks when
+    They land in ``_internal/resources``, where ``moescope.util.resources`` looks when
     frozen. Only ``*.gguf`` models are taken: the folder may hold a user's own files too.
     """
     res = ROOT / "resources"

@@ -20,7 +20,7 @@ PROMPT = "Explain in a few paragraphs how a mixture-of-experts model routes each
 
 def synthetic_model(directory: Path) -> Path:
     """A small qwen3moe with 8 layers x 64 experts (top-8): a readable heatmap."""
-    from moescope.testing import ensure_synth_model, preset
+    from moescope_testing import ensure_synth_model, preset
 
     spec = preset("tiny", "qwen3moe", n_layers=8, n_expert=64, top_k=8, expert_type="q8_0")
     return ensure_synth_model(directory, spec)
@@ -40,10 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["MOESCOPE_DATA_DIR"] = tmp.name
     from PySide6.QtCore import QTimer
 
-    from moescope.core.resources import demo_model_path
     from moescope.gui.app import create_app
     from moescope.gui.main_window import MainWindow
     from moescope.gui.worker import LoadRequest
+    from moescope.util.resources import demo_model_path
 
     model = args.model or demo_model_path()
     synthetic = model is None

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from moescope.core.trace import TraceRecorder
-from moescope.testing import ensure_synth_model, preset, write_broken_file
+from moescope.trace import TraceRecorder
+from moescope_testing import ensure_synth_model, preset, write_broken_file
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +45,7 @@ def dense_model(synth_model: Callable[..., Path]) -> Path:
 
 @pytest.fixture(scope="session")
 def broken_file(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """Factory: ``broken_file("truncated_data")`` -> path (kinds: moescope.testing.BROKEN_KINDS)."""
+    """Factory: ``broken_file("truncated_data")`` -> path (kinds: moescope_testing.BROKEN_KINDS)."""
     directory = tmp_path_factory.mktemp("broken-models")
     cache: dict[str, Path] = {}
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from moescope.core import files
-from moescope.core.files import copy_atomic, write_atomic
-from moescope.core.policy import Policy
-from moescope.core.trace import ModelSummary, TraceHeader, TraceWriter
+from moescope.cache.policy import Policy
+from moescope.trace import TraceHeader, TraceModel, TraceWriter
+from moescope.util import files
+from moescope.util.files import copy_atomic, write_atomic
 
 
 def test_a_write_replaces_the_file_whole_with_the_usual_permissions(tmp_path: Path) -> None:
@@ -149,7 +149,7 @@ def test_folders_block_devices_and_inputs_are_refused(tmp_path: Path) -> None:
 def test_the_trace_writer_follows_the_same_rules(tmp_path: Path) -> None:
     """A trace through a symlink lands in the target and the link stays; a folder is
     refused; the file is written in place (a crash keeps what was written)."""
-    model = ModelSummary(file_name="m.gguf", metadata_sha256="cd" * 32,
+    model = TraceModel(file_name="m.gguf", metadata_sha256="cd" * 32,
                          architecture="qwen3moe", n_layers=2, moe_layers=(0, 1), n_expert=8,
                          top_k=2, bytes_per_expert=(1000, 1000))
     header = TraceHeader(model=model, budget="25%", slots_per_layer=2,

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moescope.core.budget import format_bytes, parse_budget, plan_for_model, plan_slots
-from moescope.core.errors import BudgetError
-from moescope.core.gguf_info import read_model_info
+from moescope.cache.budget import format_bytes, parse_budget, plan_for_model, plan_slots
+from moescope.model.gguf_info import read_model_info
+from moescope.util.errors import BudgetError
 
 GiB = 2**30
 MiB = 2**20

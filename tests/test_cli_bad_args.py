@@ -162,7 +162,7 @@ def test_an_empty_or_unitless_decimal_budget_is_refused(
 
 def test_more_slots_than_the_model_has_experts_names_the_maximum(
         tiny_moe: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from moescope.core.gguf_info import read_model_info
+    from moescope.model.gguf_info import read_model_info
 
     n = read_model_info(tiny_moe).n_expert
     err = _one_line_error(capsys, ["info", str(tiny_moe), "--budget", str(n + 1)])

@@ -206,7 +206,7 @@ def test_a_full_disk_stops_recording_and_the_chat_goes_on(
     recording stops with a message, the trace so far reads back, and the chat goes on."""
     import errno
 
-    from moescope.core import trace as trace_module
+    from moescope import trace as trace_module
 
     real_init = trace_module.TraceWriter.__init__
 
@@ -236,7 +236,7 @@ def test_a_full_disk_stops_recording_and_the_chat_goes_on(
     assert err.count("recording stopped") == 1 and "No space left on device" in err
     assert [t.messages[-1]["content"] for t in spy.turns] == ["Hello", "Again"]
     assert len(summaries(out)) == 2
-    from moescope.core.trace import read_trace
+    from moescope.trace import read_trace
 
     trace = read_trace(path)
     assert trace.truncated and 0 < len(trace.tokens) < 12
@@ -306,8 +306,8 @@ def test_dense_model_chats_with_the_cache_off_like_generate(
 def test_trace_of_a_chat_with_live_changes_replays_exactly(
         synth_model: Callable[..., Path], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from moescope.core.trace import read_trace
     from moescope.sim import decision_mismatches, replay
+    from moescope.trace import read_trace
 
     path = tmp_path / "chat.jsonl"
     script = "Hello\n/policy speed-first\n/budget 50%\nHello again\n"
@@ -326,7 +326,7 @@ def test_trace_of_a_chat_with_live_changes_replays_exactly(
 def test_a_thinking_models_thoughts_stay_out_of_scripts_and_the_next_turn(
         synth_model: Callable[..., Path], spy: Spy,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from moescope.testing.vocab import THINKING_CHAT_TEMPLATE
+    from moescope_testing.vocab import THINKING_CHAT_TEMPLATE
 
     model = synth_model("qwen3moe", chat_template=THINKING_CHAT_TEMPLATE)
     code, out, _ = chat(monkeypatch, capsys, model, "Hi\nAgain\n")
@@ -340,7 +340,7 @@ def test_a_thinking_models_thoughts_stay_out_of_scripts_and_the_next_turn(
 
 
 def test_the_terminal_prints_thoughts_dim_then_the_answer() -> None:
-    from moescope.commands.chat import _AnswerPrinter
+    from moescope.cli.commands.chat import _AnswerPrinter
 
     raw = "<|channel|>analysis<|message|>Two and two.<|start|>assistant<|channel|>final" \
           "<|message|>It is 4."
@@ -369,7 +369,7 @@ def test_a_long_conversation_keeps_going_without_its_earliest_turns(
 def test_thinking_switch_in_the_cli(
         synth_model: Callable[..., Path], spy: Spy,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from moescope.testing.vocab import HYBRID_THINKING_CHAT_TEMPLATE
+    from moescope_testing.vocab import HYBRID_THINKING_CHAT_TEMPLATE
 
     prompts: list[str] = []
     format_chat = Engine.format_chat
@@ -391,8 +391,8 @@ def test_ctrl_c_while_thinking_means_answer_now(
     """A thinking model (its template opens <think>; the tiny model never closes it):
     SIGINT after four thoughts closes them and the same answer goes on; the next turn
     gets that answer without the thoughts."""
-    from moescope.core.trace import ANSWER_NOW_NOTE, read_trace
-    from moescope.testing.vocab import THINKING_CHAT_TEMPLATE
+    from moescope.trace import ANSWER_NOW_NOTE, read_trace
+    from moescope_testing.vocab import THINKING_CHAT_TEMPLATE
 
     interrupt_first_answer(monkeypatch, spy, after_index=3)
     model = synth_model("qwen3moe", chat_template=THINKING_CHAT_TEMPLATE)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from moescope.cli import main
-from moescope.commands import command_names
+from moescope.cli.commands import command_names
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -39,8 +39,8 @@ def test_info_prints_layout_bytes_and_hash(tiny_moe: Path,
 def test_info_names_the_thinking_switch_and_the_parts_of_a_split_model(
         synth_model: Callable[..., Path], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    from moescope.testing import preset, write_synth_model
-    from moescope.testing.vocab import HYBRID_THINKING_CHAT_TEMPLATE
+    from moescope_testing import preset, write_synth_model
+    from moescope_testing.vocab import HYBRID_THINKING_CHAT_TEMPLATE
 
     code, out, _ = _run(["info", str(synth_model(
         "qwen3moe", chat_template=HYBRID_THINKING_CHAT_TEMPLATE))], capsys)

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from moescope.core.errors import ModelFileNotFoundError, ModelFormatError, NotMoEError
-from moescope.core.gguf_info import read_model_info
-from moescope.testing import MOE_ARCHES, preset, write_synth_model
+from moescope.model.gguf_info import read_model_info
+from moescope.util.errors import ModelFileNotFoundError, ModelFormatError, NotMoEError
+from moescope_testing import MOE_ARCHES, preset, write_synth_model
 
 # Bytes of one row of 32 weights, by expert type.
 ROW32 = {"f32": 128, "q8_0": 34, "q4_0": 18}

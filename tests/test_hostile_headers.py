@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from gguf import GGUFValueType as T
 
-from moescope.core.errors import ModelFormatError, NotMoEError
-from moescope.core.gguf_info import MAX_CONTEXT, MAX_LAYERS, read_model_info
-from moescope.testing import preset, write_synth_model
-from moescope.testing.hostile import DROP, rewrite_gguf
+from moescope.model.gguf_info import MAX_CONTEXT, MAX_LAYERS, read_model_info
+from moescope.util.errors import ModelFormatError, NotMoEError
+from moescope_testing import preset, write_synth_model
+from moescope_testing.hostile import DROP, rewrite_gguf
 
 U32, I32, F32 = T.UINT32, T.INT32, T.FLOAT32
 NAN, INF = float("nan"), float("inf")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from moescope.core.reasoning import (
+from moescope.model.reasoning import (
     reasoning_prefix,
     split_reasoning,
     template_variables,

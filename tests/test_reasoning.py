@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moescope.core.reasoning import answer_text, reasoning_prefix, split_reasoning
+from moescope.model.reasoning import answer_text, reasoning_prefix, split_reasoning
 
 QWEN = "<think>\nThe user greets me. I should greet back.\n</think>\n\nHello! How can I help?"
 HARMONY = ("<|channel|>analysis<|message|>User asks 2+2. Answer 4."
@@ -77,7 +77,7 @@ def test_streaming_never_shows_what_the_whole_text_hides(full: str, data: st.Dat
 
 
 def test_closing_the_thoughts_makes_the_rest_the_answer() -> None:
-    from moescope.core.reasoning import close_reasoning
+    from moescope.model.reasoning import close_reasoning
 
     for raw in ("<think>\nHmm, let me", "<think>\nHmm\n",
                 "<|channel|>analysis<|message|>Hmm, let me"):
@@ -90,7 +90,7 @@ def test_closing_the_thoughts_makes_the_rest_the_answer() -> None:
 
 
 def test_where_the_answer_begins_in_a_traces_tokens() -> None:
-    from moescope.core.reasoning import answer_begins
+    from moescope.model.reasoning import answer_begins
 
     assert answer_begins(["<think>", "\nHmm", ".\n", "</think>", "\n\n", "Hi", "!"]) == 5
     # a Thinking template opened <think> in the prompt: the trace never saw it

@@ -1,4 +1,4 @@
-"""``moescope.core.resources`` inside a frozen desktop bundle (PyInstaller, ``make dist``).
+"""``moescope.util.resources`` inside a frozen desktop bundle (PyInstaller, ``make dist``).
 
 A bundle has no checkout around it: the resources are in ``sys._MEIPASS/resources``. The
 frozen attributes are faked here, so this runs without building a bundle; the real bundle
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from moescope.core import resources
+from moescope.util import resources
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moescope.core.errors import ModelFileNotFoundError, ModelFormatError
-from moescope.core.gguf_info import read_model_info
-from moescope.testing import preset, write_synth_model
+from moescope.model.gguf_info import read_model_info
+from moescope.util.errors import ModelFileNotFoundError, ModelFormatError
+from moescope_testing import preset, write_synth_model
 
 SPEC = preset("tiny", "qwen3moe", expert_type="q8_0")
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader
 
-from moescope.testing import (
+from moescope_testing import (
     ARCHES,
     BROKEN_KINDS,
     MOE_ARCHES,
@@ -25,8 +25,8 @@ from moescope.testing import (
     write_dense_model,
     write_synth_model,
 )
-from moescope.testing.synth import main as synth_main
-from moescope.testing.vocab import CONTROL_TOKENS, build_vocab
+from moescope_testing.synth import main as synth_main
+from moescope_testing.vocab import CONTROL_TOKENS, build_vocab
 
 MiB = 2**20
 

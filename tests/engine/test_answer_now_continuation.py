@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from moescope.engine import Engine, Sampling
-from moescope.testing.vocab import THINKING_CHAT_TEMPLATE
+from moescope_testing.vocab import THINKING_CHAT_TEMPLATE
 
 MESSAGES = [{"role": "user", "content": "Think about the sea, then answer."}]
 CLOSING = "\n</think>\n\n"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from moescope.core.errors import ModelFormatError
 from moescope.engine import Engine
+from moescope.util.errors import ModelFormatError
 
 
 @pytest.mark.parametrize("kind", ["random", "empty", "truncated_data", "bad_magic"])

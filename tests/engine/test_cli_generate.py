@@ -54,7 +54,7 @@ def test_generate_rejects_a_bad_budget_in_one_line(
 def test_generate_records_a_trace_that_replays_exactly(
         synth_model: Callable[..., Path], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    from moescope.core.trace import read_trace
+    from moescope.trace import read_trace
 
     trace = tmp_path / "session.jsonl"
     assert main(["generate", str(synth_model("qwen3moe")), "--n", "12", "--policy",

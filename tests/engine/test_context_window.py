@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from moescope.core.errors import MoEScopeError
 from moescope.engine import Engine, Sampling
+from moescope.util.errors import MoEScopeError
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from engine_helpers import ARCHES, PROMPT, forced_stream
 
-from moescope.core.errors import BudgetError
 from moescope.engine import Engine
 from moescope.engine.engine import DiskReadError, Sampling
+from moescope.util.errors import BudgetError
 
 
 def _forced(e: Engine, n: int = 48, changes: dict[int, tuple[str, str]] | None = None
@@ -220,7 +220,7 @@ def test_chat_keeps_the_conversation_and_the_trace_after_a_read_error(
         synth_model: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     from moescope.cli import main
-    from moescope.core.trace import read_trace
+    from moescope.trace import read_trace
 
     loaded: list[Engine] = []
     real_load = Engine.load

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from engine_helpers import ARCHES, PROMPT, forced_stream
 
-from moescope.core.policy import PREFETCH_TOP_K, Policy
-from moescope.core.resources import demo_model_path
+from moescope.cache.policy import PREFETCH_TOP_K, Policy
 from moescope.engine import Sampling
+from moescope.util.resources import demo_model_path
 
 EXACT_PREFETCH = Policy(prefetch=PREFETCH_TOP_K)
 

@@ -82,7 +82,7 @@ def test_k_quant_experts_of_two_types_are_exact_under_the_cache(
     span two tensor types (256-wide blocks, and CPU repacking candidates both)."""
     path = synth_model("qwen3moe", expert_type="q4_k_m", n_embd=256, n_head=4,
                        head_dim=64, n_ff_exp=256)
-    from moescope.core.gguf_info import read_model_info
+    from moescope.model.gguf_info import read_model_info
 
     assert set(read_model_info(path).expert_bytes_by_type()) == {"q4_k", "q6_k"}
     reference = _logits(engine, path, cache=False, host_experts=True)

@@ -16,7 +16,7 @@ import pytest
 from gguf import GGUFValueType as T
 
 from moescope.engine import Engine, Sampling
-from moescope.testing.hostile import rewrite_gguf
+from moescope_testing.hostile import rewrite_gguf
 
 
 def _no_core_dump() -> None:
@@ -56,7 +56,7 @@ def test_an_abort_in_the_first_decode_blames_the_file_once(
     path = rewrite_gguf(synth_model("qwen3moe"), tmp_path / "nan-eps.gguf", set_keys={
         "qwen3moe.attention.layer_norm_rms_epsilon": (T.FLOAT32, float("nan"))})
     script = textwrap.dedent(f"""
-        import moescope.core.gguf_info as g
+        import moescope.model.gguf_info as g
         g._check_header_numbers = lambda *a: None
         from moescope.engine import Engine
         Engine().load({str(path)!r}, n_ctx=64, n_threads=1)

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 from engine_helpers import PROMPT, forced_stream
 
-from moescope.core.native import SUBSTITUTE
-from moescope.core.policy import Policy
+from moescope.cache.native import SUBSTITUTE
+from moescope.cache.policy import Policy
 from moescope.engine import Sampling
 
 

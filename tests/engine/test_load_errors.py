@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from moescope.cli import main
-from moescope.core.errors import MoEScopeError
 from moescope.engine import ChatTemplateError, Engine, Message, ModelLoadError, Sampling
+from moescope.util.errors import MoEScopeError
 
 RAISES_ON_SYSTEM = (
     "{% for m in messages %}{% if m['role'] == 'system' %}"

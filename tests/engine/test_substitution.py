@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from engine_helpers import PROMPT, forced_stream
 
-from moescope.core.native import SUBSTITUTE as ACTION_SUBSTITUTE
+from moescope.cache.native import SUBSTITUTE as ACTION_SUBSTITUTE
 
 SUBSTITUTING = ["quality-first", "speed-first", "substitute-all"]
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from moescope.core.reasoning import template_variables, thinking_choices
 from moescope.engine import Engine, Sampling
-from moescope.testing.vocab import HYBRID_THINKING_CHAT_TEMPLATE
+from moescope.model.reasoning import template_variables, thinking_choices
+from moescope_testing.vocab import HYBRID_THINKING_CHAT_TEMPLATE
 
 MESSAGES = [{"role": "user", "content": "What is two and two?"}]
 

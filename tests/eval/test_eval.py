@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from moescope.cache.policy import Policy
 from moescope.cli import main
-from moescope.core.policy import Policy
 from moescope.engine.evaluate import (
     RunResult,
     RunSpec,

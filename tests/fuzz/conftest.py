@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from moescope.testing import fuzzgen
-from moescope.testing.forkrun import ForkRunner
+from moescope_testing import fuzzgen
+from moescope_testing.forkrun import ForkRunner
 
 
 @pytest.fixture(scope="session")

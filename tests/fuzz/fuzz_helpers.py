@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moescope.testing.forkrun import RunResult
+from moescope_testing.forkrun import RunResult
 
 
 def explain(r: RunResult) -> str:

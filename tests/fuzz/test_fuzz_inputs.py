@@ -1,8 +1,8 @@
 """Property-based fuzzing (issue 14): hostile GGUF files, traces and arguments, generated
-from their schemas and by byte-level mutation (:mod:`moescope.testing.fuzzgen`), end in
+from their schemas and by byte-level mutation (:mod:`moescope_testing.fuzzgen`), end in
 success or in one ``moescope: error:`` line with a nonzero exit; never a traceback, an
 abort, a hang or a runaway allocation. Each input runs in a fork of one worker under
-address-space, CPU and wall limits (:mod:`moescope.testing.forkrun`).
+address-space, CPU and wall limits (:mod:`moescope_testing.forkrun`).
 
 Examples are few and derandomized (the same inputs on every run, no example database), so
 this stays a bounded part of ``make test``; ``bench/fuzz_campaign.py`` (``make fuzz``)
@@ -18,8 +18,8 @@ from fuzz_helpers import explain
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from moescope.testing import fuzzgen
-from moescope.testing.forkrun import ACCEPTABLE, ForkRunner
+from moescope_testing import fuzzgen
+from moescope_testing.forkrun import ACCEPTABLE, ForkRunner
 
 pytestmark = pytest.mark.slow
 
@@ -109,7 +109,7 @@ def test_commands_survive_generated_arguments(fork_runner: ForkRunner,
 def test_the_runner_tells_every_failure_apart(fork_runner: ForkRunner, tmp_path: Path) -> None:
     """The classifier itself: a traceback, an abort, a hang and a runaway allocation are
     each seen as such (else a green fuzz run would prove nothing)."""
-    from moescope.testing.forkrun import RunResult, classify
+    from moescope_testing.forkrun import RunResult, classify
 
     def result(rc: int | None = 1, sig: int | None = None, err: str = "",
                timed_out: bool = False, rss: int = 0) -> RunResult:

@@ -14,9 +14,9 @@ import pytest
 from fuzz_helpers import explain
 from gguf import GGUFValueType as T
 
-from moescope.testing import fuzzgen
-from moescope.testing.forkrun import ForkRunner
-from moescope.testing.hostile import DROP, rewrite_gguf
+from moescope_testing import fuzzgen
+from moescope_testing.forkrun import ForkRunner
+from moescope_testing.hostile import DROP, rewrite_gguf
 
 U32 = T.UINT32
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from gui_helpers import LONG_SEED, load
 
-from moescope.gui import paths
+from moescope.util import paths
 
 
 @dataclass
@@ -102,8 +102,8 @@ def trace_path(record: Callable[..., Path]) -> Path:
 def open_trace_window(qtbot: Any) -> Iterator[Callable[[Path], Any]]:
     """Factory: the trace window of a reopened trace file; every one's sweep thread must be
     gone after closing."""
-    from moescope.gui.trace_io import reopen
-    from moescope.gui.trace_window import TraceWindow
+    from moescope.display.trace_io import reopen
+    from moescope.gui.traces.trace_window import TraceWindow
 
     windows: list[TraceWindow] = []
 

@@ -7,7 +7,7 @@ from typing import Any
 from gui_helpers import LONG_PROMPT, send, slow_down
 from PySide6.QtCore import Qt
 
-from moescope.gui.store import DONE, STOPPED
+from moescope.session.store import DONE, STOPPED
 
 
 def test_load_shows_model_and_cache(window: Any) -> None:

@@ -87,7 +87,7 @@ def test_custom_settings_can_be_compared_too(window: Any, qtbot: Any,
     """The user's own Custom point (here Cache-Prior with bonus 0.12 and top-k prefetch) is
     one more row, run with exactly those settings."""
     import moescope.gui.worker as worker_module
-    from moescope.gui.policy_choices import CUSTOM, PREFETCH_TOPK, custom_policy
+    from moescope.display.policy_choices import CUSTOM, PREFETCH_TOPK, custom_policy
 
     send(qtbot, window, "Tell me about the sea.", max_tokens=8)
     c = window.controls
@@ -152,7 +152,7 @@ def test_closing_the_window_mid_comparison_stops_it_and_joins_the_engine(
 
 
 def test_a_thinking_answer_is_shown_without_markers() -> None:
-    from moescope.gui.compare_dialog import shown_text
+    from moescope.gui.dialogs.compare import shown_text
 
     assert shown_text("<think>\nHmm.\n</think>\n\nHi!") == "Thinking: Hmm.\n\nHi!"
     assert shown_text("<think>\nstill going") == "Thinking: still going"

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from gui_helpers import LONG_PROMPT, send, slow_down
 
-from moescope.core.trace import read_trace
-from moescope.gui.store import DONE, ChatStore
+from moescope.session.store import DONE, ChatStore
+from moescope.trace import read_trace
 
 FULL = sqlite3.OperationalError("database or disk is full")
 
@@ -188,7 +188,7 @@ def test_an_export_to_a_full_disk_is_explained_and_replaces_nothing(
     """Export chat / Export trace: a failed write says where and why in a dialog (it used
     to raise inside the menu's slot, so the user saw nothing), and the file that was
     there is left as it was."""
-    from moescope.core import files
+    from moescope.util import files
 
     send(qtbot, window, "Hello there.", max_tokens=6)
     out = tmp_path / "exports"
@@ -211,6 +211,6 @@ def test_an_export_to_a_full_disk_is_explained_and_replaces_nothing(
     assert sorted(p.name for p in out.iterdir()) == ["chat.md", "session.jsonl"]
     # a folder that does not exist is explained the same way
     assert window.export_chat(out / "gone" / "chat.md", "md") is None
-    assert "No such file or directory" in dialogs.shown[-1][2]
+    assert "does not exist" in dialogs.shown[-1][2]
     monkeypatch.setattr(files.os, "fsync", real_fsync)
     assert window.export_chat(md, "md") == md and "Hello there." in md.read_text()

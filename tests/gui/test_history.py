@@ -14,7 +14,7 @@ from typing import Any
 
 from gui_helpers import load, send
 
-from moescope.gui.store import DONE, INTERRUPTED, SCHEMA_VERSION, ChatStore
+from moescope.session.store import DONE, INTERRUPTED, SCHEMA_VERSION, ChatStore
 
 HERE = Path(__file__).parent
 CHILD_TIMEOUT_S = 90

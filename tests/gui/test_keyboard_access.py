@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from moescope.gui.shortcuts_dialog import shortcut_rows
+from moescope.gui.dialogs.shortcuts import shortcut_rows
 
 ALT = Qt.KeyboardModifier.AltModifier
 
@@ -112,8 +112,8 @@ def test_alt_v_reaches_the_budget_slider_and_sliders_say_their_values(window: An
 
 
 def test_open_model_budget_label_reaches_its_slider(qtbot: Any, tiny_moe: Path) -> None:
-    from moescope.core.gguf_info import read_model_info
-    from moescope.gui.open_model_dialog import OpenModelDialog
+    from moescope.gui.dialogs.open_model import OpenModelDialog
+    from moescope.model.gguf_info import read_model_info
 
     dialog = OpenModelDialog(read_model_info(tiny_moe, require_moe=False))
     qtbot.addWidget(dialog)
@@ -272,7 +272,7 @@ def test_compare_run_by_keyboard_keeps_the_focus_on_its_controls(window: Any,
     window.chat_view.input.setFocus()
     qtbot.keyClick(window.chat_view.input, Qt.Key.Key_P,
                    Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
-    from moescope.gui.compare_dialog import CompareDialog
+    from moescope.gui.dialogs.compare import CompareDialog
 
     (dialog,) = [d for d in window.findChildren(CompareDialog) if d.isVisible()]
     _activate(qtbot, dialog)

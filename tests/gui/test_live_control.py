@@ -7,6 +7,8 @@ from typing import Any
 from gui_helpers import LONG_PROMPT, send, slow_down
 from PySide6.QtCore import Qt
 
+from moescope.engine.changes import RequestNumbers
+
 
 def _switch_mid_answer(window: Any, qtbot: Any, act: Any, after: int = 4) -> tuple[Any, int]:
     """Start a long answer, call ``act`` once ``after`` tokens have arrived, wait for the
@@ -132,15 +134,15 @@ def test_a_stale_applied_report_does_not_flip_the_policy_back(window: Any, qtbot
     shown: list[str] = []
     combo.currentIndexChanged.connect(lambda _i: shown.append(combo.currentData()))
     window.controls.select_policy("speed-first")
-    first = window.requested[0]
+    first = window.requested.policy
     deadline = time.monotonic() + 10
-    while engine.applied_requests[0] < first:  # no event processing: the report stays queued
+    while engine.applied_requests.policy < first:  # no event processing: the report stays queued
         assert time.monotonic() < deadline, "the worker did not apply the first request"
         time.sleep(0.001)
     window.controls.select_policy("exact")
-    assert window.requested[0] > first
+    assert window.requested.policy > first
     qtbot.waitUntil(lambda: window.model.policy == "exact"
-                    and engine.applied_requests[0] == window.requested[0], timeout=10_000)
+                    and engine.applied_requests.policy == window.requested.policy, timeout=10_000)
     qtbot.wait(50)  # let any remaining queued report arrive
     assert shown == ["speed-first", "exact"]
     assert combo.currentData() == "exact" and engine.policy_name == "exact"
@@ -152,9 +154,9 @@ def test_request_numbers_count_what_the_engine_applied(window: Any, qtbot: Any) 
     b1 = engine.request_budget("50%")
     p2 = engine.request_policy("exact")
     assert p1 < b1 < p2
-    assert engine.applied_requests[0] < p2  # queued, not applied yet
+    assert engine.applied_requests.policy < p2  # queued, not applied yet
     window.client._apply.emit()
-    qtbot.waitUntil(lambda: engine.applied_requests == (p2, b1), timeout=10_000)
+    qtbot.waitUntil(lambda: engine.applied_requests == RequestNumbers(p2, b1), timeout=10_000)
     assert engine.policy_name == "exact"
 
 

@@ -20,12 +20,12 @@ from PySide6.QtWidgets import QApplication
 def test_a_closed_trace_window_is_freed_with_its_trace(window: Any, qtbot: Any,
                                                        dialogs: Any,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from moescope.core import memory
-    from moescope.gui import main_window
-    from moescope.gui.trace_window import TraceWindow
+    from moescope.gui.traces import session_traces
+    from moescope.gui.traces.trace_window import TraceWindow
+    from moescope.util import memory
 
     released: list[bool] = []
-    monkeypatch.setattr(main_window, "release_freed_memory",
+    monkeypatch.setattr(session_traces, "release_freed_memory",
                         lambda: released.append(memory.release_freed_memory()))
     send(qtbot, window, "Hello", max_tokens=6)
     assert window.trace_path is not None
@@ -59,7 +59,7 @@ def test_closed_notices_and_about_boxes_are_freed(make_window: Any, qtbot: Any) 
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QMessageBox
 
-    from moescope.gui.about_dialog import AboutDialog
+    from moescope.gui.dialogs.about import AboutDialog
 
     w = make_window()
     qtbot.wait(20)

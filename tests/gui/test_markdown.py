@@ -32,11 +32,11 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QTextBrowser
 
-from moescope.core.native import EVENT_DTYPE
-from moescope.gui import highlight, markdown_stream
-from moescope.gui.markdown import CODE_BACKGROUND, is_code_block, render_markdown
-from moescope.gui.snapshots import AnswerSummary, TokenSnapshot
-from moescope.gui.store import DONE
+from moescope.cache.native import EVENT_DTYPE
+from moescope.gui.chat import highlight, markdown_stream
+from moescope.gui.chat.markdown import CODE_BACKGROUND, is_code_block, render_markdown
+from moescope.session.snapshots import AnswerSummary, TokenSnapshot
+from moescope.session.store import DONE
 
 HEARTBEAT_MS = 10
 

@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 from gui_helpers import LONG_PROMPT, send
 
-from moescope.core.gguf_info import read_model_info
-from moescope.gui import snapshots as S
-from moescope.gui.fit import estimate_fit
-from moescope.gui.open_model_dialog import OpenModelDialog
+from moescope.display.fit import estimate_fit
+from moescope.gui.dialogs.open_model import OpenModelDialog
+from moescope.model.gguf_info import read_model_info
+from moescope.session import snapshots as S
 
 
 def test_heatmap_shows_the_last_tokens_cache_states(window: Any, qtbot: Any) -> None:
@@ -144,7 +144,7 @@ def test_the_open_dialog_takes_a_typed_budget_and_enter_does_not_open(tiny_moe: 
 
 def test_fit_estimate_without_nvidia_gpu_says_slots_are_in_ram(tiny_moe: Path,
                                                               monkeypatch: Any) -> None:
-    import moescope.gui.fit as fit_module
+    import moescope.display.fit as fit_module
 
     monkeypatch.setattr(fit_module, "gpu_status", lambda: None)
     fit = estimate_fit(read_model_info(tiny_moe), "25%")

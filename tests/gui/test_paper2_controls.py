@@ -9,16 +9,16 @@ import pytest
 from gui_helpers import LONG_PROMPT, send, slow_down
 from PySide6.QtCore import Qt
 
-from moescope.core.policy import (
+from moescope.cache.policy import (
     DEFAULT_BONUS,
     PREFETCH_TOP_K,
     PRESETS,
     MissRule,
     SubstituteWeight,
 )
-from moescope.gui.cache_model import PrefetchSummary, prefetch_text
-from moescope.gui.memory_model import expert_memory
-from moescope.gui.policy_choices import (
+from moescope.display.cache_model import PrefetchSummary, prefetch_text
+from moescope.display.memory_model import expert_memory
+from moescope.display.policy_choices import (
     BONUS_MAX,
     CUSTOM,
     POLICY_CHOICES,

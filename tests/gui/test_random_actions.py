@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from PySide6.QtCore import QTimer
 
-from moescope.gui.store import GENERATING
+from moescope.session.store import GENERATING
 
 SEEDS = [int(s) for s in os.environ.get("MOESCOPE_RANDOM_SEEDS", "11,12").split(",")]
 """The sequences run by default; ``MOESCOPE_RANDOM_SEEDS=1,2,3,...`` runs others (a longer
@@ -79,7 +79,7 @@ def test_random_actions_leave_a_consistent_window(
         seed: int) -> None:
     from gui_helpers import load
 
-    from moescope.testing.vocab import THINKING_CHAT_TEMPLATE
+    from moescope_testing.vocab import THINKING_CHAT_TEMPLATE
 
     window = make_window()
     model = synth_model("qwen3moe", chat_template=THINKING_CHAT_TEMPLATE)

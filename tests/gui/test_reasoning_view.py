@@ -13,10 +13,10 @@ from gui_helpers import LONG_SEED, load, send
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QGuiApplication
 
-from moescope.gui.chat_view import ChatView
-from moescope.gui.reasoning_view import reasoning_href
-from moescope.gui.store import ChatStore
-from moescope.testing.vocab import THINKING_CHAT_TEMPLATE
+from moescope.gui.chat.chat_view import ChatView
+from moescope.gui.chat.reasoning_view import reasoning_href
+from moescope.session.store import ChatStore
+from moescope_testing.vocab import THINKING_CHAT_TEMPLATE
 
 QWEN = ("<think>\nThe user says hi. Greet them back,\nbriefly.\n</think>\n\n"
         "Hello! **How** can I help?")
@@ -131,8 +131,8 @@ def test_the_thinking_setting_follows_the_model_and_reaches_the_prompt(
         make_window: Callable[..., Any], qtbot: Any, synth_model: Callable[..., Path],
         tiny_moe: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from moescope.engine import Engine
-    from moescope.gui.chat_settings import NO_SWITCH_TIP
-    from moescope.testing.vocab import HYBRID_THINKING_CHAT_TEMPLATE
+    from moescope.gui.chat.settings import NO_SWITCH_TIP
+    from moescope_testing.vocab import HYBRID_THINKING_CHAT_TEMPLATE
 
     prompts: list[str] = []
     format_chat = Engine.format_chat
@@ -203,7 +203,7 @@ def test_answer_now_closes_the_thoughts_and_the_model_answers(
     assert len(starts) == 2 and starts[0] == "" and starts[1].endswith("</think>\n\n")
     message = window.store.messages(window.chat.chat_id)[-1]
     assert message.content.count("</think>") == 1 and message.status == "done"
-    from moescope.core.reasoning import split_reasoning
+    from moescope.model.reasoning import split_reasoning
 
     split = split_reasoning(message.content)
     assert split.reasoning and split.answer.strip() and not split.thinking
@@ -219,7 +219,7 @@ def test_answer_now_closes_the_thoughts_and_the_model_answers(
              if label == "answer"]
     assert len(marks) == 1 and marks[0] > message.stats["reasoning_tokens"]
     # and so does the session trace, reopened: at the same token, labelled once
-    from moescope.gui.trace_io import reopen
+    from moescope.display.trace_io import reopen
 
     assert window.trace_path is not None
     reopened = reopen(window.trace_path)
@@ -236,7 +236,7 @@ def test_the_answer_prefix_follows_the_thinking_setting(
     """A template like Qwen3.5's opens <think> in the prompt unless thinking is off: with
     "off" the answer is an answer, not thoughts (a prefix read once at load would have
     turned every "off" answer into thoughts)."""
-    from moescope.testing.vocab import CHAT_TEMPLATE
+    from moescope_testing.vocab import CHAT_TEMPLATE
 
     template = CHAT_TEMPLATE.replace(
         "'<|im_start|>assistant\\n' }}",

@@ -10,7 +10,7 @@ import numpy as np
 from gui_helpers import LONG_PROMPT, send, slow_down
 from PySide6.QtCore import Qt, QTimer
 
-from moescope.gui.cache_panel import CachePanel
+from moescope.gui.cache.panel import CachePanel
 
 HEARTBEAT_MS = 10
 

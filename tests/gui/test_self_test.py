@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from moescope import cli
-from moescope.gui import paths, self_test
+from moescope.gui import self_test
+from moescope.util import paths
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,7 +66,7 @@ def test_no_model_fails_with_a_clear_line(qapp: Any, tmp_path: Path,
 def test_missing_resources_fail_before_the_model_loads(
         qapp: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    from moescope.core.resources import DEMO_MODEL_NAME, demo_model_path
+    from moescope.util.resources import DEMO_MODEL_NAME, demo_model_path
 
     demo = demo_model_path()
     assert demo is not None

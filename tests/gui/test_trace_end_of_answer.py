@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from gui_helpers import load, send, slow_down
 
-from moescope.core.resources import demo_model_path
-from moescope.core.trace import read_trace
 from moescope.engine import Engine
 from moescope.sim import decision_mismatches, replay
-from moescope.testing.vocab import THINKING_CHAT_TEMPLATE
+from moescope.trace import read_trace
+from moescope.util.resources import demo_model_path
+from moescope_testing.vocab import THINKING_CHAT_TEMPLATE
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from gui_helpers import send
 
-from moescope.gui.trace_opener import TraceOpener
+from moescope.gui.traces.trace_opener import TraceOpener
 
 
 @pytest.fixture

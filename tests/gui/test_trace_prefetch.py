@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from gui_helpers import LONG_PROMPT, send
 
-from moescope.core.prefetch import PrefetchSummary
-from moescope.core.trace import read_trace
-from moescope.gui.cache_model import prefetch_text
-from moescope.gui.trace_io import reopen
-from moescope.gui.trace_window import TraceWindow
-from moescope.gui.whatif_model import COLUMNS, cell_text
+from moescope.cache.prefetch import PrefetchSummary
+from moescope.display.cache_model import prefetch_text
+from moescope.display.trace_io import reopen
+from moescope.display.whatif_model import COLUMNS, cell_text
+from moescope.gui.traces.trace_window import TraceWindow
 from moescope.sim.sweep import RECORDED
-from moescope.testing.traces import as_older_trace
+from moescope.trace import read_trace
+from moescope_testing.traces import as_older_trace
 
 PREFETCH_COLUMN = [key for key, _ in COLUMNS].index("prefetch_accuracy")
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from gui_helpers import LONG_PROMPT, LONG_SEED, load, send, slow_down
 
-from moescope.core.trace import read_trace
-from moescope.gui.trace_io import reopen
-from moescope.testing.traces import as_older_trace
+from moescope.display.trace_io import reopen
+from moescope.trace import read_trace
+from moescope_testing.traces import as_older_trace
 
 
 def _shrink_mid_answer(window: Any, qtbot: Any, slots: int, after: int = 6) -> None:

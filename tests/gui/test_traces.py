@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 from gui_helpers import LONG_PROMPT, load, send, slow_down
 
-from moescope.core.trace import read_trace
 from moescope.sim.replay import replay
+from moescope.trace import read_trace
 
 
 def _curves(panel: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -82,7 +82,7 @@ def test_exported_trace_reopens_with_the_same_plots(window: Any, qtbot: Any,
 
 def test_rebuilt_residency_matches_the_live_cache_token_by_token(window: Any,
                                                                  qtbot: Any) -> None:
-    from moescope.gui.trace_io import reopen
+    from moescope.display.trace_io import reopen
 
     send(qtbot, window, LONG_PROMPT, max_tokens=30)
     window.controls.budget.setValue(10)  # grow: exact; shrinking would be approximate
@@ -109,7 +109,7 @@ def test_opening_something_else_as_a_trace_is_explained(window: Any, dialogs: An
 
 
 def test_two_sessions_started_in_one_second_never_share_a_file(tmp_path: Path) -> None:
-    from moescope.gui.trace_io import new_trace_path
+    from moescope.display.trace_io import new_trace_path
 
     first = new_trace_path(tmp_path, "/m/model.gguf")
     first.write_text("{}\n")
@@ -155,7 +155,7 @@ def test_turning_recording_off_mid_answer_closes_the_trace_at_once(window: Any,
 def test_old_sessions_are_deleted_oldest_first_by_count_and_by_size(tmp_path: Path) -> None:
     import os
 
-    from moescope.gui.trace_io import TraceLimits, prune_traces
+    from moescope.display.trace_io import TraceLimits, prune_traces
 
     sizes = [300, 200, 100, 100, 50]  # oldest first
     files = []
@@ -181,7 +181,7 @@ def test_a_session_trace_stops_at_its_size_limit_and_the_chat_goes_on(window: An
                                                                       qtbot: Any) -> None:
     """A long chat on a large model writes ~170 kB a token: recording stops at the
     session's limit with a reason a reader sees, the user is told, the answer goes on."""
-    from moescope.gui.trace_io import TraceLimits
+    from moescope.display.trace_io import TraceLimits
 
     path = window.trace_path
     assert path is not None
@@ -208,7 +208,7 @@ def test_a_new_session_deletes_the_oldest_traces_to_make_room(window: Any, qtbot
                                                               tiny_moe: Path) -> None:
     import os
 
-    from moescope.gui.trace_io import TraceLimits
+    from moescope.display.trace_io import TraceLimits
 
     first = window.trace_path
     assert first is not None

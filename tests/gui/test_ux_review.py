@@ -61,7 +61,7 @@ def test_the_window_fits_a_1024_pixel_screen_even_with_a_long_chat_title(
 
 
 def test_a_presets_greyed_controls_say_why(window: Any) -> None:
-    from moescope.gui.controls import CUSTOM_ONLY_TIP
+    from moescope.gui.controls.cache_controls import CUSTOM_ONLY_TIP
 
     c = window.controls
     assert c.policy_combo.currentData() == "quality-first"

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from PySide6.QtCore import QPointF, QTimer
 
-from moescope.core.trace import read_trace
-from moescope.gui import whatif_model
-from moescope.gui.trace_window import TraceWindow
-from moescope.gui.whatif_model import BUDGETS, COLUMNS, POLICIES, cell_text
-from moescope.gui.whatif_view import WhatIfView
+from moescope.display import whatif_model
+from moescope.display.whatif_model import BUDGETS, COLUMNS, POLICIES, cell_text
+from moescope.gui.traces.trace_window import TraceWindow
+from moescope.gui.traces.whatif_view import WhatIfView
 from moescope.sim import cost_model, sweep
 from moescope.sim.sweep import RECORDED
+from moescope.trace import read_trace
 
 
 def _open_whatif(qtbot: Any, window: TraceWindow) -> WhatIfView:

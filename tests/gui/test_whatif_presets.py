@@ -9,18 +9,18 @@ from typing import Any
 
 import pytest
 
-from moescope.core.trace import read_trace
-from moescope.gui.policy_choices import POLICY_TIPS
-from moescope.gui.trace_window import TraceWindow
-from moescope.gui.whatif_model import (
+from moescope.display.policy_choices import POLICY_TIPS
+from moescope.display.whatif_model import (
     BUDGETS,
     POLICIES,
     default_policies,
     has_predictions,
     preset_choices,
 )
-from moescope.gui.whatif_view import WhatIfView
+from moescope.gui.traces.trace_window import TraceWindow
+from moescope.gui.traces.whatif_view import WhatIfView
 from moescope.sim import cost_model, sweep
+from moescope.trace import read_trace
 
 
 def test_cache_prior_and_psr_are_swept_by_default(qtbot: Any, trace_window: TraceWindow,

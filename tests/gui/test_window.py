@@ -6,8 +6,8 @@ from typing import Any
 
 from gui_helpers import LONG_PROMPT, slow_down
 
-from moescope.gui.about_dialog import LLAMA_CPP_COMMIT, versions
-from moescope.gui.store import STOPPED, ChatStore
+from moescope.gui.dialogs.about import LLAMA_CPP_COMMIT, versions
+from moescope.session.store import STOPPED, ChatStore
 
 
 def test_closing_mid_answer_stops_cleanly_and_keeps_the_text(window: Any, qtbot: Any,
@@ -56,7 +56,7 @@ def test_controls_have_accessible_names_and_take_keyboard_focus(window: Any) -> 
 
 def test_open_model_shows_the_fit_estimate_then_loads(make_window: Any, qtbot: Any,
                                                       monkeypatch: Any, tiny_moe: Any) -> None:
-    from moescope.gui.open_model_dialog import OpenModelDialog
+    from moescope.gui.dialogs.open_model import OpenModelDialog
 
     seen: list[set[str]] = []
 
@@ -97,10 +97,10 @@ def test_dropping_a_gguf_on_the_window_opens_it(make_window: Any, monkeypatch: A
 
 def test_open_model_names_a_split_models_files_and_a_thinking_switch(
         make_window: Any, qtbot: Any, tmp_path: Any) -> None:
-    from moescope.core.gguf_info import read_model_info
-    from moescope.gui.open_model_dialog import OpenModelDialog
-    from moescope.testing import preset, write_synth_model
-    from moescope.testing.vocab import HYBRID_THINKING_CHAT_TEMPLATE
+    from moescope.gui.dialogs.open_model import OpenModelDialog
+    from moescope.model.gguf_info import read_model_info
+    from moescope_testing import preset, write_synth_model
+    from moescope_testing.vocab import HYBRID_THINKING_CHAT_TEMPLATE
 
     first = write_synth_model(tmp_path / "m.gguf", preset(
         "tiny", "qwen3moe", chat_template=HYBRID_THINKING_CHAT_TEMPLATE), parts=2)
@@ -120,7 +120,7 @@ def test_budget_and_policy_are_remembered_per_model(
         window: Any, qtbot: Any, synth_model: Any) -> None:
     from gui_helpers import load
 
-    from moescope.gui.main_window import model_key
+    from moescope.gui.model_loading import model_key
 
     tiny = window.model.path
     engine = window.client.worker.engine
@@ -144,7 +144,7 @@ def test_budget_and_policy_are_remembered_per_model(
 def test_the_shortcuts_dialog_lists_what_the_keys_do(window: Any, qtbot: Any) -> None:
     from PySide6.QtCore import Qt
 
-    from moescope.gui.shortcuts_dialog import ShortcutsDialog
+    from moescope.gui.dialogs.shortcuts import ShortcutsDialog
 
     qtbot.keyClick(window, Qt.Key.Key_Slash, Qt.KeyboardModifier.ControlModifier)
     (dialog,) = [d for d in window.findChildren(ShortcutsDialog) if d.isVisible()]

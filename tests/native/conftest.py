@@ -14,8 +14,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from moescope.core.native import ExpertCache, NativeLibraryNotFoundError, RouteResult, find_library
-from moescope.core.policy import Policy
+from moescope.cache.native import ExpertCache, NativeLibraryNotFoundError, RouteResult, find_library
+from moescope.cache.policy import Policy
 
 N_EXPERTS = 16
 

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from moescope.core.native import ExpertCache, RouteResult
-from moescope.core.policy import Eviction, MissRule, Policy
+from moescope.cache.native import ExpertCache, RouteResult
+from moescope.cache.policy import Eviction, MissRule, Policy
 
 MakeCache = Callable[..., ExpertCache]
 RouteFn = Callable[..., RouteResult]

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moescope.core import native
-from moescope.core.native import (
+from moescope.cache import native
+from moescope.cache.native import (
     COPY_DTYPE,
     EVENT_DTYPE,
     CEvent,

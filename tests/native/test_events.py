@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from moescope.core.native import EVENT_DTYPE, FETCH, HIT, SUBSTITUTE, ExpertCache, RouteResult
+from moescope.cache.native import EVENT_DTYPE, FETCH, HIT, SUBSTITUTE, ExpertCache, RouteResult
 
 MakeCache = Callable[..., ExpertCache]
 RouteFn = Callable[..., RouteResult]

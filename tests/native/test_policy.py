@@ -8,8 +8,16 @@ from collections.abc import Callable
 
 import pytest
 
-from moescope.core.native import CPolicy, ExpertCache, RouteResult, c_preset, load_library
-from moescope.core.policy import PRESET_NAMES, Eviction, MissRule, Policy
+from moescope.cache.native import (
+    CPolicy,
+    ExpertCache,
+    RouteResult,
+    c_preset,
+    load_library,
+    policy_from_c,
+    policy_to_c,
+)
+from moescope.cache.policy import PRESET_NAMES, Eviction, MissRule, Policy
 
 MakeCache = Callable[..., ExpertCache]
 RouteFn = Callable[..., RouteResult]
@@ -21,7 +29,7 @@ def as_tuple(c: CPolicy) -> tuple[object, ...]:
 
 @pytest.mark.parametrize("name", PRESET_NAMES)
 def test_python_and_c_presets_agree(name: str) -> None:
-    assert as_tuple(Policy.preset(name).to_c()) == as_tuple(c_preset(name))
+    assert as_tuple(policy_to_c(Policy.preset(name))) == as_tuple(c_preset(name))
 
 
 def test_both_know_the_same_preset_names() -> None:
@@ -59,7 +67,7 @@ def test_the_paper_presets() -> None:
 
 def test_policy_round_trips_through_c() -> None:
     p = Policy(miss_rule=MissRule.THRESHOLD, theta=0.25, half_life=8.0, admission=True, beta=1.0)
-    assert Policy.from_c(p.to_c()) == p
+    assert policy_from_c(policy_to_c(p)) == p
 
 
 @pytest.mark.parametrize(
@@ -72,7 +80,7 @@ def test_invalid_parameters_are_rejected(change: dict[str, float]) -> None:
 
 def test_the_core_rejects_an_invalid_policy_too(make_cache: MakeCache) -> None:
     cache = make_cache("exact")
-    bad = Policy().to_c()
+    bad = policy_to_c(Policy())
     bad.miss_rule = 7
     assert load_library().moecache_set_policy(cache.handle, ctypes.byref(bad)) == -1
 

@@ -17,8 +17,8 @@ import numpy.typing as npt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moescope.core.native import SUBSTITUTE, ExpertCache, NoSlotError
-from moescope.core.policy import Eviction, MissRule, Policy, SubstituteWeight
+from moescope.cache.native import SUBSTITUTE, ExpertCache, NoSlotError
+from moescope.cache.policy import Eviction, MissRule, Policy, SubstituteWeight
 
 SETTINGS = settings(max_examples=60, deadline=None)
 

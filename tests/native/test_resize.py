@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from moescope.core.native import ExpertCache, RouteResult
-from moescope.core.policy import Eviction, Policy
+from moescope.cache.native import ExpertCache, RouteResult
+from moescope.cache.policy import Eviction, Policy
 
 MakeCache = Callable[..., ExpertCache]
 RouteFn = Callable[..., RouteResult]

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moescope.core.native import FETCH, HIT, SUBSTITUTE, ExpertCache, RouteResult
-from moescope.core.policy import PREFETCH_TOP_K, MissRule, Policy
+from moescope.cache.native import FETCH, HIT, SUBSTITUTE, ExpertCache, RouteResult
+from moescope.cache.policy import PREFETCH_TOP_K, MissRule, Policy
 
 MakeCache = Callable[..., ExpertCache]
 RouteFn = Callable[..., RouteResult]

@@ -10,8 +10,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from moescope.core.native import ExpertCache, RouteResult
-from moescope.core.policy import MissRule, Policy, SubstituteWeight
+from moescope.cache.native import ExpertCache, RouteResult
+from moescope.cache.policy import MissRule, Policy, SubstituteWeight
 
 MakeCache = Callable[..., ExpertCache]
 RouteFn = Callable[..., RouteResult]

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moescope.core.errors import MoEScopeError
-from moescope.core.policy import Eviction, MissRule, Policy
-from moescope.core.trace import ModelSummary
+from moescope.cache.policy import Eviction, MissRule, Policy
 from moescope.sim.cost import PRESETS, CostModel, cost_model
 from moescope.sim.replay import TOKEN_COST_DTYPE
 from moescope.sim.sweep import parse_policy, split_list
+from moescope.trace import TraceModel
+from moescope.util.errors import MoEScopeError
 
-MODEL = ModelSummary(file_name="m.gguf", metadata_sha256="0" * 64, architecture="qwen3moe",
+MODEL = TraceModel(file_name="m.gguf", metadata_sha256="0" * 64, architecture="qwen3moe",
                      n_layers=2, moe_layers=(0, 1), n_expert=16, top_k=4,
                      bytes_per_expert=(1_000_000, 1_000_000), non_expert_bytes=2_000_000)
 

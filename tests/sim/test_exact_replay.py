@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moescope.core.trace import read_trace
 from moescope.sim import Routing, decision_mismatches, replay
-from moescope.testing import MOE_ARCHES
+from moescope.trace import read_trace
+from moescope_testing import MOE_ARCHES
 
 RecordFn = Callable[..., Path]
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moescope.core.prefetch import PrefetchSummary
-from moescope.core.trace import Trace, TraceRecorder, read_trace
+from moescope.cache.prefetch import PrefetchSummary
 from moescope.sim import Routing, cost_model, decision_mismatches, replay, sweep
 from moescope.sim.sweep import RECORDED, format_table, to_csv
+from moescope.trace import Trace, TraceRecorder, read_trace
 
 RecordFn = Callable[..., Path]
 

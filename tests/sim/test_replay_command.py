@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from moescope.cli import main
-from moescope.core.trace import read_trace
 from moescope.sim import cost_model, sweep
+from moescope.trace import read_trace
 
 RecordFn = Callable[..., Path]
 

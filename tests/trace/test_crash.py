@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from moescope.core.trace import read_trace
+from moescope.trace import read_trace
 
 CHILD = textwrap.dedent("""
     import sys, time
-    from moescope.core.trace import TraceRecorder
+    from moescope.trace import TraceRecorder
     from moescope.engine import Engine, Sampling
 
     model, out, complete = sys.argv[1], sys.argv[2], int(sys.argv[3])

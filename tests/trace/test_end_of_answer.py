@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 
 from moescope.cli import main
-from moescope.core.resources import demo_model_path
-from moescope.core.trace import ANSWER_NOW_NOTE, Trace, read_trace
 from moescope.engine import Engine
 from moescope.sim import decision_mismatches, replay
-from moescope.testing.vocab import THINKING_CHAT_TEMPLATE
+from moescope.trace import ANSWER_NOW_NOTE, Trace, read_trace
+from moescope.util.resources import demo_model_path
+from moescope_testing.vocab import THINKING_CHAT_TEMPLATE
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("engine_required")]
 

@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from moescope.cache.policy import Policy
 from moescope.cli import main
-from moescope.core.policy import Policy
-from moescope.core.trace import (
+from moescope.sim.replay import decision_mismatches, replay
+from moescope.trace import (
     MAX_BLANK_LINES,
     MAX_LINE_BYTES,
     MAX_STEP_SLACK,
@@ -26,8 +27,7 @@ from moescope.core.trace import (
     policy_to_json,
     read_trace,
 )
-from moescope.sim.replay import decision_mismatches, replay
-from moescope.testing.traces import core_trace
+from moescope_testing.traces import core_trace
 
 Edit = Callable[[dict[str, Any]], None]
 TOKEN_LINE = 3

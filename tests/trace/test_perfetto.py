@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from moescope.core.native import FETCH, SUBSTITUTE
-from moescope.core.trace import read_trace, write_perfetto
+from moescope.cache.native import FETCH, SUBSTITUTE
+from moescope.trace import read_trace, write_perfetto
 
 RecordFn = Callable[..., Path]
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from trace_helpers import MOE_LAYERS, psr_header, set_token_field
 
-from moescope.core.prefetch import PrefetchCounters, PrefetchSummary, prefetch_delta, summarize
-from moescope.core.trace import (
+from moescope.cache.prefetch import PrefetchCounters, PrefetchSummary, prefetch_delta, summarize
+from moescope.trace import (
     TRACE_VERSION,
     TokenRecord,
     TraceFormatError,
@@ -22,13 +22,13 @@ from moescope.core.trace import (
     read_trace,
     to_perfetto,
 )
-from moescope.testing.traces import as_older_trace
+from moescope_testing.traces import as_older_trace
 
 RecordFn = Callable[..., Path]
 
 
 def _token(i: int, prefetches: list[int] | None, hits: list[int] | None) -> TokenRecord:
-    from moescope.core.native import EVENT_DTYPE
+    from moescope.cache.native import EVENT_DTYPE
 
     return TokenRecord(index=i, phase="prefill" if i == 0 else "decode", token_id=i, text="x",
                        seconds=0.001, policy="psr", slots_per_layer=4,

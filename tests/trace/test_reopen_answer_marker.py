@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 from trace_helpers import psr_header
 
-from moescope.core.native import EVENT_DTYPE
-from moescope.core.trace import TokenRecord, TraceWriter
-from moescope.gui.trace_io import reopen
+from moescope.cache.native import EVENT_DTYPE
+from moescope.display.trace_io import reopen
+from moescope.trace import TokenRecord, TraceWriter
 
 ANSWERS = (["<think>", "\nHmm", "</think>", "\n\n", "Hi", "!"],  # thinks, then answers
            ["Plain", " answer"],                                 # no thoughts: no mark

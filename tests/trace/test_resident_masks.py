@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 from trace_helpers import MOE_LAYERS, psr_header, set_token_field
 
-from moescope.core.native import EVENT_DTYPE, FETCH, HIT, SUBSTITUTE, ExpertCache
-from moescope.core.policy import Policy
-from moescope.core.residency import Residency, mask_from_hex, mask_to_hex, read_resident
-from moescope.core.trace import (
+from moescope.cache.native import EVENT_DTYPE, FETCH, HIT, SUBSTITUTE, ExpertCache
+from moescope.cache.policy import Policy
+from moescope.cache.residency import Residency, mask_from_hex, mask_to_hex, read_resident
+from moescope.engine.changes import ChangeLog
+from moescope.trace import (
+    Change,
     TokenRecord,
     TraceFormatError,
     TraceHeader,
@@ -25,7 +27,7 @@ from moescope.core.trace import (
     TraceWriter,
     read_trace,
 )
-from moescope.testing.traces import as_older_trace
+from moescope_testing.traces import as_older_trace
 
 RecordFn = Callable[..., Path]
 N_EXPERT, TOP_K, SLOTS = 16, 4, 8
@@ -157,7 +159,7 @@ class _Source:
         self.policy = Policy.preset("psr")
         self.slots_per_layer = SLOTS
         self.cache = _Cache()
-        self.changes: list[tuple[int, list[str]]] = []
+        self.changes = ChangeLog()
 
 
 class _Stats:
@@ -180,7 +182,7 @@ def test_the_recorder_writes_only_the_layers_the_rows_do_not_explain(tmp_path: P
     recorder.record(_Stats(1, np.zeros(0, dtype=EVENT_DTYPE), SLOTS), source)
     # token 2: a shrink to 4 slots that the guess (most recently used, then lower ids) gets
     # right: the field is written, empty, so a reader knows the shrink was checked
-    source.changes.append((2, ["slots=4"]))
+    source.changes.append(2, [Change("slots", slots=4)])
     source.slots_per_layer = 4
     source.cache.sets[1] = {2, 3, 4, 5}
     recorder.record(_Stats(2, _row(1, [2, 3, 4, 5], [HIT] * 4), 4), source)

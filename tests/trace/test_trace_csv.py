@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from moescope.cli import main
-from moescope.core.trace import read_trace
-from moescope.core.trace_csv import TOKEN_COLUMNS, to_tokens_csv
+from moescope.trace import read_trace
+from moescope.trace.tokens_csv import TOKEN_COLUMNS, to_tokens_csv
 
 RecordFn = Callable[..., Path]
 

@@ -12,15 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moescope.core.native import EVENT_DTYPE, ExpertCache
-from moescope.core.policy import Policy
-from moescope.core.trace import (
+from moescope.cache.native import EVENT_DTYPE, ExpertCache
+from moescope.cache.policy import Policy
+from moescope.trace import (
     TRACE_VERSION,
-    ModelSummary,
     RouterInput,
     TokenRecord,
     TraceFormatError,
     TraceHeader,
+    TraceModel,
     TraceWriter,
     read_trace,
 )
@@ -30,7 +30,7 @@ N_EXPERT, TOP_K, N_LAYERS = 16, 4, 2
 
 
 def _header(router_inputs: str | None = "f32") -> TraceHeader:
-    model = ModelSummary(file_name="m.gguf", metadata_sha256="ab" * 32, architecture="qwen3moe",
+    model = TraceModel(file_name="m.gguf", metadata_sha256="ab" * 32, architecture="qwen3moe",
                          n_layers=N_LAYERS, moe_layers=(0, 1), n_expert=N_EXPERT, top_k=TOP_K,
                          bytes_per_expert=(1000, 1000))
     return TraceHeader(model=model, budget="25%", slots_per_layer=4,
@@ -218,7 +218,7 @@ def test_ranked_predictions_are_a_stable_sort_of_the_best(values: list[float],
                                                           keep: int) -> None:
     """The partition-then-sort ranking equals a full stable sort (ties by lower id, NaN
     last), with many ties, NaN and infinities."""
-    from moescope.core.trace import rank_predictions
+    from moescope.trace import rank_predictions
 
     s = np.asarray(values, dtype=np.float32)
     reference = np.argsort(-np.where(np.isnan(s), -np.inf, s), kind="stable")[:keep]
@@ -239,7 +239,7 @@ def test_a_failed_write_surfaces_on_the_recording_thread_and_the_file_still_clos
 
     from trace_helpers import psr_header
 
-    from moescope.core.trace import TraceRecorder
+    from moescope.trace import TraceRecorder
 
     path = tmp_path / "t.jsonl"
     recorder = TraceRecorder(path, psr_header())

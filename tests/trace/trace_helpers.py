@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from moescope.core.policy import Policy
-from moescope.core.trace import ModelSummary, TraceHeader
+from moescope.cache.policy import Policy
+from moescope.trace import TraceHeader, TraceModel
 
 MOE_LAYERS = (1, 2, 3)
 """A leading dense layer: per-layer fields are keyed by the model's layer index."""
@@ -16,7 +16,7 @@ MOE_LAYERS = (1, 2, 3)
 def psr_header(*, n_expert: int = 16, top_k: int = 4, slots: int = 4,
                sha: str = "cd" * 32) -> TraceHeader:
     """A deepseek2-shaped header (layers 1-3 are MoE) under psr, without router inputs."""
-    model = ModelSummary(file_name="m.gguf", metadata_sha256=sha, architecture="deepseek2",
+    model = TraceModel(file_name="m.gguf", metadata_sha256=sha, architecture="deepseek2",
                          n_layers=4, moe_layers=MOE_LAYERS, n_expert=n_expert, top_k=top_k,
                          bytes_per_expert=(1000, 1000, 1000))
     return TraceHeader(model=model, budget="25%", slots_per_layer=slots,

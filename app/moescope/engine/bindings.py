@@ -2,8 +2,12 @@
 
 They live in the same ``libllama.so`` that ``llama_cpp`` loads, so we declare them on
 ``llama_cpp.llama_cpp._lib`` rather than opening a second copy. The cache's policy, counters
-and events are reached through the core's own C API (:mod:`moescope.core.native`) on the
+and events are reached through the core's own C API (:mod:`moescope.cache.native`) on the
 handle ``llama_moe_cache_core`` returns: one implementation, shared with the simulator.
+
+The end of this module is also the one place the engine reaches past ``llama_cpp.Llama``'s
+public API (its ``_ctx`` and ``_model`` wrappers), each function with its reason, so an
+upgrade of llama-cpp-python that renames them breaks here and nowhere else.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from moescope.core.errors import MoEScopeError
+from moescope.util.errors import MoEScopeError
 
 # return codes of llama_moe_cache_enable / _resize (see engine_patch/0002)
 RC_OK = 0
@@ -105,3 +109,68 @@ def is_patched() -> bool:
     except EngineNotPatchedError:
         return False
     return True
+
+
+# ---------------------------------------------- llama-cpp-python internals, in one place
+
+
+def context_pointer(llm: Any) -> Any:
+    """The ``llama_context *`` of ``llm``: our ``llama_moe_*`` functions and llama.h's
+    ``llama_get_logits_ith`` take it, and ``Llama`` has no public accessor for it."""
+    return llm._ctx.ctx
+
+
+def model_pointer(llm: Any) -> Any:
+    """The ``llama_model *`` of ``llm`` (no public accessor): for llama.h's model queries
+    (the layer count, the vocabulary)."""
+    return llm._model.model
+
+
+def logits_stale(llm: Any) -> bool:
+    """Whether ``Llama.generate`` must decode again before it can sample (its logits were
+    restored, not decoded): then even a fully cached prompt has its last token decoded
+    again, which the count of reused prompt tokens must know."""
+    return bool(getattr(llm, "_requires_eval", True))
+
+
+def clear_kv_cache(llm: Any) -> None:
+    """Empty ``llm``'s KV cache. ``Llama.reset()`` only rewinds its token count, which
+    leaves the memory of the warm-up (or of a scoring pass) behind."""
+    llm._ctx.kv_cache_clear()
+
+
+def token_piece(llm: Any, token: int) -> str:
+    """The vocabulary's text of ``token`` as stored (special tokens included), which
+    ``Llama.detokenize`` renders differently or drops: the chat template needs the real
+    BOS/EOS strings."""
+    text = llm._model.token_get_text(token)
+    return text.decode("utf-8", errors="replace") if isinstance(text, bytes) else str(text)
+
+
+def n_layers(llm: Any) -> int:
+    """The model's layer count (llama.h's ``llama_model_n_layer``)."""
+    from llama_cpp import llama_cpp as low  # loaded by then: llm exists
+
+    return int(low.llama_model_n_layer(model_pointer(llm)))
+
+
+def vocab(llm: Any) -> Any:
+    """The model's ``llama_vocab *`` (llama.h), for :func:`is_end_of_generation`."""
+    from llama_cpp import llama_cpp as low
+
+    return low.llama_model_get_vocab(model_pointer(llm))
+
+
+def is_end_of_generation(vocab_ptr: Any, token: int) -> bool:
+    """EOS or any token the vocabulary marks as end-of-turn."""
+    from llama_cpp import llama_cpp as low
+
+    return bool(low.llama_vocab_is_eog(vocab_ptr, token))
+
+
+def last_logits(llm: Any) -> Any:
+    """A pointer to the logits of ``llm``'s last decoded token (``llama_get_logits_ith``)."""
+    from llama_cpp import llama_cpp as low
+
+    return low.llama_get_logits_ith(context_pointer(llm), -1)
+

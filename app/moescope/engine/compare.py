@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
-from moescope.core.policy import Policy
+from moescope.cache.policy import Policy
 from moescope.engine.engine import Engine, Message, Sampling
 from moescope.engine.evaluate import RunSpec, change_interval, run_one
 from moescope.engine.stats import CacheTotals

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from moescope.core.budget import format_bytes
-from moescope.core.errors import MoEScopeError
-from moescope.core.policy import MissRule, Policy
+from moescope.cache.budget import format_bytes
+from moescope.cache.policy import MissRule, Policy
 from moescope.engine.engine import Engine
+from moescope.util.errors import MoEScopeError
 
 ProgressFn = Callable[[int, int, str], None]
 """``progress(tokens done, tokens in total, label of the current run)``."""

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from moescope.core.errors import MoEScopeError
+from moescope.util.errors import MoEScopeError
 
 
 class LoadCancelled(MoEScopeError):
@@ -177,8 +177,11 @@ def report_native_aborts() -> None:
     except (ImportError, AttributeError, OSError):  # an older ggml: keep its own message
         return
     callback_type = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+    once = threading.Lock()  # several ggml threads may fail the same check at once
 
     def on_abort(message: bytes | None) -> None:
+        if not once.acquire(blocking=False):
+            return
         text = (message or b"").decode("utf-8", errors="replace").strip()
         if _loading_file:
             why = (f"while loading {_loading_file[-1]}; the file is probably corrupt or made "

@@ -1,5 +1,5 @@
 """What one generated token and one answer cost: the engine's per-token and per-answer
-records, built on :class:`moescope.core.totals.CacheTotals` (sums over event rows).
+records, built on :class:`moescope.cache.totals.CacheTotals` (sums over event rows).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from moescope.core.totals import CacheTotals
+from moescope.cache.totals import CacheTotals
 
 
 @dataclass
@@ -25,6 +25,10 @@ class TokenStats:
     policy: str
     slots_per_layer: int
     events: npt.NDArray[Any] = field(repr=False, default_factory=lambda: np.zeros(0))
+    prefetch: npt.NDArray[np.int64] | None = field(repr=False, default=None)
+    """PSR's counters for this token per MoE layer (row 0 prefetches, row 1 hits), read
+    on the decode thread once (:class:`~moescope.cache.prefetch.PrefetchMeter`) for the
+    window and the recorder alike; None without an expert cache."""
 
 
 @dataclass
@@ -42,6 +46,9 @@ class AnswerStats:
     """Earliest messages left out of the prompt so the conversation fits the context."""
     ram_tier: bool = False
     """Experts were read from the model file (RAM tier on): the line shows disk reads."""
+    n_cached_tokens: int = 0
+    """Prompt tokens reused from the KV cache (the prefix shared with what it holds from
+    the previous call): only the rest was prefilled."""
     end_step: TokenStats | None = None
     """The step that chose the end-of-generation token, when the answer ended on one
     (``stop_reason`` "eos"): decoded and governed like any token, so it has rows, but it is

@@ -13,9 +13,9 @@ from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
 from moescope import __version__
-from moescope.core.resources import resources_dir
 from moescope.gui.main_window import MainWindow
 from moescope.gui.theme import apply_theme
+from moescope.util.resources import resources_dir
 
 
 def app_icon() -> QIcon:

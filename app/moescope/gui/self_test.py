@@ -42,15 +42,15 @@ from PySide6.QtCore import (
 from PySide6.QtGui import QTextDocument, QTextFormat
 from PySide6.QtWidgets import QApplication
 
-from moescope.core.resources import demo_model_path, frozen_base, resources_dir
-from moescope.gui import paths
 from moescope.gui.app import create_app
-from moescope.gui.highlight import lexer_for
+from moescope.gui.chat.highlight import lexer_for
+from moescope.gui.chat.markdown import is_code_block, render_markdown
 from moescope.gui.main_window import MainWindow
-from moescope.gui.markdown import is_code_block, render_markdown
-from moescope.gui.snapshots import AnswerSummary, ModelSummary
 from moescope.gui.theme import style_sheet_path
 from moescope.gui.worker import LoadRequest
+from moescope.session.snapshots import AnswerSummary, ModelSummary
+from moescope.util import paths
+from moescope.util.resources import demo_model_path, frozen_base, resources_dir
 
 DEFAULT_TIMEOUT_S = 120.0
 """Generous: the demo model loads and answers in about a second, but a cold start of a

@@ -17,7 +17,7 @@ import pyqtgraph as pg
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication, QGraphicsItem
 
-from moescope.core.resources import resources_dir
+from moescope.util.resources import resources_dir
 
 BACKGROUND = "#1b1d21"
 PANEL = "#24272d"

@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,16 +28,17 @@ from typing import Any
 import numpy as np
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from moescope.core.budget import format_bytes
-from moescope.core.errors import MoEScopeError
-from moescope.core.policy import Policy
-from moescope.core.prefetch import PrefetchCounters, prefetch_delta
-from moescope.core.residency import read_resident
-from moescope.core.trace import ANSWER_NOW_NOTE, TraceRecorder
+from moescope.cache.budget import format_bytes
+from moescope.cache.policy import Policy
+from moescope.cache.residency import read_resident
+from moescope.display.trace_io import TraceLimits, new_trace_path, prune_traces
 from moescope.engine import AnswerStats, Engine, LoadCancelled, Sampling
 from moescope.engine.compare import compare_policies, conversation_tokens
-from moescope.gui.snapshots import AnswerSummary, ModelSummary, TokenSnapshot
-from moescope.gui.trace_io import TraceLimits, new_trace_path, prune_traces
+from moescope.session.recording import Recording, RecordingStopped
+from moescope.session.snapshots import AnswerSummary, ModelSummary, TokenSnapshot
+from moescope.session.turns import EngineQueue, Turn
+from moescope.trace import TraceRecorder
+from moescope.util.errors import MoEScopeError
 
 log = logging.getLogger("moescope.gui.worker")
 
@@ -105,17 +107,19 @@ class EngineWorker(QObject):
         """Tokens of the answer being generated (read by other threads: stop accounting)."""
         self.tokens_at_stop: int | None = None
         self.generating = False
-        self._changes_seen = 0
-        self.recorder: TraceRecorder | None = None
+        self._changes = self.engine.changes.cursor()
+        self.recording: Recording | None = None
         self.trace_limits = TraceLimits()
         """The disk the session traces may take (tests shrink it)."""
-        self._prefetch_base: np.ndarray | None = None
-        """Cumulative (prefetches, prefetch hits) per MoE layer at the previous token."""
         self._answer_prefixes: dict[str, str] = {}
         self._thinking_choices: tuple[str, ...] = ("default",)
         self._cancel_compare = threading.Event()
         self._recording_off = threading.Event()
         """Set from the GUI thread: stop recording at the next token (or now, if idle)."""
+        self.turns: EngineQueue | None = None
+        """Shared with the API server while the window serves (``gui/serve``): loads,
+        answers and comparisons take a turn on it, so the engine runs one at a time."""
+        self._waiting: Turn | None = None
 
     # ------------------------------------------------------------------ slots
     @Slot()
@@ -136,11 +140,12 @@ class EngineWorker(QObject):
         log.info("loading %s (budget %s, policy %s)", name, request.budget,
                  _policy_label(request.policy))
         t0 = time.perf_counter()
-        self._close_recorder()
         try:
-            self.engine.load(request.path, budget=request.budget, policy=request.policy,
-                             n_ctx=request.n_ctx, n_gpu_layers=request.n_gpu_layers,
-                             progress=self.loadProgress.emit)
+            with self._turn():
+                self._close_recorder()
+                self.engine.load(request.path, budget=request.budget, policy=request.policy,
+                                 n_ctx=request.n_ctx, n_gpu_layers=request.n_gpu_layers,
+                                 progress=self.loadProgress.emit)
         except LoadCancelled as err:
             log.info("%s", err)
             self.loadCancelled.emit(str(err))
@@ -153,9 +158,8 @@ class EngineWorker(QObject):
             log.exception("load failed")
             self.loadFailed.emit(f"could not load {name}: {err}")
             return
-        self._changes_seen = len(self.engine.changes)
+        self._changes = self.engine.changes.cursor()
         self.step = 0
-        self._prefetch_base = None
         self._thinking_choices = self.engine.thinking_choices()
         self._answer_prefixes = {c: self.engine.answer_prefix(c)  # once: renders the template
                                  for c in self._thinking_choices}
@@ -176,18 +180,18 @@ class EngineWorker(QObject):
         previous = engine.last_answer
         batch: list[TokenSnapshot] = []
         last_emit = 0.0
-        if request.answer_start and self.recorder is not None:
-            self.recorder.add_note(ANSWER_NOW_NOTE)  # the trace cannot see the closing text
+        if request.answer_start and self.recording is not None:
+            self.recording.answer_now()
         try:
-            for ts in engine.generate(list(request.messages), request.sampling,
-                                      answer_start=request.answer_start):
-                self.answer_tokens = ts.index + 1
-                self._record(ts)
-                batch.append(self._snapshot(ts))
-                now = time.perf_counter()
-                if now - last_emit >= EMIT_INTERVAL_S:
-                    self.tokens.emit(batch)
-                    batch, last_emit = [], now
+            with self._turn():
+                for ts in engine.generate(list(request.messages), request.sampling,
+                                          answer_start=request.answer_start):
+                    self.answer_tokens = ts.index + 1
+                    batch.append(self.follow(ts))
+                    now = time.perf_counter()
+                    if now - last_emit >= EMIT_INTERVAL_S:
+                        self.tokens.emit(batch)
+                        batch, last_emit = [], now
         except MoEScopeError as err:
             error = str(err)
         except Exception as err:
@@ -201,11 +205,8 @@ class EngineWorker(QObject):
             self.generating = False
             if batch:
                 self.tokens.emit(batch)
-        if self.recorder is not None:  # the answer's last token on disk before it is over
-            try:
-                self.recorder.flush()
-            except (OSError, ValueError) as err:
-                self._recording_failed(err)
+        if self.recording is not None:  # the answer's last token on disk before it is over
+            self.recording.flush()
         if error is not None:
             log.warning("%s", error)
             self.failed.emit(error)
@@ -236,10 +237,11 @@ class EngineWorker(QObject):
         try:
             score = conversation_tokens(engine, list(request.transcript), request.thinking) \
                 if request.transcript else []
-            result = compare_policies(
-                engine, list(request.messages), request.policies,
-                max_tokens=request.max_tokens, thinking=request.thinking, score=score,
-                progress=self.compareProgress.emit, stopped=self._cancel_compare.is_set)
+            with self._turn():
+                result = compare_policies(
+                    engine, list(request.messages), request.policies,
+                    max_tokens=request.max_tokens, thinking=request.thinking, score=score,
+                    progress=self.compareProgress.emit, stopped=self._cancel_compare.is_set)
         except MoEScopeError as err:
             self.compareFailed.emit(str(err))
         except Exception as err:
@@ -247,7 +249,6 @@ class EngineWorker(QObject):
             self.compareFailed.emit(f"comparison failed: {err}")
         finally:
             self.generating = False
-            self._prefetch_base = None
             m = engine.model
             if trace_dir is not None and m is not None:
                 self._open_recorder(trace_dir, str(m.path))
@@ -268,9 +269,16 @@ class EngineWorker(QObject):
         applied by the decode loop before this queued call runs)."""
         if not self.engine.loaded:
             return
-        changes = self.engine.apply_requests()
+        turn = self.turns.join_if_idle("window") if self.turns is not None else None
+        if self.turns is not None and turn is None:
+            return  # the API's answer applies them before its next token
+        try:
+            changes = self.engine.apply_requests()
+        finally:
+            if turn is not None and self.turns is not None:
+                self.turns.leave(turn)
         if changes:
-            log.info("applied: %s", ", ".join(changes))
+            log.info("applied: %s", ", ".join(c.label for c in changes))
             self.requestsApplied.emit(self.summary(), changes)
 
     @Slot()
@@ -285,10 +293,21 @@ class EngineWorker(QObject):
             thread.quit()
 
     # ------------------------------------------------------------------ recording
+    @Slot(str)
+    def pruneTraces(self, directory: str) -> None:
+        """Startup: old session traces beyond :attr:`trace_limits` are deleted."""
+        for old in prune_traces(Path(directory), self.trace_limits):
+            log.info("deleted old session trace %s", old.name)
+
     def request_recording_off(self) -> None:
         """Any thread: stop recording this session (at the next token, or at once when
         idle, through the queued ``stopRecording``)."""
         self._recording_off.set()
+
+    @property
+    def recorder(self) -> TraceRecorder | None:
+        """The session's trace being written, or None (decode thread only)."""
+        return self.recording.recorder if self.recording is not None else None
 
     @Slot()
     def stopRecording(self) -> None:
@@ -308,70 +327,102 @@ class EngineWorker(QObject):
             for old in prune_traces(directory, self.trace_limits,
                                     room=self.trace_limits.session_bytes):
                 log.info("deleted old session trace %s to make room", old.name)
-            self.recorder = TraceRecorder.for_engine(new_trace_path(directory, model_path),
-                                                     self.engine)
-            log.info("recording this session to %s", self.recorder.path)
+            recorder = TraceRecorder.for_engine(new_trace_path(directory, model_path),
+                                                self.engine)
         except (OSError, MoEScopeError) as err:
             log.warning("session recording is off: %s", err)
-            self.recorder = None
+            self.recording = None
             self.recordingStopped.emit(f"This session is not recorded: {err}. The chat is "
                                        "not affected.")
+            return
+        self.recording = Recording(recorder, on_stopped=self._recording_stopped,
+                                   limit_bytes=lambda: self.trace_limits.session_bytes)
+        log.info("recording this session to %s", recorder.path)
 
     def _record(self, ts: Any | None) -> None:
-        """Record a token; None: the answer's end step (``TraceRecorder.end_answer``)."""
-        if self.recorder is None:
+        """Record a token; None: the answer's end step (``Recording.end_answer``)."""
+        if self.recording is None:
             return
         if self._recording_off.is_set():
             self.stopRecording()
             return
-        try:
-            if ts is None:
-                self.recorder.end_answer(self.engine)
-            else:
-                self.recorder.record(ts, self.engine)
-        except (OSError, ValueError) as err:
-            self._recording_failed(err)
-            return
-        if self.recorder.bytes_written >= self.trace_limits.session_bytes:
-            self._recording_full()
+        if ts is None:
+            self.recording.end_answer(self.engine)
+        else:
+            self.recording.record(ts, self.engine)
 
-    def _recording_full(self) -> None:
-        """The session's trace reached its size limit: close it (readable, with a reason
-        a reader sees) and say so; the chat goes on, the next model load records anew."""
-        assert self.recorder is not None
-        path, limit = self.recorder.path, self.trace_limits.session_bytes
-        log.warning("session recording stopped at its size limit: %s", path)
-        self._close_recorder(stop_reason="size limit")
-        self.recordingStopped.emit(
-            f"This session's trace reached its size limit ({format_bytes(limit)}), so "
-            f"recording stopped here; the chat goes on. The trace so far is readable: "
-            f"{path}")
-
-    def _recording_failed(self, err: Exception) -> None:
-        assert self.recorder is not None
-        log.warning("session recording stopped: %s", err)
-        path = self.recorder.path
-        self._close_recorder()
-        self.recordingStopped.emit(
-            f"Writing the trace failed ({err}); recording stopped for this session and "
-            f"the chat goes on. The trace so far is readable: {path}")
+    def _recording_stopped(self, stopped: RecordingStopped) -> None:
+        """Recording ended on its own (a failed write, the size limit); the chat goes on,
+        the next model load records anew."""
+        self.recording = None
+        if stopped.kind == "size limit":
+            self.recordingStopped.emit(
+                f"This session's trace reached its size limit "
+                f"({format_bytes(stopped.limit_bytes)}), so recording stopped here; the "
+                f"chat goes on. The trace so far is readable: {stopped.path}")
+        else:
+            self.recordingStopped.emit(
+                f"Writing the trace failed ({stopped.error}); recording stopped for this "
+                f"session and the chat goes on. The trace so far is readable: {stopped.path}")
 
     def _close_recorder(self, stop_reason: str | None = None) -> None:
-        if self.recorder is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self.recorder.close(
-                    stop_reason=stop_reason or self.engine.last_answer.stop_reason)
-            self.recorder = None
+        if self.recording is not None:
+            self.recording.close(stop_reason or self.engine.last_answer.stop_reason)
+            self.recording = None
 
     # ------------------------------------------------------------------ thread-safe
     def stop(self) -> None:
-        """Any thread: stop after the token being decoded."""
+        """Any thread: stop after the token being decoded (or stop waiting for the
+        engine while the API server has it: its answer goes on)."""
+        waiting = self._waiting
+        if waiting is not None and self.turns is not None:
+            self.turns.cancel(waiting)
+            return
         if self.generating:
             self.tokens_at_stop = self.answer_tokens
         self._cancel_compare.set()  # a comparison ends too (and the window can close)
         self.engine.stop()
 
     # ------------------------------------------------------------------ helpers
+    @contextlib.contextmanager
+    def _turn(self) -> Iterator[None]:
+        """The engine to this thread for the block: at once unless the API server
+        shares it and is generating (``turns``); then after its answer."""
+        if self.turns is None:
+            yield
+            return
+        turn = self.turns.join("window")
+        self._waiting = turn
+        try:
+            ok = self.turns.wait(turn)
+            self._waiting = None
+            if not ok:
+                raise MoEScopeError("stopped while waiting for the API server's answer")
+            yield
+        finally:
+            self._waiting = None
+            self.turns.leave(turn)
+
+    def follow(self, ts: Any) -> TokenSnapshot:
+        """A decoded token as the window shows it, recorded in the session's trace:
+        the window's own, or one the API server decoded while holding the turn (so the
+        trace stays a replayable record of everything the cache saw)."""
+        self._record(ts)
+        return self._snapshot(ts)
+
+    def follow_end(self) -> TokenSnapshot | None:
+        """After another front end's answer (the API server's): its end step recorded
+        and snapshotted, as :meth:`generate` does for the window's own, and the trace
+        flushed. None when the answer did not end on an end-of-generation token."""
+        end = self.engine.last_answer.end_step
+        snap = None
+        if end is not None:
+            self._record(None)
+            snap = self._snapshot(end, end=True)
+        if self.recording is not None:
+            self.recording.flush()
+        return snap
+
     def summary(self) -> ModelSummary:
         """The loaded model as plain data (worker thread: reads the engine)."""
         m = self.engine.model
@@ -396,15 +447,15 @@ class EngineWorker(QObject):
 
     def _snapshot(self, ts: Any, *, end: bool = False) -> TokenSnapshot:
         engine = self.engine
-        changes = engine.changes[self._changes_seen:]
-        self._changes_seen = len(engine.changes)
+        changes = [change for _, change in self._changes.take()]
         resident = None
         prefetch: np.ndarray | None = None
         cache, m = engine.cache, engine.model
         if cache is not None and m is not None and m.info is not None:
             layers = m.info.moe_layers
             resident = read_resident(cache, layers, m.info.n_expert)  # a copy: the GUI's
-            prefetch = self._prefetch_delta(cache, layers)
+            if self.engine.policy.prefetch:  # shown only for tokens whose policy prefetches
+                prefetch = ts.prefetch
         answer = engine.last_answer
         self.step += 1
         return TokenSnapshot(
@@ -412,21 +463,12 @@ class EngineWorker(QObject):
             policy=ts.policy, slots_per_layer=int(ts.slots_per_layer),
             n_prompt_tokens=answer.n_prompt_tokens, n_ctx=m.n_ctx if m else 0,
             events=np.array(ts.events, copy=True), resident=resident,
-            changes=tuple(c for _, group in changes for c in group),
+            changes=tuple(c.label for c in changes),
+            errors=tuple(c.text for c in changes if c.kind == "error"),
             ttft=answer.time_to_first_token_s if ts.index == 0 else None,
             prefetches=prefetch[0] if prefetch is not None else None,
             prefetch_hits=prefetch[1] if prefetch is not None else None,
             requests=engine.applied_requests, end=end)
-
-    def _prefetch_delta(self, cache: Any, layers: Any) -> np.ndarray | None:
-        """This token's PSR counters per MoE layer (rows: prefetches, hits), or None when
-        the policy it ran under does not prefetch (``core.prefetch``: the core counts them
-        only cumulatively, so the worker keeps the previous totals)."""
-        totals = PrefetchCounters(cache, layers).read()
-        base, self._prefetch_base = self._prefetch_base, totals
-        if self.engine.policy.prefetch == 0:
-            return None
-        return prefetch_delta(totals, base)
 
 
 def _policy_label(policy: Policy | str) -> str:
@@ -437,8 +479,30 @@ class EngineClient(QObject):
     """The window's handle on the worker: owns the QThread, forwards requests.
 
     Signals declared here are connected to the worker's slots; since the worker lives on
-    another thread, Qt queues them (the GUI thread never waits on the engine).
+    another thread, Qt queues them (the GUI thread never waits on the engine). The
+    worker's own signals are re-emitted here, on the GUI thread: the window and its parts
+    connect to the client, never to the worker, and never read the worker's objects
+    (its engine, recorder or limits belong to the decode thread). Besides the queued
+    signals, only the Engine's documented thread-safe calls cross over (stop, cancel, the
+    live policy and budget requests).
     """
+
+    loadProgress = Signal(str, float)
+    loaded = Signal(object)  # ModelSummary
+    loadFailed = Signal(str)
+    loadCancelled = Signal(str)
+    tokens = Signal(object)  # list[TokenSnapshot], oldest first
+    finished = Signal(object)  # AnswerSummary
+    failed = Signal(str)
+    requestsApplied = Signal(object, object)  # ModelSummary, list[Change]
+    compareProgress = Signal(int, int, str)
+    compareFinished = Signal(object, object)  # Comparison, ModelSummary
+    compareFailed = Signal(str)
+    recordingStopped = Signal(str)
+
+    _RELAYED = ("loadProgress", "loaded", "loadFailed", "loadCancelled", "tokens", "finished",
+                "failed", "requestsApplied", "compareProgress", "compareFinished",
+                "compareFailed", "recordingStopped")
 
     _load = Signal(object)
     _generate = Signal(object)
@@ -446,6 +510,7 @@ class EngineClient(QObject):
     _apply = Signal()
     _shutdown = Signal()
     _stop_recording = Signal()
+    _prune_traces = Signal(str)
 
     def __init__(self, engine: Engine | None = None, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -453,6 +518,8 @@ class EngineClient(QObject):
         self.thread.setObjectName("moescope-engine")
         self.worker = EngineWorker(engine)
         self.worker.moveToThread(self.thread)
+        for name in self._RELAYED:  # first: whoever connects later hears of it after us
+            getattr(self.worker, name).connect(getattr(self, name))
         self.thread.started.connect(self.worker.threadStarted)
         self._load.connect(self.worker.load)
         self._generate.connect(self.worker.generate)
@@ -460,6 +527,7 @@ class EngineClient(QObject):
         self._apply.connect(self.worker.applyRequests)
         self._shutdown.connect(self.worker.shutdown)
         self._stop_recording.connect(self.worker.stopRecording)
+        self._prune_traces.connect(self.worker.pruneTraces)
         self.thread.start()
         self._closed = False
 
@@ -478,6 +546,15 @@ class EngineClient(QObject):
 
     def compare(self, request: CompareRequest) -> None:
         self._compare.emit(request)
+
+    def cancel_compare(self) -> None:
+        """Any thread: end a comparison after the token being decoded."""
+        self.worker.cancel_compare()
+
+    def prune_traces(self, directory: str | Path) -> None:
+        """Delete the oldest session traces in ``directory`` beyond the worker's limits
+        (on the worker thread, which owns the limits and writes the traces)."""
+        self._prune_traces.emit(str(directory))
 
     def request_policy(self, policy: Policy | str) -> int:
         """From the next token (mid-answer), or at once when idle; returns the request's

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from moescope.core.errors import MoEScopeError
-from moescope.core.trace import ModelSummary, Trace
+from moescope.trace import Trace, TraceModel
+from moescope.util.errors import MoEScopeError
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class CostModel:
     """Seconds of compute per decoded token (None: active weight bytes / gpu_bandwidth)."""
     note: str = ""
 
-    def compute_for(self, model: ModelSummary) -> float:
+    def compute_for(self, model: TraceModel) -> float:
         """Compute per token: given, or the active bytes (non-expert weights plus top-k
         experts in every MoE layer) read once at ``gpu_bandwidth``."""
         if self.compute_s is not None:
@@ -53,7 +53,7 @@ class CostModel:
         active = model.non_expert_bytes + model.top_k * sum(model.bytes_per_expert)
         return active / self.gpu_bandwidth
 
-    def token_seconds(self, per_token: npt.NDArray[Any], model: ModelSummary) -> npt.NDArray[
+    def token_seconds(self, per_token: npt.NDArray[Any], model: TraceModel) -> npt.NDArray[
             np.float64]:
         """Estimated seconds of every token of a replay's ``per_token`` array."""
         compute = self.compute_for(model)
@@ -75,7 +75,7 @@ class CostModel:
             changes["compute_s"] = compute_s
         return replace(self, **changes) if changes else self
 
-    def describe(self, model: ModelSummary | None = None) -> str:
+    def describe(self, model: TraceModel | None = None) -> str:
         """One line: the parameters used."""
         if model is not None:
             compute = f"{self.compute_for(model) * 1e3:.3f} ms"

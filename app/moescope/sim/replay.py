@@ -2,7 +2,7 @@
 
 *Which Expert Misses Are Worth Waiting For?* compares policies with a simulator that replays
 router decisions instead of running the model. Ours replays a MoEScope trace through the
-SAME core the engine runs (:class:`~moescope.core.native.ExpertCache`), so with the trace's
+SAME core the engine runs (:class:`~moescope.cache.native.ExpertCache`), so with the trace's
 own policy and budget it makes exactly the engine's decisions, and under another policy or
 budget it says what that one would have done to the same routing.
 
@@ -20,7 +20,7 @@ Exactness needs the engine's order and cache state, which the trace provides:
   row recorded (ranked ids; a policy that does not prefetch ignores them), as the engine's
   route op does. Its copies are counted as background copies of that token, and the core's
   prefetch counters (prefetches, prefetch hits) are taken per token exactly as the trace
-  recorder takes the engine's (:mod:`moescope.core.prefetch`), so the two can be compared.
+  recorder takes the engine's (:mod:`moescope.cache.prefetch`), so the two can be compared.
 
 Rows recorded without router inputs (earlier tokens of a batched ubatch, or a trace written
 without them) are replayed from the event row itself: ids and normalized weights are exact,
@@ -30,7 +30,6 @@ but probabilities are unknown, so a substitute choice can differ; such rows are 
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,10 +37,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from moescope.core.native import COPY_DTYPE, EVENT_DTYPE, OK, ExpertCache, NativeError, load_library
-from moescope.core.policy import MissRule, Policy
-from moescope.core.prefetch import PrefetchCounters, PrefetchSummary, prefetch_delta
-from moescope.core.trace import MAX_STEP_SLACK, Change, Trace, TraceFormatError, TraceHeader
+from moescope.cache.native import (
+    COPY_DTYPE,
+    EVENT_DTYPE,
+    OK,
+    ExpertCache,
+    NativeError,
+)
+from moescope.cache.policy import MissRule, Policy
+from moescope.cache.prefetch import PrefetchMeter, PrefetchSummary
+from moescope.trace import MAX_STEP_SLACK, Change, Trace, TraceFormatError, TraceHeader
 
 TOKEN_COST_DTYPE = np.dtype([
     ("decode", np.bool_),
@@ -230,7 +235,7 @@ class ReplayResult:
     @property
     def prefetch(self) -> PrefetchSummary | None:
         """PSR over the decode tokens whose policy prefetched (the live panel's definition
-        of prefetch accuracy, :class:`~moescope.core.prefetch.PrefetchSummary`); None when
+        of prefetch accuracy, :class:`~moescope.cache.prefetch.PrefetchSummary`); None when
         none did, so a policy without prefetch shows no number rather than 0%."""
         d = self.decode
         on = d[d["prefetching"]]
@@ -272,12 +277,10 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
         for layer, n_bytes in zip(m.moe_layers, m.bytes_per_expert, strict=True):
             cache.set_expert_bytes(layer, n_bytes)
         cache.set_event_capacity(max(1024, 2 * rows_per_token))
-        advance = _Stepper(cache)
-        advance(h.initial_step - cache.step)
+        cache.begin_steps(h.initial_step - cache.step)
         route = _Router(cache, routing, max(rows_per_token, 1))
         prefetched = 0
-        counters = PrefetchCounters(cache, m.moe_layers)
-        counts_base: npt.NDArray[np.int64] | None = None
+        meter = PrefetchMeter(cache, m.moe_layers)
         counting = False  # the counters stay 0 until the first prefetch: no need to read
         layer_pf = (np.zeros((len(routing.tokens), len(m.moe_layers)), dtype=np.int64)
                     if keep_events else None)
@@ -311,7 +314,7 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
                                f"the trace jumps from step {step} to {call.step}: rows are "
                                "missing or out of order, so later decisions may differ")
                 if step < call.step:
-                    advance(call.step - step)
+                    cache.begin_steps(call.step - step)
                     step = call.step
                 route(call.layer, call.start, call.stop)
                 if prefetching:
@@ -322,9 +325,7 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
             per_token[t]["prefetching"] = routing.predicted is not None and bool(
                 requested.prefetch)
             if counting:
-                totals = counters.read()
-                delta = prefetch_delta(totals, counts_base)
-                counts_base = totals
+                delta = meter.take()
                 per_token[t]["prefetches"] = int(delta[0].sum())
                 per_token[t]["prefetch_hits"] = int(delta[1].sum())
                 if layer_pf is not None and layer_hits is not None:
@@ -347,21 +348,6 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
     )
 
 
-_ROUTE_PROTO = ctypes.CFUNCTYPE(
-    ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p,
-    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-    ctypes.c_int32, ctypes.c_void_p)
-"""``moecache_route`` with plain addresses: the replay passes row slices of its big arrays
-without building a ctypes pointer object or a numpy copy per call (the binding's
-:meth:`ExpertCache.route` is general but costs tens of microseconds a call)."""
-
-
-_PREFETCH_PROTO = ctypes.CFUNCTYPE(
-    ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p,
-    ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p)
-"""``moecache_prefetch`` with plain addresses, like :data:`_ROUTE_PROTO`."""
-
-
 class _Router:
     """``router(layer, start, stop)`` decides rows ``start:stop`` in one ``moecache_route``
     call, passing addresses into the routing's arrays.
@@ -372,18 +358,16 @@ class _Router:
     """
 
     def __init__(self, cache: ExpertCache, routing: Routing, max_rows: int) -> None:
-        lib = load_library()
-        self._fn = _ROUTE_PROTO(("moecache_route", lib))
+        self._fn, self._prefetch_fn = cache.by_address()
         self._handle = cache.handle
-        k, n_expert = routing.ids.shape[1], routing.probs.shape[1]
+        k = routing.ids.shape[1]
         self._routing = routing
         self._weights = routing.weights.copy()
         self._out_ids = np.empty(max_rows * k, dtype=np.int32)
         self._out_slots = np.empty(max_rows * k, dtype=np.int32)
         self._plan = np.empty(max(max_rows * k, 1), dtype=COPY_DTYPE)
         self._n_plan = np.zeros(1, dtype=np.int32)
-        self._row_probs, self._row_k = n_expert * 4, k * 4
-        self._prefetch_fn = _PREFETCH_PROTO(("moecache_prefetch", lib))
+        self._row_probs, self._row_k = routing.probs.strides[0], routing.ids.strides[0]
         self._pplan = np.empty(max(cache.n_experts, 1), dtype=COPY_DTYPE)
         self.prefetched_bytes = 0
         m = routing.header.model
@@ -415,9 +399,8 @@ class _Router:
         nxt = int(r.next_layer[stop - 1])
         if nxt < 0:
             return 0
-        n_expert = r.predicted.shape[1]
         code = self._prefetch_fn(self._handle, nxt, 1,
-                                 r.predicted.ctypes.data + (stop - 1) * n_expert * 4,
+                                 r.predicted.ctypes.data + (stop - 1) * r.predicted.strides[0],
                                  self._pplan.ctypes.data, len(self._pplan),
                                  self._n_plan.ctypes.data)
         if code != OK:
@@ -438,25 +421,6 @@ def _check_steps(routing: Routing) -> None:
             int(steps.min()) < h.initial_step or int(steps.max()) > reach)):
         raise TraceFormatError("the trace's steps run outside what its records can reach: "
                                "not a trace a replay can walk")
-
-
-_STEP_PROTO = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
-class _Stepper:
-    """``advance(n)``: ``n`` begin_step calls through a bare prototype (a fraction of the
-    binding's cost). The core's step cannot be set, and its frequency keys depend on the
-    absolute step, so an exact replay walks every step; the trace reader bounds how many
-    (``MAX_STEP_SLACK`` past what the trace's records reach)."""
-
-    def __init__(self, cache: ExpertCache) -> None:
-        self._fn = _STEP_PROTO(("moecache_begin_step", load_library()))
-        self._handle = cache.handle
-
-    def __call__(self, n: int) -> None:
-        fn, handle = self._fn, self._handle
-        for _ in range(n):
-            fn(handle)
 
 
 def _recorded_with_probability_bonus(routing: Routing) -> bool:

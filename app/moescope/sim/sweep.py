@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from moescope.core.budget import format_bytes, plan_slots
-from moescope.core.errors import MoEScopeError
-from moescope.core.policy import PRESET_NAMES, Eviction, MissRule, Policy, SubstituteWeight
-from moescope.core.trace import Trace
+from moescope.cache.budget import format_bytes, plan_slots
+from moescope.cache.policy import PRESET_NAMES, Eviction, MissRule, Policy, SubstituteWeight
 from moescope.sim.cost import CostModel
 from moescope.sim.replay import Routing, replay
+from moescope.trace import Trace
+from moescope.util.errors import MoEScopeError
 
 RECORDED = "recorded"
 """A policy or budget spec meaning "as the trace recorded it, changes included"."""

@@ -1,0 +1,107 @@
+"""The ``moescope`` command: the desktop window by default, headless subcommands otherwise.
+
+``moescope`` alone opens the GUI; ``moescope info|generate|chat|...`` run without Qt. Each
+subcommand lives in its own module under :mod:`moescope.cli.commands` (see there for how to
+add one). User mistakes (a missing file, a file that is not a model, a bad budget) are
+raised as :class:`~moescope.util.errors.MoEScopeError` and reported here as one line on
+stderr with exit status 2, never as a traceback.
+
+Imports inside functions are deliberate in this package (and only here): a subcommand
+module imports the engine, numpy-heavy code or Qt in its ``run``, not at the top, so that
+``moescope --help`` and a mistyped argument answer at once instead of loading llama.cpp,
+numpy's heavier users and Qt first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from moescope import __version__
+from moescope.cli.commands import load_commands
+from moescope.util.errors import MoEScopeError
+
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand module registered."""
+    parser = argparse.ArgumentParser(
+        prog="moescope",
+        description="Chat with big Mixture-of-Experts models on one consumer GPU and see "
+                    "what the expert cache does. Without a subcommand, opens the window.",
+    )
+    parser.add_argument("--version", action="version", version=f"moescope {__version__}")
+    parser.add_argument(
+        "--self-test", action="store_true",
+        help="check this installation and exit: open the window offscreen, load the demo "
+             "model, generate a few tokens, check code colours; prints one OK line "
+             "(exit 0) or what failed (exit 1)")
+    parser.add_argument("--self-test-timeout", type=float, default=120.0, metavar="S",
+                        help="give up on --self-test after S seconds (default 120)")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in load_commands():
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI and return its exit status (the console script passes it to exit)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # --help, --version, or a usage error already printed
+        if stop.code is None:
+            return 0
+        return stop.code if isinstance(stop.code, int) else EXIT_USAGE
+    if args.self_test:
+        if args.command is not None:
+            print("moescope: error: --self-test takes no subcommand", file=sys.stderr)
+            return EXIT_USAGE
+        return self_test(args.self_test_timeout)
+    if args.command is None:
+        return launch_gui()
+    try:
+        return int(args.func(args))
+    except MoEScopeError as err:
+        print(f"moescope: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("moescope: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `moescope info x.gguf | head -1`
+        return 0
+
+
+def launch_gui() -> int:
+    """Open the desktop window via ``moescope.gui.app.run_app()``.
+
+    The GUI is imported by name at call time so that importing the CLI (and every headless
+    subcommand) never pulls in Qt; only the default, windowed entry point does.
+    """
+    try:
+        run_app = importlib.import_module("moescope.gui.app").run_app
+    except (ImportError, AttributeError) as err:
+        print(
+            f"moescope: error: the desktop window is not available ({err}); "
+            f"try 'moescope --help' for the command-line tools",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    return int(run_app() or 0)
+
+
+def self_test(timeout_s: float) -> int:
+    """``moescope --self-test``: :func:`moescope.gui.self_test.run_self_test`, imported by
+    name for the same reason as the window (no Qt for headless commands). Exit 1, not 2,
+    when Qt itself is missing: that is a broken installation, not a usage mistake."""
+    try:
+        run = importlib.import_module("moescope.gui.self_test").run_self_test
+    except (ImportError, AttributeError) as err:
+        print(f"moescope self-test: FAILED: the desktop window is not available ({err})",
+              file=sys.stderr)
+        return 1
+    return int(run(timeout_s, watchdog=True))
+

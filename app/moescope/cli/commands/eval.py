@@ -1,0 +1,175 @@
+"""``moescope eval MODEL --text FILE --policies ... --budgets ... [--tokens N] [--window W]``.
+
+Exact emulation from *Which Expert Misses Are Worth Waiting For?*: the same tokens of a
+text are forced through the engine, one token at a time so the cache governs every step,
+once per policy and budget. Prints a Markdown table (perplexity, change against ``exact``,
+% of expert calls substituted, mean substituted mass, fetched bytes and time per token) and
+the mass hypothesis (Pearson r between substituted mass and perplexity change, bootstrap
+CIs); ``--csv`` writes the numbers. A progress bar with ETA goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from moescope.util.errors import MoEScopeError
+from moescope.util.resources import demo_model_path
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add the ``eval`` subcommand."""
+    p = subparsers.add_parser(
+        "eval", help="teacher-forced perplexity per policy and budget (quality cost)",
+        description="Force the same tokens through the engine under each policy and "
+                    "budget, one token at a time, and compare perplexity with exact.")
+    p.add_argument("model", type=Path, nargs="?", metavar="MODEL.gguf",
+                   help="GGUF model (default: the bundled demo model)")
+    p.add_argument("--text", type=Path, required=True, metavar="FILE",
+                   help="UTF-8 text to score")
+    p.add_argument("--policies", action="append", metavar="P[,P...]",
+                   help="policies (presets or preset:key=value); default "
+                        "exact,quality-first,speed-first,threshold,first-choice,substitute-all")
+    p.add_argument("--budgets", action="append", metavar="B[,B...]",
+                   help="budgets: 25%%, 12GiB ... (default 25%%,50%%)")
+    p.add_argument("--ram-budget", default=None, metavar="B",
+                   help="host memory for experts (same units as --budget); experts beyond "
+                        "it stay in the model file and are read on demand (default: all)")
+    p.add_argument("--tokens", type=int, default=512, metavar="N",
+                   help="tokens to score (default 512; fewer if the text is shorter)")
+    p.add_argument("--window", type=int, default=64, metavar="W",
+                   help="window, in tokens, of the mass-hypothesis correlation (default 64)")
+    p.add_argument("--bootstrap", type=int, default=1000, metavar="B",
+                   help="bootstrap resamples for the confidence intervals (default 1000)")
+    p.add_argument("--csv", type=Path, metavar="FILE", help="write the table as CSV (- for stdout)")
+    p.add_argument("--markdown", type=Path, metavar="FILE",
+                   help="also write the Markdown table to a file")
+    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers on the GPU (default 0)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp (1-512)")
+    p.set_defaults(func=run)
+
+
+class ProgressBar:
+    """``[#####.....]  45%  123/270 tok  ETA 0:12  quality-first @ 25%`` on stderr.
+
+    Redrawn in place on a terminal (at most 10 times a second); elsewhere (a log, a pipe)
+    one line per run and a final one, so logs stay readable.
+    """
+
+    def __init__(self, stream: TextIO | None = None, width: int = 24) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.width = width
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.t0 = time.monotonic()
+        self._last_draw = 0.0
+        self._last_label = ""
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        now = time.monotonic()
+        new_run = label != self._last_label
+        finished = done >= total
+        if not (new_run or finished or (self.tty and now - self._last_draw >= 0.1)):
+            return
+        self._last_draw = now
+        self._last_label = label
+        frac = done / total if total else 1.0
+        elapsed = now - self.t0
+        eta = elapsed / frac * (1.0 - frac) if frac > 0 else float("nan")
+        eta_text = "--:--" if eta != eta else _clock(eta)
+        fill = round(frac * self.width)
+        line = (f"[{'#' * fill}{'.' * (self.width - fill)}] {frac:4.0%}  {done}/{total} tok  "
+                f"ETA {eta_text}  {label}")
+        if finished:
+            line = f"{line}  done in {_clock(elapsed)}"
+        if self.tty:
+            self.stream.write("\r" + line.ljust(100) + ("\n" if finished else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def _clock(seconds: float) -> str:
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+    return f"{s // 60}:{s % 60:02d}"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the model, evaluate every policy x budget, print the table."""
+    from moescope.cache.budget import parse_budget
+    from moescope.cli.commands.generate import (
+        check_outputs,
+        check_threads,
+        model_inputs,
+        write_output,
+    )
+    from moescope.engine import Engine
+    from moescope.engine.evaluate import RunSpec, evaluate
+    from moescope.sim.sweep import parse_policy, split_list
+
+    policy_specs = split_list(args.policies or [
+        "exact,quality-first,speed-first,threshold,first-choice,substitute-all"])
+    budgets = split_list(args.budgets or ["25%,50%"])
+    policies = []
+    for spec in policy_specs:
+        policy = parse_policy(spec)
+        if policy is None:
+            raise MoEScopeError("'recorded' is a replay policy; name presets for eval")
+        policies.append(policy)
+    for b in budgets:
+        parse_budget(b)
+    if not policies:
+        raise MoEScopeError("--policies names no policy")
+    if not budgets:
+        raise MoEScopeError("--budgets names no budget")
+    if args.tokens < 1:
+        raise MoEScopeError("--tokens must be at least 1")
+    check_threads(args.threads)
+    inputs = [*model_inputs(args.model), args.text]
+    to_stdout = check_outputs([("--csv", args.csv), ("--markdown", args.markdown)], inputs)
+    model = args.model or demo_model_path()
+    if model is None:
+        raise MoEScopeError("no model given and no demo model in resources/models/")
+    try:
+        text = args.text.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MoEScopeError(f"{args.text}: no such text file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise MoEScopeError(f"{args.text}: cannot read text ({err})") from None
+
+    engine = Engine()
+    try:
+        loaded = engine.load(model, budget=budgets[0], policy="exact",
+                             n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
+                             ram_budget=args.ram_budget,
+                             n_ctx=max(256, args.tokens + 16))
+        if not loaded.cache_enabled:
+            raise MoEScopeError(f"{Path(model).name}: the expert cache is off "
+                                f"({loaded.notice or 'not a MoE model'}); nothing to evaluate")
+        n_tokens = args.tokens
+        if loaded.n_ctx <= n_tokens:  # the engine clamps n_ctx to the model's context
+            n_tokens = loaded.n_ctx - 1
+            print(f"moescope: note: the model's context is {loaded.n_ctx} tokens; scoring "
+                  f"{n_tokens}", file=sys.stderr)
+        tokens = engine.tokenize(text, add_bos=True, special=False)[: n_tokens + 1]
+        if len(tokens) < 2:
+            raise MoEScopeError(f"{args.text.name}: the text has fewer than 2 tokens")
+        if len(tokens) < n_tokens + 1:
+            print(f"moescope: note: the text has only {len(tokens) - 1} tokens to score",
+                  file=sys.stderr)
+        specs = [RunSpec(p, b) for b in budgets for p in policies]
+        report = evaluate(engine, tokens, specs, window=args.window, n_boot=args.bootstrap,
+                          progress=ProgressBar())
+    finally:
+        engine.close()
+    table = report.to_markdown()
+    print(table, file=sys.stderr if to_stdout else sys.stdout)
+    if args.csv:
+        write_output(args.csv, report.to_csv(), "--csv", inputs)
+    if args.markdown:
+        write_output(args.markdown, table + "\n", "--markdown", inputs)
+    return 0

@@ -1,0 +1,277 @@
+"""``moescope generate MODEL --prompt TEXT --policy P --budget B [--n N] [--seed S]``.
+
+Generates with the expert cache on and ends with one summary line: tokens/s, hit rate,
+fetched MB per token, % of expert calls substituted, mean substituted mass per token — the
+numbers that say what the policy traded.
+
+The helpers at the end of this module (default model, policy spec, sampling options, the
+summary line) are shared with ``chat`` and ``bench``, so every command takes the same
+options and reports the cache's work in the same words.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from moescope.cache.policy import PRESET_NAMES, Policy
+from moescope.util.errors import MoEScopeError
+from moescope.util.resources import demo_model_path
+
+if TYPE_CHECKING:  # the engine loads llama.cpp: import it only where a command runs
+    from moescope.engine import CacheTotals, Engine, Sampling
+    from moescope.trace import TraceRecorder
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    p = subparsers.add_parser(
+        "generate", help="generate text with the expert cache and print what it did",
+        description="Generate from a prompt with the expert cache on; prints the text, then "
+                    "a summary line of the cache's work.")
+    p.add_argument("model", type=Path, nargs="?", metavar="MODEL.gguf",
+                   help="GGUF model (default: the bundled demo model)")
+    p.add_argument("--prompt", "-p", default="ROMEO:", help="prompt text (raw, no template)")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt as a user message in the model's chat template")
+    p.add_argument("--policy", default="quality-first", metavar="POLICY",
+                   help=f"expert-cache policy: {', '.join(PRESET_NAMES)}, or "
+                        f"preset:key=value, e.g. threshold:theta=0.3 (default quality-first)")
+    p.add_argument("--budget", default="25%",
+                   help="VRAM for expert slots: 25%% of experts, 12GiB, 512MiB, or 16 "
+                        "(slots per layer)")
+    p.add_argument("--ram-budget", default=None, metavar="B",
+                   help="host memory for experts (same units as --budget); experts beyond "
+                        "it stay in the model file and are read on demand (default: all)")
+    add_sampling_arguments(p, n_default=128, n_help="tokens to generate")
+    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers on the GPU (default 0)")
+    p.add_argument("--no-cache", action="store_true", help="run stock llama.cpp (cache off)")
+    p.add_argument("--trace", type=Path, metavar="FILE.jsonl[.gz]",
+                   help="record a session trace (replay it with `moescope replay`)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from moescope.engine import Engine, Message
+
+    sampling = sampling_from_args(args)  # fail fast, before loading
+    policy = parse_live_policy(args.policy)
+    check_budget(args.budget)
+    inputs = model_inputs(args.model)
+    check_trace_output(args.trace, inputs)
+    model = resolve_model(args.model)
+    engine = Engine()
+    loaded = engine.load(model, budget=args.budget, policy=policy,
+                         n_gpu_layers=args.n_gpu_layers, cache=not args.no_cache,
+                         ram_budget=args.ram_budget)
+    if loaded.notice:
+        print(f"moescope: {loaded.notice}", file=sys.stderr)
+    prompt: Any = [Message("user", args.prompt)] if args.chat else args.prompt
+    recorder = None
+    if args.trace:
+        recorder = open_trace(args.trace, engine, inputs)
+    if not args.chat:
+        sys.stdout.write(args.prompt)
+    try:
+        for tok in engine.generate(prompt, sampling):
+            if recorder is not None:
+                recorder.record(tok, engine)
+            sys.stdout.write(tok.text)
+            sys.stdout.flush()
+    finally:
+        if recorder is not None:
+            recorder.close(stop_reason=engine.last_answer.stop_reason)
+    sys.stdout.write("\n")
+    print(answer_summary(engine))
+    engine.close()
+    return 0
+
+
+# ---------------------------------------------------------------- shared with chat, bench
+def resolve_model(path: Path | None) -> Path:
+    """The model to load: the one given, else the bundled demo model."""
+    model = path or demo_model_path()
+    if model is None:
+        raise MoEScopeError("no model given and no demo model in resources/models/")
+    return model
+
+
+def parse_live_policy(spec: str) -> Policy:
+    """A preset or ``preset:key=value`` (replay's syntax, without its ``recorded``)."""
+    from moescope.sim.sweep import parse_policy
+
+    name = spec.strip().split(":", 1)[0]
+    if name not in PRESET_NAMES:
+        raise MoEScopeError(f"unknown policy {name!r} (known: {', '.join(PRESET_NAMES)})")
+    policy = parse_policy(spec)
+    assert policy is not None  # only 'recorded' parses to None
+    return policy
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser, *, n_default: int,
+                           n_help: str) -> None:
+    """``--n``, ``--seed``, ``--temperature``: the same spelling in every command."""
+    p.add_argument("--n", type=int, default=n_default, help=f"{n_help} (default {n_default})")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--temperature", type=float, default=0.7)
+
+
+def sampling_from_args(args: argparse.Namespace) -> Sampling:
+    """The :class:`Sampling` that :func:`add_sampling_arguments`' options describe.
+
+    Checked here, before a model loads: ``--n 0`` would otherwise still generate one token,
+    and a NaN temperature samples garbage without a word.
+    """
+    from moescope.engine import Sampling
+
+    if args.n < 1:
+        raise MoEScopeError(f"--n must be at least 1, got {args.n}")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise MoEScopeError(f"--temperature must be a number >= 0 (0 is greedy), got "
+                            f"{args.temperature}")
+    return Sampling(temperature=args.temperature, max_tokens=args.n, seed=args.seed)
+
+
+MAX_THREADS = 512
+"""llama.cpp's ``GGML_MAX_N_THREADS``: more threads abort inside ggml (``bad_alloc``) or
+end in a bare libgomp line."""
+
+
+def check_threads(n: int | None) -> None:
+    """``--threads`` within what llama.cpp accepts (None: llama.cpp's default)."""
+    if n is not None and not 1 <= n <= MAX_THREADS:
+        raise MoEScopeError(f"--threads must be between 1 and {MAX_THREADS} (this machine "
+                            f"has {os.cpu_count() or 1} CPUs), got {n}")
+
+
+def check_budget(text: str) -> None:
+    """``--budget`` read by ``cache.budget``'s one grammar before a model loads (an empty
+    one too: it used to slip through as "no budget")."""
+    from moescope.cache.budget import parse_budget
+
+    parse_budget(text)
+
+
+def model_inputs(model: Path | None) -> list[Path]:
+    """The files a command reads for ``model``: the file itself, and every part of a split
+    model (``PREFIX-00001-of-00003.gguf``, named by llama.cpp's pattern), so no output can
+    be one of them."""
+    from moescope.model.gguf_info import split_paths
+
+    if model is None:
+        demo = demo_model_path()
+        return [demo] if demo is not None else []
+    m = _SPLIT_PART.match(model.name)
+    if m is None or not 1 < int(m["count"]) <= 9999:
+        return [model]
+    try:
+        return [model, *split_paths(model, int(m["count"]))]
+    except MoEScopeError:
+        return [model]
+
+
+_SPLIT_PART = re.compile(r"^.+-\d{5}-of-(?P<count>\d{5})\.gguf$")
+
+
+def check_output_path(path: Path | None, option: str,
+                      inputs: Sequence[Path] = ()) -> None:
+    """Refuse an output file that cannot or must not be written, before the work that
+    fills it: a typo in ``--json`` must not cost a benchmark's minutes, nor ``--trace`` a
+    traceback after the model has loaded, and ``--trace model.gguf`` must not truncate
+    the model (``util.files.check_output``: inputs, folders, block devices)."""
+    if path is None:
+        return
+    from moescope.util.files import OutputPathError, check_output
+
+    try:
+        check_output(path, inputs)
+    except OutputPathError as err:
+        raise MoEScopeError(f"{option} {path}: {err.strerror}") from None
+
+
+def check_outputs(outputs: Sequence[tuple[str, Path | None]],
+                  inputs: Sequence[Path] = ()) -> bool:
+    """:func:`check_output_path` for each ``(option, path)``, and no file given to two
+    options (the second would replace the first); at most one may be ``-`` (stdout).
+    Returns whether one is ``-``, so the command prints its table to stderr instead."""
+    from moescope.util.files import is_stdout, same_file
+
+    given = [(option, path) for option, path in outputs if path is not None]
+    for option, path in given:
+        check_output_path(path, option, inputs)
+    dashes = [option for option, path in given if is_stdout(path)]
+    if len(dashes) > 1:
+        raise MoEScopeError(f"{' and '.join(dashes)} both write to stdout ('-'); "
+                            "give one of them a file")
+    for i, (option, path) in enumerate(given):
+        for other, path2 in given[i + 1:]:
+            if not is_stdout(path) and (path == path2 or same_file(path, path2)):
+                raise MoEScopeError(f"{option} and {other} name the same file {path}; "
+                                    "give each its own")
+    return bool(dashes)
+
+
+def write_output(path: Path, text: str, option: str, inputs: Sequence[Path] = ()) -> None:
+    """Write an output file whole or not at all (a full disk leaves an older file as it
+    was); a failure is one line, not a traceback, and what was printed stays printed."""
+    from moescope.util.files import write_atomic
+
+    try:
+        write_atomic(path, text, inputs=inputs)
+    except OSError as err:
+        raise MoEScopeError(f"{option} {path}: cannot write ({err.strerror or err})") from None
+
+
+def check_trace_output(path: Path | None, inputs: Sequence[Path]) -> None:
+    """:func:`check_output_path` for ``--trace``, which cannot be ``-`` (the answer is
+    written to stdout)."""
+    from moescope.util.files import is_stdout
+
+    if path is not None and is_stdout(path):
+        raise MoEScopeError("--trace -: the answer is written to stdout; give a file name")
+    check_output_path(path, "--trace", inputs)
+
+
+def open_trace(path: Path, engine: Engine, inputs: Sequence[Path] = ()) -> TraceRecorder:
+    """Start recording ``engine``'s session to ``path``, or say in one line why not. The
+    answer goes to stdout, so ``-`` is refused; an input (the model) is refused again
+    here, just before the file is opened."""
+    from moescope.trace import TraceRecorder
+
+    check_trace_output(path, inputs)
+    try:
+        return TraceRecorder.for_engine(path, engine)
+    except OSError as err:
+        raise MoEScopeError(f"--trace {path}: cannot write ({err.strerror or err})") from None
+
+
+def cache_state(engine: Engine) -> str:
+    """``quality-first @ 16/64 slots``, or ``cache off``: the label in front of a summary."""
+    m = engine.model
+    if m is not None and m.cache_enabled and m.plan is not None:
+        return f"{engine.policy_name} @ {m.plan.slots_per_layer}/{m.plan.n_expert} slots"
+    return "cache off"
+
+
+def summary_line(label: str, tokens_per_second: float, cache: CacheTotals, tail: str) -> str:
+    """``[label] tok/s | hit | fetched MB/tok | substituted | mass/tok | tail``; when no
+    expert went through the cache (cache off) only tok/s and the tail: a 0% hit rate
+    would read as a measurement."""
+    c = cache
+    if c.selections == 0:
+        return f"[{label}] {tokens_per_second:.1f} tok/s | {tail}"
+    return (f"[{label}] {tokens_per_second:.1f} tok/s | hit {c.hit_rate:.1%} | "
+            f"fetched {c.fetched_mb_per_token:.3f} MB/tok | substituted "
+            f"{c.substituted_fraction:.1%} | mass/tok {c.mass_per_token:.3f} | {tail}")
+
+
+def answer_summary(engine: Engine) -> str:
+    """The summary line of the engine's last answer (what ``generate`` ends with)."""
+    a = engine.last_answer
+    return summary_line(cache_state(engine), a.tokens_per_second, a.cache,
+                        f"{a.n_tokens} tokens, stop: {a.stop_reason}")

@@ -1,0 +1,138 @@
+"""``moescope info MODEL.gguf [--budget 12GiB|25%] [--json]``.
+
+Answers "will this model work with my GPU, and how much of it stays resident?" from the
+GGUF header alone: the MoE layers, experts per layer and top-k, the bytes one expert takes
+in each layer (per tensor and ggml type), the expert and non-expert totals, and for a
+budget the slots per layer it buys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from moescope.cache.budget import BudgetPlan, format_bytes, parse_budget, plan_for_model
+from moescope.model.gguf_info import ModelInfo, read_model_info
+from moescope.model.reasoning import thinking_choices
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add the ``info`` subcommand."""
+    p = subparsers.add_parser(
+        "info",
+        help="show a model's experts and what a VRAM budget buys (reads the header only)",
+        description="Show a GGUF model's Mixture-of-Experts layout without loading it.",
+    )
+    p.add_argument("model", type=Path, metavar="MODEL.gguf", help="path to a GGUF model")
+    p.add_argument(
+        "--budget", metavar="SIZE|PCT",
+        help="VRAM for expert slots: 12GiB, 512MiB, 3000000000B (a size needs a unit), "
+             "25%% of the experts, or 16 (slots per layer)",
+    )
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the model summary; user errors propagate as MoEScopeError (exit 2)."""
+    budget = parse_budget(args.budget) if args.budget is not None else None  # before I/O
+    info = read_model_info(args.model)
+    plan = plan_for_model(info, budget) if budget is not None else None
+    if args.json:
+        out: dict[str, Any] = info.to_dict()
+        if plan is not None:
+            out["budget"] = _plan_dict(plan)
+        print(json.dumps(out, indent=2))
+    else:
+        print(format_info(info, plan))
+    return 0
+
+
+def format_info(info: ModelInfo, plan: BudgetPlan | None = None) -> str:
+    """The human-readable report, one fact per line."""
+    rows: list[tuple[str, str]] = [
+        ("model", f"{info.file_name} ({format_bytes(info.file_size)}"
+                  + (f" in {len(info.parts)} files)" if info.parts else ")")),
+        ("architecture", info.architecture + (f" ({info.name})" if info.name else "")),
+        ("layers", _layers_line(info)),
+        ("experts", f"{info.n_expert} per layer, top-{info.top_k} routed per token"
+                    + (f", {info.n_expert_shared} shared" if info.n_expert_shared else "")),
+    ]
+    layer_groups = _group_layers_by_layout(info)
+    for layers, first in layer_groups:
+        label = "per expert" if len(layer_groups) == 1 else f"per expert, {_ranges(layers)}"
+        tensors = info.expert_tensors[first]
+        parts = ", ".join(
+            f"{t.kind}{'' if t.part == 'weight' else ' ' + t.part} "
+            f"{format_bytes(t.bytes_per_expert)} {t.ggml_type}"
+            for t in tensors
+        )
+        by_type = ", ".join(
+            f"{ty} {format_bytes(n)}" for ty, n in info.expert_bytes_by_type(first).items()
+        )
+        rows.append((label, f"{format_bytes(info.bytes_per_expert[first])} per layer"))
+        rows.append(("  tensors", parts))
+        rows.append(("  by type", by_type))
+    rows += [
+        ("expert bytes", f"{format_bytes(info.total_expert_bytes)} "
+                         f"({len(info.moe_layers)} layers x {info.n_expert} experts)"),
+        ("non-expert", format_bytes(info.non_expert_bytes)),
+        ("metadata", f"sha256:{info.metadata_sha256}"),
+    ]
+    template = info.metadata.get("tokenizer.chat_template")
+    choices = thinking_choices(template if isinstance(template, str) else None)[1:]
+    if choices:
+        rows.append(("thinking", f"chat template switch: {'/'.join(choices)} "
+                                 "(moescope chat --thinking, GUI: Chat settings)"))
+    if plan is not None:
+        rows += [
+            (f"budget {plan.budget.text}",
+             f"{plan.slots_per_layer} slots per layer of {plan.n_expert} "
+             f"({plan.residency:.1%} resident), {format_bytes(plan.bytes_used)} of expert slots"),
+        ]
+        if plan.clamped:
+            rows.append(("  note", plan.message))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _layers_line(info: ModelInfo) -> str:
+    text = f"{info.n_layers} (MoE: {_ranges(info.moe_layers)}"
+    if info.dense_layers:
+        text += f"; dense: {_ranges(info.dense_layers)}"
+    return text + ")"
+
+
+def _group_layers_by_layout(info: ModelInfo) -> list[tuple[list[int], int]]:
+    """MoE layers grouped by identical expert layout: usually a single group."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for layer in info.moe_layers:
+        key = tuple((t.kind, t.part, t.ggml_type, t.bytes_per_expert)
+                    for t in info.expert_tensors[layer])
+        groups.setdefault(key, []).append(layer)
+    return [(layers, layers[0]) for layers in groups.values()]
+
+
+def _ranges(layers: Iterable[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"``."""
+    out: list[str] = []
+    items = sorted(layers)
+    i = 0
+    while i < len(items):
+        j = i
+        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
+            j += 1
+        out.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
+        i = j + 1
+    return ", ".join(out) if out else "none"
+
+
+def _plan_dict(plan: BudgetPlan) -> dict[str, Any]:
+    return {
+        "text": plan.budget.text, "budget_bytes": plan.budget_bytes,
+        "slots_per_layer": plan.slots_per_layer, "residency": plan.residency,
+        "bytes_used": plan.bytes_used, "clamped": plan.clamped, "message": plan.message,
+    }

@@ -1,0 +1,125 @@
+"""``moescope replay TRACE --policy a,b --budget 25%,50% [--cost-model pcie4|pcie5|calibrated]``.
+
+The router-logit simulator: replays a recorded session's routing through the native core
+under every policy x budget asked for, and prints per combination the hit rate, fetched
+experts and bytes per token, % substituted, mean substituted mass and an estimated time per
+token. Answers "what would quality-first at 12 GiB have done to this chat?" in seconds,
+without loading the model. ``--perfetto`` also writes the trace for ui.perfetto.dev,
+``--tokens-csv`` one CSV row per recorded token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from moescope.cache.budget import parse_budget
+from moescope.cache.policy import PRESET_NAMES
+from moescope.cli.commands.generate import check_outputs, write_output
+from moescope.util.errors import MoEScopeError
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add the ``replay`` subcommand."""
+    p = subparsers.add_parser(
+        "replay", help="replay a trace's routing under other policies and budgets",
+        description="Router-logit simulator: replay the routing recorded in a MoEScope "
+                    "trace through the expert-cache core under several policies and "
+                    "budgets, and estimate time per token with a cost model.")
+    p.add_argument("trace", type=Path, metavar="TRACE",
+                   help="a trace written by MoEScope (.jsonl or .jsonl.gz)")
+    p.add_argument("--policy", "-p", action="append", metavar="P[,P...]",
+                   help="policies: 'recorded' (as traced, changes included), a preset "
+                        f"({', '.join(PRESET_NAMES)}) or preset:key=value, e.g. "
+                        "threshold:theta=0.3 (default: recorded,exact,quality-first,"
+                        "speed-first)")
+    p.add_argument("--budget", "-b", action="append", metavar="B[,B...]",
+                   help="budgets: 'recorded', 25%%, 12GiB ... (default: recorded)")
+    p.add_argument("--cost-model", default="pcie4",
+                   help="pcie4 (25 GB/s), pcie5 (50 GB/s) or calibrated (fitted to the "
+                        "engine's timings in the trace); default pcie4")
+    p.add_argument("--bandwidth", type=float, metavar="GB/s",
+                   help="override the cost model's copy bandwidth")
+    p.add_argument("--latency-us", type=float, metavar="µs",
+                   help="override the cost model's latency per copy")
+    p.add_argument("--compute-ms", type=float, metavar="ms",
+                   help="override the cost model's compute time per token")
+    p.add_argument("--csv", type=Path, metavar="FILE",
+                   help="also write the table as CSV (- for stdout)")
+    p.add_argument("--json", type=Path, metavar="FILE",
+                   help="also write the table as JSON (- for stdout)")
+    p.add_argument("--perfetto", type=Path, metavar="FILE",
+                   help="also export the trace as Chrome/Perfetto trace-event JSON")
+    p.add_argument("--tokens-csv", type=Path, metavar="FILE",
+                   help="also write the recorded session as CSV, one row per token "
+                        "(hits, fetches, substituted mass, bytes, copy times)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read the trace, sweep, print the table; user errors raise MoEScopeError (exit 2)."""
+    from moescope.cache.native import NativeLibraryNotFoundError
+    from moescope.sim.cost import cost_model
+    from moescope.sim.sweep import format_table, parse_policy, split_list, sweep, to_csv, to_json
+    from moescope.trace import read_trace, write_perfetto
+    from moescope.trace.tokens_csv import write_tokens_csv
+
+    policies = split_list(args.policy or ["recorded,exact,quality-first,speed-first"])
+    budgets = split_list(args.budget or ["recorded"])
+    if not policies:
+        raise MoEScopeError("--policy names no policy (e.g. --policy exact,quality-first)")
+    if not budgets:
+        raise MoEScopeError("--budget names no budget (e.g. --budget recorded,25%)")
+    for spec in policies:
+        parse_policy(spec)  # fail on a typo before reading a large trace
+    for b in budgets:
+        if b != "recorded":
+            parse_budget(b)
+    _check_cost_overrides(args)
+    inputs = [args.trace]
+    to_stdout = check_outputs([("--csv", args.csv), ("--json", args.json),
+                               ("--perfetto", args.perfetto),
+                               ("--tokens-csv", args.tokens_csv)], inputs)
+    trace = read_trace(args.trace)
+    if trace.truncated:
+        print(f"moescope: note: {args.trace.name} ends mid-token (the session was cut off); "
+              f"replaying its {len(trace.tokens)} complete tokens", file=sys.stderr)
+    if not trace.tokens:
+        raise MoEScopeError(f"{args.trace.name}: the trace has no tokens to replay")
+    cost = cost_model(args.cost_model, trace).with_overrides(
+        bandwidth=args.bandwidth * 1e9 if args.bandwidth is not None else None,
+        latency=args.latency_us * 1e-6 if args.latency_us is not None else None,
+        compute_s=args.compute_ms * 1e-3 if args.compute_ms is not None else None)
+    try:
+        result = sweep(trace, policies, budgets, cost)
+    except NativeLibraryNotFoundError as err:
+        raise MoEScopeError(str(err)) from None
+    print(format_table(result, trace.header.model),
+          file=sys.stderr if to_stdout else sys.stdout)
+    if args.csv:
+        write_output(args.csv, to_csv(result), "--csv", inputs)
+    if args.json:
+        write_output(args.json, to_json(result), "--json", inputs)
+    try:
+        if args.perfetto:
+            write_perfetto(trace, args.perfetto)
+        if args.tokens_csv:
+            write_tokens_csv(trace, args.tokens_csv)
+    except OSError as err:
+        raise MoEScopeError(f"{err.filename or 'output'}: cannot write "
+                            f"({err.strerror or err})") from None
+    return 0
+
+
+def _check_cost_overrides(args: argparse.Namespace) -> None:
+    """The cost model's overrides must be physical: a zero or negative bandwidth (or a
+    NaN) would print a table of meaningless times instead of an error."""
+    if args.bandwidth is not None and not (math.isfinite(args.bandwidth)
+                                           and args.bandwidth > 0):
+        raise MoEScopeError(f"--bandwidth must be more than 0 GB/s, got {args.bandwidth}")
+    for option, value in (("--latency-us", args.latency_us), ("--compute-ms", args.compute_ms)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise MoEScopeError(f"{option} must be a number >= 0, got {value}")

@@ -1,0 +1,121 @@
+"""``moescope serve [MODEL] [--host H] [--port P] [--api-key KEY] [--policy P --budget B]``.
+
+Serves the model over an OpenAI-compatible HTTP API (``/v1/chat/completions``,
+``/v1/completions``, ``/v1/models``) so editors, chat front ends and scripts use it with
+the expert cache, plus ``/v1/moescope/cache`` to read the cache's numbers and steer its
+policy and budget live. One line per request on stderr: client, tokens in and out,
+tok/s, hit rate, substituted mass, policy. Binds 127.0.0.1 unless told otherwise; any
+other address needs an API key (or a loud opt-out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from moescope.util.errors import MoEScopeError
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    p = subparsers.add_parser(
+        "serve", help="serve the model over an OpenAI-compatible API (localhost)",
+        description="Serve a model over an OpenAI-compatible HTTP API with the expert "
+                    "cache on: point Open WebUI, Continue or the openai client at "
+                    "http://HOST:PORT/v1. One generation at a time; more requests wait "
+                    "in a bounded queue.")
+    p.add_argument("model", type=Path, nargs="?", metavar="MODEL.gguf",
+                   help="GGUF model (default: the bundled demo model)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' (default: $MOESCOPE_API_KEY, "
+                        "else none); needed for any --host other than loopback")
+    p.add_argument("--insecure-no-api-key", action="store_true",
+                   help="allow a non-loopback --host without an API key (anyone who can "
+                        "reach the port can use the model)")
+    p.add_argument("--model-id", default=None, metavar="NAME",
+                   help="the model's name in the API (default: the file name without "
+                        ".gguf)")
+    p.add_argument("--policy", default="quality-first", metavar="P",
+                   help="expert-cache policy: exact, quality-first, speed-first, ... or "
+                        "preset:key=value (default quality-first)")
+    p.add_argument("--budget", default="25%",
+                   help="VRAM for expert slots: 25%% of experts, 12GiB, 512MiB, or 16 "
+                        "(slots per layer)")
+    p.add_argument("--ctx", type=int, default=4096, metavar="N",
+                   help="context length in tokens (default 4096, at most the model's)")
+    p.add_argument("--max-tokens", type=int, default=2048, metavar="N",
+                   help="most tokens per answer; larger requests are clamped (default 2048)")
+    p.add_argument("--queue", type=int, default=8, metavar="N",
+                   help="requests that may wait while one generates; more get 503 "
+                        "(default 8)")
+    p.add_argument("--max-body", type=int, default=4, metavar="MIB",
+                   help="largest request body in MiB (default 4)")
+    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers on the GPU (default 0)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp")
+    p.add_argument("--no-cache", action="store_true", help="run stock llama.cpp (cache off)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from moescope.cache.budget import parse_budget
+    from moescope.cli.commands.generate import cache_state, parse_live_policy, resolve_model
+    from moescope.server.run import check_exposure, check_port, port_free
+
+    api_key = args.api_key or os.environ.get("MOESCOPE_API_KEY") or None
+    warning = check_exposure(args.host, api_key, args.insecure_no_api_key)
+    check_port(args.port)
+    for name, value, lo, hi in (("--max-tokens", args.max_tokens, 1, 1 << 20),
+                                ("--queue", args.queue, 0, 1024),
+                                ("--max-body", args.max_body, 1, 1024),
+                                ("--ctx", args.ctx, 16, 1 << 22)):
+        if not lo <= value <= hi:
+            raise MoEScopeError(f"{name} {value} must be from {lo} to {hi}")
+    policy = parse_live_policy(args.policy)  # fail fast, before loading
+    parse_budget(args.budget)
+    if not port_free(args.host, args.port):
+        raise MoEScopeError(f"cannot listen on {args.host}:{args.port}: the port is in use "
+                            "or the address is not this machine's; try another --port")
+    model = resolve_model(args.model)
+
+    import uvicorn
+
+    from moescope.engine import Engine
+    from moescope.server.app import create_app
+    from moescope.server.params import Limits
+    from moescope.server.run import MAX_CONNECTIONS
+    from moescope.server.service import Service
+    from moescope.session.turns import EngineQueue
+
+    engine = Engine()
+    try:
+        loaded = engine.load(model, budget=args.budget, policy=policy, n_ctx=args.ctx,
+                             n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
+                             cache=not args.no_cache)
+        if loaded.notice:
+            print(f"moescope: {loaded.notice}", file=sys.stderr)
+        delay = os.environ.get("MOESCOPE_TEST_COPY_DELAY_US", "")
+        if delay.isdigit() and engine.cache is not None:  # tests: answers that take a while
+            engine.set_copy_delay(min(int(delay), 100_000))
+        service = Service(engine, EngineQueue(args.queue), model_id=args.model_id,
+                          limits=Limits(max_tokens=args.max_tokens,
+                                        max_body_bytes=args.max_body << 20))
+        app = create_app(service, api_key=api_key)
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        if warning:
+            print(f"moescope: {warning}", file=sys.stderr)
+        print(f"moescope serve · {service.model_id} · {cache_state(engine)} · context "
+              f"{loaded.n_ctx} tokens · http://{host}:{args.port}/v1"
+              f"{' · API key required' if api_key else ''} · Ctrl+C stops", file=sys.stderr,
+              flush=True)
+        uvicorn.Server(uvicorn.Config(
+            app, host=args.host, port=args.port, log_level="warning", access_log=False,
+            limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=5,
+            timeout_graceful_shutdown=2)).run()
+    finally:
+        engine.close()
+    return 0

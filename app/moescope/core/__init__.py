@@ -1,1 +1,0 @@
-"""Qt-free domain code: model info, budgets, policies, traces."""

@@ -1,0 +1,270 @@
+"""The cache panel's data: ring buffers and heatmap state filled from token snapshots.
+
+Friture's split: this model only accumulates numbers (cheap, once per token); the views
+read it when the display timer fires, and only the parts marked dirty. Nothing here
+imports Qt, so a reopened trace fills the same model through the same code as a live
+session, and tests read the numbers the plots show.
+
+Prefetch accuracy is :class:`moescope.cache.prefetch.PrefetchSummary` (imported here, as
+before): a reopened trace and the simulator's what-if table use the same definition.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from moescope.cache.prefetch import PrefetchSummary
+from moescope.display.ring import RingBuffer
+from moescope.session.snapshots import (
+    CELL_LABELS,
+    ModelSummary,
+    TokenSnapshot,
+    cell_states,
+    layer_numbers,
+    layer_rows,
+    used_experts,
+)
+
+TIME_COLUMNS = (
+    "step", "tokens_per_s", "mass", "hit_rate", "fetched_mb", "substituted_fraction",
+    "slots", "prefetches", "prefetch_hits",
+)
+"""One row per token: what the time plots draw (x = ``step``). The prefetch columns are
+NaN for a token whose policy does not prefetch, so a mean over them never mixes in zeros
+that only mean "off"."""
+
+ROLLING_TOKENS = 16
+"""Tokens/s is shown as a rolling mean over this many decode steps (one token is noisy)."""
+
+
+def prefetch_text(summary: PrefetchSummary) -> str:
+    """The stats line's PSR part: ``prefetch accuracy 94% · 2.9/token``."""
+    acc = summary.accuracy
+    return (f"prefetch accuracy {acc:.0%} · {summary.per_token:.1f}/token" if acc is not None
+            else f"prefetch accuracy – · {summary.per_token:.1f}/token")
+
+
+SUMMARY_TIP = (
+    "Hit rate and substituted gate mass per token: means over the last {n} tokens; "
+    "tokens/s is a rolling rate. The plots below show every token.")
+PREFETCH_TIP = (
+    "Prefetch accuracy (PSR): of the experts prefetched over the last {n} tokens, the share "
+    "the router then used before they were evicted. /token: experts prefetched per decoded "
+    "token, all layers together. Low accuracy means wasted copies and evictions.")
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A policy or budget change, drawn as a vertical line at the token it applied to."""
+
+    step: int
+    label: str
+
+
+class CacheModel:
+    """Numbers behind every cache plot, for one model; views read, never write."""
+
+    def __init__(self, capacity: int = 4096, layer_window: int = 32) -> None:
+        self.capacity = capacity
+        self.layer_window = layer_window
+        self.time = RingBuffer(TIME_COLUMNS, capacity)
+        self.dirty: set[str] = set()
+        self.reset(None)
+
+    # ------------------------------------------------------------------ lifecycle
+    def reset(self, model: ModelSummary | None) -> None:
+        """Forget everything and size the heatmap for ``model`` (None: no cache)."""
+        self.model = model
+        n_rows = model.n_moe_layers if model and model.cache_enabled else 0
+        n_expert = model.n_expert if model and model.cache_enabled else 0
+        self.rows_of = layer_rows(model.moe_layers if model else ())
+        self.n_rows, self.n_expert = n_rows, n_expert
+        self.uses = np.zeros((n_rows, n_expert), np.int64)
+        self.last_use = np.full((n_rows, n_expert), -1, np.int64)
+        self._cells = np.zeros((n_rows, n_expert), np.uint8)
+        self._cells_stale = False
+        self.latest: TokenSnapshot | None = None
+        w = self.layer_window
+        self._layer_mass = np.zeros((w, n_rows))
+        self._layer_hits = np.zeros((w, n_rows))
+        self._layer_sel = np.zeros((w, n_rows))
+        self._layer_bytes = np.zeros((w, n_rows))
+        self._layer_prefetches = np.zeros((w, n_rows))
+        self._layer_prefetch_hits = np.zeros((w, n_rows))
+        self._layer_prefetching = np.zeros(w, np.bool_)
+        self._layer_head = 0
+        self._layer_count = 0
+        self.time.clear()
+        self._decode_seconds: deque[float] = deque(maxlen=ROLLING_TOKENS)
+        self.markers: list[Marker] = []
+        self.ttft_s: float | None = None
+        self.policy = model.policy if model else ""
+        self.slots_per_layer = model.slots_per_layer if model else 0
+        self.context_used = 0
+        self.n_ctx = model.n_ctx if model else 0
+        self.prefetching = False
+        """Whether the latest token's policy prefetched (PSR numbers are shown only then)."""
+        self.dirty = {"heatmap", "time", "layers", "labels"}
+
+    def set_model(self, model: ModelSummary) -> None:
+        """The same model with a new budget or policy: keep history, update the labels."""
+        if self.model is None or model.moe_layers != self.model.moe_layers \
+                or model.n_expert != self.model.n_expert:
+            self.reset(model)
+            return
+        self.model = model
+        self.policy = model.policy
+        self.slots_per_layer = model.slots_per_layer
+        self.dirty.add("labels")
+
+    # ------------------------------------------------------------------ input
+    def add_marker(self, step: int, label: str) -> None:
+        """A labelled vertical line on the time plots at ``step`` (a policy or budget
+        change, or where a thinking model's answer began)."""
+        self.markers.append(Marker(step, label))
+        self.dirty.add("markers")
+
+    def add_many(self, snaps: Iterable[TokenSnapshot]) -> None:
+        for snap in snaps:
+            self.add(snap)
+
+    def add(self, snap: TokenSnapshot) -> None:
+        """Account one token (called for every token; keep it cheap)."""
+        self.latest = snap
+        self._cells_stale = True
+        if snap.index == 0:
+            self.ttft_s = snap.ttft if snap.ttft is not None else snap.seconds
+            self._decode_seconds.clear()
+            tok_s = float("nan")
+        else:
+            self._decode_seconds.append(snap.seconds)
+            total = sum(self._decode_seconds)
+            tok_s = len(self._decode_seconds) / total if total > 0 else float("nan")
+        nums = layer_numbers(snap.events, self.rows_of)
+        selections = int(nums.selections.sum())
+        pf, pf_hits = snap.prefetches, snap.prefetch_hits
+        prefetching = pf is not None and pf_hits is not None
+        self.time.append({
+            "step": snap.step,
+            "tokens_per_s": tok_s,
+            "mass": float(nums.mass.sum()),
+            "hit_rate": nums.hits.sum() / selections if selections else float("nan"),
+            "fetched_mb": nums.bytes_sync.sum() / 1e6,
+            "substituted_fraction": (nums.substitutions.sum() / selections
+                                     if selections else float("nan")),
+            "slots": snap.slots_per_layer,
+            "prefetches": float(pf.sum()) if pf is not None else float("nan"),
+            "prefetch_hits": float(pf_hits.sum()) if pf_hits is not None else float("nan"),
+        })
+        if self.n_rows:
+            i = self._layer_head
+            self._layer_mass[i] = nums.mass[: self.n_rows]
+            self._layer_hits[i] = nums.hits[: self.n_rows]
+            self._layer_sel[i] = nums.selections[: self.n_rows]
+            self._layer_bytes[i] = nums.bytes_sync[: self.n_rows]
+            self._layer_prefetching[i] = prefetching
+            if pf is not None and pf_hits is not None and pf.shape == (self.n_rows,):
+                self._layer_prefetches[i] = pf
+                self._layer_prefetch_hits[i] = pf_hits
+            else:
+                self._layer_prefetches[i] = 0
+                self._layer_prefetch_hits[i] = 0
+            self._layer_head = (i + 1) % self.layer_window
+            self._layer_count = min(self._layer_count + 1, self.layer_window)
+            rows, experts = used_experts(snap.events, self.rows_of, self.n_expert)
+            np.add.at(self.uses, (rows, experts), 1)
+            self.last_use[rows, experts] = snap.step
+        for change in snap.changes:
+            self.add_marker(snap.step, change)
+        if snap.changes:
+            self.dirty.add("markers")
+        self.prefetching = prefetching
+        self.policy = snap.policy
+        self.slots_per_layer = snap.slots_per_layer
+        self.context_used = snap.context_used
+        self.n_ctx = snap.n_ctx
+        self.dirty.update(("heatmap", "time", "layers", "labels"))
+
+    # ------------------------------------------------------------------ output
+    def cells(self) -> npt.NDArray[np.uint8]:
+        """The latest token's heatmap states (computed lazily, once per repaint)."""
+        snap = self.latest
+        if self._cells_stale and snap is not None and snap.resident is not None \
+                and snap.resident.shape == self._cells.shape:
+            self._cells = cell_states(snap.resident, snap.events, self.rows_of)
+        self._cells_stale = False
+        return self._cells
+
+    def layer_means(self) -> dict[str, npt.NDArray[np.float64]]:
+        """Per MoE layer over the last ``layer_window`` tokens: substituted mass per
+        token, hit rate, fetched MB per token."""
+        n = self._layer_count
+        if n == 0 or self.n_rows == 0:
+            z = np.zeros(self.n_rows)
+            return {"mass": z, "hit_rate": z.copy(), "fetched_mb": z.copy()}
+        # rows [0, n) are filled: the ring starts at 0 and wraps only once full
+        sel = self._layer_sel[:n].sum(axis=0)
+        hits = self._layer_hits[:n].sum(axis=0)
+        return {
+            "mass": self._layer_mass[:n].sum(axis=0) / n,
+            "hit_rate": np.divide(hits, sel, out=np.zeros_like(hits), where=sel > 0),
+            "fetched_mb": self._layer_bytes[:n].sum(axis=0) / n / 1e6,
+        }
+
+    def recent_mean(self, key: str) -> float:
+        """Mean of a time column over the last ``layer_window`` tokens (NaN where none is
+        known): the stats line's numbers, which one token's values would make flicker
+        (one token's hit rate on the demo model jumps between 25% and 75%)."""
+        t = self.time
+        n = min(t.count, self.layer_window)
+        values = t.view(key)[t.count - n:]
+        finite = values[np.isfinite(values)]
+        return float(finite.mean()) if len(finite) else float("nan")
+
+    def prefetch_summary(self) -> PrefetchSummary | None:
+        """PSR over the prefetching tokens among the last ``layer_window``; None while the
+        latest token's policy does not prefetch (nothing to show, not a zero)."""
+        if not self.prefetching:
+            return None
+        t = self.time
+        n = min(t.count, self.layer_window)
+        pf = t.view("prefetches")[t.count - n:]
+        hits = t.view("prefetch_hits")[t.count - n:]
+        on = np.isfinite(pf)
+        return PrefetchSummary(tokens=int(on.sum()), prefetches=int(pf[on].sum()),
+                               hits=int(hits[on].sum()))
+
+    def layer_prefetch(self) -> list[PrefetchSummary] | None:
+        """Per MoE layer, PSR over the prefetching tokens among the last ``layer_window``
+        (a layer nothing is predicted for, like the first, has no prefetches); None while
+        the policy does not prefetch."""
+        if not self.prefetching or self.n_rows == 0:
+            return None
+        n = self._layer_count
+        on = self._layer_prefetching[:n]
+        pf = self._layer_prefetches[:n][on].sum(axis=0)
+        hits = self._layer_prefetch_hits[:n][on].sum(axis=0)
+        tokens = int(on.sum())
+        return [PrefetchSummary(tokens=tokens, prefetches=int(pf[r]), hits=int(hits[r]))
+                for r in range(self.n_rows)]
+
+    def tooltip(self, row: int, expert: int) -> str:
+        """Hover text of a heatmap cell: layer, expert, state, uses, last use."""
+        if not (0 <= row < self.n_rows and 0 <= expert < self.n_expert):
+            return ""
+        assert self.model is not None
+        layer = self.model.moe_layers[row]
+        state = CELL_LABELS[int(self.cells()[row, expert])]
+        last = int(self.last_use[row, expert])
+        last_text = f"token {last}" if last >= 0 else "never"
+        return (f"layer {layer}, expert {expert}\n{state}\n"
+                f"uses: {int(self.uses[row, expert])}\nlast use: {last_text}")
+
+    def take_dirty(self) -> set[str]:
+        out, self.dirty = self.dirty, set()
+        return out

@@ -1,0 +1,93 @@
+"""RAM (psutil) and VRAM (pynvml) of this process and of the whole system, over time.
+
+Sampled about once a second by the cache panel (cheap system calls); the display timer
+draws it with the other plots. VRAM columns stay NaN without an NVIDIA GPU. It also names
+where the experts live in host memory (:func:`expert_memory`), which decides how fast a
+fetch can copy: the engine reports llama.cpp's buffer name once, at load.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+
+from moescope.display.ring import RingBuffer
+from moescope.util.gpu import GpuStatus, gpu_status
+
+GIB = float(2**30)
+
+PINNED_TIP = (
+    "The experts are in pinned (page-locked) host memory: every fetch copies to VRAM by "
+    "DMA at full PCIe speed. Costs: a slower load, and the RAM is not shared with the "
+    "page cache.")
+PAGEABLE_TIP = (
+    "The experts are in pageable host memory{how}: a copy to VRAM is staged through a "
+    "driver bounce buffer, slower than from pinned memory (full PCIe speed). With layers "
+    "offloaded to a GPU (CUDA build) MoEScope loads them into pinned memory. On a CPU-only "
+    "build the slots are RAM too, and pinning does not apply.")
+
+
+def expert_memory(buffer: str) -> tuple[str, str]:
+    """``(text, tooltip)`` for llama.cpp's expert buffer name; ``("", "")`` when unknown.
+
+    ``*_Host`` buffers (``CUDA_Host``) are the GPU backend's pinned memory; ``CPU_Mapped``
+    is the memory-mapped GGUF file; ``CPU`` is ordinary RAM the weights were read into.
+    """
+    if not buffer:
+        return "", ""
+    if buffer.endswith("_Host"):
+        return f"pinned ({buffer})", PINNED_TIP
+    if buffer.endswith("_Mapped"):
+        return "pageable (mmap)", PAGEABLE_TIP.format(how=" (the model file, memory-mapped)")
+    if buffer == "CPU":
+        return "pageable (RAM)", PAGEABLE_TIP.format(how=" (read into RAM)")
+    return buffer, f"The experts are in llama.cpp's {buffer} buffer."
+MEMORY_COLUMNS = ("t", "ram_process", "ram_system", "vram_process", "vram_system")
+
+
+class MemoryModel:
+    """The last ``capacity`` samples, in GiB, x = seconds since the window opened."""
+
+    def __init__(self, capacity: int = 600) -> None:
+        self.samples = RingBuffer(MEMORY_COLUMNS, capacity)
+        self._t0 = time.monotonic()
+        self._process = psutil.Process()
+        self.ram_total = psutil.virtual_memory().total / GIB
+        self.gpu: GpuStatus | None = None
+        self.expert_buffer = ""
+        """llama.cpp's buffer holding the experts (``ModelSummary.expert_buffer``)."""
+        self.dirty = False
+
+    def sample(self) -> None:
+        vm = psutil.virtual_memory()
+        try:
+            rss = self._process.memory_info().rss / GIB
+        except psutil.Error:
+            rss = float("nan")
+        self.gpu = gpu_status()
+        g = self.gpu
+        self.samples.append({
+            "t": time.monotonic() - self._t0,
+            "ram_process": rss,
+            "ram_system": (vm.total - vm.available) / GIB,
+            "vram_process": (g.process_used / GIB if g and g.process_used is not None
+                             else float("nan")),
+            "vram_system": g.used / GIB if g else float("nan"),
+        })
+        self.dirty = True
+
+    def summary(self) -> str:
+        s = self.samples
+        if s.count == 0:
+            return ""
+        ram = (f"RAM: this process {s.last('ram_process'):.2f} GiB · system "
+               f"{s.last('ram_system'):.1f} / {self.ram_total:.1f} GiB")
+        g = self.gpu
+        if g is None:
+            vram = "VRAM: no NVIDIA GPU (expert slots in RAM)"
+        else:
+            mine = (f"this process {g.process_used / GIB:.2f} GiB · "
+                    if g.process_used is not None else "")
+            vram = f"VRAM: {mine}system {g.used / GIB:.1f} / {g.total / GIB:.1f} GiB"
+        return f"{ram}\n{vram}"

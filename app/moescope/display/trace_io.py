@@ -1,0 +1,234 @@
+"""Session traces in the window: the shared format of :mod:`moescope.trace`.
+
+The worker records every answer with ``trace.TraceRecorder`` (on the decode thread,
+the only one allowed to read the engine), so a GUI session is a normal MoEScope trace: the
+simulator can replay it and ``moescope replay`` reads it. This module does the GUI's part:
+export a copy (plus Perfetto JSON), and turn a trace back into the snapshots the cache
+panel draws, through the same :class:`CacheModel` code as a live session.
+
+Residency is rebuilt from the event rows (what a token hit, fetched, used as a substitute,
+admitted or evicted) by :class:`moescope.cache.residency.Residency`, the same code the
+recorder runs, and corrected by the real masks the recorder wrote where the rows do not
+explain it (PSR prefetches, budget shrinks): every reopened token's resident mask is the
+one the live panel read. A trace written before those masks has none; after a budget
+*shrink* its residency keeps the most recently used experts, a guess, until the cache
+turns over (:attr:`ReopenedTrace.approximate_from`), and PSR's unused prefetches are
+missing from it.
+
+PSR's prefetch counters come from the trace's own per-token record (the core writes no
+event row for a prefetch), and a token carries them in its snapshot only when its policy
+prefetched, exactly the live worker's rule, so the panel shows prefetch accuracy when and
+as it did live. A trace from before the counters has none: its accuracy is unknown, and
+:attr:`ReopenedTrace.prefetch_unrecorded` says for how many prefetching tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from moescope.cache.prefetch import PrefetchSummary, summarize
+from moescope.cache.residency import Residency
+from moescope.display.cache_model import prefetch_text
+from moescope.model.reasoning import answer_begins
+from moescope.session.snapshots import ModelSummary, TokenSnapshot
+from moescope.trace import (
+    ANSWER_NOW_NOTE,
+    Change,
+    ReadProgress,
+    Trace,
+    TraceReadCancelled,
+    read_trace,
+    write_perfetto,
+)
+from moescope.trace.tokens_csv import write_tokens_csv
+from moescope.util.files import copy_atomic
+
+KEEP_TRACES = 20
+"""Recorded sessions kept in the data directory (older ones are deleted at start and
+before each new session; see :class:`TraceLimits`)."""
+
+
+@dataclass(frozen=True)
+class TraceLimits:
+    """How much disk the recorded sessions may take: traces are on by default, and at a
+    large model's geometry (48 MoE layers x 512 experts) one token with router inputs is
+    about 170 kB, so a long chat writes gigabytes unless something bounds it."""
+
+    keep: int = KEEP_TRACES
+    """At most this many sessions are kept (the newest)."""
+    session_bytes: int = 2 << 30
+    """A session's recording stops once its trace reaches this size (the chat goes on)."""
+    total_bytes: int = 8 << 30
+    """All kept sessions together, the one being recorded included."""
+
+
+def new_trace_path(directory: Path, model_path: str) -> Path:
+    """Where the worker records a new session: named by time and model, and never an
+    existing file (two sessions can start in one second: a reload, a comparison)."""
+    stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(model_path).stem}"
+    path, n = directory / f"{stem}.jsonl", 1
+    while path.exists():
+        n += 1
+        path = directory / f"{stem}-{n}.jsonl"
+    return path
+
+
+def prune_traces(directory: Path, limits: TraceLimits = TraceLimits(),
+                 room: int = 0) -> list[Path]:
+    """Delete the oldest recorded sessions until at most ``limits.keep`` are left and they
+    take at most ``limits.total_bytes`` minus ``room`` (the room a session about to start
+    may take); returns what was deleted. Files that vanish meanwhile are skipped."""
+    files: list[tuple[float, int, Path]] = []
+    for p in directory.glob("*.jsonl"):
+        with contextlib.suppress(OSError):
+            st = p.stat()
+            files.append((st.st_mtime, st.st_size, p))
+    files.sort(key=lambda f: f[0], reverse=True)
+    budget = max(0, limits.total_bytes - room)
+    kept_bytes, gone = 0, []
+    for n, (_, size, p) in enumerate(files):
+        if n < limits.keep and kept_bytes + size <= budget:
+            kept_bytes += size
+            continue
+        with contextlib.suppress(OSError):
+            p.unlink(missing_ok=True)
+            gone.append(p)
+    return gone
+
+
+def export_session(recorded: Path, dest: Path) -> tuple[Path, Path, Path]:
+    """Copy the session's trace to ``dest`` (``.jsonl``) and write Perfetto JSON and a
+    per-token CSV next to it; returns the three paths. Each file is written whole or not
+    at all (``OSError``: a full disk leaves no half file and replaces nothing).
+
+    Safe while recording continues: the recorder flushes whole lines, and a reader drops a
+    half-written last line.
+    """
+    jsonl = dest if dest.name.endswith((".jsonl", ".jsonl.gz")) else dest.with_suffix(".jsonl")
+    copy_atomic(recorded, jsonl)
+    stem = jsonl.name.split(".jsonl")[0]
+    trace = read_trace(jsonl)
+    perfetto = write_perfetto(trace, jsonl.with_name(f"{stem}.perfetto.json"))
+    csv = write_tokens_csv(trace, jsonl.with_name(f"{stem}.tokens.csv"))
+    return jsonl, perfetto, csv
+
+
+@dataclass
+class ReopenedTrace:
+    model: ModelSummary
+    tokens: list[TokenSnapshot]
+    trace: Trace
+    approximate_from: int | None = None
+    """First step whose rebuilt residency is approximate: a budget shrink in a trace
+    written before the recorder wrote resident masks (None for every newer trace)."""
+    prefetch: PrefetchSummary | None = None
+    """PSR over every token whose policy prefetched and whose counters were recorded;
+    None when there is none (no policy prefetched, or the trace predates the counters)."""
+    prefetch_unrecorded: int = 0
+    """Tokens whose policy prefetched but whose trace line has no counters (an older
+    trace): their prefetch accuracy is unknown, not zero."""
+
+
+def reopen(path: str | Path, progress: ReadProgress | None = None) -> ReopenedTrace:
+    """Read a trace and rebuild the snapshots the panel draws (``TraceFormatError``).
+
+    ``progress(bytes_read, file_bytes)`` hears how the read goes and may stop it
+    (returning False raises ``TraceReadCancelled``), also while the snapshots are rebuilt.
+    """
+    trace = read_trace(path, progress)
+    size = trace.path.stat().st_size if trace.path is not None else 0
+    h = trace.header
+    m = h.model
+    row_bytes = int(sum(m.bytes_per_expert))
+    model = ModelSummary(
+        path=str(trace.path or path), name=m.name or m.file_name,
+        architecture=m.architecture, n_expert=m.n_expert, top_k=m.top_k,
+        moe_layers=tuple(m.moe_layers), slot_row_bytes=row_bytes,
+        total_expert_bytes=row_bytes * m.n_expert, non_expert_bytes=m.non_expert_bytes,
+        cache_enabled=True, slots_per_layer=h.slots_per_layer,
+        policy=h.policy.name or "custom", n_ctx=0)
+    residency = Residency(m.moe_layers, m.n_expert, h.slots_per_layer)
+    approximate_from: int | None = None
+    policy = h.policy
+    unrecorded = 0
+    tokens: list[TokenSnapshot] = []
+    begins = _answer_begins(trace)
+    for rec in trace.tokens:
+        step = rec.index + 1
+        if progress is not None and step % 256 == 0 and not progress(size, size):
+            raise TraceReadCancelled(f"{Path(path).name}: opening the trace was cancelled")
+        for change in rec.changes:
+            if change.kind == "policy" and change.policy is not None:
+                policy = change.policy
+        shrunk = residency.advance_token(rec)  # the recorder's own rebuild, then its masks
+        if rec.resident is not None:
+            residency.apply_masks(rec.resident)
+        elif shrunk:  # an older trace: the shrink's evictions were not recorded
+            approximate_from = approximate_from or step
+        # the live worker's rule: counters only while the token's policy prefetches
+        show = policy.prefetch != 0 and rec.prefetches is not None
+        tokens.append(TokenSnapshot(
+            step=step, index=rec.position, text=rec.text, seconds=rec.seconds,
+            policy=rec.policy, slots_per_layer=rec.slots_per_layer, n_prompt_tokens=0,
+            n_ctx=0, events=rec.events, resident=residency.resident.copy(),
+            changes=(*(c.label for c in rec.changes if not _answer_now(c)),
+                     *(("answer",) if rec.index in begins else ())),
+            ttft=rec.seconds if rec.position == 0 else None,
+            prefetches=rec.prefetches if show else None,
+            prefetch_hits=rec.prefetch_hits if show else None))
+        if policy.prefetch != 0 and rec.prefetches is None:
+            unrecorded += 1
+    counted = [(t.prefetches, t.prefetch_hits) for t in tokens
+               if t.prefetches is not None and t.prefetch_hits is not None]
+    return ReopenedTrace(model=model, tokens=tokens, trace=trace,
+                         approximate_from=approximate_from,
+                         prefetch=summarize(counted) if counted else None,
+                         prefetch_unrecorded=unrecorded)
+
+
+def _answer_now(change: Change) -> bool:
+    return change.kind == "note" and change.text == ANSWER_NOW_NOTE
+
+
+def _answer_begins(trace: Trace) -> set[int]:
+    """Token indices where a thinking model's answer began: the live panel marks them
+    ("answer"), so the reopened one does too. An answer that "Answer now" cut short was
+    continued by a second generation after a closing text the tokens do not contain; its
+    first token carries a note saying so (traces from before that note leave it unmarked)."""
+    by_answer: dict[int, list[tuple[int, str]]] = {}
+    out = set()
+    for rec in trace.tokens:
+        by_answer.setdefault(rec.answer, []).append((rec.index, rec.text))
+        if any(_answer_now(c) for c in rec.changes):
+            out.add(rec.index)
+    for tokens in by_answer.values():
+        at = answer_begins([text for _, text in tokens])
+        if at is not None:
+            out.add(tokens[at][0])
+    return out
+
+
+PREFETCH_SESSION_TIP = (
+    "Prefetch accuracy (PSR) over the whole recorded session: of the experts prefetched "
+    "while the policy prefetched, the share the router then used before they were evicted. "
+    "/token: experts prefetched per token, all layers together.")
+"""Tooltip of the trace window's session-wide prefetch line."""
+
+
+def prefetch_overview(reopened: ReopenedTrace) -> str:
+    """The trace window's prefetch line: accuracy and rate over the session's prefetching
+    tokens, "not recorded" for an older trace of a prefetching policy, "" (hidden) when no
+    token's policy prefetched: the live panel's rule, over the whole session."""
+    summary, missing = reopened.prefetch, reopened.prefetch_unrecorded
+    if summary is not None:
+        text = f"PSR, {summary.tokens} prefetching tokens: {prefetch_text(summary)}"
+        if missing:
+            text += f" ({missing} more prefetching tokens not recorded)"
+        return text
+    if missing:
+        return ("PSR: prefetch accuracy not recorded (this trace was written before "
+                "MoEScope recorded prefetch counters)")
+    return ""

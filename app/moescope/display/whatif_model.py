@@ -1,0 +1,201 @@
+"""The what-if view's data: a policy x budget sweep of a recorded session, and its cells.
+
+Paper 1's question for a chat the user already had: at another budget or under another
+policy, how much faster would each token have been, and how much gate mass would have been
+substituted for it? The answer is :func:`moescope.sim.sweep` on the trace, so the view shows
+exactly the numbers ``moescope replay`` prints. The sweep runs one budget at a time (each
+call is the library's own sweep for that budget, so the rows are identical to one big
+sweep) to give the worker progress to report and a point between budgets to stop at.
+
+Nothing here imports Qt: the worker calls :func:`compute` on its thread and hands back the
+plain :class:`WhatIfResult`; tests compare it with the simulator directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from moescope.cache.budget import format_bytes
+from moescope.cache.policy import PRESET_NAMES, PRESETS
+from moescope.sim import COST_MODEL_NAMES, SweepRow, cost_model, sweep
+from moescope.sim.sweep import RECORDED
+from moescope.trace import Trace
+from moescope.util.errors import MoEScopeError
+
+POLICIES: tuple[str, ...] = ("exact", "quality-first", "speed-first", "cache-prior", "psr",
+                             "substitute-all")
+"""Swept by default: the reference, paper 1's two presets, paper 2's two, and the fastest
+(and least exact) rule. Any preset can be added in the view (:func:`preset_choices`)."""
+REFERENCE = "exact"
+"""Always swept: every "speed vs exact" is measured against it."""
+BUDGETS: tuple[str, ...] = ("12.5%", "25%", "50%", "100%")
+"""Fractions of the experts resident; 25% is the paper's operating point."""
+
+ProgressFn = Callable[[int, int], bool]
+"""``progress(done, total)``; returning False asks the sweep to stop (it is cancelled)."""
+
+
+class Cancelled(Exception):
+    """The sweep was asked to stop between budgets (a newer request or a closed window)."""
+
+
+@dataclass(frozen=True)
+class WhatIfResult:
+    """One finished sweep, as plain data the worker's signal carries to the view."""
+
+    cost_name: str
+    cost_text: str
+    """The cost model's parameters, one line (what the estimates assume)."""
+    policies: tuple[str, ...]
+    budgets: tuple[str, ...]
+    rows: list[SweepRow]
+    """``sweep(trace, policies, budgets, cost).rows``: budget-major, policy-minor."""
+    recorded: SweepRow | None
+    """The session as recorded (its own policy and budget, changes included)."""
+    recorded_ms_per_token: float | None
+    """Measured wall time per decode token while recording, for comparison."""
+    warnings: list[str] = field(default_factory=list)
+
+    def series(self) -> dict[str, list[SweepRow]]:
+        """Rows per policy in budget order: one connected curve each."""
+        out: dict[str, list[SweepRow]] = {p: [] for p in self.policies}
+        for row in self.rows:
+            out.setdefault(row.policy, []).append(row)
+        return out
+
+    def points(self) -> list[SweepRow]:
+        """Every plotted point, the recorded one last."""
+        return [*self.rows, *([self.recorded] if self.recorded is not None else [])]
+
+
+def cost_model_choices(trace: Trace) -> dict[str, str | None]:
+    """Every cost model by name, with why it cannot be used here (None: usable).
+
+    ``calibrated`` needs engine timings; a trace written without them (or one that never
+    copied an expert) cannot be fitted, and the user should see why rather than an error.
+    """
+    choices: dict[str, str | None] = {}
+    for name in COST_MODEL_NAMES:
+        try:
+            cost_model(name, trace)
+            choices[name] = None
+        except MoEScopeError as err:
+            choices[name] = str(err)
+    return choices
+
+
+def has_predictions(trace: Trace) -> bool:
+    """Whether the trace kept PSR's predictions (traces since PSR do, from any policy)."""
+    return any(route.predicted is not None for token in trace.tokens
+               for route in token.routes.values())
+
+
+def preset_choices(trace: Trace) -> dict[str, str | None]:
+    """Every preset by name, with why it cannot be replayed from this trace (None: it can).
+
+    A prefetching preset needs the recorded predictions; without them the replay would
+    silently be its non-prefetching twin, so it is offered disabled, with the reason.
+    """
+    predicted = has_predictions(trace)
+    return {name: (None if predicted or PRESETS[name].prefetch == 0 else
+                   "this trace has no PSR predictions (recorded before PSR, or without "
+                   "router inputs), so prefetch cannot be replayed")
+            for name in PRESET_NAMES}
+
+
+def default_policies(trace: Trace) -> tuple[str, ...]:
+    """:data:`POLICIES` less what this trace cannot replay."""
+    choices = preset_choices(trace)
+    return tuple(p for p in POLICIES if choices.get(p) is None)
+
+
+def compute(trace: Trace, cost_name: str, policies: Sequence[str] = POLICIES,
+            budgets: Sequence[str] = BUDGETS, progress: ProgressFn | None = None
+            ) -> WhatIfResult:
+    """Sweep ``trace`` under ``policies`` x ``budgets`` plus the recorded point.
+
+    Raises :class:`Cancelled` when ``progress`` returns False, and ``MoEScopeError`` for a
+    cost model or budget the trace cannot use.
+    """
+    cost = cost_model(cost_name, trace)
+    total = len(budgets) + 1
+    rows: list[SweepRow] = []
+    warnings: list[str] = []
+
+    def step(done: int) -> None:
+        if progress is not None and not progress(done, total):
+            raise Cancelled
+
+    step(0)
+    for i, budget in enumerate(budgets):
+        part = sweep(trace, policies, [budget], cost)
+        rows.extend(part.rows)
+        warnings.extend(w for w in part.warnings if w not in warnings)
+        step(i + 1)
+    # with "exact" beside it, the recorded row gets its speed vs exact at the recorded budget
+    own = sweep(trace, [RECORDED, "exact"], [RECORDED], cost)
+    warnings.extend(w for w in own.warnings if w not in warnings)
+    recorded = next((r for r in own.rows if r.policy == RECORDED), None)
+    step(total)
+    return WhatIfResult(
+        cost_name=cost_name, cost_text=cost.describe(trace.header.model),
+        policies=tuple(policies), budgets=tuple(b.strip() for b in budgets), rows=rows,
+        recorded=recorded, recorded_ms_per_token=own.recorded_ms_per_token,
+        warnings=warnings)
+
+
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("policy", "Policy"), ("budget", "Budget"), ("slots", "Slots"), ("hit_rate", "Hit rate"),
+    ("substituted_pct", "% substituted"), ("mass_per_token", "Mass/token"),
+    ("est_ms_per_token", "Est. ms/token"), ("speedup_vs_exact", "Speed vs exact"),
+    ("prefetch_accuracy", "Prefetch accuracy"),
+)
+"""Table columns: (SweepRow field, header). Prefetch accuracy is "–" for a policy that
+does not prefetch (PSR's number, as the cache panel shows it live)."""
+
+
+def cell_text(row: SweepRow, key: str) -> str:
+    """One table cell, formatted like ``moescope replay``'s table."""
+    value = getattr(row, key)
+    if value is None:
+        return "recorded" if key == "slots" else "–"
+    if key in ("hit_rate", "prefetch_accuracy"):
+        return f"{value:.1%}"
+    if key == "substituted_pct":
+        return f"{value:.1f}%"
+    if key == "mass_per_token":
+        return f"{value:.3f}"
+    if key == "est_ms_per_token":
+        return f"{value:.3f}"
+    if key == "speedup_vs_exact":
+        return f"{value:.2f}×"
+    return str(value)
+
+
+def label(row: SweepRow) -> str:
+    """``speed-first @ 25%``; the recorded session says so."""
+    if row.policy == RECORDED:
+        return "recorded session"
+    return f"{row.policy} @ {row.budget}"
+
+
+def tooltip(row: SweepRow) -> str:
+    """What hovering a point says: its place in the sweep and every number behind it."""
+    slots = "as recorded" if row.slots is None else str(row.slots)
+    lines = [
+        label(row),
+        f"slots per layer: {slots}",
+        f"est. time/token: {row.est_ms_per_token:.3f} ms",
+        f"substituted mass/token: {row.mass_per_token:.3f}",
+        f"hit rate: {row.hit_rate:.1%}, substituted: {row.substituted_pct:.1f}%",
+        f"fetched/token: {format_bytes(round(row.fetched_bytes_per_token))}",
+    ]
+    if row.speedup_vs_exact is not None:
+        lines.append(f"speed vs exact at this budget: {row.speedup_vs_exact:.2f}×")
+    if row.prefetches_per_token is not None:
+        acc = row.prefetch_accuracy
+        lines.append(f"prefetch accuracy: {acc:.1%}" if acc is not None
+                     else "prefetch accuracy: – (nothing prefetched)")
+        lines.append(f"prefetched/token: {row.prefetches_per_token:.1f} experts")
+    return "\n".join(lines)

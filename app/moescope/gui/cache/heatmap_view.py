@@ -1,0 +1,131 @@
+"""The residency heatmap: MoE layers (rows) x experts (columns), one colour per state.
+
+An ``ImageItem`` with a fixed colour table and fixed levels, so pyqtgraph maps the uint8
+states straight through the LUT (no autoscaling per frame). The legend is a row of
+labelled swatches rather than a gradient bar: the states are categories, not a scale.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QPointF, QSize
+from PySide6.QtGui import QCursor
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolTip, QVBoxLayout, QWidget
+
+from moescope.display.cache_model import CacheModel
+from moescope.gui import theme
+from moescope.gui.widgets.elided_label import ElidedLabel
+from moescope.gui.widgets.flow_layout import FlowLayout
+from moescope.session.snapshots import CELL_LABELS
+
+
+class HeatmapView(QWidget):
+    """Draws ``CacheModel.cells()``; hover shows layer, expert, uses and last use."""
+
+    def __init__(self, model: CacheModel, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model = model
+        self.setAccessibleName("Expert residency heatmap")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(2)
+        self.title = ElidedLabel("Expert cache: layers × experts")
+        self.title.setObjectName("panelTitle")
+        layout.addWidget(self.title)
+        self.graphics = pg.GraphicsLayoutWidget()
+        self.graphics.setMinimumHeight(110)
+        # the view takes the keyboard focus (Tab), so it is what a screen reader names
+        self.graphics.setAccessibleName(self.accessibleName())
+        self.graphics.setAccessibleDescription(self.title.text())
+        self.plot = self.graphics.addPlot()
+        self.plot.setMenuEnabled(False)
+        self.plot.setMouseEnabled(x=False, y=False)
+        self.plot.hideButtons()
+        self.plot.invertY(True)
+        self.plot.setLabel("bottom", "expert")
+        self.plot.setLabel("left", "layer")
+        theme.cache_axes(self.plot)
+        self.image = pg.ImageItem(axisOrder="row-major")
+        self.image.setLookupTable(theme.cell_lut())
+        self.plot.addItem(self.image)
+        layout.addWidget(self.graphics, 1)
+        self.legend = self._legend()
+        layout.addWidget(self.legend)
+        self.graphics.scene().sigMouseMoved.connect(self._hover)
+        self.hover_text = ""
+        self.reset()
+
+    def _legend(self) -> QWidget:
+        """Labelled swatches that wrap onto a second row in a narrow panel (one fixed row
+        would set the whole window's minimum width)."""
+        legend = QWidget()
+        legend.setAccessibleName("Heatmap legend")
+        flow = FlowLayout(legend)
+        for colour, label in zip(theme.CELL_COLOURS, CELL_LABELS, strict=True):
+            pair_widget = QWidget()
+            swatch = QLabel()
+            swatch.setFixedSize(11, 11)
+            swatch.setStyleSheet(f"background:{colour}; border:1px solid #555;")
+            text = QLabel(label)
+            text.setObjectName("legendText")
+            pair = QHBoxLayout(pair_widget)
+            pair.setContentsMargins(0, 0, 0, 0)
+            pair.setSpacing(3)
+            pair.addWidget(swatch)
+            pair.addWidget(text)
+            flow.addWidget(pair_widget)
+        return legend
+
+    def reset(self) -> None:
+        """Resize to the model's layers x experts and draw the empty state."""
+        rows, cols = max(self.model.n_rows, 1), max(self.model.n_expert, 1)
+        self.image.setImage(np.zeros((rows, cols), np.uint8), levels=(0, len(CELL_LABELS)),
+                            autoLevels=False)
+        self.image.setRect(0, 0, cols, rows)
+        self.plot.setRange(xRange=(0, cols), yRange=(0, rows), padding=0)
+        layers = self.model.model.moe_layers if self.model.model else ()
+        step = 1 if len(layers) <= 16 else max(1, len(layers) // 12)
+        self.graphics.setMinimumHeight(min(max(120, 14 * len(layers) + 70), 360))
+        self.plot.getAxis("left").setTicks(
+            [[(i + 0.5, str(layer)) for i, layer in enumerate(layers) if i % step == 0]])
+        # no model: no expert numbers (not 0.1 … 0.9 across one empty cell)
+        self.plot.getAxis("bottom").setTicks(None if layers else [[]])
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Repaint from the model (called by the panel's display timer)."""
+        cells = self.model.cells()
+        if cells.size == 0:
+            return
+        self.image.setImage(cells, levels=(0, len(CELL_LABELS)), autoLevels=False)
+
+    def update_title(self) -> None:
+        """The title line (at the panel's label rate: text changes cost a relayout)."""
+        snap = self.model.latest
+        m = self.model.model
+        if m is not None and snap is not None:
+            self.title.setText(
+                f"Expert cache: {m.n_moe_layers} layers × {m.n_expert} experts · "
+                f"{snap.slots_per_layer} slots/layer · token {snap.step}")
+            self.graphics.setAccessibleDescription(self.title.text())
+
+    def cell_at(self, scene_pos: QPointF) -> tuple[int, int] | None:
+        if not self.plot.sceneBoundingRect().contains(scene_pos):
+            return None
+        p = self.plot.vb.mapSceneToView(scene_pos)
+        row, expert = int(np.floor(p.y())), int(np.floor(p.x()))
+        if 0 <= row < self.model.n_rows and 0 <= expert < self.model.n_expert:
+            return row, expert
+        return None
+
+    def _hover(self, scene_pos: QPointF) -> None:
+        cell = self.cell_at(scene_pos)
+        self.hover_text = self.model.tooltip(*cell) if cell else ""
+        if self.hover_text:
+            QToolTip.showText(QCursor.pos(), self.hover_text, self.graphics)
+        else:
+            QToolTip.hideText()
+
+    def sizeHint(self) -> QSize:
+        return QSize(480, 200)

@@ -1,0 +1,94 @@
+"""Per-layer bars: where the substituted mass, the hits and the copies happen.
+
+Averages over the model's last ``layer_window`` tokens (one token per layer is too noisy to
+read), so a layer whose experts keep missing stands out. While the policy prefetches (PSR),
+the view's tooltip lists each layer's prefetch accuracy: a layer whose predictions miss is
+where prefetch wastes copies.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtWidgets import QVBoxLayout, QWidget
+
+from moescope.display.cache_model import CacheModel, PrefetchSummary
+from moescope.gui import theme
+
+BARS: tuple[tuple[str, str], ...] = (
+    ("mass", "mass / token per layer"),
+    ("hit_rate", "hit rate per layer"),
+    ("fetched_mb", "fetched MB / token per layer"),
+)
+
+
+class LayerBarsView(QWidget):
+    def __init__(self, model: CacheModel, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model = model
+        self.setAccessibleName("Per-layer cache bars")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self.graphics = pg.GraphicsLayoutWidget()
+        self.graphics.setAccessibleName(self.accessibleName())  # it takes the focus
+        self.graphics.setAccessibleDescription(", ".join(title for _, title in BARS))
+        layout.addWidget(self.graphics)
+        self.plots: dict[str, pg.PlotItem] = {}
+        self.bars: dict[str, pg.BarGraphItem] = {}
+        for col, (key, title) in enumerate(BARS):
+            plot = self.graphics.addPlot(row=0, col=col)
+            plot.setTitle(title, size="8pt", color=theme.MUTED)
+            plot.setMenuEnabled(False)
+            plot.setMouseEnabled(x=False, y=False)
+            plot.hideButtons()
+            plot.getAxis("left").setWidth(36)
+            plot.setLabel("bottom", "layer")
+            theme.cache_axes(plot)
+            bars = pg.BarGraphItem(x=[0], height=[0], width=0.8,
+                                   brush=theme.CURVE[key], pen=None)
+            plot.addItem(bars)
+            self.plots[key] = plot
+            self.bars[key] = bars
+        self.values: dict[str, np.ndarray] = {}
+        self.prefetch_tip = ""
+        self.reset()
+
+    def reset(self) -> None:
+        layers = self.model.model.moe_layers if self.model.model else ()
+        n = max(len(layers), 1)
+        step = max(1, len(layers) // 6)
+        ticks = [[(i, str(layer)) for i, layer in enumerate(layers) if i % step == 0]]
+        for key, plot in self.plots.items():
+            plot.getAxis("bottom").setTicks(ticks)
+            plot.setXRange(-0.6, n - 0.4, padding=0)
+            self.bars[key].setOpts(x=np.arange(n), height=np.zeros(n))
+        self.values = {}
+
+    def refresh(self) -> None:
+        means = self.model.layer_means()
+        self.values = means
+        for key, values in means.items():
+            if len(values) == 0:
+                continue
+            self.bars[key].setOpts(x=np.arange(len(values)), height=values)
+            top = 1.0 if key == "hit_rate" else theme.nice_ceiling(float(values.max()))
+            self.plots[key].setYRange(0, top, padding=0)
+        tip = self._prefetch_tip(self.model.layer_prefetch())
+        if tip != self.prefetch_tip:  # a tooltip change is cheap, but not free at 30 Hz
+            self.prefetch_tip = tip
+            self.setToolTip(tip)
+
+    def _prefetch_tip(self, layers: list[PrefetchSummary] | None) -> str:
+        """One line per MoE layer: accuracy and experts prefetched per token ("" when the
+        policy does not prefetch)."""
+        model = self.model.model
+        if layers is None or model is None:
+            return ""
+        lines = [f"Prefetch (PSR), last {layers[0].tokens if layers else 0} tokens:"]
+        for layer, pf in zip(model.moe_layers, layers, strict=False):
+            acc = pf.accuracy
+            if acc is None:
+                lines.append(f"layer {layer}: nothing prefetched")
+            else:
+                lines.append(f"layer {layer}: {acc:.0%} used · {pf.per_token:.1f}/token")
+        return "\n".join(lines)

@@ -1,0 +1,71 @@
+"""RAM and VRAM curves (process and system) with a two-line summary, and where the
+experts live in host memory (pinned or pageable, with why it matters in the tooltip)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+
+from moescope.display.memory_model import MemoryModel, expert_memory
+from moescope.gui import theme
+
+
+class MemoryView(QWidget):
+    def __init__(self, model: MemoryModel, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model = model
+        self.setAccessibleName("Memory use")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self.label = QLabel("")
+        self.label.setObjectName("statsLabel")
+        layout.addWidget(self.label)
+        self.experts_label = QLabel("")
+        self.experts_label.setObjectName("statsLabel")
+        self.experts_label.setAccessibleName("Where the experts live in host memory")
+        self.experts_label.hide()
+        layout.addWidget(self.experts_label)
+        self.graphics = pg.GraphicsLayoutWidget()
+        self.graphics.setAccessibleName("RAM and VRAM over time")  # it takes the focus
+        layout.addWidget(self.graphics, 1)
+        self.curves: dict[str, pg.PlotDataItem] = {}
+        self.plots: dict[str, pg.PlotItem] = {}
+        for row, (kind, title) in enumerate((("ram", "RAM (GiB)"), ("vram", "VRAM (GiB)"))):
+            plot = self.graphics.addPlot(row=row, col=0)
+            plot.setTitle(title, size="8pt", color=theme.MUTED)
+            self.plots[kind] = plot
+            plot.setMenuEnabled(False)
+            plot.hideButtons()
+            plot.showGrid(x=True, y=True, alpha=0.15)
+            plot.addLegend(offset=(5, 5), labelTextSize="7pt")
+            plot.getAxis("left").setWidth(42)
+            theme.cache_axes(plot)
+            for who in ("process", "system"):
+                self.curves[f"{kind}_{who}"] = plot.plot(
+                    pen=pg.mkPen(theme.CURVE[who], width=1.5), name=f"{who}",
+                    connect="finite")
+            if row == 1:
+                plot.setLabel("bottom", "seconds")
+
+    def set_expert_buffer(self, buffer: str) -> None:
+        """A model was loaded (or closed): say where its experts live; hidden if unknown."""
+        self.model.expert_buffer = buffer
+        text, tip = expert_memory(buffer)
+        self.experts_label.setText(f"Experts in host memory: {text}" if text else "")
+        self.experts_label.setToolTip(tip)
+        self.experts_label.setVisible(bool(text))
+
+    def refresh(self) -> None:
+        s = self.model.samples
+        if s.count == 0:
+            return
+        t = s.view("t")
+        for key, curve in self.curves.items():
+            y = s.view(key)
+            if np.isfinite(y).any():
+                curve.setData(t, y, connect="finite")
+        self.label.setText(self.model.summary())
+        if self.model.gpu is None:
+            self.plots["vram"].setTitle("VRAM: no NVIDIA GPU (expert slots in RAM)",
+                                        size="8pt", color=theme.MUTED)

@@ -1,0 +1,179 @@
+"""The cache panel: heatmap, per-token and per-layer plots, memory, behind ONE timer.
+
+Why one display timer: snapshots can arrive hundreds of times per second (a small model
+decodes thousands of tokens/s); repainting per snapshot would starve the event loop, as
+Jan's token-speed bug showed. Snapshots only update the model (:class:`CacheModel`);
+the timer, at most :data:`FRAME_HZ` times per second, redraws what is dirty and visible.
+Labels change at a few hertz so they stay readable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import QLabel, QSplitter, QTabWidget, QVBoxLayout, QWidget
+
+from moescope.display.cache_model import PREFETCH_TIP, SUMMARY_TIP, CacheModel, prefetch_text
+from moescope.display.memory_model import MemoryModel
+from moescope.gui.cache.heatmap_view import HeatmapView
+from moescope.gui.cache.layer_bars_view import LayerBarsView
+from moescope.gui.cache.memory_view import MemoryView
+from moescope.gui.cache.time_plots_view import TimePlotsView
+from moescope.session.snapshots import ModelSummary, TokenSnapshot
+
+FRAME_HZ = 30
+FRAME_MS = 1000 // FRAME_HZ + 1  # 34 ms: never above 30 frames per second
+LABEL_EVERY_FRAMES = 6  # labels at ~5 Hz
+MEMORY_SAMPLE_MS = 1000
+
+
+class CachePanel(QWidget):
+    """Shows a :class:`CacheModel`; ``live=False`` for a reopened trace (no memory
+    sampling, no timer: it draws once when filled)."""
+
+    def __init__(self, model: CacheModel | None = None, *, live: bool = True,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model = model or CacheModel()
+        self.memory = MemoryModel()
+        self.live = live
+        self.setAccessibleName("Expert cache panel")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self.summary = QLabel("No model loaded")
+        self.summary.setObjectName("statsLabel")
+        self.summary.setWordWrap(True)
+        self.summary.setAccessibleName("Cache statistics")
+        # selectable by keyboard too, so it is in the Tab chain: the hit rate and tokens/s
+        # reach a screen reader, and the numbers can be copied without a mouse
+        self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse
+                                             | Qt.TextInteractionFlag.TextSelectableByKeyboard)
+        self.summary.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # Qt gives it click focus only
+        layout.addWidget(self.summary)
+        self.heatmap = HeatmapView(self.model)
+        self.time_plots = TimePlotsView(self.model)
+        self.layer_bars = LayerBarsView(self.model)
+        self.memory_view = MemoryView(self.memory)
+        self.tabs = QTabWidget()
+        self.tabs.setAccessibleName("Cache plots")
+        self.tabs.addTab(self.time_plots, "Per token")
+        self.tabs.addTab(self.layer_bars, "Per layer")
+        self.tabs.addTab(self.memory_view, "Memory")
+        self.tabs.currentChanged.connect(lambda _i: self._mark_all_dirty())
+        self.splitter = QSplitter(Qt.Orientation.Vertical)
+        self.splitter.addWidget(self.heatmap)
+        self.splitter.addWidget(self.tabs)
+        self.splitter.setStretchFactor(0, 1)
+        self.splitter.setStretchFactor(1, 1)
+        layout.addWidget(self.splitter, 1)
+        self.repaints = 0
+        self.repaint_times: deque[float] = deque(maxlen=4096)
+        self._frames = 0
+        self._pending: set[str] = set()
+        self.timer = QTimer(self)
+        self.timer.setInterval(FRAME_MS)
+        self.timer.timeout.connect(self._frame)
+        self.memory_timer = QTimer(self)
+        self.memory_timer.setInterval(MEMORY_SAMPLE_MS)
+        self.memory_timer.timeout.connect(self.memory.sample)
+        if live:
+            self.timer.start()
+            self.memory.sample()
+            self.memory_timer.start()
+
+    # ------------------------------------------------------------------ input
+    def set_model(self, summary: ModelSummary | None) -> None:
+        """A newly loaded model: start from empty plots sized for it."""
+        self.model.reset(summary)
+        self.heatmap.reset()
+        self.time_plots.reset()
+        self.layer_bars.reset()
+        self.memory_view.set_expert_buffer(summary.expert_buffer if summary else "")
+        self._mark_all_dirty()
+        self.summary.setText(self._summary_text())
+        self.heatmap.update_title()
+
+    def update_model(self, summary: ModelSummary) -> None:
+        """Same model, new budget or policy (history kept)."""
+        self.model.set_model(summary)
+
+    def add_marker(self, step: int, label: str) -> None:
+        """Mark ``step`` on the time plots (drawn at the next frame)."""
+        self.model.add_marker(step, label)
+
+    def add_snapshots(self, snaps: Iterable[TokenSnapshot]) -> None:
+        """Account tokens; drawing waits for the next frame."""
+        self.model.add_many(snaps)
+
+    # ------------------------------------------------------------------ drawing
+    def _mark_all_dirty(self) -> None:
+        self._pending.update(("heatmap", "time", "layers", "labels", "memory"))
+
+    def _frame(self) -> None:
+        """One display tick: redraw what changed since the last one, if visible."""
+        self._frames += 1
+        self._pending |= self.model.take_dirty()
+        if self.memory.dirty:
+            self._pending.add("memory")
+            self.memory.dirty = False
+        if not self._pending:
+            return
+        self.repaints += 1
+        self.repaint_times.append(time.monotonic())
+        self.draw()
+
+    def draw(self, *, force: bool = False) -> None:
+        """Redraw the dirty, visible views now (``force``: all of them, e.g. a trace)."""
+        pending = self._pending | ({"heatmap", "time", "layers", "labels", "memory"}
+                                   if force else set())
+        visible = self.tabs.currentWidget()
+        if "heatmap" in pending:
+            self.heatmap.refresh()
+            pending.discard("heatmap")
+        for key, view in (("time", self.time_plots), ("layers", self.layer_bars),
+                          ("memory", self.memory_view)):
+            if key in pending and (force or view is visible):
+                view.refresh()
+                pending.discard(key)
+        if "markers" in pending:
+            pending.discard("markers")
+            pending.add("time")
+        if "labels" in pending and (force or self._frames % LABEL_EVERY_FRAMES == 0):
+            self.summary.setText(self._summary_text())
+            n = self.model.layer_window
+            self.summary.setToolTip(SUMMARY_TIP.format(n=n) + (
+                "\n" + PREFETCH_TIP.format(n=n) if self.model.prefetching else ""))
+            self.heatmap.update_title()
+            pending.discard("labels")
+        self._pending = pending
+
+    def _summary_text(self) -> str:
+        m = self.model.model
+        if m is None:
+            return "No model loaded"
+        if not m.cache_enabled:
+            return f"{m.name}: expert cache off ({m.notice or 'dense model'})"
+        t = self.model.time
+        parts = [f"{self.model.policy}",
+                 f"{self.model.slots_per_layer}/{m.n_expert} slots per layer "
+                 f"({self.model.slots_per_layer / m.n_expert:.0%} resident)"]
+        if t.count:
+            hit = self.model.recent_mean("hit_rate")
+            parts.append(f"hit {hit:.0%}" if hit == hit else "hit –")
+            parts.append(f"mass/token {self.model.recent_mean('mass'):.3f}")
+            prefetch = self.model.prefetch_summary()
+            if prefetch is not None:
+                parts.append(prefetch_text(prefetch))
+            tok_s = t.last("tokens_per_s")
+            if tok_s == tok_s:
+                parts.append(f"{tok_s:.1f} tok/s")
+        if self.model.ttft_s is not None:
+            parts.append(f"TTFT {self.model.ttft_s * 1000:.0f} ms")
+        return " · ".join(parts)
+
+    def stop(self) -> None:
+        self.timer.stop()
+        self.memory_timer.stop()

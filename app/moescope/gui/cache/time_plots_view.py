@@ -1,0 +1,172 @@
+"""Per-token curves: substituted gate mass, tokens/s, hit rate, fetched MB.
+
+Four x-linked plots over the session's token counter. They show a rolling window of the
+latest tokens; long sessions stay cheap because the data is a ring-buffer view,
+``setClipToView`` drops what is off screen and ``setDownsampling(mode="peak")`` keeps the
+spikes when zoomed out. Policy and budget changes are vertical lines at the token where
+they took effect.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtWidgets import QVBoxLayout, QWidget
+
+from moescope.display.cache_model import CacheModel, Marker
+from moescope.gui import theme
+
+WINDOW_TOKENS = 256
+"""How many of the latest tokens the x axis shows while streaming."""
+X_STEP = 32
+"""The window's right edge moves in steps of this many tokens, so the x axis (costly to
+draw) changes a few times per second at most, not on every frame."""
+MAX_MARKERS = 64
+TITLE_PX = 16
+"""Height of a plot's title row (8 pt text)."""
+
+PLOTS: tuple[tuple[str, str], ...] = (
+    ("mass", "substituted gate mass / token"),
+    ("tokens_per_s", "tokens/s (rolling)"),
+    ("hit_rate", "hit rate"),
+    ("fetched_mb", "fetched MB / token"),
+)
+
+
+class TimePlotsView(QWidget):
+    """The rolling per-token plots; ``refresh`` copies nothing but the visible window."""
+
+    def __init__(self, model: CacheModel, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model = model
+        self.full_range = False
+        """Show every token (a reopened trace) instead of the rolling window."""
+        self.setAccessibleName("Per-token cache plots")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self.graphics = pg.GraphicsLayoutWidget()
+        self.graphics.setAccessibleName(self.accessibleName())  # it takes the focus
+        self.graphics.setAccessibleDescription(", ".join(title for _, title in PLOTS))
+        layout.addWidget(self.graphics)
+        self.plots: dict[str, pg.PlotItem] = {}
+        self.curves: dict[str, pg.PlotDataItem] = {}
+        self._marker_items: list[tuple[Marker, list[pg.InfiniteLine]]] = []
+        self._y_tops: dict[str, float] = {}
+        first: pg.PlotItem | None = None
+        for i, (key, title) in enumerate(PLOTS):
+            plot = self.graphics.addPlot(row=i, col=0)
+            plot.setTitle(title, size="8pt", color=theme.MUTED)
+            # pyqtgraph reserves 30 px for any title: 4 x 30 px of a short panel went to
+            # four lines of 8 pt text, and the curves were squeezed flat
+            plot.titleLabel.setMaximumHeight(TITLE_PX)
+            plot.layout.setRowFixedHeight(0, TITLE_PX)
+            plot.setMenuEnabled(False)
+            plot.hideButtons()
+            plot.showGrid(x=True, y=True, alpha=0.15)
+            plot.setClipToView(True)
+            plot.setDownsampling(auto=True, mode="peak")
+            plot.disableAutoRange()
+            plot.getAxis("left").setWidth(42)
+            if i < len(PLOTS) - 1:
+                plot.hideAxis("bottom")  # x is shared: one axis, under the last plot
+            else:
+                plot.setLabel("bottom", "token")
+            theme.cache_axes(plot)
+            if first is None:
+                first = plot
+            else:
+                plot.setXLink(first)
+            curve = plot.plot(pen=pg.mkPen(theme.CURVE[key], width=1.5), connect="finite")
+            self.plots[key] = plot
+            self.curves[key] = curve
+        self.ttft_text = pg.TextItem(color=theme.MUTED, anchor=(1, 0))
+        self.plots["tokens_per_s"].addItem(self.ttft_text, ignoreBounds=True)
+        self._empty_axes()
+
+    def _empty_axes(self) -> None:
+        """Before the first token: the axes of an empty window (0..1, tokens 0..32), not
+        pyqtgraph's default of four crowded labels between 0.2 and 0.8 per plot."""
+        for key, plot in self.plots.items():
+            plot.setYRange(0.0, 1.0, padding=0.02)
+            self._set_y_ticks(key, 1.0)
+        self.plots["mass"].setXRange(0, X_STEP, padding=0.0)
+
+    def reset(self) -> None:
+        while self._marker_items:
+            self._drop_oldest_marker()
+        for curve in self.curves.values():
+            curve.setData([], [])
+        self.ttft_text.setText("")
+        self._empty_axes()
+
+    def refresh(self) -> None:
+        """Redraw the curves from the model's ring buffers (display timer)."""
+        t = self.model.time
+        if t.count == 0:
+            return
+        x = t.view("step")
+        if self.full_range:
+            lo, hi = float(x[0]), max(float(x[-1]), float(x[0]) + 8)
+        else:
+            hi = math.ceil(x[-1] / X_STEP) * X_STEP
+            lo = max(0.0, hi - WINDOW_TOKENS)
+        tops: dict[str, float] = {}
+        for key, curve in self.curves.items():
+            y = t.view(key)
+            curve.setData(x, y, connect="finite")
+            visible = y[x >= lo]
+            top = np.nanmax(visible) if np.isfinite(visible).any() else 0.0
+            tops[key] = 1.0 if key == "hit_rate" else theme.nice_ceiling(float(top))
+            self.plots[key].setYRange(0.0, tops[key], padding=0.02)
+            self._set_y_ticks(key, tops[key])
+        self.plots["mass"].setXRange(lo, hi, padding=0.0)
+        if self.model.ttft_s is not None:
+            self.ttft_text.setText(f"TTFT {self.model.ttft_s * 1000:.0f} ms")
+            self.ttft_text.setPos(hi, tops["tokens_per_s"])
+        self._sync_markers(lo)
+
+    def _set_y_ticks(self, key: str, top: float) -> None:
+        """Ticks (and grid lines) at 0, half and top only: the plots are short, and
+        pyqtgraph's automatic ticks put four or five labels on top of each other at that
+        height. The edge labels do not fit and are left out, so the half-way label reads
+        alone: the top is twice it."""
+        if self._y_tops.get(key) == top:
+            return
+        self._y_tops[key] = top
+        ticks = [(v, f"{v:g}") for v in (0.0, top / 2, top)]
+        self.plots[key].getAxis("left").setTicks([ticks, []])
+
+    def y_tick_labels(self, key: str) -> list[str]:
+        """The left axis's labels of plot ``key`` (for tests)."""
+        ticks = self.plots[key].getAxis("left")._tickLevels
+        return [label for _, label in ticks[0]] if ticks else []
+
+    def _sync_markers(self, lo: float) -> None:
+        known = {id(m) for m, _ in self._marker_items}
+        for marker in self.model.markers[-MAX_MARKERS:]:
+            if id(marker) in known:
+                continue
+            lines = []
+            for key, plot in self.plots.items():
+                line = pg.InfiniteLine(
+                    pos=marker.step - 0.5, angle=90,
+                    pen=pg.mkPen(theme.MARKER, width=1, style=pg.QtCore.Qt.PenStyle.DashLine),
+                    label=marker.label if key == "mass" else None,
+                    labelOpts={"position": 0.85, "color": theme.MARKER})
+                plot.addItem(line, ignoreBounds=True)
+                lines.append(line)
+            self._marker_items.append((marker, lines))
+        while len(self._marker_items) > MAX_MARKERS:
+            self._drop_oldest_marker()
+
+    def _drop_oldest_marker(self) -> None:
+        _, lines = self._marker_items.pop(0)
+        for line in lines:
+            vb = line.getViewBox()
+            if vb is not None:
+                vb.removeItem(line)
+
+    def marker_labels(self) -> list[tuple[int, str]]:
+        return [(m.step, m.label) for m, _ in self._marker_items]

@@ -1,0 +1,96 @@
+"""The chat list: search by title, new, rename, delete. It only emits requests; the window
+asks the store and calls :meth:`ChatListPanel.set_chats` back."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from moescope.session.store import Chat
+
+
+class ChatListPanel(QWidget):
+    chatSelected = Signal(int)
+    newRequested = Signal()
+    renameRequested = Signal(int)
+    deleteRequested = Signal(int)
+    searchChanged = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 6, 0, 6)
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search chats")
+        self.search.setAccessibleName("Search chats by title")
+        self.search.setClearButtonEnabled(True)
+        self.search.textChanged.connect(self.searchChanged)
+        layout.addWidget(self.search)
+        self.list = QListWidget()
+        self.list.setAccessibleName("Chats")
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.list.setUniformItemSizes(True)
+        self.list.currentItemChanged.connect(self._current_changed)
+        # Delete in the list deletes the chat (after asking); only there, so that Delete in
+        # a text box or on a slider never offers to delete a chat
+        self.delete_action = QAction("Delete chat (in the chat list)", self.list)
+        self.delete_action.setShortcut(QKeySequence(QKeySequence.StandardKey.Delete))
+        self.delete_action.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
+        self.delete_action.triggered.connect(
+            lambda: self._emit_for_current(self.deleteRequested))
+        self.list.addAction(self.delete_action)
+        layout.addWidget(self.list, 1)
+        row = QHBoxLayout()
+        self.new_button = QPushButton("&New")
+        self.rename_button = QPushButton("Rena&me")
+        self.delete_button = QPushButton("&Delete")
+        for b, name in ((self.new_button, "New chat"), (self.rename_button, "Rename chat"),
+                        (self.delete_button, "Delete chat")):
+            b.setAccessibleName(name)
+            row.addWidget(b)
+        self.new_button.clicked.connect(self.newRequested)
+        self.rename_button.clicked.connect(lambda: self._emit_for_current(self.renameRequested))
+        self.delete_button.clicked.connect(lambda: self._emit_for_current(self.deleteRequested))
+        layout.addLayout(row)
+        self._quiet = False
+
+    def set_chats(self, chats: Sequence[Chat], current: int | None) -> None:
+        """Refill the list without re-emitting a selection."""
+        self._quiet = True
+        self.list.clear()
+        for chat in chats:
+            item = QListWidgetItem(chat.title)
+            item.setData(Qt.ItemDataRole.UserRole, chat.id)
+            item.setToolTip(chat.title)
+            self.list.addItem(item)
+            if chat.id == current:
+                self.list.setCurrentItem(item)
+        self._quiet = False
+
+    def titles(self) -> list[str]:
+        return [self.list.item(i).text() for i in range(self.list.count())]
+
+    def current_id(self) -> int | None:
+        item = self.list.currentItem()
+        return int(item.data(Qt.ItemDataRole.UserRole)) if item else None
+
+    def _current_changed(self, item: QListWidgetItem | None, _prev: object) -> None:
+        if item is not None and not self._quiet:
+            self.chatSelected.emit(int(item.data(Qt.ItemDataRole.UserRole)))
+
+    def _emit_for_current(self, signal: Signal) -> None:
+        chat_id = self.current_id()
+        if chat_id is not None:
+            signal.emit(chat_id)  # type: ignore[attr-defined]

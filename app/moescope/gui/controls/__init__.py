@@ -1,0 +1,1 @@
+"""The user's dials: cache policy and the VRAM budget."""

@@ -1,0 +1,369 @@
+"""The user's dials: cache policy (presets or Custom) and the VRAM budget.
+
+Both only *request* a change (signals); the window forwards it to the engine, which applies
+it between tokens. The budget slider moves in whole slots per layer, the unit the cache
+actually allocates, and shows what that costs in bytes and % of experts resident: a GiB
+slider would snap unpredictably to slot boundaries. What each preset does, and how Custom's
+θ, β, routing bonus and prefetch map to a policy, is :mod:`moescope.display.policy_choices`.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QSlider,
+    QSpinBox,
+    QWidget,
+)
+
+from moescope.cache.budget import format_bytes
+from moescope.cache.policy import PRESETS, Policy
+from moescope.display.policy_choices import (
+    BONUS_MAX,
+    BONUS_STEPS,
+    CUSTOM,
+    POLICY_CHOICES,
+    POLICY_TIPS,
+    PREFETCH_FIXED,
+    PREFETCH_MAX,
+    PREFETCH_MODES,
+    control_values,
+    custom_policy,
+    prefetch_value,
+)
+from moescope.gui.controls.budget_entry import BudgetEntry
+from moescope.session.snapshots import ModelSummary
+
+__all__ = ["CUSTOM", "POLICY_CHOICES", "ControlsPanel", "custom_policy"]
+
+SPEED_FIRST = "speed-first"
+TOGGLE_FALLBACK = "quality-first"
+"""Where the shortcut returns from Speed-first when it did not come from another policy."""
+
+
+CUSTOM_ONLY_TIP = ("Fixed by the chosen preset: choose Custom in Policy to set it "
+                   "yourself.")
+NO_CACHE_TIP = "Open a model with an expert cache to change the policy."
+
+
+class ControlsPanel(QGroupBox):
+    """Policy and budget controls; emits requests, shows what the engine applied."""
+
+    policyRequested = Signal(object)  # Policy
+    budgetRequested = Signal(int)  # slots per layer
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__("Cache controls", parent)
+        self.model: ModelSummary | None = None
+        self._quiet = True
+        self._last_other = TOGGLE_FALLBACK
+        """The latest policy other than Speed-first: where the shortcut returns to."""
+        self._custom_saved = custom_policy()
+        """Custom's settings while a preset is shown in its controls."""
+        form = QFormLayout(self)
+        self.form = form
+        self._tips: dict[QWidget, str] = {}
+        """The Custom controls' own tooltips, before the reason they are greyed is added."""
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        self.policy_combo = QComboBox()
+        self.policy_combo.setAccessibleName("Cache policy")
+        for key, label in POLICY_CHOICES:
+            self.policy_combo.addItem(label, key)
+            self.policy_combo.setItemData(self.policy_combo.count() - 1, POLICY_TIPS[key],
+                                          Qt.ItemDataRole.ToolTipRole)
+        form.addRow("P&olicy", self.policy_combo)  # Alt+P is Stop's
+
+        self.theta = self._slider(0, 100, 15, "Fetch threshold θ")
+        self.theta_label = QLabel()
+        form.addRow("θ fetch", self._row(self.theta, self.theta_label))
+        self.beta = self._slider(5, 200, 50, "Admission threshold β")
+        self.beta.setToolTip("Background admission: an expert that lost this much gate mass "
+                             "to substitution is copied in, off the critical path.")
+        self.beta_label = QLabel()
+        form.addRow("β admit", self._row(self.beta, self.beta_label))
+        self.bonus = self._slider(0, round(BONUS_MAX * BONUS_STEPS), 0, "Routing bonus")
+        self.bonus.setToolTip(
+            "Cache-Prior: a resident expert takes a missing one's place when its gate weight "
+            "is within this much of the miss's (the units of θ), so routing prefers what is "
+            "already in VRAM. 0 = off (the 0.15 rule with θ). Larger: fewer copies, more "
+            "substituted mass; above ~0.15 perplexity rises on the demo model.")
+        self.bonus_label = QLabel()
+        form.addRow("Bonus", self._row(self.bonus, self.bonus_label))
+        self.prefetch_mode = QComboBox()
+        self.prefetch_mode.setAccessibleName("Prefetch (PSR)")
+        for key, label in PREFETCH_MODES:
+            self.prefetch_mode.addItem(label, key)
+        self.prefetch_mode.setToolTip(
+            "PSR: per token, bring the next layer's predicted experts into the cache before "
+            "it routes (their copies overlap this layer's compute). Right predictions save "
+            "waits; wrong ones cost PCIe traffic and evict useful experts.")
+        self.prefetch_count = QSpinBox()
+        self.prefetch_count.setAccessibleName("Experts prefetched per token")
+        self.prefetch_count.setRange(1, PREFETCH_MAX)
+        self.prefetch_count.setValue(2)
+        self.prefetch_count.setSuffix(" experts")
+        form.addRow("Prefetch", self._row(self.prefetch_mode, self.prefetch_count))
+
+        self.budget = self._slider(1, 1, 1, "VRAM budget for expert slots")
+        self.budget.setToolTip("Expert slots per layer kept in VRAM; applied live, the "
+                               "model and the chat are kept.")
+        self.budget_label = QLabel("–")
+        self.budget_label.setObjectName("budgetLabel")
+        self.budget_entry = BudgetEntry()
+        self.budget_entry.submitted.connect(self.apply_typed_budget)
+        form.addRow("&VRAM budget", self._row(self.budget, self.budget_entry))
+        form.addRow("", self.budget_label)
+        for control in (self.theta, self.beta, self.bonus, self.prefetch_mode, self.budget):
+            # the row's name labels the control itself, not the row holding it and its value:
+            # Alt+V reaches the slider, and a screen reader reads the name with it
+            label = form.labelForField(control.parentWidget())
+            if isinstance(label, QLabel):
+                label.setBuddy(control)
+
+        self.policy_combo.currentIndexChanged.connect(self._policy_chosen)
+        for slider in (self.theta, self.beta, self.bonus):
+            slider.valueChanged.connect(self._custom_changed)
+            slider.sliderReleased.connect(self._custom_released)
+        self.prefetch_mode.currentIndexChanged.connect(self._custom_changed)
+        self.prefetch_count.valueChanged.connect(self._custom_changed)
+        self.budget.valueChanged.connect(self._budget_moved)
+        self.budget.sliderReleased.connect(self._budget_released)
+        self._shown = str(self.policy_combo.currentData())
+        self._show_values(PRESETS[self._shown])
+        self._quiet = False
+        self._update_custom_enabled()
+        self.set_model(None)
+
+    # ------------------------------------------------------------------ building
+    def _slider(self, lo: int, hi: int, value: int, name: str) -> QSlider:
+        s = QSlider(Qt.Orientation.Horizontal)
+        s.setRange(lo, hi)
+        s.setValue(value)
+        s.setAccessibleName(name)
+        s.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        return s
+
+    @staticmethod
+    def _row(control: QWidget, extra: QWidget) -> QWidget:
+        w = QWidget()
+        row = QHBoxLayout(w)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(control, 1)
+        if isinstance(extra, QLabel):
+            extra.setMinimumWidth(36)
+        row.addWidget(extra)
+        return w
+
+    # ------------------------------------------------------------------ state in
+    def set_model(self, model: ModelSummary | None) -> None:
+        """Configure the budget slider for ``model`` (disabled without an expert cache)."""
+        self.model = model
+        enabled = bool(model and model.cache_enabled)
+        self._quiet = True
+        if model and enabled:
+            self.budget.setRange(model.top_k, model.n_expert)
+            self.budget.setValue(model.slots_per_layer)
+            self.prefetch_count.setRange(1, max(1, min(PREFETCH_MAX, model.n_expert)))
+        self.budget.setEnabled(enabled)
+        self.budget_entry.setEnabled(enabled)
+        self.policy_combo.setEnabled(enabled)
+        self._quiet = False
+        if model is not None:
+            self.show_policy(model.policy)
+        self._update_budget_label()
+        self._update_custom_enabled()
+
+    def show_applied(self, model: ModelSummary, *, policy: bool = True,
+                     budget: bool = True) -> None:
+        """The engine applied a change: reflect its slots and policy (``policy`` /
+        ``budget`` False: a newer request of that kind is pending, leave its control)."""
+        self.model = model
+        self._quiet = True
+        if budget and model.cache_enabled and not self.budget.isSliderDown():
+            self.budget.setValue(model.slots_per_layer)
+        self._quiet = False
+        if policy:
+            self.show_policy(model.policy)
+        self._update_budget_label()
+
+    def show_policy(self, name: str) -> None:
+        index = self.policy_combo.findData(name)
+        if index >= 0 and index != self.policy_combo.currentIndex():
+            self._quiet = True
+            self.policy_combo.setCurrentIndex(index)
+            self._quiet = False
+        self._update_custom_enabled()
+
+    # ------------------------------------------------------------------ requests out
+    def current_policy(self) -> Policy:
+        key = self.policy_combo.currentData()
+        return self._controls_policy() if key == CUSTOM else PRESETS[key]
+
+    def custom_setting(self) -> Policy:
+        """Custom's policy as the user set it, whichever entry is chosen now."""
+        if self.policy_combo.currentData() == CUSTOM:
+            return self._controls_policy()
+        return self._custom_saved
+
+    def _controls_policy(self) -> Policy:
+        """Custom's policy from the controls as they stand."""
+        return custom_policy(self.theta.value() / 100, self.beta.value() / 100,
+                             self.bonus.value() / BONUS_STEPS,
+                             prefetch_value(self.prefetch_mode.currentData(),
+                                            self.prefetch_count.value()))
+
+    def _show_values(self, policy: Policy) -> None:
+        """Set the controls to ``policy``'s parameters without requesting anything."""
+        v = control_values(policy)
+        quiet, self._quiet = self._quiet, True
+        self.theta.setValue(round(v.theta * 100))
+        self.beta.setValue(round(v.beta * 100))
+        self.bonus.setValue(round(v.bonus * BONUS_STEPS))
+        self.prefetch_mode.setCurrentIndex(self.prefetch_mode.findData(v.prefetch_mode))
+        if v.prefetch_count is not None:
+            self.prefetch_count.setValue(v.prefetch_count)
+        self._quiet = quiet
+        self._update_custom_labels()
+
+    def select_policy(self, key: str) -> None:
+        """Choose a menu entry as the user would (emits the request)."""
+        index = self.policy_combo.findData(key)
+        if index < 0:
+            raise ValueError(f"unknown policy {key!r}")
+        if index == self.policy_combo.currentIndex():
+            self._policy_chosen(index)
+        else:
+            self.policy_combo.setCurrentIndex(index)
+
+    def toggle_quality_speed(self) -> str:
+        """The shortcut: to Speed-first, and from it back to the policy in use before
+        (Quality-first at first; Custom comes back with its settings). Returns the key."""
+        current = self.policy_combo.currentData()
+        key = self._last_other if current == SPEED_FIRST else SPEED_FIRST
+        self.select_policy(key)
+        return key
+
+    def _policy_chosen(self, _index: int) -> None:
+        """A preset shows its own parameters in Custom's (greyed) controls; Custom gets
+        back the settings it had when the user left it."""
+        key = str(self.policy_combo.currentData())
+        if self._shown == CUSTOM and key != CUSTOM:
+            self._custom_saved = self._controls_policy()
+        if key != self._shown:
+            self._shown = key
+            self._show_values(self._custom_saved if key == CUSTOM else PRESETS[key])
+        self._update_custom_enabled()
+        if key != SPEED_FIRST:
+            self._last_other = key
+        if not self._quiet:
+            self.policyRequested.emit(self.current_policy())
+
+    def _custom_changed(self, _value: int) -> None:
+        self._update_custom_labels()
+        self._update_custom_enabled()
+        dragging = any(s.isSliderDown() for s in (self.theta, self.beta, self.bonus))
+        if not self._quiet and not dragging and self.policy_combo.currentData() == CUSTOM:
+            self.policyRequested.emit(self.current_policy())
+
+    def _custom_released(self) -> None:
+        if self.policy_combo.currentData() == CUSTOM:
+            self.policyRequested.emit(self.current_policy())
+
+    def _budget_moved(self, _value: int) -> None:
+        self._update_budget_label()
+        if not self._quiet and not self.budget.isSliderDown():
+            self.budgetRequested.emit(self.budget.value())
+
+    def _budget_released(self) -> None:
+        self.budgetRequested.emit(self.budget.value())
+
+    def apply_typed_budget(self) -> bool:
+        """The typed budget (a size, a share of the experts, or a slot count) moves the
+        slider, which requests it. A slider alone cannot hit "exactly 12 GiB" on a model
+        with 512 experts; a typo is explained in place and changes nothing."""
+        m = self.model
+        if m is None or not m.cache_enabled:
+            return False
+        slots = self.budget_entry.take_slots(m.n_expert, m.top_k, m.slot_row_bytes)
+        if slots is None:
+            return False
+        if slots == self.budget.value():
+            self.budgetRequested.emit(slots)  # e.g. a pending request to undo
+        else:
+            self.budget.setValue(slots)  # _budget_moved requests it
+        return True
+
+
+    # ------------------------------------------------------------------ labels
+    def _update_custom_enabled(self) -> None:
+        """Custom's controls are live only under Custom; θ only while the 0.15 rule is
+        the rule (bonus 0), the count only for a fixed prefetch."""
+        custom = self.policy_combo.currentData() == CUSTOM and self.policy_combo.isEnabled()
+        self.theta.setEnabled(custom and self.bonus.value() == 0)
+        self.theta.setToolTip(
+            "Fetch a missing expert when its gate weight is at least θ (or it is the "
+            "first choice); substitute the rest." if self.bonus.value() == 0 else
+            "Not used: with a routing bonus the Cache-Prior rule decides (set the bonus to "
+            "0 for the 0.15 rule).")
+        key = self.policy_combo.currentData()
+        self.policy_combo.setToolTip(
+            f"{POLICY_TIPS.get(str(key), '')}\n\nWhat to do with a routed expert that is not "
+            "in VRAM: wait for it (fetch) or use a resident one (substitute). Applies from "
+            "the next token.")
+        for widget in (self.beta, self.bonus, self.prefetch_mode):
+            widget.setEnabled(custom)
+        self.prefetch_count.setEnabled(
+            custom and self.prefetch_mode.currentData() == PREFETCH_FIXED)
+        for slider, label in ((self.theta, self.theta_label), (self.beta, self.beta_label),
+                              (self.bonus, self.bonus_label)):
+            label.setEnabled(slider.isEnabled())  # greyed like what it labels
+        # the row names too, and say why they are greyed: a preset fixes its settings
+        why = "" if custom else CUSTOM_ONLY_TIP if self.policy_combo.isEnabled() else \
+            NO_CACHE_TIP
+        for widget in (self.theta, self.beta, self.bonus, self.prefetch_mode,
+                       self.prefetch_count):
+            tip = widget.toolTip() if widget is self.theta else \
+                self._tips.setdefault(widget, widget.toolTip())
+            widget.setToolTip(f"{tip}\n\n{why}" if why else tip)
+        for widget in (self.theta, self.beta, self.bonus, self.prefetch_mode):
+            name = self.form.labelForField(widget.parentWidget())
+            if name is not None:
+                name.setEnabled(widget.isEnabled())
+                name.setToolTip(why)
+
+    def _update_custom_labels(self) -> None:
+        self.theta_label.setText(f"{self.theta.value() / 100:.2f}")
+        self.beta_label.setText(f"{self.beta.value() / 100:.2f}")
+        bonus = self.bonus.value() / BONUS_STEPS
+        self.bonus_label.setText(f"{bonus:.2f}" if bonus > 0 else "off")
+        for slider, label in ((self.theta, self.theta_label), (self.beta, self.beta_label),
+                              (self.bonus, self.bonus_label)):
+            # what a screen reader says: the value shown beside it, not the raw step (15)
+            slider.setAccessibleDescription(label.text())
+
+    def _update_budget_label(self) -> None:
+        m = self.model
+        if m is None:
+            self._set_budget_text("no model loaded")
+            return
+        if not m.cache_enabled:
+            self._set_budget_text("expert cache off for this model")
+            return
+        slots = self.budget.value()
+        n_bytes = slots * m.slot_row_bytes
+        size = f"{n_bytes / 2**30:.2f} GiB" if n_bytes >= 2**30 / 100 else format_bytes(n_bytes)
+        text = f"{size} · {slots} slots/layer · {slots / m.n_expert:.1%} resident"
+        if slots != m.slots_per_layer:
+            text += f" (applied: {m.slots_per_layer})"
+        self._set_budget_text(text)
+
+    def _set_budget_text(self, text: str) -> None:
+        """The line under the budget slider, also the slider's spoken description (its
+        value alone is a bare slot count)."""
+        self.budget_label.setText(text)
+        self.budget.setAccessibleDescription(text)

@@ -1,0 +1,338 @@
+"""Compare policies on the last message: would speed-first have said the same thing?
+
+Perplexity on held-out text says how much a policy costs on average; this dialog answers
+for the user's own conversation. It asks the worker (``engine.compare``) for greedy answers
+to the chat's last user message under each chosen policy, each from an empty expert cache
+at the current budget, the first (Exact, the unpatched engine's answer) as the reference.
+The table gives speed, how long each answer stays identical to the reference, the share
+of positions that agree, and what the cache did; below it, the chosen answer with the
+part that differs from the reference marked. With *Score the whole chat*, each policy also
+reads the conversation teacher-forced, and the table adds its perplexity change against
+Exact on the user's own text, with a 95% interval (one short answer says little about
+quality on average; a few hundred tokens of the chat say more).
+
+Modal while it runs: the engine answers one thing at a time, and the chat's next message
+must not interleave with the comparison's.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QBrush, QColor, QTextCharFormat, QTextCursor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QDialog,
+    QDialogButtonBox,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
+
+from moescope.cache.policy import Policy
+from moescope.display.policy_choices import (
+    CUSTOM,
+    POLICY_CHOICES,
+    POLICY_NAMES,
+    POLICY_TIPS,
+    PREFETCH_OFF,
+    control_values,
+)
+from moescope.engine.compare import Comparison, PolicyAnswer, perplexity_text, same_start_text
+from moescope.gui import theme
+from moescope.gui.worker import CompareRequest, EngineClient
+from moescope.model.reasoning import split_reasoning
+from moescope.session.snapshots import ModelSummary
+
+REFERENCE = "exact"
+DEFAULT_CHOSEN = ("quality-first", "speed-first", "psr")
+DIVERGED_BACKGROUND = "#4a2b2e"
+COLUMNS = ("Policy", "tok/s", "vs Exact", "Same start", "Agreement", "Hit rate",
+           "Substituted", "Mass/token", "Fetched MB/token", "Chat perplexity")
+
+
+class CompareDialog(QDialog):
+    """Choose policies, run, read the table; the worker does the decoding."""
+
+    def __init__(self, client: EngineClient, model: ModelSummary,
+                 messages: list[dict[str, str]], thinking: str = "default",
+                 parent: QWidget | None = None,
+                 transcript: list[dict[str, str]] | None = None,
+                 custom: Policy | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Compare policies on the last message")
+        self.setModal(True)
+        self.client, self.model, self.messages, self.thinking = client, model, messages, thinking
+        self.transcript = transcript or []
+        self.custom = custom
+        """Custom's settings (θ, β, bonus, prefetch), offered as one more policy."""
+        self.result: Comparison | None = None
+        self.running = False
+        layout = QVBoxLayout(self)
+        intro = QLabel(
+            f"Greedy answers to your last message under each policy, each from an empty "
+            f"expert cache at the current budget ({model.slots_per_layer}/{model.n_expert} "
+            f"experts per layer). Exact, the unpatched engine's answer, is the reference.")
+        intro.setWordWrap(True)
+        layout.addWidget(intro)
+
+        row = QHBoxLayout()
+        self.policies = QListWidget()
+        self.policies.setAccessibleName("Policies to compare")
+        self.policies.setMaximumHeight(150)
+        for key, label in POLICY_CHOICES:
+            if key == REFERENCE or (key == CUSTOM and custom is None):
+                continue
+            tip = POLICY_TIPS.get(key, "")
+            if key == CUSTOM and custom is not None:
+                label = f"Custom: {custom_text(custom)}"
+                tip = "Your Custom settings, as set in the cache controls."
+            item = QListWidgetItem(label)
+            item.setData(Qt.ItemDataRole.UserRole, key)
+            item.setToolTip(tip)
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
+            item.setCheckState(Qt.CheckState.Checked if key in DEFAULT_CHOSEN
+                               else Qt.CheckState.Unchecked)
+            self.policies.addItem(item)
+        row.addWidget(self.policies, 1)
+        side = QVBoxLayout()
+        tokens_label = QLabel("&Tokens per answer")
+        side.addWidget(tokens_label)
+        self.max_tokens = QSpinBox()
+        tokens_label.setBuddy(self.max_tokens)
+        self.max_tokens.setAccessibleName("Tokens per answer")
+        self.max_tokens.setRange(4, 4096)
+        self.max_tokens.setValue(64)
+        side.addWidget(self.max_tokens)
+        self.score = QCheckBox("&Score the whole chat")
+        self.score.setToolTip(
+            "Also read the whole conversation, teacher-forced, under each policy from an "
+            "empty cache: its perplexity change against Exact on your own text, with a 95% "
+            "interval. Takes about as long as answering once per token of the chat.")
+        self.score.setEnabled(len(self.transcript) > 1)
+        side.addWidget(self.score)
+        self.run_button = QPushButton("&Run")
+        self.run_button.setDefault(True)
+        self.run_button.clicked.connect(self.run)
+        self.stop_button = QPushButton("Sto&p")
+        self.stop_button.setEnabled(False)
+        self.stop_button.clicked.connect(self.stop)
+        side.addWidget(self.run_button)
+        side.addWidget(self.stop_button)
+        side.addStretch(1)
+        row.addLayout(side)
+        layout.addLayout(row)
+
+        self.progress = QProgressBar()
+        self.progress.setAccessibleName("Policies answered")
+        self.progress.setVisible(False)
+        layout.addWidget(self.progress)
+        self.status = QLabel("")
+        self.status.setWordWrap(True)
+        layout.addWidget(self.status)
+
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setAccessibleName("Comparison")
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.verticalHeader().setVisible(False)
+        self.table.resizeColumnsToContents()  # whole headers before the first run too
+        self.table.itemSelectionChanged.connect(self._show_selected)
+        layout.addWidget(self.table, 1)
+        self.answer = QTextBrowser()
+        self.answer.setAccessibleName("Answer of the selected policy")
+        self.answer.setOpenLinks(False)
+        layout.addWidget(self.answer, 1)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        buttons.rejected.connect(self.reject)
+        layout.addWidget(buttons)
+        self.resize(900, 640)
+
+        w = client
+        w.compareProgress.connect(self._on_progress)
+        w.compareFinished.connect(self._on_finished)
+        w.compareFailed.connect(self._on_failed)
+
+    # ------------------------------------------------------------------ running
+    def chosen(self) -> tuple[Policy | str, ...]:
+        """The reference first, then the checked policies in menu order (Custom as the
+        policy its settings make)."""
+        keys = [self.policies.item(i).data(Qt.ItemDataRole.UserRole)
+                for i in range(self.policies.count())
+                if self.policies.item(i).checkState() == Qt.CheckState.Checked]
+        return (REFERENCE, *(self.custom if k == CUSTOM and self.custom is not None else k
+                             for k in keys))
+
+    def run(self) -> bool:
+        if self.running:
+            return False
+        policies = self.chosen()
+        if len(policies) < 2:
+            self.status.setText("Check at least one policy to compare with Exact.")
+            return False
+        self.running = True
+        self.result = None
+        self.table.setRowCount(0)
+        self.answer.clear()
+        pressed = self.run_button.hasFocus()
+        self.stop_button.setEnabled(True)
+        if pressed:  # not the table's empty rows: Space again stops it (then the results)
+            self.stop_button.setFocus()
+        self.run_button.setEnabled(False)
+        self.policies.setEnabled(False)
+        self.progress.setRange(0, len(policies))
+        self.progress.setValue(0)
+        self.progress.setVisible(True)
+        self.status.setText("Answering…")
+        transcript = tuple(self.transcript) if self.score.isChecked() else ()
+        self.client.compare(CompareRequest(messages=tuple(self.messages), policies=policies,
+                                           max_tokens=self.max_tokens.value(),
+                                           thinking=self.thinking, transcript=transcript))
+        return True
+
+    def stop(self) -> None:
+        if self.running:
+            self.status.setText("Stopping after the current token…")
+            self.client.cancel_compare()
+
+    def _on_progress(self, done: int, total: int, policy: str) -> None:
+        if not self.running:
+            return
+        self.progress.setValue(done)
+        if policy.startswith("scoring "):
+            self.status.setText(f"{policy[0].upper()}{policy[1:]} ({done + 1} of {total})…")
+        elif policy:
+            self.status.setText(f"Answering under {policy} ({done + 1} of {total})…")
+
+    def _on_failed(self, message: str) -> None:
+        if not self.running:
+            return
+        self._done()
+        self.status.setText(f"The comparison failed: {message}")
+
+    def _on_finished(self, result: Comparison, summary: ModelSummary) -> None:
+        if not self.running:
+            return
+        self._done()
+        self.result = result
+        self.model = summary
+        self._fill(result)
+        ref = result.reference
+        n = len(ref.token_ids) if ref else 0
+        text = f"{len(result.answers)} answers of up to {result.max_tokens} tokens"
+        if ref is not None:
+            text += f" (Exact gave {n})"
+        if result.scored_tokens:
+            text += f"; the chat scored over {result.scored_tokens} tokens"
+        if result.stopped:
+            text += "; stopped before every policy answered"
+        self.status.setText(text + ". Select a row to read its answer.")
+        if self.table.rowCount():
+            self.table.selectRow(min(1, self.table.rowCount() - 1))
+
+    def _done(self) -> None:
+        self.running = False
+        self.run_button.setEnabled(True)
+        self.stop_button.setEnabled(False)
+        self.policies.setEnabled(True)
+        self.progress.setVisible(False)
+
+    # ------------------------------------------------------------------ results
+    def _fill(self, result: Comparison) -> None:
+        self.table.setRowCount(len(result.answers))
+        for r, a in enumerate(result.answers):
+            c = a.cache
+            reference = r == 0
+            cells = (
+                POLICY_NAMES.get(a.policy, a.policy), f"{a.tokens_per_second:.1f}",
+                "reference" if reference else f"{result.speedup(a):.2f}×",
+                "reference" if reference else same_start_text(a),
+                "reference" if reference else f"{a.agreement:.0%}",
+                f"{c.hit_rate:.1%}", f"{c.substituted_fraction:.1%}",
+                f"{c.mass_per_token:.3f}", f"{c.fetched_mb_per_token:.2f}",
+                "reference" if reference and a.nll is not None
+                else perplexity_text(result.perplexity_change(a)))
+            for col, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                if col:
+                    item.setTextAlignment(Qt.AlignmentFlag.AlignRight
+                                          | Qt.AlignmentFlag.AlignVCenter)
+                self.table.setItem(r, col, item)
+        self.table.resizeColumnsToContents()
+
+    def _show_selected(self) -> None:
+        rows = self.table.selectionModel().selectedRows()
+        if not rows or self.result is None:
+            return
+        show_answer(self.answer, self.result, self.result.answers[rows[0].row()])
+
+    # ------------------------------------------------------------------ closing
+    def reject(self) -> None:
+        """Close; a running comparison is stopped (the worker finishes the token)."""
+        self.stop()
+        self.running = False
+        w = self.client
+        for signal, slot in ((w.compareProgress, self._on_progress),
+                             (w.compareFinished, self._on_finished),
+                             (w.compareFailed, self._on_failed)):
+            signal.disconnect(slot)
+        super().reject()
+
+
+def custom_text(policy: Policy) -> str:
+    """Custom's settings in one line: "θ 0.15 · β 0.50 · bonus 0.10 · prefetch top-k"."""
+    values = control_values(policy)
+    parts = [f"bonus {values.bonus:.2f}" if values.bonus > 0 else f"θ {values.theta:.2f}",
+             f"β {values.beta:.2f}"]
+    if values.prefetch_mode != PREFETCH_OFF:
+        parts.append(f"prefetch {values.prefetch_count or values.prefetch_mode}")
+    return " · ".join(parts)
+
+
+def common_start(a: str, b: str) -> int:
+    """Characters at the start of ``a`` and ``b`` that are the same."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def shown_text(raw: str) -> str:
+    """An answer as the dialog shows it: a thinking model's thoughts under "Thinking:",
+    then its answer, never the raw markers (``model.reasoning``)."""
+    split = split_reasoning(raw)
+    if not split.has_reasoning:
+        return raw
+    return f"Thinking: {split.reasoning}" + (f"\n\n{split.answer}" if split.answer else "")
+
+
+def show_answer(view: QTextBrowser, result: Comparison, answer: PolicyAnswer) -> None:
+    """``answer`` as plain text (model text is never HTML), the part after the first
+    character where it differs from the reference marked."""
+    view.clear()
+    ref = result.reference
+    text = shown_text(answer.text)
+    common = common_start(shown_text(ref.text), text) if ref else len(text)
+    cursor = QTextCursor(view.document())
+    plain = QTextCharFormat()
+    plain.setForeground(QColor(theme.TEXT))
+    cursor.insertText(text[:common], plain)
+    if common < len(text):
+        marked = QTextCharFormat(plain)
+        marked.setBackground(QBrush(QColor(DIVERGED_BACKGROUND)))
+        cursor.insertText(text[common:], marked)
+    view.setToolTip("" if answer is ref else
+                    "Marked: where this answer stops matching Exact's")

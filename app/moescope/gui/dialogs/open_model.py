@@ -1,0 +1,138 @@
+"""Open a model: the fit estimate, the starting budget, policy and context size.
+
+Shown before anything is loaded, so a model that does not fit is caught in a second from
+its header instead of after minutes of loading. Everything recomputes as the budget
+slider moves.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QSlider,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from moescope.display.fit import FitEstimate, estimate_fit
+from moescope.display.policy_choices import CUSTOM, POLICY_CHOICES, POLICY_TIPS
+from moescope.gui.controls.budget_entry import BudgetEntry
+from moescope.gui.worker import LoadRequest
+from moescope.model.gguf_info import ModelInfo
+from moescope.model.reasoning import thinking_choices
+
+
+def model_facts(info: ModelInfo) -> list[tuple[str, str]]:
+    """What else a user should know before loading: a split model's files, and a chat
+    template's thinking switch."""
+    out = []
+    if info.parts:
+        out.append(("Files", f"{len(info.parts)} parts ({info.parts[0].name} …)"))
+    template = info.metadata.get("tokenizer.chat_template")
+    choices = thinking_choices(template if isinstance(template, str) else None)[1:]
+    if choices:
+        out.append(("Thinking", f"switch in Chat settings: {'/'.join(choices)}"))
+    return out
+
+
+class OpenModelDialog(QDialog):
+    """Fit estimate and load settings for one GGUF; ``request()`` after ``exec()``."""
+
+    def __init__(self, info: ModelInfo, *, budget: str = "25%", policy: str = "quality-first",
+                 n_ctx: int = 2048, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.info = info
+        self.setWindowTitle(f"Open {info.file_name}")
+        self.setAccessibleName("Open model")
+        self.setMinimumWidth(520)  # the fit's lines ("RAM needed", the GPU) unwrapped
+        layout = QVBoxLayout(self)
+        settings = QFormLayout()
+        self.budget = QSlider(Qt.Orientation.Horizontal)
+        self.budget.setAccessibleName("Expert slots per layer")
+        self.budget.setEnabled(info.is_moe)
+        if info.is_moe:
+            self.budget.setRange(info.top_k, info.n_expert)
+            start = estimate_fit(info, budget, n_ctx).plan
+            self.budget.setValue(start.slots_per_layer if start else info.top_k)
+        self.budget_entry = BudgetEntry()  # its Enter applies it, never presses Open
+        self.budget_entry.setEnabled(info.is_moe)
+        self.budget_entry.submitted.connect(self.apply_typed_budget)
+        row = QHBoxLayout()
+        row.addWidget(self.budget, 1)
+        row.addWidget(self.budget_entry)
+        budget_label = QLabel("VRAM &budget")
+        budget_label.setBuddy(self.budget)  # a row of two has no buddy of its own: Alt+B
+        settings.addRow(budget_label, row)
+        self.policy = QComboBox()
+        self.policy.setAccessibleName("Cache policy")
+        for key, label in POLICY_CHOICES:
+            if key != CUSTOM:
+                self.policy.addItem(label, key)
+                self.policy.setItemData(self.policy.count() - 1, POLICY_TIPS[key],
+                                        Qt.ItemDataRole.ToolTipRole)
+        index = self.policy.findData(policy)
+        self.policy.setCurrentIndex(max(index, 0))
+        settings.addRow("&Policy", self.policy)
+        self.n_ctx = QSpinBox()
+        self.n_ctx.setRange(256, info.context_length or 131072)
+        self.n_ctx.setSingleStep(256)
+        self.n_ctx.setValue(min(n_ctx, self.n_ctx.maximum()))
+        self.n_ctx.setAccessibleName("Context size in tokens")
+        settings.addRow("&Context", self.n_ctx)
+        layout.addLayout(settings)
+        self.estimate_form = QFormLayout()
+        layout.addLayout(self.estimate_form)
+        self.warning = QLabel()
+        self.warning.setObjectName("warningLabel")
+        self.warning.setWordWrap(True)
+        layout.addWidget(self.warning)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Open
+                                   | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout.addWidget(buttons)
+        self.budget.valueChanged.connect(self._update)
+        self.n_ctx.valueChanged.connect(self._update)
+        self.estimate: FitEstimate | None = None
+        self._update()
+
+    def apply_typed_budget(self) -> bool:
+        """Move the slider to the typed budget (as in the main window)."""
+        if not self.info.is_moe:
+            return False
+        slots = self.budget_entry.take_slots(self.info.n_expert, self.info.top_k,
+                                             self._row_bytes())
+        if slots is None:
+            return False
+        self.budget.setValue(slots)
+        return True
+
+    def _row_bytes(self) -> int:
+        return sum(self.info.bytes_per_expert[layer] for layer in self.info.moe_layers)
+
+    def budget_text(self) -> str:
+        """The budget as bytes that buy exactly the chosen number of slots."""
+        if not self.info.is_moe:
+            return "25%"
+        return f"{self.budget.value() * self._row_bytes()}B"  # a bare number is slots
+
+    def _update(self) -> None:
+        self.estimate = estimate_fit(self.info, self.budget_text(), self.n_ctx.value())
+        while self.estimate_form.rowCount():
+            self.estimate_form.removeRow(0)
+        for label, value in [*self.estimate.lines(), *model_facts(self.info)]:
+            v = QLabel(value)
+            v.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            self.estimate_form.addRow(label, v)
+        self.warning.setText("\n".join(self.estimate.warnings()))
+
+    def request(self) -> LoadRequest:
+        return LoadRequest(path=str(self.info.path), budget=self.budget_text(),
+                           policy=self.policy.currentData(), n_ctx=self.n_ctx.value())

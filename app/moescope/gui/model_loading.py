@@ -1,0 +1,226 @@
+"""Opening a model in the main window: the file dialog, the fit estimate, the load on the
+worker with progress and Cancel, what is remembered per model, and what a load's outcome
+changes in the window.
+
+A mixin of :class:`~moescope.gui.main_window.MainWindow` (the load flow drives the
+window's status bar, chat, controls and cache panel); the engine work is the worker's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import math
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from PySide6.QtWidgets import QFileDialog
+
+from moescope.gui.dialogs.open_model import OpenModelDialog
+from moescope.gui.worker import LoadRequest
+from moescope.model.gguf_info import read_model_info
+from moescope.session.snapshots import ModelSummary
+from moescope.util import paths
+from moescope.util.errors import MoEScopeError
+from moescope.util.resources import demo_model_path
+
+log = logging.getLogger("moescope.gui")
+
+if TYPE_CHECKING:
+    from moescope.gui.main_window import MainWindow
+
+    _Window = MainWindow
+else:
+    _Window = object
+
+MAX_RECENT = 8
+
+
+def budget_percent(slots: int, n_expert: int) -> str:
+    """A percentage budget that buys exactly ``slots`` per layer on any model with
+    ``n_expert`` experts (rounded up so the core's floor lands on ``slots``)."""
+    return f"{math.ceil(slots * 100 / n_expert * 1e6) / 1e6}%"
+
+
+def model_key(path: str | Path) -> str:
+    """The settings group of one model file: its resolved path, hashed (any part of a split
+    model names the first), so budget, policy and context are remembered per model."""
+    p = Path(path).expanduser().resolve()
+    name = re.sub(r"-\d{5}-of-(\d{5})\.gguf$", r"-00001-of-\1.gguf", p.name)
+    return "model-" + hashlib.sha1(str(p.with_name(name)).encode()).hexdigest()[:16]
+
+
+class ModelLoading(_Window):
+    """File ▸ Open model, Open recent, drag and drop, autoload: the path to a loaded model."""
+
+    def recent_models(self) -> list[str]:
+        value = self.settings.value("recent_models", [])
+        if isinstance(value, str):
+            value = [value]
+        return [str(v) for v in (value or [])]
+
+    def _remember_model(self, path: str) -> None:
+        recent = [path] + [p for p in self.recent_models() if p != path]
+        self.settings.setValue("recent_models", recent[:MAX_RECENT])
+        self.settings.setValue("last_model", path)
+        self._rebuild_recent_menu()
+
+    # ------------------------------------------------------------------ model
+    def open_model_dialog(self) -> None:
+        start = self.settings.value("last_model", "") or str(paths.models_dir())
+        path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", str(start),
+                                              "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.prepare_open(path)
+
+    def prepare_open(self, path: str | Path) -> None:
+        """Read the header, show the fit estimate, load if the user confirms."""
+        try:
+            info = read_model_info(path, require_moe=False)
+        except MoEScopeError as err:
+            self.show_error("Cannot open this model", str(err))
+            return
+        dialog = OpenModelDialog(info, budget=self.default_budget(info.path),
+                                 policy=str(self.model_setting(info.path, "policy",
+                                                               "quality-first")),
+                                 n_ctx=int(self.model_setting(info.path, "n_ctx", 2048)),
+                                 parent=self)
+        accepted = dialog.exec() == OpenModelDialog.DialogCode.Accepted
+        request = dialog.request()
+        dialog.deleteLater()  # one per File → Open: a long session opens many
+        if accepted:
+            self.load_model(request)
+
+    def default_budget(self, path: str | Path | None = None) -> str:
+        return str(self.model_setting(path, "budget", "25%"))
+
+    def model_setting(self, path: str | Path | None, name: str, default: object) -> object:
+        """``name`` as last used with the model at ``path``, else as last used with any
+        model, else ``default``: a 30B and an 80B model want different budgets."""
+        if path is not None:
+            value = self.settings.value(f"{model_key(path)}/{name}")
+            if value is not None:
+                return value
+        return self.settings.value(name, default)
+
+    def remember_setting(self, path: str | Path | None, name: str, value: object) -> None:
+        """Remember ``name`` for the model at ``path`` and as the default for others."""
+        self.settings.setValue(name, value)
+        if path is not None:
+            self.settings.setValue(f"{model_key(path)}/{name}", value)
+
+    def load_model(self, request: LoadRequest | str | Path) -> bool:
+        """Load in the worker (progress in the status bar); False if busy."""
+        if isinstance(request, str | Path):
+            path = request
+            request = LoadRequest(path=str(path), budget=self.default_budget(path),
+                                  policy=str(self.model_setting(path, "policy",
+                                                                "quality-first")),
+                                  n_ctx=int(self.model_setting(path, "n_ctx", 2048)))
+        if self.recording and request.trace_dir is None:
+            request = dataclasses.replace(request, trace_dir=str(paths.traces_dir()))
+        if self.chat.generating or self.loading:
+            self.show_error("Busy", "Wait for the current answer or load to finish (Esc "
+                                    "stops an answer).")
+            return False
+        self.loading = True
+        self.chat.model_loaded = False
+        self.chat._update_buttons()
+        self.model_label.setText(f"Loading {Path(request.path).name}…")
+        self.progress.setValue(0)
+        self.progress.show()
+        self.cancel_load_button.setEnabled(True)
+        self.cancel_load_button.show()
+        self._pending_request = request
+        self.client.load(request)
+        return True
+
+    def stop(self) -> None:
+        """Esc: stop the answer, or the model load, in progress."""
+        if self.loading:
+            self.cancel_load()
+        else:
+            self.chat.stop()
+
+    def cancel_load(self) -> None:
+        """Stop the model load in progress (the worker says so with ``loadCancelled``)."""
+        if self.loading:
+            self._focus_off_cancel()
+            self.cancel_load_button.setEnabled(False)
+            self.model_label.setText("Cancelling…")
+            self.client.cancel_load()
+
+    def _on_load_progress(self, stage: str, fraction: float) -> None:
+        self.progress.setValue(int(fraction * 100))
+        self.progress.setFormat(f"{stage} %p%")
+
+    def _focus_off_cancel(self) -> None:
+        """Disabled or hidden, the focused Cancel button would hand the keyboard to the next
+        widget in the chain (the chat search box, at the far end of the window)."""
+        if self.cancel_load_button.hasFocus():
+            self.chat_view.input.setFocus()
+
+    def _load_ended(self) -> None:
+        self.loading = False
+        self._focus_off_cancel()
+        self.progress.hide()
+        self.cancel_load_button.hide()
+
+    def _on_loaded(self, summary: ModelSummary) -> None:
+        self._load_ended()
+        self.model = summary
+        self.chat.model_loaded = True
+        self.chat.model_name = summary.name
+        self.chat.answer_prefixes = dict(summary.answer_prefixes)
+        self.chat_settings.set_thinking_choices(summary.thinking_choices)
+        self.cache_panel.set_model(summary)
+        self.controls.set_model(summary)
+        self.trace_path = Path(summary.trace_path) if summary.trace_path else None
+        self.recording_now = self.trace_path is not None
+        self.recent_tokens.clear()
+        self._remember_model(summary.path)
+        req = getattr(self, "_pending_request", None)
+        if req is not None:
+            self.remember_setting(summary.path, "n_ctx", req.n_ctx)
+            if isinstance(req.policy, str):
+                self.remember_setting(summary.path, "policy", req.policy)
+        if summary.cache_enabled and summary.n_expert:
+            self.remember_setting(summary.path, "budget", budget_percent(
+                summary.slots_per_layer, summary.n_expert))
+        self._update_title()
+        self.chat._update_buttons()
+        self.chat_view.set_context(0, summary.n_ctx)
+        self.modelLoaded.emit(summary)
+        if summary.notice:
+            self.show_warning("Model loaded with a note", summary.notice)
+
+    def _on_load_cancelled(self, message: str) -> None:
+        """Nothing is loaded now (the previous model was freed before loading began)."""
+        self._no_model()
+        self.statusBar().showMessage(message, 8000)
+
+    def _on_load_failed(self, message: str) -> None:
+        self._no_model()
+        self.modelFailed.emit(message)
+        self.show_error("Could not load the model", message)
+
+    def _no_model(self) -> None:
+        self._load_ended()
+        self.model = None
+        self.recording_now = False  # the worker ended the session's trace before loading
+        self.chat.model_loaded = False
+        self.cache_panel.set_model(None)
+        self.controls.set_model(None)
+        self.chat_view.set_context(0, 0)
+        self._update_title()
+        self.chat._update_buttons()
+
+    def autoload(self, model: str | Path | None = None) -> bool:
+        """Load ``model``, else the last model, else the bundled demo model."""
+        candidates = [model, self.settings.value("last_model", ""), demo_model_path()]
+        for candidate in candidates:
+            if candidate and Path(str(candidate)).is_file():
+                return self.load_model(str(candidate))
+        return False

@@ -1,0 +1,156 @@
+"""The session's traces in the main window: recording on and off, File ▸ Export trace, and
+recorded traces reopened in their own windows (read on a thread, with a progress dialog).
+
+A mixin of :class:`~moescope.gui.main_window.MainWindow`. The recording itself is the
+worker's (:mod:`moescope.session.recording`); the window only knows the trace's path and
+whether it is still being written, from the worker's signals.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QTimer, Slot
+from PySide6.QtWidgets import QFileDialog, QProgressDialog
+
+from moescope.display.trace_io import ReopenedTrace, export_session
+from moescope.gui.traces.trace_opener import PROGRESS_STEPS, TraceOpener
+from moescope.gui.traces.trace_window import TraceWindow
+from moescope.util import paths
+from moescope.util.errors import MoEScopeError
+from moescope.util.memory import release_freed_memory
+
+log = logging.getLogger("moescope.gui")
+
+if TYPE_CHECKING:
+    from moescope.gui.main_window import MainWindow
+
+    _Window = MainWindow
+else:
+    _Window = object
+
+RELEASE_DELAY_MS = 500
+"""After a trace window closes, when its memory is handed back (it is deleted by then)."""
+
+
+class SessionTraces(_Window):
+    """Recording toggle, trace export, and reopened trace windows."""
+
+    def _toggle_recording(self, on: bool) -> None:
+        """Off stops the session's recording at once (at the next token mid-answer); on
+        starts with the next model load, since a trace must begin with an empty cache for
+        its replay to be exact."""
+        self.recording = bool(on)
+        self.settings.setValue("record_traces", self.recording)
+        if not self.recording and self.trace_path is not None:
+            self.recording_now = False
+            self.client.stop_recording()
+            self.statusBar().showMessage(
+                f"Recording stopped; the trace so far is kept: {self.trace_path}", 8000)
+        elif self.recording and not self.recording_now:
+            self.statusBar().showMessage(
+                "Recording starts with the next model load (a trace begins with an empty "
+                "cache, so that its replay is exact).", 8000)
+
+    def export_trace_dialog(self) -> None:
+        if self.trace_path is None:
+            self.show_error("No trace to export", "This session is not being recorded: turn "
+                                                  "on File ▸ Record session traces and load "
+                                                  "the model again.")
+            return
+        default = str(Path.home() / f"{self.trace_path.stem}.jsonl")
+        path, _ = QFileDialog.getSaveFileName(self, "Export trace", default,
+                                              "MoEScope trace (*.jsonl)")
+        if path:
+            self.export_trace(path)
+
+    def export_trace(self, path: str | Path) -> tuple[Path, Path, Path] | None:
+        """Copy the session's trace to ``path`` and write Perfetto JSON and a per-token
+        CSV next to it; None (and the user told) if writing failed.
+
+        Read from the file as it is, on this thread: the worker puts each answer's last
+        token on disk before it reports the answer finished, so between answers the file is
+        whole; mid-answer the copy ends at the tokens written so far (a line being written
+        reads as a cut-off tail, which the reader accepts)."""
+        if self.trace_path is None:
+            raise MoEScopeError("this session is not being recorded")
+        try:
+            files = export_session(self.trace_path, Path(path))
+        except OSError as err:
+            self._export_failed("trace", path, err)
+            return None
+        jsonl, perfetto, csv = files
+        log.info("trace exported: %s, %s and %s", jsonl, perfetto.name, csv.name)
+        self.statusBar().showMessage(
+            f"Trace saved to {jsonl}, with {perfetto.name} and {csv.name}", 8000)
+        return files
+
+    def open_trace_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Open trace", str(paths.traces_dir()),
+            "MoEScope traces (*.jsonl *.jsonl.gz);;All files (*)")
+        if path:
+            self.open_trace(path)
+
+    def open_trace(self, path: str | Path) -> TraceOpener:
+        """Show a recorded session's plots in their own window, read on a thread (a long
+        session's trace takes seconds to read): a progress dialog with Cancel appears if
+        it takes a while, the chat goes on meanwhile, and ``traceOpened`` (the window)
+        or ``traceFailed`` (the message, also shown) says how it ended."""
+        opener = TraceOpener(path)
+        dialog = QProgressDialog(f"Reading {Path(path).name}…", "Cancel", 0,
+                                 PROGRESS_STEPS, self)
+        dialog.setWindowTitle("Open trace")
+        dialog.setMinimumDuration(400)
+        dialog.setAutoClose(False)
+        dialog.setAutoReset(False)
+        dialog.setValue(0)
+        dialog.canceled.connect(opener.cancel)
+        # the opener emits from its own thread: only bound slots of GUI-thread objects
+        # (queued), never lambdas, which would run on the reading thread
+        opener.progressed.connect(dialog.setValue)
+        opener.opened.connect(self._trace_opened)
+        opener.failed.connect(self._trace_failed)
+        opener.done.connect(self._trace_opener_finished)
+        self._trace_openers[opener] = dialog
+        opener.start()
+        return opener
+
+    @Slot(object)
+    def _trace_opener_finished(self, opener: TraceOpener) -> None:
+        opener.wait()  # its run() has returned: the thread ends at once
+        dialog = self._trace_openers.pop(opener, None)
+        if dialog is not None:
+            dialog.reset()
+            dialog.deleteLater()
+        opener.deleteLater()
+
+    @Slot(str, object)
+    def _trace_opened(self, path: str, reopened: ReopenedTrace) -> None:
+        if self._closed:
+            return
+        window = TraceWindow(path, reopened)
+        window.closed.connect(self._trace_window_closed)
+        window.show()
+        self.trace_windows.append(window)
+        self.traceOpened.emit(window)
+
+    @Slot(object)
+    def _trace_window_closed(self, window: TraceWindow) -> None:
+        """Free a closed trace window: it holds the whole trace (every token's masks and
+        router inputs), and a closed window is never shown again."""
+        self.trace_windows = [w for w in self.trace_windows if w is not window]
+        window.deleteLater()
+        if not self._closed and self.isVisible():
+            self.activateWindow()  # the keyboard goes back where it was, not nowhere
+        # once it is gone, hand its memory back to the system (the allocator would keep
+        # the peak for the rest of the session)
+        QTimer.singleShot(RELEASE_DELAY_MS, release_freed_memory)
+
+    @Slot(str)
+    def _trace_failed(self, message: str) -> None:
+        if not self._closed:
+            self.show_error("Cannot open the trace", message)
+            self.traceFailed.emit(message)

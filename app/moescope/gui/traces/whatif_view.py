@@ -1,0 +1,384 @@
+"""The what-if view: predicted time per token against substituted mass, from a trace.
+
+Each point is the recorded session replayed by the simulator under another policy and
+budget (:mod:`moescope.display.whatif_model`); one curve per policy joins its budgets, and the
+session as recorded is a star. The sweep replays every token through the native core once
+per point, which takes seconds on a long chat, so it runs on a :class:`SweepWorker` on its
+own QThread (the GPT4All worker pattern of :mod:`moescope.gui.worker`): requests go in
+through a queued signal, progress and the finished :class:`WhatIfResult` (plain data) come
+back through signals, and the event loop never waits on a replay. Which presets are swept
+is the user's choice (the "Policies" menu); paper 2's cache-prior and psr are in by default.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pyqtgraph as pg
+from PySide6.QtCore import QObject, QPointF, Qt, QThread, Signal, Slot
+from PySide6.QtGui import QAction, QCursor, QFont, QShowEvent, QStandardItemModel
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QMenu,
+    QProgressBar,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QToolButton,
+    QToolTip,
+    QVBoxLayout,
+    QWidget,
+)
+
+from moescope.display.policy_choices import POLICY_CHOICES, POLICY_TIPS
+from moescope.display.whatif_model import (
+    BUDGETS,
+    COLUMNS,
+    REFERENCE,
+    Cancelled,
+    WhatIfResult,
+    cell_text,
+    compute,
+    cost_model_choices,
+    default_policies,
+    label,
+    preset_choices,
+    tooltip,
+)
+from moescope.gui import theme
+from moescope.sim import SweepRow
+from moescope.trace import Trace
+
+log = logging.getLogger(__name__)
+
+SERIES_COLORS: dict[str, str] = {
+    "exact": "#d8dce3", "quality-first": "#5aa9e6", "speed-first": "#e6915a",
+    "cache-prior": "#6bd68a", "psr": "#d6c36b", "substitute-all": "#c06bd6",
+    "threshold": "#6bc6d6", "first-choice": "#e5534b",
+}
+"""One colour per policy, fixed, so a curve keeps its colour when others are added."""
+OTHER_COLOR = "#8a919c"
+POLICY_LABELS: dict[str, str] = {key: text for key, text in POLICY_CHOICES}
+HOVER_PX = 12.0
+"""A point within this many pixels of the cursor is the one the tooltip describes."""
+DEFAULT_COST = "pcie4"
+"""The paper's hardware; ``calibrated`` (this machine) is one choice away when usable."""
+
+
+class SweepWorker(QObject):
+    """Runs :func:`compute` for the latest request on the worker thread.
+
+    ``latest`` is the generation the view wants; a sweep whose generation is older stops at
+    its next budget (a plain int written by the GUI thread and read here: assignment is
+    atomic under the GIL). Signals carry the generation so the view drops stale answers.
+    """
+
+    progress = Signal(int, int, int)  # generation, done, total
+    finished = Signal(int, object)  # generation, WhatIfResult
+    failed = Signal(int, str)  # generation, message
+
+    def __init__(self, trace: Trace) -> None:
+        super().__init__()
+        self.trace = trace
+        self.latest = 0
+
+    @Slot(int, str, object)
+    def run(self, generation: int, cost_name: str, policies: tuple[str, ...]) -> None:
+        if generation != self.latest:
+            return
+
+        def report(done: int, total: int) -> bool:
+            if generation != self.latest:
+                return False
+            self.progress.emit(generation, done, total)
+            return True
+
+        try:
+            result = compute(self.trace, cost_name, policies, BUDGETS, progress=report)
+        except Cancelled:
+            return
+        except Exception as err:  # a replay error must reach the user, not kill the thread
+            log.exception("what-if sweep failed")
+            self.failed.emit(generation, str(err) or type(err).__name__)
+            return
+        self.finished.emit(generation, result)
+
+
+class WhatIfView(QWidget):
+    """Cost-model picker, progress, the mass x time scatter and the table of points.
+
+    The first sweep starts when the view is first shown (opening a trace stays instant);
+    picking another cost model starts a new one and abandons the old.
+    """
+
+    sweepFinished = Signal(object)  # WhatIfResult
+    sweepFailed = Signal(str)
+    _request = Signal(int, str, object)
+
+    def __init__(self, trace: Trace, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.trace = trace
+        self.result: WhatIfResult | None = None
+        self.hovered: SweepRow | None = None
+        self._generation = 0
+        self._running = False
+        self.setAccessibleName("What-if: policies and budgets replayed from this trace")
+
+        self.cost = QComboBox()
+        self.cost.setAccessibleName("Cost model")
+        self.cost.setToolTip("How replayed copies turn into time per token")
+        choices = cost_model_choices(trace)
+        model = self.cost.model()
+        for name, reason in choices.items():
+            self.cost.addItem(name, name)
+            if reason is not None and isinstance(model, QStandardItemModel):
+                item = model.item(self.cost.count() - 1)
+                item.setEnabled(False)
+                item.setToolTip(reason)
+        self.cost.setCurrentIndex(max(0, self.cost.findData(DEFAULT_COST)))
+        self.cost.currentIndexChanged.connect(lambda _i: self.start())
+        cost_label = QLabel("&Cost model:")
+        cost_label.setBuddy(self.cost)
+        self.policy_button = QToolButton()
+        self.policy_button.setText("&Policies")
+        self.policy_button.setAccessibleName("Policies to replay")
+        self.policy_button.setToolTip("Which presets the sweep replays (exact is always in: "
+                                      "speed-ups are measured against it)")
+        self.policy_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        self.policy_menu = QMenu(self.policy_button)
+        self.policy_menu.setToolTipsVisible(True)
+        self.policy_actions: dict[str, QAction] = {}
+        defaults = default_policies(trace)
+        for name, reason in preset_choices(trace).items():
+            action = self.policy_menu.addAction(POLICY_LABELS.get(name, name))
+            action.setCheckable(True)
+            action.setChecked(name in defaults or name == REFERENCE)
+            action.setEnabled(reason is None and name != REFERENCE)
+            action.setToolTip(reason or POLICY_TIPS.get(name, ""))
+            action.toggled.connect(lambda _on: self.start())
+            self.policy_actions[name] = action
+        self.policy_button.setMenu(self.policy_menu)
+        self.progress = QProgressBar()
+        self.progress.setAccessibleName("What-if sweep progress")
+        self.progress.setTextVisible(True)
+        self.progress.setFormat("replaying %v of %m")
+        self.progress.hide()
+        self.status = QLabel("Shown when the sweep has run.")
+        self.status.setObjectName("statsLabel")
+        self.status.setWordWrap(True)
+        top = QHBoxLayout()
+        top.addWidget(cost_label)
+        top.addWidget(self.cost)
+        top.addWidget(self.policy_button)
+        top.addWidget(self.progress, 1)
+
+        self.plot = pg.PlotWidget()
+        self.plot.setAccessibleName("Predicted time per token against substituted mass")
+        item = self.plot.getPlotItem()
+        item.setMenuEnabled(False)
+        item.hideButtons()
+        item.showGrid(x=True, y=True, alpha=0.15)
+        item.setLabel("bottom", "substituted gate mass / token")
+        item.setLabel("left", "predicted ms / token")
+        for axis in ("left", "bottom"):
+            item.getAxis(axis).enableAutoSIPrefix(False)  # the label already names the unit
+        self.legend = item.addLegend(offset=(-10, 10))
+        self.curves: dict[str, pg.PlotDataItem] = {}
+        self.recorded_item = pg.ScatterPlotItem(
+            symbol="star", size=18, brush=pg.mkBrush(theme.MARKER),
+            pen=pg.mkPen("#000000"), name="recorded session")
+        self.plot.scene().sigMouseMoved.connect(self._hover)
+
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setAccessibleName("What-if points")
+        self.table.setHorizontalHeaderLabels([title for _, title in COLUMNS])
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.verticalHeader().hide()
+        self.table.horizontalHeader().setSectionResizeMode(
+            QHeaderView.ResizeMode.ResizeToContents)
+
+        splitter = QSplitter(Qt.Orientation.Vertical)
+        splitter.addWidget(self.plot)
+        splitter.addWidget(self.table)
+        splitter.setSizes([360, 240])
+        layout = QVBoxLayout(self)
+        layout.addLayout(top)
+        layout.addWidget(self.status)
+        layout.addWidget(splitter, 1)
+
+        self._thread = QThread()
+        self._thread.setObjectName("moescope-whatif")
+        self._worker = SweepWorker(trace)
+        self._worker.moveToThread(self._thread)
+        self._request.connect(self._worker.run)
+        self._worker.progress.connect(self._on_progress)
+        self._worker.finished.connect(self._on_finished)
+        self._worker.failed.connect(self._on_failed)
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def policies(self) -> tuple[str, ...]:
+        """The presets the next sweep replays, in menu order (the reference first)."""
+        return tuple(name for name, action in self.policy_actions.items()
+                     if action.isChecked())
+
+    def set_policies(self, names: tuple[str, ...] | list[str]) -> None:
+        """Check exactly ``names`` (plus the reference; not what this trace cannot replay)
+        and sweep once, as picking them in the menu would, without a sweep per click."""
+        unknown = set(names) - set(self.policy_actions)
+        if unknown:
+            raise ValueError(f"unknown policies: {', '.join(sorted(unknown))}")
+        for name, action in self.policy_actions.items():
+            action.blockSignals(True)
+            action.setChecked((name in names and action.isEnabled()) or name == REFERENCE)
+            action.blockSignals(False)
+        self.start()
+
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        if self.result is None and not self._running:
+            self.start()
+
+    def start(self, cost_name: str | None = None) -> None:
+        """Sweep with ``cost_name`` (default: the picker's); an older sweep is abandoned."""
+        if cost_name is not None and cost_name != self.cost.currentData():
+            index = self.cost.findData(cost_name)
+            if index < 0:
+                raise ValueError(f"unknown cost model {cost_name!r}")
+            self.cost.setCurrentIndex(index)  # re-enters start() through the signal
+            return
+        name = str(self.cost.currentData())
+        if not self._thread.isRunning():
+            self._thread.start()
+        self._generation += 1
+        self._worker.latest = self._generation
+        self._running = True
+        self.progress.setRange(0, len(BUDGETS) + 1)
+        self.progress.setValue(0)
+        self.progress.show()
+        policies = self.policies()
+        self.status.setText(f"Replaying the trace under {len(policies)} policies × "
+                            f"{len(BUDGETS)} budgets ({name})…")
+        self._request.emit(self._generation, name, policies)
+
+    def shutdown(self, timeout_ms: int = 10_000) -> bool:
+        """Abandon any sweep (it stops at its next budget) and join the worker thread."""
+        self._worker.latest = -1
+        self._generation += 1
+        self._running = False
+        if not self._thread.isRunning():
+            return True
+        self._thread.quit()
+        ok = bool(self._thread.wait(timeout_ms))
+        if not ok:
+            log.error("the what-if thread did not stop within %d ms", timeout_ms)
+        return ok
+
+    # ------------------------------------------------------------------ worker signals
+    @Slot(int, int, int)
+    def _on_progress(self, generation: int, done: int, total: int) -> None:
+        if generation == self._generation:
+            self.progress.setRange(0, total)
+            self.progress.setValue(done)
+
+    @Slot(int, object)
+    def _on_finished(self, generation: int, result: WhatIfResult) -> None:
+        if generation != self._generation:
+            return
+        self._running = False
+        self.progress.hide()
+        self.result = result
+        self._fill_table(result)
+        self._fill_plot(result)
+        text = f"Cost model {result.cost_text}."
+        if result.recorded_ms_per_token is not None:
+            text += f" Measured while recording: {result.recorded_ms_per_token:.3f} ms/token."
+        text += "".join(f" Warning: {w}" for w in result.warnings)
+        self.status.setText(text)
+        self.sweepFinished.emit(result)
+
+    @Slot(int, str)
+    def _on_failed(self, generation: int, message: str) -> None:
+        if generation != self._generation:
+            return
+        self._running = False
+        self.progress.hide()
+        self.status.setText(f"The what-if sweep failed: {message}")
+        self.sweepFailed.emit(message)
+
+    # ------------------------------------------------------------------ drawing
+    def _fill_table(self, result: WhatIfResult) -> None:
+        points = result.points()
+        self.table.setRowCount(len(points))
+        bold = QFont()
+        bold.setBold(True)
+        for r, row in enumerate(points):
+            for c, (key, _) in enumerate(COLUMNS):
+                cell = QTableWidgetItem(cell_text(row, key))
+                cell.setToolTip(tooltip(row))
+                if c >= 2:
+                    cell.setTextAlignment(Qt.AlignmentFlag.AlignRight
+                                          | Qt.AlignmentFlag.AlignVCenter)
+                if row is result.recorded:
+                    cell.setFont(bold)
+                self.table.setItem(r, c, cell)
+
+    def _fill_plot(self, result: WhatIfResult) -> None:
+        item = self.plot.getPlotItem()
+        for curve in self.curves.values():
+            item.removeItem(curve)
+        self.curves.clear()
+        if self.recorded_item.scene() is not None:
+            item.removeItem(self.recorded_item)
+        self.legend.clear()
+        for policy, rows in result.series().items():
+            color = SERIES_COLORS.get(policy, OTHER_COLOR)
+            self.curves[policy] = item.plot(
+                [r.mass_per_token for r in rows], [r.est_ms_per_token for r in rows],
+                pen=pg.mkPen(color, width=1.5), symbol="o", symbolSize=8,
+                symbolBrush=pg.mkBrush(color), symbolPen=pg.mkPen(color), name=policy)
+        if result.recorded is not None:
+            rec = result.recorded
+            self.recorded_item.setData([rec.mass_per_token], [rec.est_ms_per_token])
+            item.addItem(self.recorded_item)
+        item.enableAutoRange()
+        fastest = min(result.points(), key=lambda r: r.est_ms_per_token, default=None)
+        if fastest is not None:
+            self.plot.setAccessibleDescription(
+                f"{len(result.points())} points; fastest {label(fastest)} at "
+                f"{fastest.est_ms_per_token:.3f} ms/token with mass "
+                f"{fastest.mass_per_token:.3f}")
+
+    # ------------------------------------------------------------------ hover
+    def point_at(self, scene_pos: QPointF) -> SweepRow | None:
+        """The point drawn nearest ``scene_pos``, if within :data:`HOVER_PX`."""
+        if self.result is None:
+            return None
+        vb = self.plot.getPlotItem().vb
+        best: tuple[float, SweepRow] | None = None
+        for row in self.result.points():
+            p = vb.mapViewToScene(QPointF(row.mass_per_token, row.est_ms_per_token))
+            d = math.hypot(p.x() - scene_pos.x(), p.y() - scene_pos.y())
+            if d <= HOVER_PX and (best is None or d < best[0]):
+                best = (d, row)
+        return best[1] if best is not None else None
+
+    def _hover(self, scene_pos: QPointF) -> None:
+        row = self.point_at(scene_pos)
+        if row is self.hovered:
+            return
+        self.hovered = row
+        text = tooltip(row) if row is not None else ""
+        self.plot.setToolTip(text)
+        if text:
+            QToolTip.showText(QCursor.pos(), text, self.plot)
+        else:
+            QToolTip.hideText()

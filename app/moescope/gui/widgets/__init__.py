@@ -1,0 +1,1 @@
+"""Small reusable widgets with no MoEScope concept in them."""

@@ -1,0 +1,1 @@
+"""What a model file says: GGUF header info, chat templates and reasoning (thinking) markers."""

@@ -1,0 +1,399 @@
+"""The HTTP side: Starlette routes speaking OpenAI's API over a :class:`Service`.
+
+Every request is checked (auth, body size, JSON, fields) before it waits for the engine,
+so a bad one costs nothing and gets an OpenAI-style error with the right status. A
+streaming answer is Server-Sent Events, ``data: {chunk}`` per delta and ``data: [DONE]``;
+if the client goes away mid-answer, the generation stops after the token being decoded.
+Generation itself runs on worker threads (one at a time, by the service's queue); the
+event loop only moves bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from moescope import __version__
+from moescope.server.errors import ApiError
+from moescope.server.params import chat_params, completion_params
+from moescope.server.service import Delta, Done, Event, Failed, Job, RequestRecord, Service
+
+
+def error_response(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def create_app(service: Service, *, api_key: str | None = None) -> Starlette:
+    """The ASGI app serving ``service``; with ``api_key``, every ``/v1`` route needs
+    ``Authorization: Bearer <api_key>``."""
+    executor = ThreadPoolExecutor(max_workers=service.queue.capacity + 2,
+                                  thread_name_prefix="moescope-serve")
+    api = _Api(service, executor)
+
+    def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                if api_key is not None:
+                    _check_key(request, api_key)
+                return await handler(request)
+            except ApiError as err:
+                return error_response(err)
+            except ClientDisconnect:
+                return Response(status_code=499)
+        return endpoint
+
+    routes = [
+        Route("/health", api.health, methods=["GET"]),
+        Route("/v1/models", guarded(api.models), methods=["GET"]),
+        Route("/v1/models/{model:path}", guarded(api.model), methods=["GET"]),
+        Route("/v1/chat/completions", guarded(api.chat), methods=["POST"]),
+        Route("/v1/completions", guarded(api.completions), methods=["POST"]),
+        Route("/v1/moescope/cache", guarded(api.cache), methods=["GET", "POST"]),
+    ]
+
+    async def http_error(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = "not_found" if exc.status_code == 404 else None
+        return error_response(ApiError(exc.status_code, str(exc.detail), code=kind))
+
+    async def internal_error(_request: Request, exc: Exception) -> Response:
+        service.log(f"internal error: {type(exc).__name__}: {exc}")
+        return error_response(ApiError(500, f"internal error: {type(exc).__name__}",
+                                       type="server_error"))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        yield
+        executor.shutdown(wait=False, cancel_futures=True)
+
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error,
+                                                       Exception: internal_error},
+                    lifespan=lifespan)
+    app.state.service = service
+    return app
+
+
+def _check_key(request: Request, api_key: str) -> None:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                              api_key.encode()):
+        raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                       code="invalid_api_key")
+
+
+def _client(request: Request) -> str:
+    return f"{request.client.host}:{request.client.port}" if request.client else "client"
+
+
+class _Api:
+    def __init__(self, service: Service, executor: ThreadPoolExecutor) -> None:
+        self.service = service
+        self.executor = executor
+
+    async def body(self, request: Request) -> Any:
+        """The JSON body, refused past the size limit (413) before it is all read."""
+        limit = self.service.limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            raise ApiError(413, f"the request body is larger than {limit} bytes",
+                           code="request_too_large")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"the request body is larger than {limit} bytes",
+                               code="request_too_large")
+            chunks.append(chunk)
+        try:
+            return json.loads(b"".join(chunks))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ApiError(400, f"the request body is not valid JSON ({err})",
+                           code="invalid_json") from None
+
+    # ------------------------------------------------------------------ read-only
+    async def health(self, _request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": self.service.model_id})
+
+    def _model_card(self) -> dict[str, Any]:
+        return {"id": self.service.model_id, "object": "model",
+                "created": self.service.created, "owned_by": f"moescope {__version__}"}
+
+    async def models(self, _request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        self.service.check_model(request.path_params["model"])
+        return JSONResponse(self._model_card())
+
+    async def cache(self, request: Request) -> Response:
+        if request.method == "GET":
+            return JSONResponse(self.service.cache_state())
+        body = await self.body(request)
+        state = await anyio.to_thread.run_sync(self.service.steer, body)
+        return JSONResponse(state)
+
+    # ------------------------------------------------------------------ generation
+    async def chat(self, request: Request) -> Response:
+        p = chat_params(await self.body(request), self.service.limits)
+        # on the loop: a template and a tokenization take well under a millisecond, and a
+        # thread hop costs more than that on a busy machine
+        job = self.service.prepare_chat(p, _client(request))
+        return await self.generate(request, job, p.stream, p.include_usage)
+
+    async def completions(self, request: Request) -> Response:
+        p = completion_params(await self.body(request), self.service.limits)
+        job = self.service.prepare_completion(p, _client(request))
+        return await self.generate(request, job, p.stream, p.include_usage)
+
+    async def generate(self, request: Request, job: Job, stream: bool,
+                       include_usage: bool) -> Response:
+        turn = self.service.join(job.client)  # 503 when the queue is full
+        events = _Channel(asyncio.get_running_loop())
+
+        def emit(event: Event) -> None:
+            if stream or not isinstance(event, Delta):  # a whole answer needs only its end
+                events.put(event)
+
+        def run() -> None:
+            self.service.run(job, turn, emit)
+            if job.cancelled.is_set():
+                emit(Failed(ApiError(499, "cancelled")))  # wakes a waiting reader
+
+        def cancel() -> None:  # the client left: give up the place or stop the answer
+            job.cancel()
+            self.service.queue.cancel(turn)
+
+        future = events.loop.run_in_executor(self.executor, run)
+        shape = _Shape(job.kind, self.service.model_id)
+        if stream:
+            return _EventStream(_sse(events, shape, include_usage), on_close=cancel)
+        return await self._whole(request, cancel, events, shape, future)
+
+    async def _whole(self, request: Request, cancel: Callable[[], None],
+                     events: _Channel, shape: _Shape,
+                     future: asyncio.Future[None]) -> Response:
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            while True:
+                getter = asyncio.ensure_future(events.take())
+                done, _ = await asyncio.wait({getter, gone},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    cancel()
+                    await future
+                    return Response(status_code=499)
+                for event in getter.result():
+                    if isinstance(event, Failed):
+                        return error_response(event.error)
+                    if isinstance(event, Done):
+                        return JSONResponse(shape.whole(event.record))
+        finally:
+            gone.cancel()
+            cancel()  # no effect once done; stops the generation if we are cancelled
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone away (the body has been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class _Shape:
+    """OpenAI's response objects for one request (chat or text completion)."""
+
+    def __init__(self, kind: str, model: str) -> None:
+        self.kind = kind
+        self.model = model
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.object = "chat.completion" if kind == "chat" else "text_completion"
+        self._head = (f'{{"id":"{self.id}","object":"'
+                      f'{"chat.completion.chunk" if kind == "chat" else "text_completion"}",'
+                      f'"created":{self.created},"model":{json.dumps(model)},"choices":[')
+
+    def _base(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    @staticmethod
+    def usage(r: RequestRecord) -> dict[str, Any]:
+        return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
+                "total_tokens": r.prompt_tokens + r.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": r.cached_tokens}}
+
+    def whole(self, r: RequestRecord) -> dict[str, Any]:
+        if self.kind == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": r.content}
+            if r.reasoning:
+                message["reasoning_content"] = r.reasoning
+            choice: dict[str, Any] = {"index": 0, "message": message,
+                                      "finish_reason": r.finish_reason, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": r.content, "finish_reason": r.finish_reason,
+                      "logprobs": None}
+        return {**self._base(self.object), "choices": [choice], "usage": self.usage(r),
+                "moescope": r.numbers()}
+
+    def delta(self, d: Delta, first: bool) -> bytes:
+        """One streamed chunk, built as text: this runs once per token."""
+        if self.kind == "chat":
+            parts = ['"role":"assistant"'] if first else []
+            if d.reasoning:
+                parts.append(f'"reasoning_content":{json.dumps(d.reasoning)}')
+            if d.content or not d.reasoning:
+                parts.append(f'"content":{json.dumps(d.content)}')
+            choice = f'{{"index":0,"delta":{{{",".join(parts)}}},"finish_reason":null}}'
+        else:
+            choice = f'{{"index":0,"text":{json.dumps(d.content)},"finish_reason":null}}'
+        return b"data: " + (self._head + choice + "]}").encode() + b"\n\n"
+
+    def last(self, r: RequestRecord, include_usage: bool) -> bytes:
+        """The closing chunk (finish_reason and our numbers), the usage chunk if asked
+        for, then ``[DONE]``."""
+        if self.kind == "chat":
+            choice: dict[str, Any] = {"index": 0, "delta": {}, "finish_reason": r.finish_reason}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": "", "finish_reason": r.finish_reason}
+            obj = "text_completion"
+        out = [{**self._base(obj), "choices": [choice], "moescope": r.numbers()}]
+        if include_usage:
+            out.append({**self._base(obj), "choices": [], "usage": self.usage(r)})
+        return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in out) \
+            + b"data: [DONE]\n\n"
+
+
+class _Channel:
+    """Events from the generating thread to the event loop. The loop is woken once per
+    batch, not once per token: whatever arrived meanwhile goes out in one write."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.items: deque[Event] = deque()
+        self.lock = threading.Lock()
+        self.scheduled = False
+        self.ready = asyncio.Event()
+
+    def put(self, event: Event) -> None:
+        """Any thread."""
+        with self.lock:
+            self.items.append(event)
+            if self.scheduled:
+                return
+            self.scheduled = True
+        self.loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        with self.lock:
+            self.scheduled = False
+        self.ready.set()
+
+    async def take(self) -> list[Event]:
+        """Every event so far (at least one), oldest first."""
+        while True:
+            with self.lock:
+                if self.items:
+                    batch = list(self.items)
+                    self.items.clear()
+                    return batch
+                self.ready.clear()
+            await self.ready.wait()
+
+
+STREAM_INTERVAL_S = 0.01
+"""After the first token, at most one write per this interval: the tokens decoded
+meanwhile go out as one chunk. A reader cannot tell 10 ms apart; the decode thread, which
+shares the interpreter with the event loop, gets the time back (at hundreds of tokens a
+second, a write per token costs a quarter of the decode speed)."""
+
+
+def _merged(batch: list[Event]) -> list[Event]:
+    """Consecutive deltas as one (their texts joined)."""
+    out: list[Event] = []
+    for event in batch:
+        last = out[-1] if out else None
+        if isinstance(event, Delta) and isinstance(last, Delta):
+            out[-1] = Delta(last.reasoning + event.reasoning, last.content + event.content)
+        else:
+            out.append(event)
+    return out
+
+
+async def _sse(events: _Channel, shape: _Shape,
+               include_usage: bool) -> AsyncIterator[bytes]:
+    first = True
+    while True:
+        if not first:
+            await asyncio.sleep(STREAM_INTERVAL_S)
+        batch = _merged(await events.take())
+        out = []
+        for event in batch:
+            if isinstance(event, Delta):
+                out.append(shape.delta(event, first))
+                first = False
+            elif isinstance(event, Done):
+                out.append(shape.last(event.record, include_usage))
+                yield b"".join(out)
+                return
+            else:
+                out.append(b"data: " + json.dumps(event.error.body()).encode() + b"\n\n")
+                yield b"".join(out)
+                return
+        yield b"".join(out)
+
+
+class _EventStream(Response):
+    """An SSE response that watches for the client leaving while it streams, whatever
+    the server's ASGI version, and calls ``on_close`` when it does (or when done)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, chunks: AsyncIterator[bytes], *,
+                 on_close: Callable[[], None]) -> None:
+        self.status_code = 200
+        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
+                            (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+        self.background = None
+        self.chunks = chunks
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def watch(cancel: anyio.CancelScope) -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            cancel.cancel()
+
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(watch, group.cancel_scope)
+                await send({"type": "http.response.start", "status": self.status_code,
+                            "headers": self.raw_headers})
+                async for chunk in self.chunks:
+                    await send({"type": "http.response.body", "body": chunk,
+                                "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                group.cancel_scope.cancel()
+        except OSError:
+            pass  # the client went away between two writes
+        finally:
+            self.on_close()

@@ -1,0 +1,245 @@
+"""Request bodies of the OpenAI endpoints, checked and bounded before any work starts.
+
+Every field a client sends is read here, type-checked and clamped or refused (400 naming
+the field), so the generation code only ever sees sane values: no NaN temperature, no
+``max_tokens`` of a billion, no ten thousand stop strings. Fields the server does not
+implement but that clients send with neutral values (``n: 1``, ``presence_penalty: 0``,
+``logprobs: false``) pass; any other value is refused rather than silently ignored, so a
+client never believes it got what it asked for when it did not. Unknown extra fields are
+ignored, as llama-server does: clients add vendor fields freely.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from moescope.server.errors import bad_param
+
+MAX_MESSAGES = 2048
+MAX_STOP = 4
+MAX_STOP_CHARS = 256
+THINKING_EFFORTS = ("low", "medium", "high")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass
+class Limits:
+    """The server's bounds on what one request may ask for."""
+
+    max_tokens: int = 2048
+    """Most tokens one answer may have; a larger ``max_tokens`` is clamped to it."""
+    max_body_bytes: int = 4 << 20
+
+
+@dataclass
+class GenerationParams:
+    """What both endpoints share: sampling, length, stops, streaming."""
+
+    model: str | None
+    max_tokens: int | None
+    """Asked for (clamped to the server's limit); None: until the limit or the context."""
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repeat_penalty: float
+    seed: int | None
+    stop: list[str]
+    stream: bool
+    include_usage: bool
+
+
+@dataclass
+class ChatParams(GenerationParams):
+    messages: list[dict[str, str]] = field(default_factory=list)
+    thinking: str = "default"
+    """The template's thinking switch (``model.reasoning.THINKING_SETTINGS``), from
+    ``reasoning_effort`` or ``chat_template_kwargs.enable_thinking``."""
+
+
+@dataclass
+class CompletionParams(GenerationParams):
+    prompt: str = ""
+
+
+def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not math.isfinite(value) or not lo <= value <= hi:
+        raise bad_param(name, f"{name} must be a number from {lo:g} to {hi:g}, got "
+                              f"{_short(value)}")
+    return float(value)
+
+
+def _integer(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise bad_param(name, f"{name} must be a whole number from {lo} to {hi}, got "
+                              f"{_short(value)}")
+    return value
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_param(name, f"{name} must be true or false, got {_short(value)}")
+    return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _neutral(body: dict[str, Any], name: str, allowed: tuple[Any, ...], what: str) -> None:
+    """Refuse a feature the server does not have unless its value asks for nothing."""
+    value = body.get(name)
+    if value is not None and value not in allowed:
+        raise bad_param(name, f"{name} is not supported by this server ({what})")
+
+
+def _stops(body: dict[str, Any]) -> list[str]:
+    value = body.get("stop")
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad_param("stop", "stop must be a string or a list of strings")
+    if len(stops) > MAX_STOP:
+        raise bad_param("stop", f"at most {MAX_STOP} stop sequences, got {len(stops)}")
+    if any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+        raise bad_param("stop", f"each stop sequence must have 1 to {MAX_STOP_CHARS} "
+                                "characters")
+    return list(stops)
+
+
+def _common(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_param("model", "model must be a string")
+    names = ("max_completion_tokens", "max_tokens")
+    name = next((n for n in names if body.get(n) is not None), "max_tokens")
+    max_tokens = _integer(body, name, 1, 1 << 31)
+    if max_tokens is not None:
+        max_tokens = min(max_tokens, limits.max_tokens)
+    seed = _integer(body, "seed", -(1 << 63), (1 << 64) - 1)
+    _neutral(body, "n", (1,), "one choice per request")
+    _neutral(body, "best_of", (1,), "one choice per request")
+    _neutral(body, "logprobs", (False, 0), "no log probabilities")
+    _neutral(body, "top_logprobs", (0,), "no log probabilities")
+    _neutral(body, "frequency_penalty", (0, 0.0), "use repeat_penalty")
+    _neutral(body, "presence_penalty", (0, 0.0), "use repeat_penalty")
+    _neutral(body, "logit_bias", ({},), "no logit bias")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise bad_param("stream_options", "stream_options must be an object")
+    stream = _flag(body, "stream")
+    return {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": _number(body, "temperature", 0.8, 0.0, 2.0),
+        "top_p": _number(body, "top_p", 0.95, 0.0, 1.0),
+        "top_k": _integer(body, "top_k", 0, 1 << 20) or 40,
+        "min_p": _number(body, "min_p", 0.05, 0.0, 1.0),
+        "repeat_penalty": _number(body, "repeat_penalty", 1.0, 0.0, 10.0),
+        "seed": None if seed is None else seed % (1 << 32),
+        "stop": _stops(body),
+        "stream": stream,
+        "include_usage": stream and bool((options or {}).get("include_usage")),
+    }
+
+
+def _content(message: dict[str, Any], i: int) -> str:
+    """A message's text: a string, or a list of text parts (what newer clients send)."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" \
+                    or not isinstance(part.get("text"), str):
+                raise bad_param(f"messages[{i}].content",
+                                "only text content parts are supported (no images, audio "
+                                "or files)")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad_param(f"messages[{i}].content", "content must be a string or a list of "
+                                              "text parts")
+
+
+def chat_params(body: Any, limits: Limits) -> ChatParams:
+    """Check a ``/v1/chat/completions`` body."""
+    if not isinstance(body, dict):
+        raise bad_param("body", "the request body must be a JSON object")
+    common = _common(body, limits)
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise bad_param("messages", "messages must be a non-empty list")
+    if len(raw) > MAX_MESSAGES:
+        raise bad_param("messages", f"at most {MAX_MESSAGES} messages, got {len(raw)}")
+    if body.get("tools") or body.get("functions"):
+        raise bad_param("tools", "tools and function calling are not supported by this "
+                                 "server")
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise bad_param("response_format", "only text responses are supported")
+    messages = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise bad_param(f"messages[{i}]", "each message must be an object")
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad_param(f"messages[{i}].role", f"role must be one of {', '.join(ROLES)}; "
+                                                   f"got {_short(role)}")
+        messages.append({"role": "system" if role == "developer" else role,
+                         "content": _content(m, i)})
+    return ChatParams(**common, messages=messages, thinking=_thinking(body))
+
+
+def _thinking(body: dict[str, Any]) -> str:
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in THINKING_EFFORTS:
+            raise bad_param("reasoning_effort", f"reasoning_effort must be one of "
+                                                f"{', '.join(THINKING_EFFORTS)}")
+        return str(effort)
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return "default"
+    if not isinstance(kwargs, dict):
+        raise bad_param("chat_template_kwargs", "chat_template_kwargs must be an object")
+    enable = kwargs.get("enable_thinking")
+    if enable is None:
+        return "default"
+    if not isinstance(enable, bool):
+        raise bad_param("chat_template_kwargs", "enable_thinking must be true or false")
+    return "on" if enable else "off"
+
+
+def completion_params(body: Any, limits: Limits) -> CompletionParams:
+    """Check a ``/v1/completions`` body (one text prompt)."""
+    if not isinstance(body, dict):
+        raise bad_param("body", "the request body must be a JSON object")
+    common = _common(body, limits)
+    if common["max_tokens"] is None:
+        common["max_tokens"] = min(16, limits.max_tokens)  # OpenAI's default here
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise bad_param("prompt", "prompt must be one string (token lists and batches of "
+                                  "prompts are not supported)")
+    _neutral(body, "echo", (False,), "the prompt is not echoed")
+    _neutral(body, "suffix", ("",), "no insertion")
+    return CompletionParams(**common, prompt=prompt)

@@ -1,0 +1,106 @@
+"""Running the app on uvicorn: in the foreground (``moescope serve``) or on a thread
+(the window's *Serve API*), bound to loopback unless an API key guards it."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+import time
+
+from moescope.server.app import create_app
+from moescope.server.service import Service
+from moescope.util.errors import MoEScopeError
+
+MAX_CONNECTIONS = 64
+"""Open connections at once; uvicorn answers 503 past it (the queue bounds the work)."""
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or ``localhost``: reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, api_key: str | None, insecure: bool) -> str | None:
+    """Refuse to serve beyond this machine without a key; returns a warning to print
+    when ``insecure`` lets it happen anyway (None otherwise)."""
+    if is_loopback(host) or api_key:
+        return None
+    if not insecure:
+        raise MoEScopeError(
+            f"--host {host} makes the model reachable from other machines: give an "
+            f"--api-key (or set MOESCOPE_API_KEY), or --insecure-no-api-key to serve it "
+            f"to anyone who can reach this port")
+    return (f"WARNING: serving on {host} WITHOUT AN API KEY: anyone who can reach this "
+            f"port can use the model and steer its cache")
+
+
+def check_port(port: int) -> None:
+    if not 1 <= port <= 65535:
+        raise MoEScopeError(f"--port {port} must be from 1 to 65535")
+
+
+class ServerThread:
+    """uvicorn serving ``service`` on a background thread; :meth:`stop` ends it."""
+
+    def __init__(self, service: Service, host: str = "127.0.0.1", port: int = 8080,
+                 api_key: str | None = None) -> None:
+        import uvicorn
+
+        check_port(port)
+        self.service = service
+        self.host, self.port = host, port
+        config = uvicorn.Config(create_app(service, api_key=api_key), host=host, port=port,
+                                log_level="warning", access_log=False,
+                                limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=5,
+                                timeout_graceful_shutdown=2, lifespan="on")
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self.server.run, name="moescope-api",
+                                        daemon=True)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        """Start serving; raises when the port cannot be bound within ``timeout_s``."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive():
+                raise MoEScopeError(f"cannot serve on {self.host}:{self.port} (is the port "
+                                    "in use?)")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise MoEScopeError(f"the server did not start within {timeout_s:g} s")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        """Stop serving: running answers stop after their current token."""
+        self.server.should_exit = True
+        for turn in self.service.queue.waiting():
+            self.service.queue.cancel(turn)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether ``host:port`` can be bound now (checked before loading a model)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True

@@ -1,0 +1,456 @@
+"""What the server does with a request, apart from HTTP: prompt, turn, tokens, numbers.
+
+A request is prepared on the HTTP side (the chat template, the tokens, the checks that
+give a 400 before anything waits), then takes a turn on the engine's queue
+(``session.turns``) and generates on a worker thread. Tokens go out through ``emit`` as
+deltas of reasoning and content; stop sequences and the thinking split are applied to
+the stream here (:class:`TextStream`), so the streamed and the whole answers agree.
+Listeners (the window) see every token on the decode thread, as the window's own chat
+does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from moescope.model.reasoning import split_reasoning
+from moescope.server.errors import ApiError, bad_param, busy
+from moescope.server.params import ChatParams, CompletionParams, GenerationParams, Limits
+from moescope.session.turns import EngineQueue, QueueFull, Turn
+from moescope.util.errors import MoEScopeError
+
+if TYPE_CHECKING:
+    from moescope.engine import AnswerStats, CacheTotals, Engine, Sampling, TokenStats
+
+
+class TextStream:
+    """The answer as a client sees it: stop sequences cut it, thinking goes apart.
+
+    ``feed`` takes each token's text and returns what is new in the reasoning and in the
+    content; text that might be the start of a stop sequence (or of a thinking marker)
+    is held back until it is known not to be.
+    """
+
+    def __init__(self, stops: Sequence[str], prefix: str = "", split: bool = True) -> None:
+        self.stops = list(stops)
+        self.prefix = prefix
+        self.split = split
+        self.text = ""
+        """Generated text so far, cut at a stop sequence once one appears."""
+        self.stopped = False
+        """A stop sequence appeared: generation should end."""
+        self._sent = (0, 0)
+        self._longest = max((len(s) for s in self.stops), default=0)
+
+    def feed(self, piece: str) -> tuple[str, str]:
+        if self.stopped:
+            return "", ""
+        start = max(0, len(self.text) - self._longest + 1)
+        self.text += piece
+        cut = min((i for i in (self.text.find(s, start) for s in self.stops) if i >= 0),
+                  default=-1)
+        if cut >= 0:
+            self.text = self.text[:cut]
+            self.stopped = True
+            return self._delta(self.text, partial=False)
+        return self._delta(self.text[:len(self.text) - self._held()], partial=True)
+
+    def finish(self) -> tuple[str, str]:
+        """Everything held back, now that no more text comes."""
+        return self._delta(self.text, partial=False)
+
+    def parts(self) -> tuple[str, str]:
+        """(reasoning, content) of the whole answer."""
+        if not self.split:
+            return "", self.text
+        s = split_reasoning(self.prefix + self.text)
+        return s.reasoning, s.answer
+
+    def _held(self) -> int:
+        """Length of the longest tail that begins a stop sequence."""
+        for n in range(min(self._longest - 1, len(self.text)), 0, -1):
+            tail = self.text[-n:]
+            if any(s.startswith(tail) for s in self.stops):
+                return n
+        return 0
+
+    def _delta(self, visible: str, partial: bool) -> tuple[str, str]:
+        if self.split:
+            s = split_reasoning(self.prefix + visible, partial=partial)
+            reasoning, content = s.reasoning, s.answer
+        else:
+            reasoning, content = "", visible
+        sent_r, sent_c = self._sent
+        new_r = reasoning[sent_r:] if len(reasoning) > sent_r else ""
+        new_c = content[sent_c:] if len(content) > sent_c else ""
+        self._sent = (max(sent_r, len(reasoning)), max(sent_c, len(content)))
+        return new_r, new_c
+
+
+@dataclass
+class Job:
+    """One prepared request: what to generate and how, and its way to be cancelled."""
+
+    kind: str
+    """``chat`` or ``completion``."""
+    client: str
+    prompt: str
+    n_prompt_tokens: int
+    sampling: Sampling
+    stops: list[str]
+    prefix: str = ""
+    split: bool = False
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    generated: int = 0
+    """Tokens generated so far."""
+    cancelled_at: int | None = None
+    """``generated`` when the client went away (None: it did not)."""
+
+    def cancel(self) -> None:
+        """The client is gone: stop after the current token (or never start)."""
+        if not self.cancelled.is_set():
+            self.cancelled_at = self.generated
+            self.cancelled.set()
+
+
+@dataclass
+class Delta:
+    reasoning: str
+    content: str
+
+
+@dataclass
+class RequestRecord:
+    """One finished request: the server log's line and the response's extra numbers."""
+
+    client: str
+    kind: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    tokens_per_second: float
+    ttft_s: float
+    queued_s: float
+    seconds: float
+    finish_reason: str
+    policy: str
+    policies: list[str]
+    slots_per_layer: int
+    cache: CacheTotals
+    reasoning: str = ""
+    content: str = ""
+    cancelled: bool = False
+    tokens_after_cancel: int = 0
+    """Tokens generated after the client went away (the one being decoded then)."""
+
+    @property
+    def prefill_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+    def numbers(self) -> dict[str, Any]:
+        """The ``moescope`` field of a response: the cache's work for this request."""
+        c = self.cache
+        return {
+            "policy": self.policy, "policies": self.policies,
+            "slots_per_layer": self.slots_per_layer,
+            "hit_rate": round(c.hit_rate, 6),
+            "substituted_fraction": round(c.substituted_fraction, 6),
+            "substituted_mass": round(c.substituted_mass, 6),
+            "mass_per_token": round(c.mass_per_token, 6),
+            "fetched_mb": round(c.bytes_sync / 1e6, 6),
+            "fetched_mb_per_token": round(c.fetched_mb_per_token, 6),
+            "tok_s": round(self.tokens_per_second, 3),
+            "ttft_s": round(self.ttft_s, 6),
+            "queued_s": round(self.queued_s, 6),
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "prefill_tokens": self.prefill_tokens,
+        }
+
+    def log_line(self) -> str:
+        c = self.cache
+        cache = (f"hit {c.hit_rate:.1%} · mass/tok {c.mass_per_token:.3f} · "
+                 if c.selections else "")
+        return (f"{self.client} · {self.kind} · {self.prompt_tokens} in "
+                f"({self.cached_tokens} reused) → {self.completion_tokens} out · "
+                f"{self.tokens_per_second:.1f} tok/s · {cache}{'/'.join(self.policies)} · "
+                f"{'cancelled' if self.cancelled else self.finish_reason}")
+
+
+@dataclass
+class Done:
+    record: RequestRecord
+
+
+@dataclass
+class Failed:
+    error: ApiError
+
+
+Event = Delta | Done | Failed
+Emit = Callable[[Event], None]
+
+
+class ServeListener(Protocol):
+    """What a window following the server's traffic implements (decode thread)."""
+
+    def request_started(self, job: Job) -> None: ...
+
+    def token(self, stats: TokenStats, job: Job) -> None: ...
+
+    def request_finished(self, record: RequestRecord) -> None: ...
+
+
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length",
+                  "context full": "length", "stopped": "stop"}
+
+
+class Service:
+    """The served model: prepares requests, runs them one at a time, keeps the numbers."""
+
+    def __init__(self, engine: Engine, queue: EngineQueue | None = None, *,
+                 model_id: str | None = None, limits: Limits | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        if engine.model is None:
+            raise MoEScopeError("no model is loaded")
+        self.engine = engine
+        self.queue = queue or EngineQueue()
+        self.limits = limits or Limits()
+        self.model_id = model_id or engine.model.path.stem
+        self.created = int(time.time())
+        self.listeners: list[ServeListener] = []
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.requests = 0
+        self.tokens = 0
+        from moescope.engine import CacheTotals
+
+        self.totals: CacheTotals = CacheTotals()
+        self.last: RequestRecord | None = None
+        self._lock = threading.Lock()
+        self._slots = engine.slots_per_layer
+        self._thinking_choices = engine.thinking_choices()
+        self._prefixes: dict[str, str] = {}
+
+    # ------------------------------------------------------------------ preparing
+    def check_model(self, name: str | None) -> None:
+        """404 for a model this server does not serve (its id or file name pass)."""
+        model = self.engine.model
+        names = {self.model_id, model.path.name, model.path.stem} if model else {self.model_id}
+        if name is not None and name not in names:
+            raise ApiError(404, f"the model '{name}' does not exist here; this server "
+                                f"serves '{self.model_id}'", param="model",
+                           code="model_not_found")
+
+    def prepare_chat(self, p: ChatParams, client: str) -> Job:
+        """Template, tokens and checks of a chat request (any thread: reads only)."""
+        self.check_model(p.model)
+        thinking = p.thinking if p.thinking in self._thinking_choices else "default"
+        try:
+            prompt = self.engine.format_chat(p.messages, thinking)
+        except MoEScopeError as err:
+            raise bad_param("messages", str(err)) from None
+        if thinking not in self._prefixes:
+            self._prefixes[thinking] = self.engine.answer_prefix(thinking)
+        job = self._job("chat", client, prompt, p)
+        job.prefix, job.split = self._prefixes[thinking], True
+        return job
+
+    def prepare_completion(self, p: CompletionParams, client: str) -> Job:
+        self.check_model(p.model)
+        return self._job("completion", client, p.prompt, p)
+
+    def _job(self, kind: str, client: str, prompt: str, p: GenerationParams) -> Job:
+        from moescope.engine import Sampling
+
+        n_ctx = self.engine.n_ctx
+        n_prompt = max(len(self.engine.tokenize(prompt, add_bos=True, special=True)), 1)
+        if n_prompt >= n_ctx:
+            raise bad_param("messages" if kind == "chat" else "prompt",
+                            f"the prompt has {n_prompt} tokens; this model's context holds "
+                            f"{n_ctx}, with room for at least one token of answer",
+                            code="context_length_exceeded")
+        sampling = Sampling(
+            temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
+            repeat_penalty=p.repeat_penalty,
+            max_tokens=p.max_tokens or self.limits.max_tokens,
+            seed=secrets.randbits(32) if p.seed is None else p.seed)
+        return Job(kind=kind, client=client, prompt=prompt, n_prompt_tokens=n_prompt,
+                   sampling=sampling, stops=p.stop)
+
+    def join(self, client: str) -> Turn:
+        """A place in the queue, or 503 when it is full."""
+        try:
+            return self.queue.join(client)
+        except QueueFull as err:
+            raise busy(retry_after_s=max(1, len(self.queue.waiting())), message=str(err)) \
+                from None
+
+    # ------------------------------------------------------------------ generating
+    def run(self, job: Job, turn: Turn, emit: Emit) -> RequestRecord | None:
+        """Wait for ``turn``, generate ``job`` and emit its deltas, then a :class:`Done`
+        (or :class:`Failed`). Runs on a worker thread; the turn is left at the end."""
+        try:
+            if not self.queue.wait(turn) or job.cancelled.is_set():
+                return None
+            return self._generate(job, turn, emit)
+        except MoEScopeError as err:
+            emit(Failed(ApiError(400, str(err))))
+        except Exception as err:  # a bug: logged whole here, one line for the client
+            import traceback
+
+            self.log(f"{job.client} · internal error: {traceback.format_exc()}")
+            emit(Failed(ApiError(500, f"internal error: {type(err).__name__}",
+                                 type="server_error")))
+        finally:
+            self.queue.leave(turn)
+        return None
+
+    def _generate(self, job: Job, turn: Turn, emit: Emit) -> RequestRecord:
+        engine = self.engine
+        stream = TextStream(job.stops, job.prefix, job.split)
+        for listener in self.listeners:
+            listener.request_started(job)
+        for tok in engine.generate(job.prompt, job.sampling):
+            job.generated += 1
+            for listener in self.listeners:
+                listener.token(tok, job)
+            reasoning, content = stream.feed(tok.text)
+            if reasoning or content:
+                emit(Delta(reasoning, content))
+            if stream.stopped or job.cancelled.is_set():
+                engine.stop()
+        reasoning, content = stream.finish()
+        if reasoning or content:
+            emit(Delta(reasoning, content))
+        a = engine.last_answer
+        self._slots = engine.slots_per_layer
+        record = self._record(job, turn, a, stream)
+        with self._lock:
+            self.requests += 1
+            self.tokens += a.n_tokens
+            self.totals.add(a.cache)
+            self.last = record
+        for listener in self.listeners:
+            listener.request_finished(record)
+        self.log(record.log_line())
+        emit(Done(record))
+        return record
+
+    def _record(self, job: Job, turn: Turn, a: AnswerStats,
+                stream: TextStream) -> RequestRecord:
+        finish = "stop" if stream.stopped else FINISH_REASONS.get(a.stop_reason, "stop")
+        reasoning, content = stream.parts()
+        return RequestRecord(
+            client=job.client, kind=job.kind, prompt_tokens=a.n_prompt_tokens,
+            cached_tokens=a.n_cached_tokens, completion_tokens=a.n_tokens,
+            tokens_per_second=a.tokens_per_second, ttft_s=a.time_to_first_token_s,
+            queued_s=turn.waited_s, seconds=a.seconds, finish_reason=finish,
+            policy=a.policies[-1] if a.policies else self.engine.policy_name,
+            policies=list(a.policies), slots_per_layer=self._slots,
+            cache=dataclasses.replace(a.cache), reasoning=reasoning, content=content,
+            cancelled=job.cancelled_at is not None,
+            tokens_after_cancel=(a.n_tokens - job.cancelled_at
+                                 if job.cancelled_at is not None else 0))
+
+    # ------------------------------------------------------------------ the cache
+    def cache_state(self) -> dict[str, Any]:
+        """``GET /v1/moescope/cache``: the policy, the budget, totals since the start."""
+        from moescope.cache.policy import PRESET_NAMES
+
+        engine = self.engine
+        model = engine.model
+        plan = model.plan if model is not None else None
+        with self._lock:
+            t = dataclasses.replace(self.totals)
+            last = None if self.last is None else {
+                **self.last.numbers(), "client": self.last.client,
+                "completion_tokens": self.last.completion_tokens,
+                "finish_reason": self.last.finish_reason,
+                "cancelled": self.last.cancelled,
+                "tokens_after_cancel": self.last.tokens_after_cancel}
+            requests, tokens = self.requests, self.tokens
+        running = self.queue.running
+        return {
+            "object": "moescope.cache",
+            "model": self.model_id,
+            "cache_enabled": bool(model is not None and model.cache_enabled),
+            "policy": engine.policy_name,
+            "presets": list(PRESET_NAMES),
+            "budget": plan.budget.text if plan is not None else None,
+            "slots_per_layer": self._slots,
+            "n_expert": plan.n_expert if plan is not None else None,
+            "top_k": plan.top_k if plan is not None else None,
+            "totals": {
+                "requests": requests, "tokens": tokens,
+                "hit_rate": round(t.hit_rate, 6),
+                "substituted_fraction": round(t.substituted_fraction, 6),
+                "substituted_mass": round(t.substituted_mass, 6),
+                "fetched_mb": round(t.bytes_sync / 1e6, 6),
+            },
+            "last_request": last,
+            "queue": {"running": running.who if running is not None else None,
+                      "waiting": len(self.queue.waiting()),
+                      "capacity": self.queue.capacity},
+        }
+
+    def steer(self, body: Any) -> dict[str, Any]:
+        """``POST /v1/moescope/cache`` with ``policy`` and/or ``budget``: queued on the
+        engine, applied now when it is idle, else before the running answer's next
+        token. A budget the cache cannot take is a 400 and the previous one stays."""
+        from moescope.cache.budget import plan_for_model
+        from moescope.sim.sweep import RECORDED, parse_policy
+
+        if not isinstance(body, dict):
+            raise bad_param("body", "the request body must be a JSON object")
+        spec, budget = body.get("policy"), body.get("budget")
+        if spec is None and budget is None:
+            raise bad_param("policy", "give a policy (e.g. speed-first) and/or a budget "
+                                      "(e.g. 25%, 512MiB, 16)")
+        policy = None
+        if spec is not None:
+            if not isinstance(spec, str) or len(spec) > 200 or spec.strip() == RECORDED:
+                raise bad_param("policy", "policy must be a preset name or "
+                                          "preset:key=value, e.g. threshold:theta=0.3")
+            try:
+                policy = parse_policy(spec)
+            except MoEScopeError as err:
+                raise bad_param("policy", str(err)) from None
+        model = self.engine.model
+        if budget is not None:
+            if not isinstance(budget, str) or len(budget) > 40:
+                raise bad_param("budget", "budget must be a string: 25%, 512MiB or 16")
+            if model is None or not model.cache_enabled or model.info is None:
+                raise bad_param("budget", "the expert cache is off for this model; there "
+                                          "is no budget")
+            try:
+                plan_for_model(model.info, budget)
+            except MoEScopeError as err:
+                raise bad_param("budget", str(err)) from None
+        if policy is not None:
+            self.engine.request_policy(policy)
+        if budget is not None:
+            self.engine.request_budget(budget)
+        applied = self.apply_when_idle()
+        return {**self.cache_state(), "applied": applied}
+
+    def apply_when_idle(self) -> bool:
+        """Apply queued policy/budget requests now if no generation runs (True), else
+        leave them to the running generation's next token (False)."""
+        turn = self.queue.join_if_idle("cache")
+        if turn is None:
+            return False
+        try:
+            errors = [c.text for c in self.engine.apply_requests() if c.kind == "error"]
+            self._slots = self.engine.slots_per_layer
+        finally:
+            self.queue.leave(turn)
+        if errors:
+            raise bad_param("budget", errors[0].removeprefix("budget error: "))
+        return True

@@ -1,0 +1,227 @@
+"""What the worker thread hands to the window: plain dataclasses holding copies.
+
+Why copies: the engine's buffers are reused token after token on the worker thread; a
+signal that carried a view into them would let the GUI read half-updated memory. Every
+array here is owned by the snapshot, and nothing here is a widget or a Qt object, so a
+snapshot can also be written to, and rebuilt from, a trace file.
+
+The per-token cell states of the residency heatmap are computed from two things only: the
+resident mask after the token, and the token's event rows (:func:`cell_states`). The live
+panel and a reopened trace therefore show the same picture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from moescope.cache.native import FETCH, HIT, SUBSTITUTE
+from moescope.engine.changes import RequestNumbers
+
+# heatmap cell states (the colour table's indices)
+NOT_RESIDENT, RESIDENT, HIT_NOW, FETCHED_NOW, SUBSTITUTED_AWAY, USED_AS_SUBSTITUTE = range(6)
+CELL_LABELS: tuple[str, ...] = (
+    "not resident", "resident", "hit by this token", "fetched by this token",
+    "substituted away", "used as substitute",
+)
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """The loaded model as the window needs it (no engine objects)."""
+
+    path: str
+    name: str
+    architecture: str
+    n_expert: int
+    top_k: int
+    moe_layers: tuple[int, ...]
+    slot_row_bytes: int
+    total_expert_bytes: int
+    non_expert_bytes: int
+    cache_enabled: bool
+    slots_per_layer: int
+    policy: str
+    n_ctx: int
+    notice: str = ""
+    budget_message: str = ""
+    trace_path: str = ""
+    """The session's trace file while recording ("" when not recording)."""
+    expert_buffer: str = ""
+    """llama.cpp's buffer holding the experts in host memory (``CUDA_Host``: pinned;
+    ``CPU_Mapped`` / ``CPU``: pageable); "" when unknown (cache off, a reopened trace)."""
+    thinking_choices: tuple[str, ...] = ("default",)
+    """The thinking settings the model's chat template understands (``model.reasoning``)."""
+    answer_prefixes: dict[str, str] = field(default_factory=dict)
+    """Per thinking setting, what the chat template opens every answer with
+    (``"<think>\\n"`` where it opens the thoughts in the prompt): the chat prepends it to
+    the stored answer (see ``model.reasoning``)."""
+    requests: RequestNumbers = field(default_factory=RequestNumbers)
+    """Numbers of the latest policy and budget requests the engine had applied (see
+    ``Engine.applied_requests``): older than the window's latest request means stale."""
+
+    @property
+    def n_moe_layers(self) -> int:
+        return len(self.moe_layers)
+
+    @property
+    def residency(self) -> float:
+        return self.slots_per_layer / self.n_expert if self.n_expert else 0.0
+
+
+@dataclass(frozen=True)
+class TokenSnapshot:
+    """One decoded token and what the cache did for it, summed per MoE layer."""
+
+    step: int
+    """Session-wide token counter: the x axis of every time plot."""
+    index: int
+    """Index of the token within its answer."""
+    text: str
+    seconds: float
+    policy: str
+    slots_per_layer: int
+    n_prompt_tokens: int
+    n_ctx: int
+    events: npt.NDArray[Any] = field(repr=False)
+    """This token's event rows (``EVENT_DTYPE``), a copy."""
+    resident: npt.NDArray[np.bool_] | None = field(repr=False, default=None)
+    """MoE layers x experts, True where resident after the token (None: cache off)."""
+    changes: tuple[str, ...] = ()
+    """Policy or budget changes applied just before this token was decoded (the
+    markers' labels, ``Change.label``)."""
+    errors: tuple[str, ...] = ()
+    """Requested changes that failed just before this token (why, one line each)."""
+    ttft: float | None = None
+    """Time to first token (set on an answer's first token only)."""
+    prefetches: npt.NDArray[np.int64] | None = field(repr=False, default=None)
+    """PSR: experts prefetched during this token, per MoE layer (None: the policy does not
+    prefetch, or unknown as in a reopened trace; the core writes no event row for them)."""
+    prefetch_hits: npt.NDArray[np.int64] | None = field(repr=False, default=None)
+    """PSR: prefetched experts first routed to during this token, per MoE layer."""
+    requests: RequestNumbers = field(default_factory=RequestNumbers)
+    """Numbers of the latest policy and budget requests applied as of this token."""
+    end: bool = False
+    """The step that chose the answer's end-of-generation token (``AnswerStats.end_step``):
+    the cache's work is drawn, but it is no token of the answer's text."""
+
+    @property
+    def context_used(self) -> int:
+        return self.n_prompt_tokens + self.index + 1
+
+
+@dataclass
+class LayerNumbers:
+    """Per-MoE-layer sums of one token's rows, in the order of ``moe_layers``."""
+
+    mass: npt.NDArray[np.float64]
+    hits: npt.NDArray[np.int64]
+    selections: npt.NDArray[np.int64]
+    fetches: npt.NDArray[np.int64]
+    substitutions: npt.NDArray[np.int64]
+    bytes_sync: npt.NDArray[np.int64]
+
+
+def layer_rows(moe_layers: tuple[int, ...], n_layers_hint: int = 0) -> npt.NDArray[np.int64]:
+    """Map a model layer index to its heatmap row (-1 for dense layers)."""
+    size = max(max(moe_layers, default=-1) + 1, n_layers_hint)
+    rows = np.full(size, -1, dtype=np.int64)
+    rows[list(moe_layers)] = np.arange(len(moe_layers))
+    return rows
+
+
+def layer_numbers(events: npt.NDArray[Any], rows_of: npt.NDArray[np.int64]) -> LayerNumbers:
+    """Sum one token's event rows per MoE layer."""
+    n = int((rows_of >= 0).sum())
+    out = LayerNumbers(
+        mass=np.zeros(n), hits=np.zeros(n, np.int64), selections=np.zeros(n, np.int64),
+        fetches=np.zeros(n, np.int64), substitutions=np.zeros(n, np.int64),
+        bytes_sync=np.zeros(n, np.int64))
+    if len(events) == 0:
+        return out
+    layers = events["layer"].astype(np.int64)
+    keep = (layers >= 0) & (layers < len(rows_of))
+    r = rows_of[layers[keep]]
+    ev = events[keep][r >= 0]
+    r = r[r >= 0]
+    np.add.at(out.mass, r, ev["substituted_mass"].astype(np.float64))
+    np.add.at(out.hits, r, ev["n_hit"])
+    np.add.at(out.selections, r, ev["k"])
+    np.add.at(out.fetches, r, ev["n_fetch"])
+    np.add.at(out.substitutions, r, ev["n_substitute"])
+    np.add.at(out.bytes_sync, r, ev["bytes_sync"])
+    return out
+
+
+def _routed(events: npt.NDArray[Any], rows_of: npt.NDArray[np.int64]) -> tuple[
+        npt.NDArray[np.int64], npt.NDArray[np.bool_], npt.NDArray[Any]]:
+    """Rows of MoE layers only: (heatmap row per event as a column, j < k mask, events)."""
+    layers = events["layer"].astype(np.int64)
+    ok = (layers >= 0) & (layers < len(rows_of))
+    ok[ok] = rows_of[layers[ok]] >= 0
+    ev = events[ok]
+    rows = rows_of[ev["layer"].astype(np.int64)][:, None]
+    width = ev["ids"].shape[1] if len(ev) else 0
+    in_k = np.arange(width)[None, :] < ev["k"][:, None]
+    return np.broadcast_to(rows, in_k.shape), in_k, ev
+
+
+def cell_states(resident: npt.NDArray[np.bool_], events: npt.NDArray[Any],
+                rows_of: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]:
+    """Heatmap states (layers x experts) of one token, from residency and its events.
+
+    Where one expert plays two parts in a token, what the token computed with it (hit,
+    fetch, used as substitute) wins over "substituted away".
+    """
+    cells = np.where(resident, RESIDENT, NOT_RESIDENT).astype(np.uint8)
+    if len(events) == 0:
+        return cells
+    n_expert = cells.shape[1]
+    rows, in_k, ev = _routed(events, rows_of)
+    ids, used, action = ev["ids"], ev["used_ids"], ev["action"]
+    valid = in_k & (ids >= 0) & (ids < n_expert)
+    away = valid & (action == SUBSTITUTE)
+    cells[rows[away], ids[away]] = SUBSTITUTED_AWAY
+    used_ok = away & (used >= 0) & (used < n_expert)
+    cells[rows[used_ok], used[used_ok]] = USED_AS_SUBSTITUTE
+    hit = valid & (action == HIT)
+    cells[rows[hit], ids[hit]] = HIT_NOW
+    fetch = valid & (action == FETCH)
+    cells[rows[fetch], ids[fetch]] = FETCHED_NOW
+    return cells
+
+
+def used_experts(events: npt.NDArray[Any], rows_of: npt.NDArray[np.int64],
+                 n_expert: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(rows, experts) that actually computed for this token (hits, fetches, substitutes)."""
+    if len(events) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    rows, in_k, ev = _routed(events, rows_of)
+    used = ev["used_ids"].astype(np.int64)
+    ok = in_k & (used >= 0) & (used < n_expert)
+    return rows[ok], used[ok]
+
+
+@dataclass(frozen=True)
+class AnswerSummary:
+    """The finished answer's stats (a copy of the engine's ``AnswerStats``)."""
+
+    n_prompt_tokens: int
+    n_tokens: int
+    time_to_first_token_s: float
+    seconds: float
+    tokens_per_second: float
+    hit_rate: float
+    substituted_fraction: float
+    mass_per_token: float
+    fetched_mb_per_token: float
+    policies: tuple[str, ...]
+    stop_reason: str
+    summary: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: (list(v) if isinstance(v, tuple) else v)
+                for name, v in self.__dict__.items()}

@@ -1,0 +1,278 @@
+"""Chat history in SQLite: several chats, their messages, and the answer being written.
+
+Why SQLite in WAL mode with one commit per streamed token: a crash or a killed process must
+lose at most the token in flight, never the conversation. WAL makes each small commit
+cheap (no fsync with ``synchronous=NORMAL``; the OS still has the page after a SIGKILL),
+and readers never block the writer. The schema carries a version (``PRAGMA user_version``)
+and ordered migrations, so a newer app opens an older database in place.
+
+Used from the GUI thread only; the worker thread never touches the database.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moescope.model.reasoning import split_reasoning
+
+GENERATING = "generating"
+DONE = "done"
+STOPPED = "stopped"
+INTERRUPTED = "interrupted"
+"""Message statuses: an answer is ``generating`` while tokens stream in; one left in that
+state by a killed process becomes ``interrupted`` at the next start."""
+
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: chats and their messages
+    (
+        """CREATE TABLE chats (
+            id INTEGER PRIMARY KEY,
+            title TEXT NOT NULL,
+            system_prompt TEXT NOT NULL DEFAULT '',
+            model TEXT NOT NULL DEFAULT '',
+            created REAL NOT NULL,
+            updated REAL NOT NULL)""",
+        """CREATE TABLE messages (
+            id INTEGER PRIMARY KEY,
+            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+            position INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            content TEXT NOT NULL,
+            created REAL NOT NULL)""",
+        "CREATE INDEX messages_by_chat ON messages(chat_id, position)",
+    ),
+    # 2: per-answer status and stats (streaming saves, the stats line under answers)
+    (
+        "ALTER TABLE messages ADD COLUMN status TEXT NOT NULL DEFAULT 'done'",
+        "ALTER TABLE messages ADD COLUMN stats TEXT",
+        "CREATE INDEX chats_by_title ON chats(title COLLATE NOCASE)",
+    ),
+)
+"""``MIGRATIONS[i]`` upgrades a database at schema version ``i`` to ``i + 1``; each runs in
+one transaction with its version bump (statements one by one: ``executescript`` would
+commit half-way)."""
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@dataclass
+class ChatMessage:
+    """One message as stored; ``stats`` is the answer's numbers (AnswerStats fields)."""
+
+    id: int
+    chat_id: int
+    position: int
+    role: str
+    content: str
+    status: str = DONE
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Chat:
+    id: int
+    title: str
+    system_prompt: str = ""
+    model: str = ""
+    updated: float = 0.0
+
+
+class ChatStore:
+    """The chat database; every write is committed before the method returns."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._migrate()
+        self.recovered = self._recover()
+
+    # ------------------------------------------------------------------ schema
+    @property
+    def schema_version(self) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        version = self.schema_version
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(f"{self.path} was written by a newer MoEScope "
+                               f"(schema {version} > {SCHEMA_VERSION})")
+        for step in range(version, SCHEMA_VERSION):
+            with self._tx():
+                for statement in MIGRATIONS[step]:
+                    self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version={step + 1}")
+
+    def _recover(self) -> int:
+        """Answers cut off by a crash keep their text and are marked interrupted."""
+        cur = self._db.execute("UPDATE messages SET status=? WHERE status=?",
+                               (INTERRUPTED, GENERATING))
+        return cur.rowcount
+
+    def _tx(self) -> _Transaction:
+        return _Transaction(self._db)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ------------------------------------------------------------------ chats
+    def create_chat(self, title: str = "New chat", system_prompt: str = "",
+                    model: str = "") -> Chat:
+        now = time.time()
+        cur = self._db.execute(
+            "INSERT INTO chats(title, system_prompt, model, created, updated) "
+            "VALUES (?, ?, ?, ?, ?)", (title, system_prompt, model, now, now))
+        return Chat(id=int(cur.lastrowid or 0), title=title, system_prompt=system_prompt,
+                    model=model, updated=now)
+
+    def chats(self, search: str = "") -> list[Chat]:
+        """Chats, most recently updated first; ``search`` filters titles (case-insensitive)."""
+        pattern = f"%{_escape_like(search)}%"
+        rows = self._db.execute(
+            "SELECT * FROM chats WHERE title LIKE ? ESCAPE '\\' COLLATE NOCASE "
+            "ORDER BY updated DESC, id DESC", (pattern,))
+        return [Chat(id=r["id"], title=r["title"], system_prompt=r["system_prompt"],
+                     model=r["model"], updated=r["updated"]) for r in rows]
+
+    def chat(self, chat_id: int) -> Chat | None:
+        r = self._db.execute("SELECT * FROM chats WHERE id=?", (chat_id,)).fetchone()
+        if r is None:
+            return None
+        return Chat(id=r["id"], title=r["title"], system_prompt=r["system_prompt"],
+                    model=r["model"], updated=r["updated"])
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        self._db.execute("UPDATE chats SET title=? WHERE id=?", (title, chat_id))
+
+    def set_system_prompt(self, chat_id: int, text: str) -> None:
+        self._db.execute("UPDATE chats SET system_prompt=? WHERE id=?", (text, chat_id))
+
+    def set_model(self, chat_id: int, model: str) -> None:
+        self._db.execute("UPDATE chats SET model=? WHERE id=?", (model, chat_id))
+
+    def delete_chat(self, chat_id: int) -> None:
+        self._db.execute("DELETE FROM chats WHERE id=?", (chat_id,))
+
+    def _touch(self, chat_id: int) -> None:
+        self._db.execute("UPDATE chats SET updated=? WHERE id=?", (time.time(), chat_id))
+
+    # ------------------------------------------------------------------ messages
+    def messages(self, chat_id: int) -> list[ChatMessage]:
+        rows = self._db.execute(
+            "SELECT * FROM messages WHERE chat_id=? ORDER BY position", (chat_id,))
+        return [ChatMessage(id=r["id"], chat_id=r["chat_id"], position=r["position"],
+                            role=r["role"], content=r["content"], status=r["status"],
+                            stats=json.loads(r["stats"]) if r["stats"] else {})
+                for r in rows]
+
+    def add_message(self, chat_id: int, role: str, content: str,
+                    status: str = DONE) -> ChatMessage:
+        with self._tx():
+            r = self._db.execute(
+                "SELECT COALESCE(MAX(position), -1) + 1 FROM messages WHERE chat_id=?",
+                (chat_id,)).fetchone()
+            position = int(r[0])
+            cur = self._db.execute(
+                "INSERT INTO messages(chat_id, position, role, content, status, created) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (chat_id, position, role, content, status, time.time()))
+            self._touch(chat_id)
+        return ChatMessage(id=int(cur.lastrowid or 0), chat_id=chat_id, position=position,
+                           role=role, content=content, status=status)
+
+    def append_text(self, message_id: int, text: str) -> None:
+        """Append streamed text to an answer: one statement, committed at once."""
+        self._db.execute("UPDATE messages SET content = content || ? WHERE id=?",
+                         (text, message_id))
+
+    def append_texts(self, message_id: int, texts: Sequence[str]) -> None:
+        """Append several tokens, each its own committed statement (autocommit), so a
+        kill between two of them keeps every earlier token."""
+        self._db.executemany("UPDATE messages SET content = content || ? WHERE id=?",
+                             [(t, message_id) for t in texts])
+
+    def finish_message(self, message_id: int, status: str,
+                       stats: dict[str, Any] | None = None) -> None:
+        self._db.execute("UPDATE messages SET status=?, stats=? WHERE id=?",
+                         (status, json.dumps(stats) if stats else None, message_id))
+
+    def delete_messages_from(self, chat_id: int, position: int) -> None:
+        """Drop the message at ``position`` and everything after it (regenerate, edit)."""
+        self._db.execute("DELETE FROM messages WHERE chat_id=? AND position>=?",
+                         (chat_id, position))
+
+    # ------------------------------------------------------------------ export
+    def export_json(self, chat_id: int) -> str:
+        chat = self.chat(chat_id)
+        if chat is None:
+            raise KeyError(chat_id)
+        doc = {
+            "title": chat.title, "system_prompt": chat.system_prompt, "model": chat.model,
+            "messages": [_message_json(m) for m in self.messages(chat_id)],
+        }
+        return json.dumps(doc, indent=2, ensure_ascii=False)
+
+    def export_markdown(self, chat_id: int) -> str:
+        chat = self.chat(chat_id)
+        if chat is None:
+            raise KeyError(chat_id)
+        return chat_markdown(chat, self.messages(chat_id))
+
+
+def _message_json(m: ChatMessage) -> dict[str, Any]:
+    """A message for the JSON export: the raw content as stored, and for an answer with
+    thoughts also ``reasoning`` and ``answer`` split out, so a script need not parse tags."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content, "status": m.status,
+                           "stats": m.stats}
+    if m.role == "assistant":
+        split = split_reasoning(m.content)
+        if split.has_reasoning:
+            out["reasoning"], out["answer"] = split.reasoning, split.answer
+    return out
+
+
+def chat_markdown(chat: Chat, messages: Sequence[ChatMessage]) -> str:
+    """A chat as Markdown: a heading per message, the stats line in italics."""
+    out = [f"# {chat.title}", ""]
+    if chat.model:
+        out += [f"Model: `{chat.model}`", ""]
+    if chat.system_prompt:
+        out += ["## System", "", chat.system_prompt, ""]
+    for m in messages:
+        content = m.content
+        if m.role == "assistant":
+            split = split_reasoning(m.content)
+            if split.has_reasoning:  # folded, as the app shows it (GitHub renders it so)
+                content = (f"<details><summary>Thinking</summary>\n\n{split.reasoning}\n\n"
+                           f"</details>\n\n{split.answer}")
+        out += [f"## {m.role.capitalize()}", "", content, ""]
+        if m.stats.get("summary"):
+            out += [f"*{m.stats['summary']}*", ""]
+    return "\n".join(out)
+
+
+def _escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+class _Transaction:
+    """``BEGIN``/``COMMIT`` around a group of statements (autocommit otherwise)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN")
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self._db.execute("ROLLBACK" if exc_type else "COMMIT")

@@ -1,0 +1,242 @@
+"""Reading a trace back: every record validated, the bad line named, a truncated tail accepted.
+
+This module reads the lines (plain or gzip, with bounds on a line's length and on blank and
+unknown records) and walks the records in order; :mod:`.validate` checks each record's
+fields against the header's model before anything is sized by them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from moescope.trace.schema import (
+    TokenRecord,
+    Trace,
+    TraceFormatError,
+    TraceHeader,
+)
+from moescope.trace.validate import (
+    _header_from_json,
+    _is_scalar,
+    _ReadState,
+    _show,
+    _token_from_json,
+)
+from moescope.util.errors import MoEScopeError
+
+
+class TraceReadCancelled(MoEScopeError):
+    """``read_trace``'s ``progress`` asked to stop (the user closed the window, say)."""
+
+
+ReadProgress = Callable[[int, int], bool]
+"""``progress(bytes_read, file_bytes)`` after each record; False stops the read."""
+
+MAX_LINE_BYTES = 64 << 20
+"""The longest record read: a token of a 48-layer, 512-expert model with f32 router inputs
+is about 0.2 MB, so this leaves room for batched rows, and a file that is one endless line
+(or a small gzip that inflates to one) ends after a fraction of a second."""
+MAX_BLANK_LINES = 1024
+"""The writer writes no blank line; a few from hand editing are forgiven, a gigabyte of
+them (a small gzip that inflates to newlines) ends the read at once."""
+MAX_UNKNOWN_RECORDS = 1024
+"""Records of an unknown type (a newer minor version's) are skipped, up to this many plus
+four per token: a file made of them is not a trace, and would take minutes to skip."""
+
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a trace can hold")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+"""Strict JSON: ``NaN`` and ``Infinity`` are refused while parsing (an out-of-range number
+such as ``1e999`` parses to infinity and is refused by the field's bounds). Integers are not
+hooked (a Python call per integer doubled the parse time): each field bounds its own."""
+
+
+class _LineReader:
+    """Reads a trace's lines as they come (a long session's trace is gigabytes: never all
+    in memory at once), plain or gzip, and tells a gzip stream that was cut off (a crash:
+    everything sync-flushed before it is still complete) from one that is corrupt."""
+
+    def __init__(self, path: Path, progress: ReadProgress | None) -> None:
+        self.path = path
+        self.progress = progress
+        self.raw: IO[bytes] | None = None
+        self.stream: IO[bytes] | None = None
+        self.size = 0
+        self.n = 0
+
+    def lines(self) -> Iterator[tuple[int, bytes, bool]]:
+        """(line number, raw line, ended with newline) for every line. A gzip stream cut
+        off ends the lines with ``(n, b"", False)``; a corrupt one (bad data or CRC,
+        garbage after it) raises :class:`TraceFormatError`, so it is never mistaken for a
+        session that was cut off. ``progress`` hears of the bytes read (compressed bytes of
+        a gzip file) after every line."""
+        with open(self.path, "rb") as raw:
+            self.raw = raw
+            self.size = os.fstat(raw.fileno()).st_size
+            gz = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            self.stream = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+            while True:
+                line = self._next_line()
+                if line is None:
+                    yield self.n + 1, b"", False
+                    return
+                if not line:
+                    return
+                self.n += 1
+                if len(line) > MAX_LINE_BYTES:
+                    raise TraceFormatError(f"{self.path.name}: line {self.n} is longer than "
+                                           f"{MAX_LINE_BYTES >> 20} MiB: not a MoEScope trace")
+                if not line.endswith(b"\n"):  # the last line: is it cut off, or corrupt?
+                    after = self._next_line()  # raises for a corrupt stream
+                    yield self.n, line, False
+                    if after is None:
+                        yield self.n + 1, b"", False
+                    return
+                yield self.n, line, True
+                if self.progress is not None and not self.progress(raw.tell(), self.size):
+                    raise TraceReadCancelled(f"{self.path.name}: reading the trace was "
+                                             f"cancelled")
+
+    def _next_line(self) -> bytes | None:
+        """The next line (``b""`` at the end), or None where the stream was cut off."""
+        assert self.stream is not None
+        try:
+            return self.stream.readline(MAX_LINE_BYTES + 1)
+        except EOFError:  # ends inside a deflate block or the trailer: cut off
+            return None
+        except (zlib.error, gzip.BadGzipFile) as err:
+            raise TraceFormatError(f"{self.path.name}: corrupt gzip stream at line "
+                                   f"{self.n + 1} ({self._where()}: {err})") from None
+
+    def _where(self) -> str:
+        return f"compressed byte {self.raw.tell() if self.raw else 0} of {self.size}"
+
+    def damage(self, budget: int = MAX_LINE_BYTES) -> str | None:
+        """Why the rest of a gzip stream is corrupt, or None (intact as far as ``budget``
+        decompressed bytes, cut off, or not gzip): a record that does not parse in a gzip
+        file is most often corruption, which the stream's CRC tells for certain."""
+        if self.stream is None or self.stream is self.raw or self.raw is None \
+                or self.raw.closed:
+            return None
+        read = 0
+        try:
+            while read < budget:
+                chunk = self.stream.read(1 << 20)
+                if not chunk:
+                    return None
+                read += len(chunk)
+        except EOFError:
+            return None
+        except (zlib.error, gzip.BadGzipFile) as err:
+            return f"{self._where()}: {err}"
+        return None
+
+
+def read_trace(path: str | os.PathLike[str], progress: ReadProgress | None = None) -> Trace:
+    """Read and validate a trace (plain or gzip JSON Lines).
+
+    A malformed record raises :class:`TraceFormatError` naming its line and field; a last
+    line without its newline (a writer killed mid-token) is dropped and flagged
+    ``truncated``. Every count, size, id and step is checked against the header's model
+    before anything is sized or looped by it (see ``docs/trace-format.md``).
+    ``progress(bytes_read, file_bytes)`` is called after every record; returning False
+    raises :class:`TraceReadCancelled`.
+    """
+    p = Path(path)
+    header: TraceHeader | None = None
+    tokens: list[TokenRecord] = []
+    end: dict[str, Any] | None = None
+    truncated = False
+    blank = unknown = 0
+    state: _ReadState | None = None
+    reader = _LineReader(p, progress)
+    lines = reader.lines()
+    n = 0
+
+    def refuse(message: str) -> TraceFormatError:
+        """The error for line ``n``, unless the gzip stream it came from is corrupt: a
+        flipped byte most often makes a line that does not parse, and the stream's CRC
+        says why."""
+        damage = reader.damage()
+        if damage is not None:
+            return TraceFormatError(f"{p.name}: corrupt gzip stream at line {n} (the line "
+                                    f"does not read back; {damage})")
+        return TraceFormatError(message)
+
+    while True:
+        try:
+            n, raw, complete = next(lines)
+        except StopIteration:
+            break
+        except FileNotFoundError:
+            raise TraceFormatError(f"{p}: no such trace file") from None
+        except IsADirectoryError:
+            raise TraceFormatError(f"{p}: is a folder, not a trace file") from None
+        except OSError as err:
+            raise TraceFormatError(f"{p}: cannot read trace ({err})") from None
+        if not raw and not complete:  # a gzip stream cut off
+            if header is None:
+                raise TraceFormatError(f"{p.name}: a damaged gzip stream before any "
+                                       f"record, not a readable MoEScope trace")
+            truncated = True
+            break
+        if not raw.strip():
+            blank += 1
+            if blank > MAX_BLANK_LINES:
+                raise refuse(f"{p.name}: line {n}: more than {MAX_BLANK_LINES} blank "
+                             f"lines, not a MoEScope trace")
+            continue
+        try:
+            obj = _DECODER.decode(raw.decode("utf-8"))
+            if not isinstance(obj, dict):
+                raise ValueError("a record must be a JSON object")
+        except (ValueError, RecursionError) as err:
+            if not complete and header is not None:  # only the last line can lack its \n
+                truncated = True  # the writer died while writing this line
+                break
+            what = ("nested deeper than any record" if isinstance(err, RecursionError)
+                    else str(err))
+            raise refuse(f"{p.name}: line {n}: not valid JSON ({what})") from None
+        kind = obj.get("type")
+        try:
+            if header is None:
+                if kind != "header":
+                    raise ValueError("the first record must be the header")
+                header = _header_from_json(obj)
+                state = _ReadState(header)
+            elif type(kind) is not str:
+                raise ValueError(f"type is {_show(kind)}, not a record type")
+            elif kind == "token":
+                assert state is not None
+                tokens.append(_token_from_json(obj, header, len(tokens), state))
+            elif kind == "end":
+                end = {k: v for k, v in obj.items() if _is_scalar(v)}
+            elif kind == "header":
+                raise ValueError("a second header")
+            else:  # written by a newer minor version: skipped, within reason
+                unknown += 1
+                if unknown > MAX_UNKNOWN_RECORDS + 4 * len(tokens):
+                    raise ValueError(f"more than {unknown - 1} records of unknown types")
+        except TraceFormatError as err:
+            raise refuse(f"{p.name}: line {n}: {err}") from None
+        except (KeyError, TypeError, ValueError, IndexError) as err:
+            what = f"missing field {err}" if isinstance(err, KeyError) else str(err)
+            shown = f"{kind} record" if isinstance(kind, str) and len(kind) < 20 else "record"
+            raise refuse(f"{p.name}: line {n}: bad {shown}: {what}") from None
+    if n == 0:
+        raise TraceFormatError(f"{p.name}: empty file, not a MoEScope trace")
+    if header is None:
+        raise TraceFormatError(f"{p.name}: no header record")
+    return Trace(header=header, tokens=tokens, end=end, truncated=truncated, path=p)
+

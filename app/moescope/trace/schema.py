@@ -1,0 +1,379 @@
+"""The trace's records and their JSON form: header, token, change, router input.
+
+Every record serialises itself with the helpers beside it (events, routes, prefetch
+counters, policy); reading them back, with every field bounded, is :mod:`.validate`'s.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from moescope.cache.native import EVENT_DTYPE, MAX_K
+from moescope.cache.policy import Policy
+from moescope.cache.residency import masks_to_json
+from moescope.util.errors import MoEScopeError
+
+TRACE_FORMAT = "moescope-trace"
+TRACE_VERSION = 1
+"""Schema version written in the header; readers refuse a newer major version."""
+
+RouterDtype = Literal["f32", "f16"]
+PHASES = ("prefill", "decode")
+TIMING_KEYS = ("route_us", "sync_copy_us", "async_copy_us", "wait_us", "n_sync", "n_async")
+
+_EVENT_SCALARS = ("step", "layer", "token", "k", "substituted_mass", "n_hit", "n_fetch",
+                  "n_substitute", "n_admit", "n_evict", "bytes_sync", "bytes_async")
+
+
+class TraceFormatError(MoEScopeError):
+    """A trace file is not a valid MoEScope trace; the message names the line."""
+
+
+# --------------------------------------------------------------------------- header
+
+
+@dataclass(frozen=True)
+class TraceModel:
+    """The model facts a replay needs (and a reader uses to tell models apart)."""
+
+    file_name: str
+    metadata_sha256: str
+    architecture: str
+    n_layers: int
+    moe_layers: tuple[int, ...]
+    n_expert: int
+    top_k: int
+    bytes_per_expert: tuple[int, ...]
+    """Bytes one copy of an expert moves, per entry of ``moe_layers`` (the engine's unit:
+    the expert's weight matrices, not biases or scales)."""
+    non_expert_bytes: int = 0
+    name: str | None = None
+
+    def expert_bytes(self, layer: int) -> int:
+        """Bytes of one expert of ``layer`` (0 for a dense layer)."""
+        try:
+            return self.bytes_per_expert[self.moe_layers.index(layer)]
+        except ValueError:
+            return 0
+
+    @classmethod
+    def from_info(cls, info: Any) -> TraceModel:
+        """From a :class:`~moescope.model.gguf_info.ModelInfo`; bytes per expert count only
+        the ``*_exps.weight`` tensors, which is what the engine's slots hold and copy."""
+        per_layer = []
+        for layer in info.moe_layers:
+            tensors = info.expert_tensors.get(layer, ())
+            weights = sum(t.bytes_per_expert for t in tensors if t.part == "weight")
+            per_layer.append(int(weights or info.bytes_per_expert[layer]))
+        return cls(
+            file_name=str(info.file_name), metadata_sha256=str(info.metadata_sha256),
+            architecture=str(info.architecture), n_layers=int(info.n_layers),
+            moe_layers=tuple(int(x) for x in info.moe_layers), n_expert=int(info.n_expert),
+            top_k=int(info.top_k), bytes_per_expert=tuple(per_layer),
+            non_expert_bytes=int(info.non_expert_bytes), name=info.name,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "file_name": self.file_name, "metadata_sha256": self.metadata_sha256,
+            "architecture": self.architecture, "name": self.name, "n_layers": self.n_layers,
+            "moe_layers": list(self.moe_layers), "n_expert": self.n_expert,
+            "top_k": self.top_k, "bytes_per_expert": list(self.bytes_per_expert),
+            "non_expert_bytes": self.non_expert_bytes,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> TraceModel:
+        return cls(
+            file_name=str(d["file_name"]), metadata_sha256=str(d["metadata_sha256"]),
+            architecture=str(d["architecture"]), n_layers=int(d["n_layers"]),
+            moe_layers=tuple(int(x) for x in d["moe_layers"]), n_expert=int(d["n_expert"]),
+            top_k=int(d["top_k"]), bytes_per_expert=tuple(int(x) for x in d["bytes_per_expert"]),
+            non_expert_bytes=int(d.get("non_expert_bytes") or 0), name=d.get("name"),
+        )
+
+
+@dataclass(frozen=True)
+class TraceHeader:
+    """The first line of a trace: model, starting cache state, software, machine."""
+
+    model: TraceModel
+    budget: str
+    slots_per_layer: int
+    policy: Policy
+    router_inputs: RouterDtype | None = "f32"
+    initial_step: int = 0
+    """The core's step when recording began; a replay starts from this step."""
+    initial_resident: int = 0
+    """Experts resident (all layers) when recording began; 0 means the replay, which starts
+    from an empty cache, can be exact."""
+    software: Mapping[str, str | None] = field(default_factory=dict)
+    machine: Mapping[str, Any] = field(default_factory=dict)
+    created: str = ""
+    version: int = TRACE_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": "header", "format": TRACE_FORMAT, "version": self.version,
+            "created": self.created, "model": self.model.to_json(), "budget": self.budget,
+            "slots_per_layer": self.slots_per_layer, "policy": policy_to_json(self.policy),
+            "router_inputs": self.router_inputs,
+            "initial_state": {"step": self.initial_step, "resident": self.initial_resident},
+            "software": dict(self.software), "machine": dict(self.machine),
+        }
+
+
+def policy_to_json(policy: Policy) -> dict[str, Any]:
+    """A policy as readable JSON (enum names, not numbers) that round-trips exactly."""
+    return {
+        "name": policy.name, "miss_rule": policy.miss_rule.name.lower(),
+        "theta": policy.theta, "eviction": policy.eviction.name.lower(),
+        "half_life": policy.half_life, "admission": policy.admission, "beta": policy.beta,
+        "substitute_weight": policy.substitute_weight.name.lower(),
+        "bonus": policy.bonus, "prefetch": policy.prefetch, "theta_disk": policy.theta_disk,
+    }
+
+
+
+# --------------------------------------------------------------------------- records
+
+
+ANSWER_NOW_NOTE = "answer now"
+"""The note on the first token of a generation that continues a thinking model's answer
+after "Answer now" closed its thoughts: the closing text is written into the prompt, not
+generated, so the token texts alone cannot show where that answer began."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """A policy or budget change that took effect at a token (applied before its decode).
+
+    ``error`` is a requested change that failed (a budget that does not fit; ``text`` says
+    why): the engine reports it as such, and the file stores it as a ``note``."""
+
+    kind: Literal["policy", "slots", "note", "error"]
+    policy: Policy | None = None
+    slots: int | None = None
+    text: str = ""
+
+    @property
+    def label(self) -> str:
+        """The short text the live window's markers show for the same change."""
+        if self.kind == "policy" and self.policy is not None:
+            return f"policy={self.policy.name or 'custom'}"
+        if self.kind == "slots":
+            return f"slots={self.slots}"
+        return self.text
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": "note" if self.kind == "error" else self.kind}
+        if self.policy is not None:
+            out["policy"] = policy_to_json(self.policy)
+        if self.slots is not None:
+            out["slots"] = self.slots
+        if self.text:
+            out["text"] = self.text
+        return out
+
+
+@dataclass(frozen=True)
+class RouterInput:
+    """The exact inputs the core got for one event row: what a replay feeds back."""
+
+    row: int
+    probs: npt.NDArray[np.float32]
+    weights: npt.NDArray[np.float32]
+    """Gate weights as the router produced them (before normalization or any decision)."""
+    ids: npt.NDArray[np.int32]
+    next_layer: int = -1
+    """PSR: the MoE layer this row's prediction is for (-1: none recorded)."""
+    predicted: npt.NDArray[np.int32] | None = None
+    """PSR: that layer's experts as its router ranked them from this layer's input, best
+    first (the first :data:`PREDICTED_KEEP`), which is all ``moecache_prefetch`` uses."""
+
+
+PREDICTED_KEEP = 32
+"""How many ranked predictions a trace keeps per row: a replay prefetches exactly for any
+``Policy.prefetch`` up to this (the ``psr`` preset prefetches top-k <= 32)."""
+
+
+def rank_predictions(scores: npt.ArrayLike, keep: int = PREDICTED_KEEP) -> npt.NDArray[np.int32]:
+    """Expert ids by descending score, ties by lower id (the core's order), NaN last.
+    ``scores`` may be one layer's row or a [layers, experts] block, ranked row by row in
+    one call (a token has a prediction per layer: 48 x 512 scores on Qwen3-Next, and a
+    call per layer was a visible share of recording a token)."""
+    raw = np.asarray(scores, dtype=np.float32)
+    neg = np.atleast_2d(np.where(np.isnan(raw), np.float32(np.inf), -raw))
+    n = neg.shape[1]
+    if keep >= n:
+        ranked = np.argsort(neg, axis=1, kind="stable")[:, :keep]
+    else:  # the best `keep` of each row, then only those sorted (ties by lower id)
+        part = np.argpartition(neg, keep - 1, axis=1)[:, :keep]
+        vals = np.take_along_axis(neg, part, axis=1)
+        ranked = np.take_along_axis(part, np.lexsort((part, vals), axis=1), axis=1)
+        kth = vals.max(axis=1, keepdims=True)
+        tied = (neg == kth).sum(axis=1) != (vals == kth).sum(axis=1)
+        if tied.any():  # a tie across the cut: the partition may have kept a higher id
+            ranked[tied] = np.argsort(neg[tied], axis=1, kind="stable")[:, :keep]
+    ranked = ranked.astype(np.int32)
+    return ranked if raw.ndim > 1 else ranked[0]
+
+
+@dataclass
+class TokenRecord:
+    """One token of a trace (see the module docstring)."""
+
+    index: int
+    phase: str
+    token_id: int
+    text: str
+    seconds: float
+    policy: str
+    slots_per_layer: int
+    events: npt.NDArray[Any]
+    routes: dict[int, RouterInput] = field(default_factory=dict)
+    changes: list[Change] = field(default_factory=list)
+    timings: dict[str, int] | None = None
+    answer: int = 0
+    position: int = 0
+    prefetches: npt.NDArray[np.int64] | None = None
+    """PSR: experts ``moecache_prefetch`` brought in during this token, per MoE layer (in
+    the order of ``model.moe_layers``), whatever the policy (0 where it does not prefetch).
+    None: not recorded (a trace written before these counters): unknown, not zero."""
+    prefetch_hits: npt.NDArray[np.int64] | None = None
+    """PSR: prefetched experts the router first computed during this token (as a hit or
+    a substitute), per MoE layer; None exactly when ``prefetches`` is."""
+    resident: dict[int, npt.NDArray[np.bool_]] | None = None
+    """The cache's real resident mask after this token (model layer index -> ``n_expert``
+    booleans), only for the MoE layers where it differs from what the event rows rebuild
+    (:class:`~moescope.cache.residency.Residency`): PSR prefetches and budget shrinks
+    change residency without rows. None: nothing to correct (or, on a token that shrank
+    the budget, a trace written before the masks: its residency is then a guess)."""
+
+    def to_json(self, router_dtype: RouterDtype | None = "f32",
+                moe_layers: Sequence[int] | None = None) -> dict[str, Any]:
+        """The token record; ``moe_layers`` (the header's) names the layers of the prefetch
+        counters, which are written only when known (see :func:`_prefetch_to_json`)."""
+        out: dict[str, Any] = {
+            "type": "token", "index": self.index, "answer": self.answer,
+            "position": self.position, "phase": self.phase, "token_id": self.token_id,
+            "text": self.text, "seconds": self.seconds, "policy": self.policy,
+            "slots_per_layer": self.slots_per_layer,
+        }
+        if self.changes:
+            out["changes"] = [c.to_json() for c in self.changes]
+        if self.timings is not None:
+            out["timings"] = {k: int(self.timings.get(k, 0)) for k in TIMING_KEYS}
+        if self.prefetches is not None and self.prefetch_hits is not None:
+            if moe_layers is None:
+                raise ValueError("prefetch counters need the model's MoE layers to be written")
+            out["prefetch"] = _prefetch_to_json(self.prefetches, self.prefetch_hits, moe_layers)
+        if self.resident is not None:
+            out["resident"] = masks_to_json(self.resident)
+        out["events"] = _events_to_json(self.events)
+        if self.routes and router_dtype is not None:
+            routes = list(self.routes.values())
+            weights = _f32_lists([r.weights for r in routes])
+            out["routes"] = [_route_to_json(r, router_dtype, w)
+                             for r, w in zip(routes, weights, strict=True)]
+        return out
+
+
+@dataclass
+class Trace:
+    """A trace read back: header, complete tokens, the end record if the session closed."""
+
+    header: TraceHeader
+    tokens: list[TokenRecord]
+    end: dict[str, Any] | None = None
+    truncated: bool = False
+    """True when the last line was incomplete (the writer was killed mid-token)."""
+    path: Path | None = None
+
+    @property
+    def total_seconds(self) -> float:
+        return float(sum(t.seconds for t in self.tokens))
+
+    def events(self) -> npt.NDArray[Any]:
+        """Every event row of the trace, in order, as ``EVENT_DTYPE``."""
+        parts = [t.events for t in self.tokens if len(t.events)]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=EVENT_DTYPE)
+
+
+def _f32_lists(groups: Sequence[npt.ArrayLike]) -> list[list[float]]:
+    """Each group as the shortest decimals that round-trip to the same float32 (``0.15`` not
+    ``0.1500000059``). All groups are converted in one numpy call: a token has a group per
+    layer, and a Python ``str`` per value was most of the cost of writing it."""
+    arrays = [np.asarray(g, dtype=np.float32).ravel() for g in groups]
+    if not arrays:
+        return []
+    flat = [float(v) for v in np.concatenate(arrays).astype(str)]
+    out, at = [], 0
+    for a in arrays:
+        out.append(flat[at:at + a.size])
+        at += a.size
+    return out
+
+
+def _events_to_json(events: npt.NDArray[Any]) -> list[dict[str, Any]]:
+    """A token's event rows, one dict per row; each column is read out of numpy once for
+    all rows (a token has a row per MoE layer: 48 on Qwen3-Next)."""
+    if not len(events):
+        return []
+    cols = {name: events[name].tolist() for name in _EVENT_SCALARS}
+    ks = cols["k"]
+    cols["substituted_mass"] = _f32_lists([events["substituted_mass"]])[0]
+    weights = _f32_lists([w[:k] for w, k in zip(events["weights"], ks, strict=True)])
+    arrays = {name: events[name].tolist() for name in ("ids", "action", "used_ids", "slots",
+                                                        "admitted", "evicted")}
+    out = []
+    for i, k in enumerate(ks):
+        d: dict[str, Any] = {name: cols[name][i] for name in _EVENT_SCALARS}
+        d["ids"] = arrays["ids"][i][:k]
+        d["weights"] = weights[i]
+        d["action"] = arrays["action"][i][:k]
+        d["used_ids"] = arrays["used_ids"][i][:k]
+        d["slots"] = arrays["slots"][i][:k]
+        d["admitted"] = arrays["admitted"][i][:min(cols["n_admit"][i], MAX_K)]
+        d["evicted"] = arrays["evicted"][i][:min(cols["n_evict"][i], MAX_K)]
+        out.append(d)
+    return out
+
+
+
+def _route_to_json(r: RouterInput, dtype: RouterDtype,
+                   weights: list[float]) -> dict[str, Any]:
+    """One row's router inputs; ``weights`` are its gate weights as ``_f32_lists`` wrote
+    them (converted for all rows of the token at once)."""
+    probs = np.asarray(r.probs, dtype=np.float32).astype("<f2" if dtype == "f16" else "<f4")
+    out: dict[str, Any] = {
+        "row": r.row, "ids": np.asarray(r.ids).tolist(), "weights": weights,
+        "probs_dtype": dtype, "probs": base64.b64encode(probs.tobytes()).decode("ascii"),
+    }
+    if r.predicted is not None and r.next_layer >= 0:
+        out["next_layer"] = int(r.next_layer)
+        out["predicted"] = np.asarray(r.predicted).tolist()
+    return out
+
+
+
+def _prefetch_to_json(prefetches: npt.ArrayLike, hits: npt.ArrayLike,
+                      moe_layers: Sequence[int]) -> list[list[int]]:
+    """``[[layer, prefetches, hits], ...]`` for the MoE layers with a nonzero count, in layer
+    order; ``[]`` when nothing was prefetched or hit. Sparse because most tokens of most
+    sessions prefetch nothing (every policy but PSR), and a present empty list still says
+    "recorded: zero", unlike an absent field ("unknown")."""
+    pf = np.asarray(prefetches, dtype=np.int64).ravel()
+    h = np.asarray(hits, dtype=np.int64).ravel()
+    if not len(pf) == len(h) == len(moe_layers):
+        raise ValueError(f"prefetch counters have {len(pf)}/{len(h)} entries for "
+                         f"{len(moe_layers)} MoE layers")
+    return [[int(layer), int(a), int(b)]
+            for layer, a, b in zip(moe_layers, pf, h, strict=True) if a or b]

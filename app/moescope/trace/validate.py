@@ -1,0 +1,598 @@
+"""Checking a trace's records field by field, against the header's model.
+
+Every number read from a trace is bounded before it is used (a hostile file must not make
+the replay's core or the simulator allocate by it); a bad field raises ``ValueError``
+naming the field and showing the value briefly, which :mod:`.reader` turns into a
+:class:`~moescope.trace.schema.TraceFormatError` naming the line. A token's event rows and
+router inputs are checked column by column in a few numpy calls (a token has a row per MoE
+layer; per-row Python checks were most of the cost of reading).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from moescope.cache.native import EVENT_DTYPE, FETCH, HIT, MAX_K, SUBSTITUTE
+from moescope.cache.policy import DEFAULT_BONUS, Eviction, MissRule, Policy, SubstituteWeight
+from moescope.cache.residency import masks_from_json
+from moescope.trace.schema import (
+    PHASES,
+    TIMING_KEYS,
+    TRACE_FORMAT,
+    TRACE_VERSION,
+    Change,
+    RouterInput,
+    TokenRecord,
+    TraceFormatError,
+    TraceHeader,
+    TraceModel,
+)
+
+MAX_LAYERS = 1024
+MAX_EXPERTS = 8192
+MAX_LAYER_EXPERTS = 1 << 20
+"""Bounds of a trace's model geometry, checked before anything is sized by it: the replay's
+core allocates per layer and expert, the simulator lays out rows x experts. The largest MoE
+models have about 100 layers, 512 experts and 50,000 layer-experts."""
+MAX_STEP_SLACK = 1 << 20
+"""How far a trace's steps may run ahead of its records. The core's step advances once per
+governed decode step (at most once per token, so never more than the records so far), and
+a replay walks every step (the core's step cannot be set), so a row's step is bounded by
+the initial step, the tokens and rows read so far, and this slack (about a second of
+walking) for steps recorded without rows."""
+_MAX_BYTES = 1 << 50
+_I32 = (1 << 31) - 1
+_I64 = (1 << 63) - 1
+_FLT_MAX = 3.4028234663852886e38
+_REQUIRED: Any = object()
+
+
+class _ReadState:
+    """What the reader carries from token to token to bound the next one: the last row's
+    step, the rows read, and the slots in force."""
+
+    def __init__(self, header: TraceHeader) -> None:
+        self.step = header.initial_step
+        self.step_base = header.initial_step + MAX_STEP_SLACK
+        self.rows = 0
+        self.slots = header.slots_per_layer
+
+
+
+# --- field checks: each names its field, and shows a bad value without printing it whole
+
+
+def _show(value: Any) -> str:
+    """A value as an error message shows it: short, on one line, containers by their type
+    (a hostile file may hold a thousand-digit integer or a deeply nested list)."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, int):
+        return str(value) if value.bit_length() <= 128 else f"a {value.bit_length()}-bit integer"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else repr(value[:40]) + "..."
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or type(value) in (str, int, float, bool)
+
+
+def _get(d: Mapping[str, Any], key: str, where: str = "", default: Any = _REQUIRED) -> Any:
+    if key in d:
+        return d[key]
+    if default is _REQUIRED:
+        raise ValueError(f"missing field {where}{key}")
+    return default
+
+
+def _int(value: Any, name: str, lo: int = -_I64 - 1, hi: int = _I64) -> int:
+    if type(value) is not int:  # bool is not an integer here
+        raise ValueError(f"{name} is {_show(value)}, not an integer")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} {_show(value)} is outside {lo}..{hi}")
+    return value
+
+
+def _number(value: Any, name: str, lo: float, hi: float) -> float:
+    if type(value) is int:
+        if not lo <= value <= hi:
+            raise ValueError(f"{name} {_show(value)} is outside {_range(lo, hi)}")
+        return float(value)
+    if type(value) is not float:
+        raise ValueError(f"{name} is {_show(value)}, not a number")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} {value!r} is outside {_range(lo, hi)}")
+    return value
+
+
+def _text(value: Any, name: str, *, optional: bool = False) -> Any:
+    if type(value) is str or (optional and value is None):
+        return value
+    raise ValueError(f"{name} is {_show(value)}, not a string")
+
+
+def _object(value: Any, name: str) -> dict[str, Any]:
+    if type(value) is not dict:
+        raise ValueError(f"{name} is {_show(value)}, not an object")
+    return value
+
+
+def _list(value: Any, name: str) -> list[Any]:
+    if type(value) is not list:
+        raise ValueError(f"{name} is {_show(value)}, not a list")
+    return value
+
+
+def _column(values: list[Any], name: str, kind: str, width: int | None = None
+            ) -> npt.NDArray[Any]:
+    """``values`` (scalars, or lists of ``width`` scalars) as one int64 (``kind`` "i") or
+    float64 ("f") array, converted by numpy in one call; ``name`` formats with the index
+    of a bad entry (``"events[{}].ids"``)."""
+    n = len(values)
+    shape = (n,) if width is None else (n, width)
+    if width is not None:
+        for i, v in enumerate(values):
+            if type(v) is not list or len(v) != width:
+                raise ValueError(f"{name.format(i)} is {_show(v)}, expected a list of {width}")
+    if n == 0 or width == 0:
+        return np.zeros(shape, dtype=np.int64 if kind == "i" else np.float64)
+    try:
+        a = np.array(values)
+    except (ValueError, TypeError, OverflowError):
+        a = None
+    if a is not None and a.shape == shape and a.dtype.kind in ("i" if kind == "i" else "if"):
+        return a
+    for i, v in enumerate(values):
+        for j, x in enumerate([v] if width is None else v):
+            if type(x) is int and -_I64 - 1 <= x <= _I64:
+                continue
+            if kind == "f" and type(x) is float:
+                continue
+            at = name.format(i) + ("" if width is None else f"[{j}]")
+            what = "an integer" if kind == "i" else "a number"
+            if type(x) is int:
+                raise ValueError(f"{at} {_show(x)} is outside the 64-bit range")
+            raise ValueError(f"{at} is {_show(x)}, not {what}")
+    raise ValueError(f"{name.format(0)}: entries of mixed kinds")
+
+
+def _range(lo: float, hi: float) -> str:
+    return f"{lo}..{hi}" if isinstance(lo, int) and isinstance(hi, int) else f"{lo:g}..{hi:g}"
+
+
+def _bad_at(bad: npt.NDArray[np.bool_]) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape))
+
+
+def _label(name: str, at: tuple[int, ...]) -> str:
+    return name.format(at[0]) + "".join(f"[{i}]" for i in at[1:])
+
+
+def _within(a: npt.NDArray[Any], name: str, lo: float, hi: float, what: str = "") -> None:
+    """Every entry of ``a`` in ``lo..hi`` (NaN is not), else ``ValueError`` naming the
+    first that is not; ``what`` replaces the range in the message."""
+    if not a.size:
+        return
+    bad = ~((a >= lo) & (a <= hi))
+    if bad.any():
+        at = _bad_at(bad)
+        raise ValueError(f"{_label(name, at)} {_show(a[at].item())} "
+                         f"{what or f'is outside {_range(lo, hi)}'}")
+
+
+def _distinct(ids: npt.NDArray[Any], name: str) -> None:
+    """No row of ``ids`` names an expert twice (the core refuses such a selection)."""
+    if ids.shape[1] < 2:
+        return
+    s = np.sort(ids, axis=1)
+    dup = s[:, 1:] == s[:, :-1]
+    if dup.any():
+        i, j = _bad_at(dup)
+        raise ValueError(f"{name.format(i)} names expert {int(s[i, j])} twice")
+
+
+# --- records
+
+
+def _model_from_json(raw: Any) -> TraceModel:
+    d = _object(raw, "model")
+    n_layers = _int(_get(d, "n_layers", "model."), "model.n_layers", 1, MAX_LAYERS)
+    n_expert = _int(_get(d, "n_expert", "model."), "model.n_expert", 1, MAX_EXPERTS)
+    if n_layers * n_expert > MAX_LAYER_EXPERTS:
+        raise ValueError(f"model: {n_layers} layers x {n_expert} experts is more than "
+                         f"{MAX_LAYER_EXPERTS}")
+    top_k = _int(_get(d, "top_k", "model."), "model.top_k")
+    if not 0 < top_k <= min(n_expert, MAX_K):
+        raise ValueError(f"top_k {top_k} does not fit {n_expert} experts (at most {MAX_K})")
+    moe = _column(_list(_get(d, "moe_layers", "model."), "model.moe_layers"),
+                  "model.moe_layers[{}]", "i")
+    _within(moe, "model.moe_layers[{}]", 0, n_layers - 1,
+            f"is not a layer of the model's {n_layers}")
+    if not len(moe) or (np.diff(moe) <= 0).any():
+        raise ValueError("model.moe_layers must be distinct layers in increasing order")
+    per_expert = _column(_list(_get(d, "bytes_per_expert", "model."),
+                               "model.bytes_per_expert"), "model.bytes_per_expert[{}]", "i")
+    if len(per_expert) != len(moe):
+        raise ValueError("bytes_per_expert needs one entry per MoE layer")
+    _within(per_expert, "model.bytes_per_expert[{}]", 0, _MAX_BYTES)
+    return TraceModel(
+        file_name=_text(_get(d, "file_name", "model."), "model.file_name"),
+        metadata_sha256=_text(_get(d, "metadata_sha256", "model."), "model.metadata_sha256"),
+        architecture=_text(_get(d, "architecture", "model."), "model.architecture"),
+        n_layers=n_layers, moe_layers=tuple(moe.tolist()), n_expert=n_expert, top_k=top_k,
+        bytes_per_expert=tuple(per_expert.tolist()),
+        non_expert_bytes=_int(d.get("non_expert_bytes") or 0, "model.non_expert_bytes", 0,
+                              _MAX_BYTES),
+        name=_text(d.get("name"), "model.name", optional=True),
+    )
+
+
+def _info_from_json(raw: Any, name: str) -> dict[str, Any]:
+    """``software`` or ``machine``: informational, so entries other than scalars and lists
+    of scalars are left out rather than refused."""
+    if raw is None:
+        return {}
+    return {k: v for k, v in _object(raw, name).items()
+            if _is_scalar(v) or (type(v) is list and all(_is_scalar(x) for x in v))}
+
+
+def _header_from_json(d: Mapping[str, Any]) -> TraceHeader:
+    if d.get("format") != TRACE_FORMAT:
+        raise ValueError(f"format is {_show(d.get('format'))}, expected {TRACE_FORMAT!r}")
+    version = _int(_get(d, "version"), "version")
+    if version > TRACE_VERSION or version < 1:
+        raise TraceFormatError(f"trace version {version} is not supported (this MoEScope "
+                               f"reads version {TRACE_VERSION}); update MoEScope")
+    router = d.get("router_inputs")
+    if router not in (None, "f32", "f16"):
+        raise ValueError(f"router_inputs {_show(router)} is not f32, f16 or null")
+    model = _model_from_json(_get(d, "model"))
+    slots = _checked_slots(_int(_get(d, "slots_per_layer"), "slots_per_layer"), model,
+                           "slots_per_layer {}")
+    policy = _policy_from_json(_get(d, "policy"), "policy")
+    state = d.get("initial_state")
+    state = {} if state is None else _object(state, "initial_state")
+    return TraceHeader(
+        model=model, budget=_text(d.get("budget", ""), "budget"),
+        slots_per_layer=slots, policy=policy, router_inputs=router,
+        initial_step=_int(state.get("step", 0), "initial_state.step", 0, MAX_STEP_SLACK),
+        initial_resident=_int(state.get("resident", 0), "initial_state.resident", 0,
+                              len(model.moe_layers) * slots),
+        software=_info_from_json(d.get("software"), "software"),
+        machine=_info_from_json(d.get("machine"), "machine"),
+        created=_text(d.get("created", ""), "created"), version=version,
+    )
+
+
+def policy_from_json(d: Mapping[str, Any]) -> Policy:
+    """Inverse of :func:`policy_to_json`; ``ValueError`` naming the field on bad input
+    (numbers outside :class:`Policy`'s ranges, which the native core would refuse or
+    round to another meaning, included)."""
+    return _policy_from_json(d, "policy")
+
+
+def _policy_from_json(raw: Any, where: str) -> Policy:
+    d = _object(raw, where)
+
+    def enum(cls: Any, key: str) -> Any:
+        value = _text(_get(d, key, f"{where}."), f"{where}.{key}")
+        try:
+            return cls[value.upper()]
+        except KeyError:
+            known = ", ".join(m.name.lower() for m in cls)
+            raise ValueError(f"{where}.{key} {_show(value)} is not one of {known}") from None
+
+    def number(key: str, default: Any = _REQUIRED) -> float:
+        return _number(_get(d, key, f"{where}.", default), f"{where}.{key}",
+                       -_FLT_MAX, _FLT_MAX)
+
+    admission = _get(d, "admission", f"{where}.")
+    if admission not in (True, False) or type(admission) not in (bool, int):
+        raise ValueError(f"{where}.admission is {_show(admission)}, not true or false")
+    try:
+        policy = Policy(
+            miss_rule=enum(MissRule, "miss_rule"), theta=number("theta"),
+            eviction=enum(Eviction, "eviction"), half_life=number("half_life"),
+            admission=bool(admission), beta=number("beta"),
+            substitute_weight=enum(SubstituteWeight, "substitute_weight"),
+            bonus=number("bonus", DEFAULT_BONUS),
+            prefetch=_int(d.get("prefetch", 0), f"{where}.prefetch", -1, _I32),
+            theta_disk=number("theta_disk", -1.0),
+            name=_text(d.get("name"), f"{where}.name", optional=True),
+        )
+    except ValueError as err:  # Policy's own ranges: what the core keeps meaningful
+        if str(err).startswith(where):
+            raise
+        raise ValueError(f"{where}: {err}") from None
+    return policy
+
+
+def _token_from_json(d: Mapping[str, Any], header: TraceHeader, expected: int,
+                     state: _ReadState) -> TokenRecord:
+    index = _int(_get(d, "index"), "index")
+    if index != expected:
+        raise ValueError(f"token index {index}, expected {expected}")
+    phase = _text(_get(d, "phase"), "phase")
+    if phase not in PHASES:
+        raise ValueError(f"phase {_show(phase)} is not one of {', '.join(PHASES)}")
+    seconds = _number(_get(d, "seconds"), "seconds", 0.0, 1e9)
+    m = header.model
+    changes = _changes_from_json(d.get("changes", []), m)
+    slots = _checked_slots(_int(_get(d, "slots_per_layer"), "slots_per_layer"), m,
+                           "slots_per_layer {}")
+    # a resize applies before the token's rows: a row's slot is below the largest in force
+    in_force = max([state.slots, slots, *(c.slots for c in changes if c.slots is not None)])
+    events = _events_from_json(_get(d, "events"), m, state, expected, in_force)
+    routes = _routes_from_json(d.get("routes", []), m, events)
+    timings = d.get("timings")
+    if timings is not None:
+        timings = _object(timings, "timings")
+        timings = {k: _int(timings.get(k, 0), f"timings.{k}", -(1 << 53), 1 << 53)
+                   for k in TIMING_KEYS}
+    prefetches = prefetch_hits = None
+    if "prefetch" in d:  # absent: written before the counters existed, so unknown
+        prefetches, prefetch_hits = _prefetch_from_json(d["prefetch"], m.moe_layers)
+    resident = None
+    if "resident" in d:  # absent: the event rows explain residency (or an older trace)
+        resident = masks_from_json(d["resident"], m.moe_layers, m.n_expert, slots)
+    state.slots = slots
+    return TokenRecord(
+        index=index, phase=phase,
+        token_id=_int(_get(d, "token_id"), "token_id", 0, _I32),
+        text=_text(_get(d, "text"), "text"), seconds=seconds,
+        policy=_text(_get(d, "policy"), "policy"), slots_per_layer=slots, events=events,
+        routes=routes, changes=changes, timings=timings,
+        answer=_int(d.get("answer", 0), "answer", 0, index),
+        position=_int(d.get("position", 0), "position", 0, _I32),
+        prefetches=prefetches, prefetch_hits=prefetch_hits, resident=resident,
+    )
+
+
+def _checked_slots(slots: int, model: TraceModel, what: str) -> int:
+    """``slots`` per layer if the model can have that many (top-k to all experts);
+    ``what`` names the field, ``{}`` standing for the value."""
+    if not model.top_k <= slots <= model.n_expert:
+        raise ValueError(f"{what.format(slots)} is outside [top-k {model.top_k}, "
+                         f"{model.n_expert} experts]")
+    return slots
+
+
+def _events_from_json(raw: Any, m: TraceModel, state: _ReadState, token: int,
+                      slots: int) -> npt.NDArray[Any]:
+    """A token's event rows, every field checked against the model (and ``slots``, the
+    most slots in force during the token) column by column, in one numpy call per field:
+    a token has a row per MoE layer, 48 on Qwen3-Next."""
+    rows = _list(raw, "events")
+    n = len(rows)
+    for i, e in enumerate(rows):
+        if type(e) is not dict:
+            raise ValueError(f"events[{i}] is {_show(e)}, not an object")
+    events = np.zeros(n, dtype=EVENT_DTYPE)
+    if not n:
+        return events
+    k, n_expert = m.top_k, m.n_expert
+
+    def col(name: str, kind: str, width: int | None = None) -> npt.NDArray[Any]:
+        try:
+            values = [e[name] for e in rows]
+        except KeyError:
+            i = next(i for i, e in enumerate(rows) if name not in e)
+            raise ValueError(f"missing field events[{i}].{name}") from None
+        return _column(values, f"events[{{}}].{name}", kind, width)
+
+    _within(col("k", "i"), "events[{}].k", k, k, f"is not the model's top-k {k}")
+    layer = col("layer", "i")
+    bad = ~np.isin(layer, m.moe_layers)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"events[{i}].layer {int(layer[i])} is not a MoE layer of the model")
+    step = col("step", "i")
+    limit = state.step_base + state.rows + n + token
+    _within(step, "events[{}].step", 0, limit,
+            f"is beyond step {limit}, more than the trace's records can reach")
+    back = np.diff(step, prepend=state.step) < 0
+    if back.any():
+        i = int(np.argmax(back))
+        raise ValueError(f"events[{i}].step {int(step[i])} goes back (after step "
+                         f"{state.step if i == 0 else int(step[i - 1])})")
+    batch = col("token", "i")
+    _within(batch, "events[{}].token", 0, _I32)
+    ids = col("ids", "i", k)
+    _within(ids, "events[{}].ids", 0, n_expert - 1, f"is not an expert (0..{n_expert - 1})")
+    _distinct(ids, "events[{}].ids")
+    weights = col("weights", "f", k)
+    _within(weights, "events[{}].weights", 0.0, 1.0, "is not a normalized weight (0..1)")
+    action = col("action", "i", k)
+    _within(action, "events[{}].action", HIT, SUBSTITUTE,
+            f"is not an action (hit {HIT}, fetch {FETCH}, substitute {SUBSTITUTE})")
+    used = col("used_ids", "i", k)
+    _within(used, "events[{}].used_ids", 0, n_expert - 1,
+            f"is not an expert (0..{n_expert - 1})")
+    slot = col("slots", "i", k)
+    _within(slot, "events[{}].slots", 0, slots - 1, f"is not a slot (0..{slots - 1})")
+    mass = col("substituted_mass", "f")
+    _within(mass, "events[{}].substituted_mass", 0.0, 1.001,
+            "is not a substituted weight (0..1)")
+    for name, code in (("n_hit", HIT), ("n_fetch", FETCH), ("n_substitute", SUBSTITUTE)):
+        count = col(name, "i")
+        wrong = count != (action == code).sum(axis=1)
+        if wrong.any():
+            i = int(np.argmax(wrong))
+            raise ValueError(f"events[{i}].{name} {_show(count[i].item())} does not match "
+                             f"the row's actions")
+    n_admit = col("n_admit", "i")
+    _within(n_admit, "events[{}].n_admit", 0, k)
+    n_evict = col("n_evict", "i")
+    _within(n_evict, "events[{}].n_evict", 0, 2 * k)
+    for name in ("bytes_sync", "bytes_async"):
+        values = col(name, "i")
+        _within(values, f"events[{{}}].{name}", 0, _MAX_BYTES)
+        events[name] = values
+    for name, counts in (("admitted", n_admit), ("evicted", n_evict)):
+        for i, e in enumerate(rows):
+            values = _list(e.get(name, []), f"events[{i}].{name}")
+            want = min(int(counts[i]), MAX_K)
+            if len(values) != want:
+                raise ValueError(f"events[{i}].{name} has {len(values)} entries, "
+                                 f"n_{'admit' if name == 'admitted' else 'evict'} is {want}")
+            if values:
+                got = _column(values, f"events[{i}].{name}[{{}}]", "i")
+                _within(got, f"events[{i}].{name}[{{}}]", 0, n_expert - 1,
+                        f"is not an expert (0..{n_expert - 1})")
+                events[name][i, :want] = got
+    events["step"], events["layer"], events["token"], events["k"] = step, layer, batch, k
+    events["ids"][:, :k], events["weights"][:, :k] = ids, weights
+    events["action"][:, :k], events["used_ids"][:, :k], events["slots"][:, :k] = (
+        action, used, slot)
+    events["substituted_mass"] = mass
+    events["n_hit"] = (action == HIT).sum(axis=1)
+    events["n_fetch"] = (action == FETCH).sum(axis=1)
+    events["n_substitute"] = (action == SUBSTITUTE).sum(axis=1)
+    events["n_admit"], events["n_evict"] = n_admit, n_evict
+    state.step = int(step[-1])
+    state.rows += n
+    return events
+
+
+def _routes_from_json(raw: Any, m: TraceModel, events: npt.NDArray[Any]
+                      ) -> dict[int, RouterInput]:
+    """A token's router inputs, checked against the model and its rows; ids, weights and
+    probabilities of all its rows are converted and checked together (a token has a row
+    per MoE layer, and small numpy calls per row were most of the cost of reading)."""
+    items = _list(raw, "routes")
+    if not items:
+        return {}
+    n_expert, k = m.n_expert, m.top_k
+    rows: list[int] = []
+    blobs: list[bytes] = []
+    dtype: str | None = None
+    for i, item in enumerate(items):
+        where = f"routes[{i}]"
+        r = _object(item, where)
+        row = _int(_get(r, "row", f"{where}."), f"{where}.row")
+        if not 0 <= row < len(events):
+            raise ValueError(f"route row {row} is not an event row of this token")
+        probs_dtype = r.get("probs_dtype")
+        this = {"f32": "<f4", "f16": "<f2"}.get(probs_dtype) if type(probs_dtype) is str \
+            else None
+        if this is None or (dtype is not None and this != dtype):
+            raise ValueError(f"{where}: unknown probs_dtype {_show(probs_dtype)}")
+        dtype = this
+        text = _text(_get(r, "probs", f"{where}."), f"{where}.probs")
+        size = 4 if dtype == "<f4" else 2
+        if len(text) != 4 * -(-n_expert * size // 3):  # base64 of exactly n_expert values
+            raise ValueError(f"route probs have {len(text) * 3 // 4 // size} entries, the "
+                             f"model has {n_expert}")
+        blobs.append(base64.b64decode(text, validate=True)[:n_expert * size])
+        rows.append(row)
+    if len(set(rows)) != len(rows):
+        raise ValueError(f"routes name row {next(r for r in rows if rows.count(r) > 1)} twice")
+    assert dtype is not None
+    probs = np.frombuffer(b"".join(blobs), dtype=dtype).reshape(len(items), n_expert)
+    if not np.isfinite(probs).all():
+        i = int(np.argmax(~np.isfinite(probs).all(axis=1)))
+        raise ValueError(f"routes[{i}].probs hold a value that is not finite")
+    ids = _column([_get(r, "ids", f"routes[{i}].") for i, r in enumerate(items)],
+                  "routes[{}].ids", "i", k)
+    if not ((ids >= 0) & (ids < n_expert)).all():
+        i = int(np.argmax(~((ids >= 0) & (ids < n_expert)).all(axis=1)))
+        raise ValueError(f"router input of row {rows[i]}: expert ids outside "
+                         f"0..{n_expert - 1}")
+    _distinct(ids, "routes[{}].ids")
+    weights = _column([_get(r, "weights", f"routes[{i}].") for i, r in enumerate(items)],
+                      "routes[{}].weights", "f", k)
+    _within(weights, "routes[{}].weights", 0.0, _FLT_MAX, "is not a gate weight (0 or more)")
+    probs32 = probs.astype(np.float32)
+    ids32 = ids.astype(np.int32)
+    weights32 = weights.astype(np.float32)
+    predicted = _predictions_from_json(items, rows, m)
+    return {row: RouterInput(row=row, probs=probs32[i], weights=weights32[i], ids=ids32[i],
+                             next_layer=predicted[i][0], predicted=predicted[i][1])
+            for i, row in enumerate(rows)}
+
+
+def _predictions_from_json(items: list[dict[str, Any]], rows: list[int], m: TraceModel
+                           ) -> list[tuple[int, npt.NDArray[np.int32] | None]]:
+    """PSR: each route's ``(next_layer, ranked ids)``, ``(-1, None)`` where it has none;
+    checked together when all have as many ids (the usual case)."""
+    out: list[tuple[int, npt.NDArray[np.int32] | None]] = [(-1, None)] * len(items)
+    have = [i for i, r in enumerate(items) if "predicted" in r]
+    if not have:
+        return out
+    lists = [_list(items[i]["predicted"], f"routes[{i}].predicted") for i in have]
+    width = len(lists[0])
+    groups = ([(have, lists)] if all(len(x) == width for x in lists)
+              else [([i], [x]) for i, x in zip(have, lists, strict=True)])
+    ranked: dict[int, npt.NDArray[np.int32]] = {}
+    for idx, values in groups:
+        got = _column(values, "routes[{}].predicted", "i", len(values[0]))
+        bad = ~((got >= 0) & (got < m.n_expert)).all(axis=1)
+        if not 0 < got.shape[1] <= m.n_expert or bad.any():
+            raise ValueError(f"row {rows[idx[int(np.argmax(bad))]]}: route predicted ids "
+                             f"out of range")
+        _distinct(got, "routes[{}].predicted")
+        ranked.update(zip(idx, got.astype(np.int32), strict=True))
+    for i in have:
+        layer = _int(_get(items[i], "next_layer", f"routes[{i}]."), f"routes[{i}].next_layer")
+        if layer not in m.moe_layers:
+            raise ValueError(f"row {rows[i]}: a prediction for layer {layer}, not a MoE layer")
+        out[i] = (layer, ranked[i])
+    return out
+
+
+def _prefetch_from_json(items: Any, moe_layers: Sequence[int]
+                        ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Inverse of :func:`_prefetch_to_json`: dense per-MoE-layer arrays (raises on a layer
+    that is not a MoE layer, a repeated layer, or a count out of range)."""
+    if type(items) is not list:
+        raise ValueError("prefetch must be a list of [layer, prefetches, hits]")
+    row_of = {layer: i for i, layer in enumerate(moe_layers)}
+    pf = np.zeros(len(moe_layers), dtype=np.int64)
+    hits = np.zeros(len(moe_layers), dtype=np.int64)
+    seen: set[int] = set()
+    for i, item in enumerate(items):
+        if type(item) is not list or len(item) != 3:
+            raise ValueError(f"prefetch entry {_show(item)} is not [layer, prefetches, hits]")
+        layer = _int(item[0], f"prefetch[{i}] layer")
+        if layer not in row_of or layer in seen:
+            raise ValueError(f"prefetch layer {layer} is not a MoE layer, or repeats")
+        a = _int(item[1], f"prefetch[{i}] prefetches", 0, _I32)
+        b = _int(item[2], f"prefetch[{i}] hits", 0, _I32)
+        seen.add(layer)
+        pf[row_of[layer]], hits[row_of[layer]] = a, b
+    return pf, hits
+
+
+def _changes_from_json(raw: Any, m: TraceModel) -> list[Change]:
+    out = []
+    for i, item in enumerate(_list(raw, "changes")):
+        where = f"changes[{i}]"
+        d = _object(item, where)
+        kind = _get(d, "kind", f"{where}.")
+        if kind == "policy":
+            out.append(Change("policy", policy=_policy_from_json(
+                _get(d, "policy", f"{where}."), f"{where}.policy")))
+        elif kind == "slots":
+            slots = _int(_get(d, "slots", f"{where}."), f"{where}.slots")
+            out.append(Change("slots", slots=_checked_slots(slots, m,
+                                                            "a budget change to {} slots")))
+        elif kind == "note":
+            out.append(Change("note", text=_text(d.get("text", ""), f"{where}.text")))
+        else:
+            raise ValueError(f"unknown change kind {_show(kind)}")
+    return out
+
+

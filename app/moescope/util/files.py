@@ -1,0 +1,196 @@
+"""Writing a user's file so that a failure loses nothing and nothing else is destroyed.
+
+An export that fails halfway (a full disk, a folder that vanished) must neither leave a
+half-written file behind nor destroy the file it was replacing: a regular file is written
+to a temporary file beside it and renamed over it only once complete. Whatever else sits
+at the path is respected: a symlink is written through (the file it points to is replaced,
+the link stays a link), a FIFO or a character device (``/dev/stdout``, ``/dev/null``) is
+written directly, ``-`` means standard output, and nothing that is not a regular file is
+ever replaced. An output that is the same file as one of the command's inputs (the model
+being read, the trace being replayed) is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import stat
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import IO
+
+from moescope.util.errors import MoEScopeError
+
+STDOUT = "-"
+"""The output path that means standard output."""
+
+PathLike = str | os.PathLike[str]
+
+
+class OutputPathError(MoEScopeError, OSError):
+    """An output path that must not be written (an input, a folder, a block device).
+
+    An ``OSError`` too, so that callers that report failed writes (``err.strerror``) report
+    this one the same way; ``str()`` is one sentence for the CLI."""
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+def is_stdout(dest: PathLike) -> bool:
+    return os.fspath(dest) == STDOUT
+
+
+def same_file(a: PathLike, b: PathLike) -> bool:
+    """Whether ``a`` and ``b`` are one file (device and inode, symlinks followed); False
+    when either does not exist."""
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except (OSError, ValueError):
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def refuse_inputs(dest: PathLike, inputs: Iterable[PathLike]) -> None:
+    """Raise :class:`OutputPathError` if ``dest`` is the same file as one of ``inputs``:
+    ``--trace model.gguf`` would truncate the model while it is mapped."""
+    if is_stdout(dest):
+        return
+    try:
+        st = os.stat(dest)
+    except (OSError, ValueError):
+        return  # not there yet: it cannot be an input
+    if not stat.S_ISREG(st.st_mode):
+        return  # a device or FIFO given twice is not overwritten by a write
+    for source in inputs:
+        if same_file(dest, source):
+            name = os.fspath(source)
+            also = "" if os.fspath(dest) == name else f" ({name})"
+            raise OutputPathError(errno.EINVAL, f"is an input of this command{also}; "
+                                                "refusing to overwrite it", os.fspath(dest))
+
+
+def check_output(dest: PathLike, inputs: Iterable[PathLike] = ()) -> None:
+    """Refuse, before any work, an output that cannot or must not be written: one of the
+    inputs, a folder, a block device or socket, a file in a folder that does not exist or
+    is not writable. Symlinks are judged by what they point to."""
+    if is_stdout(dest):
+        return
+    refuse_inputs(dest, inputs)
+    target = resolve_output(dest)
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        folder = target.parent
+        if not folder.is_dir():
+            raise OutputPathError(errno.ENOENT, f"folder {folder} does not exist",
+                                  os.fspath(dest)) from None
+        if not os.access(folder, os.W_OK):
+            raise OutputPathError(errno.EACCES, f"cannot write in folder {folder}",
+                                  os.fspath(dest)) from None
+        return
+    except OSError as err:
+        raise OutputPathError(err.errno or errno.EIO, f"cannot write ({err.strerror})",
+                              os.fspath(dest)) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise OutputPathError(errno.EISDIR, "is a folder; give a file name", os.fspath(dest))
+    if stat.S_ISREG(st.st_mode):
+        if not os.access(target.parent, os.W_OK):
+            raise OutputPathError(errno.EACCES, f"cannot write in folder {target.parent}",
+                                  os.fspath(dest))
+    elif not (stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode)):
+        raise OutputPathError(errno.EINVAL, "is a block device or socket; not written",
+                              os.fspath(dest))
+
+
+def resolve_output(dest: PathLike) -> Path:
+    """Where a write to ``dest`` lands: the final target of a symlink chain (which need
+    not exist yet), else ``dest`` itself."""
+    p = Path(dest)
+    return Path(os.path.realpath(p)) if p.is_symlink() else p
+
+
+def _regular_or_missing(target: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(target).st_mode)
+    except FileNotFoundError:
+        return True
+
+
+def _atomic(dest: PathLike, fill: Callable[[IO[bytes]], None],
+            inputs: Iterable[PathLike]) -> Path:
+    if is_stdout(dest):
+        out = sys.stdout
+        out.flush()
+        fill(out.buffer)
+        out.buffer.flush()
+        return Path(STDOUT)
+    inputs = list(inputs)
+    check_output(dest, inputs)
+    target = resolve_output(dest)
+    if not _regular_or_missing(target):  # a FIFO or character device: write into it
+        fd = os.open(target, os.O_WRONLY | os.O_NOCTTY)
+        with os.fdopen(fd, "wb") as f:
+            fill(f)
+        return Path(dest)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fill(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return Path(dest)
+
+
+def open_stream(dest: PathLike, inputs: Iterable[PathLike] = ()) -> IO[bytes]:
+    """Open ``dest`` to be written as it goes (a trace recorded token by token), by the
+    same rules as :func:`write_atomic` except that a regular file is truncated and written
+    in place (a crash keeps what was written). ``-`` is a duplicate of standard output,
+    so closing the stream leaves ``sys.stdout`` open."""
+    if is_stdout(dest):
+        sys.stdout.flush()
+        return os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    check_output(dest, inputs)
+    target = resolve_output(dest)
+    if _regular_or_missing(target):
+        return open(target, "wb")
+    fd = os.open(target, os.O_WRONLY | os.O_NOCTTY)
+    return os.fdopen(fd, "wb")
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (``os.umask`` would, for a moment,
+    for every thread); 0o022 where /proc does not say."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status", encoding="ascii") as f:
+            line = next(x for x in f if x.startswith("Umask:"))
+        return int(line.split()[1], 8)
+    return 0o022
+
+
+def write_atomic(dest: PathLike, data: str | bytes, *,
+                 inputs: Iterable[PathLike] = ()) -> Path:
+    """Write ``data`` (text as UTF-8) to ``dest``, all or nothing for a regular file
+    (``OSError`` on failure, with ``dest`` as it was); ``dest`` must not be one of
+    ``inputs`` (:class:`OutputPathError`)."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    return _atomic(dest, lambda f: f.write(raw), inputs)
+
+
+def copy_atomic(src: PathLike, dest: PathLike, *, inputs: Iterable[PathLike] = ()) -> Path:
+    """Copy ``src`` to ``dest``, all or nothing (``OSError`` on failure); ``dest`` must
+    not be ``src`` itself nor one of ``inputs``."""
+    def fill(f: IO[bytes]) -> None:
+        with open(src, "rb") as s:
+            shutil.copyfileobj(s, f, 1 << 20)
+    return _atomic(dest, fill, [src, *inputs])

@@ -1,0 +1,88 @@
+"""*Serve API* in the window: the server generates on the window's engine, the cache
+panel follows its tokens, the log lists its requests, and the chat waits its turn."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+from gui_helpers import send, slow_down
+
+pytestmark = pytest.mark.engine
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ask(url: str, out: list[Any], max_tokens: int = 24) -> threading.Thread:
+    """A client request on its own thread (the GUI thread must keep running)."""
+
+    def run() -> None:
+        import openai
+
+        c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+        out.append(c.chat.completions.create(
+            model=c.models.list().data[0].id,
+            messages=[{"role": "user", "content": "Hi there"}], max_tokens=max_tokens,
+            seed=1))
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_serving_from_the_window_moves_the_cache_panel(window: Any, qtbot: Any) -> None:
+    window.serve.show_panel()
+    panel = window.serve.panel
+    panel.port.setValue(_free_port())
+    panel.button.click()
+    assert window.serve.serving, panel.error.text()
+    url = window.serve.url
+    step_before = window.client.worker.step
+    tokens_before = len(window.recent_tokens)
+    out: list[Any] = []
+    with qtbot.waitSignal(window.serve.requestFinished, timeout=60_000) as done:
+        t = _ask(url, out)
+    t.join(30)
+    record = done.args[0]
+    assert out and out[0].usage.completion_tokens == record.completion_tokens
+    qtbot.waitUntil(lambda: len(window.recent_tokens) - tokens_before
+                    >= record.completion_tokens, timeout=10_000)
+    assert window.client.worker.step == step_before + record.completion_tokens
+    assert window.cache_panel.model.latest is not None
+    assert window.cache_panel.model.latest.step == window.client.worker.step
+    assert any(m.label == "API" for m in window.cache_panel.model.markers)
+    qtbot.waitUntil(lambda: "tok/s" in panel.log.toPlainText(), timeout=5_000)
+    assert "hit " in panel.log.toPlainText() and "quality-first" in panel.log.toPlainText()
+    panel.button.click()
+    assert not window.serve.serving
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(url + "/models", timeout=2)
+
+
+def test_the_chat_waits_for_an_api_answer_then_answers(window: Any, qtbot: Any) -> None:
+    url = window.serve.start(port=_free_port())
+    slow_down(window, 2000)
+    out: list[Any] = []
+    with qtbot.waitSignal(window.serve.bridge.started, timeout=30_000):
+        t = _ask(url, out, max_tokens=80)
+    summary = send(qtbot, window, "Hello", max_tokens=8, timeout=60_000)
+    t.join(60)
+    assert out and out[0].usage.completion_tokens >= 1
+    assert summary.n_tokens >= 1 and summary.stop_reason != "error"
+    assert window.serve.records and window.serve.records[-1].completion_tokens >= 1
+    window.serve.stop()
+
+
+def test_other_machines_need_a_key(window: Any) -> None:
+    from moescope.util.errors import MoEScopeError
+
+    with pytest.raises(MoEScopeError, match="api-key"):
+        window.serve.start(host="0.0.0.0", port=_free_port())
+    assert not window.serve.serving

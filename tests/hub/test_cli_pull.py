@@ -1,0 +1,77 @@
+"""``moescope pull`` against the stand-in Hub: listing with fits, download, one-line errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hub_helpers import GATED_REPO, REPO, SPLIT_REPO, Hub
+
+from moescope.cli import main
+from moescope.model.gguf_info import read_model_info
+from moescope_testing.hub_server import closed_port_endpoint, file_key
+
+
+def test_listing_shows_each_models_fit_without_downloading(hub: Hub,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pull", REPO, "--budget", "50%"]) == 0
+    out = capsys.readouterr().out
+    assert "2 GGUF model(s)" in out and "Tiny-MoE-Q4_0.gguf" in out
+    assert out.count("8/16 experts per layer cached in VRAM (50% resident") == 2
+    assert f"moescope pull {REPO}:Q4_0" in out
+    assert not list(Path(os.environ["MOESCOPE_MODELS_DIR"]).rglob("*.gguf*"))
+
+
+def test_pull_by_quant_downloads_then_says_already_there(hub: Hub,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pull", f"{REPO}:q8_0"]) == 0
+    captured = capsys.readouterr()
+    path = Path(os.environ["MOESCOPE_MODELS_DIR"]) / REPO / "Tiny-MoE-Q8_0.gguf"
+    assert f"saved 477.7 KiB: {path}" in captured.out
+    assert "100%" in captured.err  # the progress line
+    assert read_model_info(path).n_expert == 16
+    served = hub.server.served[file_key(REPO, "Tiny-MoE-Q8_0.gguf")]
+    assert main(["pull", f"{REPO}:Tiny-MoE-Q8_0.gguf"]) == 0
+    assert "already downloaded" in capsys.readouterr().out
+    assert hub.server.served[file_key(REPO, "Tiny-MoE-Q8_0.gguf")] - served < 1 << 20
+
+
+def test_split_model_by_name_into_a_chosen_folder(hub: Hub, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pull", f"{SPLIT_REPO}:Q8_0", "--dir", str(tmp_path / "elsewhere")]) == 0
+    first = tmp_path / "elsewhere" / SPLIT_REPO / "Q8_0" / "Split-MoE-Q8_0-00001-of-00003.gguf"
+    assert str(first) in capsys.readouterr().out
+    assert len(read_model_info(first).parts) == 3
+
+
+def test_check_only_and_search(hub: Hub,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pull", f"{REPO}:Q4_0", "--check"]) == 0
+    assert "fits" in capsys.readouterr().out
+    assert hub.server.served[file_key(REPO, "Tiny-MoE-Q4_0.gguf")] <= 1 << 20
+    assert main(["pull", "--search", "tiny"]) == 0
+    assert REPO in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["pull", f"{REPO}:Q6_K"], "no GGUF file named or quantized 'Q6_K'"),
+    (["pull", "test-org/Nope"], "not found on 127.0.0.1"),
+    (["pull", f"{GATED_REPO}:Q8_0"], "gated or private"),
+    (["pull", "not a repo"], "is not a repository id"),
+    (["pull", REPO, "--budget", "lots"], "cannot read budget"),
+])
+def test_errors_are_one_line(hub: Hub, capsys: pytest.CaptureFixture[str], argv: list[str],
+                             message: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("moescope: error: ") and message in err
+    assert err.count("\n") == 1
+
+
+def test_no_network(hub: Hub, monkeypatch: pytest.MonkeyPatch,
+                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", closed_port_endpoint())
+    assert main(["pull", REPO]) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach 127.0.0.1" in err and err.count("\n") == 1

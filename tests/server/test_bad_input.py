@@ -1,0 +1,153 @@
+"""Bad requests get OpenAI-style errors with the right status, and the server lives on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import openai
+import pytest
+from server_helpers import Server, serve_command
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+HELLO = [{"role": "user", "content": "Hello"}]
+
+
+def _error(r) -> dict:  # type: ignore[no-untyped-def, type-arg]
+    body = r.json()
+    assert set(body) == {"error"}, body
+    err = body["error"]
+    assert err["message"] and "Traceback" not in err["message"]
+    return err  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"messages": []}, "messages"),
+    ({"messages": "hi"}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages[0].content"),
+    ({"messages": HELLO, "temperature": -1}, "temperature"),
+    ({"messages": HELLO, "temperature": "hot"}, "temperature"),
+    ({"messages": HELLO, "top_p": 1.5}, "top_p"),
+    ({"messages": HELLO, "max_tokens": 0}, "max_tokens"),
+    ({"messages": HELLO, "max_tokens": 2.5}, "max_tokens"),
+    ({"messages": HELLO, "max_tokens": True}, "max_tokens"),
+    ({"messages": HELLO, "n": 2}, "n"),
+    ({"messages": HELLO, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"messages": HELLO, "stop": [""]}, "stop"),
+    ({"messages": HELLO, "stop": 7}, "stop"),
+    ({"messages": HELLO, "seed": "x"}, "seed"),
+    ({"messages": HELLO, "stream": "yes"}, "stream"),
+    ({"messages": HELLO, "logprobs": True}, "logprobs"),
+    ({"messages": HELLO, "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": HELLO, "reasoning_effort": "extreme"}, "reasoning_effort"),
+    ({"messages": HELLO, "model": 5}, "model"),
+    ([1, 2, 3], "body"),
+])
+def test_bad_parameters_are_400_naming_the_field(server: Server, body: object,
+                                                 param: str) -> None:
+    with server.http() as h:
+        r = h.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    err = _error(r)
+    assert err["param"] == param
+    assert err["type"] == "invalid_request_error"
+
+
+def test_malformed_json_unknown_model_and_routes(server: Server) -> None:
+    with server.http() as h:
+        r = h.post("/v1/chat/completions", content=b"{not json",
+                   headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and _error(r)["code"] == "invalid_json"
+        r = h.post("/v1/completions", content=b"\xff\xfe\x00")
+        assert r.status_code == 400 and _error(r)["code"] == "invalid_json"
+        r = h.post("/v1/chat/completions", json={"model": "gpt-4o", "messages": HELLO})
+        assert r.status_code == 404 and _error(r)["code"] == "model_not_found"
+        r = h.get("/v1/engines")
+        assert r.status_code == 404 and _error(r)
+        r = h.get("/v1/chat/completions")
+        assert r.status_code == 405 and _error(r)
+        r = h.post("/v1/completions", json={"prompt": [1, 2, 3]})
+        assert r.status_code == 400 and _error(r)["param"] == "prompt"
+    with pytest.raises(openai.NotFoundError):
+        server.client().chat.completions.create(model="llama-3", messages=HELLO)
+
+
+def test_a_prompt_longer_than_the_context_is_refused(server: Server) -> None:
+    long = "the quick brown fox jumps over the lazy dog " * 200  # > 512 tokens
+    with pytest.raises(openai.BadRequestError) as caught:
+        server.client().chat.completions.create(
+            model="moescope-demo-qwen3moe", messages=[{"role": "user", "content": long}])
+    assert caught.value.code == "context_length_exceeded"
+    with server.http() as h:
+        r = h.post("/v1/completions", json={"prompt": long, "stream": True})
+        assert r.status_code == 400 and _error(r)["code"] == "context_length_exceeded"
+
+
+def test_an_oversized_body_is_413(server: Server) -> None:
+    huge = "x" * (1 << 20) + "y" * 1024  # the server was started with --max-body 1 (MiB)
+    with server.http() as h:
+        r = h.post("/v1/chat/completions",
+                   json={"messages": [{"role": "user", "content": huge}]})
+        assert r.status_code == 413 and _error(r)["code"] == "request_too_large"
+
+        def chunks():  # no Content-Length: counted as it arrives
+            for _ in range(40):
+                yield b"a" * 65536
+
+        r = h.post("/v1/completions", content=chunks())
+        assert r.status_code == 413
+
+
+def test_max_tokens_is_clamped_to_the_server_limit(server_factory: Callable[..., Server]) -> None:
+    server = server_factory("--max-tokens", "7")
+    r = server.client().completions.create(model="moescope-demo-qwen3moe", prompt="ROMEO:",
+                                           max_tokens=100_000, temperature=0)
+    assert r.usage is not None and r.usage.completion_tokens <= 7
+
+
+def test_the_server_survives_all_of_it(server: Server) -> None:
+    r = server.client().chat.completions.create(model="moescope-demo-qwen3moe",
+                                                messages=HELLO, max_tokens=3)
+    assert r.choices[0].message.content is not None
+    assert server.alive()
+    assert "Traceback" not in server.log
+
+
+def test_the_api_key_is_required_when_set(server_factory: Callable[..., Server]) -> None:
+    server = server_factory(api_key="s3cret-key")
+    with pytest.raises(openai.AuthenticationError):
+        server.client(api_key="wrong").models.list()
+    with server.http() as h:
+        for headers in ({"Authorization": ""}, {"Authorization": "Basic s3cret-key"},
+                        {"Authorization": "Bearer s3cret-key2"}):
+            r = h.get("/v1/models", headers=headers)
+            assert r.status_code == 401 and _error(r)["code"] == "invalid_api_key"
+            r = h.post("/v1/moescope/cache", json={"policy": "exact"}, headers=headers)
+            assert r.status_code == 401
+        assert h.get("/health", headers={"Authorization": ""}).status_code == 200
+    r = server.client().chat.completions.create(model="moescope-demo-qwen3moe",
+                                                messages=HELLO, max_tokens=2)
+    assert r.usage is not None and r.usage.completion_tokens >= 1
+
+
+def test_serving_beyond_loopback_needs_a_key_and_says_so() -> None:
+    import subprocess
+
+    out = subprocess.run(serve_command("--host", "0.0.0.0", "--port", "8099"),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "--api-key" in out.stderr and "Traceback" not in out.stderr
+    out = subprocess.run(serve_command("--port", "70000"), capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and "--port" in out.stderr
+
+
+def test_a_port_in_use_is_one_line(server: Server) -> None:
+    import subprocess
+
+    out = subprocess.run(serve_command("--port", str(server.port)), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2
+    assert "in use" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,87 @@
+"""The pieces under the server without HTTP: the answer stream and the engine's queue."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from moescope.server.service import TextStream
+from moescope.session.turns import EngineQueue, QueueFull, TurnCancelled, TurnState
+
+
+def _feed(stream: TextStream, pieces: list[str]) -> tuple[str, str]:
+    r = c = ""
+    for p in pieces:
+        dr, dc = stream.feed(p)
+        r, c = r + dr, c + dc
+        if stream.stopped:
+            break
+    dr, dc = stream.finish()
+    return r + dr, c + dc
+
+
+def test_a_stop_sequence_cut_across_tokens_is_held_back_then_dropped() -> None:
+    s = TextStream(["END"], split=False)
+    assert s.feed("hello E") == ("", "hello ")  # "E" may begin the stop
+    assert s.feed("N") == ("", "")
+    assert s.feed("Dless") == ("", "")
+    assert s.stopped and s.text == "hello "
+    s = TextStream(["END"], split=False)
+    assert _feed(s, ["hello E", "nd", " ok"]) == ("", "hello End ok")
+    assert not s.stopped
+
+
+def test_thoughts_and_answer_split_as_they_stream() -> None:
+    s = TextStream([], prefix="<think>\n")
+    r, c = _feed(s, ["I am ", "thinking", "</th", "ink>", "\n\nThe answer", " is 4"])
+    assert (r, c) == ("I am thinking", "The answer is 4")
+    assert s.parts() == ("I am thinking", "The answer is 4")
+    s = TextStream(["answer"], prefix="<think>\n")
+    assert _feed(s, ["hmm</think>", "the ans", "wer is"]) == ("hmm", "the ")
+
+
+def test_the_queue_runs_one_turn_at_a_time_in_order() -> None:
+    q = EngineQueue(capacity=2)
+    first = q.join("a")
+    assert first.state is TurnState.RUNNING
+    second, third = q.join("b"), q.join("c")
+    with pytest.raises(QueueFull):
+        q.join("d")
+    assert q.position(third) == 2
+    order: list[str] = []
+
+    def run(turn) -> None:  # type: ignore[no-untyped-def]
+        assert q.wait(turn, timeout=10)
+        order.append(turn.who)
+        q.leave(turn)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in (third, second)]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)
+    assert order == []
+    q.leave(first)
+    for t in threads:
+        t.join(5)
+    assert order == ["b", "c"]
+    assert q.running is None and q.join_if_idle("x") is not None
+
+
+def test_a_cancelled_turn_gives_its_place_and_wakes_its_waiter() -> None:
+    q = EngineQueue(capacity=1)
+    running = q.join("a")
+    waiting = q.join("b")
+    woke: list[bool] = []
+    t = threading.Thread(target=lambda: woke.append(q.wait(waiting)))
+    t.start()
+    q.cancel(waiting)
+    t.join(5)
+    assert woke == [False]
+    assert q.waiting() == []
+    q.join("c")  # the place is free again
+    q.leave(running)
+    with pytest.raises(TurnCancelled), q.turn("d", timeout=0.01):
+        pass
+    assert q.join_if_idle("e") is None  # "c" runs now
