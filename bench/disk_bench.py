@@ -46,6 +46,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 POLICIES = ("exact", "quality-first", "speed-first", "psr")
+NO_AHEAD = "+noahead"  # a policy name with this suffix runs with the read-ahead off
 PROMPT = "Hi"  # short: the prompt is read through the memory map (prefill), decode is timed
 
 
@@ -154,7 +155,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["policy"] == "stock":
         e.load(spec["model"], cache=False, host_experts=False, **kw)
     else:
-        e.load(spec["model"], budget=spec["budget"], policy=spec["policy"],
+        e.load(spec["model"], budget=spec["budget"], policy=spec["policy"].split("+")[0],
                ram_budget=spec["ram_budget"], **kw)
     load_s = time.perf_counter() - t0
     if spec["warmup"] > 0:
@@ -207,6 +208,8 @@ def run_variant(spec: dict[str, Any], limit: MemoryLimit | None) -> dict[str, An
     with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
         cmd = [sys.executable, __file__, "--child", json.dumps(spec), "--out", out.name]
         env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
+        if spec["policy"].endswith(NO_AHEAD):
+            env["MOESCOPE_READAHEAD"] = "0"
         proc = subprocess.run(cmd, preexec_fn=enter, capture_output=True, text=True,
                               timeout=spec["timeout"], check=False, env=env)
         if proc.returncode != 0:
@@ -234,7 +237,9 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1,
                    help="decode threads (default 1: see the module docstring)")
     p.add_argument("--warmup", type=int, default=4, help="untimed tokens after load")
-    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--policies", default=",".join(POLICIES),
+                   help=f"comma-separated; a name ending in {NO_AHEAD} (e.g. exact{NO_AHEAD}) "
+                        "runs that policy with the disk read-ahead off")
     p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
