@@ -65,7 +65,7 @@ def source_key(be: ModuleType | None = None) -> str:
     be = be or load_build_engine()
     h = hashlib.sha256()
     h.update(f"sdist={be.read_lock()['sha256']}\n".encode())
-    for path in be.patches() + be.native_sources():
+    for path in be.patches("vulkan") + be.native_sources():  # the bundle has every patch
         h.update(f"\n{path.relative_to(REPO)}\n".encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
@@ -75,7 +75,7 @@ def gpu_cmake_args(archs: str = "90", native_cpu: bool = True,
                    be: ModuleType | None = None) -> list[str]:
     """CMake flags of the GPU check's build: build_engine's, for one CUDA architecture."""
     be = be or load_build_engine()
-    args = [a for a in be.cmake_args(False) if not a.startswith("-DGGML_NATIVE=")]
+    args = [a for a in be.cmake_args("cpu") if not a.startswith("-DGGML_NATIVE=")]
     args.append(f"-DGGML_NATIVE={'ON' if native_cpu else 'OFF'}")
     return args + be.cuda_args(archs) + list(GPU_LEAN_FLAGS)
 

@@ -30,6 +30,11 @@ What it does, on a GPU machine with no network (``bash bench/gpu_check.sh``):
                      baseline. The thread count is swept and the best kept;
    * ``exact``, ``quality-first``, ``speed-first``  MoEScope's expert cache at 25%
                      residency (slots in VRAM, experts in host memory);
+   * ``vulkan``      ``exact`` on a second, Vulkan build of the same tree (the engine AMD
+                     and Intel users get), when the machine has glslc, the Vulkan headers
+                     and a Vulkan driver for the GPU; otherwise a skipped row saying what
+                     was missing. Its max |dlogit| is against the CUDA reference (other
+                     kernels: close, not bitwise);
 
 6. checks exactness on the GPU: teacher-forced logits of ``exact`` (and of the other
    policies, for reference) against the ``reference`` run: max abs difference, top-1
@@ -109,6 +114,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # paper 2: routing bonus + prefetch of the next layer's predicted experts (copies
     # overlap compute); last, so a short deadline drops it before the paper-1 targets
     "psr": {"label": "MoEScope psr @25%", "cache": True, "policy": "psr"},
+    # the Vulkan build on the same GPU (AMD/Intel users' engine): built only where glslc and
+    # the Vulkan headers are installed and the GPU has a Vulkan driver, else a skipped row
+    "vulkan": {"label": "MoEScope exact @25%, Vulkan", "cache": True, "policy": "exact",
+               "backend": "vulkan"},
 }
 TARGET_QUALITY_VS_EXACT = 2.5
 TAG = "gpu-check"
@@ -391,6 +400,8 @@ class Check:
                                        "phases": {}, "errors": []}
         self.src_root: Path | None = None
         self.lib_dir: Path | None = None
+        self.vulkan_lib_dir: Path | None = None  # the Vulkan row's build, when there is one
+        self.vulkan_skipped = "a GPU run only"
         self.pydeps = self.work / "pydeps"
         self.extra_ld: list[str] = []
         self.layers = args.layers or (DRY_OVERRIDES["n_layers"] if self.dry
@@ -544,7 +555,7 @@ class Check:
                 toolkit / "lib64", toolkit / "lib") if d.is_dir()]
             self.say(f"configuring ({toolkit}, cuBLAS {cublas or 'from the toolkit'})")
         else:
-            args = [*self.be.cmake_args(False), *GPU_LEAN_FLAGS, "-DGGML_CUDA=OFF"]
+            args = [*self.be.cmake_args("cpu"), *GPU_LEAN_FLAGS, "-DGGML_CUDA=OFF"]
             self.say("configuring (CPU only)")
         self.report["build"] = {"cmake_args": args, "dir": str(build_dir), "jobs": cpus}
         with log.open("w") as f:
@@ -575,6 +586,42 @@ class Check:
         self.report["build"]["seconds"] = self.report["phases"]["build"]
         self.say(f"engine built in {self.report['phases']['build']:.0f} s: {lib_dir}")
 
+    def build_vulkan(self) -> None:
+        """The Vulkan build of the same tree, for the ``vulkan`` row; a missing toolchain or
+        driver (or a failed build) only skips that row, the CUDA results stand."""
+        assert self.src_root is not None
+        if "vulkan" not in self.args.configs.split(","):
+            self.vulkan_skipped = "not asked for"
+            return
+        missing = self.be.vulkan_build_missing()
+        devices = self.be.vulkan_devices(self.be._run_text, shutil.which)
+        hardware = [n for n, kind in devices if not kind.endswith("_CPU")]
+        if missing or not hardware:
+            self.vulkan_skipped = (f"needs {', '.join(missing)}" if missing
+                                   else "no Vulkan driver for the GPU")
+            return
+        t0 = time.time()
+        build_dir = self.work / "cmake-build-vulkan"
+        log = self.work / "build-vulkan.log"
+        cpus = self.args.jobs or os.cpu_count() or 4
+        args = [*self.be.cmake_args("vulkan"), *GPU_LEAN_FLAGS, "-DGGML_CUDA=OFF"]
+        self.say(f"building the Vulkan engine for {hardware[0]} with ninja -j{cpus}")
+        with log.open("w") as f:
+            rc = subprocess.run(["cmake", "-S", str(self.src_root), "-B", str(build_dir),
+                                 "-G", "Ninja", "-Wno-dev", *args],
+                                stdout=f, stderr=subprocess.STDOUT).returncode
+            if rc == 0:
+                rc = subprocess.run(["ninja", "-C", str(build_dir), f"-j{cpus}", "llama"],
+                                    stdout=f, stderr=subprocess.STDOUT).returncode
+        lib_dir = build_dir / "bin"
+        if rc != 0 or not (lib_dir / "libggml-vulkan.so").exists():
+            self.vulkan_skipped = f"the Vulkan build failed (log: {log})"
+            self.report["errors"].append(self.vulkan_skipped)
+            return
+        self.vulkan_lib_dir = lib_dir
+        self.phase("build_vulkan", t0)
+        self.say(f"Vulkan engine built in {self.report['phases']['build_vulkan']:.0f} s")
+
     def fail_build(self, log: Path, msg: str) -> None:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-60:])
         print(tail, flush=True)
@@ -596,10 +643,17 @@ class Check:
         return None
 
     # ------------------------------------------------------------------ children
-    def child(self, argv: list[str], timeout: float, engine: bool = True) -> int:
+    def child(self, argv: list[str], timeout: float, engine: bool = True,
+              lib_dir: Path | None = None) -> int:
         cmd = [sys.executable, str(Path(__file__).resolve()), *argv]
+        env = self.child_env(engine)
+        if lib_dir is not None:  # another backend's libraries (the Vulkan row)
+            env["LLAMA_CPP_LIB_PATH"] = str(lib_dir)
+            env["MOESCOPE_NATIVE_LIB"] = str(lib_dir / "libllama.so")
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                [str(lib_dir), env.get("LD_LIBRARY_PATH", "")])
         try:
-            return subprocess.run(cmd, env=self.child_env(engine), timeout=timeout).returncode
+            return subprocess.run(cmd, env=env, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             self.report["errors"].append(f"{argv[0]} timed out after {timeout:.0f} s")
             return 124
@@ -673,6 +727,11 @@ class Check:
             if runs > 1 and typical and left < 1.5 * typical:
                 runs = 1
                 self.say(f"{name}: {left:.0f} s left, 1 timed run instead of {self.args.runs}")
+            if CONFIGS[name].get("backend") == "vulkan" and self.vulkan_lib_dir is None:
+                self.say(f"{name}: skipped ({self.vulkan_skipped})")
+                results[name] = {"name": name, "label": self.label(name),
+                                 "skipped": f"skipped: {self.vulkan_skipped}"}
+                continue
             out = self.work / f"config-{name}.json"
             out.unlink(missing_ok=True)
             argv = ["_config", "--name", name, "--model", model["path"], "--json", str(out),
@@ -690,7 +749,9 @@ class Check:
                     argv += ["--reference-logits", str(ref_logits)]
             t0 = time.time()
             self.say(f"{name}: {self.label(name)}")
-            rc = self.child(argv, timeout=max(60.0, min(600.0, left + 60)))
+            rc = self.child(argv, timeout=max(60.0, min(600.0, left + 60)),
+                            lib_dir=self.vulkan_lib_dir if CONFIGS[name].get("backend")
+                            else None)
             durations.append(time.time() - t0)
             if rc != 0 or not out.exists():
                 self.say(f"{name}: FAILED (exit {rc})")
@@ -839,6 +900,7 @@ class Check:
                         raise SystemExit(f"[{TAG}] ERROR: no installed engine (make engine)")
             else:
                 self.build()
+                self.build_vulkan()
         except BaseException:
             synth.kill()
             raise

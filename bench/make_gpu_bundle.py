@@ -63,7 +63,7 @@ KEEP_TOP = {"CMakeLists.txt", "pyproject.toml", "LICENSE.md", "README.md", "CHAN
             "llama_cpp", "vendor"}
 KEEP_LLAMA_CPP = {"CMakeLists.txt", "CMakePresets.json", "LICENSE", "licenses", "cmake",
                   "include", "src", "ggml", "vendor"}
-KEEP_GGML_BACKENDS = {"ggml-cpu", "ggml-cuda"}
+KEEP_GGML_BACKENDS = {"ggml-cpu", "ggml-cuda", "ggml-vulkan"}  # vulkan: gpu_check's Vulkan row
 DROP_LLAMA_VENDOR = {"cpp-httplib"}  # only common/ uses it, and common is not built
 
 
@@ -122,7 +122,7 @@ def prepare_tree(be: ModuleType, sdist: Path, dest: Path, key: str) -> tuple[Pat
     tree, stats = extract_trimmed(sdist, dest)
     say(f"extracted {stats['kept_files']} files, dropped {stats['dropped_files']} "
         f"({stats['dropped_bytes'] / 2**20:.0f} MiB)")
-    be.apply_patches(tree)
+    be.apply_patches(tree, "vulkan")  # every patch: the Vulkan guard is inert in CUDA builds
     core = tree / "vendor" / "llama.cpp" / "src" / "moescope"
     core.mkdir(parents=True, exist_ok=True)
     for path in be.native_sources():

@@ -8,13 +8,21 @@ and build a wheel. The wheel is cached under a key hashed from every input (sdis
 patches, native sources, build flags, this script), so a second ``make test`` reuses it.
 
 Incremental rebuilds: the patched tree is synced file-by-file into one working directory per
-flavour (cpu/cuda), keeping unchanged files' mtimes, and scikit-build-core reuses one CMake
-build directory, so a change to the native core recompiles a handful of files, not 200.
+flavour (cpu/cuda/vulkan), keeping unchanged files' mtimes, and scikit-build-core reuses one
+CMake build directory, so a change to the native core recompiles a handful of files, not 200.
 
-Usage: build_engine.py [--venv .venv] [--cuda] [--configure-only] [--print-key]
-Environment: MOESCOPE_CACHE (default ~/.cache/moescope), MOESCOPE_CUDA=1,
-CMAKE_CUDA_ARCHITECTURES (default "86;89;90"), CUBLAS_ROOT (a folder with include/ and lib/
-of cuBLAS when the CUDA toolkit lacks it).
+Backends: MOESCOPE_BACKEND=auto (default) picks CUDA when nvcc and an NVIDIA driver are
+present (architectures from the compute capability the driver reports), else Vulkan when
+glslc and a Vulkan device other than a software one are present, else the CPU; the choice
+and its reason are printed and written next to the installed libllama (moescope_build.json)
+so the app can show them.
+
+Usage: build_engine.py [--venv .venv] [--backend auto|cpu|cuda|vulkan] [--configure-only]
+                       [--print-key] [--print-backend] [--lib-dir]
+Environment: MOESCOPE_CACHE (default ~/.cache/moescope), MOESCOPE_BACKEND, MOESCOPE_CUDA=1
+(same as MOESCOPE_BACKEND=cuda), CMAKE_CUDA_ARCHITECTURES (default: the GPUs' compute
+capabilities, else "86;89;90"), CUBLAS_ROOT (a folder with include/ and lib/ of cuBLAS when
+the CUDA toolkit lacks it), MOESCOPE_CCACHE=0 (ggml uses ccache when installed; this stops it).
 """
 
 from __future__ import annotations
@@ -30,13 +38,17 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 PATCH_DIR = REPO / "engine_patch"
 NATIVE_DIR = REPO / "native"
 BUILDER_VERSION = "1"  # bump to invalidate every cached wheel
+BACKENDS = ("cpu", "cuda", "vulkan")
+BUILD_INFO = "moescope_build.json"  # beside libllama.so: backend and why (read by the app)
+VULKAN_PACKAGES = "mesa-vulkan-drivers glslc libvulkan-dev spirv-headers"
 T0 = time.monotonic()
 
 
@@ -74,8 +86,11 @@ def cache_root() -> Path:
 STOCK = False  # --stock: only the build patches (no slot cache), for the benchmark
 
 
-def patches() -> list[Path]:
+def patches(backend: str = "cpu") -> list[Path]:
+    """The patches of one backend's build: a ``-vulkan-`` patch only for Vulkan (so the other
+    builds' cache keys do not change with it); only ``-build-`` patches for --stock."""
     found = sorted(PATCH_DIR.glob("*.patch"))
+    found = [p for p in found if backend == "vulkan" or "-vulkan-" not in p.name]
     return [p for p in found if "-build-" in p.name] if STOCK else found
 
 
@@ -85,7 +100,7 @@ def native_sources() -> list[Path]:
     return files + sorted(NATIVE_DIR.glob("src/*.cpp"))
 
 
-def check_tools(cuda: bool) -> None:
+def check_tools(backend: str) -> None:
     """Fail early with the Debian package to install, instead of a CMake backtrace."""
     needs = {"cmake": "cmake", "c++": "g++ (build-essential)", "patch": "patch",
              "ninja": "ninja-build"}
@@ -93,12 +108,189 @@ def check_tools(cuda: bool) -> None:
         if shutil.which(tool) is None:
             raise BuildError(f"'{tool}' not found: install it, e.g. `sudo apt-get install "
                              f"{package.split()[0]}` ({package})")
-    if cuda and shutil.which("nvcc") is None:
-        raise BuildError("MOESCOPE_CUDA=1 but 'nvcc' is not on PATH: install the CUDA "
+    if backend == "cuda" and shutil.which("nvcc") is None:
+        raise BuildError("the CUDA backend needs 'nvcc' on PATH: install the CUDA "
                          "toolkit (nvidia-cuda-toolkit or NVIDIA's cuda-toolkit package)")
+    if backend == "vulkan":
+        missing = vulkan_build_missing()
+        if missing:
+            raise BuildError(f"the Vulkan backend needs {', '.join(missing)}: `sudo apt-get "
+                             f"install {VULKAN_PACKAGES}`")
 
 
-def cmake_args(cuda: bool) -> list[str]:
+def vulkan_build_missing(which: Any = shutil.which, exists: Any = os.path.exists) -> list[str]:
+    """What a Vulkan build lacks here: the shader compiler and the headers ggml needs."""
+    missing = []
+    if which("glslc") is None:
+        missing.append("glslc")
+    includes = ("/usr/include", "/usr/local/include")
+    if not any(exists(f"{inc}/vulkan/vulkan.hpp") for inc in includes):
+        missing.append("the Vulkan headers (libvulkan-dev)")
+    if not any(exists(f"{inc}/spirv/unified1/spirv.hpp") for inc in includes):
+        missing.append("spirv-headers")
+    return missing
+
+
+class BackendChoice(NamedTuple):
+    """The engine backend to build, why, and (CUDA) the architectures to compile for."""
+
+    backend: str
+    reason: str
+    archs: str | None = None
+
+
+def requested_backend(environ: Mapping[str, str]) -> str:
+    """$MOESCOPE_BACKEND (auto, cpu, cuda, vulkan); MOESCOPE_CUDA=1 still means cuda."""
+    value = environ.get("MOESCOPE_BACKEND", "").strip().lower()
+    if not value:
+        return "cuda" if environ.get("MOESCOPE_CUDA") == "1" else "auto"
+    if value not in ("auto", *BACKENDS):
+        raise BuildError(f"MOESCOPE_BACKEND={value!r} is not one of auto, cpu, cuda, vulkan")
+    return value
+
+
+def _run_text(cmd: list[str]) -> str | None:
+    """A probe command's stdout, None when it is missing, fails or hangs."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def nvidia_gpus(run: Callable[[list[str]], str | None]) -> list[tuple[str, str]]:
+    """(name, compute capability) of each GPU the NVIDIA driver reports, e.g. ("NVIDIA
+    H200", "9.0"); empty without a driver or GPU."""
+    out = run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"])
+    gpus = []
+    for line in (out or "").splitlines():
+        name, _, cap = line.rpartition(",")
+        cap = cap.strip()
+        major, _, minor = cap.partition(".")
+        if name.strip() and major.isdigit() and minor.isdigit() and len(cap) <= 6:
+            gpus.append((name.strip(), cap))
+    return gpus
+
+
+VK_DEVICE_TYPES = {0: "PHYSICAL_DEVICE_TYPE_OTHER", 1: "PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU",
+                   2: "PHYSICAL_DEVICE_TYPE_DISCRETE_GPU", 3: "PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU",
+                   4: "PHYSICAL_DEVICE_TYPE_CPU"}
+
+
+def vulkan_devices(run: Callable[[list[str]], str | None],
+                   which: Callable[[str], str | None]) -> list[tuple[str, str]]:
+    """(name, type) of each Vulkan device: `vulkaninfo --summary` when installed, else a
+    tiny probe of libvulkan in a child process (a broken driver may crash or hang)."""
+    if which("vulkaninfo") is not None:
+        out = run(["vulkaninfo", "--summary"])
+    else:
+        out = run([sys.executable, str(Path(__file__).resolve()), "--probe-vulkan"])
+    devices, kind = [], ""
+    for line in (out or "").splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "deviceType":
+            kind = value.strip()
+        elif key.strip() == "deviceName" and kind:
+            devices.append((value.strip(), kind))
+            kind = ""
+    return devices
+
+
+def probe_vulkan_ctypes() -> list[tuple[str, str]]:
+    """Enumerate Vulkan devices through libvulkan.so.1 (vkCreateInstance, then each
+    device's properties); empty when there is no loader or no device."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libvulkan.so.1")
+    except OSError:
+        return []
+
+    class AppInfo(ctypes.Structure):
+        _fields_ = [("sType", ctypes.c_int), ("pNext", ctypes.c_void_p),
+                    ("pApplicationName", ctypes.c_char_p), ("applicationVersion", ctypes.c_uint32),
+                    ("pEngineName", ctypes.c_char_p), ("engineVersion", ctypes.c_uint32),
+                    ("apiVersion", ctypes.c_uint32)]
+
+    class InstanceInfo(ctypes.Structure):
+        _fields_ = [("sType", ctypes.c_int), ("pNext", ctypes.c_void_p),
+                    ("flags", ctypes.c_uint32), ("pApplicationInfo", ctypes.POINTER(AppInfo)),
+                    ("enabledLayerCount", ctypes.c_uint32),
+                    ("ppEnabledLayerNames", ctypes.c_void_p),
+                    ("enabledExtensionCount", ctypes.c_uint32),
+                    ("ppEnabledExtensionNames", ctypes.c_void_p)]
+
+    app = AppInfo(0, None, b"moescope-probe", 1, None, 0, (1 << 22) | (2 << 12))
+    info = InstanceInfo(1, None, 0, ctypes.pointer(app), 0, None, 0, None)
+    instance = ctypes.c_void_p()
+    lib.vkCreateInstance.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    if lib.vkCreateInstance(ctypes.byref(info), None, ctypes.byref(instance)) != 0:
+        return []
+    lib.vkEnumeratePhysicalDevices.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    lib.vkGetPhysicalDeviceProperties.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.vkDestroyInstance.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    count = ctypes.c_uint32(0)
+    lib.vkEnumeratePhysicalDevices(instance, ctypes.byref(count), None)
+    handles = (ctypes.c_void_p * min(count.value, 64))()
+    count.value = len(handles)
+    lib.vkEnumeratePhysicalDevices(instance, ctypes.byref(count), handles)
+    found = []
+    for handle in handles[:count.value]:
+        props = ctypes.create_string_buffer(4096)  # VkPhysicalDeviceProperties is ~820 bytes
+        lib.vkGetPhysicalDeviceProperties(handle, props)
+        kind = int.from_bytes(props.raw[16:20], "little")
+        name = props.raw[20:276].split(b"\0")[0].decode(errors="replace")
+        found.append((name, VK_DEVICE_TYPES.get(kind, "PHYSICAL_DEVICE_TYPE_OTHER")))
+    lib.vkDestroyInstance(instance, None)
+    return found
+
+
+def choose_backend(requested: str = "auto",
+                   run: Callable[[list[str]], str | None] = _run_text,
+                   which: Callable[[str], str | None] = shutil.which,
+                   exists: Callable[[str], bool] = os.path.exists,
+                   environ: Mapping[str, str] = os.environ) -> BackendChoice:
+    """The backend to build and a one-line reason. ``requested`` "auto": CUDA when nvcc and
+    an NVIDIA driver with a GPU are present, else Vulkan when the Vulkan build tools and a
+    hardware Vulkan device are present (a software device such as lavapipe computes on the
+    CPU: no faster, so not chosen), else the CPU. The probes are parameters for tests."""
+    gpus = nvidia_gpus(run) if which("nvidia-smi") is not None else []
+    caps = sorted({cap.replace(".", "") for _, cap in gpus}, key=int)
+    archs = None if environ.get("CMAKE_CUDA_ARCHITECTURES") else (";".join(caps) or None)
+    if requested == "cpu":
+        return BackendChoice("cpu", "MOESCOPE_BACKEND=cpu")
+    if requested == "cuda":
+        return BackendChoice("cuda", "MOESCOPE_BACKEND=cuda", archs)
+    if requested == "vulkan":
+        return BackendChoice("vulkan", "MOESCOPE_BACKEND=vulkan")
+    notes = []
+    nvcc = which("nvcc") is not None
+    if gpus and nvcc:
+        names = ", ".join(sorted({name for name, _ in gpus}))
+        return BackendChoice("cuda", f"{names} (compute capability "
+                             f"{', '.join(sorted({c for _, c in gpus}))}) and nvcc found", archs)
+    if gpus:
+        notes.append(f"{gpus[0][0]} found but no nvcc (install the CUDA toolkit for a CUDA "
+                     "build)")
+    elif nvcc:
+        notes.append("nvcc found but no NVIDIA driver or GPU")
+    devices = vulkan_devices(run, which) if which("vulkaninfo") or exists(
+        "/usr/lib/x86_64-linux-gnu/libvulkan.so.1") or exists("/usr/lib64/libvulkan.so.1") \
+        else []
+    hardware = [name for name, kind in devices if not kind.endswith("_CPU")]
+    if hardware:
+        missing = vulkan_build_missing(which, exists)
+        if not missing:
+            return BackendChoice("vulkan", f"Vulkan GPU {hardware[0]} and glslc found")
+        notes.append(f"Vulkan GPU {hardware[0]} found, but a Vulkan build needs "
+                     f"{', '.join(missing)} (apt-get install {VULKAN_PACKAGES})")
+    elif devices:
+        notes.append(f"only a software Vulkan device ({devices[0][0].split(' (')[0]})")
+    reason = "no GPU found" if not (gpus or hardware) else "no usable GPU toolchain"
+    return BackendChoice("cpu", "; ".join([reason, *notes]))
+
+
+def cmake_args(backend: str = "cpu", archs: str | None = None) -> list[str]:
     """Flags: portable CPU code, and nothing we do not load (tools, tests, mtmd, common)."""
     args = [
         "-DGGML_NATIVE=OFF",
@@ -111,8 +303,12 @@ def cmake_args(cuda: bool) -> list[str]:
         "-DLLAMA_OPENSSL=OFF",
         "-DCMAKE_BUILD_TYPE=Release",
     ]
-    if cuda:
-        args += cuda_args()
+    if backend == "cuda":
+        args += cuda_args(archs)
+    elif backend == "vulkan":
+        args += ["-DGGML_VULKAN=ON"]
+    if os.environ.get("MOESCOPE_CCACHE") == "0":
+        args += ["-DGGML_CCACHE=OFF"]  # ggml uses ccache by itself when it is installed
     return args
 
 
@@ -222,16 +418,17 @@ def cuda_toolkit_workarounds() -> list[str]:
     return extra
 
 
-def cache_key(sdist_sha: str, cuda: bool) -> str:
-    """Hash of everything that changes the wheel's bytes."""
+def cache_key(sdist_sha: str, backend: str = "cpu", archs: str | None = None) -> str:
+    """Hash of everything that changes the wheel's bytes (ccache does not)."""
     h = hashlib.sha256()
     h.update(f"builder={BUILDER_VERSION}\nsdist={sdist_sha}\nstock={STOCK}\n".encode())
     h.update(Path(__file__).read_bytes())
     h.update((PATCH_DIR / "build-requirements.txt").read_bytes())
-    for path in patches() + native_sources():
+    for path in patches(backend) + native_sources():
         h.update(f"\n{path.relative_to(REPO)}\n".encode())
         h.update(path.read_bytes())
-    h.update("\n".join(cmake_args(cuda)).encode())
+    flags = [a for a in cmake_args(backend, archs) if not a.startswith("-DGGML_CCACHE")]
+    h.update("\n".join(flags).encode())
     return h.hexdigest()[:16]
 
 
@@ -268,9 +465,9 @@ def fetch_sdist(lock: dict[str, str], cache: Path, pip: Path | None = None) -> P
     return sdist
 
 
-def apply_patches(tree: Path) -> None:
+def apply_patches(tree: Path, backend: str = "cpu") -> None:
     """Apply every patch in order; a failure names the patch, the file and the hunk."""
-    for patch in patches():
+    for patch in patches(backend):
         cmd = ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-i",
                str(patch)]
         dry = subprocess.run([*cmd, "--dry-run"], cwd=tree, capture_output=True, text=True)
@@ -309,14 +506,15 @@ def sync_tree(src: Path, dst: Path) -> int:
     return changed
 
 
-def prepare_tree(sdist: Path, lock: dict[str, str], work: Path, key: str) -> Path:
+def prepare_tree(sdist: Path, lock: dict[str, str], work: Path, key: str,
+                 backend: str = "cpu") -> Path:
     """Unpack, patch, add the core, stamp the version; sync into the stable work tree."""
     with tempfile.TemporaryDirectory(prefix="moescope-engine-") as tmp:
         with tarfile.open(sdist) as tar:
             tar.extractall(tmp, filter="tar")
         tree = Path(tmp) / f"llama_cpp_python-{lock['version']}"
         shutil.rmtree(tree / "vendor" / "llama.cpp" / ".git", ignore_errors=True)
-        apply_patches(tree)
+        apply_patches(tree, backend)
         core_dir = tree / "vendor" / "llama.cpp" / "src" / "moescope"
         core_dir.mkdir()
         for path in native_sources():
@@ -352,13 +550,12 @@ def build_env(cache: Path) -> Path:
     return env
 
 
-def build_wheel(tree: Path, cache: Path, cuda: bool, configure_only: bool,
+def build_wheel(tree: Path, cache: Path, args: list[str], configure_only: bool,
                 flavour: str) -> Path:
     env = build_env(cache)
     build_dir = cache / "build" / flavour
     out = cache / f"tmp-wheel-{os.getpid()}"
     shutil.rmtree(out, ignore_errors=True)
-    args = cmake_args(cuda)
     if configure_only:
         step(f"configuring only ({flavour}): cmake {' '.join(args)}")
         build_dir.mkdir(parents=True, exist_ok=True)
@@ -369,7 +566,8 @@ def build_wheel(tree: Path, cache: Path, cuda: bool, configure_only: bool,
     environ = dict(os.environ)
     environ["CMAKE_ARGS"] = " ".join(args)
     environ.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
-    step(f"building the {flavour} wheel (first build ~3-4 min on 2 cores; incremental later)")
+    first = {"cuda": "~20-45 min", "vulkan": "~15-25 min"}.get(flavour.split("-")[0], "~3-4 min")
+    step(f"building the {flavour} wheel (first build {first} on 2 cores; incremental later)")
     log = cache / f"build-{flavour}.log"
     try:
         with log.open("w") as f:
@@ -440,6 +638,45 @@ def install(wheel: Path, venv: Path, key: str) -> None:
     marker.write_text(key + "\n")
 
 
+def unpack(wheel: Path, site: Path) -> Path:
+    """The wheel's files under ``site`` (whole, or not there), executables kept runnable."""
+    if not (site / "llama_cpp").is_dir():
+        import zipfile
+
+        part = site.with_name(f"{site.name}.part-{os.getpid()}")
+        shutil.rmtree(part, ignore_errors=True)
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(part)
+        for so in (part / "llama_cpp" / "lib").glob("*.so*"):
+            so.chmod(0o755)
+        shutil.rmtree(site, ignore_errors=True)
+        part.rename(site)
+    return site
+
+
+def installed_lib_dir(venv: Path) -> Path | None:
+    """llama_cpp/lib of the venv's installed engine (found without importing it)."""
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c",
+         "import importlib.util as u; s = u.find_spec('llama_cpp'); "
+         "print(s.submodule_search_locations[0] if s else '')"],
+        capture_output=True, text=True, check=False).stdout.strip()
+    return Path(out) / "lib" if out else None
+
+
+def write_build_info(lib_dir: Path, choice: BackendChoice, key: str) -> None:
+    """Which backend this libllama was built for and why, for the app's About and memory
+    view (rewritten on every run: the reason belongs to this machine, not to the wheel)."""
+    info = {"backend": choice.backend, "reason": choice.reason, "key": key,
+            "cuda_architectures": choice.archs or ""}
+    target = lib_dir / BUILD_INFO
+    if target.is_symlink():
+        target.unlink()
+    tmp = target.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(info, indent=2) + "\n")
+    tmp.replace(target)
+
+
 def _lock(cache: Path, flavour: str) -> Any:
     """Hold an exclusive lock on this flavour's build directory until the process exits
     (or the handle is closed); flavour "shared" guards the sdist and the build venv, which
@@ -460,11 +697,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--venv", type=Path, default=None,
                         help="install the wheel into this venv")
-    parser.add_argument("--cuda", action="store_true",
-                        default=os.environ.get("MOESCOPE_CUDA") == "1")
+    parser.add_argument("--backend", choices=("auto", *BACKENDS), default=None,
+                        help="default: $MOESCOPE_BACKEND, else auto (cuda when "
+                             "MOESCOPE_CUDA=1)")
+    parser.add_argument("--cuda", action="store_true", help="same as --backend cuda")
     parser.add_argument("--configure-only", action="store_true",
                         help="stop after CMake configuration (checks the CUDA path)")
     parser.add_argument("--print-key", action="store_true")
+    parser.add_argument("--print-backend", action="store_true",
+                        help="print the backend auto-selection would build, and why")
+    parser.add_argument("--lib-dir", action="store_true",
+                        help="unpack the wheel and print its lib folder, for "
+                             "LLAMA_CPP_LIB_PATH (a second backend beside the venv's)")
+    parser.add_argument("--probe-vulkan", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--stock", action="store_true",
                         help="build llama-cpp-python without the slot-cache patch (for "
                              "bench/engine_bench.py) and print a folder to put on PYTHONPATH")
@@ -472,14 +717,24 @@ def main(argv: list[str] | None = None) -> int:
     global STOCK
     STOCK = args.stock
     try:
+        if args.probe_vulkan:
+            for name, kind in probe_vulkan_ctypes():
+                print(f"deviceType = {kind}\ndeviceName = {name}")
+            return 0
+        requested = "cuda" if args.cuda else args.backend or requested_backend(os.environ)
+        choice = choose_backend(requested)
+        if args.print_backend:
+            print(f"{choice.backend}: {choice.reason}")
+            return 0
         lock = read_lock()
         cache = cache_root()
         if args.print_key:
-            print(cache_key(lock["sha256"], args.cuda))
+            print(cache_key(lock["sha256"], choice.backend, choice.archs))
             return 0
-        check_tools(args.cuda)
-        key = cache_key(lock["sha256"], args.cuda)
-        flavour = ("cuda" if args.cuda else "cpu") + ("-stock" if args.stock else "")
+        step(f"backend: {choice.backend} ({choice.reason})")
+        check_tools(choice.backend)
+        key = cache_key(lock["sha256"], choice.backend, choice.archs)
+        flavour = choice.backend + ("-stock" if args.stock else "")
         cached = cache / "wheels" / key
         wheels = list(cached.glob("*.whl")) if cached.exists() else []
         build_lock = _lock(cache, flavour)  # noqa: F841 (held until exit) one build per flavour at a time (CI, helpers, make)
@@ -496,8 +751,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             with _lock(cache, "shared"):
                 sdist = fetch_sdist(lock, cache, build_env(cache) / "bin" / "pip")
-            tree = prepare_tree(sdist, lock, cache / "src" / flavour, key)
-            built = build_wheel(tree, cache, args.cuda, args.configure_only, flavour)
+            tree = prepare_tree(sdist, lock, cache / "src" / flavour, key, choice.backend)
+            flags = cmake_args(choice.backend, choice.archs)
+            built = build_wheel(tree, cache, flags, args.configure_only, flavour)
             if args.configure_only:
                 return 0
             cached.mkdir(parents=True, exist_ok=True)
@@ -506,28 +762,26 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(built.parent, ignore_errors=True)
             (cached / "manifest.json").write_text(json.dumps({
                 "key": key, "flavour": flavour, "sdist_sha256": lock["sha256"],
-                "patches": [p.name for p in patches()], "cmake_args": cmake_args(args.cuda),
+                "patches": [p.name for p in patches(choice.backend)], "cmake_args": flags,
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "seconds": round(time.monotonic() - T0, 1)}, indent=2))
             step(f"built and cached {wheel}")
-        if args.stock:
-            site = cache / "stock" / key
-            if not (site / "llama_cpp").is_dir():
-                import zipfile
-
-                part = site.with_name(f"{key}.part-{os.getpid()}")  # whole, or not there
-                shutil.rmtree(part, ignore_errors=True)
-                with zipfile.ZipFile(wheel) as zf:
-                    zf.extractall(part)
-                for so in (part / "llama_cpp" / "lib").glob("*.so*"):
-                    so.chmod(0o755)
-                shutil.rmtree(site, ignore_errors=True)
-                part.rename(site)
-            step("stock llama_cpp unpacked; put this folder on PYTHONPATH:")
-            print(site)
+        if args.stock or args.lib_dir:
+            site = unpack(wheel, cache / ("stock" if args.stock else "unpacked") / key)
+            if args.stock:
+                step("stock llama_cpp unpacked; put this folder on PYTHONPATH:")
+                print(site)
+                return 0
+            lib_dir = site / "llama_cpp" / "lib"
+            write_build_info(lib_dir, choice, key)
+            step("engine libraries unpacked; point LLAMA_CPP_LIB_PATH at:")
+            print(lib_dir)
             return 0
         if args.venv is not None:
             install(wheel, args.venv, key)
+            lib_dir = installed_lib_dir(args.venv)
+            if lib_dir is not None:
+                write_build_info(lib_dir, choice, key)
         step("done")
         return 0
     except BuildError as err:

@@ -15,7 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-PROMPT = "Explain in a few paragraphs how a mixture-of-experts model routes each token."
+PROMPT = "Recite some Shakespeare."
+"""A prompt of the demo model's training (it knows only Shakespeare and Python)."""
 
 
 def synthetic_model(directory: Path) -> Path:
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, help="GGUF model (default: the demo model)")
     parser.add_argument("--delay", type=float, default=2.0,
                         help="seconds after the first token before the grab (default 2)")
-    parser.add_argument("--size", default="1440x900", help="window size WxH")
+    parser.add_argument("--size", default="1920x1080", help="window size WxH")
     parser.add_argument("--budget", default="25%", help="expert budget (default 25%%)")
     args = parser.parse_args(argv)
 
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         """An early end of text: keep the conversation going so the grab is mid-answer."""
         if status["code"] != 0 and not status.get("resent"):
             status["resent"] = True
-            QTimer.singleShot(0, lambda: window.chat.send("Go on, in more detail."))
+            QTimer.singleShot(0, lambda: window.chat.send("Continue the play."))
 
     def first_tokens(_snaps: object) -> None:
         if not status["armed"]:

@@ -132,3 +132,31 @@ def record(engine_required: None, synth_model: Callable[..., Path],
     yield make
     for engine in engines:
         engine.close()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """How many engine tests ran on which backend (`make test` runs them on the CPU build and
+    on the Vulkan build over lavapipe); appended to $MOESCOPE_TEST_SUMMARY when set."""
+    import os
+
+    from moescope.engine.backend import engine_build
+
+    outcomes: dict[str, set[str]] = {}
+    for outcome in ("passed", "failed", "error", "skipped"):
+        for report in terminalreporter.stats.get(outcome, []):
+            nodeid = getattr(report, "nodeid", "")
+            if nodeid.startswith("tests/engine/"):
+                outcomes.setdefault(outcome, set()).add(nodeid)
+    if not outcomes:
+        return
+    backend = engine_build().backend or "unknown"
+    device = os.environ.get("GGML_VK_VISIBLE_DEVICES")
+    where = f"{backend} build" + (f" (Vulkan device {device})" if device and
+                                  backend == "vulkan" else "")
+    counts = ", ".join(f"{len(ids)} {name}" for name, ids in outcomes.items())
+    line = f"engine tests on the {where}: {counts}"
+    terminalreporter.write_line(line)
+    path = os.environ.get("MOESCOPE_TEST_SUMMARY")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")

@@ -96,8 +96,9 @@ def test_damaged_cached_wheel_is_removed_and_rebuilt(
         capsys: pytest.CaptureFixture[str]) -> None:
     be = _engine()
     monkeypatch.setenv("MOESCOPE_CACHE", str(tmp_path))
-    monkeypatch.setattr(be, "check_tools", lambda cuda: None)
-    key = be.cache_key(be.read_lock()["sha256"], False)
+    monkeypatch.setenv("MOESCOPE_BACKEND", "cpu")  # no probing of this machine's GPUs
+    monkeypatch.setattr(be, "check_tools", lambda backend: None)
+    key = be.cache_key(be.read_lock()["sha256"], "cpu")
     entry = tmp_path / "wheels" / key
     entry.mkdir(parents=True)
     (entry / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl").write_bytes(b"PK\x03\x04cut")
@@ -122,8 +123,9 @@ def test_ctrl_c_and_full_disk_end_in_one_line(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     be = _engine()
     monkeypatch.setenv("MOESCOPE_CACHE", str(tmp_path))
+    monkeypatch.setenv("MOESCOPE_BACKEND", "cpu")
 
-    def fail(cuda: bool) -> None:
+    def fail(backend: str) -> None:
         raise exc
 
     monkeypatch.setattr(be, "check_tools", fail)
@@ -148,7 +150,7 @@ def test_build_out_of_space_names_it_and_leaves_no_partial_wheel(
               "echo 'OSError: [Errno 28] No space left on device'; exit 1")
     monkeypatch.setattr(be, "build_env", lambda cache: env)
     with pytest.raises(be.BuildError, match=r"no space left on device.*free about 1 GB"):
-        be.build_wheel(tmp_path / "tree", tmp_path, False, False, "cpu")
+        be.build_wheel(tmp_path / "tree", tmp_path, [], False, "cpu")
     assert not list(tmp_path.glob("tmp-wheel-*"))
 
 

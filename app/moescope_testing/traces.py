@@ -31,7 +31,8 @@ def core_trace(path: Path, *, n_tokens: int = 8, n_layers: int = 3,
 
     from moescope.cache.native import ExpertCache
     from moescope.cache.policy import Policy
-    from moescope.trace import RouterInput, TokenRecord, TraceHeader, TraceModel, TraceWriter
+    from moescope.trace import RouterInput, TokenRecord, TraceHeader, TraceModel
+    from moescope.trace.writer import open_writer
 
     rng = np.random.default_rng(seed)
     model = TraceModel(file_name="core.gguf", metadata_sha256="ef" * 32,
@@ -41,7 +42,7 @@ def core_trace(path: Path, *, n_tokens: int = 8, n_layers: int = 3,
     header = TraceHeader(model=model, budget="test", slots_per_layer=slots,
                          policy=Policy.preset(policy), router_inputs="f32")
     with ExpertCache(n_layers, n_expert, top_k, slots, policy) as cache, \
-            TraceWriter(path, header) as writer:
+            open_writer(path, header) as writer:
         for layer, n_bytes in zip(moe_layers, model.bytes_per_expert, strict=True):
             cache.set_expert_bytes(layer, n_bytes)
         for i in range(n_tokens):
@@ -64,3 +65,93 @@ def core_trace(path: Path, *, n_tokens: int = 8, n_layers: int = 3,
                 text=f"t{i}", seconds=0.001, policy=policy, slots_per_layer=slots,
                 events=cache.drain_events(), routes=routes, position=i))
     return path
+
+
+def synthetic_trace(path: Path, *, n_tokens: int, n_layers: int = 48, n_expert: int = 512,
+                    top_k: int = 10, slots: int = 128, policy: str = "psr",
+                    predictions: bool = True, seed: int = 0) -> Path:
+    """A large trace at a real model's geometry (default Qwen3-Next: 48 MoE layers x 512
+    experts, top-10) without running a model: softmax router probabilities over logits
+    with a per-expert popularity (so caching matters), the top-k renormalized as Qwen3's
+    router does, PSR predictions ranked from the next layer's logits plus noise, and event
+    rows decided by the real core (the native batch replay), so the file is what the
+    recorder would write for such routing. ``path``'s suffix picks the format."""
+    import numpy as np
+
+    from moescope.cache.policy import Policy
+    from moescope.sim.replay import Routing, replay_many
+    from moescope.trace import RouterInput, TokenRecord, TraceHeader, TraceModel
+    from moescope.trace.schema import PREDICTED_KEEP
+    from moescope.trace.writer import open_writer
+
+    rng = np.random.default_rng(seed)
+    layers = tuple(range(n_layers))
+    model = TraceModel(file_name="synthetic.gguf", metadata_sha256="ab" * 32,
+                         architecture="qwen3next", n_layers=n_layers, moe_layers=layers,
+                         n_expert=n_expert, top_k=top_k,
+                         bytes_per_expert=(3 * 2048 * 512 * 2,) * n_layers,
+                         non_expert_bytes=3 << 30, name="synthetic Qwen3-Next geometry")
+    header = TraceHeader(model=model, budget=f"{slots} slots", slots_per_layer=slots,
+                         policy=Policy.preset(policy), router_inputs="f32")
+    n = n_tokens * n_layers
+    popularity = rng.normal(0.0, 1.0, (n_layers, n_expert)).astype(np.float32)
+    logits = np.empty((n, n_expert), dtype=np.float32)
+    for t in range(n_tokens):
+        logits[t * n_layers:(t + 1) * n_layers] = popularity + rng.normal(
+            0.0, 1.5, (n_layers, n_expert)).astype(np.float32)
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    probs = probs.astype(np.float32)
+    ids = np.argsort(-probs, axis=1, kind="stable")[:, :top_k].astype(np.int32)
+    gate = np.take_along_axis(probs, ids, axis=1)
+    gate = (gate / gate.sum(axis=1, keepdims=True)).astype(np.float32)
+    next_layer = np.tile(np.array([*layers[1:], -1], dtype=np.int32), n_tokens)
+    keep = min(PREDICTED_KEEP, n_expert)
+    predicted = np.full((n, keep), -1, dtype=np.int32)
+    if predictions:
+        noisy = np.roll(logits, -1, axis=0) + rng.normal(0, 0.5, logits.shape).astype(
+            np.float32)
+        predicted = np.argsort(-noisy, axis=1, kind="stable")[:, :keep].astype(np.int32)
+        predicted[next_layer < 0] = -1
+    rows = np.arange(n)
+    events = np.zeros(n, dtype=_event_dtype())
+    events["step"] = rows // n_layers
+    events["layer"] = np.tile(np.array(layers, dtype=np.int32), n_tokens)
+    events["k"] = top_k
+    token_rows = np.arange(0, n + 1, n_layers, dtype=np.int64)
+    routing = Routing(
+        header=header, ids=ids, weights=gate, probs=probs, exact=np.ones(n, np.bool_),
+        recorded=events, call_step=events["step"].astype(np.int64),
+        call_layer=events["layer"].astype(np.int32), call_start=rows.astype(np.int64),
+        call_stop=rows.astype(np.int64) + 1,
+        token_calls=np.arange(0, n + 1, n_layers, dtype=np.int64), token_rows=token_rows,
+        changes=[() for _ in range(n_tokens)],
+        decode=np.arange(n_tokens) > 0,
+        next_layer=next_layer if predictions else None,
+        predicted=predicted if predictions else None)
+    (result,) = replay_many(routing, [(None, None)], keep_events=True)
+    decided = result.events
+    assert decided is not None
+    with open_writer(path, header) as writer:
+        for t in range(n_tokens):
+            a, b = t * n_layers, (t + 1) * n_layers
+            routes = {}
+            for i in range(n_layers):
+                r = a + i
+                has = predictions and next_layer[r] >= 0
+                routes[i] = RouterInput(row=i, probs=probs[r], weights=gate[r], ids=ids[r],
+                                        next_layer=int(next_layer[r]) if has else -1,
+                                        predicted=predicted[r] if has else None)
+            writer.write_token(TokenRecord(
+                index=t, phase="prefill" if t == 0 else "decode", token_id=t % 1000 + 3,
+                text=f"t{t}", seconds=0.02, policy=policy, slots_per_layer=slots,
+                events=decided[a:b], routes=routes, position=t,
+                timings=dict.fromkeys(("route_us", "sync_copy_us", "async_copy_us",
+                                       "wait_us", "n_sync", "n_async"), 0)))
+    return path
+
+
+def _event_dtype() -> object:
+    from moescope.cache.native import EVENT_DTYPE
+
+    return EVENT_DTYPE

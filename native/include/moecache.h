@@ -277,6 +277,80 @@ MOECACHE_API void moecache_clear(moecache * c);
 
 MOECACHE_API const char * moecache_version(void);
 
+/* ---- Batch replay: the router-logit simulator's fast path (batch_replay.cpp) ----------
+ * A recorded trace replayed under many (policy, slots) configurations in one call, with
+ * no caller code per token: each configuration runs on a fresh cache exactly as a caller
+ * would drive moecache_begin_step / moecache_set_policy / moecache_set_slots /
+ * moecache_route / moecache_prefetch from the trace, so the decisions are the per-call
+ * API's. Configurations run in parallel (one thread per configuration at a time). */
+
+/* A trace's routing in flat arrays (the caller keeps them alive during the call). Route
+ * call c decides rows [call_start[c], call_stop[c]) of layer call_layer[c] after walking
+ * the core's step up to call_step[c]; token t owns calls [token_calls[t], token_calls[t+1])
+ * and, before them, changes i with change_token[i] == t (in order). */
+typedef struct moecache_replay_trace {
+    int32_t n_layers;
+    int32_t n_experts;
+    int32_t top_k;
+    int32_t pred_width;              /* ranked predictions per row (0: none recorded) */
+    int64_t initial_step;            /* the core's step when recording began */
+    int32_t start_slots;             /* slots per layer when recording began */
+    moecache_policy start_policy;    /* policy when recording began */
+    const int64_t * expert_bytes;    /* [n_layers] bytes of one expert (0: dense layer) */
+    int64_t n_rows;
+    const float * probs;             /* [n_rows * n_experts] router probabilities */
+    const int32_t * ids;             /* [n_rows * top_k] router's selection */
+    const float * weights;           /* [n_rows * top_k] raw gate weights (not written) */
+    const int32_t * next_layer;      /* [n_rows] PSR: layer of the row's prediction, -1 none */
+    const int32_t * predicted;       /* [n_rows * pred_width] ranked ids, -1 padded */
+    int64_t n_calls;
+    const int64_t * call_step;
+    const int32_t * call_layer;
+    const int64_t * call_start;
+    const int64_t * call_stop;
+    int64_t n_tokens;
+    const int64_t * token_calls;     /* [n_tokens + 1] */
+    int64_t n_changes;
+    const int64_t * change_token;    /* [n_changes], non-decreasing */
+    const int32_t * change_slots;    /* > 0: a budget change to that many slots; 0: policy */
+    const moecache_policy * change_policy; /* [n_changes], read where change_slots == 0 */
+} moecache_replay_trace;
+
+typedef struct moecache_replay_config {
+    moecache_policy policy;  /* the policy throughout, unless follow_policy */
+    int32_t follow_policy;   /* 1: the trace's starting policy, then its policy changes */
+    int32_t slots;           /* slots per layer throughout; 0: the trace's, changes included */
+} moecache_replay_config;
+
+/* What one configuration's cache did for one trace token (all its rows and copies). */
+typedef struct moecache_replay_token {
+    int64_t rows;
+    int64_t selections;
+    int64_t hits;
+    int64_t fetches;
+    int64_t substitutions;
+    int64_t admissions;
+    double  substituted_mass;
+    int64_t bytes_sync;
+    int64_t bytes_async;     /* admissions and PSR prefetches */
+    int64_t n_sync;
+    int64_t n_async;
+    int64_t prefetches;
+    int64_t prefetch_hits;
+} moecache_replay_token;
+
+/* Replays `trace` under each of `configs` on up to `n_threads` threads (<= 0: one per
+ * configuration, at most the machine's). out: [n_configs * n_tokens], configuration-major.
+ * events (optional, NULL for none): [n_configs * trace->n_rows] replayed event rows.
+ * Returns MOECACHE_OK, MOECACHE_E_ARG for a malformed trace or configuration (nothing
+ * replayed), or the first route/prefetch error of a configuration (its later tokens are
+ * left zero). */
+MOECACHE_API int32_t moecache_replay_batch(const moecache_replay_trace * trace,
+                                           const moecache_replay_config * configs,
+                                           int32_t n_configs, int32_t n_threads,
+                                           moecache_replay_token * out,
+                                           moecache_event * events);
+
 #ifdef __cplusplus
 }
 #endif

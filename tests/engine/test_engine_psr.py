@@ -13,7 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from engine_helpers import ARCHES, PROMPT, forced_stream
+from engine_helpers import (
+    ARCHES,
+    PROMPT,
+    exact_prompt,
+    forced_stream,
+    gpu_offload,
+    reference_kwargs,
+)
 
 from moescope.cache.policy import PREFETCH_TOP_K, Policy
 from moescope.engine import Sampling
@@ -26,10 +33,10 @@ EXACT_PREFETCH = Policy(prefetch=PREFETCH_TOP_K)
 def test_prefetch_keeps_exact_bitwise_identical_to_cache_off(
         synth_model: Callable[..., Path], engine: Callable[..., object], arch: str) -> None:
     path = synth_model(arch)
-    ref = engine(path, cache=False, host_experts=True)
-    reference = ref.forced_logits(PROMPT, forced_stream(ref._llm.n_vocab(), 48))
+    ref = engine(path, **reference_kwargs())
+    reference = ref.forced_logits(exact_prompt(), forced_stream(ref._llm.n_vocab(), 48))
     e = engine(path, budget="25%", policy=EXACT_PREFETCH)
-    logits = e.forced_logits(PROMPT, forced_stream(e._llm.n_vocab(), 48))
+    logits = e.forced_logits(exact_prompt(), forced_stream(e._llm.n_vocab(), 48))
     assert np.array_equal(logits, reference)
     assert sum(s.prefetches for s in e.layer_stats().values()) > 0
 
@@ -75,17 +82,24 @@ def test_recorded_prediction_is_the_layer_the_engine_prefetched(
     assert nxt == layers[1] and scores.shape == (e.model.info.n_expert,)
     assert np.isfinite(scores).all()
     assert e.last_prediction(layers[-1]) is None  # the last layer predicts nothing
-    # a CPU build has no pinned host memory: mapped from the file, or read into RAM
-    assert e.model.expert_buffer == "CPU_Mapped" and not e.model.pinned_experts
+    if gpu_offload():  # layers on the GPU: experts read into its pinned host memory
+        assert e.model.expert_buffer.endswith("_Host") and e.model.pinned_experts
+    else:  # a CPU build has no pinned host memory: mapped from the file, or read into RAM
+        assert e.model.expert_buffer == "CPU_Mapped" and not e.model.pinned_experts
 
 
 def test_asking_for_pinned_experts_without_a_gpu_reads_them_into_ram(
         synth_model: Callable[..., Path], engine: Callable[..., object]) -> None:
+    """Layers on the CPU: read into RAM, pinned where the build has a GPU (its host buffer
+    type serves the CPU too), plain RAM on a CPU build; the logits do not change."""
     path = synth_model("qwen3moe")
-    mapped = engine(path, budget="25%", policy="exact")
+    mapped = engine(path, budget="25%", policy="exact", n_gpu_layers=0)
     reference = mapped.forced_logits(PROMPT, forced_stream(mapped._llm.n_vocab(), 16))
-    e = engine(path, budget="25%", policy="exact", pinned_experts=True)
-    assert e.model.expert_buffer == "CPU" and not e.model.pinned_experts
+    e = engine(path, budget="25%", policy="exact", pinned_experts=True, n_gpu_layers=0)
+    if gpu_offload():
+        assert e.model.expert_buffer.endswith("_Host") and e.model.pinned_experts
+    else:
+        assert e.model.expert_buffer == "CPU" and not e.model.pinned_experts
     assert np.array_equal(e.forced_logits(PROMPT, forced_stream(e._llm.n_vocab(), 16)),
                           reference)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from engine_helpers import PROMPT, forced_stream
+from engine_helpers import PROMPT, forced_stream, reference_kwargs
 
 from moescope.cache.native import SUBSTITUTE as ACTION_SUBSTITUTE
 
@@ -20,7 +20,7 @@ def reference(synth_model: Callable[..., Path]) -> np.ndarray:
     from moescope.engine import Engine
 
     e = Engine()
-    e.load(synth_model("qwen3moe"), cache=False, host_experts=True, n_ctx=256, n_threads=2)
+    e.load(synth_model("qwen3moe"), **reference_kwargs(), n_ctx=256, n_threads=2)
     try:
         return e.forced_logits(PROMPT, forced_stream(e._llm.n_vocab()))
     finally:
@@ -59,7 +59,7 @@ def test_mxfp4_experts_substitute_like_any_other(
     """gpt-oss ships MXFP4 experts: a slot holds one as a byte range like q8_0, and a
     substitute computes with it (finite logits, mass reported, counters match events)."""
     path = synth_model("gpt-oss", expert_type="mxfp4")
-    ref = engine(path, cache=False, host_experts=True)
+    ref = engine(path, **reference_kwargs())
     tokens = forced_stream(ref._llm.n_vocab())
     reference = ref.forced_logits(PROMPT, tokens)
     e = engine(path, budget="25%", policy="speed-first")

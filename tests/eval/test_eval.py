@@ -57,7 +57,7 @@ def test_eval_compares_every_policy_with_exact_and_writes_table_and_csv(
     assert table.startswith("Teacher-forced perplexity on 48 tokens")
     assert "| policy | budget | slots | perplexity | Δ vs exact |" in table
     assert table.count("| exact |") == 2 and "+0.00%" in table
-    assert "mass hypothesis over 6 first-choice-fetching runs, 6 windows of 8 tokens" in table
+    assert "mass hypothesis over 6 first-choice-preserving runs, 6 windows of 8 tokens" in table
     assert out_md.read_text().strip() == table.strip()
     assert "ETA" in captured.err and "100%" in captured.err
 
@@ -133,3 +133,13 @@ def test_the_mass_hypothesis_sees_perplexity_that_grows_with_substituted_mass() 
     assert h.r_runs > 0.99 and h.r_windows > 0.95
     assert h.ci_runs[0] > 0.95 and h.ci_windows[0] > 0.9
     assert "r = +" in h.describe()
+
+
+def test_sweep_values_are_bounded_and_evenly_spaced() -> None:
+    from moescope.cli.commands.eval import sweep_values
+    from moescope.util.errors import MoEScopeError
+
+    assert sweep_values("0.1:0.5:5", "--sweep-theta", 0.0, 1.0) == [0.1, 0.2, 0.3, 0.4, 0.5]
+    for bad in ("0.1:0.5", "a:b:3", "0.1:2:3", "0.1:0.5:0", "0.1:0.5:65"):
+        with pytest.raises(MoEScopeError, match="--sweep-theta"):
+            sweep_values(bad, "--sweep-theta", 0.0, 1.0)

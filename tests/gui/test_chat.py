@@ -7,6 +7,7 @@ from typing import Any
 from gui_helpers import LONG_PROMPT, send, slow_down
 from PySide6.QtCore import Qt
 
+from moescope.display.answer_line import answer_line
 from moescope.session.store import DONE, STOPPED
 
 
@@ -110,7 +111,11 @@ def test_stats_line_and_context_indicator(window: Any, qtbot: Any) -> None:
     assert answer.stats["summary"] == summary.summary
     for part in ("tok/s", "TTFT", "hit", "substituted", "mass/tok", "quality-first"):
         assert part in summary.summary
-    assert summary.summary in window.chat_view.text()
+    line = answer_line(answer.stats, answer.status)
+    assert line in window.chat_view.text()
+    assert line.startswith(f"this answer: {summary.n_tokens} tokens under quality-first")
+    assert f"{summary.tokens_per_second:.1f} tok/s" in line
+    assert f"hit {summary.hit_rate:.1%}" in line
     bar = window.chat_view.context_bar
     assert bar.maximum() == 512
     assert bar.value() == summary.n_prompt_tokens + summary.n_tokens

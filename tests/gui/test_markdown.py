@@ -33,6 +33,7 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import QTextBrowser
 
 from moescope.cache.native import EVENT_DTYPE
+from moescope.display.answer_line import answer_line
 from moescope.gui.chat import highlight, markdown_stream
 from moescope.gui.chat.markdown import CODE_BACKGROUND, is_code_block, render_markdown
 from moescope.session.snapshots import AnswerSummary, TokenSnapshot
@@ -221,8 +222,8 @@ def test_answer_renders_headings_lists_code_tables_quotes_and_links(
     assert_rendered_as_markdown(doc)  # as streamed
     scripted.finish()
     assert_rendered_as_markdown(doc)  # as rendered again, whole, when the answer ended
-    assert "10.0 tok/s · scripted" in window.chat_view.text()
     answer = window.store.messages(window.chat.chat_id)[-1]
+    assert answer_line(answer.stats, answer.status) in window.chat_view.text()
     assert answer.content == ANSWER and answer.status == DONE
 
 
@@ -301,7 +302,9 @@ def test_streaming_rerenders_only_the_unfinished_tail(window: Any,
     assert view.live is not None and view.live.frozen > len(text) - 40
     streamed = view.text()
     scripted.finish()
-    assert view.text() == streamed + "\n10.0 tok/s · scripted", "streamed == whole render"
+    answer = window.store.messages(window.chat.chat_id)[-1]
+    assert view.text() == streamed + "\n" + answer_line(answer.stats, answer.status), \
+        "streamed == whole render"
     assert window.store.messages(window.chat.chat_id)[-1].content == text
 
 

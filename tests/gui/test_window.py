@@ -6,6 +6,7 @@ from typing import Any
 
 from gui_helpers import LONG_PROMPT, slow_down
 
+from moescope.engine.backend import NAMES, backend_text, engine_build
 from moescope.gui.dialogs.about import LLAMA_CPP_COMMIT, versions
 from moescope.session.store import STOPPED, ChatStore
 
@@ -33,6 +34,21 @@ def test_about_lists_engine_commit_and_gpu() -> None:
     assert "moescope" in llama_cpp.__version__
     assert rows["llama.cpp commit"] == LLAMA_CPP_COMMIT == "0c1e570"
     assert rows["GPU"]
+    assert rows["Engine backend"] == backend_text(engine_build())
+    assert rows["Engine backend"].startswith(("CPU build", "CUDA build", "Vulkan build"))
+
+
+def test_memory_view_says_where_the_slots_are_and_why(window: Any) -> None:
+    """The backend the build chose, its reason, and the loaded model's slot buffer."""
+    import llama_cpp
+
+    text = window.cache_panel.memory_view.backend_label.text()
+    build = engine_build()
+    assert build.reason and build.reason in text, "the build recorded why it chose this"
+    if llama_cpp.llama_supports_gpu_offload():
+        assert f"slots are in GPU memory ({NAMES[build.backend]}0)" in text
+    else:
+        assert text.startswith("CPU build") and "slots are in RAM" in text
 
 
 def test_logs_panel_shows_engine_and_app_events(window: Any, qtbot: Any) -> None:

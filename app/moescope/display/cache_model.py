@@ -22,6 +22,8 @@ from moescope.cache.prefetch import PrefetchSummary
 from moescope.display.ring import RingBuffer
 from moescope.session.snapshots import (
     CELL_LABELS,
+    NOT_RESIDENT,
+    RESIDENT,
     ModelSummary,
     TokenSnapshot,
     cell_states,
@@ -50,8 +52,12 @@ def prefetch_text(summary: PrefetchSummary) -> str:
 
 
 SUMMARY_TIP = (
-    "Hit rate and substituted gate mass per token: means over the last {n} tokens; "
-    "tokens/s is a rolling rate. The plots below show every token.")
+    "First line: what the cache does now (policy, slots) and the latest token.\n"
+    "Second line: hit rate and substituted gate mass per token are means over the last {n} "
+    "tokens, under the policies named; tokens/s is over the last {r} decode steps.\n"
+    "The line under each answer in the chat is over that whole answer (its tok/s leaves "
+    "out the first token, its hit rate counts every expert selection), so the two "
+    "differ. The plots below show every token.")
 PREFETCH_TIP = (
     "Prefetch accuracy (PSR): of the experts prefetched over the last {n} tokens, the share "
     "the router then used before they were evicted. /token: experts prefetched per decoded "
@@ -101,6 +107,9 @@ class CacheModel:
         self._layer_count = 0
         self.time.clear()
         self._decode_seconds: deque[float] = deque(maxlen=ROLLING_TOKENS)
+        self._policies: deque[str] = deque(maxlen=self.layer_window)
+        """The policy of each of the last ``layer_window`` tokens: the numbers over them
+        are labelled with the policies that produced them, not with the one chosen since."""
         self.markers: list[Marker] = []
         self.ttft_s: float | None = None
         self.policy = model.policy if model else ""
@@ -121,6 +130,11 @@ class CacheModel:
         self.policy = model.policy
         self.slots_per_layer = model.slots_per_layer
         self.dirty.add("labels")
+        if model.resident is not None and model.resident.shape == self._cells.shape:
+            # applied while idle: the residents the engine keeps now (no token touched them)
+            self._cells = np.where(model.resident, RESIDENT, NOT_RESIDENT).astype(np.uint8)
+            self._cells_stale = False
+            self.dirty.add("heatmap")
 
     # ------------------------------------------------------------------ input
     def add_marker(self, step: int, label: str) -> None:
@@ -184,6 +198,7 @@ class CacheModel:
         if snap.changes:
             self.dirty.add("markers")
         self.prefetching = prefetching
+        self._policies.append(snap.policy)
         self.policy = snap.policy
         self.slots_per_layer = snap.slots_per_layer
         self.context_used = snap.context_used
@@ -225,6 +240,19 @@ class CacheModel:
         values = t.view(key)[t.count - n:]
         finite = values[np.isfinite(values)]
         return float(finite.mean()) if len(finite) else float("nan")
+
+    def recent_tokens(self) -> int:
+        """How many tokens :meth:`recent_mean` averages over now."""
+        return min(self.time.count, self.layer_window)
+
+    def recent_policies(self) -> list[str]:
+        """The policies the last ``layer_window`` tokens were decoded under, in order."""
+        return list(dict.fromkeys(self._policies))
+
+    def rolling_rate_tokens(self) -> int:
+        """How many decode steps the latest tokens/s is over (the answer's first token is
+        the prompt's time and starts the rate again)."""
+        return len(self._decode_seconds)
 
     def prefetch_summary(self) -> PrefetchSummary | None:
         """PSR over the prefetching tokens among the last ``layer_window``; None while the

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from moescope.cache.budget import format_bytes
 from moescope.cache.policy import PRESET_NAMES, PRESETS
-from moescope.sim import COST_MODEL_NAMES, SweepRow, cost_model, sweep
+from moescope.sim import COST_MODEL_NAMES, Routing, SweepRow, cost_model, sweep
 from moescope.sim.sweep import RECORDED
 from moescope.trace import Trace
 from moescope.util.errors import MoEScopeError
@@ -87,6 +87,9 @@ def cost_model_choices(trace: Trace) -> dict[str, str | None]:
 
 def has_predictions(trace: Trace) -> bool:
     """Whether the trace kept PSR's predictions (traces since PSR do, from any policy)."""
+    c = trace.columns
+    if c is not None:  # version 2: one look at the column, not a record per row
+        return c.next_layer is not None and bool((c.next_layer >= 0).any())
     return any(route.predicted is not None for token in trace.tokens
                for route in token.routes.values())
 
@@ -128,13 +131,14 @@ def compute(trace: Trace, cost_name: str, policies: Sequence[str] = POLICIES,
             raise Cancelled
 
     step(0)
+    routing = Routing.from_trace(trace)  # laid out once for every budget
     for i, budget in enumerate(budgets):
-        part = sweep(trace, policies, [budget], cost)
+        part = sweep(trace, policies, [budget], cost, routing=routing)
         rows.extend(part.rows)
         warnings.extend(w for w in part.warnings if w not in warnings)
         step(i + 1)
     # with "exact" beside it, the recorded row gets its speed vs exact at the recorded budget
-    own = sweep(trace, [RECORDED, "exact"], [RECORDED], cost)
+    own = sweep(trace, [RECORDED, "exact"], [RECORDED], cost, routing=routing)
     warnings.extend(w for w in own.warnings if w not in warnings)
     recorded = next((r for r in own.rows if r.policy == RECORDED), None)
     step(total)

@@ -93,9 +93,14 @@ def engine_library() -> Any:
         "llama_moe_cache_io_error": (i32, [vp, ctypes.c_char_p, i32]),
         "llama_moe_cache_clear_io_error": (None, [vp]),
         "llama_moe_cache_set_fail_reads": (None, [vp, i64]),
+        "llama_moe_cache_slot_buffer": (ctypes.c_char_p, [vp]),
     }
     for name, (restype, argtypes) in signatures.items():
-        fn = getattr(lib, name)
+        fn = getattr(lib, name, None)
+        if fn is None:  # an engine built from an older patch
+            raise EngineNotPatchedError(
+                f"the installed engine lacks {name} (built from an older patch); run "
+                "`make engine` to rebuild it")
         fn.restype = restype
         fn.argtypes = argtypes
     _declared = lib

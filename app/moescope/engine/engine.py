@@ -111,6 +111,8 @@ class LoadedModel:
     expert_buffer: str = ""
     """Where the experts live in host memory: llama.cpp's buffer name, e.g. ``CUDA_Host``
     (pinned: copies to VRAM at full PCIe speed) or ``CPU`` (pageable)."""
+    slot_buffer: str = ""
+    """Where the slots live: ``CUDA0``/``Vulkan0`` (device memory) or ``CPU`` (RAM)."""
 
     @property
     def pinned_experts(self) -> bool:
@@ -155,12 +157,15 @@ class Engine:
 
     # ------------------------------------------------------------------ loading
     def load(self, path: str | os.PathLike[str], *, budget: str = "25%",
-             policy: Policy | str = "quality-first", n_gpu_layers: int = 0,
+             policy: Policy | str = "quality-first", n_gpu_layers: int | None = None,
              n_ctx: int = 2048, n_threads: int | None = None, cache: bool = True,
              host_experts: bool | None = None, pinned_experts: bool | None = None,
              ram_budget: str | None = None, disk_experts: bool | None = None,
              progress: ProgressFn | None = None) -> LoadedModel:
         """Load ``path``; the expert cache is on for MoE models unless ``cache=False``.
+
+        ``n_gpu_layers`` (default: every layer when the engine has a GPU backend with a
+        device, else none) places layers, and so their expert slots, on the GPU.
 
         A dense model loads with the cache off and says so in ``LoadedModel.notice``. A
         file that is not a GGUF raises ``ModelFormatError`` before llama.cpp sees it.
@@ -207,6 +212,8 @@ class Engine:
         report("loading weights", 0.1)
         import llama_cpp  # deferred: loading the shared library takes a moment
 
+        if n_gpu_layers is None:
+            n_gpu_layers = -1 if llama_cpp.llama_supports_gpu_offload() else 0
         if pinned_experts is None:
             pinned_experts = bool(cache and n_gpu_layers != 0 and not disk_experts
                                   and llama_cpp.llama_supports_gpu_offload())
@@ -264,11 +271,13 @@ class Engine:
         with loading(p):  # its first decode runs the file's numbers: a failed check blames it
             self._warm_up(short=disk_experts)
         buffer = self._lib.llama_moe_cache_expert_buffer(self._ctx) if self._cache else b""
+        slots = self._lib.llama_moe_cache_slot_buffer(self._ctx) if self._cache else b""
         self.model = LoadedModel(info=info, path=p, cache_enabled=self._cache is not None,
                                  plan=plan, notice=notice, n_ctx=n_ctx,
                                  n_gpu_layers=n_gpu_layers, ram_plan=ram_plan,
                                  disk_experts=disk_experts,
-                                 expert_buffer=(buffer or b"").decode(errors="replace"))
+                                 expert_buffer=(buffer or b"").decode(errors="replace"),
+                                 slot_buffer=(slots or b"").decode(errors="replace"))
         report("ready", 1.0)
         return self.model
 

@@ -65,6 +65,14 @@ class RunResult:
     substitutions: int = 0
     bytes_async: int = 0
     timings: dict[str, int] = field(default_factory=dict)
+    first_choice_substituted: int | None = None
+    """Rows whose router's first choice was substituted (None: not counted): zero for a
+    run that preserved every first choice (any run of a first-choice-fetching rule; a
+    routing-bonus run when its bonus never outweighed a first choice)."""
+
+    @property
+    def preserves_first_choice(self) -> bool:
+        return self.first_choice_substituted == 0
 
     @property
     def n_tokens(self) -> int:
@@ -154,7 +162,7 @@ def run_one(engine: Engine, tokens: Sequence[int], spec: RunSpec, *,
     bytes_sync = np.zeros(n, dtype=np.int64)
     seconds = np.zeros(n, dtype=np.float64)
     result = RunResult(spec=spec, slots=slots, nll=nll, mass=mass,
-                       bytes_sync=bytes_sync, seconds=seconds)
+                       bytes_sync=bytes_sync, seconds=seconds, first_choice_substituted=0)
     for i, logits, rows, dt in forced_steps(engine, tokens[:-1]):
         nll[i] = _nll(logits, int(tokens[i + 1]))
         mass[i] = float(rows["substituted_mass"].astype(np.float64).sum())
@@ -164,6 +172,8 @@ def run_one(engine: Engine, tokens: Sequence[int], spec: RunSpec, *,
         result.hits += int(rows["n_hit"].sum())
         result.substitutions += int(rows["n_substitute"].sum())
         result.bytes_async += int(rows["bytes_async"].sum())
+        result.first_choice_substituted = (result.first_choice_substituted or 0) + int(
+            (rows["action"][:, 0] == 2).sum())
         if progress is not None:
             progress(i + 1)
         if stopped is not None and stopped():
@@ -238,10 +248,12 @@ class MassHypothesis:
             lo, hi = ci
             return f"{r:+.3f}" + ("" if math.isnan(lo) else f" [95% CI {lo:+.3f}, {hi:+.3f}]")
 
-        return (f"mass hypothesis over {len(self.runs)} first-choice-fetching runs, "
+        width = self.ci_runs[1] - self.ci_runs[0]
+        return (f"mass hypothesis over {len(self.runs)} first-choice-preserving runs, "
                 f"{self.n_windows} windows of {self.window} tokens: r = "
-                f"{fmt(self.r_runs, self.ci_runs)} across runs, "
-                f"{fmt(self.r_windows, self.ci_windows)} across run x window points")
+                f"{fmt(self.r_runs, self.ci_runs)} across runs"
+                + ("" if math.isnan(width) else f" (interval width {width:.3f})")
+                + f", {fmt(self.r_windows, self.ci_windows)} across run x window points")
 
 
 def _window_means(values: npt.NDArray[np.float64], window: int) -> npt.NDArray[np.float64]:
@@ -254,7 +266,8 @@ def mass_hypothesis(runs: Sequence[RunResult], baseline: RunResult, window: int,
                     n_boot: int = 1000, seed: int = 0) -> MassHypothesis:
     """Correlate substituted mass with perplexity change among runs whose miss rule always
     fetches the first choice (``exact`` included: it is the zero point)."""
-    eligible = [r for r in runs if r.spec.policy.miss_rule in FIRST_CHOICE_RULES]
+    eligible = [r for r in runs if r.spec.policy.miss_rule in FIRST_CHOICE_RULES
+                or r.preserves_first_choice]
     base_nll = _window_means(baseline.nll, window)  # (W,)
     nan2 = (float("nan"), float("nan"))
     if not eligible:

@@ -44,6 +44,7 @@ from moescope.gui.chat.chat_list import ChatListPanel
 from moescope.gui.chat.chat_view import ChatView
 from moescope.gui.chat.controller import ChatController
 from moescope.gui.chat.settings import ChatSettingsPanel
+from moescope.gui.chat.welcome import welcome_html
 from moescope.gui.controls.cache_controls import ControlsPanel
 from moescope.gui.dialogs.about import AboutDialog
 from moescope.gui.dialogs.compare import CompareDialog
@@ -117,6 +118,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, QMainWin
 
         self.chat_list = ChatListPanel()
         self.chat_view = ChatView()
+        self.chat_view.welcome = welcome_html(None)
         self.controls = ControlsPanel()
         self.cache_panel = CachePanel()
         self.chat_settings = ChatSettingsPanel()
@@ -147,13 +149,17 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, QMainWin
         right = QWidget()
         right_layout = QVBoxLayout(right)
         right_layout.setContentsMargins(0, 6, 6, 6)
-        right_layout.addWidget(self.controls)
+        self.right_split = QSplitter(Qt.Orientation.Vertical)  # drag the controls away
+        self.right_split.addWidget(self.controls)
         self.right_tabs = QTabWidget()
         self.right_tabs.setAccessibleName("Side panels")
         self.right_tabs.addTab(self.cache_panel, "Cache")  # Alt+C is the Chat menu's
         self.right_tabs.addTab(self.chat_settings, "Chat settin&gs")
         self.right_tabs.addTab(self.logs, "&Logs")
-        right_layout.addWidget(self.right_tabs, 1)
+        self.right_split.addWidget(self.right_tabs)
+        self.right_split.setCollapsible(1, False)
+        self.right_split.setStretchFactor(1, 1)
+        right_layout.addWidget(self.right_split, 1)
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
         self.splitter.addWidget(self.chat_list)
         self.splitter.addWidget(self.chat_view)
@@ -161,7 +167,8 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, QMainWin
         self.splitter.setStretchFactor(0, 0)
         self.splitter.setStretchFactor(1, 3)
         self.splitter.setStretchFactor(2, 3)
-        self.splitter.setSizes([200, 530, 620])  # the heatmap legend on one row
+        self.splitter.setSizes([170, 560, 650])  # the heatmap legend on one row
+        self.splitter.setCollapsible(1, False)  # the chat list and the cache panel fold away
         self.setCentralWidget(self.splitter)
         self.resize(1380, 860)
 

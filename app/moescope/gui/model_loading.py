@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtWidgets import QFileDialog
 
+from moescope.gui.chat.welcome import has_get_models, welcome_html
 from moescope.gui.dialogs.open_model import OpenModelDialog
 from moescope.gui.worker import LoadRequest
 from moescope.model.gguf_info import read_model_info
@@ -191,7 +192,8 @@ class ModelLoading(_Window):
                 summary.slots_per_layer, summary.n_expert))
         self._update_title()
         self.chat._update_buttons()
-        self.chat_view.set_context(0, summary.n_ctx)
+        self.chat.set_n_ctx(summary.n_ctx)
+        self.chat_view.set_welcome(welcome_html(summary, get_models=has_get_models(self)))
         self.modelLoaded.emit(summary)
         if summary.notice:
             self.show_warning("Model loaded with a note", summary.notice)
@@ -213,7 +215,8 @@ class ModelLoading(_Window):
         self.chat.model_loaded = False
         self.cache_panel.set_model(None)
         self.controls.set_model(None)
-        self.chat_view.set_context(0, 0)
+        self.chat.set_n_ctx(0)
+        self.chat_view.set_welcome(welcome_html(None, get_models=has_get_models(self)))
         self._update_title()
         self.chat._update_buttons()
 

@@ -15,6 +15,7 @@ per second would otherwise flood the GUI's event queue and stall it).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -56,7 +57,7 @@ class LoadRequest:
     budget: str = "25%"
     policy: Policy | str = "quality-first"
     n_ctx: int = 2048
-    n_gpu_layers: int = 0
+    n_gpu_layers: int | None = None  # None: every layer on a GPU build, else none
     trace_dir: str | None = None
     """Record the session (core trace format) into this directory; None: no recording."""
 
@@ -279,7 +280,12 @@ class EngineWorker(QObject):
                 self.turns.leave(turn)
         if changes:
             log.info("applied: %s", ", ".join(c.label for c in changes))
-            self.requestsApplied.emit(self.summary(), changes)
+            summary = self.summary()
+            cache, m = self.engine.cache, self.engine.model
+            if cache is not None and m is not None and m.info is not None:
+                summary = dataclasses.replace(summary, resident=read_resident(
+                    cache, m.info.moe_layers, m.info.n_expert))  # a budget cut evicted
+            self.requestsApplied.emit(summary, changes)
 
     @Slot()
     def shutdown(self) -> None:
@@ -441,7 +447,8 @@ class EngineWorker(QObject):
             policy=self.engine.policy_name, n_ctx=m.n_ctx, notice=m.notice,
             budget_message=plan.message if plan else "",
             trace_path=str(self.recorder.path) if self.recorder else "",
-            expert_buffer=m.expert_buffer, answer_prefixes=dict(self._answer_prefixes),
+            expert_buffer=m.expert_buffer, slot_buffer=m.slot_buffer,
+            answer_prefixes=dict(self._answer_prefixes),
             thinking_choices=self._thinking_choices,
             requests=self.engine.applied_requests)
 

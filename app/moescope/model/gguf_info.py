@@ -449,8 +449,8 @@ def _open(p: Path) -> tuple[Path, int, GGUFReader]:
         return p, file_size, _StrictReader(p, "r")
     except _Truncated as err:
         raise ModelFormatError(
-            f"{p.name}: file is truncated: it needs at least {err.offset} bytes but has "
-            f"{err.size} (incomplete download?)"
+            f"{p.name}: file is truncated: it is {_size_text(err.size)} but its header "
+            f"needs at least {_size_text(err.offset)} (incomplete download?)"
         ) from None
     except _Corrupt as err:
         raise ModelFormatError(f"{p.name}: corrupt GGUF header ({err})") from None
@@ -459,6 +459,23 @@ def _open(p: Path) -> tuple[Path, int, GGUFReader]:
         raise ModelFormatError(f"{p.name}: corrupt GGUF header ({_reason(err)})") from None
     except OSError as err:
         raise ModelFileNotFoundError(f"{p.name}: cannot read file ({err.strerror})") from None
+
+
+def _size_text(n: int) -> str:
+    """``8,019,136 bytes (7.6 MiB)``: exact for comparing, rounded for reading."""
+    if n < 1024:
+        return f"{n:,} bytes"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n:,} bytes ({n / scale:.1f} {unit})"
+    return f"{n:,} bytes"
+
+
+def _bytes_text(head: bytes) -> str:
+    """The first bytes as a person reads them: ``"hell"`` when printable, else hex."""
+    if head and all(32 <= b < 127 for b in head):
+        return f'"{head.decode("ascii")}"'
+    return "bytes " + " ".join(f"{b:02x}" for b in head) if head else "nothing"
 
 
 def _check_file(p: Path) -> int:
@@ -489,11 +506,12 @@ def _check_head(name: str, size: int, head: bytes) -> None:
     """The magic, the size and the version, from a file's first 8 bytes."""
     if head[:4] != GGUF_MAGIC:
         raise ModelFormatError(
-            f"{name}: not a GGUF model file (starts with {head[:4]!r}, "
-            f"expected {GGUF_MAGIC!r})"
+            f"{name}: not a GGUF model file (it starts with {_bytes_text(head[:4])} "
+            f"where a GGUF file starts with \"GGUF\")"
         )
     if size < _MIN_HEADER_BYTES:
-        raise ModelFormatError(f"{name}: file is truncated ({size} bytes)")
+        raise ModelFormatError(f"{name}: file is truncated: it is {_size_text(size)}, "
+                               f"less than a GGUF header")
     version = int.from_bytes(head[4:8], "little")
     swapped = int.from_bytes(head[4:8], "big")  # a big-endian GGUF
     if version not in _SUPPORTED_VERSIONS and swapped not in _SUPPORTED_VERSIONS:

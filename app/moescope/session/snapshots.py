@@ -53,6 +53,8 @@ class ModelSummary:
     expert_buffer: str = ""
     """llama.cpp's buffer holding the experts in host memory (``CUDA_Host``: pinned;
     ``CPU_Mapped`` / ``CPU``: pageable); "" when unknown (cache off, a reopened trace)."""
+    slot_buffer: str = ""
+    """llama.cpp's buffer holding the slots (``CUDA0``/``Vulkan0``: device; ``CPU``: RAM)."""
     thinking_choices: tuple[str, ...] = ("default",)
     """The thinking settings the model's chat template understands (``model.reasoning``)."""
     answer_prefixes: dict[str, str] = field(default_factory=dict)
@@ -62,6 +64,9 @@ class ModelSummary:
     requests: RequestNumbers = field(default_factory=RequestNumbers)
     """Numbers of the latest policy and budget requests the engine had applied (see
     ``Engine.applied_requests``): older than the window's latest request means stale."""
+    resident: npt.NDArray[np.bool_] | None = field(default=None, repr=False, compare=False)
+    """MoE layers x experts resident now, when a change applied while idle moved them (a
+    budget cut evicts): the heatmap shows them before the next token; None otherwise."""
 
     @property
     def n_moe_layers(self) -> int:

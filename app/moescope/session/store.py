@@ -136,10 +136,13 @@ class ChatStore:
                     model=model, updated=now)
 
     def chats(self, search: str = "") -> list[Chat]:
-        """Chats, most recently updated first; ``search`` filters titles (case-insensitive)."""
+        """Chats, most recently updated first; ``search`` keeps those whose title or any
+        message contains it (case-insensitive)."""
         pattern = f"%{_escape_like(search)}%"
         rows = self._db.execute(
-            "SELECT * FROM chats WHERE title LIKE ? ESCAPE '\\' COLLATE NOCASE "
+            "SELECT * FROM chats WHERE title LIKE ?1 ESCAPE '\\' COLLATE NOCASE "
+            "OR EXISTS (SELECT 1 FROM messages WHERE messages.chat_id = chats.id "
+            "AND messages.content LIKE ?1 ESCAPE '\\' COLLATE NOCASE) "
             "ORDER BY updated DESC, id DESC", (pattern,))
         return [Chat(id=r["id"], title=r["title"], system_prompt=r["system_prompt"],
                      model=r["model"], updated=r["updated"]) for r in rows]

@@ -30,6 +30,7 @@ but probabilities are unknown, so a substitute choice can differ; such rows are 
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,12 +42,15 @@ from moescope.cache.native import (
     COPY_DTYPE,
     EVENT_DTYPE,
     OK,
+    CPolicy,
     ExpertCache,
     NativeError,
+    policy_to_c,
 )
 from moescope.cache.policy import MissRule, Policy
 from moescope.cache.prefetch import PrefetchMeter, PrefetchSummary
 from moescope.trace import MAX_STEP_SLACK, Change, Trace, TraceFormatError, TraceHeader
+from moescope.trace.schema import TraceColumns
 
 TOKEN_COST_DTYPE = np.dtype([
     ("decode", np.bool_),
@@ -70,102 +74,135 @@ TOKEN_COST_DTYPE = np.dtype([
 ``prefetches`` / ``prefetch_hits``: the core's PSR counters for the token, all layers."""
 
 
-@dataclass(frozen=True)
-class RouteCall:
-    """One ``moecache_route`` call: rows ``start:stop`` of one layer at one step."""
-
-    step: int
-    layer: int
-    start: int
-    stop: int
-
-
-@dataclass(frozen=True)
-class TokenRouting:
-    """A trace token's changes and route calls, in the order the engine made them."""
-
-    changes: tuple[Change, ...]
-    calls: tuple[RouteCall, ...]
-    decode: bool
-
-
 @dataclass
 class Routing:
-    """A trace's routing laid out in flat arrays, prepared once for any number of replays.
+    """A trace's routing laid out in flat arrays, prepared once for any number of replays
+    (the per-configuration :func:`replay` and the native :func:`replay_many` read the
+    same arrays).
 
     Row ``r`` (in trace order) has the router's ``ids[r]``, raw gate ``weights[r]`` and full
-    ``probs[r]``; ``exact[r]`` is False where they were rebuilt from the event row.
+    ``probs[r]``; ``exact[r]`` is False where they were rebuilt from the event row. Route
+    call ``c`` decides rows ``call_start[c]:call_stop[c]`` of layer ``call_layer[c]`` at
+    step ``call_step[c]``; token ``t`` owns calls ``token_calls[t]:token_calls[t + 1]``.
     """
 
     header: TraceHeader
-    tokens: list[TokenRouting]
     ids: npt.NDArray[np.int32]
     weights: npt.NDArray[np.float32]
     probs: npt.NDArray[np.float32]
     exact: npt.NDArray[np.bool_]
     recorded: npt.NDArray[Any]
     """The engine's event rows, for comparisons."""
+    call_step: npt.NDArray[np.int64]
+    call_layer: npt.NDArray[np.int32]
+    call_start: npt.NDArray[np.int64]
+    call_stop: npt.NDArray[np.int64]
+    token_calls: npt.NDArray[np.int64]
+    token_rows: npt.NDArray[np.int64]
+    """Token ``t``'s rows are ``token_rows[t]:token_rows[t + 1]``."""
+    changes: list[tuple[Change, ...]]
+    """Per token, the changes that took effect before its rows."""
+    decode: npt.NDArray[np.bool_]
     next_layer: npt.NDArray[np.int32] | None = None
     """PSR: per row, the layer its recorded prediction is for (-1: none); None: no row has
     one (a trace from before PSR, or recorded without router inputs)."""
-    predicted: npt.NDArray[np.float32] | None = None
-    """PSR: per row, scores that rank the recorded predictions (``PREDICTED_KEEP`` ranks;
-    -inf for the rest), so ``moecache_prefetch`` picks what the engine picked."""
+    predicted: npt.NDArray[np.int32] | None = None
+    """PSR: per row, the recorded prediction's expert ids, best first (-1 padded)."""
 
     @property
     def n_rows(self) -> int:
         return len(self.recorded)
 
+    @property
+    def n_tokens(self) -> int:
+        return len(self.decode)
+
+    def scores(self, row: int) -> npt.NDArray[np.float32]:
+        """Scores under which ``moecache_prefetch`` ranks row ``row``'s recorded
+        prediction as the engine did (its ranks, -inf for the rest)."""
+        assert self.predicted is not None
+        out = np.full(self.probs.shape[1], -np.inf, dtype=np.float32)
+        ranked = self.predicted[row]
+        ranked = ranked[ranked >= 0]
+        out[ranked] = np.arange(len(ranked), 0, -1)
+        return out
+
     @classmethod
     def from_trace(cls, trace: Trace) -> Routing:
-        """Lay out ``trace``'s rows and group them into route calls."""
+        """Lay out ``trace``'s rows and group them into route calls (a version-2 trace's
+        columns are used as read; a version-1 trace's rows are gathered first)."""
         m = trace.header.model
-        events = trace.events()
-        n = len(events)
         k = m.top_k
-        ids = np.zeros((n, k), dtype=np.int32)
-        weights = np.zeros((n, k), dtype=np.float32)
-        probs = np.zeros((n, m.n_expert), dtype=np.float32)
-        exact = np.zeros(n, dtype=np.bool_)
-        has_pred = any(rt.predicted is not None for tok in trace.tokens
-                       for rt in tok.routes.values())
-        next_layer = np.full(n, -1, dtype=np.int32) if has_pred else None
-        predicted = (np.full((n, m.n_expert), -np.inf, dtype=np.float32) if has_pred
-                     else None)
-        tokens: list[TokenRouting] = []
-        r = 0
-        for tok in trace.tokens:
-            calls: list[RouteCall] = []
-            start = r
-            prev: tuple[int, int, int] | None = None
-            for i, row in enumerate(tok.events):
-                step, layer, t = int(row["step"]), int(row["layer"]), int(row["token"])
-                if prev is None or (step, layer) != prev[:2] or t <= prev[2]:
-                    if prev is not None:
-                        calls.append(RouteCall(prev[0], prev[1], start, r))
-                    start = r
-                prev = (step, layer, t)
-                route = tok.routes.get(i)
-                if route is not None:
-                    ids[r] = route.ids
-                    weights[r] = route.weights
-                    probs[r] = route.probs
-                    exact[r] = True
-                    if route.predicted is not None and next_layer is not None \
-                            and predicted is not None:
-                        next_layer[r] = route.next_layer
-                        ranks = route.predicted.size
-                        predicted[r, route.predicted] = np.arange(ranks, 0, -1)
-                else:
-                    ids[r] = row["ids"][:k]
-                    weights[r] = row["weights"][:k]
-                    probs[r, row["ids"][:k]] = row["weights"][:k]
-                r += 1
-            if prev is not None:
-                calls.append(RouteCall(prev[0], prev[1], start, r))
-            tokens.append(TokenRouting(tuple(tok.changes), tuple(calls), tok.phase == "decode"))
-        return cls(header=trace.header, tokens=tokens, ids=ids, weights=weights, probs=probs,
-                   exact=exact, recorded=events, next_layer=next_layer, predicted=predicted)
+        columns = trace.columns if trace.columns is not None and \
+            len(trace.columns.token_rows) == len(trace.tokens) + 1 else _columns(trace)
+        events = columns.events
+        n = len(events)
+        exact = columns.exact
+        ids = np.ascontiguousarray(events["ids"][:, :k], dtype=np.int32)
+        weights = np.array(columns.gate, dtype=np.float32, copy=True).reshape(n, k)
+        probs = columns.probs if n else np.zeros((0, m.n_expert), np.float32)
+        if (~exact).any():  # rebuilt from the event row: its weights stand in for probs
+            probs = np.array(probs, copy=True)
+            rows = np.flatnonzero(~exact)
+            weights[rows] = events["weights"][rows, :k]
+            probs[rows] = 0
+            probs[rows[:, None], ids[rows]] = events["weights"][rows, :k]
+        probs = np.ascontiguousarray(probs, dtype=np.float32)
+        token_rows = columns.token_rows
+        step = events["step"].astype(np.int64)
+        layer = events["layer"].astype(np.int32)
+        batch = events["token"].astype(np.int64)
+        new = np.ones(n, dtype=np.bool_)
+        if n > 1:
+            new[1:] = (step[1:] != step[:-1]) | (layer[1:] != layer[:-1]) | \
+                (batch[1:] <= batch[:-1])
+        firsts = token_rows[:-1][np.diff(token_rows) > 0]
+        new[firsts] = True
+        call_start = np.flatnonzero(new).astype(np.int64)
+        call_stop = np.append(call_start[1:], n).astype(np.int64)
+        token_calls = np.searchsorted(call_start, token_rows).astype(np.int64)
+        predicted = columns.predicted
+        has_pred = predicted is not None and columns.next_layer is not None and \
+            bool((columns.next_layer >= 0).any())
+        return cls(
+            header=trace.header, ids=ids, weights=weights, probs=probs, exact=exact,
+            recorded=events, call_step=step[call_start], call_layer=layer[call_start],
+            call_start=call_start, call_stop=call_stop, token_calls=token_calls,
+            token_rows=np.asarray(token_rows, dtype=np.int64),
+            changes=[tuple(t.changes) for t in trace.tokens],
+            decode=np.array([t.phase == "decode" for t in trace.tokens], dtype=np.bool_),
+            next_layer=columns.next_layer if has_pred else None,
+            predicted=np.ascontiguousarray(predicted, dtype=np.int32) if has_pred else None)
+
+
+def _columns(trace: Trace) -> TraceColumns:
+    """A version-1 trace's rows in the flat layout a version-2 reader produces."""
+    m = trace.header.model
+    events = trace.events()
+    n = len(events)
+    k, e = m.top_k, m.n_expert
+    probs = np.zeros((n, e), dtype=np.float32)
+    gate = np.zeros((n, k), dtype=np.float32)
+    exact = np.zeros(n, dtype=np.bool_)
+    width = max((len(rt.predicted) for tok in trace.tokens for rt in tok.routes.values()
+                 if rt.predicted is not None), default=0)
+    next_layer = np.full(n, -1, dtype=np.int32) if width else None
+    predicted = np.full((n, width), -1, dtype=np.int32) if width else None
+    token_rows = np.zeros(len(trace.tokens) + 1, dtype=np.int64)
+    r = 0
+    for t, tok in enumerate(trace.tokens):
+        for i, route in tok.routes.items():
+            probs[r + i] = route.probs
+            gate[r + i] = route.weights
+            exact[r + i] = True
+            if route.predicted is not None and next_layer is not None \
+                    and predicted is not None:
+                next_layer[r + i] = route.next_layer
+                predicted[r + i, :len(route.predicted)] = route.predicted
+        r += len(tok.events)
+        token_rows[t + 1] = r
+    return TraceColumns(events=events, token_rows=token_rows, exact=exact, probs=probs,
+                        gate=gate, next_layer=next_layer, predicted=predicted)
 
 
 @dataclass
@@ -269,10 +306,10 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
                         "was in router-probability units; it is now in gate-weight units, so "
                         "the recorded cache-prior/psr decisions are not reproduced exactly")
     _check_steps(routing)
-    per_token = np.zeros(len(routing.tokens), dtype=TOKEN_COST_DTYPE)
+    n_tokens = routing.n_tokens
+    per_token = np.zeros(n_tokens, dtype=TOKEN_COST_DTYPE)
     kept: list[npt.NDArray[Any]] = []
-    rows_per_token = max((sum(c.stop - c.start for c in t.calls) for t in routing.tokens),
-                         default=1)
+    rows_per_token = max(int(np.diff(routing.token_rows).max(initial=1)), 1)
     with ExpertCache(m.n_layers, m.n_expert, m.top_k, start_slots, start_policy) as cache:
         for layer, n_bytes in zip(m.moe_layers, m.bytes_per_expert, strict=True):
             cache.set_expert_bytes(layer, n_bytes)
@@ -282,18 +319,18 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
         prefetched = 0
         meter = PrefetchMeter(cache, m.moe_layers)
         counting = False  # the counters stay 0 until the first prefetch: no need to read
-        layer_pf = (np.zeros((len(routing.tokens), len(m.moe_layers)), dtype=np.int64)
+        layer_pf = (np.zeros((n_tokens, len(m.moe_layers)), dtype=np.int64)
                     if keep_events else None)
         layer_hits = layer_pf.copy() if layer_pf is not None else None
         requested = before = start_policy  # the latest policy set, and the one before
         if routing.predicted is None and (start_policy.prefetch or any(
                 c.kind == "policy" and c.policy and c.policy.prefetch
-                for tok in routing.tokens for c in tok.changes)):
+                for changes in routing.changes for c in changes)):
             warnings.append("the trace has no PSR predictions (recorded before PSR or "
                             "without router inputs): the replay cannot prefetch")
         step = cache.step
-        for t, tok in enumerate(routing.tokens):
-            for change in tok.changes:
+        for t in range(n_tokens):
+            for change in routing.changes[t]:
                 if change.kind == "note" and "dropped" in change.text:
                     _warn_once(warnings, "dropped", f"the engine dropped event rows "
                                                     f"({change.text}); the replay diverges")
@@ -308,20 +345,22 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
             prefetching = routing.predicted is not None and bool(
                 requested.prefetch or before.prefetch)
             before = requested
-            for call in tok.calls:
-                if step > call.step or call.step > step + 1:
+            for c in range(int(routing.token_calls[t]), int(routing.token_calls[t + 1])):
+                call_step = int(routing.call_step[c])
+                start, stop = int(routing.call_start[c]), int(routing.call_stop[c])
+                if step > call_step or call_step > step + 1:
                     _warn_once(warnings, "order",
-                               f"the trace jumps from step {step} to {call.step}: rows are "
+                               f"the trace jumps from step {step} to {call_step}: rows are "
                                "missing or out of order, so later decisions may differ")
-                if step < call.step:
-                    cache.begin_steps(call.step - step)
-                    step = call.step
-                route(call.layer, call.start, call.stop)
+                if step < call_step:
+                    cache.begin_steps(call_step - step)
+                    step = call_step
+                route(int(routing.call_layer[c]), start, stop)
                 if prefetching:
                     counting = True
-                    prefetched += route.prefetch(call.start, call.stop)
+                    prefetched += route.prefetch(start, stop)
             rows = cache.drain_events()
-            _summarize(per_token[t], rows, tok.decode)
+            _summarize(per_token[t], rows, bool(routing.decode[t]))
             per_token[t]["prefetching"] = routing.predicted is not None and bool(
                 requested.prefetch)
             if counting:
@@ -346,6 +385,135 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
         approximate_rows=int((~routing.exact).sum()), warnings=warnings,
         layer_prefetches=layer_pf, layer_prefetch_hits=layer_hits,
     )
+
+
+def replay_many(routing: Routing | Trace,
+                configs: Sequence[tuple[Policy | str | None, int | None]], *,
+                threads: int = 0, keep_events: bool = False) -> list[ReplayResult]:
+    """:func:`replay` for every ``(policy, slots)`` of ``configs`` in one native call
+    (``moecache_replay_batch``): no Python per token, configurations in parallel on
+    ``threads`` threads (0: one per core). The results equal :func:`replay`'s (the
+    same core walks the same calls); ``keep_events`` also returns each one's rows."""
+    from moescope.cache.batch import CReplayConfig, CReplayTrace, replay_batch
+
+    if isinstance(routing, Trace):
+        routing = Routing.from_trace(routing)
+    h = routing.header
+    m = h.model
+    _check_steps(routing)
+    fixed = [Policy.preset(p) if isinstance(p, str) else p for p, _ in configs]
+    keep: list[Any] = []
+
+    def addr(a: npt.NDArray[Any] | None, dtype: Any) -> int | None:
+        if a is None:
+            return None
+        a = np.ascontiguousarray(a, dtype=dtype)
+        keep.append(a)
+        return int(a.ctypes.data)
+
+    expert_bytes = np.zeros(m.n_layers, dtype=np.int64)
+    expert_bytes[list(m.moe_layers)] = m.bytes_per_expert
+    change_token, change_slots, change_policy = [], [], []
+    for t, changes in enumerate(routing.changes):
+        for c in changes:
+            if c.kind == "policy" and c.policy is not None:
+                change_token.append(t)
+                change_slots.append(0)
+                change_policy.append(policy_to_c(c.policy))
+            elif c.kind == "slots" and c.slots:
+                change_token.append(t)
+                change_slots.append(int(c.slots))
+                change_policy.append(policy_to_c(h.policy))
+    policies = (CPolicy * max(len(change_policy), 1))(*change_policy)
+    width = routing.predicted.shape[1] if routing.predicted is not None else 0
+    ct = CReplayTrace(
+        n_layers=m.n_layers, n_experts=m.n_expert, top_k=m.top_k, pred_width=width,
+        initial_step=h.initial_step, start_slots=h.slots_per_layer,
+        start_policy=policy_to_c(h.policy), expert_bytes=addr(expert_bytes, np.int64),
+        n_rows=routing.n_rows, probs=addr(routing.probs, np.float32),
+        ids=addr(routing.ids, np.int32), weights=addr(routing.weights, np.float32),
+        next_layer=addr(routing.next_layer, np.int32) if width else None,
+        predicted=addr(routing.predicted, np.int32) if width else None,
+        n_calls=len(routing.call_start), call_step=addr(routing.call_step, np.int64),
+        call_layer=addr(routing.call_layer, np.int32),
+        call_start=addr(routing.call_start, np.int64),
+        call_stop=addr(routing.call_stop, np.int64), n_tokens=routing.n_tokens,
+        token_calls=addr(routing.token_calls, np.int64), n_changes=len(change_token),
+        change_token=addr(np.array(change_token, dtype=np.int64), np.int64),
+        change_slots=addr(np.array(change_slots, dtype=np.int32), np.int32),
+        change_policy=ctypes.addressof(policies))
+    cfgs = []
+    for policy, (_, slots) in zip(fixed, configs, strict=True):
+        cfg = CReplayConfig(follow_policy=1 if policy is None else 0,
+                            slots=0 if slots is None else int(slots))
+        if policy is not None:
+            cfg.policy = policy_to_c(policy)
+        cfgs.append(cfg)
+    totals, rows = replay_batch(ct, cfgs, threads=threads, events=keep_events)
+    # the policy requested at each token (the trace's, changes included), for the flag
+    requested: list[Policy] = []
+    current = h.policy
+    for changes in routing.changes:
+        for c in changes:
+            if c.kind == "policy" and c.policy is not None:
+                current = c.policy
+        requested.append(current)
+    recorded_flag = np.array([bool(p.prefetch) for p in requested], dtype=np.bool_)
+    base_warnings = _batch_warnings(routing)
+    results = []
+    for i, (policy, (_, slots)) in enumerate(zip(fixed, configs, strict=True)):
+        per_token = np.zeros(routing.n_tokens, dtype=TOKEN_COST_DTYPE)
+        for name in REPLAY_FIELDS:
+            per_token[name] = totals[i][name]
+        per_token["decode"] = routing.decode
+        if routing.predicted is not None:
+            per_token["prefetching"] = recorded_flag if policy is None else bool(
+                policy.prefetch)
+        warnings = list(base_warnings)
+        if policy is None and _recorded_with_probability_bonus(routing):
+            warnings.append(f"recorded by core {h.software.get('moecache')}, whose routing "
+                            "bonus was in router-probability units; it is now in gate-weight "
+                            "units, so the recorded cache-prior/psr decisions are not "
+                            "reproduced exactly")
+        start = policy if policy is not None else h.policy
+        if routing.predicted is None and (start.prefetch or (policy is None and any(
+                p.prefetch for p in requested))):
+            warnings.append("the trace has no PSR predictions (recorded before PSR or "
+                            "without router inputs): the replay cannot prefetch")
+        label = (policy.name or "custom") if policy is not None else "recorded"
+        results.append(ReplayResult(
+            policy=label, slots=slots, per_token=per_token,
+            events=rows[i] if rows is not None else None,
+            approximate_rows=int((~routing.exact).sum()), warnings=warnings))
+    return results
+
+
+REPLAY_FIELDS = ("rows", "selections", "hits", "fetches", "substitutions", "admissions",
+                 "substituted_mass", "bytes_sync", "bytes_async", "n_sync", "n_async",
+                 "prefetches", "prefetch_hits")
+"""The per-token fields the native batch replay fills (the rest are the trace's)."""
+
+
+def _batch_warnings(routing: Routing) -> list[str]:
+    """What :func:`replay` warns of that depends on the trace only."""
+    h = routing.header
+    warnings: list[str] = []
+    if h.initial_resident:
+        warnings.append(f"recording began with {h.initial_resident} experts resident; the "
+                        "replay starts empty, so early decisions may differ")
+    for changes in routing.changes:
+        for change in changes:
+            if change.kind == "note" and "dropped" in change.text:
+                _warn_once(warnings, "dropped", f"the engine dropped event rows "
+                                                f"({change.text}); the replay diverges")
+    steps = np.concatenate([[h.initial_step], routing.call_step])
+    jumps = np.flatnonzero(np.diff(steps) > 1)
+    if len(jumps):
+        i = int(jumps[0])
+        _warn_once(warnings, "order", f"the trace jumps from step {int(steps[i])} to "
+                                      f"{int(steps[i + 1])}: rows are missing or out of "
+                                      "order, so later decisions may differ")
+    return warnings
 
 
 class _Router:
@@ -399,8 +567,8 @@ class _Router:
         nxt = int(r.next_layer[stop - 1])
         if nxt < 0:
             return 0
-        code = self._prefetch_fn(self._handle, nxt, 1,
-                                 r.predicted.ctypes.data + (stop - 1) * r.predicted.strides[0],
+        self._scores = r.scores(stop - 1)
+        code = self._prefetch_fn(self._handle, nxt, 1, self._scores.ctypes.data,
                                  self._pplan.ctypes.data, len(self._pplan),
                                  self._n_plan.ctypes.data)
         if code != OK:
@@ -416,7 +584,7 @@ def _check_steps(routing: Routing) -> None:
     memory skipped it): no step before the initial one, none past the trace's reach."""
     h = routing.header
     steps = routing.recorded["step"]
-    reach = h.initial_step + MAX_STEP_SLACK + routing.n_rows + len(routing.tokens)
+    reach = h.initial_step + MAX_STEP_SLACK + routing.n_rows + routing.n_tokens
     if not 0 <= h.initial_step <= MAX_STEP_SLACK or (len(steps) and (
             int(steps.min()) < h.initial_step or int(steps.max()) > reach)):
         raise TraceFormatError("the trace's steps run outside what its records can reach: "
@@ -432,7 +600,7 @@ def _recorded_with_probability_bonus(routing: Routing) -> bool:
         older = tuple(int(x) for x in version.split(".")[:2]) < (0, 2)
     except ValueError:
         return False
-    policies = [h.policy] + [c.policy for tok in routing.tokens for c in tok.changes
+    policies = [h.policy] + [c.policy for changes in routing.changes for c in changes
                              if c.kind == "policy" and c.policy is not None]
     return older and any(p.miss_rule == MissRule.ROUTING_BONUS for p in policies)
 

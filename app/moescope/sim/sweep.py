@@ -20,7 +20,7 @@ import numpy as np
 from moescope.cache.budget import format_bytes, plan_slots
 from moescope.cache.policy import PRESET_NAMES, Eviction, MissRule, Policy, SubstituteWeight
 from moescope.sim.cost import CostModel
-from moescope.sim.replay import Routing, replay
+from moescope.sim.replay import Routing, replay_many
 from moescope.trace import Trace
 from moescope.util.errors import MoEScopeError
 
@@ -124,30 +124,36 @@ class Sweep:
 
 
 def sweep(trace: Trace, policies: Sequence[str], budgets: Sequence[str],
-          cost: CostModel) -> Sweep:
-    """Replay ``trace`` under every policy x budget spec and summarize each."""
-    routing = Routing.from_trace(trace)
+          cost: CostModel, *, routing: Routing | None = None, threads: int = 0) -> Sweep:
+    """Replay ``trace`` under every policy x budget spec and summarize each: one native
+    batch call for the whole grid (:func:`~moescope.sim.replay.replay_many`), on
+    ``threads`` threads (0: one per core). ``routing`` reuses a layout already made."""
+    if routing is None:
+        routing = Routing.from_trace(trace)
     m = trace.header.model
     parsed = [(spec, parse_policy(spec)) for spec in policies]
     rows: list[SweepRow] = []
     warnings: list[str] = []
     exact_ms: dict[str, float] = {}
     pending: list[tuple[str, Policy | None, str, int | None, Any]] = []
+    grid: list[tuple[str, Policy | None, str, int | None]] = []
     for budget in budgets:
         slots = None
         if budget.strip() != RECORDED:
             slots = plan_slots(budget, n_expert=m.n_expert, top_k=m.top_k,
                                bytes_per_expert=m.bytes_per_expert).slots_per_layer
-        for spec, policy in parsed:
-            result = replay(routing, policy, slots)
-            for w in result.warnings:
-                if w not in warnings:
-                    warnings.append(w)
-            seconds = cost.token_seconds(result.decode, m)
-            ms = float(seconds.mean() * 1e3) if len(seconds) else 0.0
-            if policy is not None and policy.exact:
-                exact_ms.setdefault(budget, ms)
-            pending.append((spec, policy, budget, slots, (result, ms)))
+        grid.extend((spec, policy, budget, slots) for spec, policy in parsed)
+    results = replay_many(routing, [(policy, slots) for _, policy, _, slots in grid],
+                          threads=threads)
+    for (spec, policy, budget, slots), result in zip(grid, results, strict=True):
+        for w in result.warnings:
+            if w not in warnings:
+                warnings.append(w)
+        seconds = cost.token_seconds(result.decode, m)
+        ms = float(seconds.mean() * 1e3) if len(seconds) else 0.0
+        if policy is not None and policy.exact:
+            exact_ms.setdefault(budget, ms)
+        pending.append((spec, policy, budget, slots, (result, ms)))
     for spec, _policy, budget, slots, (result, ms) in pending:
         base = exact_ms.get(budget)
         prefetch = result.prefetch

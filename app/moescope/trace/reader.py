@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
+
 from moescope.trace.schema import (
     TokenRecord,
     Trace,
@@ -27,6 +29,10 @@ from moescope.trace.validate import (
     _ReadState,
     _show,
     _token_from_json,
+    _token_record,
+    _token_slots,
+    check_columns,
+    normalized_weights,
 )
 from moescope.util.errors import MoEScopeError
 
@@ -154,6 +160,13 @@ def read_trace(path: str | os.PathLike[str], progress: ReadProgress | None = Non
     raises :class:`TraceReadCancelled`.
     """
     p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            arrow = f.read(4) == b"\xff\xff\xff\xff"
+    except OSError:
+        arrow = False  # the line reader below words the error
+    if arrow:
+        return _read_arrow(p, progress)
     header: TraceHeader | None = None
     tokens: list[TokenRecord] = []
     end: dict[str, Any] | None = None
@@ -240,3 +253,110 @@ def read_trace(path: str | os.PathLike[str], progress: ReadProgress | None = Non
         raise TraceFormatError(f"{p.name}: no header record")
     return Trace(header=header, tokens=tokens, end=end, truncated=truncated, path=p)
 
+
+
+MAX_ROWS_PER_TOKEN = 1 << 16
+"""The most event rows one token's batch may hold (a long prompt's ubatches: 48 layers x a
+512-token ubatch is 24,576), so a hostile batch cannot size the reader's arrays."""
+
+
+def _read_arrow(p: Path, progress: ReadProgress | None) -> Trace:
+    """Read and validate a version-2 trace (:mod:`.arrow_format`): the header from the
+    schema, each token's fields from its batch's metadata, and every row field column by
+    column over the whole file. A message cut off at the end (a writer killed mid-token)
+    is dropped and flagged ``truncated``."""
+    import pyarrow as pa
+
+    from moescope.trace import arrow_format as af
+
+    try:
+        schema, batches, source = af.read_batches(p)
+    except (pa.ArrowException, OSError, ValueError) as err:
+        raise TraceFormatError(f"{p.name}: not a readable Arrow trace ({err})") from None
+    raw = (schema.metadata or {}).get(af.HEADER_KEY)
+    if raw is None:
+        raise TraceFormatError(f"{p.name}: an Arrow stream without a MoEScope header")
+    try:
+        obj = _DECODER.decode(raw.decode("utf-8"))
+        if not isinstance(obj, dict):
+            raise ValueError("the header must be a JSON object")
+        header = _header_from_json(obj, versions=(af.ARROW_VERSION, af.ARROW_VERSION))
+        want = af.row_schema(header)
+        if not schema.remove_metadata().equals(want.remove_metadata()):
+            raise ValueError("the rows' columns are not the ones version 2 defines")
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError, RecursionError,
+            TraceFormatError) as err:
+        what = f"missing field {err}" if isinstance(err, KeyError) else str(err)
+        raise TraceFormatError(f"{p.name}: bad header: {what}") from None
+    kept: list[pa.RecordBatch] = []
+    metas: list[dict[str, Any]] = []
+    end: dict[str, Any] | None = None
+    truncated = False
+    unknown = 0
+    size = source.size()
+    try:
+        for i, (batch, meta) in enumerate(batches):
+            if batch is None:
+                truncated = True
+                break
+            if af.END_KEY in meta:
+                d = _DECODER.decode(meta[af.END_KEY].decode("utf-8"))
+                end = {k: v for k, v in d.items() if _is_scalar(v)} if isinstance(d, dict) \
+                    else {}
+                continue
+            text = meta.get(af.TOKEN_KEY)
+            if text is None:
+                unknown += 1
+                if unknown > MAX_UNKNOWN_RECORDS + 4 * len(metas):
+                    raise ValueError(f"more than {unknown - 1} batches without a token")
+                continue
+            if batch.num_rows > MAX_ROWS_PER_TOKEN:
+                raise ValueError(f"token {len(metas)} has {batch.num_rows} rows, more than "
+                                 f"{MAX_ROWS_PER_TOKEN}")
+            d = _DECODER.decode(text.decode("utf-8"))
+            if not isinstance(d, dict):
+                raise ValueError(f"token {len(metas)}: its fields are not a JSON object")
+            metas.append(d)
+            kept.append(batch)
+            if progress is not None and i % 64 == 63 and not progress(source.tell(), size):
+                raise TraceReadCancelled(f"{p.name}: reading the trace was cancelled")
+    except (pa.ArrowException, OSError) as err:
+        raise TraceFormatError(f"{p.name}: corrupt Arrow stream after token {len(metas)} "
+                               f"({err})") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise TraceFormatError(f"{p.name}: {err}") from None
+    state = _ReadState(header)
+    token_rows = np.zeros(len(kept) + 1, dtype=np.int64)
+    np.cumsum([b.num_rows for b in kept], out=token_rows[1:])
+    in_force = np.zeros(len(kept), dtype=np.int64)
+    slots_of: list[tuple[list[Any], int]] = []
+    for t, d in enumerate(metas):
+        try:
+            changes, slots, force = _token_slots(d, header, t, state)
+        except (KeyError, TypeError, ValueError) as err:
+            what = f"missing field {err}" if isinstance(err, KeyError) else str(err)
+            raise TraceFormatError(f"{p.name}: token {t}: bad token record: {what}") from None
+        state.slots = slots
+        in_force[t] = force
+        slots_of.append((changes, slots))
+    try:
+        cols = af.columns_of(kept, header)
+        check_columns(cols, header, token_rows, in_force)
+        cols["normalized"] = normalized_weights(cols, header.model.top_k)
+    except (ValueError, pa.ArrowException) as err:
+        raise TraceFormatError(f"{p.name}: {err}") from None
+    events = af.events_of(cols, header.model.top_k)
+    columns = af.trace_columns(cols, events, token_rows)
+    state = _ReadState(header)
+    tokens: list[TokenRecord] = []
+    for t, d in enumerate(metas):
+        a, b = int(token_rows[t]), int(token_rows[t + 1])
+        changes, slots = slots_of[t]
+        try:
+            tokens.append(_token_record(d, header, t, state, changes, slots, events[a:b],
+                                        af.LazyRoutes(columns, a, b)))
+        except (KeyError, TypeError, ValueError) as err:
+            what = f"missing field {err}" if isinstance(err, KeyError) else str(err)
+            raise TraceFormatError(f"{p.name}: token {t}: bad token record: {what}") from None
+    return Trace(header=header, tokens=tokens, end=end, truncated=truncated, path=p,
+                 columns=columns)

@@ -30,7 +30,7 @@ from moescope.trace.schema import (
     TraceModel,
     rank_predictions,
 )
-from moescope.trace.writer import TraceWriter, _BackgroundWriter
+from moescope.trace.writer import _BackgroundWriter, open_writer
 from moescope.util.errors import MoEScopeError
 
 
@@ -154,7 +154,7 @@ class TraceRecorder:
                  source: RouteSource | None = None, compress: bool | None = None,
                  fsync: bool = False) -> None:
         self.header = header
-        self.writer = TraceWriter(path, header, compress=compress, fsync=fsync)
+        self.writer = open_writer(path, header, compress=compress, fsync=fsync)
         self._policy = header.policy
         self._slots = header.slots_per_layer
         self._index = 0

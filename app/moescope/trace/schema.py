@@ -287,6 +287,32 @@ class TokenRecord:
 
 
 @dataclass
+class TraceColumns:
+    """Every row of a trace in flat arrays, as a version-2 reader gets them (no loop per
+    row): what the replay and the native batch replay consume directly.
+
+    Row ``r`` belongs to token ``t`` when ``token_rows[t] <= r < token_rows[t + 1]``.
+    Where ``exact[r]``, the row's router inputs were recorded: ``probs[r]`` and the raw
+    gate weights ``gate[r]``; elsewhere ``gate[r]`` holds the event's normalized weights
+    and ``probs[r]`` is zero. ``predicted[r]`` ranks PSR's prediction for layer
+    ``next_layer[r]`` (-1 padded; -1 layer: none)."""
+
+    events: npt.NDArray[Any]
+    token_rows: npt.NDArray[np.int64]
+    exact: npt.NDArray[np.bool_]
+    probs: npt.NDArray[np.float32]
+    gate: npt.NDArray[np.float32]
+    next_layer: npt.NDArray[np.int32] | None = None
+    predicted: npt.NDArray[np.int32] | None = None
+
+    @classmethod
+    def empty(cls, events: npt.NDArray[Any], token_rows: npt.NDArray[np.int64]
+              ) -> TraceColumns:
+        return cls(events=events, token_rows=token_rows, exact=np.zeros(0, np.bool_),
+                   probs=np.zeros((0, 0), np.float32), gate=np.zeros((0, 0), np.float32))
+
+
+@dataclass
 class Trace:
     """A trace read back: header, complete tokens, the end record if the session closed."""
 
@@ -296,6 +322,8 @@ class Trace:
     truncated: bool = False
     """True when the last line was incomplete (the writer was killed mid-token)."""
     path: Path | None = None
+    columns: TraceColumns | None = None
+    """Version 2: the rows as read, in flat arrays (None for a version-1 trace)."""
 
     @property
     def total_seconds(self) -> float:
@@ -303,6 +331,8 @@ class Trace:
 
     def events(self) -> npt.NDArray[Any]:
         """Every event row of the trace, in order, as ``EVENT_DTYPE``."""
+        if self.columns is not None and len(self.columns.token_rows) == len(self.tokens) + 1:
+            return self.columns.events
         parts = [t.events for t in self.tokens if len(t.events)]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=EVENT_DTYPE)
 

@@ -249,13 +249,19 @@ def _info_from_json(raw: Any, name: str) -> dict[str, Any]:
             if _is_scalar(v) or (type(v) is list and all(_is_scalar(x) for x in v))}
 
 
-def _header_from_json(d: Mapping[str, Any]) -> TraceHeader:
+def _header_from_json(d: Mapping[str, Any], versions: tuple[int, int] = (1, TRACE_VERSION)
+                      ) -> TraceHeader:
+    """The header record; ``versions`` is the range this container may hold (JSON Lines
+    holds version 1, an Arrow stream version 2)."""
     if d.get("format") != TRACE_FORMAT:
         raise ValueError(f"format is {_show(d.get('format'))}, expected {TRACE_FORMAT!r}")
     version = _int(_get(d, "version"), "version")
-    if version > TRACE_VERSION or version < 1:
+    if version > 2 or version < 1:
         raise TraceFormatError(f"trace version {version} is not supported (this MoEScope "
-                               f"reads version {TRACE_VERSION}); update MoEScope")
+                               f"reads versions 1 and 2); update MoEScope")
+    if not versions[0] <= version <= versions[1]:
+        raise TraceFormatError(f"trace version {version} is not supported in this file's "
+                               f"format (version {versions[1]}'s)")
     router = d.get("router_inputs")
     if router not in (None, "f32", "f16"):
         raise ValueError(f"router_inputs {_show(router)} is not f32, f16 or null")
@@ -320,23 +326,39 @@ def _policy_from_json(raw: Any, where: str) -> Policy:
     return policy
 
 
-def _token_from_json(d: Mapping[str, Any], header: TraceHeader, expected: int,
-                     state: _ReadState) -> TokenRecord:
+def _token_slots(d: Mapping[str, Any], header: TraceHeader, expected: int,
+                 state: _ReadState) -> tuple[list[Change], int, int]:
+    """A token's changes, its slots, and the most slots in force during it (a resize
+    applies before the token's rows: a row's slot is below the largest in force)."""
     index = _int(_get(d, "index"), "index")
     if index != expected:
         raise ValueError(f"token index {index}, expected {expected}")
+    m = header.model
+    changes = _changes_from_json(d.get("changes", []), m)
+    slots = _checked_slots(_int(_get(d, "slots_per_layer"), "slots_per_layer"), m,
+                           "slots_per_layer {}")
+    in_force = max([state.slots, slots, *(c.slots for c in changes if c.slots is not None)])
+    return changes, slots, in_force
+
+
+def _token_from_json(d: Mapping[str, Any], header: TraceHeader, expected: int,
+                     state: _ReadState) -> TokenRecord:
+    m = header.model
+    changes, slots, in_force = _token_slots(d, header, expected, state)
+    events = _events_from_json(_get(d, "events"), m, state, expected, in_force)
+    routes = _routes_from_json(d.get("routes", []), m, events)
+    return _token_record(d, header, expected, state, changes, slots, events, routes)
+
+
+def _token_record(d: Mapping[str, Any], header: TraceHeader, index: int, state: _ReadState,
+                  changes: list[Change], slots: int, events: npt.NDArray[Any],
+                  routes: Mapping[int, RouterInput]) -> TokenRecord:
+    """The token's own fields, checked, around its already checked rows."""
     phase = _text(_get(d, "phase"), "phase")
     if phase not in PHASES:
         raise ValueError(f"phase {_show(phase)} is not one of {', '.join(PHASES)}")
     seconds = _number(_get(d, "seconds"), "seconds", 0.0, 1e9)
     m = header.model
-    changes = _changes_from_json(d.get("changes", []), m)
-    slots = _checked_slots(_int(_get(d, "slots_per_layer"), "slots_per_layer"), m,
-                           "slots_per_layer {}")
-    # a resize applies before the token's rows: a row's slot is below the largest in force
-    in_force = max([state.slots, slots, *(c.slots for c in changes if c.slots is not None)])
-    events = _events_from_json(_get(d, "events"), m, state, expected, in_force)
-    routes = _routes_from_json(d.get("routes", []), m, events)
     timings = d.get("timings")
     if timings is not None:
         timings = _object(timings, "timings")
@@ -354,7 +376,7 @@ def _token_from_json(d: Mapping[str, Any], header: TraceHeader, expected: int,
         token_id=_int(_get(d, "token_id"), "token_id", 0, _I32),
         text=_text(_get(d, "text"), "text"), seconds=seconds,
         policy=_text(_get(d, "policy"), "policy"), slots_per_layer=slots, events=events,
-        routes=routes, changes=changes, timings=timings,
+        routes=routes, changes=changes, timings=timings,  # type: ignore[arg-type]
         answer=_int(d.get("answer", 0), "answer", 0, index),
         position=_int(d.get("position", 0), "position", 0, _I32),
         prefetches=prefetches, prefetch_hits=prefetch_hits, resident=resident,
@@ -596,3 +618,136 @@ def _changes_from_json(raw: Any, m: TraceModel) -> list[Change]:
     return out
 
 
+
+
+def check_columns(cols: Mapping[str, Any], header: TraceHeader,
+                  token_rows: npt.NDArray[np.int64], in_force: npt.NDArray[np.int64]) -> None:
+    """Version 2: every row field of the whole trace bounded against the header's model,
+    as :func:`_events_from_json` and :func:`_routes_from_json` bound version 1's, but in a
+    few numpy calls over whole columns. ``token_rows`` delimits each token's rows and
+    ``in_force`` is the most slots in force during each token. Names the first bad row
+    (``row N``, counted from the start of the file)."""
+    n = int(cols["n"])
+    if not n:
+        return
+    m = header.model
+    k, n_expert = m.top_k, m.n_expert
+    n_tokens = len(token_rows) - 1
+    counts = np.diff(token_rows)
+    tok = np.repeat(np.arange(n_tokens, dtype=np.int64), counts)
+    bad = cols["token"] != tok
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"row {i}.token {int(cols['token'][i])} is not its batch's token "
+                         f"{int(tok[i])}")
+    layer = cols["layer"]
+    bad = ~np.isin(layer, m.moe_layers)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"row {i}.layer {int(layer[i])} is not a MoE layer of the model")
+    step = cols["step"]
+    limit = header.initial_step + MAX_STEP_SLACK + np.repeat(token_rows[1:], counts) + tok
+    bad = ~((step >= 0) & (step <= limit))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"row {i}.step {int(step[i])} is beyond step {int(limit[i])}, more "
+                         f"than the trace's records can reach")
+    back = np.diff(step, prepend=header.initial_step) < 0
+    if back.any():
+        i = int(np.argmax(back))
+        raise ValueError(f"row {i}.step {int(step[i])} goes back")
+    _within(cols["batch"], "row {}.batch", 0, _I32)
+    ids = cols["ids"]
+    _within(ids, "row {}.ids", 0, n_expert - 1, f"is not an expert (0..{n_expert - 1})")
+    _distinct(ids, "row {}.ids")
+    _within(cols["action"], "row {}.action", HIT, SUBSTITUTE,
+            f"is not an action (hit {HIT}, fetch {FETCH}, substitute {SUBSTITUTE})")
+    _within(cols["used_ids"], "row {}.used_ids", 0, n_expert - 1,
+            f"is not an expert (0..{n_expert - 1})")
+    slots = cols["slots"]
+    row_slots = np.repeat(in_force, counts)
+    bad = ~((slots >= 0) & (slots < row_slots[:, None]))
+    if bad.any():
+        i, j = _bad_at(bad)
+        raise ValueError(f"row {i}.slots[{j}] {int(slots[i, j])} is not a slot "
+                         f"(0..{int(row_slots[i]) - 1})")
+    _within(cols["substituted_mass"], "row {}.substituted_mass", 0.0, 1.001,
+            "is not a substituted weight (0..1)")
+    _within(cols["n_admit"], "row {}.n_admit", 0, k)
+    _within(cols["n_evict"], "row {}.n_evict", 0, 2 * k)
+    for name, count in (("admitted", "n_admit"), ("evicted", "n_evict")):
+        values, lengths = cols[name]
+        want = np.minimum(cols[count].astype(np.int64), MAX_K)
+        bad = lengths != want
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"row {i}.{name} has {int(lengths[i])} entries, {count} is "
+                             f"{int(want[i])}")
+        mask = np.arange(values.shape[1])[None, :] < lengths[:, None]
+        bad = mask & ~((values >= 0) & (values < n_expert))
+        if bad.any():
+            i, j = _bad_at(bad)
+            raise ValueError(f"row {i}.{name}[{j}] {int(values[i, j])} is not an expert "
+                             f"(0..{n_expert - 1})")
+    for name in ("bytes_sync", "bytes_async"):
+        _within(cols[name], f"row {{}}.{name}", 0, _MAX_BYTES)
+    exact = cols["probs_valid"]
+    gate = cols["gate"]
+    bad = ~np.isfinite(gate) | (gate < 0) | (~exact[:, None] & (gate > 1))
+    if bad.any():
+        i, j = _bad_at(bad)
+        raise ValueError(f"row {i}.gate[{j}] {_show(float(gate[i, j]))} is not a gate weight")
+    _, lengths = cols["weights"]
+    present = cols["weights_valid"]
+    bad = present & (lengths != k)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"row {i}.weights has {int(lengths[i])} entries, expected {k}")
+    if (~present & ~exact).any():
+        i = int(np.argmax(~present & ~exact))
+        raise ValueError(f"row {i} has neither router inputs nor normalized weights")
+    probs = cols["probs"]
+    finite = np.isfinite(probs).all(axis=1)
+    if (exact & ~finite).any():
+        i = int(np.argmax(exact & ~finite))
+        raise ValueError(f"row {i}.probs hold a value that is not finite")
+    next_layer = cols["next_layer"]
+    pred, plen = cols["predicted"]
+    has = next_layer >= 0
+    bad = (has & ~np.isin(next_layer, m.moe_layers)) | (next_layer < -1)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"row {i}: a prediction for layer {int(next_layer[i])}, not a MoE "
+                         f"layer")
+    bad = (has & ((plen < 1) | ~exact)) | (~has & (plen > 0))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"row {i}: predicted ids without a layer or router inputs, or a "
+                         f"layer without ids")
+    mask = np.arange(pred.shape[1])[None, :] < plen[:, None]
+    bad = mask & ~((pred >= 0) & (pred < n_expert))
+    if bad.any():
+        i, _ = _bad_at(bad)
+        raise ValueError(f"row {i}: route predicted ids out of range")
+    if pred.shape[1] > 1 and has.any():
+        s = np.sort(np.where(mask, pred, -1 - np.arange(pred.shape[1])[None, :]), axis=1)
+        dup = s[:, 1:] == s[:, :-1]
+        if dup.any():
+            i, _ = _bad_at(dup)
+            raise ValueError(f"row {i}.predicted names an expert twice")
+
+
+def normalized_weights(cols: Mapping[str, Any], k: int) -> npt.NDArray[np.float32]:
+    """Each row's normalized gate weights: stored, or derived from its raw gate weights
+    exactly as the core derives them; checked to be normalized weights (0..1)."""
+    from moescope.trace.arrow_format import normalized
+
+    out = normalized(cols["gate"]) if cols["n"] else np.zeros((0, k), np.float32)
+    exact = cols["probs_valid"]
+    out[~exact] = cols["gate"][~exact]
+    stored, _ = cols["weights"]
+    present = cols["weights_valid"]
+    if present.any():
+        out[present] = stored[present][:, :k].astype(np.float32)
+    _within(out, "row {}.weights", 0.0, 1.0, "is not a normalized weight (0..1)")
+    return out

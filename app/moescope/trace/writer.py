@@ -142,3 +142,15 @@ class _BackgroundWriter:
             with self._cv:
                 self._pending = None
                 self._cv.notify_all()
+
+
+def open_writer(path: str | os.PathLike[str], header: TraceHeader, *,
+                compress: bool | None = None, fsync: bool = False) -> Any:
+    """The writer for ``path``'s format: version 2 (Arrow IPC stream) for a ``.arrows``
+    name, else version 1 JSON Lines (gzip for ``.gz``). Both have ``write_token``,
+    ``close``, ``n_tokens`` and ``bytes_written``."""
+    from moescope.trace.arrow_format import ArrowTraceWriter, is_arrow_path
+
+    if is_arrow_path(path):
+        return ArrowTraceWriter(path, header, fsync=fsync)
+    return TraceWriter(path, header, compress=compress, fsync=fsync)

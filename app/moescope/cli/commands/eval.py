@@ -38,6 +38,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--ram-budget", default=None, metavar="B",
                    help="host memory for experts (same units as --budget); experts beyond "
                         "it stay in the model file and are read on demand (default: all)")
+    p.add_argument("--sweep-theta", metavar="LO:HI:N",
+                   help="also run quality-first at N thetas from LO to HI (first-choice "
+                        "preserving runs for the mass hypothesis), e.g. 0.05:0.6:8")
+    p.add_argument("--sweep-bonus", metavar="LO:HI:N",
+                   help="also run cache-prior at N routing bonuses from LO to HI; runs "
+                        "that substituted a first choice are left out of r")
     p.add_argument("--tokens", type=int, default=512, metavar="N",
                    help="tokens to score (default 512; fewer if the text is shorter)")
     p.add_argument("--window", type=int, default=64, metavar="W",
@@ -120,6 +126,12 @@ def run(args: argparse.Namespace) -> int:
         if policy is None:
             raise MoEScopeError("'recorded' is a replay policy; name presets for eval")
         policies.append(policy)
+    for key, preset in (("theta", "quality-first"), ("bonus", "cache-prior")):
+        spec = getattr(args, f"sweep_{key}")
+        if spec:
+            for value in sweep_values(spec, f"--sweep-{key}", 0.0, 1.0 if key == "theta"
+                                      else 10.0):
+                policies.append(parse_policy(f"{preset}:{key}={value:g}"))  # type: ignore[arg-type]
     for b in budgets:
         parse_budget(b)
     if not policies:
@@ -173,3 +185,21 @@ def run(args: argparse.Namespace) -> int:
     if args.markdown:
         write_output(args.markdown, table + "\n", "--markdown", inputs)
     return 0
+
+
+def sweep_values(spec: str, option: str, lo: float, hi: float) -> list[float]:
+    """``LO:HI:N`` as N evenly spaced values, each bounded to ``lo..hi``; N is 1..64."""
+    parts = spec.split(":")
+    try:
+        if len(parts) != 3:
+            raise ValueError
+        a, b, n = float(parts[0]), float(parts[1]), int(parts[2])
+    except ValueError:
+        raise MoEScopeError(f"{option} {spec!r}: expected LO:HI:N, e.g. 0.05:0.6:8") from None
+    if not 1 <= n <= 64:
+        raise MoEScopeError(f"{option}: N must be 1..64, not {n}")
+    if not (lo <= a <= hi and lo <= b <= hi):
+        raise MoEScopeError(f"{option}: values must lie in {lo:g}..{hi:g}")
+    import numpy as np
+
+    return [float(round(v, 6)) for v in np.linspace(a, b, n)]

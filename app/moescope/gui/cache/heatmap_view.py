@@ -101,14 +101,20 @@ class HeatmapView(QWidget):
         self.image.setImage(cells, levels=(0, len(CELL_LABELS)), autoLevels=False)
 
     def update_title(self) -> None:
-        """The title line (at the panel's label rate: text changes cost a relayout)."""
+        """The title line (at the panel's label rate: text changes cost a relayout). The
+        slot count is what the cache holds now (a budget changed while idle included);
+        the cells are as of the token named, or of the change if it came after."""
         snap = self.model.latest
         m = self.model.model
-        if m is not None and snap is not None:
-            self.title.setText(
-                f"Expert cache: {m.n_moe_layers} layers × {m.n_expert} experts · "
-                f"{snap.slots_per_layer} slots/layer · token {snap.step}")
-            self.graphics.setAccessibleDescription(self.title.text())
+        if m is None or not m.cache_enabled:
+            self.title.setText("Expert cache: layers × experts")
+            return
+        text = (f"Expert cache: {m.n_moe_layers} layers × {m.n_expert} experts · "
+                f"{self.model.slots_per_layer} slots/layer")
+        if snap is not None:
+            text += f" · token {snap.step}"
+        self.title.setText(text)
+        self.graphics.setAccessibleDescription(self.title.text())
 
     def cell_at(self, scene_pos: QPointF) -> tuple[int, int] | None:
         if not self.plot.sceneBoundingRect().contains(scene_pos):

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtWidgets import QVBoxLayout, QWidget
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFrame, QScrollArea, QVBoxLayout, QWidget
 
 from moescope.display.cache_model import CacheModel, PrefetchSummary
 from moescope.gui import theme
+
+BAR_MIN_PX = 84
+"""Each chart keeps at least this height; the charts are stacked (three side by side in
+a 450 px panel clipped their labels) and scroll when the panel is shorter."""
 
 BARS: tuple[tuple[str, str], ...] = (
     ("mass", "mass / token per layer"),
@@ -32,17 +37,26 @@ class LayerBarsView(QWidget):
         self.graphics = pg.GraphicsLayoutWidget()
         self.graphics.setAccessibleName(self.accessibleName())  # it takes the focus
         self.graphics.setAccessibleDescription(", ".join(title for _, title in BARS))
-        layout.addWidget(self.graphics)
+        self.graphics.setMinimumHeight((BAR_MIN_PX + 6) * len(BARS) + 40)
+        self.scroll = QScrollArea()
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll.setFocusPolicy(Qt.FocusPolicy.NoFocus)  # the plots inside take it
+        self.scroll.setWidget(self.graphics)
+        layout.addWidget(self.scroll)
         self.plots: dict[str, pg.PlotItem] = {}
         self.bars: dict[str, pg.BarGraphItem] = {}
-        for col, (key, title) in enumerate(BARS):
-            plot = self.graphics.addPlot(row=0, col=col)
+        for row, (key, title) in enumerate(BARS):
+            plot = self.graphics.addPlot(row=row, col=0)
             plot.setTitle(title, size="8pt", color=theme.MUTED)
             plot.setMenuEnabled(False)
             plot.setMouseEnabled(x=False, y=False)
             plot.hideButtons()
-            plot.getAxis("left").setWidth(36)
-            plot.setLabel("bottom", "layer")
+            plot.getAxis("left").setWidth(42)
+            plot.setMinimumHeight(BAR_MIN_PX)
+            if row == len(BARS) - 1:
+                plot.setLabel("bottom", "layer")
             theme.cache_axes(plot)
             bars = pg.BarGraphItem(x=[0], height=[0], width=0.8,
                                    brush=theme.CURVE[key], pen=None)
@@ -56,7 +70,7 @@ class LayerBarsView(QWidget):
     def reset(self) -> None:
         layers = self.model.model.moe_layers if self.model.model else ()
         n = max(len(layers), 1)
-        step = max(1, len(layers) // 6)
+        step = max(1, len(layers) // 16)
         ticks = [[(i, str(layer)) for i, layer in enumerate(layers) if i % step == 0]]
         for key, plot in self.plots.items():
             plot.getAxis("bottom").setTicks(ticks)

@@ -8,6 +8,7 @@ import pyqtgraph as pg
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from moescope.display.memory_model import MemoryModel, expert_memory
+from moescope.engine.backend import backend_text, engine_build
 from moescope.gui import theme
 
 
@@ -26,9 +27,16 @@ class MemoryView(QWidget):
         self.experts_label.setAccessibleName("Where the experts live in host memory")
         self.experts_label.hide()
         layout.addWidget(self.experts_label)
+        self.backend_label = QLabel(backend_text(engine_build()))  # engine backend, and why
+        self.backend_label.setObjectName("statsLabel")
+        self.backend_label.setWordWrap(True)
+        layout.addWidget(self.backend_label)
+        self._slots_on_device = False  # e.g. a Vulkan GPU: slots in VRAM, but no NVML to plot
         self.graphics = pg.GraphicsLayoutWidget()
         self.graphics.setAccessibleName("RAM and VRAM over time")  # it takes the focus
         layout.addWidget(self.graphics, 1)
+        self.no_gpu = False
+        """No GPU was found: only the RAM chart is drawn."""
         self.curves: dict[str, pg.PlotDataItem] = {}
         self.plots: dict[str, pg.PlotItem] = {}
         for row, (kind, title) in enumerate((("ram", "RAM (GiB)"), ("vram", "VRAM (GiB)"))):
@@ -48,8 +56,10 @@ class MemoryView(QWidget):
             if row == 1:
                 plot.setLabel("bottom", "seconds")
 
-    def set_expert_buffer(self, buffer: str) -> None:
+    def set_expert_buffer(self, buffer: str, slot_buffer: str = "") -> None:
         """A model was loaded (or closed): say where its experts live; hidden if unknown."""
+        self.backend_label.setText(backend_text(engine_build(), slot_buffer))
+        self._slots_on_device = bool(slot_buffer) and not slot_buffer.upper().startswith("CPU")
         self.model.expert_buffer = buffer
         text, tip = expert_memory(buffer)
         self.experts_label.setText(f"Experts in host memory: {text}" if text else "")
@@ -67,5 +77,18 @@ class MemoryView(QWidget):
                 curve.setData(t, y, connect="finite")
         self.label.setText(self.model.summary())
         if self.model.gpu is None:
-            self.plots["vram"].setTitle("VRAM: no NVIDIA GPU (expert slots in RAM)",
-                                        size="8pt", color=theme.MUTED)
+            self._no_gpu()
+
+    def _no_gpu(self) -> None:
+        """No GPU seen: no empty VRAM chart; the RAM chart takes its place and says why."""
+        vram = self.plots.pop("vram", None)
+        if vram is None:
+            return
+        self.graphics.removeItem(vram)
+        for who in ("process", "system"):
+            self.curves.pop(f"vram_{who}", None)
+        where = ("not measured: no NVIDIA GPU" if self._slots_on_device
+                 else "no GPU found (the expert slots are in RAM)")
+        self.plots["ram"].setTitle(f"RAM (GiB) · VRAM: {where}", size="8pt", color=theme.MUTED)
+        self.plots["ram"].setLabel("bottom", "seconds")
+        self.no_gpu = True

@@ -91,7 +91,8 @@ class CachePanel(QWidget):
         self.heatmap.reset()
         self.time_plots.reset()
         self.layer_bars.reset()
-        self.memory_view.set_expert_buffer(summary.expert_buffer if summary else "")
+        self.memory_view.set_expert_buffer(summary.expert_buffer if summary else "",
+                                           summary.slot_buffer if summary else "")
         self._mark_all_dirty()
         self.summary.setText(self._summary_text())
         self.heatmap.update_title()
@@ -144,35 +145,46 @@ class CachePanel(QWidget):
         if "labels" in pending and (force or self._frames % LABEL_EVERY_FRAMES == 0):
             self.summary.setText(self._summary_text())
             n = self.model.layer_window
-            self.summary.setToolTip(SUMMARY_TIP.format(n=n) + (
+            self.summary.setToolTip(SUMMARY_TIP.format(
+                n=n, r=max(self.model.rolling_rate_tokens(), 1)) + (
                 "\n" + PREFETCH_TIP.format(n=n) if self.model.prefetching else ""))
             self.heatmap.update_title()
             pending.discard("labels")
         self._pending = pending
 
     def _summary_text(self) -> str:
+        """Two lines: what the cache does now (follows every policy or budget change, and
+        the latest token), then the numbers of the last tokens, named with their span and
+        the policies that produced them."""
         m = self.model.model
         if m is None:
             return "No model loaded"
         if not m.cache_enabled:
             return f"{m.name}: expert cache off ({m.notice or 'dense model'})"
         t = self.model.time
-        parts = [f"{self.model.policy}",
-                 f"{self.model.slots_per_layer}/{m.n_expert} slots per layer "
-                 f"({self.model.slots_per_layer / m.n_expert:.0%} resident)"]
-        if t.count:
-            hit = self.model.recent_mean("hit_rate")
-            parts.append(f"hit {hit:.0%}" if hit == hit else "hit –")
-            parts.append(f"mass/token {self.model.recent_mean('mass'):.3f}")
-            prefetch = self.model.prefetch_summary()
-            if prefetch is not None:
-                parts.append(prefetch_text(prefetch))
-            tok_s = t.last("tokens_per_s")
-            if tok_s == tok_s:
-                parts.append(f"{tok_s:.1f} tok/s")
+        latest = self.model.latest
+        now = [f"now: {self.model.policy}",
+               f"{self.model.slots_per_layer}/{m.n_expert} slots per layer "
+               f"({self.model.slots_per_layer / m.n_expert:.0%} resident)"]
+        if latest is not None:
+            now.append(f"token {latest.step}")
+        if not t.count:
+            return " · ".join(now)
+        n = self.model.recent_tokens()
+        policies = "/".join(self.model.recent_policies())
+        recent = [f"last {n} token{'s' if n != 1 else ''} ({policies})"]
+        hit = self.model.recent_mean("hit_rate")
+        recent.append(f"hit {hit:.0%}" if hit == hit else "hit –")
+        recent.append(f"mass/token {self.model.recent_mean('mass'):.3f}")
+        prefetch = self.model.prefetch_summary()
+        if prefetch is not None:
+            recent.append(prefetch_text(prefetch))
+        tok_s = t.last("tokens_per_s")
+        if tok_s == tok_s:
+            recent.append(f"{tok_s:.1f} tok/s (last {self.model.rolling_rate_tokens()})")
         if self.model.ttft_s is not None:
-            parts.append(f"TTFT {self.model.ttft_s * 1000:.0f} ms")
-        return " · ".join(parts)
+            now.append(f"latest answer's TTFT {self.model.ttft_s * 1000:.0f} ms")
+        return " · ".join(now) + "\n" + " · ".join(recent)
 
     def stop(self) -> None:
         self.timer.stop()

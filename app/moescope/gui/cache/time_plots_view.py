@@ -13,7 +13,8 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtWidgets import QVBoxLayout, QWidget
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFrame, QScrollArea, QVBoxLayout, QWidget
 
 from moescope.display.cache_model import CacheModel, Marker
 from moescope.gui import theme
@@ -26,6 +27,17 @@ draw) changes a few times per second at most, not on every frame."""
 MAX_MARKERS = 64
 TITLE_PX = 16
 """Height of a plot's title row (8 pt text)."""
+PLOT_MIN_PX = 78
+"""Each plot keeps at least this height (title, a curve, its three y labels); below it
+the plots scroll instead of flattening into lines without axes (a 1024x700 screen)."""
+AXIS_PX = 34
+"""The shared x axis under the last plot, with its "token" label."""
+LABEL_LEVELS = (0.92, 0.72, 0.52)
+"""Heights (share of the plot) of the marker labels' rows: a label that would overlap the
+one before it on a row goes to the next row; with every row taken it is left out (its
+line stays, and the marker list in the tooltip names it)."""
+LABEL_CHAR_PX = 6.5
+"""Width of one character of a marker label (8 pt), for the overlap test."""
 
 PLOTS: tuple[tuple[str, str], ...] = (
     ("mass", "substituted gate mass / token"),
@@ -49,11 +61,20 @@ class TimePlotsView(QWidget):
         self.graphics = pg.GraphicsLayoutWidget()
         self.graphics.setAccessibleName(self.accessibleName())  # it takes the focus
         self.graphics.setAccessibleDescription(", ".join(title for _, title in PLOTS))
-        layout.addWidget(self.graphics)
+        # the plots' own minimums, plus the layout's spacing and margins
+        self.graphics.setMinimumHeight((PLOT_MIN_PX + 6) * len(PLOTS) + AXIS_PX + 20)
+        self.scroll = QScrollArea()
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll.setFocusPolicy(Qt.FocusPolicy.NoFocus)  # the plots inside take it
+        self.scroll.setWidget(self.graphics)
+        layout.addWidget(self.scroll)
         self.plots: dict[str, pg.PlotItem] = {}
         self.curves: dict[str, pg.PlotDataItem] = {}
         self._marker_items: list[tuple[Marker, list[pg.InfiniteLine]]] = []
         self._y_tops: dict[str, float] = {}
+        self.label_layout: list[tuple[str, float, float]] = []
         first: pg.PlotItem | None = None
         for i, (key, title) in enumerate(PLOTS):
             plot = self.graphics.addPlot(row=i, col=0)
@@ -69,6 +90,7 @@ class TimePlotsView(QWidget):
             plot.setDownsampling(auto=True, mode="peak")
             plot.disableAutoRange()
             plot.getAxis("left").setWidth(42)
+            plot.setMinimumHeight(PLOT_MIN_PX + (AXIS_PX if i == len(PLOTS) - 1 else 0))
             if i < len(PLOTS) - 1:
                 plot.hideAxis("bottom")  # x is shared: one axis, under the last plot
             else:
@@ -154,12 +176,50 @@ class TimePlotsView(QWidget):
                     pos=marker.step - 0.5, angle=90,
                     pen=pg.mkPen(theme.MARKER, width=1, style=pg.QtCore.Qt.PenStyle.DashLine),
                     label=marker.label if key == "mass" else None,
-                    labelOpts={"position": 0.85, "color": theme.MARKER})
+                    labelOpts={"position": LABEL_LEVELS[0], "color": theme.MARKER,
+                               "anchors": [(0, 0.5), (0, 0.5)]})
                 plot.addItem(line, ignoreBounds=True)
                 lines.append(line)
             self._marker_items.append((marker, lines))
         while len(self._marker_items) > MAX_MARKERS:
             self._drop_oldest_marker()
+        self._place_labels()
+
+    def _place_labels(self) -> None:
+        """Lay the visible markers' labels out so none overlaps another or leaves the
+        plot: each sits right of its line (left of it near the right edge), on the first
+        row where it clears the label before it; with no row free it is hidden."""
+        plot = self.plots["mass"]
+        (lo, hi), width = plot.vb.viewRange()[0], plot.vb.width()
+        if width <= 0 or hi <= lo:
+            return
+        px = width / (hi - lo)
+        row_ends = [-1e9] * len(LABEL_LEVELS)
+        self.label_layout: list[tuple[str, float, float]] = []
+        """(label, left px, row) of each label shown, for tests."""
+        for marker, lines in sorted(self._marker_items, key=lambda item: item[0].step):
+            label = lines[0].label if lines else None
+            if label is None:
+                continue
+            x = (marker.step - 0.5 - lo) * px
+            text_px = len(marker.label) * LABEL_CHAR_PX + 6
+            if x < 0 or x > width:
+                label.setVisible(False)
+                continue
+            right = x + text_px <= width
+            left_px = x if right else x - text_px
+            row = next((i for i, end in enumerate(row_ends) if left_px > end + 4), None)
+            if row is None or left_px < 0:
+                label.setVisible(False)
+                continue
+            row_ends[row] = left_px + text_px
+            label.anchors = [(0, 0.5), (0, 0.5)] if right else [(1, 0.5), (1, 0.5)]
+            label.setVisible(True)
+            label.setPosition(LABEL_LEVELS[row])
+            self.label_layout.append((marker.label, left_px, row))
+        tips = [f"token {m.step}: {m.label}" for m, _ in self._marker_items]
+        self.graphics.setToolTip("Changes on these plots:\n" + "\n".join(tips[-12:])
+                                 if tips else "")
 
     def _drop_oldest_marker(self) -> None:
         _, lines = self._marker_items.pop(0)

@@ -1,5 +1,5 @@
-"""The chat list: search by title, new, rename, delete. It only emits requests; the window
-asks the store and calls :meth:`ChatListPanel.set_chats` back."""
+"""The chat list: search by title and message text, new, rename, delete. It only emits
+requests; the window asks the store and calls :meth:`ChatListPanel.set_chats` back."""
 
 from __future__ import annotations
 
@@ -31,9 +31,12 @@ class ChatListPanel(QWidget):
         super().__init__(parent)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 0, 6)
+        self.setMinimumWidth(110)
+        self.setMaximumWidth(320)  # a wide window gives its width to the chat and the cache
         self.search = QLineEdit()
         self.search.setPlaceholderText("Search chats")
-        self.search.setAccessibleName("Search chats by title")
+        self.search.setAccessibleName("Search chats by title and text")
+        self.search.setToolTip("Finds chats whose title or any message contains this")
         self.search.setClearButtonEnabled(True)
         self.search.textChanged.connect(self.searchChanged)
         layout.addWidget(self.search)
@@ -52,17 +55,18 @@ class ChatListPanel(QWidget):
             lambda: self._emit_for_current(self.deleteRequested))
         self.list.addAction(self.delete_action)
         layout.addWidget(self.list, 1)
-        row = QHBoxLayout()
+        top, row = QHBoxLayout(), QHBoxLayout()  # two rows: a narrow list cuts no label
         self.new_button = QPushButton("&New")
         self.rename_button = QPushButton("Rena&me")
         self.delete_button = QPushButton("&Delete")
         for b, name in ((self.new_button, "New chat"), (self.rename_button, "Rename chat"),
                         (self.delete_button, "Delete chat")):
             b.setAccessibleName(name)
-            row.addWidget(b)
+            (top if b is self.new_button else row).addWidget(b)
         self.new_button.clicked.connect(self.newRequested)
         self.rename_button.clicked.connect(lambda: self._emit_for_current(self.renameRequested))
         self.delete_button.clicked.connect(lambda: self._emit_for_current(self.deleteRequested))
+        layout.addLayout(top)
         layout.addLayout(row)
         self._quiet = False
 

@@ -40,6 +40,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from moescope.display.answer_line import answer_line
 from moescope.gui import theme
 from moescope.gui.chat.markdown import code_text, is_code_block, markdown_fragment
 from moescope.gui.chat.markdown_stream import LiveMarkdown
@@ -50,6 +51,7 @@ from moescope.gui.chat.reasoning_view import (
     message_id_of,
     reasoning_href,
 )
+from moescope.gui.chat.welcome import prompt_of
 from moescope.gui.widgets.elided_label import ElidedLabel
 from moescope.model.reasoning import split_reasoning
 from moescope.session.store import DONE, GENERATING, ChatMessage
@@ -101,6 +103,7 @@ class ChatView(QWidget):
     editRequested = Signal()
     reasoningToggled = Signal(int)  # message id: render the chat again
     answerNowRequested = Signal()
+    promptChosen = Signal(str)  # a suggested prompt of the empty chat was clicked
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -165,6 +168,8 @@ class ChatView(QWidget):
         buttons.addWidget(self.context_bar)
         layout.addLayout(buttons)
 
+        self.welcome = ""
+        """HTML an empty chat shows (:mod:`.welcome`): what the model is, what to try."""
         self.editing_position: int | None = None
         self._shown: list[_Shown] = []
         self._live: LiveMarkdown | None = None
@@ -249,6 +254,8 @@ class ChatView(QWidget):
         del self._shown[keep:]
         for m in messages[keep:]:
             self._append_message(cursor, m)
+        if not messages and streaming is None and self.welcome:
+            cursor.insertHtml(self.welcome)  # an empty chat: what the model is, what to try
         cursor.endEditBlock()
         if streaming is not None:
             self.begin_answer()
@@ -276,14 +283,17 @@ class ChatView(QWidget):
                                  href=reasoning_href(m.id), expanded=expanded)
             if split.answer.strip():
                 cursor.insertFragment(markdown_fragment(split.answer))
+            elif not split.has_reasoning:  # not an empty bubble: say why there is no text
+                cursor.insertBlock(self._block("stats", 2), self._stats_format())
+                cursor.insertText("(no text: stopped before the model wrote anything)"
+                                  if m.status != DONE else "(the model answered nothing)")
         else:  # the user's own words, exactly as typed: no Markdown, no HTML
             cursor.insertBlock(self._block(m.role, 2), self._body_format())
             cursor.insertText(m.content)
-        stats = m.stats.get("summary", "")
-        note = "" if m.status == DONE else m.status
-        if m.role == "assistant" and (stats or note):
+        line = answer_line(m.stats, m.status) if m.role == "assistant" else ""
+        if line:
             cursor.insertBlock(self._block("stats", 2), self._stats_format())
-            cursor.insertText(" · ".join(t for t in (stats, note) if t))
+            cursor.insertText(line)
         self._shown.append(_Shown(self._key(m), start, m.role, m.content))
 
     def _insert_header(self, cursor: QTextCursor, role: str) -> int:
@@ -452,6 +462,10 @@ class ChatView(QWidget):
         """A clicked link opens in the system's handler, web and mail links only: an answer
         is untrusted text, and ``file:`` or custom schemes could start programs. Our own
         reasoning links fold or unfold a message's thoughts."""
+        prompt = prompt_of(url.toString())
+        if prompt is not None:
+            self.promptChosen.emit(prompt)
+            return True
         message_id = message_id_of(url.toString())
         if message_id is not None:
             self.expanded.symmetric_difference_update({message_id})
@@ -496,6 +510,12 @@ class ChatView(QWidget):
     def end_edit(self) -> None:
         self.editing_position = None
         self.send_button.setText("&Send")
+
+    def set_welcome(self, text: str) -> None:
+        """What an empty chat shows from now on (shown at once if the chat is empty)."""
+        self.welcome = text
+        if not self._shown and self._stream_raw is None:
+            self.render([], self.title.text())
 
     def set_context(self, used: int, n_ctx: int) -> None:
         """``n_ctx`` 0: no model, no context (not "context 0 / 1")."""

@@ -73,6 +73,8 @@ class ChatController(QObject):
         self.answer_id: int | None = None
         self.state = AnswerState.IDLE
         self.model_loaded = False
+        self.n_ctx = 0
+        """The loaded model's context window (0: no model)."""
         self.model_name = ""
         self.answer_prefixes: dict[str, str] = {}
         """Per thinking setting, what the model's chat template opens each answer with
@@ -108,6 +110,7 @@ class ChatController(QObject):
         view.stopRequested.connect(self.stop)
         view.regenerateRequested.connect(self.regenerate)
         view.editRequested.connect(self.edit_last)
+        view.promptChosen.connect(self._prompt_chosen)
         chat_list.chatSelected.connect(self.select_chat)
         chat_list.newRequested.connect(self.new_chat)
         chat_list.searchChanged.connect(self._search_changed)
@@ -153,8 +156,39 @@ class ChatController(QObject):
         self.settings.system_prompt.setPlainText(chat.system_prompt)
         self.settings.system_prompt.blockSignals(False)
         self.render()
+        self.show_context()
         self.refresh_list()
         self.chatChanged.emit(chat_id)
+
+    def _prompt_chosen(self, text: str) -> None:
+        """A suggested prompt was clicked: send it (or leave it in the box when it cannot
+        be sent now)."""
+        if not self.send(text):
+            self.view.input.setPlainText(text)
+
+    def set_n_ctx(self, n_ctx: int) -> None:
+        """A model was loaded (``n_ctx``) or closed (0): the meter shows the current chat
+        against its context."""
+        self.n_ctx = n_ctx
+        self.show_context()
+
+    def chat_context(self) -> int:
+        """Tokens the current chat took at its last answer (prompt + answer, as the engine
+        counted them); 0 before any answer."""
+        if self.chat_id is None:
+            return 0
+        for m in reversed(self.store.messages(self.chat_id)):
+            if m.role == "assistant":
+                prompt, tokens = m.stats.get("n_prompt_tokens"), m.stats.get("n_tokens")
+                if isinstance(prompt, int) and isinstance(tokens, int):
+                    return prompt + tokens
+        return 0
+
+    def show_context(self) -> None:
+        """The context meter for the chat shown (not the previous chat's, not 0 for a full
+        chat reopened after a restart)."""
+        if not self.generating:
+            self.view.set_context(self.chat_context(), self.n_ctx)
 
     def rename(self, chat_id: int, title: str) -> None:
         title = title.strip()
@@ -175,6 +209,7 @@ class ChatController(QObject):
                 self.select_chat(remaining[0].id)
                 return
             self.view.render([], "No chat")
+            self.show_context()
             self._update_buttons()
         self.refresh_list()
 
@@ -418,8 +453,7 @@ class ChatController(QObject):
                 self._finish_answer(self.answer_id, status, stats)
         self.answer_id = None
         self.state = AnswerState.IDLE
-        self.view.set_context(summary.n_prompt_tokens + summary.n_tokens,
-                              self.view.context_bar.maximum())
+        self.view.set_context(summary.n_prompt_tokens + summary.n_tokens, self.n_ctx)
         self.render()
         log.info("answer: %s", summary.summary)
         self.answerFinished.emit(summary)

@@ -31,6 +31,8 @@ class BudgetEntry(QLineEdit):
         self.setPlaceholderText("e.g. 12GiB")
         self.setToolTip(BUDGET_ENTRY_TIP)
         self.setMaximumWidth(96)
+        self.note = ""
+        """Why the last typed budget became another slot count ("" when it did not)."""
 
     def keyPressEvent(self, event: QKeyEvent) -> None:
         if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
@@ -52,7 +54,8 @@ class BudgetEntry(QLineEdit):
         except MoEScopeError as err:
             self._mark(str(err), invalid=True)
             return None
-        self._mark(plan.message if plan.clamped else "", invalid=False)
+        self.note = plan.message if plan.clamped else ""
+        self._mark(self.note, invalid=False)
         self.clear()
         return plan.slots_per_layer
 

@@ -63,6 +63,8 @@ class ControlsPanel(QGroupBox):
         self._quiet = True
         self._last_other = TOGGLE_FALLBACK
         """The latest policy other than Speed-first: where the shortcut returns to."""
+        self.budget_note = ""
+        """Why the typed budget became another slot count (shown under the slider)."""
         self._custom_saved = custom_policy()
         """Custom's settings while a preset is shown in its controls."""
         form = QFormLayout(self)
@@ -113,6 +115,7 @@ class ControlsPanel(QGroupBox):
         self.budget.setToolTip("Expert slots per layer kept in VRAM; applied live, the "
                                "model and the chat are kept.")
         self.budget_label = QLabel("–")
+        self.budget_label.setWordWrap(True)  # and a typed budget's clamp note under it
         self.budget_label.setObjectName("budgetLabel")
         self.budget_entry = BudgetEntry()
         self.budget_entry.submitted.connect(self.apply_typed_budget)
@@ -163,6 +166,7 @@ class ControlsPanel(QGroupBox):
     def set_model(self, model: ModelSummary | None) -> None:
         """Configure the budget slider for ``model`` (disabled without an expert cache)."""
         self.model = model
+        self.budget_note = ""
         enabled = bool(model and model.cache_enabled)
         self._quiet = True
         if model and enabled:
@@ -280,6 +284,7 @@ class ControlsPanel(QGroupBox):
             self.budgetRequested.emit(self.budget.value())
 
     def _budget_released(self) -> None:
+        self.budget_note = ""
         self.budgetRequested.emit(self.budget.value())
 
     def apply_typed_budget(self) -> bool:
@@ -292,7 +297,9 @@ class ControlsPanel(QGroupBox):
         slots = self.budget_entry.take_slots(m.n_expert, m.top_k, m.slot_row_bytes)
         if slots is None:
             return False
+        self.budget_note = self.budget_entry.note  # said under the slider, not only a tip
         if slots == self.budget.value():
+            self._update_budget_label()
             self.budgetRequested.emit(slots)  # e.g. a pending request to undo
         else:
             self.budget.setValue(slots)  # _budget_moved requests it
@@ -360,6 +367,8 @@ class ControlsPanel(QGroupBox):
         text = f"{size} · {slots} slots/layer · {slots / m.n_expert:.1%} resident"
         if slots != m.slots_per_layer:
             text += f" (applied: {m.slots_per_layer})"
+        if self.budget_note:
+            text += f"\n{self.budget_note[:1].upper()}{self.budget_note[1:]}."
         self._set_budget_text(text)
 
     def _set_budget_text(self, text: str) -> None:

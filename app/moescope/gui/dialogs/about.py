@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QVBoxLayout, QW
 
 from moescope import __version__
 from moescope.cache.native import version as core_version
+from moescope.engine.backend import backend_text, engine_build
 from moescope.util.gpu import gpu_description
 
 LLAMA_CPP_COMMIT = "0c1e570"
@@ -32,6 +33,7 @@ def versions() -> list[tuple[str, str]]:
     return [
         ("MoEScope", __version__),
         ("Engine (llama-cpp-python + patch key)", engine),
+        ("Engine backend", backend_text(engine_build())),
         ("llama.cpp commit", LLAMA_CPP_COMMIT),
         ("Expert-cache core", core),
         ("GPU", gpu_description()),

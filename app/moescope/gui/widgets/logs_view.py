@@ -43,8 +43,17 @@ class LogsView(QPlainTextEdit):
         self.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         self.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
         self.handler = QtLogHandler()
-        self.handler.bridge.line.connect(self.appendPlainText,
+        self.handler.bridge.line.connect(self.append_line,
                                          Qt.ConnectionType.QueuedConnection)
+
+    def append_line(self, line: str) -> None:
+        """Append ``line``; the view stays at the left edge, where the time stamps are
+        (appending moves the cursor to the end of a long line, and the unwrapped view
+        would follow it to the far right)."""
+        bar = self.horizontalScrollBar()
+        left = bar.value()
+        self.appendPlainText(line)
+        bar.setValue(left)
 
     def attach(self, logger_name: str = "moescope", level: int = logging.INFO) -> None:
         logger = logging.getLogger(logger_name)

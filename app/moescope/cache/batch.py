@@ -1,0 +1,116 @@
+"""ctypes binding of the core's batch replay (``moecache_replay_batch``, native/src/
+batch_replay.cpp): a whole trace under many policies and budgets in one call.
+
+Kept beside :mod:`.native` rather than in it: the per-call binding serves the engine and the
+recorder, this one only the simulator, and the engine's libllama (which carries the core)
+may predate the batch entry point, in which case the repo's ``libmoecache.so`` serves it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from moescope.cache import native
+from moescope.cache.native import CEvent, CPolicy, NativeLibraryNotFoundError, policy_to_c
+from moescope.cache.policy import Policy
+
+
+class CReplayTrace(ctypes.Structure):
+    """``moecache_replay_trace``."""
+
+    _fields_ = [
+        ("n_layers", ctypes.c_int32), ("n_experts", ctypes.c_int32),
+        ("top_k", ctypes.c_int32), ("pred_width", ctypes.c_int32),
+        ("initial_step", ctypes.c_int64), ("start_slots", ctypes.c_int32),
+        ("start_policy", CPolicy), ("expert_bytes", ctypes.c_void_p),
+        ("n_rows", ctypes.c_int64), ("probs", ctypes.c_void_p), ("ids", ctypes.c_void_p),
+        ("weights", ctypes.c_void_p), ("next_layer", ctypes.c_void_p),
+        ("predicted", ctypes.c_void_p), ("n_calls", ctypes.c_int64),
+        ("call_step", ctypes.c_void_p), ("call_layer", ctypes.c_void_p),
+        ("call_start", ctypes.c_void_p), ("call_stop", ctypes.c_void_p),
+        ("n_tokens", ctypes.c_int64), ("token_calls", ctypes.c_void_p),
+        ("n_changes", ctypes.c_int64), ("change_token", ctypes.c_void_p),
+        ("change_slots", ctypes.c_void_p), ("change_policy", ctypes.c_void_p),
+    ]
+
+
+class CReplayConfig(ctypes.Structure):
+    """``moecache_replay_config``."""
+
+    _fields_ = [("policy", CPolicy), ("follow_policy", ctypes.c_int32),
+                ("slots", ctypes.c_int32)]
+
+
+class CReplayToken(ctypes.Structure):
+    """``moecache_replay_token``."""
+
+    _fields_ = [
+        ("rows", ctypes.c_int64), ("selections", ctypes.c_int64), ("hits", ctypes.c_int64),
+        ("fetches", ctypes.c_int64), ("substitutions", ctypes.c_int64),
+        ("admissions", ctypes.c_int64), ("substituted_mass", ctypes.c_double),
+        ("bytes_sync", ctypes.c_int64), ("bytes_async", ctypes.c_int64),
+        ("n_sync", ctypes.c_int64), ("n_async", ctypes.c_int64),
+        ("prefetches", ctypes.c_int64), ("prefetch_hits", ctypes.c_int64),
+    ]
+
+
+REPLAY_TOKEN_DTYPE: np.dtype[Any] = np.dtype(CReplayToken)
+"""numpy dtype of one ``moecache_replay_token``."""
+
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+
+
+def batch_library() -> ctypes.CDLL:
+    """A core library that exports ``moecache_replay_batch``: the one :mod:`.native`
+    loads if it does, else the repo's ``build/native`` library."""
+    global _library
+    with _lock:
+        if _library is None:
+            lib = native.load_library()
+            if not hasattr(lib, "moecache_replay_batch"):
+                path = next((native._repo_build_dir() / name for name in native._LIBRARY_NAMES
+                             if (native._repo_build_dir() / name).is_file()), None)
+                if path is None:
+                    raise NativeLibraryNotFoundError(
+                        "the loaded core has no batch replay and build/native has no "
+                        "library: run `make native`")
+                lib = native.declare(ctypes.CDLL(str(path)))
+            fn = lib.moecache_replay_batch
+            fn.restype = ctypes.c_int32
+            fn.argtypes = [ctypes.POINTER(CReplayTrace), ctypes.POINTER(CReplayConfig),
+                           ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]
+            _library = lib
+        return _library
+
+
+def c_policy(policy: Policy) -> CPolicy:
+    """A :class:`Policy` as the core's struct."""
+    return policy_to_c(policy)
+
+
+def replay_batch(trace: CReplayTrace, configs: list[CReplayConfig], *, threads: int = 0,
+                 events: bool = False) -> tuple[npt.NDArray[Any], npt.NDArray[Any] | None]:
+    """Run ``moecache_replay_batch``; returns per-token totals ``[configs, tokens]`` and,
+    with ``events``, the replayed event rows ``[configs, rows]``. Raises
+    :class:`~moescope.cache.native.NativeError` for a code other than OK."""
+    lib = batch_library()
+    n_cfg = len(configs)
+    out = np.zeros((n_cfg, int(trace.n_tokens)), dtype=REPLAY_TOKEN_DTYPE)
+    rows = np.zeros((n_cfg, int(trace.n_rows)), dtype=native.EVENT_DTYPE) if events else None
+    array = (CReplayConfig * max(n_cfg, 1))(*configs)
+    code = lib.moecache_replay_batch(
+        ctypes.byref(trace), array, n_cfg, threads, out.ctypes.data,
+        rows.ctypes.data if rows is not None else None)
+    if code != native.OK:
+        native._check(code, "replay_batch")
+    return out, rows
+
+
+__all__ = ["REPLAY_TOKEN_DTYPE", "CEvent", "CReplayConfig", "CReplayToken", "CReplayTrace",
+           "batch_library", "c_policy", "replay_batch"]

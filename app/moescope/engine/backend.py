@@ -1,0 +1,81 @@
+"""Which backend the installed engine was built for, and one line saying what that means.
+
+engine_patch/build_engine.py picks the backend (CUDA, Vulkan or CPU) from what the machine
+has and writes its choice and the reason into ``moescope_build.json`` beside libllama.so;
+the window shows the line from :func:`backend_text` in its About dialog and memory view, so
+a user whose GPU went unused learns why instead of just seeing no speedup.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+BUILD_INFO = "moescope_build.json"
+NAMES = {"cpu": "CPU", "cuda": "CUDA", "vulkan": "Vulkan"}
+
+
+@dataclass(frozen=True)
+class EngineBuild:
+    """The installed engine's backend ("cpu", "cuda", "vulkan"; "" when unknown) and the
+    build's reason for it ("" when the build left none, e.g. an older build)."""
+
+    backend: str
+    reason: str = ""
+
+
+def engine_lib_dir() -> Path | None:
+    """The folder llama_cpp loads libllama.so from: $LLAMA_CPP_LIB_PATH, else its package's
+    lib/ (found without importing llama_cpp, which would load the library)."""
+    override = os.environ.get("LLAMA_CPP_LIB_PATH")
+    if override:
+        return Path(override)
+    try:
+        spec = importlib.util.find_spec("llama_cpp")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "lib"
+
+
+def engine_build(lib_dir: Path | None = None) -> EngineBuild:
+    """Read the build's record; without one, tell the backend from the libraries present."""
+    lib_dir = lib_dir if lib_dir is not None else engine_lib_dir()
+    if lib_dir is None:
+        return EngineBuild("", "the engine is not installed (make engine)")
+    try:
+        raw = (lib_dir / BUILD_INFO).read_text(encoding="utf-8")[:4096]
+        data = json.loads(raw)
+        backend = str(data.get("backend", ""))
+        if backend in NAMES:
+            return EngineBuild(backend, " ".join(str(data.get("reason", "")).split())[:300])
+    except (OSError, ValueError, AttributeError):
+        pass
+    for backend in ("cuda", "vulkan"):
+        if (lib_dir / f"libggml-{backend}.so").exists():
+            return EngineBuild(backend)
+    return EngineBuild("cpu" if (lib_dir / "libllama.so").exists() else "")
+
+
+def backend_text(build: EngineBuild, slot_buffer: str = "") -> str:
+    """One line for the window: the backend, why, and where the expert slots live.
+
+    ``slot_buffer`` is llama.cpp's name for the loaded model's slot buffer ("CUDA0",
+    "Vulkan0", "CPU"; "" when no model with the cache is loaded)."""
+    if not build.backend:
+        return f"Engine backend unknown{': ' + build.reason if build.reason else ''}"
+    name = NAMES[build.backend]
+    why = f": {build.reason}" if build.reason else ""
+    if build.backend == "cpu":
+        return f"CPU build{why or ': no GPU backend'}; slots are in RAM and speedups need a GPU"
+    if slot_buffer and not slot_buffer.upper().startswith("CPU"):
+        where = f"slots are in GPU memory ({slot_buffer})"
+    elif slot_buffer:
+        where = "slots are in RAM: no layers are on the GPU"
+    else:
+        where = "slots go to GPU memory"
+    return f"{name} build{why}; {where}"

@@ -1,0 +1,411 @@
+"""Trace format v2: an Apache Arrow IPC stream, one record batch per token.
+
+Version 1 (JSON Lines) spends most of its bytes and its reading time on numbers as text: at
+Qwen3-Next's geometry (48 MoE layers x 512 experts) a token is ~171 kB and takes ~3 ms to
+parse. Version 2 keeps every per-row number binary and columnar, so a reader maps the file
+and hands whole columns to numpy (and to the native batch replay) without a Python loop per
+row, and analysis tools (pandas, polars, DuckDB) open the rows directly.
+
+Why an IPC *stream* (not the IPC file format, not Parquet): a stream is a sequence of
+self-delimiting messages with no footer, so the file is valid after every token; a process
+killed mid-write leaves at most a partial last message, which the reader drops (the token
+being written is lost, as in version 1). The IPC file format and Parquet both need a
+footer written at close, so a crash would lose the whole session.
+
+Layout (``docs/trace-format.md``):
+
+* the stream's schema message carries the header JSON in the schema metadata
+  (``moescope.header``), written when the file is created;
+* one record batch per token: a row per event row (the core's decision for one layer),
+  with the router inputs that make a replay exact (probabilities, raw gate weights,
+  PSR's ranked prediction) in the same row; the token's own fields (text, time, phase,
+  changes, timings, prefetch counters, resident masks) are JSON in the batch's custom
+  metadata (``moescope.token``), the readable part beside the numbers;
+* a last batch with no rows and ``moescope.end`` metadata when the session closed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from moescope.cache.native import EVENT_DTYPE, MAX_K
+from moescope.cache.residency import masks_to_json
+from moescope.trace.schema import (
+    TIMING_KEYS,
+    RouterInput,
+    TokenRecord,
+    TraceColumns,
+    TraceHeader,
+    _prefetch_to_json,
+)
+from moescope.util.files import open_stream
+
+ARROW_VERSION = 2
+"""The header's ``version`` in an Arrow trace."""
+SUFFIX = ".arrows"
+"""The file name suffix of a version-2 trace (Arrow's registered stream extension)."""
+MAGIC = b"\xff\xff\xff\xff"
+"""An Arrow IPC stream begins with a continuation marker (JSON Lines never does)."""
+HEADER_KEY, TOKEN_KEY, END_KEY = b"moescope.header", b"moescope.token", b"moescope.end"
+
+
+def is_arrow_path(path: str | os.PathLike[str]) -> bool:
+    """Whether a trace written to ``path`` is version 2 (by its name)."""
+    return str(path).endswith(SUFFIX)
+
+
+def row_schema(header: TraceHeader) -> pa.Schema:
+    """The rows' schema for ``header``'s model: fixed-size lists of top-k and of the
+    expert count, and the narrowest integer types the validated bounds allow (expert ids,
+    slots and layers below 8192 and 1024 fit int16)."""
+    m = header.model
+    k, e = m.top_k, m.n_expert
+
+    def fixed(t: pa.DataType, n: int) -> pa.DataType:
+        return pa.list_(t, n)
+
+    fields = [
+        ("token", pa.int32()), ("step", pa.int64()), ("layer", pa.int16()),
+        ("batch", pa.int32()), ("ids", fixed(pa.int16(), k)), ("action", fixed(pa.int8(), k)),
+        ("used_ids", fixed(pa.int16(), k)), ("slots", fixed(pa.int16(), k)),
+        ("gate", fixed(pa.float32(), k)), ("weights", pa.list_(pa.float32())),
+        ("substituted_mass", pa.float32()), ("n_admit", pa.int8()), ("n_evict", pa.int8()),
+        ("admitted", pa.list_(pa.int16())), ("evicted", pa.list_(pa.int16())),
+        ("bytes_sync", pa.int64()), ("bytes_async", pa.int64()),
+        ("probs", fixed(pa.float32() if header.router_inputs != "f16" else pa.float16(), e)),
+        ("next_layer", pa.int16()), ("predicted", pa.list_(pa.int16())),
+    ]
+    meta = {HEADER_KEY: json.dumps({**header.to_json(), "version": ARROW_VERSION})}
+    return pa.schema([pa.field(n, t, nullable=n in ("probs", "weights")) for n, t in fields],
+                     metadata=meta)
+
+
+def normalized(gate: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """Gate weights normalized over the top-k exactly as the core does (float32, summed
+    left to right, then divided), so rows with router inputs need not store both."""
+    g = np.asarray(gate, dtype=np.float32)
+    total = np.zeros(g.shape[0], dtype=np.float32)
+    for j in range(g.shape[1]):
+        total = total + g[:, j]
+    safe = np.where(total > 0, total, np.float32(1))
+    out = (g / safe[:, None]).astype(np.float32)
+    out[total <= 0] = 0
+    return out
+
+
+def _fixed(values: npt.NDArray[Any], t: pa.DataType) -> pa.Array:
+    w = values.shape[1]
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1), type=t), w)
+
+
+def _ragged(values: npt.NDArray[Any], counts: npt.NDArray[Any], t: pa.DataType,
+            valid: npt.NDArray[np.bool_] | None = None) -> pa.Array:
+    """Row i's first ``counts[i]`` entries of ``values`` as a list column."""
+    counts = np.asarray(counts, dtype=np.int32)
+    offsets = np.zeros(len(counts) + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    mask = np.arange(values.shape[1])[None, :] < counts[:, None]
+    flat = pa.array(values[mask], type=t)
+    if valid is None:
+        return pa.ListArray.from_arrays(pa.array(offsets), flat)
+    return pa.ListArray.from_arrays(pa.array(offsets), flat, mask=pa.array(~valid))
+
+
+def token_batch(record: TokenRecord, header: TraceHeader, schema: pa.Schema
+                ) -> tuple[pa.RecordBatch, dict[bytes, bytes]]:
+    """One token as a record batch (its rows) and its metadata (its own fields)."""
+    m = header.model
+    ev = record.events
+    n, k, e = len(ev), m.top_k, m.n_expert
+    probs_t = schema.field("probs").type.value_type
+    probs = np.zeros((n, e), dtype=np.float16 if probs_t == pa.float16() else np.float32)
+    gate = np.ascontiguousarray(ev["weights"][:, :k], dtype=np.float32) if n else \
+        np.zeros((0, k), np.float32)
+    has = np.zeros(n, dtype=np.bool_)
+    next_layer = np.full(n, -1, dtype=np.int16)
+    width = max((len(r.predicted) for r in record.routes.values()
+                 if r.predicted is not None and r.next_layer >= 0), default=0)
+    predicted = np.zeros((n, width), dtype=np.int16)
+    n_pred = np.zeros(n, dtype=np.int32)
+    if header.router_inputs is not None:
+        for row, r in record.routes.items():
+            has[row] = True
+            probs[row] = r.probs
+            gate[row] = r.weights
+            if r.predicted is not None and r.next_layer >= 0:
+                next_layer[row] = r.next_layer
+                predicted[row, :len(r.predicted)] = r.predicted
+                n_pred[row] = len(r.predicted)
+    weights = ev["weights"][:, :k].astype(np.float32) if n else np.zeros((0, k), np.float32)
+    derived = normalized(gate)
+    # a row whose normalized weights follow from its raw gate weights stores only those
+    stored = ~has | ~(derived.view(np.int32) == weights.view(np.int32)).all(axis=1) if n \
+        else np.zeros(0, np.bool_)
+    n_admit = ev["n_admit"].astype(np.int32) if n else np.zeros(0, np.int32)
+    n_evict = ev["n_evict"].astype(np.int32) if n else np.zeros(0, np.int32)
+    cols = [
+        pa.array(np.full(n, record.index, dtype=np.int32)),
+        pa.array(ev["step"].astype(np.int64)),
+        pa.array(ev["layer"].astype(np.int16)),
+        pa.array(ev["token"].astype(np.int32)),
+        _fixed(ev["ids"][:, :k].astype(np.int16), pa.int16()),
+        _fixed(ev["action"][:, :k].astype(np.int8), pa.int8()),
+        _fixed(ev["used_ids"][:, :k].astype(np.int16), pa.int16()),
+        _fixed(ev["slots"][:, :k].astype(np.int16), pa.int16()),
+        _fixed(gate, pa.float32()),
+        _ragged(weights, np.where(stored, k, 0), pa.float32(), stored),
+        pa.array(ev["substituted_mass"].astype(np.float32)),
+        pa.array(n_admit.astype(np.int8)), pa.array(n_evict.astype(np.int8)),
+        _ragged(ev["admitted"].astype(np.int16), np.minimum(n_admit, MAX_K), pa.int16()),
+        _ragged(ev["evicted"].astype(np.int16), np.minimum(n_evict, MAX_K), pa.int16()),
+        pa.array(ev["bytes_sync"].astype(np.int64)), pa.array(ev["bytes_async"].astype(np.int64)),
+        pa.FixedSizeListArray.from_arrays(pa.array(probs.reshape(-1), type=probs_t), e,
+                                          mask=pa.array(~has)),
+        pa.array(next_layer), _ragged(predicted, n_pred, pa.int16()),
+    ]
+    batch = pa.RecordBatch.from_arrays(cols, schema=schema)
+    meta: dict[str, Any] = {
+        "index": record.index, "answer": record.answer, "position": record.position,
+        "phase": record.phase, "token_id": record.token_id, "text": record.text,
+        "seconds": record.seconds, "policy": record.policy,
+        "slots_per_layer": record.slots_per_layer,
+    }
+    if record.changes:
+        meta["changes"] = [c.to_json() for c in record.changes]
+    if record.timings is not None:
+        meta["timings"] = {key: int(record.timings.get(key, 0)) for key in TIMING_KEYS}
+    if record.prefetches is not None and record.prefetch_hits is not None:
+        meta["prefetch"] = _prefetch_to_json(record.prefetches, record.prefetch_hits,
+                                             m.moe_layers)
+    if record.resident is not None:
+        meta["resident"] = masks_to_json(record.resident)
+    text = json.dumps(meta, ensure_ascii=False, separators=(",", ":"))
+    return batch, {TOKEN_KEY: text.encode()}
+
+
+class ArrowTraceWriter:
+    """Streams a version-2 trace: the header at once, then one record batch per token,
+    flushed before :meth:`write_token` returns (``fsync=True`` also syncs the disk)."""
+
+    def __init__(self, path: str | os.PathLike[str], header: TraceHeader, *,
+                 fsync: bool = False) -> None:
+        self.path = Path(path)
+        self.header = header
+        self._fsync = fsync
+        self.schema = row_schema(header)
+        self._raw: IO[bytes] = open_stream(self.path)
+        try:
+            self._stream = ipc.new_stream(self._raw, self.schema)
+            self._raw.flush()
+        except BaseException:
+            self._raw.close()
+            raise
+        self.n_tokens = 0
+        self.bytes_written = self._raw.tell()
+
+    def _flush(self) -> None:
+        self._raw.flush()
+        if self._fsync:
+            os.fsync(self._raw.fileno())
+        self.bytes_written = self._raw.tell()
+
+    def write_token(self, record: TokenRecord) -> None:
+        """Append one token (written and flushed before this returns)."""
+        batch, meta = token_batch(record, self.header, self.schema)
+        self._stream.write_batch(batch, custom_metadata=meta)
+        self._flush()
+        self.n_tokens += 1
+
+    def close(self, **end: Any) -> None:
+        """Write the end batch (``end`` adds fields, e.g. ``stop_reason``) and close."""
+        if self._raw.closed:
+            return
+        try:
+            empty = pa.RecordBatch.from_pylist([], schema=self.schema)
+            text = json.dumps({"type": "end", "tokens": self.n_tokens, **end})
+            self._stream.write_batch(empty, custom_metadata={END_KEY: text.encode()})
+            self._stream.close()  # the stream's end-of-stream marker
+            self._flush()
+        finally:
+            self._raw.close()
+
+    def __enter__(self) -> ArrowTraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_batches(path: Path) -> tuple[pa.Schema, Iterator[tuple[pa.RecordBatch | None,
+                                                                  Mapping[bytes, bytes]]], Any]:
+    """The stream's schema and its (batch, metadata) pairs, read from a memory map (the
+    columns are views of the file). A message cut off at the end (a writer killed
+    mid-token) ends the iteration with ``(None, {})``; the returned reader's
+    ``stats``/position is informational."""
+    source = pa.memory_map(str(path), "r")
+    reader = ipc.open_stream(source)
+
+    def batches() -> Iterator[tuple[pa.RecordBatch | None, Mapping[bytes, bytes]]]:
+        while True:
+            try:
+                batch, meta = reader.read_next_batch_with_custom_metadata()
+            except StopIteration:
+                return
+            except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
+                if source.tell() >= source.size() or "Expected to" in str(err) \
+                        or "to read" in str(err):
+                    yield None, {}
+                    return
+                raise
+            yield batch, (meta or {})
+
+    return reader.schema, batches(), source
+
+
+def columns_of(batches: list[pa.RecordBatch], header: TraceHeader) -> dict[str, Any]:
+    """Every row of ``batches`` as numpy arrays (concatenated once per column)."""
+    m = header.model
+    k, e = m.top_k, m.n_expert
+    table = pa.Table.from_batches(batches, schema=batches[0].schema) if batches else None
+    n = table.num_rows if table is not None else 0
+    if table is None or n == 0:
+        return {"n": 0}
+
+    def flat(name: str) -> npt.NDArray[Any]:
+        col = table.column(name)
+        return np.concatenate([c.to_numpy(zero_copy_only=False) for c in col.chunks]) \
+            if col.num_chunks != 1 else col.chunks[0].to_numpy(zero_copy_only=False)
+
+    def fixed(name: str, width: int) -> npt.NDArray[Any]:
+        col = table.column(name)
+        parts = [c.values.to_numpy(zero_copy_only=False)[c.offset * width:
+                                                         (c.offset + len(c)) * width]
+                 for c in col.chunks]
+        out = np.concatenate(parts) if len(parts) != 1 else parts[0]
+        return out.reshape(n, width)
+
+    def valid(name: str) -> npt.NDArray[np.bool_]:
+        col = table.column(name)
+        if col.null_count == 0:
+            return np.ones(n, dtype=np.bool_)
+        return np.concatenate([c.is_valid().to_numpy(zero_copy_only=False)
+                               for c in col.chunks])
+
+    def ragged(name: str, width: int) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
+        col = pa.chunked_array(table.column(name).chunks).combine_chunks()
+        lengths = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(
+            np.int64)
+        values = col.flatten().to_numpy(zero_copy_only=False)
+        longest = int(lengths.max(initial=0))
+        if longest > width:
+            raise ValueError(f"{name}: a row holds {longest} entries, more than {width}")
+        out = np.full((n, max(longest, 1)), -1, dtype=values.dtype if values.dtype.kind
+                      in "if" else np.int64)
+        mask = np.arange(out.shape[1])[None, :] < lengths[:, None]
+        out[mask] = values
+        return out, lengths
+
+    return {
+        "n": n, "token": flat("token"), "step": flat("step"), "layer": flat("layer"),
+        "batch": flat("batch"), "ids": fixed("ids", k), "action": fixed("action", k),
+        "used_ids": fixed("used_ids", k), "slots": fixed("slots", k),
+        "gate": fixed("gate", k), "weights": ragged("weights", k),
+        "weights_valid": valid("weights"), "substituted_mass": flat("substituted_mass"),
+        "n_admit": flat("n_admit"), "n_evict": flat("n_evict"),
+        "admitted": ragged("admitted", MAX_K), "evicted": ragged("evicted", MAX_K),
+        "bytes_sync": flat("bytes_sync"), "bytes_async": flat("bytes_async"),
+        "probs": fixed("probs", e), "probs_valid": valid("probs"),
+        "next_layer": flat("next_layer"), "predicted": ragged("predicted", e),
+    }
+
+
+def events_of(cols: Mapping[str, Any], k: int) -> npt.NDArray[Any]:
+    """The validated columns as the core's event rows (``EVENT_DTYPE``)."""
+    n = cols["n"]
+    ev = np.zeros(n, dtype=EVENT_DTYPE)
+    if not n:
+        return ev
+    ev["step"], ev["layer"], ev["token"], ev["k"] = (cols["step"], cols["layer"],
+                                                     cols["batch"], k)
+    ev["ids"][:, :k] = cols["ids"]
+    ev["action"][:, :k] = cols["action"]
+    ev["used_ids"][:, :k] = cols["used_ids"]
+    ev["slots"][:, :k] = cols["slots"]
+    ev["weights"][:, :k] = cols["normalized"]
+    ev["substituted_mass"] = cols["substituted_mass"]
+    action = cols["action"]
+    ev["n_hit"] = (action == 0).sum(axis=1)
+    ev["n_fetch"] = (action == 1).sum(axis=1)
+    ev["n_substitute"] = (action == 2).sum(axis=1)
+    ev["n_admit"], ev["n_evict"] = cols["n_admit"], cols["n_evict"]
+    for name in ("admitted", "evicted"):
+        values, lengths = cols[name]
+        w = min(values.shape[1], MAX_K)
+        mask = np.arange(w)[None, :] < lengths[:, None]
+        ev[name][:, :w][mask] = values[:, :w][mask]
+    ev["bytes_sync"], ev["bytes_async"] = cols["bytes_sync"], cols["bytes_async"]
+    return ev
+
+
+def trace_columns(cols: Mapping[str, Any], events: npt.NDArray[Any],
+                  token_rows: npt.NDArray[np.int64]) -> TraceColumns:
+    """The replay's view of the rows: router inputs where recorded."""
+    n = cols["n"]
+    if not n:
+        return TraceColumns.empty(events, token_rows)
+    pred, lengths = cols["predicted"]
+    width = int(lengths.max(initial=0))
+    predicted = pred[:, :width].astype(np.int32) if width else None
+    return TraceColumns(
+        events=events, token_rows=token_rows, exact=cols["probs_valid"],
+        probs=np.asarray(cols["probs"], dtype=np.float32), gate=cols["gate"].astype(np.float32),
+        next_layer=cols["next_layer"].astype(np.int32) if width else None,
+        predicted=predicted)
+
+
+class LazyRoutes(Mapping[int, RouterInput]):
+    """A token's router inputs, built from the trace's columns when first asked for: a
+    long trace has a row per layer per token, and most readers (the replay) use the
+    columns instead."""
+
+    def __init__(self, columns: TraceColumns, start: int, stop: int) -> None:
+        self._c = columns
+        self._start = start
+        self._rows = [int(r) for r in np.flatnonzero(columns.exact[start:stop])]
+
+    def __getitem__(self, row: int) -> RouterInput:
+        if row not in self._rows:
+            raise KeyError(row)
+        c, r = self._c, self._start + row
+        k = c.gate.shape[1]
+        predicted = None
+        next_layer = -1
+        if c.predicted is not None and c.next_layer is not None and c.next_layer[r] >= 0:
+            p = c.predicted[r]
+            predicted = p[p >= 0].astype(np.int32)
+            next_layer = int(c.next_layer[r])
+        return RouterInput(row=row, probs=c.probs[r], weights=c.gate[r],
+                           ids=c.events["ids"][r, :k].astype(np.int32),
+                           next_layer=next_layer, predicted=predicted)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __contains__(self, row: object) -> bool:
+        return row in self._rows
+

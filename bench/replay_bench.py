@@ -1,0 +1,105 @@
+"""Trace format v2 and the native batch replay at Qwen3-Next's geometry (issue 18).
+
+    .venv/bin/python bench/replay_bench.py [--tokens 10000] [--read-tokens 400] [--reps 3]
+
+Synthesizes traces with ``moescope_testing.traces.synthetic_trace`` (48 MoE layers x 512
+experts, top-10, f32 router inputs, PSR predictions on every row, rows decided by the real
+core) and measures, as medians of ``--reps``:
+
+* bytes on disk per token, version 1 (JSON Lines) and version 2 (Arrow IPC stream);
+* ``read_trace`` time per token for both (the same tokens; read once first to warm up);
+* replay layer-decisions per second on one core (8 policies, one thread);
+* an 8-policy x 6-budget what-if (``moescope.sim.sweep`` with the ``pcie4`` cost model)
+  over the ``--tokens`` trace on 2 threads, with and without laying out the routing.
+
+Prints a Markdown table for docs/benchmarks.md. The machine is shared: timings are
+wall-clock medians and vary with the neighbours' load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "app"))
+
+from moescope.sim import cost_model  # noqa: E402
+from moescope.sim.replay import Routing, replay_many  # noqa: E402
+from moescope.sim.sweep import sweep  # noqa: E402
+from moescope.trace import read_trace  # noqa: E402
+from moescope_testing.traces import synthetic_trace  # noqa: E402
+
+POLICIES = ["exact", "quality-first", "speed-first", "cache-prior", "psr", "substitute-all",
+            "threshold", "first-choice"]
+BUDGETS = ["5%", "10%", "12.5%", "25%", "50%", "100%"]
+
+
+def timed(fn, reps: int) -> tuple[float, object]:  # type: ignore[no-untyped-def]
+    times, out = [], None
+    for _ in range(reps):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=10_000)
+    ap.add_argument("--read-tokens", type=int, default=400)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dir", type=Path, default=None)
+    args = ap.parse_args()
+    work = args.dir or Path(tempfile.mkdtemp(prefix="moescope-replay-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    n = args.read_tokens
+    v1 = synthetic_trace(work / "read.jsonl", n_tokens=n)
+    v2 = synthetic_trace(work / "read.arrows", n_tokens=n)
+    rows = []
+    rows.append(("bytes on disk per token, v1 JSONL", f"{v1.stat().st_size / n:,.0f} B"))
+    rows.append(("bytes on disk per token, v2 Arrow", f"{v2.stat().st_size / n:,.0f} B"))
+    read_trace(v1)
+    read_trace(v2)
+    t1, _ = timed(lambda: read_trace(v1), args.reps)
+    t2, _ = timed(lambda: read_trace(v2), args.reps)
+    rows.append((f"read_trace per token ({n} tokens), v1", f"{t1 / n * 1e3:.3f} ms"))
+    rows.append((f"read_trace per token ({n} tokens), v2", f"{t2 / n * 1e3:.3f} ms"))
+    rows.append(("read speed-up v2 vs v1", f"{t1 / t2:.1f}x"))
+
+    big = synthetic_trace(work / "big.arrows", n_tokens=args.tokens)
+    rows.append((f"bytes on disk per token, v2 ({args.tokens} tokens)",
+                 f"{big.stat().st_size / args.tokens:,.0f} B"))
+    tr, trace = timed(lambda: read_trace(big), 1)
+    rows.append((f"read_trace, {args.tokens} tokens, v2", f"{tr:.2f} s"))
+    tl, routing = timed(lambda: Routing.from_trace(trace), 1)  # type: ignore[arg-type]
+    rows.append(("Routing.from_trace (layout for the replay)", f"{tl:.2f} s"))
+    assert isinstance(routing, Routing)
+    one_core = [(p, 128) for p in POLICIES]
+    t1c, _ = timed(lambda: replay_many(routing, one_core, threads=1), args.reps)
+    decisions = routing.n_rows * len(one_core)
+    rows.append(("replay, 8 policies at 128 slots, 1 thread",
+                 f"{t1c:.2f} s = {decisions / t1c / 1e6:.2f} M layer-decisions/s"))
+    cost = cost_model("pcie4", trace)  # type: ignore[arg-type]
+    tw, result = timed(lambda: sweep(trace, POLICIES, BUDGETS, cost, routing=routing,  # type: ignore[arg-type]
+                                     threads=2), args.reps)
+    rows.append((f"what-if 8 policies x 6 budgets, {args.tokens} tokens, 2 threads",
+                 f"{tw:.2f} s ({routing.n_rows * 48 / tw / 1e6:.1f} M layer-decisions/s)"))
+    rows.append(("same, including Routing.from_trace", f"{tw + tl:.2f} s"))
+    print(f"trace: {args.tokens} tokens x 48 layers x 512 experts, top-10, f32 router "
+          f"inputs, PSR predictions (32 ranks) on every row; files in {work}")
+    print()
+    print("| measure | result |")
+    print("|---|---|")
+    for name, value in rows:
+        print(f"| {name} | {value} |")
+    del result
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

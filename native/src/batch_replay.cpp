@@ -1,0 +1,299 @@
+/*
+ * batch_replay.cpp — the router-logit simulator's fast path: a whole trace, many policies
+ * and budgets, one call.
+ *
+ * "Which Expert Misses Are Worth Waiting For?" compares policies by replaying recorded
+ * router decisions. Driving moecache_route from Python costs microseconds per call, so a
+ * policy x budget what-if over a long chat took seconds; here each configuration walks the
+ * trace in C++ on its own cache, in the exact order a caller of the per-call API would
+ * (steps, policy and budget changes, one route call per recorded (step, layer) group, then
+ * PSR's prefetch with the row's recorded prediction), so it decides exactly what that
+ * caller, and the engine that recorded the trace, decided. Configurations share nothing
+ * but the read-only trace, so they run on parallel threads without locks.
+ */
+#include "moecache_internal.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using moecache_core::LayerState;
+
+struct Totals {
+    int64_t rows = 0, selections = 0, hits = 0, fetches = 0, substitutions = 0;
+    int64_t admissions = 0, bytes_sync = 0, bytes_async = 0, prefetches = 0;
+    int64_t prefetch_hits = 0;
+    double mass = 0.0;
+};
+
+Totals sum_stats(const moecache & c) {
+    Totals t;
+    for (const LayerState & L : c.layers) {
+        const moecache_layer_stats & s = L.stats;
+        t.rows += s.tokens;
+        t.selections += s.selections;
+        t.hits += s.hits;
+        t.fetches += s.fetches;
+        t.substitutions += s.substitutions;
+        t.admissions += s.admissions;
+        t.bytes_sync += s.bytes_sync;
+        t.bytes_async += s.bytes_async;
+        t.prefetches += s.prefetches;
+        t.prefetch_hits += s.prefetch_hits;
+        t.mass += s.substituted_mass;
+    }
+    return t;
+}
+
+bool trace_valid(const moecache_replay_trace & t) {
+    if (t.n_layers < 1 || t.n_experts < 1 || t.top_k < 1 || t.top_k > MOECACHE_MAX_K ||
+        t.top_k > t.n_experts || t.n_rows < 0 || t.n_calls < 0 || t.n_tokens < 0 ||
+        t.n_changes < 0 || t.pred_width < 0 || t.initial_step < 0 ||
+        t.expert_bytes == nullptr || t.token_calls == nullptr) {
+        return false;
+    }
+    if (t.n_rows > 0 && (t.probs == nullptr || t.ids == nullptr || t.weights == nullptr)) {
+        return false;
+    }
+    if (t.n_calls > 0 && (!t.call_step || !t.call_layer || !t.call_start || !t.call_stop)) {
+        return false;
+    }
+    if (t.n_changes > 0 && (!t.change_token || !t.change_slots || !t.change_policy)) {
+        return false;
+    }
+    if (t.pred_width > 0 && (t.predicted == nullptr || t.next_layer == nullptr)) {
+        return false;
+    }
+    if (t.token_calls[0] != 0 || t.token_calls[t.n_tokens] != t.n_calls) {
+        return false;
+    }
+    for (int64_t i = 0; i < t.n_tokens; ++i) {
+        if (t.token_calls[i + 1] < t.token_calls[i]) {
+            return false;
+        }
+    }
+    for (int64_t c = 0; c < t.n_calls; ++c) {
+        if (t.call_layer[c] < 0 || t.call_layer[c] >= t.n_layers || t.call_start[c] < 0 ||
+            t.call_stop[c] < t.call_start[c] || t.call_stop[c] > t.n_rows ||
+            t.call_step[c] < 0 ||
+            t.call_stop[c] - t.call_start[c] > std::numeric_limits<int32_t>::max() / MOECACHE_MAX_K) {
+            return false;
+        }
+    }
+    for (int64_t i = 0; i < t.n_changes; ++i) {
+        const bool ordered = i == 0 || t.change_token[i] >= t.change_token[i - 1];
+        if (!ordered || t.change_token[i] < 0 || t.change_token[i] >= t.n_tokens ||
+            t.change_slots[i] < 0 || t.change_slots[i] > t.n_experts ||
+            (t.change_slots[i] > 0 && t.change_slots[i] < t.top_k) ||
+            (t.change_slots[i] == 0 && !moecache_core::policy_valid(t.change_policy[i]))) {
+            return false;
+        }
+    }
+    if (t.pred_width > 0) {
+        for (int64_t r = 0; r < t.n_rows; ++r) {
+            const int32_t nl = t.next_layer[r];
+            if (nl < -1 || nl >= t.n_layers) {
+                return false;
+            }
+            for (int32_t j = 0; j < t.pred_width; ++j) {
+                const int32_t e = t.predicted[r * t.pred_width + j];
+                if (e < -1 || e >= t.n_experts) {
+                    return false;
+                }
+            }
+        }
+    }
+    return moecache_core::policy_valid(t.start_policy) && t.start_slots >= t.top_k &&
+           t.start_slots <= t.n_experts;
+}
+
+/* One configuration, start to end. Returns MOECACHE_OK or the first error. */
+int32_t replay_one(const moecache_replay_trace & t, const moecache_replay_config & cfg,
+                   moecache_replay_token * out, moecache_event * events) {
+    const bool follow_slots = cfg.slots == 0;
+    const moecache_policy & start = cfg.follow_policy ? t.start_policy : cfg.policy;
+    const int32_t slots = follow_slots ? t.start_slots : cfg.slots;
+    std::unique_ptr<moecache, void (*)(moecache *)> owner(
+        moecache_create(t.n_layers, t.n_experts, t.top_k, slots, &start), moecache_destroy);
+    if (!owner) {
+        return MOECACHE_E_ARG;
+    }
+    moecache & c = *owner;
+    for (int32_t l = 0; l < t.n_layers; ++l) {
+        moecache_set_expert_bytes(&c, l, t.expert_bytes[l]);
+    }
+    int64_t max_rows = 1;
+    for (int64_t i = 0; i < t.n_tokens; ++i) {
+        int64_t rows = 0;
+        for (int64_t k = t.token_calls[i]; k < t.token_calls[i + 1]; ++k) {
+            rows += t.call_stop[k] - t.call_start[k];
+        }
+        max_rows = std::max(max_rows, rows);
+    }
+    int64_t max_call = 1;
+    for (int64_t k = 0; k < t.n_calls; ++k) {
+        max_call = std::max(max_call, t.call_stop[k] - t.call_start[k]);
+    }
+    moecache_set_event_capacity(
+        &c, events != nullptr ? static_cast<int32_t>(std::min<int64_t>(max_rows, 1 << 30)) : 0);
+    const size_t sel = static_cast<size_t>(max_call) * static_cast<size_t>(t.top_k);
+    std::vector<float> weights(sel);
+    std::vector<int32_t> out_ids(sel), out_slots(sel);
+    std::vector<moecache_copy> plan(std::max<size_t>(sel, 1));
+    std::vector<moecache_copy> pplan(static_cast<size_t>(t.n_experts));
+    std::vector<float> scores(static_cast<size_t>(t.n_experts));
+    const float none = -std::numeric_limits<float>::infinity();
+
+    for (int64_t s = 0; s < t.initial_step; ++s) {
+        moecache_begin_step(&c);
+    }
+    int64_t step = c.step;
+    int64_t change = 0;
+    int64_t drained = 0;
+    Totals before = sum_stats(c);
+    for (int64_t tok = 0; tok < t.n_tokens; ++tok) {
+        for (; change < t.n_changes && t.change_token[change] == tok; ++change) {
+            const int32_t to = t.change_slots[change];
+            if (to == 0 && cfg.follow_policy) {
+                moecache_set_policy(&c, &t.change_policy[change]);
+            } else if (to > 0 && follow_slots && to != c.slots) {
+                if (moecache_set_slots(&c, to) != MOECACHE_OK) {
+                    return MOECACHE_E_ARG;
+                }
+            }
+        }
+        int64_t prefetched = 0;
+        for (int64_t k = t.token_calls[tok]; k < t.token_calls[tok + 1]; ++k) {
+            for (; step < t.call_step[k]; ++step) {
+                moecache_begin_step(&c);
+            }
+            const int64_t r0 = t.call_start[k];
+            const int32_t n = static_cast<int32_t>(t.call_stop[k] - r0);
+            if (n == 0) {
+                continue;
+            }
+            const size_t kk = static_cast<size_t>(n) * static_cast<size_t>(t.top_k);
+            std::memcpy(weights.data(), t.weights + r0 * t.top_k, kk * sizeof(float));
+            int32_t n_plan = 0;
+            int32_t code = moecache_core::route(
+                c, t.call_layer[k], n, t.probs + r0 * t.n_experts, t.ids + r0 * t.top_k,
+                weights.data(), out_ids.data(), out_slots.data(), plan.data(),
+                static_cast<int32_t>(plan.size()), &n_plan);
+            if (code != MOECACHE_OK) {
+                return code;
+            }
+            const int64_t last = r0 + n - 1;
+            if (t.pred_width > 0 && t.next_layer[last] >= 0) {
+                std::fill(scores.begin(), scores.end(), none);
+                const int32_t * ranked = t.predicted + last * t.pred_width;
+                int32_t count = 0;
+                while (count < t.pred_width && ranked[count] >= 0) {
+                    ++count;
+                }
+                for (int32_t j = 0; j < count; ++j) {
+                    scores[static_cast<size_t>(ranked[j])] = static_cast<float>(count - j);
+                }
+                code = moecache_core::prefetch(c, t.next_layer[last], 1, scores.data(),
+                                               pplan.data(), static_cast<int32_t>(pplan.size()),
+                                               &n_plan);
+                if (code != MOECACHE_OK) {
+                    return code;
+                }
+                prefetched += n_plan;
+            }
+        }
+        const Totals now = sum_stats(c);
+        moecache_replay_token & o = out[tok];
+        o.rows = now.rows - before.rows;
+        o.selections = now.selections - before.selections;
+        o.hits = now.hits - before.hits;
+        o.fetches = now.fetches - before.fetches;
+        o.substitutions = now.substitutions - before.substitutions;
+        o.admissions = now.admissions - before.admissions;
+        o.substituted_mass = now.mass - before.mass;
+        o.bytes_sync = now.bytes_sync - before.bytes_sync;
+        o.bytes_async = now.bytes_async - before.bytes_async;
+        o.n_sync = o.fetches;
+        o.n_async = o.admissions + prefetched;
+        o.prefetches = now.prefetches - before.prefetches;
+        o.prefetch_hits = now.prefetch_hits - before.prefetch_hits;
+        before = now;
+        if (events != nullptr) {
+            drained += moecache_drain_events(&c, events + drained,
+                                             static_cast<int32_t>(std::min<int64_t>(
+                                                 t.n_rows - drained, 1 << 30)));
+        }
+    }
+    return MOECACHE_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t moecache_replay_batch(const moecache_replay_trace * trace,
+                              const moecache_replay_config * configs, int32_t n_configs,
+                              int32_t n_threads, moecache_replay_token * out,
+                              moecache_event * events) {
+    if (trace == nullptr || configs == nullptr || out == nullptr || n_configs < 0 ||
+        !trace_valid(*trace)) {
+        return MOECACHE_E_ARG;
+    }
+    for (int32_t i = 0; i < n_configs; ++i) {
+        const moecache_replay_config & cfg = configs[i];
+        const bool slots_ok = cfg.slots == 0 ||
+                              (cfg.slots >= trace->top_k && cfg.slots <= trace->n_experts);
+        if (!slots_ok || (!cfg.follow_policy && !moecache_core::policy_valid(cfg.policy))) {
+            return MOECACHE_E_ARG;
+        }
+    }
+    const size_t n_tokens = static_cast<size_t>(trace->n_tokens);
+    std::memset(out, 0, sizeof(moecache_replay_token) * n_tokens * static_cast<size_t>(n_configs));
+    const int32_t hw = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+    const int32_t workers = std::max(1, std::min(n_configs, n_threads > 0 ? n_threads : hw));
+    std::atomic<int32_t> next{0};
+    std::vector<int32_t> codes(static_cast<size_t>(std::max(n_configs, 1)), MOECACHE_OK);
+    auto work = [&]() {
+        for (int32_t i = next++; i < n_configs; i = next++) {
+            try {
+                codes[static_cast<size_t>(i)] = replay_one(
+                    *trace, configs[i], out + static_cast<size_t>(i) * n_tokens,
+                    events != nullptr ? events + static_cast<int64_t>(i) * trace->n_rows
+                                      : nullptr);
+            } catch (...) {  // bad_alloc: this configuration fails, the others go on
+                codes[static_cast<size_t>(i)] = MOECACHE_E_ARG;
+            }
+        }
+    };
+    if (workers <= 1) {
+        work();
+    } else {
+        std::vector<std::thread> pool;
+        try {
+            for (int32_t w = 0; w < workers; ++w) {
+                pool.emplace_back(work);
+            }
+        } catch (...) {  // no thread could be started: the ones running finish the work
+        }
+        if (pool.empty()) {
+            work();
+        }
+        for (std::thread & th : pool) {
+            th.join();
+        }
+    }
+    for (const int32_t code : codes) {
+        if (code != MOECACHE_OK) {
+            return code;
+        }
+    }
+    return MOECACHE_OK;
+}
+
+}  // extern "C"

@@ -1,0 +1,90 @@
+"""The native batch replay (``moecache_replay_batch``) decides exactly what the per-call
+replay and the engine decided: on every synthetic architecture, from a version-2 trace
+the recorder wrote, for the recorded configuration and for other policies and budgets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moescope.cache.native import NativeError
+from moescope.sim import Routing, decision_mismatches, replay
+from moescope.sim.replay import REPLAY_FIELDS, ReplayResult, replay_many
+from moescope.trace import read_trace
+from moescope_testing import MOE_ARCHES
+
+RecordFn = Callable[..., Path]
+
+CONFIGS = [(None, None), ("exact", 4), ("quality-first", 4), ("speed-first", None),
+           ("cache-prior", 6), ("psr", 4), ("substitute-all", 8), ("threshold", 5)]
+
+
+def same_numbers(a: ReplayResult, b: ReplayResult) -> list[str]:
+    """Fields of the per-token arrays where two replays differ (mass: to rounding, since
+    the batch sums the core's counters and the per-call replay sums rows)."""
+    bad = []
+    for name in (*REPLAY_FIELDS, "decode", "prefetching"):
+        x, y = a.per_token[name], b.per_token[name]
+        ok = (np.allclose(x, y, rtol=1e-9, atol=1e-9) if name == "substituted_mass"
+              else np.array_equal(x, y))
+        if not ok:
+            bad.append(name)
+    return bad
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHES)
+def test_batch_replay_of_a_v2_trace_matches_the_engine_and_the_per_call_replay(
+        record: RecordFn, arch: str) -> None:
+    trace = read_trace(record(arch, name="trace.arrows", tokens=20, answers=2, switch_at=7))
+    assert trace.columns is not None and trace.header.version == 2
+    routing = Routing.from_trace(trace)
+    batch = replay_many(routing, CONFIGS, threads=2, keep_events=True)
+    recorded = trace.events()
+    assert batch[0].events is not None
+    assert decision_mismatches(recorded, batch[0].events) == []
+    k = trace.header.model.top_k
+    assert np.array_equal(recorded["weights"][:, :k], batch[0].events["weights"][:, :k])
+    assert batch[0].warnings == []
+    for (policy, slots), got in zip(CONFIGS, batch, strict=True):
+        one = replay(routing, policy, slots, keep_events=True)
+        assert one.events is not None and got.events is not None
+        assert decision_mismatches(one.events, got.events) == [], (policy, slots)
+        assert same_numbers(one, got) == [], (policy, slots)
+        assert got.warnings == one.warnings
+    assert int(recorded["n_substitute"].sum()) > 0
+
+
+def test_batch_replay_of_a_psr_session_prefetches_as_the_engine_did(record: RecordFn) -> None:
+    trace = read_trace(record("qwen3moe", name="psr.arrows", policy="psr", tokens=24,
+                              switch_at=9, switch_policy="quality-first"))
+    routing = Routing.from_trace(trace)
+    assert routing.predicted is not None
+    result, psr4 = replay_many(routing, [(None, None), ("psr", 4)], keep_events=True)
+    assert result.events is not None
+    assert decision_mismatches(trace.events(), result.events) == []
+    assert result.per_token["prefetches"].sum() > 0
+    assert same_numbers(replay(routing), result) == []
+    assert same_numbers(replay(routing, "psr", 4), psr4) == []
+
+
+def test_a_v1_and_a_v2_recording_of_one_session_replay_alike(record: RecordFn) -> None:
+    v1 = read_trace(record("qwen3moe", name="same.jsonl", tokens=16))
+    v2 = read_trace(record("qwen3moe", name="same.arrows", tokens=16))
+    assert decision_mismatches(v1.events(), v2.events()) == []
+    a = replay_many(v1, CONFIGS)
+    b = replay_many(v2, CONFIGS)
+    for x, y in zip(a, b, strict=True):
+        assert same_numbers(x, y) == []
+
+
+def test_the_batch_refuses_a_configuration_the_core_would_refuse(record: RecordFn) -> None:
+    routing = Routing.from_trace(read_trace(record("qwen3moe", name="trace.arrows",
+                                                   tokens=20, answers=2, switch_at=7)))
+    with pytest.raises(NativeError):
+        replay_many(routing, [("exact", routing.header.model.n_expert + 1)])
+    routing.call_stop[-1] = routing.n_rows + 5  # a call past the rows: nothing is replayed
+    with pytest.raises(NativeError):
+        replay_many(routing, [("exact", 4)])
