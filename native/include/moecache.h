@@ -37,6 +37,8 @@ extern "C" {
 #define MOECACHE_DEFAULT_EVENT_ROWS 8192   /* event ring capacity, rows */
 #define MOECACHE_DEFAULT_BONUS      0.07f  /* ours: Cache-Prior routing bonus (gate weight) */
 #define MOECACHE_PREFETCH_TOP_K     (-1)   /* policy.prefetch: as many as the router selects */
+#define MOECACHE_THETA_DISK_AS_THETA (-1.0f) /* policy.theta_disk: the same threshold as theta */
+#define MOECACHE_DEFAULT_THETA_DISK 0.3f   /* ours: quality-first's threshold for disk-only misses */
 
 /* Return codes of the functions that return int32_t status. */
 enum moecache_status {
@@ -44,12 +46,14 @@ enum moecache_status {
     MOECACHE_E_ARG       = -1, /* bad argument (range, NULL, duplicate id in a token) */
     MOECACHE_E_NO_SLOT   = -2, /* the batch needs more distinct experts than there are slots */
     MOECACHE_E_PLAN_CAP  = -3, /* plan_cap < min(slots_per_layer, n_tokens * top_k) */
+    /* MOECACHE_E_NO_SLOT is also returned when the RAM tier cannot hold the call's reads */
 };
 
 /* What to do with a routed expert that is not resident (paper 1, "miss rules"). */
 enum moecache_miss_rule {
     MOECACHE_FETCH_ALL      = 0, /* wait for every miss: exact output */
-    MOECACHE_THRESHOLD      = 1, /* fetch if first choice or w_i / sum_k w >= theta */
+    MOECACHE_THRESHOLD      = 1, /* fetch if first choice or w_i / sum_k w >= theta
+                                    (>= theta_disk when the expert is only on disk) */
     MOECACHE_FIRST_CHOICE   = 2, /* fetch only a missing first choice */
     MOECACHE_SUBSTITUTE_ALL = 3, /* substitute every miss (reference for what it costs) */
     MOECACHE_ROUTING_BONUS  = 4, /* paper 2, Cache-Prior: route as if every resident expert's
@@ -96,9 +100,15 @@ typedef struct moecache_policy {
     float   bonus;             /* ROUTING_BONUS: added to a resident expert's gate weight, >= 0 */
     int32_t prefetch;          /* paper 2, PSR: experts of the next layer to bring in per token
                                   from moecache_prefetch's prediction; 0 = off, -1 = top_k */
+    float   theta_disk;        /* THRESHOLD, RAM tier on: the threshold for a miss that is only
+                                  on disk (not in the RAM tier); -1 = theta. In [0, 1] or -1 */
 } moecache_policy;
 
 /* One expert copy the caller must perform: host bytes of `expert` into `slot` of `layer`.
+ * With the RAM tier on (moecache_set_ram_slots), the bytes come from RAM-tier slot
+ * `ram_slot` of the layer; from_disk == 1 means the expert must first be read from the
+ * model file into that RAM slot (the RAM tier admits every expert it serves). With the
+ * tier off, ram_slot is -1 and the bytes come from the host copy of every expert.
  * async == 0: needed before this layer's matmul (a fetch). async == 1: background
  * admission; the slot counts as resident at once (logical cache) and a later token that
  * uses it must wait for the copy to finish. A later plan may reuse the same slot (eviction),
@@ -108,6 +118,8 @@ typedef struct moecache_copy {
     int32_t expert;
     int32_t slot;
     int32_t async;
+    int32_t ram_slot;   /* RAM-tier slot holding (or receiving) the expert; -1: tier off */
+    int32_t from_disk;  /* 1: read the expert from the file into ram_slot first */
 } moecache_copy;
 
 /* One row per (step, layer, token in batch). `weights` are the router's gate weights of
@@ -129,6 +141,10 @@ typedef struct moecache_event {
     int32_t evicted[MOECACHE_MAX_K];     /* first min(n_evict, MAX_K) evicted experts */
     int64_t bytes_sync;                  /* bytes fetched synchronously for this row */
     int64_t bytes_async;                 /* bytes of background admissions scheduled */
+    int8_t  tier[MOECACHE_MAX_K];        /* per selection: 0 in a slot, 1 in RAM, 2 only on disk
+                                            (as the call began; tier off: 1 for every miss) */
+    int32_t n_disk;                      /* slot fills of this row read from disk */
+    int64_t bytes_disk;                  /* their bytes (fetches and admissions) */
 } moecache_event;
 
 typedef struct moecache_layer_stats {
@@ -145,6 +161,10 @@ typedef struct moecache_layer_stats {
     int64_t resize_evictions;  /* experts dropped by moecache_set_slots (no event rows) */
     int64_t prefetches;        /* experts brought in by moecache_prefetch (async copies) */
     int64_t prefetch_hits;     /* of those, routed to (a hit) before being evicted */
+    int64_t ram_fills;         /* slot fills (fetch, admission, prefetch) served from the RAM tier */
+    int64_t disk_fills;        /* slot fills read from disk (tier on only) */
+    int64_t bytes_disk;        /* bytes read from disk */
+    int64_t ram_evictions;     /* experts dropped from the RAM tier (reads and resizes) */
 } moecache_layer_stats;
 
 typedef struct moecache moecache;
@@ -176,6 +196,20 @@ MOECACHE_API void    moecache_get_policy(const moecache * c, moecache_policy * o
  * buffers and re-copies every resident expert (see moecache_layer_slots). Returns 0 or <0. */
 MOECACHE_API int32_t moecache_set_slots(moecache * c, int32_t slots);
 MOECACHE_API int32_t moecache_get_slots(const moecache * c);
+
+/* The RAM tier (a LOGICAL record like the slots): `ram_slots` experts per layer held in host
+ * memory; every other expert is only in the model file. 0 turns the tier off: every expert
+ * counts as in host memory (today's engine, the default). Otherwise top_k <= ram_slots <=
+ * n_experts. A slot fill of an expert not in the tier reads it from disk into a RAM slot
+ * (free, else evicted by the policy's eviction rule, never one the same call reads from).
+ * Shrinking evicts and compacts like moecache_set_slots; turning the tier on starts it
+ * empty. Decisions depend on this record, never on I/O timing. Returns 0 or <0. */
+MOECACHE_API int32_t moecache_set_ram_slots(moecache * c, int32_t ram_slots);
+MOECACHE_API int32_t moecache_get_ram_slots(const moecache * c);
+/* expert -> RAM slot (-1: only on disk; every entry -1 when the tier is off), n_experts
+ * entries; and RAM slot -> expert (-1 free), ram_slots entries. */
+MOECACHE_API void moecache_layer_ram(const moecache * c, int32_t layer, int32_t * ram_slot_of_expert);
+MOECACHE_API void moecache_layer_ram_slots(const moecache * c, int32_t layer, int32_t * expert_of_ram_slot);
 
 /* Bytes one expert occupies in `layer` (all its matrices), for the byte counters. */
 MOECACHE_API void moecache_set_expert_bytes(moecache * c, int32_t layer, int64_t bytes);

@@ -24,6 +24,7 @@ void admit_lost_mass(moecache & c, LayerState & L, int32_t layer, int32_t n_toke
     const int64_t pin_epoch = sc.pin_epoch;
     for (int32_t t = 0; t < n_tokens; ++t) {
         sc.n_admitted[t] = 0;
+        sc.n_admit_disk[t] = 0;
         if (!c.policy.admission) {
             continue;
         }
@@ -41,9 +42,12 @@ void admit_lost_mass(moecache & c, LayerState & L, int32_t layer, int32_t n_toke
                 continue;
             }
             int32_t victim = -1;
-            if (insert_background(c, L, layer, e, pin_epoch, false, plan, n_plan, &victim) < 0) {
+            RamFill fill;
+            if (insert_background(c, L, layer, e, pin_epoch, false, plan, n_plan, &victim,
+                                  &fill) < 0) {
                 continue;
             }
+            sc.n_admit_disk[t] += fill.from_disk;
             const int32_t a = t * k + sc.n_admitted[t];
             sc.admitted[a] = e;
             sc.admit_evicted[a] = victim;

@@ -108,6 +108,44 @@ int32_t moecache_get_slots(const moecache * c) {
     return c->slots;
 }
 
+int32_t moecache_set_ram_slots(moecache * c, int32_t ram_slots) {
+    if (c == nullptr || (ram_slots != 0 && (ram_slots < c->top_k || ram_slots > c->n_experts))) {
+        return MOECACHE_E_ARG;
+    }
+    Lock lock(c->mutex);
+    for (LayerState & L : c->layers) {
+        moecache_core::resize_ram(*c, L, ram_slots);
+    }
+    c->ram_slots = ram_slots;
+    return MOECACHE_OK;
+}
+
+int32_t moecache_get_ram_slots(const moecache * c) {
+    if (c == nullptr) {
+        return 0;
+    }
+    Lock lock(c->mutex);
+    return c->ram_slots;
+}
+
+void moecache_layer_ram(const moecache * c, int32_t layer, int32_t * ram_slot_of_expert) {
+    if (!layer_ok(c, layer) || ram_slot_of_expert == nullptr) {
+        return;
+    }
+    Lock lock(c->mutex);
+    const std::vector<int32_t> & v = c->layers[layer].ram_slot_of;
+    std::copy(v.begin(), v.end(), ram_slot_of_expert);
+}
+
+void moecache_layer_ram_slots(const moecache * c, int32_t layer, int32_t * expert_of_ram_slot) {
+    if (!layer_ok(c, layer) || expert_of_ram_slot == nullptr) {
+        return;
+    }
+    Lock lock(c->mutex);
+    const std::vector<int32_t> & v = c->layers[layer].ram_expert_of;
+    std::copy(v.begin(), v.end(), expert_of_ram_slot);
+}
+
 void moecache_set_expert_bytes(moecache * c, int32_t layer, int64_t bytes) {
     if (!layer_ok(c, layer) || bytes < 0) {
         return;
@@ -255,7 +293,7 @@ void moecache_clear(moecache * c) {
 }
 
 const char * moecache_version(void) {
-    return "0.2.0"; /* 0.2: routing bonus in gate-weight units (0.1: probability) */
+    return "0.3.0"; /* 0.3: RAM tier, theta_disk; 0.2: routing bonus in gate-weight units */
 }
 
 }  // extern "C"

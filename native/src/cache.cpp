@@ -22,6 +22,10 @@ void layer_init(LayerState & L, int32_t n_experts, int32_t slots) {
     L.lost_mass.assign(n_experts, 0.0f);
     L.prefetched.assign(n_experts, 0);
     L.n_resident = 0;
+    L.ram_slot_of.assign(n_experts, -1);
+    L.ram_expert_of.clear();
+    L.ram_last_use.assign(n_experts, 0);
+    L.n_ram = 0;
 }
 
 void layer_clear(LayerState & L) {
@@ -34,6 +38,10 @@ void layer_clear(LayerState & L) {
     std::fill(L.lost_mass.begin(), L.lost_mass.end(), 0.0f);
     std::fill(L.prefetched.begin(), L.prefetched.end(), 0);
     L.n_resident = 0;
+    std::fill(L.ram_slot_of.begin(), L.ram_slot_of.end(), -1);
+    std::fill(L.ram_expert_of.begin(), L.ram_expert_of.end(), -1);
+    std::fill(L.ram_last_use.begin(), L.ram_last_use.end(), 0);
+    L.n_ram = 0;
 }
 
 void layer_insert(LayerState & L, int32_t expert, int32_t slot) {
@@ -77,21 +85,31 @@ int32_t acquire_slot(moecache & c, LayerState & L, int64_t pin_epoch, int32_t * 
 }
 
 /* An expert that enters off the critical path (admission, PSR prefetch): a slot as for a
- * fetch, pinned for this call, a fresh recency and lost mass, and an asynchronous copy in
- * the plan. Returns the slot, or -1 when every slot is pinned (nothing changes then). */
+ * fetch, pinned for this call, a fresh recency and lost mass, its RAM-tier source, and an
+ * asynchronous copy in the plan. Returns the slot, or -1 when every slot (or every RAM slot
+ * a disk read could use) is pinned; nothing changes then. */
 int32_t insert_background(moecache & c, LayerState & L, int32_t layer, int32_t expert,
                           int64_t pin_epoch, bool prefetched, moecache_copy * plan,
-                          int32_t * n_plan, int32_t * victim) {
+                          int32_t * n_plan, int32_t * victim, RamFill * ram) {
+    if (!ram_can_fill(c, L, expert, pin_epoch)) {
+        return -1;
+    }
     const int32_t slot = acquire_slot(c, L, pin_epoch, victim);
     if (slot < 0) {
         return -1;
+    }
+    RamFill fill;
+    ram_fill(c, L, expert, pin_epoch, &fill);
+    ram_commit(c, L, expert, fill);
+    if (ram != nullptr) {
+        *ram = fill;
     }
     layer_insert(L, expert, slot);
     c.scratch.pin[expert] = pin_epoch;
     L.last_use[expert] = ++c.clock;
     L.lost_mass[expert] = 0.0f;
     L.prefetched[expert] = prefetched ? 1 : 0;
-    plan[*n_plan] = moecache_copy{layer, expert, slot, 1};
+    plan[*n_plan] = moecache_copy{layer, expert, slot, 1, fill.ram_slot, fill.from_disk};
     *n_plan += 1;
     return slot;
 }
@@ -128,12 +146,14 @@ void resize_layer(moecache & c, LayerState & L, int32_t slots) {
 void Scratch::reserve(int32_t n_experts, int32_t n_tokens, int32_t k) {
     if (pin.size() < static_cast<size_t>(n_experts)) {
         pin.resize(n_experts, 0);
+        ram_pin.resize(n_experts, 0);
         token_mark.resize(n_experts, 0);
         ranked.resize(n_experts, 0);
     }
     const size_t selections = static_cast<size_t>(n_tokens) * static_cast<size_t>(k);
     if (action.size() < selections) {
         action.resize(selections);
+        tier.resize(selections);
         wnorm.resize(selections);
         admitted.resize(selections);
         admit_evicted.resize(selections);
@@ -141,6 +161,7 @@ void Scratch::reserve(int32_t n_experts, int32_t n_tokens, int32_t k) {
     }
     if (n_admitted.size() < static_cast<size_t>(n_tokens)) {
         n_admitted.resize(n_tokens);
+        n_admit_disk.resize(n_tokens);
     }
 }
 

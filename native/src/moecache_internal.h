@@ -26,7 +26,11 @@ struct LayerState {
     std::vector<double> freq_key;    /* log2(freq) + freq_step / half_life: orders like freq */
     std::vector<float> lost_mass;    /* admission accumulator, normalized gate mass */
     std::vector<int8_t> prefetched;  /* 1: brought in by PSR prefetch and not used since */
+    std::vector<int32_t> ram_slot_of;   /* RAM tier: expert -> RAM slot, -1 only on disk */
+    std::vector<int32_t> ram_expert_of; /* RAM slot -> expert, -1 free; empty: tier off */
+    std::vector<int64_t> ram_last_use;  /* expert -> LRU clock of its last RAM-tier use */
     int32_t n_resident = 0;
+    int32_t n_ram = 0;
     int64_t expert_bytes = 0;
     moecache_layer_stats stats{};
 };
@@ -44,16 +48,26 @@ struct EventRing {
 };
 
 /* One fetch made while deciding a route call, so a failed call can be undone exactly. */
+/* Where a slot fill's bytes come from in the RAM tier (see moecache_copy). */
+struct RamFill {
+    int32_t ram_slot = -1;
+    int32_t from_disk = 0;
+    int32_t ram_victim = -1; /* expert dropped from the RAM tier for a disk read */
+};
+
 struct FetchRecord {
     int32_t token;
     int32_t expert;
     int32_t slot;
     int32_t victim; /* expert evicted to make room, -1 if the slot was free */
+    RamFill ram;
 };
 
 /* Buffers reused by every route call: no heap allocation once they have grown. */
 struct Scratch {
     std::vector<int64_t> pin;         /* expert -> route call that pinned it */
+    std::vector<int64_t> ram_pin;     /* expert -> call whose copies read its RAM slot */
+    std::vector<int8_t> tier;         /* [n_tokens * k] 0 slot, 1 RAM, 2 disk only */
     std::vector<int64_t> token_mark;  /* expert -> token that uses it (substitute exclusion) */
     std::vector<int8_t> action;       /* [n_tokens * k] enum moecache_action */
     std::vector<float> wnorm;         /* [n_tokens * k] normalized gate weights */
@@ -61,6 +75,7 @@ struct Scratch {
     std::vector<int32_t> admitted;    /* [n_tokens * k] experts admitted, per token */
     std::vector<int32_t> admit_evicted; /* [n_tokens * k] matching victims (-1: free slot) */
     std::vector<int32_t> n_admitted;  /* [n_tokens] */
+    std::vector<int32_t> n_admit_disk; /* [n_tokens] admissions read from disk */
     std::vector<int32_t> ranked;      /* [n_experts] prefetch: expert ids, best score first */
     int64_t pin_epoch = 0;
     int64_t token_epoch = 0;
@@ -75,6 +90,7 @@ struct moecache {
     int32_t n_experts = 0;
     int32_t top_k = 0;
     int32_t slots = 0;
+    int32_t ram_slots = 0; /* 0: RAM tier off (every expert in host memory) */
     moecache_policy policy{};
     moecache_policy pending{};
     bool has_pending = false;
@@ -97,8 +113,17 @@ int32_t layer_lowest_free_slot(const LayerState & L);
 int32_t acquire_slot(moecache & c, LayerState & L, int64_t pin_epoch, int32_t * victim);
 int32_t insert_background(moecache & c, LayerState & L, int32_t layer, int32_t expert,
                           int64_t pin_epoch, bool prefetched, moecache_copy * plan,
-                          int32_t * n_plan, int32_t * victim);
+                          int32_t * n_plan, int32_t * victim, RamFill * ram = nullptr);
 void resize_layer(moecache & c, LayerState & L, int32_t slots);
+void resize_ram(moecache & c, LayerState & L, int32_t ram_slots);
+
+/* ram.cpp: the logical RAM tier under the slots. */
+bool ram_on(const LayerState & L);
+bool ram_has(const LayerState & L, int32_t expert);
+bool ram_can_fill(const moecache & c, const LayerState & L, int32_t expert, int64_t pin_epoch);
+bool ram_fill(moecache & c, LayerState & L, int32_t expert, int64_t pin_epoch, RamFill * out);
+void ram_undo(LayerState & L, int32_t expert, const RamFill & f);
+void ram_commit(moecache & c, LayerState & L, int32_t expert, const RamFill & f);
 
 /* eviction.cpp: which resident expert leaves. */
 int32_t pick_victim(const moecache & c, const LayerState & L, int64_t pin_epoch);
@@ -108,7 +133,8 @@ void refresh_frequency_keys(LayerState & L, float half_life);
 /* rules.cpp: miss rules, substitution, policies. */
 bool policy_valid(const moecache_policy & p);
 int32_t preset(const char * name, moecache_policy * out);
-bool miss_rule_fetches(const moecache_policy & p, int32_t rank, float normalized_weight);
+bool miss_rule_fetches(const moecache_policy & p, int32_t rank, float normalized_weight,
+                       bool disk_only);
 int32_t pick_substitute(const LayerState & L, const float * probs_row,
                         const std::vector<int64_t> & token_mark, int64_t token);
 

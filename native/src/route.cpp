@@ -51,6 +51,7 @@ bool arguments_valid(moecache & c, int32_t layer, int32_t n_tokens, const float 
 
 void undo_fetches(LayerState & L, const std::vector<FetchRecord> & fetches) {
     for (auto it = fetches.rbegin(); it != fetches.rend(); ++it) {
+        ram_undo(L, it->expert, it->ram);
         layer_remove(L, it->expert);
         if (it->victim >= 0) {
             layer_insert(L, it->victim, it->slot);
@@ -119,9 +120,11 @@ bool decide_token(moecache & c, LayerState & L, int32_t t, const float * probs,
         sc.wnorm[i] = sum > 0.0f ? weights[i] / sum : 0.0f;
         sc.token_mark[e] = mark;
         out_ids[i] = e;
+        const bool disk_only = !ram_has(L, e);
+        sc.tier[i] = L.slot_of[e] >= 0 ? 0 : (disk_only ? 2 : 1);
         if (L.slot_of[e] >= 0) {
             sc.action[i] = MOECACHE_HIT;
-        } else if (miss_rule_fetches(c.policy, j, sc.wnorm[i])) {
+        } else if (miss_rule_fetches(c.policy, j, sc.wnorm[i], disk_only)) {
             sc.action[i] = MOECACHE_FETCH;
         } else {
             sc.action[i] = MOECACHE_SUBSTITUTE;
@@ -155,7 +158,12 @@ bool decide_token(moecache & c, LayerState & L, int32_t t, const float * probs,
         }
         layer_insert(L, ids[i], slot);
         sc.pin[ids[i]] = pin_epoch;
-        sc.fetches.push_back(FetchRecord{t, ids[i], slot, victim});
+        RamFill fill;
+        const bool ram_ok = ram_fill(c, L, ids[i], pin_epoch, &fill);
+        sc.fetches.push_back(FetchRecord{t, ids[i], slot, victim, fill});
+        if (!ram_ok) {
+            return false; /* every RAM slot holds an expert this call copies from */
+        }
     }
     for (int32_t i = base; i < base + k; ++i) {
         out_slots[i] = L.slot_of[out_ids[i]];
@@ -201,10 +209,12 @@ void record_token(moecache & c, LayerState & L, int32_t layer, int32_t t, const 
     }
     int32_t evicted[2 * MOECACHE_MAX_K];
     int32_t n_evict = 0;
+    int32_t n_disk = sc.n_admit_disk[t];
     while (*next_fetch < sc.fetches.size() && sc.fetches[*next_fetch].token == t) {
         if (sc.fetches[*next_fetch].victim >= 0) {
             evicted[n_evict++] = sc.fetches[*next_fetch].victim;
         }
+        n_disk += sc.fetches[*next_fetch].ram.from_disk;
         *next_fetch += 1;
     }
     const int32_t n_admit = sc.n_admitted[t];
@@ -241,7 +251,10 @@ void record_token(moecache & c, LayerState & L, int32_t layer, int32_t t, const 
         row->action[j] = sc.action[base + j];
         row->used_ids[j] = out_ids[base + j];
         row->slots[j] = out_slots[base + j];
+        row->tier[j] = sc.tier[base + j];
     }
+    row->n_disk = n_disk;
+    row->bytes_disk = n_disk * L.expert_bytes;
     row->substituted_mass = mass;
     row->n_hit = n_hit;
     row->n_fetch = n_fetch;
@@ -307,7 +320,8 @@ int32_t route(moecache & c, int32_t layer, int32_t n_tokens, const float * probs
     for (const FetchRecord & f : sc.fetches) {
         L.lost_mass[f.expert] = 0.0f;
         L.prefetched[f.expert] = 0;
-        plan[*n_plan] = moecache_copy{layer, f.expert, f.slot, 0};
+        ram_commit(c, L, f.expert, f.ram);
+        plan[*n_plan] = moecache_copy{layer, f.expert, f.slot, 0, f.ram.ram_slot, f.ram.from_disk};
         *n_plan += 1;
     }
     apply_substitute_weights(c, n_tokens, probs, ids, weights, out_ids);

@@ -32,8 +32,11 @@ bool policy_valid(const moecache_policy & p) {
     const bool beta_ok = std::isfinite(p.beta) && p.beta > 0.0f;
     const bool bonus_ok = std::isfinite(p.bonus) && p.bonus >= 0.0f;
     const bool prefetch_ok = p.prefetch >= MOECACHE_PREFETCH_TOP_K;
+    const bool theta_disk_ok = p.theta_disk == MOECACHE_THETA_DISK_AS_THETA ||
+                               (std::isfinite(p.theta_disk) && p.theta_disk >= 0.0f &&
+                                p.theta_disk <= 1.0f);
     return rule_ok && evict_ok && subw_ok && admission_ok && theta_ok && half_life_ok && beta_ok &&
-           bonus_ok && prefetch_ok;
+           bonus_ok && prefetch_ok && theta_disk_ok;
 }
 
 /* The presets. Quality-first and speed-first are paper 1's recommended operating points;
@@ -54,10 +57,13 @@ int32_t preset(const char * name, moecache_policy * out) {
     p.substitute_weight = MOECACHE_SUBW_MISSING;
     p.bonus = MOECACHE_DEFAULT_BONUS;
     p.prefetch = 0;
+    p.theta_disk = MOECACHE_THETA_DISK_AS_THETA;
     if (std::strcmp(name, "exact") == 0) {
         /* defaults */
     } else if (std::strcmp(name, "quality-first") == 0) {
+        /* a miss read from disk costs ~10x one from RAM: wait for fewer of them */
         p.miss_rule = MOECACHE_THRESHOLD;
+        p.theta_disk = MOECACHE_DEFAULT_THETA_DISK;
         p.eviction = MOECACHE_EVICT_FREQUENCY;
         p.admission = 1;
     } else if (std::strcmp(name, "speed-first") == 0) {
@@ -86,12 +92,15 @@ int32_t preset(const char * name, moecache_policy * out) {
 
 /* The miss rule: true = wait for this missing expert. `rank` is its position in router
  * order (0 = first choice). */
-bool miss_rule_fetches(const moecache_policy & p, int32_t rank, float normalized_weight) {
+bool miss_rule_fetches(const moecache_policy & p, int32_t rank, float normalized_weight,
+                       bool disk_only) {
+    const float theta =
+        disk_only && p.theta_disk != MOECACHE_THETA_DISK_AS_THETA ? p.theta_disk : p.theta;
     switch (p.miss_rule) {
         case MOECACHE_FETCH_ALL:
             return true;
         case MOECACHE_THRESHOLD:
-            return rank == 0 || normalized_weight >= p.theta;
+            return rank == 0 || normalized_weight >= theta;
         case MOECACHE_FIRST_CHOICE:
             return rank == 0;
         case MOECACHE_ROUTING_BONUS: /* a candidate; route.cpp compares with the substitute */

@@ -223,7 +223,78 @@ void test_events_match_stats() {
 
 }  // namespace
 
+void test_ram_tier_off_by_default() {
+    moecache * c = moecache_create(1, kExperts, kTopK, 4, nullptr);
+    CHECK(moecache_get_ram_slots(c) == 0);
+    Result r = route(c, 0, token(3, 0.7f, 5, 0.3f));
+    CHECK(r.plan.size() == 2 && r.plan[0].ram_slot == -1 && r.plan[0].from_disk == 0);
+    CHECK(moecache_set_ram_slots(c, 1) == MOECACHE_E_ARG); /* below top-k */
+    CHECK(moecache_set_ram_slots(c, kExperts + 1) == MOECACHE_E_ARG);
+    moecache_destroy(c);
+}
+
+/* Slots 2, RAM tier 3: a miss not in RAM is read from disk into a RAM slot; after the slot
+ * evicted it, the next miss of it is served from RAM; the RAM tier evicts by LRU. */
+void test_ram_tier_serves_and_evicts() {
+    moecache * c = moecache_create(1, kExperts, kTopK, 2, nullptr);
+    moecache_set_expert_bytes(c, 0, 10);
+    CHECK(moecache_set_ram_slots(c, 3) == MOECACHE_OK);
+    Result r = route(c, 0, token(0, 0.5f, 1, 0.5f));
+    CHECK(r.plan.size() == 2);
+    CHECK(r.plan[0].from_disk == 1 && r.plan[0].ram_slot == 0);
+    CHECK(r.plan[1].from_disk == 1 && r.plan[1].ram_slot == 1);
+    r = route(c, 0, token(2, 0.5f, 3, 0.5f)); /* 2 -> RAM slot 2, 3 evicts 0 (LRU) */
+    CHECK(r.plan.size() == 2 && r.plan[0].from_disk == 1 && r.plan[0].ram_slot == 2);
+    CHECK(r.plan[1].from_disk == 1 && r.plan[1].ram_slot == 0);
+    std::vector<int32_t> ram(kExperts);
+    moecache_layer_ram(c, 0, ram.data());
+    CHECK(ram[0] == -1 && ram[1] == 1 && ram[2] == 2 && ram[3] == 0);
+    /* 1 is in RAM (a copy); 0 is read again, into the least recent unpinned RAM slot (2's) */
+    r = route(c, 0, token(1, 0.5f, 0, 0.5f));
+    CHECK(r.plan.size() == 2 && r.plan[0].from_disk == 0 && r.plan[0].ram_slot == 1);
+    CHECK(r.plan[1].from_disk == 1 && r.plan[1].ram_slot == 2);
+    moecache_layer_stats s{};
+    moecache_get_layer_stats(c, 0, &s);
+    CHECK(s.disk_fills == 5 && s.ram_fills == 1 && s.bytes_disk == 50 && s.ram_evictions == 2);
+    moecache_event rows[8];
+    const int32_t n = moecache_drain_events(c, rows, 8);
+    CHECK(n == 3 && rows[0].n_disk == 2 && rows[0].bytes_disk == 20 && rows[2].n_disk == 1);
+    CHECK(rows[2].tier[0] == 1 && rows[2].tier[1] == 2 && rows[0].tier[0] == 2);
+    /* shrinking drops the least recent (3) and compacts 0 into RAM slot 0 */
+    CHECK(moecache_set_ram_slots(c, 2) == MOECACHE_OK);
+    moecache_layer_ram(c, 0, ram.data());
+    CHECK(ram[0] == 0 && ram[1] == 1 && ram[2] == -1 && ram[3] == -1);
+    moecache_clear(c);
+    moecache_layer_ram(c, 0, ram.data());
+    CHECK(ram[1] == -1 && ram[2] == -1);
+    moecache_destroy(c);
+}
+
+/* Quality-first: a disk-only miss below theta_disk (0.3) is substituted where a miss in RAM
+ * with the same weight (>= theta 0.15) is fetched. */
+void test_theta_disk() {
+    moecache_policy p = preset("quality-first");
+    CHECK(std::fabs(p.theta_disk - MOECACHE_DEFAULT_THETA_DISK) < 1e-7f);
+    moecache * c = moecache_create(1, kExperts, kTopK, 2, &p);
+    CHECK(moecache_set_ram_slots(c, 4) == MOECACHE_OK);
+    route(c, 0, token(0, 0.5f, 1, 0.5f));
+    route(c, 0, token(2, 0.5f, 3, 0.5f)); /* RAM: 0 1 2 3; slots: 2 3 */
+    Result r = route(c, 0, token(2, 0.8f, 9, 0.2f)); /* 9 only on disk: substituted */
+    CHECK(r.plan.empty() && r.out_ids[1] == 3);
+    r = route(c, 0, token(2, 0.8f, 0, 0.2f)); /* 0 in RAM: fetched */
+    CHECK(r.plan.size() == 1 && r.plan[0].expert == 0 && r.plan[0].from_disk == 0);
+    p.theta_disk = 1.5f;
+    CHECK(moecache_set_policy(c, &p) == MOECACHE_E_ARG);
+    p.theta_disk = MOECACHE_THETA_DISK_AS_THETA;
+    CHECK(moecache_set_policy(c, &p) == MOECACHE_OK);
+    moecache_destroy(c);
+}
+
 int main() {
+    /* the Python mirror (moescope.core.native) checks the same sizes */
+    static_assert(sizeof(moecache_event) == 912, "moecache_event layout");
+    static_assert(sizeof(moecache_copy) == 24, "moecache_copy layout");
+    static_assert(sizeof(moecache_layer_stats) == 17 * 8, "moecache_layer_stats layout");
     test_presets();
     test_create_rejects_bad_shapes();
     test_fetch_then_hit();
@@ -232,6 +303,9 @@ int main() {
     test_batch_without_room_changes_nothing();
     test_resize_compacts();
     test_events_match_stats();
+    test_ram_tier_off_by_default();
+    test_ram_tier_serves_and_evicts();
+    test_theta_disk();
     if (g_failures != 0) {
         std::fprintf(stderr, "%d check(s) failed\n", g_failures);
         return 1;

@@ -48,9 +48,9 @@ def test_the_repo_build_is_found_without_configuration(monkeypatch: pytest.Monke
 
 
 def test_numpy_dtypes_match_the_c_structs() -> None:
-    assert EVENT_DTYPE.itemsize == ctypes.sizeof(CEvent) == 864
-    assert COPY_DTYPE.itemsize == 16
-    assert ctypes.sizeof(CLayerStats) == 13 * 8
+    assert EVENT_DTYPE.itemsize == ctypes.sizeof(CEvent) == 912
+    assert COPY_DTYPE.itemsize == 24
+    assert ctypes.sizeof(CLayerStats) == 17 * 8
     assert native.version()
 
 

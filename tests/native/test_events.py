@@ -132,7 +132,7 @@ def test_a_ring_sized_to_the_model_holds_its_steps_and_no_more(make_cache: MakeC
     assert cache.events_dropped == cache.n_layers
     assert len(cache.drain_events()) == rows
     assert event_ring_rows(2) == 1024, "a floor for tiny models"
-    assert event_ring_rows(48) * EVENT_DTYPE.itemsize < 11e6, "not 57 MB as before"
+    assert event_ring_rows(48) * EVENT_DTYPE.itemsize < 12e6, "not 57 MB as before"
 
 
 def test_drain_removes_what_it_returns(make_cache: MakeCache, route: RouteFn) -> None:

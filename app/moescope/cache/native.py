@@ -53,6 +53,7 @@ class CPolicy(ctypes.Structure):
         ("substitute_weight", ctypes.c_int32),
         ("bonus", ctypes.c_float),
         ("prefetch", ctypes.c_int32),
+        ("theta_disk", ctypes.c_float),
     ]
 
 
@@ -63,7 +64,7 @@ def policy_to_c(policy: Policy) -> CPolicy:
         miss_rule=int(policy.miss_rule), theta=policy.theta, eviction=int(policy.eviction),
         half_life=policy.half_life, admission=int(policy.admission), beta=policy.beta,
         substitute_weight=int(policy.substitute_weight), bonus=policy.bonus,
-        prefetch=policy.prefetch,
+        prefetch=policy.prefetch, theta_disk=policy.theta_disk,
     )
 
 
@@ -76,6 +77,7 @@ def policy_from_c(c: CPolicy) -> Policy:
         admission=bool(c.admission), beta=_from_float32(c.beta),
         substitute_weight=SubstituteWeight(c.substitute_weight),
         bonus=_from_float32(c.bonus), prefetch=int(c.prefetch),
+        theta_disk=_from_float32(c.theta_disk),
     )
 
 
@@ -91,6 +93,8 @@ class CCopy(ctypes.Structure):
         ("expert", ctypes.c_int32),
         ("slot", ctypes.c_int32),
         ("async", ctypes.c_int32),
+        ("ram_slot", ctypes.c_int32),
+        ("from_disk", ctypes.c_int32),
     ]
 
 
@@ -117,6 +121,9 @@ class CEvent(ctypes.Structure):
         ("evicted", ctypes.c_int32 * MAX_K),
         ("bytes_sync", ctypes.c_int64),
         ("bytes_async", ctypes.c_int64),
+        ("tier", ctypes.c_int8 * MAX_K),
+        ("n_disk", ctypes.c_int32),
+        ("bytes_disk", ctypes.c_int64),
     ]
 
 
@@ -137,6 +144,10 @@ class CLayerStats(ctypes.Structure):
         ("resize_evictions", ctypes.c_int64),
         ("prefetches", ctypes.c_int64),
         ("prefetch_hits", ctypes.c_int64),
+        ("ram_fills", ctypes.c_int64),
+        ("disk_fills", ctypes.c_int64),
+        ("bytes_disk", ctypes.c_int64),
+        ("ram_evictions", ctypes.c_int64),
     ]
 
 
@@ -198,6 +209,10 @@ class LayerStats:
     resize_evictions: int
     prefetches: int
     prefetch_hits: int
+    ram_fills: int = 0
+    disk_fills: int = 0
+    bytes_disk: int = 0
+    ram_evictions: int = 0
 
 
 @dataclass(frozen=True)
@@ -294,6 +309,10 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "moecache_set_slots": (i32, [vp, i32]),
         "moecache_get_slots": (i32, [vp]),
         "moecache_set_expert_bytes": (None, [vp, i32, i64]),
+        "moecache_set_ram_slots": (i32, [vp, i32]),
+        "moecache_get_ram_slots": (i32, [vp]),
+        "moecache_layer_ram": (None, [vp, i32, i32p]),
+        "moecache_layer_ram_slots": (None, [vp, i32, i32p]),
         "moecache_begin_step": (None, [vp]),
         "moecache_step": (i64, [vp]),
         "moecache_route": (
@@ -479,6 +498,24 @@ class ExpertCache:
     def slots(self) -> int:
         """Slots per layer."""
         return int(self._lib.moecache_get_slots(self.handle))
+
+    def set_ram_slots(self, ram_slots: int) -> None:
+        """Size the logical RAM tier (experts per layer in host memory; 0 = off: every
+        expert is in host memory). Decisions then tell RAM copies from disk reads."""
+        _check(self._lib.moecache_set_ram_slots(self.handle, ram_slots),
+               f"set_ram_slots({ram_slots})")
+
+    @property
+    def ram_slots(self) -> int:
+        """RAM-tier experts per layer (0: tier off)."""
+        return int(self._lib.moecache_get_ram_slots(self.handle))
+
+    def layer_ram(self, layer: int) -> npt.NDArray[np.int32]:
+        """Expert -> RAM-tier slot (-1: only on disk, or the tier is off)."""
+        self._check_layer(layer)
+        out = np.empty(self.n_experts, dtype=np.int32)
+        self._lib.moecache_layer_ram(self.handle, layer, _ptr(out, ctypes.c_int32))
+        return out
 
     def set_expert_bytes(self, layer: int, n_bytes: int) -> None:
         """Bytes of one expert of ``layer``, for the byte counters."""

@@ -44,6 +44,11 @@ would be within 0.07 of the miss's), so it means the same for 64 experts or 512.
 the demo model over 12 held-out windows (``bench/bonus_bench.py``, docs/benchmarks.md):
 cache-prior +0.3% perplexity (as quality-first) for 0.43x Exact's waited-for bytes, psr
 within noise for 0.18x; 0.2 costs +2-5% and 0.3 +9-16%."""
+DEFAULT_THETA_DISK = 0.3
+"""Quality-first's threshold for a miss only on disk (RAM tier on): a read from disk
+costs about ten times a copy from RAM, so fewer of those misses are waited for."""
+THETA_DISK_AS_THETA = -1.0
+"""``Policy.theta_disk`` value meaning "the same threshold as ``theta``"."""
 PREFETCH_TOP_K = -1
 """``Policy.prefetch`` value meaning "as many experts as the router selects"."""
 
@@ -92,6 +97,9 @@ class Policy:
     the selection's) before top-k."""
     prefetch: int = 0
     """PSR: next-layer experts brought in per token (0 off, -1 = the router's top-k)."""
+    theta_disk: float = THETA_DISK_AS_THETA
+    """THRESHOLD with the RAM tier on: the threshold for a miss that is only on disk
+    (-1: ``theta``)."""
     name: str | None = field(default=None, compare=False)
     """The preset this policy is (a label for the UI and traces; not part of equality)."""
 
@@ -106,6 +114,10 @@ class Policy:
             if not (math.isfinite(value) and low <= value <= high):  # NaN fails too
                 raise ValueError(f"{key} must be between {low:g} and {high:g}{unit}, "
                                  f"got {value}")
+        if self.theta_disk != THETA_DISK_AS_THETA and not (
+                math.isfinite(self.theta_disk) and 0.0 <= self.theta_disk <= 1.0):
+            raise ValueError(f"theta_disk must be in [0, 1] or -1 (= theta), "
+                             f"got {self.theta_disk}")
         object.__setattr__(self, "prefetch", int(self.prefetch))
         if not PREFETCH_TOP_K <= self.prefetch <= MAX_PREFETCH:
             raise ValueError(f"prefetch must be between -1 (the router's top-k) and "
@@ -141,6 +153,7 @@ PRESETS: dict[str, Policy] = {
         miss_rule=MissRule.THRESHOLD,
         eviction=Eviction.FREQUENCY,
         admission=True,
+        theta_disk=DEFAULT_THETA_DISK,
         name="quality-first",
     ),
     "speed-first": Policy(

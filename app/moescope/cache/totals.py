@@ -29,13 +29,19 @@ class CacheTotals:
     bytes_sync: int = 0
     bytes_async: int = 0
     tokens: int = 0
+    disk_fills: int = 0
+    """Slot fills (fetches and admissions) read from the model file (RAM tier on)."""
+    bytes_disk: int = 0
 
     @classmethod
     def from_events(cls, rows: npt.NDArray[Any], tokens: int = 0) -> CacheTotals:
         """Totals of ``rows`` (``EVENT_DTYPE``); ``tokens`` is how many decode steps they span."""
         if len(rows) == 0:
             return cls(tokens=tokens)
+        tiered = "n_disk" in (rows.dtype.names or ())
         return cls(
+            disk_fills=int(rows["n_disk"].sum()) if tiered else 0,
+            bytes_disk=int(rows["bytes_disk"].sum()) if tiered else 0,
             rows=len(rows),
             selections=int(rows["k"].sum()),
             hits=int(rows["n_hit"].sum()),
@@ -67,6 +73,18 @@ class CacheTotals:
     def mass_per_token(self) -> float:
         """Mean substituted gate mass per token, summed over layers (paper 1's metric)."""
         return self.substituted_mass / self.tokens if self.tokens else 0.0
+
+    @property
+    def disk_mb_per_token(self) -> float:
+        """MB read from the model file per token (fetches and admissions)."""
+        return self.bytes_disk / 1e6 / self.tokens if self.tokens else 0.0
+
+    @property
+    def ram_hit_rate(self) -> float:
+        """Of the slot fills (fetches and admissions), the share served from the RAM tier
+        rather than read from disk (1.0 with no fills or the tier off)."""
+        fills = self.fetches + self.admissions
+        return 1.0 - self.disk_fills / fills if fills else 1.0
 
     @property
     def fetched_mb_per_token(self) -> float:

@@ -39,6 +39,11 @@ class MoeCacheTimings(ctypes.Structure):
         ("wait_us", ctypes.c_int64),
         ("n_sync", ctypes.c_int64),
         ("n_async", ctypes.c_int64),
+        ("disk_us", ctypes.c_int64),
+        ("n_disk_reads", ctypes.c_int64),
+        ("disk_bytes", ctypes.c_int64),
+        ("n_readahead", ctypes.c_int64),
+        ("n_readahead_used", ctypes.c_int64),
     ]
 
     def as_dict(self) -> dict[str, int]:
@@ -81,6 +86,13 @@ def engine_library() -> Any:
                                              ctypes.POINTER(ctypes.c_int32)]),
         "llama_moe_cache_last_prediction": (i32, [vp, i32, ctypes.POINTER(ctypes.c_float), i32]),
         "llama_moe_cache_expert_buffer": (ctypes.c_char_p, [vp]),
+        "llama_moe_set_disk_experts": (None, [ctypes.c_bool]),
+        "llama_moe_cache_set_ram_slots": (i32, [vp, i32]),
+        "llama_moe_cache_ram_slots": (i32, [vp]),
+        "llama_moe_cache_disk_capable": (i32, [vp]),
+        "llama_moe_cache_io_error": (i32, [vp, ctypes.c_char_p, i32]),
+        "llama_moe_cache_clear_io_error": (None, [vp]),
+        "llama_moe_cache_set_fail_reads": (None, [vp, i64]),
         "llama_moe_cache_slot_buffer": (ctypes.c_char_p, [vp]),
     }
     for name, (restype, argtypes) in signatures.items():

@@ -69,6 +69,12 @@ class CacheError(MoEScopeError):
     """The expert cache could not be set up or resized; the previous state is kept."""
 
 
+class DiskReadError(MoEScopeError):
+    """Reading experts from the model file failed (read error, or the file was deleted,
+    truncated or replaced since it was loaded); the answer ends, the model must be
+    reloaded to read it again."""
+
+
 class ChatTemplateError(MoEScopeError):
     """The model's own chat template (Jinja code from the GGUF) failed: it does not parse,
     or it refuses the conversation (e.g. "System role not supported"). Nothing about the
@@ -105,6 +111,11 @@ class LoadedModel:
     n_gpu_layers: int = 0
     n_threads: int = 0
     """Decode threads llama.cpp was given (its default when none was asked for)."""
+    ram_plan: BudgetPlan | None = None
+    """The RAM tier's plan (experts per layer kept in host memory); None: every expert is
+    in host memory (the tier is off)."""
+    disk_experts: bool = False
+    """The experts stayed in the file at load (read on demand by the RAM tier)."""
     expert_buffer: str = ""
     """Where the experts live in host memory: llama.cpp's buffer name, e.g. ``CUDA_Host``
     (pinned: copies to VRAM at full PCIe speed) or ``CPU`` (pageable)."""
@@ -139,6 +150,8 @@ class Engine:
         self._requests_lock = threading.Lock()
         self._pending_policy: Policy | str | None = None
         self._pending_budget: str | None = None
+        self._pending_ram_budget: str | None = None
+        self._file_identity: tuple[int, int, int, int] | None = None
         self._request_count = 0
         self._pending_numbers = RequestNumbers()  # the numbers of the queued requests
         self.applied_requests = RequestNumbers()
@@ -155,6 +168,7 @@ class Engine:
              policy: Policy | str = "quality-first", n_gpu_layers: int | None = None,
              n_ctx: int = 2048, n_threads: int | None = None, cache: bool = True,
              host_experts: bool | None = None, pinned_experts: bool | None = None,
+             ram_budget: str | None = None, disk_experts: bool | None = None,
              progress: ProgressFn | None = None) -> LoadedModel:
         """Load ``path``; the expert cache is on for MoE models unless ``cache=False``.
 
@@ -169,6 +183,11 @@ class Engine:
         reads the experts into the GPU's pinned host memory instead of mapping the file:
         slower to load and not shared with the page cache, but every fetch then copies at
         full PCIe speed instead of staging through pageable memory.
+        ``ram_budget`` (same grammar as ``budget``) sizes the RAM tier: experts beyond it
+        are read from the model file on demand with explicit aligned reads. When the
+        experts exceed it, ``disk_experts`` (default) leaves them in the file at load, so a
+        model larger than RAM loads in seconds. A budget below one token's experts (top-k
+        per layer) is refused with the minimum.
         """
         report = progress or (lambda stage, frac: None)
         self._cancel_load.clear()  # a cancel meant for an earlier load is not for this one
@@ -186,20 +205,25 @@ class Engine:
         except NotMoEError as err:
             info, cache, notice = None, False, f"{err}; loaded with the expert cache off"
         plan = plan_for_model(info, budget) if cache and info is not None else None  # fail fast
+        ram_plan = _ram_plan(info, ram_budget) if plan is not None and ram_budget else None
+        if disk_experts is None:
+            disk_experts = ram_plan is not None and not ram_plan.fits_all
+        disk_experts = bool(disk_experts and plan is not None)
         if info is not None:
             p = info.path  # a split model opens at its first part, whichever was given
         if info is not None and info.context_length:
             n_ctx = min(n_ctx, info.context_length)
         self._lib = bindings.engine_library()
         self._lib.llama_moe_set_host_experts(bool(cache if host_experts is None
-                                                   else host_experts))
+                                                   else host_experts) or disk_experts)
+        self._lib.llama_moe_set_disk_experts(disk_experts)
         report("loading weights", 0.1)
         import llama_cpp  # deferred: loading the shared library takes a moment
 
         if n_gpu_layers is None:
             n_gpu_layers = -1 if llama_cpp.llama_supports_gpu_offload() else 0
         if pinned_experts is None:
-            pinned_experts = bool(cache and n_gpu_layers != 0
+            pinned_experts = bool(cache and n_gpu_layers != 0 and not disk_experts
                                   and llama_cpp.llama_supports_gpu_offload())
         report_native_aborts()
         try:
@@ -208,8 +232,9 @@ class Engine:
                 self._llm = llama_cpp.Llama(
                     model_path=str(p), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
                     n_threads=n_threads, verbose=False, logits_all=False,
-                    use_mmap=not pinned_experts)
+                    use_mmap=not (pinned_experts or disk_experts))
         except (ValueError, RuntimeError, OSError) as err:
+            self._lib.llama_moe_set_disk_experts(False)
             if self._cancel_load.is_set():
                 raise LoadCancelled(f"loading {p.name} was cancelled") from None
             raise ModelLoadError(load_message(p, n_ctx, str(err), errors)) from err
@@ -239,27 +264,40 @@ class Engine:
             self._prefetch = PrefetchMeter(self._cache, info.moe_layers)
             if plan.clamped:
                 notice = plan.message
+            if ram_plan is not None and (disk_experts or not ram_plan.fits_all):
+                rc = self._lib.llama_moe_cache_set_ram_slots(self._ctx,
+                                                             ram_plan.slots_per_layer)
+                if rc != bindings.RC_OK:
+                    self.close()
+                    raise CacheError(_ram_message(rc, ram_plan))
+            else:
+                ram_plan = None
+        self._lib.llama_moe_set_disk_experts(False)  # a setting for this load only
+        st = p.stat()
+        self._file_identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         report("warming up", 0.9)
         with loading(p):  # its first decode runs the file's numbers: a failed check blames it
-            self._warm_up()
+            self._warm_up(short=disk_experts)
         buffer = self._lib.llama_moe_cache_expert_buffer(self._ctx) if self._cache else b""
         slots = self._lib.llama_moe_cache_slot_buffer(self._ctx) if self._cache else b""
         self.model = LoadedModel(info=info, path=p, cache_enabled=self._cache is not None,
                                  plan=plan, notice=notice, n_ctx=n_ctx,
-                                 n_gpu_layers=n_gpu_layers,
+                                 n_gpu_layers=n_gpu_layers, ram_plan=ram_plan,
+                                 disk_experts=disk_experts,
                                  n_threads=int(getattr(self._llm, "n_threads", 0) or 0),
                                  expert_buffer=(buffer or b"").decode(errors="replace"),
                                  slot_buffer=(slots or b"").decode(errors="replace"))
         report("ready", 1.0)
         return self.model
 
-    def _warm_up(self) -> None:
+    def _warm_up(self, short: bool = False) -> None:
         """Decode a short prompt and one token, then forget them: the first decodes of a
         context size llama.cpp's compute buffers (~0.2-0.5 s), which would otherwise land
         in the first answer's time to first token. The cache is emptied afterwards, so
-        every session starts from the same logical state."""
+        every session starts from the same logical state. ``short``: one token only (experts
+        left in the file: a batch would read them through the memory map)."""
         bos = max(int(self._llm.token_bos()), 0)
-        n = min(16, self.n_ctx - 1)  # the prompt and the token must fit a tiny context
+        n = 0 if short else min(16, self.n_ctx - 1)  # prompt and token fit a tiny context
         if n > 0:
             self._llm.eval([bos] * n)
         self._llm.eval([bos])
@@ -304,6 +342,7 @@ class Engine:
             self._llm = None
         self.model = None
         self._previous = None
+        self._file_identity = None
 
     # ------------------------------------------------------------------ steering
     def set_policy(self, policy: Policy | str, *, _apply: bool = True) -> None:
@@ -345,10 +384,15 @@ class Engine:
                                                         budget=self._request_count)
             return self._request_count
 
+    def request_ram_budget(self, budget: str) -> None:
+        """Thread-safe: resize the RAM tier before the next token (like the budget)."""
+        with self._requests_lock:
+            self._pending_ram_budget = budget
+
     def _discard_requests(self) -> None:
         """Drop queued requests, counting them as handled (their numbers are applied)."""
         with self._requests_lock:
-            self._pending_policy = self._pending_budget = None
+            self._pending_policy = self._pending_budget = self._pending_ram_budget = None
             self.applied_requests = self._pending_numbers
 
     def apply_requests(self) -> list[Change]:
@@ -357,6 +401,7 @@ class Engine:
         with self._requests_lock:
             policy, self._pending_policy = self._pending_policy, None
             budget, self._pending_budget = self._pending_budget, None
+            ram_budget, self._pending_ram_budget = self._pending_ram_budget, None
             numbers = self._pending_numbers
         applied = self.applied_requests
         self.applied_requests = RequestNumbers(
@@ -372,6 +417,12 @@ class Engine:
                 changes.append(Change("slots", slots=plan.slots_per_layer))
             except MoEScopeError as err:
                 changes.append(Change("error", text=f"budget error: {err}"))
+        if ram_budget is not None and self._cache is not None:
+            try:
+                ram = self.set_ram_budget(ram_budget)
+                changes.append(Change("note", text=f"ram={ram.slots_per_layer if ram else 'all'}"))
+            except MoEScopeError as err:
+                changes.append(Change("error", text=f"RAM budget error: {err}"))
         self.changes.append(self._steps_done, changes)
         return changes
 
@@ -385,6 +436,59 @@ class Engine:
             raise CacheError(_enable_message(rc, plan))
         self.model.plan = plan
         return plan
+
+    def set_ram_budget(self, budget: str) -> BudgetPlan | None:
+        """Resize the RAM tier between tokens (model, KV cache and chat kept). Returns its
+        plan, or None when every expert is in host memory (tier off: only possible when
+        the experts were read at load)."""
+        if self._cache is None or self.model is None or self.model.info is None:
+            raise CacheError("the expert cache is off for this model")
+        ram_plan = _ram_plan(self.model.info, budget)
+        off = ram_plan.fits_all and not self.model.disk_experts
+        rc = self._lib.llama_moe_cache_set_ram_slots(
+            self._ctx, 0 if off else ram_plan.slots_per_layer)
+        if rc != bindings.RC_OK:
+            raise CacheError(_ram_message(rc, ram_plan))
+        self.model.ram_plan = None if off else ram_plan
+        return self.model.ram_plan
+
+    @property
+    def ram_slots_per_layer(self) -> int:
+        """RAM-tier experts per layer (0: the tier is off, every expert in host memory)."""
+        return int(self._lib.llama_moe_cache_ram_slots(self._ctx)) if self._cache else 0
+
+    def set_fail_reads(self, after: int) -> None:
+        """Test hook: reads of the model file fail (EIO) after ``after`` more (-1: never)."""
+        self._lib.llama_moe_cache_set_fail_reads(self._ctx, after)
+
+    def _check_disk(self) -> None:
+        """With experts read from the file: raise :class:`DiskReadError` when a read failed
+        or the file is no longer the one loaded (deleted, replaced, truncated, rewritten).
+        The KV cache and the cache's residency are dropped (their bytes may be wrong), so
+        the next answer starts clean once the model is reloaded."""
+        if self.model is None or self.model.ram_plan is None:
+            return
+        buf = ctypes.create_string_buffer(512)
+        message = ""
+        if self._lib.llama_moe_cache_io_error(self._ctx, buf, len(buf)):
+            message = buf.value.decode(errors="replace")
+        else:
+            try:
+                st = self.model.path.stat()
+                now = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            except OSError:
+                now = None
+            if now != self._file_identity:
+                message = ("the model file was deleted or replaced since it was loaded"
+                           if now is None or now[:2] != (self._file_identity or now)[:2]
+                           else "the model file changed on disk since it was loaded")
+        if not message:
+            return
+        self._lib.llama_moe_cache_clear_io_error(self._ctx)
+        self._llm.reset()
+        self._llm._ctx.kv_cache_clear()
+        self._previous = None
+        raise DiskReadError(f"{self.model.path.name}: {message}; reload the model")
 
     @property
     def slots_per_layer(self) -> int:
@@ -570,11 +674,13 @@ class Engine:
         if len(tokens) >= n_ctx:
             raise MoEScopeError(f"the conversation ({len(tokens)} tokens) does not fit the "
                                 f"context of {n_ctx} tokens")
+        self._check_disk()  # before a prefill reads the file through its memory map
         self._stop.clear()
         if s.seed is not None:
             self._llm.set_seed(s.seed)
         answer = AnswerStats(n_prompt_tokens=len(tokens), policies=[self._policy_name],
-                             dropped_messages=dropped, n_cached_tokens=self._reusable(tokens))
+                             dropped_messages=dropped, n_cached_tokens=self._reusable(tokens),
+                             ram_tier=self.model is not None and self.model.ram_plan is not None)
         self.last_answer = answer
         self.drain_events()  # rows from earlier calls are not this answer's
         t0 = time.perf_counter()
@@ -589,6 +695,7 @@ class Engine:
         stop_reason = "length"
         try:
             for token in gen:
+                self._check_disk()  # a token decoded from bytes that failed is not shown
                 now = time.perf_counter()
                 self._steps_done += 1
                 if self._is_eog(token):
@@ -709,6 +816,32 @@ def _split_utf8(data: bytes) -> tuple[str, bytes]:
         except UnicodeDecodeError:
             continue
     return data.decode("utf-8", errors="replace"), b""
+
+
+def _ram_plan(info: ModelInfo | None, budget: str) -> BudgetPlan:
+    """The RAM tier's experts per layer for ``budget`` (the budget grammar of the slots);
+    a budget below one token's experts (top-k in every layer) is refused."""
+    from moescope.cache.budget import format_bytes
+    from moescope.util.errors import BudgetError
+
+    if info is None:
+        raise CacheError("a RAM budget needs a model with routed experts")
+    ram = plan_for_model(info, budget)
+    if ram.clamped and ram.slots_per_layer == ram.top_k and ram.budget_bytes < ram.bytes_used:
+        raise BudgetError(
+            f"RAM budget {budget.strip()} ({format_bytes(ram.budget_bytes)}) cannot hold one "
+            f"token's experts: the minimum is {format_bytes(ram.bytes_used)} (top-k = "
+            f"{ram.top_k} experts in each of {ram.n_moe_layers} layers)")
+    return ram
+
+
+def _ram_message(rc: int, plan: BudgetPlan) -> str:
+    if rc == bindings.RC_NOT_MOE:
+        return "the experts' places in the model file are unknown; reload the model"
+    if rc == bindings.RC_ALLOC_FAILED:
+        return (f"out of memory allocating a RAM tier of {plan.slots_per_layer} experts per "
+                f"layer ({plan.bytes_used / 2**30:.2f} GiB); the previous one is kept")
+    return f"{plan.slots_per_layer} RAM experts per layer is outside [top-k, experts]"
 
 
 def _enable_message(rc: int, plan: BudgetPlan) -> str:

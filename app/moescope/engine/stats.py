@@ -44,6 +44,8 @@ class AnswerStats:
     stop_reason: str = ""
     dropped_messages: int = 0
     """Earliest messages left out of the prompt so the conversation fits the context."""
+    ram_tier: bool = False
+    """Experts were read from the model file (RAM tier on): the line shows disk reads."""
     n_cached_tokens: int = 0
     """Prompt tokens reused from the KV cache (the prefix shared with what it holds from
     the previous call): only the rest was prefilled."""
@@ -66,7 +68,10 @@ class AnswerStats:
                 f"TTFT {self.time_to_first_token_s * 1000:.0f} ms · hit {c.hit_rate:.1%} · "
                 f"fetched {c.fetched_mb_per_token:.2f} MB/tok · "
                 f"substituted {c.substituted_fraction:.1%} · "
-                f"mass/tok {c.mass_per_token:.3f} · {'/'.join(self.policies) or '-'} · "
+                f"mass/tok {c.mass_per_token:.3f} · "
+                + (f"disk {c.disk_mb_per_token:.2f} MB/tok · RAM hit {c.ram_hit_rate:.1%} · "
+                   if self.ram_tier or c.disk_fills else "")
+                + f"{'/'.join(self.policies) or '-'} · "
                 f"{self.stop_reason}"
                 + (f" · {self.dropped_messages} earliest messages left out to fit the context"
                    if self.dropped_messages else ""))

@@ -137,7 +137,7 @@ def policy_to_json(policy: Policy) -> dict[str, Any]:
         "theta": policy.theta, "eviction": policy.eviction.name.lower(),
         "half_life": policy.half_life, "admission": policy.admission, "beta": policy.beta,
         "substitute_weight": policy.substitute_weight.name.lower(),
-        "bonus": policy.bonus, "prefetch": policy.prefetch,
+        "bonus": policy.bonus, "prefetch": policy.prefetch, "theta_disk": policy.theta_disk,
     }
 
 

@@ -321,6 +321,7 @@ def _policy_from_json(raw: Any, where: str) -> Policy:
             substitute_weight=enum(SubstituteWeight, "substitute_weight"),
             bonus=number("bonus", DEFAULT_BONUS),
             prefetch=_int(d.get("prefetch", 0), f"{where}.prefetch", -1, _I32),
+            theta_disk=number("theta_disk", -1.0),
             name=_text(d.get("name"), f"{where}.name", optional=True),
         )
     except ValueError as err:  # Policy's own ranges: what the core keeps meaningful

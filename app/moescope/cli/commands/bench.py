@@ -57,6 +57,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--budget", default="25%",
                    help="VRAM for expert slots: 25%% of experts, 12GiB, or 16 (slots per "
                         "layer) (default 25%%)")
+    p.add_argument("--ram-budget", default=None, metavar="B",
+                   help="host memory for experts (same units as --budget); experts beyond "
+                        "it stay in the model file and are read on demand (default: all)")
     p.add_argument("--policies", action="append", metavar="P[,P...]",
                    help=f"policies, the first is the reference (default {DEFAULT_POLICIES}); "
                         "preset:key=value works too, e.g. threshold:theta=0.3")
@@ -159,6 +162,7 @@ class BenchResult:
                 "mass_per_token": c.mass_per_token,
                 "fetched_mb_per_token": c.fetched_mb_per_token,
                 "background_mb_per_token": c.bytes_async / 1e6 / c.tokens if c.tokens else 0.0,
+                "disk_mb_per_token": c.disk_mb_per_token, "ram_hit_rate": c.ram_hit_rate,
                 "same_start_tokens": r.same_as(self.rows[0])[0],
                 "agreement": r.same_as(self.rows[0])[1],
                 "runs": [run.to_dict() for run in r.runs]})
@@ -202,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         loaded = engine.load(model, budget=args.budget, policy=policies[0],
                              n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
+                             ram_budget=args.ram_budget,
                              n_ctx=max(512, args.tokens + 256))
         if not loaded.cache_enabled or loaded.plan is None or loaded.info is None:
             raise MoEScopeError(f"{model.name}: the expert cache is off "
@@ -315,6 +320,9 @@ def format_report(result: BenchResult) -> str:
         "",
     ]
     header = [c.format(base=base) for c in COLUMNS]
+    disk = any(row.cache.bytes_disk for row in result.rows)  # experts read from the file
+    if disk:
+        header.append("disk MB/tok")
     body = []
     for row in result.rows:
         c = row.cache
@@ -325,7 +333,8 @@ def format_report(result: BenchResult) -> str:
         body.append([row.name, f"{row.median:.1f}", f"{min(speeds):.1f}-{max(speeds):.1f}",
                      f"{result.ratio(row):.2f}x", same, f"{c.hit_rate:.1%}",
                      f"{c.substituted_fraction:.1%}", f"{c.mass_per_token:.3f}",
-                     f"{c.fetched_mb_per_token:.3f}"])
+                     f"{c.fetched_mb_per_token:.3f}"]
+                    + ([f"{c.disk_mb_per_token:.3f}"] if disk else []))
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
     for cells in [header, *body]:
         lines.append("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)

@@ -56,6 +56,7 @@ HELP = """\
 /policy [NAME]   show or switch the policy (exact, quality-first, speed-first, ...;
                  preset:key=value works too, e.g. threshold:theta=0.3)
 /budget [X]      show or change the VRAM for expert slots (25%, 12GiB, 16 slots)
+/ram [X]         show or change the host memory for experts (the rest is read from disk)
 /stats           this session's totals, per policy when more than one was used
 /compare [P,...] [score]
                  answer your last message again under Exact and each policy (default
@@ -90,6 +91,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--budget", default="25%",
                    help="VRAM for expert slots: 25%% of experts, 12GiB, 512MiB, or 16 "
                         "(slots per layer)")
+    p.add_argument("--ram-budget", default=None, metavar="B",
+                   help="host memory for experts (same units as --budget); experts beyond "
+                        "it stay in the model file and are read on demand (default: all)")
     add_sampling_arguments(p, n_default=512, n_help="most tokens per answer")
     p.add_argument("--ctx", type=int, default=4096, metavar="N",
                    help="context length in tokens (default 4096, at most the model's)")
@@ -118,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         loaded = engine.load(model, budget=args.budget, policy=policy, n_ctx=args.ctx,
                              n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
-                             cache=not args.no_cache)
+                             cache=not args.no_cache, ram_budget=args.ram_budget)
         if loaded.notice:
             print(f"moescope: {loaded.notice}", file=sys.stderr)
         if args.trace:
@@ -313,6 +317,7 @@ class ChatSession:
         handlers: dict[str, Callable[[str], None]] = {
             "/help": lambda _: self._say(HELP), "/?": lambda _: self._say(HELP),
             "/policy": self._policy, "/budget": self._budget, "/stats": self._stats,
+            "/ram": self._ram,
             "/reset": self._reset, "/system": self._system, "/compare": self._compare,
         }
         handler = handlers.get(name)
@@ -359,6 +364,25 @@ class ChatSession:
         self._say(f"budget {arg} · {self._slots()}")
         if plan is not None and plan.clamped:
             self._say(f"note: {plan.message}")
+
+    def _ram(self, arg: str) -> None:
+        model = self.engine.model
+        if self.engine.cache is None or model is None:
+            self._error("the expert cache is off for this model; there is no RAM budget")
+            return
+        if not arg:
+            ram = model.ram_plan
+            self._say("RAM tier off: every expert in host memory" if ram is None else
+                      f"RAM budget {ram.budget.text} · {ram.slots_per_layer}/{ram.n_expert} "
+                      f"experts per layer in RAM")
+            return
+        try:
+            ram = self.engine.set_ram_budget(arg)
+        except MoEScopeError as err:
+            self._error(str(err))
+            return
+        self._say("RAM tier off: every expert in host memory" if ram is None else
+                  f"RAM budget {arg} · {ram.slots_per_layer}/{ram.n_expert} experts per layer")
 
     def _slots(self) -> str:
         """``16/64 slots per layer (25.0% resident)``, from what the engine has now."""

@@ -35,6 +35,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                         "exact,quality-first,speed-first,threshold,first-choice,substitute-all")
     p.add_argument("--budgets", action="append", metavar="B[,B...]",
                    help="budgets: 25%%, 12GiB ... (default 25%%,50%%)")
+    p.add_argument("--ram-budget", default=None, metavar="B",
+                   help="host memory for experts (same units as --budget); experts beyond "
+                        "it stay in the model file and are read on demand (default: all)")
     p.add_argument("--sweep-theta", metavar="LO:HI:N",
                    help="also run quality-first at N thetas from LO to HI (first-choice "
                         "preserving runs for the mass hypothesis), e.g. 0.05:0.6:8")
@@ -154,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         loaded = engine.load(model, budget=budgets[0], policy="exact",
                              n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
+                             ram_budget=args.ram_budget,
                              n_ctx=max(256, args.tokens + 16))
         if not loaded.cache_enabled:
             raise MoEScopeError(f"{Path(model).name}: the expert cache is off "

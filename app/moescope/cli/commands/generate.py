@@ -45,6 +45,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--budget", default="25%",
                    help="VRAM for expert slots: 25%% of experts, 12GiB, 512MiB, or 16 "
                         "(slots per layer)")
+    p.add_argument("--ram-budget", default=None, metavar="B",
+                   help="host memory for experts (same units as --budget); experts beyond "
+                        "it stay in the model file and are read on demand (default: all)")
     add_sampling_arguments(p, n_default=128, n_help="tokens to generate")
     p.add_argument("--n-gpu-layers", type=int, default=0, help="layers on the GPU (default 0)")
     p.add_argument("--no-cache", action="store_true", help="run stock llama.cpp (cache off)")
@@ -64,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     model = resolve_model(args.model)
     engine = Engine()
     loaded = engine.load(model, budget=args.budget, policy=policy,
-                         n_gpu_layers=args.n_gpu_layers, cache=not args.no_cache)
+                         n_gpu_layers=args.n_gpu_layers, cache=not args.no_cache,
+                         ram_budget=args.ram_budget)
     if loaded.notice:
         print(f"moescope: {loaded.notice}", file=sys.stderr)
     prompt: Any = [Message("user", args.prompt)] if args.chat else args.prompt
