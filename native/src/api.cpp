@@ -23,14 +23,10 @@ bool layer_ok(const moecache * c, int32_t layer) {
 
 }  // namespace
 
-extern "C" {
-
-int32_t moecache_preset(const char * name, moecache_policy * out) {
-    return moecache_core::preset(name, out);
-}
-
-moecache * moecache_create(int32_t n_layers, int32_t n_experts, int32_t top_k,
-                           int32_t slots_per_layer, const moecache_policy * policy) {
+/* moecache_create with an event ring of `event_rows` (the batch replay sizes its own). */
+moecache * moecache_core::create(int32_t n_layers, int32_t n_experts, int32_t top_k,
+                                 int32_t slots_per_layer, const moecache_policy * policy,
+                                 int32_t event_rows) {
     moecache_policy p{};
     if (policy != nullptr) {
         p = *policy;
@@ -40,7 +36,7 @@ moecache * moecache_create(int32_t n_layers, int32_t n_experts, int32_t top_k,
     const bool shape_ok = n_layers >= 1 && top_k >= 1 && top_k <= MOECACHE_MAX_K &&
                           top_k <= n_experts && slots_per_layer >= top_k &&
                           slots_per_layer <= n_experts;
-    if (!shape_ok || !moecache_core::policy_valid(p)) {
+    if (!shape_ok || !moecache_core::policy_valid(p) || event_rows < 0) {
         return nullptr;
     }
     moecache * c = new (std::nothrow) moecache();
@@ -58,12 +54,24 @@ moecache * moecache_create(int32_t n_layers, int32_t n_experts, int32_t top_k,
             moecache_core::layer_init(L, n_experts, slots_per_layer);
         }
         c->scratch.reserve(n_experts, 1, top_k);
-        c->events.set_capacity(MOECACHE_DEFAULT_EVENT_ROWS);
+        c->events.set_capacity(event_rows);
     } catch (const std::bad_alloc &) {
         delete c;
         return nullptr;
     }
     return c;
+}
+
+extern "C" {
+
+int32_t moecache_preset(const char * name, moecache_policy * out) {
+    return moecache_core::preset(name, out);
+}
+
+moecache * moecache_create(int32_t n_layers, int32_t n_experts, int32_t top_k,
+                           int32_t slots_per_layer, const moecache_policy * policy) {
+    return moecache_core::create(n_layers, n_experts, top_k, slots_per_layer, policy,
+                                 MOECACHE_DEFAULT_EVENT_ROWS);
 }
 
 void moecache_destroy(moecache * c) {

@@ -119,15 +119,6 @@ int32_t replay_one(const moecache_replay_trace & t, const moecache_replay_config
     const bool follow_slots = cfg.slots == 0;
     const moecache_policy & start = cfg.follow_policy ? t.start_policy : cfg.policy;
     const int32_t slots = follow_slots ? t.start_slots : cfg.slots;
-    std::unique_ptr<moecache, void (*)(moecache *)> owner(
-        moecache_create(t.n_layers, t.n_experts, t.top_k, slots, &start), moecache_destroy);
-    if (!owner) {
-        return MOECACHE_E_ARG;
-    }
-    moecache & c = *owner;
-    for (int32_t l = 0; l < t.n_layers; ++l) {
-        moecache_set_expert_bytes(&c, l, t.expert_bytes[l]);
-    }
     int64_t max_rows = 1;
     for (int64_t i = 0; i < t.n_tokens; ++i) {
         int64_t rows = 0;
@@ -140,8 +131,20 @@ int32_t replay_one(const moecache_replay_trace & t, const moecache_replay_config
     for (int64_t k = 0; k < t.n_calls; ++k) {
         max_call = std::max(max_call, t.call_stop[k] - t.call_start[k]);
     }
-    moecache_set_event_capacity(
-        &c, events != nullptr ? static_cast<int32_t>(std::min<int64_t>(max_rows, 1 << 30)) : 0);
+    std::unique_ptr<moecache, void (*)(moecache *)> owner(
+        moecache_core::create(
+            t.n_layers, t.n_experts, t.top_k, slots, &start,
+            events != nullptr ? static_cast<int32_t>(std::min<int64_t>(max_rows, 1 << 30)) : 0),
+        moecache_destroy);
+    if (!owner) {
+        return MOECACHE_E_ARG;
+    }
+    moecache & c = *owner;
+    /* a fixed LRU policy never reads the decayed counts (only a policy change could) */
+    c.track_frequency = cfg.follow_policy || start.eviction == MOECACHE_EVICT_FREQUENCY;
+    for (int32_t l = 0; l < t.n_layers; ++l) {
+        moecache_set_expert_bytes(&c, l, t.expert_bytes[l]);
+    }
     const size_t sel = static_cast<size_t>(max_call) * static_cast<size_t>(t.top_k);
     std::vector<float> weights(sel);
     std::vector<int32_t> out_ids(sel), out_slots(sel);
@@ -190,20 +193,27 @@ int32_t replay_one(const moecache_replay_trace & t, const moecache_replay_config
             }
             const int64_t last = r0 + n - 1;
             if (t.pred_width > 0 && t.next_layer[last] >= 0) {
-                std::fill(scores.begin(), scores.end(), none);
                 const int32_t * ranked = t.predicted + last * t.pred_width;
                 int32_t count = 0;
                 while (count < t.pred_width && ranked[count] >= 0) {
                     ++count;
                 }
-                for (int32_t j = 0; j < count; ++j) {
-                    scores[static_cast<size_t>(ranked[j])] = static_cast<float>(count - j);
-                }
-                code = moecache_core::prefetch(c, t.next_layer[last], 1, scores.data(),
-                                               pplan.data(), static_cast<int32_t>(pplan.size()),
-                                               &n_plan);
-                if (code != MOECACHE_OK) {
-                    return code;
+                if (!moecache_core::prefetch_ranked(c, t.next_layer[last], ranked, count,
+                                                    pplan.data(),
+                                                    static_cast<int32_t>(pplan.size()),
+                                                    &n_plan)) {
+                    /* a ranking that repeats an expert: score it as the engine's caller
+                     * would (a later repeat lowers the score) */
+                    std::fill(scores.begin(), scores.end(), none);
+                    for (int32_t j = 0; j < count; ++j) {
+                        scores[static_cast<size_t>(ranked[j])] = static_cast<float>(count - j);
+                    }
+                    code = moecache_core::prefetch(c, t.next_layer[last], 1, scores.data(),
+                                                   pplan.data(),
+                                                   static_cast<int32_t>(pplan.size()), &n_plan);
+                    if (code != MOECACHE_OK) {
+                        return code;
+                    }
                 }
                 prefetched += n_plan;
             }

@@ -15,7 +15,9 @@
  */
 #include "moecache_internal.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 namespace moecache_core {
 
@@ -39,7 +41,8 @@ bool evicts_before_frequency(const LayerState & L, int32_t a, int32_t b) {
 
 }  // namespace
 
-int32_t pick_victim(const moecache & c, const LayerState & L, int64_t pin_epoch) {
+/* The reference: a scan of every slot per victim (what pick_victim must equal). */
+int32_t pick_victim_scan(const moecache & c, const LayerState & L, int64_t pin_epoch) {
     const bool by_frequency = c.policy.eviction == MOECACHE_EVICT_FREQUENCY;
     const std::vector<int64_t> & pin = c.scratch.pin;
     int32_t best = -1;
@@ -55,10 +58,112 @@ int32_t pick_victim(const moecache & c, const LayerState & L, int64_t pin_epoch)
     return best;
 }
 
+namespace {
+
+/* One scan: the first `depth` unpinned residents in eviction order. */
+template <typename Before>
+int32_t scan_victims(const LayerState & L, const std::vector<int64_t> & pin, int64_t pin_epoch,
+                     Before before, int32_t depth, int32_t * ids) {
+    int32_t n = 0;
+    for (const int32_t e : L.expert_of) {
+        if (e < 0 || pin[e] == pin_epoch) {
+            continue;
+        }
+        if (n == depth && !before(e, ids[depth - 1])) {
+            continue;
+        }
+        int32_t at = n < depth ? n++ : depth - 1;
+        while (at > 0 && before(e, ids[at - 1])) {
+            ids[at] = ids[at - 1];
+            --at;
+        }
+        ids[at] = e;
+    }
+    return n;
+}
+
+}  // namespace
+
+namespace {
+
+int32_t next_victim(moecache & c, const LayerState & L, int64_t pin_epoch, int32_t more) {
+    const std::vector<int64_t> & pin = c.scratch.pin;
+    if (c.policy.eviction != MOECACHE_EVICT_FREQUENCY) {
+        for (int32_t e = L.lru_head; e >= 0; e = L.lru_next[e]) {
+            if (pin[e] != pin_epoch) {
+                return e;
+            }
+        }
+        return -1;
+    }
+    VictimQueue & q = c.scratch.victims;
+    if (q.layer == &L && q.epoch == pin_epoch) {
+        while (q.at < q.n) {
+            const int32_t e = q.ids[q.at++];
+            if (L.slot_of[e] >= 0 && pin[e] != pin_epoch) {
+                return e;
+            }
+        }
+        if (q.n < q.depth) {
+            return -1; /* the scan saw every unpinned resident: none is left */
+        }
+    }
+    q.layer = &L;
+    q.epoch = pin_epoch;
+    q.at = 0;
+    q.depth = std::max(1, std::min(more, VictimQueue::kDepth));
+    q.n = scan_victims(L, pin, pin_epoch,
+                       [&L](int32_t a, int32_t b) { return evicts_before_frequency(L, a, b); },
+                       q.depth, q.ids);
+    if (q.n == 0) {
+        return -1;
+    }
+    q.at = 1;
+    return q.ids[0];
+}
+
+}  // namespace
+
+/* `more`: how many victims the caller expects to need in this call, this one included (a
+ * hint: one scan keeps that many). */
+int32_t pick_victim(moecache & c, const LayerState & L, int64_t pin_epoch, int32_t more) {
+    const int32_t v = next_victim(c, L, pin_epoch, more);
+#ifdef MOECACHE_SELFCHECK
+    if (v != pick_victim_scan(c, L, pin_epoch)) {
+        std::abort();
+    }
+#endif
+    return v;
+}
+
 void record_selection(LayerState & L, int32_t expert, int64_t step, float half_life) {
     const double h = static_cast<double>(half_life);
     const double age = static_cast<double>(step - L.freq_step[expert]);
     const double f = L.freq[expert] * std::exp2(-age / h) + 1.0;
+    L.freq[expert] = f;
+    L.freq_step[expert] = step;
+    L.freq_key[expert] = std::log2(f) + static_cast<double>(step) / h;
+}
+
+/* The same, with the decay factors of small ages memoized (the same expression, so the same
+ * doubles). */
+void record_selection(LayerState & L, int32_t expert, int64_t step, float half_life,
+                      Scratch & sc) {
+    constexpr int64_t kTable = 4096;
+    const int64_t a = step - L.freq_step[expert];
+    if (a < 0 || a >= kTable) {
+        record_selection(L, expert, step, half_life);
+        return;
+    }
+    const double h = static_cast<double>(half_life);
+    if (sc.decay_h != half_life || sc.decay.empty()) {
+        sc.decay.resize(kTable);
+        for (int64_t i = 0; i < kTable; ++i) {
+            sc.decay[static_cast<size_t>(i)] = std::exp2(-static_cast<double>(i) / h);
+        }
+        sc.decay_h = half_life;
+    }
+    const double f = L.freq[expert] * sc.decay[static_cast<size_t>(a)] + 1.0;
     L.freq[expert] = f;
     L.freq_step[expert] = step;
     L.freq_key[expert] = std::log2(f) + static_cast<double>(step) / h;

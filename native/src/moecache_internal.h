@@ -29,6 +29,12 @@ struct LayerState {
     std::vector<int32_t> ram_slot_of;   /* RAM tier: expert -> RAM slot, -1 only on disk */
     std::vector<int32_t> ram_expert_of; /* RAM slot -> expert, -1 free; empty: tier off */
     std::vector<int64_t> ram_last_use;  /* expert -> LRU clock of its last RAM-tier use */
+    /* residents in LRU order, least recent first (expert -> neighbour, -1 at the ends): every
+     * use moves an expert to the tail, so LRU's victim is the first unpinned one */
+    std::vector<int32_t> lru_prev;
+    std::vector<int32_t> lru_next;
+    int32_t lru_head = -1;
+    int32_t lru_tail = -1;
     int32_t n_resident = 0;
     int32_t n_ram = 0;
     int64_t expert_bytes = 0;
@@ -63,6 +69,23 @@ struct FetchRecord {
     RamFill ram;
 };
 
+/* Frequency eviction's next victims in one layer within one pin epoch (a route, prefetch or
+ * resize call): the best unpinned residents in eviction order, found by one scan of the slots. Within a
+ * call the keys of unpinned residents never change (only the call's own, pinned, experts
+ * are used or inserted), so successive victims are this order minus experts pinned since;
+ * when it runs out the slots are scanned again. Equal to a full scan per victim. */
+struct VictimQueue {
+    static constexpr int32_t kDepth = 24;
+    const LayerState * layer = nullptr;
+    int64_t epoch = -1;
+    int32_t depth = 0; /* how many the scan kept at most */
+    int32_t n = 0;
+    int32_t at = 0;
+    int32_t ids[kDepth];
+
+    void invalidate() { layer = nullptr; epoch = -1; }
+};
+
 /* Buffers reused by every route call: no heap allocation once they have grown. */
 struct Scratch {
     std::vector<int64_t> pin;         /* expert -> route call that pinned it */
@@ -77,6 +100,9 @@ struct Scratch {
     std::vector<int32_t> n_admitted;  /* [n_tokens] */
     std::vector<int32_t> n_admit_disk; /* [n_tokens] admissions read from disk */
     std::vector<int32_t> ranked;      /* [n_experts] prefetch: expert ids, best score first */
+    std::vector<double> decay;        /* decay[a] = 2^(-a / decay_h): record_selection's factor */
+    float decay_h = 0.0f;
+    VictimQueue victims;
     int64_t pin_epoch = 0;
     int64_t token_epoch = 0;
 
@@ -96,6 +122,9 @@ struct moecache {
     bool has_pending = false;
     int64_t step = 0;
     int64_t clock = 0; /* LRU clock: +1 per use, so recency never ties */
+    /* false only where the policy can never change to frequency eviction (a batch replay
+     * of one fixed LRU policy): the decayed counts are then never read, so not kept */
+    bool track_frequency = true;
     std::vector<moecache_core::LayerState> layers;
     moecache_core::EventRing events;
     moecache_core::Scratch scratch;
@@ -104,16 +133,24 @@ struct moecache {
 
 namespace moecache_core {
 
+/* api.cpp: moecache_create with an event ring of `event_rows`. */
+moecache * create(int32_t n_layers, int32_t n_experts, int32_t top_k, int32_t slots_per_layer,
+                  const moecache_policy * policy, int32_t event_rows);
+
 /* cache.cpp: slot maps of one layer. */
 void layer_init(LayerState & L, int32_t n_experts, int32_t slots);
 void layer_clear(LayerState & L);
 void layer_insert(LayerState & L, int32_t expert, int32_t slot);
 void layer_remove(LayerState & L, int32_t expert);
+void lru_touch(LayerState & L, int32_t expert);
+void lru_place(LayerState & L, int32_t expert);
 int32_t layer_lowest_free_slot(const LayerState & L);
-int32_t acquire_slot(moecache & c, LayerState & L, int64_t pin_epoch, int32_t * victim);
+int32_t acquire_slot(moecache & c, LayerState & L, int64_t pin_epoch, int32_t * victim,
+                     int32_t more = 1);
 int32_t insert_background(moecache & c, LayerState & L, int32_t layer, int32_t expert,
                           int64_t pin_epoch, bool prefetched, moecache_copy * plan,
-                          int32_t * n_plan, int32_t * victim, RamFill * ram = nullptr);
+                          int32_t * n_plan, int32_t * victim, RamFill * ram = nullptr,
+                          int32_t more = 1);
 void resize_layer(moecache & c, LayerState & L, int32_t slots);
 void resize_ram(moecache & c, LayerState & L, int32_t ram_slots);
 
@@ -126,8 +163,11 @@ void ram_undo(LayerState & L, int32_t expert, const RamFill & f);
 void ram_commit(moecache & c, LayerState & L, int32_t expert, const RamFill & f);
 
 /* eviction.cpp: which resident expert leaves. */
-int32_t pick_victim(const moecache & c, const LayerState & L, int64_t pin_epoch);
+int32_t pick_victim(moecache & c, const LayerState & L, int64_t pin_epoch, int32_t more = 1);
+int32_t pick_victim_scan(const moecache & c, const LayerState & L, int64_t pin_epoch);
 void record_selection(LayerState & L, int32_t expert, int64_t step, float half_life);
+void record_selection(LayerState & L, int32_t expert, int64_t step, float half_life,
+                      Scratch & sc);
 void refresh_frequency_keys(LayerState & L, float half_life);
 
 /* rules.cpp: miss rules, substitution, policies. */
@@ -137,6 +177,9 @@ bool miss_rule_fetches(const moecache_policy & p, int32_t rank, float normalized
                        bool disk_only);
 int32_t pick_substitute(const LayerState & L, const float * probs_row,
                         const std::vector<int64_t> & token_mark, int64_t token);
+int32_t pick_substitutes(const LayerState & L, const float * probs_row,
+                         std::vector<int64_t> & token_mark, int64_t token, int32_t want,
+                         int32_t * out);
 
 /* admission.cpp: background admission of experts that lost enough mass. */
 void admit_lost_mass(moecache & c, LayerState & L, int32_t layer, int32_t n_tokens,
@@ -146,6 +189,8 @@ void admit_lost_mass(moecache & c, LayerState & L, int32_t layer, int32_t n_toke
 int32_t prefetch(moecache & c, int32_t layer, int32_t n_tokens, const float * scores,
                  moecache_copy * plan, int32_t plan_cap, int32_t * n_plan);
 int32_t prefetch_per_token(const moecache & c);
+bool prefetch_ranked(moecache & c, int32_t layer, const int32_t * ranked, int32_t count,
+                     moecache_copy * plan, int32_t plan_cap, int32_t * n_plan);
 
 /* route.cpp: one route call, under the caller's lock. */
 int32_t route(moecache & c, int32_t layer, int32_t n_tokens, const float * probs,

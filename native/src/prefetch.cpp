@@ -27,6 +27,39 @@ int32_t prefetch_per_token(const moecache & c) {
     return std::min({want, c.n_experts, c.slots});
 }
 
+namespace {
+
+/* One token's predictions, best first: the resident ones are pinned before any insertion can
+ * evict them, then the others enter in rank order. False when every slot holds a
+ * prediction (the rest are dropped). */
+bool insert_predictions(moecache & c, LayerState & L, int32_t layer, const int32_t * chosen,
+                        int32_t per_token, int64_t pin_epoch, moecache_copy * plan,
+                        int32_t * n_plan) {
+    Scratch & sc = c.scratch;
+    for (int32_t j = 0; j < per_token; ++j) {
+        if (L.slot_of[chosen[j]] >= 0) {
+            sc.pin[chosen[j]] = pin_epoch;
+        }
+    }
+    for (int32_t j = 0; j < per_token; ++j) {
+        const int32_t e = chosen[j];
+        if (L.slot_of[e] >= 0) {
+            continue;
+        }
+        int32_t victim = -1;
+        if (insert_background(c, L, layer, e, pin_epoch, true, plan, n_plan, &victim, nullptr,
+                              per_token - j) < 0) {
+            return false;
+        }
+        L.stats.prefetches += 1;
+        L.stats.bytes_async += L.expert_bytes;
+        L.stats.evictions += victim >= 0;
+    }
+    return true;
+}
+
+}  // namespace
+
 int32_t prefetch(moecache & c, int32_t layer, int32_t n_tokens, const float * scores,
                  moecache_copy * plan, int32_t plan_cap, int32_t * n_plan) {
     if (layer < 0 || layer >= c.n_layers || n_tokens < 0 || n_plan == nullptr) {
@@ -65,27 +98,51 @@ int32_t prefetch(moecache & c, int32_t layer, int32_t n_tokens, const float * sc
                               const float sb = score(row[b]);
                               return sa != sb ? sa > sb : a < b;
                           });
-        /* pin this token's resident predictions before any insertion can evict them */
-        for (int32_t j = 0; j < per_token; ++j) {
-            if (L.slot_of[ranked[j]] >= 0) {
-                sc.pin[ranked[j]] = pin_epoch;
-            }
-        }
-        for (int32_t j = 0; j < per_token; ++j) {
-            const int32_t e = ranked[j];
-            if (L.slot_of[e] >= 0) {
-                continue;
-            }
-            int32_t victim = -1;
-            if (insert_background(c, L, layer, e, pin_epoch, true, plan, n_plan, &victim) < 0) {
-                return MOECACHE_OK; /* every slot holds a prediction: enough */
-            }
-            L.stats.prefetches += 1;
-            L.stats.bytes_async += L.expert_bytes;
-            L.stats.evictions += victim >= 0;
+        if (!insert_predictions(c, L, layer, ranked.data(), per_token, pin_epoch, plan, n_plan)) {
+            return MOECACHE_OK; /* every slot holds a prediction: enough */
         }
     }
     return MOECACHE_OK;
+}
+
+/* prefetch for one token whose scores rank `ranked[0..count)` first, in that order, and
+ * every other expert equal below them (what the batch replay has: a recorded ranking), so
+ * the top per_token are read off the ranking instead of sorted out of n_experts scores.
+ * False when the ranking is not `count` distinct experts: the caller scores it instead. */
+bool prefetch_ranked(moecache & c, int32_t layer, const int32_t * ranked, int32_t count,
+                     moecache_copy * plan, int32_t plan_cap, int32_t * n_plan) {
+    *n_plan = 0;
+    const int32_t per_token = prefetch_per_token(c);
+    if (per_token <= 0) {
+        return true;
+    }
+    if (plan_cap < per_token || plan == nullptr || layer < 0 || layer >= c.n_layers) {
+        return false;
+    }
+    Scratch & sc = c.scratch;
+    sc.reserve(c.n_experts, 1, c.top_k);
+    const int64_t mark = ++sc.token_epoch;
+    for (int32_t j = 0; j < count; ++j) {
+        const int32_t e = ranked[j];
+        if (e < 0 || e >= c.n_experts || sc.token_mark[e] == mark) {
+            return false;
+        }
+        sc.token_mark[e] = mark;
+    }
+    std::vector<int32_t> & chosen = sc.ranked;
+    int32_t n = 0;
+    for (; n < per_token && n < count; ++n) {
+        chosen[n] = ranked[n];
+    }
+    for (int32_t e = 0; n < per_token && e < c.n_experts; ++e) {
+        if (sc.token_mark[e] != mark) {
+            chosen[n++] = e; /* the unranked ones tie: lower id first */
+        }
+    }
+    const int64_t pin_epoch = ++sc.pin_epoch;
+    insert_predictions(c, c.layers[layer], layer, chosen.data(), per_token, pin_epoch, plan,
+                       n_plan);
+    return true;
 }
 
 }  // namespace moecache_core

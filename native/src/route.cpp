@@ -55,6 +55,7 @@ void undo_fetches(LayerState & L, const std::vector<FetchRecord> & fetches) {
         layer_remove(L, it->expert);
         if (it->victim >= 0) {
             layer_insert(L, it->victim, it->slot);
+            lru_place(L, it->victim);
         }
     }
 }
@@ -85,13 +86,14 @@ void steer_to_residents(moecache & c, const LayerState & L, int32_t base, const 
         const float pb = probs_row[ids[b]];
         return pa != pb ? pa < pb : a > b;
     });
+    int32_t best[MOECACHE_MAX_K];
+    const int32_t n_best = pick_substitutes(L, probs_row, sc.token_mark, mark, n, best);
     bool steering = true;
     for (int32_t o = 0; o < n; ++o) {
         const int32_t i = order[o];
-        const int32_t r = steering ? pick_substitute(L, probs_row, sc.token_mark, mark) : -1;
+        const int32_t r = steering && o < n_best ? best[o] : -1;
         if (r >= 0 && probs_row[r] + bonus > probs_row[ids[i]]) {
             out_ids[i] = r;
-            sc.token_mark[r] = mark;
             sc.pin[r] = sc.pin_epoch;
         } else {
             sc.action[i] = MOECACHE_FETCH;
@@ -134,25 +136,37 @@ bool decide_token(moecache & c, LayerState & L, int32_t t, const float * probs,
     if (c.policy.miss_rule == MOECACHE_ROUTING_BONUS) {
         steer_to_residents(c, L, base, probs_row, ids, out_ids, mark);
     }
+    int32_t n_sub = 0;
     for (int32_t i = base; i < base + k; ++i) {
-        if (sc.action[i] != MOECACHE_SUBSTITUTE || c.policy.miss_rule == MOECACHE_ROUTING_BONUS) {
-            continue;
+        n_sub += sc.action[i] == MOECACHE_SUBSTITUTE;
+    }
+    if (n_sub > 0 && c.policy.miss_rule != MOECACHE_ROUTING_BONUS) {
+        int32_t best[MOECACHE_MAX_K];
+        const int32_t n_best = pick_substitutes(L, probs_row, sc.token_mark, mark, n_sub, best);
+        int32_t next = 0;
+        for (int32_t i = base; i < base + k; ++i) {
+            if (sc.action[i] != MOECACHE_SUBSTITUTE) {
+                continue;
+            }
+            if (next == n_best) {
+                sc.action[i] = MOECACHE_FETCH; /* no resident expert left to substitute */
+                continue;
+            }
+            const int32_t r = best[next++];
+            out_ids[i] = r;
+            sc.pin[r] = pin_epoch;
         }
-        const int32_t r = pick_substitute(L, probs_row, sc.token_mark, mark);
-        if (r < 0) {
-            sc.action[i] = MOECACHE_FETCH; /* no resident expert left to substitute */
-            continue;
-        }
-        out_ids[i] = r;
-        sc.token_mark[r] = mark;
-        sc.pin[r] = pin_epoch;
+    }
+    int32_t n_fetch = 0;
+    for (int32_t i = base; i < base + k; ++i) {
+        n_fetch += sc.action[i] == MOECACHE_FETCH;
     }
     for (int32_t i = base; i < base + k; ++i) {
         if (sc.action[i] != MOECACHE_FETCH) {
             continue;
         }
         int32_t victim = -1;
-        const int32_t slot = acquire_slot(c, L, pin_epoch, &victim);
+        const int32_t slot = acquire_slot(c, L, pin_epoch, &victim, n_fetch--);
         if (slot < 0) {
             return false;
         }
@@ -305,13 +319,17 @@ int32_t route(moecache & c, int32_t layer, int32_t n_tokens, const float * probs
     for (int32_t t = 0; t < n_tokens; ++t) {
         if (!decide_token(c, L, t, probs, ids, weights, out_ids, out_slots)) {
             undo_fetches(L, sc.fetches);
+            sc.victims.invalidate();
             return MOECACHE_E_NO_SLOT;
         }
     }
     /* 3. commit */
     for (int64_t i = 0; i < selections; ++i) {
         L.last_use[out_ids[i]] = ++c.clock;
-        record_selection(L, ids[i], c.step, c.policy.half_life);
+        lru_touch(L, out_ids[i]);
+        if (c.track_frequency) {
+            record_selection(L, ids[i], c.step, c.policy.half_life, sc);
+        }
         if (sc.action[i] != MOECACHE_FETCH && L.prefetched[out_ids[i]]) {
             L.prefetched[out_ids[i]] = 0; /* a prefetch that paid off (hit or substitute) */
             L.stats.prefetch_hits += 1;

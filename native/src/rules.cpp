@@ -17,6 +17,7 @@
 #include "moecache_internal.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 namespace moecache_core {
@@ -126,6 +127,78 @@ int32_t pick_substitute(const LayerState & L, const float * probs_row,
         }
     }
     return best;
+}
+
+}  // namespace moecache_core
+
+namespace moecache_core {
+
+/* The first `want` picks of pick_substitute in a row, each marked (token_mark[e] = token)
+ * as it is picked: the best unmarked residents by probability, ties by lower expert id,
+ * best first, found in one scan of the slots. Returns how many (< want when too few
+ * residents are left). A NaN probability makes "best" depend on the scan order, so such a
+ * row is decided by pick_substitute itself. */
+int32_t pick_substitutes(const LayerState & L, const float * probs_row,
+                         std::vector<int64_t> & token_mark, int64_t token, int32_t want,
+                         int32_t * out) {
+    if (want <= 0) {
+        return 0;
+    }
+    float best_p[MOECACHE_MAX_K];
+    int32_t n = 0;
+    bool nan = false;
+    for (const int32_t e : L.expert_of) {
+        if (e < 0) {
+            continue;
+        }
+        const float p = probs_row[e];
+        if (p != p) {
+            nan = true;
+            continue;
+        }
+        if (n == want && (p < best_p[want - 1] || (p == best_p[want - 1] && e > out[want - 1]))) {
+            continue;
+        }
+        if (token_mark[e] == token) {
+            continue;
+        }
+        int32_t at = n == want ? want - 1 : n++;
+        while (at > 0 && (p > best_p[at - 1] || (p == best_p[at - 1] && e < out[at - 1]))) {
+            best_p[at] = best_p[at - 1];
+            out[at] = out[at - 1];
+            --at;
+        }
+        best_p[at] = p;
+        out[at] = e;
+    }
+    if (nan) {
+        n = 0;
+        while (n < want) {
+            const int32_t r = pick_substitute(L, probs_row, token_mark, token);
+            if (r < 0) {
+                break;
+            }
+            out[n++] = r;
+            token_mark[r] = token;
+        }
+        return n;
+    }
+#ifdef MOECACHE_SELFCHECK
+    for (int32_t i = 0; i < want; ++i) {
+        const int32_t r = pick_substitute(L, probs_row, token_mark, token);
+        if (r != (i < n ? out[i] : -1)) {
+            std::abort();
+        }
+        if (r < 0) {
+            break;
+        }
+        token_mark[r] = token;
+    }
+#endif
+    for (int32_t i = 0; i < n; ++i) {
+        token_mark[out[i]] = token;
+    }
+    return n;
 }
 
 }  // namespace moecache_core
