@@ -84,22 +84,18 @@ def forced_run(engine: Any, tokens: list[int], policy: Any, budget: str,
     return nll, audits, time.perf_counter() - t0
 
 
-def overhead(engine: Any, budget: str, policy: str, reps: int, n: int) -> dict[int, float]:
-    """Median decode tokens/s of generation with audits off, every 32 and every 16."""
-    from moescope.engine import Sampling
+def overhead(engine: Any, tokens: list[int], budget: str, policy: str,
+             reps: int) -> dict[int, float]:
+    """Median decode tokens/s of teacher-forced decoding of ``tokens`` (a fixed count,
+    unlike generation, which may end early) with audits off, every 32 and every 16,
+    interleaved."""
+    from moescope.cache.policy import Policy
 
-    engine.set_budget(budget)
-    engine.set_policy(policy)
     speeds: dict[int, list[float]] = {0: [], 32: [], 16: []}
     for _ in range(reps):
         for every in speeds:
-            engine.set_audit(every)
-            engine.cache.clear()
-            engine._llm.reset()
-            engine._llm._ctx.kv_cache_clear()
-            list(engine.generate("ROMEO:", Sampling(max_tokens=n, seed=1, temperature=0.8)))
-            speeds[every].append(engine.last_answer.tokens_per_second)
-    engine.set_audit(0)
+            _, _, seconds = forced_run(engine, tokens, Policy.preset(policy), budget, every)
+            speeds[every].append((len(tokens) - 1) / seconds)
     return {k: statistics.median(v) for k, v in speeds.items()}
 
 
@@ -114,8 +110,8 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=4, help="audit period for the estimate")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reps", type=int, default=3, help="overhead: reps per variant")
-    parser.add_argument("--overhead-tokens", type=int, default=128)
     parser.add_argument("--skip-overhead", action="store_true")
+    parser.add_argument("--only-overhead", action="store_true")
     args = parser.parse_args()
 
     from moescope.cache.audit import AuditEstimate
@@ -142,7 +138,7 @@ def main() -> int:
           "audits | greedy differs | mass/tok |")
     print("|---|---|---|---|---|---:|---:|---:|")
     points: list[tuple[float, float]] = []
-    for name, text in texts.items():
+    for name, text in ({} if args.only_overhead else texts).items():
         chunks = windows(engine.tokenize(text[text.find("\n") + 1:]), args.windows, length)
         for budget in budgets:
             base = np.concatenate([forced_run(engine, c, Policy.preset("exact"), budget, 0)[0]
@@ -162,14 +158,16 @@ def main() -> int:
                       f"{hi:+.2f}] | +{100 * est.cost:.2f}% [{100 * est.low:.2f}, "
                       f"{100 * est.high:.2f}] | {est.n} | {est.greedy_differs} | "
                       f"{est.mean_mass:.3f} |", flush=True)
-    xs, ys = zip(*points, strict=True)
-    r = pearson(xs, ys)
-    print(f"\nPearson r (eval Δppl vs audit estimate) over {len(points)} points: "
-          f"{r:.3f}" if not math.isnan(r) else "\nPearson r: undefined")
+    if points:
+        xs, ys = zip(*points, strict=True)
+        r = pearson(xs, ys)
+        print(f"\nPearson r (eval Δppl vs audit estimate) over {len(points)} points: "
+              f"{r:.3f}" if not math.isnan(r) else "\nPearson r: undefined")
     if not args.skip_overhead:
-        speeds = overhead(engine, budgets[0], "quality-first", args.reps, args.overhead_tokens)
-        print(f"\nDecode speed, quality-first @ {budgets[0]}, {args.overhead_tokens} tokens, "
-              f"median of {args.reps}: " + ", ".join(
+        chunk = windows(engine.tokenize(texts["verse"]), 1, length)[0]
+        speeds = overhead(engine, chunk, budgets[0], "quality-first", args.reps)
+        print(f"\nDecode speed, teacher-forced, quality-first @ {budgets[0]}, "
+              f"{length - 1} tokens, median of {args.reps}: " + ", ".join(
                   f"{'off' if k == 0 else f'N={k}'} {v:.1f} tok/s"
                   + (f" ({v / speeds[0]:.2f}x)" if k else "") for k, v in speeds.items()))
     engine.close()
