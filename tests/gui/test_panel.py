@@ -170,6 +170,6 @@ def test_audit_control_shows_the_quality_cost_live(window: Any, qtbot: Any) -> N
     assert est is not None and f"+{100 * est.cost:.2f}%" in text
     kl = model.time.view("audit_kl")
     assert int(np.isfinite(kl).sum()) == len(model.audits)
-    x, y = panel.time_plots.curves["audit_kl"].getData()
+    x, _y = panel.time_plots.curves["audit_kl"].getData()
     assert x is not None and len(x) == len(model.audits)
     assert "quality cost +" in summary.summary
