@@ -275,6 +275,21 @@ MOECACHE_API void moecache_reset_stats(moecache * c);
  * policy, slots, step, stats and events. */
 MOECACHE_API void moecache_clear(moecache * c);
 
+/* Audits (issue 20): the route of an audited token as if every miss were fetched, deciding
+ * nothing. For n_tokens tokens of `layer` (ids [n_tokens * top_k], router order), out_slots
+ * receives each selection's slot: a resident's own, or a SCRATCH slot numbered from
+ * moecache_get_slots (slots, slots + 1, ...; one per distinct missing expert) that the caller
+ * holds outside the cache. `plan` receives one synchronous copy per scratch slot; with the
+ * RAM tier on, ram_slot is the expert's RAM slot or -1 with from_disk = 1 (read it from the
+ * file straight into the scratch slot: the RAM tier admits nothing). Changes NOTHING (no
+ * eviction, admission, recency, frequency, accumulator, stats, event row or step), so a
+ * policy's run is the same with or without audits. plan_cap >= n_tokens * top_k suffices.
+ * Returns 0, MOECACHE_E_ARG or MOECACHE_E_PLAN_CAP. */
+MOECACHE_API int32_t moecache_audit_route(const moecache * c, int32_t layer, int32_t n_tokens,
+                                          const int32_t * ids, int32_t * out_slots,
+                                          moecache_copy * plan, int32_t plan_cap,
+                                          int32_t * n_plan);
+
 MOECACHE_API const char * moecache_version(void);
 
 /* ---- Batch replay: the router-logit simulator's fast path (batch_replay.cpp) ----------

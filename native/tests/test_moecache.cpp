@@ -290,6 +290,42 @@ void test_theta_disk() {
     moecache_destroy(c);
 }
 
+/* The audit route fetches every miss into scratch slots and changes nothing. */
+void test_audit_route_changes_nothing() {
+    moecache_policy p;
+    moecache_preset("speed-first", &p);
+    moecache * c = moecache_create(1, kExperts, kTopK, 4, &p);
+    moecache_begin_step(c);
+    route(c, 0, token(0, 0.5f, 1, 0.5f));
+    moecache_layer_stats before{};
+    moecache_get_layer_stats(c, 0, &before);
+    std::vector<int32_t> slots_before(kExperts);
+    moecache_layer_experts(c, 0, slots_before.data());
+    const int32_t pending = moecache_events_pending(c);
+    const int32_t ids[kTopK] = {1, 7};
+    int32_t out_slots[kTopK] = {-9, -9};
+    moecache_copy plan[kTopK];
+    int32_t n_plan = -1;
+    CHECK(moecache_audit_route(c, 0, 1, ids, out_slots, plan, kTopK, &n_plan) == MOECACHE_OK);
+    CHECK(n_plan == 1 && plan[0].expert == 7 && plan[0].slot == 4 && plan[0].async == 0);
+    CHECK(plan[0].ram_slot == -1 && plan[0].from_disk == 0);
+    CHECK(out_slots[0] == slots_before[1] && out_slots[1] == 4);
+    moecache_layer_stats after{};
+    moecache_get_layer_stats(c, 0, &after);
+    std::vector<int32_t> slots_after(kExperts);
+    moecache_layer_experts(c, 0, slots_after.data());
+    CHECK(std::memcmp(&before, &after, sizeof before) == 0);
+    CHECK(slots_before == slots_after && moecache_events_pending(c) == pending);
+    CHECK(moecache_step(c) == 1);
+    /* the policy's next decision is what it would have been without the audit */
+    Result r = route(c, 0, token(1, 0.8f, 7, 0.2f));
+    CHECK(r.out_ids[1] != 7); /* speed-first substitutes the small miss */
+    const int32_t bad[kTopK] = {1, kExperts};
+    CHECK(moecache_audit_route(c, 0, 1, bad, out_slots, plan, kTopK, &n_plan) == MOECACHE_E_ARG);
+    CHECK(moecache_audit_route(c, 0, 1, ids, out_slots, plan, 0, &n_plan) == MOECACHE_E_PLAN_CAP);
+    moecache_destroy(c);
+}
+
 int main() {
     /* the Python mirror (moescope.core.native) checks the same sizes */
     static_assert(sizeof(moecache_event) == 912, "moecache_event layout");
@@ -306,6 +342,7 @@ int main() {
     test_ram_tier_off_by_default();
     test_ram_tier_serves_and_evicts();
     test_theta_disk();
+    test_audit_route_changes_nothing();
     if (g_failures != 0) {
         std::fprintf(stderr, "%d check(s) failed\n", g_failures);
         return 1;

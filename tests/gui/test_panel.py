@@ -150,3 +150,26 @@ def test_fit_estimate_without_nvidia_gpu_says_slots_are_in_ram(tiny_moe: Path,
     fit = estimate_fit(read_model_info(tiny_moe), "25%")
     assert fit.gpu == "no NVIDIA GPU: expert slots in RAM"
     assert fit.vram_free is None and fit.fits_vram
+
+
+def test_audit_control_shows_the_quality_cost_live(window: Any, qtbot: Any) -> None:
+    """Choosing *Audit every 8 tokens* in the controls: the panel's stats line shows the
+    running estimate with its interval and the latest KL, the KL plot has one point per
+    audited token, and the answer's line carries the estimate."""
+    audit = window.controls.audit
+    audit.setCurrentIndex(audit.findData(8))
+    summary = send(qtbot, window, LONG_PROMPT, max_tokens=40)
+    panel = window.cache_panel
+    panel.draw(force=True)
+    model = panel.model
+    assert window.client.worker.engine.audit_every == 8
+    assert len(model.audits) >= 3
+    text = panel.summary.text()
+    assert "quality cost +" in text and "audits" in text and "KL " in text
+    est = model.audit_estimate()
+    assert est is not None and f"+{100 * est.cost:.2f}%" in text
+    kl = model.time.view("audit_kl")
+    assert int(np.isfinite(kl).sum()) == len(model.audits)
+    x, _y = panel.time_plots.curves["audit_kl"].getData()
+    assert x is not None and len(x) == len(model.audits)
+    assert "quality cost +" in summary.summary

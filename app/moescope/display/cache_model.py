@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from moescope.cache.audit import AuditEstimate, AuditRecord
 from moescope.cache.prefetch import PrefetchSummary
 from moescope.display.ring import RingBuffer
 from moescope.session.snapshots import (
@@ -34,14 +35,32 @@ from moescope.session.snapshots import (
 
 TIME_COLUMNS = (
     "step", "tokens_per_s", "mass", "hit_rate", "fetched_mb", "substituted_fraction",
-    "slots", "prefetches", "prefetch_hits",
+    "slots", "prefetches", "prefetch_hits", "audit_kl",
 )
 """One row per token: what the time plots draw (x = ``step``). The prefetch columns are
 NaN for a token whose policy does not prefetch, so a mean over them never mixes in zeros
-that only mean "off"."""
+that only mean "off". ``audit_kl`` is the audited step's KL(exact || policy), NaN where the
+step was not audited."""
 
 ROLLING_TOKENS = 16
 """Tokens/s is shown as a rolling mean over this many decode steps (one token is noisy)."""
+
+
+def audit_text(est: AuditEstimate, last_kl: float) -> str:
+    """The stats line's audit part: ``quality cost +0.42% [0.10-0.81%] · KL 0.0031 · 12
+    audits``, the estimate with its 95% interval and the latest audited KL."""
+    ci = f" [{100 * est.low:.2f}-{100 * est.high:.2f}%]" if est.n >= 2 else ""
+    kl = f" · KL {last_kl:.4f}" if last_kl == last_kl else ""
+    return (f"quality cost +{100 * est.cost:.2f}%{ci}{kl} · {est.n} audit"
+            f"{'s' if est.n != 1 else ''}")
+
+
+AUDIT_TIP = (
+    "Quality cost: every Nth token is also computed exactly (every missing expert fetched "
+    "into scratch slots), and KL(exact || policy) of the two next-token distributions is "
+    "the expected rise of that token's log-perplexity. exp(mean KL) - 1 over the audits "
+    "of this policy and budget estimates the perplexity cost, in brackets its 95% "
+    "interval; KL is the latest audited token's.")
 
 
 def prefetch_text(summary: PrefetchSummary) -> str:
@@ -118,6 +137,8 @@ class CacheModel:
         self.n_ctx = model.n_ctx if model else 0
         self.prefetching = False
         """Whether the latest token's policy prefetched (PSR numbers are shown only then)."""
+        self.audits: list[AuditRecord] = []
+        """Audits since the policy or budget last changed: the running estimate's."""
         self.dirty = {"heatmap", "time", "layers", "labels"}
 
     def set_model(self, model: ModelSummary) -> None:
@@ -174,7 +195,12 @@ class CacheModel:
             "slots": snap.slots_per_layer,
             "prefetches": float(pf.sum()) if pf is not None else float("nan"),
             "prefetch_hits": float(pf_hits.sum()) if pf_hits is not None else float("nan"),
+            "audit_kl": snap.audit.kl if snap.audit is not None else float("nan"),
         })
+        if snap.policy != self.policy or snap.slots_per_layer != self.slots_per_layer:
+            self.audits = []  # another policy or budget: another cost
+        if snap.audit is not None:
+            self.audits.append(snap.audit)
         if self.n_rows:
             i = self._layer_head
             self._layer_mass[i] = nums.mass[: self.n_rows]
@@ -230,6 +256,11 @@ class CacheModel:
             "hit_rate": np.divide(hits, sel, out=np.zeros_like(hits), where=sel > 0),
             "fetched_mb": self._layer_bytes[:n].sum(axis=0) / n / 1e6,
         }
+
+    def audit_estimate(self) -> AuditEstimate | None:
+        """The running estimate of the perplexity cost from the audits of the current
+        policy and budget (None: none yet)."""
+        return AuditEstimate.from_records(self.audits)
 
     def recent_mean(self, key: str) -> float:
         """Mean of a time column over the last ``layer_window`` tokens (NaN where none is

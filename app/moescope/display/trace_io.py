@@ -178,7 +178,7 @@ def reopen(path: str | Path, progress: ReadProgress | None = None) -> ReopenedTr
                      *(("answer",) if rec.index in begins else ())),
             ttft=rec.seconds if rec.position == 0 else None,
             prefetches=rec.prefetches if show else None,
-            prefetch_hits=rec.prefetch_hits if show else None))
+            prefetch_hits=rec.prefetch_hits if show else None, audit=rec.audit))
         if policy.prefetch != 0 and rec.prefetches is None:
             unrecorded += 1
     counted = [(t.prefetches, t.prefetch_hits) for t in tokens

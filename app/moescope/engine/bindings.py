@@ -94,6 +94,10 @@ def engine_library() -> Any:
         "llama_moe_cache_clear_io_error": (None, [vp]),
         "llama_moe_cache_set_fail_reads": (None, [vp, i64]),
         "llama_moe_cache_slot_buffer": (ctypes.c_char_p, [vp]),
+        "llama_moe_cache_set_audit": (i32, [vp, i32]),
+        "llama_moe_cache_audit_pass": (i32, [vp, i32]),
+        "llama_moe_cache_audit_timings": (None, [vp, ctypes.POINTER(i64),
+                                                 ctypes.POINTER(i64)]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name, None)
@@ -179,3 +183,50 @@ def last_logits(llm: Any) -> Any:
 
     return low.llama_get_logits_ith(context_pointer(llm), -1)
 
+
+
+def audit_decode(llm: Any, token: int, pos: int) -> Any:
+    """The exact logits of decoding ``token`` at ``pos`` (sequence 0) beside the policy's
+    own pass, leaving the model's memory as it was: the audit pass (every miss in a scratch
+    slot, no logical cache change: ``engine_patch/0004``) is decoded first, then its cell at
+    ``pos`` is removed, and a recurrent state (hybrid models) is restored from a copy taken
+    before, since recurrent memory cannot be rolled back a token. Goes around ``Llama.eval``
+    so that llama-cpp-python's token count, scores and sampler never see the pass."""
+    import numpy as np
+    from llama_cpp import llama_cpp as low
+
+    lib = engine_library()
+    ctx = context_pointer(llm)
+    model = model_pointer(llm)
+    partial = bool(low.llama_model_is_recurrent(model) or low.llama_model_is_hybrid(model))
+    flags = low.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+    saved = None
+    if partial:
+        size = int(low.llama_state_seq_get_size_ext(ctx, 0, flags))
+        saved = (ctypes.c_uint8 * size)()
+        if int(low.llama_state_seq_get_data_ext(ctx, saved, size, 0, flags)) != size:
+            raise MoEScopeError("could not save the recurrent state before an audit")
+    batch = low.llama_batch_init(1, 0, 1)
+    if lib.llama_moe_cache_audit_pass(ctx, 1) != 0:
+        low.llama_batch_free(batch)
+        raise MoEScopeError("audits are not enabled on this engine's cache")
+    try:
+        batch.n_tokens = 1
+        batch.token[0] = int(token)
+        batch.pos[0] = int(pos)
+        batch.n_seq_id[0] = 1
+        batch.seq_id[0][0] = 0
+        batch.logits[0] = 1
+        rc = int(low.llama_decode(ctx, batch))
+        if rc != 0:
+            raise MoEScopeError(f"the audit pass failed to decode (llama_decode returned {rc})")
+        n_vocab = int(llm.n_vocab())
+        logits = np.ctypeslib.as_array(low.llama_get_logits_ith(ctx, -1),
+                                       shape=(n_vocab,)).copy()
+    finally:
+        lib.llama_moe_cache_audit_pass(ctx, 0)
+        low.llama_batch_free(batch)
+        if saved is not None:
+            low.llama_state_seq_set_data_ext(ctx, saved, len(saved), 0, flags)
+        low.llama_memory_seq_rm(low.llama_get_memory(ctx), 0, int(pos), -1)
+    return logits

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from moescope.cache.audit import check_every, compare
 from moescope.cache.budget import BudgetPlan, plan_for_model
 from moescope.cache.native import (
     EVENT_DTYPE,
@@ -162,6 +163,8 @@ class Engine:
         """The last generate call's prompt tokens and generated tokens (see _continuation)."""
         self.changes = ChangeLog()
         """What :meth:`apply_requests` changed, for readers holding a cursor."""
+        self._audit_every = 0  # audits: every Nth decode step also computed exactly (0: off)
+        self._pending_audit: int | None = None
 
     # ------------------------------------------------------------------ loading
     def load(self, path: str | os.PathLike[str], *, budget: str = "25%",
@@ -262,6 +265,8 @@ class Engine:
                                              lib=self._lib)
             self._cache.set_event_capacity(event_ring_rows(len(info.moe_layers)))
             self._prefetch = PrefetchMeter(self._cache, info.moe_layers)
+            if self._audit_every:
+                self._enable_audit_slots(True)
             if plan.clamped:
                 notice = plan.message
             if ram_plan is not None and (disk_experts or not ram_plan.fits_all):
@@ -384,6 +389,13 @@ class Engine:
                                                         budget=self._request_count)
             return self._request_count
 
+    def request_audit(self, every: int) -> None:
+        """Thread-safe: audit every ``every``-th step from the next token on (0: off);
+        checked now, applied by :meth:`apply_requests` like a budget."""
+        every = check_every(every)
+        with self._requests_lock:
+            self._pending_audit = every
+
     def request_ram_budget(self, budget: str) -> None:
         """Thread-safe: resize the RAM tier before the next token (like the budget)."""
         with self._requests_lock:
@@ -402,6 +414,7 @@ class Engine:
             policy, self._pending_policy = self._pending_policy, None
             budget, self._pending_budget = self._pending_budget, None
             ram_budget, self._pending_ram_budget = self._pending_ram_budget, None
+            audit, self._pending_audit = self._pending_audit, None
             numbers = self._pending_numbers
         applied = self.applied_requests
         self.applied_requests = RequestNumbers(
@@ -423,6 +436,11 @@ class Engine:
                 changes.append(Change("note", text=f"ram={ram.slots_per_layer if ram else 'all'}"))
             except MoEScopeError as err:
                 changes.append(Change("error", text=f"RAM budget error: {err}"))
+        if audit is not None:
+            try:
+                self.set_audit(audit)
+            except MoEScopeError as err:
+                changes.append(Change("error", text=f"audit error: {err}"))
         self.changes.append(self._steps_done, changes)
         return changes
 
@@ -489,6 +507,39 @@ class Engine:
         self._llm._ctx.kv_cache_clear()
         self._previous = None
         raise DiskReadError(f"{self.model.path.name}: {message}; reload the model")
+
+    @property
+    def audit_every(self) -> int:
+        """Audits: every Nth decode step is also computed exactly (0: off)."""
+        return self._audit_every
+
+    def set_audit(self, every: int) -> None:
+        """Audit every ``every``-th decode step (0: off; between answers or from the decode
+        thread). Each audited step is decoded twice: first exactly (every miss fetched into
+        scratch slots outside the cache, the model's memory of it removed), then by the
+        policy as always, so tokens, decisions and traces are the same with audits on or
+        off; the step's :class:`TokenStats` carries the comparison
+        (:class:`~moescope.cache.audit.AuditRecord`). Costs top-k scratch slots per layer."""
+        every = check_every(every)
+        if self._cache is not None and bool(every) != bool(self._audit_every):
+            self._enable_audit_slots(bool(every))
+        self._audit_every = every
+
+    def _enable_audit_slots(self, on: bool) -> None:
+        rc = self._lib.llama_moe_cache_set_audit(self._ctx, 1 if on else 0)
+        if rc != bindings.RC_OK:
+            raise CacheError("out of memory allocating the audits' scratch slots (top-k "
+                             "experts per layer); audits stay off" if rc == bindings.RC_ALLOC_FAILED
+                             else f"audits could not be turned {'on' if on else 'off'} "
+                             f"(code {rc})")
+
+    def audit_timings(self) -> tuple[int, int]:
+        """Audits' total microseconds in the route op and scratch copies made."""
+        if self._cache is None:
+            return 0, 0
+        us, copies = ctypes.c_int64(0), ctypes.c_int64(0)
+        self._lib.llama_moe_cache_audit_timings(self._ctx, ctypes.byref(us), ctypes.byref(copies))
+        return int(us.value), int(copies.value)
 
     @property
     def slots_per_layer(self) -> int:
@@ -693,15 +744,20 @@ class Engine:
                                  temp=s.temperature, repeat_penalty=s.repeat_penalty,
                                  reset=True)
         stop_reason = "length"
+        exact: npt.NDArray[np.float32] | None = None  # the audited step's exact logits
         try:
             for token in gen:
                 self._check_disk()  # a token decoded from bytes that failed is not shown
                 now = time.perf_counter()
                 self._steps_done += 1
+                pair = None  # an audited step: (exact logits, the policy's)
+                if exact is not None:
+                    pair = (exact, self._policy_logits())
+                    exact = None
                 if self._is_eog(token):
                     stop_reason = "eos"
                     answer.end_step = self._end_step(answer, token, len(out_tokens),
-                                                      now - t_prev)
+                                                      now - t_prev, pair)
                     break
                 out_tokens.append(token)
                 context = tokens + out_tokens[:-1]
@@ -712,6 +768,10 @@ class Engine:
                 if len(out_tokens) == 1:
                     answer.time_to_first_token_s = now - t0
                 answer.cache.add(totals)
+                audit = None
+                if pair is not None:
+                    audit = compare(*pair, int(token), totals.substituted_mass)
+                    answer.audits.append(audit)
                 if self._policy_name not in answer.policies:
                     answer.policies.append(self._policy_name)
                 answer.n_tokens = len(out_tokens)
@@ -719,7 +779,8 @@ class Engine:
                 yield TokenStats(index=len(out_tokens) - 1, token_id=int(token), text=piece,
                                  seconds=now - t_prev, cache=totals, policy=self._policy_name,
                                  slots_per_layer=self.slots_per_layer, events=rows,
-                                 prefetch=self._prefetch.take() if self._prefetch else None)
+                                 prefetch=self._prefetch.take() if self._prefetch else None,
+                                 audit=audit)
                 t_prev = now
                 if self._stop.is_set():
                     stop_reason = "stopped"
@@ -731,6 +792,10 @@ class Engine:
                 if len(tokens) + len(out_tokens) >= n_ctx - 1:
                     stop_reason = "context full"
                     break
+                if self._audit_every and self._cache is not None and \
+                        len(out_tokens) % self._audit_every == 0:
+                    # the next step (decoding this token) is audited: its exact pass first
+                    exact = bindings.audit_decode(self._llm, int(token), int(self._llm.n_tokens))
         finally:
             gen.close()
             answer.stop_reason = stop_reason
@@ -753,8 +818,16 @@ class Engine:
             return n if held == n and not bindings.logits_stale(self._llm) else n - 1
         return n
 
+    def _policy_logits(self) -> npt.NDArray[np.float32]:
+        """A copy of the last decode's logits: the policy's pass of an audited step, which
+        the shipped token was sampled from."""
+        n_vocab = int(self._llm.n_vocab())
+        return np.ctypeslib.as_array(bindings.last_logits(self._llm), shape=(n_vocab,)).copy()
+
     def _end_step(self, answer: AnswerStats, token: int, index: int,
-                  seconds: float) -> TokenStats:
+                  seconds: float,
+                  pair: tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]] | None = None
+                  ) -> TokenStats:
         """The step that chose the end-of-generation ``token``: the decode of the answer's
         last token was governed, so its rows wait in the ring. Drained here, into the
         answer's totals and :attr:`AnswerStats.end_step`; left there, the next answer's
@@ -762,10 +835,15 @@ class Engine:
         rows = self.drain_events()
         totals = CacheTotals.from_events(rows, tokens=1)
         answer.cache.add(totals)
+        audit = None
+        if pair is not None:
+            audit = compare(*pair, token, totals.substituted_mass)
+            answer.audits.append(audit)
         return TokenStats(index=index, token_id=int(token), text="", seconds=seconds,
                           cache=totals, policy=self._policy_name,
                           slots_per_layer=self.slots_per_layer, events=rows,
-                          prefetch=self._prefetch.take() if self._prefetch else None)
+                          prefetch=self._prefetch.take() if self._prefetch else None,
+                          audit=audit)
 
     def _continuation(self, prompt: Sequence[Message | dict[str, str]], room: int,
                       thinking: str, answer_start: str) -> list[int] | None:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from moescope.cache.audit import AuditEstimate, AuditRecord, estimate
 from moescope.cache.totals import CacheTotals
 
 
@@ -29,6 +30,8 @@ class TokenStats:
     """PSR's counters for this token per MoE layer (row 0 prefetches, row 1 hits), read
     on the decode thread once (:class:`~moescope.cache.prefetch.PrefetchMeter`) for the
     window and the recorder alike; None without an expert cache."""
+    audit: AuditRecord | None = None
+    """The step was audited (``Engine.set_audit``): its exact output against the policy's."""
 
 
 @dataclass
@@ -55,6 +58,13 @@ class AnswerStats:
     not part of the answer and ``generate`` does not yield it. A trace records it
     (``TraceRecorder.end_answer``): without it a replay misses a step of the cache's work.
     Its rows are counted in :attr:`cache`."""
+    audits: list[AuditRecord] = field(default_factory=list)
+    """Every audited step of the answer (the end step's included)."""
+
+    @property
+    def audit(self) -> AuditEstimate | None:
+        """The answer's estimated perplexity cost from its audits (None: no audits)."""
+        return estimate(self.audits)
 
     @property
     def tokens_per_second(self) -> float:
@@ -71,6 +81,7 @@ class AnswerStats:
                 f"mass/tok {c.mass_per_token:.3f} · "
                 + (f"disk {c.disk_mb_per_token:.2f} MB/tok · RAM hit {c.ram_hit_rate:.1%} · "
                    if self.ram_tier or c.disk_fills else "")
+                + (f"{self.audit.describe()} · " if self.audits else "")
                 + f"{'/'.join(self.policies) or '-'} · "
                 f"{self.stop_reason}"
                 + (f" · {self.dropped_messages} earliest messages left out to fit the context"

@@ -205,6 +205,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         w.requestsApplied.connect(self._on_requests_applied)
         self.controls.policyRequested.connect(self.request_policy)
         self.controls.budgetRequested.connect(self.request_budget)
+        self.controls.auditRequested.connect(self.client.request_audit)
         self.chat.answerBegan.connect(lambda step: self.cache_panel.add_marker(step, "answer"))
         self.chat.problem.connect(self.show_error)
         self.chat.saveFailed.connect(self._on_save_failed)

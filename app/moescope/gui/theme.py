@@ -119,6 +119,7 @@ CURVE = {
     "tokens_per_s": "#5aa9e6",
     "hit_rate": "#4cc38a",
     "fetched_mb": "#f2b134",
+    "audit_kl": "#c678dd",
     "process": "#5aa9e6",
     "system": "#8a919c",
 }

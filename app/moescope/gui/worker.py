@@ -477,7 +477,7 @@ class EngineWorker(QObject):
             ttft=answer.time_to_first_token_s if ts.index == 0 else None,
             prefetches=prefetch[0] if prefetch is not None else None,
             prefetch_hits=prefetch[1] if prefetch is not None else None,
-            requests=engine.applied_requests, end=end)
+            requests=engine.applied_requests, end=end, audit=ts.audit)
 
 
 def _policy_label(policy: Policy | str) -> str:
@@ -577,6 +577,11 @@ class EngineClient(QObject):
         number = self.worker.engine.request_budget(budget)
         self._apply.emit()
         return number
+
+    def request_audit(self, every: int) -> None:
+        """Audit every ``every``-th token from the next one on (0: off)."""
+        self.worker.engine.request_audit(every)
+        self._apply.emit()
 
     def stop_recording(self) -> None:
         """Close the session's trace: at the next token mid-answer, else at once."""

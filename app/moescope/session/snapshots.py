@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from moescope.cache.audit import AuditRecord
 from moescope.cache.native import FETCH, HIT, SUBSTITUTE
 from moescope.engine.changes import RequestNumbers
 
@@ -112,6 +113,8 @@ class TokenSnapshot:
     end: bool = False
     """The step that chose the answer's end-of-generation token (``AnswerStats.end_step``):
     the cache's work is drawn, but it is no token of the answer's text."""
+    audit: AuditRecord | None = None
+    """The step was audited: its exact output against the policy's (``cache.audit``)."""
 
     @property
     def context_used(self) -> int:

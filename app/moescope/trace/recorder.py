@@ -215,6 +215,7 @@ class TraceRecorder:
             slots_per_layer=int(stats.slots_per_layer), events=events.copy(),
             changes=[*self._changes(source, stats),
                      *(Change("note", text=text) for text in self._notes)],
+            audit=getattr(stats, "audit", None),
         )
         self._notes.clear()
         if source is not None:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from moescope.cache.audit import AuditRecord
 from moescope.cache.native import EVENT_DTYPE, MAX_K
 from moescope.cache.policy import Policy
 from moescope.cache.residency import masks_to_json
@@ -256,6 +257,9 @@ class TokenRecord:
     (:class:`~moescope.cache.residency.Residency`): PSR prefetches and budget shrinks
     change residency without rows. None: nothing to correct (or, on a token that shrank
     the budget, a trace written before the masks: its residency is then a guess)."""
+    audit: AuditRecord | None = None
+    """The step was audited (issue 20): its exact output against the policy's. Extra
+    information only: the replay never reads it (audits change no decision)."""
 
     def to_json(self, router_dtype: RouterDtype | None = "f32",
                 moe_layers: Sequence[int] | None = None) -> dict[str, Any]:
@@ -277,6 +281,8 @@ class TokenRecord:
             out["prefetch"] = _prefetch_to_json(self.prefetches, self.prefetch_hits, moe_layers)
         if self.resident is not None:
             out["resident"] = masks_to_json(self.resident)
+        if self.audit is not None:
+            out["audit"] = self.audit.to_json()
         out["events"] = _events_to_json(self.events)
         if self.routes and router_dtype is not None:
             routes = list(self.routes.values())

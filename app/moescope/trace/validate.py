@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from moescope.cache.audit import AuditRecord
 from moescope.cache.native import EVENT_DTYPE, FETCH, HIT, MAX_K, SUBSTITUTE
 from moescope.cache.policy import DEFAULT_BONUS, Eviction, MissRule, Policy, SubstituteWeight
 from moescope.cache.residency import masks_from_json
@@ -375,6 +376,7 @@ def _token_record(d: Mapping[str, Any], header: TraceHeader, index: int, state: 
     resident = None
     if "resident" in d:  # absent: the event rows explain residency (or an older trace)
         resident = masks_from_json(d["resident"], m.moe_layers, m.n_expert, slots)
+    audit = AuditRecord.from_json(_object(d["audit"], "audit")) if "audit" in d else None
     state.slots = slots
     return TokenRecord(
         index=index, phase=phase,
@@ -385,6 +387,7 @@ def _token_record(d: Mapping[str, Any], header: TraceHeader, index: int, state: 
         answer=_int(d.get("answer", 0), "answer", 0, index),
         position=_int(d.get("position", 0), "position", 0, _I32),
         prefetches=prefetches, prefetch_hits=prefetch_hits, resident=resident,
+        audit=audit,
     )
 
 

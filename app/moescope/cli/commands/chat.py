@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from moescope.cache.audit import check_every
 from moescope.cache.policy import PRESET_NAMES
 from moescope.cli.commands.generate import (
+    add_audit_argument,
     add_sampling_arguments,
     answer_summary,
     cache_state,
@@ -35,6 +37,7 @@ from moescope.cli.commands.generate import (
     parse_live_policy,
     resolve_model,
     sampling_from_args,
+    start_audits,
     summary_line,
 )
 from moescope.cli.terminal import (
@@ -102,6 +105,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--no-cache", action="store_true", help="run stock llama.cpp (cache off)")
     p.add_argument("--trace", type=Path, metavar="FILE.jsonl[.gz]",
                    help="record the session as a trace (replay it with `moescope replay`)")
+    add_audit_argument(p)
     p.set_defaults(func=run)
 
 
@@ -113,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     policy = parse_live_policy(args.policy)  # fail fast, before loading
     parse_budget(args.budget)
     sampling_from_args(args)  # --n, --temperature
+    check_every(args.audit)
     check_threads(args.threads)
     inputs = model_inputs(args.model)
     check_trace_output(args.trace, inputs)
@@ -125,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
                              cache=not args.no_cache, ram_budget=args.ram_budget)
         if loaded.notice:
             print(f"moescope: {loaded.notice}", file=sys.stderr)
+        start_audits(engine, args.audit)
         if args.trace:
             recording = Recording(open_trace(args.trace, engine, inputs))
         stdin = sys.stdin

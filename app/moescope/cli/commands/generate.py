@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moescope.cache.audit import check_every
 from moescope.cache.policy import PRESET_NAMES, Policy
 from moescope.util.errors import MoEScopeError
 from moescope.util.resources import demo_model_path
@@ -53,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--no-cache", action="store_true", help="run stock llama.cpp (cache off)")
     p.add_argument("--trace", type=Path, metavar="FILE.jsonl[.gz]",
                    help="record a session trace (replay it with `moescope replay`)")
+    add_audit_argument(p)
     p.set_defaults(func=run)
 
 
@@ -60,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from moescope.engine import Engine, Message
 
     sampling = sampling_from_args(args)  # fail fast, before loading
+    check_every(args.audit)
     policy = parse_live_policy(args.policy)
     check_budget(args.budget)
     inputs = model_inputs(args.model)
@@ -71,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
                          ram_budget=args.ram_budget)
     if loaded.notice:
         print(f"moescope: {loaded.notice}", file=sys.stderr)
+    start_audits(engine, args.audit)
     prompt: Any = [Message("user", args.prompt)] if args.chat else args.prompt
     recorder = None
     if args.trace:
@@ -271,7 +275,27 @@ def summary_line(label: str, tokens_per_second: float, cache: CacheTotals, tail:
 
 
 def answer_summary(engine: Engine) -> str:
-    """The summary line of the engine's last answer (what ``generate`` ends with)."""
+    """The summary line of the engine's last answer (what ``generate`` ends with), with
+    the audits' estimate of the quality cost when the answer had audits."""
     a = engine.last_answer
+    audit = a.audit
     return summary_line(cache_state(engine), a.tokens_per_second, a.cache,
-                        f"{a.n_tokens} tokens, stop: {a.stop_reason}")
+                        (f"{audit.describe()} | " if audit is not None else "")
+                        + f"{a.n_tokens} tokens, stop: {a.stop_reason}")
+
+
+def add_audit_argument(p: argparse.ArgumentParser) -> None:
+    """``--audit N``: the same option in generate and chat."""
+    p.add_argument("--audit", type=int, default=0, metavar="N",
+                   help="every Nth token also compute the exact output and estimate what the "
+                        "policy costs in perplexity (e.g. 16; default 0: off)")
+
+
+def start_audits(engine: Engine, every: int) -> None:
+    """Turn audits on when asked and the cache is on (a note otherwise)."""
+    if not every:
+        return
+    if engine.cache is None:
+        print("moescope: --audit needs the expert cache; no audits", file=sys.stderr)
+        return
+    engine.set_audit(every)

@@ -16,7 +16,14 @@ from collections.abc import Iterable
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QLabel, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
-from moescope.display.cache_model import PREFETCH_TIP, SUMMARY_TIP, CacheModel, prefetch_text
+from moescope.display.cache_model import (
+    AUDIT_TIP,
+    PREFETCH_TIP,
+    SUMMARY_TIP,
+    CacheModel,
+    audit_text,
+    prefetch_text,
+)
 from moescope.display.memory_model import MemoryModel
 from moescope.gui.cache.heatmap_view import HeatmapView
 from moescope.gui.cache.layer_bars_view import LayerBarsView
@@ -147,7 +154,8 @@ class CachePanel(QWidget):
             n = self.model.layer_window
             self.summary.setToolTip(SUMMARY_TIP.format(
                 n=n, r=max(self.model.rolling_rate_tokens(), 1)) + (
-                "\n" + PREFETCH_TIP.format(n=n) if self.model.prefetching else ""))
+                "\n" + PREFETCH_TIP.format(n=n) if self.model.prefetching else "") + (
+                "\n" + AUDIT_TIP if self.model.audits else ""))
             self.heatmap.update_title()
             pending.discard("labels")
         self._pending = pending
@@ -176,6 +184,9 @@ class CachePanel(QWidget):
         hit = self.model.recent_mean("hit_rate")
         recent.append(f"hit {hit:.0%}" if hit == hit else "hit –")
         recent.append(f"mass/token {self.model.recent_mean('mass'):.3f}")
+        audit = self.model.audit_estimate()
+        if audit is not None:
+            recent.append(audit_text(audit, self.model.audits[-1].kl))
         prefetch = self.model.prefetch_summary()
         if prefetch is not None:
             recent.append(prefetch_text(prefetch))

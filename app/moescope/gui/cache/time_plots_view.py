@@ -1,6 +1,6 @@
-"""Per-token curves: substituted gate mass, tokens/s, hit rate, fetched MB.
+"""Per-token curves: substituted gate mass, tokens/s, hit rate, fetched MB, audited KL.
 
-Four x-linked plots over the session's token counter. They show a rolling window of the
+Five x-linked plots over the session's token counter. They show a rolling window of the
 latest tokens; long sessions stay cheap because the data is a ring-buffer view,
 ``setClipToView`` drops what is off screen and ``setDownsampling(mode="peak")`` keeps the
 spikes when zoomed out. Policy and budget changes are vertical lines at the token where
@@ -44,6 +44,7 @@ PLOTS: tuple[tuple[str, str], ...] = (
     ("tokens_per_s", "tokens/s (rolling)"),
     ("hit_rate", "hit rate"),
     ("fetched_mb", "fetched MB / token"),
+    ("audit_kl", "audited KL(exact || policy) / token"),
 )
 
 
@@ -100,7 +101,11 @@ class TimePlotsView(QWidget):
                 first = plot
             else:
                 plot.setXLink(first)
-            curve = plot.plot(pen=pg.mkPen(theme.CURVE[key], width=1.5), connect="finite")
+            if key == "audit_kl":  # one point per audited token (NaN between them)
+                curve = plot.plot(pen=None, symbol="o", symbolSize=4, symbolPen=None,
+                                  symbolBrush=theme.CURVE[key])
+            else:
+                curve = plot.plot(pen=pg.mkPen(theme.CURVE[key], width=1.5), connect="finite")
             self.plots[key] = plot
             self.curves[key] = curve
         self.ttft_text = pg.TextItem(color=theme.MUTED, anchor=(1, 0))
@@ -137,7 +142,11 @@ class TimePlotsView(QWidget):
         tops: dict[str, float] = {}
         for key, curve in self.curves.items():
             y = t.view(key)
-            curve.setData(x, y, connect="finite")
+            if key == "audit_kl":
+                audited = np.isfinite(y)
+                curve.setData(x[audited], y[audited])
+            else:
+                curve.setData(x, y, connect="finite")
             visible = y[x >= lo]
             top = np.nanmax(visible) if np.isfinite(visible).any() else 0.0
             tops[key] = 1.0 if key == "hit_rate" else theme.nice_ceiling(float(top))

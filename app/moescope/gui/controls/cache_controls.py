@@ -56,6 +56,7 @@ class ControlsPanel(QGroupBox):
 
     policyRequested = Signal(object)  # Policy
     budgetRequested = Signal(int)  # slots per layer
+    auditRequested = Signal(int)  # audit every N tokens, 0 off
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Cache controls", parent)
@@ -121,6 +122,18 @@ class ControlsPanel(QGroupBox):
         self.budget_entry.submitted.connect(self.apply_typed_budget)
         form.addRow("&VRAM budget", self._row(self.budget, self.budget_entry))
         form.addRow("", self.budget_label)
+        self.audit = QComboBox()
+        self.audit.setAccessibleName("Audit tokens")
+        for every in (0, 8, 16, 32, 64):
+            self.audit.addItem("off" if every == 0 else f"every {every} tokens", every)
+        self.audit.setToolTip(
+            "Measure what the policy costs: every Nth token is also computed exactly (every "
+            "missing expert fetched into scratch slots outside the cache) and compared with "
+            "the policy's output. Tokens and decisions are unchanged; each audit costs about "
+            "one more token of time. The cache panel shows the estimate.")
+        self.audit.currentIndexChanged.connect(
+            lambda _i: self.auditRequested.emit(int(self.audit.currentData())))
+        form.addRow("&Audit", self.audit)
         for control in (self.theta, self.beta, self.bonus, self.prefetch_mode, self.budget):
             # the row's name labels the control itself, not the row holding it and its value:
             # Alt+V reaches the slider, and a screen reader reads the name with it
