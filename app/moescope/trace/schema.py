@@ -30,7 +30,8 @@ PHASES = ("prefill", "decode")
 TIMING_KEYS = ("route_us", "sync_copy_us", "async_copy_us", "wait_us", "n_sync", "n_async")
 
 _EVENT_SCALARS = ("step", "layer", "token", "k", "substituted_mass", "n_hit", "n_fetch",
-                  "n_substitute", "n_admit", "n_evict", "bytes_sync", "bytes_async")
+                  "n_substitute", "n_admit", "n_evict", "bytes_sync", "bytes_async", "n_disk",
+                  "bytes_disk")
 
 
 class TraceFormatError(MoEScopeError):
@@ -368,7 +369,7 @@ def _events_to_json(events: npt.NDArray[Any]) -> list[dict[str, Any]]:
     cols["substituted_mass"] = _f32_lists([events["substituted_mass"]])[0]
     weights = _f32_lists([w[:k] for w, k in zip(events["weights"], ks, strict=True)])
     arrays = {name: events[name].tolist() for name in ("ids", "action", "used_ids", "slots",
-                                                        "admitted", "evicted")}
+                                                        "admitted", "evicted", "tier")}
     out = []
     for i, k in enumerate(ks):
         d: dict[str, Any] = {name: cols[name][i] for name in _EVENT_SCALARS}
@@ -377,6 +378,7 @@ def _events_to_json(events: npt.NDArray[Any]) -> list[dict[str, Any]]:
         d["action"] = arrays["action"][i][:k]
         d["used_ids"] = arrays["used_ids"][i][:k]
         d["slots"] = arrays["slots"][i][:k]
+        d["tier"] = arrays["tier"][i][:k]
         d["admitted"] = arrays["admitted"][i][:min(cols["n_admit"][i], MAX_K)]
         d["evicted"] = arrays["evicted"][i][:min(cols["n_evict"][i], MAX_K)]
         out.append(d)

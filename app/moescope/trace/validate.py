@@ -471,6 +471,14 @@ def _events_from_json(raw: Any, m: TraceModel, state: _ReadState, token: int,
         values = col(name, "i")
         _within(values, f"events[{{}}].{name}", 0, _MAX_BYTES)
         events[name] = values
+    if "tier" in rows[0]:  # the disk tier's fields (traces before it have none: zeros)
+        tier = col("tier", "i", k)
+        _within(tier, "events[{}].tier", 0, 2, "is not a tier (0 slot, 1 RAM, 2 disk)")
+        n_disk = col("n_disk", "i")
+        _within(n_disk, "events[{}].n_disk", 0, n_expert)
+        bytes_disk = col("bytes_disk", "i")
+        _within(bytes_disk, "events[{}].bytes_disk", 0, _MAX_BYTES)
+        events["tier"][:, :k], events["n_disk"], events["bytes_disk"] = tier, n_disk, bytes_disk
     for name, counts in (("admitted", n_admit), ("evicted", n_evict)):
         for i, e in enumerate(rows):
             values = _list(e.get(name, []), f"events[{i}].{name}")

@@ -133,7 +133,7 @@ class ControlsPanel(QGroupBox):
             "one more token of time. The cache panel shows the estimate.")
         self.audit.currentIndexChanged.connect(
             lambda _i: self.auditRequested.emit(int(self.audit.currentData())))
-        form.addRow("&Audit", self.audit)
+        form.addRow("A&udit", self.audit)
         for control in (self.theta, self.beta, self.bonus, self.prefetch_mode, self.budget):
             # the row's name labels the control itself, not the row holding it and its value:
             # Alt+V reaches the slider, and a screen reader reads the name with it
