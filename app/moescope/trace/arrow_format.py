@@ -296,6 +296,15 @@ def columns_of(batches: list[pa.RecordBatch], header: TraceHeader) -> dict[str, 
         out = np.concatenate(parts) if len(parts) != 1 else parts[0]
         return out.reshape(n, width)
 
+    def parts(name: str, width: int) -> list[npt.NDArray[Any]]:
+        """Each batch's rows of a fixed-size list column, in place (views of the map)."""
+        out = []
+        for c in table.column(name).chunks:
+            values = c.values.to_numpy(zero_copy_only=False)
+            out.append(values[c.offset * width:(c.offset + len(c)) * width].reshape(
+                len(c), width))
+        return out
+
     def valid(name: str) -> npt.NDArray[np.bool_]:
         col = table.column(name)
         if col.null_count == 0:
@@ -326,7 +335,7 @@ def columns_of(batches: list[pa.RecordBatch], header: TraceHeader) -> dict[str, 
         "n_admit": flat("n_admit"), "n_evict": flat("n_evict"),
         "admitted": ragged("admitted", MAX_K), "evicted": ragged("evicted", MAX_K),
         "bytes_sync": flat("bytes_sync"), "bytes_async": flat("bytes_async"),
-        "probs": fixed("probs", e), "probs_valid": valid("probs"),
+        "probs": parts("probs", e), "probs_valid": valid("probs"),
         "next_layer": flat("next_layer"), "predicted": ragged("predicted", e),
     }
 
@@ -370,7 +379,7 @@ def trace_columns(cols: Mapping[str, Any], events: npt.NDArray[Any],
     predicted = pred[:, :width].astype(np.int32) if width else None
     return TraceColumns(
         events=events, token_rows=token_rows, exact=cols["probs_valid"],
-        probs=np.asarray(cols["probs"], dtype=np.float32), gate=cols["gate"].astype(np.float32),
+        probs=cols["probs"], gate=cols["gate"].astype(np.float32),
         next_layer=cols["next_layer"].astype(np.int32) if width else None,
         predicted=predicted)
 
@@ -396,7 +405,7 @@ class LazyRoutes(Mapping[int, RouterInput]):
             p = c.predicted[r]
             predicted = p[p >= 0].astype(np.int32)
             next_layer = int(c.next_layer[r])
-        return RouterInput(row=row, probs=c.probs[r], weights=c.gate[r],
+        return RouterInput(row=row, probs=c.row_probs(r), weights=c.gate[r],
                            ids=c.events["ids"][r, :k].astype(np.int32),
                            next_layer=next_layer, predicted=predicted)
 

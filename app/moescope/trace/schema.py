@@ -292,7 +292,6 @@ class TokenRecord:
         return out
 
 
-@dataclass
 class TraceColumns:
     """Every row of a trace in flat arrays, as a version-2 reader gets them (no loop per
     row): what the replay and the native batch replay consume directly.
@@ -301,15 +300,50 @@ class TraceColumns:
     Where ``exact[r]``, the row's router inputs were recorded: ``probs[r]`` and the raw
     gate weights ``gate[r]``; elsewhere ``gate[r]`` holds the event's normalized weights
     and ``probs[r]`` is zero. ``predicted[r]`` ranks PSR's prediction for layer
-    ``next_layer[r]`` (-1 padded; -1 layer: none)."""
+    ``next_layer[r]`` (-1 padded; -1 layer: none).
 
-    events: npt.NDArray[Any]
-    token_rows: npt.NDArray[np.int64]
-    exact: npt.NDArray[np.bool_]
-    probs: npt.NDArray[np.float32]
-    gate: npt.NDArray[np.float32]
-    next_layer: npt.NDArray[np.int32] | None = None
-    predicted: npt.NDArray[np.int32] | None = None
+    ``probs`` may be given as one array per token (views into the reader's memory map):
+    they are the bulk of a trace (98 kB a token at Qwen3-Next's geometry), so they are
+    joined into one array only when something asks for ``probs`` (the replay's layout),
+    and :meth:`row_probs` reads a row in place; opening a trace to look at it copies none."""
+
+    def __init__(self, events: npt.NDArray[Any], token_rows: npt.NDArray[np.int64],
+                 exact: npt.NDArray[np.bool_],
+                 probs: npt.NDArray[Any] | Sequence[npt.NDArray[Any]],
+                 gate: npt.NDArray[np.float32], next_layer: npt.NDArray[np.int32] | None = None,
+                 predicted: npt.NDArray[np.int32] | None = None) -> None:
+        self.events = events
+        self.token_rows = token_rows
+        self.exact = exact
+        self.gate = gate
+        self.next_layer = next_layer
+        self.predicted = predicted
+        self._probs: npt.NDArray[np.float32] | None = None
+        self._parts: list[npt.NDArray[Any]] = []
+        if isinstance(probs, np.ndarray):
+            self._probs = np.asarray(probs, dtype=np.float32)
+        else:
+            self._parts = list(probs)
+            self._starts = np.zeros(len(self._parts) + 1, dtype=np.int64)
+            np.cumsum([len(a) for a in self._parts], out=self._starts[1:])
+
+    @property
+    def probs(self) -> npt.NDArray[np.float32]:
+        """Every row's probabilities in one float32 array (joined on first use)."""
+        if self._probs is None:
+            width = self.gate.shape[1] if not self._parts else self._parts[0].shape[1]
+            joined = np.concatenate(self._parts) if self._parts else \
+                np.zeros((0, width), np.float32)
+            self._probs = np.asarray(joined, dtype=np.float32)
+            self._parts = []
+        return self._probs
+
+    def row_probs(self, r: int) -> npt.NDArray[np.float32]:
+        """Row ``r``'s probabilities, read in place when the rows were not joined yet."""
+        if self._probs is not None:
+            return self._probs[r]
+        part = int(np.searchsorted(self._starts, r, side="right")) - 1
+        return np.asarray(self._parts[part][r - int(self._starts[part])], dtype=np.float32)
 
     @classmethod
     def empty(cls, events: npt.NDArray[Any], token_rows: npt.NDArray[np.int64]
