@@ -278,10 +278,13 @@ def columns_of(batches: list[pa.RecordBatch], header: TraceHeader) -> dict[str, 
     """Every row of ``batches`` as numpy arrays (concatenated once per column)."""
     m = header.model
     k, e = m.top_k, m.n_expert
-    table = pa.Table.from_batches(batches, schema=batches[0].schema) if batches else None
-    n = table.num_rows if table is not None else 0
-    if table is None or n == 0:
+    whole = pa.Table.from_batches(batches, schema=batches[0].schema) if batches else None
+    n = whole.num_rows if whole is not None else 0
+    if whole is None or n == 0:
         return {"n": 0}
+    # every column but the probabilities joined in one pass (a chunk per token otherwise);
+    # the probabilities, nearly all of the bytes, stay in place
+    table = whole.drop_columns(["probs"]).combine_chunks()
 
     def flat(name: str) -> npt.NDArray[Any]:
         col = table.column(name)
@@ -299,14 +302,14 @@ def columns_of(batches: list[pa.RecordBatch], header: TraceHeader) -> dict[str, 
     def parts(name: str, width: int) -> list[npt.NDArray[Any]]:
         """Each batch's rows of a fixed-size list column, in place (views of the map)."""
         out = []
-        for c in table.column(name).chunks:
+        for c in whole.column(name).chunks:
             values = c.values.to_numpy(zero_copy_only=False)
             out.append(values[c.offset * width:(c.offset + len(c)) * width].reshape(
                 len(c), width))
         return out
 
     def valid(name: str) -> npt.NDArray[np.bool_]:
-        col = table.column(name)
+        col = whole.column(name)
         if col.null_count == 0:
             return np.ones(n, dtype=np.bool_)
         return np.concatenate([c.is_valid().to_numpy(zero_copy_only=False)
@@ -392,7 +395,15 @@ class LazyRoutes(Mapping[int, RouterInput]):
     def __init__(self, columns: TraceColumns, start: int, stop: int) -> None:
         self._c = columns
         self._start = start
-        self._rows = [int(r) for r in np.flatnonzero(columns.exact[start:stop])]
+        self._stop = stop
+        self._which: list[int] | None = None
+
+    @property
+    def _rows(self) -> list[int]:
+        if self._which is None:
+            self._which = [int(r) for r in np.flatnonzero(self._c.exact[self._start:
+                                                                        self._stop])]
+        return self._which
 
     def __getitem__(self, row: int) -> RouterInput:
         if row not in self._rows:
