@@ -372,7 +372,7 @@ def events_of(cols: Mapping[str, Any], k: int) -> npt.NDArray[Any]:
 
 
 def trace_columns(cols: Mapping[str, Any], events: npt.NDArray[Any],
-                  token_rows: npt.NDArray[np.int64]) -> TraceColumns:
+                  token_rows: npt.NDArray[np.int64], source: str = "") -> TraceColumns:
     """The replay's view of the rows: router inputs where recorded."""
     n = cols["n"]
     if not n:
@@ -384,7 +384,7 @@ def trace_columns(cols: Mapping[str, Any], events: npt.NDArray[Any],
         events=events, token_rows=token_rows, exact=cols["probs_valid"],
         probs=cols["probs"], gate=cols["gate"].astype(np.float32),
         next_layer=cols["next_layer"].astype(np.int32) if width else None,
-        predicted=predicted)
+        predicted=predicted, source=source)
 
 
 class LazyRoutes(Mapping[int, RouterInput]):

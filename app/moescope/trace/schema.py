@@ -305,14 +305,18 @@ class TraceColumns:
     ``probs`` may be given as one array per token (views into the reader's memory map):
     they are the bulk of a trace (98 kB a token at Qwen3-Next's geometry), so they are
     joined into one array only when something asks for ``probs`` (the replay's layout),
-    and :meth:`row_probs` reads a row in place; opening a trace to look at it copies none."""
+    and :meth:`row_probs` reads a row in place; opening a trace to look at it copies none.
+    Such rows are checked (a recorded row's values finite) when first used, not when read:
+    touching every page of the map was a third of the time to open a trace; a bad value
+    raises :class:`TraceFormatError` naming ``source`` and the row."""
 
     def __init__(self, events: npt.NDArray[Any], token_rows: npt.NDArray[np.int64],
                  exact: npt.NDArray[np.bool_],
                  probs: npt.NDArray[Any] | Sequence[npt.NDArray[Any]],
                  gate: npt.NDArray[np.float32], next_layer: npt.NDArray[np.int32] | None = None,
-                 predicted: npt.NDArray[np.int32] | None = None) -> None:
+                 predicted: npt.NDArray[np.int32] | None = None, source: str = "") -> None:
         self.events = events
+        self.source = source
         self.token_rows = token_rows
         self.exact = exact
         self.gate = gate
@@ -334,7 +338,9 @@ class TraceColumns:
             width = self.gate.shape[1] if not self._parts else self._parts[0].shape[1]
             joined = np.concatenate(self._parts) if self._parts else \
                 np.zeros((0, width), np.float32)
-            self._probs = np.asarray(joined, dtype=np.float32)
+            probs = np.asarray(joined, dtype=np.float32)
+            self._check(probs, 0)
+            self._probs = probs
             self._parts = []
         return self._probs
 
@@ -343,7 +349,20 @@ class TraceColumns:
         if self._probs is not None:
             return self._probs[r]
         part = int(np.searchsorted(self._starts, r, side="right")) - 1
-        return np.asarray(self._parts[part][r - int(self._starts[part])], dtype=np.float32)
+        row = np.asarray(self._parts[part][r - int(self._starts[part])], dtype=np.float32)
+        self._check(row[None, :], r)
+        return row
+
+    def _check(self, probs: npt.NDArray[np.float32], first: int) -> None:
+        """Rows ``first`` on: a recorded row's probabilities must all be finite (a sum is
+        finite only if every value is; rows are looked at one by one only if not)."""
+        if not len(probs) or np.isfinite(probs.sum(dtype=np.float32)):
+            return
+        bad = self.exact[first:first + len(probs)] & ~np.isfinite(probs).all(axis=1)
+        if bad.any():
+            where = f"{self.source}: " if self.source else ""
+            raise TraceFormatError(f"{where}row {first + int(np.argmax(bad))}.probs hold a "
+                                   f"value that is not finite")
 
     @classmethod
     def empty(cls, events: npt.NDArray[Any], token_rows: npt.NDArray[np.int64]

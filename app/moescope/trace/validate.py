@@ -714,18 +714,8 @@ def check_columns(cols: Mapping[str, Any], header: TraceHeader,
     if (~present & ~exact).any():
         i = int(np.argmax(~present & ~exact))
         raise ValueError(f"row {i} has neither router inputs nor normalized weights")
-    start = 0
-    for part in cols["probs"]:  # one block of rows per token, read in place
-        stop = start + len(part)
-        # a sum over the block is finite only if every value is (NaN and infinities carry
-        # through); a block whose sum is not is checked row by row
-        if not np.isfinite(part.sum(dtype=np.float32)):
-            finite = np.isfinite(part).all(axis=1)
-            bad = exact[start:stop] & ~finite
-            if bad.any():
-                raise ValueError(f"row {start + int(np.argmax(bad))}.probs hold a value "
-                                 f"that is not finite")
-        start = stop
+    # the probabilities (cols["probs"], a block per token) are checked where first used:
+    # TraceColumns.probs / row_probs
     next_layer = cols["next_layer"]
     pred, plen = cols["predicted"]
     has = next_layer >= 0
