@@ -120,7 +120,7 @@ def test_every_row_field_is_bounded(both: tuple[Path, Path], tmp_path: Path) -> 
 
 
 def test_probabilities_are_read_in_place_and_checked_where_used(
-        both: tuple[Path, Path], tmp_path: Path) -> None:
+        both: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Opening a v2 trace copies no probabilities (each token's rows are views of the
     file); a recorded row with a NaN is refused, naming the file and the row, where the
     rows are first used: the replay's layout and a token's router inputs."""
@@ -159,6 +159,11 @@ def test_probabilities_are_read_in_place_and_checked_where_used(
     assert trace.tokens[2].routes[0].probs.shape == row.shape  # the token's other rows read
     with pytest.raises(TraceFormatError, match=rf"row {first}\.probs"):
         Routing.from_trace(trace)
+    from moescope.cli import main
+
+    assert main(["replay", str(bad), "--policy", "exact"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"row {first}.probs" in err[0], err
 
 
 def test_a_stream_that_is_not_a_trace_is_refused(tmp_path: Path) -> None:
