@@ -7,6 +7,7 @@ counters, policy); reading them back, with every field bounded, is :mod:`.valida
 from __future__ import annotations
 
 import base64
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -324,6 +325,7 @@ class TraceColumns:
         self.predicted = predicted
         self._probs: npt.NDArray[np.float32] | None = None
         self._parts: list[npt.NDArray[Any]] = []
+        self._join = threading.Lock()
         if isinstance(probs, np.ndarray):
             self._probs = np.asarray(probs, dtype=np.float32)
         else:
@@ -334,22 +336,25 @@ class TraceColumns:
     @property
     def probs(self) -> npt.NDArray[np.float32]:
         """Every row's probabilities in one float32 array (joined on first use)."""
-        if self._probs is None:
-            width = self.gate.shape[1] if not self._parts else self._parts[0].shape[1]
-            joined = np.concatenate(self._parts) if self._parts else \
-                np.zeros((0, width), np.float32)
-            probs = np.asarray(joined, dtype=np.float32)
-            self._check(probs, 0)
-            self._probs = probs
-            self._parts = []
-        return self._probs
+        with self._join:  # the what-if's worker and another reader may ask at once
+            if self._probs is None:
+                width = self.gate.shape[1] if not self._parts else self._parts[0].shape[1]
+                joined = np.concatenate(self._parts) if self._parts else \
+                    np.zeros((0, width), np.float32)
+                probs = np.asarray(joined, dtype=np.float32)
+                self._check(probs, 0)
+                self._probs = probs
+                self._parts = []
+            return self._probs
 
     def row_probs(self, r: int) -> npt.NDArray[np.float32]:
         """Row ``r``'s probabilities, read in place when the rows were not joined yet."""
-        if self._probs is not None:
-            return self._probs[r]
+        with self._join:
+            joined, parts = self._probs, self._parts
+        if joined is not None:
+            return joined[r]
         part = int(np.searchsorted(self._starts, r, side="right")) - 1
-        row = np.asarray(self._parts[part][r - int(self._starts[part])], dtype=np.float32)
+        row = np.asarray(parts[part][r - int(self._starts[part])], dtype=np.float32)
         self._check(row[None, :], r)
         return row
 
