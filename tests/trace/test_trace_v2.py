@@ -119,6 +119,53 @@ def test_every_row_field_is_bounded(both: tuple[Path, Path], tmp_path: Path) -> 
             read_trace(bad)
 
 
+def test_probabilities_are_read_in_place_and_checked_where_used(
+        both: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Opening a v2 trace copies no probabilities (each token's rows are views of the
+    file); a recorded row with a NaN is refused, naming the file and the row, where the
+    rows are first used: the replay's layout and a token's router inputs."""
+    from moescope.sim.replay import Routing
+
+    path = both[1]
+    good = read_trace(path)
+    assert good.columns is not None
+    row = good.columns.row_probs(5)
+    assert not row.flags.owndata and row.base is not None  # a view, not a copy
+    assert np.array_equal(good.columns.probs[5], row)
+
+    reader = ipc.open_stream(str(path))
+    bad = tmp_path / "nan.arrows"
+    with open(bad, "wb") as f, ipc.new_stream(f, reader.schema) as w:
+        i = 0
+        while True:
+            try:
+                b, meta = reader.read_next_batch_with_custom_metadata()
+            except StopIteration:
+                break
+            if i == 2 and meta is not None and TOKEN_KEY in meta:
+                probs = b.column("probs")
+                values = probs.values.to_numpy(zero_copy_only=False).copy()
+                values[probs.type.list_size + 3] = np.nan  # the token's second row
+                fixed = pa.FixedSizeListArray.from_arrays(
+                    pa.array(values, type=probs.type.value_type), probs.type.list_size)
+                b = b.set_column(b.schema.get_field_index("probs"), "probs", fixed)
+            w.write_batch(b, custom_metadata=meta)
+            i += 1
+    trace = read_trace(bad)
+    first = int(trace.columns.token_rows[2]) + 1  # type: ignore[union-attr]
+    with pytest.raises(TraceFormatError, match=rf"nan\.arrows: row {first}\.probs hold a "
+                                               r"value that is not finite"):
+        trace.tokens[2].routes[1]
+    assert trace.tokens[2].routes[0].probs.shape == row.shape  # the token's other rows read
+    with pytest.raises(TraceFormatError, match=rf"row {first}\.probs"):
+        Routing.from_trace(trace)
+    from moescope.cli import main
+
+    assert main(["replay", str(bad), "--policy", "exact"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"row {first}.probs" in err[0], err
+
+
 def test_a_stream_that_is_not_a_trace_is_refused(tmp_path: Path) -> None:
     p = tmp_path / "x.arrows"
     with open(p, "wb") as f, ipc.new_stream(f, pa.schema([("a", pa.int32())])) as w:

@@ -278,10 +278,13 @@ def columns_of(batches: list[pa.RecordBatch], header: TraceHeader) -> dict[str, 
     """Every row of ``batches`` as numpy arrays (concatenated once per column)."""
     m = header.model
     k, e = m.top_k, m.n_expert
-    table = pa.Table.from_batches(batches, schema=batches[0].schema) if batches else None
-    n = table.num_rows if table is not None else 0
-    if table is None or n == 0:
+    whole = pa.Table.from_batches(batches, schema=batches[0].schema) if batches else None
+    n = whole.num_rows if whole is not None else 0
+    if whole is None or n == 0:
         return {"n": 0}
+    # every column but the probabilities joined in one pass (a chunk per token otherwise);
+    # the probabilities, nearly all of the bytes, stay in place
+    table = whole.drop_columns(["probs"]).combine_chunks()
 
     def flat(name: str) -> npt.NDArray[Any]:
         col = table.column(name)
@@ -296,8 +299,17 @@ def columns_of(batches: list[pa.RecordBatch], header: TraceHeader) -> dict[str, 
         out = np.concatenate(parts) if len(parts) != 1 else parts[0]
         return out.reshape(n, width)
 
+    def parts(name: str, width: int) -> list[npt.NDArray[Any]]:
+        """Each batch's rows of a fixed-size list column, in place (views of the map)."""
+        out = []
+        for c in whole.column(name).chunks:
+            values = c.values.to_numpy(zero_copy_only=False)
+            out.append(values[c.offset * width:(c.offset + len(c)) * width].reshape(
+                len(c), width))
+        return out
+
     def valid(name: str) -> npt.NDArray[np.bool_]:
-        col = table.column(name)
+        col = whole.column(name)
         if col.null_count == 0:
             return np.ones(n, dtype=np.bool_)
         return np.concatenate([c.is_valid().to_numpy(zero_copy_only=False)
@@ -326,7 +338,7 @@ def columns_of(batches: list[pa.RecordBatch], header: TraceHeader) -> dict[str, 
         "n_admit": flat("n_admit"), "n_evict": flat("n_evict"),
         "admitted": ragged("admitted", MAX_K), "evicted": ragged("evicted", MAX_K),
         "bytes_sync": flat("bytes_sync"), "bytes_async": flat("bytes_async"),
-        "probs": fixed("probs", e), "probs_valid": valid("probs"),
+        "probs": parts("probs", e), "probs_valid": valid("probs"),
         "next_layer": flat("next_layer"), "predicted": ragged("predicted", e),
     }
 
@@ -360,7 +372,7 @@ def events_of(cols: Mapping[str, Any], k: int) -> npt.NDArray[Any]:
 
 
 def trace_columns(cols: Mapping[str, Any], events: npt.NDArray[Any],
-                  token_rows: npt.NDArray[np.int64]) -> TraceColumns:
+                  token_rows: npt.NDArray[np.int64], source: str = "") -> TraceColumns:
     """The replay's view of the rows: router inputs where recorded."""
     n = cols["n"]
     if not n:
@@ -370,9 +382,9 @@ def trace_columns(cols: Mapping[str, Any], events: npt.NDArray[Any],
     predicted = pred[:, :width].astype(np.int32) if width else None
     return TraceColumns(
         events=events, token_rows=token_rows, exact=cols["probs_valid"],
-        probs=np.asarray(cols["probs"], dtype=np.float32), gate=cols["gate"].astype(np.float32),
+        probs=cols["probs"], gate=cols["gate"].astype(np.float32),
         next_layer=cols["next_layer"].astype(np.int32) if width else None,
-        predicted=predicted)
+        predicted=predicted, source=source)
 
 
 class LazyRoutes(Mapping[int, RouterInput]):
@@ -383,7 +395,15 @@ class LazyRoutes(Mapping[int, RouterInput]):
     def __init__(self, columns: TraceColumns, start: int, stop: int) -> None:
         self._c = columns
         self._start = start
-        self._rows = [int(r) for r in np.flatnonzero(columns.exact[start:stop])]
+        self._stop = stop
+        self._which: list[int] | None = None
+
+    @property
+    def _rows(self) -> list[int]:
+        if self._which is None:
+            self._which = [int(r) for r in np.flatnonzero(self._c.exact[self._start:
+                                                                        self._stop])]
+        return self._which
 
     def __getitem__(self, row: int) -> RouterInput:
         if row not in self._rows:
@@ -396,7 +416,7 @@ class LazyRoutes(Mapping[int, RouterInput]):
             p = c.predicted[r]
             predicted = p[p >= 0].astype(np.int32)
             next_layer = int(c.next_layer[r])
-        return RouterInput(row=row, probs=c.probs[r], weights=c.gate[r],
+        return RouterInput(row=row, probs=c.row_probs(r), weights=c.gate[r],
                            ids=c.events["ids"][r, :k].astype(np.int32),
                            next_layer=next_layer, predicted=predicted)
 

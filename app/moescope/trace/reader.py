@@ -346,7 +346,7 @@ def _read_arrow(p: Path, progress: ReadProgress | None) -> Trace:
     except (ValueError, pa.ArrowException) as err:
         raise TraceFormatError(f"{p.name}: {err}") from None
     events = af.events_of(cols, header.model.top_k)
-    columns = af.trace_columns(cols, events, token_rows)
+    columns = af.trace_columns(cols, events, token_rows, p.name)
     state = _ReadState(header)
     tokens: list[TokenRecord] = []
     for t, d in enumerate(metas):

@@ -7,6 +7,7 @@ counters, policy); reading them back, with every field bounded, is :mod:`.valida
 from __future__ import annotations
 
 import base64
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -293,7 +294,6 @@ class TokenRecord:
         return out
 
 
-@dataclass
 class TraceColumns:
     """Every row of a trace in flat arrays, as a version-2 reader gets them (no loop per
     row): what the replay and the native batch replay consume directly.
@@ -302,15 +302,73 @@ class TraceColumns:
     Where ``exact[r]``, the row's router inputs were recorded: ``probs[r]`` and the raw
     gate weights ``gate[r]``; elsewhere ``gate[r]`` holds the event's normalized weights
     and ``probs[r]`` is zero. ``predicted[r]`` ranks PSR's prediction for layer
-    ``next_layer[r]`` (-1 padded; -1 layer: none)."""
+    ``next_layer[r]`` (-1 padded; -1 layer: none).
 
-    events: npt.NDArray[Any]
-    token_rows: npt.NDArray[np.int64]
-    exact: npt.NDArray[np.bool_]
-    probs: npt.NDArray[np.float32]
-    gate: npt.NDArray[np.float32]
-    next_layer: npt.NDArray[np.int32] | None = None
-    predicted: npt.NDArray[np.int32] | None = None
+    ``probs`` may be given as one array per token (views into the reader's memory map):
+    they are the bulk of a trace (98 kB a token at Qwen3-Next's geometry), so they are
+    joined into one array only when something asks for ``probs`` (the replay's layout),
+    and :meth:`row_probs` reads a row in place; opening a trace to look at it copies none.
+    Such rows are checked (a recorded row's values finite) when first used, not when read:
+    touching every page of the map was a third of the time to open a trace; a bad value
+    raises :class:`TraceFormatError` naming ``source`` and the row."""
+
+    def __init__(self, events: npt.NDArray[Any], token_rows: npt.NDArray[np.int64],
+                 exact: npt.NDArray[np.bool_],
+                 probs: npt.NDArray[Any] | Sequence[npt.NDArray[Any]],
+                 gate: npt.NDArray[np.float32], next_layer: npt.NDArray[np.int32] | None = None,
+                 predicted: npt.NDArray[np.int32] | None = None, source: str = "") -> None:
+        self.events = events
+        self.source = source
+        self.token_rows = token_rows
+        self.exact = exact
+        self.gate = gate
+        self.next_layer = next_layer
+        self.predicted = predicted
+        self._probs: npt.NDArray[np.float32] | None = None
+        self._parts: list[npt.NDArray[Any]] = []
+        self._join = threading.Lock()
+        if isinstance(probs, np.ndarray):
+            self._probs = np.asarray(probs, dtype=np.float32)
+        else:
+            self._parts = list(probs)
+            self._starts = np.zeros(len(self._parts) + 1, dtype=np.int64)
+            np.cumsum([len(a) for a in self._parts], out=self._starts[1:])
+
+    @property
+    def probs(self) -> npt.NDArray[np.float32]:
+        """Every row's probabilities in one float32 array (joined on first use)."""
+        with self._join:  # the what-if's worker and another reader may ask at once
+            if self._probs is None:
+                width = self.gate.shape[1] if not self._parts else self._parts[0].shape[1]
+                joined = np.concatenate(self._parts) if self._parts else \
+                    np.zeros((0, width), np.float32)
+                probs = np.asarray(joined, dtype=np.float32)
+                self._check(probs, 0)
+                self._probs = probs
+                self._parts = []
+            return self._probs
+
+    def row_probs(self, r: int) -> npt.NDArray[np.float32]:
+        """Row ``r``'s probabilities, read in place when the rows were not joined yet."""
+        with self._join:
+            joined, parts = self._probs, self._parts
+        if joined is not None:
+            return joined[r]
+        part = int(np.searchsorted(self._starts, r, side="right")) - 1
+        row = np.asarray(parts[part][r - int(self._starts[part])], dtype=np.float32)
+        self._check(row[None, :], r)
+        return row
+
+    def _check(self, probs: npt.NDArray[np.float32], first: int) -> None:
+        """Rows ``first`` on: a recorded row's probabilities must all be finite (a sum is
+        finite only if every value is; rows are looked at one by one only if not)."""
+        if not len(probs) or np.isfinite(probs.sum(dtype=np.float32)):
+            return
+        bad = self.exact[first:first + len(probs)] & ~np.isfinite(probs).all(axis=1)
+        if bad.any():
+            where = f"{self.source}: " if self.source else ""
+            raise TraceFormatError(f"{where}row {first + int(np.argmax(bad))}.probs hold a "
+                                   f"value that is not finite")
 
     @classmethod
     def empty(cls, events: npt.NDArray[Any], token_rows: npt.NDArray[np.int64]

@@ -722,11 +722,8 @@ def check_columns(cols: Mapping[str, Any], header: TraceHeader,
     if (~present & ~exact).any():
         i = int(np.argmax(~present & ~exact))
         raise ValueError(f"row {i} has neither router inputs nor normalized weights")
-    probs = cols["probs"]
-    finite = np.isfinite(probs).all(axis=1)
-    if (exact & ~finite).any():
-        i = int(np.argmax(exact & ~finite))
-        raise ValueError(f"row {i}.probs hold a value that is not finite")
+    # the probabilities (cols["probs"], a block per token) are checked where first used:
+    # TraceColumns.probs / row_probs
     next_layer = cols["next_layer"]
     pred, plen = cols["predicted"]
     has = next_layer >= 0
