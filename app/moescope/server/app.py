@@ -293,11 +293,15 @@ class _Channel:
         self.lock = threading.Lock()
         self.scheduled = False
         self.ready = asyncio.Event()
+        self.ended = False
+        self.end = asyncio.Event()
+        """Set once the last event (Done or Failed) is in: the pacing pause ends early."""
 
     def put(self, event: Event) -> None:
         """Any thread."""
         with self.lock:
             self.items.append(event)
+            self.ended = self.ended or not isinstance(event, Delta)
             if self.scheduled:
                 return
             self.scheduled = True
@@ -306,7 +310,18 @@ class _Channel:
     def _wake(self) -> None:
         with self.lock:
             self.scheduled = False
+            ended = self.ended
         self.ready.set()
+        if ended:
+            self.end.set()
+
+    async def pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less when the answer ends meanwhile: its last tokens
+        and the closing chunk go out at once instead of up to an interval late."""
+        if self.end.is_set():
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.end.wait(), seconds)
 
     async def take(self) -> list[Event]:
         """Every event so far (at least one), oldest first."""
@@ -344,7 +359,7 @@ async def _sse(events: _Channel, shape: _Shape,
     first = True
     while True:
         if not first:
-            await asyncio.sleep(STREAM_INTERVAL_S)
+            await events.pause(STREAM_INTERVAL_S)
         batch = _merged(await events.take())
         out = []
         for event in batch:
