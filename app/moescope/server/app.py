@@ -284,14 +284,18 @@ class _Shape:
 
 
 class _Channel:
-    """Events from the generating thread to the event loop. The loop is woken once per
-    batch, not once per token: whatever arrived meanwhile goes out in one write."""
+    """Events from the generating thread to the event loop. The loop is woken only when
+    its reader waits for an event (or the answer ends), not once per token: tokens that
+    arrive while it writes or paces itself wait in the deque, at no cost to the decode
+    thread, and go out together in the next write."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.items: deque[Event] = deque()
         self.lock = threading.Lock()
         self.scheduled = False
+        self.waiting = False
+        """The reader is blocked in :meth:`take`: the next event must wake the loop."""
         self.ready = asyncio.Event()
         self.ended = False
         self.end = asyncio.Event()
@@ -301,8 +305,9 @@ class _Channel:
         """Any thread."""
         with self.lock:
             self.items.append(event)
-            self.ended = self.ended or not isinstance(event, Delta)
-            if self.scheduled:
+            last = not isinstance(event, Delta)
+            self.ended = self.ended or last
+            if self.scheduled or not (self.waiting or last):
                 return
             self.scheduled = True
         self.loop.call_soon_threadsafe(self._wake)
@@ -330,8 +335,10 @@ class _Channel:
                 if self.items:
                     batch = list(self.items)
                     self.items.clear()
+                    self.waiting = False
                     return batch
                 self.ready.clear()
+                self.waiting = True
             await self.ready.wait()
 
 
