@@ -221,18 +221,22 @@ def main() -> int:
           f"up to {args.tokens} seeded tokens · medians of {args.reps} · pid {os.getpid()}")
     print()
     cpu_base = statistics.median(r["cpu_ms"] for r in runs["in-process"])
-    print("| variant | tok/s, end to end (median) | runs | vs in-process | CPU ms/token (median) "
-          "| CPU vs in-process | TTFT ms (median) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| variant | tok/s, end to end (median) | runs | vs in-process | paired | "
+          "CPU ms/token (median) | CPU vs in-process | TTFT ms (median) |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, rs in runs.items():
         tok = statistics.median(r["tok_s"] for r in rs)
         ttft = statistics.median(r["ttft_s"] for r in rs) * 1000
         cpu = statistics.median(r["cpu_ms"] for r in rs)
         each = ", ".join(f"{r['tok_s']:.0f}" for r in rs)
-        print(f"| {name} | {tok:.1f} | {each} | {tok / base:.3f} | {cpu:.3f} | "
-              f"{cpu / cpu_base:.3f} | {ttft:.1f} |")
-    print("\nTTFT: in-process and stream as the caller sees it; whole: the server's own "
-          "(the client sees no token before the last).\n")
+        paired = statistics.median(r["tok_s"] / b["tok_s"]
+                                   for r, b in zip(rs, runs["in-process"], strict=True))
+        print(f"| {name} | {tok:.1f} | {each} | {tok / base:.3f} | {paired:.3f} | "
+              f"{cpu:.3f} | {cpu / cpu_base:.3f} | {ttft:.1f} |")
+    print("\npaired: the median of each rep's ratio to the in-process run of the same rep "
+          "(run back to back, so the machine's slow drifts cancel).\nTTFT: in-process and "
+          "stream as the caller sees it; whole: the server's own (the client sees no token "
+          "before the last).\n")
     wall = statistics.median(c["tok_s"] for c in crowd)
     ttfts = [statistics.median(c["ttft_s"][i] for c in crowd) * 1000
              for i in range(args.clients)]

@@ -284,21 +284,30 @@ class _Shape:
 
 
 class _Channel:
-    """Events from the generating thread to the event loop. The loop is woken once per
-    batch, not once per token: whatever arrived meanwhile goes out in one write."""
+    """Events from the generating thread to the event loop. The loop is woken only when
+    its reader waits for an event (or the answer ends), not once per token: tokens that
+    arrive while it writes or paces itself wait in the deque, at no cost to the decode
+    thread, and go out together in the next write."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.items: deque[Event] = deque()
         self.lock = threading.Lock()
         self.scheduled = False
+        self.waiting = False
+        """The reader is blocked in :meth:`take`: the next event must wake the loop."""
         self.ready = asyncio.Event()
+        self.ended = False
+        self.end = asyncio.Event()
+        """Set once the last event (Done or Failed) is in: the pacing pause ends early."""
 
     def put(self, event: Event) -> None:
         """Any thread."""
         with self.lock:
             self.items.append(event)
-            if self.scheduled:
+            last = not isinstance(event, Delta)
+            self.ended = self.ended or last
+            if self.scheduled or not (self.waiting or last):
                 return
             self.scheduled = True
         self.loop.call_soon_threadsafe(self._wake)
@@ -306,7 +315,18 @@ class _Channel:
     def _wake(self) -> None:
         with self.lock:
             self.scheduled = False
+            ended = self.ended
         self.ready.set()
+        if ended:
+            self.end.set()
+
+    async def pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less when the answer ends meanwhile: its last tokens
+        and the closing chunk go out at once instead of up to an interval late."""
+        if self.end.is_set():
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.end.wait(), seconds)
 
     async def take(self) -> list[Event]:
         """Every event so far (at least one), oldest first."""
@@ -315,8 +335,10 @@ class _Channel:
                 if self.items:
                     batch = list(self.items)
                     self.items.clear()
+                    self.waiting = False
                     return batch
                 self.ready.clear()
+                self.waiting = True
             await self.ready.wait()
 
 
@@ -344,7 +366,7 @@ async def _sse(events: _Channel, shape: _Shape,
     first = True
     while True:
         if not first:
-            await asyncio.sleep(STREAM_INTERVAL_S)
+            await events.pause(STREAM_INTERVAL_S)
         batch = _merged(await events.take())
         out = []
         for event in batch:

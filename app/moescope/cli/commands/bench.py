@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from moescope.cache.budget import format_bytes, parse_budget
 from moescope.cli.commands.generate import (
+    add_gpu_layers_argument,
     check_outputs,
     check_threads,
     model_inputs,
@@ -70,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text (raw, no template)")
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="also write the results as JSON (- for stdout)")
-    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers on the GPU (default 0)")
+    add_gpu_layers_argument(p)
     p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp (1-512)")
     p.set_defaults(func=run)
 
@@ -221,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
         result = BenchResult(
             model=model, budget=args.budget, slots_per_layer=plan.slots_per_layer,
             n_expert=plan.n_expert, slot_bytes=plan.bytes_used, tokens=args.tokens,
-            prompt_tokens=prompt_tokens, n_gpu_layers=args.n_gpu_layers,
+            prompt_tokens=prompt_tokens, n_gpu_layers=loaded.n_gpu_layers,
             gpu_offload=_gpu_offload(), rows=rows, notes=_notes(rows, args.tokens))
         if plan.clamped:
             result.notes.insert(0, plan.message)
@@ -301,8 +302,9 @@ def format_report(result: BenchResult) -> str:
     """Setup lines, then an aligned table, then notes."""
     base = result.rows[0].name
     runs = len(result.rows[0].runs)
-    if result.gpu_offload and result.n_gpu_layers > 0:
-        where = f"GPU build, --n-gpu-layers {result.n_gpu_layers}"
+    if result.gpu_offload and result.n_gpu_layers != 0:
+        layers = "all" if result.n_gpu_layers < 0 else str(result.n_gpu_layers)
+        where = f"GPU build, --n-gpu-layers {layers}"
     elif result.gpu_offload:
         where = "GPU build, but --n-gpu-layers 0: everything runs on the CPU"
     else:

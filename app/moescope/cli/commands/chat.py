@@ -27,6 +27,7 @@ from moescope.cache.audit import check_every
 from moescope.cache.policy import PRESET_NAMES
 from moescope.cli.commands.generate import (
     add_audit_argument,
+    add_gpu_layers_argument,
     add_sampling_arguments,
     answer_summary,
     cache_state,
@@ -100,7 +101,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add_sampling_arguments(p, n_default=512, n_help="most tokens per answer")
     p.add_argument("--ctx", type=int, default=4096, metavar="N",
                    help="context length in tokens (default 4096, at most the model's)")
-    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers on the GPU (default 0)")
+    add_gpu_layers_argument(p)
     p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp (1-512)")
     p.add_argument("--no-cache", action="store_true", help="run stock llama.cpp (cache off)")
     p.add_argument("--trace", type=Path, metavar="FILE.jsonl[.gz]",

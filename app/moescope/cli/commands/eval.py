@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from moescope.cli.commands.generate import add_gpu_layers_argument
 from moescope.util.errors import MoEScopeError
 from moescope.util.resources import demo_model_path
 
@@ -53,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--csv", type=Path, metavar="FILE", help="write the table as CSV (- for stdout)")
     p.add_argument("--markdown", type=Path, metavar="FILE",
                    help="also write the Markdown table to a file")
-    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers on the GPU (default 0)")
+    add_gpu_layers_argument(p)
     p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp (1-512)")
     p.set_defaults(func=run)
 

@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="host memory for experts (same units as --budget); experts beyond "
                         "it stay in the model file and are read on demand (default: all)")
     add_sampling_arguments(p, n_default=128, n_help="tokens to generate")
-    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers on the GPU (default 0)")
+    add_gpu_layers_argument(p)
     p.add_argument("--no-cache", action="store_true", help="run stock llama.cpp (cache off)")
     p.add_argument("--trace", type=Path, metavar="FILE.jsonl[.gz]",
                    help="record a session trace (replay it with `moescope replay`)")
@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
                          ram_budget=args.ram_budget)
     if loaded.notice:
         print(f"moescope: {loaded.notice}", file=sys.stderr)
+    print(backend_line(engine), file=sys.stderr)
     start_audits(engine, args.audit)
     prompt: Any = [Message("user", args.prompt)] if args.chat else args.prompt
     recorder = None
@@ -282,6 +283,37 @@ def answer_summary(engine: Engine) -> str:
     return summary_line(cache_state(engine), a.tokens_per_second, a.cache,
                         (f"{audit.describe()} | " if audit is not None else "")
                         + f"{a.n_tokens} tokens, stop: {a.stop_reason}")
+
+
+def _gpu_layers(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not -1 <= n <= 100_000:
+        raise argparse.ArgumentTypeError(f"{n} is out of range (-1 for all layers, or 0 "
+                                         "and up)")
+    return n
+
+
+def add_gpu_layers_argument(p: argparse.ArgumentParser) -> None:
+    """``--n-gpu-layers``, defaulting as the window does: every layer on a GPU build of
+    the engine, none on a CPU build (where offloading has nowhere to go)."""
+    from moescope.engine.backend import NAMES, engine_build
+
+    build = engine_build().backend
+    this = f"; this engine is a {NAMES[build]} build" if build in NAMES else ""
+    p.add_argument("--n-gpu-layers", type=_gpu_layers, default=None, metavar="N",
+                   help=f"layers on the GPU, -1 for all (default: all on a CUDA or Vulkan "
+                        f"build of the engine, 0 on a CPU build{this})")
+
+
+def backend_line(engine: Engine) -> str:
+    """One line: the engine's backend, why, and where the loaded model's slots are."""
+    from moescope.engine.backend import backend_text, engine_build
+
+    model = engine.model
+    return "engine: " + backend_text(engine_build(), model.slot_buffer if model else "")
 
 
 def add_audit_argument(p: argparse.ArgumentParser) -> None:

@@ -47,12 +47,15 @@ def run(args: argparse.Namespace) -> int:
             out["budget"] = _plan_dict(plan)
         print(json.dumps(out, indent=2))
     else:
-        print(format_info(info, plan))
+        from moescope.engine.backend import backend_text, engine_build
+
+        print(format_info(info, plan, engine=backend_text(engine_build())))
     return 0
 
 
-def format_info(info: ModelInfo, plan: BudgetPlan | None = None) -> str:
-    """The human-readable report, one fact per line."""
+def format_info(info: ModelInfo, plan: BudgetPlan | None = None, engine: str = "") -> str:
+    """The human-readable report, one fact per line; ``engine`` is the installed engine's
+    backend line (a budget means little without knowing where the slots would go)."""
     rows: list[tuple[str, str]] = [
         ("model", f"{info.file_name} ({format_bytes(info.file_size)}"
                   + (f" in {len(info.parts)} files)" if info.parts else ")")),
@@ -95,6 +98,8 @@ def format_info(info: ModelInfo, plan: BudgetPlan | None = None) -> str:
         ]
         if plan.clamped:
             rows.append(("  note", plan.message))
+    if engine:
+        rows.append(("engine", engine))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 

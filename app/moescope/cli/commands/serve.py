@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from moescope.cli.commands.generate import add_gpu_layers_argument
 from moescope.util.errors import MoEScopeError
 
 
@@ -55,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                         "(default 8)")
     p.add_argument("--max-body", type=int, default=4, metavar="MIB",
                    help="largest request body in MiB (default 4)")
-    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers on the GPU (default 0)")
+    add_gpu_layers_argument(p)
     p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp")
     p.add_argument("--no-cache", action="store_true", help="run stock llama.cpp (cache off)")
     p.set_defaults(func=run)
@@ -63,7 +64,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from moescope.cache.budget import parse_budget
-    from moescope.cli.commands.generate import cache_state, parse_live_policy, resolve_model
+    from moescope.cli.commands.generate import (
+        backend_line,
+        cache_state,
+        parse_live_policy,
+        resolve_model,
+    )
     from moescope.server.run import check_exposure, check_port, port_free
 
     api_key = args.api_key or os.environ.get("MOESCOPE_API_KEY") or None
@@ -98,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
                              cache=not args.no_cache)
         if loaded.notice:
             print(f"moescope: {loaded.notice}", file=sys.stderr)
+        print(backend_line(engine), file=sys.stderr)
         delay = os.environ.get("MOESCOPE_TEST_COPY_DELAY_US", "")
         if delay.isdigit() and engine.cache is not None:  # tests: answers that take a while
             engine.set_copy_delay(min(int(delay), 100_000))
