@@ -244,3 +244,27 @@ def test_chat_keeps_the_conversation_and_the_trace_after_a_read_error(
     recorded = read_trace(trace)
     assert 0 < len(recorded.tokens) < 40
     loaded[0].close()
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".arrows"])
+def test_traces_keep_each_selections_tier_as_the_engine_decided_it(
+        synth_model: Callable[..., Path], tmp_path: Path, suffix: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Traces record the disk tier's fields (per-selection tier, disk fills and bytes), in
+    both formats, exactly as the core wrote them in the event rows."""
+    from moescope.cli import main
+    from moescope.trace import read_trace
+
+    trace = tmp_path / f"t{suffix}"
+    model = synth_model("qwen3moe", expert_type="q8_0")
+    assert main(["generate", str(model), "--prompt", "Hello", "--n", "12",
+                 "--policy", "exact", "--budget", "25%", "--ram-budget", "30%",
+                 "--trace", str(trace)]) == 0
+    capsys.readouterr()
+    events = read_trace(trace).events()
+    k = int(events["k"][0])
+    tier = events["tier"][:, :k]
+    assert (tier == 2).any() and (tier == 0).any(), "reads from disk and hits, both recorded"
+    fetched = events["action"][:, :k] == 1
+    assert (tier[fetched] > 0).all() and (tier[events["action"][:, :k] == 0] == 0).all()
+    assert events["n_disk"].sum() > 0 and events["bytes_disk"].sum() > 0

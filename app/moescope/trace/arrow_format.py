@@ -81,6 +81,7 @@ def row_schema(header: TraceHeader) -> pa.Schema:
         ("substituted_mass", pa.float32()), ("n_admit", pa.int8()), ("n_evict", pa.int8()),
         ("admitted", pa.list_(pa.int16())), ("evicted", pa.list_(pa.int16())),
         ("bytes_sync", pa.int64()), ("bytes_async", pa.int64()),
+        ("tier", fixed(pa.int8(), k)), ("n_disk", pa.int32()), ("bytes_disk", pa.int64()),
         ("probs", fixed(pa.float32() if header.router_inputs != "f16" else pa.float16(), e)),
         ("next_layer", pa.int16()), ("predicted", pa.list_(pa.int16())),
     ]
@@ -168,6 +169,8 @@ def token_batch(record: TokenRecord, header: TraceHeader, schema: pa.Schema
         _ragged(ev["admitted"].astype(np.int16), np.minimum(n_admit, MAX_K), pa.int16()),
         _ragged(ev["evicted"].astype(np.int16), np.minimum(n_evict, MAX_K), pa.int16()),
         pa.array(ev["bytes_sync"].astype(np.int64)), pa.array(ev["bytes_async"].astype(np.int64)),
+        _fixed(ev["tier"][:, :k].astype(np.int8), pa.int8()),
+        pa.array(ev["n_disk"].astype(np.int32)), pa.array(ev["bytes_disk"].astype(np.int64)),
         pa.FixedSizeListArray.from_arrays(pa.array(probs.reshape(-1), type=probs_t), e,
                                           mask=pa.array(~has)),
         pa.array(next_layer), _ragged(predicted, n_pred, pa.int16()),
@@ -338,6 +341,8 @@ def columns_of(batches: list[pa.RecordBatch], header: TraceHeader) -> dict[str, 
         "n_admit": flat("n_admit"), "n_evict": flat("n_evict"),
         "admitted": ragged("admitted", MAX_K), "evicted": ragged("evicted", MAX_K),
         "bytes_sync": flat("bytes_sync"), "bytes_async": flat("bytes_async"),
+        **({"tier": fixed("tier", k), "n_disk": flat("n_disk"),
+            "bytes_disk": flat("bytes_disk")} if "tier" in table.column_names else {}),
         "probs": parts("probs", e), "probs_valid": valid("probs"),
         "next_layer": flat("next_layer"), "predicted": ragged("predicted", e),
     }
@@ -368,6 +373,9 @@ def events_of(cols: Mapping[str, Any], k: int) -> npt.NDArray[Any]:
         mask = np.arange(w)[None, :] < lengths[:, None]
         ev[name][:, :w][mask] = values[:, :w][mask]
     ev["bytes_sync"], ev["bytes_async"] = cols["bytes_sync"], cols["bytes_async"]
+    if "tier" in cols:  # the disk tier's fields (streams written before it have none)
+        ev["tier"][:, :k] = cols["tier"]
+        ev["n_disk"], ev["bytes_disk"] = cols["n_disk"], cols["bytes_disk"]
     return ev
 
 

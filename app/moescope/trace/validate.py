@@ -707,6 +707,10 @@ def check_columns(cols: Mapping[str, Any], header: TraceHeader,
                              f"(0..{n_expert - 1})")
     for name in ("bytes_sync", "bytes_async"):
         _within(cols[name], f"row {{}}.{name}", 0, _MAX_BYTES)
+    if "tier" in cols:
+        _within(cols["tier"], "row {}.tier", 0, 2, "is not a tier (0 slot, 1 RAM, 2 disk)")
+        _within(cols["n_disk"], "row {}.n_disk", 0, n_expert)
+        _within(cols["bytes_disk"], "row {}.bytes_disk", 0, _MAX_BYTES)
     exact = cols["probs_valid"]
     gate = cols["gate"]
     bad = ~np.isfinite(gate) | (gate < 0) | (~exact[:, None] & (gate > 1))
