@@ -34,7 +34,7 @@ def feed(c: GuardController, kls: list[float]) -> list[float | None]:
 
 def test_starts_at_the_base_preset() -> None:
     c = GuardController(GuardSpec())
-    assert c.policy == PRESETS["cache-prior"] and c.policy.name == GUARD
+    assert c.policy == PRESETS["psr"] and c.policy.name == GUARD
     assert c.value == pytest.approx(DEFAULT_BONUS)
     q = GuardController(GuardSpec(base="quality-first"))
     assert q.policy == PRESETS["quality-first"] and q.value == pytest.approx(DEFAULT_THETA)
@@ -106,8 +106,8 @@ def test_non_finite_kl_is_bounded() -> None:
 def test_parse_guard() -> None:
     assert parse_guard("quality-first") is None
     assert parse_guard("guard") == GuardSpec()
-    s = parse_guard("guard:target=0.5%:every=16:base=psr")
-    assert s == GuardSpec(target=0.005, every=16, base="psr")
+    s = parse_guard("guard:target=0.5%:every=16:base=cache-prior")
+    assert s == GuardSpec(target=0.005, every=16, base="cache-prior")
     assert parse_guard("guard:target=0.02") == GuardSpec(target=0.02)
     for bad, words in (("guard:target=0%", "target"), ("guard:target=abc", "target"),
                        ("guard:target=nan%", "target"), ("guard:every=0", "audit period"),

@@ -55,7 +55,7 @@ def test_guard_runs_are_deterministic_and_change_the_policy(
         assert max(first[2]) > first[2][0]
 
 
-@pytest.mark.parametrize("base", ["cache-prior", "quality-first"])
+@pytest.mark.parametrize("base", ["psr", "cache-prior", "quality-first"])
 def test_a_guard_trace_replays_exactly(base: str, tmp_path: Path,
                                        synth_model: Callable[..., Path],
                                        engine: Callable[..., Any]) -> None:
@@ -68,7 +68,7 @@ def test_a_guard_trace_replays_exactly(base: str, tmp_path: Path,
     trace = read_trace(tmp_path / "t.jsonl")
     recorded = [c.policy for t in trace.tokens for c in t.changes if c.kind == "policy"]
     assert len(recorded) == e.guard.changes
-    knob = "bonus" if base == "cache-prior" else "theta"
+    knob = "theta" if base == "quality-first" else "bonus"
     assert len({getattr(p, knob) for p in recorded}) > 1 or e.guard.changes == 1
     result = replay(trace, None, None, keep_events=True)
     assert result.warnings == []

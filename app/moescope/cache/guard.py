@@ -28,7 +28,7 @@ from moescope.util.errors import MoEScopeError
 
 GUARD = "guard"
 """The guard's name in the policy menu, on the command line and in traces."""
-GUARD_BASES = ("cache-prior", "psr", "quality-first")
+GUARD_BASES = ("psr", "cache-prior", "quality-first")
 """Presets the guard can steer: the routing bonus (cache-prior, psr) or θ (quality-first)."""
 DEFAULT_TARGET = 0.01
 """1%: the estimated perplexity cost the guard keeps the run under by default."""
@@ -51,7 +51,7 @@ class GuardSpec:
 
     target: float = DEFAULT_TARGET
     every: int = DEFAULT_EVERY
-    base: str = "cache-prior"
+    base: str = "psr"
     window: int = 8
     """At most this many recent audits enter the estimate."""
     settle: int = 4
@@ -140,6 +140,11 @@ class GuardController:
     def value(self) -> float:
         """The knob's value at the current level (bonus or θ)."""
         return round(self._lo + self.level * self._step, 6)
+
+    def describe(self) -> str:
+        """``guard 1% (bonus 0.05, 3 changes)``: what a summary line calls the policy."""
+        return (f"{self.spec.label} ({'θ' if self._key == 'theta' else self._key} "
+                f"{self.value:g}, {self.changes} change{'' if self.changes == 1 else 's'})")
 
     def recent_cost(self) -> float | None:
         """``exp(mean KL) - 1`` over the audits of the current setting (None: none yet)."""

@@ -265,7 +265,8 @@ def cache_state(engine: Engine) -> str:
     """``quality-first @ 16/64 slots``, or ``cache off``: the label in front of a summary."""
     m = engine.model
     if m is not None and m.cache_enabled and m.plan is not None:
-        return f"{engine.policy_name} @ {m.plan.slots_per_layer}/{m.plan.n_expert} slots"
+        name = engine.guard.describe() if engine.guard is not None else engine.policy_name
+        return f"{name} @ {m.plan.slots_per_layer}/{m.plan.n_expert} slots"
     return "cache off"
 
 
