@@ -1,0 +1,30 @@
+"""The quality guard in the window's policy menu: choosing it and setting its target
+reach the engine, which then audits and steers between tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gui_helpers import send
+
+from moescope.cache.guard import GUARD
+
+
+def test_choosing_the_guard_and_its_target(window: Any, qtbot: Any) -> None:
+    c = window.controls
+    engine = window.client.worker.engine
+    assert not c.guard_target.isEnabled()
+    c.select_policy(GUARD)
+    assert c.guard_target.isEnabled()
+    qtbot.waitUntil(lambda: engine.guard is not None and engine.policy_name == GUARD,
+                    timeout=10_000)
+    assert engine.guard.spec.target == 0.01 and engine.audit_every == 8
+    c.guard_target.setValue(0.5)
+    qtbot.waitUntil(lambda: engine.guard is not None and engine.guard.spec.target == 0.005,
+                    timeout=10_000)
+    send(qtbot, window, "Hello")
+    assert c.policy_combo.currentData() == GUARD  # the guard's own changes keep the entry
+    assert any(t.audit is not None for t in window.recent_tokens)
+    c.select_policy("quality-first")
+    qtbot.waitUntil(lambda: engine.guard is None, timeout=10_000)
+    assert not c.guard_target.isEnabled()
