@@ -28,3 +28,20 @@ def test_choosing_the_guard_and_its_target(window: Any, qtbot: Any) -> None:
     c.select_policy("quality-first")
     qtbot.waitUntil(lambda: engine.guard is None, timeout=10_000)
     assert not c.guard_target.isEnabled()
+
+
+def test_compare_shows_the_audited_cost_and_keeps_the_guard(window: Any, qtbot: Any) -> None:
+    """Compare under the guard: its row has an audited cost (audits on), the others none;
+    afterwards the guard's controller and the audit period are the user's again."""
+    from moescope.engine.compare import compare_policies
+
+    engine = window.client.worker.engine
+    window.controls.select_policy(GUARD)
+    qtbot.waitUntil(lambda: engine.guard is not None, timeout=10_000)
+    send(qtbot, window, "Hello")
+    guard = engine.guard
+    engine.set_audit(0)  # the user turned audits off: only the guard's answer has them
+    result = compare_policies(engine, [{"role": "user", "content": "Hello"}],
+                              ["exact", "quality-first", GUARD], max_tokens=40)
+    assert [a.audit is not None for a in result.answers] == [False, False, True]
+    assert engine.guard is guard and engine.audit_every == 0

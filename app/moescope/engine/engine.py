@@ -355,7 +355,8 @@ class Engine:
         self._file_identity = None
 
     # ------------------------------------------------------------------ steering
-    def set_policy(self, policy: Policy | str | GuardSpec, *, _apply: bool = True) -> None:
+    def set_policy(self, policy: Policy | str | GuardSpec | GuardController, *,
+                   _apply: bool = True) -> None:
         """Switch the policy; the core applies it from the next token. The quality guard
         (a :class:`GuardSpec`, or ``guard[:target=1%...]``) starts at its base preset,
         turns audits on at its period, and then moves its policy between tokens."""
@@ -363,11 +364,12 @@ class Engine:
             spec = parse_guard(policy)
             if spec is not None:
                 policy = spec
-        if isinstance(policy, GuardSpec):
-            self._guard = GuardController(policy)
+        if isinstance(policy, (GuardSpec, GuardController)):  # a controller resumes as it was
+            self._guard = GuardController(policy) if isinstance(policy, GuardSpec) else policy
+            self._guard_held = None
             self._policy_name, self._policy = self._guard.policy.name or "guard", \
                 self._guard.policy
-            self.set_audit(policy.every)
+            self.set_audit(self._guard.spec.every)
             if _apply and self._cache is not None:
                 self._cache.set_policy(self._policy)
             return

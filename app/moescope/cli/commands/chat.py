@@ -452,7 +452,7 @@ class ChatSession:
                 max_tokens=min(self.sampling.max_tokens, 256), thinking=self.sampling.thinking,
                 score=tokens, progress=progress, stopped=interrupted)
         rows = [("policy", "tok/s", "vs exact", "same start", "agreement", "hit",
-                 "substituted", "mass/tok", "chat perplexity")]
+                 "substituted", "mass/tok", "audited cost", "chat perplexity")]
         for i, a in enumerate(result.answers):
             c = a.cache
             ref = i == 0
@@ -462,6 +462,7 @@ class ChatSession:
                          "reference" if ref else f"{a.agreement:.0%}",
                          f"{c.hit_rate:.1%}", f"{c.substituted_fraction:.1%}",
                          f"{c.mass_per_token:.3f}",
+                         f"+{100 * a.audit.cost:.2f}%" if a.audit is not None else "–",
                          "reference" if ref and a.nll is not None
                          else perplexity_text(result.perplexity_change(a))))
         widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
