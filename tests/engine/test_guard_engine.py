@@ -74,6 +74,13 @@ def test_a_guard_trace_replays_exactly(base: str, tmp_path: Path,
     assert result.warnings == []
     assert result.events is not None
     assert decision_mismatches(trace.events(), result.events) == []
+    if base == "psr":  # what-if says the recorded session's audited cost beside its mass
+        from moescope.display.whatif_model import compute, tooltip
+
+        w = compute(trace, "pcie4", policies=("quality-first",), budgets=("25%",))
+        assert w.recorded is not None and w.recorded_audit is not None
+        assert w.recorded_audit.n == sum(t.audit is not None for t in trace.tokens) > 0
+        assert "audited: quality cost +" in tooltip(w.recorded, w.recorded_audit)
 
 
 def test_another_policy_ends_the_guard(synth_model: Callable[..., Path],
