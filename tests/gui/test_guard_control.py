@@ -19,6 +19,7 @@ def test_choosing_the_guard_and_its_target(window: Any, qtbot: Any) -> None:
     qtbot.waitUntil(lambda: engine.guard is not None and engine.policy_name == GUARD,
                     timeout=10_000)
     assert engine.guard.spec.target == 0.01 and engine.audit_every == 8
+    assert c.audit.currentData() == 8  # the Audit control says so
     c.guard_target.setValue(0.5)
     qtbot.waitUntil(lambda: engine.guard is not None and engine.guard.spec.target == 0.005,
                     timeout=10_000)

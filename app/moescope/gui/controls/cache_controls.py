@@ -301,6 +301,8 @@ class ControlsPanel(QGroupBox):
             self._shown = key
             self._show_values(self._custom_saved if key == CUSTOM else self._preset(key))
         self._update_custom_enabled()
+        if key == GUARD and not self.audit.currentData():  # the guard turns audits on
+            self.audit.setCurrentIndex(self.audit.findData(GuardSpec().every))
         if key != SPEED_FIRST:
             self._last_other = key
         if not self._quiet:
