@@ -57,7 +57,8 @@ if TYPE_CHECKING:
 
 HELP = """\
 /policy [NAME]   show or switch the policy (exact, quality-first, speed-first, ...;
-                 preset:key=value works too, e.g. threshold:theta=0.3)
+                 preset:key=value works too, e.g. threshold:theta=0.3; the quality
+                 guard: guard:target=1%)
 /budget [X]      show or change the VRAM for expert slots (25%, 12GiB, 16 slots)
 /ram [X]         show or change the host memory for experts (the rest is read from disk)
 /stats           this session's totals, per policy when more than one was used
@@ -335,7 +336,9 @@ class ChatSession:
 
     def _policy(self, arg: str) -> None:
         if not arg:
-            self._say(f"policy {self.engine.policy_name} (presets: {', '.join(PRESET_NAMES)})")
+            name = self.engine.guard.describe() if self.engine.guard else self.engine.policy_name
+            self._say(f"policy {name} (presets: {', '.join(PRESET_NAMES)}; "
+                      "the quality guard: guard:target=1%)")
             return
         try:
             policy = parse_live_policy(arg)

@@ -87,12 +87,12 @@ class ControlsPanel(QGroupBox):
         self.guard_target.setRange(0.1, 10.0)
         self.guard_target.setSingleStep(0.1)
         self.guard_target.setDecimals(1)
-        self.guard_target.setSuffix(" % perplexity")
+        self.guard_target.setPrefix("guard ≤ ")
+        self.guard_target.setSuffix("%")
         self.guard_target.setValue(100 * DEFAULT_TARGET)
         self.guard_target.setToolTip(
             "Quality guard: keep the audited estimate of the perplexity cost under this. "
             "Lower: closer to Exact, more waits; higher: faster.")
-        form.addRow("Guard target", self.guard_target)
 
         self.theta = self._slider(0, 100, 15, "Fetch threshold θ")
         self.theta_label = QLabel()
@@ -146,7 +146,10 @@ class ControlsPanel(QGroupBox):
             "one more token of time. The cache panel shows the estimate.")
         self.audit.currentIndexChanged.connect(
             lambda _i: self.auditRequested.emit(int(self.audit.currentData())))
-        form.addRow("&Audit", self.audit)
+        form.addRow("&Audit", self._row(self.audit, self.guard_target))  # one row: height
+        audit_label = form.labelForField(self.audit.parentWidget())
+        if isinstance(audit_label, QLabel):
+            audit_label.setBuddy(self.audit)
         for control in (self.theta, self.beta, self.bonus, self.prefetch_mode, self.budget):
             # the row's name labels the control itself, not the row holding it and its value:
             # Alt+V reaches the slider, and a screen reader reads the name with it
