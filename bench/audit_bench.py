@@ -47,15 +47,25 @@ def windows(tokens: list[int], count: int, length: int) -> list[list[int]]:
 
 
 def forced_run(engine: Any, tokens: list[int], policy: Any, budget: str,
-               every: int) -> tuple[np.ndarray, list[Any], float]:
+               every: int, totals: Any = None) -> tuple[np.ndarray, list[Any], float]:
     """Teacher-force ``tokens`` under ``policy`` from an empty cache (as ``run_one``):
-    per-token NLL of ``tokens[1:]``, the audits of every ``every``-th step, seconds."""
+    per-token NLL of ``tokens[1:]``, the audits of every ``every``-th step, seconds.
+
+    ``policy`` may be the quality guard (a ``GuardSpec``): then audits run at its own
+    period and its controller moves the policy between tokens, as the engine does while
+    generating. ``totals`` (a ``CacheTotals``), when given, adds up the run's rows."""
     from llama_cpp import llama_cpp as low
 
     from moescope.cache.audit import compare
+    from moescope.cache.guard import GuardController, GuardSpec
+    from moescope.cache.totals import CacheTotals
     from moescope.engine import bindings
     from moescope.engine.evaluate import _nll
 
+    guard = None
+    if isinstance(policy, GuardSpec):
+        guard = GuardController(policy)
+        every, policy = policy.every, guard.policy
     engine.set_budget(budget)
     engine.set_policy(policy)
     engine.set_audit(every)
@@ -77,9 +87,14 @@ def forced_run(engine: Any, tokens: list[int], policy: Any, budget: str,
                                        shape=(n_vocab,))
         rows = engine.drain_events()
         nll[i] = _nll(logits, int(tokens[i + 1]))
+        if totals is not None:
+            totals.add(CacheTotals.from_events(rows, tokens=1))
         if exact is not None:
             mass = float(rows["substituted_mass"].astype(np.float64).sum())
             audits.append(compare(exact, logits, int(tokens[i + 1]), mass))
+            new = guard.observe(audits[-1].kl) if guard is not None else None
+            if new is not None:
+                engine.set_policy(new)  # from the next token, as the engine does
     engine.set_audit(0)
     return nll, audits, time.perf_counter() - t0
 
@@ -115,7 +130,9 @@ def main() -> int:
     args = parser.parse_args()
 
     from moescope.cache.audit import AuditEstimate
+    from moescope.cache.guard import GuardSpec, parse_guard
     from moescope.cache.policy import Policy
+    from moescope.cache.totals import CacheTotals
     from moescope.engine import Engine
     from moescope.engine.evaluate import change_interval, pearson
     from moescope.sim.sweep import parse_policy
@@ -123,7 +140,7 @@ def main() -> int:
 
     model = args.model or demo_model_path()
     budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
-    policies = [parse_policy(p) or Policy.preset("exact")
+    policies = [parse_guard(p) or parse_policy(p) or Policy.preset("exact")
                 for p in args.policies.split(",") if p.strip()]
     engine = Engine()
     engine.load(model, budget=budgets[0], policy="exact", n_threads=args.threads)
@@ -135,8 +152,8 @@ def main() -> int:
     print(f"{model.name}: {args.windows} windows x {length - 1} tokens per text, audits "
           f"every {args.every}, threads {args.threads}", file=sys.stderr)
     print("| text | policy | budget | eval Δppl [95% CI] | audit estimate [95% CI] | "
-          "audits | greedy differs | mass/tok |")
-    print("|---|---|---|---|---|---:|---:|---:|")
+          "audits | greedy differs | mass/tok | fetched MB/tok (waited) |")
+    print("|---|---|---|---|---|---:|---:|---:|---:|")
     points: list[tuple[float, float]] = []
     for name, text in ({} if args.only_overhead else texts).items():
         chunks = windows(engine.tokenize(text[text.find("\n") + 1:]), args.windows, length)
@@ -145,8 +162,9 @@ def main() -> int:
                                    for c in chunks])
             for policy in policies:
                 nll_parts, audits = [], []
+                totals = CacheTotals()
                 for chunk in chunks:
-                    nll, aud, _ = forced_run(engine, chunk, policy, budget, args.every)
+                    nll, aud, _ = forced_run(engine, chunk, policy, budget, args.every, totals)
                     nll_parts.append(nll)
                     audits += aud
                 nll = np.concatenate(nll_parts)
@@ -154,10 +172,15 @@ def main() -> int:
                 est = AuditEstimate.from_records(audits)
                 assert est is not None
                 points.append((change, 100 * est.cost))
-                print(f"| {name} | {policy.name} | {budget} | {change:+.2f}% [{lo:+.2f}, "
+                label = (f"guard {100 * policy.target:g}% ({policy.base})"
+                         if isinstance(policy, GuardSpec) else policy.name)
+                n = max(1, totals.tokens)
+                print(f"| {name} | {label} | {budget} | {change:+.2f}% [{lo:+.2f}, "
                       f"{hi:+.2f}] | +{100 * est.cost:.2f}% [{100 * est.low:.2f}, "
                       f"{100 * est.high:.2f}] | {est.n} | {est.greedy_differs} | "
-                      f"{est.mean_mass:.3f} |", flush=True)
+                      f"{est.mean_mass:.3f} | "
+                      f"{(totals.bytes_sync + totals.bytes_async) / n / 1e6:.3f} "
+                      f"({totals.bytes_sync / n / 1e6:.3f}) |", flush=True)
     if points:
         xs, ys = zip(*points, strict=True)
         r = pearson(xs, ys)

@@ -413,3 +413,17 @@ def test_ctrl_c_while_thinking_means_answer_now(
     answer = answering.text.lstrip()
     assert second.messages[1] == {"role": "assistant", "content": answer}
     assert "</think>" not in out and thinking.text.strip() not in out
+
+
+def test_policy_guard_in_chat(synth_model: Callable[..., Path],
+                              monkeypatch: pytest.MonkeyPatch,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    """``/policy guard:target=2%``: the guard takes over (audits on), the summary line
+    gives its estimate, and ``/policy`` names its setting."""
+    code, out, err = chat(monkeypatch, capsys, synth_model("qwen3moe"),
+                          "/policy guard:target=2%:every=2\nHello\n/policy\n"
+                          "/policy guard:target=90%\n")
+    assert code == 0
+    assert "policy guard" in out and "quality cost +" in out
+    assert "policy guard 2% (bonus " in out
+    assert "guard target must be between" in err

@@ -64,3 +64,28 @@ def test_generate_records_a_trace_that_replays_exactly(
     capsys.readouterr()
     assert main(["replay", str(trace), "--policy", "recorded", "--budget", "recorded"]) == 0
     assert "recorded" in capsys.readouterr().out
+
+
+def test_generate_with_the_quality_guard(
+        synth_model: Callable[..., Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--policy guard:target=...``: audits on at the guard's period, its setting and
+    changes in the summary, and its trace replays exactly."""
+    from moescope.sim import decision_mismatches, replay
+    from moescope.trace import read_trace
+
+    trace = tmp_path / "guard.jsonl"
+    code = main(["generate", str(synth_model("qwen3moe")), "--n", "32", "--seed", "3",
+                 "--policy", "guard:target=0.05%:every=2", "--trace", str(trace)])
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert code == 0
+    assert summary.startswith("[guard 0.05% (bonus ") and "quality cost +" in summary
+    t = read_trace(trace)
+    assert t.header.policy.name == "guard"
+    result = replay(t, None, None, keep_events=True)
+    assert result.events is not None
+    assert decision_mismatches(t.events(), result.events) == []
+    for bad in ("guard:target=0", "guard:every=0", "guard:base=exact"):
+        assert main(["generate", str(synth_model("qwen3moe")), "--policy", bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "guard" in err[0]

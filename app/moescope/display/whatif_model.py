@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from moescope.cache.audit import AuditEstimate, estimate
 from moescope.cache.budget import format_bytes
 from moescope.cache.policy import PRESET_NAMES, PRESETS
 from moescope.sim import COST_MODEL_NAMES, Routing, SweepRow, cost_model, sweep
@@ -56,6 +57,9 @@ class WhatIfResult:
     recorded_ms_per_token: float | None
     """Measured wall time per decode token while recording, for comparison."""
     warnings: list[str] = field(default_factory=list)
+    recorded_audit: AuditEstimate | None = None
+    """The recorded session's audited quality cost (None: recorded without audits); a
+    replay under another policy has no exact pass, so only the recorded point has one."""
 
     def series(self) -> dict[str, list[SweepRow]]:
         """Rows per policy in budget order: one connected curve each."""
@@ -146,7 +150,7 @@ def compute(trace: Trace, cost_name: str, policies: Sequence[str] = POLICIES,
         cost_name=cost_name, cost_text=cost.describe(trace.header.model),
         policies=tuple(policies), budgets=tuple(b.strip() for b in budgets), rows=rows,
         recorded=recorded, recorded_ms_per_token=own.recorded_ms_per_token,
-        warnings=warnings)
+        warnings=warnings, recorded_audit=estimate([t.audit for t in trace.tokens]))
 
 
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -184,14 +188,16 @@ def label(row: SweepRow) -> str:
     return f"{row.policy} @ {row.budget}"
 
 
-def tooltip(row: SweepRow) -> str:
-    """What hovering a point says: its place in the sweep and every number behind it."""
+def tooltip(row: SweepRow, audit: AuditEstimate | None = None) -> str:
+    """What hovering a point says: its place in the sweep and every number behind it
+    (``audit``: the recorded session's audited cost, said beside its mass)."""
     slots = "as recorded" if row.slots is None else str(row.slots)
     lines = [
         label(row),
         f"slots per layer: {slots}",
         f"est. time/token: {row.est_ms_per_token:.3f} ms",
         f"substituted mass/token: {row.mass_per_token:.3f}",
+        *([f"audited: {audit.describe()}"] if audit is not None else []),
         f"hit rate: {row.hit_rate:.1%}, substituted: {row.substituted_pct:.1f}%",
         f"fetched/token: {format_bytes(round(row.fetched_bytes_per_token))}",
     ]

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from moescope.cache.audit import AuditEstimate
 from moescope.cache.policy import Policy
 from moescope.engine.engine import Engine, Message, Sampling
 from moescope.engine.evaluate import RunSpec, change_interval, run_one
@@ -48,6 +50,8 @@ class PolicyAnswer:
     """Share of the reference's positions where this answer has the same token."""
     nll: npt.NDArray[np.float64] | None = field(default=None, compare=False, repr=False)
     """Per-token negative log-likelihood of the scored conversation (None: not scored)."""
+    audit: AuditEstimate | None = None
+    """The answer's audited quality cost (None: audits were off)."""
 
     @property
     def identical(self) -> bool:
@@ -138,7 +142,8 @@ def compare_policies(engine: Engine, messages: str | Sequence[Message | dict[str
     """
     if not policies:
         raise ValueError("compare at least one policy")
-    before = engine.policy
+    before: Any = engine.guard or engine.policy  # the guard resumes where it was
+    audit_before = engine.audit_every  # the guard turns audits on; put back as it was
     sampling = Sampling(temperature=0.0, seed=0, max_tokens=max_tokens, thinking=thinking)
     out = Comparison(max_tokens=max_tokens, scored_tokens=max(0, len(score) - 1))
     try:
@@ -164,7 +169,7 @@ def compare_policies(engine: Engine, messages: str | Sequence[Message | dict[str
                 break
             answer = PolicyAnswer(policy=name, text="".join(pieces), token_ids=tuple(ids),
                                   tokens_per_second=a.tokens_per_second, cache=a.cache,
-                                  stop_reason=a.stop_reason)
+                                  stop_reason=a.stop_reason, audit=a.audit)
             if out.answers:
                 prefix, share = agreement(out.answers[0].token_ids, ids)
                 answer = replace(answer, same_prefix=prefix, agreement=share)
@@ -183,5 +188,6 @@ def compare_policies(engine: Engine, messages: str | Sequence[Message | dict[str
             progress(len(out.answers), len(policies), "")
     finally:
         engine.set_policy(before)
+        engine.set_audit(audit_before)
         engine.clear_cache()
     return out

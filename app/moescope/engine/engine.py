@@ -32,6 +32,7 @@ import numpy.typing as npt
 
 from moescope.cache.audit import check_every, compare
 from moescope.cache.budget import BudgetPlan, plan_for_model
+from moescope.cache.guard import GuardController, GuardSpec, parse_guard
 from moescope.cache.native import (
     EVENT_DTYPE,
     ExpertCache,
@@ -149,7 +150,7 @@ class Engine:
         self._policy: Policy = Policy.preset("exact")
         self.last_answer = AnswerStats()
         self._requests_lock = threading.Lock()
-        self._pending_policy: Policy | str | None = None
+        self._pending_policy: Policy | str | GuardSpec | None = None
         self._pending_budget: str | None = None
         self._pending_ram_budget: str | None = None
         self._file_identity: tuple[int, int, int, int] | None = None
@@ -165,10 +166,14 @@ class Engine:
         """What :meth:`apply_requests` changed, for readers holding a cursor."""
         self._audit_every = 0  # audits: every Nth decode step also computed exactly (0: off)
         self._pending_audit: int | None = None
+        self._guard: GuardController | None = None  # the quality guard, when it is the policy
+        self._guard_held: float | None = None
+        """The end step's audited KL: given to the guard when the next answer starts, so
+        that the step a trace records after the answer still saw the policy it ran with."""
 
     # ------------------------------------------------------------------ loading
     def load(self, path: str | os.PathLike[str], *, budget: str = "25%",
-             policy: Policy | str = "quality-first", n_gpu_layers: int | None = None,
+             policy: Policy | str | GuardSpec = "quality-first", n_gpu_layers: int | None = None,
              n_ctx: int = 2048, n_threads: int | None = None, cache: bool = True,
              host_experts: bool | None = None, pinned_experts: bool | None = None,
              ram_budget: str | None = None, disk_experts: bool | None = None,
@@ -350,8 +355,26 @@ class Engine:
         self._file_identity = None
 
     # ------------------------------------------------------------------ steering
-    def set_policy(self, policy: Policy | str, *, _apply: bool = True) -> None:
-        """Switch the policy; the core applies it from the next token."""
+    def set_policy(self, policy: Policy | str | GuardSpec | GuardController, *,
+                   _apply: bool = True) -> None:
+        """Switch the policy; the core applies it from the next token. The quality guard
+        (a :class:`GuardSpec`, or ``guard[:target=1%...]``) starts at its base preset,
+        turns audits on at its period, and then moves its policy between tokens."""
+        if isinstance(policy, str):
+            spec = parse_guard(policy)
+            if spec is not None:
+                policy = spec
+        if isinstance(policy, (GuardSpec, GuardController)):  # a controller resumes as it was
+            self._guard = GuardController(policy) if isinstance(policy, GuardSpec) else policy
+            self._guard_held = None
+            self._policy_name, self._policy = self._guard.policy.name or "guard", \
+                self._guard.policy
+            self.set_audit(self._guard.spec.every)
+            if _apply and self._cache is not None:
+                self._cache.set_policy(self._policy)
+            return
+        self._guard = None
+        self._guard_held = None
         if isinstance(policy, str):
             self._policy_name, self._policy = policy, Policy.preset(policy)
         else:
@@ -367,9 +390,27 @@ class Engine:
     def policy(self) -> Policy:
         return self._policy
 
+    @property
+    def guard(self) -> GuardController | None:
+        """The quality guard's controller while the guard is the policy (else None)."""
+        return self._guard
+
+    def _guard_observe(self, kl: float) -> None:
+        """Feed one audited KL to the guard; a new setting is applied at once (the caller
+        is between tokens) and logged like any policy change, so traces record it."""
+        if self._guard is None:
+            return
+        new = self._guard.observe(kl)
+        if new is None:
+            return
+        self._policy = new
+        if self._cache is not None:
+            self._cache.set_policy(new)
+        self.changes.append(self._steps_done, [Change("policy", policy=new)])
+
     # Requests from other threads (the GUI): queued, applied by the decode thread between
     # tokens, so a policy or budget change never lands in the middle of a token.
-    def request_policy(self, policy: Policy | str) -> int:
+    def request_policy(self, policy: Policy | str | GuardSpec) -> int:
         """Thread-safe: switch policy from the next token. Returns the request's number
         (see :attr:`applied_requests`); a newer request replaces a pending one."""
         with self._requests_lock:
@@ -739,6 +780,9 @@ class Engine:
         pending = b""
         out_tokens: list[int] = []
         self._vocab = bindings.vocab(self._llm)  # once, not per token
+        if self._guard_held is not None:
+            held, self._guard_held = self._guard_held, None
+            self._guard_observe(held)
         self.apply_requests()
         gen = self._llm.generate(tokens, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
                                  temp=s.temperature, repeat_penalty=s.repeat_penalty,
@@ -758,6 +802,8 @@ class Engine:
                     stop_reason = "eos"
                     answer.end_step = self._end_step(answer, token, len(out_tokens),
                                                       now - t_prev, pair)
+                    if answer.end_step.audit is not None:  # a trace records that step
+                        self._guard_held = answer.end_step.audit.kl  # later: next answer's
                     break
                 out_tokens.append(token)
                 context = tokens + out_tokens[:-1]
@@ -782,6 +828,8 @@ class Engine:
                                  prefetch=self._prefetch.take() if self._prefetch else None,
                                  audit=audit)
                 t_prev = now
+                if audit is not None:  # after the token is out: its change is the next's
+                    self._guard_observe(audit.kl)
                 if self._stop.is_set():
                     stop_reason = "stopped"
                     break

@@ -35,6 +35,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from moescope.cache.guard import GUARD, GuardSpec
 from moescope.cache.policy import Policy
 from moescope.engine import Engine
 from moescope.engine.changes import RequestNumbers
@@ -256,13 +257,13 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
 
     # ------------------------------------------------------------------ live control
     def request_policy(self, policy: object) -> None:
-        assert isinstance(policy, Policy)
-        log.info("policy requested: %s", policy.name or "custom")
+        assert isinstance(policy, (Policy, GuardSpec))
+        name = GUARD if isinstance(policy, GuardSpec) else policy.name
+        log.info("policy requested: %s", name or "custom")
         self.requested = dataclasses.replace(self.requested,
                                              policy=self.client.request_policy(policy))
-        if policy.name in REMEMBERED_POLICIES:
-            self.remember_setting(self.model.path if self.model else None, "policy",
-                                  policy.name)
+        if name in REMEMBERED_POLICIES:
+            self.remember_setting(self.model.path if self.model else None, "policy", name)
 
     def request_budget(self, slots: int) -> None:
         m = self.model

@@ -26,6 +26,7 @@ TOGGLE_SHORTCUT = "Ctrl+T"
 MENU_POLICIES: tuple[tuple[str, str], ...] = (
     ("exact", "&Exact"), ("quality-first", "&Quality-first"), ("speed-first", "&Speed-first"),
     ("cache-prior", "Cache-&prior (routing bonus)"), ("psr", "PS&R (prefetch + bonus)"),
+    ("guard", "Quality &guard (cost under a target)"),
 )
 """The Cache menu's presets (the operating points of both papers)."""
 

@@ -30,6 +30,7 @@ import numpy as np
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from moescope.cache.budget import format_bytes
+from moescope.cache.guard import GuardSpec
 from moescope.cache.policy import Policy
 from moescope.cache.residency import read_resident
 from moescope.display.trace_io import TraceLimits, new_trace_path, prune_traces
@@ -565,7 +566,7 @@ class EngineClient(QObject):
         (on the worker thread, which owns the limits and writes the traces)."""
         self._prune_traces.emit(str(directory))
 
-    def request_policy(self, policy: Policy | str) -> int:
+    def request_policy(self, policy: Policy | str | GuardSpec) -> int:
         """From the next token (mid-answer), or at once when idle; returns the request's
         number, which snapshots report back once it is applied."""
         number = self.worker.engine.request_policy(policy)

@@ -58,7 +58,8 @@ if TYPE_CHECKING:
 
 HELP = """\
 /policy [NAME]   show or switch the policy (exact, quality-first, speed-first, ...;
-                 preset:key=value works too, e.g. threshold:theta=0.3)
+                 preset:key=value works too, e.g. threshold:theta=0.3; the quality
+                 guard: guard:target=1%)
 /budget [X]      show or change the VRAM for expert slots (25%, 12GiB, 16 slots)
 /ram [X]         show or change the host memory for experts (the rest is read from disk)
 /stats           this session's totals, per policy when more than one was used
@@ -336,7 +337,9 @@ class ChatSession:
 
     def _policy(self, arg: str) -> None:
         if not arg:
-            self._say(f"policy {self.engine.policy_name} (presets: {', '.join(PRESET_NAMES)})")
+            name = self.engine.guard.describe() if self.engine.guard else self.engine.policy_name
+            self._say(f"policy {name} (presets: {', '.join(PRESET_NAMES)}; "
+                      "the quality guard: guard:target=1%)")
             return
         try:
             policy = parse_live_policy(arg)
@@ -453,7 +456,7 @@ class ChatSession:
                 max_tokens=min(self.sampling.max_tokens, 256), thinking=self.sampling.thinking,
                 score=tokens, progress=progress, stopped=interrupted)
         rows = [("policy", "tok/s", "vs exact", "same start", "agreement", "hit",
-                 "substituted", "mass/tok", "chat perplexity")]
+                 "substituted", "mass/tok", "audited cost", "chat perplexity")]
         for i, a in enumerate(result.answers):
             c = a.cache
             ref = i == 0
@@ -463,6 +466,7 @@ class ChatSession:
                          "reference" if ref else f"{a.agreement:.0%}",
                          f"{c.hit_rate:.1%}", f"{c.substituted_fraction:.1%}",
                          f"{c.mass_per_token:.3f}",
+                         f"+{100 * a.audit.cost:.2f}%" if a.audit is not None else "–",
                          "reference" if ref and a.nll is not None
                          else perplexity_text(result.perplexity_change(a))))
         widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]

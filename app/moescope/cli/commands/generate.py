@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moescope.cache.audit import check_every
+from moescope.cache.guard import GUARD, GuardSpec, parse_guard
 from moescope.cache.policy import PRESET_NAMES, Policy
 from moescope.util.errors import MoEScopeError
 from moescope.util.resources import demo_model_path
@@ -42,7 +43,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="wrap the prompt as a user message in the model's chat template")
     p.add_argument("--policy", default="quality-first", metavar="POLICY",
                    help=f"expert-cache policy: {', '.join(PRESET_NAMES)}, or "
-                        f"preset:key=value, e.g. threshold:theta=0.3 (default quality-first)")
+                        f"preset:key=value, e.g. threshold:theta=0.3, or the quality guard "
+                        f"guard:target=1%% (default quality-first)")
     p.add_argument("--budget", default="25%",
                    help="VRAM for expert slots: 25%% of experts, 12GiB, 512MiB, or 16 "
                         "(slots per layer)")
@@ -106,13 +108,18 @@ def resolve_model(path: Path | None) -> Path:
     return model
 
 
-def parse_live_policy(spec: str) -> Policy:
-    """A preset or ``preset:key=value`` (replay's syntax, without its ``recorded``)."""
+def parse_live_policy(spec: str) -> Policy | GuardSpec:
+    """A preset or ``preset:key=value`` (replay's syntax, without its ``recorded``), or the
+    quality guard, ``guard[:target=1%][:every=8][:base=cache-prior]``."""
     from moescope.sim.sweep import parse_policy
 
+    guard = parse_guard(spec)
+    if guard is not None:
+        return guard
     name = spec.strip().split(":", 1)[0]
     if name not in PRESET_NAMES:
-        raise MoEScopeError(f"unknown policy {name!r} (known: {', '.join(PRESET_NAMES)})")
+        raise MoEScopeError(f"unknown policy {name!r} (known: {', '.join(PRESET_NAMES)}, "
+                            f"{GUARD})")
     policy = parse_policy(spec)
     assert policy is not None  # only 'recorded' parses to None
     return policy
@@ -259,7 +266,8 @@ def cache_state(engine: Engine) -> str:
     """``quality-first @ 16/64 slots``, or ``cache off``: the label in front of a summary."""
     m = engine.model
     if m is not None and m.cache_enabled and m.plan is not None:
-        return f"{engine.policy_name} @ {m.plan.slots_per_layer}/{m.plan.n_expert} slots"
+        name = engine.guard.describe() if engine.guard is not None else engine.policy_name
+        return f"{name} @ {m.plan.slots_per_layer}/{m.plan.n_expert} slots"
     return "cache off"
 
 

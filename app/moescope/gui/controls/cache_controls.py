@@ -12,6 +12,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
+    QDoubleSpinBox,
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
@@ -22,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from moescope.cache.budget import format_bytes
+from moescope.cache.guard import DEFAULT_TARGET, GUARD, GuardSpec
 from moescope.cache.policy import PRESETS, Policy
 from moescope.display.policy_choices import (
     BONUS_MAX,
@@ -80,6 +82,17 @@ class ControlsPanel(QGroupBox):
             self.policy_combo.setItemData(self.policy_combo.count() - 1, POLICY_TIPS[key],
                                           Qt.ItemDataRole.ToolTipRole)
         form.addRow("P&olicy", self.policy_combo)  # Alt+P is Stop's
+        self.guard_target = QDoubleSpinBox()
+        self.guard_target.setAccessibleName("Quality guard target")
+        self.guard_target.setRange(0.1, 10.0)
+        self.guard_target.setSingleStep(0.1)
+        self.guard_target.setDecimals(1)
+        self.guard_target.setPrefix("guard ≤ ")
+        self.guard_target.setSuffix("%")
+        self.guard_target.setValue(100 * DEFAULT_TARGET)
+        self.guard_target.setToolTip(
+            "Quality guard: keep the audited estimate of the perplexity cost under this. "
+            "Lower: closer to Exact, more waits; higher: faster.")
 
         self.theta = self._slider(0, 100, 15, "Fetch threshold θ")
         self.theta_label = QLabel()
@@ -133,7 +146,10 @@ class ControlsPanel(QGroupBox):
             "one more token of time. The cache panel shows the estimate.")
         self.audit.currentIndexChanged.connect(
             lambda _i: self.auditRequested.emit(int(self.audit.currentData())))
-        form.addRow("A&udit", self.audit)
+        form.addRow("A&udit", self._row(self.audit, self.guard_target))  # one row: height
+        audit_label = form.labelForField(self.audit.parentWidget())
+        if isinstance(audit_label, QLabel):
+            audit_label.setBuddy(self.audit)
         for control in (self.theta, self.beta, self.bonus, self.prefetch_mode, self.budget):
             # the row's name labels the control itself, not the row holding it and its value:
             # Alt+V reaches the slider, and a screen reader reads the name with it
@@ -142,6 +158,7 @@ class ControlsPanel(QGroupBox):
                 label.setBuddy(control)
 
         self.policy_combo.currentIndexChanged.connect(self._policy_chosen)
+        self.guard_target.valueChanged.connect(self._guard_target_changed)
         for slider in (self.theta, self.beta, self.bonus):
             slider.valueChanged.connect(self._custom_changed)
             slider.sliderReleased.connect(self._custom_released)
@@ -150,7 +167,7 @@ class ControlsPanel(QGroupBox):
         self.budget.valueChanged.connect(self._budget_moved)
         self.budget.sliderReleased.connect(self._budget_released)
         self._shown = str(self.policy_combo.currentData())
-        self._show_values(PRESETS[self._shown])
+        self._show_values(self._preset(self._shown))
         self._quiet = False
         self._update_custom_enabled()
         self.set_model(None)
@@ -217,9 +234,21 @@ class ControlsPanel(QGroupBox):
         self._update_custom_enabled()
 
     # ------------------------------------------------------------------ requests out
-    def current_policy(self) -> Policy:
+    def current_policy(self) -> Policy | GuardSpec:
         key = self.policy_combo.currentData()
+        if key == GUARD:
+            return GuardSpec(target=round(self.guard_target.value(), 1) / 100)
         return self._controls_policy() if key == CUSTOM else PRESETS[key]
+
+    @staticmethod
+    def _preset(key: str) -> Policy:
+        """The parameters a menu entry shows in Custom's greyed controls (the guard: its
+        base, where it starts)."""
+        return GuardSpec().start_policy() if key == GUARD else PRESETS[key]
+
+    def _guard_target_changed(self, _value: float) -> None:
+        if not self._quiet and self.policy_combo.currentData() == GUARD:
+            self.policyRequested.emit(self.current_policy())
 
     def custom_setting(self) -> Policy:
         """Custom's policy as the user set it, whichever entry is chosen now."""
@@ -273,8 +302,10 @@ class ControlsPanel(QGroupBox):
             self._custom_saved = self._controls_policy()
         if key != self._shown:
             self._shown = key
-            self._show_values(self._custom_saved if key == CUSTOM else PRESETS[key])
+            self._show_values(self._custom_saved if key == CUSTOM else self._preset(key))
         self._update_custom_enabled()
+        if key == GUARD and not self.audit.currentData():  # the guard turns audits on
+            self.audit.setCurrentIndex(self.audit.findData(GuardSpec().every))
         if key != SPEED_FIRST:
             self._last_other = key
         if not self._quiet:
@@ -324,6 +355,8 @@ class ControlsPanel(QGroupBox):
         """Custom's controls are live only under Custom; θ only while the 0.15 rule is
         the rule (bonus 0), the count only for a fixed prefetch."""
         custom = self.policy_combo.currentData() == CUSTOM and self.policy_combo.isEnabled()
+        self.guard_target.setEnabled(self.policy_combo.currentData() == GUARD
+                                     and self.policy_combo.isEnabled())
         self.theta.setEnabled(custom and self.bonus.value() == 0)
         self.theta.setToolTip(
             "Fetch a missing expert when its gate weight is at least θ (or it is the "

@@ -56,7 +56,7 @@ from moescope.session.snapshots import ModelSummary
 REFERENCE = "exact"
 DEFAULT_CHOSEN = ("quality-first", "speed-first", "psr")
 COLUMNS = ("Policy", "tok/s", "vs Exact", "Same start", "Agreement", "Hit rate",
-           "Substituted", "Mass/token", "Fetched MB/token", "Chat perplexity")
+           "Substituted", "Mass/token", "Fetched MB/token", "Audited cost", "Chat perplexity")
 
 
 class CompareDialog(QDialog):
@@ -263,6 +263,7 @@ class CompareDialog(QDialog):
                 "reference" if reference else f"{a.agreement:.0%}",
                 f"{c.hit_rate:.1%}", f"{c.substituted_fraction:.1%}",
                 f"{c.mass_per_token:.3f}", f"{c.fetched_mb_per_token:.2f}",
+                f"+{100 * a.audit.cost:.2f}%" if a.audit is not None else "–",
                 "reference" if reference and a.nll is not None
                 else perplexity_text(result.perplexity_change(a)))
             for col, text in enumerate(cells):

@@ -300,6 +300,8 @@ class WhatIfView(QWidget):
         text = f"Cost model {result.cost_text}."
         if result.recorded_ms_per_token is not None:
             text += f" Measured while recording: {result.recorded_ms_per_token:.3f} ms/token."
+        if result.recorded_audit is not None:
+            text += f" Audited while recording: {result.recorded_audit.describe()}."
         text += "".join(f" Warning: {w}" for w in result.warnings)
         self.status.setText(text)
         self.sweepFinished.emit(result)
@@ -322,7 +324,8 @@ class WhatIfView(QWidget):
         for r, row in enumerate(points):
             for c, (key, _) in enumerate(COLUMNS):
                 cell = QTableWidgetItem(cell_text(row, key))
-                cell.setToolTip(tooltip(row))
+                cell.setToolTip(tooltip(row, result.recorded_audit
+                                        if row is result.recorded else None))
                 if c >= 2:
                     cell.setTextAlignment(Qt.AlignmentFlag.AlignRight
                                           | Qt.AlignmentFlag.AlignVCenter)
@@ -376,7 +379,9 @@ class WhatIfView(QWidget):
         if row is self.hovered:
             return
         self.hovered = row
-        text = tooltip(row) if row is not None else ""
+        audit = self.result.recorded_audit if self.result is not None and \
+            row is self.result.recorded else None
+        text = tooltip(row, audit) if row is not None else ""
         self.plot.setToolTip(text)
         if text:
             QToolTip.showText(QCursor.pos(), text, self.plot)
