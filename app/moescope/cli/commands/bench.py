@@ -34,6 +34,11 @@ from moescope.cli.commands.generate import (
     resolve_model,
     write_output,
 )
+from moescope.cli.options import (
+    add_budget_arguments,
+    add_model_argument,
+    add_threads_argument,
+)
 from moescope.util.errors import MoEScopeError
 
 if TYPE_CHECKING:
@@ -53,14 +58,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         description="Load the model once, then decode the same tokens greedily under each "
                     "policy in turn (cache emptied before every run) and print median "
                     "tokens/s, the ratio to the first policy and what the cache did.")
-    p.add_argument("model", type=Path, nargs="?", metavar="MODEL.gguf",
-                   help="GGUF model (default: the bundled demo model)")
-    p.add_argument("--budget", default="25%",
-                   help="VRAM for expert slots: 25%% of experts, 12GiB, or 16 (slots per "
-                        "layer) (default 25%%)")
-    p.add_argument("--ram-budget", default=None, metavar="B",
-                   help="host memory for experts (same units as --budget); experts beyond "
-                        "it stay in the model file and are read on demand (default: all)")
+    add_model_argument(p)
+    add_budget_arguments(p)
     p.add_argument("--policies", action="append", metavar="P[,P...]",
                    help=f"policies, the first is the reference (default {DEFAULT_POLICIES}); "
                         "preset:key=value works too, e.g. threshold:theta=0.3")
@@ -72,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="also write the results as JSON (- for stdout)")
     add_gpu_layers_argument(p)
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp (1-512)")
+    add_threads_argument(p)
     p.set_defaults(func=run)
 
 

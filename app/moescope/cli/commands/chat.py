@@ -41,6 +41,14 @@ from moescope.cli.commands.generate import (
     start_audits,
     summary_line,
 )
+from moescope.cli.options import (
+    add_budget_arguments,
+    add_ctx_argument,
+    add_model_argument,
+    add_no_cache_argument,
+    add_policy_argument,
+    add_threads_argument,
+)
 from moescope.cli.terminal import (
     AnswerPrinter,
     stop_on_interrupt,
@@ -84,27 +92,18 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         description="Multi-turn chat in the terminal through the model's chat template, "
                     "with a summary line of the cache's work after every answer. Type "
                     "/help in the chat for its commands.")
-    p.add_argument("model", type=Path, nargs="?", metavar="MODEL.gguf",
-                   help="GGUF model (default: the bundled demo model)")
+    add_model_argument(p)
     p.add_argument("--system", default="", metavar="TEXT", help="system prompt")
     p.add_argument("--thinking", default="default", choices=THINKING_SETTINGS,
                    help="the chat template's thinking switch: off/on (Qwen3 hybrids), "
                         "low/medium/high (gpt-oss); default leaves the template be")
-    p.add_argument("--policy", default="quality-first", metavar="P",
-                   help="expert-cache policy: exact, quality-first, speed-first, ... or "
-                        "preset:key=value (default quality-first)")
-    p.add_argument("--budget", default="25%",
-                   help="VRAM for expert slots: 25%% of experts, 12GiB, 512MiB, or 16 "
-                        "(slots per layer)")
-    p.add_argument("--ram-budget", default=None, metavar="B",
-                   help="host memory for experts (same units as --budget); experts beyond "
-                        "it stay in the model file and are read on demand (default: all)")
+    add_policy_argument(p)
+    add_budget_arguments(p)
     add_sampling_arguments(p, n_default=512, n_help="most tokens per answer")
-    p.add_argument("--ctx", type=int, default=4096, metavar="N",
-                   help="context length in tokens (default 4096, at most the model's)")
+    add_ctx_argument(p)
     add_gpu_layers_argument(p)
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp (1-512)")
-    p.add_argument("--no-cache", action="store_true", help="run stock llama.cpp (cache off)")
+    add_threads_argument(p)
+    add_no_cache_argument(p)
     p.add_argument("--trace", type=Path, metavar="FILE.jsonl[.gz]",
                    help="record the session as a trace (replay it with `moescope replay`)")
     add_audit_argument(p)

@@ -17,6 +17,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from moescope.cli.commands.generate import add_gpu_layers_argument
+from moescope.cli.options import (
+    add_budget_arguments,
+    add_model_argument,
+    add_threads_argument,
+)
 from moescope.util.errors import MoEScopeError
 from moescope.util.resources import demo_model_path
 
@@ -27,8 +32,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "eval", help="teacher-forced perplexity per policy and budget (quality cost)",
         description="Force the same tokens through the engine under each policy and "
                     "budget, one token at a time, and compare perplexity with exact.")
-    p.add_argument("model", type=Path, nargs="?", metavar="MODEL.gguf",
-                   help="GGUF model (default: the bundled demo model)")
+    add_model_argument(p)
     p.add_argument("--text", type=Path, required=True, metavar="FILE",
                    help="UTF-8 text to score")
     p.add_argument("--policies", action="append", metavar="P[,P...]",
@@ -36,9 +40,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                         "exact,quality-first,speed-first,threshold,first-choice,substitute-all")
     p.add_argument("--budgets", action="append", metavar="B[,B...]",
                    help="budgets: 25%%, 12GiB ... (default 25%%,50%%)")
-    p.add_argument("--ram-budget", default=None, metavar="B",
-                   help="host memory for experts (same units as --budget); experts beyond "
-                        "it stay in the model file and are read on demand (default: all)")
+    add_budget_arguments(p, vram=False)
     p.add_argument("--sweep-theta", metavar="LO:HI:N",
                    help="also run quality-first at N thetas from LO to HI (first-choice "
                         "preserving runs for the mass hypothesis), e.g. 0.05:0.6:8")
@@ -55,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--markdown", type=Path, metavar="FILE",
                    help="also write the Markdown table to a file")
     add_gpu_layers_argument(p)
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp (1-512)")
+    add_threads_argument(p)
     p.set_defaults(func=run)
 
 

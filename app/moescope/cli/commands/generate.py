@@ -23,6 +23,12 @@ from typing import TYPE_CHECKING, Any
 from moescope.cache.audit import check_every
 from moescope.cache.guard import GUARD, GuardSpec, parse_guard
 from moescope.cache.policy import PRESET_NAMES, Policy
+from moescope.cli.options import (
+    add_budget_arguments,
+    add_model_argument,
+    add_no_cache_argument,
+    add_policy_argument,
+)
 from moescope.util.errors import MoEScopeError
 from moescope.util.resources import demo_model_path
 
@@ -36,24 +42,15 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "generate", help="generate text with the expert cache and print what it did",
         description="Generate from a prompt with the expert cache on; prints the text, then "
                     "a summary line of the cache's work.")
-    p.add_argument("model", type=Path, nargs="?", metavar="MODEL.gguf",
-                   help="GGUF model (default: the bundled demo model)")
+    add_model_argument(p)
     p.add_argument("--prompt", "-p", default="ROMEO:", help="prompt text (raw, no template)")
     p.add_argument("--chat", action="store_true",
                    help="wrap the prompt as a user message in the model's chat template")
-    p.add_argument("--policy", default="quality-first", metavar="POLICY",
-                   help=f"expert-cache policy: {', '.join(PRESET_NAMES)}, or "
-                        f"preset:key=value, e.g. threshold:theta=0.3, or the quality guard "
-                        f"guard:target=1%% (default quality-first)")
-    p.add_argument("--budget", default="25%",
-                   help="VRAM for expert slots: 25%% of experts, 12GiB, 512MiB, or 16 "
-                        "(slots per layer)")
-    p.add_argument("--ram-budget", default=None, metavar="B",
-                   help="host memory for experts (same units as --budget); experts beyond "
-                        "it stay in the model file and are read on demand (default: all)")
+    add_policy_argument(p)
+    add_budget_arguments(p)
     add_sampling_arguments(p, n_default=128, n_help="tokens to generate")
     add_gpu_layers_argument(p)
-    p.add_argument("--no-cache", action="store_true", help="run stock llama.cpp (cache off)")
+    add_no_cache_argument(p)
     p.add_argument("--trace", type=Path, metavar="FILE.jsonl[.gz]",
                    help="record a session trace (replay it with `moescope replay`)")
     add_audit_argument(p)

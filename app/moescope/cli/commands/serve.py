@@ -13,10 +13,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from moescope.cli.commands.generate import add_gpu_layers_argument
+from moescope.cli.options import (
+    add_budget_arguments,
+    add_ctx_argument,
+    add_model_argument,
+    add_no_cache_argument,
+    add_policy_argument,
+    add_threads_argument,
+)
 from moescope.util.errors import MoEScopeError
 
 
@@ -27,8 +34,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                     "cache on: point Open WebUI, Continue or the openai client at "
                     "http://HOST:PORT/v1. One generation at a time; more requests wait "
                     "in a bounded queue.")
-    p.add_argument("model", type=Path, nargs="?", metavar="MODEL.gguf",
-                   help="GGUF model (default: the bundled demo model)")
+    add_model_argument(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
@@ -41,14 +47,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--model-id", default=None, metavar="NAME",
                    help="the model's name in the API (default: the file name without "
                         ".gguf)")
-    p.add_argument("--policy", default="quality-first", metavar="P",
-                   help="expert-cache policy: exact, quality-first, speed-first, ... or "
-                        "preset:key=value (default quality-first)")
-    p.add_argument("--budget", default="25%",
-                   help="VRAM for expert slots: 25%% of experts, 12GiB, 512MiB, or 16 "
-                        "(slots per layer)")
-    p.add_argument("--ctx", type=int, default=4096, metavar="N",
-                   help="context length in tokens (default 4096, at most the model's)")
+    add_policy_argument(p)
+    add_budget_arguments(p, ram=False)
+    add_ctx_argument(p)
     p.add_argument("--max-tokens", type=int, default=2048, metavar="N",
                    help="most tokens per answer; larger requests are clamped (default 2048)")
     p.add_argument("--queue", type=int, default=8, metavar="N",
@@ -57,8 +58,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--max-body", type=int, default=4, metavar="MIB",
                    help="largest request body in MiB (default 4)")
     add_gpu_layers_argument(p)
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp")
-    p.add_argument("--no-cache", action="store_true", help="run stock llama.cpp (cache off)")
+    add_threads_argument(p)
+    add_no_cache_argument(p)
     p.set_defaults(func=run)
 
 

@@ -1,0 +1,54 @@
+"""The arguments several subcommands share, defined once: the same name, default, units and
+help wherever they appear (``generate``, ``chat``, ``bench``, ``eval``, ``serve``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from moescope.cache.policy import PRESET_NAMES
+
+
+def add_model_argument(p: argparse.ArgumentParser) -> None:
+    """The optional model path; the bundled demo model when it is left out."""
+    p.add_argument("model", type=Path, nargs="?", metavar="MODEL.gguf",
+                   help="GGUF model (default: the bundled demo model)")
+
+
+def add_policy_argument(p: argparse.ArgumentParser) -> None:
+    """One expert-cache policy, in the grammar of ``cache.policy`` and the quality guard."""
+    p.add_argument("--policy", default="quality-first", metavar="POLICY",
+                   help=f"expert-cache policy: {', '.join(PRESET_NAMES)}, or "
+                        f"preset:key=value, e.g. threshold:theta=0.3, or the quality guard "
+                        f"guard:target=1%% (default quality-first)")
+
+
+def add_budget_arguments(p: argparse.ArgumentParser, *, vram: bool = True,
+                         ram: bool = True) -> None:
+    """The VRAM budget for expert slots and the RAM budget for experts (each unless it is
+    False), both in ``cache.budget``'s grammar."""
+    if vram:
+        p.add_argument("--budget", default="25%",
+                       help="VRAM for expert slots: 25%% of experts, 12GiB, 512MiB, or 16 "
+                            "(slots per layer) (default 25%%)")
+    if not ram:
+        return
+    p.add_argument("--ram-budget", default=None, metavar="B",
+                   help="host memory for experts (same units as --budget); experts beyond "
+                        "it stay in the model file and are read on demand (default: all)")
+
+
+def add_ctx_argument(p: argparse.ArgumentParser) -> None:
+    """The context length of a session."""
+    p.add_argument("--ctx", type=int, default=4096, metavar="N",
+                   help="context length in tokens (default 4096, at most the model's)")
+
+
+def add_threads_argument(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's CPU threads (bounded by ``generate.check_threads``)."""
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp (1-512)")
+
+
+def add_no_cache_argument(p: argparse.ArgumentParser) -> None:
+    """Stock llama.cpp: the expert cache off."""
+    p.add_argument("--no-cache", action="store_true", help="run stock llama.cpp (cache off)")
