@@ -1,4 +1,4 @@
-"""The user's dials: cache policy (presets or Custom) and the VRAM budget.
+"""The user's dials: cache policy (presets or Custom), the VRAM budget and the RAM budget.
 
 Both only *request* a change (signals); the window forwards it to the engine, which applies
 it between tokens. The budget slider moves in whole slots per layer, the unit the cache
@@ -56,6 +56,7 @@ class ControlsPanel(QGroupBox):
 
     policyRequested = Signal(object)  # Policy
     budgetRequested = Signal(int)  # slots per layer
+    ramBudgetRequested = Signal(int)  # RAM-tier experts per layer (n_expert: all)
     auditRequested = Signal(int)  # audit every N tokens, 0 off
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -64,6 +65,9 @@ class ControlsPanel(QGroupBox):
         self._quiet = True
         self._last_other = TOGGLE_FALLBACK
         """The latest policy other than Speed-first: where the shortcut returns to."""
+        self._ram_requested = 0
+        """The RAM budget last requested: a report applied before it does not move the
+        slider back."""
         self.budget_note = ""
         """Why the typed budget became another slot count (shown under the slider)."""
         self._custom_saved = custom_policy()
@@ -122,6 +126,22 @@ class ControlsPanel(QGroupBox):
         self.budget_entry.submitted.connect(self.apply_typed_budget)
         form.addRow("&VRAM budget", self._row(self.budget, self.budget_entry))
         form.addRow("", self.budget_label)
+        self.ram_budget = self._slider(1, 1, 1, "RAM budget for experts")
+        self.ram_budget.setToolTip(
+            "Experts per layer kept in host memory (the RAM tier); the rest stay in the model "
+            "file and are read from disk when needed (about ten times slower than from RAM). "
+            "All the way right: every expert in RAM. Applied live, like the VRAM budget.")
+        self.ram_budget_label = QLabel("–")
+        self.ram_budget_label.setWordWrap(True)
+        self.ram_budget_label.setObjectName("ramBudgetLabel")
+        self.ram_budget_entry = BudgetEntry()
+        self.ram_budget_entry.setAccessibleName("RAM budget, typed")
+        self.ram_budget_entry.setToolTip(
+            "Type a RAM budget for experts and press Enter: a size (24GiB), a share of the "
+            "experts (50%), or experts per layer (32).")
+        self.ram_budget_entry.submitted.connect(self.apply_typed_ram_budget)
+        form.addRow("&RAM budget", self._row(self.ram_budget, self.ram_budget_entry))
+        form.addRow("", self.ram_budget_label)
         self.audit = QComboBox()
         self.audit.setAccessibleName("Audit tokens")
         for every in (0, 8, 16, 32, 64):
@@ -134,7 +154,8 @@ class ControlsPanel(QGroupBox):
         self.audit.currentIndexChanged.connect(
             lambda _i: self.auditRequested.emit(int(self.audit.currentData())))
         form.addRow("&Audit", self.audit)
-        for control in (self.theta, self.beta, self.bonus, self.prefetch_mode, self.budget):
+        for control in (self.theta, self.beta, self.bonus, self.prefetch_mode, self.budget,
+                        self.ram_budget):
             # the row's name labels the control itself, not the row holding it and its value:
             # Alt+V reaches the slider, and a screen reader reads the name with it
             label = form.labelForField(control.parentWidget())
@@ -149,6 +170,9 @@ class ControlsPanel(QGroupBox):
         self.prefetch_count.valueChanged.connect(self._custom_changed)
         self.budget.valueChanged.connect(self._budget_moved)
         self.budget.sliderReleased.connect(self._budget_released)
+        self.ram_budget.valueChanged.connect(self._ram_budget_moved)
+        self.ram_budget.sliderReleased.connect(
+            lambda: self.ramBudgetRequested.emit(self.ram_budget.value()))
         self._shown = str(self.policy_combo.currentData())
         self._show_values(PRESETS[self._shown])
         self._quiet = False
@@ -185,9 +209,14 @@ class ControlsPanel(QGroupBox):
         if model and enabled:
             self.budget.setRange(model.top_k, model.n_expert)
             self.budget.setValue(model.slots_per_layer)
+            self.ram_budget.setRange(model.top_k, model.n_expert)
+            self.ram_budget.setValue(model.ram_slots_per_layer or model.n_expert)
+            self._ram_requested = self.ram_budget.value()
             self.prefetch_count.setRange(1, max(1, min(PREFETCH_MAX, model.n_expert)))
         self.budget.setEnabled(enabled)
         self.budget_entry.setEnabled(enabled)
+        self.ram_budget.setEnabled(enabled)
+        self.ram_budget_entry.setEnabled(enabled)
         self.policy_combo.setEnabled(enabled)
         self._quiet = False
         if model is not None:
@@ -203,6 +232,10 @@ class ControlsPanel(QGroupBox):
         self._quiet = True
         if budget and model.cache_enabled and not self.budget.isSliderDown():
             self.budget.setValue(model.slots_per_layer)
+        if model.cache_enabled and not self.ram_budget.isSliderDown() \
+                and self.ram_budget.value() == self._ram_requested:
+            self.ram_budget.setValue(model.ram_slots_per_layer or model.n_expert)
+            self._ram_requested = self.ram_budget.value()
         self._quiet = False
         if policy:
             self.show_policy(model.policy)
@@ -300,6 +333,45 @@ class ControlsPanel(QGroupBox):
         self.budget_note = ""
         self.budgetRequested.emit(self.budget.value())
 
+    def _ram_budget_moved(self, _value: int) -> None:
+        self._update_ram_label()
+        if not self._quiet and not self.ram_budget.isSliderDown():
+            self._ram_requested = self.ram_budget.value()
+            self.ramBudgetRequested.emit(self.ram_budget.value())
+
+    def apply_typed_ram_budget(self) -> bool:
+        """The typed RAM budget moves the RAM slider, which requests it."""
+        m = self.model
+        if m is None or not m.cache_enabled:
+            return False
+        slots = self.ram_budget_entry.take_slots(m.n_expert, m.top_k, m.slot_row_bytes)
+        if slots is None:
+            return False
+        if slots == self.ram_budget.value():
+            self._ram_requested = slots
+            self.ramBudgetRequested.emit(slots)
+        else:
+            self.ram_budget.setValue(slots)
+        return True
+
+    def _update_ram_label(self) -> None:
+        m = self.model
+        if m is None or not m.cache_enabled:
+            self.ram_budget_label.setText("")
+            return
+        n = self.ram_budget.value()
+        if n >= m.n_expert:
+            text = f"every expert in RAM ({format_bytes(m.n_expert * m.slot_row_bytes)})"
+        else:
+            text = (f"{format_bytes(n * m.slot_row_bytes)} · {n}/{m.n_expert} experts per "
+                    f"layer in RAM · {format_bytes((m.n_expert - n) * m.slot_row_bytes)} "
+                    "read from disk")
+        applied = m.ram_slots_per_layer or m.n_expert
+        if n != applied:
+            text += f" (applied: {'all' if applied >= m.n_expert else applied})"
+        self.ram_budget_label.setText(text)
+        self.ram_budget.setAccessibleDescription(text)
+
     def apply_typed_budget(self) -> bool:
         """The typed budget (a size, a share of the experts, or a slot count) moves the
         slider, which requests it. A slider alone cannot hit "exactly 12 GiB" on a model
@@ -367,6 +439,7 @@ class ControlsPanel(QGroupBox):
             slider.setAccessibleDescription(label.text())
 
     def _update_budget_label(self) -> None:
+        self._update_ram_label()
         m = self.model
         if m is None:
             self._set_budget_text("no model loaded")
