@@ -140,7 +140,7 @@ class ControlsPanel(QGroupBox):
             "Type a RAM budget for experts and press Enter: a size (24GiB), a share of the "
             "experts (50%), or experts per layer (32).")
         self.ram_budget_entry.submitted.connect(self.apply_typed_ram_budget)
-        form.addRow("&RAM budget", self._row(self.ram_budget, self.ram_budget_entry))
+        form.addRow("RAM b&udget", self._row(self.ram_budget, self.ram_budget_entry))
         form.addRow("", self.ram_budget_label)
         self.audit = QComboBox()
         self.audit.setAccessibleName("Audit tokens")
