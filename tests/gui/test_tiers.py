@@ -98,3 +98,62 @@ def test_the_ram_budget_control_applies_live_when_idle_and_mid_answer(
     assert seen[0] == n_expert and seen[-1] == top_k + 1
     assert engine.ram_slots_per_layer == top_k + 1
     assert c.ram_budget.value() == top_k + 1
+
+
+def test_the_fit_estimate_says_where_each_part_lands_per_backend(
+        tiny_moe: Path, monkeypatch: Any) -> None:
+    import moescope.display.fit as fit_module
+    from moescope.display.fit import estimate_fit, ram_start_experts
+    from moescope.model.gguf_info import read_model_info
+
+    monkeypatch.setattr(fit_module, "gpu_status", lambda: None)
+    info = read_model_info(tiny_moe)
+    whole = estimate_fit(info, "25%", n_ctx=512, backend="cpu")
+    tiered = estimate_fit(info, "25%", n_ctx=512, ram_budget="40%", backend="cpu")
+    assert whole.disk_expert_bytes == 0 and tiered.disk_expert_bytes > 0
+    assert tiered.ram_expert_bytes + tiered.disk_expert_bytes == info.total_expert_bytes
+    assert whole.ram_needed - tiered.ram_needed == tiered.disk_expert_bytes
+    rows = dict(tiered.lines())
+    assert "in RAM (CPU build)" in rows["Expert slots"] and "hit" in rows["Expert slots"]
+    assert "RAM tier" in rows["Experts in RAM"] and "copy" in rows["Experts in RAM"]
+    assert "stay in the model file" in rows["Experts on disk"]
+    assert "read" in rows["Experts on disk"]
+    assert dict(whole.lines())["Experts on disk"].startswith("none")
+    # a Vulkan build without NVML: the slots are in GPU memory, not in RAM
+    vulkan = estimate_fit(info, "25%", n_ctx=512, backend="vulkan")
+    assert "slots in RAM" not in vulkan.gpu and "Vulkan" in vulkan.gpu
+    assert "GPU memory (Vulkan" in dict(vulkan.lines())["Expert slots"]
+    assert vulkan.ram_needed == whole.ram_needed - whole.vram_needed
+    assert "Expert slots (VRAM)" in dict(vulkan.lines())
+    # the dialog's starting RAM budget: all experts when they fit, else what fits
+    assert ram_start_experts(info, 512, available=1 << 40) == info.n_expert
+    rest = info.non_expert_bytes + fit_module.kv_cache_bytes(info, 512)
+    tight = ram_start_experts(info, 512, available=rest + info.total_expert_bytes // 2)
+    assert info.top_k <= tight < info.n_expert
+
+
+def test_the_open_dialog_loads_with_a_ram_budget_below_the_experts(
+        make_window: Any, qtbot: Any, monkeypatch: Any, tiny_moe: Path) -> None:
+    from moescope.gui.dialogs.open_model import OpenModelDialog
+
+    seen: list[dict[str, str]] = []
+
+    def accept(dialog: OpenModelDialog) -> int:
+        assert dialog.ram_budget.value() == dialog.info.n_expert  # fits: all in RAM
+        assert dialog.request().ram_budget is None
+        dialog.ram_budget.setValue(6)
+        form = dialog.estimate_form
+        seen.append({form.itemAt(i, form.ItemRole.LabelRole).widget().text():
+                     form.itemAt(i, form.ItemRole.FieldRole).widget().text()
+                     for i in range(form.rowCount())})
+        return OpenModelDialog.DialogCode.Accepted
+
+    monkeypatch.setattr(OpenModelDialog, "exec", accept)
+    w = make_window()
+    with qtbot.waitSignal(w.modelLoaded, timeout=30_000) as blocker:
+        w.prepare_open(tiny_moe)
+    (rows,) = seen
+    assert "6 of 16 per layer" in rows["Experts in RAM"]
+    assert "stay in the model file" in rows["Experts on disk"]
+    assert blocker.args[0].ram_slots_per_layer == 6
+    assert w.controls.ram_budget.value() == 6
