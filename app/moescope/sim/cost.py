@@ -150,8 +150,16 @@ def calibrate(trace: Trace) -> CostModel:
     if not rest:
         raise MoEScopeError("the trace has no timed decode tokens to calibrate compute from")
     compute = max(0.0, float(np.mean(rest)))
-    return CostModel("calibrated", bandwidth=bandwidth, latency=0.0, compute_s=compute,
-                     note=f"fitted to {len(decode)} decode tokens of this trace")
+    fitted = CostModel("calibrated", bandwidth=bandwidth, latency=0.0, compute_s=compute,
+                       note=f"fitted to {len(decode)} decode tokens of this trace")
+    from moescope.sim.calibration import load_calibration
+
+    machine = load_calibration()
+    if machine is None:
+        return fitted
+    return replace(fitted.with_overrides(disk_bandwidth=machine.disk_bandwidth,
+                                         disk_latency=machine.disk_latency),
+                   note=f"{fitted.note}; disk from moescope calibrate ({machine.created})")
 
 
 def cost_model(name: str, trace: Trace | None = None) -> CostModel:
