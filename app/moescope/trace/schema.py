@@ -369,6 +369,9 @@ def _events_to_json(events: npt.NDArray[Any]) -> list[dict[str, Any]]:
     weights = _f32_lists([w[:k] for w, k in zip(events["weights"], ks, strict=True)])
     arrays = {name: events[name].tolist() for name in ("ids", "action", "used_ids", "slots",
                                                         "admitted", "evicted")}
+    # the RAM tier's fills read from the model file: written only where a row read any
+    disk = ((events["n_disk"].tolist(), events["bytes_disk"].tolist())
+            if "n_disk" in (events.dtype.names or ()) else None)
     out = []
     for i, k in enumerate(ks):
         d: dict[str, Any] = {name: cols[name][i] for name in _EVENT_SCALARS}
@@ -379,6 +382,8 @@ def _events_to_json(events: npt.NDArray[Any]) -> list[dict[str, Any]]:
         d["slots"] = arrays["slots"][i][:k]
         d["admitted"] = arrays["admitted"][i][:min(cols["n_admit"][i], MAX_K)]
         d["evicted"] = arrays["evicted"][i][:min(cols["n_evict"][i], MAX_K)]
+        if disk is not None and disk[0][i]:
+            d["n_disk"], d["bytes_disk"] = disk[0][i], disk[1][i]
         out.append(d)
     return out
 

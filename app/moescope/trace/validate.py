@@ -471,6 +471,14 @@ def _events_from_json(raw: Any, m: TraceModel, state: _ReadState, token: int,
         values = col(name, "i")
         _within(values, f"events[{{}}].{name}", 0, _MAX_BYTES)
         events[name] = values
+    if "n_disk" in events.dtype.names and any("n_disk" in e for e in rows):
+        # the RAM tier's reads from the model file (absent: none, or the tier was off)
+        n_disk = _column([e.get("n_disk", 0) for e in rows], "events[{}].n_disk", "i")
+        _within(n_disk, "events[{}].n_disk", 0, 2 * k)
+        bytes_disk = _column([e.get("bytes_disk", 0) for e in rows], "events[{}].bytes_disk",
+                             "i")
+        _within(bytes_disk, "events[{}].bytes_disk", 0, _MAX_BYTES)
+        events["n_disk"], events["bytes_disk"] = n_disk, bytes_disk
     for name, counts in (("admitted", n_admit), ("evicted", n_evict)):
         for i, e in enumerate(rows):
             values = _list(e.get(name, []), f"events[{i}].{name}")
