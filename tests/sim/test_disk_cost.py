@@ -47,3 +47,25 @@ def test_a_replay_under_a_ram_tier_counts_reads_from_disk(
     qf_whole = replay(trace, "quality-first", None)
     qf_tiered = replay(trace, "quality-first", None, ram_slots=m.top_k)
     assert qf_tiered.per_token["fetches"].sum() <= qf_whole.per_token["fetches"].sum()
+
+
+def test_replay_command_with_a_ram_budget_prices_reads_from_disk(
+        record: Callable[..., Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import csv
+    import io
+
+    from moescope.cli import main
+
+    trace = record("qwen3moe", policy="exact", budget="25%", tokens=24)
+    out = tmp_path / "r.csv"
+    assert main(["replay", str(trace), "--policy", "exact,quality-first", "--budget", "25%",
+                 "--ram-budget", "40%", "--csv", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "disk/tok" in table and "per read" in table
+    rows = {r["policy"]: r for r in csv.DictReader(io.StringIO(out.read_text()))}
+    assert float(rows["exact"]["disk_bytes_per_token"]) > 0
+    assert main(["replay", str(trace), "--policy", "exact", "--csv", str(out)]) == 0
+    assert "disk/tok" not in capsys.readouterr().out
+    assert main(["replay", str(trace), "--ram-budget", "lots"]) == 2
+    assert "lots" in capsys.readouterr().err
