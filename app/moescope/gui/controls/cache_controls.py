@@ -46,6 +46,9 @@ TOGGLE_FALLBACK = "quality-first"
 """Where the shortcut returns from Speed-first when it did not come from another policy."""
 
 
+RAM_TIP = ("Experts per layer kept in host memory (the RAM tier); the rest stay in the model "
+           "file and are read from disk when needed (about ten times slower than from RAM). "
+           "All the way right: every expert in RAM. Applied live, like the VRAM budget.")
 CUSTOM_ONLY_TIP = ("Fixed by the chosen preset: choose Custom in Policy to set it "
                    "yourself.")
 NO_CACHE_TIP = "Open a model with an expert cache to change the policy."
@@ -77,6 +80,7 @@ class ControlsPanel(QGroupBox):
         self._tips: dict[QWidget, str] = {}
         """The Custom controls' own tooltips, before the reason they are greyed is added."""
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        form.setVerticalSpacing(3)  # a row more than before (RAM budget); still fits 1024x700
         self.policy_combo = QComboBox()
         self.policy_combo.setAccessibleName("Cache policy")
         for key, label in POLICY_CHOICES:
@@ -127,13 +131,7 @@ class ControlsPanel(QGroupBox):
         form.addRow("&VRAM budget", self._row(self.budget, self.budget_entry))
         form.addRow("", self.budget_label)
         self.ram_budget = self._slider(1, 1, 1, "RAM budget for experts")
-        self.ram_budget.setToolTip(
-            "Experts per layer kept in host memory (the RAM tier); the rest stay in the model "
-            "file and are read from disk when needed (about ten times slower than from RAM). "
-            "All the way right: every expert in RAM. Applied live, like the VRAM budget.")
-        self.ram_budget_label = QLabel("–")
-        self.ram_budget_label.setWordWrap(True)
-        self.ram_budget_label.setObjectName("ramBudgetLabel")
+        self.ram_budget.setToolTip(RAM_TIP)
         self.ram_budget_entry = BudgetEntry()
         self.ram_budget_entry.setAccessibleName("RAM budget, typed")
         self.ram_budget_entry.setToolTip(
@@ -141,7 +139,8 @@ class ControlsPanel(QGroupBox):
             "experts (50%), or experts per layer (32).")
         self.ram_budget_entry.submitted.connect(self.apply_typed_ram_budget)
         form.addRow("RAM b&udget", self._row(self.ram_budget, self.ram_budget_entry))
-        form.addRow("", self.ram_budget_label)
+        # what it buys has no row of its own (the window must fit 1024x700): the slider's
+        # tooltip and spoken description say it, and the memory view lists the tiers
         self.audit = QComboBox()
         self.audit.setAccessibleName("Audit tokens")
         for every in (0, 8, 16, 32, 64):
@@ -357,7 +356,8 @@ class ControlsPanel(QGroupBox):
     def _update_ram_label(self) -> None:
         m = self.model
         if m is None or not m.cache_enabled:
-            self.ram_budget_label.setText("")
+            self.ram_budget.setAccessibleDescription("")
+            self.ram_budget.setToolTip(RAM_TIP)
             return
         n = self.ram_budget.value()
         if n >= m.n_expert:
@@ -369,8 +369,8 @@ class ControlsPanel(QGroupBox):
         applied = m.ram_slots_per_layer or m.n_expert
         if n != applied:
             text += f" (applied: {'all' if applied >= m.n_expert else applied})"
-        self.ram_budget_label.setText(text)
         self.ram_budget.setAccessibleDescription(text)
+        self.ram_budget.setToolTip(f"{RAM_TIP}\n\nNow: {text}.")
 
     def apply_typed_budget(self) -> bool:
         """The typed budget (a size, a share of the experts, or a slot count) moves the
