@@ -62,6 +62,34 @@ def test_eval_compares_every_policy_with_exact_and_writes_table_and_csv(
     assert "ETA" in captured.err and "100%" in captured.err
 
 
+def test_eval_with_a_ram_budget_below_the_experts_reads_from_disk_and_keeps_exact(
+        synth_model: SynthModel, text_file: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Experts beyond the RAM budget stay in the file: the table gains disk bytes and RAM
+    hits per run, and exact's perplexity is the same as with every expert in memory."""
+    model = str(synth_model("qwen3moe", expert_type="q8_0"))
+    common = ["eval", model, "--text", str(text_file), "--policies", "exact,quality-first",
+              "--budgets", "25%", "--tokens", "32", "--window", "8", "--bootstrap", "50",
+              "--threads", "1"]
+    tiered_csv, whole_csv = tmp_path / "tiered.csv", tmp_path / "whole.csv"
+    assert main([*common, "--ram-budget", "30%", "--csv", str(tiered_csv)]) == 0
+    table = capsys.readouterr().out
+    assert main([*common, "--csv", str(whole_csv)]) == 0
+    whole_table = capsys.readouterr().out
+    assert "RAM tier " in table.splitlines()[0] and "| disk/tok | RAM hits |" in table
+    assert "disk/tok" not in whole_table and "RAM tier" not in whole_table
+    tiered = {r["policy"]: r for r in csv.DictReader(io.StringIO(tiered_csv.read_text()))}
+    whole = {r["policy"]: r for r in csv.DictReader(io.StringIO(whole_csv.read_text()))}
+    assert "disk_bytes_per_token" not in whole["exact"]
+    assert float(tiered["exact"]["perplexity"]) == float(whole["exact"]["perplexity"])
+    for r in tiered.values():
+        assert float(r["disk_bytes_per_token"]) > 0.0
+        assert 0.0 <= float(r["ram_hit_rate"]) < 1.0
+    # quality-first waits for fewer disk-only misses than exact (its disk threshold)
+    assert float(tiered["quality-first"]["fetched_bytes_per_token"]) < float(
+        tiered["exact"]["fetched_bytes_per_token"])
+
+
 def test_forced_steps_decode_like_the_engines_forced_logits(
         synth_model: SynthModel) -> None:
     from moescope.engine import Engine

@@ -101,6 +101,16 @@ def read_resident(cache: Any, moe_layers: Sequence[int], n_expert: int
     return out
 
 
+def read_ram_resident(cache: Any, moe_layers: Sequence[int], n_expert: int
+                      ) -> npt.NDArray[np.bool_]:
+    """The RAM tier's masks, one row per MoE layer: True where an expert is in the tier
+    (read from ``ExpertCache.layer_ram``; all False with the tier off)."""
+    out = np.zeros((len(moe_layers), n_expert), dtype=np.bool_)
+    for row, layer in enumerate(moe_layers):
+        out[row] = np.asarray(cache.layer_ram(layer))[:n_expert] >= 0
+    return out
+
+
 class RecordedToken(Protocol):
     """What :meth:`Residency.advance_token` reads from a token (``trace.TokenRecord``)."""
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from moescope.cache.audit import AuditEstimate, AuditRecord
+from moescope.cache.budget import format_bytes
 from moescope.cache.prefetch import PrefetchSummary
 from moescope.display.ring import RingBuffer
 from moescope.session.snapshots import (
@@ -35,12 +37,14 @@ from moescope.session.snapshots import (
 
 TIME_COLUMNS = (
     "step", "tokens_per_s", "mass", "hit_rate", "fetched_mb", "substituted_fraction",
-    "slots", "prefetches", "prefetch_hits", "audit_kl",
+    "slots", "prefetches", "prefetch_hits", "audit_kl", "disk_mb", "fills", "disk_fills",
 )
 """One row per token: what the time plots draw (x = ``step``). The prefetch columns are
 NaN for a token whose policy does not prefetch, so a mean over them never mixes in zeros
 that only mean "off". ``audit_kl`` is the audited step's KL(exact || policy), NaN where the
-step was not audited."""
+step was not audited. ``disk_mb``, ``fills`` and ``disk_fills``: MB read from the model file,
+slot fills (fetches and admissions), and how many of them came from the file rather than
+the RAM tier (zero with the tier off)."""
 
 ROLLING_TOKENS = 16
 """Tokens/s is shown as a rolling mean over this many decode steps (one token is noisy)."""
@@ -81,6 +85,49 @@ PREFETCH_TIP = (
     "Prefetch accuracy (PSR): of the experts prefetched over the last {n} tokens, the share "
     "the router then used before they were evicted. /token: experts prefetched per decoded "
     "token, all layers together. Low accuracy means wasted copies and evictions.")
+
+
+@dataclass(frozen=True)
+class TierNumbers:
+    """Hit rates of the three tiers over recent tokens: how often a routed expert was in
+    a VRAM slot, of the slot fills how many the RAM tier served, MB read from disk."""
+
+    vram_hit_rate: float
+    ram_hit_rate: float
+    disk_mb_per_token: float
+    tokens: int
+
+
+def _tier_numbers(events: npt.NDArray[Any]) -> dict[str, float]:
+    """One token's disk MB, slot fills and fills read from the file (RAM tier columns)."""
+    if len(events) == 0:
+        return {"disk_mb": 0.0, "fills": 0.0, "disk_fills": 0.0}
+    fills = float(events["n_fetch"].sum() + events["n_admit"].sum())
+    if "n_disk" not in (events.dtype.names or ()):
+        return {"disk_mb": 0.0, "fills": fills, "disk_fills": 0.0}
+    return {"disk_mb": float(events["bytes_disk"].sum()) / 1e6, "fills": fills,
+            "disk_fills": float(events["n_disk"].sum())}
+
+
+def tier_text(model: ModelSummary, slots: int, ram_slots: int, n: TierNumbers) -> str:
+    """The memory view's three lines: where the experts are, how many bytes each tier
+    holds, and its hit rate over recent tokens."""
+    row = model.slot_row_bytes
+    total = model.total_expert_bytes or row * model.n_expert
+
+    def pct(x: float) -> str:
+        return "–" if x != x else f"{x:.0%}"
+
+    vram = (f"VRAM slots: {slots}/{model.n_expert} per layer · {format_bytes(slots * row)} · "
+            f"hit {pct(n.vram_hit_rate)} of routed experts")
+    if not ram_slots:
+        return (f"{vram}\nRAM: every expert ({format_bytes(total)}) · serves every slot "
+                "fill\nDisk: not read (RAM tier off)")
+    ram_bytes = min(total, ram_slots * row)
+    disk = "–" if n.disk_mb_per_token != n.disk_mb_per_token else f"{n.disk_mb_per_token:.2f}"
+    return (f"{vram}\nRAM tier: {ram_slots}/{model.n_expert} per layer · "
+            f"{format_bytes(ram_bytes)} · served {pct(n.ram_hit_rate)} of slot fills\n"
+            f"Disk only: {format_bytes(max(0, total - ram_bytes))} · {disk} MB/token read")
 
 
 @dataclass(frozen=True)
@@ -133,6 +180,7 @@ class CacheModel:
         self.ttft_s: float | None = None
         self.policy = model.policy if model else ""
         self.slots_per_layer = model.slots_per_layer if model else 0
+        self.ram_slots_per_layer = model.ram_slots_per_layer if model else 0
         self.context_used = 0
         self.n_ctx = model.n_ctx if model else 0
         self.prefetching = False
@@ -150,7 +198,8 @@ class CacheModel:
         self.model = model
         self.policy = model.policy
         self.slots_per_layer = model.slots_per_layer
-        self.dirty.add("labels")
+        self.ram_slots_per_layer = model.ram_slots_per_layer
+        self.dirty.update(("labels", "memory"))
         if model.resident is not None and model.resident.shape == self._cells.shape:
             # applied while idle: the residents the engine keeps now (no token touched them)
             self._cells = np.where(model.resident, RESIDENT, NOT_RESIDENT).astype(np.uint8)
@@ -196,6 +245,7 @@ class CacheModel:
             "prefetches": float(pf.sum()) if pf is not None else float("nan"),
             "prefetch_hits": float(pf_hits.sum()) if pf_hits is not None else float("nan"),
             "audit_kl": snap.audit.kl if snap.audit is not None else float("nan"),
+            **_tier_numbers(snap.events),
         })
         if snap.policy != self.policy or snap.slots_per_layer != self.slots_per_layer:
             self.audits = []  # another policy or budget: another cost
@@ -227,9 +277,10 @@ class CacheModel:
         self._policies.append(snap.policy)
         self.policy = snap.policy
         self.slots_per_layer = snap.slots_per_layer
+        self.ram_slots_per_layer = snap.ram_slots_per_layer
         self.context_used = snap.context_used
         self.n_ctx = snap.n_ctx
-        self.dirty.update(("heatmap", "time", "layers", "labels"))
+        self.dirty.update(("heatmap", "time", "layers", "labels", "memory"))
 
     # ------------------------------------------------------------------ output
     def cells(self) -> npt.NDArray[np.uint8]:
@@ -237,7 +288,9 @@ class CacheModel:
         snap = self.latest
         if self._cells_stale and snap is not None and snap.resident is not None \
                 and snap.resident.shape == self._cells.shape:
-            self._cells = cell_states(snap.resident, snap.events, self.rows_of)
+            ram = snap.ram_resident if snap.ram_resident is not None \
+                and snap.ram_resident.shape == self._cells.shape else None
+            self._cells = cell_states(snap.resident, snap.events, self.rows_of, ram)
         self._cells_stale = False
         return self._cells
 
@@ -271,6 +324,24 @@ class CacheModel:
         values = t.view(key)[t.count - n:]
         finite = values[np.isfinite(values)]
         return float(finite.mean()) if len(finite) else float("nan")
+
+    def recent_sum(self, key: str) -> float:
+        """Sum of a time column over the last ``layer_window`` tokens (NaNs left out)."""
+        t = self.time
+        n = min(t.count, self.layer_window)
+        values = t.view(key)[t.count - n:]
+        return float(values[np.isfinite(values)].sum())
+
+    def tiers(self) -> TierNumbers:
+        """The three tiers over the last ``layer_window`` tokens (the memory view's)."""
+        n = self.recent_tokens()
+        fills = self.recent_sum("fills")
+        disk = self.recent_sum("disk_fills")
+        return TierNumbers(
+            vram_hit_rate=self.recent_mean("hit_rate"),
+            ram_hit_rate=(1.0 - disk / fills) if fills else float("nan"),
+            disk_mb_per_token=self.recent_sum("disk_mb") / n if n else float("nan"),
+            tokens=n)
 
     def recent_tokens(self) -> int:
         """How many tokens :meth:`recent_mean` averages over now."""

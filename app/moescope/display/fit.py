@@ -3,7 +3,11 @@
 Users of every local-chat app ask for this (LM Studio's load estimate, textgen's "estimated
 VRAM"), and MoE estimates are where the others go wrong: here all experts live in host RAM
 and only ``slots_per_layer`` of them per layer take VRAM, so RAM and VRAM are priced
-separately. No Qt here: the dialog formats what this computes.
+separately. With a RAM budget below the experts (the RAM tier), the experts beyond it stay
+in the model file and are read from disk on demand: three tiers, each with its speed. Where
+the slots land depends on the engine's build (:mod:`moescope.engine.backend`), not on
+whether NVML sees an NVIDIA GPU: a Vulkan build puts them in GPU memory it cannot measure.
+No Qt here: the dialog formats what this computes.
 """
 
 from __future__ import annotations
@@ -13,8 +17,14 @@ from dataclasses import dataclass
 import psutil
 
 from moescope.cache.budget import BudgetPlan, format_bytes, plan_for_model
+from moescope.engine.backend import NAMES, engine_build
 from moescope.model.gguf_info import ModelInfo
 from moescope.util.gpu import gpu_status
+
+SPEED_SLOTS = "a hit computes at once"
+SPEED_RAM = "a miss in RAM waits for a copy (about 80 µs per 2 MB over PCIe, less on a CPU build)"
+SPEED_DISK = ("a miss on disk waits for a read (about 1 ms per 2 MB at 2 GB/s): about ten "
+              "times a copy from RAM, so quality-first substitutes more of those")
 
 
 @dataclass(frozen=True)
@@ -30,6 +40,54 @@ class FitEstimate:
     vram_needed: int
     vram_free: int | None
     gpu: str
+    backend: str = "cpu"
+    """The engine build's backend ("cpu", "cuda", "vulkan"; "" unknown)."""
+    slots_on_gpu: bool = False
+    """The slots go to GPU memory (a CUDA build with a GPU, or a Vulkan build)."""
+    ram_plan: BudgetPlan | None = None
+    """The RAM tier's plan (experts per layer kept in RAM); None: every expert in RAM."""
+
+    @property
+    def ram_expert_bytes(self) -> int:
+        """Expert bytes kept in RAM (all of them without a RAM tier)."""
+        if self.ram_plan is None or self.ram_plan.fits_all:
+            return self.expert_bytes
+        return min(self.expert_bytes, self.ram_plan.bytes_used)
+
+    @property
+    def disk_expert_bytes(self) -> int:
+        """Expert bytes left in the file and read on demand."""
+        return self.expert_bytes - self.ram_expert_bytes
+
+    def _slots_where(self) -> str:
+        if not self.slots_on_gpu:
+            return "RAM" + (" (CPU build)" if self.backend == "cpu" else "")
+        if self.vram_free is None:
+            return f"GPU memory ({NAMES.get(self.backend, self.backend)}; free memory not measured)"
+        return "VRAM"
+
+    def placement(self) -> list[tuple[str, str]]:
+        """(label, value) rows: where each part lands and what that means for speed."""
+        if self.plan is None:
+            return []
+        p = self.plan
+        rows = [("Expert slots", f"{format_bytes(p.bytes_used)} in {self._slots_where()}: "
+                                 f"{p.slots_per_layer} of {p.n_expert} per layer; "
+                                 f"{SPEED_SLOTS}")]
+        if self.disk_expert_bytes:
+            assert self.ram_plan is not None
+            rows += [
+                ("Experts in RAM", f"{format_bytes(self.ram_expert_bytes)} (RAM tier, "
+                                   f"{self.ram_plan.slots_per_layer} of {p.n_expert} per "
+                                   f"layer); {SPEED_RAM}"),
+                ("Experts on disk", f"{format_bytes(self.disk_expert_bytes)} stay in the "
+                                    f"model file; {SPEED_DISK}. Loads in seconds."),
+            ]
+        else:
+            rows += [("Experts in RAM", f"all {format_bytes(self.expert_bytes)}; {SPEED_RAM}"),
+                     ("Experts on disk", "none (set a RAM budget below the experts to leave "
+                                         "some in the file)")]
+        return rows
 
     @property
     def fits_ram(self) -> bool:
@@ -44,7 +102,10 @@ class FitEstimate:
         rows = [
             ("Model", self.model_name),
             ("Non-expert weights", format_bytes(self.non_expert_bytes)),
-            ("Expert weights (host RAM)", format_bytes(self.expert_bytes)),
+            ("Expert weights (host RAM)", format_bytes(self.expert_bytes)
+             if not self.disk_expert_bytes else
+             f"{format_bytes(self.expert_bytes)} ({format_bytes(self.ram_expert_bytes)} in "
+             f"RAM, the rest read from disk)"),
             ("KV cache (f16, estimate)", format_bytes(self.kv_bytes)),
         ]
         if self.plan is not None:
@@ -52,7 +113,9 @@ class FitEstimate:
             rows += [
                 ("Slots per layer", f"{p.slots_per_layer} of {p.n_expert} "
                                     f"({p.residency:.1%} resident, top-k {p.top_k})"),
-                ("Expert slots (VRAM)", format_bytes(p.bytes_used)),
+                ("Expert slots (VRAM)" if self.slots_on_gpu else "Expert slots (RAM)",
+                 format_bytes(p.bytes_used)),
+                *self.placement(),
             ]
         else:
             rows.append(("Expert cache", "off: dense model (no routed experts)"))
@@ -67,7 +130,9 @@ class FitEstimate:
         out = []
         if not self.fits_ram:
             out.append(f"needs {format_bytes(self.ram_needed)} of RAM but only "
-                       f"{format_bytes(self.ram_available)} is available")
+                       f"{format_bytes(self.ram_available)} is available"
+                       + (": choose a RAM budget below the experts, the rest are read from "
+                          "disk" if self.plan is not None else ""))
         if not self.fits_vram and self.vram_free is not None:
             out.append(f"expert slots need {format_bytes(self.vram_needed)} of VRAM but only "
                        f"{format_bytes(self.vram_free)} is free: choose a smaller budget")
@@ -95,20 +160,45 @@ def kv_cache_bytes(info: ModelInfo, n_ctx: int) -> int:
     return int(info.n_layers * n_ctx * int(heads_kv) * (int(key_len) + int(val_len)) * 2)
 
 
-def estimate_fit(info: ModelInfo, budget: str, n_ctx: int = 2048) -> FitEstimate:
-    """The numbers for ``info`` at ``budget`` (``"25%"``, ``"12GiB"``, bytes)."""
+def estimate_fit(info: ModelInfo, budget: str, n_ctx: int = 2048,
+                 ram_budget: str | None = None, backend: str | None = None) -> FitEstimate:
+    """The numbers for ``info`` at ``budget`` (``"25%"``, ``"12GiB"``, bytes) and, with
+    ``ram_budget``, a RAM tier of that size (experts beyond it read from disk). ``backend``
+    defaults to the installed engine's build."""
     plan = plan_for_model(info, budget) if info.is_moe else None
+    ram_plan = plan_for_model(info, ram_budget) if plan is not None and ram_budget else None
     gpu = gpu_status()
+    build = engine_build().backend if backend is None else backend
+    slots_on_gpu = build == "vulkan" or (build == "cuda" and gpu is not None)
     kv = kv_cache_bytes(info, n_ctx)
     slots = plan.bytes_used if plan else 0
-    host = info.non_expert_bytes + info.total_expert_bytes + kv
-    # without an NVIDIA GPU the "VRAM" slots are host memory too
-    ram_needed = host + (slots if gpu is None else 0)
+    experts_in_ram = info.total_expert_bytes
+    if ram_plan is not None and not ram_plan.fits_all:
+        experts_in_ram = min(info.total_expert_bytes, ram_plan.bytes_used)
+    host = info.non_expert_bytes + experts_in_ram + kv
+    ram_needed = host + (0 if slots_on_gpu else slots)
+    if gpu is not None:
+        where = f"{gpu.name}: {format_bytes(gpu.free)} VRAM free of {format_bytes(gpu.total)}"
+    elif build == "vulkan":
+        where = "no NVIDIA GPU seen (Vulkan build): expert slots in GPU memory, not measured"
+    else:
+        where = "no NVIDIA GPU: expert slots in RAM"
     return FitEstimate(
         model_name=info.name or info.file_name, is_moe=info.is_moe,
         non_expert_bytes=info.non_expert_bytes, expert_bytes=info.total_expert_bytes,
         kv_bytes=kv, plan=plan, ram_needed=ram_needed,
         ram_available=int(psutil.virtual_memory().available),
-        vram_needed=slots, vram_free=gpu.free if gpu else None,
-        gpu=(f"{gpu.name}: {format_bytes(gpu.free)} VRAM free of {format_bytes(gpu.total)}"
-             if gpu else "no NVIDIA GPU: expert slots in RAM"))
+        vram_needed=slots, vram_free=gpu.free if gpu else None, gpu=where,
+        backend=build, slots_on_gpu=slots_on_gpu, ram_plan=ram_plan)
+
+
+def ram_start_experts(info: ModelInfo, n_ctx: int, available: int | None = None) -> int:
+    """Experts per layer to keep in RAM at first: all of them when the whole model fits in
+    the memory ``available`` (default: available now), else what fits in 80% of what is left
+    after the rest of the model and the KV cache (at least top-k: one token's experts)."""
+    row = sum(info.bytes_per_expert[layer] for layer in info.moe_layers)
+    free = int(psutil.virtual_memory().available) if available is None else available
+    rest = info.non_expert_bytes + kv_cache_bytes(info, n_ctx)
+    if row <= 0 or rest + info.total_expert_bytes <= free:
+        return info.n_expert
+    return max(info.top_k, min(info.n_expert, int(0.8 * (free - rest)) // row))

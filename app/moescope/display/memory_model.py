@@ -57,6 +57,8 @@ class MemoryModel:
         self.gpu: GpuStatus | None = None
         self.expert_buffer = ""
         """llama.cpp's buffer holding the experts (``ModelSummary.expert_buffer``)."""
+        self.slots_on_device = False
+        """The slots are in a GPU's memory that NVML cannot see (e.g. a Vulkan build)."""
         self.dirty = False
 
     def sample(self) -> None:
@@ -85,7 +87,8 @@ class MemoryModel:
                f"{s.last('ram_system'):.1f} / {self.ram_total:.1f} GiB")
         g = self.gpu
         if g is None:
-            vram = "VRAM: no NVIDIA GPU (expert slots in RAM)"
+            vram = ("VRAM: not measured without an NVIDIA GPU (expert slots on the GPU)"
+                    if self.slots_on_device else "VRAM: no NVIDIA GPU (expert slots in RAM)")
         else:
             mine = (f"this process {g.process_used / GIB:.2f} GiB · "
                     if g.process_used is not None else "")

@@ -64,6 +64,10 @@ class RunResult:
     hits: int = 0
     substitutions: int = 0
     bytes_async: int = 0
+    bytes_disk: int = 0
+    """Bytes read from the model file (RAM tier on): fetches, admissions and prefetches."""
+    fills: int = 0
+    disk_fills: int = 0
     timings: dict[str, int] = field(default_factory=dict)
     first_choice_substituted: int | None = None
     """Rows whose router's first choice was substituted (None: not counted): zero for a
@@ -102,6 +106,15 @@ class RunResult:
     @property
     def seconds_per_token(self) -> float:
         return float(self.seconds.mean()) if self.n_tokens else 0.0
+
+    @property
+    def disk_bytes_per_token(self) -> float:
+        return self.bytes_disk / self.n_tokens if self.n_tokens else 0.0
+
+    @property
+    def ram_hit_rate(self) -> float:
+        """Of the slot fills, the share served from the RAM tier rather than the file."""
+        return 1.0 - self.disk_fills / self.fills if self.fills else 1.0
 
 
 def forced_steps(engine: Engine, tokens: Sequence[int]) -> Iterator[
@@ -172,6 +185,10 @@ def run_one(engine: Engine, tokens: Sequence[int], spec: RunSpec, *,
         result.hits += int(rows["n_hit"].sum())
         result.substitutions += int(rows["n_substitute"].sum())
         result.bytes_async += int(rows["bytes_async"].sum())
+        result.fills += int(rows["n_fetch"].sum()) + int(rows["n_admit"].sum())
+        if "n_disk" in (rows.dtype.names or ()):
+            result.disk_fills += int(rows["n_disk"].sum())
+            result.bytes_disk += int(rows["bytes_disk"].sum())
         result.first_choice_substituted = (result.first_choice_substituted or 0) + int(
             (rows["action"][:, 0] == 2).sum())
         if progress is not None:
@@ -319,6 +336,9 @@ class EvalReport:
     hypothesis: MassHypothesis
     n_tokens: int
     model: str = ""
+    ram_tier: str = ""
+    """The RAM tier's size when it was on (experts beyond it read from the model file):
+    the table then shows disk bytes and RAM hits per run."""
 
     def change_pct(self, run: RunResult) -> float:
         """Perplexity change against ``exact``, in percent."""
@@ -334,6 +354,8 @@ class EvalReport:
             "mass_per_token": r.mass_per_token, "hit_rate": r.hit_rate,
             "fetched_bytes_per_token": r.fetched_bytes_per_token,
             "seconds_per_token": r.seconds_per_token,
+            **({"disk_bytes_per_token": r.disk_bytes_per_token, "ram_hit_rate": r.ram_hit_rate}
+               if self.ram_tier else {}),
         } for r in self.runs]
 
     def to_csv(self) -> str:
@@ -350,11 +372,15 @@ class EvalReport:
         lines = [
             f"Teacher-forced perplexity on {self.n_tokens} tokens"
             + (f" of {self.model}" if self.model else "")
+            + (f"; RAM tier {self.ram_tier}, experts beyond it read from the file"
+               if self.ram_tier else "")
             + f"; baseline exact = {self.baseline.perplexity:.4f}",
             "",
             "| policy | budget | slots | perplexity | Δ vs exact | substituted | mass/tok "
-            "| hit rate | fetched/tok | ms/tok |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| hit rate | fetched/tok | ms/tok |" + (" disk/tok | RAM hits |" if self.ram_tier
+                                                   else ""),
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if self.ram_tier
+                                                               else ""),
         ]
         for r in self.runs:
             lines.append(
@@ -362,7 +388,9 @@ class EvalReport:
                 f"{self.change_pct(r):+.2f}% | {100 * r.substituted_fraction:.1f}% | "
                 f"{r.mass_per_token:.3f} | {100 * r.hit_rate:.1f}% | "
                 f"{format_bytes(round(r.fetched_bytes_per_token))} | "
-                f"{1e3 * r.seconds_per_token:.2f} |")
+                f"{1e3 * r.seconds_per_token:.2f} |"
+                + (f" {format_bytes(round(r.disk_bytes_per_token))} | "
+                   f"{100 * r.ram_hit_rate:.1f}% |" if self.ram_tier else ""))
         lines += ["", self.hypothesis.describe()]
         return "\n".join(lines)
 
@@ -399,7 +427,9 @@ def evaluate(engine: Engine, tokens: Sequence[int], specs: Sequence[RunSpec], *,
         runs.append(run_one(engine, tokens, spec, progress=tick))
     baseline = next(r for r in runs if r.spec.policy.exact)
     model = engine.model.path.name if engine.model is not None else ""
-    return EvalReport(runs=runs, baseline=baseline,
+    ram = engine.model.ram_plan if engine.model is not None else None
+    ram_tier = f"{ram.slots_per_layer}/{ram.n_expert} experts per layer" if ram else ""
+    return EvalReport(runs=runs, baseline=baseline, ram_tier=ram_tier,
                       hypothesis=mass_hypothesis(runs, baseline, window, n_boot=n_boot,
                                                  seed=seed),
                       n_tokens=per_run, model=model)

@@ -206,6 +206,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         w.requestsApplied.connect(self._on_requests_applied)
         self.controls.policyRequested.connect(self.request_policy)
         self.controls.budgetRequested.connect(self.request_budget)
+        self.controls.ramBudgetRequested.connect(self.request_ram_budget)
         self.controls.auditRequested.connect(self.client.request_audit)
         self.chat.answerBegan.connect(lambda step: self.cache_panel.add_marker(step, "answer"))
         self.chat.problem.connect(self.show_error)
@@ -274,6 +275,14 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
             self.requested, budget=self.client.request_budget(f"{slots * m.slot_row_bytes}B"))
         self.remember_setting(m.path, "budget", budget_percent(slots, m.n_expert))
 
+    def request_ram_budget(self, experts: int) -> None:
+        """The RAM tier's experts per layer (``n_expert``: every expert in RAM), live."""
+        m = self.model
+        if m is None or not m.cache_enabled:
+            return
+        log.info("RAM budget requested: %d experts per layer", experts)
+        self.client.request_ram_budget(f"{experts * m.slot_row_bytes}B")
+
     def _on_requests_applied(self, summary: ModelSummary, changes: list[Change]) -> None:
         self.model = summary
         self._show_applied(summary.requests)
@@ -299,7 +308,8 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         if changed and self.model is not None:
             last = snaps[-1]
             self.model = dataclasses.replace(self.model, slots_per_layer=last.slots_per_layer,
-                                             policy=last.policy)
+                                             policy=last.policy,
+                                             ram_slots_per_layer=last.ram_slots_per_layer)
             self._show_applied(last.requests)
             self._update_title()
             for s in changed:

@@ -112,6 +112,8 @@ CELL_COLOURS: tuple[str, ...] = (
     "#f2b134",  # fetched by this token
     "#e5534b",  # substituted away
     "#b77fe0",  # used as substitute
+    "#5c6470",  # in RAM, not in VRAM (RAM tier on)
+    "#141619",  # on disk only (RAM tier on)
 )
 
 CURVE = {

@@ -32,7 +32,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 from moescope.cache.budget import format_bytes
 from moescope.cache.guard import GuardSpec
 from moescope.cache.policy import Policy
-from moescope.cache.residency import read_resident
+from moescope.cache.residency import read_ram_resident, read_resident
 from moescope.display.trace_io import TraceLimits, new_trace_path, prune_traces
 from moescope.engine import AnswerStats, Engine, LoadCancelled, Sampling
 from moescope.engine.compare import compare_policies, conversation_tokens
@@ -60,6 +60,8 @@ class LoadRequest:
     n_ctx: int = 2048
     n_gpu_layers: int | None = None  # None: every layer on a GPU build, else none
     n_threads: int | None = None  # None: llama.cpp's choice (the machine's cores)
+    ram_budget: str | None = None
+    """Host memory for experts (``--ram-budget``); experts beyond it stay in the file."""
     trace_dir: str | None = None
     """Record the session (core trace format) into this directory; None: no recording."""
 
@@ -149,6 +151,7 @@ class EngineWorker(QObject):
                 self.engine.load(request.path, budget=request.budget, policy=request.policy,
                                  n_ctx=request.n_ctx, n_gpu_layers=request.n_gpu_layers,
                                  n_threads=request.n_threads,
+                                 ram_budget=request.ram_budget,
                                  progress=self.loadProgress.emit)
         except LoadCancelled as err:
             log.info("%s", err)
@@ -451,6 +454,7 @@ class EngineWorker(QObject):
             budget_message=plan.message if plan else "",
             trace_path=str(self.recorder.path) if self.recorder else "",
             expert_buffer=m.expert_buffer, slot_buffer=m.slot_buffer,
+            ram_slots_per_layer=self.engine.ram_slots_per_layer,
             answer_prefixes=dict(self._answer_prefixes),
             thinking_choices=self._thinking_choices,
             requests=self.engine.applied_requests)
@@ -458,12 +462,15 @@ class EngineWorker(QObject):
     def _snapshot(self, ts: Any, *, end: bool = False) -> TokenSnapshot:
         engine = self.engine
         changes = [change for _, change in self._changes.take()]
-        resident = None
+        resident = ram = None
         prefetch: np.ndarray | None = None
         cache, m = engine.cache, engine.model
+        ram_slots = engine.ram_slots_per_layer
         if cache is not None and m is not None and m.info is not None:
             layers = m.info.moe_layers
             resident = read_resident(cache, layers, m.info.n_expert)  # a copy: the GUI's
+            if ram_slots:
+                ram = read_ram_resident(cache, layers, m.info.n_expert)
             if self.engine.policy.prefetch:  # shown only for tokens whose policy prefetches
                 prefetch = ts.prefetch
         answer = engine.last_answer
@@ -478,7 +485,8 @@ class EngineWorker(QObject):
             ttft=answer.time_to_first_token_s if ts.index == 0 else None,
             prefetches=prefetch[0] if prefetch is not None else None,
             prefetch_hits=prefetch[1] if prefetch is not None else None,
-            requests=engine.applied_requests, end=end, audit=ts.audit)
+            requests=engine.applied_requests, end=end, audit=ts.audit,
+            ram_resident=ram, ram_slots_per_layer=ram_slots)
 
 
 def _policy_label(policy: Policy | str) -> str:
@@ -578,6 +586,11 @@ class EngineClient(QObject):
         number = self.worker.engine.request_budget(budget)
         self._apply.emit()
         return number
+
+    def request_ram_budget(self, budget: str) -> None:
+        """Resize the RAM tier between tokens, like the VRAM budget."""
+        self.worker.engine.request_ram_budget(budget)
+        self._apply.emit()
 
     def request_audit(self, every: int) -> None:
         """Audit every ``every``-th token from the next one on (0: off)."""

@@ -22,12 +22,16 @@ from moescope.cache.audit import AuditRecord
 from moescope.cache.native import FETCH, HIT, SUBSTITUTE
 from moescope.engine.changes import RequestNumbers
 
-# heatmap cell states (the colour table's indices)
-NOT_RESIDENT, RESIDENT, HIT_NOW, FETCHED_NOW, SUBSTITUTED_AWAY, USED_AS_SUBSTITUTE = range(6)
+# heatmap cell states (the colour table's indices); the last two only with the RAM tier on,
+# where an expert not in a VRAM slot is either in the RAM tier or only in the model file
+(NOT_RESIDENT, RESIDENT, HIT_NOW, FETCHED_NOW, SUBSTITUTED_AWAY, USED_AS_SUBSTITUTE,
+ IN_RAM, ON_DISK) = range(8)
 CELL_LABELS: tuple[str, ...] = (
     "not resident", "resident", "hit by this token", "fetched by this token",
-    "substituted away", "used as substitute",
+    "substituted away", "used as substitute", "in RAM, not in VRAM", "on disk only",
 )
+TIER_STATES = (IN_RAM, ON_DISK)
+"""The states the legend shows only while the RAM tier is on."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,9 @@ class ModelSummary:
     ``CPU_Mapped`` / ``CPU``: pageable); "" when unknown (cache off, a reopened trace)."""
     slot_buffer: str = ""
     """llama.cpp's buffer holding the slots (``CUDA0``/``Vulkan0``: device; ``CPU``: RAM)."""
+    ram_slots_per_layer: int = 0
+    """Experts per layer in the RAM tier (0: the tier is off, every expert in host memory);
+    the others are read from the model file on demand."""
     thinking_choices: tuple[str, ...] = ("default",)
     """The thinking settings the model's chat template understands (``model.reasoning``)."""
     answer_prefixes: dict[str, str] = field(default_factory=dict)
@@ -115,6 +122,11 @@ class TokenSnapshot:
     the cache's work is drawn, but it is no token of the answer's text."""
     audit: AuditRecord | None = None
     """The step was audited: its exact output against the policy's (``cache.audit``)."""
+    ram_resident: npt.NDArray[np.bool_] | None = field(repr=False, default=None)
+    """MoE layers x experts, True where in the RAM tier after the token (None: the tier is
+    off, every expert in host memory)."""
+    ram_slots_per_layer: int = 0
+    """The RAM tier's experts per layer when the token was decoded (0: off)."""
 
     @property
     def context_used(self) -> int:
@@ -178,13 +190,17 @@ def _routed(events: npt.NDArray[Any], rows_of: npt.NDArray[np.int64]) -> tuple[
 
 
 def cell_states(resident: npt.NDArray[np.bool_], events: npt.NDArray[Any],
-                rows_of: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]:
+                rows_of: npt.NDArray[np.int64],
+                ram: npt.NDArray[np.bool_] | None = None) -> npt.NDArray[np.uint8]:
     """Heatmap states (layers x experts) of one token, from residency and its events.
 
     Where one expert plays two parts in a token, what the token computed with it (hit,
-    fetch, used as substitute) wins over "substituted away".
+    fetch, used as substitute) wins over "substituted away". ``ram`` (the RAM tier's
+    masks, same shape; None with the tier off) splits the experts outside VRAM into
+    in RAM and on disk only.
     """
-    cells = np.where(resident, RESIDENT, NOT_RESIDENT).astype(np.uint8)
+    outside = NOT_RESIDENT if ram is None else np.where(ram, IN_RAM, ON_DISK)
+    cells = np.where(resident, RESIDENT, outside).astype(np.uint8)
     if len(events) == 0:
         return cells
     n_expert = cells.shape[1]

@@ -10,6 +10,15 @@ model turns that into seconds:
 Compute runs with background copies in flight; only the part of the background copying that
 does not fit under the compute time delays the token (one copy stream, as in the engine).
 
+With a RAM tier (a replay with ``ram_slots``), fills of experts that are only in the model
+file first wait for a read from disk:
+
+    t += n_disk * disk_latency + bytes_disk / disk_bandwidth
+
+counted on the critical path whether the fill was a fetch or an admission (the core's rows
+sum both), so it is an upper bound when admissions read from disk in the background. The
+presets' disk is an NVMe SSD read with O_DIRECT: about 2.5 GB/s and 80 µs per read.
+
 Presets come from ``shared/docs/research/offload-anchors.md``: PCIe 4.0 x16 moves about
 25 GB/s from pinned host memory, a ``cudaMemcpyAsync`` costs about 5-10 µs of latency, and
 decode compute is bound by reading the active weights at the GPU's memory bandwidth (936
@@ -44,6 +53,10 @@ class CostModel:
     compute_s: float | None = None
     """Seconds of compute per decoded token (None: active weight bytes / gpu_bandwidth)."""
     note: str = ""
+    disk_bandwidth: float = 2.5e9
+    """Bytes per second an expert is read from the model file at (RAM tier on)."""
+    disk_latency: float = 80e-6
+    """Fixed cost of one read from the model file, seconds."""
 
     def compute_for(self, model: TraceModel) -> float:
         """Compute per token: given, or the active bytes (non-expert weights plus top-k
@@ -60,13 +73,22 @@ class CostModel:
         sync = per_token["n_sync"] * self.latency + per_token["bytes_sync"] / self.bandwidth
         background = (per_token["n_async"] * self.latency
                       + per_token["bytes_async"] / self.bandwidth)
-        return np.asarray(compute + sync + np.maximum(0.0, background - compute),
+        disk = 0.0
+        if "n_disk" in (per_token.dtype.names or ()):
+            disk = (per_token["n_disk"] * self.disk_latency
+                    + per_token["bytes_disk"] / self.disk_bandwidth)
+        return np.asarray(compute + sync + disk + np.maximum(0.0, background - compute),
                           dtype=np.float64)
 
     def with_overrides(self, *, bandwidth: float | None = None, latency: float | None = None,
-                       compute_s: float | None = None) -> CostModel:
+                       compute_s: float | None = None, disk_bandwidth: float | None = None,
+                       disk_latency: float | None = None) -> CostModel:
         """A copy with some parameters replaced (the CLI's --bandwidth, ...)."""
         changes: dict[str, Any] = {}
+        if disk_bandwidth is not None:
+            changes["disk_bandwidth"] = disk_bandwidth
+        if disk_latency is not None:
+            changes["disk_latency"] = disk_latency
         if bandwidth is not None:
             changes["bandwidth"] = bandwidth
         if latency is not None:
@@ -84,7 +106,8 @@ class CostModel:
         else:
             compute = "from the model's bytes"
         text = (f"{self.name}: {self.bandwidth / 1e9:.2f} GB/s, {self.latency * 1e6:.1f} µs per "
-                f"copy, compute {compute}/token")
+                f"copy, compute {compute}/token, disk {self.disk_bandwidth / 1e9:.2f} GB/s + "
+                f"{self.disk_latency * 1e6:.0f} µs per read")
         return text + (f" ({self.note})" if self.note else "")
 
 
@@ -127,8 +150,16 @@ def calibrate(trace: Trace) -> CostModel:
     if not rest:
         raise MoEScopeError("the trace has no timed decode tokens to calibrate compute from")
     compute = max(0.0, float(np.mean(rest)))
-    return CostModel("calibrated", bandwidth=bandwidth, latency=0.0, compute_s=compute,
-                     note=f"fitted to {len(decode)} decode tokens of this trace")
+    fitted = CostModel("calibrated", bandwidth=bandwidth, latency=0.0, compute_s=compute,
+                       note=f"fitted to {len(decode)} decode tokens of this trace")
+    from moescope.sim.calibration import load_calibration
+
+    machine = load_calibration()
+    if machine is None:
+        return fitted
+    return replace(fitted.with_overrides(disk_bandwidth=machine.disk_bandwidth,
+                                         disk_latency=machine.disk_latency),
+                   note=f"{fitted.note}; disk from moescope calibrate ({machine.created})")
 
 
 def cost_model(name: str, trace: Trace | None = None) -> CostModel:

@@ -72,8 +72,12 @@ TOKEN_COST_DTYPE = np.dtype([
     ("prefetching", np.bool_),
     ("prefetches", np.int64),
     ("prefetch_hits", np.int64),
+    ("n_disk", np.int64),
+    ("bytes_disk", np.int64),
 ])
 """What the cache did for one trace token, summed over its rows and copy plans.
+``n_disk`` / ``bytes_disk``: slot fills read from the model file (a replay with a RAM tier,
+:func:`replay`'s ``ram_slots``; 0 otherwise).
 ``prefetching``: the policy in force prefetches (and the trace has the predictions to);
 ``prefetches`` / ``prefetch_hits``: the core's PSR counters for the token, all layers."""
 
@@ -287,8 +291,14 @@ class ReplayResult:
 
 
 def replay(routing: Routing | Trace, policy: Policy | str | None = None,
-           slots: int | None = None, *, keep_events: bool = False) -> ReplayResult:
+           slots: int | None = None, *, keep_events: bool = False,
+           ram_slots: int = 0) -> ReplayResult:
     """Replay ``routing`` under ``policy`` with ``slots`` per layer.
+
+    ``ram_slots`` > 0 replays under a logical RAM tier of that many experts per layer (the
+    rest only on disk): decisions may then tell RAM misses from disk misses (quality-first's
+    ``theta_disk``), and the result counts the fills read from disk for the cost model.
+    The trace's own RAM budget changes are not followed.
 
     ``None`` for either follows the trace: its starting policy or slots, then every change
     it recorded at the token where it took effect. With both ``None`` the replay must
@@ -318,6 +328,8 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
         for layer, n_bytes in zip(m.moe_layers, m.bytes_per_expert, strict=True):
             cache.set_expert_bytes(layer, n_bytes)
         cache.set_event_capacity(max(1024, 2 * rows_per_token))
+        if ram_slots:
+            cache.set_ram_slots(ram_slots)
         cache.begin_steps(h.initial_step - cache.step)
         route = _Router(cache, routing, max(rows_per_token, 1))
         prefetched = 0
@@ -629,6 +641,9 @@ def _summarize(out: Any, rows: npt.NDArray[Any], decode: bool) -> None:
     out["bytes_async"] = int(rows["bytes_async"].sum())
     out["n_sync"] = out["fetches"]
     out["n_async"] = out["admissions"]
+    if "n_disk" in (rows.dtype.names or ()):
+        out["n_disk"] = int(rows["n_disk"].sum())
+        out["bytes_disk"] = int(rows["bytes_disk"].sum())
 
 
 DECISION_FIELDS: Sequence[str] = (

@@ -20,7 +20,7 @@ import numpy as np
 from moescope.cache.budget import format_bytes, plan_slots
 from moescope.cache.policy import PRESET_NAMES, Eviction, MissRule, Policy, SubstituteWeight
 from moescope.sim.cost import CostModel
-from moescope.sim.replay import Routing, replay_many
+from moescope.sim.replay import Routing, replay, replay_many
 from moescope.trace import Trace
 from moescope.util.errors import MoEScopeError
 
@@ -109,6 +109,9 @@ class SweepRow:
     prefetch_accuracy: float | None = None
     """PSR: prefetch hits / prefetches (capped at 1), the live panel's definition; None
     when the policy does not prefetch or nothing was prefetched."""
+    disk_bytes_per_token: float | None = None
+    """Replayed under a RAM tier (``sweep``'s ``ram_slots``): bytes read from the model file
+    per decode token; None without one."""
 
 
 @dataclass(frozen=True)
@@ -124,10 +127,13 @@ class Sweep:
 
 
 def sweep(trace: Trace, policies: Sequence[str], budgets: Sequence[str],
-          cost: CostModel, *, routing: Routing | None = None, threads: int = 0) -> Sweep:
+          cost: CostModel, *, routing: Routing | None = None, threads: int = 0,
+          ram_slots: int = 0) -> Sweep:
     """Replay ``trace`` under every policy x budget spec and summarize each: one native
     batch call for the whole grid (:func:`~moescope.sim.replay.replay_many`), on
-    ``threads`` threads (0: one per core). ``routing`` reuses a layout already made."""
+    ``threads`` threads (0: one per core). ``routing`` reuses a layout already made.
+    ``ram_slots`` > 0 replays each under a logical RAM tier of that many experts per layer
+    (one replay at a time), so the cost model prices the reads from disk."""
     if routing is None:
         routing = Routing.from_trace(trace)
     m = trace.header.model
@@ -143,8 +149,12 @@ def sweep(trace: Trace, policies: Sequence[str], budgets: Sequence[str],
             slots = plan_slots(budget, n_expert=m.n_expert, top_k=m.top_k,
                                bytes_per_expert=m.bytes_per_expert).slots_per_layer
         grid.extend((spec, policy, budget, slots) for spec, policy in parsed)
-    results = replay_many(routing, [(policy, slots) for _, policy, _, slots in grid],
-                          threads=threads)
+    if ram_slots:
+        results = [replay(routing, policy, slots, ram_slots=ram_slots)
+                   for _, policy, _, slots in grid]
+    else:
+        results = replay_many(routing, [(policy, slots) for _, policy, _, slots in grid],
+                              threads=threads)
     for (spec, policy, budget, slots), result in zip(grid, results, strict=True):
         for w in result.warnings:
             if w not in warnings:
@@ -168,6 +178,8 @@ def sweep(trace: Trace, policies: Sequence[str], budgets: Sequence[str],
             approximate_rows=result.approximate_rows,
             prefetches_per_token=prefetch.per_token if prefetch is not None else None,
             prefetch_accuracy=prefetch.accuracy if prefetch is not None else None,
+            disk_bytes_per_token=(float(result.decode["bytes_disk"].mean())
+                                  if ram_slots and len(result.decode) else None),
         ))
     decode = [t.seconds for t in trace.tokens if t.phase == "decode"]
     return Sweep(rows=rows, cost_model=cost, trace_tokens=len(trace.tokens),
@@ -189,7 +201,7 @@ def _cell(name: str, value: Any) -> str:
         return "recorded" if name == "slots" else "-"
     if name in ("hit_rate", "prefetch_accuracy"):
         return f"{value:.1%}"
-    if name == "fetched_bytes_per_token":
+    if name in ("fetched_bytes_per_token", "disk_bytes_per_token"):
         return format_bytes(round(value))
     if name == "speedup_vs_exact":
         return f"{value:.2f}x"
@@ -202,8 +214,10 @@ def _cell(name: str, value: Any) -> str:
 
 def format_table(result: Sweep, model: Any = None) -> str:
     """The sweep as an aligned text table with a footer naming the cost model."""
-    header = [title for title, _ in _COLUMNS]
-    body = [[_cell(key, getattr(r, key)) for _, key in _COLUMNS] for r in result.rows]
+    columns = _COLUMNS + ((("disk/tok", "disk_bytes_per_token"),) if any(
+        r.disk_bytes_per_token is not None for r in result.rows) else ())
+    header = [title for title, _ in columns]
+    body = [[_cell(key, getattr(r, key)) for _, key in columns] for r in result.rows]
     widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h)
               for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) if i < 2 else h.rjust(w)

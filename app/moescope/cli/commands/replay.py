@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from moescope.cache.budget import parse_budget
+from moescope.cache.budget import parse_budget, plan_slots
 from moescope.cache.policy import PRESET_NAMES
 from moescope.cli.commands.generate import check_outputs, write_output
 from moescope.util.errors import MoEScopeError
@@ -47,6 +47,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="override the cost model's latency per copy")
     p.add_argument("--compute-ms", type=float, metavar="ms",
                    help="override the cost model's compute time per token")
+    p.add_argument("--ram-budget", metavar="B",
+                   help="replay under a RAM tier of this size (25%%, 12GiB, experts per "
+                        "layer): the rest of the experts are read from disk, priced by the "
+                        "cost model's disk bandwidth and latency (default: every expert in RAM)")
     p.add_argument("--csv", type=Path, metavar="FILE",
                    help="also write the table as CSV (- for stdout)")
     p.add_argument("--json", type=Path, metavar="FILE",
@@ -78,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     for b in budgets:
         if b != "recorded":
             parse_budget(b)
+    if args.ram_budget:
+        parse_budget(args.ram_budget)  # a typo fails before a large trace is read
     _check_cost_overrides(args)
     inputs = [args.trace]
     to_stdout = check_outputs([("--csv", args.csv), ("--json", args.json),
@@ -93,8 +99,13 @@ def run(args: argparse.Namespace) -> int:
         bandwidth=args.bandwidth * 1e9 if args.bandwidth is not None else None,
         latency=args.latency_us * 1e-6 if args.latency_us is not None else None,
         compute_s=args.compute_ms * 1e-3 if args.compute_ms is not None else None)
+    ram_slots = 0
+    if args.ram_budget:
+        m = trace.header.model
+        ram_slots = plan_slots(args.ram_budget, n_expert=m.n_expert, top_k=m.top_k,
+                               bytes_per_expert=m.bytes_per_expert).slots_per_layer
     try:
-        result = sweep(trace, policies, budgets, cost)
+        result = sweep(trace, policies, budgets, cost, ram_slots=ram_slots)
     except NativeLibraryNotFoundError as err:
         raise MoEScopeError(str(err)) from None
     print(format_table(result, trace.header.model),

@@ -17,7 +17,7 @@ from moescope.display.cache_model import CacheModel
 from moescope.gui import theme
 from moescope.gui.widgets.elided_label import ElidedLabel
 from moescope.gui.widgets.flow_layout import FlowLayout
-from moescope.session.snapshots import CELL_LABELS
+from moescope.session.snapshots import CELL_LABELS, TIER_STATES
 
 
 class HeatmapView(QWidget):
@@ -62,8 +62,14 @@ class HeatmapView(QWidget):
         legend = QWidget()
         legend.setAccessibleName("Heatmap legend")
         flow = FlowLayout(legend)
-        for colour, label in zip(theme.CELL_COLOURS, CELL_LABELS, strict=True):
+        self.tier_swatches: list[QWidget] = []
+        """The in-RAM and on-disk swatches, shown only while the RAM tier is on."""
+        for state, (colour, label) in enumerate(zip(theme.CELL_COLOURS, CELL_LABELS,
+                                                    strict=True)):
             pair_widget = QWidget()
+            if state in TIER_STATES:
+                self.tier_swatches.append(pair_widget)
+                pair_widget.hide()
             swatch = QLabel()
             swatch.setFixedSize(11, 11)
             swatch.setStyleSheet(f"background:{colour}; border:1px solid #555;")
@@ -106,11 +112,16 @@ class HeatmapView(QWidget):
         the cells are as of the token named, or of the change if it came after."""
         snap = self.model.latest
         m = self.model.model
+        tiered = bool(m and m.cache_enabled and self.model.ram_slots_per_layer)
+        for swatch in self.tier_swatches:
+            swatch.setVisible(tiered)
         if m is None or not m.cache_enabled:
             self.title.setText("Expert cache: layers × experts")
             return
         text = (f"Expert cache: {m.n_moe_layers} layers × {m.n_expert} experts · "
                 f"{self.model.slots_per_layer} slots/layer")
+        if tiered:
+            text += f" · {self.model.ram_slots_per_layer} in RAM/layer, the rest on disk"
         if snap is not None:
             text += f" · token {snap.step}"
         self.title.setText(text)

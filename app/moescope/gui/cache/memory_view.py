@@ -7,15 +7,18 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
+from moescope.display.cache_model import CacheModel, tier_text
 from moescope.display.memory_model import MemoryModel, expert_memory
 from moescope.engine.backend import backend_text, engine_build
 from moescope.gui import theme
 
 
 class MemoryView(QWidget):
-    def __init__(self, model: MemoryModel, parent: QWidget | None = None) -> None:
+    def __init__(self, model: MemoryModel, cache: CacheModel | None = None,
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.model = model
+        self.cache = cache
         self.setAccessibleName("Memory use")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -27,6 +30,17 @@ class MemoryView(QWidget):
         self.experts_label.setAccessibleName("Where the experts live in host memory")
         self.experts_label.hide()
         layout.addWidget(self.experts_label)
+        self.tiers_label = QLabel("")
+        self.tiers_label.setObjectName("statsLabel")
+        self.tiers_label.setAccessibleName("Expert tiers: VRAM slots, RAM, disk")
+        self.tiers_label.setToolTip(
+            "Where the experts are. VRAM slots: hit = routed experts already in a slot. RAM: "
+            "experts in host memory; with a RAM budget below the experts, the RAM tier holds "
+            "some and serves that share of the slot fills (fetches and admissions). Disk: "
+            "the rest stay in the model file and are read on demand (MB per token). Over "
+            "the last tokens of the stats line.")
+        self.tiers_label.hide()
+        layout.addWidget(self.tiers_label)
         self.backend_label = QLabel(backend_text(engine_build()))  # engine backend, and why
         self.backend_label.setObjectName("statsLabel")
         self.backend_label.setWordWrap(True)
@@ -60,13 +74,26 @@ class MemoryView(QWidget):
         """A model was loaded (or closed): say where its experts live; hidden if unknown."""
         self.backend_label.setText(backend_text(engine_build(), slot_buffer))
         self._slots_on_device = bool(slot_buffer) and not slot_buffer.upper().startswith("CPU")
+        self.model.slots_on_device = self._slots_on_device
         self.model.expert_buffer = buffer
         text, tip = expert_memory(buffer)
         self.experts_label.setText(f"Experts in host memory: {text}" if text else "")
         self.experts_label.setToolTip(tip)
         self.experts_label.setVisible(bool(text))
 
+    def refresh_tiers(self) -> None:
+        """The three tiers' bytes and hit rates (hidden without an expert cache)."""
+        c = self.cache
+        m = c.model if c is not None else None
+        if c is None or m is None or not m.cache_enabled:
+            self.tiers_label.hide()
+            return
+        self.tiers_label.setText(tier_text(m, c.slots_per_layer, c.ram_slots_per_layer,
+                                           c.tiers()))
+        self.tiers_label.show()
+
     def refresh(self) -> None:
+        self.refresh_tiers()
         s = self.model.samples
         if s.count == 0:
             return

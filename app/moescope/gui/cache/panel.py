@@ -63,7 +63,7 @@ class CachePanel(QWidget):
         self.heatmap = HeatmapView(self.model)
         self.time_plots = TimePlotsView(self.model)
         self.layer_bars = LayerBarsView(self.model)
-        self.memory_view = MemoryView(self.memory)
+        self.memory_view = MemoryView(self.memory, self.model)
         self.tabs = QTabWidget()
         self.tabs.setAccessibleName("Cache plots")
         self.tabs.addTab(self.time_plots, "Per token")
@@ -174,6 +174,8 @@ class CachePanel(QWidget):
         now = [f"now: {self.model.policy}",
                f"{self.model.slots_per_layer}/{m.n_expert} slots per layer "
                f"({self.model.slots_per_layer / m.n_expert:.0%} resident)"]
+        if self.model.ram_slots_per_layer:
+            now.append(f"RAM tier {self.model.ram_slots_per_layer}/{m.n_expert}")
         if latest is not None:
             now.append(f"token {latest.step}")
         if not t.count:
@@ -184,6 +186,8 @@ class CachePanel(QWidget):
         hit = self.model.recent_mean("hit_rate")
         recent.append(f"hit {hit:.0%}" if hit == hit else "hit –")
         recent.append(f"mass/token {self.model.recent_mean('mass'):.3f}")
+        if self.model.ram_slots_per_layer or self.model.recent_sum("disk_mb") > 0:
+            recent.append(f"disk {self.model.tiers().disk_mb_per_token:.2f} MB/token")
         audit = self.model.audit_estimate()
         if audit is not None:
             recent.append(audit_text(audit, self.model.audits[-1].kl))

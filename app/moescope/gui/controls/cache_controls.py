@@ -1,4 +1,4 @@
-"""The user's dials: cache policy (presets or Custom) and the VRAM budget.
+"""The user's dials: cache policy (presets or Custom), the VRAM budget and the RAM budget.
 
 Both only *request* a change (signals); the window forwards it to the engine, which applies
 it between tokens. The budget slider moves in whole slots per layer, the unit the cache
@@ -48,6 +48,9 @@ TOGGLE_FALLBACK = "quality-first"
 """Where the shortcut returns from Speed-first when it did not come from another policy."""
 
 
+RAM_TIP = ("Experts per layer kept in host memory (the RAM tier); the rest stay in the model "
+           "file and are read from disk when needed (about ten times slower than from RAM). "
+           "All the way right: every expert in RAM. Applied live, like the VRAM budget.")
 CUSTOM_ONLY_TIP = ("Fixed by the chosen preset: choose Custom in Policy to set it "
                    "yourself.")
 NO_CACHE_TIP = "Open a model with an expert cache to change the policy."
@@ -58,6 +61,7 @@ class ControlsPanel(QGroupBox):
 
     policyRequested = Signal(object)  # Policy
     budgetRequested = Signal(int)  # slots per layer
+    ramBudgetRequested = Signal(int)  # RAM-tier experts per layer (n_expert: all)
     auditRequested = Signal(int)  # audit every N tokens, 0 off
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -66,6 +70,9 @@ class ControlsPanel(QGroupBox):
         self._quiet = True
         self._last_other = TOGGLE_FALLBACK
         """The latest policy other than Speed-first: where the shortcut returns to."""
+        self._ram_requested = 0
+        """The RAM budget last requested: a report applied before it does not move the
+        slider back."""
         self.budget_note = ""
         """Why the typed budget became another slot count (shown under the slider)."""
         self._custom_saved = custom_policy()
@@ -75,6 +82,7 @@ class ControlsPanel(QGroupBox):
         self._tips: dict[QWidget, str] = {}
         """The Custom controls' own tooltips, before the reason they are greyed is added."""
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        form.setVerticalSpacing(3)  # a row more than before (RAM budget); still fits 1024x700
         self.policy_combo = QComboBox()
         self.policy_combo.setAccessibleName("Cache policy")
         for key, label in POLICY_CHOICES:
@@ -135,6 +143,17 @@ class ControlsPanel(QGroupBox):
         self.budget_entry.submitted.connect(self.apply_typed_budget)
         form.addRow("&VRAM budget", self._row(self.budget, self.budget_entry))
         form.addRow("", self.budget_label)
+        self.ram_budget = self._slider(1, 1, 1, "RAM budget for experts")
+        self.ram_budget.setToolTip(RAM_TIP)
+        self.ram_budget_entry = BudgetEntry()
+        self.ram_budget_entry.setAccessibleName("RAM budget, typed")
+        self.ram_budget_entry.setToolTip(
+            "Type a RAM budget for experts and press Enter: a size (24GiB), a share of the "
+            "experts (50%), or experts per layer (32).")
+        self.ram_budget_entry.submitted.connect(self.apply_typed_ram_budget)
+        form.addRow("RAM b&udget", self._row(self.ram_budget, self.ram_budget_entry))
+        # what it buys has no row of its own (the window must fit 1024x700): the slider's
+        # tooltip and spoken description say it, and the memory view lists the tiers
         self.audit = QComboBox()
         self.audit.setAccessibleName("Audit tokens")
         for every in (0, 8, 16, 32, 64):
@@ -146,11 +165,12 @@ class ControlsPanel(QGroupBox):
             "one more token of time. The cache panel shows the estimate.")
         self.audit.currentIndexChanged.connect(
             lambda _i: self.auditRequested.emit(int(self.audit.currentData())))
-        form.addRow("A&udit", self._row(self.audit, self.guard_target))  # one row: height
+        form.addRow("&Quality audit", self._row(self.audit, self.guard_target))  # one row: height
         audit_label = form.labelForField(self.audit.parentWidget())
         if isinstance(audit_label, QLabel):
             audit_label.setBuddy(self.audit)
-        for control in (self.theta, self.beta, self.bonus, self.prefetch_mode, self.budget):
+        for control in (self.theta, self.beta, self.bonus, self.prefetch_mode, self.budget,
+                        self.ram_budget):
             # the row's name labels the control itself, not the row holding it and its value:
             # Alt+V reaches the slider, and a screen reader reads the name with it
             label = form.labelForField(control.parentWidget())
@@ -166,6 +186,9 @@ class ControlsPanel(QGroupBox):
         self.prefetch_count.valueChanged.connect(self._custom_changed)
         self.budget.valueChanged.connect(self._budget_moved)
         self.budget.sliderReleased.connect(self._budget_released)
+        self.ram_budget.valueChanged.connect(self._ram_budget_moved)
+        self.ram_budget.sliderReleased.connect(
+            lambda: self.ramBudgetRequested.emit(self.ram_budget.value()))
         self._shown = str(self.policy_combo.currentData())
         self._show_values(self._preset(self._shown))
         self._quiet = False
@@ -202,9 +225,14 @@ class ControlsPanel(QGroupBox):
         if model and enabled:
             self.budget.setRange(model.top_k, model.n_expert)
             self.budget.setValue(model.slots_per_layer)
+            self.ram_budget.setRange(model.top_k, model.n_expert)
+            self.ram_budget.setValue(model.ram_slots_per_layer or model.n_expert)
+            self._ram_requested = self.ram_budget.value()
             self.prefetch_count.setRange(1, max(1, min(PREFETCH_MAX, model.n_expert)))
         self.budget.setEnabled(enabled)
         self.budget_entry.setEnabled(enabled)
+        self.ram_budget.setEnabled(enabled)
+        self.ram_budget_entry.setEnabled(enabled)
         self.policy_combo.setEnabled(enabled)
         self._quiet = False
         if model is not None:
@@ -220,6 +248,10 @@ class ControlsPanel(QGroupBox):
         self._quiet = True
         if budget and model.cache_enabled and not self.budget.isSliderDown():
             self.budget.setValue(model.slots_per_layer)
+        if model.cache_enabled and not self.ram_budget.isSliderDown() \
+                and self.ram_budget.value() == self._ram_requested:
+            self.ram_budget.setValue(model.ram_slots_per_layer or model.n_expert)
+            self._ram_requested = self.ram_budget.value()
         self._quiet = False
         if policy:
             self.show_policy(model.policy)
@@ -331,6 +363,46 @@ class ControlsPanel(QGroupBox):
         self.budget_note = ""
         self.budgetRequested.emit(self.budget.value())
 
+    def _ram_budget_moved(self, _value: int) -> None:
+        self._update_ram_label()
+        if not self._quiet and not self.ram_budget.isSliderDown():
+            self._ram_requested = self.ram_budget.value()
+            self.ramBudgetRequested.emit(self.ram_budget.value())
+
+    def apply_typed_ram_budget(self) -> bool:
+        """The typed RAM budget moves the RAM slider, which requests it."""
+        m = self.model
+        if m is None or not m.cache_enabled:
+            return False
+        slots = self.ram_budget_entry.take_slots(m.n_expert, m.top_k, m.slot_row_bytes)
+        if slots is None:
+            return False
+        if slots == self.ram_budget.value():
+            self._ram_requested = slots
+            self.ramBudgetRequested.emit(slots)
+        else:
+            self.ram_budget.setValue(slots)
+        return True
+
+    def _update_ram_label(self) -> None:
+        m = self.model
+        if m is None or not m.cache_enabled:
+            self.ram_budget.setAccessibleDescription("")
+            self.ram_budget.setToolTip(RAM_TIP)
+            return
+        n = self.ram_budget.value()
+        if n >= m.n_expert:
+            text = f"every expert in RAM ({format_bytes(m.n_expert * m.slot_row_bytes)})"
+        else:
+            text = (f"{format_bytes(n * m.slot_row_bytes)} · {n}/{m.n_expert} experts per "
+                    f"layer in RAM · {format_bytes((m.n_expert - n) * m.slot_row_bytes)} "
+                    "read from disk")
+        applied = m.ram_slots_per_layer or m.n_expert
+        if n != applied:
+            text += f" (applied: {'all' if applied >= m.n_expert else applied})"
+        self.ram_budget.setAccessibleDescription(text)
+        self.ram_budget.setToolTip(f"{RAM_TIP}\n\nNow: {text}.")
+
     def apply_typed_budget(self) -> bool:
         """The typed budget (a size, a share of the experts, or a slot count) moves the
         slider, which requests it. A slider alone cannot hit "exactly 12 GiB" on a model
@@ -400,6 +472,7 @@ class ControlsPanel(QGroupBox):
             slider.setAccessibleDescription(label.text())
 
     def _update_budget_label(self) -> None:
+        self._update_ram_label()
         m = self.model
         if m is None:
             self._set_budget_text("no model loaded")

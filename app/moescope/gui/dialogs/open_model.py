@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from moescope.display.fit import FitEstimate, estimate_fit
+from moescope.display.fit import FitEstimate, estimate_fit, ram_start_experts
 from moescope.display.policy_choices import CUSTOM, POLICY_CHOICES, POLICY_TIPS
 from moescope.gui.controls.budget_entry import BudgetEntry
 from moescope.gui.worker import LoadRequest
@@ -70,6 +70,20 @@ class OpenModelDialog(QDialog):
         budget_label = QLabel("VRAM &budget")
         budget_label.setBuddy(self.budget)  # a row of two has no buddy of its own: Alt+B
         settings.addRow(budget_label, row)
+        self.ram_budget = QSlider(Qt.Orientation.Horizontal)
+        self.ram_budget.setAccessibleName("Experts per layer kept in RAM")
+        self.ram_budget.setToolTip(
+            "The RAM tier: experts per layer kept in host memory. Below all of them, the rest "
+            "stay in the model file and are read from disk when needed: a model larger than "
+            "RAM loads in seconds, and misses on disk cost about ten times a copy from RAM. "
+            "All the way right: every expert in RAM.")
+        self.ram_budget.setEnabled(info.is_moe)
+        if info.is_moe:
+            self.ram_budget.setRange(info.top_k, info.n_expert)
+            self.ram_budget.setValue(ram_start_experts(info, n_ctx))
+        ram_label = QLabel("RAM b&udget")
+        ram_label.setBuddy(self.ram_budget)
+        settings.addRow(ram_label, self.ram_budget)
         self.policy = QComboBox()
         self.policy.setAccessibleName("Cache policy")
         for key, label in POLICY_CHOICES:
@@ -99,6 +113,7 @@ class OpenModelDialog(QDialog):
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
         self.budget.valueChanged.connect(self._update)
+        self.ram_budget.valueChanged.connect(self._update)
         self.n_ctx.valueChanged.connect(self._update)
         self.estimate: FitEstimate | None = None
         self._update()
@@ -123,8 +138,15 @@ class OpenModelDialog(QDialog):
             return "25%"
         return f"{self.budget.value() * self._row_bytes()}B"  # a bare number is slots
 
+    def ram_budget_text(self) -> str | None:
+        """The RAM tier's budget in bytes; None: every expert in RAM (no tier)."""
+        if not self.info.is_moe or self.ram_budget.value() >= self.info.n_expert:
+            return None
+        return f"{self.ram_budget.value() * self._row_bytes()}B"
+
     def _update(self) -> None:
-        self.estimate = estimate_fit(self.info, self.budget_text(), self.n_ctx.value())
+        self.estimate = estimate_fit(self.info, self.budget_text(), self.n_ctx.value(),
+                                     ram_budget=self.ram_budget_text())
         while self.estimate_form.rowCount():
             self.estimate_form.removeRow(0)
         for label, value in [*self.estimate.lines(), *model_facts(self.info)]:
@@ -135,4 +157,5 @@ class OpenModelDialog(QDialog):
 
     def request(self) -> LoadRequest:
         return LoadRequest(path=str(self.info.path), budget=self.budget_text(),
-                           policy=self.policy.currentData(), n_ctx=self.n_ctx.value())
+                           policy=self.policy.currentData(), n_ctx=self.n_ctx.value(),
+                           ram_budget=self.ram_budget_text())

@@ -1,0 +1,45 @@
+"""``moescope calibrate [FILE] [--reads N] [--block-mib M]``: measure this machine's disk
+reads (O_DIRECT, random expert-sized blocks of FILE, default the demo model) and memory
+copies, and save them for ``moescope replay --cost-model calibrated``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from moescope.util.errors import MoEScopeError
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add the ``calibrate`` subcommand."""
+    p = subparsers.add_parser(
+        "calibrate", help="measure disk reads and memory copies for the replay's cost model",
+        description="Read random expert-sized blocks of a file with O_DIRECT (the page "
+                    "cache bypassed) and time memory copies; saved in the data folder for "
+                    "replay --cost-model calibrated.")
+    p.add_argument("file", type=Path, nargs="?", metavar="FILE",
+                   help="a file on the disk the models are read from (default: the demo "
+                        "model; a large GGUF gives truer random reads)")
+    p.add_argument("--reads", type=int, default=64, metavar="N",
+                   help="reads of each size (default 64, at most 10000)")
+    p.add_argument("--block-mib", type=float, default=2.0, metavar="M",
+                   help="the block read and copied, in MiB (default 2: a large expert)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from moescope.sim.calibration import calibrate_machine, save_calibration
+    from moescope.util.resources import demo_model_path
+
+    if not (0.004 <= args.block_mib <= 256):
+        raise MoEScopeError(f"--block-mib must be 0.004..256, not {args.block_mib}")
+    block = max(4096, round(args.block_mib * 2**20) // 4096 * 4096)
+    path = args.file or demo_model_path()
+    if path is None:
+        raise MoEScopeError("name a file: no demo model in resources/models/")
+    cal = calibrate_machine(Path(path), block=block, reads=args.reads)
+    dest = save_calibration(cal)
+    print(cal.describe())
+    print(f"saved to {dest}; replay --cost-model calibrated prices reads from disk with it")
+    return 0
