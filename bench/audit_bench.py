@@ -15,7 +15,7 @@ pass), so both numbers come from one decode of the text:
 Then Pearson r across the policy x text (x budget) points, and the decode overhead of audits
 at N = 16 and 32 against off (generation, median of reps, interleaved).
 
-    .venv/bin/python bench/audit_bench.py --windows 2 --budgets 25%,50% --every 4
+    .venv/bin/python bench/audit_bench.py --windows 16 --budgets 25%,50% --every 4 --sampled
 """
 
 from __future__ import annotations
@@ -47,13 +47,15 @@ def windows(tokens: list[int], count: int, length: int) -> list[list[int]]:
 
 
 def forced_run(engine: Any, tokens: list[int], policy: Any, budget: str,
-               every: int, totals: Any = None) -> tuple[np.ndarray, list[Any], float]:
+               every: int, totals: Any = None, steps: list[int] | None = None
+               ) -> tuple[np.ndarray, list[Any], float]:
     """Teacher-force ``tokens`` under ``policy`` from an empty cache (as ``run_one``):
     per-token NLL of ``tokens[1:]``, the audits of every ``every``-th step, seconds.
 
     ``policy`` may be the quality guard (a ``GuardSpec``): then audits run at its own
     period and its controller moves the policy between tokens, as the engine does while
-    generating. ``totals`` (a ``CacheTotals``), when given, adds up the run's rows."""
+    generating. ``totals`` (a ``CacheTotals``), when given, adds up the run's rows;
+    ``steps``, when given, gets the index into the NLL array of each audit."""
     from llama_cpp import llama_cpp as low
 
     from moescope.cache.audit import compare
@@ -92,11 +94,73 @@ def forced_run(engine: Any, tokens: list[int], policy: Any, budget: str,
         if exact is not None:
             mass = float(rows["substituted_mass"].astype(np.float64).sum())
             audits.append(compare(exact, logits, int(tokens[i + 1]), mass))
+            if steps is not None:
+                steps.append(i)
             new = guard.observe(audits[-1].kl) if guard is not None else None
             if new is not None:
                 engine.set_policy(new)  # from the next token, as the engine does
     engine.set_audit(0)
     return nll, audits, time.perf_counter() - t0
+
+
+def sampled(engine: Any, prompts: list[list[int]], length: int, seed: int
+            ) -> list[list[int]]:
+    """Text from the exact model itself: each prompt continued to ``length`` tokens by
+    sampling Exact's next-token distribution at temperature 1 (numpy, fixed seed). On such
+    text KL(exact || policy) is by definition the expected teacher-forced NLL change of a
+    step, so it separates what the audit measures from how a held-out text departs from
+    the model."""
+    from llama_cpp import llama_cpp as low
+
+    from moescope.cache.audit import _log_softmax
+    from moescope.cache.policy import Policy
+
+    rng = np.random.default_rng(seed)
+    engine.set_policy(Policy.preset("exact"))
+    engine.set_audit(0)
+    llm = engine._llm
+    n_vocab = llm.n_vocab()
+    out = []
+    for prompt in prompts:
+        engine.cache.clear()
+        llm.reset()
+        llm._ctx.kv_cache_clear()
+        toks = list(prompt)
+        llm.eval([int(t) for t in toks])
+        while len(toks) < length:
+            logits = np.ctypeslib.as_array(low.llama_get_logits_ith(engine._ctx, -1),
+                                           shape=(n_vocab,))
+            p = np.exp(_log_softmax(logits))
+            toks.append(int(rng.choice(n_vocab, p=p / p.sum())))
+            llm.eval([toks[-1]])
+        engine.drain_events()
+        out.append(toks)
+    return out
+
+
+def _mean_ci(values: np.ndarray) -> str:
+    """``+1.23% [0.45, 2.01]``: exp(mean) - 1 with the 95% t interval of the mean."""
+    from moescope.cache.audit import t_quantile
+
+    mean = float(values.mean())
+    half = t_quantile(0.975, values.size - 1) * float(values.std(ddof=1)) / math.sqrt(
+        values.size) if values.size >= 2 else 0.0
+    return (f"{100 * math.expm1(mean):+.2f}% [{100 * math.expm1(mean - half):+.2f}, "
+            f"{100 * math.expm1(mean + half):+.2f}]")
+
+
+def decompose(name: str, label: str, budget: str, audits: list[Any], steps: list[int],
+              nll: np.ndarray, base: np.ndarray) -> str:
+    """Where the audit and eval part, on the audited steps: eval's per-token change
+    ``(nll - base)[s]`` = step (``logp_exact - logp_policy`` of the text's token, both
+    given the policy's KV) + drift (Exact's log-probability on its own KV minus on the
+    policy's). The step term's expectation under the exact output is the KL; on real text
+    it differs by how the text departs from the model's own distribution."""
+    kl = np.array([a.kl for a in audits])
+    step = np.array([a.logp_exact - a.logp_policy for a in audits])
+    ev = (nll - base)[np.array(steps, dtype=np.int64)]
+    return (f"| {name} | {label} | {budget} | {_mean_ci(kl)} | {_mean_ci(step)} | "
+            f"{_mean_ci(ev)} | {_mean_ci(ev - step)} |")
 
 
 def overhead(engine: Any, tokens: list[int], budget: str, policy: str,
@@ -122,6 +186,9 @@ def main() -> int:
     parser.add_argument("--windows", type=int, default=2)
     parser.add_argument("--budgets", default="25%")
     parser.add_argument("--policies", default=POLICIES)
+    parser.add_argument("--sampled", action="store_true",
+                        help="also score text sampled from the exact model (prompted with "
+                        "each verse window's first 32 tokens)")
     parser.add_argument("--every", type=int, default=4, help="audit period for the estimate")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reps", type=int, default=3, help="overhead: reps per variant")
@@ -152,40 +219,68 @@ def main() -> int:
     print(f"{model.name}: {args.windows} windows x {length - 1} tokens per text, audits "
           f"every {args.every}, threads {args.threads}", file=sys.stderr)
     print("| text | policy | budget | eval Δppl [95% CI] | audit estimate [95% CI] | "
-          "audits | greedy differs | mass/tok | fetched MB/tok (waited) |")
-    print("|---|---|---|---|---|---:|---:|---:|---:|")
+          "agree | audits | greedy differs | mass/tok | fetched MB/tok (waited) |")
+    print("|---|---|---|---|---|---|---:|---:|---:|---:|")
     points: list[tuple[float, float]] = []
-    for name, text in ({} if args.only_overhead else texts).items():
-        chunks = windows(engine.tokenize(text[text.find("\n") + 1:]), args.windows, length)
+    decomposed: list[str] = []
+    agree = [0, 0]
+    corpora = {name: windows(engine.tokenize(text[text.find("\n") + 1:]), args.windows,
+                             length) for name, text in texts.items()}
+    if args.sampled:
+        corpora["sampled"] = sampled(engine, [c[:32] for c in corpora["verse"]], length, 0)
+    for name, chunks in ({} if args.only_overhead else corpora).items():
         for budget in budgets:
             base = np.concatenate([forced_run(engine, c, Policy.preset("exact"), budget, 0)[0]
                                    for c in chunks])
             for policy in policies:
-                nll_parts, audits = [], []
+                nll_parts, audits, steps = [], [], []
                 totals = CacheTotals()
+                offset = 0
                 for chunk in chunks:
-                    nll, aud, _ = forced_run(engine, chunk, policy, budget, args.every, totals)
+                    at: list[int] = []
+                    nll, aud, _ = forced_run(engine, chunk, policy, budget, args.every, totals,
+                                             at)
                     nll_parts.append(nll)
                     audits += aud
+                    steps += [offset + i for i in at]
+                    offset += len(nll)
                 nll = np.concatenate(nll_parts)
                 change, lo, hi = change_interval(nll, base, block=64)
                 est = AuditEstimate.from_records(audits)
                 assert est is not None
                 points.append((change, 100 * est.cost))
+                a_lo, a_mid, a_hi = 100 * est.low, 100 * est.cost, 100 * est.high
+                both = lo <= a_mid <= hi and a_lo <= change <= a_hi
+                overlap = max(lo, a_lo) <= min(hi, a_hi)
+                agree[0] += both
+                agree[1] += overlap
                 label = (f"guard {100 * policy.target:g}% ({policy.base})"
                          if isinstance(policy, GuardSpec) else policy.name)
                 n = max(1, totals.tokens)
                 print(f"| {name} | {label} | {budget} | {change:+.2f}% [{lo:+.2f}, "
                       f"{hi:+.2f}] | +{100 * est.cost:.2f}% [{100 * est.low:.2f}, "
-                      f"{100 * est.high:.2f}] | {est.n} | {est.greedy_differs} | "
-                      f"{est.mean_mass:.3f} | "
+                      f"{100 * est.high:.2f}] | "
+                      f"{'both' if both else 'overlap' if overlap else 'no'}"
+                      f" | {est.n} | {est.greedy_differs} | {est.mean_mass:.3f} | "
                       f"{(totals.bytes_sync + totals.bytes_async) / n / 1e6:.3f} "
                       f"({totals.bytes_sync / n / 1e6:.3f}) |", flush=True)
+                decomposed.append(decompose(name, label, budget, audits, steps, nll, base))
     if points:
         xs, ys = zip(*points, strict=True)
         r = pearson(xs, ys)
         print(f"\nPearson r (eval Δppl vs audit estimate) over {len(points)} points: "
               f"{r:.3f}" if not math.isnan(r) else "\nPearson r: undefined")
+        print(f"Each estimate inside the other's interval at {agree[0]} of {len(points)} "
+              f"points; intervals overlap at {agree[1]}.")
+        print("\nOn the audited steps only (each as exp(mean) - 1, %, 95% t interval): the "
+              "audit's KL; the step's own NLL change on the text's token, given the "
+              "policy's past (log p_exact - log p_policy of the true next token, same two "
+              "passes); eval's NLL change on the same steps; drift = eval - step (Exact's "
+              "own output on its own KV against on the policy's KV).\n")
+        print("| text | policy | budget | KL (audit) | step Δ on text | eval Δ, same steps "
+              "| drift |")
+        print("|---|---|---|---|---|---|---|")
+        print("\n".join(decomposed))
     if not args.skip_overhead:
         chunk = windows(engine.tokenize(texts["verse"]), 1, length)[0]
         speeds = overhead(engine, chunk, budgets[0], "quality-first", args.reps)
