@@ -57,7 +57,10 @@ def test_policy_specs_name_presets_or_override_their_parameters() -> None:
     assert (custom.miss_rule, custom.theta, custom.eviction, custom.admission) == (
         MissRule.THRESHOLD, 0.3, Eviction.FREQUENCY, True)
     assert custom.name == "threshold:theta=0.3:eviction=frequency:admission=on"
-    for bad in ("fastest", "threshold:theta", "threshold:theta=2", "exact:colour=red"):
+    disk = parse_policy("quality-first:theta_disk=0.15")  # the disk tier's own threshold
+    assert disk is not None and disk.theta_disk == 0.15 and disk.theta == 0.15
+    for bad in ("fastest", "threshold:theta", "threshold:theta=2", "exact:colour=red",
+                "quality-first:theta_disk=1.5"):
         with pytest.raises(MoEScopeError):
             parse_policy(bad)
     assert split_list(["a,b", "c"]) == ["a", "b", "c"]

@@ -54,7 +54,7 @@ def parse_policy(spec: str) -> Policy | None:
         try:
             if not sep:
                 raise ValueError("expected key=value")
-            if key in ("theta", "beta", "half_life", "bonus"):
+            if key in ("theta", "theta_disk", "beta", "half_life", "bonus"):
                 changes[key] = float(value)
             elif key == "prefetch":
                 changes[key] = {"off": 0, "topk": -1, "top_k": -1}.get(value.replace("-", "_"))
