@@ -16,9 +16,10 @@ def test_choosing_the_guard_and_its_target(window: Any, qtbot: Any) -> None:
     assert not c.guard_target.isEnabled()
     c.select_policy(GUARD)
     assert c.guard_target.isEnabled()
-    qtbot.waitUntil(lambda: engine.guard is not None and engine.policy_name == GUARD,
-                    timeout=10_000)
-    assert engine.guard.spec.target == 0.01 and engine.audit_every == 8
+    # the guard and its audit period arrive as queued requests: wait for both
+    qtbot.waitUntil(lambda: engine.guard is not None and engine.policy_name == GUARD
+                    and engine.audit_every == 8, timeout=10_000)
+    assert engine.guard.spec.target == 0.01
     assert c.audit.currentData() == 8  # the Audit control says so
     c.guard_target.setValue(0.5)
     qtbot.waitUntil(lambda: engine.guard is not None and engine.guard.spec.target == 0.005,
