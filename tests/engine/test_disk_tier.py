@@ -16,11 +16,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engine_helpers import ARCHES, PROMPT, forced_stream
+from engine_helpers import ARCHES, PROMPT, forced_stream, gpu_offload
 
 from moescope.engine import Engine
 from moescope.engine.engine import DiskReadError, Sampling
 from moescope.util.errors import BudgetError
+
+pytestmark = pytest.mark.skipif(
+    gpu_offload(), reason="the RAM tier runs on CPU builds only; GPU builds refuse a RAM "
+    "budget (test_a_ram_budget_is_refused_on_gpu_builds)")
 
 
 def _forced(e: Engine, n: int = 48, changes: dict[int, tuple[str, str]] | None = None
