@@ -14,7 +14,6 @@ binding would have two homes again.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
 import threading
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ import numpy.typing as npt
 
 from moescope.cache.policy import Eviction, MissRule, Policy, SubstituteWeight
 from moescope.util.errors import MoEScopeError
+from moescope.util.resources import engine_lib_dir
 
 MAX_K = 32
 """``MOECACHE_MAX_K``: the largest top-k an event row holds."""
@@ -250,18 +250,11 @@ def _repo_build_dir() -> Path:
 
 
 def _engine_library() -> Path | None:
-    """The libllama.so shipped in the installed llama_cpp, located without importing it."""
-    try:
-        spec = importlib.util.find_spec("llama_cpp")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / "lib" / "libllama.so"
-        if candidate.is_file():
-            return candidate
-    return None
+    """The libllama.so the engine loads (``$LLAMA_CPP_LIB_PATH`` honoured, as llama_cpp
+    does), located without importing llama_cpp."""
+    lib_dir = engine_lib_dir()
+    candidate = lib_dir / "libllama.so" if lib_dir is not None else None
+    return candidate if candidate is not None and candidate.is_file() else None
 
 
 def _exports_core(lib: ctypes.CDLL) -> bool:

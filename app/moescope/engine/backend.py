@@ -8,11 +8,11 @@ a user whose GPU went unused learns why instead of just seeing no speedup.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from moescope.util.resources import engine_lib_dir
 
 BUILD_INFO = "moescope_build.json"
 NAMES = {"cpu": "CPU", "cuda": "CUDA", "vulkan": "Vulkan"}
@@ -25,21 +25,6 @@ class EngineBuild:
 
     backend: str
     reason: str = ""
-
-
-def engine_lib_dir() -> Path | None:
-    """The folder llama_cpp loads libllama.so from: $LLAMA_CPP_LIB_PATH, else its package's
-    lib/ (found without importing llama_cpp, which would load the library)."""
-    override = os.environ.get("LLAMA_CPP_LIB_PATH")
-    if override:
-        return Path(override)
-    try:
-        spec = importlib.util.find_spec("llama_cpp")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))) / "lib"
 
 
 def engine_build(lib_dir: Path | None = None) -> EngineBuild:

@@ -8,6 +8,7 @@ bundled Python modules, in ``sys._MEIPASS`` (``dist/MoEScope/_internal/resources
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -48,3 +49,20 @@ def demo_model_path() -> Path | None:
         return preferred
     found = sorted(models.glob("*.gguf")) if models.is_dir() else []
     return found[0] if found else None
+
+
+def engine_lib_dir() -> Path | None:
+    """The folder llama_cpp loads libllama.so from: $LLAMA_CPP_LIB_PATH, else its package's
+    lib/ (found without importing llama_cpp, which would load the library). The engine's
+    backend record and the native core's library are both read from here, so they are the
+    library the engine really runs."""
+    override = os.environ.get("LLAMA_CPP_LIB_PATH")
+    if override:
+        return Path(override)
+    try:
+        spec = importlib.util.find_spec("llama_cpp")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "lib"
