@@ -100,7 +100,8 @@ class ControlsPanel(QGroupBox):
         self.guard_target.setSuffix("%")
         self.guard_target.setValue(100 * DEFAULT_TARGET)
         self.guard_target.setToolTip(
-            "Quality guard: keep the audited estimate of the perplexity cost under this. "
+            "Quality guard: keep the audited estimate of the perplexity cost, expected on "
+            "the model's own text, under this. "
             "Lower: closer to Exact, more waits; higher: faster.")
 
         self.theta = self._slider(0, 100, 15, "Fetch threshold θ")
@@ -178,7 +179,8 @@ class ControlsPanel(QGroupBox):
             "Measure what the policy costs: every Nth token is also computed exactly (every "
             "missing expert fetched into scratch slots outside the cache) and compared with "
             "the policy's output. Tokens and decisions are unchanged; each audit costs about "
-            "one more token of time. The cache panel shows the estimate.")
+            "one more token of time. The cache panel shows the estimate: the perplexity "
+            "cost expected on the model's own text (its answers).")
         self.audit.currentIndexChanged.connect(
             lambda _i: self.auditRequested.emit(int(self.audit.currentData())))
         form.addRow("&Quality audit", self._row(self.audit, self.guard_target))  # one row: height
