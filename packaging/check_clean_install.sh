@@ -32,6 +32,7 @@ case $suite in
     *) ubuntu=0; mirror=${mirror:-http://deb.debian.org/debian} ;;
 esac
 mkdir -p "$out"
+ca_env=
 log() { echo "== $*" | tee -a "$out/summary.txt"; }
 : > "$out/summary.txt"
 
@@ -86,6 +87,14 @@ in_root apt-get update -q > "$out/apt.log" 2>&1
 in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
     $pkgs >> "$out/apt.log" 2>&1 || { tail -20 "$out/apt.log"; exit 1; }
 in_root dpkg-query -W -f '${Package} ${Version}\n' > "$out/dpkg-list.txt"
+# A network that intercepts TLS (this host's) needs its CA in the root, as the user's own
+# machine on that network would have it; pip's certifi does not read the system store.
+if compgen -G "/usr/local/share/ca-certificates/*.crt" > /dev/null; then
+    cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+    in_root update-ca-certificates > /dev/null 2>&1
+    ca_env=PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+    log "test harness: the host's local CAs copied into the root, $ca_env"
+fi
 log "$(wc -l < "$out/dpkg-list.txt") packages installed in the root"
 
 in_root id "$user" >/dev/null 2>&1 || in_root useradd -m -s /bin/bash "$user"
@@ -96,7 +105,7 @@ chown -R "$(in_root id -u "$user"):$(in_root id -g "$user")" "$home"
 log "clone of $(git -C "$repo" rev-parse --short HEAD) ($(git -C "$repo" rev-parse --abbrev-ref HEAD))"
 as_user() {
     chroot --userspec="$user:$user" "$root" /usr/bin/env -i PATH=/usr/bin:/bin HOME="/home/$user" \
-        LANG=C.UTF-8 USER="$user" ${DISPLAY_IN_ROOT:+DISPLAY=$DISPLAY_IN_ROOT} "$@"
+        LANG=C.UTF-8 USER="$user" ${DISPLAY_IN_ROOT:+DISPLAY=$DISPLAY_IN_ROOT} ${ca_env:-} "$@"
 }
 
 start=$(date +%s)
