@@ -209,3 +209,44 @@ def test_cmake_build_builds_the_target_and_names_the_log_when_it_fails(tmp_path:
     (tree / "a.c").write_text("int llama_answer(void) { return }\n")
     with pytest.raises(be.BuildError, match=r"the build of llama failed \(log: .*build.log\)"):
         be.cmake_build(tree, tmp_path / "build", [], log, jobs=1, expect=("libllama.so",))
+
+
+@pytest.mark.parametrize("with_filter", [True, False], ids=["tar-filter", "python-3.11.2"])
+def test_sdist_unpacks_with_or_without_tarfile_filters(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_filter: bool) -> None:
+    """Debian 12's Python 3.11.2 has no extraction filters (`make run` failed there): the
+    sdist still unpacks, and a member leaving the folder is refused on both paths."""
+    import io
+    import tarfile
+
+    builder = _engine()
+    if not with_filter:
+        monkeypatch.delattr(tarfile, "tar_filter", raising=False)
+
+    def make_tar(name: str, members: list[tarfile.TarInfo], data: bytes = b"x") -> Path:
+        path = tmp_path / name
+        with tarfile.open(path, "w:gz") as tar:
+            for info in members:
+                tar.addfile(info, io.BytesIO(data) if info.isfile() else None)
+        return path
+
+    def file_info(name: str) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(name)
+        info.size = 1
+        return info
+
+    link = tarfile.TarInfo("pkg/link")
+    link.type, link.linkname = tarfile.SYMTYPE, "a.txt"
+    good = make_tar("good.tar.gz", [file_info("pkg/a.txt"), link])
+    with tarfile.open(good) as tar:
+        builder.extract_tar(tar, tmp_path / "good")
+    assert (tmp_path / "good" / "pkg" / "link").read_text() == "x"
+
+    escape = tarfile.TarInfo("pkg/out")
+    escape.type, escape.linkname = tarfile.SYMTYPE, "../../../etc/passwd"
+    refused = (tarfile.TarError, builder.BuildError)
+    # Python's "tar" filter lets a link point outside; the fallback refuses that too
+    for i, bad in enumerate([[file_info("../evil.txt")]] + ([] if with_filter else [[escape]])):
+        with tarfile.open(make_tar(f"bad{i}.tar.gz", bad)) as tar, pytest.raises(refused):
+            builder.extract_tar(tar, tmp_path / f"bad{i}")
+    assert not (tmp_path / "evil.txt").exists()
