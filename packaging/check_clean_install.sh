@@ -113,12 +113,13 @@ if ! as_user bash -c "cd ~/moescope && make setup" > "$out/make-setup.log" 2>&1;
     log "make setup FAILED after $(( $(date +%s) - start )) s:"; tail -25 "$out/make-setup.log" | tee -a "$out/summary.txt"
     exit 1
 fi
-log "make setup: OK in $(( $(date +%s) - start )) s ($(grep -o 'backend [a-z]*' "$out/make-setup.log" | tail -1))"
+log "make setup: OK in $(( $(date +%s) - start )) s ($(grep -o 'backend: [a-z]*' "$out/make-setup.log" | tail -1))"
 
 plugin=$(ls "$home"/moescope/.venv/lib/python3*/site-packages/PySide6/Qt/plugins/platforms/libqxcb.so)
-xcbqpa=$(dirname "$plugin")/../../lib/libQt6XcbQpa.so.6
-missing=$(in_root ldd "${plugin#"$root"}" "${xcbqpa#"$root"}" | awk '/not found/ {print $1}' | sort -u)
-log "ldd libqxcb.so + libQt6XcbQpa.so.6, not found: ${missing:-none}"
+qtlib=$(dirname "$plugin")/../../lib
+libs=("$plugin" "$qtlib"/libQt6{XcbQpa,Core,Gui,Widgets,DBus}.so.6)
+missing=$(in_root ldd "${libs[@]#"$root"}" | awk '/not found/ {print $1}' | sort -u | tr '\n' ' ')
+log "ldd libqxcb.so and libQt6{XcbQpa,Core,Gui,Widgets,DBus}.so.6, not found: ${missing:-none}"
 
 # The X server and window manager run on the host: their packages stay out of the root.
 d=70; while [ -e "/tmp/.X$d-lock" ] || [ -e "/tmp/.X11-unix/X$d" ]; do d=$((d + 1)); done
