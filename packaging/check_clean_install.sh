@@ -134,10 +134,11 @@ export QT_QPA_PLATFORM=xcb
 as_user env QT_QPA_PLATFORM=xcb QT_DEBUG_PLUGINS=1 bash -c "cd ~/moescope && exec make run" \
     > "$out/make-run.log" 2>&1 & run_pid=$!; pids+=("$run_pid")
 app_pid=
+rootabs=$(readlink -f "$root")
 for _ in $(seq 60); do
     sleep 1
     for p in $(pgrep -f 'bin/moescope' || true); do
-        [ "$(readlink "/proc/$p/root")" = "$(readlink -f "$root")" ] && app_pid=$p
+        [ "$(readlink "/proc/$p/root")" = "$rootabs" ] && app_pid=$p
     done
     [ -n "$app_pid" ] && break
     kill -0 "$run_pid" 2>/dev/null || break
@@ -154,6 +155,7 @@ log "make run: window up (pid $app_pid), screen grabbed: $(test -s "$out/make-ru
 awk '$6 ~ /\.so/ {print $6}' "/proc/$app_pid/maps" | sort -u > "$out/mapped-libs.txt"
 : > "$out/mapped-packages.txt"
 while read -r lib; do
+    lib=${lib#"$rootabs"}  # the host sees the root's files under their full path
     case $lib in /home/*) continue ;; esac
     in_root dpkg -S "$lib" 2>/dev/null || in_root dpkg -S "${lib/#\/usr\/lib\//\/lib\/}" 2>/dev/null \
         || echo "?: $lib"
