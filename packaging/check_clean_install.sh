@@ -162,7 +162,7 @@ while read -r lib; do
 done < "$out/mapped-libs.txt" | sed 's/:[^ ]*: .*//; s/: .*//' | sort -u > "$out/mapped-packages.txt"
 unmapped=
 for p in $pkgs; do grep -qx "$p" "$out/mapped-packages.txt" || unmapped="$unmapped $p"; done
-log "README packages the window never maps (build tools expected):${unmapped:- none}"
+log "README packages the window never maps (python3 and the build tools are expected here):${unmapped:- none}"
 kill "$app_pid" 2>/dev/null || true; wait "$run_pid" 2>/dev/null || true
 
 if as_user env QT_QPA_PLATFORM=xcb bash -c "cd ~/moescope && .venv/bin/moescope --self-test" \
