@@ -202,12 +202,38 @@ def sync_tree(src: Path, dst: Path) -> int:
     return changed
 
 
+def extract_tar(tar: tarfile.TarFile, dest: Path) -> None:
+    """Unpack with Python's "tar" filter, or, where Python predates it (3.10.12 / 3.11.4:
+    Debian 12 ships 3.11.2), refuse first any member that would land outside ``dest``."""
+    if hasattr(tarfile, "tar_filter"):
+        tar.extractall(dest, filter="tar")
+        return
+    root = dest.resolve()
+
+    def inside(path: Path) -> bool:
+        return path == root or root in path.parents
+
+    for member in tar.getmembers():
+        target = (root / member.name).resolve()
+        link = None
+        if member.issym():
+            link = (target.parent / member.linkname).resolve()
+        elif member.islnk():
+            link = (root / member.linkname).resolve()
+        if (not inside(target) or (link is not None and not inside(link))
+                or not (member.isfile() or member.isdir() or member.issym() or member.islnk())):
+            raise BuildError(f"{tar.name}: refusing to unpack {member.name!r} (leaves "
+                             f"the folder or is not a file, folder or link)")
+        member.mode &= 0o755
+    tar.extractall(dest)  # every member checked above
+
+
 def prepare_tree(sdist: Path, lock: dict[str, str], work: Path, key: str,
                  backend: str = "cpu", stock: bool = False) -> Path:
     """Unpack, patch, add the core, stamp the version; sync into the stable work tree."""
     with tempfile.TemporaryDirectory(prefix="moescope-engine-") as tmp:
         with tarfile.open(sdist) as tar:
-            tar.extractall(tmp, filter="tar")
+            extract_tar(tar, Path(tmp))
         tree = Path(tmp) / f"llama_cpp_python-{lock['version']}"
         shutil.rmtree(tree / "vendor" / "llama.cpp" / ".git", ignore_errors=True)
         apply_patches(tree, backend, stock)

@@ -232,3 +232,44 @@ def test_a_file_switched_back_to_older_bytes_looks_newer_than_its_object(tmp_pat
     assert (work / "rules.cpp").read_text() == "old"
     assert (work / "rules.cpp").stat().st_mtime_ns >= obj.stat().st_mtime_ns
     assert (work / "same.cpp").stat().st_mtime_ns == same_before  # its object stays valid
+
+
+@pytest.mark.parametrize("with_filter", [True, False], ids=["tar-filter", "python-3.11.2"])
+def test_sdist_unpacks_with_or_without_tarfile_filters(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_filter: bool) -> None:
+    """Debian 12's Python 3.11.2 has no extraction filters (`make run` failed there): the
+    sdist still unpacks, and a member leaving the folder is refused on both paths."""
+    import io
+    import tarfile
+
+    builder = _engine()
+    if not with_filter:
+        monkeypatch.delattr(tarfile, "tar_filter", raising=False)
+
+    def make_tar(name: str, members: list[tarfile.TarInfo], data: bytes = b"x") -> Path:
+        path = tmp_path / name
+        with tarfile.open(path, "w:gz") as tar:
+            for info in members:
+                tar.addfile(info, io.BytesIO(data) if info.isfile() else None)
+        return path
+
+    def file_info(name: str) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(name)
+        info.size = 1
+        return info
+
+    link = tarfile.TarInfo("pkg/link")
+    link.type, link.linkname = tarfile.SYMTYPE, "a.txt"
+    good = make_tar("good.tar.gz", [file_info("pkg/a.txt"), link])
+    with tarfile.open(good) as tar:
+        builder.extract_tar(tar, tmp_path / "good")
+    assert (tmp_path / "good" / "pkg" / "link").read_text() == "x"
+
+    escape = tarfile.TarInfo("pkg/out")
+    escape.type, escape.linkname = tarfile.SYMTYPE, "../../../etc/passwd"
+    refused = (tarfile.TarError, builder.BuildError)
+    # Python's "tar" filter lets a link point outside; the fallback refuses that too
+    for i, bad in enumerate([[file_info("../evil.txt")]] + ([] if with_filter else [[escape]])):
+        with tarfile.open(make_tar(f"bad{i}.tar.gz", bad)) as tar, pytest.raises(refused):
+            builder.extract_tar(tar, tmp_path / f"bad{i}")
+    assert not (tmp_path / "evil.txt").exists()
