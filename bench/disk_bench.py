@@ -155,7 +155,10 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["policy"] == "stock":
         e.load(spec["model"], cache=False, host_experts=False, **kw)
     else:
-        e.load(spec["model"], budget=spec["budget"], policy=spec["policy"].split("+")[0],
+        from moescope.sim.sweep import parse_policy
+
+        policy = parse_policy(spec["policy"].split("+")[0])  # a preset or preset:key=value
+        e.load(spec["model"], budget=spec["budget"], policy=policy,
                ram_budget=spec["ram_budget"], **kw)
     load_s = time.perf_counter() - t0
     if spec["warmup"] > 0:
@@ -270,7 +273,7 @@ def main() -> int:
     print(f"decode  {args.tokens} tokens greedy x {args.runs} runs per variant (median), "
           f"slots {args.budget}, RAM tier at the limit {args.ram_budget}, "
           f"{args.threads} threads")
-    variants = ["stock", *[s for s in args.policies.split(",") if s]]
+    variants = ["stock", *[s for s in args.policies.split(",") if s and s != "stock"]]
     results: dict[str, dict[str, Any]] = {}
     for limited in (True, False):
         limit = MemoryLimit(limit_bytes) if limited else None

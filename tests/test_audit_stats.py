@@ -40,18 +40,59 @@ def test_estimate_interval_holds_the_point() -> None:
     assert est is not None and est.n == 5 and est.greedy_differs == 1
     assert est.cost == pytest.approx(math.expm1(0.013))
     assert 0.0 <= est.low < est.cost < est.high
-    assert "quality cost +1.31%" in est.describe() and "5 audits" in est.describe()
+    assert "quality cost +1.31% expected on the model's own text" in est.describe()
+    assert "5 audits" in est.describe() and est.source == "model"
+    assert est.matched == est.kl  # tokens the model chose: the KL is the estimate
     one = AuditEstimate.from_records(recs[:1])
     assert one is not None and one.low == one.cost == one.high
     assert AuditEstimate.from_records([]) is None
+
+
+def test_given_tokens_are_measured_by_their_log_ratio() -> None:
+    """Teacher-forced tokens: the estimate is exp(mean(log p_exact - log p_policy)) - 1 of
+    the text's tokens, which may be negative (the policy gave them more probability), with
+    an unfloored interval; the KL estimate stays beside it."""
+    pairs = ((-1.0, -1.2), (-2.0, -1.9), (-0.5, -0.8), (-3.0, -2.7), (-1.5, -1.5))
+    recs = [AuditRecord(kl=0.02, logp_exact=e, logp_policy=p, greedy_differs=False,
+                        substituted_mass=0.3, given=True) for e, p in pairs]
+    est = AuditEstimate.from_records(recs)
+    assert est is not None and est.source == "given" and est.n_given == 5
+    ratios = np.array([e - p for e, p in pairs])
+    assert est.cost == pytest.approx(math.expm1(ratios.mean()))
+    assert est.matched == est.measured
+    half = t_quantile(0.975, 4) * ratios.std(ddof=1) / math.sqrt(5)
+    assert est.low == pytest.approx(math.expm1(ratios.mean() - half)) and est.low < 0
+    assert est.high == pytest.approx(math.expm1(ratios.mean() + half))
+    assert est.kl.cost == pytest.approx(math.expm1(0.02)) and est.kl.low == est.kl.high
+    text = est.describe()
+    assert "measured on the given text" in text and "expected" not in text
+    # the same steps, chosen by the model: the KL is the estimate
+    chosen = AuditEstimate.from_records(chosen_recs(recs))
+    assert chosen is not None and chosen.source == "model"
+    assert chosen.cost == pytest.approx(math.expm1(0.02))
+    assert chosen.measured == est.measured  # both numbers kept either way
+    mixed = AuditEstimate.from_records([recs[0], *chosen_recs(recs[1:])])
+    assert mixed is not None and mixed.source == "mixed" and mixed.n_given == 1
+    assert mixed.matched.mean == pytest.approx((ratios[0] + 4 * 0.02) / 5)
+
+
+def chosen_recs(recs: list[AuditRecord]) -> list[AuditRecord]:
+    return [AuditRecord(kl=r.kl, logp_exact=r.logp_exact, logp_policy=r.logp_policy,
+                        greedy_differs=r.greedy_differs, substituted_mass=r.substituted_mass)
+            for r in recs]
 
 
 def test_records_round_trip_and_refuse_bad_values() -> None:
     rec = AuditRecord(kl=0.01, logp_exact=-2.0, logp_policy=-2.5, greedy_differs=True,
                       substituted_mass=0.4)
     assert AuditRecord.from_json(rec.to_json()) == rec
+    assert "given" not in rec.to_json()  # generated text: records as before
+    forced = AuditRecord(kl=0.01, logp_exact=-2.0, logp_policy=-2.5, greedy_differs=True,
+                         substituted_mass=0.4, given=True)
+    assert AuditRecord.from_json(forced.to_json()) == forced
+    assert forced.matched == pytest.approx(0.5) and rec.matched == 0.01
     for key, bad in (("kl", -1.0), ("kl", float("nan")), ("logp_exact", 1.0),
-                     ("greedy_differs", 1), ("substituted_mass", "x")):
+                     ("greedy_differs", 1), ("substituted_mass", "x"), ("given", 1)):
         with pytest.raises(ValueError, match="audit"):
             AuditRecord.from_json({**rec.to_json(), key: bad})
 

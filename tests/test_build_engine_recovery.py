@@ -209,3 +209,26 @@ def test_cmake_build_builds_the_target_and_names_the_log_when_it_fails(tmp_path:
     (tree / "a.c").write_text("int llama_answer(void) { return }\n")
     with pytest.raises(be.BuildError, match=r"the build of llama failed \(log: .*build.log\)"):
         be.cmake_build(tree, tmp_path / "build", [], log, jobs=1, expect=("libllama.so",))
+
+
+def test_a_file_switched_back_to_older_bytes_looks_newer_than_its_object(tmp_path: Path) -> None:
+    """Checkouts share the patched tree: one writes new bytes (its object is built after),
+    another syncs the old bytes back with their old source mtime. The build decides by
+    mtime, so the synced file must be newer than that object or it is not recompiled."""
+    sync_tree = _engine().sync_tree
+    work, a, b = tmp_path / "work", tmp_path / "a", tmp_path / "b"
+    for tree, text in ((a, "old"), (b, "new")):
+        tree.mkdir()
+        (tree / "rules.cpp").write_text(text)
+        (tree / "same.cpp").write_text("same")
+        os.utime(tree / "rules.cpp", (1_000_000, 1_000_000))  # sources from long ago
+        os.utime(tree / "same.cpp", (1_000_000, 1_000_000))
+    assert sync_tree(b, work) == 2
+    obj = tmp_path / "rules.o"
+    obj.write_text("built from new")  # built now, after the sync
+    same_before = (work / "same.cpp").stat().st_mtime_ns
+    time.sleep(0.01)
+    assert sync_tree(a, work) == 1  # only the file whose bytes differ
+    assert (work / "rules.cpp").read_text() == "old"
+    assert (work / "rules.cpp").stat().st_mtime_ns >= obj.stat().st_mtime_ns
+    assert (work / "same.cpp").stat().st_mtime_ns == same_before  # its object stays valid

@@ -425,5 +425,6 @@ def test_policy_guard_in_chat(synth_model: Callable[..., Path],
                           "/policy guard:target=90%\n")
     assert code == 0
     assert "policy guard" in out and "quality cost +" in out
+    assert "expected on the model's own text" in out
     assert "policy guard 2% (bonus " in out
     assert "guard target must be between" in err

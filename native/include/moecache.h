@@ -38,7 +38,8 @@ extern "C" {
 #define MOECACHE_DEFAULT_BONUS      0.07f  /* ours: Cache-Prior routing bonus (gate weight) */
 #define MOECACHE_PREFETCH_TOP_K     (-1)   /* policy.prefetch: as many as the router selects */
 #define MOECACHE_THETA_DISK_AS_THETA (-1.0f) /* policy.theta_disk: the same threshold as theta */
-#define MOECACHE_DEFAULT_THETA_DISK 0.3f   /* ours: quality-first's threshold for disk-only misses */
+#define MOECACHE_SUGGESTED_THETA_DISK 0.3f /* a disk threshold that trades quality for reads
+                                             (no preset uses it: on code it cost +2-4%) */
 
 /* Return codes of the functions that return int32_t status. */
 enum moecache_status {

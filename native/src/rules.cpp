@@ -62,9 +62,9 @@ int32_t preset(const char * name, moecache_policy * out) {
     if (std::strcmp(name, "exact") == 0) {
         /* defaults */
     } else if (std::strcmp(name, "quality-first") == 0) {
-        /* a miss read from disk costs ~10x one from RAM: wait for fewer of them */
+        /* disk-only misses at theta too: a separate, higher threshold cost +2-4% perplexity
+         * on code (docs/benchmarks.md); Custom can set one */
         p.miss_rule = MOECACHE_THRESHOLD;
-        p.theta_disk = MOECACHE_DEFAULT_THETA_DISK;
         p.eviction = MOECACHE_EVICT_FREQUENCY;
         p.admission = 1;
     } else if (std::strcmp(name, "speed-first") == 0) {

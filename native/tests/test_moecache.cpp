@@ -270,11 +270,13 @@ void test_ram_tier_serves_and_evicts() {
     moecache_destroy(c);
 }
 
-/* Quality-first: a disk-only miss below theta_disk (0.3) is substituted where a miss in RAM
- * with the same weight (>= theta 0.15) is fetched. */
+/* The threshold rule with a disk threshold (0.3): a disk-only miss below it is substituted
+ * where a miss in RAM with the same weight (>= theta 0.15) is fetched. Quality-first itself
+ * keeps theta for both. */
 void test_theta_disk() {
+    CHECK(preset("quality-first").theta_disk == MOECACHE_THETA_DISK_AS_THETA);
     moecache_policy p = preset("quality-first");
-    CHECK(std::fabs(p.theta_disk - MOECACHE_DEFAULT_THETA_DISK) < 1e-7f);
+    p.theta_disk = MOECACHE_SUGGESTED_THETA_DISK;
     moecache * c = moecache_create(1, kExperts, kTopK, 2, &p);
     CHECK(moecache_set_ram_slots(c, 4) == MOECACHE_OK);
     route(c, 0, token(0, 0.5f, 1, 0.5f));

@@ -154,3 +154,33 @@ def test_audit_period_is_bounded(synth_model: Callable[..., Path],
     assert generate(e, 8).audits[8] is not None
     e.set_audit(0)
     assert all(a is None for a in generate(e, 0).audits)
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
+def test_teacher_forced_audits_measure_the_given_tokens(
+        arch: str, synth_model: Callable[..., Path], engine: Callable[..., Any]) -> None:
+    """``moescope eval``-style runs (``run_one``) audit too: the NLLs are bitwise those of
+    the run without audits, each record is of the text's next token (``given``; its
+    policy log-probability is the step's NLL), and the estimate is the measured one."""
+    from moescope.cache.policy import Policy
+    from moescope.engine.evaluate import RunSpec, run_one
+
+    e = engine(synth_model(arch), budget="25%", policy="quality-first")
+    tokens = [int(t) for t in np.random.default_rng(1).integers(3, 200, size=41)]
+    for policy in ("exact", "substitute-all"):
+        spec = RunSpec(Policy.preset(policy), "25%")
+        off = run_one(e, tokens, spec)
+        on = run_one(e, tokens, spec, audit_every=4)
+        assert e.audit_every == 0  # the engine's period is put back
+        assert np.array_equal(on.nll, off.nll) and off.audits == []
+        assert on.audit_steps == list(range(4, 40, 4))
+        assert all(a.given for a in on.audits)
+        for i, a in zip(on.audit_steps, on.audits, strict=True):
+            assert a.logp_policy == pytest.approx(-on.nll[i], abs=1e-9)
+        est = on.audit
+        assert est is not None and est.source == "given" and est.n == 9
+        assert est.matched == est.measured and "measured on the given text" in est.describe()
+        if policy == "exact":
+            assert est.cost == 0.0 and est.kl.cost == 0.0
+        else:
+            assert est.kl.cost > 0.0 and est.measured.cost != est.kl.cost

@@ -80,6 +80,7 @@ def test_generate_with_the_quality_guard(
     summary = capsys.readouterr().out.strip().splitlines()[-1]
     assert code == 0
     assert summary.startswith("[guard 0.05% (bonus ") and "quality cost +" in summary
+    assert "expected on the model's own text" in summary  # generated: the KL estimate
     t = read_trace(trace)
     assert t.header.policy.name == "guard"
     result = replay(t, None, None, keep_events=True)

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 from engine_helpers import ARCHES, PROMPT, exact_prompt, forced_stream, reference_kwargs
 
+from moescope.cache.policy import SUGGESTED_THETA_DISK, Policy
 from moescope.engine import Engine
 from moescope.engine.engine import DiskReadError, Sampling
 from moescope.util.errors import BudgetError
@@ -143,11 +144,12 @@ def test_read_ahead_serves_fetches_and_changes_nothing(
     assert np.array_equal(off[1], on[1])
 
 
-def test_quality_first_substitutes_disk_misses_it_would_fetch_from_ram(
+def test_a_disk_threshold_substitutes_disk_misses_it_would_fetch_from_ram(
         synth_model: Callable[..., Path], engine: Callable[..., Engine]) -> None:
     """theta_disk: a miss only on disk needs a larger gate weight to be waited for."""
     path = synth_model("qwen3moe", expert_type="q8_0")
-    e = engine(path, budget="25%", policy="quality-first", ram_budget="30%")
+    e = engine(path, budget="25%", ram_budget="30%",
+               policy=Policy.preset("quality-first").replace(theta_disk=SUGGESTED_THETA_DISK))
     _forced(e, n=48)
     rows = e.drain_events()
     k = rows["k"][0]

@@ -62,6 +62,35 @@ def test_eval_compares_every_policy_with_exact_and_writes_table_and_csv(
     assert "ETA" in captured.err and "100%" in captured.err
 
 
+def test_eval_with_audits_measures_the_cost_on_the_text(
+        synth_model: SynthModel, text_file: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--audit N``: each run also audits every Nth step; the text's tokens are given, so
+    the table shows the cost measured on them beside the KL estimate, and the perplexities
+    are those of the run without audits."""
+    common = ["eval", str(synth_model("qwen3moe")), "--text", str(text_file),
+              "--policies", "exact,substitute-all", "--budgets", "25%", "--tokens", "48",
+              "--window", "8", "--bootstrap", "50", "--threads", "1"]
+    plain_csv, audit_csv = tmp_path / "plain.csv", tmp_path / "audit.csv"
+    assert main([*common, "--csv", str(plain_csv)]) == 0
+    assert main([*common, "--audit", "4", "--csv", str(audit_csv)]) == 0
+    table = capsys.readouterr().out.split("Teacher-forced")[-1]
+    assert "audited, measured on the text [95% CI] | KL estimate |" in table
+    assert "Audits every 4 tokens" in table
+    plain = list(csv.DictReader(io.StringIO(plain_csv.read_text())))
+    audited = list(csv.DictReader(io.StringIO(audit_csv.read_text())))
+    assert "audits" not in plain[0]
+    assert [r["perplexity"] for r in audited] == [r["perplexity"] for r in plain]
+    exact, sub = audited
+    assert int(exact["audits"]) == int(sub["audits"]) == 11  # steps 4, 8, ..., 44 of 48
+    assert float(exact["audit_measured_pct"]) == 0.0 and float(exact["audit_kl_pct"]) == 0.0
+    assert float(sub["audit_kl_pct"]) > 0.0
+    assert float(sub["audit_measured_low_pct"]) <= float(sub["audit_measured_pct"]) \
+        <= float(sub["audit_measured_high_pct"])
+    assert main([*common, "--audit", "-1"]) == 2
+    assert "audit period" in capsys.readouterr().err
+
+
 def test_eval_with_a_ram_budget_below_the_experts_reads_from_disk_and_keeps_exact(
         synth_model: SynthModel, text_file: Path, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -99,7 +128,7 @@ def test_forced_steps_decode_like_the_engines_forced_logits(
         engine.load(synth_model("olmoe"), budget="25%", policy="speed-first", n_ctx=128,
                     n_threads=1)
         tokens = [1, 5, 9, 40, 77, 3, 120, 64, 8, 200]
-        streamed = np.array([logits.copy() for _, logits, _, _ in forced_steps(engine, tokens)])
+        streamed = np.array([logits.copy() for _, logits, *_ in forced_steps(engine, tokens)])
         assert engine.cache is not None
         engine.cache.clear()
         reference = engine.forced_logits(tokens[:1], tokens[1:])

@@ -56,6 +56,28 @@ def test_policies_answer_the_last_message_side_by_side(window: Any, qtbot: Any) 
     assert summary.n_tokens > 0 and summary.stop_reason != "error"
 
 
+def test_audited_answers_show_their_expected_cost(window: Any, qtbot: Any) -> None:
+    """With audits on, each answer's *Expected cost* is its KL estimate, and the cell and
+    the header say it is the cost expected on the model's own text."""
+    from moescope.gui.dialogs.compare import COLUMNS
+
+    audit = window.controls.audit
+    audit.setCurrentIndex(audit.findData(8))
+    engine = window.client.worker.engine
+    qtbot.waitUntil(lambda: engine.audit_every == 8, timeout=10_000)
+    send(qtbot, window, "Tell me about the sea.", max_tokens=8)
+    dialog = _run(window, qtbot, "speed-first", tokens=24)
+    col = COLUMNS.index("Expected cost")
+    assert "expected on the model's own text" in dialog.table.horizontalHeaderItem(col).toolTip()
+    for r, a in enumerate(dialog.result.answers):
+        assert a.audit is not None and a.audit.source == "model"
+        assert a.audit.cost == a.audit.kl.cost
+        cell = dialog.table.item(r, col)
+        assert cell.text() == a.audit.cost_text()
+        assert "expected on the model's own text" in cell.toolTip()
+    dialog.reject()
+
+
 def test_scoring_the_chat_adds_each_policys_perplexity_change(window: Any,
                                                               qtbot: Any) -> None:
     """The whole chat (both turns and their answers), teacher-forced under each policy:

@@ -166,10 +166,12 @@ def test_audit_control_shows_the_quality_cost_live(window: Any, qtbot: Any) -> N
     assert len(model.audits) >= 3
     text = panel.summary.text()
     assert "quality cost +" in text and "audits" in text and "KL " in text
+    assert "expected on the model's own text" in text  # the answers: the KL estimate
     est = model.audit_estimate()
-    assert est is not None and f"+{100 * est.cost:.2f}%" in text
+    assert est is not None and f"+{100 * est.cost:.2f}%" in text and est.source == "model"
     kl = model.time.view("audit_kl")
     assert int(np.isfinite(kl).sum()) == len(model.audits)
     x, _y = panel.time_plots.curves["audit_kl"].getData()
     assert x is not None and len(x) == len(model.audits)
     assert "quality cost +" in summary.summary
+    assert "expected on the model's own text" in summary.summary

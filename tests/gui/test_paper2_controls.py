@@ -13,6 +13,7 @@ from moescope.cache.policy import (
     DEFAULT_BONUS,
     PREFETCH_TOP_K,
     PRESETS,
+    THETA_DISK_AS_THETA,
     MissRule,
     SubstituteWeight,
 )
@@ -26,6 +27,7 @@ from moescope.display.policy_choices import (
     PREFETCH_FIXED,
     PREFETCH_OFF,
     PREFETCH_TOPK,
+    THETA_DISK_OFF,
     control_values,
     custom_policy,
     prefetch_value,
@@ -83,11 +85,17 @@ def test_custom_mapping_spans_quality_first_cache_prior_and_psr() -> None:
         [0, PREFETCH_TOP_K, 5]
     with pytest.raises(ValueError):
         prefetch_value(PREFETCH_FIXED, 0)
+    # the disk threshold belongs to the 0.15 rule (quality-first has none of its own)
+    assert PRESETS["quality-first"].theta_disk == THETA_DISK_AS_THETA
+    d = custom_policy(theta=0.2, theta_disk=0.3)
+    assert (d.miss_rule, d.theta, d.theta_disk) == (MissRule.THRESHOLD, 0.2, 0.3)
+    assert custom_policy(bonus=0.1, theta_disk=0.3).theta_disk == THETA_DISK_AS_THETA
     # the controls' reading of a policy maps back to it
-    for policy in (PRESETS["quality-first"], PRESETS["cache-prior"], PRESETS["psr"], p, q):
+    for policy in (PRESETS["quality-first"], PRESETS["cache-prior"], PRESETS["psr"], p, q, d):
         v = control_values(policy)
         assert custom_policy(v.theta, v.beta, v.bonus,
-                             prefetch_value(v.prefetch_mode, v.prefetch_count or 1)) == policy
+                             prefetch_value(v.prefetch_mode, v.prefetch_count or 1),
+                             v.theta_disk) == policy
 
 
 def test_prefetch_text_says_accuracy_and_rate_and_caps_late_hits() -> None:
@@ -292,3 +300,27 @@ def test_memory_view_says_where_the_engine_put_the_experts(window: Any) -> None:
     window.cache_panel.set_model(None)  # no model: nothing to say
     assert view.experts_label.isHidden()
 
+
+
+def test_custom_sets_a_disk_threshold_and_presets_show_theirs(window: Any, qtbot: Any) -> None:
+    """The RAM tier's knob in Custom: θ for misses only on disk; "disk = θ" under
+    Quality-first (it has no threshold of its own), greyed with θ under a bonus."""
+    c = window.controls
+    engine = window.client.worker.engine
+    assert c.theta_disk.value() == THETA_DISK_OFF and c.theta_disk.text() == "disk = θ"
+    assert not c.theta_disk.isEnabled()  # Quality-first fixes it
+    _switch(qtbot, window, lambda: c.select_policy(CUSTOM), CUSTOM)
+    assert c.theta_disk.isEnabled()
+    c.theta_disk.setValue(0.3)
+    _applied(qtbot, window, lambda: engine.policy.theta_disk == pytest.approx(0.3))
+    assert engine.policy == custom_policy(theta_disk=0.3)
+    c.bonus.setValue(10)  # the Cache-Prior rule uses neither θ
+    assert not c.theta_disk.isEnabled()
+    _applied(qtbot, window, lambda: engine.policy.miss_rule == MissRule.ROUTING_BONUS)
+    assert engine.policy.theta_disk == THETA_DISK_AS_THETA
+    c.bonus.setValue(0)
+    _applied(qtbot, window, lambda: engine.policy == custom_policy(theta_disk=0.3))
+    _switch(qtbot, window, lambda: c.select_policy("quality-first"), "quality-first")
+    assert c.theta_disk.text() == "disk = θ" and not c.theta_disk.isEnabled()
+    _switch(qtbot, window, lambda: c.select_policy(CUSTOM), CUSTOM)
+    assert c.theta_disk.value() == pytest.approx(0.3)  # Custom keeps its own

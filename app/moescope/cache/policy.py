@@ -44,9 +44,11 @@ would be within 0.07 of the miss's), so it means the same for 64 experts or 512.
 the demo model over 12 held-out windows (``bench/bonus_bench.py``, docs/benchmarks.md):
 cache-prior +0.3% perplexity (as quality-first) for 0.43x Exact's waited-for bytes, psr
 within noise for 0.18x; 0.2 costs +2-5% and 0.3 +9-16%."""
-DEFAULT_THETA_DISK = 0.3
-"""Quality-first's threshold for a miss only on disk (RAM tier on): a read from disk
-costs about ten times a copy from RAM, so fewer of those misses are waited for."""
+SUGGESTED_THETA_DISK = 0.3
+"""A threshold for misses only on disk (RAM tier on) that trades quality for reads: a read
+from disk costs about ten times a copy from RAM. No preset uses it: on held-out Python it
+cost quality-first +3.7% / +2.2% perplexity at 25% / 50% VRAM (docs/benchmarks.md), so
+quality-first waits for disk misses at θ like any other; Custom can set it."""
 THETA_DISK_AS_THETA = -1.0
 """``Policy.theta_disk`` value meaning "the same threshold as ``theta``"."""
 PREFETCH_TOP_K = -1
@@ -153,7 +155,6 @@ PRESETS: dict[str, Policy] = {
         miss_rule=MissRule.THRESHOLD,
         eviction=Eviction.FREQUENCY,
         admission=True,
-        theta_disk=DEFAULT_THETA_DISK,
         name="quality-first",
     ),
     "speed-first": Policy(

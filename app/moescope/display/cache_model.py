@@ -51,20 +51,24 @@ ROLLING_TOKENS = 16
 
 
 def audit_text(est: AuditEstimate, last_kl: float) -> str:
-    """The stats line's audit part: ``quality cost +0.42% [0.10-0.81%] · KL 0.0031 · 12
-    audits``, the estimate with its 95% interval and the latest audited KL."""
-    ci = f" [{100 * est.low:.2f}-{100 * est.high:.2f}%]" if est.n >= 2 else ""
+    """The stats line's audit part: ``quality cost +0.42% expected on the model's own text
+    [0.10 to 0.81%] · KL 0.0031 · 12 audits``, the estimate (saying which) with its 95%
+    interval and the latest audited KL."""
+    ci = f" [{est.interval_text()}]" if est.n >= 2 else ""
     kl = f" · KL {last_kl:.4f}" if last_kl == last_kl else ""
-    return (f"quality cost +{100 * est.cost:.2f}%{ci}{kl} · {est.n} audit"
+    return (f"quality cost {est.cost_text()} {est.words}{ci}{kl} · {est.n} audit"
             f"{'s' if est.n != 1 else ''}")
 
 
 AUDIT_TIP = (
-    "Quality cost: every Nth token is also computed exactly (every missing expert fetched "
-    "into scratch slots), and KL(exact || policy) of the two next-token distributions is "
-    "the expected rise of that token's log-perplexity. exp(mean KL) - 1 over the audits "
-    "of this policy and budget estimates the perplexity cost, in brackets its 95% "
-    "interval; KL is the latest audited token's.")
+    "Quality cost, expected on the model's own text: every Nth token is also computed "
+    "exactly (every missing expert fetched into scratch slots), and KL(exact || policy) of "
+    "the two next-token distributions is the expected rise of that token's log-perplexity "
+    "when the text is what the model writes (its answers). exp(mean KL) - 1 over the audits "
+    "of this policy and budget estimates the perplexity cost of the answers, in brackets "
+    "its 95% interval; KL is the latest audited token's. On given text (teacher-forced, "
+    "e.g. moescope eval) the cost is measured on the text's own tokens instead, and can "
+    "differ: held-out text is not what the model would write.")
 
 
 def prefetch_text(summary: PrefetchSummary) -> str:

@@ -31,6 +31,7 @@ from moescope.cache.policy import (
     DEFAULT_THETA,
     PREFETCH_TOP_K,
     PRESETS,
+    THETA_DISK_AS_THETA,
     MissRule,
     Policy,
 )
@@ -74,8 +75,9 @@ POLICY_TIPS: dict[str, str] = {
            "routing bonus is lowered when the measured perplexity cost of recent tokens "
            "exceeds the target (Guard target), raised again when it is well under. On the "
            "demo model at 1% it fetches about half Quality-first's bytes.",
-    CUSTOM: "Your own point: θ and β of the 0.15 rule, a routing bonus (> 0 switches to the "
-            "Cache-prior rule) and prefetch.",
+    CUSTOM: "Your own point: θ and β of the 0.15 rule (and its own θ for misses only on "
+            "disk, with a RAM budget), a routing bonus (> 0 switches to the Cache-prior "
+            "rule) and prefetch.",
     "threshold": "The bare 0.15 rule with LRU eviction and no admission (for comparison).",
     "first-choice": "The bare first-choice rule with LRU eviction and no admission.",
     "substitute-all": "Never waits (unless nothing resident is left): the reference for what "
@@ -87,6 +89,10 @@ BONUS_MAX = 0.30
 """The routing-bonus slider's top (gate-weight units, as θ); 0 is off."""
 BONUS_STEPS = 100
 """Slider units per 1.0 of bonus (the slider shows two decimals)."""
+
+THETA_DISK_OFF = -0.05
+"""The disk-threshold control's bottom step (one below 0): it reads "disk = θ", i.e. no
+threshold of its own (``THETA_DISK_AS_THETA``)."""
 
 PREFETCH_OFF = "off"
 PREFETCH_TOPK = "top-k"
@@ -115,11 +121,14 @@ def prefetch_value(mode: str, count: int) -> int:
 
 
 def custom_policy(theta: float = DEFAULT_THETA, beta: float = DEFAULT_BETA,
-                  bonus: float = 0.0, prefetch: int = 0) -> Policy:
+                  bonus: float = 0.0, prefetch: int = 0,
+                  theta_disk: float = THETA_DISK_AS_THETA) -> Policy:
     """The Custom entry's policy (mapping in the module docstring).
 
     A bonus of 0 keeps the dataclass's default ``bonus`` (unused by the 0.15 rule), so that
-    Custom at the defaults equals Quality-first, not a near-copy of it.
+    Custom at the defaults equals Quality-first, not a near-copy of it. ``theta_disk`` (the
+    RAM tier's own threshold for misses only on disk; -1 = θ) belongs to the 0.15 rule and
+    is dropped with a bonus, as θ is.
     """
     if bonus < 0:
         raise ValueError(f"the routing bonus must be >= 0, got {bonus}")
@@ -127,7 +136,7 @@ def custom_policy(theta: float = DEFAULT_THETA, beta: float = DEFAULT_BETA,
         return PRESETS["cache-prior"].replace(theta=theta, beta=beta, bonus=bonus,
                                               prefetch=prefetch, name=CUSTOM)
     return PRESETS["quality-first"].replace(theta=theta, beta=beta, prefetch=prefetch,
-                                            name=CUSTOM)
+                                            theta_disk=theta_disk, name=CUSTOM)
 
 
 
@@ -142,6 +151,8 @@ class ControlValues:
     prefetch_mode: str
     prefetch_count: int | None
     """Only for a fixed prefetch; None leaves the count control as it is."""
+    theta_disk: float = THETA_DISK_AS_THETA
+    """The 0.15 rule's threshold for misses only on disk; -1: θ."""
 
 
 def control_values(policy: Policy) -> ControlValues:
@@ -155,4 +166,5 @@ def control_values(policy: Policy) -> ControlValues:
     else:
         mode, count = PREFETCH_FIXED, policy.prefetch
     return ControlValues(theta=policy.theta, beta=policy.beta, bonus=bonus,
-                         prefetch_mode=mode, prefetch_count=count)
+                         prefetch_mode=mode, prefetch_count=count,
+                         theta_disk=policy.theta_disk)

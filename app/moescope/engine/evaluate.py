@@ -21,11 +21,12 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
+from moescope.cache.audit import AuditEstimate, AuditRecord, compare, estimate
 from moescope.cache.budget import format_bytes
 from moescope.cache.policy import MissRule, Policy
 from moescope.engine.engine import Engine
@@ -73,6 +74,16 @@ class RunResult:
     """Rows whose router's first choice was substituted (None: not counted): zero for a
     run that preserved every first choice (any run of a first-choice-fetching rule; a
     routing-bonus run when its bonus never outweighed a first choice)."""
+    audits: list[AuditRecord] = field(default_factory=list)
+    """The run's audited steps (``run_one``'s ``audit_every``): their tokens were given,
+    so the estimate is the cost measured on the text."""
+    audit_steps: list[int] = field(default_factory=list)
+    """Index into :attr:`nll` of each audit."""
+
+    @property
+    def audit(self) -> AuditEstimate | None:
+        """The audits' estimate of the run's cost on its text (None: no audits)."""
+        return estimate(self.audits)
 
     @property
     def preserves_first_choice(self) -> bool:
@@ -117,31 +128,55 @@ class RunResult:
         return 1.0 - self.disk_fills / self.fills if self.fills else 1.0
 
 
-def forced_steps(engine: Engine, tokens: Sequence[int]) -> Iterator[
-        tuple[int, npt.NDArray[np.float32], npt.NDArray[Any], float]]:
+class ForcedStep(NamedTuple):
+    """One teacher-forced step of :func:`forced_steps`."""
+
+    i: int
+    logits: npt.NDArray[np.float32]
+    """The policy's logits after ``tokens[:i+1]`` (the engine's buffer: copy to keep)."""
+    rows: npt.NDArray[Any]
+    """The core's event rows of the step."""
+    seconds: float
+    """The policy's pass (an audit's exact pass not included: ``ms/tok`` stays the
+    policy's with audits on)."""
+    exact: npt.NDArray[np.float32] | None = None
+    """The step's exact logits when it was audited (every miss fetched into scratch
+    slots; the policy's pass and the cache are as without the audit), else None."""
+
+
+def forced_steps(engine: Engine, tokens: Sequence[int], *, audit_every: int = 0
+                 ) -> Iterator[ForcedStep]:
     """Decode ``tokens`` one at a time from an empty context, streaming each step.
 
-    Yields ``(i, logits after tokens[:i+1], the core's event rows of that step, seconds)``.
     Same decoding as :meth:`Engine.forced_logits` (a test checks they agree), but it holds
     one logits row at a time instead of ``len(tokens) x n_vocab`` floats, and it can report
-    progress and the cache's work per token.
+    progress and the cache's work per token. With ``audit_every`` N (audits on in the
+    engine: :meth:`Engine.set_audit`), every Nth step after the first (which follows an
+    empty cache: all misses) is also computed exactly, as while generating.
     """
     from llama_cpp import llama_cpp as low
+
+    from moescope.engine import bindings
 
     llm = engine._llm
     if llm is None:
         raise MoEScopeError("no model is loaded")
+    if audit_every and not engine.audit_every:
+        raise MoEScopeError("audited forced steps need audits on (Engine.set_audit)")
     llm.reset()
     llm._ctx.kv_cache_clear()
     n_vocab = llm.n_vocab()
     engine.drain_events()
     for i, tok in enumerate(tokens):
+        exact = None
+        if audit_every and i > 0 and i % audit_every == 0:
+            exact = bindings.audit_decode(llm, int(tok), int(llm.n_tokens))
         t0 = time.perf_counter()
         llm.eval([int(tok)])
         ptr = low.llama_get_logits_ith(engine._ctx, -1)
         logits = np.ctypeslib.as_array(ptr, shape=(n_vocab,))
         seconds = time.perf_counter() - t0
-        yield i, logits, engine.drain_events(), seconds
+        yield ForcedStep(i, logits, engine.drain_events(), seconds, exact)
 
 
 def _nll(logits: npt.NDArray[np.float32], target: int) -> float:
@@ -153,12 +188,14 @@ def _nll(logits: npt.NDArray[np.float32], target: int) -> float:
 
 def run_one(engine: Engine, tokens: Sequence[int], spec: RunSpec, *,
             progress: Callable[[int], None] | None = None,
-            stopped: Callable[[], bool] | None = None) -> RunResult:
+            stopped: Callable[[], bool] | None = None, audit_every: int = 0) -> RunResult:
     """Score ``tokens[1:]`` under one policy and budget, from an empty cache.
 
     The cache is resized, given the policy and emptied first, so every run starts from the
     same logical state and only the policy and budget differ. ``stopped()`` true ends the
     run early: the result then holds the tokens scored so far (see ``RunResult.n_tokens``).
+    ``audit_every`` N also audits every Nth step (``RunResult.audits``, their tokens the
+    text's: ``given``); the engine's audit period is restored afterwards.
     """
     cache = engine.cache
     if cache is None:
@@ -166,6 +203,9 @@ def run_one(engine: Engine, tokens: Sequence[int], spec: RunSpec, *,
     slots = engine.set_budget(spec.budget).slots_per_layer if spec.budget \
         else engine.slots_per_layer
     engine.set_policy(spec.policy)
+    audits_before = engine.audit_every
+    if audit_every:
+        engine.set_audit(audit_every)  # before the clear: it may re-lay the slot tensors
     cache.clear()
     cache.reset_stats()
     before = engine.timings()
@@ -176,9 +216,29 @@ def run_one(engine: Engine, tokens: Sequence[int], spec: RunSpec, *,
     seconds = np.zeros(n, dtype=np.float64)
     result = RunResult(spec=spec, slots=slots, nll=nll, mass=mass,
                        bytes_sync=bytes_sync, seconds=seconds, first_choice_substituted=0)
-    for i, logits, rows, dt in forced_steps(engine, tokens[:-1]):
+    try:
+        _score(engine, tokens, result, audit_every, progress, stopped)
+    finally:
+        if audit_every:
+            engine.set_audit(audits_before)
+    after = engine.timings()
+    result.timings = {k: after[k] - before.get(k, 0) for k in after}
+    return result
+
+
+def _score(engine: Engine, tokens: Sequence[int], result: RunResult, audit_every: int,
+           progress: Callable[[int], None] | None, stopped: Callable[[], bool] | None
+           ) -> None:
+    """``run_one``'s loop: fill ``result`` step by step."""
+    nll, mass, bytes_sync, seconds = result.nll, result.mass, result.bytes_sync, result.seconds
+    for i, logits, rows, dt, exact in forced_steps(engine, tokens[:-1],
+                                                   audit_every=audit_every):
         nll[i] = _nll(logits, int(tokens[i + 1]))
         mass[i] = float(rows["substituted_mass"].astype(np.float64).sum())
+        if exact is not None:
+            result.audits.append(compare(exact, logits, int(tokens[i + 1]), mass[i],
+                                         given=True))
+            result.audit_steps.append(i)
         bytes_sync[i] = int(rows["bytes_sync"].sum())
         seconds[i] = dt
         result.selections += int(rows["k"].sum())
@@ -197,9 +257,6 @@ def run_one(engine: Engine, tokens: Sequence[int], spec: RunSpec, *,
             for name in ("nll", "mass", "bytes_sync", "seconds"):
                 setattr(result, name, getattr(result, name)[:i + 1])
             break
-    after = engine.timings()
-    result.timings = {k: after[k] - before.get(k, 0) for k in after}
-    return result
 
 
 # --------------------------------------------------------------------------- statistics
@@ -339,6 +396,9 @@ class EvalReport:
     ram_tier: str = ""
     """The RAM tier's size when it was on (experts beyond it read from the model file):
     the table then shows disk bytes and RAM hits per run."""
+    audit_every: int = 0
+    """Every Nth step was audited (0: off): the table then shows each run's audited cost,
+    measured on the text's own tokens (they are given), and the KL estimate beside it."""
 
     def change_pct(self, run: RunResult) -> float:
         """Perplexity change against ``exact``, in percent."""
@@ -356,7 +416,28 @@ class EvalReport:
             "seconds_per_token": r.seconds_per_token,
             **({"disk_bytes_per_token": r.disk_bytes_per_token, "ram_hit_rate": r.ram_hit_rate}
                if self.ram_tier else {}),
+            **(self._audit_row(r) if self.audit_every else {}),
         } for r in self.runs]
+
+    @staticmethod
+    def _audit_row(r: RunResult) -> dict[str, Any]:
+        """The CSV's audit columns: the measured estimate (matched: the tokens are given)
+        with its interval, and the KL estimate, in percent."""
+        est = r.audit
+        if est is None:
+            return dict.fromkeys(("audits", "audit_measured_pct", "audit_measured_low_pct",
+                                  "audit_measured_high_pct", "audit_kl_pct"), "")
+        return {"audits": est.n, "audit_measured_pct": 100 * est.cost,
+                "audit_measured_low_pct": 100 * est.low,
+                "audit_measured_high_pct": 100 * est.high, "audit_kl_pct": 100 * est.kl.cost}
+
+    @staticmethod
+    def _audit_cells(r: RunResult) -> str:
+        est = r.audit
+        if est is None:
+            return " – | – |"
+        ci = f" [{100 * est.low:+.2f}, {100 * est.high:+.2f}]" if est.n >= 2 else ""
+        return f" {est.cost_text()}{ci} | {100 * est.kl.cost:+.2f}% |"
 
     def to_csv(self) -> str:
         out = io.StringIO()
@@ -378,9 +459,12 @@ class EvalReport:
             "",
             "| policy | budget | slots | perplexity | Δ vs exact | substituted | mass/tok "
             "| hit rate | fetched/tok | ms/tok |" + (" disk/tok | RAM hits |" if self.ram_tier
-                                                   else ""),
+                                                   else "")
+            + (" audited, measured on the text [95% CI] | KL estimate |"
+               if self.audit_every else ""),
             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if self.ram_tier
-                                                               else ""),
+                                                               else "")
+            + ("---:|---:|" if self.audit_every else ""),
         ]
         for r in self.runs:
             lines.append(
@@ -390,18 +474,26 @@ class EvalReport:
                 f"{format_bytes(round(r.fetched_bytes_per_token))} | "
                 f"{1e3 * r.seconds_per_token:.2f} |"
                 + (f" {format_bytes(round(r.disk_bytes_per_token))} | "
-                   f"{100 * r.ram_hit_rate:.1f}% |" if self.ram_tier else ""))
+                   f"{100 * r.ram_hit_rate:.1f}% |" if self.ram_tier else "")
+                + (self._audit_cells(r) if self.audit_every else ""))
         lines += ["", self.hypothesis.describe()]
+        if self.audit_every:
+            lines += ["", f"Audits every {self.audit_every} tokens: the text's tokens are "
+                      "given, so the audited cost is measured on them, exp(mean(log p_exact "
+                      "- log p_policy)) - 1 over the audited steps (it leaves out the KV "
+                      "drift of earlier substitutions that Δ vs exact includes); the KL "
+                      "estimate is the cost expected on the model's own text."]
         return "\n".join(lines)
 
 
 def evaluate(engine: Engine, tokens: Sequence[int], specs: Sequence[RunSpec], *,
              window: int = 64, n_boot: int = 1000, seed: int = 0,
-             progress: ProgressFn | None = None) -> EvalReport:
+             progress: ProgressFn | None = None, audit_every: int = 0) -> EvalReport:
     """Run every spec on ``tokens`` (one at a time, cache governing each) and compare.
 
     If no spec is ``exact``, an exact run at the first spec's budget is added as the
     baseline (any budget gives the same logits). ``window`` is the mass-hypothesis window.
+    ``audit_every`` N also audits every Nth step of each run (``run_one``).
     """
     if len(tokens) < 2:
         raise MoEScopeError("evaluation needs at least 2 tokens of text")
@@ -424,7 +516,7 @@ def evaluate(engine: Engine, tokens: Sequence[int], specs: Sequence[RunSpec], *,
                 progress(done + i, total, label)
 
         tick(0)
-        runs.append(run_one(engine, tokens, spec, progress=tick))
+        runs.append(run_one(engine, tokens, spec, progress=tick, audit_every=audit_every))
     baseline = next(r for r in runs if r.spec.policy.exact)
     model = engine.model.path.name if engine.model is not None else ""
     ram = engine.model.ram_plan if engine.model is not None else None
@@ -432,4 +524,4 @@ def evaluate(engine: Engine, tokens: Sequence[int], specs: Sequence[RunSpec], *,
     return EvalReport(runs=runs, baseline=baseline, ram_tier=ram_tier,
                       hypothesis=mass_hypothesis(runs, baseline, window, n_boot=n_boot,
                                                  seed=seed),
-                      n_tokens=per_run, model=model)
+                      n_tokens=per_run, model=model, audit_every=audit_every)

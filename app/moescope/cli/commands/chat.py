@@ -455,7 +455,7 @@ class ChatSession:
                 max_tokens=min(self.sampling.max_tokens, 256), thinking=self.sampling.thinking,
                 score=tokens, progress=progress, stopped=interrupted)
         rows = [("policy", "tok/s", "vs exact", "same start", "agreement", "hit",
-                 "substituted", "mass/tok", "audited cost", "chat perplexity")]
+                 "substituted", "mass/tok", "expected cost", "chat perplexity")]
         for i, a in enumerate(result.answers):
             c = a.cache
             ref = i == 0
@@ -465,7 +465,7 @@ class ChatSession:
                          "reference" if ref else f"{a.agreement:.0%}",
                          f"{c.hit_rate:.1%}", f"{c.substituted_fraction:.1%}",
                          f"{c.mass_per_token:.3f}",
-                         f"+{100 * a.audit.cost:.2f}%" if a.audit is not None else "–",
+                         a.audit.cost_text() if a.audit is not None else "–",
                          "reference" if ref and a.nll is not None
                          else perplexity_text(result.perplexity_change(a))))
         widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
@@ -477,6 +477,9 @@ class ChatSession:
             note += f"; the chat scored over {result.scored_tokens} tokens"
         if result.stopped:
             note += "; stopped before every policy answered"
+        if any(a.audit is not None for a in result.answers):
+            note += ("; expected cost: audited, exp(mean KL) - 1, the perplexity cost "
+                     "expected on the model's own text (its answer)")
         self._dim(note + "; the cache starts empty again")
 
     def _reset(self, _arg: str) -> None:

@@ -53,6 +53,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="window, in tokens, of the mass-hypothesis correlation (default 64)")
     p.add_argument("--bootstrap", type=int, default=1000, metavar="B",
                    help="bootstrap resamples for the confidence intervals (default 1000)")
+    p.add_argument("--audit", type=int, default=0, metavar="N",
+                   help="every Nth token also compute the exact output: the table adds the "
+                        "cost measured on the text's tokens and the KL estimate (default 0: "
+                        "off)")
     p.add_argument("--csv", type=Path, metavar="FILE", help="write the table as CSV (- for stdout)")
     p.add_argument("--markdown", type=Path, metavar="FILE",
                    help="also write the Markdown table to a file")
@@ -109,6 +113,7 @@ def _clock(seconds: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Load the model, evaluate every policy x budget, print the table."""
+    from moescope.cache.audit import check_every
     from moescope.cache.budget import parse_budget
     from moescope.cli.commands.generate import (
         check_outputs,
@@ -143,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         raise MoEScopeError("--budgets names no budget")
     if args.tokens < 1:
         raise MoEScopeError("--tokens must be at least 1")
+    check_every(args.audit)
     check_threads(args.threads)
     inputs = [*model_inputs(args.model), args.text]
     to_stdout = check_outputs([("--csv", args.csv), ("--markdown", args.markdown)], inputs)
@@ -178,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         specs = [RunSpec(p, b) for b in budgets for p in policies]
         report = evaluate(engine, tokens, specs, window=args.window, n_boot=args.bootstrap,
-                          progress=ProgressBar())
+                          progress=ProgressBar(), audit_every=args.audit)
     finally:
         engine.close()
     table = report.to_markdown()

@@ -56,7 +56,13 @@ from moescope.session.snapshots import ModelSummary
 REFERENCE = "exact"
 DEFAULT_CHOSEN = ("quality-first", "speed-first", "psr")
 COLUMNS = ("Policy", "tok/s", "vs Exact", "Same start", "Agreement", "Hit rate",
-           "Substituted", "Mass/token", "Fetched MB/token", "Audited cost", "Chat perplexity")
+           "Substituted", "Mass/token", "Fetched MB/token", "Expected cost", "Chat perplexity")
+COLUMN_TIPS = {
+    "Expected cost": "The answer's audited quality cost (audits on): exp(mean KL(exact || "
+                     "policy)) - 1 over its audited tokens, the perplexity cost expected on "
+                     "the model's own text (its answer). Chat perplexity measures the "
+                     "conversation's given tokens instead.",
+}
 
 
 class CompareDialog(QDialog):
@@ -145,6 +151,10 @@ class CompareDialog(QDialog):
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setAccessibleName("Comparison")
         self.table.setHorizontalHeaderLabels(COLUMNS)
+        for col, name in enumerate(COLUMNS):
+            header = self.table.horizontalHeaderItem(col)
+            if header is not None and name in COLUMN_TIPS:
+                header.setToolTip(COLUMN_TIPS[name])
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
@@ -263,11 +273,13 @@ class CompareDialog(QDialog):
                 "reference" if reference else f"{a.agreement:.0%}",
                 f"{c.hit_rate:.1%}", f"{c.substituted_fraction:.1%}",
                 f"{c.mass_per_token:.3f}", f"{c.fetched_mb_per_token:.2f}",
-                f"+{100 * a.audit.cost:.2f}%" if a.audit is not None else "–",
+                a.audit.cost_text() if a.audit is not None else "–",
                 "reference" if reference and a.nll is not None
                 else perplexity_text(result.perplexity_change(a)))
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
+                if COLUMNS[col] == "Expected cost" and a.audit is not None:
+                    item.setToolTip(a.audit.describe())
                 if col:
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight
                                           | Qt.AlignmentFlag.AlignVCenter)
