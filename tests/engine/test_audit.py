@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engine_helpers import ARCHES, gpu_offload
+from engine_helpers import ARCHES
 
 from moescope.cache.audit import AuditRecord, estimate
 from moescope.engine import Engine, Sampling, bindings
@@ -108,7 +108,6 @@ def test_audit_measures_substitution(synth_model: Callable[..., Path],
     assert e.last_answer.audit == est
 
 
-@pytest.mark.skipif(gpu_offload(), reason="the RAM tier runs on CPU builds only")
 def test_audits_with_the_ram_tier_change_nothing(synth_model: Callable[..., Path],
                                                  engine: Callable[..., Any]) -> None:
     """Misses only on disk are read straight into scratch slots: the RAM tier admits

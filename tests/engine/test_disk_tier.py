@@ -4,6 +4,12 @@ With a RAM budget below the experts, the experts stay in the file at load and ar
 demand; `exact` must still equal the cache off bitwise, on every architecture, at several
 budgets and with both budgets changed live; decisions must not depend on read timing; and
 a failing file must end the answer with one clear line, keeping the chat and the trace.
+
+On every build: the reference is the cache off on the same backend and the prompt one
+token on a GPU build (``reference_kwargs``, ``exact_prompt``: prefill computes experts where
+they live, the CPU backend with the cache on, the device with it off). With the CPU-build
+reference (experts in host memory) these tests once failed on the Vulkan build by rounding
+alone, which hid that the disk tier there was bitwise exact.
 """
 
 from __future__ import annotations
@@ -16,28 +22,25 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engine_helpers import ARCHES, PROMPT, forced_stream, gpu_offload
+from engine_helpers import ARCHES, PROMPT, exact_prompt, forced_stream, reference_kwargs
 
 from moescope.cache.policy import SUGGESTED_THETA_DISK, Policy
 from moescope.engine import Engine
 from moescope.engine.engine import DiskReadError, Sampling
 from moescope.util.errors import BudgetError
 
-pytestmark = pytest.mark.skipif(
-    gpu_offload(), reason="the RAM tier runs on CPU builds only; GPU builds refuse a RAM "
-    "budget (test_a_ram_budget_is_refused_on_gpu_builds)")
 
-
-def _forced(e: Engine, n: int = 48, changes: dict[int, tuple[str, str]] | None = None
-            ) -> np.ndarray:
-    """Logits of a fixed teacher-forced stream; ``changes`` maps a step to (kind, budget)
-    applied between tokens, as the GUI's live controls do."""
+def _forced(e: Engine, n: int = 48, changes: dict[int, tuple[str, str]] | None = None,
+            prompt: list[int] | None = None) -> np.ndarray:
+    """Logits of a fixed teacher-forced stream after ``prompt`` (default: the backend's
+    exact prompt); ``changes`` maps a step to (kind, budget) applied between tokens, as the
+    GUI's live controls do."""
     from llama_cpp import llama_cpp as low
 
     tokens = forced_stream(e._llm.n_vocab(), n)
     e._llm.reset()
     e._llm._ctx.kv_cache_clear()
-    e._llm.eval(PROMPT)
+    e._llm.eval(exact_prompt() if prompt is None else prompt)
     out = []
     for i, tok in enumerate(tokens):
         kind, budget = (changes or {}).get(i, ("", ""))
@@ -59,7 +62,7 @@ def _disk_fills(e: Engine) -> int:
 def test_exact_from_disk_is_bitwise_identical_to_cache_off(
         synth_model: Callable[..., Path], engine: Callable[..., Engine], arch: str) -> None:
     path = synth_model(arch, expert_type="q8_0")
-    reference = _forced(engine(path, cache=False, host_experts=True))
+    reference = _forced(engine(path, **reference_kwargs()))
     for ram in ("30%", "60%"):
         e = engine(path, budget="25%", policy="exact", ram_budget=ram)
         assert e.model is not None and e.model.disk_experts and e.model.ram_plan is not None
@@ -71,7 +74,7 @@ def test_exact_from_disk_is_bitwise_identical_to_cache_off(
 def test_exact_survives_live_changes_of_both_budgets(
         synth_model: Callable[..., Path], engine: Callable[..., Engine], arch: str) -> None:
     path = synth_model(arch, expert_type="q8_0")
-    reference = _forced(engine(path, cache=False, host_experts=True))
+    reference = _forced(engine(path, **reference_kwargs()))
     e = engine(path, budget="25%", policy="exact", ram_budget="30%")
     changes = {4: ("ram", "60%"), 9: ("vram", "50%"), 15: ("ram", "25%"),
                22: ("vram", "20%"), 30: ("ram", "100%"), 38: ("ram", "35%")}
@@ -83,12 +86,24 @@ def test_a_model_loaded_whole_reads_from_disk_once_the_ram_budget_drops(
     """Experts read at load (no RAM budget): a live RAM budget below them turns the tier on
     (reads from the file), and back to "all" turns it off; exact throughout."""
     path = synth_model("olmoe", expert_type="q8_0")
-    reference = _forced(engine(path, cache=False, host_experts=True))
+    reference = _forced(engine(path, **reference_kwargs()))
     e = engine(path, budget="25%", policy="exact")
     assert e.model is not None and not e.model.disk_experts and e.ram_slots_per_layer == 0
     got = _forced(e, changes={6: ("ram", "30%"), 30: ("ram", "100%")})
     assert np.array_equal(got, reference)
     assert e.ram_slots_per_layer == 0 and _disk_fills(e) > 0
+
+
+def test_a_prompt_is_prefilled_from_the_mapped_file_as_from_host_experts(
+        synth_model: Callable[..., Path], engine: Callable[..., Engine]) -> None:
+    """Prefill (more than one token) is not governed: its experts are computed where they
+    live, from the mapped file with the RAM tier on and from host memory (pinned on a GPU
+    build) without it, on the CPU backend both times, so the logits agree bitwise."""
+    path = synth_model("qwen3moe", expert_type="q8_0")
+    reference = _forced(engine(path, budget="25%", policy="exact"), n=16, prompt=PROMPT)
+    e = engine(path, budget="25%", policy="exact", ram_budget="30%")
+    assert e.model is not None and e.model.disk_experts
+    assert np.array_equal(_forced(e, n=16, prompt=PROMPT), reference)
 
 
 def test_decisions_do_not_depend_on_read_timing(

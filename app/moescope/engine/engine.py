@@ -43,7 +43,6 @@ from moescope.cache.native import (
 from moescope.cache.policy import Policy
 from moescope.cache.prefetch import PrefetchMeter
 from moescope.engine import bindings
-from moescope.engine.backend import NAMES, engine_build
 from moescope.engine.changes import ChangeLog, RequestNumbers
 from moescope.engine.load_hooks import (
     LoadCancelled,
@@ -953,12 +952,6 @@ def _ram_plan(info: ModelInfo | None, budget: str) -> BudgetPlan:
 
     if info is None:
         raise CacheError("a RAM budget needs a model with routed experts")
-    build = engine_build()
-    if build.backend in ("cuda", "vulkan"):  # refused, not run untested (docs/engine.md)
-        raise BudgetError(
-            f"a RAM budget (experts read from disk) is not available on the "
-            f"{NAMES[build.backend]} build yet, only on CPU builds; leave it out to keep "
-            f"every expert in RAM")
     ram = plan_for_model(info, budget)
     if ram.clamped and ram.slots_per_layer == ram.top_k and ram.budget_bytes < ram.bytes_used:
         raise BudgetError(

@@ -23,7 +23,6 @@ from PySide6.QtWidgets import (
 
 from moescope.display.fit import FitEstimate, estimate_fit, ram_start_experts
 from moescope.display.policy_choices import CUSTOM, POLICY_CHOICES, POLICY_TIPS
-from moescope.engine.backend import engine_build
 from moescope.gui.controls.budget_entry import BudgetEntry
 from moescope.gui.worker import LoadRequest
 from moescope.model.gguf_info import ModelInfo
@@ -78,12 +77,10 @@ class OpenModelDialog(QDialog):
             "stay in the model file and are read from disk when needed: a model larger than "
             "RAM loads in seconds, and misses on disk cost about ten times a copy from RAM. "
             "All the way right: every expert in RAM.")
-        disk_tier = engine_build().backend not in ("cuda", "vulkan")  # CPU builds only, yet
-        self.ram_budget.setEnabled(info.is_moe and disk_tier)
+        self.ram_budget.setEnabled(info.is_moe)
         if info.is_moe:
             self.ram_budget.setRange(info.top_k, info.n_expert)
-            self.ram_budget.setValue(ram_start_experts(info, n_ctx) if disk_tier
-                                     else info.n_expert)
+            self.ram_budget.setValue(ram_start_experts(info, n_ctx))
         ram_label = QLabel("RAM b&udget")
         ram_label.setBuddy(self.ram_budget)
         settings.addRow(ram_label, self.ram_budget)
