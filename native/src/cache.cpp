@@ -25,6 +25,9 @@ void layer_init(LayerState & L, int32_t n_experts, int32_t slots) {
     L.lru_next.assign(n_experts, -1);
     L.lru_head = L.lru_tail = -1;
     L.n_resident = 0;
+    L.fq_in.assign(n_experts, 0);
+    L.fq_n = 0;
+    L.fq_valid = L.fq_complete = false;
     L.ram_slot_of.assign(n_experts, -1);
     L.ram_expert_of.clear();
     L.ram_last_use.assign(n_experts, 0);
@@ -44,6 +47,9 @@ void layer_clear(LayerState & L) {
     std::fill(L.lru_next.begin(), L.lru_next.end(), -1);
     L.lru_head = L.lru_tail = -1;
     L.n_resident = 0;
+    std::fill(L.fq_in.begin(), L.fq_in.end(), 0);
+    L.fq_n = 0;
+    L.fq_valid = L.fq_complete = false;
     std::fill(L.ram_slot_of.begin(), L.ram_slot_of.end(), -1);
     std::fill(L.ram_expert_of.begin(), L.ram_expert_of.end(), -1);
     std::fill(L.ram_last_use.begin(), L.ram_last_use.end(), 0);
@@ -77,6 +83,7 @@ void layer_insert(LayerState & L, int32_t expert, int32_t slot) {
     L.expert_of[slot] = expert;
     L.n_resident += 1;
     lru_link_before(L, expert, -1);
+    freq_order_insert(L, expert);
 }
 
 void layer_remove(LayerState & L, int32_t expert) {
@@ -85,6 +92,7 @@ void layer_remove(LayerState & L, int32_t expert) {
     L.slot_of[expert] = -1;
     L.n_resident -= 1;
     lru_unlink(L, expert);
+    freq_order_erase(L, expert);
 }
 
 /* After last_use[expert] = ++clock: the most recent. */
@@ -158,6 +166,7 @@ int32_t insert_background(moecache & c, LayerState & L, int32_t layer, int32_t e
     c.scratch.pin[expert] = pin_epoch;
     L.last_use[expert] = ++c.clock;
     lru_touch(L, expert);
+    freq_order_rekey(L, expert);
     L.lost_mass[expert] = 0.0f;
     L.prefetched[expert] = prefetched ? 1 : 0;
     plan[*n_plan] = moecache_copy{layer, expert, slot, 1, fill.ram_slot, fill.from_disk};

@@ -69,7 +69,8 @@ void undo_fetches(LayerState & L, const std::vector<FetchRecord> & fetches) {
  * p_resident + bonus * S > p_miss, gives exactly that top-k; once a pair fails every later one
  * would, so the rest are fetched. Equal probabilities: the later router rank goes first. */
 void steer_to_residents(moecache & c, const LayerState & L, int32_t base, const float * probs_row,
-                        const int32_t * ids, int32_t * out_ids, int64_t mark) {
+                        const uint16_t * rank_row, int32_t rank_count, const int32_t * ids,
+                        int32_t * out_ids, int64_t mark) {
     Scratch & sc = c.scratch;
     int32_t order[MOECACHE_MAX_K];
     int32_t n = 0;
@@ -87,7 +88,8 @@ void steer_to_residents(moecache & c, const LayerState & L, int32_t base, const 
         return pa != pb ? pa < pb : a > b;
     });
     int32_t best[MOECACHE_MAX_K];
-    const int32_t n_best = pick_substitutes(L, probs_row, sc.token_mark, mark, n, best);
+    const int32_t n_best = pick_substitutes(L, probs_row, sc.token_mark, mark, n, best, rank_row,
+                                            rank_count);
     bool steering = true;
     for (int32_t o = 0; o < n; ++o) {
         const int32_t i = order[o];
@@ -133,8 +135,14 @@ bool decide_token(moecache & c, LayerState & L, int32_t t, const float * probs,
         }
     }
     const float * probs_row = probs + static_cast<int64_t>(t) * c.n_experts;
+    const uint16_t * rank_row = nullptr;
+    int32_t rank_count = 0;
+    if (sc.sub_rank != nullptr) {
+        rank_row = sc.sub_rank + static_cast<int64_t>(t) * MOECACHE_RANK_WIDTH;
+        rank_count = sc.sub_rank_count[t];
+    }
     if (c.policy.miss_rule == MOECACHE_ROUTING_BONUS) {
-        steer_to_residents(c, L, base, probs_row, ids, out_ids, mark);
+        steer_to_residents(c, L, base, probs_row, rank_row, rank_count, ids, out_ids, mark);
     }
     int32_t n_sub = 0;
     for (int32_t i = base; i < base + k; ++i) {
@@ -142,7 +150,8 @@ bool decide_token(moecache & c, LayerState & L, int32_t t, const float * probs,
     }
     if (n_sub > 0 && c.policy.miss_rule != MOECACHE_ROUTING_BONUS) {
         int32_t best[MOECACHE_MAX_K];
-        const int32_t n_best = pick_substitutes(L, probs_row, sc.token_mark, mark, n_sub, best);
+        const int32_t n_best = pick_substitutes(L, probs_row, sc.token_mark, mark, n_sub, best,
+                                                rank_row, rank_count);
         int32_t next = 0;
         for (int32_t i = base; i < base + k; ++i) {
             if (sc.action[i] != MOECACHE_SUBSTITUTE) {
@@ -319,7 +328,6 @@ int32_t route(moecache & c, int32_t layer, int32_t n_tokens, const float * probs
     for (int32_t t = 0; t < n_tokens; ++t) {
         if (!decide_token(c, L, t, probs, ids, weights, out_ids, out_slots)) {
             undo_fetches(L, sc.fetches);
-            sc.victims.invalidate();
             return MOECACHE_E_NO_SLOT;
         }
     }
@@ -327,8 +335,10 @@ int32_t route(moecache & c, int32_t layer, int32_t n_tokens, const float * probs
     for (int64_t i = 0; i < selections; ++i) {
         L.last_use[out_ids[i]] = ++c.clock;
         lru_touch(L, out_ids[i]);
+        freq_order_rekey(L, out_ids[i]);
         if (c.track_frequency) {
             record_selection(L, ids[i], c.step, c.policy.half_life, sc);
+            freq_order_rekey(L, ids[i]);
         }
         if (sc.action[i] != MOECACHE_FETCH && L.prefetched[out_ids[i]]) {
             L.prefetched[out_ids[i]] = 0; /* a prefetch that paid off (hit or substitute) */

@@ -140,12 +140,39 @@ namespace moecache_core {
  * row is decided by pick_substitute itself. */
 int32_t pick_substitutes(const LayerState & L, const float * probs_row,
                          std::vector<int64_t> & token_mark, int64_t token, int32_t want,
-                         int32_t * out) {
+                         int32_t * out, const uint16_t * rank_row, int32_t rank_count) {
     if (want <= 0) {
         return 0;
     }
-    float best_p[MOECACHE_MAX_K];
     int32_t n = 0;
+    if (rank_count > 0) {
+        /* the first unmarked residents of the row's ranking are the scan's picks, in order;
+         * when the ranked prefix runs out, every resident it held is marked (the token's
+         * own or picked), so the scan below finds the rest among the unranked */
+        for (int32_t j = 0; j < rank_count && n < want; ++j) {
+            const int32_t e = rank_row[j];
+            if (L.slot_of[e] >= 0 && token_mark[e] != token) {
+                token_mark[e] = token;
+                out[n++] = e;
+            }
+        }
+#ifdef MOECACHE_SELFCHECK
+        for (int32_t i = 0; i < n; ++i) {
+            token_mark[out[i]] = token - 1;
+        }
+        for (int32_t i = 0; i < n; ++i) {
+            if (pick_substitute(L, probs_row, token_mark, token) != out[i]) {
+                std::abort();
+            }
+            token_mark[out[i]] = token;
+        }
+#endif
+        if (n == want || rank_count >= static_cast<int32_t>(L.slot_of.size())) {
+            return n;
+        }
+        return n + pick_substitutes(L, probs_row, token_mark, token, want - n, out + n);
+    }
+    float best_p[MOECACHE_MAX_K];
     bool nan = false;
     for (const int32_t e : L.expert_of) {
         if (e < 0) {
