@@ -140,5 +140,5 @@ def replay_batch(trace: CReplayTrace, configs: list[CReplayConfig], *, threads: 
     return out, rows
 
 
-__all__ = ["RANK_WIDTH", "REPLAY_TOKEN_DTYPE", "CEvent", "CReplayConfig", "CReplayToken", "CReplayTrace",
-           "batch_library", "c_policy", "rank_rows", "replay_batch"]
+__all__ = ["RANK_WIDTH", "REPLAY_TOKEN_DTYPE", "CEvent", "CReplayConfig", "CReplayToken",
+           "CReplayTrace", "batch_library", "c_policy", "rank_rows", "replay_batch"]
