@@ -333,6 +333,7 @@ typedef struct moecache_replay_trace {
      * probs, kept by the caller so that every batch over one trace shares one ranking */
     const uint16_t * ranks;          /* [n_rows * MOECACHE_RANK_WIDTH] */
     const uint8_t * rank_counts;     /* [n_rows] */
+    const float * selected_probs;    /* [n_rows * top_k] */
 } moecache_replay_trace;
 
 typedef struct moecache_replay_config {
@@ -366,11 +367,13 @@ typedef struct moecache_replay_token {
  * ranks[r * MOECACHE_RANK_WIDTH]; every other expert of the row ranks below them. A
  * substitute is then the first resident the row's ranking names, with no scan of a layer's
  * slots (the scan decides what the ranking does not reach, and a row holding a NaN, whose
- * count is 0). Needs n_experts < 65535. On up to n_threads threads (<= 0: one per core).
- * Returns MOECACHE_OK or MOECACHE_E_ARG. */
-MOECACHE_API int32_t moecache_rank_rows(const float * probs, int64_t n_rows, int32_t n_experts,
-                                        int32_t n_threads, uint16_t * ranks,
-                                        uint8_t * rank_counts);
+ * count is 0). selected_probs[r * top_k + j] receives probs[r][ids[r * top_k + j]] (0 for
+ * an id out of range), so the routing bonus reads no row. Needs n_experts < 65535. On up
+ * to n_threads threads (<= 0: one per core). Returns MOECACHE_OK or MOECACHE_E_ARG. */
+MOECACHE_API int32_t moecache_rank_rows(const float * probs, const int32_t * ids, int64_t n_rows,
+                                        int32_t n_experts, int32_t top_k, int32_t n_threads,
+                                        uint16_t * ranks, uint8_t * rank_counts,
+                                        float * selected_probs);
 
 /* Replays `trace` under each of `configs` on up to `n_threads` threads (<= 0: one per
  * configuration, at most the machine's). out: [n_configs * n_tokens], configuration-major.

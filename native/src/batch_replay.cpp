@@ -166,9 +166,9 @@ uint64_t rank_key(float p, int32_t e) {
     return (static_cast<uint64_t>(~u) << 32) | static_cast<uint32_t>(e);
 }
 
-/* One row: the experts at or above a threshold sampled from the row (about half the width
- * of them), sorted; so the ranked ones are exactly the row's best, whatever the threshold.
- * Returns how many (0 for a row holding a NaN). */
+/* One row: the experts at or above a threshold sampled from the row (about seven eighths
+ * of the width of them, at most the width), sorted; so the ranked ones are exactly the row's
+ * best, whatever the threshold. Returns how many (0 for a row holding a NaN). */
 int32_t rank_row(const float * row, int32_t n, uint64_t * keys, int32_t * idx, uint16_t * out) {
     constexpr int32_t width = MOECACHE_RANK_WIDTH;
     uint32_t nan = 0;
@@ -188,7 +188,7 @@ int32_t rank_row(const float * row, int32_t n, uint64_t * keys, int32_t * idx, u
         for (int32_t e = 0; e < n && ns < 64; e += stride) {
             sample[ns++] = row[e];
         }
-        const int32_t q = std::max(0, ns * width / (2 * n) - 1);
+        const int32_t q = std::max(0, ns * width * 7 / (8 * n) - 1);
         std::nth_element(sample, sample + q, sample + ns, std::greater<float>());
         threshold = sample[q];
     }
@@ -215,8 +215,10 @@ int32_t rank_row(const float * row, int32_t n, uint64_t * keys, int32_t * idx, u
 struct Ranking {
     std::vector<uint16_t> own_ranks;
     std::vector<uint8_t> own_counts;
+    std::vector<float> own_selected;
     const uint16_t * ranks = nullptr;
     const uint8_t * counts = nullptr;
+    const float * selected = nullptr;
 };
 
 /* One configuration, start to end. Returns MOECACHE_OK or the first error. */
@@ -294,6 +296,7 @@ int32_t replay_one(const moecache_replay_trace & t, const moecache_replay_config
             if (ranking.ranks != nullptr) {
                 c.scratch.sub_rank = ranking.ranks + r0 * MOECACHE_RANK_WIDTH;
                 c.scratch.sub_rank_count = ranking.counts + r0;
+                c.scratch.sel_probs = ranking.selected + r0 * t.top_k;
             }
             int32_t code = moecache_core::route(
                 c, t.call_layer[k], n, t.probs + r0 * t.n_experts, t.ids + r0 * t.top_k,
@@ -358,10 +361,13 @@ int32_t replay_one(const moecache_replay_trace & t, const moecache_replay_config
 
 extern "C" {
 
-int32_t moecache_rank_rows(const float * probs, int64_t n_rows, int32_t n_experts,
-                           int32_t n_threads, uint16_t * ranks, uint8_t * rank_counts) {
-    if (n_rows < 0 || n_experts < 1 || n_experts >= 0xFFFF ||
-        (n_rows > 0 && (probs == nullptr || ranks == nullptr || rank_counts == nullptr))) {
+int32_t moecache_rank_rows(const float * probs, const int32_t * ids, int64_t n_rows,
+                           int32_t n_experts, int32_t top_k, int32_t n_threads, uint16_t * ranks,
+                           uint8_t * rank_counts, float * selected_probs) {
+    if (n_rows < 0 || n_experts < 1 || n_experts >= 0xFFFF || top_k < 1 ||
+        top_k > MOECACHE_MAX_K ||
+        (n_rows > 0 && (probs == nullptr || ids == nullptr || ranks == nullptr ||
+                        rank_counts == nullptr || selected_probs == nullptr))) {
         return MOECACHE_E_ARG;
     }
     constexpr int64_t kChunk = 1024;
@@ -373,6 +379,10 @@ int32_t moecache_rank_rows(const float * probs, int64_t n_rows, int32_t n_expert
             std::vector<int32_t> idx(static_cast<size_t>(n_experts));
             for (int64_t r0 = next.fetch_add(kChunk); r0 < n_rows; r0 = next.fetch_add(kChunk)) {
                 for (int64_t r = r0; r < std::min(n_rows, r0 + kChunk); ++r) {
+                    for (int64_t i = r * top_k; i < (r + 1) * top_k; ++i) {
+                        const bool ok = ids[i] >= 0 && ids[i] < n_experts;
+                        selected_probs[i] = ok ? probs[r * n_experts + ids[i]] : 0.0f;
+                    }
                     rank_counts[r] = static_cast<uint8_t>(
                         rank_row(probs + r * n_experts, n_experts, keys.data(), idx.data(),
                                  ranks + r * MOECACHE_RANK_WIDTH));
@@ -409,18 +419,26 @@ int32_t moecache_replay_batch(const moecache_replay_trace * trace,
     std::memset(out, 0, sizeof(moecache_replay_token) * n_tokens * static_cast<size_t>(n_configs));
     const int32_t workers = worker_count(n_threads, n_configs);
     Ranking ranking;
-    if (trace->ranks != nullptr && trace->rank_counts != nullptr) {
+    if (trace->ranks != nullptr && trace->rank_counts != nullptr &&
+        trace->selected_probs != nullptr) {
         ranking.ranks = trace->ranks;
         ranking.counts = trace->rank_counts;
+        ranking.selected = trace->selected_probs;
     } else if (may_substitute(*trace, configs, n_configs) && trace->n_rows > 0 &&
                trace->n_experts < 0xFFFF) {
         try {
-            ranking.own_ranks.resize(static_cast<size_t>(trace->n_rows) * MOECACHE_RANK_WIDTH);
-            ranking.own_counts.resize(static_cast<size_t>(trace->n_rows));
-            moecache_rank_rows(trace->probs, trace->n_rows, trace->n_experts, n_threads,
-                               ranking.own_ranks.data(), ranking.own_counts.data());
-            ranking.ranks = ranking.own_ranks.data();
-            ranking.counts = ranking.own_counts.data();
+            const size_t rows = static_cast<size_t>(trace->n_rows);
+            ranking.own_ranks.resize(rows * MOECACHE_RANK_WIDTH);
+            ranking.own_counts.resize(rows);
+            ranking.own_selected.resize(rows * static_cast<size_t>(trace->top_k));
+            if (moecache_rank_rows(trace->probs, trace->ids, trace->n_rows, trace->n_experts,
+                                   trace->top_k, n_threads, ranking.own_ranks.data(),
+                                   ranking.own_counts.data(),
+                                   ranking.own_selected.data()) == MOECACHE_OK) {
+                ranking.ranks = ranking.own_ranks.data();
+                ranking.counts = ranking.own_counts.data();
+                ranking.selected = ranking.own_selected.data();
+            }
         } catch (...) {  // bad_alloc: the configurations scan instead
         }
     }

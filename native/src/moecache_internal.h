@@ -101,6 +101,7 @@ struct Scratch {
      * sub_rank_count[t] entries at sub_rank + t * MOECACHE_RANK_WIDTH */
     const uint16_t * sub_rank = nullptr;
     const uint8_t * sub_rank_count = nullptr;
+    const float * sel_probs = nullptr; /* [rows * k] the selected experts' probabilities */
     int64_t pin_epoch = 0;
     int64_t token_epoch = 0;
 

@@ -72,19 +72,24 @@ void steer_to_residents(moecache & c, const LayerState & L, int32_t base, const 
                         const uint16_t * rank_row, int32_t rank_count, const int32_t * ids,
                         int32_t * out_ids, int64_t mark) {
     Scratch & sc = c.scratch;
+    /* the selection's probabilities: the batch replay's copy, else out of the row */
+    float p_sel[MOECACHE_MAX_K];
+    for (int32_t j = 0; j < c.top_k; ++j) {
+        p_sel[j] = sc.sel_probs != nullptr ? sc.sel_probs[base + j] : probs_row[ids[base + j]];
+    }
     int32_t order[MOECACHE_MAX_K];
     int32_t n = 0;
     float selected = 0.0f;
     for (int32_t i = base; i < base + c.top_k; ++i) {
-        selected += probs_row[ids[i]];
+        selected += p_sel[i - base];
         if (sc.action[i] == MOECACHE_SUBSTITUTE) {
             order[n++] = i;
         }
     }
     const float bonus = c.policy.bonus * (selected > 0.0f ? selected : 1.0f);
     std::sort(order, order + n, [&](int32_t a, int32_t b) {
-        const float pa = probs_row[ids[a]];
-        const float pb = probs_row[ids[b]];
+        const float pa = p_sel[a - base];
+        const float pb = p_sel[b - base];
         return pa != pb ? pa < pb : a > b;
     });
     int32_t best[MOECACHE_MAX_K];
@@ -94,7 +99,7 @@ void steer_to_residents(moecache & c, const LayerState & L, int32_t base, const 
     for (int32_t o = 0; o < n; ++o) {
         const int32_t i = order[o];
         const int32_t r = steering && o < n_best ? best[o] : -1;
-        if (r >= 0 && probs_row[r] + bonus > probs_row[ids[i]]) {
+        if (r >= 0 && probs_row[r] + bonus > p_sel[i - base]) {
             out_ids[i] = r;
             sc.pin[r] = sc.pin_epoch;
         } else {
@@ -207,7 +212,7 @@ void apply_substitute_weights(const moecache & c, int32_t n_tokens, const float 
             continue;
         }
         const float * row = probs + static_cast<int64_t>(i / c.top_k) * c.n_experts;
-        const float p_missing = row[ids[i]];
+        const float p_missing = c.scratch.sel_probs != nullptr ? c.scratch.sel_probs[i] : row[ids[i]];
         const float p_own = row[out_ids[i]];
         weights[i] = p_missing > 0.0f ? p_own * (weights[i] / p_missing) : p_own;
     }
@@ -335,9 +340,11 @@ int32_t route(moecache & c, int32_t layer, int32_t n_tokens, const float * probs
     for (int64_t i = 0; i < selections; ++i) {
         L.last_use[out_ids[i]] = ++c.clock;
         lru_touch(L, out_ids[i]);
-        freq_order_rekey(L, out_ids[i]);
         if (c.track_frequency) {
             record_selection(L, ids[i], c.step, c.policy.half_life, sc);
+        }
+        freq_order_rekey(L, out_ids[i]);
+        if (ids[i] != out_ids[i] && c.track_frequency) {
             freq_order_rekey(L, ids[i]);
         }
         if (sc.action[i] != MOECACHE_FETCH && L.prefetched[out_ids[i]]) {

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -106,11 +107,20 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
         }
         std::vector<uint16_t> ranks(static_cast<size_t>(rows) * MOECACHE_RANK_WIDTH);
         std::vector<uint8_t> counts(static_cast<size_t>(rows));
-        if (moecache_rank_rows(probs.data(), rows, n_experts, 2, ranks.data(), counts.data()) !=
-                MOECACHE_OK ||
+        std::vector<float> selected(ids.size());
+        if (moecache_rank_rows(probs.data(), ids.data(), rows, n_experts, k, 2, ranks.data(),
+                               counts.data(), selected.data()) != MOECACHE_OK ||
             !ranking_ok(probs, rows, n_experts, ranks, counts)) {
             std::fprintf(stderr, "ranking differs from the probabilities\n");
             return -1;
+        }
+        for (size_t i = 0; i < ids.size(); ++i) {
+            const float p = probs[(i / static_cast<size_t>(k)) * static_cast<size_t>(n_experts) +
+                                  static_cast<size_t>(ids[i])];
+            if (std::memcmp(&p, &selected[i], sizeof(p)) != 0) {
+                std::fprintf(stderr, "a selected probability differs from its row's\n");
+                return -1;
+            }
         }
         std::vector<int64_t> expert_bytes(static_cast<size_t>(n_layers), 1000);
         moecache_replay_trace tr{};
@@ -152,6 +162,7 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
                                                   ea.data());
         tr.ranks = ranks.data();
         tr.rank_counts = counts.data();
+        tr.selected_probs = selected.data();
         const int32_t shared = moecache_replay_batch(&tr, configs.data(), n_cfg, 2, b.data(),
                                                      eb.data());
         for (size_t i = 0; i < ea.size(); ++i) {

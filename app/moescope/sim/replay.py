@@ -116,22 +116,23 @@ class Routing:
     one (a trace from before PSR, or recorded without router inputs)."""
     predicted: npt.NDArray[np.int32] | None = None
     """PSR: per row, the recorded prediction's expert ids, best first (-1 padded)."""
-    ranking: tuple[npt.NDArray[np.uint16], npt.NDArray[np.uint8]] | None = field(
-        default=None, repr=False)
+    ranking: tuple[npt.NDArray[np.uint16], npt.NDArray[np.uint8],
+                   npt.NDArray[np.float32]] | None = field(default=None, repr=False)
     """Each row's experts in substitution order (:meth:`substitute_ranking`), once
     made."""
 
-    def substitute_ranking(self, threads: int = 0
-                           ) -> tuple[npt.NDArray[np.uint16], npt.NDArray[np.uint8]] | None:
+    def substitute_ranking(self, threads: int = 0) -> tuple[
+            npt.NDArray[np.uint16], npt.NDArray[np.uint8], npt.NDArray[np.float32]] | None:
         """Every row's best experts in the order a substitute is chosen
         (``moecache_rank_rows``), made at the first call and kept: every batch replay of
         this routing shares it, so a configuration picks a substitute as the first resident
-        its row ranks instead of scanning a layer's slots per row. None where the core
-        cannot rank (the replay scans, deciding the same)."""
+        its row ranks instead of scanning a layer's slots per row (and the routing bonus
+        reads the selection's probabilities from a copy, not from the row). None where the
+        core cannot rank (the replay scans, deciding the same)."""
         from moescope.cache.batch import rank_rows
 
         if self.ranking is None:
-            self.ranking = rank_rows(self.probs, threads=threads)
+            self.ranking = rank_rows(self.probs, self.ids, threads=threads)
         return self.ranking
 
     @property
@@ -478,7 +479,8 @@ def replay_many(routing: Routing | Trace,
         change_slots=addr(np.array(change_slots, dtype=np.int32), np.int32),
         change_policy=ctypes.addressof(policies),
         ranks=addr(ranking[0], np.uint16) if ranking else None,
-        rank_counts=addr(ranking[1], np.uint8) if ranking else None)
+        rank_counts=addr(ranking[1], np.uint8) if ranking else None,
+        selected_probs=addr(ranking[2], np.float32) if ranking else None)
     cfgs = []
     for policy, (_, slots) in zip(fixed, configs, strict=True):
         cfg = CReplayConfig(follow_policy=1 if policy is None else 0,
