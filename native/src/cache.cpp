@@ -9,12 +9,14 @@
 #include "moecache_internal.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace moecache_core {
 
 void layer_init(LayerState & L, int32_t n_experts, int32_t slots) {
     L.slot_of.assign(n_experts, -1);
     L.expert_of.assign(slots, -1);
+    L.free_from = 0;
     L.last_use.assign(n_experts, 0);
     L.freq.assign(n_experts, 0.0);
     L.freq_step.assign(n_experts, 0);
@@ -37,6 +39,7 @@ void layer_init(LayerState & L, int32_t n_experts, int32_t slots) {
 void layer_clear(LayerState & L) {
     std::fill(L.slot_of.begin(), L.slot_of.end(), -1);
     std::fill(L.expert_of.begin(), L.expert_of.end(), -1);
+    L.free_from = 0;
     std::fill(L.last_use.begin(), L.last_use.end(), 0);
     std::fill(L.freq.begin(), L.freq.end(), 0.0);
     std::fill(L.freq_step.begin(), L.freq_step.end(), 0);
@@ -89,6 +92,7 @@ void layer_insert(LayerState & L, int32_t expert, int32_t slot) {
 void layer_remove(LayerState & L, int32_t expert) {
     const int32_t slot = L.slot_of[expert];
     L.expert_of[slot] = -1;
+    L.free_from = std::min(L.free_from, slot);
     L.slot_of[expert] = -1;
     L.n_resident -= 1;
     lru_unlink(L, expert);
@@ -114,13 +118,22 @@ void lru_place(LayerState & L, int32_t expert) {
     lru_link_before(L, expert, at);
 }
 
-int32_t layer_lowest_free_slot(const LayerState & L) {
+int32_t layer_lowest_free_slot(LayerState & L) {
     const int32_t n = static_cast<int32_t>(L.expert_of.size());
-    for (int32_t s = 0; s < n; ++s) {
+#ifdef MOECACHE_SELFCHECK
+    for (int32_t s = 0; s < std::min(L.free_from, n); ++s) {
         if (L.expert_of[s] < 0) {
+            std::abort();
+        }
+    }
+#endif
+    for (int32_t s = L.free_from; s < n; ++s) {
+        if (L.expert_of[s] < 0) {
+            L.free_from = s;
             return s;
         }
     }
+    L.free_from = n;
     return -1;
 }
 
@@ -201,6 +214,7 @@ void resize_layer(moecache & c, LayerState & L, int32_t slots) {
         }
     }
     L.expert_of.resize(slots, -1);
+    L.free_from = 0;
 }
 
 /* Grows the per-call buffers to the largest batch seen; steady-state calls allocate nothing. */

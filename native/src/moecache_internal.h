@@ -36,6 +36,7 @@ struct LayerState {
     int32_t lru_head = -1;
     int32_t lru_tail = -1;
     int32_t n_resident = 0;
+    int32_t free_from = 0; /* every slot below it holds an expert (where a free one is sought) */
     /* Frequency eviction's order, kept between calls (eviction.cpp): the fq_n residents that
      * evict first, in eviction order; every other resident evicts after fq_ids[fq_n - 1]
      * (fq_complete: there is no other). Built by a scan when a frequency victim is wanted
@@ -143,7 +144,7 @@ void layer_insert(LayerState & L, int32_t expert, int32_t slot);
 void layer_remove(LayerState & L, int32_t expert);
 void lru_touch(LayerState & L, int32_t expert);
 void lru_place(LayerState & L, int32_t expert);
-int32_t layer_lowest_free_slot(const LayerState & L);
+int32_t layer_lowest_free_slot(LayerState & L);
 int32_t acquire_slot(moecache & c, LayerState & L, int64_t pin_epoch, int32_t * victim,
                      int32_t more = 1);
 int32_t insert_background(moecache & c, LayerState & L, int32_t layer, int32_t expert,
