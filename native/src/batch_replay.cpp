@@ -306,7 +306,10 @@ int32_t replay_one(const moecache_replay_trace & t, const moecache_replay_config
                 return code;
             }
             const int64_t last = r0 + n - 1;
-            if (t.pred_width > 0 && t.next_layer[last] >= 0) {
+            /* a policy that does not prefetch leaves the prediction unread (prefetch would
+             * do nothing with it) */
+            if (t.pred_width > 0 && moecache_core::prefetch_per_token(c) > 0 &&
+                t.next_layer[last] >= 0) {
                 const int32_t * ranked = t.predicted + last * t.pred_width;
                 int32_t count = 0;
                 while (count < t.pred_width && ranked[count] >= 0) {
