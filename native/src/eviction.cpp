@@ -98,6 +98,11 @@ int32_t next_victim(moecache & c, LayerState & L, int64_t pin_epoch) {
         }
         return -1;
     }
+    if (static_cast<int32_t>(L.expert_of.size()) <= LayerState::kFreqDepth) {
+        /* a layer this small is scanned faster than its order is kept (every resident
+         * would be in the order, and every change of one would move it) */
+        return pick_victim_scan(c, L, pin_epoch);
+    }
     if (!L.fq_valid) {
         build_freq_order(L);
     }

@@ -40,7 +40,8 @@ struct LayerState {
     /* Frequency eviction's order, kept between calls (eviction.cpp): the fq_n residents that
      * evict first, in eviction order; every other resident evicts after fq_ids[fq_n - 1]
      * (fq_complete: there is no other). Built by a scan when a frequency victim is wanted
-     * and the order is not valid, then kept by every insertion, removal and change of a
+     * in a layer of more than kFreqDepth slots (a smaller one is scanned per victim) and
+     * the order is not valid, then kept by every insertion, removal and change of a
      * resident's key, so a victim needs no scan of the slots. */
     static constexpr int32_t kFreqDepth = 32;
     int32_t fq_ids[kFreqDepth];
