@@ -88,7 +88,55 @@ void build_freq_order(LayerState & L) {
     L.fq_valid = true;
 }
 
-int32_t next_victim(moecache & c, LayerState & L, int64_t pin_epoch) {
+/* One scan: the first `depth` unpinned residents in frequency eviction order. */
+int32_t scan_victims(const LayerState & L, const std::vector<int64_t> & pin, int64_t pin_epoch,
+                     int32_t depth, int32_t * ids) {
+    int32_t n = 0;
+    for (const int32_t e : L.expert_of) {
+        if (e < 0 || pin[e] == pin_epoch) {
+            continue;
+        }
+        if (n == depth && !evicts_before_frequency(L, e, ids[depth - 1])) {
+            continue;
+        }
+        int32_t at = n < depth ? n++ : depth - 1;
+        while (at > 0 && evicts_before_frequency(L, e, ids[at - 1])) {
+            ids[at] = ids[at - 1];
+            --at;
+        }
+        ids[at] = e;
+    }
+    return n;
+}
+
+/* A small layer's next victim: the call's queue, scanned again when it runs out. */
+int32_t next_victim_small(moecache & c, const LayerState & L, int64_t pin_epoch, int32_t more) {
+    const std::vector<int64_t> & pin = c.scratch.pin;
+    VictimQueue & q = c.scratch.victims;
+    if (q.layer == &L && q.epoch == pin_epoch) {
+        while (q.at < q.n) {
+            const int32_t e = q.ids[q.at++];
+            if (L.slot_of[e] >= 0 && pin[e] != pin_epoch) {
+                return e;
+            }
+        }
+        if (q.n < q.depth) {
+            return -1; /* the scan saw every unpinned resident: none is left */
+        }
+    }
+    q.layer = &L;
+    q.epoch = pin_epoch;
+    q.at = 0;
+    q.depth = std::max(1, std::min(more, VictimQueue::kDepth));
+    q.n = scan_victims(L, pin, pin_epoch, q.depth, q.ids);
+    if (q.n == 0) {
+        return -1;
+    }
+    q.at = 1;
+    return q.ids[0];
+}
+
+int32_t next_victim(moecache & c, LayerState & L, int64_t pin_epoch, int32_t more) {
     const std::vector<int64_t> & pin = c.scratch.pin;
     if (c.policy.eviction != MOECACHE_EVICT_FREQUENCY) {
         for (int32_t e = L.lru_head; e >= 0; e = L.lru_next[e]) {
@@ -101,7 +149,7 @@ int32_t next_victim(moecache & c, LayerState & L, int64_t pin_epoch) {
     if (static_cast<int32_t>(L.expert_of.size()) <= LayerState::kFreqDepth) {
         /* a layer this small is scanned faster than its order is kept (every resident
          * would be in the order, and every change of one would move it) */
-        return pick_victim_scan(c, L, pin_epoch);
+        return next_victim_small(c, L, pin_epoch, more);
     }
     if (!L.fq_valid) {
         build_freq_order(L);
@@ -167,11 +215,10 @@ void freq_order_erase(LayerState & L, int32_t expert) {
     }
 }
 
-/* `more` (how many victims the caller expects in this call) is a hint the kept order no
- * longer needs. */
+/* `more`: how many victims the caller expects to need in this call, this one included (a
+ * hint: a small layer's one scan keeps that many). */
 int32_t pick_victim(moecache & c, LayerState & L, int64_t pin_epoch, int32_t more) {
-    (void)more;
-    const int32_t v = next_victim(c, L, pin_epoch);
+    const int32_t v = next_victim(c, L, pin_epoch, more);
 #ifdef MOECACHE_SELFCHECK
     if (v != pick_victim_scan(c, L, pin_epoch)) {
         std::abort();

@@ -82,6 +82,25 @@ struct FetchRecord {
     RamFill ram;
 };
 
+/* Frequency eviction's next victims in one small layer (LayerState::kFreqDepth slots or
+ * fewer, which keeps no order between calls) within one pin epoch (a route, prefetch or
+ * resize call): the best unpinned residents in eviction order, found by one scan of the slots. Within a
+ * call the keys of unpinned residents never change (only the call's own, pinned, experts
+ * are used or inserted), so successive victims are this order minus experts pinned since;
+ * when it runs out the slots are scanned again. Equal to a full scan per victim. */
+struct VictimQueue {
+    static constexpr int32_t kDepth = 24;
+    const LayerState * layer = nullptr;
+    int64_t epoch = -1;
+    int32_t depth = 0; /* how many the scan kept at most */
+    int32_t n = 0;
+    int32_t at = 0;
+    int32_t ids[kDepth];
+
+    void invalidate() { layer = nullptr; epoch = -1; }
+};
+
+
 /* Buffers reused by every route call: no heap allocation once they have grown. */
 struct Scratch {
     std::vector<int64_t> pin;         /* expert -> route call that pinned it */
@@ -104,6 +123,7 @@ struct Scratch {
     const uint16_t * sub_rank = nullptr;
     const uint8_t * sub_rank_count = nullptr;
     const float * sel_probs = nullptr; /* [rows * k] the selected experts' probabilities */
+    VictimQueue victims;
     int64_t pin_epoch = 0;
     int64_t token_epoch = 0;
 

@@ -333,6 +333,7 @@ int32_t route(moecache & c, int32_t layer, int32_t n_tokens, const float * probs
     for (int32_t t = 0; t < n_tokens; ++t) {
         if (!decide_token(c, L, t, probs, ids, weights, out_ids, out_slots)) {
             undo_fetches(L, sc.fetches);
+            sc.victims.invalidate();
             return MOECACHE_E_NO_SLOT;
         }
     }
