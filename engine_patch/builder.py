@@ -169,12 +169,7 @@ def apply_patches(tree: Path, backend: str = "cpu", stock: bool = False) -> None
 
 
 def sync_tree(src: Path, dst: Path) -> int:
-    """Make dst equal to src, touching only files whose bytes differ.
-
-    Unchanged files keep their mtimes (the build reuses their objects); a changed file is
-    written with the current time, never its source's: several checkouts share this tree,
-    and a file switched back to an older checkout's bytes would otherwise look older than
-    the object built from the other bytes and be silently not recompiled."""
+    """Make dst equal to src, touching only files whose bytes differ (keeps mtimes)."""
     changed = 0
     seen: set[Path] = set()
     for path in src.rglob("*"):
@@ -190,7 +185,7 @@ def sync_tree(src: Path, dst: Path) -> int:
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists() or target.is_symlink():
             target.unlink()
-        shutil.copy(path, target, follow_symlinks=False)
+        shutil.copy2(path, target, follow_symlinks=False)
         changed += 1
     for path in sorted(dst.rglob("*"), reverse=True):
         if path.relative_to(dst) not in seen:
