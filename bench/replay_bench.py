@@ -9,9 +9,12 @@ core) and measures, as medians of ``--reps``:
 * bytes on disk per token, version 1 (JSON Lines) and version 2 (Arrow IPC stream);
 * ``read_trace`` time per token for both (the same tokens; read once first to warm up),
   wall clock (median) and CPU time (best of at least 3);
-* replay layer-decisions per second on one core (8 policies, one thread);
+* the shared substitute ranking (``Routing.substitute_ranking``, once per trace, 2 threads);
+* replay layer-decisions per second on one core (8 policies, one thread), wall clock and
+  CPU time (best of the reps), the ranking already made;
 * an 8-policy x 6-budget what-if (``moescope.sim.sweep`` with the ``pcie4`` cost model)
-  over the ``--tokens`` trace on 2 threads, with and without laying out the routing.
+  over the ``--tokens`` trace on 2 threads, with and without laying out the routing and
+  ranking it.
 
 Prints a Markdown table for docs/benchmarks.md. The machine is shared: timings are
 wall-clock medians and vary with the neighbours' load.
@@ -95,17 +98,28 @@ def main() -> int:
     tl, routing = timed(lambda: Routing.from_trace(trace), 1)  # type: ignore[arg-type]
     rows.append(("Routing.from_trace (layout for the replay)", f"{tl:.2f} s"))
     assert isinstance(routing, Routing)
+    c0 = time.process_time()
+    tk, _ = timed(lambda: routing.substitute_ranking(threads=2), 1)
+    ck = time.process_time() - c0
+    rows.append(("substitute ranking, once per trace (2 threads)",
+                 f"{tk:.2f} s wall, {ck:.2f} s CPU"))
     one_core = [(p, 128) for p in POLICIES]
     t1c, _ = timed(lambda: replay_many(routing, one_core, threads=1), args.reps)
+    c1c = cpu_best(lambda: replay_many(routing, one_core, threads=1), args.reps)
     decisions = routing.n_rows * len(one_core)
     rows.append(("replay, 8 policies at 128 slots, 1 thread",
-                 f"{t1c:.2f} s = {decisions / t1c / 1e6:.2f} M layer-decisions/s"))
+                 f"{t1c:.2f} s = {decisions / t1c / 1e6:.2f} M layer-decisions/s wall; "
+                 f"{c1c:.2f} s = {decisions / c1c / 1e6:.2f} M/s CPU"))
     cost = cost_model("pcie4", trace)  # type: ignore[arg-type]
+    c0 = time.process_time()
     tw, result = timed(lambda: sweep(trace, POLICIES, BUDGETS, cost, routing=routing,  # type: ignore[arg-type]
                                      threads=2), args.reps)
+    cw = (time.process_time() - c0) / args.reps
     rows.append((f"what-if 8 policies x 6 budgets, {args.tokens} tokens, 2 threads",
-                 f"{tw:.2f} s ({routing.n_rows * 48 / tw / 1e6:.1f} M layer-decisions/s)"))
-    rows.append(("same, including Routing.from_trace", f"{tw + tl:.2f} s"))
+                 f"{tw:.2f} s wall ({routing.n_rows * 48 / tw / 1e6:.1f} M layer-decisions/s), "
+                 f"{cw:.2f} s CPU"))
+    rows.append(("same, including the ranking", f"{tw + tk:.2f} s"))
+    rows.append(("same, including Routing.from_trace and the ranking", f"{tw + tk + tl:.2f} s"))
     print(f"trace: {args.tokens} tokens x 48 layers x 512 experts, top-10, f32 router "
           f"inputs, PSR predictions (32 ranks) on every row; files in {work}")
     print()

@@ -330,6 +330,11 @@ typedef struct moecache_replay_trace {
     const int64_t * change_token;    /* [n_changes], non-decreasing */
     const int32_t * change_slots;    /* > 0: a budget change to that many slots; 0: policy */
     const moecache_policy * change_policy; /* [n_changes], read where change_slots == 0 */
+    /* optional (NULL: the call ranks the rows itself): moecache_rank_rows's output for
+     * probs, kept by the caller so that every batch over one trace shares one ranking */
+    const uint16_t * ranks;          /* [n_rows * MOECACHE_RANK_WIDTH] */
+    const uint8_t * rank_counts;     /* [n_rows] */
+    const float * selected_probs;    /* [n_rows * top_k] */
 } moecache_replay_trace;
 
 typedef struct moecache_replay_config {
@@ -354,6 +359,22 @@ typedef struct moecache_replay_token {
     int64_t prefetches;
     int64_t prefetch_hits;
 } moecache_replay_token;
+
+#define MOECACHE_RANK_WIDTH 64 /* experts ranked per row for substitution, at most */
+
+/* Ranks each of n_rows rows of router probabilities for substitution, once for all the
+ * configurations a batch replays: row r's first rank_counts[r] experts in the order a
+ * substitute is chosen (probability descending, ties by lower id) at
+ * ranks[r * MOECACHE_RANK_WIDTH]; every other expert of the row ranks below them. A
+ * substitute is then the first resident the row's ranking names, with no scan of a layer's
+ * slots (the scan decides what the ranking does not reach, and a row holding a NaN, whose
+ * count is 0). selected_probs[r * top_k + j] receives probs[r][ids[r * top_k + j]] (0 for
+ * an id out of range), so the routing bonus reads no row. Needs n_experts < 65535. On up
+ * to n_threads threads (<= 0: one per core). Returns MOECACHE_OK or MOECACHE_E_ARG. */
+MOECACHE_API int32_t moecache_rank_rows(const float * probs, const int32_t * ids, int64_t n_rows,
+                                        int32_t n_experts, int32_t top_k, int32_t n_threads,
+                                        uint16_t * ranks, uint8_t * rank_counts,
+                                        float * selected_probs);
 
 /* Replays `trace` under each of `configs` on up to `n_threads` threads (<= 0: one per
  * configuration, at most the machine's). out: [n_configs * n_tokens], configuration-major.

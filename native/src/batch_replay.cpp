@@ -113,9 +113,118 @@ bool trace_valid(const moecache_replay_trace & t) {
            t.start_slots <= t.n_experts;
 }
 
+/* Whether any configuration could substitute (only then are the rows ranked). */
+bool may_substitute(const moecache_replay_trace & t, const moecache_replay_config * configs,
+                    int32_t n_configs) {
+    for (int32_t i = 0; i < n_configs; ++i) {
+        if (configs[i].follow_policy ? t.start_policy.miss_rule != MOECACHE_FETCH_ALL ||
+                                           t.n_changes > 0
+                                     : configs[i].policy.miss_rule != MOECACHE_FETCH_ALL) {
+            return true;
+        }
+    }
+    return false;
+}
+
+template <typename Work>
+void run_workers(int32_t workers, Work work) {
+    if (workers <= 1) {
+        work();
+        return;
+    }
+    std::vector<std::thread> pool;
+    try {
+        for (int32_t w = 0; w < workers; ++w) {
+            pool.emplace_back(work);
+        }
+    } catch (...) {  // no thread could be started: the ones running finish the work
+    }
+    if (pool.empty()) {
+        work();
+    }
+    for (std::thread & th : pool) {
+        th.join();
+    }
+}
+
+int32_t worker_count(int32_t n_threads, int64_t jobs) {
+    const int32_t hw = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+    return static_cast<int32_t>(
+        std::max<int64_t>(1, std::min<int64_t>(jobs, n_threads > 0 ? n_threads : hw)));
+}
+
+/* pick_substitute's order as one integer: the probability's bits made unsigned-ordered and
+ * inverted (higher first) over the id (lower first); -0.0 counts as 0.0, as the scan's
+ * float comparison does. */
+uint64_t rank_key(float p, int32_t e) {
+    if (p == 0.0f) {
+        p = 0.0f;
+    }
+    uint32_t u;
+    std::memcpy(&u, &p, sizeof(u));
+    u = (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
+    return (static_cast<uint64_t>(~u) << 32) | static_cast<uint32_t>(e);
+}
+
+/* One row: the experts at or above a threshold sampled from the row (about seven eighths
+ * of the width of them, at most the width), sorted; so the ranked ones are exactly the row's
+ * best, whatever the threshold. Returns how many (0 for a row holding a NaN). */
+int32_t rank_row(const float * row, int32_t n, uint64_t * keys, int32_t * idx, uint16_t * out) {
+    constexpr int32_t width = MOECACHE_RANK_WIDTH;
+    uint32_t nan = 0;
+    for (int32_t e = 0; e < n; ++e) {
+        uint32_t u;
+        std::memcpy(&u, row + e, sizeof(u));
+        nan |= static_cast<uint32_t>((u & 0x7fffffffu) > 0x7f800000u);
+    }
+    if (nan != 0) {
+        return 0;
+    }
+    float threshold = -std::numeric_limits<float>::infinity();
+    if (n > width) {
+        float sample[64];
+        int32_t ns = 0;
+        const int32_t stride = std::max(1, n / 64);
+        for (int32_t e = 0; e < n && ns < 64; e += stride) {
+            sample[ns++] = row[e];
+        }
+        const int32_t q = std::max(0, ns * width * 7 / (8 * n) - 1);
+        std::nth_element(sample, sample + q, sample + ns, std::greater<float>());
+        threshold = sample[q];
+    }
+    int32_t m = 0;
+    for (int32_t e = 0; e < n; ++e) {
+        idx[m] = e;
+        m += row[e] >= threshold;
+    }
+    for (int32_t j = 0; j < m; ++j) {
+        keys[j] = rank_key(row[idx[j]], idx[j]);
+    }
+    if (m > width) {
+        std::nth_element(keys, keys + width, keys + m);
+        m = width;
+    }
+    std::sort(keys, keys + m);
+    for (int32_t j = 0; j < m; ++j) {
+        out[j] = static_cast<uint16_t>(keys[j] & 0xFFFFu);
+    }
+    return m;
+}
+
+/* The trace's ranking, or one made for this call (none where it cannot be: then scans). */
+struct Ranking {
+    std::vector<uint16_t> own_ranks;
+    std::vector<uint8_t> own_counts;
+    std::vector<float> own_selected;
+    const uint16_t * ranks = nullptr;
+    const uint8_t * counts = nullptr;
+    const float * selected = nullptr;
+};
+
 /* One configuration, start to end. Returns MOECACHE_OK or the first error. */
 int32_t replay_one(const moecache_replay_trace & t, const moecache_replay_config & cfg,
-                   moecache_replay_token * out, moecache_event * events) {
+                   const Ranking & ranking, moecache_replay_token * out,
+                   moecache_event * events) {
     const bool follow_slots = cfg.slots == 0;
     const moecache_policy & start = cfg.follow_policy ? t.start_policy : cfg.policy;
     const int32_t slots = follow_slots ? t.start_slots : cfg.slots;
@@ -184,6 +293,11 @@ int32_t replay_one(const moecache_replay_trace & t, const moecache_replay_config
             const size_t kk = static_cast<size_t>(n) * static_cast<size_t>(t.top_k);
             std::memcpy(weights.data(), t.weights + r0 * t.top_k, kk * sizeof(float));
             int32_t n_plan = 0;
+            if (ranking.ranks != nullptr) {
+                c.scratch.sub_rank = ranking.ranks + r0 * MOECACHE_RANK_WIDTH;
+                c.scratch.sub_rank_count = ranking.counts + r0;
+                c.scratch.sel_probs = ranking.selected + r0 * t.top_k;
+            }
             int32_t code = moecache_core::route(
                 c, t.call_layer[k], n, t.probs + r0 * t.n_experts, t.ids + r0 * t.top_k,
                 weights.data(), out_ids.data(), out_slots.data(), plan.data(),
@@ -192,7 +306,10 @@ int32_t replay_one(const moecache_replay_trace & t, const moecache_replay_config
                 return code;
             }
             const int64_t last = r0 + n - 1;
-            if (t.pred_width > 0 && t.next_layer[last] >= 0) {
+            /* a policy that does not prefetch leaves the prediction unread (prefetch would
+             * do nothing with it) */
+            if (t.pred_width > 0 && moecache_core::prefetch_per_token(c) > 0 &&
+                t.next_layer[last] >= 0) {
                 const int32_t * ranked = t.predicted + last * t.pred_width;
                 int32_t count = 0;
                 while (count < t.pred_width && ranked[count] >= 0) {
@@ -247,6 +364,44 @@ int32_t replay_one(const moecache_replay_trace & t, const moecache_replay_config
 
 extern "C" {
 
+int32_t moecache_rank_rows(const float * probs, const int32_t * ids, int64_t n_rows,
+                           int32_t n_experts, int32_t top_k, int32_t n_threads, uint16_t * ranks,
+                           uint8_t * rank_counts, float * selected_probs) {
+    if (n_rows < 0 || n_experts < 1 || n_experts >= 0xFFFF || top_k < 1 ||
+        top_k > MOECACHE_MAX_K ||
+        (n_rows > 0 && (probs == nullptr || ids == nullptr || ranks == nullptr ||
+                        rank_counts == nullptr || selected_probs == nullptr))) {
+        return MOECACHE_E_ARG;
+    }
+    constexpr int64_t kChunk = 1024;
+    std::atomic<int64_t> next{0};
+    std::atomic<bool> failed{false};
+    auto work = [&]() {
+        try {
+            std::vector<uint64_t> keys(static_cast<size_t>(n_experts));
+            std::vector<int32_t> idx(static_cast<size_t>(n_experts));
+            for (int64_t r0 = next.fetch_add(kChunk); r0 < n_rows; r0 = next.fetch_add(kChunk)) {
+                for (int64_t r = r0; r < std::min(n_rows, r0 + kChunk); ++r) {
+                    for (int64_t i = r * top_k; i < (r + 1) * top_k; ++i) {
+                        const bool ok = ids[i] >= 0 && ids[i] < n_experts;
+                        selected_probs[i] = ok ? probs[r * n_experts + ids[i]] : 0.0f;
+                    }
+                    rank_counts[r] = static_cast<uint8_t>(
+                        rank_row(probs + r * n_experts, n_experts, keys.data(), idx.data(),
+                                 ranks + r * MOECACHE_RANK_WIDTH));
+                }
+            }
+        } catch (...) {
+            failed = true;
+        }
+    };
+    run_workers(worker_count(n_threads, (n_rows + kChunk - 1) / kChunk), work);
+    if (failed) {  // bad_alloc: no row is ranked, so every configuration scans
+        std::fill(rank_counts, rank_counts + n_rows, static_cast<uint8_t>(0));
+    }
+    return MOECACHE_OK;
+}
+
 int32_t moecache_replay_batch(const moecache_replay_trace * trace,
                               const moecache_replay_config * configs, int32_t n_configs,
                               int32_t n_threads, moecache_replay_token * out,
@@ -265,15 +420,38 @@ int32_t moecache_replay_batch(const moecache_replay_trace * trace,
     }
     const size_t n_tokens = static_cast<size_t>(trace->n_tokens);
     std::memset(out, 0, sizeof(moecache_replay_token) * n_tokens * static_cast<size_t>(n_configs));
-    const int32_t hw = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
-    const int32_t workers = std::max(1, std::min(n_configs, n_threads > 0 ? n_threads : hw));
+    const int32_t workers = worker_count(n_threads, n_configs);
+    Ranking ranking;
+    if (trace->ranks != nullptr && trace->rank_counts != nullptr &&
+        trace->selected_probs != nullptr) {
+        ranking.ranks = trace->ranks;
+        ranking.counts = trace->rank_counts;
+        ranking.selected = trace->selected_probs;
+    } else if (may_substitute(*trace, configs, n_configs) && trace->n_rows > 0 &&
+               trace->n_experts < 0xFFFF) {
+        try {
+            const size_t rows = static_cast<size_t>(trace->n_rows);
+            ranking.own_ranks.resize(rows * MOECACHE_RANK_WIDTH);
+            ranking.own_counts.resize(rows);
+            ranking.own_selected.resize(rows * static_cast<size_t>(trace->top_k));
+            if (moecache_rank_rows(trace->probs, trace->ids, trace->n_rows, trace->n_experts,
+                                   trace->top_k, n_threads, ranking.own_ranks.data(),
+                                   ranking.own_counts.data(),
+                                   ranking.own_selected.data()) == MOECACHE_OK) {
+                ranking.ranks = ranking.own_ranks.data();
+                ranking.counts = ranking.own_counts.data();
+                ranking.selected = ranking.own_selected.data();
+            }
+        } catch (...) {  // bad_alloc: the configurations scan instead
+        }
+    }
     std::atomic<int32_t> next{0};
     std::vector<int32_t> codes(static_cast<size_t>(std::max(n_configs, 1)), MOECACHE_OK);
     auto work = [&]() {
         for (int32_t i = next++; i < n_configs; i = next++) {
             try {
                 codes[static_cast<size_t>(i)] = replay_one(
-                    *trace, configs[i], out + static_cast<size_t>(i) * n_tokens,
+                    *trace, configs[i], ranking, out + static_cast<size_t>(i) * n_tokens,
                     events != nullptr ? events + static_cast<int64_t>(i) * trace->n_rows
                                       : nullptr);
             } catch (...) {  // bad_alloc: this configuration fails, the others go on
@@ -281,23 +459,7 @@ int32_t moecache_replay_batch(const moecache_replay_trace * trace,
             }
         }
     };
-    if (workers <= 1) {
-        work();
-    } else {
-        std::vector<std::thread> pool;
-        try {
-            for (int32_t w = 0; w < workers; ++w) {
-                pool.emplace_back(work);
-            }
-        } catch (...) {  // no thread could be started: the ones running finish the work
-        }
-        if (pool.empty()) {
-            work();
-        }
-        for (std::thread & th : pool) {
-            th.join();
-        }
-    }
+    run_workers(workers, work);
     for (const int32_t code : codes) {
         if (code != MOECACHE_OK) {
             return code;

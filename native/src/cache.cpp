@@ -9,12 +9,14 @@
 #include "moecache_internal.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace moecache_core {
 
 void layer_init(LayerState & L, int32_t n_experts, int32_t slots) {
     L.slot_of.assign(n_experts, -1);
     L.expert_of.assign(slots, -1);
+    L.free_from = 0;
     L.last_use.assign(n_experts, 0);
     L.freq.assign(n_experts, 0.0);
     L.freq_step.assign(n_experts, 0);
@@ -25,6 +27,9 @@ void layer_init(LayerState & L, int32_t n_experts, int32_t slots) {
     L.lru_next.assign(n_experts, -1);
     L.lru_head = L.lru_tail = -1;
     L.n_resident = 0;
+    L.fq_in.assign(n_experts, 0);
+    L.fq_n = 0;
+    L.fq_valid = L.fq_complete = false;
     L.ram_slot_of.assign(n_experts, -1);
     L.ram_expert_of.clear();
     L.ram_last_use.assign(n_experts, 0);
@@ -34,6 +39,7 @@ void layer_init(LayerState & L, int32_t n_experts, int32_t slots) {
 void layer_clear(LayerState & L) {
     std::fill(L.slot_of.begin(), L.slot_of.end(), -1);
     std::fill(L.expert_of.begin(), L.expert_of.end(), -1);
+    L.free_from = 0;
     std::fill(L.last_use.begin(), L.last_use.end(), 0);
     std::fill(L.freq.begin(), L.freq.end(), 0.0);
     std::fill(L.freq_step.begin(), L.freq_step.end(), 0);
@@ -44,6 +50,9 @@ void layer_clear(LayerState & L) {
     std::fill(L.lru_next.begin(), L.lru_next.end(), -1);
     L.lru_head = L.lru_tail = -1;
     L.n_resident = 0;
+    std::fill(L.fq_in.begin(), L.fq_in.end(), 0);
+    L.fq_n = 0;
+    L.fq_valid = L.fq_complete = false;
     std::fill(L.ram_slot_of.begin(), L.ram_slot_of.end(), -1);
     std::fill(L.ram_expert_of.begin(), L.ram_expert_of.end(), -1);
     std::fill(L.ram_last_use.begin(), L.ram_last_use.end(), 0);
@@ -77,14 +86,17 @@ void layer_insert(LayerState & L, int32_t expert, int32_t slot) {
     L.expert_of[slot] = expert;
     L.n_resident += 1;
     lru_link_before(L, expert, -1);
+    freq_order_insert(L, expert);
 }
 
 void layer_remove(LayerState & L, int32_t expert) {
     const int32_t slot = L.slot_of[expert];
     L.expert_of[slot] = -1;
+    L.free_from = std::min(L.free_from, slot);
     L.slot_of[expert] = -1;
     L.n_resident -= 1;
     lru_unlink(L, expert);
+    freq_order_erase(L, expert);
 }
 
 /* After last_use[expert] = ++clock: the most recent. */
@@ -106,13 +118,22 @@ void lru_place(LayerState & L, int32_t expert) {
     lru_link_before(L, expert, at);
 }
 
-int32_t layer_lowest_free_slot(const LayerState & L) {
+int32_t layer_lowest_free_slot(LayerState & L) {
     const int32_t n = static_cast<int32_t>(L.expert_of.size());
-    for (int32_t s = 0; s < n; ++s) {
+#ifdef MOECACHE_SELFCHECK
+    for (int32_t s = 0; s < std::min(L.free_from, n); ++s) {
         if (L.expert_of[s] < 0) {
+            std::abort();
+        }
+    }
+#endif
+    for (int32_t s = L.free_from; s < n; ++s) {
+        if (L.expert_of[s] < 0) {
+            L.free_from = s;
             return s;
         }
     }
+    L.free_from = n;
     return -1;
 }
 
@@ -158,6 +179,7 @@ int32_t insert_background(moecache & c, LayerState & L, int32_t layer, int32_t e
     c.scratch.pin[expert] = pin_epoch;
     L.last_use[expert] = ++c.clock;
     lru_touch(L, expert);
+    freq_order_rekey(L, expert);
     L.lost_mass[expert] = 0.0f;
     L.prefetched[expert] = prefetched ? 1 : 0;
     plan[*n_plan] = moecache_copy{layer, expert, slot, 1, fill.ram_slot, fill.from_disk};
@@ -192,6 +214,7 @@ void resize_layer(moecache & c, LayerState & L, int32_t slots) {
         }
     }
     L.expert_of.resize(slots, -1);
+    L.free_from = 0;
 }
 
 /* Grows the per-call buffers to the largest batch seen; steady-state calls allocate nothing. */

@@ -60,20 +60,47 @@ int32_t pick_victim_scan(const moecache & c, const LayerState & L, int64_t pin_e
 
 namespace {
 
-/* One scan: the first `depth` unpinned residents in eviction order. */
-template <typename Before>
+/* One scan: the layer's first LayerState::kFreqDepth residents in frequency eviction order
+ * (pinned ones too: pins last one call, the order outlives it). */
+void build_freq_order(LayerState & L) {
+    constexpr int32_t depth = LayerState::kFreqDepth;
+    int32_t * ids = L.fq_ids;
+    for (int32_t i = 0; i < L.fq_n; ++i) {
+        L.fq_in[ids[i]] = 0;
+    }
+    int32_t n = 0;
+    for (const int32_t e : L.expert_of) {
+        if (e < 0 || (n == depth && !evicts_before_frequency(L, e, ids[depth - 1]))) {
+            continue;
+        }
+        int32_t at = n < depth ? n++ : depth - 1;
+        while (at > 0 && evicts_before_frequency(L, e, ids[at - 1])) {
+            ids[at] = ids[at - 1];
+            --at;
+        }
+        ids[at] = e;
+    }
+    for (int32_t i = 0; i < n; ++i) {
+        L.fq_in[ids[i]] = 1;
+    }
+    L.fq_n = n;
+    L.fq_complete = L.n_resident <= depth;
+    L.fq_valid = true;
+}
+
+/* One scan: the first `depth` unpinned residents in frequency eviction order. */
 int32_t scan_victims(const LayerState & L, const std::vector<int64_t> & pin, int64_t pin_epoch,
-                     Before before, int32_t depth, int32_t * ids) {
+                     int32_t depth, int32_t * ids) {
     int32_t n = 0;
     for (const int32_t e : L.expert_of) {
         if (e < 0 || pin[e] == pin_epoch) {
             continue;
         }
-        if (n == depth && !before(e, ids[depth - 1])) {
+        if (n == depth && !evicts_before_frequency(L, e, ids[depth - 1])) {
             continue;
         }
         int32_t at = n < depth ? n++ : depth - 1;
-        while (at > 0 && before(e, ids[at - 1])) {
+        while (at > 0 && evicts_before_frequency(L, e, ids[at - 1])) {
             ids[at] = ids[at - 1];
             --at;
         }
@@ -82,20 +109,9 @@ int32_t scan_victims(const LayerState & L, const std::vector<int64_t> & pin, int
     return n;
 }
 
-}  // namespace
-
-namespace {
-
-int32_t next_victim(moecache & c, const LayerState & L, int64_t pin_epoch, int32_t more) {
+/* A small layer's next victim: the call's queue, scanned again when it runs out. */
+int32_t next_victim_small(moecache & c, const LayerState & L, int64_t pin_epoch, int32_t more) {
     const std::vector<int64_t> & pin = c.scratch.pin;
-    if (c.policy.eviction != MOECACHE_EVICT_FREQUENCY) {
-        for (int32_t e = L.lru_head; e >= 0; e = L.lru_next[e]) {
-            if (pin[e] != pin_epoch) {
-                return e;
-            }
-        }
-        return -1;
-    }
     VictimQueue & q = c.scratch.victims;
     if (q.layer == &L && q.epoch == pin_epoch) {
         while (q.at < q.n) {
@@ -112,9 +128,7 @@ int32_t next_victim(moecache & c, const LayerState & L, int64_t pin_epoch, int32
     q.epoch = pin_epoch;
     q.at = 0;
     q.depth = std::max(1, std::min(more, VictimQueue::kDepth));
-    q.n = scan_victims(L, pin, pin_epoch,
-                       [&L](int32_t a, int32_t b) { return evicts_before_frequency(L, a, b); },
-                       q.depth, q.ids);
+    q.n = scan_victims(L, pin, pin_epoch, q.depth, q.ids);
     if (q.n == 0) {
         return -1;
     }
@@ -122,11 +136,88 @@ int32_t next_victim(moecache & c, const LayerState & L, int64_t pin_epoch, int32
     return q.ids[0];
 }
 
+int32_t next_victim(moecache & c, LayerState & L, int64_t pin_epoch, int32_t more) {
+    const std::vector<int64_t> & pin = c.scratch.pin;
+    if (c.policy.eviction != MOECACHE_EVICT_FREQUENCY) {
+        for (int32_t e = L.lru_head; e >= 0; e = L.lru_next[e]) {
+            if (pin[e] != pin_epoch) {
+                return e;
+            }
+        }
+        return -1;
+    }
+    if (static_cast<int32_t>(L.expert_of.size()) <= LayerState::kFreqDepth) {
+        /* a layer this small is scanned faster than its order is kept (every resident
+         * would be in the order, and every change of one would move it) */
+        return next_victim_small(c, L, pin_epoch, more);
+    }
+    if (!L.fq_valid) {
+        build_freq_order(L);
+    }
+    for (int32_t i = 0; i < L.fq_n; ++i) {
+        if (pin[L.fq_ids[i]] != pin_epoch) {
+            return L.fq_ids[i];
+        }
+    }
+    /* every resident the order holds is pinned: the rest are after them, so scan those */
+    return L.fq_complete ? -1 : pick_victim_scan(c, L, pin_epoch);
+}
+
 }  // namespace
 
+void freq_order_insert(LayerState & L, int32_t expert) {
+    if (!L.fq_valid) {
+        return;
+    }
+    int32_t * ids = L.fq_ids;
+    int32_t n = L.fq_n;
+    if (!L.fq_complete && !evicts_before_frequency(L, expert, ids[n - 1])) {
+        return; /* after the last kept: the order's promise holds */
+    }
+    int32_t at = 0; /* how many evict before it: a binary search of the kept order */
+    for (int32_t hi = n; at < hi;) {
+        const int32_t mid = (at + hi) / 2;
+        if (evicts_before_frequency(L, expert, ids[mid])) {
+            hi = mid;
+        } else {
+            at = mid + 1;
+        }
+    }
+    if (n == LayerState::kFreqDepth) { /* the last kept drops out, after all the others */
+        L.fq_in[ids[n - 1]] = 0;
+        L.fq_complete = false;
+        --n;
+    }
+    for (int32_t i = n; i > at; --i) {
+        ids[i] = ids[i - 1];
+    }
+    ids[at] = expert;
+    L.fq_in[expert] = 1;
+    L.fq_n = n + 1;
+}
+
+void freq_order_erase(LayerState & L, int32_t expert) {
+    if (!L.fq_valid || !L.fq_in[expert]) {
+        return;
+    }
+    int32_t * ids = L.fq_ids;
+    int32_t i = 0;
+    while (ids[i] != expert) {
+        ++i;
+    }
+    for (; i + 1 < L.fq_n; ++i) {
+        ids[i] = ids[i + 1];
+    }
+    L.fq_n -= 1;
+    L.fq_in[expert] = 0;
+    if (L.fq_n == 0 && !L.fq_complete) {
+        L.fq_valid = false; /* nothing known: the next victim scans */
+    }
+}
+
 /* `more`: how many victims the caller expects to need in this call, this one included (a
- * hint: one scan keeps that many). */
-int32_t pick_victim(moecache & c, const LayerState & L, int64_t pin_epoch, int32_t more) {
+ * hint: a small layer's one scan keeps that many). */
+int32_t pick_victim(moecache & c, LayerState & L, int64_t pin_epoch, int32_t more) {
     const int32_t v = next_victim(c, L, pin_epoch, more);
 #ifdef MOECACHE_SELFCHECK
     if (v != pick_victim_scan(c, L, pin_epoch)) {
@@ -170,6 +261,7 @@ void record_selection(LayerState & L, int32_t expert, int64_t step, float half_l
 }
 
 void refresh_frequency_keys(LayerState & L, float half_life) {
+    L.fq_valid = false;
     const double h = static_cast<double>(half_life);
     const size_t n = L.freq.size();
     for (size_t e = 0; e < n; ++e) {

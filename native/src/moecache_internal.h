@@ -36,6 +36,19 @@ struct LayerState {
     int32_t lru_head = -1;
     int32_t lru_tail = -1;
     int32_t n_resident = 0;
+    int32_t free_from = 0; /* every slot below it holds an expert (where a free one is sought) */
+    /* Frequency eviction's order, kept between calls (eviction.cpp): the fq_n residents that
+     * evict first, in eviction order; every other resident evicts after fq_ids[fq_n - 1]
+     * (fq_complete: there is no other). Built by a scan when a frequency victim is wanted
+     * in a layer of more than kFreqDepth slots (a smaller one is scanned per victim) and
+     * the order is not valid, then kept by every insertion, removal and change of a
+     * resident's key, so a victim needs no scan of the slots. */
+    static constexpr int32_t kFreqDepth = 32;
+    int32_t fq_ids[kFreqDepth];
+    int32_t fq_n = 0;
+    bool fq_valid = false;
+    bool fq_complete = false;
+    std::vector<int8_t> fq_in; /* expert -> 1 while in fq_ids */
     int32_t n_ram = 0;
     int64_t expert_bytes = 0;
     moecache_layer_stats stats{};
@@ -69,7 +82,8 @@ struct FetchRecord {
     RamFill ram;
 };
 
-/* Frequency eviction's next victims in one layer within one pin epoch (a route, prefetch or
+/* Frequency eviction's next victims in one small layer (LayerState::kFreqDepth slots or
+ * fewer, which keeps no order between calls) within one pin epoch (a route, prefetch or
  * resize call): the best unpinned residents in eviction order, found by one scan of the slots. Within a
  * call the keys of unpinned residents never change (only the call's own, pinned, experts
  * are used or inserted), so successive victims are this order minus experts pinned since;
@@ -85,6 +99,7 @@ struct VictimQueue {
 
     void invalidate() { layer = nullptr; epoch = -1; }
 };
+
 
 /* Buffers reused by every route call: no heap allocation once they have grown. */
 struct Scratch {
@@ -102,6 +117,12 @@ struct Scratch {
     std::vector<int32_t> ranked;      /* [n_experts] prefetch: expert ids, best score first */
     std::vector<double> decay;        /* decay[a] = 2^(-a / decay_h): record_selection's factor */
     float decay_h = 0.0f;
+    /* Batch replay only (nullptr elsewhere): the route call's rows ranked once per trace
+     * and shared by every configuration (moecache_rank_rows): row t's first
+     * sub_rank_count[t] entries at sub_rank + t * MOECACHE_RANK_WIDTH */
+    const uint16_t * sub_rank = nullptr;
+    const uint8_t * sub_rank_count = nullptr;
+    const float * sel_probs = nullptr; /* [rows * k] the selected experts' probabilities */
     VictimQueue victims;
     int64_t pin_epoch = 0;
     int64_t token_epoch = 0;
@@ -144,7 +165,7 @@ void layer_insert(LayerState & L, int32_t expert, int32_t slot);
 void layer_remove(LayerState & L, int32_t expert);
 void lru_touch(LayerState & L, int32_t expert);
 void lru_place(LayerState & L, int32_t expert);
-int32_t layer_lowest_free_slot(const LayerState & L);
+int32_t layer_lowest_free_slot(LayerState & L);
 int32_t acquire_slot(moecache & c, LayerState & L, int64_t pin_epoch, int32_t * victim,
                      int32_t more = 1);
 int32_t insert_background(moecache & c, LayerState & L, int32_t layer, int32_t expert,
@@ -163,12 +184,21 @@ void ram_undo(LayerState & L, int32_t expert, const RamFill & f);
 void ram_commit(moecache & c, LayerState & L, int32_t expert, const RamFill & f);
 
 /* eviction.cpp: which resident expert leaves. */
-int32_t pick_victim(moecache & c, const LayerState & L, int64_t pin_epoch, int32_t more = 1);
+int32_t pick_victim(moecache & c, LayerState & L, int64_t pin_epoch, int32_t more = 1);
 int32_t pick_victim_scan(const moecache & c, const LayerState & L, int64_t pin_epoch);
 void record_selection(LayerState & L, int32_t expert, int64_t step, float half_life);
 void record_selection(LayerState & L, int32_t expert, int64_t step, float half_life,
                       Scratch & sc);
 void refresh_frequency_keys(LayerState & L, float half_life);
+void freq_order_insert(LayerState & L, int32_t expert); /* a new resident */
+void freq_order_erase(LayerState & L, int32_t expert);  /* a resident leaves */
+/* after a resident's last_use or freq_key changed */
+inline void freq_order_rekey(LayerState & L, int32_t expert) {
+    if (L.fq_valid && L.slot_of[expert] >= 0) {
+        freq_order_erase(L, expert);
+        freq_order_insert(L, expert);
+    }
+}
 
 /* rules.cpp: miss rules, substitution, policies. */
 bool policy_valid(const moecache_policy & p);
@@ -177,9 +207,12 @@ bool miss_rule_fetches(const moecache_policy & p, int32_t rank, float normalized
                        bool disk_only);
 int32_t pick_substitute(const LayerState & L, const float * probs_row,
                         const std::vector<int64_t> & token_mark, int64_t token);
+/* rank_row: the row's first rank_count experts in pick_substitute's order (the batch
+ * replay's SubstituteRanking; rank_count 0: none, scan) */
 int32_t pick_substitutes(const LayerState & L, const float * probs_row,
                          std::vector<int64_t> & token_mark, int64_t token, int32_t want,
-                         int32_t * out);
+                         int32_t * out, const uint16_t * rank_row = nullptr,
+                         int32_t rank_count = 0);
 
 /* admission.cpp: background admission of experts that lost enough mass. */
 void admit_lost_mass(moecache & c, LayerState & L, int32_t layer, int32_t n_tokens,

@@ -69,30 +69,37 @@ void undo_fetches(LayerState & L, const std::vector<FetchRecord> & fetches) {
  * p_resident + bonus * S > p_miss, gives exactly that top-k; once a pair fails every later one
  * would, so the rest are fetched. Equal probabilities: the later router rank goes first. */
 void steer_to_residents(moecache & c, const LayerState & L, int32_t base, const float * probs_row,
-                        const int32_t * ids, int32_t * out_ids, int64_t mark) {
+                        const uint16_t * rank_row, int32_t rank_count, const int32_t * ids,
+                        int32_t * out_ids, int64_t mark) {
     Scratch & sc = c.scratch;
+    /* the selection's probabilities: the batch replay's copy, else out of the row */
+    float p_sel[MOECACHE_MAX_K];
+    for (int32_t j = 0; j < c.top_k; ++j) {
+        p_sel[j] = sc.sel_probs != nullptr ? sc.sel_probs[base + j] : probs_row[ids[base + j]];
+    }
     int32_t order[MOECACHE_MAX_K];
     int32_t n = 0;
     float selected = 0.0f;
     for (int32_t i = base; i < base + c.top_k; ++i) {
-        selected += probs_row[ids[i]];
+        selected += p_sel[i - base];
         if (sc.action[i] == MOECACHE_SUBSTITUTE) {
             order[n++] = i;
         }
     }
     const float bonus = c.policy.bonus * (selected > 0.0f ? selected : 1.0f);
     std::sort(order, order + n, [&](int32_t a, int32_t b) {
-        const float pa = probs_row[ids[a]];
-        const float pb = probs_row[ids[b]];
+        const float pa = p_sel[a - base];
+        const float pb = p_sel[b - base];
         return pa != pb ? pa < pb : a > b;
     });
     int32_t best[MOECACHE_MAX_K];
-    const int32_t n_best = pick_substitutes(L, probs_row, sc.token_mark, mark, n, best);
+    const int32_t n_best = pick_substitutes(L, probs_row, sc.token_mark, mark, n, best, rank_row,
+                                            rank_count);
     bool steering = true;
     for (int32_t o = 0; o < n; ++o) {
         const int32_t i = order[o];
         const int32_t r = steering && o < n_best ? best[o] : -1;
-        if (r >= 0 && probs_row[r] + bonus > probs_row[ids[i]]) {
+        if (r >= 0 && probs_row[r] + bonus > p_sel[i - base]) {
             out_ids[i] = r;
             sc.pin[r] = sc.pin_epoch;
         } else {
@@ -133,8 +140,14 @@ bool decide_token(moecache & c, LayerState & L, int32_t t, const float * probs,
         }
     }
     const float * probs_row = probs + static_cast<int64_t>(t) * c.n_experts;
+    const uint16_t * rank_row = nullptr;
+    int32_t rank_count = 0;
+    if (sc.sub_rank != nullptr) {
+        rank_row = sc.sub_rank + static_cast<int64_t>(t) * MOECACHE_RANK_WIDTH;
+        rank_count = sc.sub_rank_count[t];
+    }
     if (c.policy.miss_rule == MOECACHE_ROUTING_BONUS) {
-        steer_to_residents(c, L, base, probs_row, ids, out_ids, mark);
+        steer_to_residents(c, L, base, probs_row, rank_row, rank_count, ids, out_ids, mark);
     }
     int32_t n_sub = 0;
     for (int32_t i = base; i < base + k; ++i) {
@@ -142,7 +155,8 @@ bool decide_token(moecache & c, LayerState & L, int32_t t, const float * probs,
     }
     if (n_sub > 0 && c.policy.miss_rule != MOECACHE_ROUTING_BONUS) {
         int32_t best[MOECACHE_MAX_K];
-        const int32_t n_best = pick_substitutes(L, probs_row, sc.token_mark, mark, n_sub, best);
+        const int32_t n_best = pick_substitutes(L, probs_row, sc.token_mark, mark, n_sub, best,
+                                                rank_row, rank_count);
         int32_t next = 0;
         for (int32_t i = base; i < base + k; ++i) {
             if (sc.action[i] != MOECACHE_SUBSTITUTE) {
@@ -198,7 +212,7 @@ void apply_substitute_weights(const moecache & c, int32_t n_tokens, const float 
             continue;
         }
         const float * row = probs + static_cast<int64_t>(i / c.top_k) * c.n_experts;
-        const float p_missing = row[ids[i]];
+        const float p_missing = c.scratch.sel_probs != nullptr ? c.scratch.sel_probs[i] : row[ids[i]];
         const float p_own = row[out_ids[i]];
         weights[i] = p_missing > 0.0f ? p_own * (weights[i] / p_missing) : p_own;
     }
@@ -329,6 +343,10 @@ int32_t route(moecache & c, int32_t layer, int32_t n_tokens, const float * probs
         lru_touch(L, out_ids[i]);
         if (c.track_frequency) {
             record_selection(L, ids[i], c.step, c.policy.half_life, sc);
+        }
+        freq_order_rekey(L, out_ids[i]);
+        if (ids[i] != out_ids[i] && c.track_frequency) {
+            freq_order_rekey(L, ids[i]);
         }
         if (sc.action[i] != MOECACHE_FETCH && L.prefetched[out_ids[i]]) {
             L.prefetched[out_ids[i]] = 0; /* a prefetch that paid off (hit or substitute) */

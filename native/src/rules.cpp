@@ -140,12 +140,77 @@ namespace moecache_core {
  * row is decided by pick_substitute itself. */
 int32_t pick_substitutes(const LayerState & L, const float * probs_row,
                          std::vector<int64_t> & token_mark, int64_t token, int32_t want,
-                         int32_t * out) {
+                         int32_t * out, const uint16_t * rank_row, int32_t rank_count) {
     if (want <= 0) {
         return 0;
     }
-    float best_p[MOECACHE_MAX_K];
     int32_t n = 0;
+    if (rank_count > 0) {
+        /* the first unmarked residents of the row's ranking are the scan's picks, in order;
+         * when the ranked prefix runs out, every resident it held is marked (the token's
+         * own or picked), so the scan below finds the rest among the unranked */
+        for (int32_t j = 0; j < rank_count && n < want; ++j) {
+            const int32_t e = rank_row[j];
+            if (L.slot_of[e] >= 0 && token_mark[e] != token) {
+                token_mark[e] = token;
+                out[n++] = e;
+            }
+        }
+#ifdef MOECACHE_SELFCHECK
+        for (int32_t i = 0; i < n; ++i) {
+            token_mark[out[i]] = token - 1;
+        }
+        for (int32_t i = 0; i < n; ++i) {
+            if (pick_substitute(L, probs_row, token_mark, token) != out[i]) {
+                std::abort();
+            }
+            token_mark[out[i]] = token;
+        }
+#endif
+        if (n == want || rank_count >= static_cast<int32_t>(L.slot_of.size())) {
+            return n;
+        }
+        /* the rest among the residents (the LRU list holds exactly them; a ranked row has
+         * no NaN, so the order they are met in does not matter) */
+        float best_p[MOECACHE_MAX_K];
+        const int32_t need = want - n;
+        int32_t * rest = out + n;
+        int32_t m = 0;
+        for (int32_t e = L.lru_head; e >= 0; e = L.lru_next[e]) {
+            const float p = probs_row[e];
+            if (m == need && (p < best_p[need - 1] || (p == best_p[need - 1] && e > rest[need - 1]))) {
+                continue;
+            }
+            if (token_mark[e] == token) {
+                continue;
+            }
+            int32_t at = m == need ? need - 1 : m++;
+            while (at > 0 && (p > best_p[at - 1] || (p == best_p[at - 1] && e < rest[at - 1]))) {
+                best_p[at] = best_p[at - 1];
+                rest[at] = rest[at - 1];
+                --at;
+            }
+            best_p[at] = p;
+            rest[at] = e;
+        }
+#ifdef MOECACHE_SELFCHECK
+        for (int32_t i = 0; i < need; ++i) {
+            const int32_t r = pick_substitute(L, probs_row, token_mark, token);
+            if (r != (i < m ? rest[i] : -1)) {
+                std::abort();
+            }
+            if (r < 0) {
+                break;
+            }
+            token_mark[r] = token;
+        }
+#endif
+        for (int32_t i = 0; i < m; ++i) {
+            token_mark[rest[i]] = token;
+        }
+        return n + m;
+    }
+    float best_p[MOECACHE_MAX_K];
     bool nan = false;
     for (const int32_t e : L.expert_of) {
         if (e < 0) {

@@ -6,27 +6,203 @@
  * substitutes) is compared with a full scan of the layer's slots, aborting on the first
  * difference. This drives random routing through every preset, budget shrinks and growths,
  * policy changes between LRU and frequency, multi-token calls, prefetches, ties and NaN
- * probabilities, so that any decision the indexes would change fails the test.
+ * probabilities, so that any decision the indexes would change fails the test. Layers with
+ * more residents than the kept frequency order holds, and the batch replay with its shared
+ * substitute ranking (each ranking checked against the probabilities), too.
  */
 #include "moecache.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
+
+namespace {
+
+/* Every row's ranking names its best experts in substitution order, every other expert
+ * ranking below the last named (0 named for a row holding a NaN). */
+bool ranking_ok(const std::vector<float> & probs, int64_t n_rows, int32_t n_experts,
+                const std::vector<uint16_t> & ranks, const std::vector<uint8_t> & counts) {
+    auto before = [](float pa, int32_t a, float pb, int32_t b) {
+        return pa > pb || (pa == pb && a < b);
+    };
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const float * row = probs.data() + r * n_experts;
+        const bool nan = std::any_of(row, row + n_experts, [](float p) { return p != p; });
+        const int32_t n = counts[static_cast<size_t>(r)];
+        if (nan || n == 0) {
+            if (nan != (n == 0)) {
+                return false;
+            }
+            continue;
+        }
+        std::vector<char> named(static_cast<size_t>(n_experts), 0);
+        const uint16_t * rank = ranks.data() + r * MOECACHE_RANK_WIDTH;
+        for (int32_t j = 0; j < n; ++j) {
+            if (rank[j] >= n_experts || named[rank[j]] ||
+                (j > 0 && !before(row[rank[j - 1]], rank[j - 1], row[rank[j]], rank[j]))) {
+                return false;
+            }
+            named[rank[j]] = 1;
+        }
+        for (int32_t e = 0; e < n_experts; ++e) {
+            if (!named[static_cast<size_t>(e)] && before(row[e], e, row[rank[n - 1]], rank[n - 1])) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+/* A random trace replayed in one batch under every preset and several budgets, with and
+ * without a ranking made beforehand. Returns the rows decided, or -1 on a failure. */
+int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
+    int64_t decisions = 0;
+    for (int round = 0; round < 6; ++round) {
+        const int32_t n_layers = 3;
+        const int32_t n_experts = round % 2 == 0 ? 40 + static_cast<int32_t>(rng() % 40)
+                                                 : 200 + static_cast<int32_t>(rng() % 200);
+        const int32_t k = 2 + static_cast<int32_t>(rng() % 8);
+        const int64_t n_tokens = 120;
+        std::vector<float> probs, weights;
+        std::vector<int32_t> ids, next_layer, predicted;
+        std::vector<int64_t> call_step, call_start, call_stop, token_calls{0};
+        std::vector<int32_t> call_layer;
+        const int32_t width = 12;
+        int64_t rows = 0;
+        for (int64_t t = 0; t < n_tokens; ++t) {
+            for (int32_t layer = 0; layer < n_layers; ++layer) {
+                const int32_t n_tok = rng() % 8 == 0 ? 2 + static_cast<int32_t>(rng() % 3) : 1;
+                call_step.push_back(t + 1);
+                call_layer.push_back(layer);
+                call_start.push_back(rows);
+                for (int32_t i = 0; i < n_tok; ++i, ++rows) {
+                    std::vector<int32_t> perm(static_cast<size_t>(n_experts));
+                    for (int32_t e = 0; e < n_experts; ++e) {
+                        perm[static_cast<size_t>(e)] = e;
+                        /* coarse values (ties), popular low ids, now and then a NaN */
+                        probs.push_back(static_cast<float>(rng() % 16) /
+                                        static_cast<float>(1 + e % 7));
+                    }
+                    if (rng() % 150 == 0) {
+                        probs[static_cast<size_t>(rows * n_experts + rng() % n_experts)] =
+                            std::nanf("");
+                    }
+                    for (int32_t j = 0; j < k; ++j) {
+                        const int32_t pick = j + static_cast<int32_t>(rng() % (n_experts - j));
+                        std::swap(perm[static_cast<size_t>(j)], perm[static_cast<size_t>(pick)]);
+                        ids.push_back(perm[static_cast<size_t>(j)]);
+                        weights.push_back(0.05f + static_cast<float>(rng() % 10) / 10.0f);
+                    }
+                    next_layer.push_back(layer + 1 < n_layers ? layer + 1 : -1);
+                    for (int32_t j = 0; j < width; ++j) {
+                        predicted.push_back(perm[static_cast<size_t>(k + j) % n_experts]);
+                    }
+                }
+                call_stop.push_back(rows);
+            }
+            token_calls.push_back(static_cast<int64_t>(call_start.size()));
+        }
+        std::vector<uint16_t> ranks(static_cast<size_t>(rows) * MOECACHE_RANK_WIDTH);
+        std::vector<uint8_t> counts(static_cast<size_t>(rows));
+        std::vector<float> selected(ids.size());
+        if (moecache_rank_rows(probs.data(), ids.data(), rows, n_experts, k, 2, ranks.data(),
+                               counts.data(), selected.data()) != MOECACHE_OK ||
+            !ranking_ok(probs, rows, n_experts, ranks, counts)) {
+            std::fprintf(stderr, "ranking differs from the probabilities\n");
+            return -1;
+        }
+        for (size_t i = 0; i < ids.size(); ++i) {
+            const float p = probs[(i / static_cast<size_t>(k)) * static_cast<size_t>(n_experts) +
+                                  static_cast<size_t>(ids[i])];
+            if (std::memcmp(&p, &selected[i], sizeof(p)) != 0) {
+                std::fprintf(stderr, "a selected probability differs from its row's\n");
+                return -1;
+            }
+        }
+        std::vector<int64_t> expert_bytes(static_cast<size_t>(n_layers), 1000);
+        moecache_replay_trace tr{};
+        tr.n_layers = n_layers;
+        tr.n_experts = n_experts;
+        tr.top_k = k;
+        tr.pred_width = width;
+        tr.start_slots = k;
+        moecache_preset("exact", &tr.start_policy);
+        tr.expert_bytes = expert_bytes.data();
+        tr.n_rows = rows;
+        tr.probs = probs.data();
+        tr.ids = ids.data();
+        tr.weights = weights.data();
+        tr.next_layer = next_layer.data();
+        tr.predicted = predicted.data();
+        tr.n_calls = static_cast<int64_t>(call_start.size());
+        tr.call_step = call_step.data();
+        tr.call_layer = call_layer.data();
+        tr.call_start = call_start.data();
+        tr.call_stop = call_stop.data();
+        tr.n_tokens = n_tokens;
+        tr.token_calls = token_calls.data();
+        std::vector<moecache_replay_config> configs;
+        for (int i = 0; i < 8; ++i) {
+            for (const int32_t slots : {k, k + 3, n_experts / 4, n_experts / 2 + 1}) {
+                moecache_replay_config cfg{};
+                moecache_preset(names[i], &cfg.policy);
+                cfg.slots = std::max(k, std::min(slots, n_experts));
+                configs.push_back(cfg);
+            }
+        }
+        const int32_t n_cfg = static_cast<int32_t>(configs.size());
+        std::vector<moecache_replay_token> a(configs.size() * static_cast<size_t>(n_tokens));
+        std::vector<moecache_replay_token> b(a.size());
+        std::vector<moecache_event> ea(configs.size() * static_cast<size_t>(rows));
+        std::vector<moecache_event> eb(ea.size());
+        const int32_t own = moecache_replay_batch(&tr, configs.data(), n_cfg, 2, a.data(),
+                                                  ea.data());
+        tr.ranks = ranks.data();
+        tr.rank_counts = counts.data();
+        tr.selected_probs = selected.data();
+        const int32_t shared = moecache_replay_batch(&tr, configs.data(), n_cfg, 2, b.data(),
+                                                     eb.data());
+        for (size_t i = 0; i < ea.size(); ++i) {
+            const moecache_event & x = ea[i];
+            const moecache_event & y = eb[i];
+            if (!std::equal(x.used_ids, x.used_ids + x.k, y.used_ids) ||
+                !std::equal(x.slots, x.slots + x.k, y.slots) || x.n_admit != y.n_admit ||
+                x.n_evict != y.n_evict) {
+                std::fprintf(stderr, "a batch with its own ranking decided otherwise\n");
+                return -1;
+            }
+        }
+        if (own != shared) {
+            std::fprintf(stderr, "batch replay codes differ: %d, %d\n", own, shared);
+            return -1;
+        }
+        decisions += rows * n_cfg * 2;
+    }
+    return decisions;
+}
+
+}  // namespace
 
 int main() {
     const char * names[] = {"exact", "quality-first", "speed-first", "cache-prior", "psr",
                             "substitute-all", "threshold", "first-choice"};
     std::mt19937 rng(12345);
     int64_t decisions = 0;
-    for (int round = 0; round < 48; ++round) {
+    for (int round = 0; round < 64; ++round) {
         const int32_t n_layers = 2;
-        const int32_t n_experts = 16 + static_cast<int32_t>(rng() % 48);
+        /* the last rounds: more residents than the kept frequency order holds */
+        const int32_t n_experts = round < 48 ? 16 + static_cast<int32_t>(rng() % 48)
+                                             : 80 + static_cast<int32_t>(rng() % 120);
         const int32_t k = 1 + static_cast<int32_t>(rng() % 8);
         const int32_t slots = k + static_cast<int32_t>(rng() % (n_experts - k + 1));
         moecache_policy p{};
         moecache_preset(names[round % 8], &p);
+        if (round >= 48 && slots < 40) {
+            continue;
+        }
         moecache * c = moecache_create(n_layers, n_experts, k, slots, &p);
         if (c == nullptr) {
             std::fprintf(stderr, "create failed\n");
@@ -90,7 +266,12 @@ int main() {
         }
         moecache_destroy(c);
     }
-    std::printf("selfcheck: %lld route rows, every pick equal to the reference scan\n",
-                static_cast<long long>(decisions));
+    const int64_t replayed = batch_replays(rng, names);
+    if (replayed < 0) {
+        return 1;
+    }
+    std::printf("selfcheck: %lld route rows and %lld batch-replayed rows, every pick equal to "
+                "the reference scan\n",
+                static_cast<long long>(decisions), static_cast<long long>(replayed));
     return 0;
 }

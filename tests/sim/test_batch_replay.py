@@ -88,3 +88,25 @@ def test_the_batch_refuses_a_configuration_the_core_would_refuse(record: RecordF
     routing.call_stop[-1] = routing.n_rows + 5  # a call past the rows: nothing is replayed
     with pytest.raises(NativeError):
         replay_many(routing, [("exact", 4)])
+
+
+def test_the_shared_ranking_names_each_rows_best_experts_in_substitution_order(
+        record: RecordFn) -> None:
+    from moescope.cache.batch import rank_rows
+
+    routing = Routing.from_trace(read_trace(record("qwen3moe", name="trace.arrows",
+                                                   tokens=12)))
+    made = routing.substitute_ranking()
+    assert made is not None and routing.substitute_ranking() is made  # once per trace
+    ranks, counts, selected = made
+    probs = routing.probs
+    experts = np.broadcast_to(np.arange(probs.shape[1]), probs.shape)
+    order = np.lexsort((experts, -probs), axis=-1)  # probability down, then lower id
+    assert (counts > 0).all()
+    for r in range(routing.n_rows):
+        assert ranks[r, :counts[r]].tolist() == order[r, :counts[r]].tolist()
+    assert np.array_equal(selected, np.take_along_axis(probs, routing.ids, axis=1))
+    broken = probs.copy()
+    broken[3, 1] = np.nan  # no order exists: that row is left to the scan
+    again = rank_rows(broken, routing.ids)
+    assert again is not None and again[1][3] == 0 and (np.delete(again[1], 3) > 0).all()

@@ -36,6 +36,8 @@ class CReplayTrace(ctypes.Structure):
         ("n_tokens", ctypes.c_int64), ("token_calls", ctypes.c_void_p),
         ("n_changes", ctypes.c_int64), ("change_token", ctypes.c_void_p),
         ("change_slots", ctypes.c_void_p), ("change_policy", ctypes.c_void_p),
+        ("ranks", ctypes.c_void_p), ("rank_counts", ctypes.c_void_p),
+        ("selected_probs", ctypes.c_void_p),
     ]
 
 
@@ -73,7 +75,7 @@ def batch_library() -> ctypes.CDLL:
     with _lock:
         if _library is None:
             lib = native.load_library()
-            if not hasattr(lib, "moecache_replay_batch"):
+            if not hasattr(lib, "moecache_rank_rows"):  # a core before the shared ranking
                 path = next((native._repo_build_dir() / name for name in native._LIBRARY_NAMES
                              if (native._repo_build_dir() / name).is_file()), None)
                 if path is None:
@@ -85,6 +87,11 @@ def batch_library() -> ctypes.CDLL:
             fn.restype = ctypes.c_int32
             fn.argtypes = [ctypes.POINTER(CReplayTrace), ctypes.POINTER(CReplayConfig),
                            ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]
+            rank = lib.moecache_rank_rows
+            rank.restype = ctypes.c_int32
+            rank.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,
+                             ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
+                             ctypes.c_void_p]
             _library = lib
         return _library
 
@@ -92,6 +99,38 @@ def batch_library() -> ctypes.CDLL:
 def c_policy(policy: Policy) -> CPolicy:
     """A :class:`Policy` as the core's struct."""
     return policy_to_c(policy)
+
+
+RANK_WIDTH = 64
+"""``MOECACHE_RANK_WIDTH``: experts ranked per row for substitution, at most."""
+
+
+Ranking = tuple[npt.NDArray[np.uint16], npt.NDArray[np.uint8], npt.NDArray[np.float32]]
+"""``moecache_rank_rows``'s output: ranks ``[rows, RANK_WIDTH]``, counts ``[rows]``, the
+selected experts' probabilities ``[rows, top_k]``."""
+
+
+def rank_rows(probs: npt.NDArray[np.float32], ids: npt.NDArray[np.int32], *,
+              threads: int = 0) -> Ranking | None:
+    """``moecache_rank_rows`` over ``probs`` ``[rows, experts]`` and the router's ``ids``
+    ``[rows, top_k]`` (C-contiguous): each row's best experts in the order a substitute is
+    chosen, and the selection's probabilities, computed once and shared by every batch
+    replay of the trace. None where the core cannot rank (65,535 experts or more): the
+    replay then scans, deciding the same."""
+    n_rows, n_experts = probs.shape
+    top_k = ids.shape[1]
+    if n_experts >= 0xFFFF or n_experts < 1 or ids.shape[0] != n_rows:
+        return None
+    ranks = np.zeros((n_rows, RANK_WIDTH), dtype=np.uint16)
+    counts = np.zeros(n_rows, dtype=np.uint8)
+    selected = np.zeros((n_rows, top_k), dtype=np.float32)
+    code = batch_library().moecache_rank_rows(
+        probs.ctypes.data if n_rows else None, ids.ctypes.data if n_rows else None, n_rows,
+        n_experts, top_k, threads, ranks.ctypes.data if n_rows else None,
+        counts.ctypes.data if n_rows else None, selected.ctypes.data if n_rows else None)
+    if code != native.OK:
+        native._check(code, "rank_rows")
+    return ranks, counts, selected
 
 
 def replay_batch(trace: CReplayTrace, configs: list[CReplayConfig], *, threads: int = 0,
@@ -112,5 +151,5 @@ def replay_batch(trace: CReplayTrace, configs: list[CReplayConfig], *, threads: 
     return out, rows
 
 
-__all__ = ["REPLAY_TOKEN_DTYPE", "CEvent", "CReplayConfig", "CReplayToken", "CReplayTrace",
-           "batch_library", "c_policy", "replay_batch"]
+__all__ = ["RANK_WIDTH", "REPLAY_TOKEN_DTYPE", "CEvent", "CReplayConfig", "CReplayToken",
+           "CReplayTrace", "Ranking", "batch_library", "c_policy", "rank_rows", "replay_batch"]

@@ -116,6 +116,24 @@ class Routing:
     one (a trace from before PSR, or recorded without router inputs)."""
     predicted: npt.NDArray[np.int32] | None = None
     """PSR: per row, the recorded prediction's expert ids, best first (-1 padded)."""
+    ranking: tuple[npt.NDArray[np.uint16], npt.NDArray[np.uint8],
+                   npt.NDArray[np.float32]] | None = field(default=None, repr=False)
+    """Each row's experts in substitution order (:meth:`substitute_ranking`), once
+    made."""
+
+    def substitute_ranking(self, threads: int = 0) -> tuple[
+            npt.NDArray[np.uint16], npt.NDArray[np.uint8], npt.NDArray[np.float32]] | None:
+        """Every row's best experts in the order a substitute is chosen
+        (``moecache_rank_rows``), made at the first call and kept: every batch replay of
+        this routing shares it, so a configuration picks a substitute as the first resident
+        its row ranks instead of scanning a layer's slots per row (and the routing bonus
+        reads the selection's probabilities from a copy, not from the row). None where the
+        core cannot rank (the replay scans, deciding the same)."""
+        from moescope.cache.batch import rank_rows
+
+        if self.ranking is None:
+            self.ranking = rank_rows(self.probs, self.ids, threads=threads)
+        return self.ranking
 
     @property
     def n_rows(self) -> int:
@@ -442,6 +460,8 @@ def replay_many(routing: Routing | Trace,
                 change_policy.append(policy_to_c(h.policy))
     policies = (CPolicy * max(len(change_policy), 1))(*change_policy)
     width = routing.predicted.shape[1] if routing.predicted is not None else 0
+    substituting = any(p is None or p.miss_rule != MissRule.FETCH_ALL for p in fixed)
+    ranking = routing.substitute_ranking(threads) if substituting and routing.n_rows else None
     ct = CReplayTrace(
         n_layers=m.n_layers, n_experts=m.n_expert, top_k=m.top_k, pred_width=width,
         initial_step=h.initial_step, start_slots=h.slots_per_layer,
@@ -457,7 +477,10 @@ def replay_many(routing: Routing | Trace,
         token_calls=addr(routing.token_calls, np.int64), n_changes=len(change_token),
         change_token=addr(np.array(change_token, dtype=np.int64), np.int64),
         change_slots=addr(np.array(change_slots, dtype=np.int32), np.int32),
-        change_policy=ctypes.addressof(policies))
+        change_policy=ctypes.addressof(policies),
+        ranks=addr(ranking[0], np.uint16) if ranking else None,
+        rank_counts=addr(ranking[1], np.uint8) if ranking else None,
+        selected_probs=addr(ranking[2], np.float32) if ranking else None)
     cfgs = []
     for policy, (_, slots) in zip(fixed, configs, strict=True):
         cfg = CReplayConfig(follow_policy=1 if policy is None else 0,
