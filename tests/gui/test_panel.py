@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 from gui_helpers import LONG_PROMPT, send
 
+from moescope.display.answer_line import answer_line
 from moescope.display.fit import estimate_fit
 from moescope.gui.dialogs.open_model import OpenModelDialog
 from moescope.model.gguf_info import read_model_info
@@ -175,3 +176,9 @@ def test_audit_control_shows_the_quality_cost_live(window: Any, qtbot: Any) -> N
     assert x is not None and len(x) == len(model.audits)
     assert "quality cost +" in summary.summary
     assert "expected on the model's own text" in summary.summary
+    # the line under the answer in the chat, rebuilt from the stored numbers, says it too
+    answer = window.store.messages(window.chat.chat_id)[-1]
+    line = answer_line(answer.stats, answer.status)
+    assert line.startswith("this answer:") and f" · {summary.audit}" in line
+    assert summary.audit.startswith("quality cost +") and "audits)" in summary.audit
+    assert line in window.chat_view.text()
