@@ -129,11 +129,13 @@ def test_help_lists_the_info_subcommand(capsys: pytest.CaptureFixture[str]) -> N
 def test_no_subcommand_without_a_gui_says_so_and_exits_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
+    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")  # a display to open on
     monkeypatch.setitem(sys.modules, "moescope.gui.app", None)  # makes the import fail
     _assert_one_line_error(*_run([], capsys))
 
 
 def test_no_subcommand_launches_the_gui(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")  # a display to open on
     fake = types.ModuleType("moescope.gui.app")
     calls: list[bool] = []
     fake.run_app = lambda: calls.append(True) or 0  # type: ignore[attr-defined]

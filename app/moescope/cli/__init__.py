@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -75,12 +76,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+def no_display() -> str | None:
+    """Why the window cannot open here, or None. On Linux with neither ``DISPLAY`` nor
+    ``WAYLAND_DISPLAY`` (an SSH session, a container) Qt aborts the process with a message
+    that blames missing xcb packages, and the README's advice for that message is to
+    install packages. ``QT_QPA_PLATFORM`` set (offscreen, vnc…) is the user's choice."""
+    if not sys.platform.startswith("linux") or os.environ.get("QT_QPA_PLATFORM"):
+        return None
+    if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
+        return None
+    return ("no display to open the window on (DISPLAY and WAYLAND_DISPLAY are unset): run "
+            "it in a desktop session or over 'ssh -X', or use the terminal tools "
+            "('moescope chat', 'moescope serve'; 'moescope --help')")
+
+
 def launch_gui() -> int:
     """Open the desktop window via ``moescope.gui.app.run_app()``.
 
     The GUI is imported by name at call time so that importing the CLI (and every headless
     subcommand) never pulls in Qt; only the default, windowed entry point does.
     """
+    reason = no_display()
+    if reason is not None:
+        print(f"moescope: error: {reason}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         run_app = importlib.import_module("moescope.gui.app").run_app
     except (ImportError, AttributeError) as err:
