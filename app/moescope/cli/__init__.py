@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit status (the console script passes it to exit)."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    if len(given) == 1 and given[0].lower().endswith(".gguf"):  # `moescope MODEL.gguf`
+        return launch_gui(given[0])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -90,8 +93,9 @@ def no_display() -> str | None:
             "('moescope chat', 'moescope serve'; 'moescope --help')")
 
 
-def launch_gui() -> int:
-    """Open the desktop window via ``moescope.gui.app.run_app()``.
+def launch_gui(model: str | None = None) -> int:
+    """Open the desktop window via ``moescope.gui.app.run_app()``, with ``model`` loaded
+    when one is given (else the last model, else the demo model).
 
     The GUI is imported by name at call time so that importing the CLI (and every headless
     subcommand) never pulls in Qt; only the default, windowed entry point does.
@@ -109,7 +113,7 @@ def launch_gui() -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    return int(run_app() or 0)
+    return int((run_app(model=model) if model is not None else run_app()) or 0)
 
 
 def self_test(timeout_s: float) -> int:
