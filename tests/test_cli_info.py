@@ -144,7 +144,8 @@ def test_no_subcommand_launches_the_gui(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_a_model_alone_opens_it_in_the_window(monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+                                              capsys: pytest.CaptureFixture[str],
+                                              tiny_moe: Path, tmp_path: Path) -> None:
     """``moescope MODEL.gguf``, as llama.cpp's and LM Studio's users type it, was refused
     as an invalid subcommand though the window takes a model from its arguments."""
     monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")  # a display to open on
@@ -152,11 +153,15 @@ def test_a_model_alone_opens_it_in_the_window(monkeypatch: pytest.MonkeyPatch,
     models: list[str | None] = []
     fake.run_app = lambda model=None: models.append(model) or 0  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "moescope.gui.app", fake)
-    assert main(["Qwen3-30B-A3B-Q4_K_M.gguf"]) == 0
-    assert models == ["Qwen3-30B-A3B-Q4_K_M.gguf"]
-    assert main(["info", "Qwen3-30B-A3B-Q4_K_M.gguf"]) == 2  # a subcommand stays one
-    assert models == ["Qwen3-30B-A3B-Q4_K_M.gguf"]
-    assert "moescope: error:" in capsys.readouterr().err
+    assert main([str(tiny_moe)]) == 0
+    assert models == [str(tiny_moe)]
+    assert main(["info", str(tmp_path / "missing.gguf")]) == 2  # a subcommand stays one
+    capsys.readouterr()
+    # a missing file is named in one line (the window would open its last model instead)
+    assert main([str(tmp_path / "missing.gguf")]) == 2
+    assert models == [str(tiny_moe)]
+    err = capsys.readouterr().err
+    assert err == f"moescope: error: {tmp_path / 'missing.gguf'}: no such model file\n"
 
 
 def test_python_dash_m_cli_runs_info_in_a_fresh_process(tiny_moe: Path,

@@ -52,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit status (the console script passes it to exit)."""
     given = list(sys.argv[1:] if argv is None else argv)
     if len(given) == 1 and given[0].lower().endswith(".gguf"):  # `moescope MODEL.gguf`
+        if not os.path.isfile(given[0]):  # the window would open its last model instead
+            print(f"moescope: error: {given[0]}: no such model file", file=sys.stderr)
+            return EXIT_USAGE
         return launch_gui(given[0])
     parser = build_parser()
     try:
