@@ -67,7 +67,8 @@ def test_the_first_start_fits_the_screen_and_a_saved_size_is_kept(
     one the message box and Send too."""
     from PySide6.QtCore import QSize
 
-    from moescope.gui.main_window import DEFAULT_SIZE, WINDOW_FRAME, first_size
+    from moescope.gui.main_window import DEFAULT_SIZE, first_size
+    from moescope.gui.widgets.screen_fit import WINDOW_FRAME
 
     assert first_size(QSize(2560, 1400)) == DEFAULT_SIZE
     assert first_size(QSize(1366, 740)) == QSize(1366, 740) - WINDOW_FRAME
@@ -89,6 +90,26 @@ def test_the_first_start_fits_the_screen_and_a_saved_size_is_kept(
     again.fit_to_screen()
     qtbot.wait(50)
     assert again.size() == saved
+
+
+def test_the_trace_and_get_models_windows_fit_a_small_screen(
+        window: Any, qtbot: Any, open_trace_window: Callable[[Path], Any],
+        trace_path: Path) -> None:
+    """The trace window opened 980x760 and *Get models* 1100x560 whatever the screen: on
+    a 1366x768 laptop the trace window's bottom was below the screen's edge, on 1024x700
+    *Get models* reached past its right edge (offscreen, the screen is 800x800)."""
+    from moescope.gui.hub.window import show_get_models
+    from moescope.gui.widgets.screen_fit import WINDOW_FRAME
+
+    room = window.screen().availableGeometry().size() - WINDOW_FRAME
+    trace = open_trace_window(trace_path)
+    hub = show_get_models(window)
+    for w in (trace, hub):
+        fitted = room.expandedTo(w.minimumSizeHint())
+        qtbot.waitUntil(lambda w=w, fitted=fitted: w.width() <= fitted.width()
+                        and w.height() <= fitted.height(), timeout=5_000)
+    assert trace.height() < 760 and hub.width() < 1100
+    hub.close()
 
 
 def test_a_presets_greyed_controls_say_why(window: Any) -> None:

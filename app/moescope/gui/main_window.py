@@ -60,6 +60,7 @@ from moescope.gui.traces.trace_opener import TraceOpener
 from moescope.gui.traces.trace_window import TraceWindow
 from moescope.gui.widgets.elided_label import ElidedLabel
 from moescope.gui.widgets.logs_view import LogsView
+from moescope.gui.widgets.screen_fit import fitting
 from moescope.gui.worker import EngineClient
 from moescope.session.snapshots import ModelSummary, TokenSnapshot
 from moescope.session.store import ChatStore
@@ -79,15 +80,14 @@ REMEMBERED_POLICIES = frozenset(key for key, _ in MENU_POLICIES)
 experiments, not a default)."""
 DEFAULT_SIZE = QSize(1380, 860)
 """The first start's size: the heatmap legend on one row beside a roomy chat."""
-WINDOW_FRAME = QSize(16, 48)
-"""Room left on the screen for the window manager's title bar and borders."""
 
 
 def first_size(available: QSize) -> QSize:
     """The first start's size on a screen whose free area is ``available``: the default,
     or the whole free area where that is smaller (a 1366x768 laptop would otherwise show
-    neither the message box nor the status bar, a 1024x700 one not the cache panel)."""
-    return DEFAULT_SIZE.boundedTo(available - WINDOW_FRAME)
+    neither the message box's bottom nor the status bar, a 1024x700 one not the message
+    box)."""
+    return fitting(DEFAULT_SIZE, available)
 
 
 class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, PreferencesFeature,
