@@ -225,3 +225,20 @@ def test_replay_writes_to_stdout_through_symlinks_and_into_devices(
     link.symlink_to(real)
     assert main(["replay", trace, "--policy", "exact", "--json", str(link)]) == 0
     assert link.is_symlink() and json.loads(real.read_text())
+
+
+def test_the_window_without_a_display_says_so_in_one_line(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over SSH without X, ``moescope`` let Qt abort the process with "xcb-cursor0 or
+    libxcb-cursor0 is needed", which sent the user to install packages they had."""
+    from moescope.cli import no_display
+
+    for name in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"):
+        monkeypatch.delenv(name, raising=False)
+    err = _one_line_error(capsys, [])
+    assert "no display" in err and "moescope chat" in err
+    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")  # the user's explicit choice
+    assert no_display() is None
+    monkeypatch.delenv("QT_QPA_PLATFORM")
+    monkeypatch.setenv("WAYLAND_DISPLAY", "wayland-0")
+    assert no_display() is None

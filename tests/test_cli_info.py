@@ -129,16 +129,39 @@ def test_help_lists_the_info_subcommand(capsys: pytest.CaptureFixture[str]) -> N
 def test_no_subcommand_without_a_gui_says_so_and_exits_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
+    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")  # a display to open on
     monkeypatch.setitem(sys.modules, "moescope.gui.app", None)  # makes the import fail
     _assert_one_line_error(*_run([], capsys))
 
 
 def test_no_subcommand_launches_the_gui(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")  # a display to open on
     fake = types.ModuleType("moescope.gui.app")
     calls: list[bool] = []
     fake.run_app = lambda: calls.append(True) or 0  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "moescope.gui.app", fake)
     assert main([]) == 0 and calls == [True]
+
+
+def test_a_model_alone_opens_it_in_the_window(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str],
+                                              tiny_moe: Path, tmp_path: Path) -> None:
+    """``moescope MODEL.gguf``, as llama.cpp's and LM Studio's users type it, was refused
+    as an invalid subcommand though the window takes a model from its arguments."""
+    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")  # a display to open on
+    fake = types.ModuleType("moescope.gui.app")
+    models: list[str | None] = []
+    fake.run_app = lambda model=None: models.append(model) or 0  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "moescope.gui.app", fake)
+    assert main([str(tiny_moe)]) == 0
+    assert models == [str(tiny_moe)]
+    assert main(["info", str(tmp_path / "missing.gguf")]) == 2  # a subcommand stays one
+    capsys.readouterr()
+    # a missing file is named in one line (the window would open its last model instead)
+    assert main([str(tmp_path / "missing.gguf")]) == 2
+    assert models == [str(tiny_moe)]
+    err = capsys.readouterr().err
+    assert err == f"moescope: error: {tmp_path / 'missing.gguf'}: no such model file\n"
 
 
 def test_python_dash_m_cli_runs_info_in_a_fresh_process(tiny_moe: Path,

@@ -136,6 +136,18 @@ def test_custom_settings_can_be_compared_too(window: Any, qtbot: Any,
     dialog.reject()
 
 
+def test_the_custom_row_names_its_disk_threshold() -> None:
+    """Custom with a disk threshold of its own was labelled like Quality-first's θ rule,
+    so two differently set Custom runs read the same."""
+    from moescope.display.policy_choices import custom_policy
+    from moescope.gui.dialogs.compare import custom_text
+
+    assert custom_text(custom_policy()) == "θ 0.15 · β 0.50"
+    assert custom_text(custom_policy(theta_disk=0.3)) == "θ 0.15 · disk 0.30 · β 0.50"
+    assert custom_text(custom_policy(theta_disk=0.0)) == "θ 0.15 · disk 0.00 · β 0.50"
+    assert custom_text(custom_policy(bonus=0.12, theta_disk=0.3)).startswith("bonus 0.12 · β")
+
+
 def test_nothing_to_compare_before_a_message(window: Any, dialogs: Any) -> None:
     window.chat.new_chat()
     assert window.open_compare_dialog() is None

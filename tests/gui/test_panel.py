@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 from gui_helpers import LONG_PROMPT, send
 
+from moescope.display.answer_line import answer_line
 from moescope.display.fit import estimate_fit
 from moescope.gui.dialogs.open_model import OpenModelDialog
 from moescope.model.gguf_info import read_model_info
@@ -175,3 +176,32 @@ def test_audit_control_shows_the_quality_cost_live(window: Any, qtbot: Any) -> N
     assert x is not None and len(x) == len(model.audits)
     assert "quality cost +" in summary.summary
     assert "expected on the model's own text" in summary.summary
+    # the line under the answer in the chat, rebuilt from the stored numbers, says it too
+    answer = window.store.messages(window.chat.chat_id)[-1]
+    line = answer_line(answer.stats, answer.status)
+    assert line.startswith("this answer:") and f" · {summary.audit}" in line
+    assert summary.audit.startswith("quality cost +") and "audits)" in summary.audit
+    assert line in window.chat_view.text()
+
+
+def test_the_audit_estimate_starts_again_after_a_policy_change_between_answers(
+        window: Any, qtbot: Any) -> None:
+    """A policy chosen between answers kept the last policy's audits: the stats line's
+    quality cost under the new policy mixed in the old one's (22 Quality-first audits and
+    one of the guard's read as the guard's cost, over its target)."""
+    audit = window.controls.audit
+    audit.setCurrentIndex(audit.findData(8))
+    send(qtbot, window, LONG_PROMPT, max_tokens=40)
+    model = window.cache_panel.model
+    before = len(model.audits)
+    assert before >= 3
+    with qtbot.waitSignal(window.changesApplied, timeout=10_000,
+                          check_params_cb=lambda summary, _c: summary.policy == "speed-first"):
+        window.controls.select_policy("speed-first")
+    assert model.audits == []
+    window.cache_panel.draw(force=True)
+    assert "quality cost" not in window.cache_panel.summary.text()
+    send(qtbot, window, LONG_PROMPT, max_tokens=24)
+    assert 1 <= len(model.audits) <= 3  # speed-first's own, every 8th of 24 tokens
+    window.cache_panel.draw(force=True)
+    assert f"· {len(model.audits)} audit" in window.cache_panel.summary.text()

@@ -324,3 +324,12 @@ def test_custom_sets_a_disk_threshold_and_presets_show_theirs(window: Any, qtbot
     assert c.theta_disk.text() == "disk = θ" and not c.theta_disk.isEnabled()
     _switch(qtbot, window, lambda: c.select_policy(CUSTOM), CUSTOM)
     assert c.theta_disk.value() == pytest.approx(0.3)  # Custom keeps its own
+    # the arrow up from "disk = θ" goes above θ (it went to 0.00: read every disk miss)
+    c.theta.setValue(20)
+    c.theta_disk.setValue(THETA_DISK_OFF)
+    assert c.theta_disk.text() == "disk = θ"
+    c.theta_disk.stepUp()
+    assert c.theta_disk.value() == pytest.approx(0.25)
+    _applied(qtbot, window, lambda: engine.policy.theta_disk == pytest.approx(0.25))
+    c.theta_disk.stepDown()
+    assert c.theta_disk.value() == pytest.approx(0.20)  # and down on as before

@@ -60,6 +60,58 @@ def test_the_window_fits_a_1024_pixel_screen_even_with_a_long_chat_title(
     assert legend.height() >= legend.layout().heightForWidth(legend.width())
 
 
+def test_the_first_start_fits_the_screen_and_a_saved_size_is_kept(
+        make_window: Callable[..., Any], qtbot: Any) -> None:
+    """The first start opened 1380x860 whatever the screen: on a 1366x768 laptop the
+    message box's bottom and the status bar were below the screen's edge, on a 1024x700
+    one the message box and Send too."""
+    from PySide6.QtCore import QSize
+
+    from moescope.gui.main_window import DEFAULT_SIZE, first_size
+    from moescope.gui.widgets.screen_fit import WINDOW_FRAME
+
+    assert first_size(QSize(2560, 1400)) == DEFAULT_SIZE
+    assert first_size(QSize(1366, 740)) == QSize(1366, 740) - WINDOW_FRAME
+    assert first_size(QSize(1024, 700)) == QSize(1024, 700) - WINDOW_FRAME
+    window = make_window()  # offscreen: an 800x800 screen, smaller than the default
+    available = window.screen().availableGeometry()
+    assert window.size() == DEFAULT_SIZE  # what the first start showed before
+    window.fit_to_screen()
+    # the free area, or the window's minimum where the screen is narrower still
+    fitted = (available.size() - WINDOW_FRAME).expandedTo(window.minimumSizeHint())
+    assert fitted.height() < DEFAULT_SIZE.height()
+    qtbot.waitUntil(lambda: window.size() == fitted, timeout=5_000)
+    assert window.geometry().top() >= available.top()
+    saved = QSize(fitted.width(), 700)  # the user's own size, saved at close: kept
+    window.resize(saved)
+    qtbot.waitUntil(lambda: window.size() == saved, timeout=5_000)
+    window.close()
+    again = make_window()
+    again.fit_to_screen()
+    qtbot.wait(50)
+    assert again.size() == saved
+
+
+def test_the_trace_and_get_models_windows_fit_a_small_screen(
+        window: Any, qtbot: Any, open_trace_window: Callable[[Path], Any],
+        trace_path: Path) -> None:
+    """The trace window opened 980x760 and *Get models* 1100x560 whatever the screen: on
+    a 1366x768 laptop the trace window's bottom was below the screen's edge, on 1024x700
+    *Get models* reached past its right edge (offscreen, the screen is 800x800)."""
+    from moescope.gui.hub.window import show_get_models
+    from moescope.gui.widgets.screen_fit import WINDOW_FRAME
+
+    room = window.screen().availableGeometry().size() - WINDOW_FRAME
+    trace = open_trace_window(trace_path)
+    hub = show_get_models(window)
+    for w in (trace, hub):
+        fitted = room.expandedTo(w.minimumSizeHint())
+        qtbot.waitUntil(lambda w=w, fitted=fitted: w.width() <= fitted.width()
+                        and w.height() <= fitted.height(), timeout=5_000)
+    assert trace.height() < 760 and hub.width() < 1100
+    hub.close()
+
+
 def test_a_presets_greyed_controls_say_why(window: Any) -> None:
     from moescope.gui.controls.cache_controls import CUSTOM_ONLY_TIP
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -49,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit status (the console script passes it to exit)."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    if len(given) == 1 and given[0].lower().endswith(".gguf"):  # `moescope MODEL.gguf`
+        if not os.path.isfile(given[0]):  # the window would open its last model instead
+            print(f"moescope: error: {given[0]}: no such model file", file=sys.stderr)
+            return EXIT_USAGE
+        return launch_gui(given[0])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -75,12 +82,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
-def launch_gui() -> int:
-    """Open the desktop window via ``moescope.gui.app.run_app()``.
+def no_display() -> str | None:
+    """Why the window cannot open here, or None. On Linux with neither ``DISPLAY`` nor
+    ``WAYLAND_DISPLAY`` (an SSH session, a container) Qt aborts the process with a message
+    that blames missing xcb packages, and the README's advice for that message is to
+    install packages. ``QT_QPA_PLATFORM`` set (offscreen, vnc…) is the user's choice."""
+    if not sys.platform.startswith("linux") or os.environ.get("QT_QPA_PLATFORM"):
+        return None
+    if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
+        return None
+    return ("no display to open the window on (DISPLAY and WAYLAND_DISPLAY are unset): run "
+            "it in a desktop session or over 'ssh -X', or use the terminal tools "
+            "('moescope chat', 'moescope serve'; 'moescope --help')")
+
+
+def launch_gui(model: str | None = None) -> int:
+    """Open the desktop window via ``moescope.gui.app.run_app()``, with ``model`` loaded
+    when one is given (else the last model, else the demo model).
 
     The GUI is imported by name at call time so that importing the CLI (and every headless
     subcommand) never pulls in Qt; only the default, windowed entry point does.
     """
+    reason = no_display()
+    if reason is not None:
+        print(f"moescope: error: {reason}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         run_app = importlib.import_module("moescope.gui.app").run_app
     except (ImportError, AttributeError) as err:
@@ -90,7 +116,7 @@ def launch_gui() -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    return int(run_app() or 0)
+    return int((run_app(model=model) if model is not None else run_app()) or 0)
 
 
 def self_test(timeout_s: float) -> int:

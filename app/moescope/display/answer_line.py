@@ -15,8 +15,8 @@ DONE = "done"
 DECODE_RATE_TIP = (
     "this answer: tokens/s over the answer's decode (after its first token, which is the "
     "prompt's time: TTFT); hit rate, fetched MB and substituted share are totals over every "
-    "expert selection of the answer. The cache panel's numbers are over its last tokens "
-    "only, so they differ.")
+    "expert selection of the answer, and the quality cost is over its audited tokens. The "
+    "cache panel's numbers are over its last tokens only, so they differ.")
 
 
 def _number(stats: Mapping[str, Any], key: str) -> float | None:
@@ -52,6 +52,9 @@ def answer_line(stats: Mapping[str, Any], status: str) -> str:
             value = _number(stats, key)
             if value is not None:
                 parts.append(fmt.format(value))
+    audit = stats.get("audit")
+    if isinstance(audit, str) and audit:
+        parts.append(audit)
     reason = str(stats.get("stop_reason", ""))
     if status == "stopped" or reason == "stopped":
         parts.append("stopped" if n_tokens else "stopped before the first token")

@@ -199,6 +199,8 @@ class CacheModel:
                 or model.n_expert != self.model.n_expert:
             self.reset(model)
             return
+        if model.policy != self.policy or model.slots_per_layer != self.slots_per_layer:
+            self.audits = []  # another policy or budget: another cost (as in add)
         self.model = model
         self.policy = model.policy
         self.slots_per_layer = model.slots_per_layer

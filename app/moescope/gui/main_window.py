@@ -18,6 +18,7 @@ from PySide6.QtCore import (
     QCoreApplication,
     QEvent,
     QSettings,
+    QSize,
     Qt,
     Signal,
     Slot,
@@ -59,6 +60,7 @@ from moescope.gui.traces.trace_opener import TraceOpener
 from moescope.gui.traces.trace_window import TraceWindow
 from moescope.gui.widgets.elided_label import ElidedLabel
 from moescope.gui.widgets.logs_view import LogsView
+from moescope.gui.widgets.screen_fit import fitting
 from moescope.gui.worker import EngineClient
 from moescope.session.snapshots import ModelSummary, TokenSnapshot
 from moescope.session.store import ChatStore
@@ -76,6 +78,16 @@ cache, so 4,096 of them (as before) held 258 MiB of a machine whose RAM holds th
 REMEMBERED_POLICIES = frozenset(key for key, _ in MENU_POLICIES)
 """Presets remembered as the next model's starting policy (Custom and the bare rules are
 experiments, not a default)."""
+DEFAULT_SIZE = QSize(1380, 860)
+"""The first start's size: the heatmap legend on one row beside a roomy chat."""
+
+
+def first_size(available: QSize) -> QSize:
+    """The first start's size on a screen whose free area is ``available``: the default,
+    or the whole free area where that is smaller (a 1366x768 laptop would otherwise show
+    neither the message box's bottom nor the status bar, a 1024x700 one not the message
+    box)."""
+    return fitting(DEFAULT_SIZE, available)
 
 
 class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, PreferencesFeature,
@@ -175,7 +187,8 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.splitter.setSizes([170, 560, 650])  # the heatmap legend on one row
         self.splitter.setCollapsible(1, False)  # the chat list and the cache panel fold away
         self.setCentralWidget(self.splitter)
-        self.resize(1380, 860)
+        self.resize(DEFAULT_SIZE)
+        self._geometry_restored = False
 
     def _build_status_bar(self) -> None:
         self.model_label = ElidedLabel(NO_MODEL)
@@ -229,13 +242,25 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
     def _restore_settings(self) -> None:
         geometry = self.settings.value("window/geometry")
         if isinstance(geometry, QByteArray):
-            self.restoreGeometry(geometry)
+            self._geometry_restored = self.restoreGeometry(geometry)
         state = self.settings.value("window/splitter")
         if isinstance(state, QByteArray):
             self.splitter.restoreState(state)
         sampling = self.settings.value("chat/sampling")
         if isinstance(sampling, dict):
             self.chat_settings.set_values(sampling)
+
+    def fit_to_screen(self) -> None:
+        """Before the first show: a window with no saved geometry fits its screen (a saved
+        one is already brought onto the screen by ``restoreGeometry``)."""
+        screen = self.screen()
+        if self._geometry_restored or screen is None:
+            return
+        available = screen.availableGeometry()
+        size = first_size(available.size())
+        self.resize(size)
+        if size != DEFAULT_SIZE:  # a small screen: all of it, from its top-left corner
+            self.move(available.topLeft())
 
     def _save_settings(self) -> None:
         self.settings.setValue("window/geometry", self.saveGeometry())

@@ -228,7 +228,7 @@ class EngineWorker(QObject):
             substituted_fraction=c.substituted_fraction, mass_per_token=c.mass_per_token,
             fetched_mb_per_token=c.fetched_mb_per_token, policies=tuple(a.policies),
             stop_reason=a.stop_reason or ("error" if error else ""),
-            summary=a.summary()))
+            summary=a.summary(), audit=a.audit.describe() if a.audit is not None else ""))
 
     @Slot(object)
     def compare(self, request: CompareRequest) -> None:

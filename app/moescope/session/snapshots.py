@@ -245,6 +245,8 @@ class AnswerSummary:
     policies: tuple[str, ...]
     stop_reason: str
     summary: str
+    audit: str = ""
+    """The answer's audited quality cost in the stats lines' words ("": not audited)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {name: (list(v) if isinstance(v, tuple) else v)

@@ -9,6 +9,8 @@ slider would snap unpredictably to slot boundaries. What each preset does, and h
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
@@ -55,6 +57,23 @@ RAM_TIP = ("Experts per layer kept in host memory (the RAM tier); the rest stay 
 CUSTOM_ONLY_TIP = ("Fixed by the chosen preset: choose Custom in Policy to set it "
                    "yourself.")
 NO_CACHE_TIP = "Open a model with an expert cache to change the policy."
+
+
+class DiskThresholdBox(QDoubleSpinBox):
+    """The disk threshold, whose bottom step reads "disk = θ". The first step up from there
+    is the first value above θ: a disk threshold is there to read less from disk than
+    RAM's rule fetches, and the plain next step, 0.00, read every disk miss instead."""
+
+    def __init__(self, theta: Callable[[], float]) -> None:
+        super().__init__()
+        self._theta = theta
+
+    def stepBy(self, steps: int) -> None:
+        if steps > 0 and self.value() <= THETA_DISK_OFF:
+            above = round(self._theta() + steps * self.singleStep(), 2)
+            self.setValue(min(self.maximum(), above))
+        else:
+            super().stepBy(steps)
 
 
 class ControlsPanel(QGroupBox):
@@ -106,7 +125,7 @@ class ControlsPanel(QGroupBox):
 
         self.theta = self._slider(0, 100, 15, "Fetch threshold θ")
         self.theta_label = QLabel()
-        self.theta_disk = QDoubleSpinBox()
+        self.theta_disk = DiskThresholdBox(lambda: self.theta.value() / 100)
         self.theta_disk.setAccessibleName("Fetch threshold for experts only on disk")
         self.theta_disk.setRange(THETA_DISK_OFF, 1.0)  # the bottom step reads "disk = θ"
         self.theta_disk.setSingleStep(0.05)

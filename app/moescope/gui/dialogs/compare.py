@@ -38,7 +38,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from moescope.cache.policy import Policy
+from moescope.cache.policy import THETA_DISK_AS_THETA, Policy
 from moescope.display.policy_choices import (
     CUSTOM,
     POLICY_CHOICES,
@@ -306,10 +306,13 @@ class CompareDialog(QDialog):
 
 
 def custom_text(policy: Policy) -> str:
-    """Custom's settings in one line: "θ 0.15 · β 0.50 · bonus 0.10 · prefetch top-k"."""
+    """Custom's settings in one line: "θ 0.15 · disk 0.30 · β 0.50" or "bonus 0.10 · β 0.50
+    · prefetch top-k" (the disk threshold only where it is not θ's)."""
     values = control_values(policy)
     parts = [f"bonus {values.bonus:.2f}" if values.bonus > 0 else f"θ {values.theta:.2f}",
              f"β {values.beta:.2f}"]
+    if values.bonus == 0 and values.theta_disk != THETA_DISK_AS_THETA:
+        parts.insert(1, f"disk {values.theta_disk:.2f}")
     if values.prefetch_mode != PREFETCH_OFF:
         parts.append(f"prefetch {values.prefetch_count or values.prefetch_mode}")
     return " · ".join(parts)

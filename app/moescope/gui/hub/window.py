@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QObject, QSize, Qt, Signal
 from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 )
 
 from moescope.cache.budget import format_bytes, parse_budget
+from moescope.gui.widgets.screen_fit import resize_within_screen
 from moescope.hub.download import Progress, download_model, is_downloaded, model_paths
 from moescope.hub.fit import remote_fit
 from moescope.hub.remote import HubClient, RemoteModel, RepoHit
@@ -160,7 +161,7 @@ class GetModelsWindow(QWidget):
         layout.addWidget(self.progress)
         layout.addWidget(self.status)
         layout.addWidget(self.folder)
-        self.resize(1100, 560)
+        resize_within_screen(self, QSize(1100, 560))
         self._update_buttons()
 
     # ------------------------------------------------------------------ jobs

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QSize, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import QLabel, QMainWindow, QTabWidget, QVBoxLayout, QWidget
 
 from moescope.display.trace_io import PREFETCH_SESSION_TIP, ReopenedTrace, prefetch_overview
 from moescope.gui.cache.panel import CachePanel
 from moescope.gui.traces.whatif_view import WhatIfView
+from moescope.gui.widgets.screen_fit import resize_within_screen
 
 EMPTY_TRACE = ("This trace holds no tokens yet. A session's trace begins when the model "
                "loads (or when Compare policies empties the cache) and gains a token with "
@@ -36,7 +37,8 @@ class TraceWindow(QMainWindow):
         model, tokens = reopened.model, reopened.tokens
         self.tokens = tokens
         self.setWindowTitle(f"Trace: {self.path.name} — MoEScope")
-        self.resize(980, 760)  # the what-if table's ten columns, unscrolled
+        # the what-if table's ten columns, unscrolled, where the screen has room
+        resize_within_screen(self, QSize(980, 760))
         body = QWidget()
         layout = QVBoxLayout(body)
         policies = sorted({t.policy for t in tokens})
