@@ -335,3 +335,15 @@ def test_the_demo_models_first_screen_says_what_it_is_and_offers_prompts(
     messages = w.store.messages(w.chat.chat_id)
     assert messages[0].content == DEMO_PROMPTS[0] and messages[1].role == "assistant"
     assert "15M-parameter" not in w.chat_view.text()  # the chat took the screen
+
+
+def test_the_window_with_a_model_fits_700_pixels_under_a_title_bar(window: Any,
+                                                                   qtbot: Any) -> None:
+    """Under X11 with real fonts a loaded model made the window 706 px tall at least: the
+    heatmap's floor grew with the layers (154 px for the demo's 6, 360 for 48)."""
+    from moescope.gui.cache.heatmap_view import HEATMAP_MIN_PX
+
+    send(qtbot, window, "hi", max_tokens=4)
+    heat = window.cache_panel.heatmap
+    assert heat.graphics.minimumHeight() == HEATMAP_MIN_PX
+    assert window.minimumSizeHint().height() <= 700 - 40

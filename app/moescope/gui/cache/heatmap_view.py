@@ -19,6 +19,10 @@ from moescope.gui.widgets.elided_label import ElidedLabel
 from moescope.gui.widgets.flow_layout import FlowLayout
 from moescope.session.snapshots import CELL_LABELS, TIER_STATES
 
+HEATMAP_MIN_PX = 96
+"""The heatmap's least height, whatever the model: with it the window still fits a
+1024x700 screen under a title bar (it grew to 360 px with a 48-layer model before)."""
+
 
 class HeatmapView(QWidget):
     """Draws ``CacheModel.cells()``; hover shows layer, expert, uses and last use."""
@@ -34,7 +38,7 @@ class HeatmapView(QWidget):
         self.title.setObjectName("panelTitle")
         layout.addWidget(self.title)
         self.graphics = pg.GraphicsLayoutWidget()
-        self.graphics.setMinimumHeight(110)
+        self.graphics.setMinimumHeight(HEATMAP_MIN_PX)
         # the view takes the keyboard focus (Tab), so it is what a screen reader names
         self.graphics.setAccessibleName(self.accessibleName())
         self.graphics.setAccessibleDescription(self.title.text())
@@ -92,7 +96,9 @@ class HeatmapView(QWidget):
         self.plot.setRange(xRange=(0, cols), yRange=(0, rows), padding=0)
         layers = self.model.model.moe_layers if self.model.model else ()
         step = 1 if len(layers) <= 16 else max(1, len(layers) // 12)
-        self.graphics.setMinimumHeight(min(max(120, 14 * len(layers) + 70), 360))
+        # a floor that fits a 700-pixel screen whatever the layer count (48 layers at the
+        # floor: 2 px a row); the splitter and a larger window give it the rest
+        self.graphics.setMinimumHeight(HEATMAP_MIN_PX)
         self.plot.getAxis("left").setTicks(
             [[(i + 0.5, str(layer)) for i, layer in enumerate(layers) if i % step == 0]])
         # no model: no expert numbers (not 0.1 … 0.9 across one empty cell)
