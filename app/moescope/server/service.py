@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from moescope.model.reasoning import split_reasoning
-from moescope.server.errors import ApiError, bad_param, busy
+from moescope.server.errors import ApiError, bad_param, busy, too_long
 from moescope.server.params import ChatParams, CompletionParams, GenerationParams, Limits
 from moescope.session.turns import EngineQueue, QueueFull, Turn
 from moescope.util.errors import MoEScopeError
@@ -272,10 +272,9 @@ class Service:
         n_ctx = self.engine.n_ctx
         n_prompt = max(len(self.engine.tokenize(prompt, add_bos=True, special=True)), 1)
         if n_prompt >= n_ctx:
-            raise bad_param("messages" if kind == "chat" else "prompt",
-                            f"the prompt has {n_prompt} tokens; this model's context holds "
-                            f"{n_ctx}, with room for at least one token of answer",
-                            code="context_length_exceeded")
+            raise too_long("messages" if kind == "chat" else "prompt",
+                           f"the prompt has {n_prompt} tokens; this model's context holds "
+                           f"{n_ctx}, with room for at least one token of answer")
         sampling = Sampling(
             temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
             repeat_penalty=p.repeat_penalty,
