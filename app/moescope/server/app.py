@@ -80,6 +80,9 @@ def create_app(service: Service, *, api_key: str | None = None) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        # anyio loads its asyncio backend on first use, which was the first streamed
+        # answer's: ~0.1 s added to that client's time to first token
+        await anyio.sleep(0)
         yield
         executor.shutdown(wait=False, cancel_futures=True)
 
@@ -201,7 +204,7 @@ class _Api:
                     cancel()
                     await future
                     return Response(status_code=499)
-                for event in getter.result():
+                for event in getter.result()[0]:
                     if isinstance(event, Failed):
                         return error_response(event.error)
                     if isinstance(event, Done):
@@ -323,22 +326,32 @@ class _Channel:
     async def pause(self, seconds: float) -> None:
         """Sleep ``seconds``, or less when the answer ends meanwhile: its last tokens
         and the closing chunk go out at once instead of up to an interval late."""
-        if self.end.is_set():
+        if self.end.is_set() or seconds <= 0:
             return
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.end.wait(), seconds)
 
-    async def take(self) -> list[Event]:
-        """Every event so far (at least one), oldest first."""
+    def take_nowait(self) -> list[Event]:
+        """Every event so far, maybe none."""
+        with self.lock:
+            batch = list(self.items)
+            self.items.clear()
+            return batch
+
+    async def take(self) -> tuple[list[Event], bool]:
+        """Every event so far (at least one), oldest first, and whether none was there
+        when called (the reader had to wait for the decode thread)."""
+        waited = False
         while True:
             with self.lock:
                 if self.items:
                     batch = list(self.items)
                     self.items.clear()
                     self.waiting = False
-                    return batch
+                    return batch, waited
                 self.ready.clear()
                 self.waiting = True
+            waited = True
             await self.ready.wait()
 
 
@@ -363,11 +376,27 @@ def _merged(batch: list[Event]) -> list[Event]:
 
 async def _sse(events: _Channel, shape: _Shape,
                include_usage: bool) -> AsyncIterator[bytes]:
+    """The answer as SSE chunks, at most one write per ``STREAM_INTERVAL_S`` after the
+    first token. While tokens come faster than that, it sleeps out the rest of the
+    interval after each write and then takes what came meanwhile (one timer wake per
+    write); when they come slower, it waits for the next one directly, so the loop wakes
+    once per token and never for a timer with nothing to send."""
     first = True
+    paced = False
+    clock = events.loop.time
+    written = clock()
     while True:
-        if not first:
-            await events.pause(STREAM_INTERVAL_S)
-        batch = _merged(await events.take())
+        if paced:
+            await events.pause(STREAM_INTERVAL_S - (clock() - written))
+        taken, waited = await events.take()
+        rest = STREAM_INTERVAL_S - (clock() - written)
+        if not first and waited and rest > 0:  # sooner than an interval after the last
+            await events.pause(rest)
+            taken += events.take_nowait()
+            paced = True
+        else:
+            paced = not first and not waited
+        batch = _merged(taken)
         out = []
         for event in batch:
             if isinstance(event, Delta):
@@ -382,6 +411,7 @@ async def _sse(events: _Channel, shape: _Shape,
                 yield b"".join(out)
                 return
         yield b"".join(out)
+        written = clock()
 
 
 class _EventStream(Response):
