@@ -126,6 +126,38 @@ def _measured(process: Any, run: Any) -> dict[str, float]:
     return out
 
 
+_FEED_COST = """
+import json, sys, time
+from moescope.server.service import TextStream
+pieces = json.load(sys.stdin)
+out = {}
+for name, stops, split in (("completion", [], False), ("chat", [], True),
+                           ("chat, 1 stop", ["###"], True)):
+    best = float("inf")
+    for _ in range(9):
+        t0 = time.perf_counter()
+        for _ in range(20):
+            s = TextStream(stops, split=split)
+            for p in pieces:
+                s.feed(p)
+            s.finish()
+        best = min(best, (time.perf_counter() - t0) / (20 * len(pieces)))
+    out[name] = best * 1e6
+print(json.dumps(out))
+"""
+
+
+def _feed_cost(pieces: list[str], app: Path | None) -> dict[str, float]:
+    """Microseconds per token of the server's own work on the decode thread (stop
+    sequences and the thinking split: ``TextStream.feed``) over a real answer's pieces,
+    best of 9 (the least disturbed by the machine's load), in a child process that
+    imports this checkout's server or ``app``'s."""
+    env = {**os.environ, "PYTHONPATH": str((app or REPO / "app").resolve())}
+    out = subprocess.run([sys.executable, "-c", _FEED_COST], input=json.dumps(pieces),
+                         capture_output=True, text=True, env=env, timeout=300, check=True)
+    return {k: float(v) for k, v in json.loads(out.stdout).items()}
+
+
 def _numbers(t0: float, times: list[float], n: int) -> dict[str, float]:
     total = times[-1] - t0 if times else 0.0
     return {"tok_s": n / total if total > 0 else 0.0,
@@ -219,7 +251,7 @@ def main() -> int:
     import httpx2 as httpx
     import psutil
 
-    from moescope.engine import Engine
+    from moescope.engine import Engine, Sampling
     from moescope.util.resources import demo_model_path
 
     model = args.model or demo_model_path()
@@ -255,6 +287,8 @@ def main() -> int:
                 runs[name].append(variants[name]())
         single = statistics.median(r["tok_s"] for r in runs["server, stream"])
         crowd = [_concurrent(port, args.tokens, args.clients) for _ in range(args.reps)]
+        pieces = [t.text for t in engine.generate(PROMPT, Sampling(max_tokens=args.tokens,
+                                                                   **SAMPLING))]
     finally:
         for client in clients.values():
             client.close()
@@ -263,6 +297,9 @@ def main() -> int:
             proc.wait(timeout=30)
         engine.close()
     load_after = os.getloadavg()
+    costs = {"server": _feed_cost(pieces, None)}
+    if args.baseline_app is not None:
+        costs["baseline server"] = _feed_cost(pieces, args.baseline_app)
 
     base = statistics.median(r["tok_s"] for r in runs["in-process"])
     print(f"model {model.name} · {args.policy} @ {args.budget} · threads {args.threads} · "
@@ -289,6 +326,12 @@ def main() -> int:
           "(run back to back, so the machine's slow drifts cancel).\nTTFT: in-process and "
           "stream as the caller sees it; whole: the server's own (the client sees no token "
           "before the last).\n")
+    print(f"| server work per token on the decode thread (TextStream.feed, µs, best of 9, "
+          f"{len(pieces)} real pieces) | {' | '.join(costs['server'])} |")
+    print(f"|---|{'---|' * len(costs['server'])}")
+    for name, c in costs.items():
+        print(f"| {name} | {' | '.join(f'{v:.2f}' for v in c.values())} |")
+    print()
     wall = statistics.median(c["tok_s"] for c in crowd)
     ttfts = [statistics.median(c["ttft_s"][i] for c in crowd) * 1000
              for i in range(args.clients)]

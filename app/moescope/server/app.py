@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import itertools
 import json
+import secrets
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -184,8 +185,8 @@ class _Api:
             job.cancel()
             self.service.queue.cancel(turn)
 
-        future = events.loop.run_in_executor(self.executor, run)
         shape = _Shape(job.kind, self.service.model_id)
+        future = events.loop.run_in_executor(self.executor, run)
         if stream:
             return _EventStream(_sse(events, shape, include_usage), on_close=cancel)
         return await self._whole(request, cancel, events, shape, future)
@@ -222,13 +223,20 @@ async def _disconnected(request: Request) -> None:
             return
 
 
+_ID_PREFIX = secrets.token_hex(8)
+_ids = itertools.count()
+"""Response ids: unique (a random prefix per process, then a count) without a random
+draw per request, whose system call let the decode thread take the interpreter from
+the event loop for up to a switch interval (seen in profiles, ~2 ms a request)."""
+
+
 class _Shape:
     """OpenAI's response objects for one request (chat or text completion)."""
 
     def __init__(self, kind: str, model: str) -> None:
         self.kind = kind
         self.model = model
-        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        self.id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{_ID_PREFIX}{next(_ids):08x}"
         self.created = int(time.time())
         self.object = "chat.completion" if kind == "chat" else "text_completion"
         self._head = (f'{{"id":"{self.id}","object":"'
