@@ -98,8 +98,9 @@ def test_a_stop_sequence_ends_the_answer_before_it(server: Server, stream: bool)
     stop = full[12:15]
     expected = full[:full.index(stop)]
     if stream:
-        chunks = list(c.chat.completions.create(**base, stop=[stop, "\x00never"],
-                                                stream=True))
+        stops = [stop, "\x00never", "<|im_end|>", "```\n\n", "\n\n\n\n", "<fim_prefix>",
+                 "<fim_suffix>", "<fim_middle>"]  # Continue sends lists like this
+        chunks = list(c.chat.completions.create(**base, stop=stops, stream=True))
         text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
         finish = next(ch.choices[0].finish_reason for ch in reversed(chunks)
                       if ch.choices and ch.choices[0].finish_reason)

@@ -60,6 +60,8 @@ class TextStream:
         """A stop sequence appeared: generation should end."""
         self._sent = (0, 0)
         self._longest = max((len(s) for s in self.stops), default=0)
+        self._stop_heads = {s[:n] for s in self.stops for n in range(1, len(s))}
+        """Every proper prefix of a stop sequence: what a held-back tail may be."""
         self._plain = not self.stops and not split
         self._may_think = split
         """The answer could still open a thought; False once its start rules it out."""
@@ -108,8 +110,7 @@ class TextStream:
     def _held(self) -> int:
         """Length of the longest tail that begins a stop sequence."""
         for n in range(min(self._longest - 1, len(self._text)), 0, -1):
-            tail = self._text[-n:]
-            if any(s.startswith(tail) for s in self.stops):
+            if self._text[-n:] in self._stop_heads:
                 return n
         return 0
 
