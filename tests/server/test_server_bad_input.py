@@ -93,6 +93,10 @@ def test_a_prompt_longer_than_the_context_is_413(server: Server, stream: bool) -
     with server.http() as h:
         r = h.post("/v1/completions", json={"prompt": long, "stream": stream})
         assert r.status_code == 413 and _error(r)["code"] == "context_length_exceeded"
+        r = h.post("/v1/chat/completions",  # prepared on a thread, not on the event loop
+                   json={"messages": [{"role": "user", "content": long * 30}],
+                         "stream": stream})
+        assert r.status_code == 413 and _error(r)["code"] == "context_length_exceeded"
         assert r.headers["content-type"].startswith("application/json")
         assert _error(r)["type"] == "invalid_request_error"
     assert server.alive()
