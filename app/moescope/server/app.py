@@ -317,7 +317,9 @@ class _Channel:
     """Events from the generating thread to the event loop. The loop is woken only when
     its reader waits for an event (or the answer ends), not once per token: tokens that
     arrive while it writes or paces itself wait in the deque, at no cost to the decode
-    thread, and go out together in the next write."""
+    thread, and go out together in the next write. The reader waits on one bare future
+    at a time (for events, or for the pacing pause's timer or the end, whichever comes
+    first): no task or timeout machinery per write."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -326,10 +328,10 @@ class _Channel:
         self.scheduled = False
         self.waiting = False
         """The reader is blocked in :meth:`take`: the next event must wake the loop."""
-        self.ready = asyncio.Event()
         self.ended = False
-        self.end = asyncio.Event()
-        """Set once the last event (Done or Failed) is in: the pacing pause ends early."""
+        self.end_seen = False
+        """The loop has been woken for the last event (Done or Failed): no more pauses."""
+        self._waiter: asyncio.Future[None] | None = None
 
     def put(self, event: Event) -> None:
         """Any thread."""
@@ -345,18 +347,25 @@ class _Channel:
     def _wake(self) -> None:
         with self.lock:
             self.scheduled = False
-            ended = self.ended
-        self.ready.set()
-        if ended:
-            self.end.set()
+            self.end_seen = self.ended
+        _resolve(self._waiter)
+
+    async def _wait(self, timeout: float | None = None) -> None:
+        waiter = self._waiter = self.loop.create_future()
+        timer = self.loop.call_later(timeout, _resolve, waiter) if timeout else None
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
 
     async def pause(self, seconds: float) -> None:
         """Sleep ``seconds``, or less when the answer ends meanwhile: its last tokens
         and the closing chunk go out at once instead of up to an interval late."""
-        if self.end.is_set() or seconds <= 0:
+        if self.end_seen or seconds <= 0:
             return
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.end.wait(), seconds)
+        await self._wait(seconds)
 
     def take_nowait(self) -> list[Event]:
         """Every event so far, maybe none."""
@@ -376,10 +385,14 @@ class _Channel:
                     self.items.clear()
                     self.waiting = False
                     return batch, waited
-                self.ready.clear()
                 self.waiting = True
             waited = True
-            await self.ready.wait()
+            await self._wait()
+
+
+def _resolve(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
 
 
 STREAM_INTERVAL_S = 0.01
