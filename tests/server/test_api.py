@@ -98,8 +98,9 @@ def test_a_stop_sequence_ends_the_answer_before_it(server: Server, stream: bool)
     stop = full[12:15]
     expected = full[:full.index(stop)]
     if stream:
-        chunks = list(c.chat.completions.create(**base, stop=[stop, "\x00never"],
-                                                stream=True))
+        stops = [stop, "\x00never", "<|im_end|>", "```\n\n", "\n\n\n\n", "<fim_prefix>",
+                 "<fim_suffix>", "<fim_middle>"]  # Continue sends lists like this
+        chunks = list(c.chat.completions.create(**base, stop=stops, stream=True))
         text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
         finish = next(ch.choices[0].finish_reason for ch in reversed(chunks)
                       if ch.choices and ch.choices[0].finish_reason)
@@ -248,3 +249,19 @@ def test_a_queued_client_that_leaves_gives_up_its_place(
     assert sum(1 for _ in chunks) > 0
     server.wait_idle()
     assert server.cache()["last_request"]["completion_tokens"] > 5  # the long one ran last
+
+
+def test_a_client_that_leaves_before_a_whole_answer_stops_the_generation(
+        server_factory: Callable[..., Server]) -> None:
+    server = server_factory("--queue", "1", "--policy", "exact", copy_delay_us=3000)
+    server.wait_idle()
+    impatient = server.client(timeout=1.0)
+    with pytest.raises(openai.APITimeoutError):  # hangs up while the answer generates
+        impatient.chat.completions.create(model="moescope-demo-qwen3moe", messages=HELLO,
+                                          max_tokens=400, seed=1)  # 166 tokens, ~4 s
+    state = server.wait_idle()
+    last = state["last_request"]
+    assert last["cancelled"] is True
+    assert 1 <= last["completion_tokens"] < 166
+    assert last["tokens_after_cancel"] <= 1
+    assert server.alive()

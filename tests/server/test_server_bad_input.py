@@ -34,7 +34,8 @@ def _error(r) -> dict:  # type: ignore[no-untyped-def, type-arg]
     ({"messages": HELLO, "max_tokens": 2.5}, "max_tokens"),
     ({"messages": HELLO, "max_tokens": True}, "max_tokens"),
     ({"messages": HELLO, "n": 2}, "n"),
-    ({"messages": HELLO, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"messages": HELLO, "stop": [str(i) for i in range(17)]}, "stop"),
+    ({"messages": HELLO, "stop": ["x" * 257]}, "stop"),
     ({"messages": HELLO, "stop": [""]}, "stop"),
     ({"messages": HELLO, "stop": 7}, "stop"),
     ({"messages": HELLO, "seed": "x"}, "seed"),
@@ -74,15 +75,31 @@ def test_malformed_json_unknown_model_and_routes(server: Server) -> None:
         server.client().chat.completions.create(model="llama-3", messages=HELLO)
 
 
-def test_a_prompt_longer_than_the_context_is_refused(server: Server) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_longer_than_the_context_is_413(server: Server, stream: bool) -> None:
     long = "the quick brown fox jumps over the lazy dog " * 200  # > 512 tokens
-    with pytest.raises(openai.BadRequestError) as caught:
+    with pytest.raises(openai.APIStatusError) as caught:
         server.client().chat.completions.create(
-            model="moescope-demo-qwen3moe", messages=[{"role": "user", "content": long}])
+            model="moescope-demo-qwen3moe", messages=[{"role": "user", "content": long}],
+            stream=stream)
+    assert caught.value.status_code == 413
     assert caught.value.code == "context_length_exceeded"
+    assert caught.value.param == "messages"
+    assert "512" in caught.value.message
+    with pytest.raises(openai.APIStatusError) as caught:
+        server.client().completions.create(model="moescope-demo-qwen3moe", prompt=long,
+                                           stream=stream)
+    assert caught.value.status_code == 413 and caught.value.param == "prompt"
     with server.http() as h:
-        r = h.post("/v1/completions", json={"prompt": long, "stream": True})
-        assert r.status_code == 400 and _error(r)["code"] == "context_length_exceeded"
+        r = h.post("/v1/completions", json={"prompt": long, "stream": stream})
+        assert r.status_code == 413 and _error(r)["code"] == "context_length_exceeded"
+        r = h.post("/v1/chat/completions",  # prepared on a thread, not on the event loop
+                   json={"messages": [{"role": "user", "content": long * 30}],
+                         "stream": stream})
+        assert r.status_code == 413 and _error(r)["code"] == "context_length_exceeded"
+        assert r.headers["content-type"].startswith("application/json")
+        assert _error(r)["type"] == "invalid_request_error"
+    assert server.alive()
 
 
 def test_an_oversized_body_is_413(server: Server) -> None:
@@ -97,7 +114,14 @@ def test_an_oversized_body_is_413(server: Server) -> None:
                 yield b"a" * 65536
 
         r = h.post("/v1/completions", content=chunks())
-        assert r.status_code == 413
+        assert r.status_code == 413 and _error(r)["code"] == "request_too_large"
+        r = h.post("/v1/moescope/cache", content=b"{" * ((1 << 20) + 1))
+        assert r.status_code == 413 and _error(r)["code"] == "request_too_large"
+    with pytest.raises(openai.APIStatusError) as caught:
+        server.client().chat.completions.create(
+            model="moescope-demo-qwen3moe", messages=[{"role": "user", "content": huge}],
+            stream=True)
+    assert caught.value.status_code == 413 and caught.value.code == "request_too_large"
 
 
 def test_max_tokens_is_clamped_to_the_server_limit(server_factory: Callable[..., Server]) -> None:

@@ -6,7 +6,10 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from moescope.model.reasoning import split_reasoning
 from moescope.server.service import TextStream
 from moescope.session.turns import EngineQueue, QueueFull, TurnCancelled, TurnState
 
@@ -85,3 +88,42 @@ def test_a_cancelled_turn_gives_its_place_and_wakes_its_waiter() -> None:
     with pytest.raises(TurnCancelled), q.turn("d", timeout=0.01):
         pass
     assert q.join_if_idle("e") is None  # "c" runs now
+
+
+def test_plain_and_non_thinking_answers_stream_each_piece_as_it_comes() -> None:
+    s = TextStream([], split=False)
+    assert [s.feed(p) for p in ["a", "</thi", "nk>b"]] == [("", "a"), ("", "</thi"),
+                                                         ("", "nk>b")]
+    assert s.finish() == ("", "") and s.text == "a</think>b" and s.parts() == ("", s.text)
+    s = TextStream([])  # a chat answer that cannot be a thought once it starts with "<b"
+    assert s.feed("  ") == ("", "")  # blank: a thought may open next
+    assert s.feed("<") == ("", "")  # may open <think>
+    assert s.feed("b>Hi</thi") == ("", "  <b>Hi</thi")
+    assert s.feed("nk>") == ("", "nk>")
+    assert s.parts() == ("", "  <b>Hi</think>")
+    s = TextStream([], prefix="<think>\n")  # a thinking template: always split
+    assert _feed(s, ["x", "</think>", "y"]) == ("x", "y")
+
+
+@settings(max_examples=1000, deadline=None, derandomize=True)
+@given(pieces=st.lists(st.sampled_from(
+    ["a", " ", "\n", "<", "think>", "</", "think", ">", "<think>", "</think>", "<|channel|>",
+     "analysis", "final", "<|message|>", "<|start|>", "assistant", "END", "E", "ND", "x y"]),
+    max_size=30), stops=st.sampled_from([[], ["END"], ["nk>", "a a"]]),
+    split=st.booleans(), prefix=st.sampled_from(["", "<think>\n"]))
+def test_the_streamed_deltas_add_up_to_the_whole_answer(pieces: list[str], stops: list[str],
+                                                        split: bool, prefix: str) -> None:
+    """Whatever the pieces, the streamed deltas are the whole answer's split, in order
+    (nothing sent is taken back), and text after a stop sequence never goes out."""
+    s = TextStream(stops, prefix=prefix if split else "", split=split)
+    reasoning, content = _feed(s, pieces)
+    whole = "".join(pieces)
+    cut = min((i for i in (whole.find(x) for x in stops) if i >= 0), default=len(whole))
+    assert s.text == whole[:cut]
+    expected = split_reasoning((prefix if split else "") + whole[:cut]) if split else None
+    if expected is None:
+        assert (reasoning, content) == ("", whole[:cut])
+    else:
+        assert (reasoning, content) == (expected.reasoning, expected.answer)
+    assert s.parts() == ((expected.reasoning, expected.answer) if expected else
+                         ("", whole[:cut]))

@@ -35,6 +35,13 @@ def bad_param(param: str, message: str, code: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
 
 
+def too_long(param: str, message: str) -> ApiError:
+    """413 for a prompt the context cannot hold: the request is too large for this
+    model, not malformed. The body keeps OpenAI's code, ``context_length_exceeded``, so
+    a client that checks the code (trimming history and retrying) still recognises it."""
+    return ApiError(413, message, param=param, code="context_length_exceeded")
+
+
 def busy(retry_after_s: int, message: str) -> ApiError:
     """503 with Retry-After: the queue is full, the client should come back."""
     return ApiError(503, message, type="server_error", code="server_busy",

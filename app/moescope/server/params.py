@@ -18,7 +18,9 @@ from typing import Any
 from moescope.server.errors import bad_param
 
 MAX_MESSAGES = 2048
-MAX_STOP = 4
+MAX_STOP = 16
+"""OpenAI allows 4, but Continue sends its whole list (often more) to any server other
+than OpenAI's own; llama-server takes any number. Bounded all the same."""
 MAX_STOP_CHARS = 256
 THINKING_EFFORTS = ("low", "medium", "high")
 ROLES = ("system", "developer", "user", "assistant", "tool")

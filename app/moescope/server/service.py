@@ -20,8 +20,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from moescope.model.reasoning import split_reasoning
-from moescope.server.errors import ApiError, bad_param, busy
+from moescope.model.reasoning import (
+    HARMONY_CHANNEL,
+    HARMONY_START,
+    THINK_OPEN,
+    split_reasoning,
+)
+from moescope.server.errors import ApiError, bad_param, busy, too_long
 from moescope.server.params import ChatParams, CompletionParams, GenerationParams, Limits
 from moescope.session.turns import EngineQueue, QueueFull, Turn
 from moescope.util.errors import MoEScopeError
@@ -36,35 +41,64 @@ class TextStream:
     ``feed`` takes each token's text and returns what is new in the reasoning and in the
     content; text that might be the start of a stop sequence (or of a thinking marker)
     is held back until it is known not to be.
+
+    It runs on the decode thread once per token, so the common cases cost next to
+    nothing: without stop sequences and without a split (a text completion) a piece is
+    its own delta, and a chat answer whose first characters cannot open a thought
+    (``<think>``, harmony's markers) is all content from then on, so it is no longer
+    split again each token.
     """
 
     def __init__(self, stops: Sequence[str], prefix: str = "", split: bool = True) -> None:
         self.stops = list(stops)
         self.prefix = prefix
         self.split = split
-        self.text = ""
-        """Generated text so far, cut at a stop sequence once one appears."""
+        self._text = ""
+        self._pieces: list[str] = []
+        """Pieces fed on the plain path, not yet joined into ``_text``."""
         self.stopped = False
         """A stop sequence appeared: generation should end."""
         self._sent = (0, 0)
         self._longest = max((len(s) for s in self.stops), default=0)
+        self._stop_heads = {s[:n] for s in self.stops for n in range(1, len(s))}
+        """Every proper prefix of a stop sequence: what a held-back tail may be."""
+        self._plain = not self.stops and not split
+        self._may_think = split
+        """The answer could still open a thought; False once its start rules it out."""
+
+    @property
+    def text(self) -> str:
+        """Generated text so far, cut at a stop sequence once one appears."""
+        if self._pieces:
+            self._text += "".join(self._pieces)
+            self._pieces.clear()
+        return self._text
 
     def feed(self, piece: str) -> tuple[str, str]:
+        if self._plain:
+            self._pieces.append(piece)
+            return "", piece
         if self.stopped:
             return "", ""
-        start = max(0, len(self.text) - self._longest + 1)
-        self.text += piece
-        cut = min((i for i in (self.text.find(s, start) for s in self.stops) if i >= 0),
-                  default=-1)
-        if cut >= 0:
-            self.text = self.text[:cut]
-            self.stopped = True
-            return self._delta(self.text, partial=False)
-        return self._delta(self.text[:len(self.text) - self._held()], partial=True)
+        start = max(0, len(self._text) - self._longest + 1)
+        self._text += piece
+        if self.stops:
+            cut = min((i for i in (self._text.find(s, start) for s in self.stops) if i >= 0),
+                      default=-1)
+            if cut >= 0:
+                self._text = self._text[:cut]
+                self.stopped = True
+                return self._delta(self._text, partial=False)
+            held = self._held()
+            return self._delta(self._text[:len(self._text) - held] if held else self._text,
+                               partial=True)
+        return self._delta(self._text, partial=True)
 
     def finish(self) -> tuple[str, str]:
         """Everything held back, now that no more text comes."""
-        return self._delta(self.text, partial=False)
+        if self._plain:
+            return "", ""
+        return self._delta(self._text, partial=False)
 
     def parts(self) -> tuple[str, str]:
         """(reasoning, content) of the whole answer."""
@@ -75,14 +109,21 @@ class TextStream:
 
     def _held(self) -> int:
         """Length of the longest tail that begins a stop sequence."""
-        for n in range(min(self._longest - 1, len(self.text)), 0, -1):
-            tail = self.text[-n:]
-            if any(s.startswith(tail) for s in self.stops):
+        for n in range(min(self._longest - 1, len(self._text)), 0, -1):
+            if self._text[-n:] in self._stop_heads:
                 return n
         return 0
 
     def _delta(self, visible: str, partial: bool) -> tuple[str, str]:
-        if self.split:
+        if self._may_think:
+            head = (self.prefix + visible).lstrip()
+            if partial and (not head or any(m.startswith(head) and m != head
+                                            for m in _THOUGHT_OPENERS)):
+                return "", ""  # blank or a cut marker so far: thought or answer is unknown
+            if not self.prefix and not any(m.startswith(head[:len(m)])
+                                           for m in _THOUGHT_OPENERS):
+                self._may_think = False  # split_reasoning would give all of it as content
+        if self._may_think:
             s = split_reasoning(self.prefix + visible, partial=partial)
             reasoning, content = s.reasoning, s.answer
         else:
@@ -92,6 +133,11 @@ class TextStream:
         new_c = content[sent_c:] if len(content) > sent_c else ""
         self._sent = (max(sent_r, len(reasoning)), max(sent_c, len(content)))
         return new_r, new_c
+
+
+_THOUGHT_OPENERS = (THINK_OPEN, HARMONY_CHANNEL, HARMONY_START)
+"""What an answer starts with when it thinks (``split_reasoning`` looks for nothing else
+at its start)."""
 
 
 @dataclass
@@ -272,10 +318,9 @@ class Service:
         n_ctx = self.engine.n_ctx
         n_prompt = max(len(self.engine.tokenize(prompt, add_bos=True, special=True)), 1)
         if n_prompt >= n_ctx:
-            raise bad_param("messages" if kind == "chat" else "prompt",
-                            f"the prompt has {n_prompt} tokens; this model's context holds "
-                            f"{n_ctx}, with room for at least one token of answer",
-                            code="context_length_exceeded")
+            raise too_long("messages" if kind == "chat" else "prompt",
+                           f"the prompt has {n_prompt} tokens; this model's context holds "
+                           f"{n_ctx}, with room for at least one token of answer")
         sampling = Sampling(
             temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
             repeat_penalty=p.repeat_penalty,
