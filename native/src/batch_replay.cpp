@@ -113,6 +113,22 @@ bool trace_valid(const moecache_replay_trace & t) {
            t.start_slots <= t.n_experts;
 }
 
+/* Whether every row's ids are distinct experts (what each route call checks first): only
+ * then may a configuration skip the per-call core. */
+bool rows_valid(const moecache_replay_trace & t) {
+    std::vector<int64_t> mark(static_cast<size_t>(t.n_experts), -1);
+    for (int64_t r = 0; r < t.n_rows; ++r) {
+        for (int32_t j = 0; j < t.top_k; ++j) {
+            const int32_t e = t.ids[r * t.top_k + j];
+            if (e < 0 || e >= t.n_experts || mark[static_cast<size_t>(e)] == r) {
+                return false;
+            }
+            mark[static_cast<size_t>(e)] = r;
+        }
+    }
+    return true;
+}
+
 /* Whether any configuration could substitute (only then are the rows ranked). */
 bool may_substitute(const moecache_replay_trace & t, const moecache_replay_config * configs,
                     int32_t n_configs) {
@@ -223,8 +239,17 @@ struct Ranking {
 
 /* One configuration, start to end. Returns MOECACHE_OK or the first error. */
 int32_t replay_one(const moecache_replay_trace & t, const moecache_replay_config & cfg,
-                   const Ranking & ranking, moecache_replay_token * out,
-                   moecache_event * events) {
+                   const Ranking & ranking, bool ids_valid, moecache_replay_token * out,
+                   moecache_event * events, moecache_core::FastWorkspace & workspace) {
+    {
+        moecache_replay_trace ranked = t;
+        ranked.ranks = ranking.ranks;
+        ranked.rank_counts = ranking.counts;
+        ranked.selected_probs = ranking.selected;
+        if (moecache_core::fast_covers(ranked, cfg, ids_valid, events != nullptr)) {
+            return moecache_core::replay_fast(ranked, cfg, out, workspace);
+        }
+    }
     const bool follow_slots = cfg.slots == 0;
     const moecache_policy & start = cfg.follow_policy ? t.start_policy : cfg.policy;
     const int32_t slots = follow_slots ? t.start_slots : cfg.slots;
@@ -445,15 +470,23 @@ int32_t moecache_replay_batch(const moecache_replay_trace * trace,
         } catch (...) {  // bad_alloc: the configurations scan instead
         }
     }
+    const bool ids_valid = events == nullptr && rows_valid(*trace);
     std::atomic<int32_t> next{0};
     std::vector<int32_t> codes(static_cast<size_t>(std::max(n_configs, 1)), MOECACHE_OK);
     auto work = [&]() {
+        std::unique_ptr<moecache_core::FastWorkspace, void (*)(moecache_core::FastWorkspace *)>
+            workspace(nullptr, moecache_core::fast_workspace_free);
         for (int32_t i = next++; i < n_configs; i = next++) {
             try {
+                if (!workspace) {
+                    workspace.reset(moecache_core::fast_workspace_new());
+                }
                 codes[static_cast<size_t>(i)] = replay_one(
-                    *trace, configs[i], ranking, out + static_cast<size_t>(i) * n_tokens,
+                    *trace, configs[i], ranking, ids_valid,
+                    out + static_cast<size_t>(i) * n_tokens,
                     events != nullptr ? events + static_cast<int64_t>(i) * trace->n_rows
-                                      : nullptr);
+                                      : nullptr,
+                    *workspace);
             } catch (...) {  // bad_alloc: this configuration fails, the others go on
                 codes[static_cast<size_t>(i)] = MOECACHE_E_ARG;
             }

@@ -10,6 +10,7 @@
 
 #include "moecache.h"
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <vector>
@@ -229,6 +230,19 @@ bool prefetch_ranked(moecache & c, int32_t layer, const int32_t * ranked, int32_
 int32_t route(moecache & c, int32_t layer, int32_t n_tokens, const float * probs,
               const int32_t * ids, float * weights, int32_t * out_ids, int32_t * out_slots,
               moecache_copy * plan, int32_t plan_cap, int32_t * n_plan);
+
+/* replay_loop.cpp: the batch replay's own decision loop for one configuration.
+ * fast_covers: whether it decides this configuration (fixed policy and budget, no event
+ * rows, the trace's ranking set, every row's ids valid); replay_fast then replays it exactly
+ * as the per-call core would. replay_fast_configs counts the configurations it replayed. */
+extern std::atomic<int64_t> replay_fast_configs;
+bool fast_covers(const moecache_replay_trace & t, const moecache_replay_config & cfg,
+                 bool ids_valid, bool events);
+struct FastWorkspace; /* buffers a worker reuses from one configuration to the next */
+FastWorkspace * fast_workspace_new();
+void fast_workspace_free(FastWorkspace * w);
+int32_t replay_fast(const moecache_replay_trace & t, const moecache_replay_config & cfg,
+                    moecache_replay_token * out, FastWorkspace & w);
 
 }  // namespace moecache_core
 

@@ -341,11 +341,16 @@ int32_t route(moecache & c, int32_t layer, int32_t n_tokens, const float * probs
     for (int64_t i = 0; i < selections; ++i) {
         L.last_use[out_ids[i]] = ++c.clock;
         lru_touch(L, out_ids[i]);
+        /* each change of a key is followed by its rekey before the next: a substituted
+         * expert that a later token of the call fetched is resident, and the kept order's
+         * insertions compare with its entry, so it must not be stale then */
+        if (ids[i] != out_ids[i]) {
+            freq_order_rekey(L, out_ids[i]);
+        }
         if (c.track_frequency) {
             record_selection(L, ids[i], c.step, c.policy.half_life, sc);
         }
-        freq_order_rekey(L, out_ids[i]);
-        if (ids[i] != out_ids[i] && c.track_frequency) {
+        if (ids[i] == out_ids[i] || c.track_frequency) {
             freq_order_rekey(L, ids[i]);
         }
         if (sc.action[i] != MOECACHE_FETCH && L.prefetched[out_ids[i]]) {

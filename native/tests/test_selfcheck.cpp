@@ -11,6 +11,7 @@
  * substitute ranking (each ranking checked against the probabilities), too.
  */
 #include "moecache.h"
+#include "moecache_internal.h"
 
 #include <algorithm>
 #include <cmath>
@@ -56,11 +57,41 @@ bool ranking_ok(const std::vector<float> & probs, int64_t n_rows, int32_t n_expe
     return true;
 }
 
-/* A random trace replayed in one batch under every preset and several budgets, with and
- * without a ranking made beforehand. Returns the rows decided, or -1 on a failure. */
+/* A random policy: any rule, eviction, admission, weight, bonus, prefetch count, with
+ * half-lives from far below a step (keys the replay loop cannot order: per-call core) up. */
+moecache_policy custom_policy(std::mt19937 & rng) {
+    moecache_policy p{};
+    moecache_preset("exact", &p);
+    p.miss_rule = static_cast<int32_t>(rng() % 5);
+    p.eviction = static_cast<int32_t>(rng() % 2);
+    p.admission = static_cast<int32_t>(rng() % 2);
+    p.substitute_weight = static_cast<int32_t>(rng() % 2);
+    p.theta = static_cast<float>(rng() % 11) / 10.0f;
+    p.beta = 0.05f + static_cast<float>(rng() % 10) / 10.0f;
+    const float half_lives[] = {1e-4f, 0.5f, 3.0f, 64.0f, 1e4f};
+    p.half_life = half_lives[rng() % 5];
+    const float bonuses[] = {0.0f, 0.05f, 0.3f, 2.0f};
+    p.bonus = bonuses[rng() % 4];
+    p.prefetch = static_cast<int32_t>(rng() % 8) - 1;
+    return p;
+}
+
+bool same_tokens(const std::vector<moecache_replay_token> & x,
+                 const std::vector<moecache_replay_token> & y) {
+    return x.size() == y.size() &&
+           std::memcmp(x.data(), y.data(), x.size() * sizeof(moecache_replay_token)) == 0;
+}
+
+/* A random trace replayed in one batch under every preset, custom policies, the trace's
+ * own policy and budget (with its changes) and several budgets: with and without a ranking
+ * made beforehand, and through the per-call core (event rows asked for) against the replay
+ * loop (none asked for; MOECACHE_SELFCHECK also checks its every victim against a scan),
+ * whose per-token totals must be equal to the bit. Returns the rows decided, or -1. */
 int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
     int64_t decisions = 0;
-    for (int round = 0; round < 6; ++round) {
+    int64_t fast_expected = 0;
+    const int64_t fast_before = moecache_core::replay_fast_configs.load();
+    for (int round = 0; round < 12; ++round) {
         const int32_t n_layers = 3;
         const int32_t n_experts = round % 2 == 0 ? 40 + static_cast<int32_t>(rng() % 40)
                                                  : 200 + static_cast<int32_t>(rng() % 200);
@@ -97,8 +128,15 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
                         weights.push_back(0.05f + static_cast<float>(rng() % 10) / 10.0f);
                     }
                     next_layer.push_back(layer + 1 < n_layers ? layer + 1 : -1);
+                    /* now and then a ranking that repeats an expert, or a short one */
+                    const int32_t shape = static_cast<int32_t>(rng() % 10);
+                    const int32_t stop = shape == 0 ? static_cast<int32_t>(rng() % width) : width;
                     for (int32_t j = 0; j < width; ++j) {
-                        predicted.push_back(perm[static_cast<size_t>(k + j) % n_experts]);
+                        int32_t e = perm[static_cast<size_t>(k + j) % n_experts];
+                        if (shape == 1 && j > 0 && rng() % 3 == 0) {
+                            e = predicted[predicted.size() - 1 - rng() % j];
+                        }
+                        predicted.push_back(j < stop ? e : -1);
                     }
                 }
                 call_stop.push_back(rows);
@@ -128,8 +166,8 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
         tr.n_experts = n_experts;
         tr.top_k = k;
         tr.pred_width = width;
-        tr.start_slots = k;
-        moecache_preset("exact", &tr.start_policy);
+        tr.start_slots = std::min(n_experts, k + static_cast<int32_t>(rng() % 8));
+        moecache_preset(names[rng() % 8], &tr.start_policy);
         tr.expert_bytes = expert_bytes.data();
         tr.n_rows = rows;
         tr.probs = probs.data();
@@ -144,6 +182,26 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
         tr.call_stop = call_stop.data();
         tr.n_tokens = n_tokens;
         tr.token_calls = token_calls.data();
+        /* the trace's changes: none, budget changes that keep its budget, or real policy
+         * and budget changes (the last followed by the per-call core) */
+        std::vector<int64_t> change_token;
+        std::vector<int32_t> change_slots;
+        std::vector<moecache_policy> change_policy;
+        const int32_t changes = round % 3;
+        for (int64_t t = 5; changes > 0 && t < n_tokens; t += 20 + static_cast<int64_t>(rng() % 20)) {
+            moecache_policy p{};
+            moecache_preset(names[rng() % 8], &p);
+            const bool policy_change = changes == 2 && rng() % 2 == 0;
+            const int32_t to = changes == 1 ? tr.start_slots
+                                            : k + static_cast<int32_t>(rng() % (n_experts - k + 1));
+            change_token.push_back(t);
+            change_slots.push_back(policy_change ? 0 : to);
+            change_policy.push_back(p);
+        }
+        tr.n_changes = static_cast<int64_t>(change_token.size());
+        tr.change_token = change_token.data();
+        tr.change_slots = change_slots.data();
+        tr.change_policy = change_policy.data();
         std::vector<moecache_replay_config> configs;
         for (int i = 0; i < 8; ++i) {
             for (const int32_t slots : {k, k + 3, n_experts / 4, n_experts / 2 + 1}) {
@@ -152,6 +210,18 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
                 cfg.slots = std::max(k, std::min(slots, n_experts));
                 configs.push_back(cfg);
             }
+        }
+        for (int i = 0; i < 12; ++i) {
+            moecache_replay_config cfg{};
+            cfg.policy = custom_policy(rng);
+            cfg.slots = i % 4 == 0 ? 0 : k + static_cast<int32_t>(rng() % (n_experts - k + 1));
+            configs.push_back(cfg);
+        }
+        for (const int32_t slots : {0, k + 1}) {
+            moecache_replay_config cfg{};
+            cfg.follow_policy = 1;
+            cfg.slots = std::min(slots, n_experts);
+            configs.push_back(cfg);
         }
         const int32_t n_cfg = static_cast<int32_t>(configs.size());
         std::vector<moecache_replay_token> a(configs.size() * static_cast<size_t>(n_tokens));
@@ -179,8 +249,45 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
             std::fprintf(stderr, "batch replay codes differ: %d, %d\n", own, shared);
             return -1;
         }
-        decisions += rows * n_cfg * 2;
+        /* the replay loop (no event rows) against the per-call core, configuration by
+         * configuration (one that runs out of slots stops the batch at its first error) */
+        for (int32_t i = 0; i < n_cfg; ++i) {
+            std::vector<moecache_replay_token> ref(static_cast<size_t>(n_tokens));
+            std::vector<moecache_replay_token> fast(ref.size());
+            std::vector<moecache_event> ev(static_cast<size_t>(rows));
+            const int32_t c_ref = moecache_replay_batch(&tr, &configs[i], 1, 1, ref.data(),
+                                                        ev.data());
+            const int32_t c_fast = moecache_replay_batch(&tr, &configs[i], 1, 1, fast.data(),
+                                                         nullptr);
+            if (c_ref != c_fast || !same_tokens(ref, fast)) {
+                std::fprintf(stderr, "the replay loop differs from the per-call core: round %d, "
+                             "configuration %d (codes %d, %d)\n", round, i, c_ref, c_fast);
+                return -1;
+            }
+            fast_expected += moecache_core::fast_covers(tr, configs[i], true, false);
+        }
+        /* and a whole batch with its own ranking, on 2 threads */
+        std::vector<moecache_replay_token> c(a.size());
+        tr.ranks = nullptr;
+        tr.rank_counts = nullptr;
+        tr.selected_probs = nullptr;
+        const int32_t own_fast = moecache_replay_batch(&tr, configs.data(), n_cfg, 2, c.data(),
+                                                       nullptr);
+        if (own_fast != own || (own == MOECACHE_OK && !same_tokens(a, c))) {
+            std::fprintf(stderr, "a batch through the replay loop differs\n");
+            return -1;
+        }
+        decisions += rows * n_cfg * 4;
     }
+    /* the loop ran (most configurations qualify); counted without the last batches */
+    const int64_t ran = moecache_core::replay_fast_configs.load() - fast_before;
+    if (fast_expected < 100 || ran < fast_expected) {
+        std::fprintf(stderr, "the replay loop ran %lld configurations, expected %lld\n",
+                     static_cast<long long>(ran), static_cast<long long>(fast_expected));
+        return -1;
+    }
+    std::printf("replay loop: %lld configurations against the per-call core\n",
+                static_cast<long long>(fast_expected));
     return decisions;
 }
 
