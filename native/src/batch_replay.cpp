@@ -239,16 +239,13 @@ struct Ranking {
 
 /* One configuration, start to end. Returns MOECACHE_OK or the first error. */
 int32_t replay_one(const moecache_replay_trace & t, const moecache_replay_config & cfg,
-                   const Ranking & ranking, bool ids_valid, moecache_replay_token * out,
-                   moecache_event * events, moecache_core::FastWorkspace & workspace) {
-    {
-        moecache_replay_trace ranked = t;
-        ranked.ranks = ranking.ranks;
-        ranked.rank_counts = ranking.counts;
-        ranked.selected_probs = ranking.selected;
-        if (moecache_core::fast_covers(ranked, cfg, ids_valid, events != nullptr)) {
-            return moecache_core::replay_fast(ranked, cfg, out, workspace);
-        }
+                   const Ranking & ranking, const moecache_replay_trace & with_ranking,
+                   const moecache_core::FastPlan * fast_plan, bool ids_valid,
+                   moecache_replay_token * out, moecache_event * events,
+                   moecache_core::FastWorkspace & workspace) {
+    if (fast_plan != nullptr &&
+        moecache_core::fast_covers(with_ranking, cfg, ids_valid, events != nullptr)) {
+        return moecache_core::replay_fast(with_ranking, *fast_plan, cfg, out, workspace);
     }
     const bool follow_slots = cfg.slots == 0;
     const moecache_policy & start = cfg.follow_policy ? t.start_policy : cfg.policy;
@@ -470,7 +467,23 @@ int32_t moecache_replay_batch(const moecache_replay_trace * trace,
         } catch (...) {  // bad_alloc: the configurations scan instead
         }
     }
+    /* the trace with its ranking, and the replay loop's plan where a configuration takes it */
+    moecache_replay_trace ranked = *trace;
+    ranked.ranks = ranking.ranks;
+    ranked.rank_counts = ranking.counts;
+    ranked.selected_probs = ranking.selected;
     const bool ids_valid = events == nullptr && rows_valid(*trace);
+    std::unique_ptr<moecache_core::FastPlan, void (*)(moecache_core::FastPlan *)> plan(
+        nullptr, moecache_core::fast_plan_free);
+    for (int32_t i = 0; i < n_configs && !plan; ++i) {
+        if (moecache_core::fast_covers(ranked, configs[i], ids_valid, events != nullptr)) {
+            try {
+                plan.reset(moecache_core::fast_plan_new(ranked));
+            } catch (...) {  // bad_alloc: the per-call core replays every configuration
+                break;
+            }
+        }
+    }
     std::atomic<int32_t> next{0};
     std::vector<int32_t> codes(static_cast<size_t>(std::max(n_configs, 1)), MOECACHE_OK);
     auto work = [&]() {
@@ -482,7 +495,7 @@ int32_t moecache_replay_batch(const moecache_replay_trace * trace,
                     workspace.reset(moecache_core::fast_workspace_new());
                 }
                 codes[static_cast<size_t>(i)] = replay_one(
-                    *trace, configs[i], ranking, ids_valid,
+                    *trace, configs[i], ranking, ranked, plan.get(), ids_valid,
                     out + static_cast<size_t>(i) * n_tokens,
                     events != nullptr ? events + static_cast<int64_t>(i) * trace->n_rows
                                       : nullptr,

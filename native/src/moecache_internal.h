@@ -238,11 +238,15 @@ int32_t route(moecache & c, int32_t layer, int32_t n_tokens, const float * probs
 extern std::atomic<int64_t> replay_fast_configs;
 bool fast_covers(const moecache_replay_trace & t, const moecache_replay_config & cfg,
                  bool ids_valid, bool events);
+struct FastPlan;      /* what the configurations of a batch share (fast_plan_new) */
 struct FastWorkspace; /* buffers a worker reuses from one configuration to the next */
+FastPlan * fast_plan_new(const moecache_replay_trace & t);
+void fast_plan_free(FastPlan * plan);
 FastWorkspace * fast_workspace_new();
 void fast_workspace_free(FastWorkspace * w);
-int32_t replay_fast(const moecache_replay_trace & t, const moecache_replay_config & cfg,
-                    moecache_replay_token * out, FastWorkspace & w);
+int32_t replay_fast(const moecache_replay_trace & t, const FastPlan & plan,
+                    const moecache_replay_config & cfg, moecache_replay_token * out,
+                    FastWorkspace & w);
 
 }  // namespace moecache_core
 

@@ -9,7 +9,7 @@
  * admission's lost mass and PSR's prefetched flag; per layer the slots (a NaN row's
  * substitute depends on their order) and the eviction order. It decides exactly what
  * route.cpp and prefetch.cpp decide, in the same order:
- *   - victims: LRU from a queue of (expert, recency) in use order, stale entries skipped;
+ *   - victims: LRU from a list of residents in recency order (pinned ones skipped);
  *     frequency from a heap of (key, recency, id) whose entries are lower bounds of the
  *     residents' current keys (a use or a selection only raises a key), refreshed when one
  *     reaches the top; pinned experts are set aside for the call;
@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 namespace moecache_core {
@@ -38,17 +39,19 @@ std::atomic<int64_t> replay_fast_configs{0};
 namespace {
 
 constexpr double kNeverSelected = -1e300;
+constexpr int64_t kAhead = 4; /* events whose rows are fetched ahead */
 
-/* One (layer, expert): what every selection reads, 8 bytes (a layer's 512 in 4 kB, so
- * that 48 layers stay in cache; the clock and the steps are bounded in fast_covers). */
+/* One expert of the layer being replayed: what every selection reads. */
 struct Expert {
-    int32_t last_use;  /* the clock of its last use, 0 never */
+    int32_t last_use;  /* the layer's clock at its last use, 0 never */
     int16_t slot;      /* -1: not resident */
+    int16_t prev;      /* LRU: residents in recency order, least recent first (-1: end) */
+    int16_t next;
     int8_t prefetched; /* brought in by PSR and not used since */
     int8_t unused;
 };
 
-/* Frequency eviction's count of one (layer, expert). */
+/* Frequency eviction's count of one expert. */
 struct Fq {
     double freq;   /* decayed selection count as of step */
     int32_t step;
@@ -71,11 +74,6 @@ inline bool heap_before(const HeapEntry & a, const HeapEntry & b) {
     }
     return a.e < b.e;
 }
-
-struct LruEntry {
-    int32_t last_use; /* -1: taken */
-    int32_t e;
-};
 
 /* A row's first `want` substitutes, as pick_substitutes (rules.cpp) picks them. */
 struct Substitutes {
@@ -201,17 +199,72 @@ struct Substitutes {
 
 }  // namespace
 
-/* The loop's buffers, kept by a worker thread from one configuration to the next (a fresh
- * megabyte per configuration cost more in page faults than the loop itself). */
+/* What every configuration of a batch shares: each layer's work in trace order (its route
+ * calls, and the PSR prefetches other calls aim at it), each call's token and step. */
+struct FastPlan {
+    std::vector<int64_t> events;       /* call * 2 (route) or call * 2 + 1 (prefetch) */
+    std::vector<int64_t> layer_start;  /* [n_layers + 1] into events */
+    std::vector<int64_t> call_token;   /* [n_calls] */
+    std::vector<int64_t> call_step;    /* [n_calls] the core's step at the call */
+};
+
+FastPlan * fast_plan_new(const moecache_replay_trace & t) {
+    std::unique_ptr<FastPlan> plan(new FastPlan());
+    const size_t calls = static_cast<size_t>(t.n_calls);
+    plan->call_token.resize(calls);
+    plan->call_step.resize(calls);
+    std::vector<int64_t> count(static_cast<size_t>(t.n_layers) + 1, 0);
+    int64_t step = t.initial_step;
+    for (int64_t tok = 0; tok < t.n_tokens; ++tok) {
+        for (int64_t c = t.token_calls[tok]; c < t.token_calls[tok + 1]; ++c) {
+            step = std::max(step, t.call_step[c]);
+            plan->call_token[static_cast<size_t>(c)] = tok;
+            plan->call_step[static_cast<size_t>(c)] = step;
+            if (t.call_stop[c] == t.call_start[c]) {
+                continue;
+            }
+            count[static_cast<size_t>(t.call_layer[c])] += 1;
+            if (t.pred_width > 0 && t.next_layer[t.call_stop[c] - 1] >= 0) {
+                count[static_cast<size_t>(t.next_layer[t.call_stop[c] - 1])] += 1;
+            }
+        }
+    }
+    plan->layer_start.assign(static_cast<size_t>(t.n_layers) + 1, 0);
+    for (int32_t l = 0; l < t.n_layers; ++l) {
+        plan->layer_start[static_cast<size_t>(l) + 1] =
+            plan->layer_start[static_cast<size_t>(l)] + count[static_cast<size_t>(l)];
+    }
+    plan->events.resize(static_cast<size_t>(plan->layer_start.back()));
+    std::vector<int64_t> at(plan->layer_start.begin(), plan->layer_start.end() - 1);
+    for (int64_t c = 0; c < t.n_calls; ++c) {
+        if (t.call_stop[c] == t.call_start[c]) {
+            continue;
+        }
+        plan->events[static_cast<size_t>(at[static_cast<size_t>(t.call_layer[c])]++)] = c * 2;
+        if (t.pred_width > 0 && t.next_layer[t.call_stop[c] - 1] >= 0) {
+            const size_t nl = static_cast<size_t>(t.next_layer[t.call_stop[c] - 1]);
+            plan->events[static_cast<size_t>(at[nl]++)] = c * 2 + 1;
+        }
+    }
+    return plan.release();
+}
+
+void fast_plan_free(FastPlan * plan) {
+    delete plan;
+}
+
+/* The loop's buffers, kept by a worker thread from one configuration to the next. */
 struct FastWorkspace {
     std::vector<Expert> ex;
     std::vector<Fq> fq;
     std::vector<float> lost;
-    std::vector<int32_t> expert_of, n_res, heap_n;
-    std::vector<double> mass, decay;
-    std::vector<int64_t> pin, mark, q_head, q_tail;
-    std::vector<LruEntry> q;
+    std::vector<int32_t> expert_of;
+    std::vector<double> cum_mass, decay;
+    std::vector<int64_t> pin, mark;
     std::vector<HeapEntry> heap, stash;
+    std::vector<int8_t> action;
+    std::vector<float> wnorm;
+    std::vector<int32_t> used_ids, fetched, chosen, last_place;
 };
 
 FastWorkspace * fast_workspace_new() {
@@ -224,89 +277,56 @@ void fast_workspace_free(FastWorkspace * w) {
 
 namespace {
 
+/* One configuration, one layer after another: a layer's decisions depend only on its own
+ * route calls and the prefetches into it, in trace order (recency compares within a layer,
+ * so a clock per layer orders as the core's one clock), so its state stays in cache. */
 class FastReplay {
 public:
-    FastReplay(const moecache_replay_trace & t, const moecache_policy & p, int32_t slots,
-               moecache_replay_token * out, FastWorkspace & w)
-        : t_(t), p_(p), S_(slots), E_(t.n_experts), k_(t.top_k), out_(out), w_(w) {
-        swap_buffers();
-    }
-    ~FastReplay() { swap_buffers(); }
-    FastReplay(const FastReplay &) = delete;
-    FastReplay & operator=(const FastReplay &) = delete;
+    FastReplay(const moecache_replay_trace & t, const FastPlan & plan, const moecache_policy & p,
+               int32_t slots, moecache_replay_token * out, FastWorkspace & w)
+        : t_(t), plan_(plan), p_(p), S_(slots), E_(t.n_experts), k_(t.top_k), out_(out),
+          w_(w) {}
 
     int32_t run() {
+        const bool f = p_.eviction == MOECACHE_EVICT_FREQUENCY;
         switch (p_.miss_rule) {
             case MOECACHE_FETCH_ALL:
-                return p_.eviction == MOECACHE_EVICT_FREQUENCY ? go<MOECACHE_FETCH_ALL, true>()
-                                                               : go<MOECACHE_FETCH_ALL, false>();
+                return f ? go<MOECACHE_FETCH_ALL, true>() : go<MOECACHE_FETCH_ALL, false>();
             case MOECACHE_THRESHOLD:
-                return p_.eviction == MOECACHE_EVICT_FREQUENCY ? go<MOECACHE_THRESHOLD, true>()
-                                                               : go<MOECACHE_THRESHOLD, false>();
+                return f ? go<MOECACHE_THRESHOLD, true>() : go<MOECACHE_THRESHOLD, false>();
             case MOECACHE_FIRST_CHOICE:
-                return p_.eviction == MOECACHE_EVICT_FREQUENCY
-                           ? go<MOECACHE_FIRST_CHOICE, true>()
-                           : go<MOECACHE_FIRST_CHOICE, false>();
+                return f ? go<MOECACHE_FIRST_CHOICE, true>() : go<MOECACHE_FIRST_CHOICE, false>();
             case MOECACHE_SUBSTITUTE_ALL:
-                return p_.eviction == MOECACHE_EVICT_FREQUENCY
-                           ? go<MOECACHE_SUBSTITUTE_ALL, true>()
-                           : go<MOECACHE_SUBSTITUTE_ALL, false>();
+                return f ? go<MOECACHE_SUBSTITUTE_ALL, true>()
+                         : go<MOECACHE_SUBSTITUTE_ALL, false>();
             default:
-                return p_.eviction == MOECACHE_EVICT_FREQUENCY
-                           ? go<MOECACHE_ROUTING_BONUS, true>()
-                           : go<MOECACHE_ROUTING_BONUS, false>();
+                return f ? go<MOECACHE_ROUTING_BONUS, true>()
+                         : go<MOECACHE_ROUTING_BONUS, false>();
         }
     }
 
 private:
     const moecache_replay_trace & t_;
+    const FastPlan & plan_;
     const moecache_policy p_;
     const int32_t S_, E_, k_;
     moecache_replay_token * out_;
     FastWorkspace & w_;
 
-    void swap_buffers() {
-        ex_.swap(w_.ex);
-        fq_.swap(w_.fq);
-        lost_.swap(w_.lost);
-        expert_of_.swap(w_.expert_of);
-        n_res_.swap(w_.n_res);
-        heap_n_.swap(w_.heap_n);
-        mass_.swap(w_.mass);
-        decay_.swap(w_.decay);
-        pin_.swap(w_.pin);
-        mark_.swap(w_.mark);
-        q_head_.swap(w_.q_head);
-        q_tail_.swap(w_.q_tail);
-        q_.swap(w_.q);
-        heap_.swap(w_.heap);
-        stash_.swap(w_.stash);
-    }
-
-    std::vector<Expert> ex_;          /* [n_layers * E] */
-    std::vector<Fq> fq_;              /* [n_layers * E] frequency eviction only */
-    std::vector<float> lost_;         /* [n_layers * E] admission only */
-    std::vector<int32_t> expert_of_;  /* [n_layers * S] */
-    std::vector<int32_t> n_res_;      /* [n_layers] */
-    std::vector<double> mass_;        /* [n_layers] the layer's substituted mass so far */
-    std::vector<int64_t> pin_, mark_; /* [E] */
+    Expert * X_ = nullptr;
+    Fq * F_ = nullptr;
+    int32_t * slots_ = nullptr;
+    int64_t * pin_ = nullptr;
+    int32_t n_res_ = 0;
     int64_t pin_epoch_ = 0, mark_epoch_ = 0;
     int32_t clock_ = 0;
     int64_t step_ = 0;
-    /* LRU: per layer a queue of uses, oldest first */
-    std::vector<LruEntry> q_;
-    std::vector<int64_t> q_head_, q_tail_;
-    int64_t q_cap_ = 0;
+    int16_t lru_head_ = -1, lru_tail_ = -1;
     /* frequency */
-    std::vector<HeapEntry> heap_;     /* [n_layers * S] */
-    std::vector<int32_t> heap_n_;
-    std::vector<HeapEntry> stash_;    /* pinned entries set aside for this pin epoch */
-    int32_t stash_layer_ = -1;
+    HeapEntry * heap_ = nullptr;
+    int32_t heap_n_ = 0;
     int64_t stash_epoch_ = -1;
-    std::vector<double> decay_;
     double h_ = 1.0;
-
-    Fq * fq_of(int32_t layer) { return fq_.data() + static_cast<size_t>(layer) * E_; }
 
     double key_of(const Fq & x) const {
         return x.freq > 0.0 ? std::log2(x.freq) + static_cast<double>(x.step) / h_
@@ -322,16 +342,16 @@ private:
             const double age = static_cast<double>(a);
             f = x.freq * std::exp2(-age / h_) + 1.0;
         } else {
-            f = x.freq * decay_[static_cast<size_t>(a)] + 1.0;
+            f = x.freq * w_.decay[static_cast<size_t>(a)] + 1.0;
         }
         x.freq = f;
         x.step = static_cast<int32_t>(step_);
         x.ver += 1;
     }
 
-    void heap_push(int32_t layer, const HeapEntry & en) {
-        HeapEntry * h = heap_.data() + static_cast<size_t>(layer) * S_;
-        int32_t i = heap_n_[layer]++;
+    void heap_push(const HeapEntry & en) {
+        HeapEntry * h = heap_;
+        int32_t i = heap_n_++;
         while (i > 0) {
             const int32_t up = (i - 1) / 2;
             if (!heap_before(en, h[up])) {
@@ -343,9 +363,9 @@ private:
         h[i] = en;
     }
 
-    void heap_pop(int32_t layer) {
-        HeapEntry * h = heap_.data() + static_cast<size_t>(layer) * S_;
-        const int32_t n = --heap_n_[layer];
+    void heap_pop() {
+        HeapEntry * h = heap_;
+        const int32_t n = --heap_n_;
         if (n == 0) {
             return;
         }
@@ -368,65 +388,39 @@ private:
         h[i] = en;
     }
 
-    HeapEntry entry_of(int32_t layer, const Expert * X, int32_t e) {
-        const Fq & f = fq_of(layer)[e];
-        return HeapEntry{key_of(f), X[e].last_use, e, f.ver};
-    }
-
-    void unstash() {
-        if (stash_layer_ >= 0) {
-            for (const HeapEntry & en : stash_) {
-                heap_push(stash_layer_, en);
-            }
-            stash_.clear();
-            stash_layer_ = -1;
-        }
+    HeapEntry entry_of(int32_t e) const {
+        return HeapEntry{key_of(F_[e]), X_[e].last_use, e, F_[e].ver};
     }
 
     template <bool Freq>
-    int32_t victim(int32_t layer, Expert * X) {
+    int32_t victim() {
         int32_t v = -1;
+        const Expert * X = X_;
         if (!Freq) {
-            LruEntry * q = q_.data() + static_cast<size_t>(layer) * q_cap_;
-            int64_t & head = q_head_[layer];
-            const int64_t tail = q_tail_[layer];
-            for (int64_t i = head; i < tail; ++i) {
-                const LruEntry en = q[i];
-                const bool live = en.last_use >= 0 && X[en.e].slot >= 0 &&
-                                  X[en.e].last_use == en.last_use;
-                if (!live) {
-                    if (i == head) {
-                        ++head;
-                    }
-                    continue;
+            for (int32_t e = lru_head_; e >= 0; e = X[e].next) {
+                if (pin_[e] != pin_epoch_) {
+                    v = e;
+                    break;
                 }
-                if (pin_[en.e] == pin_epoch_) {
-                    continue;
-                }
-                v = en.e;
-                if (i == head) {
-                    ++head;
-                } else {
-                    q[i].last_use = -1;
-                }
-                break;
             }
         } else {
-            if (stash_layer_ != layer || stash_epoch_ != pin_epoch_) {
-                unstash();
+            if (stash_epoch_ != pin_epoch_) {
+                for (const HeapEntry & en : w_.stash) {
+                    heap_push(en);
+                }
+                w_.stash.clear();
+                stash_epoch_ = pin_epoch_;
             }
-            while (heap_n_[layer] > 0) {
-                const HeapEntry top = heap_[static_cast<size_t>(layer) * S_];
-                if (top.ver != fq_of(layer)[top.e].ver) {
-                    heap_pop(layer);
-                    heap_push(layer, entry_of(layer, X, top.e));
+            while (heap_n_ > 0) {
+                const HeapEntry top = heap_[0];
+                if (top.ver != F_[top.e].ver) {
+                    heap_pop();
+                    heap_push(entry_of(top.e));
                     continue;
                 }
-                heap_pop(layer);
+                heap_pop();
                 if (pin_[top.e] == pin_epoch_) {
-                    stash_.push_back(top);
-                    stash_layer_ = layer;
-                    stash_epoch_ = pin_epoch_;
+                    w_.stash.push_back(top); /* pinned for this call: set aside */
                     continue;
                 }
                 v = top.e;
@@ -434,7 +428,7 @@ private:
             }
         }
 #ifdef MOECACHE_SELFCHECK
-        if (v != victim_scan<Freq>(layer, X)) {
+        if (v != victim_scan<Freq>()) {
             std::abort();
         }
 #endif
@@ -444,11 +438,11 @@ private:
 #ifdef MOECACHE_SELFCHECK
     /* pick_victim_scan over this loop's state */
     template <bool Freq>
-    int32_t victim_scan(int32_t layer, const Expert * X) {
-        const int32_t * slots = expert_of_.data() + static_cast<size_t>(layer) * S_;
+    int32_t victim_scan() const {
+        const Expert * X = X_;
         int32_t best = -1;
         for (int32_t s = 0; s < S_; ++s) {
-            const int32_t e = slots[s];
+            const int32_t e = slots_[s];
             if (e < 0 || pin_[e] == pin_epoch_) {
                 continue;
             }
@@ -457,8 +451,8 @@ private:
                 continue;
             }
             if (Freq) {
-                const double ke = key_of(fq_of(layer)[e]);
-                const double kb = key_of(fq_of(layer)[best]);
+                const double ke = key_of(F_[e]);
+                const double kb = key_of(F_[best]);
                 if (ke != kb) {
                     if (ke < kb) {
                         best = e;
@@ -475,54 +469,57 @@ private:
     }
 #endif
 
-    /* A new resident's recency: a use (the LRU queue's tail) or a changed key. */
-    template <bool Freq>
-    void used(int32_t layer, Expert & x, int32_t e) {
-        x.last_use = ++clock_;
-        if (Freq) {
-            fq_of(layer)[e].ver += 1;
-        } else {
-            LruEntry * q = q_.data() + static_cast<size_t>(layer) * q_cap_;
-            int64_t & tail = q_tail_[layer];
-            if (tail == q_cap_) {
-                compact(layer, q);
-            }
-            q[tail++] = LruEntry{x.last_use, e};
-        }
+    void unlink(int32_t e) {
+        Expert * X = X_;
+        const int32_t p = X[e].prev;
+        const int32_t n = X[e].next;
+        (p >= 0 ? X[p].next : lru_head_) = static_cast<int16_t>(n);
+        (n >= 0 ? X[n].prev : lru_tail_) = static_cast<int16_t>(p);
     }
 
-    void compact(int32_t layer, LruEntry * q) {
-        const Expert * X = ex_.data() + static_cast<size_t>(layer) * E_;
-        int64_t n = 0;
-        for (int64_t i = q_head_[layer]; i < q_tail_[layer]; ++i) {
-            const LruEntry en = q[i];
-            if (en.last_use >= 0 && X[en.e].slot >= 0 && X[en.e].last_use == en.last_use) {
-                q[n++] = en;
-            }
+    void link_tail(int32_t e) {
+        Expert * X = X_;
+        X[e].prev = lru_tail_;
+        X[e].next = -1;
+        (lru_tail_ >= 0 ? X[lru_tail_].next : lru_head_) = static_cast<int16_t>(e);
+        lru_tail_ = static_cast<int16_t>(e);
+    }
+
+    /* A use: a fresh recency (the LRU list's tail, or a stale heap entry). */
+    template <bool Freq>
+    void used(int32_t e) {
+        X_[e].last_use = ++clock_;
+        if (Freq) {
+            F_[e].ver += 1;
+        } else if (lru_tail_ != e) {
+            unlink(e);
+            link_tail(e);
         }
-        q_head_[layer] = 0;
-        q_tail_[layer] = n;
     }
 
     /* acquire_slot + layer_insert: -1 when every resident is pinned. */
     template <bool Freq>
-    int32_t insert(int32_t layer, Expert * X, int32_t e) {
-        int32_t & n_res = n_res_[layer];
+    int32_t insert(int32_t e) {
         int32_t slot;
-        if (n_res < S_) {
-            slot = n_res++; /* no resize: the slots below n_res are the full ones */
+        if (n_res_ < S_) {
+            slot = n_res_++; /* no resize: the slots below n_res are the full ones */
         } else {
-            const int32_t v = victim<Freq>(layer, X);
+            const int32_t v = victim<Freq>();
             if (v < 0) {
                 return -1;
             }
-            slot = X[v].slot;
-            X[v].slot = -1;
+            slot = X_[v].slot;
+            X_[v].slot = -1;
+            if (!Freq) {
+                unlink(v);
+            }
         }
-        X[e].slot = static_cast<int16_t>(slot);
-        expert_of_[static_cast<size_t>(layer) * S_ + slot] = e;
+        X_[e].slot = static_cast<int16_t>(slot);
+        slots_[slot] = e;
         if (Freq) {
-            heap_push(layer, entry_of(layer, X, e));
+            heap_push(entry_of(e));
+        } else {
+            link_tail(e);
         }
         return slot;
     }
@@ -535,48 +532,52 @@ template <int Rule, bool Freq>
 int32_t FastReplay::go() {
     const int32_t n_layers = t_.n_layers;
     const int32_t k = k_;
-    const size_t nE = static_cast<size_t>(n_layers) * E_;
     int64_t max_call = 1;
     for (int64_t c = 0; c < t_.n_calls; ++c) {
         max_call = std::max(max_call, t_.call_stop[c] - t_.call_start[c]);
     }
     const size_t sel = static_cast<size_t>(max_call) * k;
-    ex_.assign(nE, Expert{0, -1, 0, 0});
+    FastWorkspace & w = w_;
+    w.ex.resize(static_cast<size_t>(E_));
+    w.expert_of.resize(static_cast<size_t>(S_));
+    w.pin.assign(static_cast<size_t>(E_), 0);
+    w.mark.assign(static_cast<size_t>(E_), 0);
+    w.action.resize(sel);
+    w.wnorm.resize(sel);
+    w.used_ids.resize(sel);
+    w.fetched.resize(sel);
+    w.chosen.resize(static_cast<size_t>(E_));
+    w.last_place.resize(static_cast<size_t>(std::max(t_.pred_width, 1)));
+    w.cum_mass.resize(static_cast<size_t>(t_.n_tokens) * n_layers);
+    X_ = w.ex.data();
+    slots_ = w.expert_of.data();
+    pin_ = w.pin.data();
+    int64_t * mark = w.mark.data();
     if (Freq) {
-        fq_.assign(nE, Fq{0.0, 0, 0});
-    }
-    if (p_.admission != 0) {
-        lost_.assign(nE, 0.0f);
-    }
-    expert_of_.assign(static_cast<size_t>(n_layers) * S_, -1);
-    n_res_.assign(n_layers, 0);
-    mass_.assign(n_layers, 0.0);
-    pin_.assign(E_, 0);
-    mark_.assign(E_, 0);
-    if (Freq) {
-        heap_.resize(static_cast<size_t>(n_layers) * S_);
-        heap_n_.assign(n_layers, 0);
-        stash_.clear();
-        stash_.reserve(static_cast<size_t>(S_));
+        w.fq.resize(static_cast<size_t>(E_));
+        w.heap.resize(static_cast<size_t>(S_));
+        w.stash.clear();
+        w.stash.reserve(static_cast<size_t>(S_));
+        F_ = w.fq.data();
+        heap_ = w.heap.data();
         h_ = static_cast<double>(p_.half_life);
-        decay_.resize(4096);
+        w.decay.resize(4096);
         for (int64_t i = 0; i < 4096; ++i) {
-            decay_[static_cast<size_t>(i)] = std::exp2(-static_cast<double>(i) / h_);
+            w.decay[static_cast<size_t>(i)] = std::exp2(-static_cast<double>(i) / h_);
         }
-    } else {
-        q_cap_ = 2 * static_cast<int64_t>(S_) + 2 * static_cast<int64_t>(sel) + 64;
-        q_.resize(static_cast<size_t>(n_layers) * static_cast<size_t>(q_cap_));
-        q_head_.assign(n_layers, 0);
-        q_tail_.assign(n_layers, 0);
     }
-    std::vector<int8_t> action(sel);
-    std::vector<float> wnorm(sel);
-    std::vector<int32_t> used_ids(sel);
-    std::vector<int32_t> fetched(sel);
-    std::vector<int32_t> chosen(static_cast<size_t>(E_));
-    std::vector<int32_t> last_place(static_cast<size_t>(std::max(t_.pred_width, 1)));
-
     const bool admission = p_.admission != 0;
+    if (admission) {
+        w.lost.resize(static_cast<size_t>(E_));
+    }
+    float * lost = w.lost.data();
+    int8_t * action = w.action.data();
+    float * wnorm = w.wnorm.data();
+    int32_t * used_ids = w.used_ids.data();
+    int32_t * fetched = w.fetched.data();
+    int32_t * chosen = w.chosen.data();
+    double * cum_mass = w.cum_mass.data();
+
     const int32_t want_pf = p_.prefetch == MOECACHE_PREFETCH_TOP_K ? k : p_.prefetch;
     const int32_t per_token = std::min({want_pf, E_, S_});
     const bool prefetching = per_token > 0 && t_.pred_width > 0;
@@ -586,24 +587,130 @@ int32_t FastReplay::go() {
     const uint16_t * ranks = t_.ranks;
     const uint8_t * rank_counts = t_.rank_counts;
     const float * selp = t_.selected_probs;
+    int64_t fail_call = t_.n_calls; /* the first call that found every slot pinned */
 
-    step_ = t_.initial_step;
-    double before_mass = 0.0;
-    for (int64_t tok = 0; tok < t_.n_tokens; ++tok) {
-        int64_t rows = 0, hits = 0, fetches = 0, subs = 0, admits = 0;
-        int64_t bytes_sync = 0, bytes_async = 0, prefetches = 0, pf_hits = 0;
-        for (int64_t c = t_.token_calls[tok]; c < t_.token_calls[tok + 1]; ++c) {
-            step_ = std::max(step_, t_.call_step[c]);
+    for (int32_t layer = 0; layer < n_layers; ++layer) {
+        std::fill(w.ex.begin(), w.ex.end(), Expert{0, -1, -1, -1, 0, 0});
+        std::fill(w.expert_of.begin(), w.expert_of.end(), -1);
+        if (Freq) {
+            std::fill(w.fq.begin(), w.fq.end(), Fq{0.0, 0, 0});
+            heap_n_ = 0;
+            w.stash.clear();
+            stash_epoch_ = -1;
+        } else {
+            lru_head_ = lru_tail_ = -1;
+        }
+        if (admission) {
+            std::fill(w.lost.begin(), w.lost.end(), 0.0f);
+        }
+        Expert * X = X_;
+        n_res_ = 0;
+        clock_ = 0;
+        const int64_t eb = t_.expert_bytes[layer];
+        Substitutes subst{X, slots_, S_, E_, mark};
+        double layer_mass = 0.0;
+        int64_t filled = 0; /* tokens whose cumulative mass of this layer is written */
+        const int64_t * ev = plan_.events.data();
+        const int64_t x_end = plan_.layer_start[static_cast<size_t>(layer) + 1];
+        for (int64_t x = plan_.layer_start[static_cast<size_t>(layer)]; x < x_end; ++x) {
+            if (x + kAhead < x_end) {
+                /* this layer's rows are a layer apart in the trace: ask for them ahead */
+                const int64_t r = t_.call_start[ev[x + kAhead] >> 1];
+                __builtin_prefetch(t_.ids + r * k);
+                if (Rule != MOECACHE_FETCH_ALL) {
+                    __builtin_prefetch(t_.weights + r * k);
+                    __builtin_prefetch(ranks + r * MOECACHE_RANK_WIDTH);
+                    __builtin_prefetch(ranks + r * MOECACHE_RANK_WIDTH + 32);
+                    __builtin_prefetch(rank_counts + r);
+                }
+                if (Rule == MOECACHE_ROUTING_BONUS) {
+                    __builtin_prefetch(selp + r * k);
+                }
+            }
+            const int64_t c = ev[x] >> 1;
+            if (c >= fail_call) {
+                break;
+            }
+            const int64_t tok = plan_.call_token[static_cast<size_t>(c)];
+            for (; filled < tok; ++filled) {
+                cum_mass[filled * n_layers + layer] = layer_mass;
+            }
+            moecache_replay_token & o = out_[tok];
             const int64_t r0 = t_.call_start[c];
             const int32_t n = static_cast<int32_t>(t_.call_stop[c] - r0);
-            if (n == 0) {
+            if ((ev[x] & 1) != 0) {
+                if (!prefetching) {
+                    continue;
+                }
+                /* PSR into this layer after call c (prefetch_ranked, or prefetch for a
+                 * ranking that repeats an expert) */
+                const int64_t last = r0 + n - 1;
+                const int32_t * ranked = t_.predicted + last * t_.pred_width;
+                int32_t count = 0;
+                while (count < t_.pred_width && ranked[count] >= 0) {
+                    ++count;
+                }
+                const int64_t me = ++mark_epoch_;
+                bool repeats = false;
+                for (int32_t j = 0; j < count; ++j) {
+                    repeats |= mark[ranked[j]] == me;
+                    mark[ranked[j]] = me;
+                }
+                int32_t m = 0;
+                if (!repeats) {
+                    for (; m < per_token && m < count; ++m) {
+                        chosen[m] = ranked[m];
+                    }
+                } else {
+                    /* scored count - j, a later repeat overwriting: the distinct experts in
+                     * the order of their last places */
+                    const int64_t me2 = ++mark_epoch_;
+                    int32_t n_order = 0;
+                    for (int32_t j = count - 1; j >= 0; --j) {
+                        if (mark[ranked[j]] != me2) {
+                            mark[ranked[j]] = me2;
+                            w.last_place[static_cast<size_t>(n_order++)] = j;
+                        }
+                    }
+                    std::sort(w.last_place.begin(), w.last_place.begin() + n_order);
+                    for (int32_t i = 0; i < n_order && m < per_token; ++i) {
+                        chosen[m++] = ranked[w.last_place[static_cast<size_t>(i)]];
+                    }
+                }
+                for (int32_t e = 0; m < per_token && e < E_; ++e) {
+                    if (mark[e] != mark_epoch_) { /* the unranked tie: lower id first */
+                        chosen[m++] = e;
+                    }
+                }
+                const int64_t ppin = ++pin_epoch_;
+                for (int32_t j = 0; j < per_token; ++j) {
+                    if (X[chosen[j]].slot >= 0) {
+                        pin_[chosen[j]] = ppin;
+                    }
+                }
+                for (int32_t j = 0; j < per_token; ++j) {
+                    const int32_t e = chosen[j];
+                    if (X[e].slot >= 0) {
+                        continue;
+                    }
+                    if (insert<Freq>(e) < 0) {
+                        break;
+                    }
+                    pin_[e] = ppin;
+                    used<Freq>(e);
+                    if (admission) {
+                        lost[e] = 0.0f;
+                    }
+                    X[e].prefetched = 1;
+                    o.prefetches += 1;
+                    o.bytes_async += eb;
+                }
                 continue;
             }
-            const int32_t layer = t_.call_layer[c];
-            Expert * X = ex_.data() + static_cast<size_t>(layer) * E_;
-            const int64_t eb = t_.expert_bytes[layer];
+            /* a route call (route.cpp) */
+            step_ = plan_.call_step[static_cast<size_t>(c)];
             const int32_t * ids = t_.ids + r0 * k;
-            const float * w = t_.weights + r0 * k;
+            const float * wt = t_.weights + r0 * k;
             const int32_t nk = n * k;
             const int64_t pin = ++pin_epoch_;
             for (int32_t i = 0; i < nk; ++i) {
@@ -612,10 +719,8 @@ int32_t FastReplay::go() {
                 }
             }
             int32_t n_fetched = 0;
-            Substitutes subst{X, expert_of_.data() + static_cast<size_t>(layer) * S_, S_, E_,
-                              mark_.data()};
-            /* decide, row by row (decide_token) */
-            for (int32_t r = 0; r < n; ++r) {
+            bool failed = false;
+            for (int32_t r = 0; r < n && !failed; ++r) {
                 const int32_t base = r * k;
                 const int64_t row = r0 + r;
                 int32_t n_sub = 0;
@@ -629,14 +734,14 @@ int32_t FastReplay::go() {
                     const int64_t me = ++mark_epoch_;
                     float sum = 0.0f;
                     for (int32_t j = 0; j < k; ++j) {
-                        sum += w[base + j];
+                        sum += wt[base + j];
                     }
                     for (int32_t j = 0; j < k; ++j) {
                         const int32_t i = base + j;
                         const int32_t e = ids[i];
-                        const float wn = sum > 0.0f ? w[i] / sum : 0.0f;
+                        const float wn = sum > 0.0f ? wt[i] / sum : 0.0f;
                         wnorm[i] = wn;
-                        mark_[e] = me;
+                        mark[e] = me;
                         used_ids[i] = e;
                         int8_t a;
                         if (X[e].slot >= 0) {
@@ -676,9 +781,9 @@ int32_t FastReplay::go() {
                             const int32_t n_best =
                                 subst.pick(prow, me, m, best, rank_row, rank_count);
                             bool steering = true;
-                            for (int32_t o = 0; o < m; ++o) {
-                                const int32_t i = order[o];
-                                const int32_t s = steering && o < n_best ? best[o] : -1;
+                            for (int32_t i2 = 0; i2 < m; ++i2) {
+                                const int32_t i = order[i2];
+                                const int32_t s = steering && i2 < n_best ? best[i2] : -1;
                                 if (s >= 0 && prow[s] + bonus > p_sel[i - base]) {
                                     used_ids[i] = s;
                                     pin_[s] = pin;
@@ -710,27 +815,30 @@ int32_t FastReplay::go() {
                     if (action[i] != MOECACHE_FETCH) {
                         continue;
                     }
-                    if (insert<Freq>(layer, X, ids[i]) < 0) {
-                        return MOECACHE_E_NO_SLOT;
+                    if (insert<Freq>(ids[i]) < 0) {
+                        failed = true;
+                        break;
                     }
                     pin_[ids[i]] = pin;
                     fetched[n_fetched++] = ids[i];
                 }
             }
+            if (failed) {
+                fail_call = c;
+                break;
+            }
             /* commit */
             for (int32_t i = 0; i < nk; ++i) {
-                const int32_t o = used_ids[i];
-                Expert & xo = X[o];
-                used<Freq>(layer, xo, o);
+                const int32_t u = used_ids[i];
+                used<Freq>(u);
                 if (Freq) {
-                    record_selection(fq_of(layer)[ids[i]]);
+                    record_selection(F_[ids[i]]);
                 }
-                if (prefetching && action[i] != MOECACHE_FETCH && xo.prefetched) {
-                    xo.prefetched = 0;
-                    pf_hits += 1;
+                if (prefetching && action[i] != MOECACHE_FETCH && X[u].prefetched) {
+                    X[u].prefetched = 0;
+                    o.prefetch_hits += 1;
                 }
             }
-            float * lost = admission ? lost_.data() + static_cast<size_t>(layer) * E_ : nullptr;
             for (int32_t f = 0; f < n_fetched; ++f) {
                 if (admission) {
                     lost[fetched[f]] = 0.0f;
@@ -756,126 +864,57 @@ int32_t FastReplay::go() {
                             continue;
                         }
                         const int32_t e = ids[i];
-                        Expert & x = X[e];
-                        if (x.slot >= 0) {
+                        if (X[e].slot >= 0) {
                             continue;
                         }
                         lost[e] += wnorm[i];
                         if (lost[e] < beta) {
                             continue;
                         }
-                        if (insert<Freq>(layer, X, e) < 0) {
+                        if (insert<Freq>(e) < 0) {
                             continue;
                         }
                         pin_[e] = pin;
-                        used<Freq>(layer, x, e);
+                        used<Freq>(e);
                         lost[e] = 0.0f;
-                        x.prefetched = 0;
+                        X[e].prefetched = 0;
                         n_admit += 1;
                     }
                 }
-                rows += 1;
-                hits += n_hit;
-                fetches += n_fetch;
-                subs += n_subst;
-                admits += n_admit;
-                mass_[layer] += static_cast<double>(mass);
-                bytes_sync += n_fetch * eb;
-                bytes_async += n_admit * eb;
+                o.hits += n_hit;
+                o.fetches += n_fetch;
+                o.substitutions += n_subst;
+                o.admissions += n_admit;
+                layer_mass += static_cast<double>(mass);
+                o.bytes_sync += n_fetch * eb;
+                o.bytes_async += n_admit * eb;
             }
-            /* PSR (prefetch_ranked, or prefetch for a ranking that repeats an expert) */
-            if (!prefetching) {
-                continue;
-            }
-            const int64_t last = r0 + n - 1;
-            const int32_t nl = t_.next_layer[last];
-            if (nl < 0) {
-                continue;
-            }
-            const int32_t * ranked = t_.predicted + last * t_.pred_width;
-            int32_t count = 0;
-            while (count < t_.pred_width && ranked[count] >= 0) {
-                ++count;
-            }
-            const int64_t me = ++mark_epoch_;
-            bool repeats = false;
-            for (int32_t j = 0; j < count; ++j) {
-                repeats |= mark_[ranked[j]] == me;
-                mark_[ranked[j]] = me;
-            }
-            int32_t m = 0;
-            if (!repeats) {
-                for (; m < per_token && m < count; ++m) {
-                    chosen[m] = ranked[m];
-                }
-            } else {
-                /* scored count - j, a later repeat overwriting (prefetch): the distinct
-                 * experts in the order of their last places */
-                const int64_t me2 = ++mark_epoch_;
-                int32_t n_order = 0;
-                for (int32_t j = count - 1; j >= 0; --j) {
-                    if (mark_[ranked[j]] != me2) {
-                        mark_[ranked[j]] = me2;
-                        last_place[n_order++] = j;
-                    }
-                }
-                std::sort(last_place.begin(), last_place.begin() + n_order);
-                for (int32_t o = 0; o < n_order && m < per_token; ++o) {
-                    chosen[m++] = ranked[last_place[o]];
-                }
-            }
-            for (int32_t e = 0; m < per_token && e < E_; ++e) {
-                if (mark_[e] != mark_epoch_) { /* the unranked tie: lower id first */
-                    chosen[m++] = e;
-                }
-            }
-            Expert * Y = ex_.data() + static_cast<size_t>(nl) * E_;
-            const int64_t ppin = ++pin_epoch_;
-            for (int32_t j = 0; j < per_token; ++j) {
-                if (Y[chosen[j]].slot >= 0) {
-                    pin_[chosen[j]] = ppin;
-                }
-            }
-            const int64_t ebn = t_.expert_bytes[nl];
-            for (int32_t j = 0; j < per_token; ++j) {
-                const int32_t e = chosen[j];
-                if (Y[e].slot >= 0) {
-                    continue;
-                }
-                if (insert<Freq>(nl, Y, e) < 0) {
-                    break;
-                }
-                pin_[e] = ppin;
-                used<Freq>(nl, Y[e], e);
-                if (admission) {
-                    lost_[static_cast<size_t>(nl) * E_ + e] = 0.0f;
-                }
-                Y[e].prefetched = 1;
-                prefetches += 1;
-                bytes_async += ebn;
-            }
+            o.rows += n;
+            o.selections += static_cast<int64_t>(nk);
+        }
+        for (; filled < t_.n_tokens; ++filled) {
+            cum_mass[filled * n_layers + layer] = layer_mass;
+        }
+    }
+    const int64_t fail_token =
+        fail_call < t_.n_calls ? plan_.call_token[static_cast<size_t>(fail_call)] : t_.n_tokens;
+    double before_mass = 0.0;
+    for (int64_t tok = 0; tok < t_.n_tokens; ++tok) {
+        moecache_replay_token & o = out_[tok];
+        if (tok >= fail_token) {
+            std::memset(&o, 0, sizeof(o)); /* the core stops at its first error */
+            continue;
         }
         double now_mass = 0.0;
         for (int32_t l = 0; l < n_layers; ++l) {
-            now_mass += mass_[l];
+            now_mass += cum_mass[tok * n_layers + l];
         }
-        moecache_replay_token & o = out_[tok];
-        o.rows = rows;
-        o.selections = rows * k;
-        o.hits = hits;
-        o.fetches = fetches;
-        o.substitutions = subs;
-        o.admissions = admits;
         o.substituted_mass = now_mass - before_mass;
-        o.bytes_sync = bytes_sync;
-        o.bytes_async = bytes_async;
-        o.n_sync = fetches;
-        o.n_async = admits + prefetches;
-        o.prefetches = prefetches;
-        o.prefetch_hits = pf_hits;
+        o.n_sync = o.fetches;
+        o.n_async = o.admissions + o.prefetches;
         before_mass = now_mass;
     }
-    return MOECACHE_OK;
+    return fail_call < t_.n_calls ? MOECACHE_E_NO_SLOT : MOECACHE_OK;
 }
 
 }  // namespace
@@ -926,11 +965,12 @@ bool fast_covers(const moecache_replay_trace & t, const moecache_replay_config &
     return true;
 }
 
-int32_t replay_fast(const moecache_replay_trace & t, const moecache_replay_config & cfg,
-                    moecache_replay_token * out, FastWorkspace & w) {
+int32_t replay_fast(const moecache_replay_trace & t, const FastPlan & plan,
+                    const moecache_replay_config & cfg, moecache_replay_token * out,
+                    FastWorkspace & w) {
     const moecache_policy & p = cfg.follow_policy ? t.start_policy : cfg.policy;
     const int32_t slots = cfg.slots == 0 ? t.start_slots : cfg.slots;
-    FastReplay loop(t, p, slots, out, w);
+    FastReplay loop(t, plan, p, slots, out, w);
     replay_fast_configs.fetch_add(1, std::memory_order_relaxed);
     return loop.run();
 }
