@@ -478,7 +478,7 @@ int32_t moecache_replay_batch(const moecache_replay_trace * trace,
     for (int32_t i = 0; i < n_configs && !plan; ++i) {
         if (moecache_core::fast_covers(ranked, configs[i], ids_valid, events != nullptr)) {
             try {
-                plan.reset(moecache_core::fast_plan_new(ranked));
+                plan.reset(moecache_core::fast_plan_new(ranked, configs, n_configs, ids_valid));
             } catch (...) {  // bad_alloc: the per-call core replays every configuration
                 break;
             }

@@ -39,6 +39,7 @@ std::atomic<int64_t> replay_fast_configs{0};
 namespace {
 
 constexpr double kNeverSelected = -1e300;
+constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int64_t kAhead = 4; /* events whose rows are fetched ahead */
 
 /* One expert of the layer being replayed: what every selection reads. */
@@ -55,14 +56,14 @@ struct Expert {
 struct Fq {
     double freq;   /* decayed selection count as of step */
     int32_t step;
-    uint32_t ver;  /* changes with its key or recency (an older heap entry is stale) */
+    uint32_t kver; /* changes with its count (an older heap entry's key is stale) */
 };
 
 struct HeapEntry {
     double key;
-    int32_t last_use;
+    int32_t last_use; /* stale where the expert's differs */
     int32_t e;
-    uint32_t ver;
+    uint32_t kver;
 };
 
 inline bool heap_before(const HeapEntry & a, const HeapEntry & b) {
@@ -102,11 +103,16 @@ struct Substitutes {
     }
 
     int32_t pick(const float * row, int64_t token, int32_t want, int32_t * out,
-                 const uint16_t * rank_row, int32_t rank_count) const {
+                 const uint16_t * rank_row, int32_t rank_count, int32_t n_res) const {
         if (want <= 0) {
             return 0;
         }
         int32_t n = 0;
+        if (rank_count > 0 && n_res <= 2 * want + 8) {
+            /* so few residents that the ranking would mostly name others: the same picks
+             * (a ranked row has no NaN) from the residents directly */
+            return best_of_rest(row, token, want, out);
+        }
         if (rank_count > 0) {
             for (int32_t j = 0; j < rank_count && n < want; ++j) {
                 const int32_t e = rank_row[j];
@@ -199,51 +205,122 @@ struct Substitutes {
 
 }  // namespace
 
-/* What every configuration of a batch shares: each layer's work in trace order (its route
- * calls, and the PSR prefetches other calls aim at it), each call's token and step. */
-struct FastPlan {
-    std::vector<int64_t> events;       /* call * 2 (route) or call * 2 + 1 (prefetch) */
-    std::vector<int64_t> layer_start;  /* [n_layers + 1] into events */
-    std::vector<int64_t> call_token;   /* [n_calls] */
-    std::vector<int64_t> call_step;    /* [n_calls] the core's step at the call */
+/* One step of a layer's work: a route call, or a PSR prefetch into the layer. */
+struct PlanEvent {
+    int64_t row;     /* the call's first row (route) or last (prefetch), in the trace */
+    int64_t packed;  /* where its rows (route) or its prediction (prefetch) are packed */
+    int64_t token;
+    int64_t step;    /* the core's step at the call */
+    int64_t call;
+    int32_t n;       /* rows */
+    int32_t prefetch;
 };
 
-FastPlan * fast_plan_new(const moecache_replay_trace & t) {
+/* What every configuration of a batch shares: each layer's work in trace order (its route
+ * calls, and the PSR prefetches other calls aim at it), and the rows the loop reads packed
+ * in that order, so that a layer's pass reads them as one stream rather than a row every
+ * layer's width apart (a page apart for the ranking). */
+struct FastPlan {
+    std::vector<PlanEvent> events;
+    std::vector<int64_t> layer_start; /* [n_layers + 1] into events */
+    std::vector<int64_t> call_token;  /* [n_calls] */
+    std::vector<int32_t> ids;
+    std::vector<float> weights, selected;
+    std::vector<uint16_t> ranks;
+    std::vector<uint8_t> counts;
+    std::vector<int32_t> predicted;
+};
+
+FastPlan * fast_plan_new(const moecache_replay_trace & t, const moecache_replay_config * configs,
+                         int32_t n_configs, bool ids_valid) {
+    bool substitutes = false, bonus = false, prefetches = false;
+    for (int32_t i = 0; i < n_configs; ++i) {
+        if (!fast_covers(t, configs[i], ids_valid, false)) {
+            continue;
+        }
+        const moecache_policy & p = configs[i].follow_policy ? t.start_policy : configs[i].policy;
+        substitutes |= p.miss_rule != MOECACHE_FETCH_ALL;
+        bonus |= p.miss_rule == MOECACHE_ROUTING_BONUS;
+        prefetches |= p.prefetch != 0 && t.pred_width > 0;
+    }
     std::unique_ptr<FastPlan> plan(new FastPlan());
-    const size_t calls = static_cast<size_t>(t.n_calls);
-    plan->call_token.resize(calls);
-    plan->call_step.resize(calls);
-    std::vector<int64_t> count(static_cast<size_t>(t.n_layers) + 1, 0);
-    int64_t step = t.initial_step;
+    const size_t k = static_cast<size_t>(t.top_k);
+    plan->call_token.resize(static_cast<size_t>(t.n_calls));
+    std::vector<int64_t> count(static_cast<size_t>(t.n_layers), 0);
+    std::vector<int64_t> rows(static_cast<size_t>(t.n_layers), 0);
+    std::vector<int64_t> preds(static_cast<size_t>(t.n_layers), 0);
     for (int64_t tok = 0; tok < t.n_tokens; ++tok) {
         for (int64_t c = t.token_calls[tok]; c < t.token_calls[tok + 1]; ++c) {
-            step = std::max(step, t.call_step[c]);
             plan->call_token[static_cast<size_t>(c)] = tok;
-            plan->call_step[static_cast<size_t>(c)] = step;
             if (t.call_stop[c] == t.call_start[c]) {
                 continue;
             }
             count[static_cast<size_t>(t.call_layer[c])] += 1;
+            rows[static_cast<size_t>(t.call_layer[c])] += t.call_stop[c] - t.call_start[c];
             if (t.pred_width > 0 && t.next_layer[t.call_stop[c] - 1] >= 0) {
                 count[static_cast<size_t>(t.next_layer[t.call_stop[c] - 1])] += 1;
+                preds[static_cast<size_t>(t.next_layer[t.call_stop[c] - 1])] += 1;
             }
         }
     }
     plan->layer_start.assign(static_cast<size_t>(t.n_layers) + 1, 0);
-    for (int32_t l = 0; l < t.n_layers; ++l) {
-        plan->layer_start[static_cast<size_t>(l) + 1] =
-            plan->layer_start[static_cast<size_t>(l)] + count[static_cast<size_t>(l)];
+    std::vector<int64_t> at(static_cast<size_t>(t.n_layers)), row_at(at.size()), pred_at(at.size());
+    int64_t total_rows = 0, total_preds = 0;
+    for (size_t l = 0; l < at.size(); ++l) {
+        plan->layer_start[l + 1] = plan->layer_start[l] + count[l];
+        at[l] = plan->layer_start[l];
+        row_at[l] = total_rows;
+        pred_at[l] = total_preds;
+        total_rows += rows[l];
+        total_preds += preds[l];
     }
     plan->events.resize(static_cast<size_t>(plan->layer_start.back()));
-    std::vector<int64_t> at(plan->layer_start.begin(), plan->layer_start.end() - 1);
+    const size_t nr = static_cast<size_t>(total_rows);
+    plan->ids.resize(nr * k);
+    plan->weights.resize(substitutes ? nr * k : 0);
+    plan->ranks.resize(substitutes ? nr * MOECACHE_RANK_WIDTH : 0);
+    plan->counts.resize(substitutes ? nr : 0);
+    plan->selected.resize(bonus ? nr * k : 0);
+    plan->predicted.resize(prefetches ? static_cast<size_t>(total_preds) * t.pred_width : 0);
+    int64_t step = t.initial_step;
     for (int64_t c = 0; c < t.n_calls; ++c) {
-        if (t.call_stop[c] == t.call_start[c]) {
+        step = std::max(step, t.call_step[c]);
+        const int64_t r0 = t.call_start[c];
+        const int64_t n = t.call_stop[c] - r0;
+        if (n == 0) {
             continue;
         }
-        plan->events[static_cast<size_t>(at[static_cast<size_t>(t.call_layer[c])]++)] = c * 2;
-        if (t.pred_width > 0 && t.next_layer[t.call_stop[c] - 1] >= 0) {
-            const size_t nl = static_cast<size_t>(t.next_layer[t.call_stop[c] - 1]);
-            plan->events[static_cast<size_t>(at[nl]++)] = c * 2 + 1;
+        const size_t layer = static_cast<size_t>(t.call_layer[c]);
+        const int64_t p0 = row_at[layer];
+        row_at[layer] += n;
+        plan->events[static_cast<size_t>(at[layer]++)] =
+            PlanEvent{r0, p0, plan->call_token[static_cast<size_t>(c)], step, c,
+                      static_cast<int32_t>(n), 0};
+        const size_t pk = static_cast<size_t>(p0) * k;
+        const size_t rk = static_cast<size_t>(r0) * k;
+        const size_t nk = static_cast<size_t>(n) * k;
+        std::memcpy(plan->ids.data() + pk, t.ids + rk, nk * sizeof(int32_t));
+        if (substitutes) {
+            std::memcpy(plan->weights.data() + pk, t.weights + rk, nk * sizeof(float));
+            std::memcpy(plan->ranks.data() + static_cast<size_t>(p0) * MOECACHE_RANK_WIDTH,
+                        t.ranks + static_cast<size_t>(r0) * MOECACHE_RANK_WIDTH,
+                        static_cast<size_t>(n) * MOECACHE_RANK_WIDTH * sizeof(uint16_t));
+            std::memcpy(plan->counts.data() + p0, t.rank_counts + r0, static_cast<size_t>(n));
+        }
+        if (bonus) {
+            std::memcpy(plan->selected.data() + pk, t.selected_probs + rk, nk * sizeof(float));
+        }
+        const int64_t last = t.call_stop[c] - 1;
+        if (t.pred_width > 0 && t.next_layer[last] >= 0) {
+            const size_t nl = static_cast<size_t>(t.next_layer[last]);
+            const int64_t q = pred_at[nl]++;
+            plan->events[static_cast<size_t>(at[nl]++)] =
+                PlanEvent{last, q, plan->call_token[static_cast<size_t>(c)], step, c, 1, 1};
+            if (prefetches) {
+                std::memcpy(plan->predicted.data() + static_cast<size_t>(q) * t.pred_width,
+                            t.predicted + last * t.pred_width,
+                            static_cast<size_t>(t.pred_width) * sizeof(int32_t));
+            }
         }
     }
     return plan.release();
@@ -346,7 +423,7 @@ private:
         }
         x.freq = f;
         x.step = static_cast<int32_t>(step_);
-        x.ver += 1;
+        x.kver += 1;
     }
 
     void heap_push(const HeapEntry & en) {
@@ -389,7 +466,7 @@ private:
     }
 
     HeapEntry entry_of(int32_t e) const {
-        return HeapEntry{key_of(F_[e]), X_[e].last_use, e, F_[e].ver};
+        return HeapEntry{key_of(F_[e]), X_[e].last_use, e, F_[e].kver};
     }
 
     template <bool Freq>
@@ -412,11 +489,23 @@ private:
                 stash_epoch_ = pin_epoch_;
             }
             while (heap_n_ > 0) {
-                const HeapEntry top = heap_[0];
-                if (top.ver != F_[top.e].ver) {
+                HeapEntry top = heap_[0];
+                if (top.kver != F_[top.e].kver) { /* its count changed: a new key */
                     heap_pop();
                     heap_push(entry_of(top.e));
                     continue;
+                }
+                if (top.last_use != X[top.e].last_use) {
+                    /* only its recency changed, which orders only among equal keys: with
+                     * a key below its children's it is the least whatever the recency */
+                    const double k1 = heap_n_ > 1 ? heap_[1].key : kInf;
+                    const double k2 = heap_n_ > 2 ? heap_[2].key : kInf;
+                    top.last_use = X[top.e].last_use;
+                    if (!(top.key < k1 && top.key < k2)) {
+                        heap_pop();
+                        heap_push(top);
+                        continue;
+                    }
                 }
                 heap_pop();
                 if (pin_[top.e] == pin_epoch_) {
@@ -485,13 +574,11 @@ private:
         lru_tail_ = static_cast<int16_t>(e);
     }
 
-    /* A use: a fresh recency (the LRU list's tail, or a stale heap entry). */
+    /* A use: a fresh recency (the LRU list's tail; a heap entry's recency is then stale). */
     template <bool Freq>
     void used(int32_t e) {
         X_[e].last_use = ++clock_;
-        if (Freq) {
-            F_[e].ver += 1;
-        } else if (lru_tail_ != e) {
+        if (!Freq && lru_tail_ != e) {
             unlink(e);
             link_tail(e);
         }
@@ -584,9 +671,10 @@ int32_t FastReplay::go() {
     const float beta = p_.beta;
     const float theta = p_.theta;
     const float bonus_w = p_.bonus;
-    const uint16_t * ranks = t_.ranks;
-    const uint8_t * rank_counts = t_.rank_counts;
-    const float * selp = t_.selected_probs;
+    const uint16_t * ranks = plan_.ranks.data();
+    const uint8_t * rank_counts = plan_.counts.data();
+    const float * selp = plan_.selected.data();
+    const int64_t n_tokens = t_.n_tokens;
     int64_t fail_call = t_.n_calls; /* the first call that found every slot pinned */
 
     for (int32_t layer = 0; layer < n_layers; ++layer) {
@@ -610,42 +698,28 @@ int32_t FastReplay::go() {
         Substitutes subst{X, slots_, S_, E_, mark};
         double layer_mass = 0.0;
         int64_t filled = 0; /* tokens whose cumulative mass of this layer is written */
-        const int64_t * ev = plan_.events.data();
+        const PlanEvent * ev = plan_.events.data();
         const int64_t x_end = plan_.layer_start[static_cast<size_t>(layer) + 1];
         for (int64_t x = plan_.layer_start[static_cast<size_t>(layer)]; x < x_end; ++x) {
-            if (x + kAhead < x_end) {
-                /* this layer's rows are a layer apart in the trace: ask for them ahead */
-                const int64_t r = t_.call_start[ev[x + kAhead] >> 1];
-                __builtin_prefetch(t_.ids + r * k);
-                if (Rule != MOECACHE_FETCH_ALL) {
-                    __builtin_prefetch(t_.weights + r * k);
-                    __builtin_prefetch(ranks + r * MOECACHE_RANK_WIDTH);
-                    __builtin_prefetch(ranks + r * MOECACHE_RANK_WIDTH + 32);
-                    __builtin_prefetch(rank_counts + r);
-                }
-                if (Rule == MOECACHE_ROUTING_BONUS) {
-                    __builtin_prefetch(selp + r * k);
-                }
-            }
-            const int64_t c = ev[x] >> 1;
+            const PlanEvent & e_ = ev[x];
+            const int64_t c = e_.call;
             if (c >= fail_call) {
                 break;
             }
-            const int64_t tok = plan_.call_token[static_cast<size_t>(c)];
+            const int64_t tok = e_.token;
             for (; filled < tok; ++filled) {
-                cum_mass[filled * n_layers + layer] = layer_mass;
+                cum_mass[layer * n_tokens + filled] = layer_mass;
             }
             moecache_replay_token & o = out_[tok];
-            const int64_t r0 = t_.call_start[c];
-            const int32_t n = static_cast<int32_t>(t_.call_stop[c] - r0);
-            if ((ev[x] & 1) != 0) {
+            const int64_t r0 = e_.row;
+            const int32_t n = e_.n;
+            if (e_.prefetch != 0) {
                 if (!prefetching) {
                     continue;
                 }
                 /* PSR into this layer after call c (prefetch_ranked, or prefetch for a
                  * ranking that repeats an expert) */
-                const int64_t last = r0 + n - 1;
-                const int32_t * ranked = t_.predicted + last * t_.pred_width;
+                const int32_t * ranked = plan_.predicted.data() + e_.packed * t_.pred_width;
                 int32_t count = 0;
                 while (count < t_.pred_width && ranked[count] >= 0) {
                     ++count;
@@ -708,9 +782,18 @@ int32_t FastReplay::go() {
                 continue;
             }
             /* a route call (route.cpp) */
-            step_ = plan_.call_step[static_cast<size_t>(c)];
-            const int32_t * ids = t_.ids + r0 * k;
-            const float * wt = t_.weights + r0 * k;
+            if (Rule != MOECACHE_FETCH_ALL && n_res_ <= 32 && x + 2 < x_end) {
+                /* few residents: a substitute is found by reading their probabilities from
+                 * the row, so ask for those of a later call's row now */
+                const float * ahead = t_.probs + ev[x + 2].row * E_;
+                for (int32_t s = 0; s < n_res_; ++s) {
+                    __builtin_prefetch(ahead + slots_[s]);
+                }
+            }
+            step_ = e_.step;
+            const int64_t p0 = e_.packed;
+            const int32_t * ids = plan_.ids.data() + p0 * k;
+            const float * wt = plan_.weights.data() + p0 * k;
             const int32_t nk = n * k;
             const int64_t pin = ++pin_epoch_;
             for (int32_t i = 0; i < nk; ++i) {
@@ -758,11 +841,11 @@ int32_t FastReplay::go() {
                     }
                     if (n_sub > 0) {
                         const float * prow = t_.probs + row * E_;
-                        const uint16_t * rank_row = ranks + row * MOECACHE_RANK_WIDTH;
-                        const int32_t rank_count = rank_counts[row];
+                        const uint16_t * rank_row = ranks + (p0 + r) * MOECACHE_RANK_WIDTH;
+                        const int32_t rank_count = rank_counts[p0 + r];
                         int32_t best[MOECACHE_MAX_K];
                         if (Rule == MOECACHE_ROUTING_BONUS) {
-                            const float * p_sel = selp + row * k;
+                            const float * p_sel = selp + (p0 + r) * k;
                             int32_t order[MOECACHE_MAX_K];
                             int32_t m = 0;
                             float selected = 0.0f;
@@ -779,7 +862,7 @@ int32_t FastReplay::go() {
                                 return pa != pb ? pa < pb : a > b;
                             });
                             const int32_t n_best =
-                                subst.pick(prow, me, m, best, rank_row, rank_count);
+                                subst.pick(prow, me, m, best, rank_row, rank_count, n_res_);
                             bool steering = true;
                             for (int32_t i2 = 0; i2 < m; ++i2) {
                                 const int32_t i = order[i2];
@@ -794,7 +877,7 @@ int32_t FastReplay::go() {
                             }
                         } else {
                             const int32_t n_best =
-                                subst.pick(prow, me, n_sub, best, rank_row, rank_count);
+                                subst.pick(prow, me, n_sub, best, rank_row, rank_count, n_res_);
                             int32_t next = 0;
                             for (int32_t i = base; i < base + k; ++i) {
                                 if (action[i] != MOECACHE_SUBSTITUTE) {
@@ -892,8 +975,8 @@ int32_t FastReplay::go() {
             o.rows += n;
             o.selections += static_cast<int64_t>(nk);
         }
-        for (; filled < t_.n_tokens; ++filled) {
-            cum_mass[filled * n_layers + layer] = layer_mass;
+        for (; filled < n_tokens; ++filled) {
+            cum_mass[layer * n_tokens + filled] = layer_mass;
         }
     }
     const int64_t fail_token =
@@ -907,7 +990,7 @@ int32_t FastReplay::go() {
         }
         double now_mass = 0.0;
         for (int32_t l = 0; l < n_layers; ++l) {
-            now_mass += cum_mass[tok * n_layers + l];
+            now_mass += cum_mass[l * n_tokens + tok];
         }
         o.substituted_mass = now_mass - before_mass;
         o.n_sync = o.fetches;
