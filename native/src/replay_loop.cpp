@@ -36,9 +36,9 @@ namespace moecache_core {
 
 std::atomic<int64_t> replay_fast_configs{0};
 
-namespace {
+namespace loop { /* named: the engine compiles the core as one unit */
 
-constexpr double kNeverSelected = -1e300;
+constexpr double kNoCount = -1e300;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int64_t kAhead = 4; /* events whose rows are fetched ahead */
 
@@ -203,7 +203,7 @@ struct Substitutes {
     }
 };
 
-}  // namespace
+}  // namespace loop
 
 /* One step of a layer's work: a route call, or a PSR prefetch into the layer. */
 struct PlanEvent {
@@ -332,13 +332,13 @@ void fast_plan_free(FastPlan * plan) {
 
 /* The loop's buffers, kept by a worker thread from one configuration to the next. */
 struct FastWorkspace {
-    std::vector<Expert> ex;
-    std::vector<Fq> fq;
+    std::vector<loop::Expert> ex;
+    std::vector<loop::Fq> fq;
     std::vector<float> lost;
     std::vector<int32_t> expert_of;
     std::vector<double> cum_mass, decay;
     std::vector<int64_t> pin, mark;
-    std::vector<HeapEntry> heap, stash;
+    std::vector<loop::HeapEntry> heap, stash;
     std::vector<int8_t> action;
     std::vector<float> wnorm;
     std::vector<int32_t> used_ids, fetched, chosen, last_place;
@@ -352,7 +352,7 @@ void fast_workspace_free(FastWorkspace * w) {
     delete w;
 }
 
-namespace {
+namespace loop { /* named: the engine compiles the core as one unit */
 
 /* One configuration, one layer after another: a layer's decisions depend only on its own
  * route calls and the prefetches into it, in trace order (recency compares within a layer,
@@ -407,7 +407,7 @@ private:
 
     double key_of(const Fq & x) const {
         return x.freq > 0.0 ? std::log2(x.freq) + static_cast<double>(x.step) / h_
-                            : kNeverSelected;
+                            : kNoCount;
     }
 
     /* record_selection with the memoized decay factors (the same doubles) */
@@ -1000,7 +1000,7 @@ int32_t FastReplay::go() {
     return fail_call < t_.n_calls ? MOECACHE_E_NO_SLOT : MOECACHE_OK;
 }
 
-}  // namespace
+}  // namespace loop
 
 bool fast_covers(const moecache_replay_trace & t, const moecache_replay_config & cfg,
                  bool ids_valid, bool events) {
@@ -1053,9 +1053,9 @@ int32_t replay_fast(const moecache_replay_trace & t, const FastPlan & plan,
                     FastWorkspace & w) {
     const moecache_policy & p = cfg.follow_policy ? t.start_policy : cfg.policy;
     const int32_t slots = cfg.slots == 0 ? t.start_slots : cfg.slots;
-    FastReplay loop(t, plan, p, slots, out, w);
+    loop::FastReplay replay(t, plan, p, slots, out, w);
     replay_fast_configs.fetch_add(1, std::memory_order_relaxed);
-    return loop.run();
+    return replay.run();
 }
 
 }  // namespace moecache_core

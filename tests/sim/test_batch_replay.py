@@ -110,3 +110,25 @@ def test_the_shared_ranking_names_each_rows_best_experts_in_substitution_order(
     broken[3, 1] = np.nan  # no order exists: that row is left to the scan
     again = rank_rows(broken, routing.ids)
     assert again is not None and again[1][3] == 0 and (np.delete(again[1], 3) > 0).all()
+
+
+ALL_PRESETS = ["exact", "quality-first", "speed-first", "cache-prior", "psr", "substitute-all",
+               "threshold", "first-choice"]
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHES)
+def test_the_replay_loop_gives_the_per_call_cores_totals_to_the_bit(
+        record: RecordFn, arch: str) -> None:
+    """Without event rows a fixed configuration runs the batch replay's own decision loop
+    (native/src/replay_loop.cpp); asking for the rows runs the per-call core. Every
+    per-token total, the substituted mass included, must be identical."""
+    trace = read_trace(record(arch, name="trace.arrows", tokens=20, answers=2, switch_at=7))
+    routing = Routing.from_trace(trace)
+    k = trace.header.model.top_k
+    configs = [(None, None), *[(p, s) for p in ALL_PRESETS for s in (k, k + 2, None)]]
+    fast = replay_many(routing, configs, threads=2)
+    reference = replay_many(routing, configs, threads=2, keep_events=True)
+    for (policy, slots), a, b in zip(configs, fast, reference, strict=True):
+        for name in REPLAY_FIELDS:
+            assert np.array_equal(a.per_token[name], b.per_token[name]), (policy, slots, name)
+    assert sum(int(r.per_token["substitutions"].sum()) for r in fast) > 0
