@@ -40,6 +40,7 @@ namespace loop { /* named: the engine compiles the core as one unit */
 
 constexpr double kNoCount = -1e300;
 constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr int32_t kRankP = 32; /* ranked probabilities a plan keeps per row (routing bonus) */
 constexpr int64_t kAhead = 4; /* events whose rows are fetched ahead */
 
 /* One expert of the layer being replayed: what every selection reads. */
@@ -102,10 +103,15 @@ struct Substitutes {
         return best;
     }
 
+    /* at_rank (optional): where each pick stands in the row's ranking, -1 outside it */
     int32_t pick(const float * row, int64_t token, int32_t want, int32_t * out,
-                 const uint16_t * rank_row, int32_t rank_count, int32_t n_res) const {
+                 const uint16_t * rank_row, int32_t rank_count, int32_t n_res,
+                 int32_t * at_rank = nullptr) const {
         if (want <= 0) {
             return 0;
+        }
+        if (at_rank != nullptr) {
+            std::fill(at_rank, at_rank + want, -1);
         }
         int32_t n = 0;
         if (rank_count > 0 && n_res <= 2 * want + 8) {
@@ -118,6 +124,9 @@ struct Substitutes {
                 const int32_t e = rank_row[j];
                 if (X[e].slot >= 0 && mark[e] != token) {
                     mark[e] = token;
+                    if (at_rank != nullptr) {
+                        at_rank[n] = j;
+                    }
                     out[n++] = e;
                 }
             }
@@ -228,6 +237,7 @@ struct FastPlan {
     std::vector<float> weights, selected;
     std::vector<uint16_t> ranks;
     std::vector<uint8_t> counts;
+    std::vector<float> rank_p; /* [rows * loop::kRankP] probabilities of each row's first ranked */
     std::vector<int32_t> predicted;
 };
 
@@ -281,6 +291,7 @@ FastPlan * fast_plan_new(const moecache_replay_trace & t, const moecache_replay_
     plan->ranks.resize(substitutes ? nr * MOECACHE_RANK_WIDTH : 0);
     plan->counts.resize(substitutes ? nr : 0);
     plan->selected.resize(bonus ? nr * k : 0);
+    plan->rank_p.resize(bonus ? nr * loop::kRankP : 0);
     plan->predicted.resize(prefetches ? static_cast<size_t>(total_preds) * t.pred_width : 0);
     int64_t step = t.initial_step;
     for (int64_t c = 0; c < t.n_calls; ++c) {
@@ -309,6 +320,17 @@ FastPlan * fast_plan_new(const moecache_replay_trace & t, const moecache_replay_
         }
         if (bonus) {
             std::memcpy(plan->selected.data() + pk, t.selected_probs + rk, nk * sizeof(float));
+            /* the routing bonus compares a substitute's probability: read from each row
+             * once here, not once per configuration */
+            for (int64_t i = 0; i < n; ++i) {
+                const float * row = t.probs + (r0 + i) * t.n_experts;
+                const uint16_t * rank = t.ranks + (r0 + i) * MOECACHE_RANK_WIDTH;
+                float * dst = plan->rank_p.data() + (p0 + i) * loop::kRankP;
+                const int32_t m = std::min<int32_t>(loop::kRankP, t.rank_counts[r0 + i]);
+                for (int32_t j = 0; j < m; ++j) {
+                    dst[j] = row[rank[j]];
+                }
+            }
         }
         const int64_t last = t.call_stop[c] - 1;
         if (t.pred_width > 0 && t.next_layer[last] >= 0) {
@@ -861,13 +883,22 @@ int32_t FastReplay::go() {
                                 const float pb = p_sel[b - base];
                                 return pa != pb ? pa < pb : a > b;
                             });
-                            const int32_t n_best =
-                                subst.pick(prow, me, m, best, rank_row, rank_count, n_res_);
+                            int32_t at_rank[MOECACHE_MAX_K];
+                            const int32_t n_best = subst.pick(prow, me, m, best, rank_row,
+                                                              rank_count, n_res_, at_rank);
+                            const float * ranked_p = plan_.rank_p.data() + (p0 + r) * kRankP;
                             bool steering = true;
                             for (int32_t i2 = 0; i2 < m; ++i2) {
                                 const int32_t i = order[i2];
                                 const int32_t s = steering && i2 < n_best ? best[i2] : -1;
-                                if (s >= 0 && prow[s] + bonus > p_sel[i - base]) {
+                                if (s < 0) {
+                                    action[i] = MOECACHE_FETCH;
+                                    steering = false;
+                                    continue;
+                                }
+                                const int32_t j = at_rank[i2];
+                                const float p_s = j >= 0 && j < kRankP ? ranked_p[j] : prow[s];
+                                if (p_s + bonus > p_sel[i - base]) {
                                     used_ids[i] = s;
                                     pin_[s] = pin;
                                 } else {
