@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from moescope.cache.audit import AuditRecord
 from moescope.cache.native import EVENT_DTYPE, MAX_K
-from moescope.cache.policy import Policy
+from moescope.cache.policy import PREFETCH_TOP_K, THETA_DISK_AS_THETA, MissRule, Policy
 from moescope.cache.residency import masks_to_json
 from moescope.util.errors import MoEScopeError
 
@@ -154,6 +154,28 @@ after "Answer now" closed its thoughts: the closing text is written into the pro
 generated, so the token texts alone cannot show where that answer began."""
 
 
+def policy_label(policy: Policy) -> str:
+    """A preset's name, or for any other policy its rule's parameters in a few characters
+    ("custom θ0.30 disk0.30 β0.50 pf3"): Custom changes in a row must not look alike."""
+    if policy.name and policy.name != "custom":
+        return policy.name
+    parts = ["custom"]
+    if policy.miss_rule == MissRule.ROUTING_BONUS:
+        parts.append(f"bonus{policy.bonus:.2f}")
+    elif policy.miss_rule == MissRule.THRESHOLD:
+        parts.append(f"θ{policy.theta:.2f}")
+        if policy.theta_disk != THETA_DISK_AS_THETA:
+            parts.append(f"disk{policy.theta_disk:.2f}")
+    else:
+        parts.append(policy.miss_rule.name.lower().replace("_", "-"))
+    if policy.admission:
+        parts.append(f"β{policy.beta:.2f}")
+    if policy.prefetch:
+        top_k = policy.prefetch == PREFETCH_TOP_K
+        parts.append("pf" + ("top-k" if top_k else str(policy.prefetch)))
+    return " ".join(parts)
+
+
 @dataclass(frozen=True)
 class Change:
     """A policy or budget change that took effect at a token (applied before its decode).
@@ -170,7 +192,7 @@ class Change:
     def label(self) -> str:
         """The short text the live window's markers show for the same change."""
         if self.kind == "policy" and self.policy is not None:
-            return f"policy={self.policy.name or 'custom'}"
+            return f"policy={policy_label(self.policy)}"
         if self.kind == "slots":
             return f"slots={self.slots}"
         return self.text
