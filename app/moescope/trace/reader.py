@@ -345,16 +345,16 @@ def _read_arrow(p: Path, progress: ReadProgress | None) -> Trace:
         cols["normalized"] = normalized_weights(cols, header.model.top_k)
     except (ValueError, pa.ArrowException) as err:
         raise TraceFormatError(f"{p.name}: {err}") from None
-    events = af.events_of(cols, header.model.top_k)
-    columns = af.trace_columns(cols, events, token_rows, p.name)
+    columns = af.trace_columns(cols, token_rows, p.name)
     state = _ReadState(header)
     tokens: list[TokenRecord] = []
     for t, d in enumerate(metas):
         a, b = int(token_rows[t]), int(token_rows[t + 1])
         changes, slots = slots_of[t]
         try:
-            tokens.append(_token_record(d, header, t, state, changes, slots, events[a:b],
-                                        af.LazyRoutes(columns, a, b)))
+            record = _token_record(d, header, t, state, changes, slots, None,
+                                   af.LazyRoutes(columns, a, b), af.ColumnToken)
+            tokens.append(record.rows_from(columns, a, b))  # type: ignore[attr-defined]
         except (KeyError, TypeError, ValueError) as err:
             what = f"missing field {err}" if isinstance(err, KeyError) else str(err)
             raise TraceFormatError(f"{p.name}: token {t}: bad token record: {what}") from None
