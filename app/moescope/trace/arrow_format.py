@@ -314,16 +314,19 @@ def columns_of(batches: list[pa.RecordBatch], header: TraceHeader) -> dict[str, 
     n = whole.num_rows if whole is not None else 0
     if whole is None or n == 0:
         return {"n": 0}
-    # every column but the probabilities joined in one pass (a chunk per token otherwise);
-    # the probabilities, nearly all of the bytes, stay in place
-    table = whole.drop_columns(["probs"]).combine_chunks()
+    # the list columns joined in one pass (a chunk per token otherwise); the scalar ones
+    # go to numpy straight from their chunks (joining costs ~0.5 us a chunk, converting
+    # a chunked column 0.04); the probabilities, nearly all of the bytes, stay in place
+    lists = [f.name for f in whole.schema if pa.types.is_list(f.type)
+             or pa.types.is_fixed_size_list(f.type)]
+    table = whole.select([name for name in lists if name != "probs"]).combine_chunks()
 
     def one(name: str) -> pa.Array:
         col = table.column(name)
         return col.chunks[0] if col.num_chunks == 1 else col.combine_chunks()
 
     def flat(name: str) -> npt.NDArray[Any]:
-        return one(name).to_numpy(zero_copy_only=False)
+        return whole.column(name).to_numpy()
 
     def fixed(name: str, width: int) -> npt.NDArray[Any]:
         c = one(name)
@@ -376,7 +379,7 @@ def columns_of(batches: list[pa.RecordBatch], header: TraceHeader) -> dict[str, 
         "admitted": ragged("admitted", MAX_K), "evicted": ragged("evicted", MAX_K),
         "bytes_sync": flat("bytes_sync"), "bytes_async": flat("bytes_async"),
         **({"tier": fixed("tier", k), "n_disk": flat("n_disk"),
-            "bytes_disk": flat("bytes_disk")} if "tier" in table.column_names else {}),
+            "bytes_disk": flat("bytes_disk")} if "tier" in whole.column_names else {}),
         "probs": _Parts(probs.chunks, e), "probs_valid": valid(probs),
         "next_layer": flat("next_layer"), "predicted": ragged("predicted", e),
     }

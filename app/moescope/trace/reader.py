@@ -299,12 +299,15 @@ def _read_arrow(p: Path, progress: ReadProgress | None) -> Trace:
             if batch is None:
                 truncated = True
                 break
-            if af.END_KEY in meta:
+            if len(meta) == 1 and meta.key(0) == af.TOKEN_KEY:  # a token's (one lookup)
+                text = meta.value(0)
+            elif af.END_KEY in meta:
                 d = _DECODER.decode(meta[af.END_KEY].decode("utf-8"))
                 end = {k: v for k, v in d.items() if _is_scalar(v)} if isinstance(d, dict) \
                     else {}
                 continue
-            text = meta.get(af.TOKEN_KEY)
+            else:
+                text = meta.get(af.TOKEN_KEY)
             if text is None:
                 unknown += 1
                 if unknown > MAX_UNKNOWN_RECORDS + 4 * len(metas):
@@ -329,16 +332,17 @@ def _read_arrow(p: Path, progress: ReadProgress | None) -> Trace:
     token_rows = np.zeros(len(kept) + 1, dtype=np.int64)
     np.cumsum([b.num_rows for b in kept], out=token_rows[1:])
     in_force = np.zeros(len(kept), dtype=np.int64)
-    slots_of: list[tuple[list[Any], int]] = []
+    tokens: list[TokenRecord] = []
     for t, d in enumerate(metas):
         try:
             changes, slots, force = _token_slots(d, header, t, state)
+            in_force[t] = force
+            # its rows and router inputs are attached once the columns are checked
+            tokens.append(_token_record(d, header, t, state, changes, slots, None, {},
+                                        af.ColumnToken))
         except (KeyError, TypeError, ValueError) as err:
             what = f"missing field {err}" if isinstance(err, KeyError) else str(err)
             raise TraceFormatError(f"{p.name}: token {t}: bad token record: {what}") from None
-        state.slots = slots
-        in_force[t] = force
-        slots_of.append((changes, slots))
     try:
         cols = af.columns_of(kept, header)
         check_columns(cols, header, token_rows, in_force)
@@ -346,17 +350,10 @@ def _read_arrow(p: Path, progress: ReadProgress | None) -> Trace:
     except (ValueError, pa.ArrowException) as err:
         raise TraceFormatError(f"{p.name}: {err}") from None
     columns = af.trace_columns(cols, token_rows, p.name)
-    state = _ReadState(header)
-    tokens: list[TokenRecord] = []
-    for t, d in enumerate(metas):
-        a, b = int(token_rows[t]), int(token_rows[t + 1])
-        changes, slots = slots_of[t]
-        try:
-            record = _token_record(d, header, t, state, changes, slots, None,
-                                   af.LazyRoutes(columns, a, b), af.ColumnToken)
-            tokens.append(record.rows_from(columns, a, b))  # type: ignore[attr-defined]
-        except (KeyError, TypeError, ValueError) as err:
-            what = f"missing field {err}" if isinstance(err, KeyError) else str(err)
-            raise TraceFormatError(f"{p.name}: token {t}: bad token record: {what}") from None
+    bounds = token_rows.tolist()
+    for t, record in enumerate(tokens):
+        a, b = bounds[t], bounds[t + 1]
+        record.routes = af.LazyRoutes(columns, a, b)  # type: ignore[assignment]
+        record.rows_from(columns, a, b)  # type: ignore[attr-defined]
     return Trace(header=header, tokens=tokens, end=end, truncated=truncated, path=p,
                  columns=columns)

@@ -686,8 +686,11 @@ def check_columns(cols: Mapping[str, Any], header: TraceHeader,
     _within(cols["used_ids"], "row {}.used_ids", 0, n_expert - 1,
             f"is not an expert (0..{n_expert - 1})")
     slots = cols["slots"]
-    row_slots = np.repeat(in_force, counts)
-    bad = ~((slots >= 0) & (slots < row_slots[:, None]))
+    if slots.size and (slots.min() < 0 or slots.max() >= in_force.min(initial=slots.max() + 1)):
+        row_slots = np.repeat(in_force, counts)  # some token had fewer slots: row by row
+        bad = ~((slots >= 0) & (slots < row_slots[:, None]))
+    else:
+        bad = np.zeros(1, np.bool_)
     if bad.any():
         i, j = _bad_at(bad)
         raise ValueError(f"row {i}.slots[{j}] {int(slots[i, j])} is not a slot "
@@ -704,10 +707,11 @@ def check_columns(cols: Mapping[str, Any], header: TraceHeader,
             i = int(np.argmax(bad))
             raise ValueError(f"row {i}.{name} has {int(lengths[i])} entries, {count} is "
                              f"{int(want[i])}")
-        mask = np.arange(values.shape[1])[None, :] < lengths[:, None]
-        bad = mask & ~((values >= 0) & (values < n_expert))
-        if bad.any():
-            i, j = _bad_at(bad)
+        # entries past a row's length are -1 (as columns_of pads them)
+        if values.size and (values.max() >= n_expert
+                            or np.count_nonzero(values >= 0) != lengths.sum()):
+            mask = np.arange(values.shape[1])[None, :] < lengths[:, None]
+            i, j = _bad_at(mask & ~((values >= 0) & (values < n_expert)))
             raise ValueError(f"row {i}.{name}[{j}] {int(values[i, j])} is not an expert "
                              f"(0..{n_expert - 1})")
     for name in ("bytes_sync", "bytes_async"):
@@ -718,7 +722,11 @@ def check_columns(cols: Mapping[str, Any], header: TraceHeader,
         _within(cols["bytes_disk"], "row {}.bytes_disk", 0, _MAX_BYTES)
     exact = cols["probs_valid"]
     gate = cols["gate"]
-    bad = ~np.isfinite(gate) | (gate < 0) | (~exact[:, None] & (gate > 1))
+    if not gate.size or (gate.min() >= 0 and gate.max() <= _FLT_MAX  # NaN fails both
+                         and (exact.all() or gate[~exact].max() <= 1)):
+        bad = np.zeros(1, np.bool_)
+    else:
+        bad = ~np.isfinite(gate) | (gate < 0) | (~exact[:, None] & (gate > 1))
     if bad.any():
         i, j = _bad_at(bad)
         raise ValueError(f"row {i}.gate[{j}] {_show(float(gate[i, j]))} is not a gate weight")
@@ -754,12 +762,22 @@ def check_columns(cols: Mapping[str, Any], header: TraceHeader,
         i, _ = _bad_at(bad)
         raise ValueError(f"row {i}: route predicted ids out of range")
     if pred.shape[1] > 1 and has.any():
-        # ids are below 8192 (MAX_EXPERTS): sorted as int16, four times faster than int64
-        s = np.sort(pred.astype(np.int16, copy=False), axis=1)
-        dup = (s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)
-        if dup.any():
-            i, _ = _bad_at(dup)
-            raise ValueError(f"row {i}.predicted names an expert twice")
+        # ids are below 8192 (MAX_EXPERTS): sorted as int16, four times faster than int64;
+        # full rows (the usual) as they are, shorter ones with their padding made distinct
+        width = pred.shape[1]
+        full = plen == width
+        for which in (full, has & ~full):
+            if not which.any():
+                continue
+            rows = pred if which.all() else pred[which]
+            if which is not full:
+                rows = np.where(np.arange(width)[None, :] < plen[which][:, None], rows,
+                                -1 - np.arange(width)[None, :])
+            s = np.sort(rows.astype(np.int16, copy=False), axis=1)
+            dup = s[:, 1:] == s[:, :-1]
+            if dup.any():
+                i = int(np.flatnonzero(which)[_bad_at(dup)[0]])
+                raise ValueError(f"row {i}.predicted names an expert twice")
 
 
 def normalized_weights(cols: Mapping[str, Any], k: int) -> npt.NDArray[np.float32]:
