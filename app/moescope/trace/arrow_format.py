@@ -284,12 +284,12 @@ class _Parts(Sequence[npt.NDArray[Any]]):
     """Each token's rows of a fixed-size list column as numpy views of the memory map,
     made when first indexed (the probabilities: opening a trace needs none of them)."""
 
-    def __init__(self, chunks: list[pa.FixedSizeListArray], width: int) -> None:
-        self._chunks = chunks
+    def __init__(self, chunks: pa.ChunkedArray, width: int) -> None:
+        self._chunks = chunks  # a chunk's Python object is made only when it is read
         self._width = width
 
     def __len__(self) -> int:
-        return len(self._chunks)
+        return int(self._chunks.num_chunks)
 
     @overload
     def __getitem__(self, i: int) -> npt.NDArray[Any]: ...
@@ -300,7 +300,10 @@ class _Parts(Sequence[npt.NDArray[Any]]):
     def __getitem__(self, i: int | slice) -> npt.NDArray[Any] | list[npt.NDArray[Any]]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        c, w = self._chunks[i], self._width
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(i)
+        c, w = self._chunks.chunk(i % n), self._width
         values = c.values.to_numpy(zero_copy_only=False)
         return values[c.offset * w:(c.offset + len(c)) * w].reshape(len(c), w)
 
@@ -380,7 +383,7 @@ def columns_of(batches: list[pa.RecordBatch], header: TraceHeader) -> dict[str, 
         "bytes_sync": flat("bytes_sync"), "bytes_async": flat("bytes_async"),
         **({"tier": fixed("tier", k), "n_disk": flat("n_disk"),
             "bytes_disk": flat("bytes_disk")} if "tier" in whole.column_names else {}),
-        "probs": _Parts(probs.chunks, e), "probs_valid": valid(probs),
+        "probs": _Parts(probs, e), "probs_valid": valid(probs),
         "next_layer": flat("next_layer"), "predicted": ragged("predicted", e),
     }
 
