@@ -362,10 +362,26 @@ def _token_record(d: Mapping[str, Any], header: TraceHeader, index: int, state: 
                   make: Callable[..., TokenRecord] = TokenRecord) -> TokenRecord:
     """The token's own fields, checked, around its already checked rows; ``make`` builds
     the record from them (a version-2 reader's lays its rows out when first read)."""
-    phase = _text(_get(d, "phase"), "phase")
-    if phase not in PHASES:
+    get = d.get  # each field: a type and range test, the named check only when it fails
+    phase = get("phase")
+    if type(phase) is not str or phase not in PHASES:
+        phase = _text(_get(d, "phase"), "phase")
         raise ValueError(f"phase {_show(phase)} is not one of {', '.join(PHASES)}")
-    seconds = _number(_get(d, "seconds"), "seconds", 0.0, 1e9)
+    seconds = get("seconds")
+    if type(seconds) is not float or not 0.0 <= seconds <= 1e9:
+        seconds = _number(_get(d, "seconds"), "seconds", 0.0, 1e9)
+    token_id, text, policy = get("token_id"), get("text"), get("policy")
+    if type(token_id) is not int or not 0 <= token_id <= _I32:
+        token_id = _int(_get(d, "token_id"), "token_id", 0, _I32)
+    if type(text) is not str:
+        text = _text(_get(d, "text"), "text")
+    if type(policy) is not str:
+        policy = _text(_get(d, "policy"), "policy")
+    answer, position = get("answer", 0), get("position", 0)
+    if type(answer) is not int or not 0 <= answer <= index:
+        answer = _int(answer, "answer", 0, index)
+    if type(position) is not int or not 0 <= position <= _I32:
+        position = _int(position, "position", 0, _I32)
     m = header.model
     timings = d.get("timings")
     if timings is not None:
@@ -384,13 +400,10 @@ def _token_record(d: Mapping[str, Any], header: TraceHeader, index: int, state: 
     audit = AuditRecord.from_json(_object(d["audit"], "audit")) if "audit" in d else None
     state.slots = slots
     return make(
-        index=index, phase=phase,
-        token_id=_int(_get(d, "token_id"), "token_id", 0, _I32),
-        text=_text(_get(d, "text"), "text"), seconds=seconds,
-        policy=_text(_get(d, "policy"), "policy"), slots_per_layer=slots, events=events,
+        index=index, phase=phase, token_id=token_id, text=text, seconds=seconds,
+        policy=policy, slots_per_layer=slots, events=events,
         routes=routes, changes=changes, timings=timings,  # type: ignore[arg-type]
-        answer=_int(d.get("answer", 0), "answer", 0, index),
-        position=_int(d.get("position", 0), "position", 0, _I32),
+        answer=answer, position=position,
         prefetches=prefetches, prefetch_hits=prefetch_hits, resident=resident,
         audit=audit,
     )
