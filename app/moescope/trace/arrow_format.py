@@ -265,18 +265,20 @@ def read_batches(path: Path) -> tuple[pa.Schema, Iterator[tuple[pa.RecordBatch |
     reader = ipc.open_stream(source, options=ipc.IpcReadOptions(use_threads=False))
 
     def batches() -> Iterator[tuple[pa.RecordBatch | None, Mapping[bytes, bytes]]]:
-        while True:
-            try:
-                batch, meta = reader.read_next_batch_with_custom_metadata()
-            except StopIteration:
+        read = reader.read_next_batch_with_custom_metadata
+        empty: dict[bytes, bytes] = {}
+        try:
+            while True:
+                batch, meta = read()
+                yield batch, (empty if meta is None else meta)
+        except StopIteration:
+            return
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
+            if source.tell() >= source.size() or "Expected to" in str(err) \
+                    or "to read" in str(err):
+                yield None, {}
                 return
-            except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
-                if source.tell() >= source.size() or "Expected to" in str(err) \
-                        or "to read" in str(err):
-                    yield None, {}
-                    return
-                raise
-            yield batch, (meta or {})
+            raise
 
     return reader.schema, batches(), source
 
@@ -440,7 +442,9 @@ def trace_columns(cols: dict[str, Any], token_rows: npt.NDArray[np.int64], sourc
         events=lay_out, token_rows=token_rows, exact=cols["probs_valid"],
         probs=cols["probs"], gate=np.asarray(cols["gate"], dtype=np.float32),
         next_layer=cols["next_layer"].astype(np.int32) if width else None,
-        predicted=predicted, source=source, ids=cols["ids"], starts=token_rows)
+        predicted=predicted, source=source, ids=cols["ids"],
+        # a batch per token, a chunk per batch (empty ones too): the tokens' first rows
+        starts=token_rows if len(cols["probs"]) == len(token_rows) - 1 else None)
 
 
 class LazyRoutes(Mapping[int, RouterInput]):
