@@ -112,8 +112,20 @@ def test_every_row_field_is_bounded(both: tuple[Path, Path], tmp_path: Path) -> 
         values[at] = values[0] if to is None else to
         return pa.ListArray.from_arrays(a.offsets, pa.array(values, type=a.type.value_type))
 
+    def stored_weights(a: pa.Array) -> pa.Array:
+        """The batch's second row stores normalized weights, one of them above 1."""
+        k = len(a) and 4
+        offsets = np.r_[0, 0, np.full(len(a) - 1, k)].astype(np.int32)
+        values = np.full(k, 0.25, np.float32)
+        values[2] = 1.5
+        valid = np.zeros(len(a), np.bool_)
+        valid[1] = True
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values),
+                                        mask=pa.array(~valid))
+
     cases = {
         "ids": (lambda a: shift_fixed(a, 99), r"row \d+\.ids\[0\] 99 is not an expert"),
+        "weights": (stored_weights, r"row \d+\.weights\[2\] 1\.5 is not a normalized"),
         "predicted": (lambda a: shift_list(a, 0, 99), r"row \d+: route predicted ids out"),
         "next_layer": (lambda a: pa.array(np.full(len(a), 9, np.int16)), "not a MoE layer"),
         "slots": (lambda a: shift_fixed(a, 60), r"row \d+\.slots\[0\] 60 is not a slot"),

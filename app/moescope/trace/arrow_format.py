@@ -436,7 +436,11 @@ def trace_columns(cols: dict[str, Any], token_rows: npt.NDArray[np.int64], sourc
     kept: list[dict[str, Any]] = [cols]
 
     def lay_out() -> npt.NDArray[Any]:
-        return events_of(kept.pop(), k)
+        from moescope.trace.validate import normalized_weights
+
+        laid = kept.pop()
+        laid["normalized"] = normalized_weights(laid, k)  # checked columns: in 0..1
+        return events_of(laid, k)
 
     return TraceColumns(
         events=lay_out, token_rows=token_rows, exact=cols["probs_valid"],

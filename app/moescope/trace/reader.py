@@ -32,7 +32,7 @@ from moescope.trace.validate import (
     _token_record,
     _token_slots,
     check_columns,
-    normalized_weights,
+    check_stored_weights,
 )
 from moescope.util.errors import MoEScopeError
 
@@ -346,7 +346,7 @@ def _read_arrow(p: Path, progress: ReadProgress | None) -> Trace:
     try:
         cols = af.columns_of(kept, header)
         check_columns(cols, header, token_rows, in_force)
-        cols["normalized"] = normalized_weights(cols, header.model.top_k)
+        check_stored_weights(cols, header.model.top_k)
     except (ValueError, pa.ArrowException) as err:
         raise TraceFormatError(f"{p.name}: {err}") from None
     columns = af.trace_columns(cols, token_rows, p.name)

@@ -807,3 +807,26 @@ def normalized_weights(cols: Mapping[str, Any], k: int) -> npt.NDArray[np.float3
         out[present] = stored[present][:, :k].astype(np.float32)
     _within(out, "row {}.weights", 0.0, 1.0, "is not a normalized weight (0..1)")
     return out
+
+
+def check_stored_weights(cols: Mapping[str, Any], k: int) -> None:
+    """The normalized weights a version-2 file stores (rows whose weights do not follow
+    from their raw gate weights) must be normalized weights (0..1); naming the row.
+
+    The derived ones need no look: :func:`check_columns` bounds a recorded row's raw gate
+    weights to finite values of 0 or more (and a row without router inputs, whose gate
+    column holds its normalized weights, to 1), and a float32 sum of values of 0 or more
+    is at least each of them, so each quotient is in 0..1. They are derived when the
+    event rows are laid out (:func:`normalized_weights`), not when the trace is opened."""
+    present = cols["weights_valid"] if cols["n"] else np.zeros(0, np.bool_)
+    if not present.any():
+        return
+    stored, _ = cols["weights"]
+    rows = np.flatnonzero(present)
+    values = stored[rows][:, :k]
+    if values.min() >= 0.0 and values.max() <= 1.0:  # NaN fails both
+        return
+    bad = ~((values >= 0.0) & (values <= 1.0))
+    i, j = _bad_at(bad)
+    raise ValueError(f"row {int(rows[i])}.weights[{j}] {_show(values[i, j].item())} is not a "
+                     f"normalized weight (0..1)")
