@@ -143,19 +143,28 @@ def test_every_row_field_is_bounded(both: tuple[Path, Path], tmp_path: Path) -> 
     with pytest.raises(TraceFormatError, match=r"row \d+\.predicted names an expert twice"):
         read_trace(twice)
 
-    def shorter(a: pa.Array) -> pa.Array:
+    def shorter(a: pa.Array, second: int | None) -> pa.Array:
+        """The first row one id shorter; the second row's first id ``second`` (as it was
+        if 0), or (None) the first row's second id made its first."""
         values = a.values.to_numpy(zero_copy_only=False)
         offsets = a.offsets.to_numpy(zero_copy_only=False).copy()
         keep = np.ones(len(values), np.bool_)
         keep[offsets[1] - 1] = False  # the first row loses its last id
         offsets[1:] -= 1
         values = values[keep].copy()
-        values[offsets[1]] = -3  # the second row's first id
+        if second is None:
+            values[1] = values[0]
+        elif second:
+            values[offsets[1]] = second
         return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
                                         pa.array(values, type=a.type.value_type))
 
     with pytest.raises(TraceFormatError, match=r"row \d+: route predicted ids out of range"):
-        read_trace(rewrite("short.arrows", "predicted", shorter))
+        read_trace(rewrite("short.arrows", "predicted", lambda a: shorter(a, -3)))
+    with pytest.raises(TraceFormatError, match=r"row \d+\.predicted names an expert twice"):
+        read_trace(rewrite("short2.arrows", "predicted", lambda a: shorter(a, None)))
+    fine = read_trace(rewrite("short3.arrows", "predicted", lambda a: shorter(a, 0)))
+    assert fine.columns is not None and fine.columns.predicted is not None
 
 
 def test_probabilities_are_read_in_place_and_checked_where_used(
