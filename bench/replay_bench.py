@@ -8,7 +8,8 @@ core) and measures, as medians of ``--reps``:
 
 * bytes on disk per token, version 1 (JSON Lines) and version 2 (Arrow IPC stream);
 * ``read_trace`` time per token for both (the same tokens; read once first to warm up),
-  wall clock (median) and CPU time (best of at least 3);
+  wall clock (median) and CPU time (best of at least 3), and CPU time with every event row
+  read (``Trace.events()``: version 2 lays them out when first read);
 * the shared substitute ranking (``Routing.substitute_ranking``, once per trace, 2 threads);
 * replay layer-decisions per second on one core (8 policies, one thread), wall clock and
   CPU time (best of the reps), the ranking already made;
@@ -89,6 +90,11 @@ def main() -> int:
     c2 = cpu_best(lambda: read_trace(v2), max(args.reps, 3))
     rows.append((f"read_trace CPU per token ({n} tokens, best of {max(args.reps, 3)}), v1 / v2",
                  f"{c1 / n * 1e3:.3f} / {c2 / n * 1e3:.3f} ms = {c1 / c2:.1f}x"))
+    # v2 lays its event rows out when first read: opening and reading them all
+    e1 = cpu_best(lambda: read_trace(v1).events(), max(args.reps, 3))
+    e2 = cpu_best(lambda: read_trace(v2).events(), max(args.reps, 3))
+    rows.append((f"read_trace + Trace.events() CPU per token ({n} tokens), v1 / v2",
+                 f"{e1 / n * 1e3:.3f} / {e2 / n * 1e3:.3f} ms = {e1 / e2:.1f}x"))
 
     big = synthetic_trace(work / "big.arrows", n_tokens=args.tokens)
     rows.append((f"bytes on disk per token, v2 ({args.tokens} tokens)",

@@ -6,6 +6,7 @@ dialogs that would block (QMessageBox) are replaced by a recorder the tests read
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -80,6 +81,14 @@ def make_window(qtbot: Any, data_dir: Path, dialogs: Dialogs) -> Iterator[Callab
     for w in windows:
         w.close()
         assert not w.client.thread.isRunning()
+    # Destroy the windows here, at a quiet point, rather than whenever a later test's
+    # allocation triggers the cyclic GC: once (CI, 2026-12-01) a collection inside a Qt
+    # callback of the next test deleted an old window's menus and hung in ~QObject's lock.
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    windows.clear()
+    gc.collect()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
 
 
 @pytest.fixture

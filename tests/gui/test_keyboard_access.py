@@ -184,8 +184,11 @@ def test_delete_key_in_the_chat_list_asks_and_no_is_the_default(
     window.chat_view.input.setFocus()
     qtbot.keyClick(window.chat_view.input, Qt.Key.Key_Delete)
     assert len(asked) == 1
-    rows = dict(shortcut_rows([*window.actions(), *chats.list.actions()]))
+    rows = dict(shortcut_rows([*window.actions(), *chats.list.actions()], window))
     assert rows["Delete chat (in the chat list)"] == "Del"  # Help ▸ Keyboard shortcuts
+    # the labels that jump to their control are listed too (Qt keeps no action for them)
+    assert rows["Go to RAM budget"] == "Alt+U" and rows["Go to Quality audit"] == "Alt+Q"
+    assert rows["Go to Policy"] == "Alt+O" and rows["Go to VRAM budget"] == "Alt+V"
 
 
 def test_new_chat_puts_the_keyboard_in_the_message_box(window: Any, qtbot: Any) -> None:

@@ -125,7 +125,9 @@ def test_the_fit_estimate_says_where_each_part_lands_per_backend(
     assert "slots in RAM" not in vulkan.gpu and "Vulkan" in vulkan.gpu
     assert "GPU memory (Vulkan" in dict(vulkan.lines())["Expert slots"]
     assert vulkan.ram_needed == whole.ram_needed - whole.vram_needed
-    assert "Expert slots (VRAM)" in dict(vulkan.lines())
+    # one row says where the slots are and their bytes (no second "Expert slots (…)" row)
+    assert [label for label, _ in vulkan.lines()].count("Expert slots") == 1
+    assert not any(label.startswith("Expert slots (") for label, _ in vulkan.lines())
     # the dialog's starting RAM budget: all experts when they fit, else what fits
     assert ram_start_experts(info, 512, available=1 << 40) == info.n_expert
     rest = info.non_expert_bytes + fit_module.kv_cache_bytes(info, 512)
@@ -142,6 +144,12 @@ def test_the_open_dialog_loads_with_a_ram_budget_below_the_experts(
     def accept(dialog: OpenModelDialog) -> int:
         assert dialog.ram_budget.value() == dialog.info.n_expert  # fits: all in RAM
         assert dialog.request().ram_budget is None
+        dialog.ram_budget_entry.setText("50%")  # typed, as in the window's RAM row
+        assert dialog.apply_typed_ram_budget()
+        assert dialog.ram_budget.value() == dialog.info.n_expert // 2
+        dialog.ram_budget_entry.setText("lots")  # refused in place, nothing moves
+        assert not dialog.apply_typed_ram_budget()
+        assert dialog.ram_budget.value() == dialog.info.n_expert // 2
         dialog.ram_budget.setValue(6)
         form = dialog.estimate_form
         seen.append({form.itemAt(i, form.ItemRole.LabelRole).widget().text():

@@ -38,6 +38,16 @@ def test_about_lists_engine_commit_and_gpu() -> None:
     assert rows["Engine backend"].startswith(("CPU build", "CUDA build", "Vulkan build"))
 
 
+def test_about_fits_a_1024_pixel_screen(qtbot: Any) -> None:
+    """The backend's reason is one long line: unwrapped, the box was 1,210 px wide."""
+    from moescope.gui.dialogs.about import ABOUT_MAX_WIDTH, AboutDialog
+
+    dialog = AboutDialog()
+    qtbot.addWidget(dialog)
+    assert dialog.sizeHint().width() <= ABOUT_MAX_WIDTH + 60 < 1024
+    assert "llvmpipe" in dialog.table.text() or "build" in dialog.table.text()
+
+
 def test_memory_view_says_where_the_slots_are_and_why(window: Any) -> None:
     """The backend the build chose, its reason, and the loaded model's slot buffer."""
     import llama_cpp

@@ -4,8 +4,10 @@ defects of the review. Numbers are checked against the engine's and the trace's.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -337,6 +339,31 @@ def test_the_demo_models_first_screen_says_what_it_is_and_offers_prompts(
     assert "15M-parameter" not in w.chat_view.text()  # the chat took the screen
 
 
+def test_the_demo_is_the_demo_by_any_path(tmp_path: Any) -> None:
+    """`moescope resources/models/demo.gguf` or a link to it: still the demo's welcome."""
+    from moescope.gui.chat.welcome import is_demo
+    from moescope.session.snapshots import ModelSummary
+    from moescope.util.resources import demo_model_path
+
+    demo = demo_model_path()
+    if demo is None:
+        pytest.skip("this checkout has no demo model")
+    link = tmp_path / "demo-link.gguf"
+    link.symlink_to(demo)
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"GGUF")
+
+    def summary(path: Any) -> Any:
+        base = {f.name: (f.default if f.default is not dataclasses.MISSING else 0)
+                for f in dataclasses.fields(ModelSummary)}
+        base.update(path=str(path), name="x")
+        return ModelSummary(**base)
+
+    assert is_demo(summary(demo)) and is_demo(summary(link))
+    assert is_demo(summary(os.path.relpath(demo)))
+    assert not is_demo(summary(other)) and not is_demo(summary(tmp_path / "gone.gguf"))
+
+
 def test_the_window_with_a_model_fits_700_pixels_under_a_title_bar(window: Any,
                                                                    qtbot: Any) -> None:
     """Under X11 with real fonts a loaded model made the window 706 px tall at least: the
@@ -346,4 +373,27 @@ def test_the_window_with_a_model_fits_700_pixels_under_a_title_bar(window: Any,
     send(qtbot, window, "hi", max_tokens=4)
     heat = window.cache_panel.heatmap
     assert heat.graphics.minimumHeight() == HEATMAP_MIN_PX
-    assert window.minimumSizeHint().height() <= 700 - 40
+    parts = {type(w).__name__: w.minimumSizeHint().height() for w in (
+        window.splitter, window.cache_panel, window.controls, window.statusBar())}
+    assert window.minimumSizeHint().height() <= 700 - 32, parts  # a title bar left
+
+
+def test_the_audit_period_survives_a_restart(make_window: Any, qtbot: Any,
+                                             tiny_moe: Path) -> None:
+    """The control and the engine agree after a restart: audits on as the user left them."""
+    w = make_window()
+    load(qtbot, w, tiny_moe, budget="25%", policy="quality-first", n_ctx=256)
+    w.controls.audit.setCurrentIndex(w.controls.audit.findData(16))
+    qtbot.waitUntil(lambda: w.client.worker.engine.audit_every == 16, timeout=10_000)
+    w.close()
+    again = make_window()
+    load(qtbot, again, tiny_moe, budget="25%", policy="quality-first", n_ctx=256)
+    assert again.controls.audit.currentData() == 16
+    qtbot.waitUntil(lambda: again.client.worker.engine.audit_every == 16, timeout=10_000)
+    again.controls.audit.setCurrentIndex(again.controls.audit.findData(0))
+    qtbot.waitUntil(lambda: again.client.worker.engine.audit_every == 0, timeout=10_000)
+    again.close()
+    third = make_window()
+    load(qtbot, third, tiny_moe, budget="25%", policy="quality-first", n_ctx=256)
+    assert third.controls.audit.currentData() == 0
+    assert third.client.worker.engine.audit_every == 0

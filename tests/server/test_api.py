@@ -265,3 +265,41 @@ def test_a_client_that_leaves_before_a_whole_answer_stops_the_generation(
     assert 1 <= last["completion_tokens"] < 166
     assert last["tokens_after_cancel"] <= 1
     assert server.alive()
+
+
+def test_audits_through_the_api_put_the_quality_cost_in_each_response(
+        server: Server) -> None:
+    """`audit` in POST /v1/moescope/cache (or `serve --audit N`): every response's
+    `moescope` field then carries the answer's audited quality cost, as the window shows."""
+    c = server.client()
+    with server.http() as h:
+        r = h.post("/v1/moescope/cache", json={"policy": "speed-first", "audit": 4})
+        assert r.status_code == 200, r.text
+        assert r.json()["audit_every"] == 4
+        answer = c.chat.completions.create(model="moescope-demo-qwen3moe", messages=HELLO,
+                                           max_tokens=16, seed=2)
+        cost = answer.model_extra["moescope"]["quality_cost"]
+        assert cost["audits"] >= 3 and cost["source"] == "model"
+        assert cost["low"] <= cost["estimate"] <= cost["high"]
+        assert cost["meaning"] == "expected on the model's own text"
+        for bad in ({"audit": -1}, {"audit": "8"}, {"audit": True}, {"audit": 10**9}):
+            r = h.post("/v1/moescope/cache", json=bad)
+            assert r.status_code == 400, (bad, r.text)
+            assert "audit" in r.json()["error"]["message"]
+        r = h.post("/v1/moescope/cache", json={"policy": "exact", "audit": 0})
+        assert r.status_code == 200 and r.json()["audit_every"] == 0
+        answer = c.chat.completions.create(model="moescope-demo-qwen3moe", messages=HELLO,
+                                           max_tokens=4, seed=2)
+        assert "quality_cost" not in answer.model_extra["moescope"]
+
+
+def test_serve_takes_a_ram_budget_and_an_audit_period(
+        server_factory: Callable[..., Server]) -> None:
+    """A model larger than RAM is served like any other (`--ram-budget`), audited from the
+    start with `--audit`."""
+    server = server_factory("--ram-budget", "30%", "--audit", "4", "--policy", "quality-first")
+    answer = server.client().chat.completions.create(
+        model="moescope-demo-qwen3moe", messages=HELLO, max_tokens=12, seed=1)
+    numbers = answer.model_extra["moescope"]
+    assert numbers["quality_cost"]["audits"] >= 2
+    assert server.cache()["audit_every"] == 4

@@ -106,8 +106,28 @@ def test_every_row_field_is_bounded(both: tuple[Path, Path], tmp_path: Path) -> 
         return pa.FixedSizeListArray.from_arrays(pa.array(values, type=a.type.value_type),
                                                  a.type.list_size)
 
+    def shift_list(a: pa.Array, at: int, to: int | None) -> pa.Array:
+        """``to`` at entry ``at`` of the column's values (None: a copy of entry 0)."""
+        values = a.values.to_numpy(zero_copy_only=False).copy()
+        values[at] = values[0] if to is None else to
+        return pa.ListArray.from_arrays(a.offsets, pa.array(values, type=a.type.value_type))
+
+    def stored_weights(a: pa.Array) -> pa.Array:
+        """The batch's second row stores normalized weights, one of them above 1."""
+        k = len(a) and 4
+        offsets = np.r_[0, 0, np.full(len(a) - 1, k)].astype(np.int32)
+        values = np.full(k, 0.25, np.float32)
+        values[2] = 1.5
+        valid = np.zeros(len(a), np.bool_)
+        valid[1] = True
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values),
+                                        mask=pa.array(~valid))
+
     cases = {
         "ids": (lambda a: shift_fixed(a, 99), r"row \d+\.ids\[0\] 99 is not an expert"),
+        "weights": (stored_weights, r"row \d+\.weights\[2\] 1\.5 is not a normalized"),
+        "predicted": (lambda a: shift_list(a, 0, 99), r"row \d+: route predicted ids out"),
+        "next_layer": (lambda a: pa.array(np.full(len(a), 9, np.int16)), "not a MoE layer"),
         "slots": (lambda a: shift_fixed(a, 60), r"row \d+\.slots\[0\] 60 is not a slot"),
         "layer": (lambda a: pa.array(np.full(len(a), 7, np.int16)), "not a MoE layer"),
         "step": (lambda a: pa.array(np.zeros(len(a), np.int64)), "goes back"),
@@ -117,6 +137,34 @@ def test_every_row_field_is_bounded(both: tuple[Path, Path], tmp_path: Path) -> 
         bad = rewrite(f"bad-{column}.arrows", column, change)
         with pytest.raises(TraceFormatError, match=message):
             read_trace(bad)
+    # a prediction naming an expert twice (its second id made its first), and one id
+    # below 0 in a row shorter than the rest (rows of mixed lengths are padded on read)
+    twice = rewrite("twice.arrows", "predicted", lambda a: shift_list(a, 1, None))
+    with pytest.raises(TraceFormatError, match=r"row \d+\.predicted names an expert twice"):
+        read_trace(twice)
+
+    def shorter(a: pa.Array, second: int | None) -> pa.Array:
+        """The first row one id shorter; the second row's first id ``second`` (as it was
+        if 0), or (None) the first row's second id made its first."""
+        values = a.values.to_numpy(zero_copy_only=False)
+        offsets = a.offsets.to_numpy(zero_copy_only=False).copy()
+        keep = np.ones(len(values), np.bool_)
+        keep[offsets[1] - 1] = False  # the first row loses its last id
+        offsets[1:] -= 1
+        values = values[keep].copy()
+        if second is None:
+            values[1] = values[0]
+        elif second:
+            values[offsets[1]] = second
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
+                                        pa.array(values, type=a.type.value_type))
+
+    with pytest.raises(TraceFormatError, match=r"row \d+: route predicted ids out of range"):
+        read_trace(rewrite("short.arrows", "predicted", lambda a: shorter(a, -3)))
+    with pytest.raises(TraceFormatError, match=r"row \d+\.predicted names an expert twice"):
+        read_trace(rewrite("short2.arrows", "predicted", lambda a: shorter(a, None)))
+    fine = read_trace(rewrite("short3.arrows", "predicted", lambda a: shorter(a, 0)))
+    assert fine.columns is not None and fine.columns.predicted is not None
 
 
 def test_probabilities_are_read_in_place_and_checked_where_used(
@@ -175,3 +223,21 @@ def test_a_stream_that_is_not_a_trace_is_refused(tmp_path: Path) -> None:
     p.write_bytes(b"\xff\xff\xff\xff" + b"\x00" * 3)
     with pytest.raises(TraceFormatError):
         read_trace(p)
+
+
+def test_event_rows_are_laid_out_when_first_read(both: tuple[Path, Path]) -> None:
+    """A v2 trace opens without laying out its event rows; the first token to be asked
+    for them lays out the trace's, and every token then reads its own slice of them,
+    exactly what version 1 holds."""
+    a, b = (read_trace(p) for p in both)
+    assert b.columns is not None and b.columns._events is None  # nothing laid out yet
+    rows = b.tokens[5].events
+    assert b.columns._events is not None
+    assert rows.base is not None and np.shares_memory(rows, b.columns.events)
+    for x, y in zip(a.tokens, b.tokens, strict=True):
+        assert x.events.dtype == y.events.dtype
+        assert x.events.tobytes() == y.events.tobytes()
+    assert (b.events() == a.events()).all()  # field by field (concatenating skips padding)
+    assert b.tokens[5] == b.tokens[5] and b.tokens[5] != b.tokens[6]
+    assert all(np.array_equal(b.tokens[3].routes[r].ids, a.tokens[3].routes[r].ids)
+               for r in a.tokens[3].routes)

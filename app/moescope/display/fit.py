@@ -113,9 +113,7 @@ class FitEstimate:
             rows += [
                 ("Slots per layer", f"{p.slots_per_layer} of {p.n_expert} "
                                     f"({p.residency:.1%} resident, top-k {p.top_k})"),
-                ("Expert slots (VRAM)" if self.slots_on_gpu else "Expert slots (RAM)",
-                 format_bytes(p.bytes_used)),
-                *self.placement(),
+                *self.placement(),  # its "Expert slots" row gives their bytes and place
             ]
         else:
             rows.append(("Expert cache", "off: dense model (no routed experts)"))

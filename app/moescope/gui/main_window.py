@@ -220,7 +220,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.controls.policyRequested.connect(self.request_policy)
         self.controls.budgetRequested.connect(self.request_budget)
         self.controls.ramBudgetRequested.connect(self.request_ram_budget)
-        self.controls.auditRequested.connect(self.client.request_audit)
+        self.controls.auditRequested.connect(self._audit_requested)
         self.chat.answerBegan.connect(lambda step: self.cache_panel.add_marker(step, "answer"))
         self.chat.problem.connect(self.show_error)
         self.chat.saveFailed.connect(self._on_save_failed)
@@ -290,6 +290,11 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
                                              policy=self.client.request_policy(policy))
         if name in REMEMBERED_POLICIES:
             self.remember_setting(self.model.path if self.model else None, "policy", name)
+
+    def _audit_requested(self, every: int) -> None:
+        """Audit every ``every`` tokens (0 off), and remember it for the next start."""
+        self.client.request_audit(every)
+        self.remember_setting(self.model.path if self.model else None, "audit", every)
 
     def request_budget(self, slots: int) -> None:
         m = self.model

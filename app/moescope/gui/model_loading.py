@@ -106,6 +106,23 @@ class ModelLoading(_Window):
                 return value
         return self.settings.value(name, default)
 
+    def _restore_audit(self, summary: ModelSummary) -> None:
+        """The audit period last used with this model (or any), applied to the new engine:
+        the control showed it while the engine audited nothing after a restart."""
+        try:
+            every = int(str(self.model_setting(summary.path, "audit", 0)))
+        except ValueError:
+            every = 0
+        combo = self.controls.audit
+        index = combo.findData(every if summary.cache_enabled else 0)
+        if index < 0:  # a value no entry offers (an edited settings file): off
+            index = combo.findData(0)
+        combo.blockSignals(True)
+        combo.setCurrentIndex(index)
+        combo.blockSignals(False)
+        if combo.currentData():
+            self.client.request_audit(int(combo.currentData()))
+
     def remember_setting(self, path: str | Path | None, name: str, value: object) -> None:
         """Remember ``name`` for the model at ``path`` and as the default for others."""
         self.settings.setValue(name, value)
@@ -179,6 +196,7 @@ class ModelLoading(_Window):
         self.chat_settings.set_thinking_choices(summary.thinking_choices)
         self.cache_panel.set_model(summary)
         self.controls.set_model(summary)
+        self._restore_audit(summary)
         self.trace_path = Path(summary.trace_path) if summary.trace_path else None
         self.recording_now = self.trace_path is not None
         self.recent_tokens.clear()

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from moescope.cache.audit import AuditEstimate, check_every
 from moescope.model.reasoning import (
     HARMONY_CHANNEL,
     HARMONY_START,
@@ -172,6 +173,14 @@ class Delta:
     content: str
 
 
+def audit_numbers(est: AuditEstimate) -> dict[str, Any]:
+    """The ``quality_cost`` of a response's ``moescope`` field: the audited perplexity cost
+    of its answer (fractions, 0.0042 = +0.42%) with its 95% interval, as the window shows."""
+    return {"estimate": round(est.cost, 6), "low": round(est.low, 6),
+            "high": round(est.high, 6), "audits": est.n, "source": est.source,
+            "meaning": est.words}
+
+
 @dataclass
 class RequestRecord:
     """One finished request: the server log's line and the response's extra numbers."""
@@ -195,6 +204,8 @@ class RequestRecord:
     cancelled: bool = False
     tokens_after_cancel: int = 0
     """Tokens generated after the client went away (the one being decoded then)."""
+    audit: AuditEstimate | None = None
+    """The answer's audited quality cost, when audits were on (``Engine.set_audit``)."""
 
     @property
     def prefill_tokens(self) -> int:
@@ -218,6 +229,7 @@ class RequestRecord:
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "prefill_tokens": self.prefill_tokens,
+            **({"quality_cost": audit_numbers(self.audit)} if self.audit else {}),
         }
 
     def log_line(self) -> str:
@@ -402,7 +414,8 @@ class Service:
             cache=dataclasses.replace(a.cache), reasoning=reasoning, content=content,
             cancelled=job.cancelled_at is not None,
             tokens_after_cancel=(a.n_tokens - job.cancelled_at
-                                 if job.cancelled_at is not None else 0))
+                                 if job.cancelled_at is not None else 0),
+            audit=a.audit)
 
     # ------------------------------------------------------------------ the cache
     def cache_state(self) -> dict[str, Any]:
@@ -427,6 +440,7 @@ class Service:
             "model": self.model_id,
             "cache_enabled": bool(model is not None and model.cache_enabled),
             "policy": engine.policy_name,
+            "audit_every": engine.audit_every,
             "presets": list(PRESET_NAMES),
             "budget": plan.budget.text if plan is not None else None,
             "slots_per_layer": self._slots,
@@ -454,10 +468,19 @@ class Service:
 
         if not isinstance(body, dict):
             raise bad_param("body", "the request body must be a JSON object")
-        spec, budget = body.get("policy"), body.get("budget")
-        if spec is None and budget is None:
-            raise bad_param("policy", "give a policy (e.g. speed-first) and/or a budget "
-                                      "(e.g. 25%, 512MiB, 16)")
+        spec, budget, audit = body.get("policy"), body.get("budget"), body.get("audit")
+        if spec is None and budget is None and audit is None:
+            raise bad_param("policy", "give a policy (e.g. speed-first), a budget "
+                                      "(e.g. 25%, 512MiB, 16) and/or an audit period "
+                                      "(e.g. 16; 0 off)")
+        if audit is not None:
+            try:
+                check_every(audit)
+            except MoEScopeError as err:
+                raise bad_param("audit", str(err)) from None
+            if audit and (self.engine.model is None or not self.engine.model.cache_enabled):
+                raise bad_param("audit", "the expert cache is off for this model; there is "
+                                         "nothing to audit")
         policy = None
         if spec is not None:
             if not isinstance(spec, str) or len(spec) > 200 or spec.strip() == RECORDED:
@@ -482,6 +505,8 @@ class Service:
             self.engine.request_policy(policy)
         if budget is not None:
             self.engine.request_budget(budget)
+        if audit is not None:
+            self.engine.request_audit(audit)
         applied = self.apply_when_idle()
         return {**self.cache_state(), "applied": applied}
 

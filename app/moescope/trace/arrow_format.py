@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, overload
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from moescope.cache.native import EVENT_DTYPE, MAX_K
@@ -257,93 +258,135 @@ def read_batches(path: Path) -> tuple[pa.Schema, Iterator[tuple[pa.RecordBatch |
     columns are views of the file). A message cut off at the end (a writer killed
     mid-token) ends the iteration with ``(None, {})``; the returned reader's
     ``stats``/position is informational."""
-    source = pa.memory_map(str(path), "r")
-    reader = ipc.open_stream(source)
+    # the mapped file read through a buffer (zero-copy, as the map itself; a read from the
+    # map's own stream cost ~1 us more a message); one thread: a token's batch is small,
+    # and handing its columns to a pool cost more than decoding them
+    source = pa.BufferReader(pa.memory_map(str(path), "r").read_buffer())
+    reader = ipc.open_stream(source, options=ipc.IpcReadOptions(use_threads=False))
 
     def batches() -> Iterator[tuple[pa.RecordBatch | None, Mapping[bytes, bytes]]]:
-        while True:
-            try:
-                batch, meta = reader.read_next_batch_with_custom_metadata()
-            except StopIteration:
+        read = reader.read_next_batch_with_custom_metadata
+        empty: dict[bytes, bytes] = {}
+        try:
+            while True:
+                batch, meta = read()
+                yield batch, (empty if meta is None else meta)
+        except StopIteration:
+            return
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
+            if source.tell() >= source.size() or "Expected to" in str(err) \
+                    or "to read" in str(err):
+                yield None, {}
                 return
-            except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
-                if source.tell() >= source.size() or "Expected to" in str(err) \
-                        or "to read" in str(err):
-                    yield None, {}
-                    return
-                raise
-            yield batch, (meta or {})
+            raise
 
     return reader.schema, batches(), source
 
 
+class _Parts(Sequence[npt.NDArray[Any]]):
+    """Each token's rows of a fixed-size list column as numpy views of the memory map,
+    made when first indexed (the probabilities: opening a trace needs none of them)."""
+
+    def __init__(self, chunks: pa.ChunkedArray, width: int) -> None:
+        self._chunks = chunks  # a chunk's Python object is made only when it is read
+        self._width = width
+
+    def __len__(self) -> int:
+        return int(self._chunks.num_chunks)
+
+    @overload
+    def __getitem__(self, i: int) -> npt.NDArray[Any]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[npt.NDArray[Any]]: ...
+
+    def __getitem__(self, i: int | slice) -> npt.NDArray[Any] | list[npt.NDArray[Any]]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(i)
+        c, w = self._chunks.chunk(i % n), self._width
+        values = c.values.to_numpy(zero_copy_only=False)
+        return values[c.offset * w:(c.offset + len(c)) * w].reshape(len(c), w)
+
+
 def columns_of(batches: list[pa.RecordBatch], header: TraceHeader) -> dict[str, Any]:
-    """Every row of ``batches`` as numpy arrays (concatenated once per column)."""
+    """Every row of ``batches`` as numpy arrays (concatenated once per column); the
+    probabilities stay in place, one block per batch (``probs``, a sequence)."""
     m = header.model
     k, e = m.top_k, m.n_expert
     whole = pa.Table.from_batches(batches, schema=batches[0].schema) if batches else None
     n = whole.num_rows if whole is not None else 0
     if whole is None or n == 0:
         return {"n": 0}
-    # every column but the probabilities joined in one pass (a chunk per token otherwise);
-    # the probabilities, nearly all of the bytes, stay in place
-    table = whole.drop_columns(["probs"]).combine_chunks()
+    # the list columns joined in one pass (a chunk per token otherwise); the scalar ones
+    # go to numpy straight from their chunks (joining costs ~0.5 us a chunk, converting
+    # a chunked column 0.04); the probabilities, nearly all of the bytes, stay in place
+    lists = [f.name for f in whole.schema if pa.types.is_list(f.type)
+             or pa.types.is_fixed_size_list(f.type)]
+    table = whole.select([name for name in lists if name != "probs"]).combine_chunks()
+
+    def one(name: str) -> pa.Array:
+        col = table.column(name)
+        return col.chunks[0] if col.num_chunks == 1 else col.combine_chunks()
 
     def flat(name: str) -> npt.NDArray[Any]:
-        col = table.column(name)
-        return np.concatenate([c.to_numpy(zero_copy_only=False) for c in col.chunks]) \
-            if col.num_chunks != 1 else col.chunks[0].to_numpy(zero_copy_only=False)
+        return whole.column(name).to_numpy()
 
     def fixed(name: str, width: int) -> npt.NDArray[Any]:
-        col = table.column(name)
-        parts = [c.values.to_numpy(zero_copy_only=False)[c.offset * width:
-                                                         (c.offset + len(c)) * width]
-                 for c in col.chunks]
-        out = np.concatenate(parts) if len(parts) != 1 else parts[0]
-        return out.reshape(n, width)
+        c = one(name)
+        values = c.values.to_numpy(zero_copy_only=False)
+        return values[c.offset * width:(c.offset + len(c)) * width].reshape(n, width)
 
-    def parts(name: str, width: int) -> list[npt.NDArray[Any]]:
-        """Each batch's rows of a fixed-size list column, in place (views of the map)."""
-        out = []
-        for c in whole.column(name).chunks:
-            values = c.values.to_numpy(zero_copy_only=False)
-            out.append(values[c.offset * width:(c.offset + len(c)) * width].reshape(
-                len(c), width))
-        return out
-
-    def valid(name: str) -> npt.NDArray[np.bool_]:
-        col = whole.column(name)
+    def valid(col: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.bool_]:
         if col.null_count == 0:
             return np.ones(n, dtype=np.bool_)
-        return np.concatenate([c.is_valid().to_numpy(zero_copy_only=False)
-                               for c in col.chunks])
+        return np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), dtype=np.bool_)
 
     def ragged(name: str, width: int) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
-        col = pa.chunked_array(table.column(name).chunks).combine_chunks()
-        lengths = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(
-            np.int64)
-        values = col.flatten().to_numpy(zero_copy_only=False)
+        col = one(name)
+        offsets = col.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+        values = col.values.to_numpy(zero_copy_only=False)
+        lengths = np.diff(offsets)
+        if len(offsets) != n + 1 or (lengths < 0).any() or offsets[0] < 0 \
+                or offsets[-1] > len(values):
+            raise ValueError(f"{name}: its list offsets are out of order")
+        if col.null_count:
+            lengths[~valid(col)] = 0
         longest = int(lengths.max(initial=0))
         if longest > width:
             raise ValueError(f"{name}: a row holds {longest} entries, more than {width}")
-        out = np.full((n, max(longest, 1)), -1, dtype=values.dtype if values.dtype.kind
-                      in "if" else np.int64)
-        mask = np.arange(out.shape[1])[None, :] < lengths[:, None]
-        out[mask] = values
+        dtype = values.dtype if values.dtype.kind in "if" else np.int64
+        cols = max(longest, 1)
+        first, total = int(offsets[0]), int(lengths.sum())
+        if total == int(offsets[-1]) - first:  # no null row holds values: they are in order
+            ordered = values[first:first + total].astype(dtype, copy=False)
+        else:
+            ordered = np.asarray(col.flatten().to_numpy(zero_copy_only=False), dtype=dtype)
+        full = lengths == longest
+        if longest and full.all():  # every row full: the values are the rows
+            return ordered.reshape(n, longest), lengths
+        out = np.full((n, cols), -1, dtype=dtype)
+        if longest and (full | (lengths == 0)).all():  # full or empty rows (the usual)
+            out[full] = ordered.reshape(-1, longest)
+        else:
+            out[np.arange(cols)[None, :] < lengths[:, None]] = ordered
         return out, lengths
 
+    probs = whole.column("probs")
     return {
         "n": n, "token": flat("token"), "step": flat("step"), "layer": flat("layer"),
         "batch": flat("batch"), "ids": fixed("ids", k), "action": fixed("action", k),
         "used_ids": fixed("used_ids", k), "slots": fixed("slots", k),
         "gate": fixed("gate", k), "weights": ragged("weights", k),
-        "weights_valid": valid("weights"), "substituted_mass": flat("substituted_mass"),
+        "weights_valid": valid(one("weights")), "substituted_mass": flat("substituted_mass"),
         "n_admit": flat("n_admit"), "n_evict": flat("n_evict"),
         "admitted": ragged("admitted", MAX_K), "evicted": ragged("evicted", MAX_K),
         "bytes_sync": flat("bytes_sync"), "bytes_async": flat("bytes_async"),
         **({"tier": fixed("tier", k), "n_disk": flat("n_disk"),
-            "bytes_disk": flat("bytes_disk")} if "tier" in table.column_names else {}),
-        "probs": parts("probs", e), "probs_valid": valid("probs"),
+            "bytes_disk": flat("bytes_disk")} if "tier" in whole.column_names else {}),
+        "probs": _Parts(probs, e), "probs_valid": valid(probs),
         "next_layer": flat("next_layer"), "predicted": ragged("predicted", e),
     }
 
@@ -379,20 +422,33 @@ def events_of(cols: Mapping[str, Any], k: int) -> npt.NDArray[Any]:
     return ev
 
 
-def trace_columns(cols: Mapping[str, Any], events: npt.NDArray[Any],
-                  token_rows: npt.NDArray[np.int64], source: str = "") -> TraceColumns:
-    """The replay's view of the rows: router inputs where recorded."""
+def trace_columns(cols: dict[str, Any], token_rows: npt.NDArray[np.int64], source: str = ""
+                  ) -> TraceColumns:
+    """The replay's view of the checked rows: router inputs where recorded; the event rows
+    laid out from ``cols`` when first asked for (``cols`` is kept until then)."""
     n = cols["n"]
+    k = cols["ids"].shape[1] if n else 0
     if not n:
-        return TraceColumns.empty(events, token_rows)
+        return TraceColumns.empty(events_of(cols, k), token_rows)
     pred, lengths = cols["predicted"]
     width = int(lengths.max(initial=0))
-    predicted = pred[:, :width].astype(np.int32) if width else None
+    predicted = pred[:, :width] if width else None
+    kept: list[dict[str, Any]] = [cols]
+
+    def lay_out() -> npt.NDArray[Any]:
+        from moescope.trace.validate import normalized_weights
+
+        laid = kept.pop()
+        laid["normalized"] = normalized_weights(laid, k)  # checked columns: in 0..1
+        return events_of(laid, k)
+
     return TraceColumns(
-        events=events, token_rows=token_rows, exact=cols["probs_valid"],
-        probs=cols["probs"], gate=cols["gate"].astype(np.float32),
+        events=lay_out, token_rows=token_rows, exact=cols["probs_valid"],
+        probs=cols["probs"], gate=np.asarray(cols["gate"], dtype=np.float32),
         next_layer=cols["next_layer"].astype(np.int32) if width else None,
-        predicted=predicted, source=source)
+        predicted=predicted, source=source, ids=cols["ids"],
+        # a batch per token, a chunk per batch (empty ones too): the tokens' first rows
+        starts=token_rows if len(cols["probs"]) == len(token_rows) - 1 else None)
 
 
 class LazyRoutes(Mapping[int, RouterInput]):
@@ -417,7 +473,6 @@ class LazyRoutes(Mapping[int, RouterInput]):
         if row not in self._rows:
             raise KeyError(row)
         c, r = self._c, self._start + row
-        k = c.gate.shape[1]
         predicted = None
         next_layer = -1
         if c.predicted is not None and c.next_layer is not None and c.next_layer[r] >= 0:
@@ -425,7 +480,7 @@ class LazyRoutes(Mapping[int, RouterInput]):
             predicted = p[p >= 0].astype(np.int32)
             next_layer = int(c.next_layer[r])
         return RouterInput(row=row, probs=c.row_probs(r), weights=c.gate[r],
-                           ids=c.events["ids"][r, :k].astype(np.int32),
+                           ids=c.ids[r].astype(np.int32),
                            next_layer=next_layer, predicted=predicted)
 
     def __iter__(self) -> Iterator[int]:
@@ -437,3 +492,27 @@ class LazyRoutes(Mapping[int, RouterInput]):
     def __contains__(self, row: object) -> bool:
         return row in self._rows
 
+
+class ColumnToken(TokenRecord):
+    """A version-2 token: its event rows are its slice of the trace's
+    (:attr:`TraceColumns.events`), laid out when something first reads ``events``.
+    Opening a trace checks every column but need not lay out 864-byte rows for every
+    layer of every token; whoever reads them gets the same array as before."""
+
+    def rows_from(self, columns: TraceColumns, start: int, stop: int) -> ColumnToken:
+        """Read ``events`` as rows ``start:stop`` of ``columns`` (built with ``events``
+        None)."""
+        self.__dict__["_slice"] = (columns, start, stop)
+        return self
+
+    @property  # type: ignore[override]
+    def events(self) -> npt.NDArray[Any]:
+        rows = self.__dict__.get("_events")
+        if rows is None:
+            columns, start, stop = self.__dict__["_slice"]
+            rows = self.__dict__["_events"] = columns.events[start:stop]
+        return rows
+
+    @events.setter
+    def events(self, rows: npt.NDArray[Any] | None) -> None:
+        self.__dict__["_events"] = rows

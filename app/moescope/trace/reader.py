@@ -32,7 +32,7 @@ from moescope.trace.validate import (
     _token_record,
     _token_slots,
     check_columns,
-    normalized_weights,
+    check_stored_weights,
 )
 from moescope.util.errors import MoEScopeError
 
@@ -299,12 +299,15 @@ def _read_arrow(p: Path, progress: ReadProgress | None) -> Trace:
             if batch is None:
                 truncated = True
                 break
-            if af.END_KEY in meta:
+            if len(meta) == 1 and meta.key(0) == af.TOKEN_KEY:  # a token's (one lookup)
+                text = meta.value(0)
+            elif af.END_KEY in meta:
                 d = _DECODER.decode(meta[af.END_KEY].decode("utf-8"))
                 end = {k: v for k, v in d.items() if _is_scalar(v)} if isinstance(d, dict) \
                     else {}
                 continue
-            text = meta.get(af.TOKEN_KEY)
+            else:
+                text = meta.get(af.TOKEN_KEY)
             if text is None:
                 unknown += 1
                 if unknown > MAX_UNKNOWN_RECORDS + 4 * len(metas):
@@ -329,34 +332,28 @@ def _read_arrow(p: Path, progress: ReadProgress | None) -> Trace:
     token_rows = np.zeros(len(kept) + 1, dtype=np.int64)
     np.cumsum([b.num_rows for b in kept], out=token_rows[1:])
     in_force = np.zeros(len(kept), dtype=np.int64)
-    slots_of: list[tuple[list[Any], int]] = []
+    tokens: list[TokenRecord] = []
     for t, d in enumerate(metas):
         try:
             changes, slots, force = _token_slots(d, header, t, state)
+            in_force[t] = force
+            # its rows and router inputs are attached once the columns are checked
+            tokens.append(_token_record(d, header, t, state, changes, slots, None, {},
+                                        af.ColumnToken))
         except (KeyError, TypeError, ValueError) as err:
             what = f"missing field {err}" if isinstance(err, KeyError) else str(err)
             raise TraceFormatError(f"{p.name}: token {t}: bad token record: {what}") from None
-        state.slots = slots
-        in_force[t] = force
-        slots_of.append((changes, slots))
     try:
         cols = af.columns_of(kept, header)
         check_columns(cols, header, token_rows, in_force)
-        cols["normalized"] = normalized_weights(cols, header.model.top_k)
+        check_stored_weights(cols, header.model.top_k)
     except (ValueError, pa.ArrowException) as err:
         raise TraceFormatError(f"{p.name}: {err}") from None
-    events = af.events_of(cols, header.model.top_k)
-    columns = af.trace_columns(cols, events, token_rows, p.name)
-    state = _ReadState(header)
-    tokens: list[TokenRecord] = []
-    for t, d in enumerate(metas):
-        a, b = int(token_rows[t]), int(token_rows[t + 1])
-        changes, slots = slots_of[t]
-        try:
-            tokens.append(_token_record(d, header, t, state, changes, slots, events[a:b],
-                                        af.LazyRoutes(columns, a, b)))
-        except (KeyError, TypeError, ValueError) as err:
-            what = f"missing field {err}" if isinstance(err, KeyError) else str(err)
-            raise TraceFormatError(f"{p.name}: token {t}: bad token record: {what}") from None
+    columns = af.trace_columns(cols, token_rows, p.name)
+    bounds = token_rows.tolist()
+    for t, record in enumerate(tokens):
+        a, b = bounds[t], bounds[t + 1]
+        record.routes = af.LazyRoutes(columns, a, b)  # type: ignore[assignment]
+        record.rows_from(columns, a, b)  # type: ignore[attr-defined]
     return Trace(header=header, tokens=tokens, end=end, truncated=truncated, path=p,
                  columns=columns)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from moescope.cache.audit import AuditRecord
 from moescope.cache.native import EVENT_DTYPE, MAX_K
-from moescope.cache.policy import Policy
+from moescope.cache.policy import PREFETCH_TOP_K, THETA_DISK_AS_THETA, MissRule, Policy
 from moescope.cache.residency import masks_to_json
 from moescope.util.errors import MoEScopeError
 
@@ -154,6 +154,28 @@ after "Answer now" closed its thoughts: the closing text is written into the pro
 generated, so the token texts alone cannot show where that answer began."""
 
 
+def policy_label(policy: Policy) -> str:
+    """A preset's name, or for any other policy its rule's parameters in a few characters
+    ("custom θ0.30 disk0.30 β0.50 pf3"): Custom changes in a row must not look alike."""
+    if policy.name and policy.name != "custom":
+        return policy.name
+    parts = ["custom"]
+    if policy.miss_rule == MissRule.ROUTING_BONUS:
+        parts.append(f"bonus{policy.bonus:.2f}")
+    elif policy.miss_rule == MissRule.THRESHOLD:
+        parts.append(f"θ{policy.theta:.2f}")
+        if policy.theta_disk != THETA_DISK_AS_THETA:
+            parts.append(f"disk{policy.theta_disk:.2f}")
+    else:
+        parts.append(policy.miss_rule.name.lower().replace("_", "-"))
+    if policy.admission:
+        parts.append(f"β{policy.beta:.2f}")
+    if policy.prefetch:
+        top_k = policy.prefetch == PREFETCH_TOP_K
+        parts.append("pf" + ("top-k" if top_k else str(policy.prefetch)))
+    return " ".join(parts)
+
+
 @dataclass(frozen=True)
 class Change:
     """A policy or budget change that took effect at a token (applied before its decode).
@@ -170,7 +192,7 @@ class Change:
     def label(self) -> str:
         """The short text the live window's markers show for the same change."""
         if self.kind == "policy" and self.policy is not None:
-            return f"policy={self.policy.name or 'custom'}"
+            return f"policy={policy_label(self.policy)}"
         if self.kind == "slots":
             return f"slots={self.slots}"
         return self.text
@@ -301,23 +323,37 @@ class TraceColumns:
     Row ``r`` belongs to token ``t`` when ``token_rows[t] <= r < token_rows[t + 1]``.
     Where ``exact[r]``, the row's router inputs were recorded: ``probs[r]`` and the raw
     gate weights ``gate[r]``; elsewhere ``gate[r]`` holds the event's normalized weights
-    and ``probs[r]`` is zero. ``predicted[r]`` ranks PSR's prediction for layer
-    ``next_layer[r]`` (-1 padded; -1 layer: none).
+    and ``probs[r]`` is zero. ``ids[r]`` are the router's top-k experts.
+    ``predicted[r]`` ranks PSR's prediction for layer ``next_layer[r]`` (-1 padded; -1
+    layer: none).
 
-    ``probs`` may be given as one array per token (views into the reader's memory map):
-    they are the bulk of a trace (98 kB a token at Qwen3-Next's geometry), so they are
-    joined into one array only when something asks for ``probs`` (the replay's layout),
-    and :meth:`row_probs` reads a row in place; opening a trace to look at it copies none.
-    Such rows are checked (a recorded row's values finite) when first used, not when read:
-    touching every page of the map was a third of the time to open a trace; a bad value
-    raises :class:`TraceFormatError` naming ``source`` and the row."""
+    ``events`` may be given as a function that lays the event rows out
+    (``EVENT_DTYPE``, 864 bytes a row) when something first asks for them: a reader that
+    checked the columns need not lay out every row to open a trace.
 
-    def __init__(self, events: npt.NDArray[Any], token_rows: npt.NDArray[np.int64],
-                 exact: npt.NDArray[np.bool_],
+    ``probs`` may be given as one array per token (views into the reader's memory map,
+    ``starts`` their first rows, converted to numpy when first indexed): they are the bulk
+    of a trace (98 kB a token at Qwen3-Next's geometry), so they are joined into one array
+    only when something asks for ``probs`` (the replay's layout), and :meth:`row_probs`
+    reads a row in place; opening a trace to look at it copies none. Such rows are checked
+    (a recorded row's values finite) when first used, not when read: touching every page
+    of the map was a third of the time to open a trace; a bad value raises
+    :class:`TraceFormatError` naming ``source`` and the row."""
+
+    def __init__(self, events: npt.NDArray[Any] | Callable[[], npt.NDArray[Any]],
+                 token_rows: npt.NDArray[np.int64], exact: npt.NDArray[np.bool_],
                  probs: npt.NDArray[Any] | Sequence[npt.NDArray[Any]],
                  gate: npt.NDArray[np.float32], next_layer: npt.NDArray[np.int32] | None = None,
-                 predicted: npt.NDArray[np.int32] | None = None, source: str = "") -> None:
-        self.events = events
+                 predicted: npt.NDArray[Any] | None = None, source: str = "",
+                 ids: npt.NDArray[Any] | None = None,
+                 starts: npt.NDArray[np.int64] | None = None) -> None:
+        self._events: npt.NDArray[Any] | None = None
+        self._lay_out: Callable[[], npt.NDArray[Any]] | None = None
+        if callable(events):
+            self._lay_out = events
+        else:
+            self._events = events
+        self._ids = ids
         self.source = source
         self.token_rows = token_rows
         self.exact = exact
@@ -325,22 +361,43 @@ class TraceColumns:
         self.next_layer = next_layer
         self.predicted = predicted
         self._probs: npt.NDArray[np.float32] | None = None
-        self._parts: list[npt.NDArray[Any]] = []
+        self._parts: Sequence[npt.NDArray[Any]] = []
         self._join = threading.Lock()
+        self._build = threading.Lock()
         if isinstance(probs, np.ndarray):
             self._probs = np.asarray(probs, dtype=np.float32)
         else:
-            self._parts = list(probs)
-            self._starts = np.zeros(len(self._parts) + 1, dtype=np.int64)
-            np.cumsum([len(a) for a in self._parts], out=self._starts[1:])
+            self._parts = probs
+            if starts is None:
+                starts = np.zeros(len(probs) + 1, dtype=np.int64)
+                np.cumsum([len(a) for a in probs], out=starts[1:])
+            self._starts = starts
+
+    @property
+    def events(self) -> npt.NDArray[Any]:
+        """Every row as the core's event rows (laid out on first use)."""
+        with self._build:
+            if self._events is None:
+                assert self._lay_out is not None
+                self._events = self._lay_out()
+                self._lay_out = None
+            return self._events
+
+    @property
+    def ids(self) -> npt.NDArray[Any]:
+        """Every row's top-k expert ids (from the columns: no event rows laid out)."""
+        if self._ids is not None:
+            return self._ids
+        return self.events["ids"][:, :self.gate.shape[1]]
 
     @property
     def probs(self) -> npt.NDArray[np.float32]:
         """Every row's probabilities in one float32 array (joined on first use)."""
         with self._join:  # the what-if's worker and another reader may ask at once
             if self._probs is None:
-                width = self.gate.shape[1] if not self._parts else self._parts[0].shape[1]
-                joined = np.concatenate(self._parts) if self._parts else \
+                width = self.gate.shape[1] if not len(self._parts) else \
+                    self._parts[0].shape[1]
+                joined = np.concatenate(list(self._parts)) if len(self._parts) else \
                     np.zeros((0, width), np.float32)
                 probs = np.asarray(joined, dtype=np.float32)
                 self._check(probs, 0)

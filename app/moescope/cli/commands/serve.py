@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from moescope.cli.commands.generate import add_gpu_layers_argument
+from moescope.cli.commands.generate import add_audit_argument, add_gpu_layers_argument
 from moescope.cli.options import (
     add_budget_arguments,
     add_ctx_argument,
@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="the model's name in the API (default: the file name without "
                         ".gguf)")
     add_policy_argument(p)
-    add_budget_arguments(p, ram=False)
+    add_budget_arguments(p)
     add_ctx_argument(p)
     p.add_argument("--max-tokens", type=int, default=2048, metavar="N",
                    help="most tokens per answer; larger requests are clamped (default 2048)")
@@ -60,16 +60,19 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add_gpu_layers_argument(p)
     add_threads_argument(p)
     add_no_cache_argument(p)
+    add_audit_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from moescope.cache.audit import check_every
     from moescope.cache.budget import parse_budget
     from moescope.cli.commands.generate import (
         backend_line,
         cache_state,
         parse_live_policy,
         resolve_model,
+        start_audits,
     )
     from moescope.server.run import check_exposure, check_port, port_free
 
@@ -84,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
             raise MoEScopeError(f"{name} {value} must be from {lo} to {hi}")
     policy = parse_live_policy(args.policy)  # fail fast, before loading
     parse_budget(args.budget)
+    if args.ram_budget is not None:
+        parse_budget(args.ram_budget)
+    check_every(args.audit)
     if not port_free(args.host, args.port):
         raise MoEScopeError(f"cannot listen on {args.host}:{args.port}: the port is in use "
                             "or the address is not this machine's; try another --port")
@@ -102,10 +108,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         loaded = engine.load(model, budget=args.budget, policy=policy, n_ctx=args.ctx,
                              n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
-                             cache=not args.no_cache)
+                             cache=not args.no_cache, ram_budget=args.ram_budget)
         if loaded.notice:
             print(f"moescope: {loaded.notice}", file=sys.stderr)
         print(backend_line(engine), file=sys.stderr)
+        start_audits(engine, args.audit)
         delay = os.environ.get("MOESCOPE_TEST_COPY_DELAY_US", "")
         if delay.isdigit() and engine.cache is not None:  # tests: answers that take a while
             engine.set_copy_delay(min(int(delay), 100_000))

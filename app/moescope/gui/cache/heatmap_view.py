@@ -151,4 +151,9 @@ class HeatmapView(QWidget):
             QToolTip.hideText()
 
     def sizeHint(self) -> QSize:
-        return QSize(480, 200)
+        """Room for the rows (about 14 px each, 120-360 px) above the title and legend:
+        what the splitter gives it first; the least is ``HEATMAP_MIN_PX``."""
+        layers = len(self.model.model.moe_layers) if self.model.model else 6
+        rows = min(max(120, 14 * layers + 70), 360)
+        return QSize(480, rows + self.title.sizeHint().height() +
+                     self.legend.sizeHint().height() + 4)

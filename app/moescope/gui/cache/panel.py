@@ -103,6 +103,19 @@ class CachePanel(QWidget):
         self._mark_all_dirty()
         self.summary.setText(self._summary_text())
         self.heatmap.update_title()
+        self.fit_heatmap()
+
+    def fit_heatmap(self) -> None:
+        """Give the heatmap the height its rows want (its size hint) and the plots below
+        the rest: they scroll, the heatmap does not. On a small screen its rows were
+        squeezed to a few pixels each while the plots kept more than they needed."""
+        sizes = self.splitter.sizes()
+        total = sum(sizes)
+        if total <= 0:  # not laid out yet: the first layout uses the size hints
+            return
+        want = min(self.heatmap.sizeHint().height(), total - self.tabs.minimumSizeHint().height())
+        self.splitter.setSizes([max(want, self.heatmap.minimumSizeHint().height()),
+                                total - want])
 
     def update_model(self, summary: ModelSummary) -> None:
         """Same model, new budget or policy (history kept)."""

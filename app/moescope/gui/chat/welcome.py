@@ -28,8 +28,15 @@ does well."""
 
 
 def is_demo(summary: ModelSummary | None) -> bool:
+    """The bundled demo, however its path was written (relative, through a link: a
+    command-line path lost the demo's prompts when compared as text)."""
     demo = demo_model_path()
-    return summary is not None and demo is not None and Path(summary.path) == demo
+    if summary is None or demo is None:
+        return False
+    try:
+        return Path(summary.path).samefile(demo)
+    except OSError:  # the file is gone or unreadable: not the demo we ship
+        return False
 
 
 def has_get_models(window: QWidget) -> bool:

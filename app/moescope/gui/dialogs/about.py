@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import platform
 
 import pyqtgraph as pg
@@ -14,6 +15,9 @@ from moescope.cache.native import version as core_version
 from moescope.engine.backend import backend_text, engine_build
 from moescope.util.gpu import gpu_description
 
+ABOUT_MAX_WIDTH = 640
+"""Wider than this, the rows wrap: the backend's reason alone made the box 1,210 px wide,
+more than a 1024-pixel screen."""
 LLAMA_CPP_COMMIT = "0c1e570"
 """The llama.cpp commit vendored in llama-cpp-python 0.3.36, which our patches target."""
 
@@ -53,9 +57,12 @@ class AboutDialog(QDialog):
                       "consumer GPU, and see what the expert cache does.</p>")
         head.setWordWrap(True)
         layout.addWidget(head)
-        rows = "".join(f"<tr><td><b>{k}</b>&nbsp;&nbsp;</td><td>{v}</td></tr>"
-                       for k, v in versions())
+        rows = "".join(f"<tr><td><b>{html.escape(k)}</b>&nbsp;&nbsp;</td>"
+                       f"<td>{html.escape(v)}</td></tr>" for k, v in versions())
         self.table = QLabel(f"<table>{rows}</table>")
+        self.table.setWordWrap(True)
+        self.table.setMaximumWidth(ABOUT_MAX_WIDTH)
+        self.table.setMinimumWidth(ABOUT_MAX_WIDTH * 3 // 4)
         self.table.setTextInteractionFlags(self.table.textInteractionFlags()
                                            | Qt.TextInteractionFlag.TextSelectableByMouse)
         layout.addWidget(self.table)

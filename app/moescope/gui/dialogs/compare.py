@@ -3,7 +3,8 @@
 Perplexity on held-out text says how much a policy costs on average; this dialog answers
 for the user's own conversation. It asks the worker (``engine.compare``) for greedy answers
 to the chat's last user message under each chosen policy, each from an empty expert cache
-at the current budget, the first (Exact, the unpatched engine's answer) as the reference.
+at the current budget, the first (Exact: every miss fetched, bitwise the answer without
+the cache) as the reference.
 The table gives speed, how long each answer stays identical to the reference, the share
 of positions that agree, and what the cache did; below it, the chosen answer with the
 part that differs from the reference marked. With *Score the whole chat*, each policy also
@@ -86,7 +87,8 @@ class CompareDialog(QDialog):
         intro = QLabel(
             f"Greedy answers to your last message under each policy, each from an empty "
             f"expert cache at the current budget ({model.slots_per_layer}/{model.n_expert} "
-            f"experts per layer). Exact, the unpatched engine's answer, is the reference. "
+            f"experts per layer). Exact (every miss fetched: bitwise the answer of llama.cpp "
+            f"without the cache) is the reference. "
             f"tok/s here times the decode alone (greedy, nothing streamed to the window, "
             f"no trace, no Markdown), so it is higher than the chat's, which includes "
             f"sampling, streaming and drawing every token.")

@@ -81,9 +81,16 @@ class OpenModelDialog(QDialog):
         if info.is_moe:
             self.ram_budget.setRange(info.top_k, info.n_expert)
             self.ram_budget.setValue(ram_start_experts(info, n_ctx))
+        self.ram_budget_entry = BudgetEntry()  # as the main window's RAM budget row
+        self.ram_budget_entry.setAccessibleName("RAM budget, typed")
+        self.ram_budget_entry.setEnabled(info.is_moe)
+        self.ram_budget_entry.submitted.connect(self.apply_typed_ram_budget)
+        ram_row = QHBoxLayout()
+        ram_row.addWidget(self.ram_budget, 1)
+        ram_row.addWidget(self.ram_budget_entry)
         ram_label = QLabel("RAM b&udget")
         ram_label.setBuddy(self.ram_budget)
-        settings.addRow(ram_label, self.ram_budget)
+        settings.addRow(ram_label, ram_row)
         self.policy = QComboBox()
         self.policy.setAccessibleName("Cache policy")
         for key, label in POLICY_CHOICES:
@@ -127,6 +134,17 @@ class OpenModelDialog(QDialog):
         if slots is None:
             return False
         self.budget.setValue(slots)
+        return True
+
+    def apply_typed_ram_budget(self) -> bool:
+        """Move the RAM slider to the typed RAM budget (a size, a share, experts)."""
+        if not self.info.is_moe:
+            return False
+        slots = self.ram_budget_entry.take_slots(self.info.n_expert, self.info.top_k,
+                                                 self._row_bytes())
+        if slots is None:
+            return False
+        self.ram_budget.setValue(slots)
         return True
 
     def _row_bytes(self) -> int:

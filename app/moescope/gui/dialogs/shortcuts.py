@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (
     QAbstractItemView,
     QDialog,
     QDialogButtonBox,
+    QLabel,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -31,16 +32,39 @@ MAX_SCREEN_FRACTION = 0.8
 """The dialog grows to show every row without scrolling, up to this much of the screen."""
 
 
-def shortcut_rows(actions: Iterable[QAction]) -> list[tuple[str, str]]:
+def _plain(text: str) -> str:
+    """A label's text without its mnemonic marks ("RAM b&udget" → "RAM budget")."""
+    return text.replace("&&", "\0").replace("&", "").replace("\0", "&").rstrip("…").strip()
+
+
+def label_rows(window: QWidget | None) -> list[tuple[str, str]]:
+    """``("Go to RAM budget", "Alt+U")`` for every label that moves the keyboard to its
+    control (an ``&`` letter and a buddy): Qt registers those as shortcuts without an
+    action, so the action list alone missed them."""
+    if window is None:
+        return []
+    rows = []
+    for label in window.findChildren(QLabel):
+        text, buddy = label.text(), label.buddy()
+        mark = text.replace("&&", "").find("&")
+        if buddy is None or mark < 0 or mark + 1 >= len(text.replace("&&", "")):
+            continue
+        letter = text.replace("&&", "")[mark + 1].upper()
+        rows.append((f"Go to {_plain(text)}", f"Alt+{letter}"))
+    return sorted(set(rows), key=lambda r: r[0].lower())
+
+
+def shortcut_rows(actions: Iterable[QAction], window: QWidget | None = None
+                  ) -> list[tuple[str, str]]:
     """``(what, keys)`` for every action with a shortcut, menu mnemonics removed, sorted by
-    what it does; then the keys widgets handle themselves."""
+    what it does; then the labels that jump to a control; then the keys widgets handle
+    themselves."""
     rows = {}
     for action in actions:
         keys = action.shortcut().toString(QKeySequence.SequenceFormat.NativeText)
         if keys:
-            what = action.text().replace("&&", "\0").replace("&", "").replace("\0", "&")
-            rows[what.rstrip("…").strip()] = keys
-    return sorted(rows.items(), key=lambda r: r[0].lower()) + list(EXTRA)
+            rows[_plain(action.text())] = keys
+    return sorted(rows.items(), key=lambda r: r[0].lower()) + label_rows(window) + list(EXTRA)
 
 
 class ShortcutsDialog(QDialog):
@@ -48,7 +72,7 @@ class ShortcutsDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Keyboard shortcuts")
         layout = QVBoxLayout(self)
-        rows = shortcut_rows(actions)
+        rows = shortcut_rows(actions, parent)
         self.table = QTableWidget(len(rows), 2)
         self.table.setAccessibleName("Keyboard shortcuts")
         self.table.setHorizontalHeaderLabels(("Action", "Keys"))
