@@ -8,7 +8,9 @@
  * per (layer, expert) residency, recency, the decayed count where the eviction reads it,
  * admission's lost mass and PSR's prefetched flag; per layer the slots (a NaN row's
  * substitute depends on their order) and the eviction order. It decides exactly what
- * route.cpp and prefetch.cpp decide, in the same order:
+ * route.cpp and prefetch.cpp decide, in the same order for each layer:
+ *   - one layer after another (FastPlan: each layer's route calls and the prefetches aimed
+ *     at it, in trace order, with their rows packed once per batch for every configuration);
  *   - victims: LRU from a list of residents in recency order (pinned ones skipped);
  *     frequency from a heap of (key, recency, id) whose entries are lower bounds of the
  *     residents' current keys (a use or a selection only raises a key), refreshed when one
@@ -41,7 +43,7 @@ namespace loop { /* named: the engine compiles the core as one unit */
 constexpr double kNoCount = -1e300;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int32_t kRankP = 32; /* ranked probabilities a plan keeps per row (routing bonus) */
-constexpr int64_t kAhead = 4; /* events whose rows are fetched ahead */
+constexpr int64_t kRowAhead = 2; /* a layer's route calls whose probability rows are asked for ahead */
 
 /* One expert of the layer being replayed: what every selection reads. */
 struct Expert {
@@ -804,10 +806,10 @@ int32_t FastReplay::go() {
                 continue;
             }
             /* a route call (route.cpp) */
-            if (Rule != MOECACHE_FETCH_ALL && n_res_ <= 32 && x + 2 < x_end) {
+            if (Rule != MOECACHE_FETCH_ALL && n_res_ <= 32 && x + kRowAhead < x_end) {
                 /* few residents: a substitute is found by reading their probabilities from
                  * the row, so ask for those of a later call's row now */
-                const float * ahead = t_.probs + ev[x + 2].row * E_;
+                const float * ahead = t_.probs + ev[x + kRowAhead].row * E_;
                 for (int32_t s = 0; s < n_res_; ++s) {
                     __builtin_prefetch(ahead + slots_[s]);
                 }
