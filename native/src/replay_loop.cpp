@@ -495,12 +495,16 @@ private:
     }
 
     void heap_pop() {
-        HeapEntry * h = heap_;
         const int32_t n = --heap_n_;
-        if (n == 0) {
-            return;
+        if (n > 0) {
+            heap_replace_top(heap_[n]);
         }
-        const HeapEntry en = h[n];
+    }
+
+    /* The least entry replaced by `en`, sifted down (a pop and a push in one pass). */
+    void heap_replace_top(const HeapEntry en) {
+        HeapEntry * h = heap_;
+        const int32_t n = heap_n_;
         int32_t i = 0;
         for (;;) {
             int32_t c = 2 * i + 1;
@@ -545,8 +549,7 @@ private:
             while (heap_n_ > 0) {
                 HeapEntry top = heap_[0];
                 if (top.kver != F_[top.e].kver) { /* its count changed: a new key */
-                    heap_pop();
-                    heap_push(entry_of(top.e));
+                    heap_replace_top(entry_of(top.e));
                     continue;
                 }
                 if (top.last_use != X[top.e].last_use) {
@@ -556,8 +559,7 @@ private:
                     const double k2 = heap_n_ > 2 ? heap_[2].key : kInf;
                     top.last_use = X[top.e].last_use;
                     if (!(top.key < k1 && top.key < k2)) {
-                        heap_pop();
-                        heap_push(top);
+                        heap_replace_top(top);
                         continue;
                     }
                 }
