@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -478,18 +479,39 @@ int32_t moecache_replay_batch(const moecache_replay_trace * trace,
     for (int32_t i = 0; i < n_configs && !plan; ++i) {
         if (moecache_core::fast_covers(ranked, configs[i], ids_valid, events != nullptr)) {
             try {
-                plan.reset(moecache_core::fast_plan_new(ranked, configs, n_configs, ids_valid));
+                plan.reset(moecache_core::fast_plan_new(ranked, configs, n_configs, ids_valid,
+                                                        workers));
             } catch (...) {  // bad_alloc: the per-call core replays every configuration
                 break;
             }
         }
     }
+    /* the likely longest first, so that the threads finish together: fewer slots, then
+     * frequency eviction, prefetching and substitution (each result keeps its place) */
+    std::vector<int32_t> order(static_cast<size_t>(n_configs));
+    std::vector<double> cost(order.size());
+    for (int32_t i = 0; i < n_configs; ++i) {
+        const moecache_replay_config & cfg = configs[i];
+        const moecache_policy & p = cfg.follow_policy ? trace->start_policy : cfg.policy;
+        const int32_t slots = cfg.slots != 0 ? cfg.slots : trace->start_slots;
+        cost[static_cast<size_t>(i)] =
+            (p.miss_rule != MOECACHE_FETCH_ALL ? 2.0 : 1.0) *
+            (p.eviction == MOECACHE_EVICT_FREQUENCY ? 1.5 : 1.0) *
+            (p.prefetch != 0 && trace->pred_width > 0 ? 1.5 : 1.0) *
+            (p.miss_rule == MOECACHE_ROUTING_BONUS ? 1.3 : 1.0) /
+            std::sqrt(static_cast<double>(std::max(slots, 1)));
+        order[static_cast<size_t>(i)] = i;
+    }
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+        return cost[static_cast<size_t>(a)] > cost[static_cast<size_t>(b)];
+    });
     std::atomic<int32_t> next{0};
     std::vector<int32_t> codes(static_cast<size_t>(std::max(n_configs, 1)), MOECACHE_OK);
     auto work = [&]() {
         std::unique_ptr<moecache_core::FastWorkspace, void (*)(moecache_core::FastWorkspace *)>
             workspace(nullptr, moecache_core::fast_workspace_free);
-        for (int32_t i = next++; i < n_configs; i = next++) {
+        for (int32_t at = next++; at < n_configs; at = next++) {
+            const int32_t i = order[static_cast<size_t>(at)];
             try {
                 if (!workspace) {
                     workspace.reset(moecache_core::fast_workspace_new());

@@ -241,7 +241,7 @@ bool fast_covers(const moecache_replay_trace & t, const moecache_replay_config &
 struct FastPlan;      /* what the configurations of a batch share (fast_plan_new) */
 struct FastWorkspace; /* buffers a worker reuses from one configuration to the next */
 FastPlan * fast_plan_new(const moecache_replay_trace & t, const moecache_replay_config * configs,
-                         int32_t n_configs, bool ids_valid);
+                         int32_t n_configs, bool ids_valid, int32_t n_threads);
 void fast_plan_free(FastPlan * plan);
 FastWorkspace * fast_workspace_new();
 void fast_workspace_free(FastWorkspace * w);

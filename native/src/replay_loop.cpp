@@ -32,6 +32,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <thread>
 #include <vector>
 
 namespace moecache_core {
@@ -244,7 +245,7 @@ struct FastPlan {
 };
 
 FastPlan * fast_plan_new(const moecache_replay_trace & t, const moecache_replay_config * configs,
-                         int32_t n_configs, bool ids_valid) {
+                         int32_t n_configs, bool ids_valid, int32_t n_threads) {
     bool substitutes = false, bonus = false, prefetches = false;
     for (int32_t i = 0; i < n_configs; ++i) {
         if (!fast_covers(t, configs[i], ids_valid, false)) {
@@ -309,43 +310,72 @@ FastPlan * fast_plan_new(const moecache_replay_trace & t, const moecache_replay_
         plan->events[static_cast<size_t>(at[layer]++)] =
             PlanEvent{r0, p0, plan->call_token[static_cast<size_t>(c)], step, c,
                       static_cast<int32_t>(n), 0};
-        const size_t pk = static_cast<size_t>(p0) * k;
-        const size_t rk = static_cast<size_t>(r0) * k;
-        const size_t nk = static_cast<size_t>(n) * k;
-        std::memcpy(plan->ids.data() + pk, t.ids + rk, nk * sizeof(int32_t));
-        if (substitutes) {
-            std::memcpy(plan->weights.data() + pk, t.weights + rk, nk * sizeof(float));
-            std::memcpy(plan->ranks.data() + static_cast<size_t>(p0) * MOECACHE_RANK_WIDTH,
-                        t.ranks + static_cast<size_t>(r0) * MOECACHE_RANK_WIDTH,
-                        static_cast<size_t>(n) * MOECACHE_RANK_WIDTH * sizeof(uint16_t));
-            std::memcpy(plan->counts.data() + p0, t.rank_counts + r0, static_cast<size_t>(n));
-        }
-        if (bonus) {
-            std::memcpy(plan->selected.data() + pk, t.selected_probs + rk, nk * sizeof(float));
-            /* the routing bonus compares a substitute's probability: read from each row
-             * once here, not once per configuration */
-            for (int64_t i = 0; i < n; ++i) {
-                const float * row = t.probs + (r0 + i) * t.n_experts;
-                const uint16_t * rank = t.ranks + (r0 + i) * MOECACHE_RANK_WIDTH;
-                float * dst = plan->rank_p.data() + (p0 + i) * loop::kRankP;
-                const int32_t m = std::min<int32_t>(loop::kRankP, t.rank_counts[r0 + i]);
-                for (int32_t j = 0; j < m; ++j) {
-                    dst[j] = row[rank[j]];
-                }
-            }
-        }
         const int64_t last = t.call_stop[c] - 1;
         if (t.pred_width > 0 && t.next_layer[last] >= 0) {
             const size_t nl = static_cast<size_t>(t.next_layer[last]);
             const int64_t q = pred_at[nl]++;
             plan->events[static_cast<size_t>(at[nl]++)] =
                 PlanEvent{last, q, plan->call_token[static_cast<size_t>(c)], step, c, 1, 1};
-            if (prefetches) {
-                std::memcpy(plan->predicted.data() + static_cast<size_t>(q) * t.pred_width,
-                            t.predicted + last * t.pred_width,
-                            static_cast<size_t>(t.pred_width) * sizeof(int32_t));
+        }
+    }
+    /* the rows themselves, a layer at a time on the batch's threads: each layer's packed
+     * rows are its own (reading the probabilities for the bonus is most of this) */
+    std::atomic<int32_t> next_layer{0};
+    auto pack = [&]() {
+        FastPlan & P = *plan;
+        for (int32_t l = next_layer++; l < t.n_layers; l = next_layer++) {
+            for (int64_t ev = P.layer_start[static_cast<size_t>(l)];
+                 ev < P.layer_start[static_cast<size_t>(l) + 1]; ++ev) {
+                const PlanEvent & e = P.events[static_cast<size_t>(ev)];
+                if (e.prefetch) {
+                    if (prefetches) {
+                        const size_t w = static_cast<size_t>(t.pred_width);
+                        std::memcpy(P.predicted.data() + static_cast<size_t>(e.packed) * w,
+                                    t.predicted + e.row * t.pred_width,
+                                    static_cast<size_t>(t.pred_width) * sizeof(int32_t));
+                    }
+                    continue;
+                }
+                const int64_t r0 = e.row, p0 = e.packed, n = e.n;
+                const size_t pk = static_cast<size_t>(p0) * k;
+                const size_t rk = static_cast<size_t>(r0) * k;
+                const size_t nk = static_cast<size_t>(n) * k;
+                std::memcpy(P.ids.data() + pk, t.ids + rk, nk * sizeof(int32_t));
+                if (substitutes) {
+                    std::memcpy(P.weights.data() + pk, t.weights + rk, nk * sizeof(float));
+                    std::memcpy(P.ranks.data() + static_cast<size_t>(p0) * MOECACHE_RANK_WIDTH,
+                                t.ranks + static_cast<size_t>(r0) * MOECACHE_RANK_WIDTH,
+                                static_cast<size_t>(n) * MOECACHE_RANK_WIDTH * sizeof(uint16_t));
+                    std::memcpy(P.counts.data() + p0, t.rank_counts + r0, static_cast<size_t>(n));
+                }
+                if (bonus) {
+                    std::memcpy(P.selected.data() + pk, t.selected_probs + rk, nk * sizeof(float));
+                    /* the routing bonus compares a substitute's probability: read from each
+                     * row once here, not once per configuration */
+                    for (int64_t i = 0; i < n; ++i) {
+                        const float * row = t.probs + (r0 + i) * t.n_experts;
+                        const uint16_t * rank = t.ranks + (r0 + i) * MOECACHE_RANK_WIDTH;
+                        float * dst = P.rank_p.data() + (p0 + i) * loop::kRankP;
+                        const int32_t m = std::min<int32_t>(loop::kRankP, t.rank_counts[r0 + i]);
+                        for (int32_t j = 0; j < m; ++j) {
+                            dst[j] = row[rank[j]];
+                        }
+                    }
+                }
             }
         }
+    };
+    std::vector<std::thread> pool;
+    const int32_t helpers = std::min(n_threads, t.n_layers) - 1;
+    try {
+        for (int32_t w = 0; w < helpers; ++w) {
+            pool.emplace_back(pack);
+        }
+    } catch (...) {  // no thread could be started: this one packs the rest
+    }
+    pack();
+    for (std::thread & th : pool) {
+        th.join();
     }
     return plan.release();
 }
@@ -465,12 +495,16 @@ private:
     }
 
     void heap_pop() {
-        HeapEntry * h = heap_;
         const int32_t n = --heap_n_;
-        if (n == 0) {
-            return;
+        if (n > 0) {
+            heap_replace_top(heap_[n]);
         }
-        const HeapEntry en = h[n];
+    }
+
+    /* The least entry replaced by `en`, sifted down (a pop and a push in one pass). */
+    void heap_replace_top(const HeapEntry en) {
+        HeapEntry * h = heap_;
+        const int32_t n = heap_n_;
         int32_t i = 0;
         for (;;) {
             int32_t c = 2 * i + 1;
@@ -515,8 +549,7 @@ private:
             while (heap_n_ > 0) {
                 HeapEntry top = heap_[0];
                 if (top.kver != F_[top.e].kver) { /* its count changed: a new key */
-                    heap_pop();
-                    heap_push(entry_of(top.e));
+                    heap_replace_top(entry_of(top.e));
                     continue;
                 }
                 if (top.last_use != X[top.e].last_use) {
@@ -526,8 +559,7 @@ private:
                     const double k2 = heap_n_ > 2 ? heap_[2].key : kInf;
                     top.last_use = X[top.e].last_use;
                     if (!(top.key < k1 && top.key < k2)) {
-                        heap_pop();
-                        heap_push(top);
+                        heap_replace_top(top);
                         continue;
                     }
                 }
