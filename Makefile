@@ -70,7 +70,7 @@ test-vulkan: setup
 	   [ ! -d /usr/include/spirv/unified1 ] || ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then \
 	    msg="Vulkan engine tests skipped: sudo apt-get install $(VULKAN_PACKAGES)"; \
 	    echo "$$msg"; echo "$$msg" >> $(TEST_SUMMARY); test -z "$$MOESCOPE_REQUIRE_VULKAN"; exit; fi; \
-	lib=$$(MOESCOPE_BACKEND=vulkan $(PY) engine_patch/build_engine.py --lib-dir | tee /dev/stderr | tail -n 1) || exit 2; \
+	lib=$$(MOESCOPE_BACKEND=vulkan $(PY) engine_patch/build_engine.py --lib-dir | tee -a /dev/stderr | tail -n 1) || exit 2; \
 	echo "LLAMA_CPP_LIB_PATH=$$lib GGML_VK_VISIBLE_DEVICES=0 pytest $(VULKAN_TESTS)"; \
 	LLAMA_CPP_LIB_PATH=$$lib GGML_VK_VISIBLE_DEVICES=0 QT_QPA_PLATFORM=offscreen \
 	    MOESCOPE_TEST_SUMMARY=$(TEST_SUMMARY) $(PY) -m pytest -q -p no:cacheprovider $(VULKAN_TESTS)
