@@ -127,24 +127,19 @@ class OpenModelDialog(QDialog):
 
     def apply_typed_budget(self) -> bool:
         """Move the slider to the typed budget (as in the main window)."""
-        if not self.info.is_moe:
-            return False
-        slots = self.budget_entry.take_slots(self.info.n_expert, self.info.top_k,
-                                             self._row_bytes())
-        if slots is None:
-            return False
-        self.budget.setValue(slots)
-        return True
+        return self._apply_typed(self.budget_entry, self.budget)
 
     def apply_typed_ram_budget(self) -> bool:
         """Move the RAM slider to the typed RAM budget (a size, a share, experts)."""
+        return self._apply_typed(self.ram_budget_entry, self.ram_budget)
+
+    def _apply_typed(self, entry: BudgetEntry, slider: QSlider) -> bool:
         if not self.info.is_moe:
             return False
-        slots = self.ram_budget_entry.take_slots(self.info.n_expert, self.info.top_k,
-                                                 self._row_bytes())
+        slots = entry.take_slots(self.info.n_expert, self.info.top_k, self._row_bytes())
         if slots is None:
             return False
-        self.ram_budget.setValue(slots)
+        slider.setValue(slots)
         return True
 
     def _row_bytes(self) -> int:
