@@ -193,6 +193,29 @@ void record_selection(LayerState & L, int32_t expert, int64_t step, float half_l
 void refresh_frequency_keys(LayerState & L, float half_life);
 void freq_order_insert(LayerState & L, int32_t expert); /* a new resident */
 void freq_order_erase(LayerState & L, int32_t expert);  /* a resident leaves */
+/* The best `want` substitutes of a row, kept in order (probability down, lower expert id
+ * on ties) while the residents are met one by one: `beaten` says a candidate cannot enter
+ * a full list (checked before the token's mark, which costs a load), `keep_best` inserts
+ * it and returns the list's new length. Shared by pick_substitutes and the replay loop,
+ * whose picks must be the same to the last tie. */
+inline bool beaten(float p, int32_t e, int32_t want, int32_t n, const float * best_p,
+                   const int32_t * out) {
+    return n == want && (p < best_p[want - 1] || (p == best_p[want - 1] && e > out[want - 1]));
+}
+
+inline int32_t keep_best(float p, int32_t e, int32_t want, int32_t n, float * best_p,
+                         int32_t * out) {
+    int32_t at = n == want ? want - 1 : n++;
+    while (at > 0 && (p > best_p[at - 1] || (p == best_p[at - 1] && e < out[at - 1]))) {
+        best_p[at] = best_p[at - 1];
+        out[at] = out[at - 1];
+        --at;
+    }
+    best_p[at] = p;
+    out[at] = e;
+    return n;
+}
+
 /* after a resident's last_use or freq_key changed */
 inline void freq_order_rekey(LayerState & L, int32_t expert) {
     if (L.fq_valid && L.slot_of[expert] >= 0) {

@@ -150,20 +150,10 @@ struct Substitutes {
                 nan = true;
                 continue;
             }
-            if (n == want && (p < best_p[want - 1] || (p == best_p[want - 1] && e > out[want - 1]))) {
+            if (beaten(p, e, want, n, best_p, out) || mark[e] == token) {
                 continue;
             }
-            if (mark[e] == token) {
-                continue;
-            }
-            int32_t at = n == want ? want - 1 : n++;
-            while (at > 0 && (p > best_p[at - 1] || (p == best_p[at - 1] && e < out[at - 1]))) {
-                best_p[at] = best_p[at - 1];
-                out[at] = out[at - 1];
-                --at;
-            }
-            best_p[at] = p;
-            out[at] = e;
+            n = keep_best(p, e, want, n, best_p, out);
         }
         if (nan) {
             n = 0;
@@ -193,20 +183,10 @@ struct Substitutes {
                 continue;
             }
             const float p = row[e];
-            if (m == need && (p < best_p[need - 1] || (p == best_p[need - 1] && e > rest[need - 1]))) {
+            if (beaten(p, e, need, m, best_p, rest) || mark[e] == token) {
                 continue;
             }
-            if (mark[e] == token) {
-                continue;
-            }
-            int32_t at = m == need ? need - 1 : m++;
-            while (at > 0 && (p > best_p[at - 1] || (p == best_p[at - 1] && e < rest[at - 1]))) {
-                best_p[at] = best_p[at - 1];
-                rest[at] = rest[at - 1];
-                --at;
-            }
-            best_p[at] = p;
-            rest[at] = e;
+            m = keep_best(p, e, need, m, best_p, rest);
         }
         for (int32_t i = 0; i < m; ++i) {
             mark[rest[i]] = token;

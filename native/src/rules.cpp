@@ -178,20 +178,10 @@ int32_t pick_substitutes(const LayerState & L, const float * probs_row,
         int32_t m = 0;
         for (int32_t e = L.lru_head; e >= 0; e = L.lru_next[e]) {
             const float p = probs_row[e];
-            if (m == need && (p < best_p[need - 1] || (p == best_p[need - 1] && e > rest[need - 1]))) {
+            if (beaten(p, e, need, m, best_p, rest) || token_mark[e] == token) {
                 continue;
             }
-            if (token_mark[e] == token) {
-                continue;
-            }
-            int32_t at = m == need ? need - 1 : m++;
-            while (at > 0 && (p > best_p[at - 1] || (p == best_p[at - 1] && e < rest[at - 1]))) {
-                best_p[at] = best_p[at - 1];
-                rest[at] = rest[at - 1];
-                --at;
-            }
-            best_p[at] = p;
-            rest[at] = e;
+            m = keep_best(p, e, need, m, best_p, rest);
         }
 #ifdef MOECACHE_SELFCHECK
         for (int32_t i = 0; i < need; ++i) {
@@ -221,20 +211,10 @@ int32_t pick_substitutes(const LayerState & L, const float * probs_row,
             nan = true;
             continue;
         }
-        if (n == want && (p < best_p[want - 1] || (p == best_p[want - 1] && e > out[want - 1]))) {
+        if (beaten(p, e, want, n, best_p, out) || token_mark[e] == token) {
             continue;
         }
-        if (token_mark[e] == token) {
-            continue;
-        }
-        int32_t at = n == want ? want - 1 : n++;
-        while (at > 0 && (p > best_p[at - 1] || (p == best_p[at - 1] && e < out[at - 1]))) {
-            best_p[at] = best_p[at - 1];
-            out[at] = out[at - 1];
-            --at;
-        }
-        best_p[at] = p;
-        out[at] = e;
+        n = keep_best(p, e, want, n, best_p, out);
     }
     if (nan) {
         n = 0;
