@@ -47,6 +47,7 @@ enum moecache_status {
     MOECACHE_E_ARG       = -1, /* bad argument (range, NULL, duplicate id in a token) */
     MOECACHE_E_NO_SLOT   = -2, /* the batch needs more distinct experts than there are slots */
     MOECACHE_E_PLAN_CAP  = -3, /* plan_cap < min(slots_per_layer, n_tokens * top_k) */
+    MOECACHE_E_CANCELLED = -4, /* a batch replay stopped by moecache_replay_cancel */
     /* MOECACHE_E_NO_SLOT is also returned when the RAM tier cannot hold the call's reads */
 };
 
@@ -387,6 +388,35 @@ MOECACHE_API int32_t moecache_replay_batch(const moecache_replay_trace * trace,
                                            int32_t n_configs, int32_t n_threads,
                                            moecache_replay_token * out,
                                            moecache_event * events);
+
+/* Progress and cancel for a batch replay that another thread watches (a window's what-if):
+ * opaque, made and freed by the caller, any number of batches one after another. Counting
+ * is atomic; every function may be called from any thread while a batch runs. */
+typedef struct moecache_replay_control moecache_replay_control;
+
+MOECACHE_API moecache_replay_control * moecache_replay_control_new(void); /* NULL: no memory */
+MOECACHE_API void moecache_replay_control_free(moecache_replay_control * ctl);
+
+/* Asks the batch to stop: it takes no new configuration and stops a running one at its next
+ * layer (or token, for one the per-call core replays), then returns MOECACHE_E_CANCELLED.
+ * Sticky: a batch started on a cancelled control returns at once; new() for another. */
+MOECACHE_API void moecache_replay_cancel(moecache_replay_control * ctl);
+
+/* Where the batch stands: configurations finished, and work units done of the total (one
+ * unit per configuration and trace layer: a smooth bar). Any pointer may be NULL. */
+MOECACHE_API void moecache_replay_progress(const moecache_replay_control * ctl,
+                                           int64_t * configs_done, int64_t * units_done,
+                                           int64_t * units_total);
+
+/* moecache_replay_batch, counted on `ctl` (NULL: as moecache_replay_batch) and stopped by
+ * moecache_replay_cancel (MOECACHE_E_CANCELLED: `out` and `events` are partly written). The
+ * counts start again at 0 for each call. */
+MOECACHE_API int32_t moecache_replay_batch_ctl(const moecache_replay_trace * trace,
+                                               const moecache_replay_config * configs,
+                                               int32_t n_configs, int32_t n_threads,
+                                               moecache_replay_token * out,
+                                               moecache_event * events,
+                                               moecache_replay_control * ctl);
 
 #ifdef __cplusplus
 }

@@ -19,8 +19,37 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <new>
 #include <thread>
 #include <vector>
+
+/* The caller's view of a batch (moecache_replay_control): written by the workers, read and
+ * cancelled from any thread. */
+struct moecache_replay_control {
+    std::atomic<int64_t> configs_done{0};
+    std::atomic<int64_t> units_done{0};
+    std::atomic<int64_t> units_total{0};
+    std::atomic<int32_t> cancel{0};
+};
+
+namespace moecache_core {
+
+bool ReplayTicker::layer_done(int64_t n) {
+    if (ctl == nullptr) {
+        return true;
+    }
+    if (n > 0) {
+        units += n;
+        ctl->units_done.fetch_add(n, std::memory_order_relaxed);
+    }
+    return ctl->cancel.load(std::memory_order_relaxed) == 0;
+}
+
+bool ReplayTicker::cancelled() const {
+    return ctl != nullptr && ctl->cancel.load(std::memory_order_relaxed) != 0;
+}
+
+}  // namespace moecache_core
 
 namespace {
 
@@ -243,10 +272,11 @@ int32_t replay_one(const moecache_replay_trace & t, const moecache_replay_config
                    const Ranking & ranking, const moecache_replay_trace & with_ranking,
                    const moecache_core::FastPlan * fast_plan, bool ids_valid,
                    moecache_replay_token * out, moecache_event * events,
-                   moecache_core::FastWorkspace & workspace) {
+                   moecache_core::FastWorkspace & workspace, moecache_core::ReplayTicker & ticker) {
     if (fast_plan != nullptr &&
         moecache_core::fast_covers(with_ranking, cfg, ids_valid, events != nullptr)) {
-        return moecache_core::replay_fast(with_ranking, *fast_plan, cfg, out, workspace);
+        return moecache_core::replay_fast(with_ranking, *fast_plan, cfg, out, workspace,
+                                          &ticker);
     }
     const bool follow_slots = cfg.slots == 0;
     const moecache_policy & start = cfg.follow_policy ? t.start_policy : cfg.policy;
@@ -379,6 +409,10 @@ int32_t replay_one(const moecache_replay_trace & t, const moecache_replay_config
                                              static_cast<int32_t>(std::min<int64_t>(
                                                  t.n_rows - drained, 1 << 30)));
         }
+        /* a token's share of the layers, so that a slow configuration moves the bar too */
+        if (!ticker.layer_done((tok + 1) * t.n_layers / t.n_tokens - ticker.units)) {
+            return MOECACHE_E_CANCELLED;
+        }
     }
     return MOECACHE_OK;
 }
@@ -425,10 +459,46 @@ int32_t moecache_rank_rows(const float * probs, const int32_t * ids, int64_t n_r
     return MOECACHE_OK;
 }
 
+moecache_replay_control * moecache_replay_control_new(void) {
+    return new (std::nothrow) moecache_replay_control();
+}
+
+void moecache_replay_control_free(moecache_replay_control * ctl) {
+    delete ctl;
+}
+
+void moecache_replay_cancel(moecache_replay_control * ctl) {
+    if (ctl != nullptr) {
+        ctl->cancel.store(1, std::memory_order_relaxed);
+    }
+}
+
+void moecache_replay_progress(const moecache_replay_control * ctl, int64_t * configs_done,
+                              int64_t * units_done, int64_t * units_total) {
+    const bool on = ctl != nullptr;
+    if (configs_done != nullptr) {
+        *configs_done = on ? ctl->configs_done.load(std::memory_order_relaxed) : 0;
+    }
+    if (units_done != nullptr) {
+        *units_done = on ? ctl->units_done.load(std::memory_order_relaxed) : 0;
+    }
+    if (units_total != nullptr) {
+        *units_total = on ? ctl->units_total.load(std::memory_order_relaxed) : 0;
+    }
+}
+
 int32_t moecache_replay_batch(const moecache_replay_trace * trace,
                               const moecache_replay_config * configs, int32_t n_configs,
                               int32_t n_threads, moecache_replay_token * out,
                               moecache_event * events) {
+    return moecache_replay_batch_ctl(trace, configs, n_configs, n_threads, out, events,
+                                     nullptr);
+}
+
+int32_t moecache_replay_batch_ctl(const moecache_replay_trace * trace,
+                                  const moecache_replay_config * configs, int32_t n_configs,
+                                  int32_t n_threads, moecache_replay_token * out,
+                                  moecache_event * events, moecache_replay_control * ctl) {
     if (trace == nullptr || configs == nullptr || out == nullptr || n_configs < 0 ||
         !trace_valid(*trace)) {
         return MOECACHE_E_ARG;
@@ -443,6 +513,15 @@ int32_t moecache_replay_batch(const moecache_replay_trace * trace,
     }
     const size_t n_tokens = static_cast<size_t>(trace->n_tokens);
     std::memset(out, 0, sizeof(moecache_replay_token) * n_tokens * static_cast<size_t>(n_configs));
+    const moecache_core::ReplayTicker watch{ctl};
+    if (ctl != nullptr) {
+        ctl->configs_done.store(0);
+        ctl->units_done.store(0);
+        ctl->units_total.store(static_cast<int64_t>(n_configs) * trace->n_layers);
+    }
+    if (watch.cancelled()) {
+        return MOECACHE_E_CANCELLED;
+    }
     const int32_t workers = worker_count(n_threads, n_configs);
     Ranking ranking;
     if (trace->ranks != nullptr && trace->rank_counts != nullptr &&
@@ -467,6 +546,9 @@ int32_t moecache_replay_batch(const moecache_replay_trace * trace,
             }
         } catch (...) {  // bad_alloc: the configurations scan instead
         }
+    }
+    if (watch.cancelled()) {
+        return MOECACHE_E_CANCELLED;
     }
     /* the trace with its ranking, and the replay loop's plan where a configuration takes it */
     moecache_replay_trace ranked = *trace;
@@ -505,13 +587,18 @@ int32_t moecache_replay_batch(const moecache_replay_trace * trace,
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
         return cost[static_cast<size_t>(a)] > cost[static_cast<size_t>(b)];
     });
+    if (watch.cancelled()) {
+        return MOECACHE_E_CANCELLED;
+    }
     std::atomic<int32_t> next{0};
+    std::atomic<int32_t> finished{0};
     std::vector<int32_t> codes(static_cast<size_t>(std::max(n_configs, 1)), MOECACHE_OK);
     auto work = [&]() {
         std::unique_ptr<moecache_core::FastWorkspace, void (*)(moecache_core::FastWorkspace *)>
             workspace(nullptr, moecache_core::fast_workspace_free);
-        for (int32_t at = next++; at < n_configs; at = next++) {
+        for (int32_t at = next++; at < n_configs && !watch.cancelled(); at = next++) {
             const int32_t i = order[static_cast<size_t>(at)];
+            moecache_core::ReplayTicker ticker{ctl};
             try {
                 if (!workspace) {
                     workspace.reset(moecache_core::fast_workspace_new());
@@ -521,13 +608,25 @@ int32_t moecache_replay_batch(const moecache_replay_trace * trace,
                     out + static_cast<size_t>(i) * n_tokens,
                     events != nullptr ? events + static_cast<int64_t>(i) * trace->n_rows
                                       : nullptr,
-                    *workspace);
+                    *workspace, ticker);
             } catch (...) {  // bad_alloc: this configuration fails, the others go on
                 codes[static_cast<size_t>(i)] = MOECACHE_E_ARG;
+            }
+            if (codes[static_cast<size_t>(i)] == MOECACHE_E_CANCELLED) {
+                break;
+            }
+            /* a configuration that failed early still counts whole */
+            ticker.layer_done(trace->n_layers - ticker.units);
+            ++finished;
+            if (ctl != nullptr) {
+                ctl->configs_done.fetch_add(1, std::memory_order_relaxed);
             }
         }
     };
     run_workers(workers, work);
+    if (finished.load() < n_configs) {  // only a cancel leaves a configuration undone
+        return MOECACHE_E_CANCELLED;
+    }
     for (const int32_t code : codes) {
         if (code != MOECACHE_OK) {
             return code;

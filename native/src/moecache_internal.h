@@ -268,9 +268,18 @@ FastPlan * fast_plan_new(const moecache_replay_trace & t, const moecache_replay_
 void fast_plan_free(FastPlan * plan);
 FastWorkspace * fast_workspace_new();
 void fast_workspace_free(FastWorkspace * w);
+/* A configuration's share of a batch's progress (moecache_replay_control): the replay
+ * loops call layer_done after each layer (the per-call core after a token's share of one);
+ * false means the caller cancelled, and the configuration stops with MOECACHE_E_CANCELLED. */
+struct ReplayTicker {
+    moecache_replay_control * ctl = nullptr;
+    int64_t units = 0; /* counted for this configuration so far */
+    bool layer_done(int64_t n = 1);
+    bool cancelled() const;
+};
 int32_t replay_fast(const moecache_replay_trace & t, const FastPlan & plan,
                     const moecache_replay_config & cfg, moecache_replay_token * out,
-                    FastWorkspace & w);
+                    FastWorkspace & w, ReplayTicker * ticker = nullptr);
 
 }  // namespace moecache_core
 

@@ -394,9 +394,10 @@ namespace loop { /* named: the engine compiles the core as one unit */
 class FastReplay {
 public:
     FastReplay(const moecache_replay_trace & t, const FastPlan & plan, const moecache_policy & p,
-               int32_t slots, moecache_replay_token * out, FastWorkspace & w)
+               int32_t slots, moecache_replay_token * out, FastWorkspace & w,
+               ReplayTicker * ticker)
         : t_(t), plan_(plan), p_(p), S_(slots), E_(t.n_experts), k_(t.top_k), out_(out),
-          w_(w) {}
+          w_(w), ticker_(ticker) {}
 
     int32_t run() {
         const bool f = p_.eviction == MOECACHE_EVICT_FREQUENCY;
@@ -423,6 +424,7 @@ private:
     const int32_t S_, E_, k_;
     moecache_replay_token * out_;
     FastWorkspace & w_;
+    ReplayTicker * ticker_;
 
     Expert * X_ = nullptr;
     Fq * F_ = nullptr;
@@ -1023,6 +1025,9 @@ int32_t FastReplay::go() {
         for (; filled < n_tokens; ++filled) {
             cum_mass[layer * n_tokens + filled] = layer_mass;
         }
+        if (ticker_ != nullptr && !ticker_->layer_done()) {
+            return MOECACHE_E_CANCELLED;
+        }
     }
     const int64_t fail_token =
         fail_call < t_.n_calls ? plan_.call_token[static_cast<size_t>(fail_call)] : t_.n_tokens;
@@ -1095,10 +1100,10 @@ bool fast_covers(const moecache_replay_trace & t, const moecache_replay_config &
 
 int32_t replay_fast(const moecache_replay_trace & t, const FastPlan & plan,
                     const moecache_replay_config & cfg, moecache_replay_token * out,
-                    FastWorkspace & w) {
+                    FastWorkspace & w, ReplayTicker * ticker) {
     const moecache_policy & p = cfg.follow_policy ? t.start_policy : cfg.policy;
     const int32_t slots = cfg.slots == 0 ? t.start_slots : cfg.slots;
-    loop::FastReplay replay(t, plan, p, slots, out, w);
+    loop::FastReplay replay(t, plan, p, slots, out, w, ticker);
     replay_fast_configs.fetch_add(1, std::memory_order_relaxed);
     return replay.run();
 }

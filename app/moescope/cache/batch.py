@@ -4,12 +4,18 @@ batch_replay.cpp): a whole trace under many policies and budgets in one call.
 Kept beside :mod:`.native` rather than in it: the per-call binding serves the engine and the
 recorder, this one only the simulator, and the engine's libllama (which carries the core)
 may predate the batch entry point, in which case the repo's ``libmoecache.so`` serves it.
+
+A window's what-if wants the batch's progress and a way to stop it without a call per
+budget (each call re-plans the trace): ``replay_batch(progress=...)`` runs the native call on
+a helper thread (ctypes releases the GIL) and polls its ``moecache_replay_control`` from the
+caller's thread, which can then stop it at the next layer.
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -75,7 +81,7 @@ def batch_library() -> ctypes.CDLL:
     with _lock:
         if _library is None:
             lib = native.load_library()
-            if not hasattr(lib, "moecache_rank_rows"):  # a core before the shared ranking
+            if not hasattr(lib, "moecache_replay_batch_ctl"):  # a core before progress
                 path = next((native._repo_build_dir() / name for name in native._LIBRARY_NAMES
                              if (native._repo_build_dir() / name).is_file()), None)
                 if path is None:
@@ -87,6 +93,18 @@ def batch_library() -> ctypes.CDLL:
             fn.restype = ctypes.c_int32
             fn.argtypes = [ctypes.POINTER(CReplayTrace), ctypes.POINTER(CReplayConfig),
                            ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]
+            ctl = lib.moecache_replay_batch_ctl
+            ctl.restype = ctypes.c_int32
+            ctl.argtypes = [*fn.argtypes, ctypes.c_void_p]
+            lib.moecache_replay_control_new.restype = ctypes.c_void_p
+            lib.moecache_replay_control_new.argtypes = []
+            lib.moecache_replay_control_free.restype = None
+            lib.moecache_replay_control_free.argtypes = [ctypes.c_void_p]
+            lib.moecache_replay_cancel.restype = None
+            lib.moecache_replay_cancel.argtypes = [ctypes.c_void_p]
+            lib.moecache_replay_progress.restype = None
+            lib.moecache_replay_progress.argtypes = [ctypes.c_void_p] + [
+                ctypes.POINTER(ctypes.c_int64)] * 3
             rank = lib.moecache_rank_rows
             rank.restype = ctypes.c_int32
             rank.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,
@@ -133,23 +151,88 @@ def rank_rows(probs: npt.NDArray[np.float32], ids: npt.NDArray[np.int32], *,
     return ranks, counts, selected
 
 
+E_CANCELLED = -4
+"""``MOECACHE_E_CANCELLED``: a batch stopped by ``moecache_replay_cancel``."""
+
+ProgressFn = Callable[[int, int], bool]
+"""``progress(done, total)`` in work units (one per configuration and trace layer);
+returning False stops the batch (:class:`ReplayCancelled`)."""
+
+POLL_SECONDS = 0.05
+"""How often a watched batch's progress is read (20 Hz: a smooth bar, a prompt stop)."""
+
+
+class ReplayCancelled(Exception):
+    """A batch replay stopped because its progress callback returned False."""
+
+
 def replay_batch(trace: CReplayTrace, configs: list[CReplayConfig], *, threads: int = 0,
-                 events: bool = False) -> tuple[npt.NDArray[Any], npt.NDArray[Any] | None]:
+                 events: bool = False, progress: ProgressFn | None = None
+                 ) -> tuple[npt.NDArray[Any], npt.NDArray[Any] | None]:
     """Run ``moecache_replay_batch``; returns per-token totals ``[configs, tokens]`` and,
     with ``events``, the replayed event rows ``[configs, rows]``. Raises
-    :class:`~moescope.cache.native.NativeError` for a code other than OK."""
+    :class:`~moescope.cache.native.NativeError` for a code other than OK.
+
+    With ``progress``, it is called on this thread with the work done so far (first
+    ``(0, total)``, last ``(total, total)``, and about 20 times a second between when the
+    count moved); when it returns False the batch stops at its next layer and
+    :class:`ReplayCancelled` is raised. An exception from ``progress`` stops it too."""
     lib = batch_library()
     n_cfg = len(configs)
     out = np.zeros((n_cfg, int(trace.n_tokens)), dtype=REPLAY_TOKEN_DTYPE)
     rows = np.zeros((n_cfg, int(trace.n_rows)), dtype=native.EVENT_DTYPE) if events else None
     array = (CReplayConfig * max(n_cfg, 1))(*configs)
-    code = lib.moecache_replay_batch(
-        ctypes.byref(trace), array, n_cfg, threads, out.ctypes.data,
-        rows.ctypes.data if rows is not None else None)
+    args = (ctypes.byref(trace), array, n_cfg, threads, out.ctypes.data,
+            rows.ctypes.data if rows is not None else None)
+    if progress is None:
+        code = lib.moecache_replay_batch(*args)
+    else:
+        code = _watched(lib, args, n_cfg * int(trace.n_layers), progress)
     if code != native.OK:
         native._check(code, "replay_batch")
     return out, rows
 
 
-__all__ = ["RANK_WIDTH", "REPLAY_TOKEN_DTYPE", "CEvent", "CReplayConfig", "CReplayToken",
-           "CReplayTrace", "Ranking", "batch_library", "c_policy", "rank_rows", "replay_batch"]
+def _watched(lib: ctypes.CDLL, args: tuple[Any, ...], total: int, progress: ProgressFn
+             ) -> int:
+    """``moecache_replay_batch_ctl`` on a helper thread, its control polled here; returns
+    its code, or raises :class:`ReplayCancelled` when ``progress`` asked to stop. The call
+    is always joined before this returns or raises, so ``args``' buffers outlive it."""
+    ctl = lib.moecache_replay_control_new()
+    if not ctl:
+        raise MemoryError("no memory for a replay control")
+    codes: list[int] = []
+    runner = threading.Thread(
+        target=lambda: codes.append(int(lib.moecache_replay_batch_ctl(*args, ctl))),
+        name="moescope-replay-batch", daemon=True)
+    done = ctypes.c_int64(0)
+    stop = False
+    try:
+        if not progress(0, total):
+            raise ReplayCancelled("the replay was cancelled")
+        runner.start()
+        shown = 0
+        while runner.is_alive():
+            runner.join(POLL_SECONDS)
+            lib.moecache_replay_progress(ctl, None, ctypes.byref(done), None)
+            now = min(int(done.value), total)
+            if now != shown and runner.is_alive():
+                shown = now
+                if not progress(now, total):
+                    stop = True
+                    break
+        if not stop and codes == [0] and not progress(total, total):
+            stop = True
+    finally:
+        if runner.is_alive():  # stopped here, or an exception (KeyboardInterrupt) on the way
+            lib.moecache_replay_cancel(ctl)
+            runner.join()
+        lib.moecache_replay_control_free(ctl)
+    if stop or codes == [E_CANCELLED]:
+        raise ReplayCancelled("the replay was cancelled")
+    return codes[0] if codes else native.E_ARG
+
+
+__all__ = ["E_CANCELLED", "RANK_WIDTH", "REPLAY_TOKEN_DTYPE", "CEvent", "CReplayConfig",
+           "CReplayToken", "CReplayTrace", "ProgressFn", "Ranking", "ReplayCancelled",
+           "batch_library", "c_policy", "rank_rows", "replay_batch"]
