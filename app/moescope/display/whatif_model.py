@@ -3,9 +3,9 @@
 Paper 1's question for a chat the user already had: at another budget or under another
 policy, how much faster would each token have been, and how much gate mass would have been
 substituted for it? The answer is :func:`moescope.sim.sweep` on the trace, so the view shows
-exactly the numbers ``moescope replay`` prints. The sweep runs one budget at a time (each
-call is the library's own sweep for that budget, so the rows are identical to one big
-sweep) to give the worker progress to report and a point between budgets to stop at.
+exactly the numbers ``moescope replay`` prints. The whole grid and the recorded point are one
+native batch (one plan of the trace for all of them, the threads kept busy to the end); the
+batch reports its progress a layer at a time and stops within a layer when asked to.
 
 Nothing here imports Qt: the worker calls :func:`compute` on its thread and hands back the
 plain :class:`WhatIfResult`; tests compare it with the simulator directly.
@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from moescope.cache.audit import AuditEstimate, estimate
 from moescope.cache.budget import format_bytes
 from moescope.cache.policy import PRESET_NAMES, PRESETS
-from moescope.sim import COST_MODEL_NAMES, Routing, SweepRow, cost_model, sweep
+from moescope.sim import (
+    COST_MODEL_NAMES,
+    ReplayCancelled,
+    Routing,
+    SweepRow,
+    cost_model,
+    sweep,
+)
 from moescope.sim.sweep import RECORDED
 from moescope.trace import Trace
 from moescope.util.errors import MoEScopeError
@@ -34,11 +41,12 @@ BUDGETS: tuple[str, ...] = ("12.5%", "25%", "50%", "100%")
 """Fractions of the experts resident; 25% is the paper's operating point."""
 
 ProgressFn = Callable[[int, int], bool]
-"""``progress(done, total)``; returning False asks the sweep to stop (it is cancelled)."""
+"""``progress(done, total)`` in work units (one per replayed configuration and trace layer);
+returning False asks the sweep to stop (it is cancelled)."""
 
-
-class Cancelled(Exception):
-    """The sweep was asked to stop between budgets (a newer request or a closed window)."""
+Cancelled = ReplayCancelled
+"""The sweep was asked to stop (a newer request or a closed window): the batch's own
+exception, raised within a layer of each running configuration."""
 
 
 @dataclass(frozen=True)
@@ -126,31 +134,31 @@ def compute(trace: Trace, cost_name: str, policies: Sequence[str] = POLICIES,
     cost model or budget the trace cannot use.
     """
     cost = cost_model(cost_name, trace)
-    total = len(budgets) + 1
-    rows: list[SweepRow] = []
-    warnings: list[str] = []
-
-    def step(done: int) -> None:
-        if progress is not None and not progress(done, total):
-            raise Cancelled
-
-    step(0)
-    routing = Routing.from_trace(trace)  # laid out once for every budget
-    for i, budget in enumerate(budgets):
-        part = sweep(trace, policies, [budget], cost, routing=routing)
-        rows.extend(part.rows)
-        warnings.extend(w for w in part.warnings if w not in warnings)
-        step(i + 1)
     # with "exact" beside it, the recorded row gets its speed vs exact at the recorded budget
-    own = sweep(trace, [RECORDED, "exact"], [RECORDED], cost, routing=routing)
-    warnings.extend(w for w in own.warnings if w not in warnings)
-    recorded = next((r for r in own.rows if r.policy == RECORDED), None)
-    step(total)
+    extra = ((RECORDED, RECORDED), ("exact", RECORDED))
+    grid = len(policies) * len(budgets)
+    total = (grid + len(extra)) * trace.header.model.n_layers
+    shown = -1
+
+    def report(done: int, _total: int) -> bool:
+        nonlocal shown
+        if progress is None or done == shown:
+            return True
+        shown = done
+        return progress(done, total)
+
+    if not report(0, total):
+        raise Cancelled("the what-if sweep was cancelled")
+    routing = Routing.from_trace(trace)
+    result = sweep(trace, policies, budgets, cost, routing=routing, extra=extra,
+                   progress=report)
+    recorded = next((r for r in result.rows[grid:] if r.policy == RECORDED), None)
     return WhatIfResult(
         cost_name=cost_name, cost_text=cost.describe(trace.header.model),
-        policies=tuple(policies), budgets=tuple(b.strip() for b in budgets), rows=rows,
-        recorded=recorded, recorded_ms_per_token=own.recorded_ms_per_token,
-        warnings=warnings, recorded_audit=estimate([t.audit for t in trace.tokens]))
+        policies=tuple(policies), budgets=tuple(b.strip() for b in budgets),
+        rows=result.rows[:grid], recorded=recorded,
+        recorded_ms_per_token=result.recorded_ms_per_token, warnings=result.warnings,
+        recorded_audit=estimate([t.audit for t in trace.tokens]))
 
 
 COLUMNS: tuple[tuple[str, str], ...] = (

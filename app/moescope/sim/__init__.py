@@ -6,6 +6,7 @@ compared from a recorded chat without loading the model. See :mod:`moescope.sim.
 (policy x budget tables).
 """
 
+from moescope.cache.batch import ProgressFn, ReplayCancelled
 from moescope.sim.cost import COST_MODEL_NAMES, CostModel, calibrate, cost_model
 from moescope.sim.replay import ReplayResult, Routing, decision_mismatches, replay
 from moescope.sim.sweep import Sweep, SweepRow, parse_policy, sweep
@@ -13,6 +14,8 @@ from moescope.sim.sweep import Sweep, SweepRow, parse_policy, sweep
 __all__ = [
     "COST_MODEL_NAMES",
     "CostModel",
+    "ProgressFn",
+    "ReplayCancelled",
     "ReplayResult",
     "Routing",
     "Sweep",

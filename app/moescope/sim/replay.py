@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from moescope.cache.batch import ProgressFn
 from moescope.cache.native import (
     COPY_DTYPE,
     EVENT_DTYPE,
@@ -423,11 +424,16 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
 
 def replay_many(routing: Routing | Trace,
                 configs: Sequence[tuple[Policy | str | None, int | None]], *,
-                threads: int = 0, keep_events: bool = False) -> list[ReplayResult]:
+                threads: int = 0, keep_events: bool = False,
+                progress: ProgressFn | None = None) -> list[ReplayResult]:
     """:func:`replay` for every ``(policy, slots)`` of ``configs`` in one native call
     (``moecache_replay_batch``): no Python per token, configurations in parallel on
     ``threads`` threads (0: one per core). The results equal :func:`replay`'s (the
-    same core walks the same calls); ``keep_events`` also returns each one's rows."""
+    same core walks the same calls); ``keep_events`` also returns each one's rows.
+
+    ``progress(done, total)`` (work units: one per configuration and layer) is called on
+    this thread while the batch runs; returning False stops it within a layer of each
+    running configuration and raises :class:`ReplayCancelled`."""
     from moescope.cache.batch import CReplayConfig, CReplayTrace, replay_batch
 
     if isinstance(routing, Trace):
@@ -488,7 +494,8 @@ def replay_many(routing: Routing | Trace,
         if policy is not None:
             cfg.policy = policy_to_c(policy)
         cfgs.append(cfg)
-    totals, rows = replay_batch(ct, cfgs, threads=threads, events=keep_events)
+    totals, rows = replay_batch(ct, cfgs, threads=threads, events=keep_events,
+                                progress=progress)
     # the policy requested at each token (the trace's, changes included), for the flag
     requested: list[Policy] = []
     current = h.policy

@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from moescope.cache.batch import ProgressFn, ReplayCancelled
 from moescope.cache.budget import format_bytes, plan_slots
 from moescope.cache.policy import PRESET_NAMES, Eviction, MissRule, Policy, SubstituteWeight
 from moescope.sim.cost import CostModel
-from moescope.sim.replay import Routing, replay, replay_many
-from moescope.trace import Trace
+from moescope.sim.replay import ReplayResult, Routing, replay, replay_many
+from moescope.trace import Trace, TraceModel
 from moescope.util.errors import MoEScopeError
 
 RECORDED = "recorded"
@@ -128,12 +129,19 @@ class Sweep:
 
 def sweep(trace: Trace, policies: Sequence[str], budgets: Sequence[str],
           cost: CostModel, *, routing: Routing | None = None, threads: int = 0,
-          ram_slots: int = 0) -> Sweep:
+          ram_slots: int = 0, extra: Sequence[tuple[str, str]] = (),
+          progress: ProgressFn | None = None) -> Sweep:
     """Replay ``trace`` under every policy x budget spec and summarize each: one native
     batch call for the whole grid (:func:`~moescope.sim.replay.replay_many`), on
     ``threads`` threads (0: one per core). ``routing`` reuses a layout already made.
     ``ram_slots`` > 0 replays each under a logical RAM tier of that many experts per layer
-    (one replay at a time), so the cost model prices the reads from disk."""
+    (one replay at a time), so the cost model prices the reads from disk.
+
+    ``extra`` (policy, budget) pairs are replayed in the same batch, their rows after the
+    grid's (a window's recorded point beside its grid: one plan of the trace, not two).
+    ``progress(done, total)`` is called as the replays advance (work units, one per
+    configuration and layer); returning False stops them and raises
+    :class:`~moescope.cache.batch.ReplayCancelled`."""
     if routing is None:
         routing = Routing.from_trace(trace)
     m = trace.header.model
@@ -144,17 +152,14 @@ def sweep(trace: Trace, policies: Sequence[str], budgets: Sequence[str],
     pending: list[tuple[str, Policy | None, str, int | None, Any]] = []
     grid: list[tuple[str, Policy | None, str, int | None]] = []
     for budget in budgets:
-        slots = None
-        if budget.strip() != RECORDED:
-            slots = plan_slots(budget, n_expert=m.n_expert, top_k=m.top_k,
-                               bytes_per_expert=m.bytes_per_expert).slots_per_layer
+        slots = _slots(budget, m)
         grid.extend((spec, policy, budget, slots) for spec, policy in parsed)
+    grid.extend((spec, parse_policy(spec), budget, _slots(budget, m)) for spec, budget in extra)
     if ram_slots:
-        results = [replay(routing, policy, slots, ram_slots=ram_slots)
-                   for _, policy, _, slots in grid]
+        results = _one_at_a_time(routing, grid, ram_slots, m.n_layers, progress)
     else:
         results = replay_many(routing, [(policy, slots) for _, policy, _, slots in grid],
-                              threads=threads)
+                              threads=threads, progress=progress)
     for (spec, policy, budget, slots), result in zip(grid, results, strict=True):
         for w in result.warnings:
             if w not in warnings:
@@ -185,6 +190,31 @@ def sweep(trace: Trace, policies: Sequence[str], budgets: Sequence[str],
     return Sweep(rows=rows, cost_model=cost, trace_tokens=len(trace.tokens),
                  recorded_ms_per_token=float(np.mean(decode) * 1e3) if decode else None,
                  warnings=warnings)
+
+
+def _slots(budget: str, m: TraceModel) -> int | None:
+    """Slots per layer for a budget spec; None for ``recorded`` (the trace's, resizes
+    included)."""
+    if budget.strip() == RECORDED:
+        return None
+    return plan_slots(budget, n_expert=m.n_expert, top_k=m.top_k,
+                      bytes_per_expert=m.bytes_per_expert).slots_per_layer
+
+
+def _one_at_a_time(routing: Routing, grid: Sequence[tuple[str, Policy | None, str, int | None]],
+                   ram_slots: int, n_layers: int, progress: ProgressFn | None
+                   ) -> list[ReplayResult]:
+    """The grid replayed one configuration at a time under a RAM tier (the batch has none),
+    with the batch's progress units."""
+    total = len(grid) * n_layers
+    results = []
+    for i, (_, policy, _, slots) in enumerate(grid):
+        if progress is not None and not progress(i * n_layers, total):
+            raise ReplayCancelled("the replay was cancelled")
+        results.append(replay(routing, policy, slots, ram_slots=ram_slots))
+    if progress is not None and not progress(total, total):
+        raise ReplayCancelled("the replay was cancelled")
+    return results
 
 
 _COLUMNS: tuple[tuple[str, str], ...] = (

@@ -72,9 +72,11 @@ DEFAULT_COST = "pcie4"
 class SweepWorker(QObject):
     """Runs :func:`compute` for the latest request on the worker thread.
 
-    ``latest`` is the generation the view wants; a sweep whose generation is older stops at
-    its next budget (a plain int written by the GUI thread and read here: assignment is
-    atomic under the GIL). Signals carry the generation so the view drops stale answers.
+    ``latest`` is the generation the view wants; a sweep whose generation is older stops
+    within a layer of each configuration it is replaying (its progress callback, polled about
+    20 times a second, says so; ``latest`` is a plain int written by the GUI thread and read
+    here: assignment is atomic under the GIL). Signals carry the generation so the view
+    drops stale answers.
     """
 
     progress = Signal(int, int, int)  # generation, done, total
@@ -165,7 +167,7 @@ class WhatIfView(QWidget):
         self.progress = QProgressBar()
         self.progress.setAccessibleName("What-if sweep progress")
         self.progress.setTextVisible(True)
-        self.progress.setFormat("replaying %v of %m")
+        self.progress.setFormat("replaying: %p%")
         self.progress.hide()
         self.status = QLabel("Shown when the sweep has run.")
         self.status.setObjectName("statsLabel")
@@ -260,7 +262,7 @@ class WhatIfView(QWidget):
         self._generation += 1
         self._worker.latest = self._generation
         self._running = True
-        self.progress.setRange(0, len(BUDGETS) + 1)
+        self.progress.setRange(0, 1)  # the worker's first report sets the real total
         self.progress.setValue(0)
         self.progress.show()
         policies = self.policies()
@@ -269,7 +271,7 @@ class WhatIfView(QWidget):
         self._request.emit(self._generation, name, policies)
 
     def shutdown(self, timeout_ms: int = 10_000) -> bool:
-        """Abandon any sweep (it stops at its next budget) and join the worker thread."""
+        """Abandon any sweep (it stops within a layer) and join the worker thread."""
         self._worker.latest = -1
         self._generation += 1
         self._running = False

@@ -1,0 +1,120 @@
+"""The what-if on a long trace: one native batch whose progress moves the bar while it runs,
+and which a newer request or a closed window stops within the configurations it was
+replaying (the batch's cancel), leaving the numbers identical to a direct sweep.
+
+The trace is synthetic (``moescope_testing.traces.synthetic_trace``: routing decided by the
+real core) and long enough that its sweep takes about a second on an idle machine, so
+every cancel here lands mid-run; nothing asserts a duration."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from moescope.display import whatif_model
+from moescope.display.whatif_model import BUDGETS, WhatIfResult
+from moescope.gui.traces.trace_window import TraceWindow
+from moescope.sim import cost_model, sweep
+from moescope.sim.sweep import RECORDED
+from moescope.trace import read_trace
+from moescope_testing.traces import synthetic_trace
+
+
+@pytest.fixture(scope="module")
+def long_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synthetic_trace(tmp_path_factory.mktemp("whatif-long") / "long.arrows",
+                           n_tokens=3000, n_layers=24, n_expert=128, top_k=8, slots=32)
+
+
+class Spy:
+    """Wraps ``whatif_model.compute``: how each call ended, and the last progress each
+    reported before it ended."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.ends: list[str] = []
+        self.last: list[tuple[int, int]] = []
+        real = whatif_model.compute
+
+        def compute(*args: Any, progress: Any = None, **kwargs: Any) -> WhatIfResult:
+            seen = [(0, 0)]
+
+            def watched(done: int, total: int) -> bool:
+                seen[0] = (done, total)
+                return bool(progress(done, total))
+
+            try:
+                result = real(*args, progress=watched, **kwargs)
+            except whatif_model.Cancelled:
+                self.ends.append("cancelled")
+                raise
+            finally:
+                self.last.append(seen[0])
+            self.ends.append("finished")
+            return result
+
+        # the view calls compute through its module's name
+        from moescope.gui.traces import whatif_view
+        monkeypatch.setattr(whatif_view, "compute", compute)
+
+
+def first_progress(qtbot: Any, view: Any) -> None:
+    """Waits for the running sweep to report work done (the batch is then mid-run)."""
+    moved: list[int] = []
+    view._worker.progress.connect(lambda _g, done, _t: moved.append(done))
+    qtbot.waitUntil(lambda: any(moved), timeout=30_000)
+
+
+def test_the_bar_moves_with_the_batch_and_the_result_is_the_direct_sweeps(
+        qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path) -> None:
+    window = open_trace_window(long_trace)
+    view = window.whatif
+    values: list[tuple[int, int]] = []
+    view.progress.valueChanged.connect(lambda v: values.append((v, view.progress.maximum())))
+    with qtbot.waitSignal(view.sweepFinished, timeout=60_000):
+        window.tabs.setCurrentWidget(view)
+    total = (len(view.policies()) * len(BUDGETS) + 2) * 24
+    inside = [v for v, m in values if m == total and 0 < v < total]
+    assert inside, f"the bar never showed the batch mid-way: {values}"
+    trace = read_trace(long_trace)
+    cost = cost_model("pcie4", trace)
+    assert view.result is not None
+    assert view.result.rows == sweep(trace, view.policies(), BUDGETS, cost).rows
+    assert view.result.recorded == sweep(trace, [RECORDED, "exact"], [RECORDED], cost).rows[0]
+
+
+def test_a_newer_request_stops_the_running_batch(
+        qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    spy = Spy(monkeypatch)
+    window = open_trace_window(long_trace)
+    view = window.whatif
+    window.tabs.setCurrentWidget(view)
+    first_progress(qtbot, view)
+    with qtbot.waitSignal(view.sweepFinished, timeout=60_000) as blocker:
+        view.start("pcie5")
+    assert blocker.args[0].cost_name == "pcie5"
+    assert spy.ends == ["cancelled", "finished"]
+    stopped_at, total = spy.last[0]
+    assert 0 < stopped_at < total  # stopped mid-run, not after the last configuration
+
+
+def test_closing_the_window_stops_the_batch_and_joins_its_thread(
+        qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    spy = Spy(monkeypatch)
+    window = open_trace_window(long_trace)
+    view = window.whatif
+    finished: list[Any] = []
+    view.sweepFinished.connect(finished.append)
+    window.tabs.setCurrentWidget(view)
+    first_progress(qtbot, view)
+    window.close()  # shutdown(): the worker's next poll cancels the batch, then it is joined
+    assert not view._thread.isRunning() and not view.running
+    assert spy.ends == ["cancelled"]
+    stopped_at, total = spy.last[0]
+    assert 0 < stopped_at < total
+    qtbot.wait(50)
+    assert finished == []
