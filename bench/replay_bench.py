@@ -15,7 +15,12 @@ core) and measures, as medians of ``--reps``:
   CPU time (best of the reps), the ranking already made;
 * an 8-policy x 6-budget what-if (``moescope.sim.sweep`` with the ``pcie4`` cost model)
   over the ``--tokens`` trace on 2 threads, with and without laying out the routing and
-  ranking it.
+  ranking it;
+* the window's what-if (``whatif_model.compute``: the same grid plus the recorded point,
+  from the trace, routing laid out and ranked inside, progress polled at 20 Hz) as one
+  watched batch, beside the pattern the window used before (one sweep per budget, then the
+  recorded point), alternating, wall (median) and CPU (mean) of ``--reps`` each; the
+  batch's threads are one per core (``nproc``).
 
 Prints a Markdown table for docs/benchmarks.md. The machine is shared: timings are
 wall-clock medians and vary with the neighbours' load.
@@ -33,9 +38,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "app"))
 
+from moescope.display import whatif_model  # noqa: E402
 from moescope.sim import cost_model  # noqa: E402
 from moescope.sim.replay import Routing, replay_many  # noqa: E402
-from moescope.sim.sweep import sweep  # noqa: E402
+from moescope.sim.sweep import RECORDED, sweep  # noqa: E402
 from moescope.trace import read_trace  # noqa: E402
 from moescope_testing.traces import synthetic_trace  # noqa: E402
 
@@ -62,6 +68,58 @@ def cpu_best(fn, reps: int) -> float:  # type: ignore[no-untyped-def]
         fn()
         best = min(best, time.process_time() - t)
     return best
+
+
+def per_budget(trace, cost_name: str) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    """The window's what-if before one batch: a sweep per budget (progress between them),
+    then the recorded point (and exact at its budget); returns (configurations, progress
+    calls)."""
+    cost = cost_model(cost_name, trace)
+    routing = Routing.from_trace(trace)
+    rows, calls = [], 0
+    for budget in BUDGETS:
+        rows.extend(sweep(trace, POLICIES, [budget], cost, routing=routing).rows)
+        calls += 1
+    rows.extend(sweep(trace, [RECORDED, "exact"], [RECORDED], cost, routing=routing).rows)
+    return len(rows), calls + 1
+
+
+def one_batch(trace, routing=None) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    """The window's what-if now (``whatif_model.compute``; ``routing``: the one its worker
+    kept from an earlier sweep); returns (configurations, progress calls)."""
+    calls = []
+    result = whatif_model.compute(trace, "pcie4", POLICIES, BUDGETS,
+                                  progress=lambda d, t: calls.append(d) is None,
+                                  routing=routing)
+    return len(result.rows) + 2, len(calls)
+
+
+def window_whatif(trace, reps: int) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    """The two patterns alternating, ``reps`` runs each."""
+    walls: dict[str, list[float]] = {"batch": [], "budgets": [], "kept": []}
+    cpus: dict[str, list[float]] = {"batch": [], "budgets": [], "kept": []}
+    counts: dict[str, tuple[int, int]] = {}
+    kept = Routing.from_trace(trace)
+    kept.substitute_ranking()
+    for _ in range(reps):
+        for name, fn in (("budgets", lambda: per_budget(trace, "pcie4")),
+                         ("batch", lambda: one_batch(trace)),
+                         ("kept", lambda: one_batch(trace, kept))):
+            t, c = time.perf_counter(), time.process_time()
+            counts[name] = fn()
+            walls[name].append(time.perf_counter() - t)
+            cpus[name].append(time.process_time() - c)
+    out = []
+    for name, label in (("budgets", "window's what-if before: a sweep per budget + recorded"),
+                        ("batch", "window's what-if now: compute, one watched batch"),
+                        ("kept", "same, a later sweep (the worker's routing and ranking kept)")):
+        w, c = statistics.median(walls[name]), statistics.mean(cpus[name])
+        out.append((f"{label} ({counts[name][0]} configurations, {counts[name][1]} progress "
+                    "calls)",
+                    f"{w:.2f} s wall, {c:.2f} s CPU"))
+    ratio = statistics.median(walls["budgets"]) / statistics.median(walls["batch"])
+    out.append(("window's what-if, before / now (wall)", f"{ratio:.2f}x"))
+    return out
 
 
 def main() -> int:
@@ -126,6 +184,7 @@ def main() -> int:
                  f"{cw:.2f} s CPU"))
     rows.append(("same, including the ranking", f"{tw + tk:.2f} s"))
     rows.append(("same, including Routing.from_trace and the ranking", f"{tw + tk + tl:.2f} s"))
+    rows.extend(window_whatif(trace, args.reps))
     print(f"trace: {args.tokens} tokens x 48 layers x 512 experts, top-10, f32 router "
           f"inputs, PSR predictions (32 ranks) on every row; files in {work}")
     print()

@@ -83,12 +83,15 @@ def test_picking_a_cost_model_recomputes_with_it(qtbot: Any, trace_window: Trace
     assert names == ["pcie4", "pcie5", "calibrated"]
     # recorded from the engine, so the trace has timings to fit
     assert view.cost.model().item(names.index("calibrated")).isEnabled()
+    routing = view._worker.routing  # laid out and ranked by the first sweep, then kept
+    assert routing is not None and routing.ranking is not None
     for name in ("pcie5", "calibrated"):
         with qtbot.waitSignal(view.sweepFinished, timeout=15_000) as blocker:
             view.cost.setCurrentIndex(names.index(name))
         assert blocker.args[0].cost_name == name
         assert view.result is not None
         assert view.result.rows == sweep(trace, POLICIES, BUDGETS, cost_model(name, trace)).rows
+        assert view._worker.routing is routing
 
 
 def test_hovering_a_point_describes_it(qtbot: Any, trace_window: TraceWindow) -> None:

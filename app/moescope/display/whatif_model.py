@@ -126,12 +126,14 @@ def default_policies(trace: Trace) -> tuple[str, ...]:
 
 
 def compute(trace: Trace, cost_name: str, policies: Sequence[str] = POLICIES,
-            budgets: Sequence[str] = BUDGETS, progress: ProgressFn | None = None
-            ) -> WhatIfResult:
+            budgets: Sequence[str] = BUDGETS, progress: ProgressFn | None = None,
+            routing: Routing | None = None) -> WhatIfResult:
     """Sweep ``trace`` under ``policies`` x ``budgets`` plus the recorded point.
 
-    Raises :class:`Cancelled` when ``progress`` returns False, and ``MoEScopeError`` for a
-    cost model or budget the trace cannot use.
+    ``routing``: the trace's layout from an earlier sweep (``Routing.from_trace(trace)``),
+    so that a window's later sweeps (another cost model or policy) skip laying it out and
+    ranking its rows again. Raises :class:`Cancelled` when ``progress`` returns False, and
+    ``MoEScopeError`` for a cost model or budget the trace cannot use.
     """
     cost = cost_model(cost_name, trace)
     # with "exact" beside it, the recorded row gets its speed vs exact at the recorded budget
@@ -149,7 +151,8 @@ def compute(trace: Trace, cost_name: str, policies: Sequence[str] = POLICIES,
 
     if not report(0, total):
         raise Cancelled("the what-if sweep was cancelled")
-    routing = Routing.from_trace(trace)
+    if routing is None:
+        routing = Routing.from_trace(trace)
     result = sweep(trace, policies, budgets, cost, routing=routing, extra=extra,
                    progress=report)
     recorded = next((r for r in result.rows[grid:] if r.policy == RECORDED), None)

@@ -51,7 +51,7 @@ from moescope.display.whatif_model import (
     tooltip,
 )
 from moescope.gui import theme
-from moescope.sim import SweepRow
+from moescope.sim import Routing, SweepRow
 from moescope.trace import Trace
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,9 @@ class SweepWorker(QObject):
         super().__init__()
         self.trace = trace
         self.latest = 0
+        self.routing: Routing | None = None
+        """The trace laid out for the replay and its rows ranked, made by the first sweep
+        and kept for the later ones (seconds on a long trace)."""
 
     @Slot(int, str, object)
     def run(self, generation: int, cost_name: str, policies: tuple[str, ...]) -> None:
@@ -100,7 +103,10 @@ class SweepWorker(QObject):
             return True
 
         try:
-            result = compute(self.trace, cost_name, policies, BUDGETS, progress=report)
+            if self.routing is None:
+                self.routing = Routing.from_trace(self.trace)
+            result = compute(self.trace, cost_name, policies, BUDGETS, progress=report,
+                             routing=self.routing)
         except Cancelled:
             return
         except Exception as err:  # a replay error must reach the user, not kill the thread
