@@ -277,6 +277,22 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
             std::fprintf(stderr, "a batch through the replay loop differs\n");
             return -1;
         }
+        /* the same batch counted on a control: the same totals and code, and every
+         * configuration and layer counted (one that failed counts whole) */
+        moecache_replay_control * ctl = moecache_replay_control_new();
+        std::vector<moecache_replay_token> d(a.size());
+        const int32_t counted = moecache_replay_batch_ctl(&tr, configs.data(), n_cfg, 2,
+                                                          d.data(), nullptr, ctl);
+        int64_t done = -1, units = -1, total = -1;
+        moecache_replay_progress(ctl, &done, &units, &total);
+        moecache_replay_control_free(ctl);
+        if (counted != own_fast || (counted == MOECACHE_OK && !same_tokens(c, d)) ||
+            done != n_cfg || units != total || total != static_cast<int64_t>(n_cfg) * n_layers) {
+            std::fprintf(stderr, "a counted batch differs: code %d, %lld configurations, "
+                         "%lld of %lld units\n", counted, static_cast<long long>(done),
+                         static_cast<long long>(units), static_cast<long long>(total));
+            return -1;
+        }
         decisions += rows * n_cfg * 4;
     }
     /* the loop ran (most configurations qualify); counted without the last batches */
