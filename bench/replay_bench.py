@@ -19,8 +19,10 @@ core) and measures, as medians of ``--reps``:
 * the window's what-if (``whatif_model.compute``: the same grid plus the recorded point,
   from the trace, routing laid out and ranked inside, progress polled at 20 Hz) as one
   watched batch, beside the pattern the window used before (one sweep per budget, then the
-  recorded point), alternating, wall (median) and CPU (mean) of ``--reps`` each; the
-  batch's threads are one per core (``nproc``).
+  recorded point), alternating, wall (median) and CPU (mean) of ``--reps`` each, on a
+  thread beside a 5 ms heartbeat that needs the GIL (as the window's event loop does: its
+  gaps say how responsive the window stays); the batch's threads are one per core
+  (``nproc``).
 
 Prints a Markdown table for docs/benchmarks.md. The machine is shared: timings are
 wall-clock medians and vary with the neighbours' load.
@@ -32,6 +34,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -101,12 +104,21 @@ def window_whatif(trace, reps: int) -> list[tuple[str, str]]:  # type: ignore[no
     counts: dict[str, tuple[int, int]] = {}
     kept = Routing.from_trace(trace)
     kept.substitute_ranking()
+    gaps: dict[str, list[float]] = {"batch": [], "budgets": [], "kept": []}
     for _ in range(reps):
         for name, fn in (("budgets", lambda: per_budget(trace, "pcie4")),
                          ("batch", lambda: one_batch(trace)),
                          ("kept", lambda: one_batch(trace, kept))):
             t, c = time.perf_counter(), time.process_time()
-            counts[name] = fn()
+            worker = threading.Thread(target=lambda n=name, f=fn: counts.__setitem__(n, f()))
+            worker.start()
+            beat = time.perf_counter()
+            while worker.is_alive():  # the window's event loop: a 5 ms timer needing the GIL
+                time.sleep(0.005)
+                now = time.perf_counter()
+                gaps[name].append(now - beat)
+                beat = now
+            worker.join()
             walls[name].append(time.perf_counter() - t)
             cpus[name].append(time.process_time() - c)
     out = []
@@ -114,9 +126,11 @@ def window_whatif(trace, reps: int) -> list[tuple[str, str]]:  # type: ignore[no
                         ("batch", "window's what-if now: compute, one watched batch"),
                         ("kept", "same, a later sweep (the worker's routing and ranking kept)")):
         w, c = statistics.median(walls[name]), statistics.mean(cpus[name])
+        g = sorted(gaps[name])
         out.append((f"{label} ({counts[name][0]} configurations, {counts[name][1]} progress "
                     "calls)",
-                    f"{w:.2f} s wall, {c:.2f} s CPU"))
+                    f"{w:.2f} s wall, {c:.2f} s CPU; a 5 ms heartbeat beside it: p99 "
+                    f"{g[int(0.99 * (len(g) - 1))] * 1e3:.0f} ms, max {g[-1] * 1e3:.0f} ms"))
     ratio = statistics.median(walls["budgets"]) / statistics.median(walls["batch"])
     out.append(("window's what-if, before / now (wall)", f"{ratio:.2f}x"))
     return out
