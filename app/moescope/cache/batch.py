@@ -75,8 +75,8 @@ _library: ctypes.CDLL | None = None
 
 
 def batch_library() -> ctypes.CDLL:
-    """A core library that exports ``moecache_replay_batch``: the one :mod:`.native`
-    loads if it does, else the repo's ``build/native`` library."""
+    """A core library that exports ``moecache_replay_batch`` and its control: the one
+    :mod:`.native` loads if it does, else the repo's ``build/native`` library."""
     global _library
     with _lock:
         if _library is None:
@@ -86,8 +86,8 @@ def batch_library() -> ctypes.CDLL:
                              if (native._repo_build_dir() / name).is_file()), None)
                 if path is None:
                     raise NativeLibraryNotFoundError(
-                        "the loaded core has no batch replay and build/native has no "
-                        "library: run `make native`")
+                        "the loaded core predates the batch replay's progress control and "
+                        "build/native has no library: run `make native`")
                 lib = native.declare(ctypes.CDLL(str(path)))
             fn = lib.moecache_replay_batch
             fn.restype = ctypes.c_int32
