@@ -112,7 +112,7 @@ def test_hovering_a_point_describes_it(qtbot: Any, trace_window: TraceWindow) ->
 
 def test_controls_have_accessible_names(trace_window: TraceWindow) -> None:
     view = trace_window.whatif
-    for widget in (view, view.cost, view.progress, view.plot, view.table):
+    for widget in (view, view.cost, view.progress, view.stop_button, view.plot, view.table):
         assert widget.accessibleName(), widget
 
 

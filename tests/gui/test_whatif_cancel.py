@@ -118,3 +118,34 @@ def test_closing_the_window_stops_the_batch_and_joins_its_thread(
     assert 0 < stopped_at < total
     qtbot.wait(50)
     assert finished == []
+
+
+def test_stop_stops_the_batch_and_replay_sweeps_again(
+        qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from PySide6.QtCore import Qt
+
+    spy = Spy(monkeypatch)
+    window = open_trace_window(long_trace)
+    view = window.whatif
+    finished: list[Any] = []
+    view.sweepFinished.connect(finished.append)
+    window.tabs.setCurrentWidget(view)
+    assert view.stop_button.isVisible() and view.stop_button.text() == "&Stop"
+    first_progress(qtbot, view)
+    qtbot.mouseClick(view.stop_button, Qt.MouseButton.LeftButton)
+    assert not view.running and not view.progress.isVisible()
+    assert view.stop_button.text() == "&Replay" and "Stopped" in view.status.text()
+    qtbot.waitUntil(lambda: spy.ends == ["cancelled"], timeout=30_000)
+    stopped_at, total = spy.last[0]
+    assert 0 < stopped_at < total
+    qtbot.wait(50)
+    assert finished == [] and view.result is None
+    # the same button replays; the result is the direct sweep's
+    with qtbot.waitSignal(view.sweepFinished, timeout=60_000):
+        qtbot.mouseClick(view.stop_button, Qt.MouseButton.LeftButton)
+    assert spy.ends == ["cancelled", "finished"] and not view.stop_button.isVisible()
+    trace = read_trace(long_trace)
+    assert view.result is not None
+    assert view.result.rows == sweep(trace, view.policies(), BUDGETS,
+                                     cost_model("pcie4", trace)).rows

@@ -65,6 +65,8 @@ SERIES_COLORS: dict[str, str] = {
 POLICY_LABELS: dict[str, str] = {key: text for key, text in POLICY_CHOICES}
 HOVER_PX = 12.0
 """A point within this many pixels of the cursor is the one the tooltip describes."""
+STOP_TEXT, REPLAY_TEXT = "&Stop", "&Replay"
+"""The button beside the progress bar while a sweep runs, and once it was stopped."""
 DEFAULT_COST = "pcie4"
 """The paper's hardware; ``calibrated`` (this machine) is one choice away when usable."""
 
@@ -117,7 +119,8 @@ class SweepWorker(QObject):
 
 
 class WhatIfView(QWidget):
-    """Cost-model picker, progress, the mass x time scatter and the table of points.
+    """Cost-model picker, progress (with Stop while a sweep runs), the mass x time scatter
+    and the table of points.
 
     The first sweep starts when the view is first shown (opening a trace stays instant);
     picking another cost model starts a new one and abandons the old.
@@ -175,6 +178,13 @@ class WhatIfView(QWidget):
         self.progress.setTextVisible(True)
         self.progress.setFormat("replaying: %p%")
         self.progress.hide()
+        self.stop_button = QToolButton()
+        self.stop_button.setText(STOP_TEXT)
+        self.stop_button.setAccessibleName("Stop or replay the what-if sweep")
+        self.stop_button.setToolTip("Stop replaying (the batch stops within a layer); once "
+                                    "stopped, replay the trace again")
+        self.stop_button.clicked.connect(self._stop_or_replay)
+        self.stop_button.hide()
         self.status = QLabel("Shown when the sweep has run.")
         self.status.setObjectName("statsLabel")
         self.status.setWordWrap(True)
@@ -183,6 +193,7 @@ class WhatIfView(QWidget):
         top.addWidget(self.cost)
         top.addWidget(self.policy_button)
         top.addWidget(self.progress, 1)
+        top.addWidget(self.stop_button)
 
         self.plot = pg.PlotWidget()
         self.plot.setAccessibleName("Predicted time per token against substituted mass")
@@ -271,10 +282,32 @@ class WhatIfView(QWidget):
         self.progress.setRange(0, 1)  # the worker's first report sets the real total
         self.progress.setValue(0)
         self.progress.show()
+        self.stop_button.setText(STOP_TEXT)
+        self.stop_button.show()
         policies = self.policies()
         self.status.setText(f"Replaying the trace under {len(policies)} policies × "
                             f"{len(BUDGETS)} budgets ({name})…")
         self._request.emit(self._generation, name, policies)
+
+    def stop(self) -> None:
+        """Stop the running sweep: its batch stops within a layer of each configuration it
+        was replaying, and nothing it computed is shown. The button then replays again."""
+        if not self._running:
+            return
+        self._generation += 1
+        self._worker.latest = self._generation  # no request carries it: the sweep is stale
+        self._running = False
+        self.progress.hide()
+        self.stop_button.setText(REPLAY_TEXT)
+        self.status.setText("Stopped. Replay the trace, or pick a cost model or policies, to "
+                            "sweep again." + (" The points shown are the last finished "
+                                              "sweep's." if self.result is not None else ""))
+
+    def _stop_or_replay(self) -> None:
+        if self._running:
+            self.stop()
+        else:
+            self.start()
 
     def shutdown(self, timeout_ms: int = 10_000) -> bool:
         """Abandon any sweep (it stops within a layer) and join the worker thread."""
@@ -302,6 +335,7 @@ class WhatIfView(QWidget):
             return
         self._running = False
         self.progress.hide()
+        self.stop_button.hide()
         self.result = result
         self._fill_table(result)
         self._fill_plot(result)
@@ -320,6 +354,7 @@ class WhatIfView(QWidget):
             return
         self._running = False
         self.progress.hide()
+        self.stop_button.hide()
         self.status.setText(f"The what-if sweep failed: {message}")
         self.sweepFailed.emit(message)
 
