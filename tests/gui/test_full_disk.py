@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gui_helpers import LONG_PROMPT, send, slow_down
+from gui_helpers import LONG_PROMPT, load, send, slow_down
 
 from moescope.session.store import DONE, ChatStore
-from moescope.trace import read_trace
+from moescope.trace import RECORD_SUFFIX, read_trace
 
 FULL = sqlite3.OperationalError("database or disk is full")
 
@@ -157,15 +157,27 @@ class FillsUp:
         return getattr(self.f, name)
 
 
-def test_a_full_disk_stops_the_trace_not_the_chat(window: Any, qtbot: Any,
-                                                   dialogs: Any) -> None:
+def test_a_full_disk_stops_the_trace_not_the_chat(window: Any, qtbot: Any, dialogs: Any,
+                                                   tiny_moe: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from moescope.trace import arrow_format, writer
+
+    disks: list[FillsUp] = []
+
+    def on_a_small_disk(path: Any) -> FillsUp:  # whatever the format writes through
+        disks.append(FillsUp(real_open(path), 1 << 40))
+        return disks[-1]
+
+    real_open = writer.open_stream
+    for module in (writer, arrow_format):
+        monkeypatch.setattr(module, "open_stream", on_a_small_disk)
+    load(qtbot, window, tiny_moe, budget="25%", policy="quality-first", n_ctx=512)
+    assert window.trace_path is not None and len(disks) == 1
+    header = window.trace_path.stat().st_size  # nothing recorded but the header yet
     first = send(qtbot, window, "Hello there.", max_tokens=10)
-    recorder = window.client.worker.recorder
-    assert recorder is not None and window.trace_path is not None
-    lines = window.trace_path.read_bytes().splitlines()[1:]  # the first answer's tokens
-    assert len(lines) == first.n_tokens == 10
-    per_token = sum(len(line) + 1 for line in lines) / len(lines)
-    recorder.writer._raw = FillsUp(recorder.writer._raw, int(per_token * 3.5))
+    assert window.client.worker.recorder is not None and first.n_tokens == 10
+    assert len(read_trace(window.trace_path).tokens) == 10
+    disks[0].room = int((window.trace_path.stat().st_size - header) / 10 * 3.5)
     summary = send(qtbot, window, LONG_PROMPT, max_tokens=20)
     assert summary.n_tokens == 20 and summary.stop_reason != "error"
     assert window.client.worker.recorder is None
@@ -193,9 +205,9 @@ def test_an_export_to_a_full_disk_is_explained_and_replaces_nothing(
     send(qtbot, window, "Hello there.", max_tokens=6)
     out = tmp_path / "exports"
     out.mkdir()
-    md, jsonl = out / "chat.md", out / "session.jsonl"
+    md, trace = out / "chat.md", out / f"session{RECORD_SUFFIX}"
     md.write_text("an earlier export")
-    jsonl.write_text("an earlier trace")
+    trace.write_text("an earlier trace")
 
     def full(fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -205,10 +217,10 @@ def test_an_export_to_a_full_disk_is_explained_and_replaces_nothing(
     assert window.export_chat(md, "md") is None
     assert dialogs.shown[-1][1] == "Could not export the chat"
     assert "No space left on device" in dialogs.shown[-1][2]
-    assert window.export_trace(jsonl) is None
+    assert window.export_trace(trace) is None
     assert dialogs.shown[-1][1] == "Could not export the trace"
-    assert md.read_text() == "an earlier export" and jsonl.read_text() == "an earlier trace"
-    assert sorted(p.name for p in out.iterdir()) == ["chat.md", "session.jsonl"]
+    assert md.read_text() == "an earlier export" and trace.read_text() == "an earlier trace"
+    assert sorted(p.name for p in out.iterdir()) == ["chat.md", trace.name]
     # a folder that does not exist is explained the same way
     assert window.export_chat(out / "gone" / "chat.md", "md") is None
     assert "does not exist" in dialogs.shown[-1][2]
