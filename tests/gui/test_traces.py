@@ -15,6 +15,7 @@ from gui_helpers import LONG_PROMPT, load, send, slow_down
 
 from moescope.sim.replay import replay
 from moescope.trace import RECORD_SUFFIX, TRACE_SUFFIXES, read_trace
+from moescope.trace.names import live_trace_file, session_stem, trace_suffix
 
 
 def _curves(panel: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -32,9 +33,10 @@ def _chat_with_a_policy_switch(window: Any, qtbot: Any) -> None:
 
 def test_session_is_recorded_in_the_shared_trace_format(window: Any, qtbot: Any) -> None:
     _chat_with_a_policy_switch(window, qtbot)
-    assert window.trace_path is not None and window.trace_path.is_file()
-    assert window.trace_path.name.endswith(RECORD_SUFFIX)
-    trace = read_trace(window.trace_path)
+    assert window.trace_path is not None and window.trace_path.name.endswith(RECORD_SUFFIX)
+    recorded = live_trace_file(window.trace_path)  # a journal, for a format finished at close
+    assert recorded.is_file()
+    trace = read_trace(recorded)
     live = list(window.recent_tokens)
     assert [t.text for t in trace.tokens] == [s.text for s in live]
     assert [t.policy for t in trace.tokens] == [s.policy for s in live]
@@ -56,7 +58,7 @@ def test_exported_trace_reopens_with_the_same_plots(window: Any, qtbot: Any,
     assert exported is not None
     copy, perfetto, tokens_csv = exported
     assert copy == out / f"session{RECORD_SUFFIX}"
-    assert copy.read_bytes()[:4] == window.trace_path.read_bytes()[:4]
+    assert copy.read_bytes()[:4] == live_trace_file(window.trace_path).read_bytes()[:4]
     assert perfetto.name == "session.perfetto.json"
     assert tokens_csv.name == "session.tokens.csv"
     assert sorted(p.name for p in out.iterdir()) == sorted(
@@ -234,10 +236,11 @@ def test_a_session_still_recording_to_a_journal_exports_the_journal(
         record: Any, tmp_path: Path) -> None:
     """A format finished at close (``NAME.parquet``) is a journal on disk until then: the
     export copies the journal, named as what it is (an Arrow stream), with its Perfetto and
-    CSV files; once the finished file exists, that is what is copied."""
+    CSV files, and opening the session reads it; once the finished file exists, that is what
+    is copied."""
     import shutil
 
-    from moescope.display.trace_io import export_session
+    from moescope.display.trace_io import export_session, reopen
 
     stream = record("qwen3moe", name="journal.arrows", tokens=8)
     recorded = tmp_path / "rec" / "20260101-000000-m.parquet"
@@ -249,6 +252,7 @@ def test_a_session_still_recording_to_a_journal_exports_the_journal(
     assert copy == out / "mine.arrows" and copy.read_bytes() == stream.read_bytes()
     assert (perfetto.name, tokens_csv.name) == ("mine.perfetto.json", "mine.tokens.csv")
     assert len(read_trace(copy).tokens) == len(read_trace(stream).tokens) > 0
+    assert len(reopen(recorded).tokens) == len(read_trace(stream).tokens)  # opens too
     # a finished trace is copied as it is, in its own format, whatever the name asked
     jsonl = record("qwen3moe", name="finished.jsonl", tokens=8)
     done = tmp_path / "rec" / "20260101-000001-m.jsonl"
@@ -282,8 +286,10 @@ def test_trace_dialogs_offer_every_format_and_export_the_recorded_one(
     monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(open_))
     window.export_trace_dialog()
     title, default, filters = asked[-1]
-    assert default.endswith(window.trace_path.name) and f"(*{RECORD_SUFFIX})" in filters
-    assert (tmp_path / f"picked{RECORD_SUFFIX}").is_file()
+    recorded = live_trace_file(window.trace_path)
+    assert Path(default).name == f"{session_stem(recorded.name)}{trace_suffix(recorded.name)}"
+    assert f"(*{trace_suffix(recorded.name)})" in filters
+    assert (tmp_path / f"picked{trace_suffix(recorded.name)}").is_file()
     assert (tmp_path / "picked.tokens.csv").is_file()
     window.open_trace_dialog()
     title, start, filters = asked[-1]
@@ -332,8 +338,9 @@ def test_a_new_session_deletes_the_oldest_traces_to_make_room(window: Any, qtbot
     old.write_bytes(b"x" * 40_000)
     os.utime(old, (1000, 1000))
     # the first session grows by its end record when the load closes it: room for that
-    window.client.worker.trace_limits = TraceLimits(session_bytes=first.stat().st_size + 10,
-                                                    total_bytes=first.stat().st_size * 2 + 20_000)
+    size = live_trace_file(first).stat().st_size
+    window.client.worker.trace_limits = TraceLimits(session_bytes=size + 10,
+                                                    total_bytes=size * 2 + 20_000)
     load(qtbot, window, tiny_moe, budget="25%", policy="quality-first", n_ctx=512)
     assert window.trace_path is not None and window.trace_path != first
     assert not old.exists() and first.exists()  # the oldest went, the newer one fits

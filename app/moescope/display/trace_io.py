@@ -182,8 +182,10 @@ def reopen(path: str | Path, progress: ReadProgress | None = None) -> ReopenedTr
 
     ``progress(bytes_read, file_bytes)`` hears how the read goes and may stop it
     (returning False raises ``TraceReadCancelled``), also while the snapshots are rebuilt.
+    A session still being recorded to a journal (a format finished at close) reads from
+    the journal.
     """
-    trace = read_trace(path, progress)
+    trace = read_trace(live_trace_file(path), progress)
     size = trace.path.stat().st_size if trace.path is not None else 0
     h = trace.header
     m = h.model

@@ -23,8 +23,8 @@ from moescope.trace.names import (
     RECORD_SUFFIX,
     dialog_filter,
     live_trace_file,
+    session_stem,
     trace_suffix,
-    with_trace_suffix,
 )
 from moescope.util import paths
 from moescope.util.errors import MoEScopeError
@@ -69,9 +69,10 @@ class SessionTraces(_Window):
                                                   "the model again.")
             return
         # the copy keeps the recorded format (export_session names it so)
-        recorded = live_trace_file(self.trace_path)
+        recorded = live_trace_file(self.trace_path)  # a journal while it is being recorded
         suffix = trace_suffix(recorded.name) or RECORD_SUFFIX
-        default = str(with_trace_suffix(Path.home() / recorded.name, suffix))
+        stem = session_stem(recorded.name) or recorded.stem
+        default = str(Path.home() / f"{stem}{suffix}")
         path, _ = QFileDialog.getSaveFileName(
             self, "Export trace", default,
             f"MoEScope trace, {FORMAT_NAMES.get(suffix, 'as recorded')} (*{suffix})")
