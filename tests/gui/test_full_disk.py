@@ -16,6 +16,7 @@ from gui_helpers import LONG_PROMPT, load, send, slow_down
 
 from moescope.session.store import DONE, ChatStore
 from moescope.trace import RECORD_SUFFIX, read_trace
+from moescope.trace.names import live_trace_file
 
 FULL = sqlite3.OperationalError("database or disk is full")
 
@@ -173,11 +174,12 @@ def test_a_full_disk_stops_the_trace_not_the_chat(window: Any, qtbot: Any, dialo
         monkeypatch.setattr(module, "open_stream", on_a_small_disk)
     load(qtbot, window, tiny_moe, budget="25%", policy="quality-first", n_ctx=512)
     assert window.trace_path is not None and len(disks) == 1
-    header = window.trace_path.stat().st_size  # nothing recorded but the header yet
+    live = live_trace_file(window.trace_path)  # a journal, for a format finished at close
+    header = live.stat().st_size  # nothing recorded but the header yet
     first = send(qtbot, window, "Hello there.", max_tokens=10)
     assert window.client.worker.recorder is not None and first.n_tokens == 10
-    assert len(read_trace(window.trace_path).tokens) == 10
-    disks[0].room = int((window.trace_path.stat().st_size - header) / 10 * 3.5)
+    assert len(read_trace(live).tokens) == 10
+    disks[0].room = int((live.stat().st_size - header) / 10 * 3.5)
     summary = send(qtbot, window, LONG_PROMPT, max_tokens=20)
     assert summary.n_tokens == 20 and summary.stop_reason != "error"
     assert window.client.worker.recorder is None
