@@ -68,3 +68,13 @@ def test_the_live_file_is_the_trace_or_else_its_journal(
     assert len(read_trace(live_trace_file(final)).tokens) > 0  # a journal reads as a trace
     final.write_bytes(b"")
     assert live_trace_file(final) == final
+
+
+@pytest.mark.parametrize("command", ["chat", "generate", "replay"])
+def test_the_command_line_names_every_trace_format(command: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from moescope.cli import main
+
+    assert main([command, "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    assert all(s in text for s in TRACE_SUFFIXES) and "FILE.jsonl" not in text
