@@ -201,8 +201,8 @@ def test_old_sessions_are_deleted_oldest_first_by_count_and_by_size(tmp_path: Pa
 
 def test_prune_counts_every_format_and_a_sessions_journal_with_it(tmp_path: Path) -> None:
     """Sessions recorded before the format changed prune with the new ones, and a session
-    being finished (its journal beside the finished file) is one session: counted whole,
-    deleted whole."""
+    being finished (its journal beside the finished file, a compaction's leftover temporary
+    file) is one session: counted whole, deleted whole."""
     import os
 
     from moescope.display.trace_io import TraceLimits, prune_traces
@@ -218,15 +218,17 @@ def test_prune_counts_every_format_and_a_sessions_journal_with_it(tmp_path: Path
     arrows = put("20200101-000002-qwen2.5-moe.arrows", 100, 1002)  # a dotted model name
     final = put("20200101-000003-c.parquet", 100, 1003)
     journal = put("20200101-000003-c.parquet.journal.arrows", 100, 1004)
+    part = put(".20200101-000003-c.parquet.k2x_9q0z.part", 100, 1004)  # compaction cut off
     newest = put(f"20200101-000004-d{RECORD_SUFFIX}", 100, 1005)
     keep = [put("notes.txt", 10_000, 900), put("20200101-000000-a.perfetto.json", 50, 900)]
     os.symlink(oldest, tmp_path / "link.jsonl")  # a link is not a session file: never touched
-    # four sessions (the parquet and its journal are one, 200 bytes): 450 bytes keep three
-    assert sorted(prune_traces(tmp_path, TraceLimits(keep=10, total_bytes=450))) == \
+    # five sessions (c's finished file, journal and leftover are one, 300 bytes): 550 bytes
+    # keep the newest three
+    assert sorted(prune_traces(tmp_path, TraceLimits(keep=10, total_bytes=550))) == \
         sorted([oldest, gz])
     assert prune_traces(tmp_path, TraceLimits(keep=2, total_bytes=10_000)) == [arrows]
     assert sorted(prune_traces(tmp_path, TraceLimits(keep=1, total_bytes=10_000))) == \
-        sorted([final, journal])
+        sorted([final, journal, part])
     assert newest.exists() and all(p.exists() for p in keep)
     assert (tmp_path / "link.jsonl").is_symlink()
     assert prune_traces(tmp_path / "missing", TraceLimits(keep=0)) == []

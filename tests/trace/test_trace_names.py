@@ -36,6 +36,11 @@ def test_every_suffix_has_words_and_the_recorded_one_is_among_them() -> None:
     ("20200101-000000-qwen2.5-moe.arrows", ".arrows", "20200101-000000-qwen2.5-moe"),
     ("a.parquet.journal.arrows", ".arrows", "a"),  # the journal: its session is a's
     ("a.journal.arrows", ".arrows", "a.journal"),  # no finished form named: a plain trace
+    (".a.parquet.k2x_9q0z.part", None, "a"),  # a compaction cut off: its session's
+    (".a.jsonl.gz.k2x_9q0z.part", None, "a"),
+    (".a.perfetto.json.k2x_9q0z.part", None, None),  # an export's: not a trace
+    (".a.parquet.part", None, None),
+    ("..a.parquet.x.part", None, None),
     ("a.perfetto.json", None, None),
     ("a.tokens.csv", None, None),
     ("a.gz", None, None),

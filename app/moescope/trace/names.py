@@ -24,11 +24,13 @@ TRACE_SUFFIXES = (".arrows", ".parquet", ".jsonl", ".jsonl.gz")
 """Every trace name the reader opens: version 2 (Arrow stream, Parquet) and version 1
 (JSON Lines, plain or gzip)."""
 
-JOURNAL = ".journal"
-"""Between a finished form's name and :data:`JOURNAL_SUFFIX` in its journal's name."""
+JOURNAL_SUFFIX = ".journal.arrows"
+"""Appended to a finished form's name (``NAME.parquet``): its journal, an Arrow stream
+(the same name :mod:`moescope.trace.parquet_format` records to)."""
 
-JOURNAL_SUFFIX = ".arrows"
-"""A journal is an Arrow stream."""
+PART_SUFFIX = ".part"
+"""A file being written whole (``moescope.util.files``): ``.NAME.XXXXXXXX.part`` beside
+``NAME`` until it is renamed over it; a crash mid-write leaves it."""
 
 FORMAT_NAMES = {".arrows": "Arrow stream", ".parquet": "Parquet",
                 ".jsonl": "JSON Lines", ".jsonl.gz": "gzip JSON Lines"}
@@ -44,24 +46,23 @@ def trace_suffix(name: str | os.PathLike[str]) -> str | None:
 
 def journal_path(path: str | os.PathLike[str]) -> Path:
     """Where a trace finished at close (``NAME.parquet``) is written while recording."""
-    p = Path(path)
-    return p.with_name(p.name + JOURNAL + JOURNAL_SUFFIX)
+    return Path(os.fspath(path) + JOURNAL_SUFFIX)
 
 
 def session_stem(name: str) -> str | None:
     """The session a file in the traces folder belongs to (``NAME`` for ``NAME.arrows``,
-    ``NAME.parquet`` and ``NAME.parquet.journal.arrows`` alike), or None for a file that is
-    not a trace."""
+    ``NAME.parquet``, ``NAME.parquet.journal.arrows`` and a compaction's leftover
+    ``.NAME.parquet.XXXXXXXX.part`` alike), or None for a file that is not a trace."""
+    if name.startswith(".") and name.endswith(PART_SUFFIX):
+        written, dot, _random = name[1:-len(PART_SUFFIX)].rpartition(".")
+        return session_stem(written) if dot and not written.startswith(".") else None
+    if name.endswith(JOURNAL_SUFFIX):
+        finished = name[:-len(JOURNAL_SUFFIX)]
+        suffix = trace_suffix(finished)
+        if suffix is not None:
+            return finished[:-len(suffix)]
     suffix = trace_suffix(name)
-    if suffix is None:
-        return None
-    stem = name[:-len(suffix)]
-    if suffix == JOURNAL_SUFFIX and stem.endswith(JOURNAL):
-        inner = stem[:-len(JOURNAL)]
-        finished = trace_suffix(inner)
-        if finished is not None:
-            return inner[:-len(finished)]
-    return stem
+    return name[:-len(suffix)] if suffix is not None else None
 
 
 def live_trace_file(path: str | os.PathLike[str]) -> Path:
