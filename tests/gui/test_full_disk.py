@@ -161,17 +161,24 @@ class FillsUp:
 def test_a_full_disk_stops_the_trace_not_the_chat(window: Any, qtbot: Any, dialogs: Any,
                                                    tiny_moe: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from moescope.trace import arrow_format, writer
+    import importlib
 
     disks: list[FillsUp] = []
 
-    def on_a_small_disk(path: Any) -> FillsUp:  # whatever the format writes through
-        disks.append(FillsUp(real_open(path), 1 << 40))
-        return disks[-1]
+    def small_disk(real_open: Any) -> Any:
+        def opened(path: Any) -> FillsUp:
+            disks.append(FillsUp(real_open(path), 1 << 40))
+            return disks[-1]
+        return opened
 
-    real_open = writer.open_stream
-    for module in (writer, arrow_format):
-        monkeypatch.setattr(module, "open_stream", on_a_small_disk)
+    # every opener a trace format records through (a journal's, where a format has one)
+    for name, opener in (("writer", "open_stream"), ("arrow_format", "open_stream"),
+                         ("parquet_format", "_create_new")):
+        try:
+            module = importlib.import_module(f"moescope.trace.{name}")
+        except ModuleNotFoundError:
+            continue
+        monkeypatch.setattr(module, opener, small_disk(getattr(module, opener)))
     load(qtbot, window, tiny_moe, budget="25%", policy="quality-first", n_ctx=512)
     assert window.trace_path is not None and len(disks) == 1
     live = live_trace_file(window.trace_path)  # a journal, for a format finished at close
@@ -187,7 +194,7 @@ def test_a_full_disk_stops_the_trace_not_the_chat(window: Any, qtbot: Any, dialo
     assert "No space left on device" in window.notices[0][1]
     assert str(window.trace_path) in window.notices[0][1] and dialogs.shown == []
     # the trace so far reads back: every complete token, the cut one flagged
-    trace = read_trace(window.trace_path)
+    trace = read_trace(live_trace_file(window.trace_path))
     assert trace.truncated and trace.end is None
     assert 10 + 2 <= len(trace.tokens) < 10 + 20
     assert [t.text for t in trace.tokens][:10] == [
