@@ -31,9 +31,11 @@ The package is engine-agnostic on purpose (``trace`` sits below ``engine`` in th
 Modules: :mod:`.schema` (records and their JSON form), :mod:`.writer` (the file, written
 off the decode thread), :mod:`.recorder` (reads the engine per token), :mod:`.reader` and
 :mod:`.validate` (reading, every field bounded), :mod:`.perfetto` and :mod:`.tokens_csv`
-(exports).
+(exports), :mod:`.names` (the suffix the app records in, :data:`RECORD_SUFFIX`, and every
+one the reader opens, :data:`TRACE_SUFFIXES`).
 """
 
+from moescope.trace.names import RECORD_SUFFIX, TRACE_SUFFIXES
 from moescope.trace.perfetto import to_perfetto, write_perfetto
 from moescope.trace.reader import (
     MAX_BLANK_LINES,
@@ -77,8 +79,10 @@ __all__ = [
     "MAX_STEP_SLACK",
     "MAX_UNKNOWN_RECORDS",
     "PREDICTED_KEEP",
+    "RECORD_SUFFIX",
     "TIMING_KEYS",
     "TRACE_FORMAT",
+    "TRACE_SUFFIXES",
     "TRACE_VERSION",
     "Change",
     "ReadProgress",
