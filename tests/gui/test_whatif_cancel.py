@@ -141,6 +141,10 @@ def test_stop_stops_the_batch_and_replay_sweeps_again(
     assert 0 < stopped_at < total
     qtbot.wait(50)
     assert finished == [] and view.result is None
+    # showing the view again does not undo the stop
+    window.tabs.setCurrentWidget(window.panel)
+    window.tabs.setCurrentWidget(view)
+    assert not view.running and view.stop_button.text() == "&Replay"
     # the same button replays; the result is the direct sweep's
     with qtbot.waitSignal(view.sweepFinished, timeout=60_000):
         qtbot.mouseClick(view.stop_button, Qt.MouseButton.LeftButton)

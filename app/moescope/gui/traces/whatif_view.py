@@ -137,6 +137,8 @@ class WhatIfView(QWidget):
         self.hovered: SweepRow | None = None
         self._generation = 0
         self._running = False
+        self._stopped = False
+        """The user stopped the last sweep: showing the view again does not restart it."""
         self.setAccessibleName("What-if: policies and budgets replayed from this trace")
 
         self.cost = QComboBox()
@@ -262,7 +264,7 @@ class WhatIfView(QWidget):
 
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
-        if self.result is None and not self._running:
+        if self.result is None and not self._running and not self._stopped:
             self.start()
 
     def start(self, cost_name: str | None = None) -> None:
@@ -279,6 +281,7 @@ class WhatIfView(QWidget):
         self._generation += 1
         self._worker.latest = self._generation
         self._running = True
+        self._stopped = False
         self.progress.setRange(0, 1)  # the worker's first report sets the real total
         self.progress.setValue(0)
         self.progress.show()
@@ -297,6 +300,7 @@ class WhatIfView(QWidget):
         self._generation += 1
         self._worker.latest = self._generation  # no request carries it: the sweep is stale
         self._running = False
+        self._stopped = True
         self.progress.hide()
         self.stop_button.setText(REPLAY_TEXT)
         self.status.setText("Stopped. Replay the trace, or pick a cost model or policies, to "
