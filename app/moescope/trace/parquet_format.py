@@ -276,7 +276,7 @@ class _Probs(Sequence[npt.NDArray[Any]]):
         except (pa.ArrowException, OSError, ValueError) as err:
             raise TraceFormatError(f"{self._path.name}: corrupt Parquet trace: the "
                                    f"probabilities of rows {a}..{z - 1} do not read "
-                                   f"({err})") from None
+                                   f"({_said(err)})") from None
         bad = valid != self._exact[a:z]
         if bad.any():
             raise TraceFormatError(f"{self._path.name}: row {a + int(np.argmax(bad))}: its "
@@ -339,6 +339,11 @@ class _Probs(Sequence[npt.NDArray[Any]]):
         return out
 
 
+def _said(err: BaseException) -> str:
+    """pyarrow's message on one line (some end in a newline)."""
+    return " ".join(str(err).split())
+
+
 def _open(p: Path) -> pq.ParquetFile:
     return pq.ParquetFile(p, memory_map=True, thrift_string_size_limit=MAX_FOOTER_BYTES)
 
@@ -358,8 +363,8 @@ def _footer_length(p: Path) -> int:
                                f"interrupted compaction?), not a trace")
     n = int.from_bytes(tail[:4], "little")
     if n > min(size - 12, MAX_FOOTER_BYTES):
-        raise TraceFormatError(f"{p.name}: its Parquet footer claims {n} bytes, more than "
-                               f"the file or {MAX_FOOTER_BYTES >> 20} MiB allow")
+        raise TraceFormatError(f"{p.name}: its Parquet footer claims {n:,} bytes, more "
+                               f"than the file or the reader ({MAX_FOOTER_BYTES:,}) allow")
     return n
 
 
@@ -398,7 +403,7 @@ def read_parquet(p: Path, progress: Any = None) -> Trace:
         schema = pf.schema_arrow
         md = pf.metadata
     except (pa.ArrowException, OSError, ValueError) as err:
-        raise TraceFormatError(f"{p.name}: not a readable Parquet trace ({err})") from None
+        raise TraceFormatError(f"{p.name}: not a readable Parquet trace ({_said(err)})") from None
     meta = schema.metadata or {}
     header = header_of(p, meta.get(af.HEADER_KEY), schema, "a Parquet file")
     try:
@@ -408,7 +413,11 @@ def read_parquet(p: Path, progress: Any = None) -> Trace:
         lines = raw.split(b"\n") if raw else []
         metas: list[dict[str, Any]] = []
         for t, line in enumerate(lines):
-            d = _DECODER.decode(line.decode("utf-8"))
+            try:
+                d = _DECODER.decode(line.decode("utf-8"))
+            except (ValueError, UnicodeDecodeError, RecursionError) as err:
+                raise ValueError(f"token {t}: its fields are not JSON "
+                                 f"({_said(err)[:80]})") from None
             if not isinstance(d, dict):
                 raise ValueError(f"token {t}: its fields are not a JSON object")
             metas.append(d)
@@ -433,7 +442,7 @@ def read_parquet(p: Path, progress: Any = None) -> Trace:
     try:
         table = pf.read(columns=names, use_threads=False)
     except (pa.ArrowException, OSError, ValueError) as err:
-        raise TraceFormatError(f"{p.name}: corrupt Parquet trace ({err})") from None
+        raise TraceFormatError(f"{p.name}: corrupt Parquet trace ({_said(err)})") from None
     if table.num_rows != n_rows:
         raise TraceFormatError(f"{p.name}: corrupt Parquet trace ({table.num_rows} rows "
                                f"read, {n_rows} in its index)")
