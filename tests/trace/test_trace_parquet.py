@@ -427,3 +427,26 @@ def test_a_journal_with_a_bad_row_is_not_compacted(pair: tuple[Path, Path],
     with pytest.raises(TraceFormatError, match="not a MoE layer"):
         pf.compact(out, remove=True)
     assert out.exists() and not (tmp_path / "bad.parquet").exists()
+
+
+def test_f16_router_inputs_round_trip(tmp_path: Path) -> None:
+    """Half-precision probabilities (``router_inputs: "f16"``) are byte-stream-split too
+    and read back as the stream holds them."""
+    import dataclasses
+
+    from moescope.trace.writer import open_writer
+
+    src = read_trace(core_trace(tmp_path / "a.arrows", n_tokens=6))
+    header = dataclasses.replace(src.header, router_inputs="f16")
+    with open_writer(tmp_path / "h.arrows", header) as a, \
+            open_writer(tmp_path / "h.parquet", header) as b:
+        for t in src.tokens:
+            a.write_token(t)
+            b.write_token(t)
+    assert pq.read_schema(tmp_path / "h.parquet").field("probs").type.value_type == \
+        pa.float16()
+    x, y = read_trace(tmp_path / "h.arrows"), read_trace(tmp_path / "h.parquet")
+    assert x.columns is not None and y.columns is not None
+    assert x.columns.probs.tobytes() == y.columns.probs.tobytes()
+    assert x.tokens[2].routes[1].probs.tobytes() == y.tokens[2].routes[1].probs.tobytes()
+    assert x.events().tobytes() == y.events().tobytes()
