@@ -283,9 +283,11 @@ class Journal:
     truncated: bool
 
 
-def header_of(p: Path, raw: bytes | None, schema: Any, what: str) -> TraceHeader:
+def header_of(p: Path, raw: bytes | None, schema: Any, what: str,
+              columns: Callable[[TraceHeader], Any] | None = None) -> TraceHeader:
     """A version-2 header from ``raw`` (a schema's ``moescope.header``), checked, with
-    ``schema`` (metadata aside) the columns version 2 defines for it."""
+    ``schema`` (metadata aside) the columns version 2 defines for it (``columns(header)``:
+    default the stream's, :func:`.arrow_format.row_schema`)."""
     from moescope.trace import arrow_format as af
 
     if raw is None:
@@ -295,7 +297,7 @@ def header_of(p: Path, raw: bytes | None, schema: Any, what: str) -> TraceHeader
         if not isinstance(obj, dict):
             raise ValueError("the header must be a JSON object")
         header = _header_from_json(obj, versions=(af.ARROW_VERSION, af.ARROW_VERSION))
-        want = af.row_schema(header)
+        want = (columns or af.row_schema)(header)
         if not schema.remove_metadata().equals(want.remove_metadata()):
             raise ValueError("the rows' columns are not the ones version 2 defines")
     except (KeyError, TypeError, ValueError, UnicodeDecodeError, RecursionError,
