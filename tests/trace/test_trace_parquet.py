@@ -456,3 +456,29 @@ def test_f16_router_inputs_round_trip(tmp_path: Path) -> None:
     assert x.columns.probs.tobytes() == y.columns.probs.tobytes()
     assert x.tokens[2].routes[1].probs.tobytes() == y.tokens[2].routes[1].probs.tobytes()
     assert x.events().tobytes() == y.events().tobytes()
+
+
+def test_trace_compact_converts_any_stream_and_refuses_bad_outputs(
+        pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from moescope.cli import main
+
+    stream = pair[0]
+    assert main(["trace", "compact", str(stream), str(tmp_path / "c.parquet")]) == 0
+    assert stream.exists() and read_trace(tmp_path / "c.parquet").end is not None
+    assert main(["trace", "compact", str(stream)]) == 0  # t.parquet beside it, replaced
+    assert read_trace(tmp_path / "t.parquet").end is not None
+    capsys.readouterr()
+    for out in (tmp_path, stream, tmp_path / "nowhere" / "x.parquet"):
+        assert main(["trace", "compact", str(stream), str(out)]) == 2
+    assert main(["trace", "compact", str(tmp_path / "missing.arrows")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 4 and all(line.startswith("moescope: error: ") for line in err), err
+    journal = pf.journal_path(tmp_path / "k.parquet")
+    journal.write_bytes(stream.read_bytes())
+    assert main(["trace", "compact", "--keep", str(journal)]) == 0
+    assert journal.exists() and (tmp_path / "k.parquet").exists()
+    assert read_trace(stream).events().tobytes() == stream_events(tmp_path / "k.parquet")
+
+
+def stream_events(path: Path) -> bytes:
+    return read_trace(path).events().tobytes()
