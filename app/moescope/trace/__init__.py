@@ -30,8 +30,9 @@ The package is engine-agnostic on purpose (``trace`` sits below ``engine`` in th
 
 Modules: :mod:`.schema` (records and their JSON form), :mod:`.writer` (the file, written
 off the decode thread), :mod:`.recorder` (reads the engine per token), :mod:`.reader` and
-:mod:`.validate` (reading, every field bounded), :mod:`.perfetto` and :mod:`.tokens_csv`
-(exports).
+:mod:`.validate` (reading, every field bounded), :mod:`.arrow_format` (version 2, an Arrow
+stream) and :mod:`.parquet_format` (version 2 compacted to Parquet when a session closes),
+:mod:`.perfetto` and :mod:`.tokens_csv` (exports).
 """
 
 from moescope.trace.perfetto import to_perfetto, write_perfetto

@@ -152,7 +152,8 @@ class _LineReader:
 
 
 def read_trace(path: str | os.PathLike[str], progress: ReadProgress | None = None) -> Trace:
-    """Read and validate a trace (plain or gzip JSON Lines).
+    """Read and validate a trace (plain or gzip JSON Lines; version 2, an Arrow stream or
+    its Parquet compaction, known by the file's first bytes).
 
     A malformed record raises :class:`TraceFormatError` naming its line and field; a last
     line without its newline (a writer killed mid-token) is dropped and flagged
