@@ -258,6 +258,7 @@ def test_the_recorder_compacts_on_its_writer_thread(tmp_path: Path,
     recorder.close(stop_reason="done")
     assert threads == ["moescope-trace-writer"]
     assert path.exists() and not pf.journal_path(path).exists()
+    assert recorder.trace_path == path
     t = read_trace(path)
     assert len(t.tokens) == 3 and t.end is not None and t.end["stop_reason"] == "done"
 
@@ -277,6 +278,7 @@ def test_the_recorder_compacts_on_its_writer_thread(tmp_path: Path,
     assert inner._raw.closed and not failing.exists()
     assert threads == ["moescope-trace-writer"]
     assert len(read_trace(pf.journal_path(failing)).tokens) == 1
+    assert recorder.trace_path == pf.journal_path(failing)  # what the user is told
 
 
 # --------------------------------------------------------------------------- hostile

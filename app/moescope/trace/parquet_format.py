@@ -262,8 +262,17 @@ class ParquetTraceWriter:
             self._failed = True
             raise
         if not self._failed:
-            compact(self.journal, self.path, remove=True)
+            try:
+                compact(self.journal, self.path, remove=True)
+            except (TraceFormatError, pa.ArrowException, ValueError) as err:
+                raise OSError(f"{self.journal}: not compacted ({err}); the trace is this "
+                              f"journal") from None
             self.compacted = True
+
+    @property
+    def readable(self) -> Path:
+        """The file that holds the trace now: the journal until it is compacted."""
+        return self.path if self.compacted else self.journal
 
     def __enter__(self) -> ParquetTraceWriter:
         return self
