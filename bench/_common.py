@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -101,3 +102,35 @@ class Clock:
 
     def say(self, tag: str, msg: str) -> None:
         print(f"[{tag} {self.elapsed():6.1f}s] {msg}", flush=True)
+
+
+def extract_tar(tar: tarfile.TarFile, dest: Path,
+                members: list[tarfile.TarInfo] | None = None) -> None:
+    """``builder.extract_tar`` for the bench scripts, which also unpack a chosen subset of
+    members: Python's "tar" filter, or, where Python predates it (3.10.12 / 3.11.4; Debian
+    12 ships 3.11.2, and the GPU machine's python3 may be older still), every member that
+    would land outside ``dest`` (or is not a file, folder or link) refused first. Mirrored,
+    not imported: ``builder.py`` is an input of the engine's cache key, and a change to it
+    rebuilds every engine."""
+    if hasattr(tarfile, "tar_filter"):
+        tar.extractall(dest, members=members, filter="tar")
+        return
+    chosen = tar.getmembers() if members is None else members
+    root = dest.resolve()
+
+    def inside(path: Path) -> bool:
+        return path == root or root in path.parents
+
+    for member in chosen:
+        target = (root / member.name).resolve()
+        link = None
+        if member.issym():
+            link = (target.parent / member.linkname).resolve()
+        elif member.islnk():
+            link = (root / member.linkname).resolve()
+        if (not inside(target) or (link is not None and not inside(link))
+                or not (member.isfile() or member.isdir() or member.issym() or member.islnk())):
+            raise builder.BuildError(f"{tar.name}: refusing to unpack {member.name!r} (leaves "
+                                     f"the folder or is not a file, folder or link)")
+        member.mode &= 0o755
+    tar.extractall(dest, members=chosen)  # every member checked above

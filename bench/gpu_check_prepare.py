@@ -28,6 +28,7 @@ from _common import (
     WHEELS_DIRNAME,
     backends,
     builder,
+    extract_tar,
     gpu_cmake_args,
     lean_cmake_args,
     read_manifest,
@@ -96,7 +97,7 @@ def unpack_bundle(bundle: Path, work: Path, allow_stale: bool,
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir(parents=True)
         with tarfile.open(archive) as tar:
-            tar.extractall(dest, filter="tar")
+            extract_tar(tar, dest)
         stamp.write_text(digest)
     for need in ("llama_cpp/llama_cpp.py", "vendor/llama.cpp/src/moescope/moecache.h",
                  "vendor/llama.cpp/src/llama-moe-cache.cpp"):

@@ -50,6 +50,7 @@ from _common import (
     WHEELS_DIRNAME,
     Clock,
     builder,
+    extract_tar,
     gpu_cmake_args,
     lean_cmake_args,
     sha256_file,
@@ -113,7 +114,7 @@ def extract_trimmed(sdist: Path, dest: Path) -> tuple[Path, dict[str, int]]:
             else:
                 stats["dropped_files"] += int(m.isfile())
                 stats["dropped_bytes"] += m.size if m.isfile() else 0
-        tar.extractall(dest, members=chosen, filter="tar")
+        extract_tar(tar, dest, chosen)
     return dest / top, stats
 
 
@@ -218,7 +219,7 @@ def verify(archive: Path, deep: bool) -> dict[str, str]:
     results: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="moescope-bundle-check-") as tmp:
         with tarfile.open(archive) as tar:
-            tar.extractall(tmp, filter="tar")
+            extract_tar(tar, Path(tmp))
         tree = next(Path(tmp).iterdir())
         cpu = lean_cmake_args("cpu")
         flavours: list[tuple[str, list[str] | str]] = [("cpu_configure", cpu)]

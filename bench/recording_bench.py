@@ -2,7 +2,8 @@
 
 The trace recorder runs on the engine's thread after every token (so a crash loses at most
 the last one): it reads the router inputs of every MoE layer, ranks PSR's predictions,
-and writes one JSON line. That cost grows with layers x experts, so it is measured on
+and hands the token to a writer thread (JSON Lines, or the Arrow stream the window
+records). That cost grows with layers x experts, so it is measured on
 synthetic models with the cache geometry of the models users run (tiny hidden sizes:
 the decode itself is cheap here, the recorder's work is not) and reported per token, next
 to decode without recording. Variants run round-robin, each from an empty cache, on the
@@ -29,7 +30,9 @@ GEOMETRIES = {
     "Qwen3-30B-A3B (48 x 128, top-8)": (48, 128, 8),
     "Qwen3-Next-80B-A3B (48 x 512, top-10)": (48, 512, 10),
 }
-VARIANTS = ("no trace", "trace, no router inputs", "trace, f32 router inputs")
+VARIANTS = ("no trace", "trace, no router inputs", "trace, f32 router inputs",
+            "trace, f32 router inputs, .arrows")
+"""JSON Lines unless the variant names another suffix (the window records ``.arrows``)."""
 PROMPT = "The quick brown fox jumps over the lazy dog and keeps on running."
 
 
@@ -61,11 +64,11 @@ def main() -> int:
         sizes: dict[str, list[float]] = {v: [] for v in VARIANTS}
         with tempfile.TemporaryDirectory() as tmp:
             for rep in range(args.reps):
-                order = VARIANTS[rep % 3:] + VARIANTS[:rep % 3]
+                order = VARIANTS[rep % len(VARIANTS):] + VARIANTS[:rep % len(VARIANTS)]
                 for variant in order:
                     engine.clear_cache()
                     recorder = None if variant == "no trace" else TraceRecorder.for_engine(
-                        Path(tmp) / f"{rep}-{len(variant)}.jsonl", engine,
+                        Path(tmp) / f"{rep}-{len(variant)}{_suffix(variant)}", engine,
                         router_inputs="f32" if "f32" in variant else None)
                     n, spent, t0 = 0, 0.0, time.perf_counter()
                     for stats in engine.generate(PROMPT, sampling):
@@ -97,6 +100,10 @@ def main() -> int:
     print("|---|---|---:|---:|")
     print("\n".join(footprint))
     return 0
+
+
+def _suffix(variant: str) -> str:
+    return variant.rsplit(", ", 1)[1] if variant.endswith(".arrows") else ".jsonl"
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import pytest
 
 from moescope.cli import main
 from moescope.engine import Engine
+from moescope.trace import RECORD_SUFFIX
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("engine_required")]
 
@@ -303,13 +304,14 @@ def test_dense_model_chats_with_the_cache_off_like_generate(
     assert "the expert cache is off" in err.splitlines()[-1]
 
 
+@pytest.mark.parametrize("suffix", sorted({".jsonl", RECORD_SUFFIX}))
 def test_trace_of_a_chat_with_live_changes_replays_exactly(
-        synth_model: Callable[..., Path], tmp_path: Path,
+        synth_model: Callable[..., Path], tmp_path: Path, suffix: str,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from moescope.sim import decision_mismatches, replay
     from moescope.trace import read_trace
 
-    path = tmp_path / "chat.jsonl"
+    path = tmp_path / f"chat{suffix}"
     script = "Hello\n/policy speed-first\n/budget 50%\nHello again\n"
     code, _, _ = chat(monkeypatch, capsys, synth_model("qwen3moe"), script,
                       "--trace", str(path))

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from moescope.cli import main
+from moescope.trace import RECORD_SUFFIX
 
 
 def test_generate_prints_text_and_summary_line(
@@ -51,12 +52,14 @@ def test_generate_rejects_a_bad_budget_in_one_line(
     assert len(err) == 1 and "budget" in err[0]
 
 
+@pytest.mark.parametrize("suffix", sorted({".jsonl", RECORD_SUFFIX}))
 def test_generate_records_a_trace_that_replays_exactly(
         synth_model: Callable[..., Path], tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], suffix: str) -> None:
+    """In the format the name says: the app's own (``RECORD_SUFFIX``) and JSON Lines."""
     from moescope.trace import read_trace
 
-    trace = tmp_path / "session.jsonl"
+    trace = tmp_path / f"session{suffix}"
     assert main(["generate", str(synth_model("qwen3moe")), "--n", "12", "--policy",
                  "quality-first", "--trace", str(trace)]) == 0
     tokens = read_trace(trace).tokens

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gui_helpers import LONG_PROMPT, send, slow_down
+from gui_helpers import LONG_PROMPT, load, send, slow_down
 
 from moescope.session.store import DONE, ChatStore
-from moescope.trace import read_trace
+from moescope.trace import RECORD_SUFFIX, read_trace
+from moescope.trace.names import live_trace_file
 
 FULL = sqlite3.OperationalError("database or disk is full")
 
@@ -157,15 +158,35 @@ class FillsUp:
         return getattr(self.f, name)
 
 
-def test_a_full_disk_stops_the_trace_not_the_chat(window: Any, qtbot: Any,
-                                                   dialogs: Any) -> None:
+def test_a_full_disk_stops_the_trace_not_the_chat(window: Any, qtbot: Any, dialogs: Any,
+                                                   tiny_moe: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    disks: list[FillsUp] = []
+
+    def small_disk(real_open: Any) -> Any:
+        def opened(path: Any) -> FillsUp:
+            disks.append(FillsUp(real_open(path), 1 << 40))
+            return disks[-1]
+        return opened
+
+    # every opener a trace format records through (a journal's, where a format has one)
+    for name, opener in (("writer", "open_stream"), ("arrow_format", "open_stream"),
+                         ("parquet_format", "_create_new")):
+        try:
+            module = importlib.import_module(f"moescope.trace.{name}")
+        except ModuleNotFoundError:
+            continue
+        monkeypatch.setattr(module, opener, small_disk(getattr(module, opener)))
+    load(qtbot, window, tiny_moe, budget="25%", policy="quality-first", n_ctx=512)
+    assert window.trace_path is not None and len(disks) == 1
+    live = live_trace_file(window.trace_path)  # a journal, for a format finished at close
+    header = live.stat().st_size  # nothing recorded but the header yet
     first = send(qtbot, window, "Hello there.", max_tokens=10)
-    recorder = window.client.worker.recorder
-    assert recorder is not None and window.trace_path is not None
-    lines = window.trace_path.read_bytes().splitlines()[1:]  # the first answer's tokens
-    assert len(lines) == first.n_tokens == 10
-    per_token = sum(len(line) + 1 for line in lines) / len(lines)
-    recorder.writer._raw = FillsUp(recorder.writer._raw, int(per_token * 3.5))
+    assert window.client.worker.recorder is not None and first.n_tokens == 10
+    assert len(read_trace(live).tokens) == 10
+    disks[0].room = int((live.stat().st_size - header) / 10 * 3.5)
     summary = send(qtbot, window, LONG_PROMPT, max_tokens=20)
     assert summary.n_tokens == 20 and summary.stop_reason != "error"
     assert window.client.worker.recorder is None
@@ -173,7 +194,7 @@ def test_a_full_disk_stops_the_trace_not_the_chat(window: Any, qtbot: Any,
     assert "No space left on device" in window.notices[0][1]
     assert str(window.trace_path) in window.notices[0][1] and dialogs.shown == []
     # the trace so far reads back: every complete token, the cut one flagged
-    trace = read_trace(window.trace_path)
+    trace = read_trace(live_trace_file(window.trace_path))
     assert trace.truncated and trace.end is None
     assert 10 + 2 <= len(trace.tokens) < 10 + 20
     assert [t.text for t in trace.tokens][:10] == [
@@ -193,9 +214,9 @@ def test_an_export_to_a_full_disk_is_explained_and_replaces_nothing(
     send(qtbot, window, "Hello there.", max_tokens=6)
     out = tmp_path / "exports"
     out.mkdir()
-    md, jsonl = out / "chat.md", out / "session.jsonl"
+    md, trace = out / "chat.md", out / f"session{RECORD_SUFFIX}"
     md.write_text("an earlier export")
-    jsonl.write_text("an earlier trace")
+    trace.write_text("an earlier trace")
 
     def full(fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -205,10 +226,10 @@ def test_an_export_to_a_full_disk_is_explained_and_replaces_nothing(
     assert window.export_chat(md, "md") is None
     assert dialogs.shown[-1][1] == "Could not export the chat"
     assert "No space left on device" in dialogs.shown[-1][2]
-    assert window.export_trace(jsonl) is None
+    assert window.export_trace(trace) is None
     assert dialogs.shown[-1][1] == "Could not export the trace"
-    assert md.read_text() == "an earlier export" and jsonl.read_text() == "an earlier trace"
-    assert sorted(p.name for p in out.iterdir()) == ["chat.md", "session.jsonl"]
+    assert md.read_text() == "an earlier export" and trace.read_text() == "an earlier trace"
+    assert sorted(p.name for p in out.iterdir()) == ["chat.md", trace.name]
     # a folder that does not exist is explained the same way
     assert window.export_chat(out / "gone" / "chat.md", "md") is None
     assert "does not exist" in dialogs.shown[-1][2]

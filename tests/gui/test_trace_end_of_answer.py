@@ -20,6 +20,7 @@ from gui_helpers import load, send, slow_down
 from moescope.engine import Engine
 from moescope.sim import decision_mismatches, replay
 from moescope.trace import read_trace
+from moescope.trace.names import live_trace_file
 from moescope.util.resources import demo_model_path
 from moescope_testing.vocab import THINKING_CHAT_TEMPLATE
 
@@ -98,7 +99,7 @@ def test_a_window_chat_ending_every_way_replays_to_the_recorded_rows(
 
     assert window.trace_path is not None
     window.client.worker.recorder.flush()
-    trace = read_trace(window.trace_path)
+    trace = read_trace(live_trace_file(window.trace_path))  # a journal, if still one
     recorded = trace.events()
     steps = np.unique(recorded["step"])
     assert steps.tolist() == list(range(int(steps[0]), int(steps[-1]) + 1))

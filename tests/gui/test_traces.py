@@ -1,5 +1,6 @@
-"""Session traces: recorded in the shared format, exported (JSONL + Perfetto), reopened with
-the same numbers in the plots."""
+"""Session traces: recorded in the shared format (``RECORD_SUFFIX``), exported (the trace +
+Perfetto + CSV), reopened with the same numbers in the plots; older sessions in every format
+the reader opens are listed, pruned and opened alike."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from gui_helpers import LONG_PROMPT, load, send, slow_down
 
 from moescope.sim.replay import replay
-from moescope.trace import read_trace
+from moescope.trace import RECORD_SUFFIX, TRACE_SUFFIXES, read_trace
+from moescope.trace.names import live_trace_file, session_stem, trace_suffix
 
 
 def _curves(panel: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -30,8 +33,10 @@ def _chat_with_a_policy_switch(window: Any, qtbot: Any) -> None:
 
 def test_session_is_recorded_in_the_shared_trace_format(window: Any, qtbot: Any) -> None:
     _chat_with_a_policy_switch(window, qtbot)
-    assert window.trace_path is not None and window.trace_path.is_file()
-    trace = read_trace(window.trace_path)
+    assert window.trace_path is not None and window.trace_path.name.endswith(RECORD_SUFFIX)
+    recorded = live_trace_file(window.trace_path)  # a journal, for a format finished at close
+    assert recorded.is_file()
+    trace = read_trace(recorded)
     live = list(window.recent_tokens)
     assert [t.text for t in trace.tokens] == [s.text for s in live]
     assert [t.policy for t in trace.tokens] == [s.policy for s in live]
@@ -46,16 +51,25 @@ def test_session_is_recorded_in_the_shared_trace_format(window: Any, qtbot: Any)
 def test_exported_trace_reopens_with_the_same_plots(window: Any, qtbot: Any,
                                                     tmp_path: Path) -> None:
     _chat_with_a_policy_switch(window, qtbot)
-    exported = window.export_trace(tmp_path / "session.jsonl")
+    # the copy keeps the recorded format: a name saying another is renamed, not lied in
+    out = tmp_path / "out"
+    out.mkdir()
+    exported = window.export_trace(out / "session.jsonl")
     assert exported is not None
-    jsonl, perfetto, tokens_csv = exported
+    copy, perfetto, tokens_csv = exported
+    recorded = live_trace_file(window.trace_path)  # a journal, for a format finished at close
+    assert copy == out / f"session{trace_suffix(recorded.name)}"
+    assert copy.read_bytes()[:4] == recorded.read_bytes()[:4]
+    assert perfetto.name == "session.perfetto.json"
     assert tokens_csv.name == "session.tokens.csv"
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [copy.name, perfetto.name, tokens_csv.name])
     with tokens_csv.open(newline="", encoding="utf-8") as f:
         assert len(list(csv.reader(f))) == len(window.recent_tokens) + 1  # and a header
     n_tokens = len(window.recent_tokens)
 
     with qtbot.waitSignal(window.traceOpened, timeout=30_000) as opened:
-        window.open_trace(jsonl)  # read on a thread: the chat goes on meanwhile
+        window.open_trace(copy)  # read on a thread: the chat goes on meanwhile
     trace_window = opened.args[0]
     assert trace_window in window.trace_windows
     live, replayed = window.cache_panel, trace_window.panel
@@ -112,11 +126,20 @@ def test_two_sessions_started_in_one_second_never_share_a_file(tmp_path: Path) -
     from moescope.display.trace_io import new_trace_path
 
     first = new_trace_path(tmp_path, "/m/model.gguf")
+    assert first.name.endswith(f"-model{RECORD_SUFFIX}")
     first.write_text("{}\n")
     second = new_trace_path(tmp_path, "/m/model.gguf")
     second.write_text("{}\n")
     third = new_trace_path(tmp_path, "/m/model.gguf")
     assert len({first, second, third}) == 3 and not third.exists()
+    # nor a name an older format's session, or a journal, has: they would prune as one
+    stem = third.name[:-len(RECORD_SUFFIX)]
+    (tmp_path / f"{stem}.jsonl.gz").write_text("")
+    fourth = new_trace_path(tmp_path, "/m/model.gguf")
+    (tmp_path / f"{fourth.name[:-len(RECORD_SUFFIX)]}.parquet.journal.arrows").write_text("")
+    fifth = new_trace_path(tmp_path, "/m/model.gguf")
+    assert fourth.name == f"{stem[:-2]}-4{RECORD_SUFFIX}"
+    assert fifth.name == f"{stem[:-2]}-5{RECORD_SUFFIX}"
 
 
 def test_turning_recording_off_mid_answer_closes_the_trace_at_once(window: Any,
@@ -177,27 +200,132 @@ def test_old_sessions_are_deleted_oldest_first_by_count_and_by_size(tmp_path: Pa
     assert (tmp_path / "notes.txt").exists() and files[4].exists()
 
 
+def test_prune_counts_every_format_and_a_sessions_journal_with_it(tmp_path: Path) -> None:
+    """Sessions recorded before the format changed prune with the new ones, and a session
+    being finished (its journal beside the finished file, a compaction's leftover temporary
+    file) is one session: counted whole, deleted whole."""
+    import os
+
+    from moescope.display.trace_io import TraceLimits, prune_traces
+
+    def put(name: str, size: int, when: int) -> Path:
+        p = tmp_path / name
+        p.write_bytes(b"x" * size)
+        os.utime(p, (when, when))
+        return p
+
+    oldest = put("20200101-000000-a.jsonl", 100, 1000)
+    gz = put("20200101-000001-b.jsonl.gz", 100, 1001)
+    arrows = put("20200101-000002-qwen2.5-moe.arrows", 100, 1002)  # a dotted model name
+    final = put("20200101-000003-c.parquet", 100, 1003)
+    journal = put("20200101-000003-c.parquet.journal.arrows", 100, 1004)
+    part = put(".20200101-000003-c.parquet.k2x_9q0z.part", 100, 1004)  # compaction cut off
+    newest = put(f"20200101-000004-d{RECORD_SUFFIX}", 100, 1005)
+    keep = [put("notes.txt", 10_000, 900), put("20200101-000000-a.perfetto.json", 50, 900)]
+    os.symlink(oldest, tmp_path / "link.jsonl")  # a link is not a session file: never touched
+    # five sessions (c's finished file, journal and leftover are one, 300 bytes): 550 bytes
+    # keep the newest three
+    assert sorted(prune_traces(tmp_path, TraceLimits(keep=10, total_bytes=550))) == \
+        sorted([oldest, gz])
+    assert prune_traces(tmp_path, TraceLimits(keep=2, total_bytes=10_000)) == [arrows]
+    assert sorted(prune_traces(tmp_path, TraceLimits(keep=1, total_bytes=10_000))) == \
+        sorted([final, journal, part])
+    assert newest.exists() and all(p.exists() for p in keep)
+    assert (tmp_path / "link.jsonl").is_symlink()
+    assert prune_traces(tmp_path / "missing", TraceLimits(keep=0)) == []
+
+
+def test_a_session_still_recording_to_a_journal_exports_the_journal(
+        record: Any, tmp_path: Path) -> None:
+    """A format finished at close (``NAME.parquet``) is a journal on disk until then: the
+    export copies the journal, named as what it is (an Arrow stream), with its Perfetto and
+    CSV files, and opening the session reads it; once the finished file exists, that is what
+    is copied."""
+    import shutil
+
+    from moescope.display.trace_io import export_session, reopen
+
+    stream = record("qwen3moe", name="journal.arrows", tokens=8)
+    recorded = tmp_path / "rec" / "20260101-000000-m.parquet"
+    recorded.parent.mkdir()
+    shutil.copyfile(stream, recorded.parent / f"{recorded.name}.journal.arrows")
+    out = tmp_path / "out"
+    out.mkdir()
+    copy, perfetto, tokens_csv = export_session(recorded, out / "mine.parquet")
+    assert copy == out / "mine.arrows" and copy.read_bytes() == stream.read_bytes()
+    assert (perfetto.name, tokens_csv.name) == ("mine.perfetto.json", "mine.tokens.csv")
+    assert len(read_trace(copy).tokens) == len(read_trace(stream).tokens) > 0
+    assert len(reopen(recorded).tokens) == len(read_trace(stream).tokens)  # opens too
+    # a finished trace is copied as it is, in its own format, whatever the name asked
+    jsonl = record("qwen3moe", name="finished.jsonl", tokens=8)
+    done = tmp_path / "rec" / "20260101-000001-m.jsonl"
+    shutil.copyfile(jsonl, done)
+    copy, _, _ = export_session(done, out / "again.arrows")
+    assert copy == out / "again.jsonl" and copy.read_bytes() == jsonl.read_bytes()
+    with pytest.raises(OSError):
+        export_session(tmp_path / "rec" / "gone.parquet", out / "x")
+    assert not (out / "x").exists() and not (out / "x.parquet").exists()
+
+
+def test_trace_dialogs_offer_every_format_and_export_the_recorded_one(
+        window: Any, qtbot: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    from PySide6.QtWidgets import QFileDialog
+
+    from moescope.util import paths
+
+    send(qtbot, window, "Hello there.", max_tokens=6)
+    asked: list[tuple[str, str, str]] = []
+    dest = tmp_path / "picked"
+
+    def save(_parent: Any, title: str, default: str, filters: str) -> tuple[str, str]:
+        asked.append((title, default, filters))
+        return str(dest), filters
+
+    def open_(_parent: Any, title: str, start: str, filters: str) -> tuple[str, str]:
+        asked.append((title, start, filters))
+        return "", ""
+
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(save))
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(open_))
+    window.export_trace_dialog()
+    title, default, filters = asked[-1]
+    recorded = live_trace_file(window.trace_path)
+    assert Path(default).name == f"{session_stem(recorded.name)}{trace_suffix(recorded.name)}"
+    assert f"(*{trace_suffix(recorded.name)})" in filters
+    assert (tmp_path / f"picked{trace_suffix(recorded.name)}").is_file()
+    assert (tmp_path / "picked.tokens.csv").is_file()
+    window.open_trace_dialog()
+    title, start, filters = asked[-1]
+    assert [a[0] for a in asked] == ["Export trace", "Open trace"] and title == "Open trace"
+    assert start == str(paths.traces_dir())
+    for suffix in TRACE_SUFFIXES:
+        assert f"*{suffix}" in filters.split(";;")[0]
+
+
 def test_a_session_trace_stops_at_its_size_limit_and_the_chat_goes_on(window: Any,
                                                                       qtbot: Any) -> None:
-    """A long chat on a large model writes ~170 kB a token: recording stops at the
+    """A long chat on a large model writes ~110 kB a token: recording stops at the
     session's limit with a reason a reader sees, the user is told, the answer goes on."""
     from moescope.display.trace_io import TraceLimits
 
     path = window.trace_path
     assert path is not None
     worker = window.client.worker
-    header = path.stat().st_size
+    writer = worker.recorder.writer  # counts what it wrote (a journal's bytes, if one)
+    header = writer.bytes_written
     limit = header + 20_000  # a few tokens of the tiny model
     worker.trace_limits = TraceLimits(session_bytes=limit)
     summary = send(qtbot, window, LONG_PROMPT, max_tokens=40)
     assert summary.n_tokens == 40  # the answer was not cut
     assert worker.recorder is None  # File → Export trace still exports what was recorded
-    trace = read_trace(path)
+    trace = read_trace(live_trace_file(path))
     assert trace.end is not None and trace.end["stop_reason"] == "size limit"
     assert not trace.truncated and 0 < len(trace.tokens) < 40
     # stopped within a token or two of the limit (the writer thread is one token behind)
-    per_token = (path.stat().st_size - header) / len(trace.tokens)
-    assert limit <= path.stat().st_size < limit + 3 * per_token
+    per_token = (writer.bytes_written - header) / len(trace.tokens)
+    assert limit <= writer.bytes_written < limit + 3 * per_token
+    if path.name.endswith((".arrows", ".jsonl")):  # written as it goes: the count is the file's
+        assert path.stat().st_size == writer.bytes_written
     assert any("size limit" in text for _, text in window.notices)
     assert "recording stopped" in window.statusBar().currentMessage()
     # the chat goes on, unrecorded
@@ -212,11 +340,13 @@ def test_a_new_session_deletes_the_oldest_traces_to_make_room(window: Any, qtbot
 
     first = window.trace_path
     assert first is not None
-    old = first.parent / "20200101-000000-old.jsonl"
-    old.write_bytes(b"x" * 4000)
+    old = first.parent / "20200101-000000-old.jsonl"  # an older format's session prunes too
+    old.write_bytes(b"x" * 40_000)
     os.utime(old, (1000, 1000))
-    window.client.worker.trace_limits = TraceLimits(session_bytes=first.stat().st_size + 10,
-                                                    total_bytes=first.stat().st_size * 2 + 2000)
+    # the first session grows by its end record when the load closes it: room for that
+    size = live_trace_file(first).stat().st_size
+    window.client.worker.trace_limits = TraceLimits(session_bytes=size + 10,
+                                                    total_bytes=size * 2 + 20_000)
     load(qtbot, window, tiny_moe, budget="25%", policy="quality-first", n_ctx=512)
     assert window.trace_path is not None and window.trace_path != first
     assert not old.exists() and first.exists()  # the oldest went, the newer one fits

@@ -121,6 +121,42 @@ def test_dropping_a_gguf_on_the_window_opens_it(make_window: Any, monkeypatch: A
     assert opened == [str(tiny_moe)]
 
 
+def test_dropping_a_trace_of_any_format_opens_it_and_other_files_are_refused(
+        make_window: Any, monkeypatch: Any, tmp_path: Any) -> None:
+    from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
+    from PySide6.QtGui import QDragEnterEvent, QDropEvent
+
+    from moescope.trace import TRACE_SUFFIXES
+
+    w = make_window()
+    traces: list[str] = []
+    models: list[str] = []
+    monkeypatch.setattr(w, "open_trace", lambda path: traces.append(str(path)))
+    monkeypatch.setattr(w, "prepare_open", lambda path: models.append(str(path)))
+
+    def mime(path: Any) -> QMimeData:
+        m = QMimeData()
+        m.setUrls([QUrl.fromLocalFile(str(path))])
+        return m
+
+    def accepted(path: Any) -> bool:
+        data = mime(path)  # the event keeps a pointer: the data must outlive it
+        event = QDragEnterEvent(QPoint(10, 10), Qt.DropAction.CopyAction, data,
+                                Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+        event.setAccepted(False)
+        w.dragEnterEvent(event)
+        return event.isAccepted()
+
+    names = [f"20200101-000000-m{s}" for s in TRACE_SUFFIXES] + ["s.parquet.journal.arrows"]
+    for name in names:
+        assert accepted(tmp_path / name), name
+        data = mime(tmp_path / name)
+        w.dropEvent(QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, data,
+                               Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier))
+    assert traces == [str(tmp_path / n) for n in names] and not models
+    assert not accepted(tmp_path / "notes.txt") and not accepted(tmp_path / "t.json")
+
+
 def test_open_model_names_a_split_models_files_and_a_thinking_switch(
         make_window: Any, qtbot: Any, tmp_path: Any) -> None:
     from moescope.gui.dialogs.open_model import OpenModelDialog

@@ -21,6 +21,7 @@ from moescope.sim.replay import Routing, decision_mismatches, replay_many
 from moescope.trace import TraceFormatError, TraceRecorder, read_trace
 from moescope.trace import parquet_format as pf
 from moescope.trace.arrow_format import END_KEY, HEADER_KEY
+from moescope.trace.names import live_trace_file
 from moescope.trace.reader import read_journal
 from moescope_testing.traces import core_trace
 
@@ -258,7 +259,7 @@ def test_the_recorder_compacts_on_its_writer_thread(tmp_path: Path,
     recorder.close(stop_reason="done")
     assert threads == ["moescope-trace-writer"]
     assert path.exists() and not pf.journal_path(path).exists()
-    assert recorder.trace_path == path
+    assert live_trace_file(path) == path
     t = read_trace(path)
     assert len(t.tokens) == 3 and t.end is not None and t.end["stop_reason"] == "done"
 
@@ -278,7 +279,7 @@ def test_the_recorder_compacts_on_its_writer_thread(tmp_path: Path,
     assert inner._raw.closed and not failing.exists()
     assert threads == ["moescope-trace-writer"]
     assert len(read_trace(pf.journal_path(failing)).tokens) == 1
-    assert recorder.trace_path == pf.journal_path(failing)  # what the user is told
+    assert live_trace_file(failing) == pf.journal_path(failing)  # what the user is told
 
 
 # --------------------------------------------------------------------------- hostile

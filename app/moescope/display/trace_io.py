@@ -25,6 +25,7 @@ as it did live. A trace from before the counters has none: its accuracy is unkno
 from __future__ import annotations
 
 import contextlib
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,15 @@ from moescope.trace import (
     read_trace,
     write_perfetto,
 )
+from moescope.trace.names import (
+    RECORD_SUFFIX,
+    TRACE_SUFFIXES,
+    journal_path,
+    live_trace_file,
+    session_stem,
+    trace_suffix,
+    with_trace_suffix,
+)
 from moescope.trace.tokens_csv import write_tokens_csv
 from moescope.util.files import copy_atomic
 
@@ -55,7 +65,8 @@ before each new session; see :class:`TraceLimits`)."""
 class TraceLimits:
     """How much disk the recorded sessions may take: traces are on by default, and at a
     large model's geometry (48 MoE layers x 512 experts) one token with router inputs is
-    about 170 kB, so a long chat writes gigabytes unless something bounds it."""
+    about 110 kB (Arrow stream; 170 kB as JSON Lines), so a long chat writes gigabytes
+    unless something bounds it."""
 
     keep: int = KEEP_TRACES
     """At most this many sessions are kept (the newest)."""
@@ -66,54 +77,88 @@ class TraceLimits:
 
 
 def new_trace_path(directory: Path, model_path: str) -> Path:
-    """Where the worker records a new session: named by time and model, and never an
-    existing file (two sessions can start in one second: a reload, a comparison)."""
+    """Where the worker records a new session, in :data:`RECORD_SUFFIX`'s format: named by
+    time and model, and never the name of an existing session, whatever its format (two
+    sessions can start in one second: a reload, a comparison)."""
     stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(model_path).stem}"
-    path, n = directory / f"{stem}.jsonl", 1
-    while path.exists():
+    name, n = stem, 1
+    while _session_exists(directory, name):
         n += 1
-        path = directory / f"{stem}-{n}.jsonl"
-    return path
+        name = f"{stem}-{n}"
+    return directory / f"{name}{RECORD_SUFFIX}"
+
+
+def _session_exists(directory: Path, stem: str) -> bool:
+    return any((directory / f"{stem}{s}").exists() or journal_path(directory / f"{stem}{s}")
+               .exists() for s in TRACE_SUFFIXES)
 
 
 def prune_traces(directory: Path, limits: TraceLimits = TraceLimits(),
                  room: int = 0) -> list[Path]:
     """Delete the oldest recorded sessions until at most ``limits.keep`` are left and they
     take at most ``limits.total_bytes`` minus ``room`` (the room a session about to start
-    may take); returns what was deleted. Files that vanish meanwhile are skipped."""
-    files: list[tuple[float, int, Path]] = []
-    for p in directory.glob("*.jsonl"):
+    may take); returns the files deleted. A session is every trace file of one name, in any
+    format the reader opens (an older ``.jsonl`` too), a journal included; other files are
+    never touched, and files that vanish meanwhile are skipped."""
+    sessions: dict[str, list[tuple[float, int, Path]]] = {}
+    try:
+        entries = list(directory.iterdir())
+    except OSError:  # no folder yet (nothing recorded), or unreadable: nothing to prune
+        return []
+    for p in entries:
+        stem = session_stem(p.name)
+        if stem is None:
+            continue
         with contextlib.suppress(OSError):
-            st = p.stat()
-            files.append((st.st_mtime, st.st_size, p))
-    files.sort(key=lambda f: f[0], reverse=True)
+            st = p.lstat()
+            if stat.S_ISREG(st.st_mode):
+                sessions.setdefault(stem, []).append((st.st_mtime, st.st_size, p))
+    order = sorted(sessions.values(), key=lambda files: max(f[0] for f in files),
+                   reverse=True)
     budget = max(0, limits.total_bytes - room)
     kept_bytes, gone = 0, []
-    for n, (_, size, p) in enumerate(files):
+    for n, files in enumerate(order):
+        size = sum(f[1] for f in files)
         if n < limits.keep and kept_bytes + size <= budget:
             kept_bytes += size
             continue
-        with contextlib.suppress(OSError):
-            p.unlink(missing_ok=True)
-            gone.append(p)
+        for _, _, p in files:
+            with contextlib.suppress(OSError):
+                p.unlink(missing_ok=True)
+                gone.append(p)
     return gone
 
 
 def export_session(recorded: Path, dest: Path) -> tuple[Path, Path, Path]:
-    """Copy the session's trace to ``dest`` (``.jsonl``) and write Perfetto JSON and a
-    per-token CSV next to it; returns the three paths. Each file is written whole or not
-    at all (``OSError``: a full disk leaves no half file and replaces nothing).
+    """Copy the session's trace to ``dest`` and write Perfetto JSON and a per-token CSV
+    next to it; returns the three paths. The copy keeps the recorded file's format, so its
+    name gets that format's suffix (``dest``'s own trace suffix, if any, is replaced: a name
+    must not say JSON Lines over an Arrow stream); a session still being recorded to a
+    journal exports the journal, an Arrow stream. Each file is written whole or not at all
+    (``OSError``: a full disk leaves no half file and replaces nothing).
 
-    Safe while recording continues: the recorder flushes whole lines, and a reader drops a
-    half-written last line.
+    Safe while recording continues: the recorder flushes whole records, and a reader drops
+    a half-written last one.
     """
-    jsonl = dest if dest.name.endswith((".jsonl", ".jsonl.gz")) else dest.with_suffix(".jsonl")
-    copy_atomic(recorded, jsonl)
-    stem = jsonl.name.split(".jsonl")[0]
-    trace = read_trace(jsonl)
-    perfetto = write_perfetto(trace, jsonl.with_name(f"{stem}.perfetto.json"))
-    csv = write_tokens_csv(trace, jsonl.with_name(f"{stem}.tokens.csv"))
-    return jsonl, perfetto, csv
+    try:
+        target, suffix = _copy_recorded(recorded, dest)
+    except FileNotFoundError:
+        if not recorded.exists():
+            raise
+        target, suffix = _copy_recorded(recorded, dest)  # the journal was finished meanwhile
+    stem = target.name[:-len(suffix)] if suffix is not None else target.stem
+    trace = read_trace(target)
+    perfetto = write_perfetto(trace, target.with_name(f"{stem}.perfetto.json"))
+    csv = write_tokens_csv(trace, target.with_name(f"{stem}.tokens.csv"))
+    return target, perfetto, csv
+
+
+def _copy_recorded(recorded: Path, dest: Path) -> tuple[Path, str | None]:
+    source = live_trace_file(recorded)
+    suffix = trace_suffix(source.name)
+    target = with_trace_suffix(dest, suffix) if suffix is not None else dest
+    copy_atomic(source, target)
+    return target, suffix
 
 
 @dataclass
@@ -137,8 +182,10 @@ def reopen(path: str | Path, progress: ReadProgress | None = None) -> ReopenedTr
 
     ``progress(bytes_read, file_bytes)`` hears how the read goes and may stop it
     (returning False raises ``TraceReadCancelled``), also while the snapshots are rebuilt.
+    A session still being recorded to a journal (a format finished at close) reads from
+    the journal.
     """
-    trace = read_trace(path, progress)
+    trace = read_trace(live_trace_file(path), progress)
     size = trace.path.stat().st_size if trace.path is not None else 0
     h = trace.header
     m = h.model

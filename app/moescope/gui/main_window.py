@@ -64,7 +64,7 @@ from moescope.gui.widgets.screen_fit import fitting
 from moescope.gui.worker import EngineClient
 from moescope.session.snapshots import ModelSummary, TokenSnapshot
 from moescope.session.store import ChatStore
-from moescope.trace import Change
+from moescope.trace import TRACE_SUFFIXES, Change
 from moescope.util import paths
 
 log = logging.getLogger("moescope.gui")
@@ -448,13 +448,13 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:
         urls = event.mimeData().urls()
         if urls and urls[0].isLocalFile() and urls[0].toLocalFile().endswith(
-                (".gguf", ".jsonl", ".jsonl.gz")):
+                (".gguf", *TRACE_SUFFIXES)):
             event.acceptProposedAction()
 
     def dropEvent(self, event: QDropEvent) -> None:
         path = event.mimeData().urls()[0].toLocalFile()
         event.acceptProposedAction()
-        if path.endswith((".jsonl", ".jsonl.gz")):
+        if path.endswith(TRACE_SUFFIXES):
             self.open_trace(path)
         else:
             self.prepare_open(path)

@@ -64,7 +64,7 @@ class WindowMenus(_Window):
                                         "chat"))
         file.addSeparator()
         file.addAction(self._action("E&xport trace…", self.export_trace_dialog,
-                                    "Ctrl+Shift+E", "Save this session's trace (JSONL), "
+                                    "Ctrl+Shift+E", "Save a copy of this session's trace, "
                                     "with a Perfetto timeline and a CSV of every token"))
         file.addAction(self._action("Open &trace…", self.open_trace_dialog, "Ctrl+Shift+O"))
         self.record_action = self._action(

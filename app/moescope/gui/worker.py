@@ -40,6 +40,7 @@ from moescope.session.recording import Recording, RecordingStopped
 from moescope.session.snapshots import AnswerSummary, ModelSummary, TokenSnapshot
 from moescope.session.turns import EngineQueue, Turn
 from moescope.trace import TraceRecorder
+from moescope.trace.names import live_trace_file
 from moescope.util.errors import MoEScopeError
 
 log = logging.getLogger("moescope.gui.worker")
@@ -371,11 +372,12 @@ class EngineWorker(QObject):
             self.recordingStopped.emit(
                 f"This session's trace reached its size limit "
                 f"({format_bytes(stopped.limit_bytes)}), so recording stopped here; the "
-                f"chat goes on. The trace so far is readable: {stopped.path}")
+                f"chat goes on. The trace so far is readable: {live_trace_file(stopped.path)}")
         else:
             self.recordingStopped.emit(
                 f"Writing the trace failed ({stopped.error}); recording stopped for this "
-                f"session and the chat goes on. The trace so far is readable: {stopped.path}")
+                f"session and the chat goes on. The trace so far is readable: "
+                f"{live_trace_file(stopped.path)}")
 
     def _close_recorder(self, stop_reason: str | None = None) -> None:
         if self.recording is not None:

@@ -107,10 +107,8 @@ class Recording:
 
     def _failed(self, err: Exception) -> None:
         log.warning("session recording stopped: %s", err)
-        recorder = self.recorder
         self.close(stop_reason="recording failed")
-        where = recorder.trace_path if recorder is not None else self.path
-        self._tell(RecordingStopped("failed", where, error=str(err)))
+        self._tell(RecordingStopped("failed", self.path, error=str(err)))
 
     def _tell(self, stopped: RecordingStopped) -> None:
         if self.on_stopped is not None:

@@ -32,9 +32,11 @@ Modules: :mod:`.schema` (records and their JSON form), :mod:`.writer` (the file,
 off the decode thread), :mod:`.recorder` (reads the engine per token), :mod:`.reader` and
 :mod:`.validate` (reading, every field bounded), :mod:`.arrow_format` (version 2, an Arrow
 stream) and :mod:`.parquet_format` (version 2 compacted to Parquet when a session closes),
-:mod:`.perfetto` and :mod:`.tokens_csv` (exports).
+:mod:`.perfetto` and :mod:`.tokens_csv` (exports), :mod:`.names` (the suffix the app
+records in, :data:`RECORD_SUFFIX`, and every one the reader opens, :data:`TRACE_SUFFIXES`).
 """
 
+from moescope.trace.names import RECORD_SUFFIX, TRACE_SUFFIXES
 from moescope.trace.perfetto import to_perfetto, write_perfetto
 from moescope.trace.reader import (
     MAX_BLANK_LINES,
@@ -78,8 +80,10 @@ __all__ = [
     "MAX_STEP_SLACK",
     "MAX_UNKNOWN_RECORDS",
     "PREDICTED_KEEP",
+    "RECORD_SUFFIX",
     "TIMING_KEYS",
     "TRACE_FORMAT",
+    "TRACE_SUFFIXES",
     "TRACE_VERSION",
     "Change",
     "ReadProgress",

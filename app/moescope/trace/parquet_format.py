@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from moescope.trace import arrow_format as af
+from moescope.trace.names import JOURNAL_SUFFIX, journal_path
 from moescope.trace.schema import TokenRecord, Trace, TraceFormatError, TraceHeader
 from moescope.util.files import check_output, fill_atomic
 
@@ -46,8 +47,6 @@ SUFFIX = ".parquet"
 """The file name suffix of a compacted version-2 trace."""
 MAGIC = b"PAR1"
 """A Parquet file begins and ends with these bytes."""
-JOURNAL_SUFFIX = ".journal.arrows"
-"""Appended to a ``.parquet`` name: the stream it is recorded to until compacted."""
 TOKENS_KEY, NO_INPUTS_KEY = b"moescope.tokens", b"moescope.no_inputs"
 ROW_GROUP_BYTES = 12 << 20
 """Decoded probability bytes a row group holds at most (plus one token's): 128 tokens at
@@ -72,11 +71,6 @@ FLOAT_COLUMNS = ("probs.list.element", "gate.list.element", "weights.list.elemen
 def is_parquet_path(path: str | os.PathLike[str]) -> bool:
     """Whether a trace written to ``path`` is compacted to Parquet (by its name)."""
     return os.fspath(path).endswith(SUFFIX)
-
-
-def journal_path(path: str | os.PathLike[str]) -> Path:
-    """The journal a trace named ``path`` is recorded to until it is compacted."""
-    return Path(os.fspath(path) + JOURNAL_SUFFIX)
 
 
 def compacted_path(journal: str | os.PathLike[str]) -> Path:

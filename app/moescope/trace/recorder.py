@@ -187,12 +187,6 @@ class TraceRecorder:
         return self.writer.path
 
     @property
-    def trace_path(self) -> Path:
-        """The file that holds the trace now (a Parquet trace's journal until it is
-        compacted at :meth:`close`): what to tell a user whose recording stopped."""
-        return Path(getattr(self.writer, "readable", self.writer.path))
-
-    @property
     def bytes_written(self) -> int:
         """The file's size so far, at most one token behind (the writer thread's token
         is not in it yet): what a caller compares with a size limit after :meth:`record`."""

@@ -59,6 +59,7 @@ from moescope.cli.terminal import (
 from moescope.model.reasoning import THINKING_SETTINGS
 from moescope.session.answer import answer_now
 from moescope.session.recording import Recording, RecordingStopped
+from moescope.trace.names import formats_help
 from moescope.util.errors import MoEScopeError
 
 if TYPE_CHECKING:
@@ -104,8 +105,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add_gpu_layers_argument(p)
     add_threads_argument(p)
     add_no_cache_argument(p)
-    p.add_argument("--trace", type=Path, metavar="FILE.jsonl[.gz]",
-                   help="record the session as a trace (replay it with `moescope replay`)")
+    p.add_argument("--trace", type=Path, metavar="FILE",
+                   help="record the session as a trace, in the format its name ends with: "
+                        f"{formats_help()} (replay it with `moescope replay`)")
     add_audit_argument(p)
     p.set_defaults(func=run)
 

@@ -29,6 +29,7 @@ from moescope.cli.options import (
     add_no_cache_argument,
     add_policy_argument,
 )
+from moescope.trace.names import formats_help
 from moescope.util.errors import MoEScopeError
 from moescope.util.resources import demo_model_path
 
@@ -51,8 +52,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add_sampling_arguments(p, n_default=128, n_help="tokens to generate")
     add_gpu_layers_argument(p)
     add_no_cache_argument(p)
-    p.add_argument("--trace", type=Path, metavar="FILE.jsonl[.gz]",
-                   help="record a session trace (replay it with `moescope replay`)")
+    p.add_argument("--trace", type=Path, metavar="FILE",
+                   help="record a session trace, in the format its name ends with: "
+                        f"{formats_help()} (replay it with `moescope replay`)")
     add_audit_argument(p)
     p.set_defaults(func=run)
 

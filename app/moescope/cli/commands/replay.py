@@ -19,6 +19,7 @@ from typing import Any
 from moescope.cache.budget import parse_budget, plan_slots
 from moescope.cache.policy import PRESET_NAMES
 from moescope.cli.commands.generate import check_outputs, write_output
+from moescope.trace import TRACE_SUFFIXES
 from moescope.util.errors import MoEScopeError
 
 
@@ -30,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                     "trace through the expert-cache core under several policies and "
                     "budgets, and estimate time per token with a cost model.")
     p.add_argument("trace", type=Path, metavar="TRACE",
-                   help="a trace written by MoEScope (.jsonl or .jsonl.gz)")
+                   help=f"a trace written by MoEScope ({', '.join(TRACE_SUFFIXES)})")
     p.add_argument("--policy", "-p", action="append", metavar="P[,P...]",
                    help="policies: 'recorded' (as traced, changes included), a preset "
                         f"({', '.join(PRESET_NAMES)}) or preset:key=value, e.g. "

@@ -39,7 +39,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     """Compact; user errors (not a stream, a bad row, an output that must not be written)
     propagate as MoEScopeError (exit 2)."""
-    from moescope.trace.parquet_format import JOURNAL_SUFFIX, compact
+    from moescope.trace.names import JOURNAL_SUFFIX
+    from moescope.trace.parquet_format import compact
     from moescope.trace.schema import TraceFormatError
     from moescope.util.errors import MoEScopeError
 

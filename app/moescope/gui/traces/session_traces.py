@@ -18,6 +18,14 @@ from PySide6.QtWidgets import QFileDialog, QProgressDialog
 from moescope.display.trace_io import ReopenedTrace, export_session
 from moescope.gui.traces.trace_opener import PROGRESS_STEPS, TraceOpener
 from moescope.gui.traces.trace_window import TraceWindow
+from moescope.trace.names import (
+    FORMAT_NAMES,
+    RECORD_SUFFIX,
+    dialog_filter,
+    live_trace_file,
+    session_stem,
+    trace_suffix,
+)
 from moescope.util import paths
 from moescope.util.errors import MoEScopeError
 from moescope.util.memory import release_freed_memory
@@ -60,15 +68,21 @@ class SessionTraces(_Window):
                                                   "on File ▸ Record session traces and load "
                                                   "the model again.")
             return
-        default = str(Path.home() / f"{self.trace_path.stem}.jsonl")
-        path, _ = QFileDialog.getSaveFileName(self, "Export trace", default,
-                                              "MoEScope trace (*.jsonl)")
+        # the copy keeps the recorded format (export_session names it so)
+        recorded = live_trace_file(self.trace_path)  # a journal while it is being recorded
+        suffix = trace_suffix(recorded.name) or RECORD_SUFFIX
+        stem = session_stem(recorded.name) or recorded.stem
+        default = str(Path.home() / f"{stem}{suffix}")
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export trace", default,
+            f"MoEScope trace, {FORMAT_NAMES.get(suffix, 'as recorded')} (*{suffix})")
         if path:
             self.export_trace(path)
 
     def export_trace(self, path: str | Path) -> tuple[Path, Path, Path] | None:
-        """Copy the session's trace to ``path`` and write Perfetto JSON and a per-token
-        CSV next to it; None (and the user told) if writing failed.
+        """Copy the session's trace to ``path`` (named with the recorded format's suffix)
+        and write Perfetto JSON and a per-token CSV next to it; None (and the user told) if
+        writing failed.
 
         Read from the file as it is, on this thread: the worker puts each answer's last
         token on disk before it reports the answer finished, so between answers the file is
@@ -81,16 +95,15 @@ class SessionTraces(_Window):
         except OSError as err:
             self._export_failed("trace", path, err)
             return None
-        jsonl, perfetto, csv = files
-        log.info("trace exported: %s, %s and %s", jsonl, perfetto.name, csv.name)
+        trace, perfetto, csv = files
+        log.info("trace exported: %s, %s and %s", trace, perfetto.name, csv.name)
         self.statusBar().showMessage(
-            f"Trace saved to {jsonl}, with {perfetto.name} and {csv.name}", 8000)
+            f"Trace saved to {trace}, with {perfetto.name} and {csv.name}", 8000)
         return files
 
     def open_trace_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(
-            self, "Open trace", str(paths.traces_dir()),
-            "MoEScope traces (*.jsonl *.jsonl.gz);;All files (*)")
+            self, "Open trace", str(paths.traces_dir()), dialog_filter())
         if path:
             self.open_trace(path)
 
