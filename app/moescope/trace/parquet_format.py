@@ -364,7 +364,11 @@ class _Probs(Sequence[npt.NDArray[Any]]):
             return out
 
         def work(share: list[int]) -> None:
-            pf = _open(self._path)
+            try:
+                pf = _open(self._path)
+            except (pa.ArrowException, OSError) as err:  # removed since it was opened
+                raise TraceFormatError(f"{self._path.name}: the probabilities do not read "
+                                       f"({_said(err)})") from None
             try:
                 for i in share:
                     self._decode(pf, i, out)
