@@ -485,3 +485,26 @@ def test_trace_compact_converts_any_stream_and_refuses_bad_outputs(
 
 def stream_events(path: Path) -> bytes:
     return read_trace(path).events().tobytes()
+
+
+def test_many_row_groups_decode_on_threads_as_one(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Row groups hold whole tokens; the probabilities of a file of several decode the
+    same on threads (each its own reader) as a row at a time; a group that splits a
+    token is refused."""
+    import os
+
+    stream = core_trace(tmp_path / "s.arrows", n_tokens=12)
+    monkeypatch.setattr(pf, "ROW_GROUP_BYTES", 6 * 1024)  # 3 tokens of 2 rows (1 kB at least)
+    out = pf.compact(stream, tmp_path / "s.parquet")
+    assert pq.ParquetFile(out).metadata.num_row_groups == 4
+    x, y = read_trace(stream), read_trace(out)
+    assert x.columns is not None and y.columns is not None
+    rows = [y.columns.row_probs(r).tobytes() for r in range(len(y.events()))]
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert y.columns.probs.tobytes() == x.columns.probs.tobytes() == b"".join(rows)
+    split = tmp_path / "split.parquet"
+    pq.write_table(pq.read_table(out), split, row_group_size=5)
+    with pytest.raises(TraceFormatError, match=r"^split\.parquet: a row group splits a "
+                                               r"token's rows"):
+        read_trace(split)

@@ -49,8 +49,9 @@ MAGIC = b"PAR1"
 """A Parquet file begins and ends with these bytes."""
 TOKENS_KEY, NO_INPUTS_KEY = b"moescope.tokens", b"moescope.no_inputs"
 ROW_GROUP_BYTES = 12 << 20
-"""Decoded probability bytes a row group holds at most (plus one token's): 128 tokens at
-Qwen3-Next's geometry. Larger groups compressed no better; each group is the unit a row's
+"""Decoded probability bytes a row group holds at most (plus one token's; a row counts as
+1 kB at least, so a small model's groups are not huge in rows): 128 tokens at Qwen3-Next's
+geometry. Larger groups compressed no better; each group is the unit a row's
 probabilities are decoded in, and the unit the threads decode in parallel."""
 COMPRESSION_LEVEL = 1
 """The probabilities' zstd level: level 3 saved 1% of the bytes and cost a third more
