@@ -6,10 +6,13 @@ Synthesizes traces with ``moescope_testing.traces.synthetic_trace`` (48 MoE laye
 experts, top-10, f32 router inputs, PSR predictions on every row, rows decided by the real
 core) and measures, as medians of ``--reps``:
 
-* bytes on disk per token, version 1 (JSON Lines) and version 2 (Arrow IPC stream);
-* ``read_trace`` time per token for both (the same tokens; read once first to warm up),
+* bytes on disk per token, version 1 (JSON Lines), version 2 (Arrow IPC stream) and
+  version 2 compacted to Parquet (``moescope.trace.parquet_format``), and the compaction's
+  time per token;
+* ``read_trace`` time per token for each (the same tokens; read once first to warm up),
   wall clock (median) and CPU time (best of at least 3), and CPU time with every event row
-  read (``Trace.events()``: version 2 lays them out when first read);
+  read (``Trace.events()``: version 2 lays them out when first read); with
+  ``Routing.from_trace`` too (a Parquet trace decodes its probabilities there);
 * the shared substitute ranking (``Routing.substitute_ranking``, once per trace, 2 threads);
 * replay layer-decisions per second on one core (8 policies, one thread), wall clock and
   CPU time (best of the reps), the ranking already made;
@@ -46,6 +49,7 @@ from moescope.sim import cost_model  # noqa: E402
 from moescope.sim.replay import Routing, replay_many  # noqa: E402
 from moescope.sim.sweep import RECORDED, sweep  # noqa: E402
 from moescope.trace import read_trace  # noqa: E402
+from moescope.trace.parquet_format import compact  # noqa: E402
 from moescope_testing.traces import synthetic_trace  # noqa: E402
 
 POLICIES = ["exact", "quality-first", "speed-first", "cache-prior", "psr", "substitute-all",
@@ -136,12 +140,24 @@ def window_whatif(trace, reps: int) -> list[tuple[str, str]]:  # type: ignore[no
     return out
 
 
+def probs_bytes(path: Path) -> int:
+    """The compressed bytes of a Parquet trace's probabilities column."""
+    import pyarrow.parquet as pq
+
+    md = pq.ParquetFile(path).metadata
+    return sum(md.row_group(g).column(j).total_compressed_size
+               for g in range(md.num_row_groups) for j in range(md.num_columns)
+               if md.row_group(g).column(j).path_in_schema.startswith("probs."))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=10_000)
     ap.add_argument("--read-tokens", type=int, default=400)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--no-big-parquet", action="store_true",
+                    help="skip compacting and reading the --tokens trace as Parquet")
     args = ap.parse_args()
     work = args.dir or Path(tempfile.mkdtemp(prefix="moescope-replay-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -168,6 +184,34 @@ def main() -> int:
     rows.append((f"read_trace + Trace.events() CPU per token ({n} tokens), v1 / v2",
                  f"{e1 / n * 1e3:.3f} / {e2 / n * 1e3:.3f} ms = {e1 / e2:.1f}x"))
 
+    # the compacted form (issue 18, Parquet): the same tokens, compacted from the stream
+    c0 = time.process_time()
+    tc, v3 = timed(lambda: compact(v2, work / "read.parquet"), 1)
+    cc = time.process_time() - c0
+    assert isinstance(v3, Path)
+    rows.append(("bytes on disk per token, v2 Parquet (compacted)",
+                 f"{v3.stat().st_size / n:,.0f} B ({probs_bytes(v3) / n:,.0f} B of it "
+                 f"probabilities)"))
+    rows.append((f"compaction per token ({n} tokens, stream -> Parquet)",
+                 f"{tc / n * 1e3:.3f} ms wall, {cc / n * 1e3:.3f} ms CPU"))
+    read_trace(v3)
+    t3, _ = timed(lambda: read_trace(v3), args.reps)
+    c3 = cpu_best(lambda: read_trace(v3), max(args.reps, 3))
+    rows.append((f"read_trace per token ({n} tokens), Parquet: wall / CPU vs v1",
+                 f"{t3 / n * 1e3:.3f} ms / {c3 / n * 1e3:.3f} ms = {c1 / c3:.1f}x v1 CPU"))
+    e3 = cpu_best(lambda: read_trace(v3).events(), max(args.reps, 3))
+    rows.append((f"read_trace + Trace.events() CPU per token ({n} tokens), Parquet",
+                 f"{e3 / n * 1e3:.3f} ms = {e1 / e3:.1f}x v1"))
+    for name, path in (("v2 stream", v2), ("Parquet", v3)):
+        tr_, tt = timed(lambda p=path: Routing.from_trace(read_trace(p)), args.reps)
+        c0 = time.process_time()
+        Routing.from_trace(read_trace(path))
+        cr = time.process_time() - c0
+        rows.append((f"read_trace + Routing.from_trace per token ({n} tokens), {name}",
+                     f"{tr_ / n * 1e3:.3f} ms wall, {cr / n * 1e3:.3f} ms CPU "
+                     f"(incl. decoding the probabilities)"))
+        del tt
+
     big = synthetic_trace(work / "big.arrows", n_tokens=args.tokens)
     rows.append((f"bytes on disk per token, v2 ({args.tokens} tokens)",
                  f"{big.stat().st_size / args.tokens:,.0f} B"))
@@ -175,6 +219,18 @@ def main() -> int:
     rows.append((f"read_trace, {args.tokens} tokens, v2", f"{tr:.2f} s"))
     tl, routing = timed(lambda: Routing.from_trace(trace), 1)  # type: ignore[arg-type]
     rows.append(("Routing.from_trace (layout for the replay)", f"{tl:.2f} s"))
+    if not args.no_big_parquet:
+        tcb, bigp = timed(lambda: compact(big, work / "big.parquet"), 1)
+        assert isinstance(bigp, Path)
+        rows.append((f"compaction, {args.tokens} tokens",
+                     f"{tcb:.2f} s wall ({tcb / args.tokens * 1e3:.2f} ms a token); "
+                     f"{bigp.stat().st_size / args.tokens:,.0f} B a token"))
+        trp, tracep = timed(lambda: read_trace(bigp), 1)
+        rows.append((f"read_trace, {args.tokens} tokens, Parquet", f"{trp:.2f} s"))
+        tlp, _ = timed(lambda: Routing.from_trace(tracep), 1)  # type: ignore[arg-type]
+        rows.append(("Routing.from_trace, Parquet (decodes the probabilities, 4 threads "
+                     "at most)", f"{tlp:.2f} s"))
+        del tracep
     assert isinstance(routing, Routing)
     c0 = time.process_time()
     tk, _ = timed(lambda: routing.substitute_ranking(threads=2), 1)

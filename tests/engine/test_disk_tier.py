@@ -267,7 +267,7 @@ def test_chat_keeps_the_conversation_and_the_trace_after_a_read_error(
     loaded[0].close()
 
 
-@pytest.mark.parametrize("suffix", [".jsonl", ".arrows"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".arrows", ".parquet"])
 def test_traces_keep_each_selections_tier_as_the_engine_decided_it(
         synth_model: Callable[..., Path], tmp_path: Path, suffix: str,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -80,6 +80,19 @@ def test_a_v1_and_a_v2_recording_of_one_session_replay_alike(record: RecordFn) -
         assert same_numbers(x, y) == []
 
 
+def test_a_session_recorded_as_parquet_replays_as_the_engine_decided(record: RecordFn) -> None:
+    """Recorded through the recorder (journal, compacted at close): the engine's decisions
+    replay exactly, and the file holds what the stream recording of the session holds."""
+    v2 = read_trace(record("qwen3moe", name="same.arrows", tokens=16))
+    pq = read_trace(record("qwen3moe", name="same.parquet", tokens=16))
+    assert pq.path is not None and pq.path.suffix == ".parquet"
+    assert decision_mismatches(v2.events(), pq.events()) == []
+    result = replay_many(pq, [(None, None)], keep_events=True)[0]
+    assert result.events is not None and decision_mismatches(pq.events(), result.events) == []
+    for x, y in zip(replay_many(v2, CONFIGS), replay_many(pq, CONFIGS), strict=True):
+        assert same_numbers(x, y) == []
+
+
 def test_the_batch_refuses_a_configuration_the_core_would_refuse(record: RecordFn) -> None:
     routing = Routing.from_trace(read_trace(record("qwen3moe", name="trace.arrows",
                                                    tokens=20, answers=2, switch_at=7)))
@@ -132,3 +145,20 @@ def test_the_replay_loop_gives_the_per_call_cores_totals_to_the_bit(
         for name in REPLAY_FIELDS:
             assert np.array_equal(a.per_token[name], b.per_token[name]), (policy, slots, name)
     assert sum(int(r.per_token["substitutions"].sum()) for r in fast) > 0
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHES)
+def test_a_compacted_trace_replays_to_the_bit_as_its_journal(
+        record: RecordFn, arch: str, tmp_path: Path) -> None:
+    """Parquet stores the journal's rows losslessly: every per-token total of every
+    configuration is the same bytes replayed from either file."""
+    from moescope.trace.parquet_format import compact
+
+    stream = record(arch, name="trace.arrows", tokens=20, answers=2, switch_at=7)
+    a = read_trace(stream)
+    b = read_trace(compact(stream, tmp_path / "trace.parquet"))
+    k = a.header.model.top_k
+    configs = [(None, None), *[(p, s) for p in ALL_PRESETS for s in (k, k + 2, None)]]
+    for x, y in zip(replay_many(a, configs, threads=2), replay_many(b, configs, threads=2),
+                    strict=True):
+        assert x.per_token.tobytes() == y.per_token.tobytes()

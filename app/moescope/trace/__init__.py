@@ -30,9 +30,10 @@ The package is engine-agnostic on purpose (``trace`` sits below ``engine`` in th
 
 Modules: :mod:`.schema` (records and their JSON form), :mod:`.writer` (the file, written
 off the decode thread), :mod:`.recorder` (reads the engine per token), :mod:`.reader` and
-:mod:`.validate` (reading, every field bounded), :mod:`.perfetto` and :mod:`.tokens_csv`
-(exports), :mod:`.names` (the suffix the app records in, :data:`RECORD_SUFFIX`, and every
-one the reader opens, :data:`TRACE_SUFFIXES`).
+:mod:`.validate` (reading, every field bounded), :mod:`.arrow_format` (version 2, an Arrow
+stream) and :mod:`.parquet_format` (version 2 compacted to Parquet when a session closes),
+:mod:`.perfetto` and :mod:`.tokens_csv` (exports), :mod:`.names` (the suffix the app
+records in, :data:`RECORD_SUFFIX`, and every one the reader opens, :data:`TRACE_SUFFIXES`).
 """
 
 from moescope.trace.names import RECORD_SUFFIX, TRACE_SUFFIXES

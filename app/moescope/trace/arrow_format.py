@@ -201,12 +201,12 @@ class ArrowTraceWriter:
     flushed before :meth:`write_token` returns (``fsync=True`` also syncs the disk)."""
 
     def __init__(self, path: str | os.PathLike[str], header: TraceHeader, *,
-                 fsync: bool = False) -> None:
+                 fsync: bool = False, stream: IO[bytes] | None = None) -> None:
         self.path = Path(path)
         self.header = header
         self._fsync = fsync
         self.schema = row_schema(header)
-        self._raw: IO[bytes] = open_stream(self.path)
+        self._raw: IO[bytes] = open_stream(self.path) if stream is None else stream
         try:
             self._stream = ipc.new_stream(self._raw, self.schema)
             self._raw.flush()
@@ -311,12 +311,15 @@ class _Parts(Sequence[npt.NDArray[Any]]):
         return values[c.offset * w:(c.offset + len(c)) * w].reshape(len(c), w)
 
 
-def columns_of(batches: list[pa.RecordBatch], header: TraceHeader) -> dict[str, Any]:
-    """Every row of ``batches`` as numpy arrays (concatenated once per column); the
-    probabilities stay in place, one block per batch (``probs``, a sequence)."""
+def columns_of(whole: pa.Table | None, header: TraceHeader,
+               probs: tuple[Sequence[npt.NDArray[Any]], npt.NDArray[np.bool_]] | None = None
+               ) -> dict[str, Any]:
+    """Every row of ``whole`` (the stream's batches as chunks, or a Parquet file's columns)
+    as numpy arrays (concatenated once per column); the probabilities stay in place, one
+    block per chunk (``probs``, a sequence), or are ``probs`` (blocks and which rows hold
+    them) where ``whole`` has no such column (a Parquet file decodes them when used)."""
     m = header.model
     k, e = m.top_k, m.n_expert
-    whole = pa.Table.from_batches(batches, schema=batches[0].schema) if batches else None
     n = whole.num_rows if whole is not None else 0
     if whole is None or n == 0:
         return {"n": 0}
@@ -374,7 +377,9 @@ def columns_of(batches: list[pa.RecordBatch], header: TraceHeader) -> dict[str, 
             out[np.arange(cols)[None, :] < lengths[:, None]] = ordered
         return out, lengths
 
-    probs = whole.column("probs")
+    if probs is None:
+        column = whole.column("probs")
+        probs = (_Parts(column, e), valid(column))
     return {
         "n": n, "token": flat("token"), "step": flat("step"), "layer": flat("layer"),
         "batch": flat("batch"), "ids": fixed("ids", k), "action": fixed("action", k),
@@ -386,7 +391,7 @@ def columns_of(batches: list[pa.RecordBatch], header: TraceHeader) -> dict[str, 
         "bytes_sync": flat("bytes_sync"), "bytes_async": flat("bytes_async"),
         **({"tier": fixed("tier", k), "n_disk": flat("n_disk"),
             "bytes_disk": flat("bytes_disk")} if "tier" in whole.column_names else {}),
-        "probs": _Parts(probs, e), "probs_valid": valid(probs),
+        "probs": probs[0], "probs_valid": probs[1],
         "next_layer": flat("next_layer"), "predicted": ragged("predicted", e),
     }
 
@@ -422,10 +427,11 @@ def events_of(cols: Mapping[str, Any], k: int) -> npt.NDArray[Any]:
     return ev
 
 
-def trace_columns(cols: dict[str, Any], token_rows: npt.NDArray[np.int64], source: str = ""
-                  ) -> TraceColumns:
+def trace_columns(cols: dict[str, Any], token_rows: npt.NDArray[np.int64], source: str = "",
+                  starts: npt.NDArray[np.int64] | None = None) -> TraceColumns:
     """The replay's view of the checked rows: router inputs where recorded; the event rows
-    laid out from ``cols`` when first asked for (``cols`` is kept until then)."""
+    laid out from ``cols`` when first asked for (``cols`` is kept until then). ``starts``:
+    the first row of each block of ``cols["probs"]`` (default: a block per token)."""
     n = cols["n"]
     k = cols["ids"].shape[1] if n else 0
     if not n:
@@ -448,7 +454,8 @@ def trace_columns(cols: dict[str, Any], token_rows: npt.NDArray[np.int64], sourc
         next_layer=cols["next_layer"].astype(np.int32) if width else None,
         predicted=predicted, source=source, ids=cols["ids"],
         # a batch per token, a chunk per batch (empty ones too): the tokens' first rows
-        starts=token_rows if len(cols["probs"]) == len(token_rows) - 1 else None)
+        starts=starts if starts is not None else
+        token_rows if len(cols["probs"]) == len(token_rows) - 1 else None)
 
 
 class LazyRoutes(Mapping[int, RouterInput]):

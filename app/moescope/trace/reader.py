@@ -12,10 +12,12 @@ import json
 import os
 import zlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from moescope.trace.schema import (
     TokenRecord,
@@ -150,7 +152,8 @@ class _LineReader:
 
 
 def read_trace(path: str | os.PathLike[str], progress: ReadProgress | None = None) -> Trace:
-    """Read and validate a trace (plain or gzip JSON Lines).
+    """Read and validate a trace (plain or gzip JSON Lines; version 2, an Arrow stream or
+    its Parquet compaction, known by the file's first bytes).
 
     A malformed record raises :class:`TraceFormatError` naming its line and field; a last
     line without its newline (a writer killed mid-token) is dropped and flagged
@@ -162,11 +165,16 @@ def read_trace(path: str | os.PathLike[str], progress: ReadProgress | None = Non
     p = Path(path)
     try:
         with open(p, "rb") as f:
-            arrow = f.read(4) == b"\xff\xff\xff\xff"
+            magic = f.read(4)
     except OSError:
-        arrow = False  # the line reader below words the error
+        magic = b""  # the line reader below words the error
+    arrow, parquet = magic == b"\xff\xff\xff\xff", magic == b"PAR1"
     if arrow:
         return _read_arrow(p, progress)
+    if parquet:
+        from moescope.trace.parquet_format import read_parquet
+
+        return read_parquet(p, progress)
     header: TraceHeader | None = None
     tokens: list[TokenRecord] = []
     end: dict[str, Any] | None = None
@@ -260,11 +268,50 @@ MAX_ROWS_PER_TOKEN = 1 << 16
 512-token ubatch is 24,576), so a hostile batch cannot size the reader's arrays."""
 
 
-def _read_arrow(p: Path, progress: ReadProgress | None) -> Trace:
-    """Read and validate a version-2 trace (:mod:`.arrow_format`): the header from the
-    schema, each token's fields from its batch's metadata, and every row field column by
-    column over the whole file. A message cut off at the end (a writer killed mid-token)
-    is dropped and flagged ``truncated``."""
+@dataclass
+class Journal:
+    """A version-2 stream as read, before its rows are checked: what the reader checks and
+    what compaction (:mod:`.parquet_format`) writes out again."""
+
+    header: TraceHeader
+    schema: Any  # pa.Schema, with the header in its metadata
+    texts: list[bytes]
+    """Each token's fields, as the JSON its batch's metadata holds."""
+    metas: list[dict[str, Any]]
+    batches: list[Any]  # pa.RecordBatch, one per token
+    end: dict[str, Any] | None
+    end_text: bytes | None
+    truncated: bool
+
+
+def header_of(p: Path, raw: bytes | None, schema: Any, what: str,
+              columns: Callable[[TraceHeader], Any] | None = None) -> TraceHeader:
+    """A version-2 header from ``raw`` (a schema's ``moescope.header``), checked, with
+    ``schema`` (metadata aside) the columns version 2 defines for it (``columns(header)``:
+    default the stream's, :func:`.arrow_format.row_schema`)."""
+    from moescope.trace import arrow_format as af
+
+    if raw is None:
+        raise TraceFormatError(f"{p.name}: {what} without a MoEScope header")
+    try:
+        obj = _DECODER.decode(raw.decode("utf-8"))
+        if not isinstance(obj, dict):
+            raise ValueError("the header must be a JSON object")
+        header = _header_from_json(obj, versions=(af.ARROW_VERSION, af.ARROW_VERSION))
+        want = (columns or af.row_schema)(header)
+        if not schema.remove_metadata().equals(want.remove_metadata()):
+            raise ValueError("the rows' columns are not the ones version 2 defines")
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError, RecursionError,
+            TraceFormatError) as err:
+        what = f"missing field {err}" if isinstance(err, KeyError) else str(err)
+        raise TraceFormatError(f"{p.name}: bad header: {what}") from None
+    return header
+
+
+def read_journal(p: Path, progress: ReadProgress | None = None) -> Journal:
+    """A version-2 stream's header, tokens' fields and batches (rows not yet checked). A
+    message cut off at the end (a writer killed mid-token) is dropped and flagged
+    ``truncated``."""
     import pyarrow as pa
 
     from moescope.trace import arrow_format as af
@@ -273,24 +320,13 @@ def _read_arrow(p: Path, progress: ReadProgress | None) -> Trace:
         schema, batches, source = af.read_batches(p)
     except (pa.ArrowException, OSError, ValueError) as err:
         raise TraceFormatError(f"{p.name}: not a readable Arrow trace ({err})") from None
-    raw = (schema.metadata or {}).get(af.HEADER_KEY)
-    if raw is None:
-        raise TraceFormatError(f"{p.name}: an Arrow stream without a MoEScope header")
-    try:
-        obj = _DECODER.decode(raw.decode("utf-8"))
-        if not isinstance(obj, dict):
-            raise ValueError("the header must be a JSON object")
-        header = _header_from_json(obj, versions=(af.ARROW_VERSION, af.ARROW_VERSION))
-        want = af.row_schema(header)
-        if not schema.remove_metadata().equals(want.remove_metadata()):
-            raise ValueError("the rows' columns are not the ones version 2 defines")
-    except (KeyError, TypeError, ValueError, UnicodeDecodeError, RecursionError,
-            TraceFormatError) as err:
-        what = f"missing field {err}" if isinstance(err, KeyError) else str(err)
-        raise TraceFormatError(f"{p.name}: bad header: {what}") from None
+    header = header_of(p, (schema.metadata or {}).get(af.HEADER_KEY), schema,
+                       "an Arrow stream")
     kept: list[pa.RecordBatch] = []
     metas: list[dict[str, Any]] = []
+    texts: list[bytes] = []
     end: dict[str, Any] | None = None
+    end_text: bytes | None = None
     truncated = False
     unknown = 0
     size = source.size()
@@ -302,7 +338,8 @@ def _read_arrow(p: Path, progress: ReadProgress | None) -> Trace:
             if len(meta) == 1 and meta.key(0) == af.TOKEN_KEY:  # a token's (one lookup)
                 text = meta.value(0)
             elif af.END_KEY in meta:
-                d = _DECODER.decode(meta[af.END_KEY].decode("utf-8"))
+                end_text = meta[af.END_KEY]
+                d = _DECODER.decode(end_text.decode("utf-8"))
                 end = {k: v for k, v in d.items() if _is_scalar(v)} if isinstance(d, dict) \
                     else {}
                 continue
@@ -320,6 +357,7 @@ def _read_arrow(p: Path, progress: ReadProgress | None) -> Trace:
             if not isinstance(d, dict):
                 raise ValueError(f"token {len(metas)}: its fields are not a JSON object")
             metas.append(d)
+            texts.append(text)
             kept.append(batch)
             if progress is not None and i % 64 == 63 and not progress(source.tell(), size):
                 raise TraceReadCancelled(f"{p.name}: reading the trace was cancelled")
@@ -328,10 +366,41 @@ def _read_arrow(p: Path, progress: ReadProgress | None) -> Trace:
                                f"({err})") from None
     except (ValueError, UnicodeDecodeError, RecursionError) as err:
         raise TraceFormatError(f"{p.name}: {err}") from None
+    return Journal(header=header, schema=schema, texts=texts, metas=metas, batches=kept,
+                   end=end, end_text=end_text, truncated=truncated)
+
+
+def _read_arrow(p: Path, progress: ReadProgress | None) -> Trace:
+    """Read and validate a version-2 trace (:mod:`.arrow_format`): the header from the
+    schema, each token's fields from its batch's metadata, and every row field column by
+    column over the whole file. A message cut off at the end (a writer killed mid-token)
+    is dropped and flagged ``truncated``."""
+    import pyarrow as pa
+
+    from moescope.trace import arrow_format as af
+
+    j = read_journal(p, progress)
+    token_rows = np.zeros(len(j.batches) + 1, dtype=np.int64)
+    np.cumsum([b.num_rows for b in j.batches], out=token_rows[1:])
+    whole = pa.Table.from_batches(j.batches, schema=j.schema) if j.batches else None
+    return assemble(p, j.header, j.metas, j.end, j.truncated, token_rows,
+                    lambda: af.columns_of(whole, j.header))
+
+
+def assemble(p: Path, header: TraceHeader, metas: list[dict[str, Any]],
+             end: dict[str, Any] | None, truncated: bool, token_rows: npt.NDArray[np.int64],
+             columns: Callable[[], dict[str, Any]],
+             starts: npt.NDArray[np.int64] | None = None) -> Trace:
+    """A version-2 trace from its tokens' fields (``metas``) and its rows (``columns()``,
+    :func:`.arrow_format.columns_of`'s arrays; ``token_rows`` delimits each token's),
+    every field checked against ``header`` as the stream's are; the one place both
+    containers (stream and Parquet) build their :class:`Trace`."""
+    import pyarrow as pa
+
+    from moescope.trace import arrow_format as af
+
     state = _ReadState(header)
-    token_rows = np.zeros(len(kept) + 1, dtype=np.int64)
-    np.cumsum([b.num_rows for b in kept], out=token_rows[1:])
-    in_force = np.zeros(len(kept), dtype=np.int64)
+    in_force = np.zeros(len(metas), dtype=np.int64)
     tokens: list[TokenRecord] = []
     for t, d in enumerate(metas):
         try:
@@ -344,16 +413,16 @@ def _read_arrow(p: Path, progress: ReadProgress | None) -> Trace:
             what = f"missing field {err}" if isinstance(err, KeyError) else str(err)
             raise TraceFormatError(f"{p.name}: token {t}: bad token record: {what}") from None
     try:
-        cols = af.columns_of(kept, header)
+        cols = columns()
         check_columns(cols, header, token_rows, in_force)
         check_stored_weights(cols, header.model.top_k)
     except (ValueError, pa.ArrowException) as err:
         raise TraceFormatError(f"{p.name}: {err}") from None
-    columns = af.trace_columns(cols, token_rows, p.name)
+    trace_columns = af.trace_columns(cols, token_rows, p.name, starts)
     bounds = token_rows.tolist()
     for t, record in enumerate(tokens):
         a, b = bounds[t], bounds[t + 1]
-        record.routes = af.LazyRoutes(columns, a, b)  # type: ignore[assignment]
-        record.rows_from(columns, a, b)  # type: ignore[attr-defined]
+        record.routes = af.LazyRoutes(trace_columns, a, b)  # type: ignore[assignment]
+        record.rows_from(trace_columns, a, b)  # type: ignore[attr-defined]
     return Trace(header=header, tokens=tokens, end=end, truncated=truncated, path=p,
-                 columns=columns)
+                 columns=trace_columns)

@@ -346,13 +346,11 @@ class TraceRecorder:
             return
         self._closed = True
         try:
-            try:
-                if self._source is not None and getattr(self._source, "loaded", True):
-                    self._record_end(self._source)  # a caller that did not call end_answer
-            finally:
-                self._background.close()
+            if self._source is not None and getattr(self._source, "loaded", True):
+                self._record_end(self._source)  # a caller that did not call end_answer
         finally:
-            self.writer.close(**end)
+            # on the writer thread: a Parquet trace is compacted there, not on the caller's
+            self._background.close(lambda: self.writer.close(**end))
 
     def __enter__(self) -> TraceRecorder:
         return self

@@ -334,11 +334,12 @@ class TraceColumns:
     ``probs`` may be given as one array per token (views into the reader's memory map,
     ``starts`` their first rows, converted to numpy when first indexed): they are the bulk
     of a trace (98 kB a token at Qwen3-Next's geometry), so they are joined into one array
-    only when something asks for ``probs`` (the replay's layout), and :meth:`row_probs`
-    reads a row in place; opening a trace to look at it copies none. Such rows are checked
-    (a recorded row's values finite) when first used, not when read: touching every page
-    of the map was a third of the time to open a trace; a bad value raises
-    :class:`TraceFormatError` naming ``source`` and the row."""
+    only when something asks for ``probs`` (the replay's layout; a sequence with a
+    ``join()`` method joins itself, as a Parquet trace's decodes every block at once), and
+    :meth:`row_probs` reads a row in place; opening a trace to look at it copies none.
+    Such rows are checked (a recorded row's values finite) when first used, not when
+    read: touching every page of the map was a third of the time to open a trace; a bad
+    value raises :class:`TraceFormatError` naming ``source`` and the row."""
 
     def __init__(self, events: npt.NDArray[Any] | Callable[[], npt.NDArray[Any]],
                  token_rows: npt.NDArray[np.int64], exact: npt.NDArray[np.bool_],
@@ -395,10 +396,13 @@ class TraceColumns:
         """Every row's probabilities in one float32 array (joined on first use)."""
         with self._join:  # the what-if's worker and another reader may ask at once
             if self._probs is None:
-                width = self.gate.shape[1] if not len(self._parts) else \
-                    self._parts[0].shape[1]
-                joined = np.concatenate(list(self._parts)) if len(self._parts) else \
-                    np.zeros((0, width), np.float32)
+                join = getattr(self._parts, "join", None)  # blocks that join faster whole
+                if join is not None:
+                    joined = join()
+                elif len(self._parts):
+                    joined = np.concatenate(list(self._parts))
+                else:
+                    joined = np.zeros((0, self.gate.shape[1]), np.float32)
                 probs = np.asarray(joined, dtype=np.float32)
                 self._check(probs, 0)
                 self._probs = probs

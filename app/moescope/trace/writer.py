@@ -8,7 +8,7 @@ import json
 import os
 import threading
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -87,6 +87,7 @@ class _BackgroundWriter:
         self._pending: TokenRecord | None = None
         self._error: BaseException | None = None
         self._closing = False
+        self._finish: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._run, name="moescope-trace-writer",
                                         daemon=True)
         self._thread.start()
@@ -103,13 +104,27 @@ class _BackgroundWriter:
         with self._cv:
             self._wait_idle()
 
-    def close(self) -> None:
+    def close(self, finish: Callable[[], None] | None = None) -> None:
+        """Write the pending token, then run ``finish`` (closing the file, compacting a
+        Parquet trace) on the writer thread, and wait for both. If a write failed, the
+        thread has ended: ``finish`` runs here instead, and the failure is raised."""
         with self._cv:
             if self._closing:
                 return
             self._closing = True
+            self._finish = finish
             self._cv.notify_all()
         self._thread.join()
+        with self._cv:
+            left = self._finish
+            self._finish = None
+        if left is not None:
+            try:
+                left()
+            except BaseException as err:
+                if self._error is None:
+                    raise
+                raise self._error from err
         with self._cv:
             self._raise()
 
@@ -131,7 +146,8 @@ class _BackgroundWriter:
                     self._cv.wait()
                 record = self._pending
                 if record is None:
-                    return
+                    finish, self._finish = self._finish, None
+                    break
             try:
                 self._writer.write_token(record)
             except BaseException as err:  # any failure ends writing; the caller hears of it
@@ -142,15 +158,26 @@ class _BackgroundWriter:
             with self._cv:
                 self._pending = None
                 self._cv.notify_all()
+        if finish is not None:
+            try:
+                finish()
+            except BaseException as err:
+                with self._cv:
+                    self._error = err
 
 
 def open_writer(path: str | os.PathLike[str], header: TraceHeader, *,
                 compress: bool | None = None, fsync: bool = False) -> Any:
-    """The writer for ``path``'s format: version 2 (Arrow IPC stream) for a ``.arrows``
-    name, else version 1 JSON Lines (gzip for ``.gz``). Both have ``write_token``,
-    ``close``, ``n_tokens`` and ``bytes_written``."""
+    """The writer for ``path``'s format: version 2 as Parquet for a ``.parquet`` name
+    (recorded to a journal beside it, compacted at close: :mod:`.parquet_format`),
+    version 2 (Arrow IPC stream) for a ``.arrows`` name, else version 1 JSON Lines (gzip
+    for ``.gz``). All have ``write_token``, ``close``, ``n_tokens`` and
+    ``bytes_written``."""
     from moescope.trace.arrow_format import ArrowTraceWriter, is_arrow_path
+    from moescope.trace.parquet_format import ParquetTraceWriter, is_parquet_path
 
+    if is_parquet_path(path):
+        return ParquetTraceWriter(path, header, fsync=fsync)
     if is_arrow_path(path):
         return ArrowTraceWriter(path, header, fsync=fsync)
     return TraceWriter(path, header, compress=compress, fsync=fsync)

@@ -187,6 +187,14 @@ def write_atomic(dest: PathLike, data: str | bytes, *,
     return _atomic(dest, lambda f: f.write(raw), inputs)
 
 
+def fill_atomic(dest: PathLike, fill: Callable[[IO[bytes]], None], *,
+                inputs: Iterable[PathLike] = ()) -> Path:
+    """Have ``fill`` write ``dest`` through a file object, all or nothing for a regular file
+    (a temporary ``.NAME.*.part`` beside it, synced, then renamed over it): for writers
+    that stream their output (a Parquet file) rather than hand over bytes."""
+    return _atomic(dest, fill, inputs)
+
+
 def copy_atomic(src: PathLike, dest: PathLike, *, inputs: Iterable[PathLike] = ()) -> Path:
     """Copy ``src`` to ``dest``, all or nothing (``OSError`` on failure); ``dest`` must
     not be ``src`` itself nor one of ``inputs``."""

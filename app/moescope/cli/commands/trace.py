@@ -1,0 +1,64 @@
+"""``moescope trace compact JOURNAL [OUT]``.
+
+A trace named ``*.parquet`` is recorded to a journal beside it (``NAME.parquet.journal.arrows``,
+an Arrow IPC stream that a crash leaves readable) and compacted to Parquet when the session
+closes normally. A session that was killed leaves the journal: this finishes it the same way
+(journal -> temporary file -> fsync -> rename -> journal removed), keeping every complete
+token. Any other version-2 stream (``.arrows``) is converted too, and kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add the ``trace`` subcommand."""
+    p = subparsers.add_parser(
+        "trace", help="work with trace files (compact a journal left by a crash)",
+        description="Trace file tools.")
+    sub = p.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
+    c = sub.add_parser(
+        "compact", help="write a version-2 stream (a crash's journal) as a Parquet trace",
+        description="Compact a version-2 trace stream (.arrows), such as the journal a "
+                    "killed session left beside its .parquet name, into the Parquet form: "
+                    "the same rows bit for bit, smaller, open in pandas, polars and DuckDB.")
+    c.add_argument("journal", type=Path, metavar="JOURNAL",
+                   help="a .arrows trace stream (NAME.parquet.journal.arrows, or any)")
+    c.add_argument("out", type=Path, nargs="?", metavar="OUT",
+                   help="the Parquet file to write (default: the name the journal was "
+                        "recorded for, else JOURNAL with the suffix .parquet)")
+    c.add_argument("--keep", action="store_true",
+                   help="keep the journal (a journal is removed once compacted by default; "
+                        "another stream is always kept)")
+    c.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compact; user errors (not a stream, a bad row, an output that must not be written)
+    propagate as MoEScopeError (exit 2)."""
+    from moescope.trace.names import JOURNAL_SUFFIX
+    from moescope.trace.parquet_format import compact
+    from moescope.trace.schema import TraceFormatError
+    from moescope.util.errors import MoEScopeError
+
+    src: Path = args.journal
+    try:
+        with open(src, "rb") as f:
+            magic = f.read(4)
+    except OSError as err:
+        raise MoEScopeError(f"{src}: cannot read ({err.strerror})") from None
+    if magic != b"\xff\xff\xff\xff":
+        raise TraceFormatError(f"{src}: not a version-2 trace stream (.arrows); nothing to "
+                               f"compact")
+    remove = src.name.endswith(JOURNAL_SUFFIX) and not args.keep
+    try:
+        out = compact(src, args.out, remove=remove)
+    except OSError as err:
+        raise MoEScopeError(f"{err.filename or src}: not written ({err.strerror or err})"
+                            ) from None
+    size = out.stat().st_size if out.is_file() else 0
+    print(f"{out}: {size:,} bytes" + (f"; {src} removed" if remove else ""))
+    return 0
