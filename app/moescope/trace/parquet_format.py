@@ -43,6 +43,11 @@ from moescope.trace.names import JOURNAL_SUFFIX, journal_path
 from moescope.trace.schema import TokenRecord, Trace, TraceFormatError, TraceHeader
 from moescope.util.files import check_output, fill_atomic
 
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks, so no journal is taken for a leftover
+    fcntl = None  # type: ignore[assignment]
+
 SUFFIX = ".parquet"
 """The file name suffix of a compacted version-2 trace."""
 MAGIC = b"PAR1"
@@ -93,6 +98,25 @@ def _create_new(path: Path) -> IO[bytes]:
                                f"off? `moescope trace compact {path}` finishes it); not "
                                f"overwritten") from None
     return os.fdopen(fd, "wb")
+
+
+def lock_journal(path: Path) -> int | None:
+    """An advisory lock on the journal ``path`` (a descriptor to close to release it), or
+    None if another open file holds it (a live session's writer or compaction, in any
+    process) or the system has no such locks. A crash releases it with the process, so
+    a journal nobody can lock is a live session's and one anybody can is a leftover."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _no_input_ranges(batches: Sequence[pa.RecordBatch]) -> list[list[int]]:
@@ -215,7 +239,13 @@ def compact(journal: str | os.PathLike[str], out: str | os.PathLike[str] | None 
 class ParquetTraceWriter:
     """Records a version-2 trace to its journal (:class:`.arrow_format.ArrowTraceWriter`:
     a token on disk before :meth:`write_token` returns) and compacts it to ``path`` at
-    :meth:`close` (on the caller's thread: the recorder calls it on its writer thread)."""
+    :meth:`close` (on the caller's thread: the recorder calls it on its writer thread).
+
+    :meth:`close_journal` and :meth:`compact` are the two halves of :meth:`close`, for a
+    caller that finishes the file later, elsewhere (:class:`.compactor.Compactor`). From
+    creation until it is compacted (or closed without compaction) the writer holds an
+    advisory lock on the journal (:func:`lock_journal`): another process that finds the
+    journal then knows a live session owns it and leaves it alone."""
 
     def __init__(self, path: str | os.PathLike[str], header: TraceHeader, *,
                  fsync: bool = False) -> None:
@@ -226,6 +256,7 @@ class ParquetTraceWriter:
         check_output(self.journal)
         self._journal = af.ArrowTraceWriter(self.journal, header, fsync=fsync,
                                             stream=_create_new(self.journal))
+        self._lock = lock_journal(self.journal)
         self._failed = False
         self.compacted = False
 
@@ -249,20 +280,41 @@ class ParquetTraceWriter:
     def close(self, **end: Any) -> None:
         """Write the end record to the journal, close it, and compact it (unless a write
         failed: then the journal is the trace). A failed compaction leaves the journal."""
+        if self.close_journal(**end):
+            self.compact()
+
+    def close_journal(self, **end: Any) -> bool:
+        """Write the end record and close the journal (it is then a whole trace on disk);
+        True if :meth:`compact` is due (nothing failed). A second call returns False."""
         if self._journal._raw.closed:
-            return
+            return False
         try:
             self._journal.close(**end)
         except BaseException:
             self._failed = True
             raise
-        if not self._failed:
-            try:
-                compact(self.journal, self.path, remove=True)
-            except (TraceFormatError, pa.ArrowException, ValueError) as err:
-                raise OSError(f"{self.journal}: not compacted ({err}); the trace is this "
-                              f"journal") from None
-            self.compacted = True
+        finally:
+            if self._failed:
+                self._unlock()
+        return not self._failed
+
+    def compact(self) -> Path:
+        """Compact the closed journal to :attr:`path` and remove it (``OSError`` if that
+        failed: the journal stays, and is the trace); the journal's lock ends either way."""
+        try:
+            compact(self.journal, self.path, remove=True)
+        except (TraceFormatError, pa.ArrowException, ValueError) as err:
+            raise OSError(f"{self.journal}: not compacted ({err}); the trace is this "
+                          f"journal") from None
+        finally:
+            self._unlock()
+        self.compacted = True
+        return self.path
+
+    def _unlock(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            os.close(lock)
 
     @property
     def readable(self) -> Path:
