@@ -194,3 +194,36 @@ def test_the_background_compaction_of_a_failed_journal_is_logged_not_raised(
     compactor.finish_leftovers(tmp_path)
     assert compactor.wait(30)
     assert path.exists() and not pf.journal_path(path).exists()
+
+
+def test_a_stopped_compaction_leaves_the_journal_whole_and_no_part(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quitting stops a compaction between row groups: nothing is written, the journal
+    is as it was, its lock is released (the next start finishes it)."""
+    monkeypatch.setattr(pf, "ROW_GROUP_BYTES", 1)  # a row group per token
+    path = tmp_path / "s.parquet"
+    journal = core_trace(pf.journal_path(path), n_tokens=6)
+    before = journal.read_bytes()
+    asked: list[int] = []
+
+    def stop() -> bool:
+        asked.append(1)
+        return len(asked) >= 4  # after the read and two row groups
+
+    with pytest.raises(pf.CompactionStopped):
+        pf.compact(journal, path, remove=True, stop=stop)
+    assert journal.read_bytes() == before and sorted(tmp_path.iterdir()) == [journal]
+
+    compactor = Compactor()
+    compactor.stop()
+    compactor.finish_leftovers(tmp_path)
+    assert compactor.wait(30) and compactor.finished == [] and journal.exists()
+    recorder = TraceRecorder(tmp_path / "r.parquet", psr_header(), compactor=compactor)
+    recorder.record(_token(0))
+    recorder.close()  # given up at once: the journal stays, its lock released
+    assert compactor.wait(30) and compactor.finished == []
+    again = Compactor()
+    again.finish_leftovers(tmp_path)
+    assert again.wait(30)
+    assert sorted(again.finished) == [tmp_path / "r.parquet", path]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.parquet", "s.parquet"]

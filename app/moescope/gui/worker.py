@@ -53,11 +53,12 @@ overrides). When decoding and the window compete for a core, the window wins, so
 typing and plots never stutter; with a free core it changes nothing. Measured on 2
 loaded cores: event-loop p99 latency 30-115 ms at nice 0, 16-32 ms at nice 5."""
 
-QUIT_COMPACT_WAIT_S = 2.0
+QUIT_COMPACT_WAIT_S = 1.0
 """At quit, how long the window waits for traces still being compacted (a long session
-takes seconds) before it leaves them: their journals are whole traces, finished at the
-next start. The compactor's thread is started from the decode thread's (or its trace
-writer's), so it runs at their lowered priority too."""
+takes seconds), and then as long again for the compaction to stop at its next step
+(``Compactor.stop``): their journals are whole traces, finished at the next start, and
+no compaction is left writing while the process exits. The compactor's thread is started
+from the decode thread's (or its trace writer's), so it runs at their lowered priority."""
 
 
 @dataclass(frozen=True)
@@ -391,7 +392,7 @@ class EngineWorker(QObject):
             self.recordingStopped.emit(
                 f"This session's trace reached its size limit "
                 f"({format_bytes(stopped.limit_bytes)}), so recording stopped here; the "
-                f"chat goes on. The trace so far is readable: {live_trace_file(stopped.path)}")
+                f"chat goes on. The trace so far is readable: {stopped.path}")  # compacted
         else:
             self.recordingStopped.emit(
                 f"Writing the trace failed ({stopped.error}); recording stopped for this "
@@ -634,8 +635,12 @@ class EngineClient(QObject):
         ok = self.thread.wait(timeout_ms)
         if not ok:
             log.error("the engine thread did not stop within %d ms", timeout_ms)
-        if not self.worker.compactor.wait(QUIT_COMPACT_WAIT_S):
-            log.info("quitting with traces still being compacted: their journals are the "
-                     "traces, finished at the next start: %s",
-                     ", ".join(p.name for p in sorted(self.worker.compactor.busy())))
+        compactor = self.worker.compactor
+        if not compactor.wait(QUIT_COMPACT_WAIT_S):
+            left = ", ".join(p.name for p in sorted(compactor.busy()))
+            compactor.stop()
+            stopped = compactor.wait(QUIT_COMPACT_WAIT_S)
+            log.info("quitting with traces not yet compacted (%s): their journals are the "
+                     "traces, finished at the next start%s", left,
+                     "" if stopped else "; one was still being read")
         return bool(ok)

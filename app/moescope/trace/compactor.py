@@ -49,6 +49,7 @@ class Compactor:
         """Traces compacted so far (their Parquet files), oldest first."""
         self.failed: list[Path] = []
         """Journals that could not be compacted (they stay, and open as traces)."""
+        self._stop = threading.Event()
 
     def submit(self, writer: Any) -> None:
         """Compact a :class:`~.parquet_format.ParquetTraceWriter` whose journal is closed
@@ -81,6 +82,13 @@ class Compactor:
                 self._cv.wait(left)
         return True
 
+    def stop(self) -> None:
+        """Give up (quitting): the compaction running stops at its next step (a row
+        group: tens of milliseconds) and the queued ones do not start; their journals
+        stay, whole traces that the next start finishes, and no ``.part`` is left. For
+        good: later jobs are given up too."""
+        self._stop.set()
+
     # ------------------------------------------------------------------ the thread
     def _add(self, journal: Path | None, job: Callable[[], None]) -> None:
         with self._cv:
@@ -111,9 +119,18 @@ class Compactor:
                     self._cv.notify_all()
 
     def _compact_writer(self, writer: Any) -> None:
+        from moescope.trace.parquet_format import CompactionStopped
+
+        if self._stop.is_set():
+            writer.release()
+            log.info("trace left as its journal (quitting): %s", writer.journal)
+            return
         t0 = time.perf_counter()
         try:
-            path = writer.compact()
+            path = writer.compact(stop=self._stop.is_set)
+        except CompactionStopped:
+            log.info("trace left as its journal (quitting): %s", writer.journal)
+            return
         except OSError as err:
             log.warning("trace left as its journal: %s", err)
             self.failed.append(Path(writer.journal))
@@ -127,6 +144,8 @@ class Compactor:
         except OSError:  # no folder yet: nothing was recorded
             return
         for name in names[:MAX_LEFTOVERS]:
+            if self._stop.is_set():
+                return
             journal = folder / name
             with self._cv:
                 if journal in self._busy:
@@ -141,6 +160,7 @@ class Compactor:
 
     def _finish_leftover(self, journal: Path) -> None:
         from moescope.trace.parquet_format import (
+            CompactionStopped,
             compact,
             compacted_path,
             is_parquet_path,
@@ -163,7 +183,10 @@ class Compactor:
                     log.info("removed %s, a compaction cut off", part.name)
             t0 = time.perf_counter()
             try:
-                compact(journal, dest, remove=True)
+                compact(journal, dest, remove=True, stop=self._stop.is_set)
+            except CompactionStopped:
+                log.info("trace journal %s left for the next start (quitting)", journal.name)
+                return
             except (TraceFormatError, OSError, ValueError) as err:
                 log.warning("trace journal %s left as it is (not compacted): %s",
                             journal.name, err)

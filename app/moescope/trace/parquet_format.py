@@ -27,7 +27,7 @@ import contextlib
 import json
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any, overload
@@ -168,9 +168,20 @@ def _leaf(field: pa.Field) -> str:
     return f"{field.name}.list.element" if nested else field.name
 
 
-def write_parquet(journal: Any, out: IO[bytes]) -> None:
+class CompactionStopped(Exception):
+    """A compaction given up on request (the window quitting): the journal stays."""
+
+
+def _check(stop: Callable[[], bool] | None) -> None:
+    if stop is not None and stop():
+        raise CompactionStopped("compaction stopped; the journal is the trace")
+
+
+def write_parquet(journal: Any, out: IO[bytes],
+                  stop: Callable[[], bool] | None = None) -> None:
     """Write a read journal (:class:`~moescope.trace.reader.Journal`) to ``out`` as a
-    Parquet trace."""
+    Parquet trace; ``stop()`` is asked before each row group (True: raise
+    :class:`CompactionStopped`)."""
     header_raw = journal.schema.metadata[af.HEADER_KEY]
     meta = {af.HEADER_KEY: header_raw,
             TOKENS_KEY: b"\n".join(_one_line(t) for t in journal.texts),
@@ -194,6 +205,7 @@ def write_parquet(journal: Any, out: IO[bytes]) -> None:
                 group.append(b)
                 rows += b.num_rows
             if group and (b is None or rows * row_bytes >= ROW_GROUP_BYTES):
+                _check(stop)
                 table = pa.Table.from_batches(group, schema=journal.schema).cast(schema)
                 writer.write_table(table, row_group_size=rows)
                 group, rows = [], 0
@@ -211,24 +223,27 @@ def _sync_folder(folder: Path) -> None:
 
 
 def compact(journal: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
-            remove: bool = False) -> Path:
+            remove: bool = False, stop: Callable[[], bool] | None = None) -> Path:
     """Write the v2 stream ``journal`` as a Parquet trace at ``out`` (default
     :func:`compacted_path`), all or nothing; ``remove``: then delete the journal. Every
     row is checked first (:class:`TraceFormatError` naming the file): the journal is only
     removed once a file that opens holds it. A journal cut off mid-token gives its
-    complete tokens."""
+    complete tokens. ``stop()`` True between steps gives up (:class:`CompactionStopped`,
+    nothing written, the journal kept)."""
     from moescope.trace.reader import assemble, read_journal
 
     src = Path(journal)
     dest = compacted_path(src) if out is None else Path(out)
     check_output(dest, [src])
     j = read_journal(src)
+    _check(stop)
     token_rows = np.zeros(len(j.batches) + 1, dtype=np.int64)
     np.cumsum([b.num_rows for b in j.batches], out=token_rows[1:])
     whole = pa.Table.from_batches(j.batches, schema=j.schema) if j.batches else None
     assemble(src, j.header, j.metas, j.end, j.truncated, token_rows,
              lambda: af.columns_of(whole, j.header))
-    fill_atomic(dest, lambda f: write_parquet(j, f), inputs=[src])
+    _check(stop)
+    fill_atomic(dest, lambda f: write_parquet(j, f, stop), inputs=[src])
     if remove:
         _sync_folder(dest.parent)
         src.unlink()
@@ -298,11 +313,12 @@ class ParquetTraceWriter:
                 self._unlock()
         return not self._failed
 
-    def compact(self) -> Path:
+    def compact(self, stop: Callable[[], bool] | None = None) -> Path:
         """Compact the closed journal to :attr:`path` and remove it (``OSError`` if that
-        failed: the journal stays, and is the trace); the journal's lock ends either way."""
+        failed, :class:`CompactionStopped` if ``stop()`` gave up: the journal stays, and
+        is the trace); the journal's lock ends either way."""
         try:
-            compact(self.journal, self.path, remove=True)
+            compact(self.journal, self.path, remove=True, stop=stop)
         except (TraceFormatError, pa.ArrowException, ValueError) as err:
             raise OSError(f"{self.journal}: not compacted ({err}); the trace is this "
                           f"journal") from None
@@ -310,6 +326,11 @@ class ParquetTraceWriter:
             self._unlock()
         self.compacted = True
         return self.path
+
+    def release(self) -> None:
+        """Leave the closed journal as the trace, uncompacted: its lock ends (a later
+        start finishes it)."""
+        self._unlock()
 
     def _unlock(self) -> None:
         lock, self._lock = self._lock, None
