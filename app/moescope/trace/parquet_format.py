@@ -272,6 +272,10 @@ class ParquetTraceWriter:
         self._journal = af.ArrowTraceWriter(self.journal, header, fsync=fsync,
                                             stream=_create_new(self.journal))
         self._lock = lock_journal(self.journal)
+        if self._lock is None and fcntl is not None:  # another window's start took it
+            self._journal._raw.close()
+            raise OSError(f"{self.journal}: another MoEScope window took this new journal "
+                          "as a leftover; not recorded")
         self._failed = False
         self.compacted = False
 
