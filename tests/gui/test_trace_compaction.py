@@ -46,10 +46,13 @@ def test_a_new_session_never_waits_for_the_old_ones_compaction(
     assert first is not None and first.suffix == ".parquet"
     journal = pf.journal_path(first)
     worker = window.client.worker
-    # the limits would delete every older session: the one being compacted is spared
-    worker.trace_limits = TraceLimits(keep=1, total_bytes=10 << 20)
+    # the limits delete every older session: the one being compacted is spared
+    old = first.parent / "20200101-000000-old.arrows"
+    old.write_bytes(b"x" * 100)
+    worker.trace_limits = TraceLimits(keep=0, total_bytes=10 << 20)
     load(qtbot, window, tiny_moe, budget="25%", policy="quality-first", n_ctx=512)
     assert window.trace_path != first  # the new session started, the compaction held
+    assert not old.exists()  # pruned
     assert journal.exists() and not first.exists()
     assert worker.compactor.busy() == {journal}
     trace = read_trace(live_trace_file(first))  # the journal: closed, whole

@@ -227,3 +227,13 @@ def test_a_stopped_compaction_leaves_the_journal_whole_and_no_part(
     assert again.wait(30)
     assert sorted(again.finished) == [tmp_path / "r.parquet", path]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.parquet", "s.parquet"]
+
+
+def test_a_new_journal_another_window_took_is_not_recorded_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between creating its journal and locking it, another window's start may take it
+    as a leftover: the writer then refuses to record (one line), never writing a journal
+    being compacted away."""
+    monkeypatch.setattr(pf, "lock_journal", lambda _path: None)
+    with pytest.raises(OSError, match="another MoEScope window took this new journal"):
+        pf.ParquetTraceWriter(tmp_path / "s.parquet", psr_header())
