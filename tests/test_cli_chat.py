@@ -316,6 +316,7 @@ def test_trace_of_a_chat_with_live_changes_replays_exactly(
     code, _, _ = chat(monkeypatch, capsys, synth_model("qwen3moe"), script,
                       "--trace", str(path))
     assert code == 0
+    assert list(tmp_path.iterdir()) == [path]  # finished before the command returned
     trace = read_trace(path)
     assert {t.answer for t in trace.tokens} == {0, 1}
     changes = [c.kind for t in trace.tokens for c in t.changes]

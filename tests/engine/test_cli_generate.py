@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,9 +65,44 @@ def test_generate_records_a_trace_that_replays_exactly(
                  "quality-first", "--trace", str(trace)]) == 0
     tokens = read_trace(trace).tokens
     assert 1 <= len(tokens) <= 12
+    assert list(tmp_path.iterdir()) == [trace]  # finished before the command returned
     capsys.readouterr()
     assert main(["replay", str(trace), "--policy", "recorded", "--budget", "recorded"]) == 0
     assert "recorded" in capsys.readouterr().out
+
+
+def test_generate_says_so_while_it_compacts_a_long_trace(
+        synth_model: Callable[..., Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command returns with the Parquet file finished: it waits for the compaction
+    (seconds for a long session), and says so on stderr once that takes a while."""
+    import threading
+
+    from moescope.cli.commands import generate
+    from moescope.trace import parquet_format as pf
+    from moescope.trace import read_trace
+
+    monkeypatch.setattr(generate, "COMPACT_NOTICE_S", 0.05)
+    real, said = pf.compact, threading.Event()
+
+    def slow(*args: Any, **kwargs: Any) -> Path:
+        said.wait(30)  # until the notice is out: a long session's compaction
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pf, "compact", slow)
+    real_say = generate._say_compacting
+
+    def say(path: Path) -> None:
+        real_say(path)
+        said.set()
+
+    monkeypatch.setattr(generate, "_say_compacting", say)
+    trace = tmp_path / "long.parquet"
+    assert main(["generate", str(synth_model("qwen3moe")), "--n", "6", "--trace",
+                 str(trace)]) == 0
+    err = capsys.readouterr().err
+    assert f"moescope: compacting trace {trace}..." in err
+    assert list(tmp_path.iterdir()) == [trace] and len(read_trace(trace).tokens) >= 1
 
 
 def test_generate_with_the_quality_guard(

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from gui_helpers import LONG_PROMPT, load, send, slow_down
 
+from moescope.display.trace_io import read_session
 from moescope.sim.replay import replay
 from moescope.trace import RECORD_SUFFIX, TRACE_SUFFIXES, read_trace
 from moescope.trace.names import live_trace_file, session_stem, trace_suffix
@@ -163,7 +164,7 @@ def test_turning_recording_off_mid_answer_closes_the_trace_at_once(window: Any,
     window.chat.tokensArrived.disconnect(off_mid_answer)
     assert turned_off and summary.n_tokens == 30 and not window.recording
     assert window.client.worker.recorder is None
-    trace = read_trace(path)
+    trace = read_session(path)  # the journal, or the finished file once compacted
     assert trace.end is not None and trace.end["stop_reason"] == "recording turned off"
     assert not trace.truncated
     second = [t for t in trace.tokens if t.answer == 1]
@@ -349,4 +350,6 @@ def test_a_new_session_deletes_the_oldest_traces_to_make_room(window: Any, qtbot
                                                     total_bytes=size * 2 + 20_000)
     load(qtbot, window, tiny_moe, budget="25%", policy="quality-first", n_ctx=512)
     assert window.trace_path is not None and window.trace_path != first
-    assert not old.exists() and first.exists()  # the oldest went, the newer one fits
+    # the oldest went, the newer one fits (its journal, until compacted in the background)
+    assert not old.exists() and live_trace_file(first).exists()
+    assert window.client.worker.compactor.wait(30) and first.exists()

@@ -202,7 +202,7 @@ def test_an_interrupted_compaction_leaves_the_journal_and_no_trace(
     core_trace(journal, n_tokens=6)
     before = journal.read_bytes()
 
-    def dies(j: Any, out: Any) -> None:
+    def dies(j: Any, out: Any, *_stop: Any) -> None:
         out.write(b"PAR1" + b"\0" * 5000)  # part of a file, then the process "dies"
         raise OSError(28, "No space left on device")
 

@@ -25,8 +25,10 @@ as it did live. A trace from before the counters has none: its accuracy is unkno
 from __future__ import annotations
 
 import contextlib
+import os
 import stat
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,11 +42,13 @@ from moescope.trace import (
     Change,
     ReadProgress,
     Trace,
+    TraceFormatError,
     TraceReadCancelled,
     read_trace,
     write_perfetto,
 )
 from moescope.trace.names import (
+    JOURNAL_SUFFIX,
     RECORD_SUFFIX,
     TRACE_SUFFIXES,
     journal_path,
@@ -65,8 +69,9 @@ before each new session; see :class:`TraceLimits`)."""
 class TraceLimits:
     """How much disk the recorded sessions may take: traces are on by default, and at a
     large model's geometry (48 MoE layers x 512 experts) one token with router inputs is
-    about 110 kB (Arrow stream; 170 kB as JSON Lines), so a long chat writes gigabytes
-    unless something bounds it."""
+    about 91 kB (Parquet; 112 kB in the journal it is recorded to, an Arrow stream; 170 kB
+    as JSON Lines), so a long chat writes gigabytes unless something bounds it. The limits
+    count the journal's bytes while a session records."""
 
     keep: int = KEEP_TRACES
     """At most this many sessions are kept (the newest)."""
@@ -94,17 +99,23 @@ def _session_exists(directory: Path, stem: str) -> bool:
 
 
 def prune_traces(directory: Path, limits: TraceLimits = TraceLimits(),
-                 room: int = 0) -> list[Path]:
+                 room: int = 0, keep: Iterable[str | os.PathLike[str]] = ()) -> list[Path]:
     """Delete the oldest recorded sessions until at most ``limits.keep`` are left and they
     take at most ``limits.total_bytes`` minus ``room`` (the room a session about to start
     may take); returns the files deleted. A session is every trace file of one name, in any
     format the reader opens (an older ``.jsonl`` too), a journal included; other files are
-    never touched, and files that vanish meanwhile are skipped."""
+    never touched, and files that vanish meanwhile are skipped.
+
+    Live sessions are never deleted (they count as kept): those of ``keep`` (any of a
+    session's file names: the one being recorded, the journals being compacted) and any
+    whose journal another writer or compaction holds (:func:`lock_journal`: another
+    window's)."""
     sessions: dict[str, list[tuple[float, int, Path]]] = {}
     try:
         entries = list(directory.iterdir())
     except OSError:  # no folder yet (nothing recorded), or unreadable: nothing to prune
         return []
+    live = {session_stem(Path(p).name) for p in keep} - {None}
     for p in entries:
         stem = session_stem(p.name)
         if stem is None:
@@ -113,20 +124,37 @@ def prune_traces(directory: Path, limits: TraceLimits = TraceLimits(),
             st = p.lstat()
             if stat.S_ISREG(st.st_mode):
                 sessions.setdefault(stem, []).append((st.st_mtime, st.st_size, p))
-    order = sorted(sessions.values(), key=lambda files: max(f[0] for f in files),
-                   reverse=True)
+    order = sorted(sessions.items(), key=lambda kv: max(f[0] for f in kv[1]), reverse=True)
     budget = max(0, limits.total_bytes - room)
-    kept_bytes, gone = 0, []
-    for n, files in enumerate(order):
+    kept_bytes = sum(f[1] for stem, files in order if stem in live for f in files)
+    gone = []
+    for n, (stem, files) in enumerate(order):
+        if stem in live:
+            continue
         size = sum(f[1] for f in files)
         if n < limits.keep and kept_bytes + size <= budget:
             kept_bytes += size
+            continue
+        if _in_use(files):
             continue
         for _, _, p in files:
             with contextlib.suppress(OSError):
                 p.unlink(missing_ok=True)
                 gone.append(p)
     return gone
+
+
+def _in_use(files: list[tuple[float, int, Path]]) -> bool:
+    """Whether a session's journal is locked by a live writer or compaction."""
+    from moescope.trace.parquet_format import lock_journal
+
+    for _, _, p in files:
+        if p.name.endswith(JOURNAL_SUFFIX):
+            lock = lock_journal(p)
+            if lock is None:
+                return p.exists()
+            os.close(lock)
+    return False
 
 
 def export_session(recorded: Path, dest: Path) -> tuple[Path, Path, Path]:
@@ -161,6 +189,21 @@ def _copy_recorded(recorded: Path, dest: Path) -> tuple[Path, str | None]:
     return target, suffix
 
 
+def read_session(path: str | Path, progress: ReadProgress | None = None) -> Trace:
+    """Read a session's trace from whatever is on disk (:func:`live_trace_file`: the
+    finished file, else its journal). A journal compacted and removed while it was being
+    opened (the reader opens a file more than once) is read again from the finished file:
+    a background compaction's rename is never an error to a reader."""
+    source = live_trace_file(path)
+    try:
+        return read_trace(source, progress)
+    except (OSError, TraceFormatError):
+        again = live_trace_file(path)
+        if again == source or source.exists():
+            raise
+        return read_trace(again, progress)
+
+
 @dataclass
 class ReopenedTrace:
     model: ModelSummary
@@ -185,7 +228,7 @@ def reopen(path: str | Path, progress: ReadProgress | None = None) -> ReopenedTr
     A session still being recorded to a journal (a format finished at close) reads from
     the journal.
     """
-    trace = read_trace(live_trace_file(path), progress)
+    trace = read_session(path, progress)
     size = trace.path.stat().st_size if trace.path is not None else 0
     h = trace.header
     m = h.model

@@ -40,6 +40,7 @@ from moescope.session.recording import Recording, RecordingStopped
 from moescope.session.snapshots import AnswerSummary, ModelSummary, TokenSnapshot
 from moescope.session.turns import EngineQueue, Turn
 from moescope.trace import TraceRecorder
+from moescope.trace.compactor import Compactor
 from moescope.trace.names import live_trace_file
 from moescope.util.errors import MoEScopeError
 
@@ -51,6 +52,13 @@ DECODE_NICE = 5
 overrides). When decoding and the window compete for a core, the window wins, so
 typing and plots never stutter; with a free core it changes nothing. Measured on 2
 loaded cores: event-loop p99 latency 30-115 ms at nice 0, 16-32 ms at nice 5."""
+
+QUIT_COMPACT_WAIT_S = 1.0
+"""At quit, how long the window waits for traces still being compacted (a long session
+takes seconds), and then as long again for the compaction to stop at its next step
+(``Compactor.stop``): their journals are whole traces, finished at the next start, and
+no compaction is left writing while the process exits. The compactor's thread is started
+from the decode thread's (or its trace writer's), so it runs at their lowered priority."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,8 @@ class EngineWorker(QObject):
         self.recording: Recording | None = None
         self.trace_limits = TraceLimits()
         """The disk the session traces may take (tests shrink it)."""
+        self.compactor = Compactor()
+        """Finishes closed sessions' Parquet traces in the background (any thread)."""
         self._answer_prefixes: dict[str, str] = {}
         self._thinking_choices: tuple[str, ...] = ("default",)
         self._cancel_compare = threading.Event()
@@ -308,9 +318,18 @@ class EngineWorker(QObject):
     # ------------------------------------------------------------------ recording
     @Slot(str)
     def pruneTraces(self, directory: str) -> None:
-        """Startup: old session traces beyond :attr:`trace_limits` are deleted."""
-        for old in prune_traces(Path(directory), self.trace_limits):
+        """Startup: old session traces beyond :attr:`trace_limits` are deleted, then the
+        journals a crash left are compacted in the background (:attr:`compactor`)."""
+        for old in prune_traces(Path(directory), self.trace_limits, keep=self._live_traces()):
             log.info("deleted old session trace %s", old.name)
+        self.compactor.finish_leftovers(directory)
+
+    def _live_traces(self) -> set[Path]:
+        """The session being recorded and those being compacted: never pruned."""
+        live = self.compactor.busy()
+        if self.recorder is not None:
+            live.add(self.recorder.path)
+        return live
 
     def request_recording_off(self) -> None:
         """Any thread: stop recording this session (at the next token, or at once when
@@ -338,10 +357,11 @@ class EngineWorker(QObject):
             directory.mkdir(parents=True, exist_ok=True)
             # older sessions make room for this one to reach its own limit
             for old in prune_traces(directory, self.trace_limits,
-                                    room=self.trace_limits.session_bytes):
+                                    room=self.trace_limits.session_bytes,
+                                    keep=self._live_traces()):
                 log.info("deleted old session trace %s to make room", old.name)
             recorder = TraceRecorder.for_engine(new_trace_path(directory, model_path),
-                                                self.engine)
+                                                self.engine, compactor=self.compactor)
         except (OSError, MoEScopeError) as err:
             log.warning("session recording is off: %s", err)
             self.recording = None
@@ -372,7 +392,7 @@ class EngineWorker(QObject):
             self.recordingStopped.emit(
                 f"This session's trace reached its size limit "
                 f"({format_bytes(stopped.limit_bytes)}), so recording stopped here; the "
-                f"chat goes on. The trace so far is readable: {live_trace_file(stopped.path)}")
+                f"chat goes on. The trace so far is readable: {stopped.path}")  # compacted
         else:
             self.recordingStopped.emit(
                 f"Writing the trace failed ({stopped.error}); recording stopped for this "
@@ -615,4 +635,12 @@ class EngineClient(QObject):
         ok = self.thread.wait(timeout_ms)
         if not ok:
             log.error("the engine thread did not stop within %d ms", timeout_ms)
+        compactor = self.worker.compactor
+        if not compactor.wait(QUIT_COMPACT_WAIT_S):
+            left = ", ".join(p.name for p in sorted(compactor.busy()))
+            compactor.stop()
+            stopped = compactor.wait(QUIT_COMPACT_WAIT_S)
+            log.info("quitting with traces not yet compacted (%s): their journals are the "
+                     "traces, finished at the next start%s", left,
+                     "" if stopped else "; one was still being read")
         return bool(ok)

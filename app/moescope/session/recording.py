@@ -99,7 +99,8 @@ class Recording:
 
     def close(self, stop_reason: str = "") -> None:
         """End the trace (its end line names ``stop_reason``); a failure to finish it is
-        ignored: what was written stays readable."""
+        ignored: what was written stays readable. A Parquet trace whose recorder has a
+        compactor (the window's) is compacted after this returns, in the background."""
         recorder, self.recorder = self.recorder, None
         if recorder is not None:
             with contextlib.suppress(OSError, ValueError):

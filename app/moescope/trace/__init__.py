@@ -4,9 +4,9 @@ Every number MoEScope shows must be recomputable offline (ARCHITECTURE.md, "Wher
 come from"), and the router-logit simulator must be able to replay a chat under other
 policies and budgets. Both need a record of the session, so this package defines one:
 
-* a **header** line: the model (file name, metadata hash, experts, top-k, bytes one copy
+* a **header**: the model (file name, metadata hash, experts, top-k, bytes one copy
   moves per layer), the budget, slots and policy at the start, software and machine;
-* one **token** line per generated token: wall time, phase, the policy or budget changes
+* one **token** record per generated token: wall time, phase, the policy or budget changes
   that took effect at that token, the core's event rows for every routed layer, optionally
   the router inputs (full probabilities, raw gate weights, ids) that make a replay exact,
   the engine's copy timings spent on it, PSR's prefetch counters (the core keeps them
@@ -15,11 +15,14 @@ policies and budgets. Both need a record of the session, so this package defines
   not explain it (a PSR prefetch, a budget shrink), the real resident mask
   (:mod:`moescope.cache.residency`), so a reopened trace draws exactly what the live panel
   drew;
-* an optional **end** line (a crash simply leaves it out).
+* an optional **end** record (a crash simply leaves it out).
 
-The file is JSON Lines, optionally gzip-compressed, and flushed after every token so that a
-crash loses at most the token being written; :func:`read_trace` (:mod:`.reader`) validates
-every record, names the line of a bad one, and accepts a truncated last line.
+Version 2 is columnar: an Arrow IPC stream (``.arrows``), written and flushed token by
+token so that a crash loses at most the token being written, or Parquet (``.parquet``, what
+the window records), the same rows compacted from such a stream (its journal) when the
+session closes, in the background for the window (:mod:`.compactor`). Version 1, JSON Lines
+(optionally gzip), is still read and written. :func:`read_trace` (:mod:`.reader`) validates
+every record, names the token or line of a bad one, and accepts a cut-off last token.
 :func:`to_perfetto` (:mod:`.perfetto`) turns a trace into Chrome/Perfetto trace-event JSON
 (open it in ui.perfetto.dev). The schema is documented in ``docs/trace-format.md`` and
 versioned by :data:`TRACE_VERSION`.
@@ -32,6 +35,7 @@ Modules: :mod:`.schema` (records and their JSON form), :mod:`.writer` (the file,
 off the decode thread), :mod:`.recorder` (reads the engine per token), :mod:`.reader` and
 :mod:`.validate` (reading, every field bounded), :mod:`.arrow_format` (version 2, an Arrow
 stream) and :mod:`.parquet_format` (version 2 compacted to Parquet when a session closes),
+:mod:`.compactor` (finishing Parquet traces off the user's path),
 :mod:`.perfetto` and :mod:`.tokens_csv` (exports), :mod:`.names` (the suffix the app
 records in, :data:`RECORD_SUFFIX`, and every one the reader opens, :data:`TRACE_SUFFIXES`).
 """

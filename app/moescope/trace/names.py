@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-RECORD_SUFFIX = ".arrows"
+RECORD_SUFFIX = ".parquet"
 """The format new sessions are recorded in (the window; ``moescope chat`` takes any name)."""
 
 TRACE_SUFFIXES = (".arrows", ".parquet", ".jsonl", ".jsonl.gz")
@@ -67,11 +67,16 @@ def session_stem(name: str) -> str | None:
 
 def live_trace_file(path: str | os.PathLike[str]) -> Path:
     """The file on disk now for a trace recorded to ``path``: the trace itself, or its
-    journal while a finished-at-close form is still being recorded (or after a crash);
-    ``path`` when neither exists."""
+    journal while a finished-at-close form is still being recorded or compacted (or after
+    a crash); ``path`` when neither exists. A journal's own name, once the journal is
+    compacted and gone, gives the finished file."""
     p = Path(path)
     if p.exists():
         return p
+    text = os.fspath(p)
+    if text.endswith(JOURNAL_SUFFIX) and trace_suffix(text[:-len(JOURNAL_SUFFIX)]):
+        finished = Path(text[:-len(JOURNAL_SUFFIX)])
+        return finished if finished.exists() else p
     journal = journal_path(p)
     return journal if journal.exists() else p
 

@@ -27,7 +27,7 @@ import contextlib
 import json
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any, overload
@@ -42,6 +42,11 @@ from moescope.trace import arrow_format as af
 from moescope.trace.names import JOURNAL_SUFFIX, journal_path
 from moescope.trace.schema import TokenRecord, Trace, TraceFormatError, TraceHeader
 from moescope.util.files import check_output, fill_atomic
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks, so no journal is taken for a leftover
+    fcntl = None  # type: ignore[assignment]
 
 SUFFIX = ".parquet"
 """The file name suffix of a compacted version-2 trace."""
@@ -95,6 +100,25 @@ def _create_new(path: Path) -> IO[bytes]:
     return os.fdopen(fd, "wb")
 
 
+def lock_journal(path: Path) -> int | None:
+    """An advisory lock on the journal ``path`` (a descriptor to close to release it), or
+    None if another open file holds it (a live session's writer or compaction, in any
+    process) or the system has no such locks. A crash releases it with the process, so
+    a journal nobody can lock is a live session's and one anybody can is a leftover."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def _no_input_ranges(batches: Sequence[pa.RecordBatch]) -> list[list[int]]:
     """``[start, stop)`` row ranges whose probabilities are null (no router inputs)."""
     ranges: list[list[int]] = []
@@ -144,9 +168,20 @@ def _leaf(field: pa.Field) -> str:
     return f"{field.name}.list.element" if nested else field.name
 
 
-def write_parquet(journal: Any, out: IO[bytes]) -> None:
+class CompactionStopped(Exception):
+    """A compaction given up on request (the window quitting): the journal stays."""
+
+
+def _check(stop: Callable[[], bool] | None) -> None:
+    if stop is not None and stop():
+        raise CompactionStopped("compaction stopped; the journal is the trace")
+
+
+def write_parquet(journal: Any, out: IO[bytes],
+                  stop: Callable[[], bool] | None = None) -> None:
     """Write a read journal (:class:`~moescope.trace.reader.Journal`) to ``out`` as a
-    Parquet trace."""
+    Parquet trace; ``stop()`` is asked before each row group (True: raise
+    :class:`CompactionStopped`)."""
     header_raw = journal.schema.metadata[af.HEADER_KEY]
     meta = {af.HEADER_KEY: header_raw,
             TOKENS_KEY: b"\n".join(_one_line(t) for t in journal.texts),
@@ -170,6 +205,7 @@ def write_parquet(journal: Any, out: IO[bytes]) -> None:
                 group.append(b)
                 rows += b.num_rows
             if group and (b is None or rows * row_bytes >= ROW_GROUP_BYTES):
+                _check(stop)
                 table = pa.Table.from_batches(group, schema=journal.schema).cast(schema)
                 writer.write_table(table, row_group_size=rows)
                 group, rows = [], 0
@@ -187,24 +223,27 @@ def _sync_folder(folder: Path) -> None:
 
 
 def compact(journal: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
-            remove: bool = False) -> Path:
+            remove: bool = False, stop: Callable[[], bool] | None = None) -> Path:
     """Write the v2 stream ``journal`` as a Parquet trace at ``out`` (default
     :func:`compacted_path`), all or nothing; ``remove``: then delete the journal. Every
     row is checked first (:class:`TraceFormatError` naming the file): the journal is only
     removed once a file that opens holds it. A journal cut off mid-token gives its
-    complete tokens."""
+    complete tokens. ``stop()`` True between steps gives up (:class:`CompactionStopped`,
+    nothing written, the journal kept)."""
     from moescope.trace.reader import assemble, read_journal
 
     src = Path(journal)
     dest = compacted_path(src) if out is None else Path(out)
     check_output(dest, [src])
     j = read_journal(src)
+    _check(stop)
     token_rows = np.zeros(len(j.batches) + 1, dtype=np.int64)
     np.cumsum([b.num_rows for b in j.batches], out=token_rows[1:])
     whole = pa.Table.from_batches(j.batches, schema=j.schema) if j.batches else None
     assemble(src, j.header, j.metas, j.end, j.truncated, token_rows,
              lambda: af.columns_of(whole, j.header))
-    fill_atomic(dest, lambda f: write_parquet(j, f), inputs=[src])
+    _check(stop)
+    fill_atomic(dest, lambda f: write_parquet(j, f, stop), inputs=[src])
     if remove:
         _sync_folder(dest.parent)
         src.unlink()
@@ -215,7 +254,13 @@ def compact(journal: str | os.PathLike[str], out: str | os.PathLike[str] | None 
 class ParquetTraceWriter:
     """Records a version-2 trace to its journal (:class:`.arrow_format.ArrowTraceWriter`:
     a token on disk before :meth:`write_token` returns) and compacts it to ``path`` at
-    :meth:`close` (on the caller's thread: the recorder calls it on its writer thread)."""
+    :meth:`close` (on the caller's thread: the recorder calls it on its writer thread).
+
+    :meth:`close_journal` and :meth:`compact` are the two halves of :meth:`close`, for a
+    caller that finishes the file later, elsewhere (:class:`.compactor.Compactor`). From
+    creation until it is compacted (or closed without compaction) the writer holds an
+    advisory lock on the journal (:func:`lock_journal`): another process that finds the
+    journal then knows a live session owns it and leaves it alone."""
 
     def __init__(self, path: str | os.PathLike[str], header: TraceHeader, *,
                  fsync: bool = False) -> None:
@@ -226,6 +271,11 @@ class ParquetTraceWriter:
         check_output(self.journal)
         self._journal = af.ArrowTraceWriter(self.journal, header, fsync=fsync,
                                             stream=_create_new(self.journal))
+        self._lock = lock_journal(self.journal)
+        if self._lock is None and fcntl is not None:  # another window's start took it
+            self._journal._raw.close()
+            raise OSError(f"{self.journal}: another MoEScope window took this new journal "
+                          "as a leftover; not recorded")
         self._failed = False
         self.compacted = False
 
@@ -249,20 +299,47 @@ class ParquetTraceWriter:
     def close(self, **end: Any) -> None:
         """Write the end record to the journal, close it, and compact it (unless a write
         failed: then the journal is the trace). A failed compaction leaves the journal."""
+        if self.close_journal(**end):
+            self.compact()
+
+    def close_journal(self, **end: Any) -> bool:
+        """Write the end record and close the journal (it is then a whole trace on disk);
+        True if :meth:`compact` is due (nothing failed). A second call returns False."""
         if self._journal._raw.closed:
-            return
+            return False
         try:
             self._journal.close(**end)
         except BaseException:
             self._failed = True
             raise
-        if not self._failed:
-            try:
-                compact(self.journal, self.path, remove=True)
-            except (TraceFormatError, pa.ArrowException, ValueError) as err:
-                raise OSError(f"{self.journal}: not compacted ({err}); the trace is this "
-                              f"journal") from None
-            self.compacted = True
+        finally:
+            if self._failed:
+                self._unlock()
+        return not self._failed
+
+    def compact(self, stop: Callable[[], bool] | None = None) -> Path:
+        """Compact the closed journal to :attr:`path` and remove it (``OSError`` if that
+        failed, :class:`CompactionStopped` if ``stop()`` gave up: the journal stays, and
+        is the trace); the journal's lock ends either way."""
+        try:
+            compact(self.journal, self.path, remove=True, stop=stop)
+        except (TraceFormatError, pa.ArrowException, ValueError) as err:
+            raise OSError(f"{self.journal}: not compacted ({err}); the trace is this "
+                          f"journal") from None
+        finally:
+            self._unlock()
+        self.compacted = True
+        return self.path
+
+    def release(self) -> None:
+        """Leave the closed journal as the trace, uncompacted: its lock ends (a later
+        start finishes it)."""
+        self._unlock()
+
+    def _unlock(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            os.close(lock)
 
     @property
     def readable(self) -> Path:

@@ -20,6 +20,7 @@ from moescope.cache import native
 from moescope.cache.native import EVENT_DTYPE
 from moescope.cache.policy import Policy
 from moescope.cache.residency import Residency, read_resident
+from moescope.trace.compactor import Compactor
 from moescope.trace.schema import (
     TIMING_KEYS,
     Change,
@@ -152,9 +153,11 @@ class TraceRecorder:
 
     def __init__(self, path: str | os.PathLike[str], header: TraceHeader, *,
                  source: RouteSource | None = None, compress: bool | None = None,
-                 fsync: bool = False) -> None:
+                 fsync: bool = False, compactor: Compactor | None = None) -> None:
         self.header = header
         self.writer = open_writer(path, header, compress=compress, fsync=fsync)
+        self.compactor = compactor
+        """Finishes a Parquet trace after :meth:`close` (None: ``close`` does, and waits)."""
         self._policy = header.policy
         self._slots = header.slots_per_layer
         self._index = 0
@@ -177,10 +180,10 @@ class TraceRecorder:
     @classmethod
     def for_engine(cls, path: str | os.PathLike[str], engine: Any, *,
                    router_inputs: RouterDtype | None = "f32", compress: bool | None = None,
-                   fsync: bool = False) -> TraceRecorder:
+                   fsync: bool = False, compactor: Compactor | None = None) -> TraceRecorder:
         """A recorder whose header describes ``engine``'s loaded model, budget and policy."""
         return cls(path, header_for(engine, router_inputs=router_inputs), source=engine,
-                   compress=compress, fsync=fsync)
+                   compress=compress, fsync=fsync, compactor=compactor)
 
     @property
     def path(self) -> Path:
@@ -341,7 +344,9 @@ class TraceRecorder:
     def close(self, **end: Any) -> None:
         """Write the last token and the end record and close the file; the file is closed
         even when writing failed (then the error is raised, once: closing again does
-        nothing)."""
+        nothing). A Parquet trace is compacted before this returns, unless the recorder
+        has a :attr:`compactor`: then its journal, closed and whole, is the trace until
+        the compactor is done."""
         if self._closed:
             return
         self._closed = True
@@ -350,7 +355,14 @@ class TraceRecorder:
                 self._record_end(self._source)  # a caller that did not call end_answer
         finally:
             # on the writer thread: a Parquet trace is compacted there, not on the caller's
-            self._background.close(lambda: self.writer.close(**end))
+            self._background.close(lambda: self._close_writer(end))
+
+    def _close_writer(self, end: dict[str, Any]) -> None:
+        close_journal = getattr(self.writer, "close_journal", None)
+        if self.compactor is None or close_journal is None:
+            self.writer.close(**end)
+        elif close_journal(**end):
+            self.compactor.submit(self.writer)
 
     def __enter__(self) -> TraceRecorder:
         return self

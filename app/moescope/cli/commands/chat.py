@@ -33,6 +33,7 @@ from moescope.cli.commands.generate import (
     cache_state,
     check_threads,
     check_trace_output,
+    close_trace,
     model_inputs,
     open_trace,
     parse_live_policy,
@@ -155,7 +156,9 @@ def run(args: argparse.Namespace) -> int:
                 break
     finally:
         if recording is not None:
-            recording.close(stop_reason=engine.last_answer.stop_reason)
+            stop_reason = engine.last_answer.stop_reason
+            closing = recording
+            close_trace(args.trace, lambda: closing.close(stop_reason=stop_reason))
         engine.close()
     return 0
 

@@ -16,7 +16,8 @@ import math
 import os
 import re
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ from moescope.cli.options import (
     add_no_cache_argument,
     add_policy_argument,
 )
-from moescope.trace.names import formats_help
+from moescope.trace.names import formats_help, trace_suffix
 from moescope.util.errors import MoEScopeError
 from moescope.util.resources import demo_model_path
 
@@ -91,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
     finally:
         if recorder is not None:
-            recorder.close(stop_reason=engine.last_answer.stop_reason)
+            stop_reason = engine.last_answer.stop_reason
+            closing = recorder
+            close_trace(args.trace, lambda: closing.close(stop_reason=stop_reason))
     sys.stdout.write("\n")
     print(answer_summary(engine))
     engine.close()
@@ -246,6 +249,31 @@ def check_trace_output(path: Path | None, inputs: Sequence[Path]) -> None:
     if path is not None and is_stdout(path):
         raise MoEScopeError("--trace -: the answer is written to stdout; give a file name")
     check_output_path(path, "--trace", inputs)
+
+
+COMPACT_NOTICE_S = 1.0
+"""Closing a Parquet trace compacts it (0.5 ms a token): past this many seconds, stderr
+says so, so that a long session's last seconds are not a silent hang."""
+
+
+def close_trace(path: Path, close: Callable[[], None]) -> None:
+    """Run ``close`` (ending the recording of ``path``); the command returns with the
+    file finished, so a Parquet trace is compacted first, and "compacting trace..." is
+    said on stderr if that takes longer than :data:`COMPACT_NOTICE_S`."""
+    timer = None
+    if trace_suffix(path.name) == ".parquet":
+        timer = threading.Timer(COMPACT_NOTICE_S, lambda: _say_compacting(path))
+        timer.daemon = True
+        timer.start()
+    try:
+        close()
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def _say_compacting(path: Path) -> None:
+    print(f"moescope: compacting trace {path}...", file=sys.stderr, flush=True)
 
 
 def open_trace(path: Path, engine: Engine, inputs: Sequence[Path] = ()) -> TraceRecorder:
