@@ -283,16 +283,12 @@ def read_batches(path: Path) -> tuple[pa.Schema, Iterator[tuple[pa.RecordBatch |
     return reader.schema, batches(), source
 
 
-class _Parts(Sequence[npt.NDArray[Any]]):
-    """Each token's rows of a fixed-size list column as numpy views of the memory map,
-    made when first indexed (the probabilities: opening a trace needs none of them)."""
+class LazyBlocks(Sequence[npt.NDArray[Any]]):
+    """Blocks of rows (arrays) made when first indexed: a subclass gives ``__len__`` and
+    ``_block(i)`` for ``0 <= i < len``; indexing handles negatives, bounds and slices."""
 
-    def __init__(self, chunks: pa.ChunkedArray, width: int) -> None:
-        self._chunks = chunks  # a chunk's Python object is made only when it is read
-        self._width = width
-
-    def __len__(self) -> int:
-        return int(self._chunks.num_chunks)
+    def _block(self, i: int) -> npt.NDArray[Any]:
+        raise NotImplementedError
 
     @overload
     def __getitem__(self, i: int) -> npt.NDArray[Any]: ...
@@ -306,7 +302,22 @@ class _Parts(Sequence[npt.NDArray[Any]]):
         n = len(self)
         if not -n <= i < n:
             raise IndexError(i)
-        c, w = self._chunks.chunk(i % n), self._width
+        return self._block(i % n)
+
+
+class _Parts(LazyBlocks):
+    """Each token's rows of a fixed-size list column as numpy views of the memory map,
+    made when first indexed (the probabilities: opening a trace needs none of them)."""
+
+    def __init__(self, chunks: pa.ChunkedArray, width: int) -> None:
+        self._chunks = chunks  # a chunk's Python object is made only when it is read
+        self._width = width
+
+    def __len__(self) -> int:
+        return int(self._chunks.num_chunks)
+
+    def _block(self, i: int) -> npt.NDArray[Any]:
+        c, w = self._chunks.chunk(i), self._width
         values = c.values.to_numpy(zero_copy_only=False)
         return values[c.offset * w:(c.offset + len(c)) * w].reshape(len(c), w)
 

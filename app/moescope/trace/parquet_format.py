@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any, overload
+from typing import IO, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -356,7 +356,7 @@ class ParquetTraceWriter:
 # --------------------------------------------------------------------------- reading
 
 
-class _Probs(Sequence[npt.NDArray[Any]]):
+class _Probs(af.LazyBlocks):
     """A Parquet trace's probabilities, one block per row group, decoded when first
     indexed (the last block kept: a token's routes read its rows one by one) or all at
     once (:meth:`join`, with threads). Each block's null rows must be the rows the file's
@@ -408,19 +408,7 @@ class _Probs(Sequence[npt.NDArray[Any]]):
             block[~valid] = 0
         return block
 
-    @overload
-    def __getitem__(self, i: int) -> npt.NDArray[Any]: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[npt.NDArray[Any]]: ...
-
-    def __getitem__(self, i: int | slice) -> npt.NDArray[Any] | list[npt.NDArray[Any]]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(i)
-        i %= n
+    def _block(self, i: int) -> npt.NDArray[Any]:
         with self._lock:
             if self._last is None or self._last[0] != i:
                 self._last = (i, self._decode(self._pf, i))
