@@ -14,7 +14,9 @@
  *   - victims: LRU from a list of residents in recency order (pinned ones skipped);
  *     frequency from a heap of (key, recency, id) whose entries are lower bounds of the
  *     residents' current keys (a use or a selection only raises a key), refreshed when one
- *     reaches the top; pinned experts are set aside for the call;
+ *     reaches the top; pinned experts are set aside for the call; under PSR's prefetches
+ *     (several victims a call) in layers of few slots, the next victims of a call from one
+ *     scan of its unpinned residents instead (scan_fill);
  *   - the frequency key log2(f) + step / h is computed only when the heap needs it, from
  *     the same doubles record_selection keeps;
  *   - substitutes from the trace's shared ranking, as pick_substitutes.
@@ -38,6 +40,7 @@
 namespace moecache_core {
 
 std::atomic<int64_t> replay_fast_configs{0};
+std::atomic<int64_t> replay_scan_configs{0};
 
 namespace loop { /* named: the engine compiles the core as one unit */
 
@@ -45,6 +48,8 @@ constexpr double kNoCount = -1e300;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int32_t kRankP = 32; /* ranked probabilities a plan keeps per row (routing bonus) */
 constexpr int64_t kRowAhead = 2; /* a layer's route calls whose probability rows are asked for ahead */
+constexpr int32_t kQueue = 16;    /* victims one scan keeps in order, at most */
+constexpr int32_t kScanSlots = 56; /* frequency victims by scan (prefetching policies) up to */
 
 /* One expert of the layer being replayed: what every selection reads. */
 struct Expert {
@@ -373,6 +378,8 @@ struct FastWorkspace {
     std::vector<double> cum_mass, decay;
     std::vector<int64_t> pin, mark;
     std::vector<loop::HeapEntry> heap, stash;
+    std::vector<double> kkey;
+    std::vector<uint32_t> kkver;
     std::vector<int8_t> action;
     std::vector<float> wnorm;
     std::vector<int32_t> used_ids, fetched, chosen, last_place;
@@ -438,6 +445,17 @@ private:
     int32_t heap_n_ = 0;
     int64_t stash_epoch_ = -1;
     double h_ = 1.0;
+    /* small layers under many victims a call: the next victims from one scan of the slots
+     * instead of the heap (scan_), as many as the call is expected to need (hint_) */
+    bool scan_ = false;
+    int32_t hint_ = 1;
+    int64_t q_epoch_ = -1;
+    int32_t q_n_ = 0, q_at_ = 0;
+    int32_t q_[kQueue];
+    double q_key_[kQueue];
+    int32_t q_lu_[kQueue];
+    double * kkey_ = nullptr;  /* [E] each expert's key as of its count version kkver_ */
+    uint32_t * kkver_ = nullptr;
 
     double key_of(const Fq & x) const {
         return x.freq > 0.0 ? std::log2(x.freq) + static_cast<double>(x.step) / h_
@@ -507,11 +525,74 @@ private:
         return HeapEntry{key_of(F_[e]), X_[e].last_use, e, F_[e].kver};
     }
 
+    /* The key of a resident as the scan compares it (the heap's, cached per count version). */
+    double scan_key(int32_t e) {
+        const uint32_t v = F_[e].kver;
+        if (kkver_[e] != v) {
+            kkver_[e] = v;
+            kkey_[e] = key_of(F_[e]);
+        }
+        return kkey_[e];
+    }
+
+    /* The epoch's next victims in order, from one scan of the unpinned residents (within a
+     * pin epoch an unpinned resident's key and recency do not change, and a new resident is
+     * pinned, so they stay in order; one pinned since is skipped when taken). */
+    void scan_fill() {
+        const int32_t m = std::min(hint_, kQueue);
+        int32_t n = 0;
+        const Expert * X = X_;
+        for (int32_t s = 0; s < n_res_; ++s) {
+            const int32_t e = slots_[s];
+            if (pin_[e] == pin_epoch_) {
+                continue;
+            }
+            const double ke = scan_key(e);
+            const int32_t lu = X[e].last_use;
+            auto before = [&](int32_t i) {
+                return ke != q_key_[i] ? ke < q_key_[i] : lu != q_lu_[i] ? lu < q_lu_[i] : e < q_[i];
+            };
+            if (n == m && !before(m - 1)) {
+                continue;
+            }
+            int32_t at = n == m ? m - 1 : n++;
+            while (at > 0 && before(at - 1)) {
+                q_[at] = q_[at - 1];
+                q_key_[at] = q_key_[at - 1];
+                q_lu_[at] = q_lu_[at - 1];
+                --at;
+            }
+            q_[at] = e;
+            q_key_[at] = ke;
+            q_lu_[at] = lu;
+        }
+        q_n_ = n;
+        q_at_ = 0;
+        q_epoch_ = pin_epoch_;
+    }
+
     template <bool Freq>
     int32_t victim() {
         int32_t v = -1;
         const Expert * X = X_;
-        if (!Freq) {
+        if (Freq && scan_) {
+            for (;;) {
+                if (q_epoch_ != pin_epoch_ || q_at_ == q_n_) {
+                    if (q_epoch_ == pin_epoch_ && q_n_ < std::min(hint_, kQueue)) {
+                        break; /* the last scan found fewer: every other resident is pinned */
+                    }
+                    scan_fill();
+                    if (q_n_ == 0) {
+                        break;
+                    }
+                }
+                const int32_t e = q_[q_at_++];
+                if (pin_[e] != pin_epoch_ && X[e].slot >= 0) {
+                    v = e;
+                    break;
+                }
+            }
+        } else if (!Freq) {
             for (int32_t e = lru_head_; e >= 0; e = X[e].next) {
                 if (pin_[e] != pin_epoch_) {
                     v = e;
@@ -639,10 +720,10 @@ private:
         }
         X_[e].slot = static_cast<int16_t>(slot);
         slots_[slot] = e;
-        if (Freq) {
-            heap_push(entry_of(e));
-        } else {
+        if (!Freq) {
             link_tail(e);
+        } else if (!scan_) {
+            heap_push(entry_of(e));
         }
         return slot;
     }
@@ -684,6 +765,10 @@ int32_t FastReplay::go() {
         F_ = w.fq.data();
         heap_ = w.heap.data();
         h_ = static_cast<double>(p_.half_life);
+        w.kkey.resize(static_cast<size_t>(E_));
+        w.kkver.resize(static_cast<size_t>(E_));
+        kkey_ = w.kkey.data();
+        kkver_ = w.kkver.data();
         w.decay.resize(4096);
         for (int64_t i = 0; i < 4096; ++i) {
             w.decay[static_cast<size_t>(i)] = std::exp2(-static_cast<double>(i) / h_);
@@ -704,6 +789,12 @@ int32_t FastReplay::go() {
     const int32_t want_pf = p_.prefetch == MOECACHE_PREFETCH_TOP_K ? k : p_.prefetch;
     const int32_t per_token = std::min({want_pf, E_, S_});
     const bool prefetching = per_token > 0 && t_.pred_width > 0;
+    /* PSR's prefetches evict several experts a call: at few slots one scan for them beats a
+     * heap pop each (and the pinned ones set aside); one-victim calls keep the heap */
+    scan_ = Freq && prefetching && S_ <= kScanSlots;
+    if (scan_) {
+        replay_scan_configs.fetch_add(1, std::memory_order_relaxed);
+    }
     const float beta = p_.beta;
     const float theta = p_.theta;
     const float bonus_w = p_.bonus;
@@ -718,6 +809,8 @@ int32_t FastReplay::go() {
         std::fill(w.expert_of.begin(), w.expert_of.end(), -1);
         if (Freq) {
             std::fill(w.fq.begin(), w.fq.end(), Fq{0.0, 0, 0});
+            std::fill(w.kkver.begin(), w.kkver.end(), ~0u);
+            q_epoch_ = -1;
             heap_n_ = 0;
             w.stash.clear();
             stash_epoch_ = -1;
@@ -793,11 +886,15 @@ int32_t FastReplay::go() {
                     }
                 }
                 const int64_t ppin = ++pin_epoch_;
+                int32_t absent = 0;
                 for (int32_t j = 0; j < per_token; ++j) {
                     if (X[chosen[j]].slot >= 0) {
                         pin_[chosen[j]] = ppin;
+                    } else {
+                        ++absent;
                     }
                 }
+                hint_ = std::max(absent, 1);
                 for (int32_t j = 0; j < per_token; ++j) {
                     const int32_t e = chosen[j];
                     if (X[e].slot >= 0) {
@@ -832,11 +929,15 @@ int32_t FastReplay::go() {
             const float * wt = plan_.weights.data() + p0 * k;
             const int32_t nk = n * k;
             const int64_t pin = ++pin_epoch_;
+            int32_t absent = 0;
             for (int32_t i = 0; i < nk; ++i) {
                 if (X[ids[i]].slot >= 0) {
                     pin_[ids[i]] = pin;
+                } else {
+                    ++absent;
                 }
             }
+            hint_ = std::max(absent, 1);
             int32_t n_fetched = 0;
             bool failed = false;
             for (int32_t r = 0; r < n && !failed; ++r) {
