@@ -48,6 +48,8 @@ constexpr double kNoCount = -1e300;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int32_t kRankP = 32; /* ranked probabilities a plan keeps per row (routing bonus) */
 constexpr int64_t kRowAhead = 2; /* a layer's route calls whose probability rows are asked for ahead */
+constexpr int64_t kAheadWindow = 256; /* route calls over which the rows read are counted */
+constexpr int64_t kAheadShare = 8;    /* ask ahead while over 1 in this many read the row */
 constexpr int32_t kQueue = 16;    /* victims one scan keeps in order, at most */
 constexpr int32_t kScanSlots = 56; /* frequency victims by scan (prefetching policies) up to */
 
@@ -92,6 +94,7 @@ struct Substitutes {
     int32_t slots;
     int32_t n_experts;
     int64_t * mark;
+    int64_t * reads; /* rows whose probabilities were read (counted, for asking ahead) */
 
     /* pick_substitute: the reference scan in slot order (a NaN row) */
     int32_t one(const float * row, int64_t token) const {
@@ -143,6 +146,7 @@ struct Substitutes {
             }
             return n + best_of_rest(row, token, want - n, out + n);
         }
+        ++*reads;
         float best_p[MOECACHE_MAX_K];
         bool nan = false;
         for (int32_t s = 0; s < slots; ++s) {
@@ -180,6 +184,7 @@ struct Substitutes {
 
     /* The best `need` unmarked residents of a row without NaN (any order of meeting them). */
     int32_t best_of_rest(const float * row, int64_t token, int32_t need, int32_t * rest) const {
+        ++*reads;
         float best_p[MOECACHE_MAX_K];
         int32_t m = 0;
         for (int32_t s = 0; s < slots; ++s) {
@@ -824,7 +829,10 @@ int32_t FastReplay::go() {
         n_res_ = 0;
         clock_ = 0;
         const int64_t eb = t_.expert_bytes[layer];
-        Substitutes subst{X, slots_, S_, E_, mark};
+        /* rows of this layer that read their probabilities among those that might: ask for
+         * a later row's ahead only while that is common (decayed every kAheadWindow) */
+        int64_t row_reads = 0, row_visits = 0;
+        Substitutes subst{X, slots_, S_, E_, mark, &row_reads};
         double layer_mass = 0.0;
         int64_t filled = 0; /* tokens whose cumulative mass of this layer is written */
         const PlanEvent * ev = plan_.events.data();
@@ -917,10 +925,17 @@ int32_t FastReplay::go() {
             /* a route call (route.cpp) */
             if (Rule != MOECACHE_FETCH_ALL && n_res_ <= 32 && x + kRowAhead < x_end) {
                 /* few residents: a substitute is found by reading their probabilities from
-                 * the row, so ask for those of a later call's row now */
-                const float * ahead = t_.probs + ev[x + kRowAhead].row * E_;
-                for (int32_t s = 0; s < n_res_; ++s) {
-                    __builtin_prefetch(ahead + slots_[s]);
+                 * the row, so ask for those of a later call's row now (unless few rows do:
+                 * the ranking's walk then finds them, e.g. under PSR's prefetches) */
+                if (++row_visits == kAheadWindow) {
+                    row_visits /= 2;
+                    row_reads /= 2;
+                }
+                if (row_reads * kAheadShare >= row_visits) {
+                    const float * ahead = t_.probs + ev[x + kRowAhead].row * E_;
+                    for (int32_t s = 0; s < n_res_; ++s) {
+                        __builtin_prefetch(ahead + slots_[s]);
+                    }
                 }
             }
             step_ = e_.step;
@@ -1012,7 +1027,9 @@ int32_t FastReplay::go() {
                                     continue;
                                 }
                                 const int32_t j = at_rank[i2];
-                                const float p_s = j >= 0 && j < kRankP ? ranked_p[j] : prow[s];
+                                const bool ranked = j >= 0 && j < kRankP;
+                                row_reads += !ranked;
+                                const float p_s = ranked ? ranked_p[j] : prow[s];
                                 if (p_s + bonus > p_sel[i - base]) {
                                     used_ids[i] = s;
                                     pin_[s] = pin;
