@@ -114,10 +114,14 @@ struct Substitutes {
         return best;
     }
 
-    /* at_rank (optional): where each pick stands in the row's ranking, -1 outside it */
+    /* at_rank (optional): where each pick stands in the row's ranking, -1 outside it.
+     * steer (optional, the routing bonus): the picks beyond the ranked ones are looked for
+     * only if one could be taken: steer[n] < floor + bonus, where floor bounds every unranked
+     * expert's probability (the bonus then gives no resident the miss at n, so no later one) */
     int32_t pick(const float * row, int64_t token, int32_t want, int32_t * out,
                  const uint16_t * rank_row, int32_t rank_count, int32_t n_res,
-                 int32_t * at_rank = nullptr) const {
+                 int32_t * at_rank = nullptr, const float * steer = nullptr,
+                 float floor = 0.0f, float bonus = 0.0f) const {
         if (want <= 0) {
             return 0;
         }
@@ -141,7 +145,8 @@ struct Substitutes {
                     out[n++] = e;
                 }
             }
-            if (n == want || rank_count >= n_experts) {
+            if (n == want || rank_count >= n_experts ||
+                (steer != nullptr && !(floor + bonus > steer[n]))) {
                 return n;
             }
             return n + best_of_rest(row, token, want - n, out + n);
@@ -1014,9 +1019,17 @@ int32_t FastReplay::go() {
                                 return pa != pb ? pa < pb : a > b;
                             });
                             int32_t at_rank[MOECACHE_MAX_K];
-                            const int32_t n_best = subst.pick(prow, me, m, best, rank_row,
-                                                              rank_count, n_res_, at_rank);
                             const float * ranked_p = plan_.rank_p.data() + (p0 + r) * kRankP;
+                            float need[MOECACHE_MAX_K];
+                            for (int32_t i2 = 0; i2 < m; ++i2) {
+                                need[i2] = p_sel[order[i2] - base];
+                            }
+                            /* an unranked expert's probability is at most any ranked one's */
+                            const float floor =
+                                rank_count > 0 ? ranked_p[std::min(rank_count, kRankP) - 1] : 0.0f;
+                            const int32_t n_best =
+                                subst.pick(prow, me, m, best, rank_row, rank_count, n_res_,
+                                           at_rank, rank_count > 0 ? need : nullptr, floor, bonus);
                             bool steering = true;
                             for (int32_t i2 = 0; i2 < m; ++i2) {
                                 const int32_t i = order[i2];
