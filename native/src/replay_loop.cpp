@@ -35,6 +35,7 @@
 #include <limits>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace moecache_core {
@@ -223,6 +224,30 @@ struct PlanEvent {
     int32_t prefetch;
 };
 
+/* A vector whose new elements are left unset: the plan's packed rows are all written by the
+ * packing (on the batch's threads) right after, so a zero fill before would only add a pass
+ * over them on the calling thread. */
+template <class T>
+struct Unset : std::allocator<T> {
+    template <class U>
+    struct rebind {
+        using other = Unset<U>;
+    };
+    Unset() = default;
+    template <class U>
+    Unset(const Unset<U> &) noexcept {}
+    template <class U>
+    void construct(U * p) noexcept {
+        ::new (static_cast<void *>(p)) U;
+    }
+    template <class U, class... A>
+    void construct(U * p, A &&... a) {
+        ::new (static_cast<void *>(p)) U(std::forward<A>(a)...);
+    }
+};
+template <class T>
+using PackedVec = std::vector<T, Unset<T>>;
+
 /* What every configuration of a batch shares: each layer's work in trace order (its route
  * calls, and the PSR prefetches other calls aim at it), and the rows the loop reads packed
  * in that order, so that a layer's pass reads them as one stream rather than a row every
@@ -231,12 +256,13 @@ struct FastPlan {
     std::vector<PlanEvent> events;
     std::vector<int64_t> layer_start; /* [n_layers + 1] into events */
     std::vector<int64_t> call_token;  /* [n_calls] */
-    std::vector<int32_t> ids;
-    std::vector<float> weights, selected;
-    std::vector<uint16_t> ranks;
-    std::vector<uint8_t> counts;
-    std::vector<float> rank_p; /* [rows * loop::kRankP] probabilities of each row's first ranked */
-    std::vector<int32_t> predicted;
+    PackedVec<int32_t> ids;
+    PackedVec<float> weights, selected;
+    PackedVec<uint16_t> ranks;
+    PackedVec<uint8_t> counts;
+    PackedVec<float> rank_p; /* [rows * loop::kRankP] probabilities of each row's first ranked
+                              * (only the first rank_count are set and read) */
+    PackedVec<int32_t> predicted;
 };
 
 FastPlan * fast_plan_new(const moecache_replay_trace & t, const moecache_replay_config * configs,
