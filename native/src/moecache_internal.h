@@ -259,6 +259,7 @@ int32_t route(moecache & c, int32_t layer, int32_t n_tokens, const float * probs
  * rows, the trace's ranking set, every row's ids valid); replay_fast then replays it exactly
  * as the per-call core would. replay_fast_configs counts the configurations it replayed. */
 extern std::atomic<int64_t> replay_fast_configs;
+extern std::atomic<int64_t> replay_scan_configs; /* those of them finding victims by scan */
 bool fast_covers(const moecache_replay_trace & t, const moecache_replay_config & cfg,
                  bool ids_valid, bool events);
 struct FastPlan;      /* what the configurations of a batch share (fast_plan_new) */

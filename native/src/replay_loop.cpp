@@ -14,7 +14,9 @@
  *   - victims: LRU from a list of residents in recency order (pinned ones skipped);
  *     frequency from a heap of (key, recency, id) whose entries are lower bounds of the
  *     residents' current keys (a use or a selection only raises a key), refreshed when one
- *     reaches the top; pinned experts are set aside for the call;
+ *     reaches the top; pinned experts are set aside for the call; under PSR's prefetches
+ *     (several victims a call) in layers of few slots, the next victims of a call from one
+ *     scan of its unpinned residents instead (scan_fill);
  *   - the frequency key log2(f) + step / h is computed only when the heap needs it, from
  *     the same doubles record_selection keeps;
  *   - substitutes from the trace's shared ranking, as pick_substitutes.
@@ -33,11 +35,13 @@
 #include <limits>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace moecache_core {
 
 std::atomic<int64_t> replay_fast_configs{0};
+std::atomic<int64_t> replay_scan_configs{0};
 
 namespace loop { /* named: the engine compiles the core as one unit */
 
@@ -45,6 +49,10 @@ constexpr double kNoCount = -1e300;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int32_t kRankP = 32; /* ranked probabilities a plan keeps per row (routing bonus) */
 constexpr int64_t kRowAhead = 2; /* a layer's route calls whose probability rows are asked for ahead */
+constexpr int64_t kAheadWindow = 256; /* route calls over which the rows read are counted */
+constexpr int64_t kAheadShare = 8;    /* ask ahead while over 1 in this many read the row */
+constexpr int32_t kQueue = 16;    /* victims one scan keeps in order, at most */
+constexpr int32_t kScanSlots = 56; /* frequency victims by scan (prefetching policies) up to */
 
 /* One expert of the layer being replayed: what every selection reads. */
 struct Expert {
@@ -87,6 +95,7 @@ struct Substitutes {
     int32_t slots;
     int32_t n_experts;
     int64_t * mark;
+    int64_t * reads; /* rows whose probabilities were read (counted, for asking ahead) */
 
     /* pick_substitute: the reference scan in slot order (a NaN row) */
     int32_t one(const float * row, int64_t token) const {
@@ -106,10 +115,14 @@ struct Substitutes {
         return best;
     }
 
-    /* at_rank (optional): where each pick stands in the row's ranking, -1 outside it */
+    /* at_rank (optional): where each pick stands in the row's ranking, -1 outside it.
+     * steer (optional, the routing bonus): the picks beyond the ranked ones are looked for
+     * only if one could be taken: steer[n] < floor + bonus, where floor bounds every unranked
+     * expert's probability (the bonus then gives no resident the miss at n, so no later one) */
     int32_t pick(const float * row, int64_t token, int32_t want, int32_t * out,
                  const uint16_t * rank_row, int32_t rank_count, int32_t n_res,
-                 int32_t * at_rank = nullptr) const {
+                 int32_t * at_rank = nullptr, const float * steer = nullptr,
+                 float floor = 0.0f, float bonus = 0.0f) const {
         if (want <= 0) {
             return 0;
         }
@@ -133,11 +146,13 @@ struct Substitutes {
                     out[n++] = e;
                 }
             }
-            if (n == want || rank_count >= n_experts) {
+            if (n == want || rank_count >= n_experts ||
+                (steer != nullptr && !(floor + bonus > steer[n]))) {
                 return n;
             }
             return n + best_of_rest(row, token, want - n, out + n);
         }
+        ++*reads;
         float best_p[MOECACHE_MAX_K];
         bool nan = false;
         for (int32_t s = 0; s < slots; ++s) {
@@ -175,6 +190,7 @@ struct Substitutes {
 
     /* The best `need` unmarked residents of a row without NaN (any order of meeting them). */
     int32_t best_of_rest(const float * row, int64_t token, int32_t need, int32_t * rest) const {
+        ++*reads;
         float best_p[MOECACHE_MAX_K];
         int32_t m = 0;
         for (int32_t s = 0; s < slots; ++s) {
@@ -208,6 +224,30 @@ struct PlanEvent {
     int32_t prefetch;
 };
 
+/* A vector whose new elements are left unset: the plan's packed rows are all written by the
+ * packing (on the batch's threads) right after, so a zero fill before would only add a pass
+ * over them on the calling thread. */
+template <class T>
+struct Unset : std::allocator<T> {
+    template <class U>
+    struct rebind {
+        using other = Unset<U>;
+    };
+    Unset() = default;
+    template <class U>
+    Unset(const Unset<U> &) noexcept {}
+    template <class U>
+    void construct(U * p) noexcept {
+        ::new (static_cast<void *>(p)) U;
+    }
+    template <class U, class... A>
+    void construct(U * p, A &&... a) {
+        ::new (static_cast<void *>(p)) U(std::forward<A>(a)...);
+    }
+};
+template <class T>
+using PackedVec = std::vector<T, Unset<T>>;
+
 /* What every configuration of a batch shares: each layer's work in trace order (its route
  * calls, and the PSR prefetches other calls aim at it), and the rows the loop reads packed
  * in that order, so that a layer's pass reads them as one stream rather than a row every
@@ -216,12 +256,13 @@ struct FastPlan {
     std::vector<PlanEvent> events;
     std::vector<int64_t> layer_start; /* [n_layers + 1] into events */
     std::vector<int64_t> call_token;  /* [n_calls] */
-    std::vector<int32_t> ids;
-    std::vector<float> weights, selected;
-    std::vector<uint16_t> ranks;
-    std::vector<uint8_t> counts;
-    std::vector<float> rank_p; /* [rows * loop::kRankP] probabilities of each row's first ranked */
-    std::vector<int32_t> predicted;
+    PackedVec<int32_t> ids;
+    PackedVec<float> weights, selected;
+    PackedVec<uint16_t> ranks;
+    PackedVec<uint8_t> counts;
+    PackedVec<float> rank_p; /* [rows * loop::kRankP] probabilities of each row's first ranked
+                              * (only the first rank_count are set and read) */
+    PackedVec<int32_t> predicted;
 };
 
 FastPlan * fast_plan_new(const moecache_replay_trace & t, const moecache_replay_config * configs,
@@ -373,6 +414,8 @@ struct FastWorkspace {
     std::vector<double> cum_mass, decay;
     std::vector<int64_t> pin, mark;
     std::vector<loop::HeapEntry> heap, stash;
+    std::vector<double> kkey;
+    std::vector<uint32_t> kkver;
     std::vector<int8_t> action;
     std::vector<float> wnorm;
     std::vector<int32_t> used_ids, fetched, chosen, last_place;
@@ -440,6 +483,17 @@ private:
     int32_t heap_n_ = 0;
     int64_t stash_epoch_ = -1;
     double h_ = 1.0;
+    /* small layers under many victims a call: the next victims from one scan of the slots
+     * instead of the heap (scan_), as many as the call is expected to need (hint_) */
+    bool scan_ = false;
+    int32_t hint_ = 1;
+    int64_t q_epoch_ = -1;
+    int32_t q_n_ = 0, q_at_ = 0;
+    int32_t q_[kQueue];
+    double q_key_[kQueue];
+    int32_t q_lu_[kQueue];
+    double * kkey_ = nullptr;  /* [E] each expert's key as of its count version kkver_ */
+    uint32_t * kkver_ = nullptr;
 
     double key_of(const Fq & x) const {
         return x.freq > 0.0 ? std::log2(x.freq) + static_cast<double>(x.step) / h_
@@ -509,11 +563,74 @@ private:
         return HeapEntry{key_of(F_[e]), X_[e].last_use, e, F_[e].kver};
     }
 
+    /* The key of a resident as the scan compares it (the heap's, cached per count version). */
+    double scan_key(int32_t e) {
+        const uint32_t v = F_[e].kver;
+        if (kkver_[e] != v) {
+            kkver_[e] = v;
+            kkey_[e] = key_of(F_[e]);
+        }
+        return kkey_[e];
+    }
+
+    /* The epoch's next victims in order, from one scan of the unpinned residents (within a
+     * pin epoch an unpinned resident's key and recency do not change, and a new resident is
+     * pinned, so they stay in order; one pinned since is skipped when taken). */
+    void scan_fill() {
+        const int32_t m = std::min(hint_, kQueue);
+        int32_t n = 0;
+        const Expert * X = X_;
+        for (int32_t s = 0; s < n_res_; ++s) {
+            const int32_t e = slots_[s];
+            if (pin_[e] == pin_epoch_) {
+                continue;
+            }
+            const double ke = scan_key(e);
+            const int32_t lu = X[e].last_use;
+            auto before = [&](int32_t i) {
+                return ke != q_key_[i] ? ke < q_key_[i] : lu != q_lu_[i] ? lu < q_lu_[i] : e < q_[i];
+            };
+            if (n == m && !before(m - 1)) {
+                continue;
+            }
+            int32_t at = n == m ? m - 1 : n++;
+            while (at > 0 && before(at - 1)) {
+                q_[at] = q_[at - 1];
+                q_key_[at] = q_key_[at - 1];
+                q_lu_[at] = q_lu_[at - 1];
+                --at;
+            }
+            q_[at] = e;
+            q_key_[at] = ke;
+            q_lu_[at] = lu;
+        }
+        q_n_ = n;
+        q_at_ = 0;
+        q_epoch_ = pin_epoch_;
+    }
+
     template <bool Freq>
     int32_t victim() {
         int32_t v = -1;
         const Expert * X = X_;
-        if (!Freq) {
+        if (Freq && scan_) {
+            for (;;) {
+                if (q_epoch_ != pin_epoch_ || q_at_ == q_n_) {
+                    if (q_epoch_ == pin_epoch_ && q_n_ < std::min(hint_, kQueue)) {
+                        break; /* the last scan found fewer: every other resident is pinned */
+                    }
+                    scan_fill();
+                    if (q_n_ == 0) {
+                        break;
+                    }
+                }
+                const int32_t e = q_[q_at_++];
+                if (pin_[e] != pin_epoch_ && X[e].slot >= 0) {
+                    v = e;
+                    break;
+                }
+            }
+        } else if (!Freq) {
             for (int32_t e = lru_head_; e >= 0; e = X[e].next) {
                 if (pin_[e] != pin_epoch_) {
                     v = e;
@@ -641,10 +758,10 @@ private:
         }
         X_[e].slot = static_cast<int16_t>(slot);
         slots_[slot] = e;
-        if (Freq) {
-            heap_push(entry_of(e));
-        } else {
+        if (!Freq) {
             link_tail(e);
+        } else if (!scan_) {
+            heap_push(entry_of(e));
         }
         return slot;
     }
@@ -686,6 +803,10 @@ int32_t FastReplay::go() {
         F_ = w.fq.data();
         heap_ = w.heap.data();
         h_ = static_cast<double>(p_.half_life);
+        w.kkey.resize(static_cast<size_t>(E_));
+        w.kkver.resize(static_cast<size_t>(E_));
+        kkey_ = w.kkey.data();
+        kkver_ = w.kkver.data();
         w.decay.resize(4096);
         for (int64_t i = 0; i < 4096; ++i) {
             w.decay[static_cast<size_t>(i)] = std::exp2(-static_cast<double>(i) / h_);
@@ -706,6 +827,12 @@ int32_t FastReplay::go() {
     const int32_t want_pf = p_.prefetch == MOECACHE_PREFETCH_TOP_K ? k : p_.prefetch;
     const int32_t per_token = std::min({want_pf, E_, S_});
     const bool prefetching = per_token > 0 && t_.pred_width > 0;
+    /* PSR's prefetches evict several experts a call: at few slots one scan for them beats a
+     * heap pop each (and the pinned ones set aside); one-victim calls keep the heap */
+    scan_ = Freq && prefetching && S_ <= kScanSlots;
+    if (scan_) {
+        replay_scan_configs.fetch_add(1, std::memory_order_relaxed);
+    }
     const float beta = p_.beta;
     const float theta = p_.theta;
     const float bonus_w = p_.bonus;
@@ -720,6 +847,8 @@ int32_t FastReplay::go() {
         std::fill(w.expert_of.begin(), w.expert_of.end(), -1);
         if (Freq) {
             std::fill(w.fq.begin(), w.fq.end(), Fq{0.0, 0, 0});
+            std::fill(w.kkver.begin(), w.kkver.end(), ~0u);
+            q_epoch_ = -1;
             heap_n_ = 0;
             w.stash.clear();
             stash_epoch_ = -1;
@@ -733,7 +862,10 @@ int32_t FastReplay::go() {
         n_res_ = 0;
         clock_ = 0;
         const int64_t eb = t_.expert_bytes[layer];
-        Substitutes subst{X, slots_, S_, E_, mark};
+        /* rows of this layer that read their probabilities among those that might: ask for
+         * a later row's ahead only while that is common (decayed every kAheadWindow) */
+        int64_t row_reads = 0, row_visits = 0;
+        Substitutes subst{X, slots_, S_, E_, mark, &row_reads};
         double layer_mass = 0.0;
         int64_t filled = 0; /* tokens whose cumulative mass of this layer is written */
         const PlanEvent * ev = plan_.events.data();
@@ -795,11 +927,15 @@ int32_t FastReplay::go() {
                     }
                 }
                 const int64_t ppin = ++pin_epoch_;
+                int32_t absent = 0;
                 for (int32_t j = 0; j < per_token; ++j) {
                     if (X[chosen[j]].slot >= 0) {
                         pin_[chosen[j]] = ppin;
+                    } else {
+                        ++absent;
                     }
                 }
+                hint_ = std::max(absent, 1);
                 for (int32_t j = 0; j < per_token; ++j) {
                     const int32_t e = chosen[j];
                     if (X[e].slot >= 0) {
@@ -822,10 +958,17 @@ int32_t FastReplay::go() {
             /* a route call (route.cpp) */
             if (Rule != MOECACHE_FETCH_ALL && n_res_ <= 32 && x + kRowAhead < x_end) {
                 /* few residents: a substitute is found by reading their probabilities from
-                 * the row, so ask for those of a later call's row now */
-                const float * ahead = t_.probs + ev[x + kRowAhead].row * E_;
-                for (int32_t s = 0; s < n_res_; ++s) {
-                    __builtin_prefetch(ahead + slots_[s]);
+                 * the row, so ask for those of a later call's row now (unless few rows do:
+                 * the ranking's walk then finds them, e.g. under PSR's prefetches) */
+                if (++row_visits == kAheadWindow) {
+                    row_visits /= 2;
+                    row_reads /= 2;
+                }
+                if (row_reads * kAheadShare >= row_visits) {
+                    const float * ahead = t_.probs + ev[x + kRowAhead].row * E_;
+                    for (int32_t s = 0; s < n_res_; ++s) {
+                        __builtin_prefetch(ahead + slots_[s]);
+                    }
                 }
             }
             step_ = e_.step;
@@ -834,11 +977,15 @@ int32_t FastReplay::go() {
             const float * wt = plan_.weights.data() + p0 * k;
             const int32_t nk = n * k;
             const int64_t pin = ++pin_epoch_;
+            int32_t absent = 0;
             for (int32_t i = 0; i < nk; ++i) {
                 if (X[ids[i]].slot >= 0) {
                     pin_[ids[i]] = pin;
+                } else {
+                    ++absent;
                 }
             }
+            hint_ = std::max(absent, 1);
             int32_t n_fetched = 0;
             bool failed = false;
             for (int32_t r = 0; r < n && !failed; ++r) {
@@ -900,9 +1047,17 @@ int32_t FastReplay::go() {
                                 return pa != pb ? pa < pb : a > b;
                             });
                             int32_t at_rank[MOECACHE_MAX_K];
-                            const int32_t n_best = subst.pick(prow, me, m, best, rank_row,
-                                                              rank_count, n_res_, at_rank);
                             const float * ranked_p = plan_.rank_p.data() + (p0 + r) * kRankP;
+                            float need[MOECACHE_MAX_K];
+                            for (int32_t i2 = 0; i2 < m; ++i2) {
+                                need[i2] = p_sel[order[i2] - base];
+                            }
+                            /* an unranked expert's probability is at most any ranked one's */
+                            const float floor =
+                                rank_count > 0 ? ranked_p[std::min(rank_count, kRankP) - 1] : 0.0f;
+                            const int32_t n_best =
+                                subst.pick(prow, me, m, best, rank_row, rank_count, n_res_,
+                                           at_rank, rank_count > 0 ? need : nullptr, floor, bonus);
                             bool steering = true;
                             for (int32_t i2 = 0; i2 < m; ++i2) {
                                 const int32_t i = order[i2];
@@ -913,7 +1068,9 @@ int32_t FastReplay::go() {
                                     continue;
                                 }
                                 const int32_t j = at_rank[i2];
-                                const float p_s = j >= 0 && j < kRankP ? ranked_p[j] : prow[s];
+                                const bool ranked = j >= 0 && j < kRankP;
+                                row_reads += !ranked;
+                                const float p_s = ranked ? ranked_p[j] : prow[s];
                                 if (p_s + bonus > p_sel[i - base]) {
                                     used_ids[i] = s;
                                     pin_[s] = pin;
