@@ -164,6 +164,29 @@ def test_leftover_journals_are_finished_and_live_or_bad_ones_left(
     assert compactor.failed[1:] == [full, garbage]  # the garbage was tried again
 
 
+def test_an_empty_leftover_journal_is_removed_and_a_live_empty_one_left(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A window killed before its session's first token leaves a 0-byte journal (the
+    stream's header goes out with the first token): nothing to compact or open, so the
+    next start removes it instead of refusing it at every start; a live session's empty
+    journal (locked) stays."""
+    empty = pf.journal_path(tmp_path / "killed.parquet")
+    empty.write_bytes(b"")
+    live = pf.ParquetTraceWriter(tmp_path / "live.parquet", psr_header())
+    assert live.journal.stat().st_size == 0
+    compactor = Compactor()
+    with caplog.at_level(logging.INFO, logger="moescope.trace.compactor"):
+        compactor.finish_leftovers(tmp_path)
+        assert compactor.wait(60)
+    assert not empty.exists() and not (tmp_path / "killed.parquet").exists()
+    assert compactor.failed == [] and compactor.finished == []
+    assert "removed killed.parquet.journal.arrows, an empty journal" in caplog.text
+    assert live.journal.exists()
+    live.write_token(_record(0))
+    live.close()
+    assert len(read_trace(tmp_path / "live.parquet").tokens) == 1
+
+
 def _record(i: int) -> Any:
     from moescope.trace import TokenRecord
 

@@ -61,7 +61,9 @@ class Compactor:
         """In the background: compact every Parquet journal in ``directory`` that no live
         session owns (a crash's leftover: nobody holds its lock) and remove the stale
         ``.part`` files of those; each step is logged, and a journal that fails to
-        compact stays as it is (it opens as a trace)."""
+        compact stays as it is (it opens as a trace). An empty journal (a process killed
+        before its session's first token: the stream's header is written with it) is
+        removed: it holds nothing, and kept it would be refused at every start."""
         folder = Path(directory)
         self._add(None, lambda: self._finish_leftovers(folder))
 
@@ -181,6 +183,12 @@ class Compactor:
                 with contextlib.suppress(OSError):
                     part.unlink()
                     log.info("removed %s, a compaction cut off", part.name)
+            if os.fstat(lock).st_size == 0:  # killed before its first token: nothing in it
+                with contextlib.suppress(OSError):
+                    journal.unlink()
+                    log.info("removed %s, an empty journal (its session recorded nothing)",
+                             journal.name)
+                return
             t0 = time.perf_counter()
             try:
                 compact(journal, dest, remove=True, stop=self._stop.is_set)
