@@ -2,7 +2,7 @@
 
 Compacting a journal to Parquet reads it whole and writes it again: 0.5 ms of CPU a
 token, seconds for a long session. The window must not make its user wait for that at a
-new chat, a model unload or quit, so it closes only the journal (the end record written,
+model load or unload, a comparison or quit, so it closes only the journal (the end record written,
 a whole trace on disk that every reader opens, see :func:`.names.live_trace_file`) and
 hands the rest to a :class:`Compactor`. The command line has nobody else to wait for the
 file and compacts before it returns (a recorder without a compactor).
