@@ -268,6 +268,28 @@ def test_a_session_still_recording_to_a_journal_exports_the_journal(
     assert not (out / "x").exists() and not (out / "x.parquet").exists()
 
 
+def test_exporting_a_session_before_its_first_token_says_so_and_writes_nothing(
+        window: Any, dialogs: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """A session's journal is empty until its first token (the stream's header goes out
+    with it): the export says there is nothing yet instead of failing after the copy (a
+    traceback, an empty file left at the user's path, no message)."""
+    from PySide6.QtWidgets import QFileDialog
+
+    assert window.trace_path is not None
+    assert live_trace_file(window.trace_path).stat().st_size == 0
+    out = tmp_path / "out"
+    out.mkdir()
+    assert window.export_trace(out / "early.parquet") is None
+    assert dialogs.shown[-1][1] == "Could not export the trace"
+    assert "nothing recorded yet" in dialogs.shown[-1][2]
+    asked: list[str] = []
+    monkeypatch.setattr(QFileDialog, "getSaveFileName",
+                        staticmethod(lambda *a: (asked.append(a[1]), ("", ""))[1]))
+    window.export_trace_dialog()
+    assert not asked and dialogs.shown[-1][1] == "No trace to export yet"
+    assert sorted(out.iterdir()) == []
+
+
 def test_trace_dialogs_offer_every_format_and_export_the_recorded_one(
         window: Any, qtbot: Any, tmp_path: Path, monkeypatch: Any) -> None:
     from PySide6.QtWidgets import QFileDialog

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QTimer, Slot
 from PySide6.QtWidgets import QFileDialog, QProgressDialog
 
-from moescope.display.trace_io import ReopenedTrace, export_session
+from moescope.display.trace_io import ReopenedTrace, export_session, nothing_recorded
 from moescope.gui.traces.trace_opener import PROGRESS_STEPS, TraceOpener
 from moescope.gui.traces.trace_window import TraceWindow
 from moescope.trace.names import (
@@ -70,6 +70,11 @@ class SessionTraces(_Window):
             return
         # the copy keeps the recorded format (export_session names it so)
         recorded = live_trace_file(self.trace_path)  # a journal while it is being recorded
+        if nothing_recorded(recorded):
+            self.show_error("No trace to export yet", "This session has recorded no token "
+                                                      "yet: its trace begins with the first "
+                                                      "answer.")
+            return
         suffix = trace_suffix(recorded.name) or RECORD_SUFFIX
         stem = session_stem(recorded.name) or recorded.stem
         default = str(Path.home() / f"{stem}{suffix}")
@@ -94,6 +99,9 @@ class SessionTraces(_Window):
             files = export_session(self.trace_path, Path(path))
         except OSError as err:
             self._export_failed("trace", path, err)
+            return None
+        except MoEScopeError as err:  # nothing recorded yet, or a trace that does not read
+            self.show_error("Could not export the trace", str(err))
             return None
         trace, perfetto, csv = files
         log.info("trace exported: %s, %s and %s", trace, perfetto.name, csv.name)
