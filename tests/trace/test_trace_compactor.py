@@ -22,6 +22,7 @@ from moescope.trace import arrow_format as af
 from moescope.trace import parquet_format as pf
 from moescope.trace.compactor import Compactor
 from moescope.trace.names import live_trace_file
+from moescope.trace.schema import TraceFormatError
 from moescope_testing.traces import core_trace
 
 
@@ -172,6 +173,8 @@ def test_an_empty_leftover_journal_is_removed_and_a_live_empty_one_left(
     journal (locked) stays."""
     empty = pf.journal_path(tmp_path / "killed.parquet")
     empty.write_bytes(b"")
+    with pytest.raises(TraceFormatError, match="empty file: this session has recorded no "):
+        read_trace(empty)
     live = pf.ParquetTraceWriter(tmp_path / "live.parquet", psr_header())
     assert live.journal.stat().st_size == 0
     compactor = Compactor()
