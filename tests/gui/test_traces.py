@@ -361,6 +361,7 @@ def test_a_new_session_deletes_the_oldest_traces_to_make_room(window: Any, qtbot
 
     from moescope.display.trace_io import TraceLimits
 
+    send(qtbot, window, "Hello there.", max_tokens=4)  # a session with no token is not kept
     first = window.trace_path
     assert first is not None
     old = first.parent / "20200101-000000-old.jsonl"  # an older format's session prunes too

@@ -77,6 +77,23 @@ def test_close_returns_with_the_journal_readable_and_compaction_follows(
     assert done.end == t.end
 
 
+def test_a_session_with_no_token_leaves_no_trace(tmp_path: Path) -> None:
+    """A window loaded and closed (or a comparison's new session, closed before its next
+    answer) records nothing: its journal is removed, not compacted to an empty trace that
+    would count among the 20 sessions kept and push a real one out."""
+    compactor = Compactor()
+    path = tmp_path / "s.parquet"
+    TraceRecorder(path, psr_header(), compactor=compactor).close(stop_reason="")
+    assert compactor.wait(30)
+    assert sorted(tmp_path.iterdir()) == [] and compactor.finished == []
+    one = tmp_path / "one.parquet"
+    recorder = TraceRecorder(one, psr_header(), compactor=compactor)
+    recorder.record(_token(0))
+    recorder.close(stop_reason="")
+    assert compactor.wait(30)
+    assert sorted(tmp_path.iterdir()) == [one] and len(read_trace(one).tokens) == 1
+
+
 def test_a_journal_locked_by_another_writer_is_not_pruned(tmp_path: Path) -> None:
     """Another window's session (its writer holds the journal's lock) is left to it; an
     unlocked old session goes."""

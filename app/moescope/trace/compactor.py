@@ -53,7 +53,9 @@ class Compactor:
 
     def submit(self, writer: Any) -> None:
         """Compact a :class:`~.parquet_format.ParquetTraceWriter` whose journal is closed
-        (``close_journal`` returned True); it holds the journal's lock until done."""
+        (``close_journal`` returned True); it holds the journal's lock until done. A
+        session that recorded no token is removed instead: an empty trace shows and
+        replays nothing, and kept it would count among the sessions pruning keeps."""
         journal = Path(writer.journal)
         self._add(journal, lambda: self._compact_writer(writer))
 
@@ -123,6 +125,12 @@ class Compactor:
     def _compact_writer(self, writer: Any) -> None:
         from moescope.trace.parquet_format import CompactionStopped
 
+        if writer.n_tokens == 0:  # a load then quit, say: no session to keep (or to let
+            with contextlib.suppress(OSError):  # push a real one out of the kept 20)
+                Path(writer.journal).unlink()
+                log.info("trace with no token removed: %s", writer.journal)
+            writer.release()
+            return
         if self._stop.is_set():
             writer.release()
             log.info("trace left as its journal (quitting): %s", writer.journal)
