@@ -4,6 +4,7 @@ that passes for a finished one; a hostile .parquet gets one line naming the file
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 from collections.abc import Callable
@@ -129,6 +130,10 @@ def test_the_one_liners_open_it_and_the_header_is_beside_the_rows(
         pass
     else:
         assert len(pandas.read_parquet(parquet)) == n
+        table = pandas.read_json(io.StringIO(pq.read_schema(parquet).metadata[pf.TOKENS_KEY]
+                                             .decode()), lines=True, dtype=False)
+        assert table["index"].tolist() == list(range(12))
+        assert table["text"].tolist() == [t.text for t in read_trace(parquet).tokens]
     try:
         import polars
     except ImportError:
