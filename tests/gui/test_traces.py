@@ -176,6 +176,19 @@ def test_turning_recording_off_mid_answer_closes_the_trace_at_once(window: Any,
     assert "next model load" in window.statusBar().currentMessage()
 
 
+def test_turning_recording_off_before_the_first_token_says_no_trace_is_kept(
+        window: Any, qtbot: Any) -> None:
+    """A session with no token leaves no file (an empty trace would only count among the
+    sessions kept), so the status line must not point at a trace that will not be there."""
+    path = window.trace_path
+    assert path is not None and live_trace_file(path).stat().st_size == 0
+    window.record_action.trigger()
+    assert not window.recording
+    assert "recorded nothing" in window.statusBar().currentMessage()
+    qtbot.waitUntil(lambda: not live_trace_file(path).exists(), timeout=30_000)
+    assert window.client.worker.recorder is None and not path.exists()
+
+
 def test_old_sessions_are_deleted_oldest_first_by_count_and_by_size(tmp_path: Path) -> None:
     import os
 

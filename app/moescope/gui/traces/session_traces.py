@@ -54,9 +54,13 @@ class SessionTraces(_Window):
         self.settings.setValue("record_traces", self.recording)
         if not self.recording and self.trace_path is not None:
             self.recording_now = False
+            empty = not self.chat.generating and nothing_recorded(
+                live_trace_file(self.trace_path))  # no token yet: no trace will be kept
             self.client.stop_recording()
             self.statusBar().showMessage(
-                f"Recording stopped; the trace so far is kept: {self.trace_path}", 8000)
+                "Recording stopped; this session recorded nothing, so it leaves no trace."
+                if empty else f"Recording stopped; the trace so far is kept: "
+                              f"{self.trace_path}", 8000)
         elif self.recording and not self.recording_now:
             self.statusBar().showMessage(
                 "Recording starts with the next model load (a trace begins with an empty "
