@@ -2,10 +2,11 @@
 
 Compacting a journal to Parquet reads it whole and writes it again: 0.5 ms of CPU a
 token, seconds for a long session. The window must not make its user wait for that at a
-model load or unload, a comparison or quit, so it closes only the journal (the end record written,
-a whole trace on disk that every reader opens, see :func:`.names.live_trace_file`) and
-hands the rest to a :class:`Compactor`. The command line has nobody else to wait for the
-file and compacts before it returns (a recorder without a compactor).
+model load or unload, a comparison or quit, so it closes only the journal (the end record
+written, a whole trace on disk that every reader opens, see
+:func:`.names.live_trace_file`) and hands the rest to a :class:`Compactor`. The command
+line has nobody else to wait for the file and compacts before it returns (a recorder
+without a compactor).
 
 One thread compacts, one journal at a time, and it ends when nothing is queued: a
 compaction holds the journal's columns in memory, so two at once would hold both, and
