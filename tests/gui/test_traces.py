@@ -65,6 +65,10 @@ def test_exported_trace_reopens_with_the_same_plots(window: Any, qtbot: Any,
     assert tokens_csv.name == "session.tokens.csv"
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [copy.name, perfetto.name, tokens_csv.name])
+    assert (copy.suffix != window.trace_path.suffix) == (RECORD_SUFFIX == ".parquet")
+    if copy.suffix != window.trace_path.suffix:  # the live journal, not the finished form
+        said = window.statusBar().currentMessage()  # how to get what the session will be
+        assert f"moescope trace compact {copy.name}` makes it Parquet" in said, said
     with tokens_csv.open(newline="", encoding="utf-8") as f:
         assert len(list(csv.reader(f))) == len(window.recent_tokens) + 1  # and a header
     n_tokens = len(window.recent_tokens)

@@ -109,8 +109,13 @@ class SessionTraces(_Window):
             return None
         trace, perfetto, csv = files
         log.info("trace exported: %s, %s and %s", trace, perfetto.name, csv.name)
+        recorded = trace_suffix(self.trace_path.name) or RECORD_SUFFIX
+        journal = trace_suffix(trace.name) != recorded  # the session is still recording
         self.statusBar().showMessage(
-            f"Trace saved to {trace}, with {perfetto.name} and {csv.name}", 8000)
+            f"Trace saved to {trace}, with {perfetto.name} and {csv.name}" + (
+                f" (an Arrow stream: the session is still recording; `moescope trace "
+                f"compact {trace.name}` makes it {FORMAT_NAMES.get(recorded, recorded)})"
+                if journal else ""), 15000)
         return files
 
     def open_trace_dialog(self) -> None:
