@@ -61,6 +61,20 @@ def test_an_output_file_that_cannot_be_created_is_refused_first(
     assert "does not exist" in err or "is a folder" in err
 
 
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_a_parquet_trace_whose_journal_a_crash_left_is_refused_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
+    """Rerunning a killed ``--trace x.parquet`` command: its journal is there, and the
+    writer never overwrites it. That was said only once the model had loaded (minutes for a
+    big one); now before (the model path here does not exist, so nothing loads)."""
+    journal = tmp_path / "x.parquet.journal.arrows"
+    journal.write_bytes(b"a killed session's tokens")
+    err = _one_line_error(capsys, [command, str(tmp_path / "never-read.gguf"), "--trace",
+                                   str(tmp_path / "x.parquet")])
+    assert "a trace journal is already there" in err and "trace compact" in err
+    assert journal.read_bytes() == b"a killed session's tokens"
+
+
 @pytest.mark.parametrize(("option", "value"), [
     ("--bandwidth", "0"), ("--bandwidth", "-5"), ("--bandwidth", "nan"),
     ("--latency-us", "-1"), ("--compute-ms", "inf"),

@@ -65,6 +65,10 @@ def test_exported_trace_reopens_with_the_same_plots(window: Any, qtbot: Any,
     assert tokens_csv.name == "session.tokens.csv"
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [copy.name, perfetto.name, tokens_csv.name])
+    assert (copy.suffix != window.trace_path.suffix) == (RECORD_SUFFIX == ".parquet")
+    if copy.suffix != window.trace_path.suffix:  # the live journal, not the finished form
+        said = window.statusBar().currentMessage()  # how to get what the session will be
+        assert f"moescope trace compact {copy.name}` makes it Parquet" in said, said
     with tokens_csv.open(newline="", encoding="utf-8") as f:
         assert len(list(csv.reader(f))) == len(window.recent_tokens) + 1  # and a header
     n_tokens = len(window.recent_tokens)
@@ -176,6 +180,19 @@ def test_turning_recording_off_mid_answer_closes_the_trace_at_once(window: Any,
     assert "next model load" in window.statusBar().currentMessage()
 
 
+def test_turning_recording_off_before_the_first_token_says_no_trace_is_kept(
+        window: Any, qtbot: Any) -> None:
+    """A session with no token leaves no file (an empty trace would only count among the
+    sessions kept), so the status line must not point at a trace that will not be there."""
+    path = window.trace_path
+    assert path is not None and live_trace_file(path).stat().st_size == 0
+    window.record_action.trigger()
+    assert not window.recording
+    assert "recorded nothing" in window.statusBar().currentMessage()
+    qtbot.waitUntil(lambda: not live_trace_file(path).exists(), timeout=30_000)
+    assert window.client.worker.recorder is None and not path.exists()
+
+
 def test_old_sessions_are_deleted_oldest_first_by_count_and_by_size(tmp_path: Path) -> None:
     import os
 
@@ -268,6 +285,28 @@ def test_a_session_still_recording_to_a_journal_exports_the_journal(
     assert not (out / "x").exists() and not (out / "x.parquet").exists()
 
 
+def test_exporting_a_session_before_its_first_token_says_so_and_writes_nothing(
+        window: Any, dialogs: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """A session's journal is empty until its first token (the stream's header goes out
+    with it): the export says there is nothing yet instead of failing after the copy (a
+    traceback, an empty file left at the user's path, no message)."""
+    from PySide6.QtWidgets import QFileDialog
+
+    assert window.trace_path is not None
+    assert live_trace_file(window.trace_path).stat().st_size == 0
+    out = tmp_path / "out"
+    out.mkdir()
+    assert window.export_trace(out / "early.parquet") is None
+    assert dialogs.shown[-1][1] == "Could not export the trace"
+    assert "nothing recorded yet" in dialogs.shown[-1][2]
+    asked: list[str] = []
+    monkeypatch.setattr(QFileDialog, "getSaveFileName",
+                        staticmethod(lambda *a: (asked.append(a[1]), ("", ""))[1]))
+    window.export_trace_dialog()
+    assert not asked and dialogs.shown[-1][1] == "No trace to export yet"
+    assert sorted(out.iterdir()) == []
+
+
 def test_trace_dialogs_offer_every_format_and_export_the_recorded_one(
         window: Any, qtbot: Any, tmp_path: Path, monkeypatch: Any) -> None:
     from PySide6.QtWidgets import QFileDialog
@@ -339,6 +378,7 @@ def test_a_new_session_deletes_the_oldest_traces_to_make_room(window: Any, qtbot
 
     from moescope.display.trace_io import TraceLimits
 
+    send(qtbot, window, "Hello there.", max_tokens=4)  # a session with no token is not kept
     first = window.trace_path
     assert first is not None
     old = first.parent / "20200101-000000-old.jsonl"  # an older format's session prunes too

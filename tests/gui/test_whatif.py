@@ -158,6 +158,31 @@ def test_the_event_loop_stays_responsive_while_the_sweep_runs(
     assert not view.running and not view.progress.isVisible()
 
 
+def test_the_controls_stay_put_when_a_sweep_starts_and_ends(
+        qtbot: Any, trace_window: TraceWindow, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The progress bar and Stop show only while a sweep runs, but keep their room when
+    hidden: a sweep that ends while the pointer heads for Stop must not slide Policies
+    (or a widened cost box) under it."""
+    def slow_sweep(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.3)
+        return sweep(*args, **kwargs)
+
+    monkeypatch.setattr(whatif_model, "sweep", slow_sweep)
+    view = trace_window.whatif
+    trace_window.resize(1000, 700)
+
+    def places() -> list[Any]:
+        return [w.geometry() for w in (view.cost, view.policy_button)]
+
+    with qtbot.waitSignal(view.sweepFinished, timeout=15_000):
+        trace_window.tabs.setCurrentWidget(view)
+        assert view.running and view.stop_button.isVisible()
+        qtbot.wait(50)
+        running = places()
+    qtbot.wait(50)
+    assert not view.stop_button.isVisible() and places() == running
+
+
 def test_closing_the_window_mid_sweep_stops_its_thread(
         qtbot: Any, trace_window: TraceWindow, monkeypatch: pytest.MonkeyPatch) -> None:
     def slow_sweep(*args: Any, **kwargs: Any) -> Any:

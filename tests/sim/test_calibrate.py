@@ -43,6 +43,17 @@ def test_calibrate_measures_saves_and_the_calibrated_model_reads_it(
     assert "moescope calibrate" in cm.note
 
 
+def test_without_a_calibration_the_calibrated_model_says_its_disk_is_assumed(
+        data_dir: Path, record: Callable[..., Path]) -> None:
+    """The what-if's status line and ``replay`` print the model's note: its disk figures
+    are the presets' until ``moescope calibrate`` has measured this machine's."""
+    trace = read_trace(record("qwen3moe", policy="quality-first", budget="25%", tokens=24))
+    cm = cost_model("calibrated", trace)
+    assert load_calibration() is None
+    assert "disk not measured" in cm.note and "moescope calibrate" in cm.note
+    assert cm.note.startswith("fitted to ")
+
+
 def test_bad_calibrations_and_arguments_are_refused_with_one_line(
         data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     small = tmp_path / "small.bin"

@@ -22,6 +22,7 @@ from moescope.trace import arrow_format as af
 from moescope.trace import parquet_format as pf
 from moescope.trace.compactor import Compactor
 from moescope.trace.names import live_trace_file
+from moescope.trace.schema import TraceFormatError
 from moescope_testing.traces import core_trace
 
 
@@ -74,6 +75,23 @@ def test_close_returns_with_the_journal_readable_and_compaction_follows(
     done = read_trace(path)
     assert [r.text for r in done.tokens] == [r.text for r in t.tokens]
     assert done.end == t.end
+
+
+def test_a_session_with_no_token_leaves_no_trace(tmp_path: Path) -> None:
+    """A window loaded and closed (or a comparison's new session, closed before its next
+    answer) records nothing: its journal is removed, not compacted to an empty trace that
+    would count among the 20 sessions kept and push a real one out."""
+    compactor = Compactor()
+    path = tmp_path / "s.parquet"
+    TraceRecorder(path, psr_header(), compactor=compactor).close(stop_reason="")
+    assert compactor.wait(30)
+    assert sorted(tmp_path.iterdir()) == [] and compactor.finished == []
+    one = tmp_path / "one.parquet"
+    recorder = TraceRecorder(one, psr_header(), compactor=compactor)
+    recorder.record(_token(0))
+    recorder.close(stop_reason="")
+    assert compactor.wait(30)
+    assert sorted(tmp_path.iterdir()) == [one] and len(read_trace(one).tokens) == 1
 
 
 def test_a_journal_locked_by_another_writer_is_not_pruned(tmp_path: Path) -> None:
@@ -162,6 +180,31 @@ def test_leftover_journals_are_finished_and_live_or_bad_ones_left(
     assert full.exists() and not (tmp_path / "full.parquet").exists()
     assert len(read_session(tmp_path / "full.parquet").tokens) == 3
     assert compactor.failed[1:] == [full, garbage]  # the garbage was tried again
+
+
+def test_an_empty_leftover_journal_is_removed_and_a_live_empty_one_left(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A window killed before its session's first token leaves a 0-byte journal (the
+    stream's header goes out with the first token): nothing to compact or open, so the
+    next start removes it instead of refusing it at every start; a live session's empty
+    journal (locked) stays."""
+    empty = pf.journal_path(tmp_path / "killed.parquet")
+    empty.write_bytes(b"")
+    with pytest.raises(TraceFormatError, match="empty file: this session has recorded no "):
+        read_trace(empty)
+    live = pf.ParquetTraceWriter(tmp_path / "live.parquet", psr_header())
+    assert live.journal.stat().st_size == 0
+    compactor = Compactor()
+    with caplog.at_level(logging.INFO, logger="moescope.trace.compactor"):
+        compactor.finish_leftovers(tmp_path)
+        assert compactor.wait(60)
+    assert not empty.exists() and not (tmp_path / "killed.parquet").exists()
+    assert compactor.failed == [] and compactor.finished == []
+    assert "removed killed.parquet.journal.arrows, an empty journal" in caplog.text
+    assert live.journal.exists()
+    live.write_token(_record(0))
+    live.close()
+    assert len(read_trace(tmp_path / "live.parquet").tokens) == 1
 
 
 def _record(i: int) -> Any:

@@ -4,6 +4,7 @@ that passes for a finished one; a hostile .parquet gets one line naming the file
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 from collections.abc import Callable
@@ -129,6 +130,10 @@ def test_the_one_liners_open_it_and_the_header_is_beside_the_rows(
         pass
     else:
         assert len(pandas.read_parquet(parquet)) == n
+        table = pandas.read_json(io.StringIO(pq.read_schema(parquet).metadata[pf.TOKENS_KEY]
+                                             .decode()), lines=True, dtype=False)
+        assert table["index"].tolist() == list(range(12))
+        assert table["text"].tolist() == [t.text for t in read_trace(parquet).tokens]
     try:
         import polars
     except ImportError:
@@ -191,8 +196,15 @@ def test_a_journal_cut_off_mid_token_opens_without_that_token_and_compacts(
     # compacting again: the journal is gone, and a finished file is not a stream
     assert main(["trace", "compact", str(journal)]) == 2
     assert main(["trace", "compact", str(target)]) == 2
+    journal.write_bytes(b"")  # killed before its first token: the header goes out with it
+    assert main(["trace", "compact", str(journal)]) == 2
+    (tmp_path / "v1.jsonl").write_text('{"type": "header"}\n')
+    assert main(["trace", "compact", str(tmp_path / "v1.jsonl")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and "not a version-2 trace stream" in err[1], err
+    assert len(err) == 4 and all(line.startswith("moescope: error: ") for line in err), err
+    assert err[1].endswith("s.parquet: already a Parquet trace; nothing to compact"), err
+    assert "empty file" in err[2] and journal.exists(), err  # an empty journal is left
+    assert "not a version-2 trace stream" in err[3], err
 
 
 def test_an_interrupted_compaction_leaves_the_journal_and_no_trace(

@@ -163,7 +163,8 @@ def export_session(recorded: Path, dest: Path) -> tuple[Path, Path, Path]:
     name gets that format's suffix (``dest``'s own trace suffix, if any, is replaced: a name
     must not say JSON Lines over an Arrow stream); a session still being recorded to a
     journal exports the journal, an Arrow stream. Each file is written whole or not at all
-    (``OSError``: a full disk leaves no half file and replaces nothing).
+    (``OSError``: a full disk leaves no half file and replaces nothing); a session with no
+    token yet is ``TraceFormatError`` and writes nothing.
 
     Safe while recording continues: the recorder flushes whole records, and a reader drops
     a half-written last one.
@@ -183,10 +184,23 @@ def export_session(recorded: Path, dest: Path) -> tuple[Path, Path, Path]:
 
 def _copy_recorded(recorded: Path, dest: Path) -> tuple[Path, str | None]:
     source = live_trace_file(recorded)
+    if nothing_recorded(source):
+        raise TraceFormatError(f"{source.name}: nothing recorded yet (a session's trace "
+                               "begins with its first token)")
     suffix = trace_suffix(source.name)
     target = with_trace_suffix(dest, suffix) if suffix is not None else dest
     copy_atomic(source, target)
     return target, suffix
+
+
+def nothing_recorded(path: Path) -> bool:
+    """Whether ``path`` is an empty file: a session's journal before its first token (an
+    Arrow stream's header goes out with its first batch), which no reader opens."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == 0
 
 
 def read_session(path: str | Path, progress: ReadProgress | None = None) -> Trace:

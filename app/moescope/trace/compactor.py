@@ -2,10 +2,11 @@
 
 Compacting a journal to Parquet reads it whole and writes it again: 0.5 ms of CPU a
 token, seconds for a long session. The window must not make its user wait for that at a
-new chat, a model unload or quit, so it closes only the journal (the end record written,
-a whole trace on disk that every reader opens, see :func:`.names.live_trace_file`) and
-hands the rest to a :class:`Compactor`. The command line has nobody else to wait for the
-file and compacts before it returns (a recorder without a compactor).
+model load or unload, a comparison or quit, so it closes only the journal (the end record
+written, a whole trace on disk that every reader opens, see
+:func:`.names.live_trace_file`) and hands the rest to a :class:`Compactor`. The command
+line has nobody else to wait for the file and compacts before it returns (a recorder
+without a compactor).
 
 One thread compacts, one journal at a time, and it ends when nothing is queued: a
 compaction holds the journal's columns in memory, so two at once would hold both, and
@@ -53,7 +54,9 @@ class Compactor:
 
     def submit(self, writer: Any) -> None:
         """Compact a :class:`~.parquet_format.ParquetTraceWriter` whose journal is closed
-        (``close_journal`` returned True); it holds the journal's lock until done."""
+        (``close_journal`` returned True); it holds the journal's lock until done. A
+        session that recorded no token is removed instead: an empty trace shows and
+        replays nothing, and kept it would count among the sessions pruning keeps."""
         journal = Path(writer.journal)
         self._add(journal, lambda: self._compact_writer(writer))
 
@@ -61,7 +64,9 @@ class Compactor:
         """In the background: compact every Parquet journal in ``directory`` that no live
         session owns (a crash's leftover: nobody holds its lock) and remove the stale
         ``.part`` files of those; each step is logged, and a journal that fails to
-        compact stays as it is (it opens as a trace)."""
+        compact stays as it is (it opens as a trace). An empty journal (a process killed
+        before its session's first token: the stream's header is written with it) is
+        removed: it holds nothing, and kept it would be refused at every start."""
         folder = Path(directory)
         self._add(None, lambda: self._finish_leftovers(folder))
 
@@ -121,6 +126,12 @@ class Compactor:
     def _compact_writer(self, writer: Any) -> None:
         from moescope.trace.parquet_format import CompactionStopped
 
+        if writer.n_tokens == 0:  # a load then quit, say: no session to keep (or to let
+            with contextlib.suppress(OSError):  # push a real one out of the kept 20)
+                Path(writer.journal).unlink()
+                log.info("trace with no token removed: %s", writer.journal)
+            writer.release()
+            return
         if self._stop.is_set():
             writer.release()
             log.info("trace left as its journal (quitting): %s", writer.journal)
@@ -181,6 +192,12 @@ class Compactor:
                 with contextlib.suppress(OSError):
                     part.unlink()
                     log.info("removed %s, a compaction cut off", part.name)
+            if os.fstat(lock).st_size == 0:  # killed before its first token: nothing in it
+                with contextlib.suppress(OSError):
+                    journal.unlink()
+                    log.info("removed %s, an empty journal (its session recorded nothing)",
+                             journal.name)
+                return
             t0 = time.perf_counter()
             try:
                 compact(journal, dest, remove=True, stop=self._stop.is_set)

@@ -88,15 +88,28 @@ def compacted_path(journal: str | os.PathLike[str]) -> Path:
     return Path(journal).with_suffix(SUFFIX)
 
 
+def _journal_there(journal: Path) -> TraceFormatError:
+    return TraceFormatError(f"{journal}: a trace journal is already there (a session cut "
+                            f"off? `moescope trace compact {journal}` finishes it); not "
+                            f"overwritten")
+
+
+def check_journal_free(path: str | os.PathLike[str]) -> None:
+    """Refuse (:class:`TraceFormatError`) to record ``path`` (a ``.parquet`` name) when its
+    journal is already there, before anything is loaded: the writer would refuse it
+    anyway, after the command had spent minutes loading a big model."""
+    journal = journal_path(Path(path))
+    if is_parquet_path(path) and os.path.lexists(journal):
+        raise _journal_there(journal)
+
+
 def _create_new(path: Path) -> IO[bytes]:
     """Open ``path`` for writing only if nothing is there: a journal that exists is a
     session's trace left by a crash (or someone's file), never truncated."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOCTTY, 0o666)
     except FileExistsError:
-        raise TraceFormatError(f"{path}: a trace journal is already there (a session cut "
-                               f"off? `moescope trace compact {path}` finishes it); not "
-                               f"overwritten") from None
+        raise _journal_there(path) from None
     return os.fdopen(fd, "wb")
 
 

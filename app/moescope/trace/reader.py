@@ -19,6 +19,7 @@ from typing import IO, Any
 import numpy as np
 import numpy.typing as npt
 
+from moescope.trace.names import JOURNAL_SUFFIX
 from moescope.trace.schema import (
     TokenRecord,
     Trace,
@@ -256,6 +257,9 @@ def read_trace(path: str | os.PathLike[str], progress: ReadProgress | None = Non
             shown = f"{kind} record" if isinstance(kind, str) and len(kind) < 20 else "record"
             raise refuse(f"{p.name}: line {n}: bad {shown}: {what}") from None
     if n == 0:
+        if p.name.endswith(JOURNAL_SUFFIX):  # a stream's header goes out with its first token
+            raise TraceFormatError(f"{p.name}: empty file: this session has recorded no "
+                                   "token yet")
         raise TraceFormatError(f"{p.name}: empty file, not a MoEScope trace")
     if header is None:
         raise TraceFormatError(f"{p.name}: no header record")

@@ -249,6 +249,10 @@ def check_trace_output(path: Path | None, inputs: Sequence[Path]) -> None:
     if path is not None and is_stdout(path):
         raise MoEScopeError("--trace -: the answer is written to stdout; give a file name")
     check_output_path(path, "--trace", inputs)
+    if path is not None:
+        from moescope.trace.parquet_format import check_journal_free
+
+        check_journal_free(path)  # a crash's journal: refused now, not after the load
 
 
 COMPACT_NOTICE_S = 1.0

@@ -50,6 +50,11 @@ def run(args: argparse.Namespace) -> int:
             magic = f.read(4)
     except OSError as err:
         raise MoEScopeError(f"{src}: cannot read ({err.strerror})") from None
+    if magic == b"PAR1":
+        raise TraceFormatError(f"{src}: already a Parquet trace; nothing to compact")
+    if not magic:
+        raise TraceFormatError(f"{src}: empty file (a session killed before its first "
+                               f"token recorded nothing); nothing to compact")
     if magic != b"\xff\xff\xff\xff":
         raise TraceFormatError(f"{src}: not a version-2 trace stream (.arrows); nothing to "
                                f"compact")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QTimer, Slot
 from PySide6.QtWidgets import QFileDialog, QProgressDialog
 
-from moescope.display.trace_io import ReopenedTrace, export_session
+from moescope.display.trace_io import ReopenedTrace, export_session, nothing_recorded
 from moescope.gui.traces.trace_opener import PROGRESS_STEPS, TraceOpener
 from moescope.gui.traces.trace_window import TraceWindow
 from moescope.trace.names import (
@@ -54,9 +54,13 @@ class SessionTraces(_Window):
         self.settings.setValue("record_traces", self.recording)
         if not self.recording and self.trace_path is not None:
             self.recording_now = False
+            empty = not self.chat.generating and nothing_recorded(
+                live_trace_file(self.trace_path))  # no token yet: no trace will be kept
             self.client.stop_recording()
             self.statusBar().showMessage(
-                f"Recording stopped; the trace so far is kept: {self.trace_path}", 8000)
+                "Recording stopped; this session recorded nothing, so it leaves no trace."
+                if empty else f"Recording stopped; the trace so far is kept: "
+                              f"{self.trace_path}", 8000)
         elif self.recording and not self.recording_now:
             self.statusBar().showMessage(
                 "Recording starts with the next model load (a trace begins with an empty "
@@ -70,6 +74,11 @@ class SessionTraces(_Window):
             return
         # the copy keeps the recorded format (export_session names it so)
         recorded = live_trace_file(self.trace_path)  # a journal while it is being recorded
+        if nothing_recorded(recorded):
+            self.show_error("No trace to export yet", "This session has recorded no token "
+                                                      "yet: its trace begins with the first "
+                                                      "answer.")
+            return
         suffix = trace_suffix(recorded.name) or RECORD_SUFFIX
         stem = session_stem(recorded.name) or recorded.stem
         default = str(Path.home() / f"{stem}{suffix}")
@@ -95,10 +104,18 @@ class SessionTraces(_Window):
         except OSError as err:
             self._export_failed("trace", path, err)
             return None
+        except MoEScopeError as err:  # nothing recorded yet, or a trace that does not read
+            self.show_error("Could not export the trace", str(err))
+            return None
         trace, perfetto, csv = files
         log.info("trace exported: %s, %s and %s", trace, perfetto.name, csv.name)
+        recorded = trace_suffix(self.trace_path.name) or RECORD_SUFFIX
+        journal = trace_suffix(trace.name) != recorded  # the session is still recording
         self.statusBar().showMessage(
-            f"Trace saved to {trace}, with {perfetto.name} and {csv.name}", 8000)
+            f"Trace saved to {trace}, with {perfetto.name} and {csv.name}" + (
+                f" (an Arrow stream: the session is still recording; `moescope trace "
+                f"compact {trace.name}` makes it {FORMAT_NAMES.get(recorded, recorded)})"
+                if journal else ""), 15000)
         return files
 
     def open_trace_dialog(self) -> None:

@@ -187,6 +187,10 @@ class WhatIfView(QWidget):
                                     "stopped, replay the trace again")
         self.stop_button.clicked.connect(self._stop_or_replay)
         self.stop_button.hide()
+        for widget in (self.progress, self.stop_button):  # hidden, they keep their room:
+            policy = widget.sizePolicy()  # the controls beside them never move under the
+            policy.setRetainSizeWhenHidden(True)  # pointer when a sweep starts or ends
+            widget.setSizePolicy(policy)
         self.status = QLabel("Shown when the sweep has run.")
         self.status.setObjectName("statsLabel")
         self.status.setWordWrap(True)

@@ -10,7 +10,7 @@ import contextlib
 import logging
 
 from PySide6.QtCore import QObject, Qt, Signal
-from PySide6.QtGui import QFontDatabase
+from PySide6.QtGui import QFontDatabase, QTextCursor
 from PySide6.QtWidgets import QPlainTextEdit, QWidget
 
 MAX_LINES = 5000
@@ -49,10 +49,16 @@ class LogsView(QPlainTextEdit):
     def append_line(self, line: str) -> None:
         """Append ``line``; the view stays at the left edge, where the time stamps are
         (appending moves the cursor to the end of a long line, and the unwrapped view
-        would follow it to the far right)."""
+        would follow it to the far right). The cursor is left at the start of the last
+        line, so the view also follows it there when it is first shown (lines appended
+        while the tab was hidden scrolled it right then)."""
         bar = self.horizontalScrollBar()
         left = bar.value()
         self.appendPlainText(line)
+        cursor = self.textCursor()
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        cursor.movePosition(QTextCursor.MoveOperation.StartOfBlock)
+        self.setTextCursor(cursor)
         bar.setValue(left)
 
     def attach(self, logger_name: str = "moescope", level: int = logging.INFO) -> None:
