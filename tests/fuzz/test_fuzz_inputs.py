@@ -134,7 +134,12 @@ def test_the_runner_tells_every_failure_apart(fork_runner: ForkRunner, tmp_path:
     # and the worker really reports them: a missing file is one line, a bad option too
     r = fork_runner.run(["info", str(tmp_path / "missing.gguf")])
     assert r.outcome == "error" and "no such file" in r.stderr, explain(r)
-    r = fork_runner.run(["replay", str(tmp_path / "x.jsonl")], timeout=0.001)
+    # a real trace whose replay takes far longer than the wall limit (a missing file fails
+    # too fast to be killed: how fast depends on what the command checks first)
+    from moescope_testing.traces import synthetic_trace
+
+    trace = synthetic_trace(tmp_path / "x.arrows", n_tokens=40, slots=26)
+    r = fork_runner.run(["replay", str(trace)], timeout=0.001)
     assert r.outcome == "hang" and r.timed_out, explain(r)  # the wall limit kills it
     r = fork_runner.run(["info", "--no-such-option"])
     assert r.outcome == "error" and r.stderr.startswith("usage: moescope info"), explain(r)
