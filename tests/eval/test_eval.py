@@ -277,19 +277,24 @@ def test_segments_start_from_an_empty_context_and_a_warm_cache(
     assert "6 windows of 8 tokens in 2 segments" in report.to_markdown()
 
 
+@pytest.mark.parametrize("add_bos", [False, True])
 def test_eval_scores_a_text_longer_than_the_context_in_segments(
         synth_model: SynthModel, text_file: Path, tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], add_bos: bool) -> None:
     """``--tokens`` beyond the model's context: every token is scored, in segments of at
-    most the context less one, and windows are counted per segment."""
+    most the context less one (each led by BOS when the model adds one), and windows are
+    counted per segment."""
     out_csv = tmp_path / "long.csv"
-    code = main(["eval", str(synth_model("qwen3moe", ctx=64)), "--text", str(text_file),
+    model = str(synth_model("qwen3moe", ctx=64, add_bos=add_bos))
+    code = main(["eval", model, "--text", str(text_file),
                  "--policies", "exact,speed-first", "--budgets", "25%", "--tokens", "150",
                  "--window", "8", "--bootstrap", "100", "--threads", "1",
                  "--csv", str(out_csv)])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "scoring 150 in 3 segments of at most 63" in captured.err
+    assert ("with BOS first" if add_bos else "after the previous segment's last token") \
+        in captured.err
     assert "300/300 tok" in captured.err  # 2 runs x 150: the bar counts every segment
     rows = list(csv.DictReader(io.StringIO(out_csv.read_text())))
     assert [int(r["tokens"]) for r in rows] == [150, 150]
@@ -300,8 +305,7 @@ def test_eval_scores_a_text_longer_than_the_context_in_segments(
     for bad, message in ((["--tokens", "2000000"], "--tokens must be"),
                          (["--window", "0"], "--window must be"),
                          (["--bootstrap", "-1"], "--bootstrap must be")):
-        assert main(["eval", str(synth_model("qwen3moe", ctx=64)), "--text", str(text_file),
-                     *bad]) == 2
+        assert main(["eval", model, "--text", str(text_file), *bad]) == 2
         assert message in capsys.readouterr().err
 
 

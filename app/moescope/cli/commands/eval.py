@@ -193,12 +193,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"moescope: note: the text has only {len(tokens) - 1} tokens to score",
                   file=sys.stderr)
         per_segment = loaded.n_ctx - 1  # the engine clamps n_ctx to the model's context
-        bos = engine.tokenize("", add_bos=True, special=False)
-        segments = split_segments(tokens, per_segment, bos=bos[0] if len(bos) == 1 else None)
+        prefix = engine.tokenize("", add_bos=True, special=False)  # [BOS] if it adds one
+        bos = prefix[0] if len(prefix) == 1 and tokens[0] == prefix[0] else None
+        segments = split_segments(tokens, per_segment, bos=bos)
         if len(segments) > 1:
             print(f"moescope: note: the model's context is {loaded.n_ctx} tokens; scoring "
                   f"{len(tokens) - 1} in {len(segments)} segments of at most {per_segment}, "
-                  "each from an empty context", file=sys.stderr)
+                  "each from an empty context "
+                  + ("with BOS first" if bos is not None else
+                     "after the previous segment's last token"), file=sys.stderr)
         specs = [RunSpec(p, b) for b in budgets for p in policies]
         report = evaluate(engine, segments, specs, window=args.window, n_boot=args.bootstrap,
                           progress=ProgressBar(), audit_every=args.audit)
