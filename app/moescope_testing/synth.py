@@ -108,6 +108,8 @@ class SynthSpec:
     seed: int = 0
     router_scale: float = 1.0
     name: str | None = None
+    add_bos: bool = False
+    """Whether the tokenizer adds BOS (``tokenizer.ggml.add_bos_token``), as Llama's do."""
     chat_template: str | None = None
     """None: the vocabulary's ChatML template (``vocab.THINKING_CHAT_TEMPLATE`` opens a
     reasoning block in the prompt, as Qwen3 Thinking models do)."""
@@ -543,7 +545,7 @@ def _write_metadata(w: GGUFWriter, spec: SynthSpec, name: str) -> None:
     w.add_bos_token_id(vocab.bos_id)
     w.add_eos_token_id(vocab.eos_id)
     w.add_pad_token_id(vocab.pad_id)
-    w.add_add_bos_token(False)
+    w.add_add_bos_token(spec.add_bos)
     w.add_chat_template(spec.chat_template or vocab.chat_template)
 
 
@@ -633,6 +635,8 @@ def spec_digest(spec: SynthSpec) -> str:
     fields = dataclasses.asdict(spec)
     if fields["chat_template"] is None:  # the default: digests of older specs stay valid
         del fields["chat_template"]
+    if not fields["add_bos"]:  # likewise
+        del fields["add_bos"]
     text = repr(sorted(fields.items()))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 

@@ -17,9 +17,12 @@ from moescope.engine.evaluate import (
     RunResult,
     RunSpec,
     change_interval,
+    evaluate,
     forced_steps,
     mass_hypothesis,
     pearson,
+    run_one,
+    split_segments,
 )
 
 pytestmark = pytest.mark.usefixtures("engine_required")
@@ -200,3 +203,126 @@ def test_sweep_values_are_bounded_and_evenly_spaced() -> None:
     for bad in ("0.1:0.5", "a:b:3", "0.1:2:3", "0.1:0.5:0", "0.1:0.5:65"):
         with pytest.raises(MoEScopeError, match="--sweep-theta"):
             sweep_values(bad, "--sweep-theta", 0.0, 1.0)
+
+
+def test_split_segments_scores_every_token_once_within_the_context() -> None:
+    """With BOS every segment starts with it; without, with the previous segment's last
+    token. Either way each of ``tokens[1:]`` is scored once, in order, and a text that fits
+    is one segment equal to itself."""
+    from moescope.util.errors import MoEScopeError
+
+    text = list(range(100, 200))
+    with_bos = [7, *text]
+    segs = split_segments(with_bos, 40, bos=7)
+    assert [len(s) for s in segs] == [41, 41, 21]
+    assert all(s[0] == 7 for s in segs)
+    assert [t for s in segs for t in s[1:]] == text
+    segs = split_segments(text, 40)
+    assert [s[0] for s in segs] == [100, 140, 180]  # the previous segment's last token
+    assert [t for s in segs for t in s[1:]] == text[1:]
+    assert split_segments(with_bos, 100, bos=7) == [with_bos]
+    assert split_segments(text, 99) == [text]
+    assert split_segments(text, 40, bos=7)[1][0] == 140  # the text does not start with BOS
+    with pytest.raises(MoEScopeError, match="at least 1"):
+        split_segments(text, 0)
+    with pytest.raises(MoEScopeError, match="segments"):
+        split_segments(list(range(10_000)), 1)
+
+
+def test_segments_start_from_an_empty_context_and_a_warm_cache(
+        synth_model: SynthModel) -> None:
+    """Each segment is decoded from an empty KV context: under exact its NLLs are those of
+    the segment alone. The expert cache carries on: the second segment's first token finds
+    experts resident that an empty cache would fetch. One segment scores as the flat list,
+    and an early stop counts tokens across segments."""
+    from moescope.engine import Engine
+
+    tokens = [(37 * i + 11) % 300 + 3 for i in range(61)]
+    segs = split_segments(tokens, 30)
+    assert [len(s) for s in segs] == [31, 31]
+    engine = Engine()
+    try:
+        engine.load(synth_model("qwen3moe"), budget="50%", policy="exact", n_ctx=128,
+                    n_threads=1)
+        exact = RunSpec(Policy.preset("exact"), "50%")
+        whole = run_one(engine, segs, exact)
+        alone = [run_one(engine, s, exact) for s in segs]
+        assert whole.n_tokens == 60 and whole.segment_starts == (0, 30)
+        np.testing.assert_array_equal(whole.nll, np.concatenate([a.nll for a in alone]))
+        assert whole.bytes_sync[30] < alone[1].bytes_sync[0]  # warm cache: fewer fetches
+        np.testing.assert_array_equal(whole.bytes_sync[:30], alone[0].bytes_sync)
+        flat = run_one(engine, tokens[:31], exact)
+        nested = run_one(engine, [tokens[:31]], exact)
+        np.testing.assert_array_equal(flat.nll, nested.nll)
+        np.testing.assert_array_equal(flat.nll, alone[0].nll)
+        seen: list[int] = []
+        stopped = run_one(engine, segs, exact, progress=seen.append,
+                          stopped=lambda: len(seen) >= 42)
+        assert stopped.n_tokens == 42 and stopped.segment_starts == (0, 30)
+        np.testing.assert_array_equal(stopped.nll, whole.nll[:42])
+        assert seen == list(range(1, 43))
+        at_edge: list[int] = []
+        edge = run_one(engine, segs, exact, progress=at_edge.append,
+                       stopped=lambda: len(at_edge) >= 30)
+        assert edge.n_tokens == 30 and edge.segment_starts == (0,)
+        ticks: list[tuple[int, int]] = []
+        report = evaluate(engine, segs, [RunSpec(Policy.preset("speed-first"), "25%")],
+                          window=8, n_boot=50, progress=lambda d, t, _: ticks.append((d, t)))
+    finally:
+        engine.close()
+    assert ticks[-1] == (120, 120) and [d for d, _ in ticks] == sorted(d for d, _ in ticks)
+    assert report.segments == 2 and report.n_tokens == 60
+    assert report.hypothesis.n_windows == 6 and report.hypothesis.n_segments == 2  # 3 + 3
+    assert "in 2 segments of at most 30" in report.to_markdown().splitlines()[0]
+    assert "6 windows of 8 tokens in 2 segments" in report.to_markdown()
+
+
+@pytest.mark.parametrize("add_bos", [False, True])
+def test_eval_scores_a_text_longer_than_the_context_in_segments(
+        synth_model: SynthModel, text_file: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], add_bos: bool) -> None:
+    """``--tokens`` beyond the model's context: every token is scored, in segments of at
+    most the context less one (each led by BOS when the model adds one), and windows are
+    counted per segment."""
+    out_csv = tmp_path / "long.csv"
+    model = str(synth_model("qwen3moe", ctx=64, add_bos=add_bos))
+    code = main(["eval", model, "--text", str(text_file),
+                 "--policies", "exact,speed-first", "--budgets", "25%", "--tokens", "150",
+                 "--window", "8", "--bootstrap", "100", "--threads", "1",
+                 "--csv", str(out_csv)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "scoring 150 in 3 segments of at most 63" in captured.err
+    assert ("with BOS first" if add_bos else "after the previous segment's last token") \
+        in captured.err
+    assert "300/300 tok" in captured.err  # 2 runs x 150: the bar counts every segment
+    rows = list(csv.DictReader(io.StringIO(out_csv.read_text())))
+    assert [int(r["tokens"]) for r in rows] == [150, 150]
+    assert captured.out.startswith("Teacher-forced perplexity on 150 tokens")
+    assert "in 3 segments of at most 63" in captured.out.splitlines()[0]
+    # 63 // 8 + 63 // 8 + 24 // 8 = 17 windows; 150 // 8 = 18 if they straddled
+    assert "17 windows of 8 tokens in 3 segments" in captured.out
+    for bad, message in ((["--tokens", "2000000"], "--tokens must be"),
+                         (["--window", "0"], "--window must be"),
+                         (["--bootstrap", "-1"], "--bootstrap must be")):
+        assert main(["eval", model, "--text", str(text_file), *bad]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_mass_hypothesis_windows_stay_inside_segments() -> None:
+    """Two segments of 20 tokens and windows of 8: 2 + 2 windows, none across the
+    boundary; a window is never longer than the longest segment."""
+    rng = np.random.default_rng(2)
+    n = 40
+    base = rng.uniform(1.0, 3.0, n)
+    exact = _run("exact", base, np.zeros(n))
+    worse = _run("speed-first", base + 0.1, np.full(n, 0.5))
+    for r in (exact, worse):
+        r.segment_starts = (0, 20)
+    h = mass_hypothesis([exact, worse], exact, 8, n_boot=50)
+    assert h.n_windows == 4 and h.window == 8 and h.n_segments == 2
+    assert "4 windows of 8 tokens in 2 segments" in h.describe()
+    assert mass_hypothesis([exact, worse], exact, 64, n_boot=50).window == 20
+    one = _run("exact", base, np.zeros(n))
+    assert mass_hypothesis([one], one, 8, n_boot=50).n_windows == 5
+    assert "segments" not in mass_hypothesis([one], one, 8, n_boot=50).describe()

@@ -11,6 +11,11 @@ The paper's claim checked here: among policies that always fetch the router's fi
 the more normalized gate mass a policy substitutes, the more perplexity rises (r ≈ 0.92).
 We compute Pearson r between substituted mass per token and perplexity change over fixed
 windows of the text, with bootstrap confidence intervals that resample windows.
+
+A text longer than the model's context is scored as consecutive segments
+(:func:`split_segments`): each from an empty KV context, the expert cache carrying on across
+them within a run as it would over a long chat, so a small-context model still gives enough
+windows for a narrow interval. Windows never straddle a segment boundary.
 """
 
 from __future__ import annotations
@@ -37,6 +42,47 @@ ProgressFn = Callable[[int, int, str], None]
 
 FIRST_CHOICE_RULES = (MissRule.FETCH_ALL, MissRule.THRESHOLD, MissRule.FIRST_CHOICE)
 """Miss rules that always fetch a missing first choice: the mass hypothesis's population."""
+
+MAX_SEGMENTS = 4096
+"""Most segments one evaluation scores: beyond it the run list and progress are silly."""
+
+Segments = Sequence[Sequence[int]]
+"""A text as consecutive segments: each decoded from an empty context, its first token
+context only (BOS, or the previous segment's last token) and the rest scored."""
+
+
+def split_segments(tokens: Sequence[int], scored_per_segment: int, *,
+                   bos: int | None = None) -> list[list[int]]:
+    """Cut a tokenized text into segments of at most ``scored_per_segment`` scored tokens
+    (the model's context less one), so a text longer than the context is scored whole.
+
+    With ``bos`` (the model adds one and ``tokens`` starts with it) every segment starts
+    with BOS, as a fresh chat would; without, a segment starts with the previous one's last
+    token as unscored context. Either way each of ``tokens[1:]`` is scored exactly once and
+    a text that fits is one segment equal to ``tokens`` (today's scoring, unchanged).
+    """
+    if scored_per_segment < 1:
+        raise MoEScopeError(f"a segment must score at least 1 token, not {scored_per_segment}")
+    n_scored = len(tokens) - 1
+    if n_scored < 1:
+        return [list(tokens)]
+    n_segments = -(-n_scored // scored_per_segment)
+    if n_segments > MAX_SEGMENTS:
+        raise MoEScopeError(f"{n_scored} tokens make {n_segments} segments of "
+                            f"{scored_per_segment}; at most {MAX_SEGMENTS}: score fewer tokens")
+    with_bos = bos is not None and int(tokens[0]) == bos
+    out: list[list[int]] = []
+    for a in range(1, len(tokens), scored_per_segment):
+        head = [int(tokens[0])] if with_bos else [int(tokens[a - 1])]
+        out.append(head + [int(t) for t in tokens[a:a + scored_per_segment]])
+    return out
+
+
+def _as_segments(tokens: Sequence[int] | Segments) -> list[Sequence[int]]:
+    """One flat token list (one segment) or a list of segments, as a list of segments."""
+    if len(tokens) and isinstance(tokens[0], (list, tuple, np.ndarray)):
+        return list(tokens)  # type: ignore[arg-type]
+    return [tokens]  # type: ignore[list-item]
 
 
 @dataclass(frozen=True)
@@ -79,6 +125,9 @@ class RunResult:
     so the estimate is the cost measured on the text."""
     audit_steps: list[int] = field(default_factory=list)
     """Index into :attr:`nll` of each audit."""
+    segment_starts: tuple[int, ...] = (0,)
+    """Index into :attr:`nll` of each segment's first scored token (windows of the mass
+    hypothesis stay inside one segment); only segments reached when stopped early."""
 
     @property
     def audit(self) -> AuditEstimate | None:
@@ -186,11 +235,14 @@ def _nll(logits: npt.NDArray[np.float32], target: int) -> float:
     return float(top + math.log(float(np.exp(x - top).sum())) - x[target])
 
 
-def run_one(engine: Engine, tokens: Sequence[int], spec: RunSpec, *,
+def run_one(engine: Engine, tokens: Sequence[int] | Segments, spec: RunSpec, *,
             progress: Callable[[int], None] | None = None,
             stopped: Callable[[], bool] | None = None, audit_every: int = 0) -> RunResult:
     """Score ``tokens[1:]`` under one policy and budget, from an empty cache.
 
+    ``tokens`` may also be consecutive segments (:func:`split_segments`): each is decoded
+    from an empty context and scores its ``[1:]``, the cache carrying on between them; the
+    result holds them end to end. ``progress`` counts scored tokens over all segments.
     The cache is resized, given the policy and emptied first, so every run starts from the
     same logical state and only the policy and budget differ. ``stopped()`` true ends the
     run early: the result then holds the tokens scored so far (see ``RunResult.n_tokens``).
@@ -209,7 +261,8 @@ def run_one(engine: Engine, tokens: Sequence[int], spec: RunSpec, *,
     cache.clear()
     cache.reset_stats()
     before = engine.timings()
-    n = len(tokens) - 1
+    segments = _as_segments(tokens)
+    n = sum(max(0, len(s) - 1) for s in segments)
     nll = np.zeros(n, dtype=np.float64)
     mass = np.zeros(n, dtype=np.float64)
     bytes_sync = np.zeros(n, dtype=np.int64)
@@ -217,7 +270,7 @@ def run_one(engine: Engine, tokens: Sequence[int], spec: RunSpec, *,
     result = RunResult(spec=spec, slots=slots, nll=nll, mass=mass,
                        bytes_sync=bytes_sync, seconds=seconds, first_choice_substituted=0)
     try:
-        _score(engine, tokens, result, audit_every, progress, stopped)
+        _score_segments(engine, segments, result, audit_every, progress, stopped)
     finally:
         if audit_every:
             engine.set_audit(audits_before)
@@ -226,18 +279,40 @@ def run_one(engine: Engine, tokens: Sequence[int], spec: RunSpec, *,
     return result
 
 
-def _score(engine: Engine, tokens: Sequence[int], result: RunResult, audit_every: int,
-           progress: Callable[[int], None] | None, stopped: Callable[[], bool] | None
-           ) -> None:
-    """``run_one``'s loop: fill ``result`` step by step."""
+def _score_segments(engine: Engine, segments: Sequence[Sequence[int]], result: RunResult,
+                    audit_every: int, progress: Callable[[int], None] | None,
+                    stopped: Callable[[], bool] | None) -> None:
+    """Score each segment in turn into ``result`` (end to end); an early stop truncates
+    the arrays to the tokens scored and ends the run."""
+    starts: list[int] = []
+    offset = 0
+    for seg in segments:
+        if len(seg) < 2:
+            continue
+        starts.append(offset)
+        done, halted = _score(engine, seg, result, offset, audit_every, progress, stopped)
+        offset += done
+        if halted:
+            for name in ("nll", "mass", "bytes_sync", "seconds"):
+                setattr(result, name, getattr(result, name)[:offset])
+            break
+    result.segment_starts = tuple(starts) or (0,)
+
+
+def _score(engine: Engine, tokens: Sequence[int], result: RunResult, offset: int,
+           audit_every: int, progress: Callable[[int], None] | None,
+           stopped: Callable[[], bool] | None) -> tuple[int, bool]:
+    """``run_one``'s loop over one segment: fill ``result`` from index ``offset`` step by
+    step; returns the tokens scored and whether ``stopped()`` ended the run."""
     nll, mass, bytes_sync, seconds = result.nll, result.mass, result.bytes_sync, result.seconds
-    for i, logits, rows, dt, exact in forced_steps(engine, tokens[:-1],
+    for j, logits, rows, dt, exact in forced_steps(engine, tokens[:-1],
                                                    audit_every=audit_every):
-        nll[i] = _nll(logits, int(tokens[i + 1]))
+        i = offset + j
+        target = int(tokens[j + 1])
+        nll[i] = _nll(logits, target)
         mass[i] = float(rows["substituted_mass"].astype(np.float64).sum())
         if exact is not None:
-            result.audits.append(compare(exact, logits, int(tokens[i + 1]), mass[i],
-                                         given=True))
+            result.audits.append(compare(exact, logits, target, mass[i], given=True))
             result.audit_steps.append(i)
         bytes_sync[i] = int(rows["bytes_sync"].sum())
         seconds[i] = dt
@@ -254,9 +329,8 @@ def _score(engine: Engine, tokens: Sequence[int], result: RunResult, audit_every
         if progress is not None:
             progress(i + 1)
         if stopped is not None and stopped():
-            for name in ("nll", "mass", "bytes_sync", "seconds"):
-                setattr(result, name, getattr(result, name)[:i + 1])
-            break
+            return j + 1, True
+    return len(tokens) - 1, False
 
 
 # --------------------------------------------------------------------------- statistics
@@ -314,6 +388,8 @@ class MassHypothesis:
     r_windows: float
     ci_windows: tuple[float, float]
     n_boot: int
+    n_segments: int = 1
+    """Segments of the text the windows were cut from (none straddles two)."""
 
     def describe(self) -> str:
         def fmt(r: float, ci: tuple[float, float]) -> str:
@@ -324,16 +400,31 @@ class MassHypothesis:
 
         width = self.ci_runs[1] - self.ci_runs[0]
         return (f"mass hypothesis over {len(self.runs)} first-choice-preserving runs, "
-                f"{self.n_windows} windows of {self.window} tokens: r = "
+                f"{self.n_windows} windows of {self.window} tokens"
+                + (f" in {self.n_segments} segments" if self.n_segments > 1 else "")
+                + ": r = "
                 f"{fmt(self.r_runs, self.ci_runs)} across runs"
                 + ("" if math.isnan(width) else f" (interval width {width:.3f})")
                 + f", {fmt(self.r_windows, self.ci_windows)} across run x window points")
 
 
-def _window_means(values: npt.NDArray[np.float64], window: int) -> npt.NDArray[np.float64]:
-    n = max(1, len(values) // window)
-    w = min(window, len(values))
-    return values[: n * w].reshape(n, w).mean(axis=1)
+def _segment_lengths(starts: Sequence[int], n: int) -> list[int]:
+    bounds = [*starts, n]
+    return [bounds[k + 1] - bounds[k] for k in range(len(starts))]
+
+
+def _window_starts(starts: Sequence[int], n: int, window: int) -> npt.NDArray[np.intp]:
+    """First index of each whole window of ``window`` tokens inside one segment (a
+    segment's tail shorter than a window is left out, as is the text's when it is one)."""
+    out = [s + k * window for s, length in zip(starts, _segment_lengths(starts, n),
+                                                strict=True)
+           for k in range(length // window)]
+    return np.asarray(out, dtype=np.intp)
+
+
+def _window_means(values: npt.NDArray[np.float64], firsts: npt.NDArray[np.intp],
+                  window: int) -> npt.NDArray[np.float64]:
+    return values[firsts[:, None] + np.arange(window)].mean(axis=1)
 
 
 def mass_hypothesis(runs: Sequence[RunResult], baseline: RunResult, window: int, *,
@@ -342,14 +433,20 @@ def mass_hypothesis(runs: Sequence[RunResult], baseline: RunResult, window: int,
     fetches the first choice (``exact`` included: it is the zero point)."""
     eligible = [r for r in runs if r.spec.policy.miss_rule in FIRST_CHOICE_RULES
                 or r.preserves_first_choice]
-    base_nll = _window_means(baseline.nll, window)  # (W,)
+    starts = baseline.segment_starts
+    # no longer than the longest segment, so there is at least one window
+    window = max(1, min(window, max(_segment_lengths(starts, baseline.n_tokens))))
+    firsts = _window_starts(starts, baseline.n_tokens, window)
+    base_nll = _window_means(baseline.nll, firsts, window)  # (W,)
     nan2 = (float("nan"), float("nan"))
     if not eligible:
         return MassHypothesis(runs=(), n_windows=base_nll.size, window=window,
                               r_runs=nan2[0], ci_runs=nan2, r_windows=nan2[0],
-                              ci_windows=nan2, n_boot=0)
-    nll = np.array([_window_means(r.nll, window) for r in eligible]).reshape(len(eligible), -1)
-    mass = np.array([_window_means(r.mass, window) for r in eligible]).reshape(len(eligible), -1)
+                              ci_windows=nan2, n_boot=0, n_segments=len(starts))
+    nll = np.array([_window_means(r.nll, firsts, window) for r in eligible]
+                   ).reshape(len(eligible), -1)
+    mass = np.array([_window_means(r.mass, firsts, window) for r in eligible]
+                    ).reshape(len(eligible), -1)
     n_windows = base_nll.size
 
     def stats(idx: npt.NDArray[np.intp]) -> tuple[float, float]:
@@ -375,9 +472,10 @@ def mass_hypothesis(runs: Sequence[RunResult], baseline: RunResult, window: int,
 
     return MassHypothesis(
         runs=tuple(f"{r.spec.label}@{r.spec.budget}" for r in eligible), n_windows=n_windows,
-        window=min(window, baseline.n_tokens), r_runs=r_runs,
+        window=window, r_runs=r_runs,
         ci_runs=interval([b[0] for b in boots]), r_windows=r_windows,
         ci_windows=interval([b[1] for b in boots]), n_boot=len(boots),
+        n_segments=len(starts),
     )
 
 
@@ -399,6 +497,10 @@ class EvalReport:
     audit_every: int = 0
     """Every Nth step was audited (0: off): the table then shows each run's audited cost,
     measured on the text's own tokens (they are given), and the KL estimate beside it."""
+    segments: int = 1
+    """Segments the text was scored in (each from an empty context; 1: it fit)."""
+    segment_tokens: int = 0
+    """Scored tokens of the longest segment (0: unknown)."""
 
     def change_pct(self, run: RunResult) -> float:
         """Perplexity change against ``exact``, in percent."""
@@ -453,6 +555,8 @@ class EvalReport:
         lines = [
             f"Teacher-forced perplexity on {self.n_tokens} tokens"
             + (f" of {self.model}" if self.model else "")
+            + (f" in {self.segments} segments of at most {self.segment_tokens} (each from an "
+               "empty context, the expert cache carrying on)" if self.segments > 1 else "")
             + (f"; RAM tier {self.ram_tier}, experts beyond it read from the file"
                if self.ram_tier else "")
             + f"; baseline exact = {self.baseline.perplexity:.4f}",
@@ -486,17 +590,22 @@ class EvalReport:
         return "\n".join(lines)
 
 
-def evaluate(engine: Engine, tokens: Sequence[int], specs: Sequence[RunSpec], *,
+def evaluate(engine: Engine, tokens: Sequence[int] | Segments, specs: Sequence[RunSpec], *,
              window: int = 64, n_boot: int = 1000, seed: int = 0,
              progress: ProgressFn | None = None, audit_every: int = 0) -> EvalReport:
     """Run every spec on ``tokens`` (one at a time, cache governing each) and compare.
 
-    If no spec is ``exact``, an exact run at the first spec's budget is added as the
-    baseline (any budget gives the same logits). ``window`` is the mass-hypothesis window.
-    ``audit_every`` N also audits every Nth step of each run (``run_one``).
+    ``tokens`` is one segment or consecutive segments (:func:`split_segments`, for a text
+    longer than the context). If no spec is ``exact``, an exact run at the first spec's
+    budget is added as the baseline (any budget gives the same logits). ``window`` is the
+    mass-hypothesis window. ``audit_every`` N also audits every Nth step of each run
+    (``run_one``).
     """
-    if len(tokens) < 2:
+    segments = [s for s in _as_segments(tokens) if len(s) >= 2]
+    if not segments:
         raise MoEScopeError("evaluation needs at least 2 tokens of text")
+    if len(segments) > MAX_SEGMENTS:
+        raise MoEScopeError(f"{len(segments)} segments; at most {MAX_SEGMENTS}")
     if window < 1:
         raise MoEScopeError("the window must be at least 1 token")
     if not specs:
@@ -504,7 +613,7 @@ def evaluate(engine: Engine, tokens: Sequence[int], specs: Sequence[RunSpec], *,
     specs = list(specs)
     if not any(s.policy.exact for s in specs):
         specs.insert(0, RunSpec(Policy.preset("exact"), specs[0].budget))
-    per_run = len(tokens) - 1
+    per_run = sum(len(s) - 1 for s in segments)
     total = per_run * len(specs)
     runs: list[RunResult] = []
     for n, spec in enumerate(specs):
@@ -516,7 +625,7 @@ def evaluate(engine: Engine, tokens: Sequence[int], specs: Sequence[RunSpec], *,
                 progress(done + i, total, label)
 
         tick(0)
-        runs.append(run_one(engine, tokens, spec, progress=tick, audit_every=audit_every))
+        runs.append(run_one(engine, segments, spec, progress=tick, audit_every=audit_every))
     baseline = next(r for r in runs if r.spec.policy.exact)
     model = engine.model.path.name if engine.model is not None else ""
     ram = engine.model.ram_plan if engine.model is not None else None
@@ -524,4 +633,6 @@ def evaluate(engine: Engine, tokens: Sequence[int], specs: Sequence[RunSpec], *,
     return EvalReport(runs=runs, baseline=baseline, ram_tier=ram_tier,
                       hypothesis=mass_hypothesis(runs, baseline, window, n_boot=n_boot,
                                                  seed=seed),
-                      n_tokens=per_run, model=model, audit_every=audit_every)
+                      n_tokens=per_run, model=model, audit_every=audit_every,
+                      segments=len(segments),
+                      segment_tokens=max(len(s) - 1 for s in segments))

@@ -25,6 +25,14 @@ from moescope.cli.options import (
 from moescope.util.errors import MoEScopeError
 from moescope.util.resources import demo_model_path
 
+MAX_TOKENS = 1_000_000
+"""Most tokens ``--tokens`` may ask to score (each is decoded once per run)."""
+MAX_CONTEXT = 32_768
+"""Largest context eval asks for: a longer text is scored in segments, so the KV cache of a
+long-context model stays small."""
+MAX_BOOTSTRAP = 100_000
+"""Most bootstrap resamples (each recomputes r over every run)."""
+
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add the ``eval`` subcommand."""
@@ -48,7 +56,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="also run cache-prior at N routing bonuses from LO to HI; runs "
                         "that substituted a first choice are left out of r")
     p.add_argument("--tokens", type=int, default=512, metavar="N",
-                   help="tokens to score (default 512; fewer if the text is shorter)")
+                   help="tokens to score (default 512; fewer if the text is shorter); beyond "
+                        "the model's context, in consecutive segments each from an empty "
+                        f"context (at most {MAX_TOKENS})")
     p.add_argument("--window", type=int, default=64, metavar="W",
                    help="window, in tokens, of the mass-hypothesis correlation (default 64)")
     p.add_argument("--bootstrap", type=int, default=1000, metavar="B",
@@ -122,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         write_output,
     )
     from moescope.engine import Engine
-    from moescope.engine.evaluate import RunSpec, evaluate
+    from moescope.engine.evaluate import RunSpec, evaluate, split_segments
     from moescope.sim.sweep import parse_policy, split_list
 
     policy_specs = split_list(args.policies or [
@@ -146,8 +156,12 @@ def run(args: argparse.Namespace) -> int:
         raise MoEScopeError("--policies names no policy")
     if not budgets:
         raise MoEScopeError("--budgets names no budget")
-    if args.tokens < 1:
-        raise MoEScopeError("--tokens must be at least 1")
+    if not 1 <= args.tokens <= MAX_TOKENS:
+        raise MoEScopeError(f"--tokens must be 1..{MAX_TOKENS}, not {args.tokens}")
+    if not 1 <= args.window <= MAX_TOKENS:
+        raise MoEScopeError(f"--window must be 1..{MAX_TOKENS}, not {args.window}")
+    if not 0 <= args.bootstrap <= MAX_BOOTSTRAP:
+        raise MoEScopeError(f"--bootstrap must be 0..{MAX_BOOTSTRAP}, not {args.bootstrap}")
     check_every(args.audit)
     check_threads(args.threads)
     inputs = [*model_inputs(args.model), args.text]
@@ -167,23 +181,29 @@ def run(args: argparse.Namespace) -> int:
         loaded = engine.load(model, budget=budgets[0], policy="exact",
                              n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
                              ram_budget=args.ram_budget,
-                             n_ctx=max(256, args.tokens + 16))
+                             n_ctx=min(MAX_CONTEXT, max(256, args.tokens + 16)))
         if not loaded.cache_enabled:
             raise MoEScopeError(f"{Path(model).name}: the expert cache is off "
                                 f"({loaded.notice or 'not a MoE model'}); nothing to evaluate")
         n_tokens = args.tokens
-        if loaded.n_ctx <= n_tokens:  # the engine clamps n_ctx to the model's context
-            n_tokens = loaded.n_ctx - 1
-            print(f"moescope: note: the model's context is {loaded.n_ctx} tokens; scoring "
-                  f"{n_tokens}", file=sys.stderr)
         tokens = engine.tokenize(text, add_bos=True, special=False)[: n_tokens + 1]
         if len(tokens) < 2:
             raise MoEScopeError(f"{args.text.name}: the text has fewer than 2 tokens")
         if len(tokens) < n_tokens + 1:
             print(f"moescope: note: the text has only {len(tokens) - 1} tokens to score",
                   file=sys.stderr)
+        per_segment = loaded.n_ctx - 1  # the engine clamps n_ctx to the model's context
+        prefix = engine.tokenize("", add_bos=True, special=False)  # [BOS] if it adds one
+        bos = prefix[0] if len(prefix) == 1 and tokens[0] == prefix[0] else None
+        segments = split_segments(tokens, per_segment, bos=bos)
+        if len(segments) > 1:
+            print(f"moescope: note: the model's context is {loaded.n_ctx} tokens; scoring "
+                  f"{len(tokens) - 1} in {len(segments)} segments of at most {per_segment}, "
+                  "each from an empty context "
+                  + ("with BOS first" if bos is not None else
+                     "after the previous segment's last token"), file=sys.stderr)
         specs = [RunSpec(p, b) for b in budgets for p in policies]
-        report = evaluate(engine, tokens, specs, window=args.window, n_boot=args.bootstrap,
+        report = evaluate(engine, segments, specs, window=args.window, n_boot=args.bootstrap,
                           progress=ProgressBar(), audit_every=args.audit)
     finally:
         engine.close()
