@@ -17,6 +17,8 @@ import pytest
 from gui_helpers import LONG_PROMPT, load, send, slow_down
 
 from moescope.session.store import DONE, INTERRUPTED, SCHEMA_VERSION, AnswerWriter, ChatStore
+from moescope.trace import read_trace
+from moescope.trace.names import live_trace_file
 
 HERE = Path(__file__).parent
 CHILD_TIMEOUT_S = 90
@@ -54,6 +56,7 @@ def test_killed_process_loses_at_most_the_answer_in_flight(data_dir: Path,
         line = child.stdout.readline() if ready else ""
         assert line, "the child did not start streaming"
         report = json.loads(line)
+        time.sleep(0.6)  # mid-stream, wherever the decode thread is
         os.kill(child.pid, signal.SIGKILL)
     finally:
         child.kill()
@@ -69,6 +72,11 @@ def test_killed_process_loses_at_most_the_answer_in_flight(data_dir: Path,
     assert messages[2].content == "Tell me a story"
     # every token the window had received when it reported is in the database
     assert report["saved"] and messages[3].content.startswith(report["saved"])
+    # and every token the trace recorded of it, but at most the last one
+    trace = read_trace(live_trace_file(report["trace"]))
+    last = [t.text for t in trace.tokens if t.answer == trace.tokens[-1].answer]
+    assert len(last) > report["received"] + 1, (len(last), report["received"])
+    assert messages[3].content.startswith(report["prefix"] + "".join(last[:-1]))
     store.close()
 
 
