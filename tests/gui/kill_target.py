@@ -1,7 +1,8 @@
 """Child process for the kill test: chat, start a long answer, report, wait to be killed.
 
 Run as ``python kill_target.py MODEL.gguf`` with MOESCOPE_DATA_DIR set. Prints one JSON
-line once the second answer is streaming: the answer text the window has saved so far.
+line once the second answer is streaming: the answer text the window has saved so far, the
+answer's prefix and the session's trace; then its GUI thread sleeps until it is killed.
 """
 
 from __future__ import annotations
@@ -9,12 +10,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from moescope.gui.app import create_app
 from moescope.gui.main_window import MainWindow
 from moescope.gui.worker import LoadRequest
+
+CHILD_BUSY_S = 60
 
 
 def main(model: str) -> int:
@@ -39,7 +43,12 @@ def main(model: str) -> int:
         if phase["n"] == 1 and w.chat.tokens_received >= 5:
             phase["n"] = 2
             saved = w.store.messages(w.chat.chat_id)[-1].content
-            print(json.dumps({"saved": saved, "received": w.chat.tokens_received}), flush=True)
+            print(json.dumps({"saved": saved, "received": w.chat.tokens_received,
+                              "prefix": w.chat.answer_prefix,
+                              "trace": str(w.trace_path or "")}), flush=True)
+            # then the window handles no event until it is killed (as if busy with a long
+            # redraw): only the decode thread can save the tokens that follow
+            time.sleep(CHILD_BUSY_S)
 
     w.modelLoaded.connect(loaded)
     w.chat.answerFinished.connect(finished)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from gui_helpers import LONG_PROMPT, load, send, slow_down
 
-from moescope.session.store import DONE, ChatStore
+from moescope.session.store import DONE, AnswerWriter, ChatStore
 from moescope.trace import RECORD_SUFFIX, read_trace
 from moescope.trace.names import live_trace_file
 
@@ -43,12 +43,22 @@ def test_a_full_database_raises_and_keeps_what_it_had(tmp_path: Path) -> None:
 
 
 class FullDisk:
-    """Patches the chat store's writes to fail as SQLite does on a full disk, until
-    ``full`` is cleared (the user freed space)."""
+    """Patches the chat store's writes, and the decode thread's (``AnswerWriter``), to fail
+    as SQLite does on a full disk, until ``full`` is cleared (the user freed space)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, store: ChatStore) -> None:
         self.full = False
         self.refused = 0
+        self.refused_on_decode_thread = 0
+        real_append = AnswerWriter.append
+
+        def append(writer: AnswerWriter, *args: Any) -> None:
+            if self.full:
+                self.refused_on_decode_thread += 1
+                raise FULL
+            real_append(writer, *args)
+
+        monkeypatch.setattr(AnswerWriter, "append", append)
         for name in ("append_texts", "finish_message", "add_message", "set_system_prompt"):
             real = getattr(store, name)
 
@@ -77,6 +87,7 @@ def test_a_full_disk_mid_answer_keeps_the_answer_and_saves_it_once_there_is_room
     summary = send(qtbot, window, LONG_PROMPT, max_tokens=30)
     window.chat.tokensArrived.disconnect(fill_up)
     assert summary.n_tokens == 30 and disk.refused > 0
+    assert disk.refused_on_decode_thread == 1  # it stopped saving; the window kept the rest
     # told once, without a blocking dialog; the answer is whole on screen and in memory
     assert [t for t, _ in window.notices] == ["Could not save the chat"]
     assert "disk full" in window.notices[0][1] and dialogs.shown == []

@@ -9,12 +9,16 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from gui_helpers import load, send
+import pytest
+from gui_helpers import LONG_PROMPT, load, send, slow_down
 
-from moescope.session.store import DONE, INTERRUPTED, SCHEMA_VERSION, ChatStore
+from moescope.session.store import DONE, INTERRUPTED, SCHEMA_VERSION, AnswerWriter, ChatStore
+from moescope.trace import read_trace
+from moescope.trace.names import live_trace_file
 
 HERE = Path(__file__).parent
 CHILD_TIMEOUT_S = 90
@@ -52,6 +56,7 @@ def test_killed_process_loses_at_most_the_answer_in_flight(data_dir: Path,
         line = child.stdout.readline() if ready else ""
         assert line, "the child did not start streaming"
         report = json.loads(line)
+        time.sleep(0.6)  # mid-stream, wherever the decode thread is
         os.kill(child.pid, signal.SIGKILL)
     finally:
         child.kill()
@@ -67,7 +72,85 @@ def test_killed_process_loses_at_most_the_answer_in_flight(data_dir: Path,
     assert messages[2].content == "Tell me a story"
     # every token the window had received when it reported is in the database
     assert report["saved"] and messages[3].content.startswith(report["saved"])
+    # and every token the trace recorded of it, but at most the last one
+    trace = read_trace(live_trace_file(report["trace"]))
+    last = [t.text for t in trace.tokens if t.answer == trace.tokens[-1].answer]
+    assert len(last) > report["received"] + 1, (len(last), report["received"])
+    assert messages[3].content.startswith(report["prefix"] + "".join(last[:-1]))
     store.close()
+
+
+def test_the_decode_thread_saves_each_token_while_the_window_is_busy(window: Any,
+                                                                     qtbot: Any) -> None:
+    """The GUI thread handles no event for the whole answer (it sleeps): the answer is in
+    the database anyway, read through a connection of its own, every generated token but
+    at most the one being decoded; afterwards the stored answer is the one shown."""
+    slow_down(window, 300)
+    window.chat_settings.max_tokens.setValue(40)
+    worker = window.client.worker
+    shown: list[str] = []
+    window.chat.tokensArrived.connect(lambda snaps: shown.extend(
+        s.text for s in snaps if not s.end))
+    reader = sqlite3.connect(f"{window.store.path.resolve().as_uri()}?mode=ro", uri=True)
+    assert window.chat.send(LONG_PROMPT)
+    answer_id, prefix = window.chat.answer_id, window.chat.answer_prefix
+    samples: list[tuple[int, str]] = []  # (tokens generated before the read, text read)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        n = worker.answer_tokens
+        (content,) = reader.execute("SELECT content FROM messages WHERE id=?",
+                                    (answer_id,)).fetchone()
+        samples.append((n, content))
+        if n == 40 and not worker.generating:
+            break
+        time.sleep(0.003)
+    assert window.chat.tokens_received == 0  # the window handled no token meanwhile
+    with qtbot.waitSignal(window.chat.answerFinished, timeout=30_000):
+        pass
+    assert len(shown) == 40 and window.chat.pending is None
+    stored = window.store.messages(window.chat.chat_id)[-1]
+    assert stored.content == prefix + "".join(shown) and stored.status == DONE
+    assert samples[-1] == (40, stored.content)  # all of it before the window saw a token
+    texts = [prefix + "".join(shown[:k]) for k in range(len(shown) + 1)]
+    middle = 0
+    for n, content in samples:
+        saved = max(k for k, text in enumerate(texts) if text == content)  # raises if torn
+        assert saved >= n - 1, (n, content)
+        middle += 0 < saved < 40
+    assert middle >= 3  # seen growing mid-answer, not only at its ends
+    reader.close()
+
+
+def test_tokens_the_decode_thread_could_not_save_are_saved_by_the_window_in_order(
+        window: Any, qtbot: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that fails on the decode thread (here: locked beyond the busy timeout)
+    ends its saving for that answer; the window saves the tokens it did not, after the
+    saved ones, each once. The next answer is saved on the decode thread again."""
+    real_append = AnswerWriter.append
+    appended: list[str] = []
+
+    def append(writer: AnswerWriter, message_id: int, text: str) -> None:
+        appended.append(text)
+        if len(appended) == 6:
+            raise sqlite3.OperationalError("database is locked")
+        real_append(writer, message_id, text)
+
+    monkeypatch.setattr(AnswerWriter, "append", append)
+    snaps: list[Any] = []
+    window.chat.tokensArrived.connect(lambda batch: snaps.extend(
+        s for s in batch if not s.end))
+    slow_down(window, 200)
+    assert send(qtbot, window, LONG_PROMPT, max_tokens=20).n_tokens == 20
+    assert len(appended) == 6  # none tried after the failure
+    flags = [s.saved for s in snaps]
+    assert flags == sorted(flags, reverse=True) and 5 <= flags.count(True) < 20
+    stored = window.store.messages(window.chat.chat_id)[-1]
+    whole = window.chat.answer_prefix + "".join(s.text for s in snaps)
+    assert stored.content == whole and stored.status == DONE
+    assert window.chat.pending is None and window.chat.save_error == ""
+    snaps.clear()
+    assert send(qtbot, window, "And then?", max_tokens=6).n_tokens > 0
+    assert len(appended) > 6 and all(s.saved or not s.text for s in snaps)
 
 
 def test_chats_rename_delete_search(window: Any, qtbot: Any, dialogs: Any) -> None:

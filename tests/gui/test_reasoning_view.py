@@ -173,10 +173,13 @@ def test_answer_now_closes_the_thoughts_and_the_model_answers(
     from moescope.engine import Engine
 
     starts: list[str] = []
+    streamed: list[str] = []
+    first_part: list[int] = []  # tokens streamed before "Answer now" generated on
     generate = Engine.generate
 
     def spy(self: Engine, prompt: Any, sampling: Any = None, **kw: Any) -> Any:
         starts.append(kw.get("answer_start", ""))
+        first_part.append(len(streamed))
         return generate(self, prompt, sampling, **kw)
 
     monkeypatch.setattr(Engine, "generate", spy)
@@ -195,6 +198,8 @@ def test_answer_now_closes_the_thoughts_and_the_model_answers(
             qtbot.mouseClick(view.answer_now_button, Qt.MouseButton.LeftButton)
 
     window.chat.tokensArrived.connect(maybe_press)
+    window.chat.tokensArrived.connect(lambda snaps: streamed.extend(
+        x.text for x in snaps if not x.end))
     window.client.worker.engine.set_copy_delay(2000)  # long enough to press mid-thought
     with qtbot.waitSignal(window.chat.answerFinished, timeout=60_000) as blocker:
         assert window.chat.send("Say hi")
@@ -203,6 +208,11 @@ def test_answer_now_closes_the_thoughts_and_the_model_answers(
     assert len(starts) == 2 and starts[0] == "" and starts[1].endswith("</think>\n\n")
     message = window.store.messages(window.chat.chat_id)[-1]
     assert message.content.count("</think>") == 1 and message.status == "done"
+    # saved once each, in order: the thoughts (decode thread), the closing (window), the
+    # answer (decode thread)
+    prefix, n = window.chat.answer_prefix, first_part[1]
+    assert (prefix + starts[1]).startswith(prefix + "".join(streamed[:n]))
+    assert message.content == prefix + starts[1] + "".join(streamed[n:])
     from moescope.model.reasoning import split_reasoning
 
     split = split_reasoning(message.content)

@@ -7,6 +7,10 @@ deliberately *not* queued, because the worker's event loop is busy for the whole
 ``stop``, ``request_policy`` and ``request_budget`` use the Engine's thread-safe methods,
 so they take effect at the next token even mid-generation.
 
+The window's answer is saved here, on the decode thread, each token's text before the next
+token is decoded (``GenerateRequest.save``): the window gets its tokens in coalesced
+batches, later, and a killed process must lose at most the token in flight.
+
 Token snapshots are coalesced: at most one ``tokens`` signal per :data:`EMIT_INTERVAL_S`
 (a real model gives one token per signal; a tiny test model decoding thousands of tokens
 per second would otherwise flood the GUI's event queue and stall it).
@@ -18,6 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import sqlite3
 import sys
 import threading
 import time
@@ -38,6 +43,7 @@ from moescope.engine import AnswerStats, Engine, LoadCancelled, Sampling
 from moescope.engine.compare import compare_policies, conversation_tokens
 from moescope.session.recording import Recording, RecordingStopped
 from moescope.session.snapshots import AnswerSummary, ModelSummary, TokenSnapshot
+from moescope.session.store import AnswerWriter
 from moescope.session.turns import EngineQueue, Turn
 from moescope.trace import TraceRecorder
 from moescope.trace.compactor import Compactor
@@ -76,11 +82,23 @@ class LoadRequest:
 
 
 @dataclass(frozen=True)
+class AnswerSave:
+    """Where the decode thread appends the answer's tokens: the chat database and the
+    answer's message (created, with its prefix, by the window)."""
+
+    store_path: str
+    message_id: int
+
+
+@dataclass(frozen=True)
 class GenerateRequest:
     messages: tuple[dict[str, str], ...]
     sampling: Sampling = field(default_factory=Sampling)
     answer_start: str = ""
     """Text the answer already has (``Engine.generate``): "Answer now" continues from it."""
+    save: AnswerSave | None = None
+    """Save each token as it is decoded (None: not saved here, e.g. tests; the window
+    saves what the snapshots do not mark ``saved``)."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +154,8 @@ class EngineWorker(QObject):
         """Shared with the API server while the window serves (``gui/serve``): loads,
         answers and comparisons take a turn on it, so the engine runs one at a time."""
         self._waiting: Turn | None = None
+        self._writer: AnswerWriter | None = None
+        """The decode thread's own connection to the chat database (kept between answers)."""
 
     # ------------------------------------------------------------------ slots
     @Slot()
@@ -200,12 +220,19 @@ class EngineWorker(QObject):
         last_emit = 0.0
         if request.answer_start and self.recording is not None:
             self.recording.answer_now()
+        save = request.save
         try:
             with self._turn():
+                if save is not None and not self._open_writer(save.store_path):
+                    save = None
                 for ts in engine.generate(list(request.messages), request.sampling,
                                           answer_start=request.answer_start):
                     self.answer_tokens = ts.index + 1
-                    batch.append(self.follow(ts))
+                    self._record(ts)
+                    saved = save is not None and self._save_token(save.message_id, ts.text)
+                    if save is not None and not saved:
+                        save = None  # the window saves the rest, after what is saved
+                    batch.append(self._snapshot(ts, saved=saved))
                     now = time.perf_counter()
                     if now - last_emit >= EMIT_INTERVAL_S:
                         self.tokens.emit(batch)
@@ -309,11 +336,48 @@ class EngineWorker(QObject):
         """Free the model on its own thread, then end the thread's event loop."""
         self.engine.stop()
         self._close_recorder()
+        self._close_writer()
         self.engine.close()
         self.closed.emit()
         thread = QThread.currentThread()
         if thread is not None:
             thread.quit()
+
+    # ------------------------------------------------------------------ chat saving
+    def _open_writer(self, store_path: str) -> bool:
+        """The decode thread's connection to ``store_path`` (reused); False when it cannot
+        be opened (the window then saves every token, as it reports failures)."""
+        if self._writer is not None and self._writer.path == Path(store_path):
+            return True
+        self._close_writer()
+        try:
+            self._writer = AnswerWriter(store_path)
+        except (sqlite3.Error, OSError) as err:
+            log.warning("the decode thread cannot save the answer (the window will): %s", err)
+            return False
+        return True
+
+    def _save_token(self, message_id: int, text: str) -> bool:
+        """Append a token's text to the answer; False when the write failed (disk full,
+        locked beyond the busy timeout...): this answer is then not saved here any more."""
+        if self._writer is None:
+            return False
+        if not text:
+            return True
+        try:
+            self._writer.append(message_id, text)
+        except (sqlite3.Error, OSError) as err:
+            log.warning("the decode thread could not save the answer (the window will "
+                        "retry): %s", err)
+            self._close_writer()  # the next answer opens anew
+            return False
+        return True
+
+    def _close_writer(self) -> None:
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            with contextlib.suppress(sqlite3.Error):
+                writer.close()
 
     # ------------------------------------------------------------------ recording
     @Slot(str)
@@ -481,7 +545,7 @@ class EngineWorker(QObject):
             thinking_choices=self._thinking_choices,
             requests=self.engine.applied_requests)
 
-    def _snapshot(self, ts: Any, *, end: bool = False) -> TokenSnapshot:
+    def _snapshot(self, ts: Any, *, end: bool = False, saved: bool = False) -> TokenSnapshot:
         engine = self.engine
         changes = [change for _, change in self._changes.take()]
         resident = ram = None
@@ -508,7 +572,7 @@ class EngineWorker(QObject):
             prefetches=prefetch[0] if prefetch is not None else None,
             prefetch_hits=prefetch[1] if prefetch is not None else None,
             requests=engine.applied_requests, end=end, audit=ts.audit,
-            ram_resident=ram, ram_slots_per_layer=ram_slots)
+            ram_resident=ram, ram_slots_per_layer=ram_slots, saved=saved)
 
 
 def _policy_label(policy: Policy | str) -> str:

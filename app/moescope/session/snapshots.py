@@ -127,6 +127,10 @@ class TokenSnapshot:
     off, every expert in host memory)."""
     ram_slots_per_layer: int = 0
     """The RAM tier's experts per layer when the token was decoded (0: off)."""
+    saved: bool = False
+    """The decode thread already appended ``text`` to the chat database (``GenerateRequest
+    .save``); the window saves only the tokens that are not (none asked, or a write
+    failed), in order, after the saved ones."""
 
     @property
     def context_used(self) -> int:

@@ -6,7 +6,9 @@ cheap (no fsync with ``synchronous=NORMAL``; the OS still has the page after a S
 and readers never block the writer. The schema carries a version (``PRAGMA user_version``)
 and ordered migrations, so a newer app opens an older database in place.
 
-Used from the GUI thread only; the worker thread never touches the database.
+The window's :class:`ChatStore` is used from the GUI thread only. The decode thread
+appends the answer's tokens through its own connection (:class:`AnswerWriter`), each before
+the next token is decoded: the GUI thread gets tokens in batches, some time later.
 """
 
 from __future__ import annotations
@@ -259,6 +261,35 @@ class ChatStore:
         if chat is None:
             raise KeyError(chat_id)
         return chat_markdown(chat, self.messages(chat_id))
+
+
+class AnswerWriter:
+    """Appends an answer's tokens from the decode thread, one committed statement each, so
+    a killed process loses at most the token being decoded (the window's store would save
+    them only once the GUI thread has handled their batch).
+
+    Its own connection, because sqlite connections belong to the thread that opened them.
+    It opens an existing database only (the window's :class:`ChatStore` created and
+    migrated it) and never runs ``_recover``, which would mark the answer being written
+    as interrupted.
+    """
+
+    def __init__(self, path: str | Path, busy_timeout_s: float = 5.0) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():  # never create a database that the window does not use
+            raise FileNotFoundError(f"no chat database at {self.path}")
+        self._db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=rw", uri=True,
+                                   isolation_level=None, timeout=busy_timeout_s,
+                                   check_same_thread=True)
+        self._db.execute("PRAGMA synchronous=NORMAL")
+
+    def append(self, message_id: int, text: str) -> None:
+        """Append one token's text to the answer, committed at once (autocommit)."""
+        self._db.execute("UPDATE messages SET content = content || ? WHERE id=?",
+                         (text, message_id))
+
+    def close(self) -> None:
+        self._db.close()
 
 
 def _message_json(m: ChatMessage) -> dict[str, Any]:

@@ -2,10 +2,12 @@
 
 Kept out of the window so the rules read in one place: a user message is stored before
 the engine sees it; the answer row is created empty with status ``generating`` and every
-streamed token is appended and committed as it arrives (a killed process loses at most the
-token in flight); Regenerate drops the last answer and asks again; Edit puts a user message
-(the last, or any through its header's link) back in the box and Resend replaces it and
-everything after it; Branch copies the conversation up to a message into a new chat.
+streamed token is appended and committed by the decode thread before it decodes the next
+(``GenerateRequest.save``; a killed process loses at most the token in flight), the tokens
+it could not save by the window as they arrive; Regenerate drops the last answer and asks
+again; Edit puts a user message (the last, or any through its header's link) back in the
+box and Resend replaces it and everything after it; Branch copies the conversation up to a
+message into a new chat.
 
 When the disk is full (or the database cannot be written) nothing is lost: a message that
 cannot be stored is not sent and stays in the box; an answer's text that cannot be stored
@@ -27,7 +29,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from moescope.gui.chat.chat_list import ChatListPanel
 from moescope.gui.chat.chat_view import ChatView
 from moescope.gui.chat.settings import ChatSettingsPanel
-from moescope.gui.worker import EngineClient, GenerateRequest
+from moescope.gui.worker import AnswerSave, EngineClient, GenerateRequest
 from moescope.model.reasoning import split_reasoning
 from moescope.session.answer import AnswerState, answer_now
 from moescope.session.snapshots import AnswerSummary, TokenSnapshot
@@ -381,7 +383,8 @@ class ChatController(QObject):
         self._raw += cut.closing
         self._request = GenerateRequest(messages=self._request.messages,
                                         sampling=self._request.sampling,
-                                        answer_start=cut.start)
+                                        answer_start=cut.start,
+                                        save=self._answer_save(self.answer_id))
         self._cut_short = True
         self.client.generate(self._request)
         return True
@@ -436,17 +439,26 @@ class ChatController(QObject):
         self.reasoning_tokens, self.reasoning_seconds = 0, 0.0
         self._cut_short = False
         self._update_buttons()
-        self._request = GenerateRequest(messages=tuple(messages), sampling=sampling)
+        self._request = GenerateRequest(messages=tuple(messages), sampling=sampling,
+                                        save=self._answer_save(answer.id))
         self.client.generate(self._request)
         self.answerStarted.emit()
+
+    def _answer_save(self, message_id: int) -> AnswerSave | None:
+        """Where the decode thread saves the answer's tokens; None (the window saves them)
+        while earlier text waits to be written: the tokens must follow it."""
+        if self.pending is not None:
+            return None
+        return AnswerSave(store_path=str(self.store.path), message_id=message_id)
 
     # ------------------------------------------------------------------ worker output
     def on_tokens(self, snaps: list[TokenSnapshot]) -> None:
         if self.closed:
             return
         words = [s for s in snaps if not s.end]  # an end step has rows, not text
-        if self.answer_id is not None:
-            self._save_texts([s.text for s in words])
+        unsaved = [s.text for s in words if not s.saved]  # the decode thread saved the others
+        if self.answer_id is not None and unsaved:
+            self._save_texts(unsaved)
         self.view.append_text("".join(s.text for s in words))
         self.tokens_received += len(words)
         self._count_reasoning(words)
