@@ -60,6 +60,19 @@ class Spy:
         monkeypatch.setattr(whatif_view, "compute", compute)
 
 
+def running(open_trace_window: Callable[[Path], TraceWindow], trace: Path,
+            monkeypatch: pytest.MonkeyPatch) -> tuple[Spy, TraceWindow, Any, list[Any]]:
+    """A trace window whose what-if view is shown (its sweep starts), with a spy on
+    ``compute`` and a list collecting the view's finished sweeps."""
+    spy = Spy(monkeypatch)
+    window = open_trace_window(trace)
+    view = window.whatif
+    finished: list[Any] = []
+    view.sweepFinished.connect(finished.append)
+    window.tabs.setCurrentWidget(view)
+    return spy, window, view, finished
+
+
 def first_progress(qtbot: Any, view: Any) -> None:
     """Waits for the running sweep to report work done (the batch is then mid-run)."""
     moved: list[int] = []
@@ -88,10 +101,7 @@ def test_the_bar_moves_with_the_batch_and_the_result_is_the_direct_sweeps(
 def test_a_newer_request_stops_the_running_batch(
         qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    spy = Spy(monkeypatch)
-    window = open_trace_window(long_trace)
-    view = window.whatif
-    window.tabs.setCurrentWidget(view)
+    spy, _window, view, _ = running(open_trace_window, long_trace, monkeypatch)
     first_progress(qtbot, view)
     with qtbot.waitSignal(view.sweepFinished, timeout=60_000) as blocker:
         view.start("pcie5")
@@ -104,12 +114,7 @@ def test_a_newer_request_stops_the_running_batch(
 def test_closing_the_window_stops_the_batch_and_joins_its_thread(
         qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    spy = Spy(monkeypatch)
-    window = open_trace_window(long_trace)
-    view = window.whatif
-    finished: list[Any] = []
-    view.sweepFinished.connect(finished.append)
-    window.tabs.setCurrentWidget(view)
+    spy, window, view, finished = running(open_trace_window, long_trace, monkeypatch)
     first_progress(qtbot, view)
     window.close()  # shutdown(): the worker's next poll cancels the batch, then it is joined
     assert not view._thread.isRunning() and not view.running
@@ -125,12 +130,7 @@ def test_stop_stops_the_batch_and_replay_sweeps_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from PySide6.QtCore import Qt
 
-    spy = Spy(monkeypatch)
-    window = open_trace_window(long_trace)
-    view = window.whatif
-    finished: list[Any] = []
-    view.sweepFinished.connect(finished.append)
-    window.tabs.setCurrentWidget(view)
+    spy, window, view, finished = running(open_trace_window, long_trace, monkeypatch)
     assert view.stop_button.isVisible() and view.stop_button.text() == "&Stop"
     first_progress(qtbot, view)
     qtbot.mouseClick(view.stop_button, Qt.MouseButton.LeftButton)
