@@ -393,3 +393,100 @@ def test_a_new_session_deletes_the_oldest_traces_to_make_room(window: Any, qtbot
     # the oldest went, the newer one fits (its journal, until compacted in the background)
     assert not old.exists() and live_trace_file(first).exists()
     assert window.client.worker.compactor.wait(30) and first.exists()
+
+
+def test_a_trace_window_exports_the_trace_it_shows(trace_window: Any, trace_path: Path,
+                                                   qtbot: Any, tmp_path: Path,
+                                                   monkeypatch: Any) -> None:
+    """An older trace, opened in its window, is exported from there as File ▸ Export trace
+    exports the session: the trace in its own format, Perfetto JSON and a per-token CSV, from
+    a save dialog (Ctrl+Shift+E or the Export button) that starts at home, then in the last
+    export's folder."""
+    from PySide6.QtCore import QSettings, Qt
+    from PySide6.QtWidgets import QFileDialog
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    trace_window.settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
+    out = tmp_path / "out"
+    out.mkdir()
+    asked: list[tuple[str, str, str]] = []
+    picks = [out / "old.parquet", out / "again"]  # a wrong trace suffix is replaced
+
+    def save(_parent: Any, title: str, default: str, filters: str) -> tuple[str, str]:
+        asked.append((title, default, filters))
+        return str(picks[len(asked) - 1]), filters
+
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(save))
+    before = trace_path.read_bytes()
+    trace_window.activateWindow()
+    qtbot.waitUntil(trace_window.isActiveWindow, timeout=5_000)
+    qtbot.keyClick(trace_window, Qt.Key.Key_E,
+                   Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
+    assert asked == [("Export trace", str(home / trace_path.name),
+                      "MoEScope trace, JSON Lines (*.jsonl)")]
+    copy = out / "old.jsonl"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "old.jsonl", "old.perfetto.json", "old.tokens.csv"]
+    assert copy.read_bytes() == before == trace_path.read_bytes()
+    n_tokens = len(trace_window.tokens)
+    assert len(read_trace(copy).tokens) == n_tokens > 0
+    with (out / "old.tokens.csv").open(newline="", encoding="utf-8") as f:
+        assert len(list(csv.reader(f))) == n_tokens + 1  # and a header
+    doc = json.loads((out / "old.perfetto.json").read_text())
+    assert len(doc["traceEvents"]) > n_tokens
+    said = trace_window.statusBar().currentMessage()
+    assert said == f"Trace saved to {copy}, with old.perfetto.json and old.tokens.csv", said
+
+    assert trace_window.export_button.accessibleName() == "Export this trace"
+    trace_window.export_button.click()  # the button asks the same; the folder is remembered
+    assert asked[-1][1] == str(out / trace_path.name)
+    assert (out / "again.jsonl").read_bytes() == before
+    assert (out / "again.tokens.csv").is_file() and (out / "again.perfetto.json").is_file()
+
+
+def test_a_trace_window_export_never_replaces_its_trace_and_says_why(
+        trace_window: Any, trace_path: Path, tmp_path: Path, monkeypatch: Any) -> None:
+    """Exporting onto the shown trace (or a symlink to it), into a folder that is not there,
+    or cancelling the dialog writes nothing and replaces nothing; a failure is one line in
+    the window's status bar, not a traceback."""
+    from PySide6.QtWidgets import QFileDialog
+
+    before = trace_path.read_bytes()
+    siblings = sorted(trace_path.parent.iterdir())
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(trace_path)
+    for dest in (trace_path, link, tmp_path / "missing" / "x.jsonl"):
+        assert trace_window.export(dest) is None, dest
+        said = trace_window.statusBar().currentMessage()
+        assert said.startswith("Could not export the trace: ") and "\n" not in said, said
+        assert "Nothing was written there." in said
+    assert trace_path.read_bytes() == before
+    assert sorted(trace_path.parent.iterdir()) == siblings  # no Perfetto or CSV beside it
+    assert sorted(tmp_path.iterdir()) == [link]
+
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(lambda *a: ("", "")))
+    trace_window.statusBar().clearMessage()
+    trace_window.export_dialog()
+    assert trace_window.statusBar().currentMessage() == ""
+    assert sorted(tmp_path.iterdir()) == [link]
+
+
+def test_the_session_export_remembers_its_folder_for_trace_windows(
+        window: Any, qtbot: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """File ▸ Export trace and a trace window's Export share the last export's folder."""
+    from PySide6.QtWidgets import QFileDialog
+
+    send(qtbot, window, "Hello there.", max_tokens=6)
+    out = tmp_path / "exports"
+    out.mkdir()
+    assert window.export_trace(out / "first") is not None
+    asked: list[str] = []
+    monkeypatch.setattr(QFileDialog, "getSaveFileName",
+                        staticmethod(lambda *a: (asked.append(a[2]), ("", ""))[1]))
+    window.export_trace_dialog()
+    with qtbot.waitSignal(window.traceOpened, timeout=30_000) as opened:
+        window.open_trace(window.trace_path)
+    opened.args[0].export_dialog()
+    assert [Path(a).parent for a in asked] == [out, out]

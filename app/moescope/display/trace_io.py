@@ -58,7 +58,7 @@ from moescope.trace.names import (
     with_trace_suffix,
 )
 from moescope.trace.tokens_csv import write_tokens_csv
-from moescope.util.files import copy_atomic
+from moescope.util.files import check_output, copy_atomic
 
 KEEP_TRACES = 20
 """Recorded sessions kept in the data directory (older ones are deleted at start and
@@ -158,13 +158,18 @@ def _in_use(files: list[tuple[float, int, Path]]) -> bool:
 
 
 def export_session(recorded: Path, dest: Path) -> tuple[Path, Path, Path]:
-    """Copy the session's trace to ``dest`` and write Perfetto JSON and a per-token CSV
-    next to it; returns the three paths. The copy keeps the recorded file's format, so its
-    name gets that format's suffix (``dest``'s own trace suffix, if any, is replaced: a name
-    must not say JSON Lines over an Arrow stream); a session still being recorded to a
-    journal exports the journal, an Arrow stream. Each file is written whole or not at all
-    (``OSError``: a full disk leaves no half file and replaces nothing); a session with no
-    token yet is ``TraceFormatError`` and writes nothing.
+    """Copy a trace to ``dest`` and write Perfetto JSON and a per-token CSV next to it;
+    returns the three paths. ``recorded`` is the live session's trace or any trace file
+    opened in a trace window: both GUI exports (File ▸ Export trace, the trace window's
+    Export) come here, so they write the same files under the same rules.
+
+    The copy keeps the recorded file's format, so its name gets that format's suffix
+    (``dest``'s own trace suffix, if any, is replaced: a name must not say JSON Lines over
+    an Arrow stream); a session still being recorded to a journal exports the journal, an
+    Arrow stream. All three outputs are checked before anything is written (none may be the
+    trace itself, a folder or a device: ``OutputPathError``), and each file is written
+    whole or not at all (``OSError``: a full disk leaves no half file and replaces
+    nothing); a session with no token yet is ``TraceFormatError`` and writes nothing.
 
     Safe while recording continues: the recorder flushes whole records, and a reader drops
     a half-written last one.
@@ -175,11 +180,18 @@ def export_session(recorded: Path, dest: Path) -> tuple[Path, Path, Path]:
         if not recorded.exists():
             raise
         target, suffix = _copy_recorded(recorded, dest)  # the journal was finished meanwhile
-    stem = target.name[:-len(suffix)] if suffix is not None else target.stem
     trace = read_trace(target)
-    perfetto = write_perfetto(trace, target.with_name(f"{stem}.perfetto.json"))
-    csv = write_tokens_csv(trace, target.with_name(f"{stem}.tokens.csv"))
+    perfetto, csv = _companions(target, suffix)
+    perfetto = write_perfetto(trace, perfetto)
+    csv = write_tokens_csv(trace, csv)
     return target, perfetto, csv
+
+
+def _companions(target: Path, suffix: str | None) -> tuple[Path, Path]:
+    """The Perfetto JSON and per-token CSV written next to an exported trace."""
+    stem = target.name[:-len(suffix)] if suffix is not None else target.stem
+    return (target.with_name(f"{stem}.perfetto.json"),
+            target.with_name(f"{stem}.tokens.csv"))
 
 
 def _copy_recorded(recorded: Path, dest: Path) -> tuple[Path, str | None]:
@@ -189,6 +201,8 @@ def _copy_recorded(recorded: Path, dest: Path) -> tuple[Path, str | None]:
                                "begins with its first token)")
     suffix = trace_suffix(source.name)
     target = with_trace_suffix(dest, suffix) if suffix is not None else dest
+    for out in (target, *_companions(target, suffix)):  # before the copy: all or none
+        check_output(out, [source])
     copy_atomic(source, target)
     return target, suffix
 

@@ -15,16 +15,13 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QTimer, Slot
 from PySide6.QtWidgets import QFileDialog, QProgressDialog
 
-from moescope.display.trace_io import ReopenedTrace, export_session, nothing_recorded
+from moescope.display.trace_io import ReopenedTrace, nothing_recorded
+from moescope.gui.traces.trace_export import ask_export_path, export_trace_files, saved_message
 from moescope.gui.traces.trace_opener import PROGRESS_STEPS, TraceOpener
 from moescope.gui.traces.trace_window import TraceWindow
 from moescope.trace.names import (
-    FORMAT_NAMES,
-    RECORD_SUFFIX,
     dialog_filter,
     live_trace_file,
-    session_stem,
-    trace_suffix,
 )
 from moescope.util import paths
 from moescope.util.errors import MoEScopeError
@@ -73,18 +70,12 @@ class SessionTraces(_Window):
                                                   "the model again.")
             return
         # the copy keeps the recorded format (export_session names it so)
-        recorded = live_trace_file(self.trace_path)  # a journal while it is being recorded
-        if nothing_recorded(recorded):
+        if nothing_recorded(live_trace_file(self.trace_path)):  # a journal while recording
             self.show_error("No trace to export yet", "This session has recorded no token "
                                                       "yet: its trace begins with the first "
                                                       "answer.")
             return
-        suffix = trace_suffix(recorded.name) or RECORD_SUFFIX
-        stem = session_stem(recorded.name) or recorded.stem
-        default = str(Path.home() / f"{stem}{suffix}")
-        path, _ = QFileDialog.getSaveFileName(
-            self, "Export trace", default,
-            f"MoEScope trace, {FORMAT_NAMES.get(suffix, 'as recorded')} (*{suffix})")
+        path = ask_export_path(self, self.trace_path, self.settings)
         if path:
             self.export_trace(path)
 
@@ -100,7 +91,7 @@ class SessionTraces(_Window):
         if self.trace_path is None:
             raise MoEScopeError("this session is not being recorded")
         try:
-            files = export_session(self.trace_path, Path(path))
+            files = export_trace_files(self.trace_path, path, self.settings)
         except OSError as err:
             self._export_failed("trace", path, err)
             return None
@@ -109,13 +100,7 @@ class SessionTraces(_Window):
             return None
         trace, perfetto, csv = files
         log.info("trace exported: %s, %s and %s", trace, perfetto.name, csv.name)
-        recorded = trace_suffix(self.trace_path.name) or RECORD_SUFFIX
-        journal = trace_suffix(trace.name) != recorded  # the session is still recording
-        self.statusBar().showMessage(
-            f"Trace saved to {trace}, with {perfetto.name} and {csv.name}" + (
-                f" (an Arrow stream: the session is still recording; `moescope trace "
-                f"compact {trace.name}` makes it {FORMAT_NAMES.get(recorded, recorded)})"
-                if journal else ""), 15000)
+        self.statusBar().showMessage(saved_message(self.trace_path, files), 15000)
         return files
 
     def open_trace_dialog(self) -> None:
@@ -161,7 +146,7 @@ class SessionTraces(_Window):
     def _trace_opened(self, path: str, reopened: ReopenedTrace) -> None:
         if self._closed:
             return
-        window = TraceWindow(path, reopened)
+        window = TraceWindow(path, reopened, settings=self.settings)
         window.closed.connect(self._trace_window_closed)
         window.show()
         self.trace_windows.append(window)

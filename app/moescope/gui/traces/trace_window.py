@@ -5,20 +5,41 @@ live session, so the curves and bars are the numbers the live window showed. A l
 it gives PSR's prefetch accuracy over the whole session (hidden when no policy prefetched,
 "not recorded" for a trace from before the counters). A second tab, the what-if view,
 replays the trace under other policies and budgets, prefetch accuracy included.
+
+Export… (Ctrl+Shift+E) writes the shown trace as File ▸ Export trace writes the session's
+(:mod:`moescope.gui.traces.trace_export`): an older trace is exported from here, not only
+with ``moescope replay``. Its outcome is one line in the window's status bar.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
-from PySide6.QtCore import QSize, Signal
+from PySide6.QtCore import QSettings, QSize, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
-from PySide6.QtWidgets import QLabel, QMainWindow, QTabWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QPushButton,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
 from moescope.display.trace_io import PREFETCH_SESSION_TIP, ReopenedTrace, prefetch_overview
 from moescope.gui.cache.panel import CachePanel
+from moescope.gui.traces.trace_export import ask_export_path, export_trace_files, saved_message
 from moescope.gui.traces.whatif_view import WhatIfView
 from moescope.gui.widgets.screen_fit import resize_within_screen
+from moescope.util.errors import MoEScopeError
+
+log = logging.getLogger("moescope.gui")
+
+EXPORT_SHORTCUT = "Ctrl+Shift+E"
+"""The main window's File ▸ Export trace shortcut: the same keys export the shown trace."""
+STATUS_MS = 15000
 
 EMPTY_TRACE = ("This trace holds no tokens yet. A session's trace begins when the model "
                "loads (or when Compare policies empties the cache) and gains a token with "
@@ -30,9 +51,12 @@ class TraceWindow(QMainWindow):
     """This window, once closed: whoever opened it frees it (it holds the whole trace)."""
 
     def __init__(self, path: str | Path, reopened: ReopenedTrace,
-                 parent: QWidget | None = None) -> None:
+                 parent: QWidget | None = None, *,
+                 settings: QSettings | None = None) -> None:
         super().__init__(parent)
         self.path = Path(path)
+        self.settings = settings
+        """Where the last export's folder is remembered (None: the dialog starts at home)."""
         self.reopened = reopened
         model, tokens = reopened.model, reopened.tokens
         self.tokens = tokens
@@ -52,7 +76,16 @@ class TraceWindow(QMainWindow):
         info = QLabel(text)
         info.setWordWrap(True)
         info.setObjectName("statsLabel")
-        layout.addWidget(info)
+        self.export_button = QPushButton("E&xport…")
+        self.export_button.setAccessibleName("Export this trace")
+        self.export_button.setToolTip(
+            f"Save a copy of this trace, with a Perfetto timeline and a CSV of every token "
+            f"({EXPORT_SHORTCUT})")
+        self.export_button.clicked.connect(self.export_dialog)
+        top = QHBoxLayout()
+        top.addWidget(info, 1)
+        top.addWidget(self.export_button)
+        layout.addLayout(top)
         prefetch = prefetch_overview(reopened)
         self.prefetch_label = QLabel(prefetch)
         """Session-wide prefetch accuracy; hidden when no token's policy prefetched."""
@@ -90,6 +123,36 @@ class TraceWindow(QMainWindow):
         self.close_action.setShortcuts(list({k.toString(): k for k in keys}.values()))
         self.close_action.triggered.connect(self.close)
         self.addAction(self.close_action)
+        self.export_action = QAction("Export trace…", self)
+        self.export_action.setShortcut(QKeySequence(EXPORT_SHORTCUT))
+        self.export_action.triggered.connect(self.export_dialog)
+        self.addAction(self.export_action)
+        self.statusBar()  # made now: the first export's message must not resize the window
+
+    def export_dialog(self) -> None:
+        """Ask where to export the shown trace, then export it (nothing when cancelled)."""
+        path = ask_export_path(self, self.path, self.settings)
+        if path:
+            self.export(path)
+
+    def export(self, path: str | Path) -> tuple[Path, Path, Path] | None:
+        """Write the shown trace, Perfetto JSON and a per-token CSV at ``path`` (the trace
+        named with its format's suffix), read from the file as it is now; None, and the
+        reason in the status bar, if nothing could be written."""
+        try:
+            files = export_trace_files(self.path, path, self.settings)
+        except OSError as err:
+            reason = f"{Path(path)}: {err.strerror or err}. Nothing was written there."
+        except MoEScopeError as err:  # a trace no longer readable, or with no token
+            reason = str(err)
+        else:
+            log.info("trace exported: %s, %s and %s", *files)
+            self.statusBar().showMessage(saved_message(self.path, files), STATUS_MS)
+            return files
+        message = f"Could not export the trace: {reason}"
+        log.error("%s", message)
+        self.statusBar().showMessage(" ".join(message.split()), STATUS_MS)
+        return None
 
     def closeEvent(self, event: QCloseEvent) -> None:
         """Join the what-if sweep's thread: a QThread must not outlive its window."""
