@@ -256,3 +256,26 @@ def test_the_window_without_a_display_says_so_in_one_line(
     monkeypatch.delenv("QT_QPA_PLATFORM")
     monkeypatch.setenv("WAYLAND_DISPLAY", "wayland-0")
     assert no_display() is None
+
+
+@pytest.mark.parametrize(("argv", "dest", "says"), [
+    (["generate", "-n", "40"], "n", "--n must be at least 1"),
+    (["generate", "-n40"], "n", "--n must be at least 1"),
+    (["chat", "-n", "40"], "n", "--n must be at least 1"),
+    (["bench", "-n", "40"], "tokens", "--tokens must be at least 2"),
+])
+def test_llama_cpp_short_n_is_the_token_count(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str],
+                                              argv: list[str], dest: str, says: str) -> None:
+    """``generate MODEL -n 40`` (llama.cpp's habit) was 'unrecognized arguments'."""
+    from moescope.cli import build_parser
+
+    model = str(tmp_path / "never-read.gguf")
+    args = build_parser().parse_args([argv[0], model, *argv[1:]])
+    assert getattr(args, dest) == 40
+    bad = "1" if argv[0] == "bench" else "0"
+    err = _one_line_error(capsys, [argv[0], model, "-n", bad])
+    assert says in err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([argv[0], "--help"])
+    assert "-n N" in capsys.readouterr().out

@@ -85,6 +85,13 @@ SUMMARY_TIP = (
     "The line under each answer in the chat is over that whole answer (its tok/s leaves "
     "out the first token, its hit rate counts every expert selection), so the two "
     "differ. The plots below show every token.")
+TRACE_SUMMARY_TIP = (
+    "First line: what the cache did at the end of the trace (policy, slots), its last token, "
+    "and the time to first token of the last answer in the trace.\n"
+    "Second line: hit rate and substituted gate mass per token are means over the trace's "
+    "last {n} tokens, under the policies named; tokens/s is over its last {r} decode steps. "
+    "The plots below show every token.")
+""":data:`SUMMARY_TIP` for a reopened trace: nothing in it happens now."""
 PREFETCH_TIP = (
     "Prefetch accuracy (PSR): of the experts prefetched over the last {n} tokens, the share "
     "the router then used before they were evicted. /token: experts prefetched per decoded "

@@ -63,8 +63,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--policies", action="append", metavar="P[,P...]",
                    help=f"policies, the first is the reference (default {DEFAULT_POLICIES}); "
                         "preset:key=value works too, e.g. threshold:theta=0.3")
-    p.add_argument("--tokens", type=int, default=64, metavar="N",
-                   help="tokens decoded per run (default 64)")
+    p.add_argument("-n", "--tokens", type=int, default=64, metavar="N",
+                   help="tokens decoded per run, like llama-bench -n (default 64)")
     p.add_argument("--runs", type=int, default=3, metavar="R",
                    help="timed runs per policy; the table shows the median (default 3)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text (raw, no template)")

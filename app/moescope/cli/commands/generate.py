@@ -1,4 +1,4 @@
-"""``moescope generate MODEL --prompt TEXT --policy P --budget B [--n N] [--seed S]``.
+"""``moescope generate MODEL --prompt TEXT --policy P --budget B [-n N] [--seed S]``.
 
 Generates with the expert cache on and ends with one summary line: tokens/s, hit rate,
 fetched MB per token, % of expert calls substituted, mean substituted mass per token — the
@@ -129,8 +129,12 @@ def parse_live_policy(spec: str) -> Policy | GuardSpec:
 
 def add_sampling_arguments(p: argparse.ArgumentParser, *, n_default: int,
                            n_help: str) -> None:
-    """``--n``, ``--seed``, ``--temperature``: the same spelling in every command."""
-    p.add_argument("--n", type=int, default=n_default, help=f"{n_help} (default {n_default})")
+    """``--n``/``-n``, ``--seed``, ``--temperature``: the same spelling in every command.
+
+    ``-n`` is llama.cpp's spelling; people bring that habit with them.
+    """
+    p.add_argument("-n", "--n", type=int, default=n_default, metavar="N",
+                   help=f"{n_help} (default {n_default})")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--temperature", type=float, default=0.7)
 

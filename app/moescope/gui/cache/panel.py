@@ -20,6 +20,7 @@ from moescope.display.cache_model import (
     AUDIT_TIP,
     PREFETCH_TIP,
     SUMMARY_TIP,
+    TRACE_SUMMARY_TIP,
     CacheModel,
     audit_text,
     prefetch_text,
@@ -165,7 +166,7 @@ class CachePanel(QWidget):
         if "labels" in pending and (force or self._frames % LABEL_EVERY_FRAMES == 0):
             self.summary.setText(self._summary_text())
             n = self.model.layer_window
-            self.summary.setToolTip(SUMMARY_TIP.format(
+            self.summary.setToolTip((SUMMARY_TIP if self.live else TRACE_SUMMARY_TIP).format(
                 n=n, r=max(self.model.rolling_rate_tokens(), 1)) + (
                 "\n" + PREFETCH_TIP.format(n=n) if self.model.prefetching else "") + (
                 "\n" + AUDIT_TIP if self.model.audits else ""))
@@ -175,8 +176,9 @@ class CachePanel(QWidget):
 
     def _summary_text(self) -> str:
         """Two lines: what the cache does now (follows every policy or budget change, and
-        the latest token), then the numbers of the last tokens, named with their span and
-        the policies that produced them."""
+        the latest token; in a reopened trace, what it did at the trace's end), then the
+        numbers of the last tokens, named with their span and the policies that produced
+        them."""
         m = self.model.model
         if m is None:
             return "No model loaded"
@@ -184,7 +186,7 @@ class CachePanel(QWidget):
             return f"{m.name}: expert cache off ({m.notice or 'dense model'})"
         t = self.model.time
         latest = self.model.latest
-        now = [f"now: {self.model.policy}",
+        now = [f"{'now' if self.live else 'end of the trace'}: {self.model.policy}",
                f"{self.model.slots_per_layer}/{m.n_expert} slots per layer "
                f"({self.model.slots_per_layer / m.n_expert:.0%} resident)"]
         if self.model.ram_slots_per_layer:
@@ -211,7 +213,9 @@ class CachePanel(QWidget):
         if tok_s == tok_s:
             recent.append(f"{tok_s:.1f} tok/s (last {self.model.rolling_rate_tokens()})")
         if self.model.ttft_s is not None:
-            now.append(f"latest answer's TTFT {self.model.ttft_s * 1000:.0f} ms")
+            ttft = f"TTFT {self.model.ttft_s * 1000:.0f} ms"
+            now.append(f"latest answer's {ttft}" if self.live
+                       else f"last answer in the trace: {ttft}")
         return " · ".join(now) + "\n" + " · ".join(recent)
 
     def stop(self) -> None:

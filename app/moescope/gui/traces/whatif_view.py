@@ -48,6 +48,8 @@ from moescope.display.whatif_model import (
     default_policies,
     label,
     preset_choices,
+    status_text,
+    status_tooltip,
     tooltip,
 )
 from moescope.gui import theme
@@ -294,6 +296,7 @@ class WhatIfView(QWidget):
         policies = self.policies()
         self.status.setText(f"Replaying the trace under {len(policies)} policies × "
                             f"{len(BUDGETS)} budgets ({name})…")
+        self.status.setToolTip("")
         self._request.emit(self._generation, name, policies)
 
     def stop(self) -> None:
@@ -347,13 +350,8 @@ class WhatIfView(QWidget):
         self.result = result
         self._fill_table(result)
         self._fill_plot(result)
-        text = f"Cost model {result.cost_text}."
-        if result.recorded_ms_per_token is not None:
-            text += f" Measured while recording: {result.recorded_ms_per_token:.3f} ms/token."
-        if result.recorded_audit is not None:
-            text += f" Audited while recording: {result.recorded_audit.describe()}."
-        text += "".join(f" Warning: {w}" for w in result.warnings)
-        self.status.setText(text)
+        self.status.setText(status_text(result))
+        self.status.setToolTip(status_tooltip(result))
         self.sweepFinished.emit(result)
 
     @Slot(int, str)
@@ -364,6 +362,7 @@ class WhatIfView(QWidget):
         self.progress.hide()
         self.stop_button.hide()
         self.status.setText(f"The what-if sweep failed: {message}")
+        self.status.setToolTip("")
         self.sweepFailed.emit(message)
 
     # ------------------------------------------------------------------ drawing
