@@ -60,17 +60,14 @@ int32_t pick_victim_scan(const moecache & c, const LayerState & L, int64_t pin_e
 
 namespace {
 
-/* One scan: the layer's first LayerState::kFreqDepth residents in frequency eviction order
- * (pinned ones too: pins last one call, the order outlives it). */
-void build_freq_order(LayerState & L) {
-    constexpr int32_t depth = LayerState::kFreqDepth;
-    int32_t * ids = L.fq_ids;
-    for (int32_t i = 0; i < L.fq_n; ++i) {
-        L.fq_in[ids[i]] = 0;
-    }
+/* One scan of the layer's residents, less those `skip` names: the first `depth` of them in
+ * frequency eviction order into ids (insertion into a sorted prefix); returns how many. */
+template <class Skip>
+int32_t frequency_order(const LayerState & L, int32_t depth, int32_t * ids, Skip skip) {
     int32_t n = 0;
     for (const int32_t e : L.expert_of) {
-        if (e < 0 || (n == depth && !evicts_before_frequency(L, e, ids[depth - 1]))) {
+        if (e < 0 || skip(e) ||
+            (n == depth && !evicts_before_frequency(L, e, ids[depth - 1]))) {
             continue;
         }
         int32_t at = n < depth ? n++ : depth - 1;
@@ -80,6 +77,18 @@ void build_freq_order(LayerState & L) {
         }
         ids[at] = e;
     }
+    return n;
+}
+
+/* One scan: the layer's first LayerState::kFreqDepth residents in frequency eviction order
+ * (pinned ones too: pins last one call, the order outlives it). */
+void build_freq_order(LayerState & L) {
+    constexpr int32_t depth = LayerState::kFreqDepth;
+    int32_t * ids = L.fq_ids;
+    for (int32_t i = 0; i < L.fq_n; ++i) {
+        L.fq_in[ids[i]] = 0;
+    }
+    const int32_t n = frequency_order(L, depth, ids, [](int32_t) { return false; });
     for (int32_t i = 0; i < n; ++i) {
         L.fq_in[ids[i]] = 1;
     }
@@ -91,22 +100,7 @@ void build_freq_order(LayerState & L) {
 /* One scan: the first `depth` unpinned residents in frequency eviction order. */
 int32_t scan_victims(const LayerState & L, const std::vector<int64_t> & pin, int64_t pin_epoch,
                      int32_t depth, int32_t * ids) {
-    int32_t n = 0;
-    for (const int32_t e : L.expert_of) {
-        if (e < 0 || pin[e] == pin_epoch) {
-            continue;
-        }
-        if (n == depth && !evicts_before_frequency(L, e, ids[depth - 1])) {
-            continue;
-        }
-        int32_t at = n < depth ? n++ : depth - 1;
-        while (at > 0 && evicts_before_frequency(L, e, ids[at - 1])) {
-            ids[at] = ids[at - 1];
-            --at;
-        }
-        ids[at] = e;
-    }
-    return n;
+    return frequency_order(L, depth, ids, [&](int32_t e) { return pin[e] == pin_epoch; });
 }
 
 /* A small layer's next victim: the call's queue, scanned again when it runs out. */
