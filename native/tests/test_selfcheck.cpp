@@ -205,7 +205,7 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
         tr.change_policy = change_policy.data();
         std::vector<moecache_replay_config> configs;
         for (int i = 0; i < 8; ++i) {
-            for (const int32_t slots : {k, k + 3, n_experts / 4, n_experts / 2 + 1}) {
+            for (const int32_t slots : {k, k + 3, n_experts / 4, n_experts / 2 + 1, n_experts}) {
                 moecache_replay_config cfg{};
                 moecache_preset(names[i], &cfg.policy);
                 cfg.slots = std::max(k, std::min(slots, n_experts));

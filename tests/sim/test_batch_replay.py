@@ -138,7 +138,9 @@ def test_the_replay_loop_gives_the_per_call_cores_totals_to_the_bit(
     trace = read_trace(record(arch, name="trace.arrows", tokens=20, answers=2, switch_at=7))
     routing = Routing.from_trace(trace)
     k = trace.header.model.top_k
-    configs = [(None, None), *[(p, s) for p in ALL_PRESETS for s in (k, k + 2, None)]]
+    every = trace.header.model.n_expert  # every expert resident: the loop's all-hit path
+    configs = [(None, None),
+               *[(p, s) for p in ALL_PRESETS for s in (k, k + 2, None, every)]]
     fast = replay_many(routing, configs, threads=2)
     reference = replay_many(routing, configs, threads=2, keep_events=True)
     for (policy, slots), a, b in zip(configs, fast, reference, strict=True):
