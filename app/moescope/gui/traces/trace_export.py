@@ -21,7 +21,7 @@ import logging
 import threading
 from pathlib import Path
 
-from PySide6.QtCore import QObject, QSettings, QThread, Signal, Slot
+from PySide6.QtCore import QCoreApplication, QEvent, QObject, QSettings, QThread, Signal, Slot
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QFileDialog, QMainWindow, QProgressBar, QToolButton, QWidget
 
@@ -168,8 +168,8 @@ class TraceExporter(QObject):
     While one runs, the window's status bar shows its progress and a Cancel button and
     ``controls`` (the window's Export action and button) are disabled. When it ends, the
     folder is remembered and ``exported(trace, files)`` or ``failed(dest, error)`` is
-    emitted for the window to word the outcome (a cancel is said here), then always
-    ``finished(files or None)``.
+    emitted for the window to word the outcome (a cancel is said here), then, with the
+    controls enabled again, always ``finished(files or None)``.
     """
 
     exported = Signal(object, object)  # trace Path, (copy, perfetto, csv)
@@ -182,6 +182,7 @@ class TraceExporter(QObject):
         self.controls = controls
         self.job: TraceExport | None = None
         self._settings: QSettings | None = None
+        self._outcome: tuple[Path, Path, Path] | None = None
         self._closed = False
         self.bar = QProgressBar()
         self.bar.setRange(0, PROGRESS_STEPS)
@@ -239,6 +240,9 @@ class TraceExporter(QObject):
         if job is not None:
             job.cancel()
             job.wait()
+            # its last signals, queued to this thread: an export that completed before
+            # the cancel reached it is reported (and its folder remembered) like any other
+            QCoreApplication.sendPostedEvents(self, QEvent.Type.MetaCall)
             self._done(job)
 
     def _show(self, running: bool) -> None:
@@ -258,21 +262,19 @@ class TraceExporter(QObject):
     def _exported(self, files: tuple[Path, Path, Path]) -> None:
         remember_folder(self._settings, files)
         log.info("trace exported: %s, %s and %s", *files)
+        self._outcome = files
         if not self._closed and self.job is not None:
             self.exported.emit(self.job.trace, files)
-        self.finished.emit(files)
 
     @Slot(object)
     def _failed(self, err: Exception) -> None:
         if not self._closed and self.job is not None:
             self.failed.emit(self.job.dest, err)
-        self.finished.emit(None)
 
     @Slot()
     def _cancelled(self) -> None:
         if not self._closed:
             self.window.statusBar().showMessage(CANCELLED_MESSAGE, 15000)
-        self.finished.emit(None)
 
     @Slot(object)
     def _done(self, job: TraceExport) -> None:
@@ -280,6 +282,8 @@ class TraceExporter(QObject):
             return  # already joined (shutdown)
         job.wait()  # its run() has returned: the thread ends at once
         self.job = None
+        files, self._outcome = self._outcome, None
         if not self._closed:
             self._show(False)
         job.deleteLater()
+        self.finished.emit(files)
