@@ -162,3 +162,40 @@ def test_the_trace_writer_follows_the_same_rules(tmp_path: Path) -> None:
     assert link.is_symlink() and target.read_text().count("\n") == 2
     with pytest.raises(OSError):
         TraceWriter(tmp_path, header)
+
+
+def test_staged_outputs_appear_together_or_not_at_all(tmp_path: Path) -> None:
+    """Nothing at any output changes before the commit; leaving without one (a cancel, a
+    failure in a later file) removes every temporary and keeps what was there; a symlink
+    is written through and a character device gets its bytes at the commit."""
+    from moescope.util.files import OutputPathError, StagedOutputs
+
+    a, b, target = tmp_path / "a.txt", tmp_path / "b.txt", tmp_path / "target.txt"
+    a.write_text("old a")
+    target.write_text("old target")
+    (tmp_path / "link.txt").symlink_to(target)
+    with StagedOutputs() as staged:
+        tmp = staged.stage(a, lambda f: f.write(b"new a"))
+        assert tmp.read_bytes() == b"new a" and a.read_text() == "old a"
+        with pytest.raises(RuntimeError):
+            staged.stage(b, lambda f: (f.write(b"half"), _fail()))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "link.txt", "target.txt"]
+    assert a.read_text() == "old a"
+
+    with StagedOutputs() as staged:
+        staged.stage(a, lambda f: f.write(b"new a"))
+        staged.stage(tmp_path / "link.txt", lambda f: f.write(b"through"))
+        staged.stage("/dev/null", lambda f: f.write(b"gone"))
+        assert a.read_text() == "old a" and target.read_text() == "old target"
+        staged.commit()
+    assert a.read_text() == "new a" and target.read_text() == "through"
+    assert (tmp_path / "link.txt").is_symlink()
+    assert a.stat().st_mode & 0o777 == 0o666 & ~files._umask()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "link.txt", "target.txt"]
+    with StagedOutputs([a]) as staged, pytest.raises(OutputPathError):
+        staged.stage(a, lambda f: f.write(b"over an input"))
+    assert a.read_text() == "new a"
+
+
+def _fail() -> None:
+    raise RuntimeError("a later file failed")

@@ -34,3 +34,20 @@ def slow_down(window: Any, max_us: int) -> None:
     tokens are unchanged), so an answer lasts long enough to act on mid-stream."""
     assert not window.chat.generating
     window.client.worker.engine.set_copy_delay(max_us)
+
+
+def export_trace(qtbot: Any, window: Any, path: Path | str, *,
+                 timeout: int = 30_000) -> Any:
+    """File ▸ Export trace to ``path`` (it runs on a thread) and wait for it to end;
+    returns the three files, or None when it failed (the window said why)."""
+    with qtbot.waitSignal(window.traceExportFinished, timeout=timeout) as blocker:
+        assert window.export_trace(path) is not None
+    return blocker.args[0]
+
+
+def export_shown(qtbot: Any, trace_window: Any, path: Path | str, *,
+                 timeout: int = 30_000) -> Any:
+    """A trace window's Export to ``path``, waited for as :func:`export_trace`."""
+    with qtbot.waitSignal(trace_window.exportFinished, timeout=timeout) as blocker:
+        assert trace_window.export(path) is not None
+    return blocker.args[0]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gui_helpers import LONG_PROMPT, load, send, slow_down
+from gui_helpers import LONG_PROMPT, export_trace, load, send, slow_down
 
 from moescope.session.store import DONE, AnswerWriter, ChatStore
 from moescope.trace import RECORD_SUFFIX, read_trace
@@ -237,7 +237,7 @@ def test_an_export_to_a_full_disk_is_explained_and_replaces_nothing(
     assert window.export_chat(md, "md") is None
     assert dialogs.shown[-1][1] == "Could not export the chat"
     assert "No space left on device" in dialogs.shown[-1][2]
-    assert window.export_trace(trace) is None
+    assert export_trace(qtbot, window, trace) is None
     assert dialogs.shown[-1][1] == "Could not export the trace"
     assert md.read_text() == "an earlier export" and trace.read_text() == "an earlier trace"
     assert sorted(p.name for p in out.iterdir()) == ["chat.md", trace.name]

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gui_helpers import LONG_PROMPT, load, send, slow_down
+from gui_helpers import LONG_PROMPT, export_shown, export_trace, load, send, slow_down
 
 from moescope.display.trace_io import read_session
 from moescope.sim.replay import replay
@@ -55,7 +55,7 @@ def test_exported_trace_reopens_with_the_same_plots(window: Any, qtbot: Any,
     # the copy keeps the recorded format: a name saying another is renamed, not lied in
     out = tmp_path / "out"
     out.mkdir()
-    exported = window.export_trace(out / "session.jsonl")
+    exported = export_trace(qtbot, window, out / "session.jsonl")
     assert exported is not None
     copy, perfetto, tokens_csv = exported
     recorded = live_trace_file(window.trace_path)  # a journal, for a format finished at close
@@ -286,7 +286,7 @@ def test_a_session_still_recording_to_a_journal_exports_the_journal(
 
 
 def test_exporting_a_session_before_its_first_token_says_so_and_writes_nothing(
-        window: Any, dialogs: Any, tmp_path: Path, monkeypatch: Any) -> None:
+        window: Any, dialogs: Any, qtbot: Any, tmp_path: Path, monkeypatch: Any) -> None:
     """A session's journal is empty until its first token (the stream's header goes out
     with it): the export says there is nothing yet instead of failing after the copy (a
     traceback, an empty file left at the user's path, no message)."""
@@ -296,7 +296,7 @@ def test_exporting_a_session_before_its_first_token_says_so_and_writes_nothing(
     assert live_trace_file(window.trace_path).stat().st_size == 0
     out = tmp_path / "out"
     out.mkdir()
-    assert window.export_trace(out / "early.parquet") is None
+    assert export_trace(qtbot, window, out / "early.parquet") is None
     assert dialogs.shown[-1][1] == "Could not export the trace"
     assert "nothing recorded yet" in dialogs.shown[-1][2]
     asked: list[str] = []
@@ -327,7 +327,8 @@ def test_trace_dialogs_offer_every_format_and_export_the_recorded_one(
 
     monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(save))
     monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(open_))
-    window.export_trace_dialog()
+    with qtbot.waitSignal(window.traceExportFinished, timeout=30_000):
+        window.export_trace_dialog()
     title, default, filters = asked[-1]
     recorded = live_trace_file(window.trace_path)
     assert Path(default).name == f"{session_stem(recorded.name)}{trace_suffix(recorded.name)}"
@@ -422,8 +423,9 @@ def test_a_trace_window_exports_the_trace_it_shows(trace_window: Any, trace_path
     before = trace_path.read_bytes()
     trace_window.activateWindow()
     qtbot.waitUntil(trace_window.isActiveWindow, timeout=5_000)
-    qtbot.keyClick(trace_window, Qt.Key.Key_E,
-                   Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
+    with qtbot.waitSignal(trace_window.exportFinished, timeout=30_000):
+        qtbot.keyClick(trace_window, Qt.Key.Key_E,
+                       Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
     assert asked == [("Export trace", str(home / trace_path.name),
                       "MoEScope trace, JSON Lines (*.jsonl)")]
     copy = out / "old.jsonl"
@@ -440,14 +442,17 @@ def test_a_trace_window_exports_the_trace_it_shows(trace_window: Any, trace_path
     assert said == f"Trace saved to {copy}, with old.perfetto.json and old.tokens.csv", said
 
     assert trace_window.export_button.accessibleName() == "Export this trace"
-    trace_window.export_button.click()  # the button asks the same; the folder is remembered
+    assert trace_window.export_button.isEnabled()  # again, once the export is done
+    with qtbot.waitSignal(trace_window.exportFinished, timeout=30_000):
+        trace_window.export_button.click()  # it asks the same; the folder is remembered
     assert asked[-1][1] == str(out / trace_path.name)
     assert (out / "again.jsonl").read_bytes() == before
     assert (out / "again.tokens.csv").is_file() and (out / "again.perfetto.json").is_file()
 
 
 def test_a_trace_window_export_never_replaces_its_trace_and_says_why(
-        trace_window: Any, trace_path: Path, tmp_path: Path, monkeypatch: Any) -> None:
+        trace_window: Any, trace_path: Path, qtbot: Any, tmp_path: Path,
+        monkeypatch: Any) -> None:
     """Exporting onto the shown trace (or a symlink to it), into a folder that is not there,
     or cancelling the dialog writes nothing and replaces nothing; a failure is one line in
     the window's status bar, not a traceback."""
@@ -458,7 +463,7 @@ def test_a_trace_window_export_never_replaces_its_trace_and_says_why(
     link = tmp_path / "link.jsonl"
     link.symlink_to(trace_path)
     for dest in (trace_path, link, tmp_path / "missing" / "x.jsonl"):
-        assert trace_window.export(dest) is None, dest
+        assert export_shown(qtbot, trace_window, dest) is None, dest
         said = trace_window.statusBar().currentMessage()
         assert said.startswith("Could not export the trace: ") and "\n" not in said, said
         assert "Nothing was written there." in said
@@ -481,7 +486,7 @@ def test_the_session_export_remembers_its_folder_for_trace_windows(
     send(qtbot, window, "Hello there.", max_tokens=6)
     out = tmp_path / "exports"
     out.mkdir()
-    assert window.export_trace(out / "first") is not None
+    assert export_trace(qtbot, window, out / "first") is not None
     asked: list[str] = []
     monkeypatch.setattr(QFileDialog, "getSaveFileName",
                         staticmethod(lambda *a: (asked.append(a[2]), ("", ""))[1]))

@@ -101,6 +101,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
     modelFailed = Signal(str)
     traceOpened = Signal(object)  # TraceWindow
     traceFailed = Signal(str)
+    traceExportFinished = Signal(object)  # the three files, or None (failed or cancelled)
     changesApplied = Signal(object, object)  # ModelSummary, list[Change] (GUI thread)
 
     def __init__(self, *, engine: Engine | None = None, store: ChatStore | None = None,
@@ -146,6 +147,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.serve = ServeFeature(self)
         self._build_menus()
         self._build_status_bar()
+        self._build_trace_exports()
         self._connect()
         self._restore_settings()
         self.apply_preferences(read_preferences(self.settings), startup=True)
@@ -484,6 +486,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
             for opener in list(self._trace_openers):  # a trace being read: stop, join
                 opener.cancel()
                 opener.wait()
+            self.trace_exports.shutdown()  # an export: stopped, joined, nothing left of it
             for window in list(self.trace_windows):  # each closed one leaves the list
                 window.close()
             self.store.close()

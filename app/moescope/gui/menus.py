@@ -63,9 +63,11 @@ class WindowMenus(_Window):
                                     tip="Open a chat exported as JSON (by MoEScope) as a new "
                                         "chat"))
         file.addSeparator()
-        file.addAction(self._action("E&xport trace…", self.export_trace_dialog,
-                                    "Ctrl+Shift+E", "Save a copy of this session's trace, "
-                                    "with a Perfetto timeline and a CSV of every token"))
+        self.export_trace_action = self._action(
+            "E&xport trace…", self.export_trace_dialog, "Ctrl+Shift+E",
+            "Save a copy of this session's trace, with a Perfetto timeline and a CSV of "
+            "every token")
+        file.addAction(self.export_trace_action)
         file.addAction(self._action("Open &trace…", self.open_trace_dialog, "Ctrl+Shift+O"))
         self.record_action = self._action(
             "&Record session traces", self._toggle_recording,

@@ -5,18 +5,24 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from moescope.cache.native import FETCH, SUBSTITUTE
 from moescope.cache.totals import CacheTotals
 from moescope.trace.schema import Trace
-from moescope.util.files import write_atomic
+from moescope.util.files import fill_atomic
 
 # --------------------------------------------------------------------------- Perfetto
 
 _PID = 1
 _TID_TOKENS, _TID_LAYERS, _TID_SYNC, _TID_ASYNC, _TID_WAIT = 1, 2, 3, 4, 5
+
+
+Progress = Callable[[int, int], object]
+"""``progress(tokens_done, tokens)``, called after each token; an exception it raises
+stops the work (a GUI export's Cancel)."""
 
 
 def to_perfetto(trace: Trace) -> dict[str, Any]:
@@ -28,8 +34,14 @@ def to_perfetto(trace: Trace) -> dict[str, Any]:
     measured copy time per token as slices on their own tracks (sync copies, background
     copies, waits), starting at the token's start. Times are in microseconds.
     """
+    ev = [e for events in _event_groups(trace) for e in events]
+    return {"traceEvents": ev, **_closing(trace)}
+
+
+def _event_groups(trace: Trace) -> Iterator[list[dict[str, Any]]]:
+    """:func:`to_perfetto`'s events: the metadata first, then each token's."""
     h = trace.header
-    ev: list[dict[str, Any]] = [
+    yield [
         _meta("process_name", 0, {"name": f"MoEScope {h.model.file_name}"}),
         _meta("thread_name", _TID_TOKENS, {"name": "tokens"}),
         _meta("thread_name", _TID_LAYERS, {"name": "fetch / substitute"}),
@@ -39,6 +51,7 @@ def to_perfetto(trace: Trace) -> dict[str, Any]:
     ]
     t = 0.0
     for tok in trace.tokens:
+        ev: list[dict[str, Any]] = []
         dur = tok.seconds * 1e6
         rows = tok.events
         c = CacheTotals.from_events(rows)
@@ -88,12 +101,37 @@ def to_perfetto(trace: Trace) -> dict[str, Any]:
                     ev.append({"name": label, "cat": "copy", "ph": "X", "pid": _PID,
                                "tid": tid, "ts": t, "dur": float(us), "args": a})
         t += dur
+        yield ev
+
+
+def _closing(trace: Trace) -> dict[str, Any]:
+    """The document's keys after ``traceEvents``."""
+    h = trace.header
     return {
-        "traceEvents": ev, "displayTimeUnit": "ms",
+        "displayTimeUnit": "ms",
         "otherData": {"moescope_trace_version": h.version, "model": h.model.file_name,
                       "policy": h.policy.name, "budget": h.budget,
                       "slots_per_layer": h.slots_per_layer},
     }
+
+
+def dump_perfetto(trace: Trace, out: IO[bytes], progress: Progress | None = None) -> None:
+    """Write :func:`to_perfetto`'s JSON (the same bytes as ``json.dumps`` of it) to
+    ``out`` a token at a time: a long trace's million events are never one document in
+    memory nor one encoder call that holds the interpreter (a GUI export runs on a
+    thread beside the window's)."""
+    n = len(trace.tokens)
+    out.write(b'{"traceEvents": [')
+    first = True
+    for i, events in enumerate(_event_groups(trace)):
+        if events:
+            text = json.dumps(events, ensure_ascii=False)[1:-1]
+            out.write((text if first else ", " + text).encode("utf-8"))
+            first = False
+        if i and progress is not None:
+            progress(i, n)
+    rest = json.dumps(_closing(trace), ensure_ascii=False)[1:]
+    out.write(b"], " + rest.encode("utf-8"))
 
 
 def _meta(name: str, tid: int, args: dict[str, Any]) -> dict[str, Any]:
@@ -102,4 +140,4 @@ def _meta(name: str, tid: int, args: dict[str, Any]) -> dict[str, Any]:
 
 def write_perfetto(trace: Trace, path: str | os.PathLike[str]) -> Path:
     """Write :func:`to_perfetto` to ``path`` (a ``.json`` file ui.perfetto.dev opens)."""
-    return write_atomic(path, json.dumps(to_perfetto(trace), ensure_ascii=False))
+    return fill_atomic(path, lambda f: dump_perfetto(trace, f))

@@ -202,3 +202,72 @@ def copy_atomic(src: PathLike, dest: PathLike, *, inputs: Iterable[PathLike] = (
         with open(src, "rb") as s:
             shutil.copyfileobj(s, f, 1 << 20)
     return _atomic(dest, fill, [src, *inputs])
+
+
+class StagedOutputs:
+    """Several outputs that appear together or not at all: each is written whole to a
+    temporary file beside it (synced), and only :meth:`commit` renames them all over their
+    targets. Until then nothing at any output path has changed, so a failure, or a user
+    who cancels (an export that takes minutes), leaves every output as it was; leaving
+    the ``with`` block without a commit removes the temporaries.
+
+    Outputs are judged as :func:`write_atomic` judges them (never an input, a folder or a
+    block device; a symlink is written through); a FIFO or character device gets its
+    bytes at commit time, from a temporary in the system's temporary folder. A rename
+    that fails within the commit (the folder removed between two of them) can leave the
+    earlier outputs renamed: each is still a whole file.
+    """
+
+    def __init__(self, inputs: Iterable[PathLike] = ()) -> None:
+        self.inputs = list(inputs)
+        self._staged: list[tuple[Path, Path, bool]] = []  # temporary, target, regular
+
+    def __enter__(self) -> StagedOutputs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.discard()
+
+    def stage(self, dest: PathLike, fill: Callable[[IO[bytes]], None]) -> Path:
+        """Have ``fill`` write what ``dest`` will hold; returns the temporary file (which
+        may be read back until the commit)."""
+        if is_stdout(dest):
+            raise OutputPathError(errno.EINVAL, "standard output cannot take several "
+                                                "files; give a file name", os.fspath(dest))
+        check_output(dest, self.inputs)
+        target = resolve_output(dest)
+        regular = _regular_or_missing(target)
+        folder = target.parent if regular else Path(tempfile.gettempdir())
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=folder)
+        tmp = Path(name)
+        self._staged.append((tmp, target, regular))  # first: discard() removes it
+        with os.fdopen(fd, "wb") as f:
+            fill(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        return tmp
+
+    def commit(self) -> None:
+        """Put every staged file in place (the temporaries are gone after)."""
+        staged, self._staged = self._staged, []
+        try:
+            while staged:
+                tmp, target, regular = staged[0]
+                if regular:
+                    os.replace(tmp, target)
+                else:
+                    fd = os.open(target, os.O_WRONLY | os.O_NOCTTY)
+                    with os.fdopen(fd, "wb") as out, open(tmp, "rb") as src:
+                        shutil.copyfileobj(src, out, 1 << 20)
+                    os.unlink(tmp)
+                staged.pop(0)
+        finally:
+            self._staged = staged + self._staged  # what was not put in place: discarded
+
+    def discard(self) -> None:
+        """Remove the temporaries not committed (every output stays as it was)."""
+        staged, self._staged = self._staged, []
+        for tmp, _, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)

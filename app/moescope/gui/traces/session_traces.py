@@ -16,7 +16,12 @@ from PySide6.QtCore import QTimer, Slot
 from PySide6.QtWidgets import QFileDialog, QProgressDialog
 
 from moescope.display.trace_io import ReopenedTrace, nothing_recorded
-from moescope.gui.traces.trace_export import ask_export_path, export_trace_files, saved_message
+from moescope.gui.traces.trace_export import (
+    TraceExport,
+    TraceExporter,
+    ask_export_path,
+    saved_message,
+)
 from moescope.gui.traces.trace_opener import PROGRESS_STEPS, TraceOpener
 from moescope.gui.traces.trace_window import TraceWindow
 from moescope.trace.names import (
@@ -42,6 +47,13 @@ RELEASE_DELAY_MS = 500
 
 class SessionTraces(_Window):
     """Recording toggle, trace export, and reopened trace windows."""
+
+    def _build_trace_exports(self) -> None:
+        self.trace_exports = TraceExporter(self, [self.export_trace_action])
+        """Runs File ▸ Export trace on a thread (the action is disabled meanwhile)."""
+        self.trace_exports.exported.connect(self._trace_exported)
+        self.trace_exports.failed.connect(self._trace_export_failed)
+        self.trace_exports.finished.connect(self.traceExportFinished)
 
     def _toggle_recording(self, on: bool) -> None:
         """Off stops the session's recording at once (at the next token mid-answer); on
@@ -79,29 +91,28 @@ class SessionTraces(_Window):
         if path:
             self.export_trace(path)
 
-    def export_trace(self, path: str | Path) -> tuple[Path, Path, Path] | None:
-        """Copy the session's trace to ``path`` (named with the recorded format's suffix)
-        and write Perfetto JSON and a per-token CSV next to it; None (and the user told) if
-        writing failed.
+    def export_trace(self, path: str | Path) -> TraceExport | None:
+        """Start copying the session's trace to ``path`` (named with the recorded format's
+        suffix) and writing Perfetto JSON and a per-token CSV next to it, on a thread;
+        ``traceExportFinished`` says how it ended (the status bar, or a message box for a
+        failure, tells the user). None while another export runs.
 
-        Read from the file as it is, on this thread: the worker puts each answer's last
-        token on disk before it reports the answer finished, so between answers the file is
-        whole; mid-answer the copy ends at the tokens written so far (a line being written
-        reads as a cut-off tail, which the reader accepts)."""
+        Read from the file as it is: the worker puts each answer's last token on disk
+        before it reports the answer finished, so between answers the file is whole;
+        mid-answer the copy ends at the tokens written so far (a line being written reads
+        as a cut-off tail, which the reader accepts)."""
         if self.trace_path is None:
             raise MoEScopeError("this session is not being recorded")
-        try:
-            files = export_trace_files(self.trace_path, path, self.settings)
-        except OSError as err:
-            self._export_failed("trace", path, err)
-            return None
-        except MoEScopeError as err:  # nothing recorded yet, or a trace that does not read
+        return self.trace_exports.start(self.trace_path, path, self.settings)
+
+    def _trace_exported(self, trace: Path, files: tuple[Path, Path, Path]) -> None:
+        self.statusBar().showMessage(saved_message(trace, files), 15000)
+
+    def _trace_export_failed(self, dest: Path, err: Exception) -> None:
+        if isinstance(err, OSError):
+            self._export_failed("trace", dest, err)
+        else:  # nothing recorded yet, or a trace that does not read
             self.show_error("Could not export the trace", str(err))
-            return None
-        trace, perfetto, csv = files
-        log.info("trace exported: %s, %s and %s", trace, perfetto.name, csv.name)
-        self.statusBar().showMessage(saved_message(self.trace_path, files), 15000)
-        return files
 
     def open_trace_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(

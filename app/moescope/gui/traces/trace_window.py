@@ -8,7 +8,8 @@ replays the trace under other policies and budgets, prefetch accuracy included.
 
 Export… (Ctrl+Shift+E) writes the shown trace as File ▸ Export trace writes the session's
 (:mod:`moescope.gui.traces.trace_export`): an older trace is exported from here, not only
-with ``moescope replay``. Its outcome is one line in the window's status bar.
+with ``moescope replay``. It runs on a thread (:class:`TraceExporter`), with its progress
+and a Cancel button in the window's status bar, and its outcome is one line there.
 """
 
 from __future__ import annotations
@@ -30,10 +31,14 @@ from PySide6.QtWidgets import (
 
 from moescope.display.trace_io import PREFETCH_SESSION_TIP, ReopenedTrace, prefetch_overview
 from moescope.gui.cache.panel import CachePanel
-from moescope.gui.traces.trace_export import ask_export_path, export_trace_files, saved_message
+from moescope.gui.traces.trace_export import (
+    TraceExport,
+    TraceExporter,
+    ask_export_path,
+    saved_message,
+)
 from moescope.gui.traces.whatif_view import WhatIfView
 from moescope.gui.widgets.screen_fit import resize_within_screen
-from moescope.util.errors import MoEScopeError
 
 log = logging.getLogger("moescope.gui")
 
@@ -49,6 +54,9 @@ EMPTY_TRACE = ("This trace holds no tokens yet. A session's trace begins when th
 class TraceWindow(QMainWindow):
     closed = Signal(object)
     """This window, once closed: whoever opened it frees it (it holds the whole trace)."""
+    exportFinished = Signal(object)
+    """An export ended: its three files, or None (failed or cancelled; the status bar
+    says which)."""
 
     def __init__(self, path: str | Path, reopened: ReopenedTrace,
                  parent: QWidget | None = None, *,
@@ -128,6 +136,11 @@ class TraceWindow(QMainWindow):
         self.export_action.triggered.connect(self.export_dialog)
         self.addAction(self.export_action)
         self.statusBar()  # made now: the first export's message must not resize the window
+        self.exports = TraceExporter(self, [self.export_action, self.export_button])
+        """Runs this window's exports on a thread; Export is disabled while one runs."""
+        self.exports.exported.connect(self._exported)
+        self.exports.failed.connect(self._export_failed)
+        self.exports.finished.connect(self.exportFinished)
 
     def export_dialog(self) -> None:
         """Ask where to export the shown trace, then export it (nothing when cancelled)."""
@@ -135,28 +148,30 @@ class TraceWindow(QMainWindow):
         if path:
             self.export(path)
 
-    def export(self, path: str | Path) -> tuple[Path, Path, Path] | None:
-        """Write the shown trace, Perfetto JSON and a per-token CSV at ``path`` (the trace
-        named with its format's suffix), read from the file as it is now; None, and the
-        reason in the status bar, if nothing could be written."""
-        try:
-            files = export_trace_files(self.path, path, self.settings)
-        except OSError as err:
-            reason = f"{Path(path)}: {err.strerror or err}. Nothing was written there."
-        except MoEScopeError as err:  # a trace no longer readable, or with no token
+    def export(self, path: str | Path) -> TraceExport | None:
+        """Start writing the shown trace, Perfetto JSON and a per-token CSV at ``path``
+        (the trace named with its format's suffix), read from the file as it is now, on a
+        thread; ``exportFinished`` says how it ended (the status bar says it to the user).
+        None while another export runs."""
+        return self.exports.start(self.path, path, self.settings)
+
+    def _exported(self, trace: Path, files: tuple[Path, Path, Path]) -> None:
+        self.statusBar().showMessage(saved_message(trace, files), STATUS_MS)
+
+    def _export_failed(self, dest: Path, err: Exception) -> None:
+        if isinstance(err, OSError):
+            reason = f"{dest}: {err.strerror or err}. Nothing was written there."
+        else:  # a trace no longer readable, or with no token
             reason = str(err)
-        else:
-            log.info("trace exported: %s, %s and %s", *files)
-            self.statusBar().showMessage(saved_message(self.path, files), STATUS_MS)
-            return files
         message = f"Could not export the trace: {reason}"
         log.error("%s", message)
         self.statusBar().showMessage(" ".join(message.split()), STATUS_MS)
-        return None
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        """Join the what-if sweep's thread: a QThread must not outlive its window."""
+        """Join the what-if sweep's and the export's threads: a QThread must not outlive its
+        window (an export is cancelled: nothing of it is left)."""
         self.whatif.shutdown()
+        self.exports.shutdown()
         super().closeEvent(event)
         if event.isAccepted():
             self.closed.emit(self)
