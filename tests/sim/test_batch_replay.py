@@ -222,3 +222,33 @@ def test_a_plan_is_refused_for_another_trace(record: RecordFn) -> None:
     assert a.plan is not None and a.plan is not plan
     for name in REPLAY_FIELDS:
         assert np.array_equal(moved.per_token[name], again[0][name]), name
+
+
+def test_batches_on_two_threads_make_one_plan(record: RecordFn,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two what-ifs starting together on one routing share one plan (made under the
+    routing's lock) and give the same results."""
+    import threading
+
+    from moescope.cache.batch import ReplayPlan
+
+    routing = Routing.from_trace(read_trace(record("qwen3moe", name="trace.arrows",
+                                                   tokens=12)))
+    made: list[int] = []
+    make = ReplayPlan.make
+
+    def counted(*args: object, **kwargs: object) -> ReplayPlan | None:
+        made.append(1)
+        return make(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ReplayPlan, "make", counted)
+    got: list[list[ReplayResult]] = []
+    threads = [threading.Thread(target=lambda: got.append(replay_many(routing, CONFIGS[1:])))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1 and routing.plan is not None and len(got) == 2
+    for a, b in zip(*got, strict=True):
+        assert a.per_token.tobytes() == b.per_token.tobytes()
