@@ -268,8 +268,13 @@ int32_t rank_row(const float * row, int32_t n, uint64_t * keys, int32_t * idx, u
     return m;
 }
 
-/* The trace's ranking, or one made for this call (none where it cannot be: then scans). */
-struct Ranking {
+}  // namespace
+
+namespace moecache_core {
+
+/* The trace's ranking, or one made for this call or plan (none where it cannot be: then
+ * scans). Named, not in the anonymous namespace: a kept plan holds one. */
+struct BatchRanking {
     std::vector<uint16_t> own_ranks;
     std::vector<uint8_t> own_counts;
     std::vector<float> own_selected;
@@ -277,6 +282,12 @@ struct Ranking {
     const uint8_t * counts = nullptr;
     const float * selected = nullptr;
 };
+
+}  // namespace moecache_core
+
+namespace {
+
+using Ranking = moecache_core::BatchRanking;
 
 /* One configuration, start to end. Returns MOECACHE_OK or the first error. */
 int32_t replay_one(const moecache_replay_trace & t, const moecache_replay_config & cfg,
@@ -567,7 +578,7 @@ int32_t run_batch(const moecache_replay_trace & trace, const moecache_replay_con
  * replay loop's packed rows (NULL where the loop can take no configuration). */
 struct moecache_replay_plan {
     moecache_replay_trace key{};
-    Ranking ranking;
+    moecache_core::BatchRanking ranking;
     bool ids_valid = false;
     std::unique_ptr<moecache_core::FastPlan, void (*)(moecache_core::FastPlan *)> fast{
         nullptr, moecache_core::fast_plan_free};
