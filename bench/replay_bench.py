@@ -13,12 +13,14 @@ core) and measures, as medians of ``--reps``:
   wall clock (median) and CPU time (best of at least 3), and CPU time with every event row
   read (``Trace.events()``: version 2 lays them out when first read); with
   ``Routing.from_trace`` too (a Parquet trace decodes its probabilities there);
-* the shared substitute ranking (``Routing.substitute_ranking``, once per trace, 2 threads);
+* the shared substitute ranking (``Routing.substitute_ranking``, once per trace, 2 threads)
+  and the kept replay plan (``Routing.replay_plan``, once per trace, 2 threads: the rows
+  validated and packed for the replay loop), with the plan's bytes per row;
 * replay layer-decisions per second on one core (8 policies, one thread), wall clock and
-  CPU time (best of the reps), the ranking already made;
+  CPU time (best of the reps), the ranking and the plan already made;
 * an 8-policy x 6-budget what-if (``moescope.sim.sweep`` with the ``pcie4`` cost model)
-  over the ``--tokens`` trace on 2 threads, with and without laying out the routing and
-  ranking it;
+  over the ``--tokens`` trace on 2 threads, with and without laying out the routing,
+  ranking it and making its plan;
 * the window's what-if (``whatif_model.compute``: the same grid plus the recorded point,
   from the trace, routing laid out and ranked inside, progress polled at 20 Hz) as one
   watched batch, beside the pattern the window used before (one sweep per budget, then the
@@ -46,7 +48,7 @@ sys.path.insert(0, str(REPO / "app"))
 
 from moescope.display import whatif_model  # noqa: E402
 from moescope.sim import cost_model  # noqa: E402
-from moescope.sim.replay import Routing, replay_many  # noqa: E402
+from moescope.sim.replay import Routing, native_trace, replay_many  # noqa: E402
 from moescope.sim.sweep import RECORDED, sweep  # noqa: E402
 from moescope.trace import read_trace  # noqa: E402
 from moescope.trace.parquet_format import compact  # noqa: E402
@@ -107,7 +109,7 @@ def window_whatif(trace, reps: int) -> list[tuple[str, str]]:  # type: ignore[no
     cpus: dict[str, list[float]] = {"batch": [], "budgets": [], "kept": []}
     counts: dict[str, tuple[int, int]] = {}
     kept = Routing.from_trace(trace)
-    kept.substitute_ranking()
+    kept.replay_plan(native_trace(kept, kept.substitute_ranking())[0])
     gaps: dict[str, list[float]] = {"batch": [], "budgets": [], "kept": []}
     for _ in range(reps):
         for name, fn in (("budgets", lambda: per_budget(trace, "pcie4")),
@@ -128,7 +130,8 @@ def window_whatif(trace, reps: int) -> list[tuple[str, str]]:  # type: ignore[no
     out = []
     for name, label in (("budgets", "window's what-if before: a sweep per budget + recorded"),
                         ("batch", "window's what-if now: compute, one watched batch"),
-                        ("kept", "same, a later sweep (the worker's routing and ranking kept)")):
+                        ("kept", "same, a later sweep (the worker's routing, ranking and plan "
+                                 "kept)")):
         w, c = statistics.median(walls[name]), statistics.mean(cpus[name])
         g = sorted(gaps[name])
         out.append((f"{label} ({counts[name][0]} configurations, {counts[name][1]} progress "
@@ -237,11 +240,21 @@ def main() -> int:
     ck = time.process_time() - c0
     rows.append(("substitute ranking, once per trace (2 threads)",
                  f"{tk:.2f} s wall, {ck:.2f} s CPU"))
+    ct, keep = native_trace(routing, routing.substitute_ranking())
+    c0 = time.process_time()
+    tp, plan = timed(lambda: routing.replay_plan(ct, threads=2), 1)
+    cp = time.process_time() - c0
+    del keep
+    plan_bytes = plan.nbytes / routing.n_rows if plan is not None else 0.0  # type: ignore[attr-defined]
+    rows.append(("replay plan, once per trace (2 threads)",
+                 f"{tp:.2f} s wall, {cp:.2f} s CPU; kept: {plan_bytes:,.0f} B a row "
+                 f"({plan_bytes * routing.n_rows / 2**20:,.0f} MiB; the probabilities "
+                 f"{routing.probs.nbytes / routing.n_rows:,.0f} B a row)"))
     one_core = [(p, 128) for p in POLICIES]
     t1c, _ = timed(lambda: replay_many(routing, one_core, threads=1), args.reps)
     c1c = cpu_best(lambda: replay_many(routing, one_core, threads=1), args.reps)
     decisions = routing.n_rows * len(one_core)
-    rows.append(("replay, 8 policies at 128 slots, 1 thread",
+    rows.append(("replay, 8 policies at 128 slots, 1 thread (ranking and plan kept)",
                  f"{t1c:.2f} s = {decisions / t1c / 1e6:.2f} M layer-decisions/s wall; "
                  f"{c1c:.2f} s = {decisions / c1c / 1e6:.2f} M/s CPU"))
     cost = cost_model("pcie4", trace)  # type: ignore[arg-type]
@@ -249,11 +262,13 @@ def main() -> int:
     tw, result = timed(lambda: sweep(trace, POLICIES, BUDGETS, cost, routing=routing,  # type: ignore[arg-type]
                                      threads=2), args.reps)
     cw = (time.process_time() - c0) / args.reps
-    rows.append((f"what-if 8 policies x 6 budgets, {args.tokens} tokens, 2 threads",
+    rows.append((f"what-if 8 policies x 6 budgets, {args.tokens} tokens, 2 threads (ranking "
+                 "and plan kept)",
                  f"{tw:.2f} s wall ({routing.n_rows * 48 / tw / 1e6:.1f} M layer-decisions/s), "
                  f"{cw:.2f} s CPU"))
-    rows.append(("same, including the ranking", f"{tw + tk:.2f} s"))
-    rows.append(("same, including Routing.from_trace and the ranking", f"{tw + tk + tl:.2f} s"))
+    rows.append(("same, including the ranking and the plan", f"{tw + tk + tp:.2f} s"))
+    rows.append(("same, including Routing.from_trace, the ranking and the plan",
+                 f"{tw + tk + tp + tl:.2f} s"))
     rows.extend(window_whatif(trace, args.reps))
     print(f"trace: {args.tokens} tokens x 48 layers x 512 experts, top-10, f32 router "
           f"inputs, PSR predictions (32 ranks) on every row; files in {work}")

@@ -418,6 +418,43 @@ MOECACHE_API int32_t moecache_replay_batch_ctl(const moecache_replay_trace * tra
                                                moecache_event * events,
                                                moecache_replay_control * ctl);
 
+/* A trace's replay plan: the per-trace work every batch call would otherwise redo, made
+ * once and kept beside the trace (as its ranking is) for any number of later batches of any
+ * configurations: the trace validated (every row's predictions and router ids), and the
+ * rows the replay loop reads packed layer by layer (ids, gate weights, ranking, the
+ * selection's and the ranked experts' probabilities, predictions). Without the trace's own
+ * ranking (ranks NULL) the plan ranks the rows itself and keeps that too. What it holds is
+ * a copy: 12 * top_k + 257 bytes a row (4 * top_k + 129 more without the trace's ranking),
+ * and up to 104 + 4 * pred_width bytes a route call (moecache_replay_plan_bytes says exactly;
+ * 605 bytes a row at top-10, 32 predictions and a call a row, beside 2,048 bytes of
+ * probabilities at 512 experts).
+ * Opaque; read-only once made, so batches on several threads may share one. */
+typedef struct moecache_replay_plan moecache_replay_plan;
+
+/* The plan of `trace`, on up to n_threads threads (<= 0: one per core). NULL for a trace
+ * moecache_replay_batch would refuse (MOECACHE_E_ARG), or no memory. The plan is bound to
+ * the trace's row and call arrays as they are now (their addresses and contents) and to its
+ * dimensions and initial step; start_slots, start_policy, expert_bytes and the changes may
+ * differ from one batch to the next. */
+MOECACHE_API moecache_replay_plan * moecache_replay_plan_new(const moecache_replay_trace * trace,
+                                                             int32_t n_threads);
+MOECACHE_API void moecache_replay_plan_free(moecache_replay_plan * plan);
+/* The memory the plan holds, in bytes (0 for NULL). */
+MOECACHE_API int64_t moecache_replay_plan_bytes(const moecache_replay_plan * plan);
+
+/* moecache_replay_batch_ctl over `plan`, made by moecache_replay_plan_new for this trace:
+ * the same results to the bit, without validating the rows again or packing them. Returns
+ * MOECACHE_E_ARG (nothing replayed) for a plan made for another trace (other dimensions,
+ * initial step or arrays) and for what moecache_replay_batch_ctl refuses; the rows must
+ * hold what they held when the plan was made (the plan cannot see a change in place). */
+MOECACHE_API int32_t moecache_replay_batch_plan(const moecache_replay_trace * trace,
+                                                const moecache_replay_plan * plan,
+                                                const moecache_replay_config * configs,
+                                                int32_t n_configs, int32_t n_threads,
+                                                moecache_replay_token * out,
+                                                moecache_event * events,
+                                                moecache_replay_control * ctl);
+
 #ifdef __cplusplus
 }
 #endif

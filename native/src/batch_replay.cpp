@@ -81,7 +81,9 @@ Totals sum_stats(const moecache & c) {
     return t;
 }
 
-bool trace_valid(const moecache_replay_trace & t) {
+/* Whether the trace's shape is one a batch can walk: its dimensions, pointers, calls,
+ * tokens and changes (linear in calls and changes, not rows; preds_valid checks the rows). */
+bool shape_valid(const moecache_replay_trace & t) {
     if (t.n_layers < 1 || t.n_experts < 1 || t.top_k < 1 || t.top_k > MOECACHE_MAX_K ||
         t.top_k > t.n_experts || t.n_rows < 0 || t.n_calls < 0 || t.n_tokens < 0 ||
         t.n_changes < 0 || t.pred_width < 0 || t.initial_step < 0 ||
@@ -125,6 +127,12 @@ bool trace_valid(const moecache_replay_trace & t) {
             return false;
         }
     }
+    return moecache_core::policy_valid(t.start_policy) && t.start_slots >= t.top_k &&
+           t.start_slots <= t.n_experts;
+}
+
+/* Whether every row's prediction names a layer and experts that exist. */
+bool preds_valid(const moecache_replay_trace & t) {
     if (t.pred_width > 0) {
         for (int64_t r = 0; r < t.n_rows; ++r) {
             const int32_t nl = t.next_layer[r];
@@ -139,8 +147,11 @@ bool trace_valid(const moecache_replay_trace & t) {
             }
         }
     }
-    return moecache_core::policy_valid(t.start_policy) && t.start_slots >= t.top_k &&
-           t.start_slots <= t.n_experts;
+    return true;
+}
+
+bool trace_valid(const moecache_replay_trace & t) {
+    return shape_valid(t) && preds_valid(t);
 }
 
 /* Whether every row's ids are distinct experts (what each route call checks first): only
@@ -257,8 +268,13 @@ int32_t rank_row(const float * row, int32_t n, uint64_t * keys, int32_t * idx, u
     return m;
 }
 
-/* The trace's ranking, or one made for this call (none where it cannot be: then scans). */
-struct Ranking {
+}  // namespace
+
+namespace moecache_core {
+
+/* The trace's ranking, or one made for this call or plan (none where it cannot be: then
+ * scans). Named, not in the anonymous namespace: a kept plan holds one. */
+struct BatchRanking {
     std::vector<uint16_t> own_ranks;
     std::vector<uint8_t> own_counts;
     std::vector<float> own_selected;
@@ -266,6 +282,12 @@ struct Ranking {
     const uint8_t * counts = nullptr;
     const float * selected = nullptr;
 };
+
+}  // namespace moecache_core
+
+namespace {
+
+using Ranking = moecache_core::BatchRanking;
 
 /* One configuration, start to end. Returns MOECACHE_OK or the first error. */
 int32_t replay_one(const moecache_replay_trace & t, const moecache_replay_config & cfg,
@@ -417,6 +439,168 @@ int32_t replay_one(const moecache_replay_trace & t, const moecache_replay_config
     return MOECACHE_OK;
 }
 
+bool configs_valid(const moecache_replay_trace & t, const moecache_replay_config * configs,
+                   int32_t n_configs) {
+    for (int32_t i = 0; i < n_configs; ++i) {
+        const moecache_replay_config & cfg = configs[i];
+        const bool slots_ok = cfg.slots == 0 || (cfg.slots >= t.top_k && cfg.slots <= t.n_experts);
+        if (!slots_ok || (!cfg.follow_policy && !moecache_core::policy_valid(cfg.policy))) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* A batch that will run: `out` cleared and the control's counts started again. */
+moecache_core::ReplayTicker start_batch(const moecache_replay_trace & t, int32_t n_configs,
+                                        moecache_replay_token * out,
+                                        moecache_replay_control * ctl) {
+    std::memset(out, 0, sizeof(moecache_replay_token) * static_cast<size_t>(t.n_tokens) *
+                            static_cast<size_t>(n_configs));
+    if (ctl != nullptr) {
+        ctl->configs_done.store(0);
+        ctl->units_done.store(0);
+        ctl->units_total.store(static_cast<int64_t>(n_configs) * t.n_layers);
+    }
+    return moecache_core::ReplayTicker{ctl};
+}
+
+/* The rows ranked for this call or plan (left unranked where they cannot be: then scans). */
+void rank_own(const moecache_replay_trace & t, int32_t n_threads, Ranking & ranking) {
+    if (t.n_rows <= 0 || t.n_experts >= 0xFFFF) {
+        return;
+    }
+    try {
+        const size_t rows = static_cast<size_t>(t.n_rows);
+        ranking.own_ranks.resize(rows * MOECACHE_RANK_WIDTH);
+        ranking.own_counts.resize(rows);
+        ranking.own_selected.resize(rows * static_cast<size_t>(t.top_k));
+        if (moecache_rank_rows(t.probs, t.ids, t.n_rows, t.n_experts, t.top_k, n_threads,
+                               ranking.own_ranks.data(), ranking.own_counts.data(),
+                               ranking.own_selected.data()) == MOECACHE_OK) {
+            ranking.ranks = ranking.own_ranks.data();
+            ranking.counts = ranking.own_counts.data();
+            ranking.selected = ranking.own_selected.data();
+        }
+    } catch (...) {  // bad_alloc: the configurations scan instead
+        ranking = Ranking();
+    }
+}
+
+moecache_replay_trace with_ranking(const moecache_replay_trace & t, const Ranking & ranking) {
+    moecache_replay_trace ranked = t;
+    ranked.ranks = ranking.ranks;
+    ranked.rank_counts = ranking.counts;
+    ranked.selected_probs = ranking.selected;
+    return ranked;
+}
+
+/* Every configuration of a validated batch, on `workers` threads, with the trace's ranking,
+ * whether its ids are valid, and the replay loop's plan (NULL: the per-call core only). */
+int32_t run_batch(const moecache_replay_trace & trace, const moecache_replay_config * configs,
+                  int32_t n_configs, int32_t workers, moecache_replay_token * out,
+                  moecache_event * events, moecache_replay_control * ctl,
+                  const Ranking & ranking, bool ids_valid, const moecache_core::FastPlan * plan) {
+    const moecache_core::ReplayTicker watch{ctl};
+    const size_t n_tokens = static_cast<size_t>(trace.n_tokens);
+    const moecache_replay_trace ranked = with_ranking(trace, ranking);
+    /* the likely longest first, so that the threads finish together: fewer slots, then
+     * frequency eviction, prefetching and substitution (each result keeps its place) */
+    std::vector<int32_t> order(static_cast<size_t>(n_configs));
+    std::vector<double> cost(order.size());
+    for (int32_t i = 0; i < n_configs; ++i) {
+        const moecache_replay_config & cfg = configs[i];
+        const moecache_policy & p = cfg.follow_policy ? trace.start_policy : cfg.policy;
+        const int32_t slots = cfg.slots != 0 ? cfg.slots : trace.start_slots;
+        cost[static_cast<size_t>(i)] =
+            (p.miss_rule != MOECACHE_FETCH_ALL ? 2.0 : 1.0) *
+            (p.eviction == MOECACHE_EVICT_FREQUENCY ? 1.5 : 1.0) *
+            (p.prefetch != 0 && trace.pred_width > 0 ? 1.5 : 1.0) *
+            (p.miss_rule == MOECACHE_ROUTING_BONUS ? 1.3 : 1.0) /
+            std::sqrt(static_cast<double>(std::max(slots, 1)));
+        order[static_cast<size_t>(i)] = i;
+    }
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+        return cost[static_cast<size_t>(a)] > cost[static_cast<size_t>(b)];
+    });
+    if (watch.cancelled()) {
+        return MOECACHE_E_CANCELLED;
+    }
+    std::atomic<int32_t> next{0};
+    std::atomic<int32_t> finished{0};
+    std::vector<int32_t> codes(static_cast<size_t>(std::max(n_configs, 1)), MOECACHE_OK);
+    auto work = [&]() {
+        std::unique_ptr<moecache_core::FastWorkspace, void (*)(moecache_core::FastWorkspace *)>
+            workspace(nullptr, moecache_core::fast_workspace_free);
+        for (int32_t at = next++; at < n_configs && !watch.cancelled(); at = next++) {
+            const int32_t i = order[static_cast<size_t>(at)];
+            moecache_core::ReplayTicker ticker{ctl};
+            try {
+                if (!workspace) {
+                    workspace.reset(moecache_core::fast_workspace_new());
+                }
+                codes[static_cast<size_t>(i)] = replay_one(
+                    trace, configs[i], ranking, ranked, plan, ids_valid,
+                    out + static_cast<size_t>(i) * n_tokens,
+                    events != nullptr ? events + static_cast<int64_t>(i) * trace.n_rows
+                                      : nullptr,
+                    *workspace, ticker);
+            } catch (...) {  // bad_alloc: this configuration fails, the others go on
+                codes[static_cast<size_t>(i)] = MOECACHE_E_ARG;
+            }
+            if (codes[static_cast<size_t>(i)] == MOECACHE_E_CANCELLED) {
+                break;
+            }
+            /* a configuration that failed early still counts whole */
+            ticker.layer_done(trace.n_layers - ticker.units);
+            ++finished;
+            if (ctl != nullptr) {
+                ctl->configs_done.fetch_add(1, std::memory_order_relaxed);
+            }
+        }
+    };
+    run_workers(workers, work);
+    if (finished.load() < n_configs) {  // only a cancel leaves a configuration undone
+        return MOECACHE_E_CANCELLED;
+    }
+    for (const int32_t code : codes) {
+        if (code != MOECACHE_OK) {
+            return code;
+        }
+    }
+    return MOECACHE_OK;
+}
+
+}  // namespace
+
+/* A trace's kept plan (moecache_replay_plan_new): the trace as it was planned (dimensions
+ * and array addresses, to recognise it), its ranking, whether its ids are valid, and the
+ * replay loop's packed rows (NULL where the loop can take no configuration). */
+struct moecache_replay_plan {
+    moecache_replay_trace key{};
+    moecache_core::BatchRanking ranking;
+    bool ids_valid = false;
+    std::unique_ptr<moecache_core::FastPlan, void (*)(moecache_core::FastPlan *)> fast{
+        nullptr, moecache_core::fast_plan_free};
+};
+
+namespace {
+
+/* Whether `plan` was made for `t`: the same dimensions, initial step and row and call
+ * arrays (the ranking's included); constant time. */
+bool plan_matches(const moecache_replay_plan & plan, const moecache_replay_trace & t) {
+    const moecache_replay_trace & k = plan.key;
+    return k.n_layers == t.n_layers && k.n_experts == t.n_experts && k.top_k == t.top_k &&
+           k.pred_width == t.pred_width && k.initial_step == t.initial_step &&
+           k.n_rows == t.n_rows && k.n_calls == t.n_calls && k.n_tokens == t.n_tokens &&
+           k.probs == t.probs && k.ids == t.ids && k.weights == t.weights &&
+           k.next_layer == t.next_layer && k.predicted == t.predicted &&
+           k.call_step == t.call_step && k.call_layer == t.call_layer &&
+           k.call_start == t.call_start && k.call_stop == t.call_stop &&
+           k.token_calls == t.token_calls && k.ranks == t.ranks &&
+           k.rank_counts == t.rank_counts && k.selected_probs == t.selected_probs;
+}
+
 }  // namespace
 
 extern "C" {
@@ -500,25 +684,10 @@ int32_t moecache_replay_batch_ctl(const moecache_replay_trace * trace,
                                   int32_t n_threads, moecache_replay_token * out,
                                   moecache_event * events, moecache_replay_control * ctl) {
     if (trace == nullptr || configs == nullptr || out == nullptr || n_configs < 0 ||
-        !trace_valid(*trace)) {
+        !trace_valid(*trace) || !configs_valid(*trace, configs, n_configs)) {
         return MOECACHE_E_ARG;
     }
-    for (int32_t i = 0; i < n_configs; ++i) {
-        const moecache_replay_config & cfg = configs[i];
-        const bool slots_ok = cfg.slots == 0 ||
-                              (cfg.slots >= trace->top_k && cfg.slots <= trace->n_experts);
-        if (!slots_ok || (!cfg.follow_policy && !moecache_core::policy_valid(cfg.policy))) {
-            return MOECACHE_E_ARG;
-        }
-    }
-    const size_t n_tokens = static_cast<size_t>(trace->n_tokens);
-    std::memset(out, 0, sizeof(moecache_replay_token) * n_tokens * static_cast<size_t>(n_configs));
-    const moecache_core::ReplayTicker watch{ctl};
-    if (ctl != nullptr) {
-        ctl->configs_done.store(0);
-        ctl->units_done.store(0);
-        ctl->units_total.store(static_cast<int64_t>(n_configs) * trace->n_layers);
-    }
+    const moecache_core::ReplayTicker watch = start_batch(*trace, n_configs, out, ctl);
     if (watch.cancelled()) {
         return MOECACHE_E_CANCELLED;
     }
@@ -529,32 +698,14 @@ int32_t moecache_replay_batch_ctl(const moecache_replay_trace * trace,
         ranking.ranks = trace->ranks;
         ranking.counts = trace->rank_counts;
         ranking.selected = trace->selected_probs;
-    } else if (may_substitute(*trace, configs, n_configs) && trace->n_rows > 0 &&
-               trace->n_experts < 0xFFFF) {
-        try {
-            const size_t rows = static_cast<size_t>(trace->n_rows);
-            ranking.own_ranks.resize(rows * MOECACHE_RANK_WIDTH);
-            ranking.own_counts.resize(rows);
-            ranking.own_selected.resize(rows * static_cast<size_t>(trace->top_k));
-            if (moecache_rank_rows(trace->probs, trace->ids, trace->n_rows, trace->n_experts,
-                                   trace->top_k, n_threads, ranking.own_ranks.data(),
-                                   ranking.own_counts.data(),
-                                   ranking.own_selected.data()) == MOECACHE_OK) {
-                ranking.ranks = ranking.own_ranks.data();
-                ranking.counts = ranking.own_counts.data();
-                ranking.selected = ranking.own_selected.data();
-            }
-        } catch (...) {  // bad_alloc: the configurations scan instead
-        }
+    } else if (may_substitute(*trace, configs, n_configs)) {
+        rank_own(*trace, n_threads, ranking);
     }
     if (watch.cancelled()) {
         return MOECACHE_E_CANCELLED;
     }
     /* the trace with its ranking, and the replay loop's plan where a configuration takes it */
-    moecache_replay_trace ranked = *trace;
-    ranked.ranks = ranking.ranks;
-    ranked.rank_counts = ranking.counts;
-    ranked.selected_probs = ranking.selected;
+    const moecache_replay_trace ranked = with_ranking(*trace, ranking);
     const bool ids_valid = events == nullptr && rows_valid(*trace);
     std::unique_ptr<moecache_core::FastPlan, void (*)(moecache_core::FastPlan *)> plan(
         nullptr, moecache_core::fast_plan_free);
@@ -568,71 +719,76 @@ int32_t moecache_replay_batch_ctl(const moecache_replay_trace * trace,
             }
         }
     }
-    /* the likely longest first, so that the threads finish together: fewer slots, then
-     * frequency eviction, prefetching and substitution (each result keeps its place) */
-    std::vector<int32_t> order(static_cast<size_t>(n_configs));
-    std::vector<double> cost(order.size());
-    for (int32_t i = 0; i < n_configs; ++i) {
-        const moecache_replay_config & cfg = configs[i];
-        const moecache_policy & p = cfg.follow_policy ? trace->start_policy : cfg.policy;
-        const int32_t slots = cfg.slots != 0 ? cfg.slots : trace->start_slots;
-        cost[static_cast<size_t>(i)] =
-            (p.miss_rule != MOECACHE_FETCH_ALL ? 2.0 : 1.0) *
-            (p.eviction == MOECACHE_EVICT_FREQUENCY ? 1.5 : 1.0) *
-            (p.prefetch != 0 && trace->pred_width > 0 ? 1.5 : 1.0) *
-            (p.miss_rule == MOECACHE_ROUTING_BONUS ? 1.3 : 1.0) /
-            std::sqrt(static_cast<double>(std::max(slots, 1)));
-        order[static_cast<size_t>(i)] = i;
+    return run_batch(*trace, configs, n_configs, workers, out, events, ctl, ranking, ids_valid,
+                     plan.get());
+}
+
+moecache_replay_plan * moecache_replay_plan_new(const moecache_replay_trace * trace,
+                                                int32_t n_threads) {
+    if (trace == nullptr || !trace_valid(*trace)) {
+        return nullptr;
     }
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-        return cost[static_cast<size_t>(a)] > cost[static_cast<size_t>(b)];
-    });
+    try {
+        std::unique_ptr<moecache_replay_plan> plan(new moecache_replay_plan());
+        plan->key = *trace;
+        if (trace->ranks != nullptr && trace->rank_counts != nullptr &&
+            trace->selected_probs != nullptr) {
+            plan->ranking.ranks = trace->ranks;
+            plan->ranking.counts = trace->rank_counts;
+            plan->ranking.selected = trace->selected_probs;
+        } else {
+            rank_own(*trace, n_threads, plan->ranking);
+        }
+        plan->ids_valid = rows_valid(*trace);
+        const moecache_replay_trace ranked = with_ranking(*trace, plan->ranking);
+        /* whatever any configuration the loop covers could read (fast_covers' cheapest
+         * conditions: a trace failing them is never replayed by the loop) */
+        const bool ranked_rows = plan->ranking.ranks != nullptr;
+        const double min_ticks = 2.0 * static_cast<double>(trace->n_rows) * trace->top_k;
+        if (plan->ids_valid && trace->n_experts <= std::numeric_limits<int16_t>::max() &&
+            min_ticks < static_cast<double>(std::numeric_limits<int32_t>::max())) {
+            plan->fast.reset(moecache_core::fast_plan_pack(
+                ranked, ranked_rows, ranked_rows, trace->pred_width > 0,
+                worker_count(n_threads, trace->n_layers)));
+        }
+        return plan.release();
+    } catch (...) {  // bad_alloc
+        return nullptr;
+    }
+}
+
+void moecache_replay_plan_free(moecache_replay_plan * plan) {
+    delete plan;
+}
+
+int64_t moecache_replay_plan_bytes(const moecache_replay_plan * plan) {
+    if (plan == nullptr) {
+        return 0;
+    }
+    const Ranking & r = plan->ranking;
+    return static_cast<int64_t>(sizeof(moecache_replay_plan) + r.own_ranks.capacity() *
+                                sizeof(uint16_t) + r.own_counts.capacity() +
+                                r.own_selected.capacity() * sizeof(float)) +
+           (plan->fast ? moecache_core::fast_plan_bytes(*plan->fast) : 0);
+}
+
+int32_t moecache_replay_batch_plan(const moecache_replay_trace * trace,
+                                   const moecache_replay_plan * plan,
+                                   const moecache_replay_config * configs, int32_t n_configs,
+                                   int32_t n_threads, moecache_replay_token * out,
+                                   moecache_event * events, moecache_replay_control * ctl) {
+    if (trace == nullptr || plan == nullptr || configs == nullptr || out == nullptr ||
+        n_configs < 0 || !plan_matches(*plan, *trace) || !shape_valid(*trace) ||
+        !configs_valid(*trace, configs, n_configs)) {
+        return MOECACHE_E_ARG;
+    }
+    const moecache_core::ReplayTicker watch = start_batch(*trace, n_configs, out, ctl);
     if (watch.cancelled()) {
         return MOECACHE_E_CANCELLED;
     }
-    std::atomic<int32_t> next{0};
-    std::atomic<int32_t> finished{0};
-    std::vector<int32_t> codes(static_cast<size_t>(std::max(n_configs, 1)), MOECACHE_OK);
-    auto work = [&]() {
-        std::unique_ptr<moecache_core::FastWorkspace, void (*)(moecache_core::FastWorkspace *)>
-            workspace(nullptr, moecache_core::fast_workspace_free);
-        for (int32_t at = next++; at < n_configs && !watch.cancelled(); at = next++) {
-            const int32_t i = order[static_cast<size_t>(at)];
-            moecache_core::ReplayTicker ticker{ctl};
-            try {
-                if (!workspace) {
-                    workspace.reset(moecache_core::fast_workspace_new());
-                }
-                codes[static_cast<size_t>(i)] = replay_one(
-                    *trace, configs[i], ranking, ranked, plan.get(), ids_valid,
-                    out + static_cast<size_t>(i) * n_tokens,
-                    events != nullptr ? events + static_cast<int64_t>(i) * trace->n_rows
-                                      : nullptr,
-                    *workspace, ticker);
-            } catch (...) {  // bad_alloc: this configuration fails, the others go on
-                codes[static_cast<size_t>(i)] = MOECACHE_E_ARG;
-            }
-            if (codes[static_cast<size_t>(i)] == MOECACHE_E_CANCELLED) {
-                break;
-            }
-            /* a configuration that failed early still counts whole */
-            ticker.layer_done(trace->n_layers - ticker.units);
-            ++finished;
-            if (ctl != nullptr) {
-                ctl->configs_done.fetch_add(1, std::memory_order_relaxed);
-            }
-        }
-    };
-    run_workers(workers, work);
-    if (finished.load() < n_configs) {  // only a cancel leaves a configuration undone
-        return MOECACHE_E_CANCELLED;
-    }
-    for (const int32_t code : codes) {
-        if (code != MOECACHE_OK) {
-            return code;
-        }
-    }
-    return MOECACHE_OK;
+    const bool ids_valid = events == nullptr && plan->ids_valid;
+    return run_batch(*trace, configs, n_configs, worker_count(n_threads, n_configs), out,
+                     events, ctl, plan->ranking, ids_valid, plan->fast.get());
 }
 
 }  // extern "C"

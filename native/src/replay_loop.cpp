@@ -10,7 +10,8 @@
  * substitute depends on their order) and the eviction order. It decides exactly what
  * route.cpp and prefetch.cpp decide, in the same order for each layer:
  *   - one layer after another (FastPlan: each layer's route calls and the prefetches aimed
- *     at it, in trace order, with their rows packed once per batch for every configuration);
+ *     at it, in trace order, with their rows packed once for every configuration: per trace
+ *     in a kept moecache_replay_plan, else per batch);
  *   - victims: LRU from a list of residents in recency order (pinned ones skipped);
  *     frequency from a bucket queue: each resident listed under floor(key * q), a lower
  *     bound of its current key (a selection only raises a key), moved up when its bucket
@@ -279,6 +280,11 @@ FastPlan * fast_plan_new(const moecache_replay_trace & t, const moecache_replay_
         bonus |= p.miss_rule == MOECACHE_ROUTING_BONUS;
         prefetches |= p.prefetch != 0 && t.pred_width > 0;
     }
+    return fast_plan_pack(t, substitutes, bonus, prefetches, n_threads);
+}
+
+FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, bool bonus,
+                          bool prefetches, int32_t n_threads) {
     std::unique_ptr<FastPlan> plan(new FastPlan());
     const size_t k = static_cast<size_t>(t.top_k);
     plan->call_token.resize(static_cast<size_t>(t.n_calls));
@@ -405,6 +411,16 @@ FastPlan * fast_plan_new(const moecache_replay_trace & t, const moecache_replay_
 
 void fast_plan_free(FastPlan * plan) {
     delete plan;
+}
+
+int64_t fast_plan_bytes(const FastPlan & plan) {
+    return static_cast<int64_t>(
+        plan.events.capacity() * sizeof(PlanEvent) +
+        (plan.layer_start.capacity() + plan.call_token.capacity()) * sizeof(int64_t) +
+        (plan.ids.capacity() + plan.predicted.capacity()) * sizeof(int32_t) +
+        (plan.weights.capacity() + plan.selected.capacity() + plan.rank_p.capacity()) *
+            sizeof(float) +
+        plan.ranks.capacity() * sizeof(uint16_t) + plan.counts.capacity() + sizeof(FastPlan));
 }
 
 /* The loop's buffers, kept by a worker thread from one configuration to the next. */

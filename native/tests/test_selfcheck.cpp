@@ -294,6 +294,45 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
                          static_cast<long long>(units), static_cast<long long>(total));
             return -1;
         }
+        /* a kept plan (moecache_replay_plan_new), made with the trace's ranking and with its
+         * own: the same codes and totals, event rows included, and refused for a trace it
+         * was not made for (here: the same rows at another address) */
+        const std::vector<int32_t> ids_copy = ids;
+        for (const bool shared_ranks : {true, false}) {
+            tr.ranks = shared_ranks ? ranks.data() : nullptr;
+            tr.rank_counts = shared_ranks ? counts.data() : nullptr;
+            tr.selected_probs = shared_ranks ? selected.data() : nullptr;
+            moecache_replay_plan * plan = moecache_replay_plan_new(&tr, 2);
+            std::vector<moecache_replay_token> e(a.size()), f(a.size());
+            std::vector<moecache_event> ee(ea.size());
+            const int32_t kept = moecache_replay_batch_plan(&tr, plan, configs.data(), n_cfg, 2,
+                                                            e.data(), nullptr, nullptr);
+            const int32_t kept_rows = moecache_replay_batch_plan(
+                &tr, plan, configs.data(), n_cfg, 2, f.data(), ee.data(), nullptr);
+            moecache_replay_trace other = tr;
+            other.ids = ids_copy.data();
+            const int32_t refused = moecache_replay_batch_plan(&other, plan, configs.data(),
+                                                               n_cfg, 2, f.data(), nullptr,
+                                                               nullptr);
+            const bool rows_same =
+                kept_rows != MOECACHE_OK ||
+                std::equal(ea.begin(), ea.end(), ee.begin(), [](const moecache_event & x,
+                                                                 const moecache_event & y) {
+                    return std::equal(x.used_ids, x.used_ids + x.k, y.used_ids) &&
+                           std::equal(x.slots, x.slots + x.k, y.slots) &&
+                           x.n_admit == y.n_admit && x.n_evict == y.n_evict;
+                });
+            if (plan == nullptr || moecache_replay_plan_bytes(plan) <= 0 || kept != own_fast ||
+                (kept == MOECACHE_OK && !same_tokens(c, e)) || kept_rows != own || !rows_same ||
+                (own == MOECACHE_OK && !same_tokens(a, f)) ||
+                refused != MOECACHE_E_ARG) {
+                std::fprintf(stderr, "a batch over a kept plan differs: round %d, codes %d, "
+                             "%d, %d\n", round, kept, kept_rows, refused);
+                moecache_replay_plan_free(plan);
+                return -1;
+            }
+            moecache_replay_plan_free(plan);
+        }
         decisions += rows * n_cfg * 4;
     }
     /* the loop ran (most configurations qualify); counted without the last batches */

@@ -164,3 +164,93 @@ def test_a_compacted_trace_replays_to_the_bit_as_its_journal(
     for x, y in zip(replay_many(a, configs, threads=2), replay_many(b, configs, threads=2),
                     strict=True):
         assert x.per_token.tobytes() == y.per_token.tobytes()
+
+
+def test_a_kept_plan_replays_to_the_bit_as_a_fresh_batch(
+        record: RecordFn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan (``moecache_replay_plan``) is made at the first batch and kept with the
+    routing; batches over it, of any policies, with and without event rows, give what a
+    batch that validates and packs the trace itself gives, to the bit."""
+    from moescope.cache import batch
+
+    path = record("qwen3moe", name="trace.arrows", tokens=20, answers=2, switch_at=7)
+    routing = Routing.from_trace(read_trace(path))
+    k = routing.header.model.top_k
+    configs = [(None, None), *[(p, s) for p in ALL_PRESETS for s in (k, k + 2, None)]]
+    assert routing.plan is None
+    first = replay_many(routing, configs[:3], threads=2)  # fetch-all and two others
+    plan = routing.plan
+    assert plan is not None and plan.nbytes >= routing.n_rows * (12 * k + 257)
+    kept = replay_many(routing, configs, threads=2)
+    assert routing.plan is plan  # made once, served every later batch
+    rows = replay_many(routing, configs, threads=2, keep_events=True)
+    monkeypatch.setattr(batch, "has_plan", lambda: False)
+    fresh_routing = Routing.from_trace(read_trace(path))
+    fresh = replay_many(fresh_routing, configs, threads=2)
+    assert fresh_routing.plan is None
+    for a, b in zip(first, fresh[:3], strict=True):
+        assert a.per_token.tobytes() == b.per_token.tobytes()
+    for (policy, slots), a, b, c in zip(configs, kept, fresh, rows, strict=True):
+        assert a.per_token.tobytes() == b.per_token.tobytes(), (policy, slots)
+        assert a.per_token.tobytes() == c.per_token.tobytes(), (policy, slots)
+    assert sum(int(r.per_token["substitutions"].sum()) for r in kept) > 0
+
+
+def test_a_plan_is_refused_for_another_trace(record: RecordFn) -> None:
+    """The core ties a plan to the trace it was made for (dimensions and arrays): a batch
+    of another trace over it fails with a clear error and replays nothing, and a routing
+    whose arrays were replaced makes itself a new plan."""
+    from moescope.cache.batch import CReplayConfig, c_policy, replay_batch
+    from moescope.cache.policy import Policy
+    from moescope.sim.replay import native_trace
+
+    path = record("qwen3moe", name="trace.arrows", tokens=12)
+    a = Routing.from_trace(read_trace(path))
+    b = Routing.from_trace(read_trace(path))  # the same rows, other arrays
+    replay_many(a, [("exact", 4)])
+    plan = a.plan
+    assert plan is not None
+    trace_b, keep = native_trace(b, b.substitute_ranking())
+    cfg = CReplayConfig(policy=c_policy(Policy.preset("quality-first")), slots=4)
+    with pytest.raises(NativeError, match="made for another trace"):
+        replay_batch(trace_b, [cfg], plan=plan)
+    trace_a, keep_a = native_trace(a, a.substitute_ranking())
+    out, _ = replay_batch(trace_a, [cfg], plan=plan)
+    again, _ = replay_batch(trace_b, [cfg])  # b's own batch
+    assert out.tobytes() == again.tobytes()
+    del keep, keep_a
+    a.ids = a.ids.copy()  # moved: the kept plan no longer fits, a new one is made
+    (moved,) = replay_many(a, [("quality-first", 4)])
+    assert a.plan is not None and a.plan is not plan
+    for name in REPLAY_FIELDS:
+        assert np.array_equal(moved.per_token[name], again[0][name]), name
+
+
+def test_batches_on_two_threads_make_one_plan(record: RecordFn,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two what-ifs starting together on one routing share one plan (made under the
+    routing's lock) and give the same results."""
+    import threading
+
+    from moescope.cache.batch import ReplayPlan
+
+    routing = Routing.from_trace(read_trace(record("qwen3moe", name="trace.arrows",
+                                                   tokens=12)))
+    made: list[int] = []
+    make = ReplayPlan.make
+
+    def counted(*args: object, **kwargs: object) -> ReplayPlan | None:
+        made.append(1)
+        return make(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ReplayPlan, "make", counted)
+    got: list[list[ReplayResult]] = []
+    threads = [threading.Thread(target=lambda: got.append(replay_many(routing, CONFIGS[1:])))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1 and routing.plan is not None and len(got) == 2
+    for a, b in zip(*got, strict=True):
+        assert a.per_token.tobytes() == b.per_token.tobytes()

@@ -73,6 +73,27 @@ def test_false_stops_the_batch_and_raises_cancelled(routing: Routing) -> None:
     assert batch_threads() == []
 
 
+def test_a_cancelled_batch_over_the_kept_plan_leaves_it_whole(routing: Routing) -> None:
+    """The routing's plan (made at its first batch) serves a batch that is stopped midway,
+    and the next batches over it replay to the bit as before."""
+    before = replay_many(routing, CONFIGS, threads=2)
+    plan = routing.plan
+    assert plan is not None
+    calls: list[int] = []
+
+    def progress(done: int, total: int) -> bool:
+        calls.append(done)
+        return done == 0
+
+    with pytest.raises(ReplayCancelled):
+        replay_many(routing, CONFIGS * 30, threads=2, progress=progress)
+    assert len(calls) == 2 and calls[1] < len(CONFIGS) * 30 * N_LAYERS
+    assert routing.plan is plan and batch_threads() == []
+    after = replay_many(routing, CONFIGS, threads=2)
+    for a, b in zip(before, after, strict=True):
+        assert a.per_token.tobytes() == b.per_token.tobytes()
+
+
 def test_false_at_the_start_replays_nothing(routing: Routing) -> None:
     calls: list[int] = []
     with pytest.raises(ReplayCancelled):

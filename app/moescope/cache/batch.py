@@ -5,6 +5,10 @@ Kept beside :mod:`.native` rather than in it: the per-call binding serves the en
 recorder, this one only the simulator, and the engine's libllama (which carries the core)
 may predate the batch entry point, in which case the repo's ``libmoecache.so`` serves it.
 
+A trace's per-trace preparation (validating its rows, packing them layer by layer for the
+replay loop) is made once and kept (:class:`ReplayPlan`, ``moecache_replay_plan``) where the
+core has it; a core before it replays every batch from scratch, deciding the same.
+
 A window's what-if wants the batch's progress and a way to stop it without a call per
 budget (each call re-plans the trace): ``replay_batch(progress=...)`` runs the native call on
 a helper thread (ctypes releases the GIL) and polls its ``moecache_replay_control`` from the
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -76,19 +81,24 @@ _library: ctypes.CDLL | None = None
 
 def batch_library() -> ctypes.CDLL:
     """A core library that exports ``moecache_replay_batch`` and its control: the one
-    :mod:`.native` loads if it does, else the repo's ``build/native`` library."""
+    :mod:`.native` loads if it also has the kept plan (``moecache_replay_batch_plan``), else
+    the repo's ``build/native`` library if that has it, else whichever has the control
+    (:func:`has_plan` then says False)."""
     global _library
     with _lock:
         if _library is None:
             lib = native.load_library()
-            if not hasattr(lib, "moecache_replay_batch_ctl"):  # a core before progress
+            if not hasattr(lib, "moecache_replay_batch_plan"):  # a core before the plan
                 path = next((native._repo_build_dir() / name for name in native._LIBRARY_NAMES
                              if (native._repo_build_dir() / name).is_file()), None)
-                if path is None:
-                    raise NativeLibraryNotFoundError(
-                        "the loaded core predates the batch replay's progress control and "
-                        "build/native has no library: run `make native`")
-                lib = native.declare(ctypes.CDLL(str(path)))
+                built = native.declare(ctypes.CDLL(str(path))) if path is not None else None
+                if built is not None and (hasattr(built, "moecache_replay_batch_plan") or
+                                          not hasattr(lib, "moecache_replay_batch_ctl")):
+                    lib = built
+            if not hasattr(lib, "moecache_replay_batch_ctl"):  # a core before progress
+                raise NativeLibraryNotFoundError(
+                    "the loaded core predates the batch replay's progress control and "
+                    "build/native has no newer library: run `make native`")
             fn = lib.moecache_replay_batch
             fn.restype = ctypes.c_int32
             fn.argtypes = [ctypes.POINTER(CReplayTrace), ctypes.POINTER(CReplayConfig),
@@ -105,6 +115,18 @@ def batch_library() -> ctypes.CDLL:
             lib.moecache_replay_progress.restype = None
             lib.moecache_replay_progress.argtypes = [ctypes.c_void_p] + [
                 ctypes.POINTER(ctypes.c_int64)] * 3
+            if hasattr(lib, "moecache_replay_batch_plan"):
+                lib.moecache_replay_plan_new.restype = ctypes.c_void_p
+                lib.moecache_replay_plan_new.argtypes = [ctypes.POINTER(CReplayTrace),
+                                                         ctypes.c_int32]
+                lib.moecache_replay_plan_free.restype = None
+                lib.moecache_replay_plan_free.argtypes = [ctypes.c_void_p]
+                lib.moecache_replay_plan_bytes.restype = ctypes.c_int64
+                lib.moecache_replay_plan_bytes.argtypes = [ctypes.c_void_p]
+                planned = lib.moecache_replay_batch_plan
+                planned.restype = ctypes.c_int32
+                planned.argtypes = [fn.argtypes[0], ctypes.c_void_p, *fn.argtypes[1:],
+                                    ctypes.c_void_p]
             rank = lib.moecache_rank_rows
             rank.restype = ctypes.c_int32
             rank.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,
@@ -112,6 +134,56 @@ def batch_library() -> ctypes.CDLL:
                              ctypes.c_void_p]
             _library = lib
         return _library
+
+
+def has_plan() -> bool:
+    """Whether the batch replay's core keeps plans (:class:`ReplayPlan`)."""
+    return hasattr(batch_library(), "moecache_replay_batch_plan")
+
+
+def plan_key(trace: CReplayTrace) -> tuple[int, ...]:
+    """What ties a plan to a trace (``moecache_replay_batch_plan`` checks the same): its
+    dimensions, initial step and the addresses of its row, call and ranking arrays."""
+    return (trace.n_layers, trace.n_experts, trace.top_k, trace.pred_width,
+            trace.initial_step, trace.n_rows, trace.n_calls, trace.n_tokens,
+            *(getattr(trace, name) or 0 for name in (
+                "probs", "ids", "weights", "next_layer", "predicted", "call_step", "call_layer",
+                "call_start", "call_stop", "token_calls", "ranks", "rank_counts",
+                "selected_probs")))
+
+
+class ReplayPlan:
+    """A trace's kept replay plan (``moecache_replay_plan``): the trace validated once and
+    its rows packed layer by layer for the replay loop, so that a batch over it
+    (:func:`replay_batch` with ``plan``) starts replaying at once instead of redoing that
+    per call (about 650 ns a row on the lead's 2,000-token trace, in fresh memory each time).
+
+    It is a copy of what the loop reads, kept as long as this object:
+    ``12 * top_k + 257`` bytes a row (with the trace's ranking; the plan ranks the rows
+    itself without one, ``4 * top_k + 129`` more) and up to ``104 + 4 * pred_width`` a
+    route call; :attr:`nbytes` says exactly (605 B a row at top-10 with 32 predictions
+    and a call a row). The trace's arrays must stay alive and
+    unchanged while the plan is used (the core refuses a trace at other addresses or of
+    other dimensions: :attr:`key`). Freed when garbage-collected."""
+
+    def __init__(self, handle: int, key: tuple[int, ...], nbytes: int) -> None:
+        self.handle = handle
+        self.key = key
+        self.nbytes = nbytes
+        """Bytes the plan holds (``moecache_replay_plan_bytes``)."""
+        weakref.finalize(self, batch_library().moecache_replay_plan_free, handle)
+
+    @classmethod
+    def make(cls, trace: CReplayTrace, *, threads: int = 0) -> ReplayPlan | None:
+        """The plan of ``trace`` on ``threads`` threads (0: one per core); None where the core
+        keeps no plans, refuses the trace (a batch then says why) or has no memory for it."""
+        lib = batch_library()
+        if not hasattr(lib, "moecache_replay_plan_new"):
+            return None
+        handle = lib.moecache_replay_plan_new(ctypes.byref(trace), threads)
+        if not handle:
+            return None
+        return cls(int(handle), plan_key(trace), int(lib.moecache_replay_plan_bytes(handle)))
 
 
 def c_policy(policy: Policy) -> CPolicy:
@@ -167,11 +239,14 @@ class ReplayCancelled(Exception):
 
 
 def replay_batch(trace: CReplayTrace, configs: list[CReplayConfig], *, threads: int = 0,
-                 events: bool = False, progress: ProgressFn | None = None
+                 events: bool = False, progress: ProgressFn | None = None,
+                 plan: ReplayPlan | None = None
                  ) -> tuple[npt.NDArray[Any], npt.NDArray[Any] | None]:
     """Run ``moecache_replay_batch``; returns per-token totals ``[configs, tokens]`` and,
     with ``events``, the replayed event rows ``[configs, rows]``. Raises
-    :class:`~moescope.cache.native.NativeError` for a code other than OK.
+    :class:`~moescope.cache.native.NativeError` for a code other than OK (among them a
+    ``plan`` made for another trace). With ``plan`` (:class:`ReplayPlan` of this trace) the
+    batch skips validating and packing the rows again; the results are the same.
 
     With ``progress``, it is called on this thread with the work done so far (first
     ``(0, total)``, last ``(total, total)``, and about 20 times a second between when the
@@ -184,27 +259,33 @@ def replay_batch(trace: CReplayTrace, configs: list[CReplayConfig], *, threads: 
     array = (CReplayConfig * max(n_cfg, 1))(*configs)
     args = (ctypes.byref(trace), array, n_cfg, threads, out.ctypes.data,
             rows.ctypes.data if rows is not None else None)
-    if progress is None:
-        code = lib.moecache_replay_batch(*args)
-    else:
-        code = _watched(lib, args, n_cfg * int(trace.n_layers), progress)
+
+    def run(ctl: int | None) -> int:
+        if plan is None:
+            return int(lib.moecache_replay_batch_ctl(*args, ctl))
+        return int(lib.moecache_replay_batch_plan(args[0], plan.handle, *args[1:], ctl))
+
+    code = run(None) if progress is None else _watched(lib, run, n_cfg * int(trace.n_layers),
+                                                       progress)
     if code != native.OK:
+        if plan is not None and code == native.E_ARG and plan.key != plan_key(trace):
+            raise native.NativeArgumentError(code, "replay_batch: the replay plan was made "
+                                                   "for another trace")
         native._check(code, "replay_batch")
     return out, rows
 
 
-def _watched(lib: ctypes.CDLL, args: tuple[Any, ...], total: int, progress: ProgressFn
-             ) -> int:
-    """``moecache_replay_batch_ctl`` on a helper thread, its control polled here; returns
-    its code, or raises :class:`ReplayCancelled` when ``progress`` asked to stop. The call
-    is always joined before this returns or raises, so ``args``' buffers outlive it."""
+def _watched(lib: ctypes.CDLL, run: Callable[[int | None], int], total: int,
+             progress: ProgressFn) -> int:
+    """``run(ctl)`` (the batch on a control) on a helper thread, its control polled here;
+    returns its code, or raises :class:`ReplayCancelled` when ``progress`` asked to stop. The
+    call is always joined before this returns or raises, so its buffers outlive it."""
     ctl = lib.moecache_replay_control_new()
     if not ctl:
         raise MemoryError("no memory for a replay control")
     codes: list[int] = []
-    runner = threading.Thread(
-        target=lambda: codes.append(int(lib.moecache_replay_batch_ctl(*args, ctl))),
-        name="moescope-replay-batch", daemon=True)
+    runner = threading.Thread(target=lambda: codes.append(run(ctl)),
+                              name="moescope-replay-batch", daemon=True)
     done = ctypes.c_int64(0)
     stop = False
     try:
@@ -235,4 +316,5 @@ def _watched(lib: ctypes.CDLL, args: tuple[Any, ...], total: int, progress: Prog
 
 __all__ = ["E_CANCELLED", "RANK_WIDTH", "REPLAY_TOKEN_DTYPE", "CEvent", "CReplayConfig",
            "CReplayToken", "CReplayTrace", "ProgressFn", "Ranking", "ReplayCancelled",
-           "batch_library", "c_policy", "rank_rows", "replay_batch"]
+           "ReplayPlan", "batch_library", "c_policy", "has_plan", "plan_key", "rank_rows",
+           "replay_batch"]

@@ -35,6 +35,7 @@ split, the order that makes the replay exact would have to be read across files.
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +43,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from moescope.cache.batch import ProgressFn
+from moescope.cache.batch import CReplayTrace, ProgressFn, Ranking, ReplayPlan
 from moescope.cache.native import (
     COPY_DTYPE,
     EVENT_DTYPE,
@@ -117,13 +118,16 @@ class Routing:
     one (a trace from before PSR, or recorded without router inputs)."""
     predicted: npt.NDArray[np.int32] | None = None
     """PSR: per row, the recorded prediction's expert ids, best first (-1 padded)."""
-    ranking: tuple[npt.NDArray[np.uint16], npt.NDArray[np.uint8],
-                   npt.NDArray[np.float32]] | None = field(default=None, repr=False)
+    ranking: Ranking | None = field(default=None, repr=False)
     """Each row's experts in substitution order (:meth:`substitute_ranking`), once
     made."""
+    plan: ReplayPlan | None = field(default=None, repr=False, compare=False)
+    """The batch replay's plan of these arrays and the ranking (:meth:`replay_plan`), once
+    made."""
+    _lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False,
+                                   compare=False)
 
-    def substitute_ranking(self, threads: int = 0) -> tuple[
-            npt.NDArray[np.uint16], npt.NDArray[np.uint8], npt.NDArray[np.float32]] | None:
+    def substitute_ranking(self, threads: int = 0) -> Ranking | None:
         """Every row's best experts in the order a substitute is chosen
         (``moecache_rank_rows``), made at the first call and kept: every batch replay of
         this routing shares it, so a configuration picks a substitute as the first resident
@@ -132,9 +136,28 @@ class Routing:
         core cannot rank (the replay scans, deciding the same)."""
         from moescope.cache.batch import rank_rows
 
-        if self.ranking is None:
-            self.ranking = rank_rows(self.probs, self.ids, threads=threads)
-        return self.ranking
+        with self._lock:
+            if self.ranking is None:
+                self.ranking = rank_rows(self.probs, self.ids, threads=threads)
+            return self.ranking
+
+    def replay_plan(self, trace: CReplayTrace, threads: int = 0) -> ReplayPlan | None:
+        """The batch replay's plan of ``trace`` (the ``CReplayTrace`` :func:`replay_many`
+        builds over these arrays and :meth:`substitute_ranking`), made at the first call and
+        kept, like the ranking, for every later batch of any policies: the rows validated
+        once and packed layer by layer, so a what-if starts replaying at once. It is a copy
+        of what the replay loop reads, kept as long as the routing: ``12 * top_k + 257``
+        bytes a row and up to ``104 + 4 * pred_width`` a route call (``nbytes`` exactly;
+        605 B a row at top-10 with PSR predictions, a third of the ``4 * n_expert`` of the
+        probabilities at 512 experts). Made again if the arrays moved (a caller replaced
+        one). None where the core keeps no plans."""
+        from moescope.cache.batch import plan_key
+
+        with self._lock:
+            if self.plan is None or self.plan.key != plan_key(trace):
+                self.plan = None  # the old one is freed before the new one is made
+                self.plan = ReplayPlan.make(trace, threads=threads)
+            return self.plan
 
     @property
     def n_rows(self) -> int:
@@ -422,26 +445,13 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
     )
 
 
-def replay_many(routing: Routing | Trace,
-                configs: Sequence[tuple[Policy | str | None, int | None]], *,
-                threads: int = 0, keep_events: bool = False,
-                progress: ProgressFn | None = None) -> list[ReplayResult]:
-    """:func:`replay` for every ``(policy, slots)`` of ``configs`` in one native call
-    (``moecache_replay_batch``): no Python per token, configurations in parallel on
-    ``threads`` threads (0: one per core). The results equal :func:`replay`'s (the
-    same core walks the same calls); ``keep_events`` also returns each one's rows.
-
-    ``progress(done, total)`` (work units: one per configuration and layer) is called on
-    this thread while the batch runs; returning False stops it within a layer of each
-    running configuration and raises :class:`ReplayCancelled`."""
-    from moescope.cache.batch import CReplayConfig, CReplayTrace, replay_batch
-
-    if isinstance(routing, Trace):
-        routing = Routing.from_trace(routing)
+def native_trace(routing: Routing, ranking: Ranking | None) -> tuple[CReplayTrace, list[Any]]:
+    """``routing`` (with ``ranking``, its :meth:`Routing.substitute_ranking`) as the core's
+    ``moecache_replay_trace``, and the buffers it points into, to keep alive while it is
+    used. The routing's arrays are passed as they are where their type and layout already
+    fit (the addresses a kept plan is tied to stay the same from one call to the next)."""
     h = routing.header
     m = h.model
-    _check_steps(routing)
-    fixed = [Policy.preset(p) if isinstance(p, str) else p for p, _ in configs]
     keep: list[Any] = []
 
     def addr(a: npt.NDArray[Any] | None, dtype: Any) -> int | None:
@@ -466,8 +476,6 @@ def replay_many(routing: Routing | Trace,
                 change_policy.append(policy_to_c(h.policy))
     policies = (CPolicy * max(len(change_policy), 1))(*change_policy)
     width = routing.predicted.shape[1] if routing.predicted is not None else 0
-    substituting = any(p is None or p.miss_rule != MissRule.FETCH_ALL for p in fixed)
-    ranking = routing.substitute_ranking(threads) if substituting and routing.n_rows else None
     ct = CReplayTrace(
         n_layers=m.n_layers, n_experts=m.n_expert, top_k=m.top_k, pred_width=width,
         initial_step=h.initial_step, start_slots=h.slots_per_layer,
@@ -487,6 +495,36 @@ def replay_many(routing: Routing | Trace,
         ranks=addr(ranking[0], np.uint16) if ranking else None,
         rank_counts=addr(ranking[1], np.uint8) if ranking else None,
         selected_probs=addr(ranking[2], np.float32) if ranking else None)
+    keep.append(policies)
+    return ct, keep
+
+
+def replay_many(routing: Routing | Trace,
+                configs: Sequence[tuple[Policy | str | None, int | None]], *,
+                threads: int = 0, keep_events: bool = False,
+                progress: ProgressFn | None = None) -> list[ReplayResult]:
+    """:func:`replay` for every ``(policy, slots)`` of ``configs`` in one native call
+    (``moecache_replay_batch``): no Python per token, configurations in parallel on
+    ``threads`` threads (0: one per core). The results equal :func:`replay`'s (the
+    same core walks the same calls); ``keep_events`` also returns each one's rows.
+
+    ``progress(done, total)`` (work units: one per configuration and layer) is called on
+    this thread while the batch runs; returning False stops it within a layer of each
+    running configuration and raises :class:`ReplayCancelled`."""
+    from moescope.cache.batch import CReplayConfig, has_plan, plan_key, replay_batch
+
+    if isinstance(routing, Trace):
+        routing = Routing.from_trace(routing)
+    h = routing.header
+    _check_steps(routing)
+    fixed = [Policy.preset(p) if isinstance(p, str) else p for p, _ in configs]
+    substituting = any(p is None or p.miss_rule != MissRule.FETCH_ALL for p in fixed)
+    # a batch the replay loop may take keeps a plan, which serves any later policies: it
+    # packs the ranking too (a batch with event rows only replays through the per-call core)
+    planning = not keep_events and has_plan()
+    ranking = routing.substitute_ranking(threads) if (
+        substituting or planning) and routing.n_rows else None
+    ct, keep = native_trace(routing, ranking)
     cfgs = []
     for policy, (_, slots) in zip(fixed, configs, strict=True):
         cfg = CReplayConfig(follow_policy=1 if policy is None else 0,
@@ -494,8 +532,12 @@ def replay_many(routing: Routing | Trace,
         if policy is not None:
             cfg.policy = policy_to_c(policy)
         cfgs.append(cfg)
+    plan = routing.replay_plan(ct, threads) if planning else None
+    if plan is None and routing.plan is not None and routing.plan.key == plan_key(ct):
+        plan = routing.plan  # one already kept: it spares validating the rows again
     totals, rows = replay_batch(ct, cfgs, threads=threads, events=keep_events,
-                                progress=progress)
+                                progress=progress, plan=plan)
+    del keep  # the buffers ct points into, alive until here
     # the policy requested at each token (the trace's, changes included), for the flag
     requested: list[Policy] = []
     current = h.policy
