@@ -524,6 +524,7 @@ private:
 #endif
     static constexpr int64_t kLow = std::numeric_limits<int64_t>::min();
     bool bq_ = false;
+    bool evicts_ = true;
     double bq_q_ = 1.0;
     int64_t bq_top_ = kLow;
     int64_t bq_cur_ = 0; /* no ring bucket of the window below it lists a resident */
@@ -877,7 +878,7 @@ private:
             X_[v].slot = -1;
             if (!Freq) {
                 unlink(v);
-            } else if (!scan_) {
+            } else if (bq_) {
                 bq_unlink(v);
             }
         }
@@ -885,7 +886,7 @@ private:
         slots_[slot] = e;
         if (!Freq) {
             link_tail(e);
-        } else if (!scan_) {
+        } else if (bq_) {
             bq_place(e);
         }
         return slot;
@@ -954,7 +955,9 @@ int32_t FastReplay::go() {
     if (scan_) {
         replay_scan_configs.fetch_add(1, std::memory_order_relaxed);
     }
-    bq_ = Freq && !scan_;
+    /* with a slot for every expert nothing is ever evicted: recency and counts unread */
+    evicts_ = S_ < E_;
+    bq_ = Freq && !scan_ && evicts_;
     if (bq_) {
         w.bq_head.resize(kRing);
         w.bq_occ.resize(kRing / 64);
@@ -1281,9 +1284,11 @@ int32_t FastReplay::go() {
             /* commit */
             for (int32_t i = 0; i < nk; ++i) {
                 const int32_t u = used_ids[i];
-                used<Freq>(u);
-                if (Freq) {
-                    record_selection(F_[ids[i]]);
+                if (evicts_) {
+                    used<Freq>(u);
+                    if (Freq) {
+                        record_selection(F_[ids[i]]);
+                    }
                 }
                 if (prefetching && action[i] != MOECACHE_FETCH && X[u].prefetched) {
                     X[u].prefetched = 0;
