@@ -178,9 +178,7 @@ struct Substitutes {
         int32_t n = 0;
         for (int32_t j = 0; j < rank_count; ++j) {
             const int32_t e = rank_row[j];
-            const int64_t m = mark[e];
-            const int32_t take = (X[e].slot >= 0) & (m != token);
-            mark[e] = take ? token : m;
+            const int32_t take = (X[e].slot >= 0) & (mark[e] != token);
             out[n] = e;
             if (AtRank) {
                 at_rank[n] = j;
@@ -189,6 +187,10 @@ struct Substitutes {
             if (n == want) {
                 break;
             }
+        }
+        /* marked after the walk (a ranking names an expert once), so the walk only loads */
+        for (int32_t i = 0; i < n; ++i) {
+            mark[out[i]] = token;
         }
         return n;
     }
@@ -520,7 +522,7 @@ private:
 #ifdef MOECACHE_SELFCHECK
     static constexpr int32_t kRing = 64; /* short traces slide it and fill LOW too */
 #else
-    static constexpr int32_t kRing = 4096;
+    static constexpr int32_t kRing = 8192;
 #endif
     static constexpr int64_t kLow = std::numeric_limits<int64_t>::min();
     bool bq_ = false;
@@ -647,12 +649,14 @@ private:
     void bq_place(int32_t e) {
         const double key = scan_key(e);
         bq_kver_[e] = F_[e].kver;
+        /* a selected expert's key is at least 0 (f >= 1, step >= 0), so the cast floors it;
+         * anything else goes to LOW, where it is compared in full */
+        const double b = key * bq_q_;
         int64_t idx = kLow;
-        if (key > kNoCount) {
-            const double b = std::floor(key * bq_q_);
-            if (b >= static_cast<double>(bq_top_ - kRing + 1) &&
-                b <= static_cast<double>(bq_top_)) {
-                idx = static_cast<int64_t>(b);
+        if (b >= 0.0 && b <= static_cast<double>(bq_top_)) {
+            idx = static_cast<int64_t>(b);
+            if (idx < bq_top_ - kRing + 1) {
+                idx = kLow;
             }
         }
         bq_link(e, idx);
@@ -971,10 +975,11 @@ int32_t FastReplay::go() {
         bq_prev_ = w.bq_prev.data();
         bq_idx_ = w.bq_idx.data();
         bq_kver_ = w.bq_kver.data();
-        /* about two steps a bucket, and the window's upper half above every key: a key
+        /* a step a bucket (measured against 1/2, 2 and 4: within the noise, this the
+         * least), and the window's upper half above every key: a key
          * is at most step / h + log2(f), f <= rows + 1 (fast_covers) */
         const double log_f = std::log2(static_cast<double>(t_.n_rows) + 1.0) + 1.0;
-        bq_q_ = std::min(static_cast<double>(p_.half_life) / 2.0, (kRing / 2 - 2) / log_f);
+        bq_q_ = std::min(static_cast<double>(p_.half_life), (kRing / 2 - 2) / log_f);
     }
     const float beta = p_.beta;
     const float theta = p_.theta;
