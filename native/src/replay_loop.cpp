@@ -225,8 +225,8 @@ struct PlanEvent {
     int64_t token;
     int64_t step;    /* the core's step at the call */
     int64_t call;
-    int32_t n;       /* rows */
-    int32_t prefetch;
+    int32_t n;        /* rows (route); the prediction's length before its first -1 (prefetch) */
+    int32_t prefetch; /* 0 route, 1 prefetch, 2 prefetch whose prediction repeats an expert */
 };
 
 /* A vector whose new elements are left unset: the plan's packed rows are all written by the
@@ -354,16 +354,27 @@ FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, boo
     std::atomic<int32_t> next_layer{0};
     auto pack = [&]() {
         FastPlan & P = *plan;
+        std::vector<int64_t> seen(prefetches ? static_cast<size_t>(t.n_experts) : 0, -1);
         for (int32_t l = next_layer++; l < t.n_layers; l = next_layer++) {
             for (int64_t ev = P.layer_start[static_cast<size_t>(l)];
                  ev < P.layer_start[static_cast<size_t>(l) + 1]; ++ev) {
-                const PlanEvent & e = P.events[static_cast<size_t>(ev)];
+                PlanEvent & e = P.events[static_cast<size_t>(ev)];
                 if (e.prefetch) {
                     if (prefetches) {
                         const size_t w = static_cast<size_t>(t.pred_width);
-                        std::memcpy(P.predicted.data() + static_cast<size_t>(e.packed) * w,
-                                    t.predicted + e.row * t.pred_width,
-                                    static_cast<size_t>(t.pred_width) * sizeof(int32_t));
+                        const int32_t * pred = t.predicted + e.row * t.pred_width;
+                        std::memcpy(P.predicted.data() + static_cast<size_t>(e.packed) * w, pred,
+                                    w * sizeof(int32_t));
+                        /* what every configuration's prefetch would count first */
+                        int32_t len = 0;
+                        bool repeats = false;
+                        while (len < t.pred_width && pred[len] >= 0) {
+                            repeats |= seen[static_cast<size_t>(pred[len])] == ev;
+                            seen[static_cast<size_t>(pred[len])] = ev;
+                            ++len;
+                        }
+                        e.n = len;
+                        e.prefetch = repeats ? 2 : 1;
                     }
                     continue;
                 }
@@ -1045,40 +1056,42 @@ int32_t FastReplay::go() {
                 /* PSR into this layer after call c (prefetch_ranked, or prefetch for a
                  * ranking that repeats an expert) */
                 const int32_t * ranked = plan_.predicted.data() + e_.packed * t_.pred_width;
-                int32_t count = 0;
-                while (count < t_.pred_width && ranked[count] >= 0) {
-                    ++count;
-                }
-                const int64_t me = ++mark_epoch_;
-                bool repeats = false;
-                for (int32_t j = 0; j < count; ++j) {
-                    repeats |= mark[ranked[j]] == me;
-                    mark[ranked[j]] = me;
-                }
+                const int32_t count = e_.n; /* counted by the plan */
                 int32_t m = 0;
-                if (!repeats) {
-                    for (; m < per_token && m < count; ++m) {
+                if (e_.prefetch == 1 && count >= per_token) {
+                    for (; m < per_token; ++m) {
                         chosen[m] = ranked[m];
                     }
                 } else {
-                    /* scored count - j, a later repeat overwriting: the distinct experts in
-                     * the order of their last places */
-                    const int64_t me2 = ++mark_epoch_;
-                    int32_t n_order = 0;
-                    for (int32_t j = count - 1; j >= 0; --j) {
-                        if (mark[ranked[j]] != me2) {
-                            mark[ranked[j]] = me2;
-                            w.last_place[static_cast<size_t>(n_order++)] = j;
+                    const int64_t me = ++mark_epoch_;
+                    const bool repeats = e_.prefetch == 2;
+                    for (int32_t j = 0; j < count; ++j) {
+                        mark[ranked[j]] = me;
+                    }
+                    if (!repeats) {
+                        for (; m < per_token && m < count; ++m) {
+                            chosen[m] = ranked[m];
+                        }
+                    } else {
+                        /* scored count - j, a later repeat overwriting: the distinct experts in
+                         * the order of their last places */
+                        const int64_t me2 = ++mark_epoch_;
+                        int32_t n_order = 0;
+                        for (int32_t j = count - 1; j >= 0; --j) {
+                            if (mark[ranked[j]] != me2) {
+                                mark[ranked[j]] = me2;
+                                w.last_place[static_cast<size_t>(n_order++)] = j;
+                            }
+                        }
+                        std::sort(w.last_place.begin(), w.last_place.begin() + n_order);
+                        for (int32_t i = 0; i < n_order && m < per_token; ++i) {
+                            chosen[m++] = ranked[w.last_place[static_cast<size_t>(i)]];
                         }
                     }
-                    std::sort(w.last_place.begin(), w.last_place.begin() + n_order);
-                    for (int32_t i = 0; i < n_order && m < per_token; ++i) {
-                        chosen[m++] = ranked[w.last_place[static_cast<size_t>(i)]];
-                    }
-                }
-                for (int32_t e = 0; m < per_token && e < E_; ++e) {
-                    if (mark[e] != mark_epoch_) { /* the unranked tie: lower id first */
-                        chosen[m++] = e;
+                    for (int32_t e = 0; m < per_token && e < E_; ++e) {
+                        if (mark[e] != mark_epoch_) { /* the unranked tie: lower id first */
+                            chosen[m++] = e;
+                        }
                     }
                 }
                 const int64_t ppin = ++pin_epoch_;
