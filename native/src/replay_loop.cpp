@@ -1177,6 +1177,7 @@ int32_t FastReplay::go() {
                 const int32_t base = r * k;
                 const int64_t row = r0 + r;
                 int32_t n_sub = 0;
+                int32_t subs[MOECACHE_MAX_K + 1]; /* the row's substituting selections */
                 if (Rule == MOECACHE_FETCH_ALL) {
                     for (int32_t j = 0; j < k; ++j) {
                         const int32_t i = base + j;
@@ -1196,17 +1197,22 @@ int32_t FastReplay::go() {
                         wnorm[i] = wn;
                         mark[e] = me;
                         used_ids[i] = e;
-                        int8_t a;
-                        if (X[e].slot >= 0) {
-                            a = MOECACHE_HIT;
-                        } else if (Rule == MOECACHE_THRESHOLD) {
-                            a = j == 0 || wn >= theta ? MOECACHE_FETCH : MOECACHE_SUBSTITUTE;
+                        /* without a branch on the hit (a coin toss per selection) */
+                        const int32_t miss = X[e].slot < 0;
+                        int32_t fetch;
+                        if (Rule == MOECACHE_THRESHOLD) {
+                            fetch = (j == 0) | (wn >= theta);
                         } else if (Rule == MOECACHE_FIRST_CHOICE) {
-                            a = j == 0 ? MOECACHE_FETCH : MOECACHE_SUBSTITUTE;
+                            fetch = j == 0;
                         } else {
-                            a = MOECACHE_SUBSTITUTE;
+                            fetch = 0;
                         }
-                        action[i] = a;
+                        static_assert(MOECACHE_HIT == 0 && MOECACHE_FETCH == 1 &&
+                                          MOECACHE_SUBSTITUTE == 2,
+                                      "the action is computed from its values");
+                        const int32_t a = miss * (2 - fetch);
+                        action[i] = static_cast<int8_t>(a);
+                        subs[n_sub] = i;
                         n_sub += a == MOECACHE_SUBSTITUTE;
                     }
                     if (n_sub > 0) {
@@ -1217,14 +1223,12 @@ int32_t FastReplay::go() {
                         if (Rule == MOECACHE_ROUTING_BONUS) {
                             const float * p_sel = selp + (p0 + r) * k;
                             int32_t order[MOECACHE_MAX_K];
-                            int32_t m = 0;
+                            const int32_t m = n_sub;
                             float selected = 0.0f;
                             for (int32_t i = base; i < base + k; ++i) {
                                 selected += p_sel[i - base];
-                                if (action[i] == MOECACHE_SUBSTITUTE) {
-                                    order[m++] = i;
-                                }
                             }
+                            std::copy(subs, subs + n_sub, order);
                             const float bonus = bonus_w * (selected > 0.0f ? selected : 1.0f);
                             std::sort(order, order + m, [&](int32_t a, int32_t b) {
                                 const float pa = p_sel[a - base];
@@ -1267,32 +1271,33 @@ int32_t FastReplay::go() {
                         } else {
                             const int32_t n_best =
                                 subst.pick(prow, me, n_sub, best, rank_row, rank_count, n_res_);
-                            int32_t next = 0;
-                            for (int32_t i = base; i < base + k; ++i) {
-                                if (action[i] != MOECACHE_SUBSTITUTE) {
-                                    continue;
-                                }
-                                if (next == n_best) {
+                            for (int32_t x2 = 0; x2 < n_sub; ++x2) {
+                                const int32_t i = subs[x2];
+                                if (x2 >= n_best) {
                                     action[i] = MOECACHE_FETCH;
                                     continue;
                                 }
-                                const int32_t s = best[next++];
+                                const int32_t s = best[x2];
                                 used_ids[i] = s;
                                 pin_[s] = pin;
                             }
                         }
                     }
                 }
+                int32_t todo[MOECACHE_MAX_K];
+                int32_t n_todo = 0;
                 for (int32_t i = base; i < base + k; ++i) {
-                    if (action[i] != MOECACHE_FETCH) {
-                        continue;
-                    }
-                    if (insert<Freq>(ids[i]) < 0) {
+                    todo[n_todo] = i;
+                    n_todo += action[i] == MOECACHE_FETCH;
+                }
+                for (int32_t x2 = 0; x2 < n_todo; ++x2) {
+                    const int32_t e = ids[todo[x2]];
+                    if (insert<Freq>(e) < 0) {
                         failed = true;
                         break;
                     }
-                    pin_[ids[i]] = pin;
-                    fetched[n_fetched++] = ids[i];
+                    pin_[e] = pin;
+                    fetched[n_fetched++] = e;
                 }
             }
             if (failed) {
@@ -1308,9 +1313,11 @@ int32_t FastReplay::go() {
                         record_selection(F_[ids[i]]);
                     }
                 }
-                if (prefetching && action[i] != MOECACHE_FETCH && X[u].prefetched) {
-                    X[u].prefetched = 0;
-                    o.prefetch_hits += 1;
+                if (prefetching) {
+                    const int8_t was = X[u].prefetched;
+                    const int8_t hit = static_cast<int8_t>(was & (action[i] != MOECACHE_FETCH));
+                    X[u].prefetched = static_cast<int8_t>(was & ~hit);
+                    o.prefetch_hits += hit;
                 }
             }
             for (int32_t f = 0; f < n_fetched; ++f) {
