@@ -330,6 +330,8 @@ class TraceColumns:
     ``events`` may be given as a function that lays the event rows out
     (``EVENT_DTYPE``, 864 bytes a row) when something first asks for them: a reader that
     checked the columns need not lay out every row to open a trace.
+    ``fields``: event-row fields the reader has as columns already (by their
+    ``EVENT_DTYPE`` names), read by :meth:`row_field` without laying out the rows.
 
     ``probs`` may be given as one array per token (views into the reader's memory map,
     ``starts`` their first rows, converted to numpy when first indexed): they are the bulk
@@ -347,7 +349,8 @@ class TraceColumns:
                  gate: npt.NDArray[np.float32], next_layer: npt.NDArray[np.int32] | None = None,
                  predicted: npt.NDArray[Any] | None = None, source: str = "",
                  ids: npt.NDArray[Any] | None = None,
-                 starts: npt.NDArray[np.int64] | None = None) -> None:
+                 starts: npt.NDArray[np.int64] | None = None,
+                 fields: Mapping[str, npt.NDArray[Any]] | None = None) -> None:
         self._events: npt.NDArray[Any] | None = None
         self._lay_out: Callable[[], npt.NDArray[Any]] | None = None
         if callable(events):
@@ -355,6 +358,7 @@ class TraceColumns:
         else:
             self._events = events
         self._ids = ids
+        self._fields = fields
         self.source = source
         self.token_rows = token_rows
         self.exact = exact
@@ -390,6 +394,14 @@ class TraceColumns:
         if self._ids is not None:
             return self._ids
         return self.events["ids"][:, :self.gate.shape[1]]
+
+    def row_field(self, name: str) -> npt.NDArray[Any]:
+        """One field of every event row (``step``, ``layer``, ``token``...), from the
+        columns where the reader kept it (``fields``): a replay's layout then lays out no
+        event rows (864 bytes each)."""
+        if self._fields is not None and name in self._fields:
+            return self._fields[name]
+        return self.events[name]
 
     @property
     def probs(self) -> npt.NDArray[np.float32]:
