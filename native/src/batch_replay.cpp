@@ -285,7 +285,7 @@ int32_t rank_row_reference(const float * row, int32_t n, RankScratch & s, uint16
 }  // namespace moecache_core
 
 #if MOECACHE_RANK_SSE2
-namespace {
+namespace rank_sse2 { /* named: the engine compiles the core as one unit */
 
 constexpr int32_t kKeep = 12; /* sample ranks the vector selection finds; beyond: nth_element */
 
@@ -438,7 +438,7 @@ bool place_by_count(float * vals, const int32_t * idx, int32_t m, uint16_t * out
     return total == static_cast<int64_t>(m) * (m - 1) / 2;
 }
 
-}  // namespace
+}  // namespace rank_sse2
 #endif
 
 namespace moecache_core {
@@ -450,6 +450,7 @@ namespace moecache_core {
  * reference does). */
 int32_t rank_row(const float * row, int32_t n, RankScratch & s, uint16_t * out) {
 #if MOECACHE_RANK_SSE2
+    using namespace rank_sse2;
     constexpr int32_t width = MOECACHE_RANK_WIDTH;
     float threshold = -std::numeric_limits<float>::infinity();
     if (n > width && !sample_threshold(row, n, &threshold)) {
