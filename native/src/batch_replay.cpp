@@ -230,6 +230,30 @@ uint64_t rank_key(float p, int32_t e) {
     return (static_cast<uint64_t>(~u) << 32) | static_cast<uint32_t>(e);
 }
 
+bool holds_nan(const float * row, int32_t n) {
+    uint32_t nan = 0;
+    for (int32_t e = 0; e < n; ++e) {
+        uint32_t u;
+        std::memcpy(&u, row + e, sizeof(u));
+        nan |= static_cast<uint32_t>((u & 0x7fffffffu) > 0x7f800000u);
+    }
+    return nan != 0;
+}
+
+/* The threshold of a row of n > MOECACHE_RANK_WIDTH experts without NaN: the value ranked
+ * about seven eighths of the width down a sample of 64 of them. */
+float sampled_threshold(const float * row, int32_t n) {
+    float sample[64];
+    int32_t ns = 0;
+    const int32_t stride = std::max(1, n / 64);
+    for (int32_t e = 0; e < n && ns < 64; e += stride) {
+        sample[ns++] = row[e];
+    }
+    const int32_t q = std::max(0, ns * MOECACHE_RANK_WIDTH * 7 / (8 * n) - 1);
+    std::nth_element(sample, sample + q, sample + ns, std::greater<float>());
+    return sample[q];
+}
+
 }  // namespace
 
 namespace moecache_core {
@@ -242,27 +266,11 @@ int32_t rank_row_reference(const float * row, int32_t n, RankScratch & s, uint16
     constexpr int32_t width = MOECACHE_RANK_WIDTH;
     uint64_t * keys = s.keys.data();
     int32_t * idx = s.idx.data();
-    uint32_t nan = 0;
-    for (int32_t e = 0; e < n; ++e) {
-        uint32_t u;
-        std::memcpy(&u, row + e, sizeof(u));
-        nan |= static_cast<uint32_t>((u & 0x7fffffffu) > 0x7f800000u);
-    }
-    if (nan != 0) {
+    if (holds_nan(row, n)) {
         return 0;
     }
-    float threshold = -std::numeric_limits<float>::infinity();
-    if (n > width) {
-        float sample[64];
-        int32_t ns = 0;
-        const int32_t stride = std::max(1, n / 64);
-        for (int32_t e = 0; e < n && ns < 64; e += stride) {
-            sample[ns++] = row[e];
-        }
-        const int32_t q = std::max(0, ns * width * 7 / (8 * n) - 1);
-        std::nth_element(sample, sample + q, sample + ns, std::greater<float>());
-        threshold = sample[q];
-    }
+    const float threshold =
+        n > width ? sampled_threshold(row, n) : -std::numeric_limits<float>::infinity();
     int32_t m = 0;
     for (int32_t e = 0; e < n; ++e) {
         idx[m] = e;
@@ -287,44 +295,45 @@ int32_t rank_row_reference(const float * row, int32_t n, RankScratch & s, uint16
 #if MOECACHE_RANK_SSE2
 namespace rank_sse2 { /* named: the engine compiles the core as one unit */
 
-constexpr int32_t kKeep = 12; /* sample ranks the vector selection finds; beyond: nth_element */
-
 /* (prev[3], v[0], v[1], v[2]): a sorted list of four lanes shifted up by one. */
 inline __m128 shift_in(__m128 v, __m128 prev) {
     const __m128 rot = _mm_shuffle_ps(v, v, _MM_SHUFFLE(2, 1, 0, 3));
     return _mm_move_ss(rot, _mm_shuffle_ps(prev, prev, _MM_SHUFFLE(2, 1, 0, 3)));
 }
 
-/* x into an ascending list of the 12 smallest seen (3 vectors, +inf where empty), without a
+/* x into an ascending list of the 4 * V smallest seen (+inf where empty), without a
  * branch: lane i becomes min(a[i], max(a[i - 1], x)). */
-inline void keep_smallest(__m128 & a0, __m128 & a1, __m128 & a2, __m128 x) {
-    const __m128 b0 = shift_in(a0, _mm_set1_ps(-std::numeric_limits<float>::infinity()));
-    const __m128 b1 = shift_in(a1, a0), b2 = shift_in(a2, a1);
-    a0 = _mm_min_ps(a0, _mm_max_ps(b0, x));
-    a1 = _mm_min_ps(a1, _mm_max_ps(b1, x));
-    a2 = _mm_min_ps(a2, _mm_max_ps(b2, x));
+template <int V>
+inline void keep_smallest(__m128 (&a)[V], __m128 x) {
+    __m128 prev = _mm_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int v = 0; v < V; ++v) {
+        const __m128 shifted = shift_in(a[v], prev);
+        prev = a[v];
+        a[v] = _mm_min_ps(a[v], _mm_max_ps(shifted, x));
+    }
 }
 
-/* The kth smallest (0-based, kth < kKeep) of s[0..ns), ns >= 2 * kKeep: two interleaved
+/* The kth smallest (0-based, kth < 4 * V) of s[0..ns), ns >= 8 * V: two interleaved
  * lists (independent chains) merged; the value nth_element would place there. */
+template <int V>
 float kth_smallest(const float * s, int32_t ns, int32_t kth) {
-    const __m128 inf = _mm_set1_ps(std::numeric_limits<float>::infinity());
-    __m128 a0 = inf, a1 = inf, a2 = inf, c0 = inf, c1 = inf, c2 = inf;
+    __m128 a[V], c[V];
+    for (int v = 0; v < V; ++v) {
+        a[v] = c[v] = _mm_set1_ps(std::numeric_limits<float>::infinity());
+    }
     int32_t i = 0;
     for (; i + 2 <= ns; i += 2) {
-        keep_smallest(a0, a1, a2, _mm_set1_ps(s[i]));
-        keep_smallest(c0, c1, c2, _mm_set1_ps(s[i + 1]));
+        keep_smallest<V>(a, _mm_set1_ps(s[i]));
+        keep_smallest<V>(c, _mm_set1_ps(s[i + 1]));
     }
     if (i < ns) {
-        keep_smallest(a0, a1, a2, _mm_set1_ps(s[i]));
+        keep_smallest<V>(a, _mm_set1_ps(s[i]));
     }
-    alignas(16) float x[kKeep], y[kKeep];
-    _mm_store_ps(x, a0);
-    _mm_store_ps(x + 4, a1);
-    _mm_store_ps(x + 8, a2);
-    _mm_store_ps(y, c0);
-    _mm_store_ps(y + 4, c1);
-    _mm_store_ps(y + 8, c2);
+    alignas(16) float x[4 * V], y[4 * V];
+    for (int v = 0; v < V; ++v) {
+        _mm_store_ps(x + 4 * v, a[v]);
+        _mm_store_ps(y + 4 * v, c[v]);
+    }
     int32_t p = 0, q = 0;
     float r = 0.0f;
     for (int32_t k = 0; k <= kth; ++k) {
@@ -333,11 +342,17 @@ float kth_smallest(const float * s, int32_t ns, int32_t kth) {
     return r;
 }
 
-/* The reference's sampled threshold at *out, found by the vector selection where its rank
- * is among the kKeep smallest or largest of the sample (512 experts, 384, 256...); false
- * where it is not (the caller ranks as the reference does). A NaN makes the threshold
- * meaningless, never undefined behaviour (nth_element's would be): the filter finds it. */
-bool sample_threshold(const float * row, int32_t n, float * out) {
+/* The kth smallest of the sample (kth < 32, ns = 64) by the shortest list holding it. */
+float kth_of_sample(const float * s, int32_t ns, int32_t kth) {
+    return kth < 12 ? kth_smallest<3>(s, ns, kth)
+           : kth < 16 ? kth_smallest<4>(s, ns, kth) : kth_smallest<8>(s, ns, kth);
+}
+
+/* The reference's sampled threshold (sampled_threshold) of a row of n > 64 experts (so 64
+ * samples), found by the vector selection from whichever end of the sample its rank is
+ * nearer (within 32). A NaN makes it meaningless, never undefined behaviour (nth_element's
+ * would be): the filter then finds the NaN. */
+float sample_threshold(const float * row, int32_t n) {
     float sample[64];
     int32_t ns = 0;
     const int32_t stride = std::max(1, n / 64);
@@ -345,21 +360,13 @@ bool sample_threshold(const float * row, int32_t n, float * out) {
         sample[ns++] = row[e];
     }
     const int32_t q = std::max(0, ns * MOECACHE_RANK_WIDTH * 7 / (8 * n) - 1);
-    if (ns < 2 * kKeep) {
-        return false;
+    if (ns - 1 - q <= q) {
+        return kth_of_sample(sample, ns, ns - 1 - q);
     }
-    if (ns - 1 - q < kKeep) {
-        *out = kth_smallest(sample, ns, ns - 1 - q);
-        return true;
+    for (int32_t i = 0; i < ns; ++i) {
+        sample[i] = -sample[i];
     }
-    if (q < kKeep) {
-        for (int32_t i = 0; i < ns; ++i) {
-            sample[i] = -sample[i];
-        }
-        *out = -kth_smallest(sample, ns, q);
-        return true;
-    }
-    return false;
+    return -kth_of_sample(sample, ns, q);
 }
 
 /* The row's experts at or above `threshold` (values at vals, ids at idx, in id order), from
@@ -452,10 +459,9 @@ int32_t rank_row(const float * row, int32_t n, RankScratch & s, uint16_t * out) 
 #if MOECACHE_RANK_SSE2
     using namespace rank_sse2;
     constexpr int32_t width = MOECACHE_RANK_WIDTH;
-    float threshold = -std::numeric_limits<float>::infinity();
-    if (n > width && !sample_threshold(row, n, &threshold)) {
-        return rank_row_reference(row, n, s, out);
-    }
+    static_assert(width == 64, "sample_threshold takes 64 samples of a row wider than this");
+    const float threshold =
+        n > width ? sample_threshold(row, n) : -std::numeric_limits<float>::infinity();
     float * vals = s.vals.data();
     int32_t * idx = s.idx.data();
     int32_t m = candidates(row, n, threshold, vals, idx);
