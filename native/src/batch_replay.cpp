@@ -230,6 +230,7 @@ uint64_t rank_key(float p, int32_t e) {
     return (static_cast<uint64_t>(~u) << 32) | static_cast<uint32_t>(e);
 }
 
+/* Whether the row holds a NaN (no order exists: the row is left to the scan). */
 bool holds_nan(const float * row, int32_t n) {
     uint32_t nan = 0;
     for (int32_t e = 0; e < n; ++e) {
@@ -450,11 +451,11 @@ bool place_by_count(float * vals, const int32_t * idx, int32_t m, uint16_t * out
 
 namespace moecache_core {
 
-/* One row of moecache_rank_rows, the reference's result (the selfcheck compares them) at a
- * third of its time: where SSE2 is there (every x86-64), the sampled threshold by a
- * branch-free selection instead of nth_element, the candidates from bit masks, and up to
- * 128 of them placed by counting instead of sorted (ties and more candidates sort, as the
- * reference does). */
+/* One row of moecache_rank_rows, the reference's result (the selfcheck compares them) in a
+ * third to a half of its time: where SSE2 is there (every x86-64; elsewhere the reference
+ * itself), the sampled threshold by a branch-free selection instead of nth_element, the
+ * candidates from bit masks, and up to 128 of them placed by counting instead of sorted
+ * (ties and more candidates sort, as the reference does). */
 int32_t rank_row(const float * row, int32_t n, RankScratch & s, uint16_t * out) {
 #if MOECACHE_RANK_SSE2
     using namespace rank_sse2;
