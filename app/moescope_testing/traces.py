@@ -121,7 +121,7 @@ def synthetic_trace(path: Path, *, n_tokens: int, n_layers: int = 48, n_expert: 
     token_rows = np.arange(0, n + 1, n_layers, dtype=np.int64)
     routing = Routing(
         header=header, ids=ids, weights=gate, probs=probs, exact=np.ones(n, np.bool_),
-        recorded=events, call_step=events["step"].astype(np.int64),
+        recorded_rows=events, call_step=events["step"].astype(np.int64),
         call_layer=events["layer"].astype(np.int32), call_start=rows.astype(np.int64),
         call_stop=rows.astype(np.int64) + 1,
         token_calls=np.arange(0, n + 1, n_layers, dtype=np.int64), token_rows=token_rows,

@@ -23,6 +23,13 @@
 #include <thread>
 #include <vector>
 
+#if defined(__SSE2__) && defined(__GNUC__) /* x86-64 GCC and Clang */
+#include <emmintrin.h>
+#define MOECACHE_RANK_SSE2 1
+#else
+#define MOECACHE_RANK_SSE2 0
+#endif
+
 /* The caller's view of a batch (moecache_replay_control): written by the workers, read and
  * cancelled from any thread. */
 struct moecache_replay_control {
@@ -223,32 +230,48 @@ uint64_t rank_key(float p, int32_t e) {
     return (static_cast<uint64_t>(~u) << 32) | static_cast<uint32_t>(e);
 }
 
-/* One row: the experts at or above a threshold sampled from the row (about seven eighths
- * of the width of them, at most the width), sorted; so the ranked ones are exactly the row's
- * best, whatever the threshold. Returns how many (0 for a row holding a NaN). */
-int32_t rank_row(const float * row, int32_t n, uint64_t * keys, int32_t * idx, uint16_t * out) {
-    constexpr int32_t width = MOECACHE_RANK_WIDTH;
+/* Whether the row holds a NaN (no order exists: the row is left to the scan). */
+bool holds_nan(const float * row, int32_t n) {
     uint32_t nan = 0;
     for (int32_t e = 0; e < n; ++e) {
         uint32_t u;
         std::memcpy(&u, row + e, sizeof(u));
         nan |= static_cast<uint32_t>((u & 0x7fffffffu) > 0x7f800000u);
     }
-    if (nan != 0) {
+    return nan != 0;
+}
+
+/* The threshold of a row of n > MOECACHE_RANK_WIDTH experts without NaN: the value ranked
+ * about seven eighths of the width down a sample of 64 of them. */
+float sampled_threshold(const float * row, int32_t n) {
+    float sample[64];
+    int32_t ns = 0;
+    const int32_t stride = std::max(1, n / 64);
+    for (int32_t e = 0; e < n && ns < 64; e += stride) {
+        sample[ns++] = row[e];
+    }
+    const int32_t q = std::max(0, ns * MOECACHE_RANK_WIDTH * 7 / (8 * n) - 1);
+    std::nth_element(sample, sample + q, sample + ns, std::greater<float>());
+    return sample[q];
+}
+
+}  // namespace
+
+namespace moecache_core {
+
+/* The scalar ranking of a row (see rank_row): the experts at or above a threshold sampled
+ * from the row (about seven eighths of the width of them, at most the width), sorted; so
+ * the ranked ones are exactly the row's best, whatever the threshold. Returns how many (0
+ * for a row holding a NaN). */
+int32_t rank_row_reference(const float * row, int32_t n, RankScratch & s, uint16_t * out) {
+    constexpr int32_t width = MOECACHE_RANK_WIDTH;
+    uint64_t * keys = s.keys.data();
+    int32_t * idx = s.idx.data();
+    if (holds_nan(row, n)) {
         return 0;
     }
-    float threshold = -std::numeric_limits<float>::infinity();
-    if (n > width) {
-        float sample[64];
-        int32_t ns = 0;
-        const int32_t stride = std::max(1, n / 64);
-        for (int32_t e = 0; e < n && ns < 64; e += stride) {
-            sample[ns++] = row[e];
-        }
-        const int32_t q = std::max(0, ns * width * 7 / (8 * n) - 1);
-        std::nth_element(sample, sample + q, sample + ns, std::greater<float>());
-        threshold = sample[q];
-    }
+    const float threshold =
+        n > width ? sampled_threshold(row, n) : -std::numeric_limits<float>::infinity();
     int32_t m = 0;
     for (int32_t e = 0; e < n; ++e) {
         idx[m] = e;
@@ -268,9 +291,209 @@ int32_t rank_row(const float * row, int32_t n, uint64_t * keys, int32_t * idx, u
     return m;
 }
 
-}  // namespace
+}  // namespace moecache_core
+
+#if MOECACHE_RANK_SSE2
+namespace rank_sse2 { /* named: the engine compiles the core as one unit */
+
+/* (prev[3], v[0], v[1], v[2]): a sorted list of four lanes shifted up by one. */
+inline __m128 shift_in(__m128 v, __m128 prev) {
+    const __m128 rot = _mm_shuffle_ps(v, v, _MM_SHUFFLE(2, 1, 0, 3));
+    return _mm_move_ss(rot, _mm_shuffle_ps(prev, prev, _MM_SHUFFLE(2, 1, 0, 3)));
+}
+
+/* x into an ascending list of the 4 * V smallest seen (+inf where empty), without a
+ * branch: lane i becomes min(a[i], max(a[i - 1], x)). */
+template <int V>
+inline void keep_smallest(__m128 (&a)[V], __m128 x) {
+    __m128 prev = _mm_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int v = 0; v < V; ++v) {
+        const __m128 shifted = shift_in(a[v], prev);
+        prev = a[v];
+        a[v] = _mm_min_ps(a[v], _mm_max_ps(shifted, x));
+    }
+}
+
+/* The kth smallest (0-based, kth < 4 * V) of s[0..ns), ns >= 8 * V: two interleaved
+ * lists (independent chains) merged; the value nth_element would place there. */
+template <int V>
+float kth_smallest(const float * s, int32_t ns, int32_t kth) {
+    __m128 a[V], c[V];
+    for (int v = 0; v < V; ++v) {
+        a[v] = c[v] = _mm_set1_ps(std::numeric_limits<float>::infinity());
+    }
+    int32_t i = 0;
+    for (; i + 2 <= ns; i += 2) {
+        keep_smallest<V>(a, _mm_set1_ps(s[i]));
+        keep_smallest<V>(c, _mm_set1_ps(s[i + 1]));
+    }
+    if (i < ns) {
+        keep_smallest<V>(a, _mm_set1_ps(s[i]));
+    }
+    alignas(16) float x[4 * V], y[4 * V];
+    for (int v = 0; v < V; ++v) {
+        _mm_store_ps(x + 4 * v, a[v]);
+        _mm_store_ps(y + 4 * v, c[v]);
+    }
+    int32_t p = 0, q = 0;
+    float r = 0.0f;
+    for (int32_t k = 0; k <= kth; ++k) {
+        r = x[p] <= y[q] ? x[p++] : y[q++];
+    }
+    return r;
+}
+
+/* The kth smallest of the sample (kth < 32, ns = 64) by the shortest list holding it. */
+float kth_of_sample(const float * s, int32_t ns, int32_t kth) {
+    return kth < 12 ? kth_smallest<3>(s, ns, kth)
+           : kth < 16 ? kth_smallest<4>(s, ns, kth) : kth_smallest<8>(s, ns, kth);
+}
+
+/* The reference's sampled threshold (sampled_threshold) of a row of n > 64 experts (so 64
+ * samples), found by the vector selection from whichever end of the sample its rank is
+ * nearer (within 32). A NaN makes it meaningless, never undefined behaviour (nth_element's
+ * would be): the filter then finds the NaN. */
+float sample_threshold(const float * row, int32_t n) {
+    float sample[64];
+    int32_t ns = 0;
+    const int32_t stride = std::max(1, n / 64);
+    for (int32_t e = 0; e < n && ns < 64; e += stride) {
+        sample[ns++] = row[e];
+    }
+    const int32_t q = std::max(0, ns * MOECACHE_RANK_WIDTH * 7 / (8 * n) - 1);
+    if (ns - 1 - q <= q) {
+        return kth_of_sample(sample, ns, ns - 1 - q);
+    }
+    for (int32_t i = 0; i < ns; ++i) {
+        sample[i] = -sample[i];
+    }
+    return -kth_of_sample(sample, ns, q);
+}
+
+/* The row's experts at or above `threshold` (values at vals, ids at idx, in id order), from
+ * a bit mask per 64 experts: the loop over them branches once per candidate, not once per
+ * expert. Returns how many, or -1 if the row holds a NaN. */
+int32_t candidates(const float * row, int32_t n, float threshold, float * vals, int32_t * idx) {
+    const __m128 t = _mm_set1_ps(threshold);
+    __m128 unordered = _mm_setzero_ps();
+    int32_t m = 0;
+    int32_t e0 = 0;
+    for (; e0 + 64 <= n; e0 += 64) {
+        uint64_t mask = 0;
+        for (int32_t c = 0; c < 64; c += 16) {
+            const float * p = row + e0 + c;
+            const __m128 x0 = _mm_loadu_ps(p), x1 = _mm_loadu_ps(p + 4);
+            const __m128 x2 = _mm_loadu_ps(p + 8), x3 = _mm_loadu_ps(p + 12);
+            unordered = _mm_or_ps(unordered, _mm_or_ps(_mm_cmpunord_ps(x0, x1),
+                                                       _mm_cmpunord_ps(x2, x3)));
+            const uint32_t bits =
+                static_cast<uint32_t>(_mm_movemask_ps(_mm_cmpge_ps(x0, t))) |
+                static_cast<uint32_t>(_mm_movemask_ps(_mm_cmpge_ps(x1, t))) << 4 |
+                static_cast<uint32_t>(_mm_movemask_ps(_mm_cmpge_ps(x2, t))) << 8 |
+                static_cast<uint32_t>(_mm_movemask_ps(_mm_cmpge_ps(x3, t))) << 12;
+            mask |= static_cast<uint64_t>(bits) << c;
+        }
+        while (mask != 0) {
+            const int32_t e = e0 + static_cast<int32_t>(__builtin_ctzll(mask));
+            mask &= mask - 1;
+            vals[m] = row[e];
+            idx[m++] = e;
+        }
+    }
+    bool nan = _mm_movemask_ps(unordered) != 0;
+    for (int32_t e = e0; e < n; ++e) {
+        nan |= std::isnan(row[e]);
+        vals[m] = row[e];
+        idx[m] = e;
+        m += row[e] >= threshold;
+    }
+    return nan ? -1 : m;
+}
+
+/* Each candidate's place in the order, as the number of candidates with a higher value
+ * (vals padded with -inf to a multiple of 8, NaN-free); those placed below the width are
+ * written to out (width + 1 entries: the last takes the rest). False where two values tie
+ * (the places then collide: the caller sorts instead), found by the places' sum. */
+bool place_by_count(float * vals, const int32_t * idx, int32_t m, uint16_t * out) {
+    constexpr int32_t width = MOECACHE_RANK_WIDTH;
+    const int32_t padded = (m + 7) & ~7;
+    for (int32_t j = m; j < padded; ++j) {
+        vals[j] = -std::numeric_limits<float>::infinity();
+    }
+    int64_t total = 0;
+    for (int32_t i = 0; i < m; i += 2) {
+        const __m128 x = _mm_set1_ps(vals[i]), y = _mm_set1_ps(vals[i + 1]);
+        __m128i a0 = _mm_setzero_si128(), a1 = a0, b0 = a0, b1 = a0;
+        for (int32_t j = 0; j < padded; j += 8) {
+            const __m128 p = _mm_loadu_ps(vals + j), q = _mm_loadu_ps(vals + j + 4);
+            a0 = _mm_sub_epi32(a0, _mm_castps_si128(_mm_cmpgt_ps(p, x)));
+            a1 = _mm_sub_epi32(a1, _mm_castps_si128(_mm_cmpgt_ps(q, x)));
+            b0 = _mm_sub_epi32(b0, _mm_castps_si128(_mm_cmpgt_ps(p, y)));
+            b1 = _mm_sub_epi32(b1, _mm_castps_si128(_mm_cmpgt_ps(q, y)));
+        }
+        __m128i lo = _mm_unpacklo_epi32(_mm_add_epi32(a0, a1), _mm_add_epi32(b0, b1));
+        lo = _mm_add_epi32(lo, _mm_unpackhi_epi32(_mm_add_epi32(a0, a1), _mm_add_epi32(b0, b1)));
+        lo = _mm_add_epi32(lo, _mm_shuffle_epi32(lo, _MM_SHUFFLE(1, 0, 3, 2)));
+        const int32_t px = _mm_cvtsi128_si32(lo);
+        const int32_t py = _mm_cvtsi128_si32(_mm_shuffle_epi32(lo, _MM_SHUFFLE(1, 1, 1, 1)));
+        total += px;
+        out[std::min(px, width)] = static_cast<uint16_t>(idx[i]);
+        if (i + 1 < m) {
+            total += py;
+            out[std::min(py, width)] = static_cast<uint16_t>(idx[i + 1]);
+        }
+    }
+    return total == static_cast<int64_t>(m) * (m - 1) / 2;
+}
+
+}  // namespace rank_sse2
+#endif
 
 namespace moecache_core {
+
+/* One row of moecache_rank_rows, the reference's result (the selfcheck compares them) in a
+ * third to a half of its time: where SSE2 is there (every x86-64; elsewhere the reference
+ * itself), the sampled threshold by a branch-free selection instead of nth_element, the
+ * candidates from bit masks, and up to 128 of them placed by counting instead of sorted
+ * (ties and more candidates sort, as the reference does). */
+int32_t rank_row(const float * row, int32_t n, RankScratch & s, uint16_t * out) {
+#if MOECACHE_RANK_SSE2
+    using namespace rank_sse2;
+    constexpr int32_t width = MOECACHE_RANK_WIDTH;
+    static_assert(width == 64, "sample_threshold takes 64 samples of a row wider than this");
+    const float threshold =
+        n > width ? sample_threshold(row, n) : -std::numeric_limits<float>::infinity();
+    float * vals = s.vals.data();
+    int32_t * idx = s.idx.data();
+    int32_t m = candidates(row, n, threshold, vals, idx);
+    if (m < 0) {
+        return 0;
+    }
+    if (m <= 2 * width) {
+        uint16_t placed[width + 1];
+        if (place_by_count(vals, idx, m, placed)) {
+            m = std::min(m, width);
+            std::memcpy(out, placed, static_cast<size_t>(m) * sizeof(uint16_t));
+            return m;
+        }
+    }
+    uint64_t * keys = s.keys.data();
+    for (int32_t j = 0; j < m; ++j) {
+        keys[j] = rank_key(vals[j], idx[j]);
+    }
+    if (m > width) {
+        std::nth_element(keys, keys + width, keys + m);
+        m = width;
+    }
+    std::sort(keys, keys + m);
+    for (int32_t j = 0; j < m; ++j) {
+        out[j] = static_cast<uint16_t>(keys[j] & 0xFFFFu);
+    }
+    return m;
+#else
+    return rank_row_reference(row, n, s, out);
+#endif
+}
 
 /* The trace's ranking, or one made for this call or plan (none where it cannot be: then
  * scans). Named, not in the anonymous namespace: a kept plan holds one. */
@@ -619,17 +842,26 @@ int32_t moecache_rank_rows(const float * probs, const int32_t * ids, int64_t n_r
     std::atomic<bool> failed{false};
     auto work = [&]() {
         try {
-            std::vector<uint64_t> keys(static_cast<size_t>(n_experts));
-            std::vector<int32_t> idx(static_cast<size_t>(n_experts));
+            moecache_core::RankScratch scratch(n_experts);
             for (int64_t r0 = next.fetch_add(kChunk); r0 < n_rows; r0 = next.fetch_add(kChunk)) {
                 for (int64_t r = r0; r < std::min(n_rows, r0 + kChunk); ++r) {
+                    /* the row after next on its way while this one is ranked: the pass is
+                     * bound by reading the rows */
+#if defined(__GNUC__)
+                    if (r + 2 < n_rows) {
+                        const float * ahead = probs + (r + 2) * n_experts;
+                        for (int32_t e = 0; e < n_experts; e += 16) {
+                            __builtin_prefetch(ahead + e);
+                        }
+                    }
+#endif
                     for (int64_t i = r * top_k; i < (r + 1) * top_k; ++i) {
                         const bool ok = ids[i] >= 0 && ids[i] < n_experts;
                         selected_probs[i] = ok ? probs[r * n_experts + ids[i]] : 0.0f;
                     }
-                    rank_counts[r] = static_cast<uint8_t>(
-                        rank_row(probs + r * n_experts, n_experts, keys.data(), idx.data(),
-                                 ranks + r * MOECACHE_RANK_WIDTH));
+                    rank_counts[r] = static_cast<uint8_t>(moecache_core::rank_row(
+                        probs + r * n_experts, n_experts, scratch,
+                        ranks + r * MOECACHE_RANK_WIDTH));
                 }
             }
         } catch (...) {

@@ -262,6 +262,20 @@ extern std::atomic<int64_t> replay_fast_configs;
 extern std::atomic<int64_t> replay_scan_configs; /* those of them finding victims by scan */
 bool fast_covers(const moecache_replay_trace & t, const moecache_replay_config & cfg,
                  bool ids_valid, bool events);
+/* A worker's buffers for ranking rows of n experts (moecache_rank_rows). */
+struct RankScratch {
+    std::vector<uint64_t> keys;
+    std::vector<int32_t> idx;
+    std::vector<float> vals; /* n + 8: padded for the vector loops */
+    explicit RankScratch(int32_t n)
+        : keys(static_cast<size_t>(n)), idx(static_cast<size_t>(n)),
+          vals(static_cast<size_t>(n) + 8) {}
+};
+/* Row `row` of n experts ranked for substitution (moecache_rank_rows' contract): its best
+ * experts at out (MOECACHE_RANK_WIDTH at most), how many returned, 0 for a row holding a
+ * NaN. rank_row is rank_row_reference's result, entry for entry, faster. */
+int32_t rank_row(const float * row, int32_t n, RankScratch & s, uint16_t * out);
+int32_t rank_row_reference(const float * row, int32_t n, RankScratch & s, uint16_t * out);
 struct FastPlan;      /* what the configurations of a batch share (fast_plan_new) */
 struct FastWorkspace; /* buffers a worker reuses from one configuration to the next */
 FastPlan * fast_plan_new(const moecache_replay_trace & t, const moecache_replay_config * configs,

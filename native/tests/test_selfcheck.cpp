@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -354,6 +355,53 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
     return decisions;
 }
 
+/* The vector ranking (moecache_core::rank_row) against the scalar reference, entry for entry,
+ * over rows that take each of its paths: every expert count from 1 to 600 (thresholds found
+ * by the selection or by nth_element, tails beyond a multiple of 64), softmax-like rows,
+ * coarse values with ties (sorted instead of placed), rows mostly of one value (more than
+ * 128 candidates), +-0, negatives, infinities and NaNs. Returns the rows compared, -1 on a
+ * difference. */
+int64_t rankings_equal(std::mt19937 & rng) {
+    int64_t rows = 0;
+    std::vector<uint16_t> a(MOECACHE_RANK_WIDTH), b(MOECACHE_RANK_WIDTH);
+    for (int32_t n = 1; n <= 600; ++n) {
+        moecache_core::RankScratch sa(n), sb(n);
+        std::vector<float> row(static_cast<size_t>(n));
+        for (int kind = 0; kind < 8; ++kind) {
+            for (int rep = 0; rep < (n % 64 == 0 ? 40 : 4); ++rep) {
+                std::normal_distribution<float> logit(0.0f, 1.0f + static_cast<float>(kind));
+                for (int32_t e = 0; e < n; ++e) {
+                    float & v = row[static_cast<size_t>(e)];
+                    switch (kind) {
+                        case 0: case 1: v = std::exp(logit(rng)); break;          // distinct
+                        case 2: v = static_cast<float>(rng() % 16) / 16.0f; break; // ties
+                        case 3: v = rng() % 8 == 0 ? 0.5f : 0.0f; break;          // one value
+                        case 4: v = logit(rng); break;                            // negatives
+                        case 5: v = rng() % 2 ? 0.0f : -0.0f; break;              // +-0 only
+                        default: v = std::exp(logit(rng)) * (rng() % 3 == 0 ? 0.0f : 1.0f);
+                    }
+                }
+                if (kind == 6) {
+                    row[rng() % static_cast<uint32_t>(n)] = std::numeric_limits<float>::infinity();
+                    row[rng() % static_cast<uint32_t>(n)] = -std::numeric_limits<float>::infinity();
+                }
+                if (kind == 7 || rng() % 50 == 0) {
+                    row[rng() % static_cast<uint32_t>(n)] = std::nanf("");
+                }
+                const int32_t ca = moecache_core::rank_row(row.data(), n, sa, a.data());
+                const int32_t cb = moecache_core::rank_row_reference(row.data(), n, sb, b.data());
+                if (ca != cb || !std::equal(a.begin(), a.begin() + ca, b.begin())) {
+                    std::fprintf(stderr, "rank_row differs from its reference (%d experts, "
+                                 "kind %d: %d vs %d ranked)\n", n, kind, ca, cb);
+                    return -1;
+                }
+                ++rows;
+            }
+        }
+    }
+    return rows;
+}
+
 }  // namespace
 
 int main() {
@@ -436,12 +484,17 @@ int main() {
         }
         moecache_destroy(c);
     }
+    const int64_t ranked = rankings_equal(rng);
+    if (ranked < 0) {
+        return 1;
+    }
     const int64_t replayed = batch_replays(rng, names);
     if (replayed < 0) {
         return 1;
     }
     std::printf("selfcheck: %lld route rows and %lld batch-replayed rows, every pick equal to "
-                "the reference scan\n",
-                static_cast<long long>(decisions), static_cast<long long>(replayed));
+                "the reference scan; %lld rows ranked as the reference ranks them\n",
+                static_cast<long long>(decisions), static_cast<long long>(replayed),
+                static_cast<long long>(ranked));
     return 0;
 }

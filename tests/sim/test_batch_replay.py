@@ -125,6 +125,35 @@ def test_the_shared_ranking_names_each_rows_best_experts_in_substitution_order(
     assert again is not None and again[1][3] == 0 and (np.delete(again[1], 3) > 0).all()
 
 
+def test_the_layout_and_a_batch_replay_lay_out_no_event_rows_until_asked(
+        record: RecordFn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A version-2 trace's rows are laid out as event rows (864 bytes each) only when
+    something reads them: ``Routing.from_trace`` and a batch replay take steps, layers and
+    ids from the columns. ``recorded`` then lays them out, equal to the trace's."""
+    from moescope.trace import arrow_format
+
+    laid: list[int] = []
+    events_of = arrow_format.events_of
+
+    def counted(cols, k):  # type: ignore[no-untyped-def]
+        laid.append(cols["n"])
+        return events_of(cols, k)
+
+    monkeypatch.setattr(arrow_format, "events_of", counted)
+    trace = read_trace(record("qwen3moe", name="trace.arrows", tokens=20, answers=2,
+                              switch_at=7))
+    routing = Routing.from_trace(trace)
+    (result,) = replay_many(routing, [("exact", 4)])
+    assert laid == [] and result.per_token["selections"].sum() > 0
+    recorded = routing.recorded
+    assert len(laid) == 1 and routing.recorded is recorded and routing.n_rows == len(recorded)
+    events = trace.events()
+    assert recorded.tobytes() == events.tobytes() and len(laid) == 1
+    assert np.array_equal(routing.ids, events["ids"][:, :routing.ids.shape[1]])
+    assert np.array_equal(routing.call_step, events["step"][routing.call_start])
+    assert np.array_equal(routing.call_layer, events["layer"][routing.call_start])
+
+
 ALL_PRESETS = ["exact", "quality-first", "speed-first", "cache-prior", "psr", "substitute-all",
                "threshold", "first-choice"]
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,8 +101,10 @@ class Routing:
     weights: npt.NDArray[np.float32]
     probs: npt.NDArray[np.float32]
     exact: npt.NDArray[np.bool_]
-    recorded: npt.NDArray[Any]
-    """The engine's event rows, for comparisons."""
+    recorded_rows: npt.NDArray[Any] | Callable[[], npt.NDArray[Any]]
+    """The engine's event rows (:attr:`recorded`), or a function laying them out when
+    first asked for: a replay reads none of them, and laying them out (864 bytes a row)
+    took as long as the rest of the layout."""
     call_step: npt.NDArray[np.int64]
     call_layer: npt.NDArray[np.int32]
     call_start: npt.NDArray[np.int64]
@@ -126,6 +128,18 @@ class Routing:
     made."""
     _lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False,
                                    compare=False)
+    _recorded: npt.NDArray[Any] | None = field(default=None, init=False, repr=False,
+                                               compare=False)
+
+    @property
+    def recorded(self) -> npt.NDArray[Any]:
+        """The engine's event rows, for comparisons (laid out on first use)."""
+        with self._lock:
+            if self._recorded is None:
+                rows = self.recorded_rows
+                self._recorded = rows() if callable(rows) else rows
+                self.recorded_rows = self._recorded
+            return self._recorded
 
     def substitute_ranking(self, threads: int = 0) -> Ranking | None:
         """Every row's best experts in the order a substitute is chosen
@@ -161,7 +175,7 @@ class Routing:
 
     @property
     def n_rows(self) -> int:
-        return len(self.recorded)
+        return len(self.ids)
 
     @property
     def n_tokens(self) -> int:
@@ -185,13 +199,13 @@ class Routing:
         k = m.top_k
         columns = trace.columns if trace.columns is not None and \
             len(trace.columns.token_rows) == len(trace.tokens) + 1 else _columns(trace)
-        events = columns.events
-        n = len(events)
         exact = columns.exact
-        ids = np.ascontiguousarray(events["ids"][:, :k], dtype=np.int32)
+        n = len(exact)
+        ids = np.ascontiguousarray(columns.ids[:, :k], dtype=np.int32).reshape(n, k)
         weights = np.array(columns.gate, dtype=np.float32, copy=True).reshape(n, k)
         probs = columns.probs if n else np.zeros((0, m.n_expert), np.float32)
         if (~exact).any():  # rebuilt from the event row: its weights stand in for probs
+            events = columns.events
             probs = np.array(probs, copy=True)
             rows = np.flatnonzero(~exact)
             weights[rows] = events["weights"][rows, :k]
@@ -199,9 +213,9 @@ class Routing:
             probs[rows[:, None], ids[rows]] = events["weights"][rows, :k]
         probs = np.ascontiguousarray(probs, dtype=np.float32)
         token_rows = columns.token_rows
-        step = events["step"].astype(np.int64)
-        layer = events["layer"].astype(np.int32)
-        batch = events["token"].astype(np.int64)
+        step = columns.row_field("step").astype(np.int64)
+        layer = columns.row_field("layer").astype(np.int32)
+        batch = columns.row_field("token").astype(np.int64)
         new = np.ones(n, dtype=np.bool_)
         if n > 1:
             new[1:] = (step[1:] != step[:-1]) | (layer[1:] != layer[:-1]) | \
@@ -216,7 +230,8 @@ class Routing:
             bool((columns.next_layer >= 0).any())
         return cls(
             header=trace.header, ids=ids, weights=weights, probs=probs, exact=exact,
-            recorded=events, call_step=step[call_start], call_layer=layer[call_start],
+            recorded_rows=lambda: columns.events, call_step=step[call_start],
+            call_layer=layer[call_start],
             call_start=call_start, call_stop=call_stop, token_calls=token_calls,
             token_rows=np.asarray(token_rows, dtype=np.int64),
             changes=[tuple(t.changes) for t in trace.tokens],
@@ -671,7 +686,7 @@ def _check_steps(routing: Routing) -> None:
     """The steps a replay will walk are within what ``read_trace`` allows (a trace built in
     memory skipped it): no step before the initial one, none past the trace's reach."""
     h = routing.header
-    steps = routing.recorded["step"]
+    steps = routing.call_step  # every row's, as the rows of a call share their step
     reach = h.initial_step + MAX_STEP_SLACK + routing.n_rows + routing.n_tokens
     if not 0 <= h.initial_step <= MAX_STEP_SLACK or (len(steps) and (
             int(steps.min()) < h.initial_step or int(steps.max()) > reach)):

@@ -464,6 +464,7 @@ def trace_columns(cols: dict[str, Any], token_rows: npt.NDArray[np.int64], sourc
         probs=cols["probs"], gate=np.asarray(cols["gate"], dtype=np.float32),
         next_layer=cols["next_layer"].astype(np.int32) if width else None,
         predicted=predicted, source=source, ids=cols["ids"],
+        fields={"step": cols["step"], "layer": cols["layer"], "token": cols["batch"]},
         # a batch per token, a chunk per batch (empty ones too): the tokens' first rows
         starts=starts if starts is not None else
         token_rows if len(cols["probs"]) == len(token_rows) - 1 else None)
