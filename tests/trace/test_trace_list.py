@@ -185,7 +185,7 @@ def test_a_missing_folder_lists_nothing(tmp_path: Path) -> None:
 def test_peek_refuses_with_the_file_named(tmp_path: Path) -> None:
     path = tmp_path / "x.arrows"
     path.write_bytes(b"PAR1" + b"\0" * 4)
-    with pytest.raises(TraceFormatError, match="x.arrows"):
+    with pytest.raises(TraceFormatError, match=r"x\.arrows"):
         peek_trace(path)
     with pytest.raises(TraceFormatError, match="cannot read"):
         peek_trace(tmp_path / "missing.arrows")

@@ -167,7 +167,8 @@ def _created(text: str) -> _dt.datetime | None:
 
 def describe(path: Path, st: os.stat_result, modified: float, *,
              this_window: bool = False) -> SessionTrace:
-    """One session's entry, from the file it opens as (``st``: that file's ``lstat``)."""
+    """One session's entry, from the file it opens as (``st``: that file's ``lstat``);
+    ``this_window``: the session this window records now."""
     base = {"path": path, "modified": modified, "size": st.st_size,
             "format": _format_words(path.name), "this_window": this_window}
     if not stat.S_ISREG(st.st_mode):
@@ -176,7 +177,9 @@ def describe(path: Path, st: os.stat_result, modified: float, *,
         return SessionTrace(state=TraceState.UNREADABLE, reason=f"{what}, not a trace file "
                             "(open it with Open trace… if it leads to one)", **base)
     journal = path.name.endswith(JOURNAL_SUFFIX)
-    held = journal and _held(path)
+    # this window's own journal is known to be held: not locked to find out, which could
+    # take a journal its writer has just created and not yet locked
+    held = journal and (this_window or _held(path))
     if st.st_size == 0:
         if held:
             return SessionTrace(state=TraceState.RECORDING, tokens=0,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QSize, Qt, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QKeySequence, QShortcut
+from PySide6.QtGui import QDesktopServices, QKeyEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QDialog,
@@ -124,7 +124,9 @@ class SessionsDialog(QDialog):
         # the model's name takes what is left, cut in the middle where it must (its
         # quantization, at the end, tells files apart)
         header.setSectionResizeMode(MODEL_COLUMN, QHeaderView.ResizeMode.Stretch)
-        self.tree.itemActivated.connect(lambda _item, _col: self.open_current())
+        # Enter is the dialog's (keyPressEvent): the tree's "activated" also fires on a
+        # single click where the style says so, and a click must only select
+        self.tree.itemDoubleClicked.connect(lambda _item, _col: self.open_current())
         self.tree.currentItemChanged.connect(lambda *_: self._current_changed())
         layout.addWidget(self.tree, 1)
         self.detail = QLabel()
@@ -159,6 +161,18 @@ class SessionsDialog(QDialog):
         QShortcut(QKeySequence(QKeySequence.StandardKey.Refresh), self, self.refresh)
         resize_within_screen(self, DIALOG_SIZE)
         self.refresh()
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        """Enter opens the selected session (on a button: presses it), never Close."""
+        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
+            focus = self.focusWidget()
+            if isinstance(focus, QPushButton):
+                focus.click()
+            else:
+                self.open_current()
+            event.accept()
+            return
+        super().keyPressEvent(event)
 
     def refresh(self) -> None:
         """List the folder again, keeping the selected session selected if it is still
