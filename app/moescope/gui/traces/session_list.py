@@ -182,7 +182,8 @@ class SessionsDialog(QDialog):
         live = self.live()
         self.entries = list_traces(self.folder, [live] if live is not None else [])
         self.tree.clear()
-        pick = 0
+        openable = [n for n, e in enumerate(self.entries) if e.openable]
+        pick = openable[0] if openable else 0  # the newest that opens, unless one was chosen
         for n, entry in enumerate(self.entries):
             item = QTreeWidgetItem([when_text(entry), entry.model or entry.path.name,
                                     tokens_text(entry), size_text(entry.size), entry.format,
