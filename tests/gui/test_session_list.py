@@ -68,6 +68,9 @@ def test_the_dialog_lists_the_folder_and_explains_each_state(qtbot: Any,
     dialog.show()
     rows = _rows(dialog)
     assert len(rows) == 4  # README.txt is not a trace
+    assert dialog.entries[0].path.name == "notes.arrows"  # the newest file, by its time
+    assert dialog.current().path.name != "notes.arrows"  # selected: the newest that opens
+    assert dialog.open_button.isEnabled()
     states = {e.path.name: r[5] for e, r in zip(dialog.entries, rows, strict=True)}
     assert states[LONG] == "finished"
     assert states["20261130-220101-Qwen3-30B-A3B-Q4_K_M.parquet.journal.arrows"] \

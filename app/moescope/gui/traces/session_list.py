@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QSize, Qt, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QKeyEvent, QKeySequence, QShortcut
+from PySide6.QtGui import QAction, QDesktopServices, QKeyEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QDialog,
@@ -59,7 +59,8 @@ FILE_DIALOG_SIZE = QSize(900, 520)
 
 
 def fill_recent_menu(menu: QMenu, folder: Path, live: Path | None,
-                     open_trace: Callable[[str], object], show_all: object) -> list[SessionTrace]:
+                     open_trace: Callable[[str], object], show_all: QAction
+                     ) -> list[SessionTrace]:
     """Rebuild ``menu`` with the newest :data:`MENU_SESSIONS` sessions of ``folder`` (an
     action each, ``&1``..``&9`` and ``1&0`` as keys; those that cannot open are disabled,
     their reason in the status tip) and, last, ``show_all`` (the dialog's action);
@@ -77,7 +78,7 @@ def fill_recent_menu(menu: QMenu, folder: Path, live: Path | None,
         none = menu.addAction("No recorded session yet")
         none.setEnabled(False)
     menu.addSeparator()
-    menu.addAction(show_all)  # type: ignore[call-overload]
+    menu.addAction(show_all)
     return entries
 
 
