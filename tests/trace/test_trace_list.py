@@ -182,6 +182,17 @@ def test_a_missing_folder_lists_nothing(tmp_path: Path) -> None:
     assert list_traces(tmp_path / "nowhere") == []
 
 
+def test_a_crowded_folder_lists_only_its_newest_sessions(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trace_list, "MAX_LISTED", 3)
+    for i in range(6):
+        path = tmp_path / f"s{i}.jsonl"
+        path.write_bytes(b"{}\n")
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
+    assert [e.path.name for e in list_traces(tmp_path)] == ["s5.jsonl", "s4.jsonl",
+                                                           "s3.jsonl"]
+
+
 def test_peek_refuses_with_the_file_named(tmp_path: Path) -> None:
     path = tmp_path / "x.arrows"
     path.write_bytes(b"PAR1" + b"\0" * 4)

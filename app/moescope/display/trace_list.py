@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import logging
 import os
 import stat
 from collections.abc import Iterable
@@ -38,6 +39,7 @@ from moescope.trace.names import (
 from moescope.trace.peek import TracePeek, peek_trace
 from moescope.trace.schema import TraceFormatError
 
+log = logging.getLogger(__name__)
 
 class TraceState(Enum):
     FINISHED = "finished"
@@ -95,6 +97,10 @@ class SessionTrace:
         return _dt.datetime.fromtimestamp(self.modified).astimezone()
 
 
+MAX_LISTED = 500
+"""The most sessions listed (the newest on disk): the window keeps 20, so a folder with
+more holds other files, and peeking thousands would stall the menu."""
+
 _PEEKS: dict[Path, tuple[tuple[int, int], TracePeek | str]] = {}
 """What each file peeked as (its header, or why it does not read), while its size and
 modification time stay as they were."""
@@ -110,7 +116,8 @@ def _peek(path: Path, st: os.stat_result) -> TracePeek | str:
         result: TracePeek | str = peek_trace(path)
     except TraceFormatError as err:
         result = _one_line(str(err), path.name)
-    except (OSError, ValueError, MemoryError) as err:  # a reader's surprise: still a line
+    except Exception as err:  # a reader's surprise: still one line, the list goes on
+        log.warning("listing %s: %s", path, err, exc_info=True)
         result = _one_line(f"cannot read it ({type(err).__name__}: {err})", path.name)
     if len(_PEEKS) >= _MAX_PEEKS:
         _PEEKS.clear()
@@ -211,8 +218,8 @@ def list_traces(directory: Path, live: Iterable[str | os.PathLike[str]] = ()
                 ) -> list[SessionTrace]:
     """Every recorded session in ``directory``, the last recorded first (by
     :attr:`SessionTrace.when`: a leftover journal compacted at a later start is newer on
-    disk than it was recorded); an empty list for a folder
-    that is missing or unreadable). ``live`` names this window's session (any of its file
+    disk than it was recorded); an empty list for a folder that is missing or unreadable.
+    ``live`` names this window's session (any of its file
     names): it is marked :attr:`SessionTrace.this_window`. Files that are not traces by
     name are not listed; one that is by name but does not read is, as unreadable."""
     try:
@@ -228,13 +235,13 @@ def list_traces(directory: Path, live: Iterable[str | os.PathLike[str]] = ()
         with contextlib.suppress(OSError):
             sessions.setdefault(stem, []).append((Path(entry.path),
                                                   entry.stat(follow_symlinks=False)))
+    newest = sorted(((max(st.st_mtime for _, st in files), stem, files)
+                     for stem, files in sessions.items()), reverse=True)
     out = []
-    for stem, files in sessions.items():
+    for modified, stem, files in newest[:MAX_LISTED]:
         picked = _pick(files)
-        if picked is None:
-            continue
-        modified = max(st.st_mtime for _, st in files)
-        out.append(describe(picked[0], picked[1], modified, this_window=stem in mine))
+        if picked is not None:
+            out.append(describe(picked[0], picked[1], modified, this_window=stem in mine))
     out.sort(key=lambda e: (e.when, e.path.name), reverse=True)
     return out
 
