@@ -31,6 +31,10 @@ MAX_MESSAGES = 1 << 22
 Qwen3-Next's geometry, far more for a small model); a file with more is refused rather than
 walked for minutes."""
 
+MAX_MESSAGE_METADATA = 64 << 20
+"""The most bytes of one message's fields looked at (a token's are a few kB; the reader
+bounds a record at 64 MiB too)."""
+
 
 @dataclass(frozen=True)
 class TracePeek:
@@ -142,6 +146,10 @@ def _peek_arrow(p: Path) -> TracePeek:
                 break
             if message.type != "record batch":
                 continue
+            if message.metadata.size > MAX_MESSAGE_METADATA:
+                raise TraceFormatError(f"{p.name}: a message after token {tokens} claims "
+                                       f"{message.metadata.size:,} bytes of fields, more "
+                                       "than a token's")
             meta = message.metadata.to_pybytes()
             if af.TOKEN_KEY in meta:
                 tokens += 1
