@@ -326,7 +326,9 @@ def test_trace_dialogs_offer_every_format_and_export_the_recorded_one(
         return "", ""
 
     monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(save))
-    monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(open_))
+    monkeypatch.setattr("moescope.gui.traces.session_traces.ask_trace_file",
+                        lambda parent, start, filters: open_(parent, "Open trace", start,
+                                                             filters)[0])
     with qtbot.waitSignal(window.traceExportFinished, timeout=30_000):
         window.export_trace_dialog()
     title, default, filters = asked[-1]

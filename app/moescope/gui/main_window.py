@@ -55,6 +55,7 @@ from moescope.gui.menus import MENU_POLICIES, WindowMenus
 from moescope.gui.model_loading import ModelLoading, budget_percent
 from moescope.gui.preferences import PreferencesFeature, read_preferences
 from moescope.gui.serve import ServeFeature
+from moescope.gui.traces.session_list import SessionsDialog
 from moescope.gui.traces.session_traces import SessionTraces
 from moescope.gui.traces.trace_opener import TraceOpener
 from moescope.gui.traces.trace_window import TraceWindow
@@ -127,6 +128,8 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.recent_tokens: deque[TokenSnapshot] = deque(maxlen=RECENT_TOKENS)
         self.trace_windows: list[TraceWindow] = []
         self._trace_openers: dict[TraceOpener, QProgressDialog] = {}
+        self._sessions_dialog: SessionsDialog | None = None
+        """File ▸ Recent sessions ▸ All recorded sessions, while open."""
         """Traces being read, with their progress dialogs."""
         self.notices: list[tuple[str, str]] = []
         """Non-blocking warnings shown (``notify``), oldest first."""

@@ -69,6 +69,13 @@ class WindowMenus(_Window):
             "every token")
         file.addAction(self.export_trace_action)
         file.addAction(self._action("Open &trace…", self.open_trace_dialog, "Ctrl+Shift+O"))
+        self.sessions_menu = file.addMenu("Recent &sessions")
+        """The newest recorded sessions, listed each time it opens."""
+        self.sessions_action = self._action(
+            "&All recorded sessions…", self.show_sessions, "Ctrl+Shift+R",
+            "Every session trace in the traces folder: when, model, tokens, size; open one")
+        self.sessions_menu.aboutToShow.connect(self._rebuild_sessions_menu)
+        self.sessions_menu.addAction(self.sessions_action)
         self.record_action = self._action(
             "&Record session traces", self._toggle_recording,
             tip="Record each model session to a trace file: off stops the current one at "

@@ -12,10 +12,11 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QTimer, Slot
-from PySide6.QtWidgets import QFileDialog, QProgressDialog
+from PySide6.QtCore import Qt, QTimer, Slot
+from PySide6.QtWidgets import QProgressDialog
 
 from moescope.display.trace_io import ReopenedTrace, nothing_recorded
+from moescope.gui.traces.session_list import SessionsDialog, ask_trace_file, fill_recent_menu
 from moescope.gui.traces.trace_export import (
     TraceExport,
     TraceExporter,
@@ -115,10 +116,40 @@ class SessionTraces(_Window):
             self.show_error("Could not export the trace", str(err))
 
     def open_trace_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(
-            self, "Open trace", str(paths.traces_dir()), dialog_filter())
+        path = ask_trace_file(self, str(paths.traces_dir()), dialog_filter())
         if path:
             self.open_trace(path)
+
+    def _live_trace(self) -> Path | None:
+        """This window's session being recorded now, if any (the list marks it)."""
+        return self.trace_path if self.recording_now else None
+
+    def _rebuild_sessions_menu(self) -> None:
+        """File ▸ Recent sessions, listed afresh each time it opens (headers only)."""
+        fill_recent_menu(self.sessions_menu, paths.traces_dir(), self._live_trace(),
+                         self.open_trace, self.sessions_action)
+
+    def show_sessions(self) -> SessionsDialog:
+        """The Recorded sessions dialog (one at a time, non-modal: the chat goes on)."""
+        dialog = self._sessions_dialog
+        if dialog is not None:
+            dialog.refresh()
+            dialog.raise_()
+            dialog.activateWindow()
+            return dialog
+        dialog = SessionsDialog(paths.traces_dir(), self._live_trace, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.openRequested.connect(self.open_trace)
+        dialog.otherFileRequested.connect(self.open_trace_dialog,
+                                          Qt.ConnectionType.QueuedConnection)
+        dialog.destroyed.connect(self._sessions_dialog_gone)
+        self._sessions_dialog = dialog
+        dialog.show()
+        return dialog
+
+    @Slot()
+    def _sessions_dialog_gone(self) -> None:
+        self._sessions_dialog = None
 
     def open_trace(self, path: str | Path) -> TraceOpener:
         """Show a recorded session's plots in their own window, read on a thread (a long

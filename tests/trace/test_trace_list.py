@@ -1,0 +1,214 @@
+"""The traces folder as a list (File ▸ Recent sessions, the Recorded sessions dialog): each
+session once, newest first, its header and token count read without reading the trace,
+the live journal and a crash's journal told apart, and a bad or foreign file listed as
+unreadable with a one-line reason, never raised."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from trace_helpers import psr_header
+
+from moescope.cache.native import EVENT_DTYPE
+from moescope.display import trace_list
+from moescope.display.trace_list import (
+    TraceState,
+    detail_text,
+    list_traces,
+    menu_text,
+    size_text,
+    state_text,
+)
+from moescope.trace import TraceRecorder, read_trace
+from moescope.trace import parquet_format as pf
+from moescope.trace.peek import peek_trace
+from moescope.trace.schema import TraceFormatError
+
+
+def _token(i: int) -> SimpleNamespace:
+    return SimpleNamespace(index=i, token_id=1, text=f"t{i}", seconds=0.01, policy="psr",
+                           slots_per_layer=4, events=np.zeros(0, dtype=EVENT_DTYPE))
+
+
+def _header(created: str, name: str = "Qwen3-30B-A3B") -> object:
+    h = psr_header()
+    return dataclasses.replace(h, created=created,
+                               model=dataclasses.replace(h.model, name=name))
+
+
+def _record(path: Path, tokens: int, created: str = "2026-11-30T10:00:00+00:00",
+            name: str = "Qwen3-30B-A3B", close: bool = True) -> TraceRecorder:
+    recorder = TraceRecorder(path, _header(created, name))  # type: ignore[arg-type]
+    for i in range(tokens):
+        recorder.record(_token(i))
+    if close:
+        recorder.close(stop_reason="done")
+    else:
+        recorder.flush()  # every token on disk: the listing below reads the file
+    return recorder
+
+
+@pytest.mark.parametrize("name", ["s.parquet", "s.arrows", "s.jsonl", "s.jsonl.gz"])
+def test_peek_reads_the_header_and_counts_what_the_reader_reads(tmp_path: Path,
+                                                                name: str) -> None:
+    path = tmp_path / name
+    _record(path, 7, name="Some-MoE")
+    peek = peek_trace(path)
+    assert peek.header.model.name == "Some-MoE"
+    assert peek.header.created == "2026-11-30T10:00:00+00:00"
+    if name.startswith("s.jsonl"):
+        assert peek.tokens is None and peek.ended is None  # counted only by a full read
+    else:
+        assert peek.tokens == len(read_trace(path).tokens) == 7 and peek.ended
+
+
+def test_a_stream_cut_mid_token_counts_the_whole_tokens(tmp_path: Path) -> None:
+    path = tmp_path / "s.arrows"
+    recorder = _record(path, 6, close=False)  # no end record: as a killed writer left it
+    whole = peek_trace(path)
+    assert not whole.truncated and not whole.ended and whole.tokens
+    os.truncate(path, path.stat().st_size - 10)
+    peek = peek_trace(path)
+    full = read_trace(path)
+    assert peek.truncated and full.truncated and not peek.ended
+    assert peek.tokens == len(full.tokens) == whole.tokens - 1 == 5
+    recorder.close(stop_reason="done")
+
+
+def test_the_folder_lists_each_session_once_newest_first(tmp_path: Path) -> None:
+    _record(tmp_path / "20261128-100000-a.parquet", 3, "2026-11-28T10:00:00+00:00", "A")
+    _record(tmp_path / "20261130-100000-b.arrows", 4, "2026-11-30T10:00:00+00:00", "B")
+    _record(tmp_path / "20261129-100000-c.jsonl.gz", 5, "2026-11-29T10:00:00+00:00", "C")
+    (tmp_path / "notes.txt").write_text("not a trace: not listed")
+    (tmp_path / ".20261127-x.parquet.abcdefgh.part").write_bytes(b"PAR1")  # a leftover alone
+    entries = list_traces(tmp_path)
+    assert [e.model for e in entries] == ["B", "C", "A"]
+    b, c, a = entries
+    assert (a.tokens, a.format, a.state) == (3, "Parquet", TraceState.FINISHED)
+    assert (b.tokens, b.format) == (4, "Arrow stream")
+    assert (c.tokens, c.format, c.openable) == (None, "gzip JSON Lines", True)
+    assert a.size == (tmp_path / "20261128-100000-a.parquet").stat().st_size
+    assert a.policy == "psr" and a.when.year == 2026
+    assert "4 tokens" in menu_text(b) and "(" not in menu_text(b)
+    assert "counted when it opens" in detail_text(c)
+
+
+def test_the_live_journal_is_recording_and_a_crash_journal_is_told_apart(
+        tmp_path: Path) -> None:
+    live = tmp_path / "20261201-100000-live.parquet"
+    recorder = _record(live, 4, "2026-12-01T10:00:00+00:00", close=False)
+    journal = pf.journal_path(live)
+    crashed = tmp_path / "20261130-100000-gone.parquet.journal.arrows"
+    shutil.copyfile(journal, crashed)  # the same bytes, but no writer holds them
+    try:
+        by_name = {e.path.name: e for e in list_traces(tmp_path, live=[live])}
+        now, left = by_name[journal.name], by_name[crashed.name]
+        written = recorder.writer.n_tokens
+        assert written == 4
+        assert now.state is TraceState.RECORDING and now.this_window
+        assert now.tokens == written
+        assert now.openable and state_text(now) == "recording now"
+        assert "not as a finished trace" in detail_text(now)
+        assert left.state is TraceState.CRASHED and left.tokens == written and left.openable
+        assert state_text(left) == "left by a crash" and "left by a crash" in left.reason
+        assert not list_traces(tmp_path)[0].this_window  # another window's: not "now"
+        assert state_text(list_traces(tmp_path)[0]) == "recording (another window)"
+        for i in range(3):
+            recorder.record(_token(4 + i))
+        recorder.flush()
+        assert list_traces(tmp_path, live=[live])[0].tokens == 7  # counted afresh
+    finally:
+        recorder.close(stop_reason="done")
+    done = list_traces(tmp_path)[0]
+    assert done.path == live and done.state is TraceState.FINISHED and done.tokens == 7
+
+
+def test_a_journal_with_its_finished_file_lists_the_finished_one(tmp_path: Path) -> None:
+    path = tmp_path / "20261201-s.parquet"
+    _record(path, 3)
+    shutil.copyfile(path, tmp_path / "other.parquet")
+    _record(tmp_path / "j.arrows", 3)
+    shutil.copyfile(tmp_path / "j.arrows", pf.journal_path(path))  # a crash after rename
+    names = [e.path.name for e in list_traces(tmp_path)]
+    assert names.count(path.name) == 1 and pf.journal_path(path).name not in names
+
+
+def test_empty_and_bad_files_are_unreadable_with_one_line_reasons(tmp_path: Path) -> None:
+    _record(tmp_path / "good.arrows", 2)
+    (tmp_path / "empty.parquet.journal.arrows").write_bytes(b"")
+    (tmp_path / "garbage.jsonl").write_bytes(b"\x00\x01 not json\n")
+    (tmp_path / "huge-line.jsonl").write_bytes(b"x" * (2 << 20))
+    (tmp_path / "foreign.parquet").write_bytes(b"")
+    pq.write_table(pa.table({"a": [1, 2]}), tmp_path / "foreign.parquet")
+    (tmp_path / "cut.parquet").write_bytes((tmp_path / "foreign.parquet").read_bytes()[:-3])
+    (tmp_path / "folder.arrows").mkdir()
+    (tmp_path / "link.arrows").symlink_to(tmp_path / "good.arrows")
+    (tmp_path / "stream.arrows").write_bytes(b"\xff\xff\xff\xff" + b"\x7f" * 40)
+    entries = {e.path.name: e for e in list_traces(tmp_path)}
+    assert entries["good.arrows"].state is TraceState.FINISHED
+    assert entries["empty.parquet.journal.arrows"].state is TraceState.EMPTY
+    bad = {n: e for n, e in entries.items() if e.state is TraceState.UNREADABLE}
+    assert set(bad) == {"garbage.jsonl", "huge-line.jsonl", "foreign.parquet", "cut.parquet",
+                        "folder.arrows", "link.arrows", "stream.arrows"}
+    for name, e in bad.items():
+        assert e.reason and "\n" not in e.reason and len(e.reason) <= 300, name
+        assert not e.openable and "Cannot be opened" in detail_text(e)
+        assert not e.reason.startswith(name)  # the list shows the name beside it
+    assert "MoEScope header" in bad["foreign.parquet"].reason
+    assert "cut off" in bad["cut.parquet"].reason
+    assert not entries["empty.parquet.journal.arrows"].openable
+
+
+def test_a_file_changed_on_disk_is_peeked_again(tmp_path: Path) -> None:
+    path = tmp_path / "s.arrows"
+    _record(path, 2)
+    assert list_traces(tmp_path)[0].tokens == 2
+    _record(path.with_name("t.arrows"), 5)
+    os.replace(path.with_name("t.arrows"), path)
+    assert list_traces(tmp_path)[0].tokens == 5
+    path.write_bytes(b"nonsense\n")
+    assert list_traces(tmp_path)[0].state is TraceState.UNREADABLE
+
+
+def test_a_missing_folder_lists_nothing(tmp_path: Path) -> None:
+    assert list_traces(tmp_path / "nowhere") == []
+
+
+def test_a_crowded_folder_lists_only_its_newest_sessions(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trace_list, "MAX_LISTED", 3)
+    for i in range(6):
+        path = tmp_path / f"s{i}.jsonl"
+        path.write_bytes(b"{}\n")
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
+    assert [e.path.name for e in list_traces(tmp_path)] == ["s5.jsonl", "s4.jsonl",
+                                                           "s3.jsonl"]
+
+
+def test_peek_refuses_with_the_file_named(tmp_path: Path) -> None:
+    path = tmp_path / "x.arrows"
+    path.write_bytes(b"PAR1" + b"\0" * 4)
+    with pytest.raises(TraceFormatError, match=r"x\.arrows"):
+        peek_trace(path)
+    with pytest.raises(TraceFormatError, match="cannot read"):
+        peek_trace(tmp_path / "missing.arrows")
+
+
+def test_sizes_read_as_a_file_manager_says(tmp_path: Path) -> None:
+    assert [size_text(n) for n in (5, 12_051, 3_400_000, 2 << 30)] == [
+        "5 bytes", "12.1 kB", "3.4 MB", "2.1 GB"]
+    assert trace_list.menu_text(dataclasses.replace(
+        list_traces_one(tmp_path), model="R&D")).count("&&") == 1
+
+
+def list_traces_one(folder: Path) -> trace_list.SessionTrace:
+    _record(folder / "s.arrows", 1)
+    return list_traces(folder)[0]
