@@ -25,23 +25,16 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "app"))
+sys.path.insert(0, str(REPO / "bench"))
+
+from replay_bench import cpu_best  # noqa: E402 (bench/ on the path)
 
 POLICIES = ["exact", "quality-first", "speed-first", "cache-prior", "psr", "substitute-all",
             "threshold", "first-choice"]
-
-
-def cpu_best(fn, reps: int) -> float:  # type: ignore[no-untyped-def]
-    best = float("inf")
-    for _ in range(reps):
-        t = time.process_time()
-        fn()
-        best = min(best, time.process_time() - t)
-    return best
 
 
 def child(path: Path, reps: int) -> dict[str, float]:

@@ -230,6 +230,21 @@ uint64_t rank_key(float p, int32_t e) {
     return (static_cast<uint64_t>(~u) << 32) | static_cast<uint32_t>(e);
 }
 
+/* The first (at most MOECACHE_RANK_WIDTH) of m candidates' keys in order, as ids into out;
+ * returns how many. */
+int32_t ranked_ids(uint64_t * keys, int32_t m, uint16_t * out) {
+    constexpr int32_t width = MOECACHE_RANK_WIDTH;
+    if (m > width) {
+        std::nth_element(keys, keys + width, keys + m);
+        m = width;
+    }
+    std::sort(keys, keys + m);
+    for (int32_t j = 0; j < m; ++j) {
+        out[j] = static_cast<uint16_t>(keys[j] & 0xFFFFu);
+    }
+    return m;
+}
+
 /* Whether the row holds a NaN (no order exists: the row is left to the scan). */
 bool holds_nan(const float * row, int32_t n) {
     uint32_t nan = 0;
@@ -280,15 +295,7 @@ int32_t rank_row_reference(const float * row, int32_t n, RankScratch & s, uint16
     for (int32_t j = 0; j < m; ++j) {
         keys[j] = rank_key(row[idx[j]], idx[j]);
     }
-    if (m > width) {
-        std::nth_element(keys, keys + width, keys + m);
-        m = width;
-    }
-    std::sort(keys, keys + m);
-    for (int32_t j = 0; j < m; ++j) {
-        out[j] = static_cast<uint16_t>(keys[j] & 0xFFFFu);
-    }
-    return m;
+    return ranked_ids(keys, m, out);
 }
 
 }  // namespace moecache_core
@@ -481,15 +488,7 @@ int32_t rank_row(const float * row, int32_t n, RankScratch & s, uint16_t * out) 
     for (int32_t j = 0; j < m; ++j) {
         keys[j] = rank_key(vals[j], idx[j]);
     }
-    if (m > width) {
-        std::nth_element(keys, keys + width, keys + m);
-        m = width;
-    }
-    std::sort(keys, keys + m);
-    for (int32_t j = 0; j < m; ++j) {
-        out[j] = static_cast<uint16_t>(keys[j] & 0xFFFFu);
-    }
-    return m;
+    return ranked_ids(keys, m, out);
 #else
     return rank_row_reference(row, n, s, out);
 #endif
