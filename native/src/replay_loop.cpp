@@ -262,7 +262,11 @@ struct FastPlan {
     std::vector<int64_t> layer_start; /* [n_layers + 1] into events */
     std::vector<int64_t> call_token;  /* [n_calls] */
     PackedVec<int32_t> ids;
-    PackedVec<float> weights, selected;
+    PackedVec<float> weights; /* normalized gate weights, w / (the row's sum), as route.cpp */
+    PackedVec<float> selected;
+    PackedVec<float> selected_sum; /* [rows] the routing bonus's sum of selected probabilities */
+    PackedVec<uint8_t> bonus_order; /* [rows * k] the row's selections by probability up, the
+                                     * later first on ties (0xFF first: a NaN, sort per call) */
     PackedVec<uint16_t> ranks;
     PackedVec<uint8_t> counts;
     PackedVec<float> rank_p; /* [rows * loop::kRankP] probabilities of each row's first ranked
@@ -325,6 +329,8 @@ FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, boo
     plan->ranks.resize(substitutes ? nr * MOECACHE_RANK_WIDTH : 0);
     plan->counts.resize(substitutes ? nr : 0);
     plan->selected.resize(bonus ? nr * k : 0);
+    plan->selected_sum.resize(bonus ? nr : 0);
+    plan->bonus_order.resize(bonus ? nr * k : 0);
     plan->rank_p.resize(bonus ? nr * loop::kRankP : 0);
     plan->predicted.resize(prefetches ? static_cast<size_t>(total_preds) * t.pred_width : 0);
     int64_t step = t.initial_step;
@@ -384,7 +390,19 @@ FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, boo
                 const size_t nk = static_cast<size_t>(n) * k;
                 std::memcpy(P.ids.data() + pk, t.ids + rk, nk * sizeof(int32_t));
                 if (substitutes) {
-                    std::memcpy(P.weights.data() + pk, t.weights + rk, nk * sizeof(float));
+                    /* every configuration's normalization, once (the same floats: the same
+                     * sum in the same order, the same division) */
+                    for (int64_t i = 0; i < n; ++i) {
+                        const float * w = t.weights + rk + static_cast<size_t>(i) * k;
+                        float * dst = P.weights.data() + pk + static_cast<size_t>(i) * k;
+                        float sum = 0.0f;
+                        for (size_t j = 0; j < k; ++j) {
+                            sum += w[j];
+                        }
+                        for (size_t j = 0; j < k; ++j) {
+                            dst[j] = sum > 0.0f ? w[j] / sum : 0.0f;
+                        }
+                    }
                     std::memcpy(P.ranks.data() + static_cast<size_t>(p0) * MOECACHE_RANK_WIDTH,
                                 t.ranks + static_cast<size_t>(r0) * MOECACHE_RANK_WIDTH,
                                 static_cast<size_t>(n) * MOECACHE_RANK_WIDTH * sizeof(uint16_t));
@@ -393,7 +411,29 @@ FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, boo
                 if (bonus) {
                     std::memcpy(P.selected.data() + pk, t.selected_probs + rk, nk * sizeof(float));
                     /* the routing bonus compares a substitute's probability: read from each
-                     * row once here, not once per configuration */
+                     * row once here, not once per configuration; and it takes a row's misses
+                     * least probable first: the order of all its selections, made here, is
+                     * that order filtered, where no probability is NaN (a total order) */
+                    for (int64_t i = 0; i < n; ++i) {
+                        const float * sp = t.selected_probs + rk + static_cast<size_t>(i) * k;
+                        float sum = 0.0f;
+                        bool nan = false;
+                        for (size_t j = 0; j < k; ++j) {
+                            sum += sp[j];
+                            nan |= sp[j] != sp[j];
+                        }
+                        P.selected_sum[static_cast<size_t>(p0 + i)] = sum;
+                        uint8_t * order = P.bonus_order.data() + pk + static_cast<size_t>(i) * k;
+                        for (size_t j = 0; j < k; ++j) {
+                            order[j] = static_cast<uint8_t>(j);
+                        }
+                        std::sort(order, order + k, [&](uint8_t a, uint8_t b) {
+                            return sp[a] != sp[b] ? sp[a] < sp[b] : a > b;
+                        });
+                        if (nan) {
+                            order[0] = 0xFF;
+                        }
+                    }
                     for (int64_t i = 0; i < n; ++i) {
                         const float * row = t.probs + (r0 + i) * t.n_experts;
                         const uint16_t * rank = t.ranks + (r0 + i) * MOECACHE_RANK_WIDTH;
@@ -431,8 +471,10 @@ int64_t fast_plan_bytes(const FastPlan & plan) {
         plan.events.capacity() * sizeof(PlanEvent) +
         (plan.layer_start.capacity() + plan.call_token.capacity()) * sizeof(int64_t) +
         (plan.ids.capacity() + plan.predicted.capacity()) * sizeof(int32_t) +
-        (plan.weights.capacity() + plan.selected.capacity() + plan.rank_p.capacity()) *
+        (plan.weights.capacity() + plan.selected.capacity() + plan.selected_sum.capacity() +
+         plan.rank_p.capacity()) *
             sizeof(float) +
+        plan.bonus_order.capacity() +
         plan.ranks.capacity() * sizeof(uint16_t) + plan.counts.capacity() + sizeof(FastPlan));
 }
 
@@ -1186,14 +1228,10 @@ int32_t FastReplay::go() {
                     }
                 } else {
                     const int64_t me = ++mark_epoch_;
-                    float sum = 0.0f;
-                    for (int32_t j = 0; j < k; ++j) {
-                        sum += wt[base + j];
-                    }
                     for (int32_t j = 0; j < k; ++j) {
                         const int32_t i = base + j;
                         const int32_t e = ids[i];
-                        const float wn = sum > 0.0f ? wt[i] / sum : 0.0f;
+                        const float wn = wt[i]; /* normalized by the plan */
                         wnorm[i] = wn;
                         mark[e] = me;
                         used_ids[i] = e;
@@ -1224,17 +1262,25 @@ int32_t FastReplay::go() {
                             const float * p_sel = selp + (p0 + r) * k;
                             int32_t order[MOECACHE_MAX_K];
                             const int32_t m = n_sub;
-                            float selected = 0.0f;
-                            for (int32_t i = base; i < base + k; ++i) {
-                                selected += p_sel[i - base];
-                            }
-                            std::copy(subs, subs + n_sub, order);
+                            const float selected = plan_.selected_sum[static_cast<size_t>(p0 + r)];
                             const float bonus = bonus_w * (selected > 0.0f ? selected : 1.0f);
-                            std::sort(order, order + m, [&](int32_t a, int32_t b) {
-                                const float pa = p_sel[a - base];
-                                const float pb = p_sel[b - base];
-                                return pa != pb ? pa < pb : a > b;
-                            });
+                            const uint8_t * sorted = plan_.bonus_order.data() + (p0 + r) * k;
+                            if (sorted[0] != 0xFF) {
+                                /* the plan's order of the row's selections, its misses kept */
+                                int32_t m2 = 0;
+                                for (int32_t j = 0; j < k; ++j) {
+                                    const int32_t i = base + sorted[j];
+                                    order[m2] = i;
+                                    m2 += action[i] == MOECACHE_SUBSTITUTE;
+                                }
+                            } else { /* a NaN: std::sort's own order, as route.cpp's */
+                                std::copy(subs, subs + n_sub, order);
+                                std::sort(order, order + m, [&](int32_t a, int32_t b) {
+                                    const float pa = p_sel[a - base];
+                                    const float pb = p_sel[b - base];
+                                    return pa != pb ? pa < pb : a > b;
+                                });
+                            }
                             int32_t at_rank[MOECACHE_MAX_K];
                             const float * ranked_p = plan_.rank_p.data() + (p0 + r) * kRankP;
                             float need[MOECACHE_MAX_K];
