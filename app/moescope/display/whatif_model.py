@@ -207,6 +207,34 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 does not prefetch (PSR's number, as the cache panel shows it live)."""
 
 
+def column_tips(n_layers: int) -> dict[str, str]:
+    """What each column's number is, for its header's tooltip: a new user met "5.565" under
+    "Mass/token" with nothing to say that it sums ``n_layers`` layers, nor why a policy
+    still misses at a 100% budget (every replay starts from an empty cache)."""
+    return {
+        "policy": "The policy replayed; 'recorded' is the session as it ran (its own "
+                  "policy and budget, changes included)",
+        "budget": "Share of each layer's experts the cache holds. Every replay starts "
+                  "from an empty cache, as the recording did, so even at 100% an expert "
+                  "misses the first time it is routed to",
+        "slots": "Expert slots per layer at this budget ('recorded': as the session had "
+                 "them, changes included)",
+        "hit_rate": "Routed experts found in the cache, of all experts routed to",
+        "substituted_pct": "Routed experts replaced by a resident one instead of fetched, "
+                           "of all experts routed to",
+        "mass_per_token": f"Router weight given to substituted experts per decode token, "
+                          f"summed over the {n_layers} MoE layers (each layer's top-k "
+                          f"weights sum to 1): 0 is exact, {n_layers} would be every "
+                          f"expert substituted",
+        "est_ms_per_token": "Predicted time per decode token under the cost model picked "
+                            "above (its hardware, not this machine, unless 'calibrated')",
+        "speedup_vs_exact": "Exact's predicted time at the same budget divided by this "
+                            "row's: above 1× is faster than fetching every miss",
+        "prefetch_accuracy": "PSR: prefetched experts the router then used, of those "
+                             "prefetched (– for a policy that does not prefetch)",
+    }
+
+
 def cell_text(row: SweepRow, key: str) -> str:
     """One table cell, formatted like ``moescope replay``'s table."""
     value = getattr(row, key)

@@ -83,13 +83,22 @@ def remember_folder(settings: QSettings | None, files: tuple[Path, Path, Path]) 
 
 def saved_message(trace: Path, files: tuple[Path, Path, Path]) -> str:
     """The status line after an export; a copy of a journal (the session still records)
-    says how to get the format it will be finished in."""
+    says how to get the format it will be finished in.
+
+    Short, since a status bar clips rather than wraps: the side files share the copy's
+    name, so their suffixes say which they are (a session's default name, spelt three
+    times, pushed the journal's hint off a 1366-pixel screen)."""
     copy, perfetto, csv = files
     recorded = trace_suffix(trace.name)
-    journal = recorded is not None and trace_suffix(copy.name) != recorded
-    return f"Trace saved to {copy}, with {perfetto.name} and {csv.name}" + (
-        f" (an Arrow stream: the session is still recording; `moescope trace compact "
-        f"{copy.name}` makes it {FORMAT_NAMES.get(recorded, recorded)})" if journal else "")
+    suffix = trace_suffix(copy.name)
+    stem = copy.name[:-len(suffix)] if suffix else copy.name
+    sides = ((perfetto.name, csv.name) if (perfetto.name, csv.name) !=
+             (f"{stem}.perfetto.json", f"{stem}.tokens.csv") else
+             (".perfetto.json", ".tokens.csv"))
+    journal = recorded is not None and suffix != recorded
+    return f"Saved {copy} with its {sides[0]} and {sides[1]}" + (
+        f" (an Arrow stream while the session records: `moescope trace compact` makes it "
+        f"{FORMAT_NAMES.get(recorded, recorded)})" if journal else "")
 
 
 PROGRESS_STEPS = 1000

@@ -43,6 +43,7 @@ from moescope.display.whatif_model import (
     Cancelled,
     WhatIfResult,
     cell_text,
+    column_tips,
     compute,
     cost_model_choices,
     default_policies,
@@ -71,6 +72,19 @@ STOP_TEXT, REPLAY_TEXT = "&Stop", "&Replay"
 """The button beside the progress bar while a sweep runs, and once it was stopped."""
 DEFAULT_COST = "pcie4"
 """The paper's hardware; ``calibrated`` (this machine) is one choice away when usable."""
+
+
+def stopped_text(shown: WhatIfResult | None, picked: str) -> str:
+    """The line once a sweep is stopped: the points still drawn are the last finished
+    sweep's, and the cost model they were priced with is named, since the picker may
+    already show another (stopping a sweep started by picking it left pcie4's times under
+    "pcie5")."""
+    text = "Stopped. Replay the trace, or pick a cost model or policies, to sweep again."
+    if shown is None:
+        return text
+    other = "" if shown.cost_name == picked else f", not {picked}"
+    return (f"{text} The points shown are the last finished sweep's, priced by the "
+            f"{shown.cost_name} cost model{other}.")
 
 
 class SweepWorker(QObject):
@@ -223,6 +237,11 @@ class WhatIfView(QWidget):
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setAccessibleName("What-if points")
         self.table.setHorizontalHeaderLabels([title for _, title in COLUMNS])
+        tips = column_tips(trace.header.model.n_layers)
+        for c, (key, _) in enumerate(COLUMNS):
+            header = self.table.horizontalHeaderItem(c)
+            if header is not None:
+                header.setToolTip(tips[key])
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.verticalHeader().hide()
@@ -310,9 +329,8 @@ class WhatIfView(QWidget):
         self._stopped = True
         self.progress.hide()
         self.stop_button.setText(REPLAY_TEXT)
-        self.status.setText("Stopped. Replay the trace, or pick a cost model or policies, to "
-                            "sweep again." + (" The points shown are the last finished "
-                                              "sweep's." if self.result is not None else ""))
+        self.status.setText(stopped_text(self.result, str(self.cost.currentData())))
+        self.status.setToolTip(status_tooltip(self.result) if self.result is not None else "")
 
     def _stop_or_replay(self) -> None:
         if self._running:

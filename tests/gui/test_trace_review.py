@@ -1,0 +1,85 @@
+"""A new user's reading of the trace window (review 9): every number in the what-if table
+is explained where it is shown, a stopped sweep says which cost model its points were
+priced with, and an export's status line is short enough to be read whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtGui import QFontMetrics
+
+from moescope.display.whatif_model import COLUMNS
+from moescope.gui.traces.trace_export import saved_message
+from moescope.gui.traces.trace_window import TraceWindow
+from moescope.gui.traces.whatif_view import REPLAY_TEXT, WhatIfView
+from moescope.trace import read_trace
+
+
+def _open_whatif(qtbot: Any, window: TraceWindow) -> WhatIfView:
+    view = window.whatif
+    with qtbot.waitSignal(view.sweepFinished, timeout=15_000):
+        window.tabs.setCurrentWidget(view)
+    return view
+
+
+def test_every_column_of_the_what_if_table_says_what_its_numbers_are(
+        qtbot: Any, trace_window: TraceWindow, trace_path: Path) -> None:
+    view = _open_whatif(qtbot, trace_window)
+    n_layers = read_trace(trace_path).header.model.n_layers
+    tips = {key: view.table.horizontalHeaderItem(c).toolTip()
+            for c, (key, _) in enumerate(COLUMNS)}
+    assert all(tips.values()), tips
+    assert len(set(tips.values())) == len(COLUMNS)
+    # the column whose values exceed 1: it sums the layers, and says how many
+    assert f"summed over the {n_layers} MoE layers" in tips["mass_per_token"]
+    masses = [r.mass_per_token for r in view.result.points()] if view.result else []
+    assert masses and max(masses) <= n_layers
+    assert "empty cache" in tips["budget"]  # why a 100% budget still misses
+    assert "cost model" in tips["est_ms_per_token"]
+
+
+def test_a_stopped_sweep_names_the_cost_model_of_the_points_it_left(
+        qtbot: Any, trace_window: TraceWindow) -> None:
+    view = _open_whatif(qtbot, trace_window)
+    assert view.result is not None and view.result.cost_name == "pcie4"
+    shown = view.table.item(0, [k for k, _ in COLUMNS].index("est_ms_per_token")).text()
+    # picking pcie5 starts its sweep; stopped before its answer can arrive (queued to this
+    # thread, which has not returned to its event loop)
+    view.cost.setCurrentIndex(view.cost.findData("pcie5"))
+    assert view.running
+    view.stop()
+    assert view.stop_button.text() == REPLAY_TEXT
+    said = view.status.text()
+    assert "priced by the pcie4 cost model, not pcie5" in said, said
+    assert view.status.toolTip()  # the modelled-vs-measured explanation stays
+    qtbot.wait(300)  # a stale answer, if any came, changes nothing
+    assert view.result.cost_name == "pcie4"
+    assert view.table.item(0, [k for k, _ in COLUMNS].index("est_ms_per_token")).text() == shown
+    # stopping a sweep of the cost model the points have says no "not"
+    view.start("pcie4")
+    assert view.running
+    view.stop()
+    assert view.status.text().endswith("priced by the pcie4 cost model."), view.status.text()
+
+
+def test_the_saved_line_of_a_journal_copy_fits_a_laptop_status_bar(
+        trace_window: TraceWindow) -> None:
+    """A session's default name spelt three times pushed the journal's hint (how to get
+    Parquet) past the right edge of a 1366-pixel screen, where a status bar clips it."""
+    stem = "20261201-233603-moescope-demo-qwen3moe"
+    folder = Path("/home/alice/Documents")
+    files = (folder / f"{stem}.arrows", folder / f"{stem}.perfetto.json",
+             folder / f"{stem}.tokens.csv")
+    said = saved_message(Path(f"/data/traces/{stem}.parquet"), files)  # still a journal
+    assert said.startswith(f"Saved {files[0]} with its .perfetto.json and "
+                           ".tokens.csv (an Arrow stream"), said
+    assert "`moescope trace compact` makes it Parquet)" in said
+    width = QFontMetrics(trace_window.statusBar().font()).horizontalAdvance(said)
+    assert width <= 1366 - 40, (width, said)
+    # a finished trace's copy: no hint; side files named otherwise are spelt out
+    plain = saved_message(Path(f"{stem}.parquet"), (folder / "a.parquet",
+                                                    folder / "b.perfetto.json",
+                                                    folder / "b.tokens.csv"))
+    assert plain == (f"Saved {folder / 'a.parquet'} with its b.perfetto.json and "
+                     "b.tokens.csv")
