@@ -29,6 +29,8 @@ def test_every_column_of_the_what_if_table_says_what_its_numbers_are(
     n_layers = read_trace(trace_path).header.model.n_layers
     tips = {key: view.table.horizontalHeaderItem(c).toolTip()
             for c, (key, _) in enumerate(COLUMNS)}
+    assert all(len(line) <= 64 for tip in tips.values() for line in tip.split("\n"))
+    tips = {key: tip.replace("\n", " ") for key, tip in tips.items()}
     assert all(tips.values()), tips
     assert len(set(tips.values())) == len(COLUMNS)
     # the column whose values exceed 1: it sums the layers, and says how many
@@ -83,3 +85,17 @@ def test_the_saved_line_of_a_journal_copy_fits_a_laptop_status_bar(
                                                     folder / "b.tokens.csv"))
     assert plain == (f"Saved {folder / 'a.parquet'} with its b.perfetto.json and "
                      "b.tokens.csv")
+
+
+def test_the_status_says_how_many_tokens_the_rows_average(
+        qtbot: Any, trace_window: TraceWindow, trace_path: Path) -> None:
+    """The window's header counts every token; the rows average decode tokens only, as
+    ``moescope replay`` says under its table ("397 decode tokens of 399")."""
+    view = _open_whatif(qtbot, trace_window)
+    trace = read_trace(trace_path)
+    decode = sum(t.phase == "decode" for t in trace.tokens)
+    assert 0 < decode < len(trace.tokens)  # a chat's answers begin with their prompts
+    assert view.result is not None
+    assert {r.tokens for r in view.result.points()} == {decode}
+    assert (f"Every row averages the trace's {decode} decode tokens (of "
+            f"{len(trace.tokens)})." in view.status.text()), view.status.text()

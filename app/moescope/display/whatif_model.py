@@ -68,6 +68,9 @@ class WhatIfResult:
     recorded_audit: AuditEstimate | None = None
     """The recorded session's audited quality cost (None: recorded without audits); a
     replay under another policy has no exact pass, so only the recorded point has one."""
+    trace_tokens: int = 0
+    """Every token of the trace; the rows average its decode tokens (``SweepRow.tokens``),
+    as ``moescope replay`` says under its table."""
 
     def series(self) -> dict[str, list[SweepRow]]:
         """Rows per policy in budget order: one connected curve each."""
@@ -161,7 +164,8 @@ def compute(trace: Trace, cost_name: str, policies: Sequence[str] = POLICIES,
         policies=tuple(policies), budgets=tuple(b.strip() for b in budgets),
         rows=result.rows[:grid], recorded=recorded,
         recorded_ms_per_token=result.recorded_ms_per_token, warnings=result.warnings,
-        recorded_audit=estimate([t.audit for t in trace.tokens]))
+        recorded_audit=estimate([t.audit for t in trace.tokens]),
+        trace_tokens=result.trace_tokens)
 
 
 def status_text(result: WhatIfResult) -> str:
@@ -176,6 +180,10 @@ def status_text(result: WhatIfResult) -> str:
     else:
         where = f"the {result.cost_name} cost model's hardware, not this machine"
     text = f"Est. ms/token is modelled for {where} — {result.cost_text}."
+    decode = next((r.tokens for r in result.points()), None)
+    if decode is not None and result.trace_tokens:
+        text += (f" Every row averages the trace's {decode} decode tokens (of "
+                 f"{result.trace_tokens}).")
     if result.recorded_ms_per_token is not None:
         text += (" Measured on the machine that recorded the trace: "
                  f"{result.recorded_ms_per_token:.3f} ms/token.")

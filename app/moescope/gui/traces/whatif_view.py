@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import textwrap
 
 import pyqtgraph as pg
 from PySide6.QtCore import QObject, QPointF, Qt, QThread, Signal, Slot
@@ -241,7 +242,8 @@ class WhatIfView(QWidget):
         for c, (key, _) in enumerate(COLUMNS):
             header = self.table.horizontalHeaderItem(c)
             if header is not None:
-                header.setToolTip(tips[key])
+                # a plain tooltip is one line, however long: wrapped here
+                header.setToolTip("\n".join(textwrap.wrap(tips[key], 64)))
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.verticalHeader().hide()
