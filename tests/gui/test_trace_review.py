@@ -10,6 +10,8 @@ from typing import Any
 from PySide6.QtGui import QFontMetrics
 
 from moescope.display.whatif_model import COLUMNS
+from moescope.gui.cache.memory_view import TRACE_NOTE
+from moescope.gui.cache.panel import CachePanel
 from moescope.gui.traces.trace_export import saved_message
 from moescope.gui.traces.trace_window import TraceWindow
 from moescope.gui.traces.whatif_view import REPLAY_TEXT, WhatIfView
@@ -99,3 +101,31 @@ def test_the_status_says_how_many_tokens_the_rows_average(
     assert {r.tokens for r in view.result.points()} == {decode}
     assert (f"Every row averages the trace's {decode} decode tokens (of "
             f"{len(trace.tokens)})." in view.status.text()), view.status.text()
+
+
+def test_a_reopened_traces_memory_tab_shows_the_trace_not_this_machine(
+        qtbot: Any, trace_window: TraceWindow) -> None:
+    """The trace window's Memory tab drew two empty charts (a trace records no memory
+    samples) under this machine's engine build ("CPU build: no GPU found"), as if they
+    described the recording."""
+    panel = trace_window.panel
+    view = panel.memory_view
+    panel.tabs.setCurrentWidget(view)
+    trace_window.show()
+    qtbot.waitExposed(trace_window)
+    panel.draw(force=True)
+    assert not view.graphics.isVisible() and not view.backend_label.isVisible()
+    assert view.label.isVisible() and view.label.text() == TRACE_NOTE
+    assert view.tiers_label.isVisible()  # the trace's own numbers stay
+    assert "VRAM slots:" in view.tiers_label.text()
+    assert panel.memory.samples.count == 0  # nothing was sampled for it
+    # a live panel over the same model keeps its charts and build line
+    live = CachePanel(live=True)
+    qtbot.addWidget(live)
+    try:
+        live.set_model(trace_window.reopened.model)
+        view = live.memory_view
+        assert not view.graphics.isHidden() and not view.backend_label.isHidden()
+        assert view.label.text() != TRACE_NOTE
+    finally:
+        live.stop()
