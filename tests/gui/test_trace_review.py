@@ -4,9 +4,11 @@ priced with, and an export's status line is short enough to be read whole."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
+from gui_helpers import export_shown
 from PySide6.QtGui import QFontMetrics
 
 from moescope.display.whatif_model import COLUMNS
@@ -129,3 +131,27 @@ def test_a_reopened_traces_memory_tab_shows_the_trace_not_this_machine(
         assert view.label.text() != TRACE_NOTE
     finally:
         live.stop()
+
+
+def test_an_export_whose_trace_went_bad_since_opening_blames_the_trace_not_the_output(
+        qtbot: Any, open_trace_window: Any, trace_path: Path, tmp_path: Path) -> None:
+    """A trace deleted after its window opened was reported as "OUT: No such file or
+    directory" (the output was fine), and one cut short as "OUT: not a readable ..."."""
+    shown = tmp_path / "shown.jsonl"
+    shutil.copyfile(trace_path, shown)
+    window = open_trace_window(shown)
+    out = tmp_path / "out"
+    out.mkdir()
+    shown.unlink()
+    assert export_shown(qtbot, window, out / "copy.jsonl") is None
+    said = window.statusBar().currentMessage()
+    assert said == (f"Could not export the trace: the trace {shown} can no longer be read "
+                    "(No such file or directory). Nothing was written."), said
+    assert list(out.iterdir()) == []
+
+    shown.write_text('{"not a trace": 1}\n', encoding="utf-8")
+    assert export_shown(qtbot, window, out / "copy.jsonl") is None
+    said = window.statusBar().currentMessage()
+    assert said.startswith("Could not export the trace: shown.jsonl: "), said
+    assert "copy" not in said and "\n" not in said
+    assert list(out.iterdir()) == []

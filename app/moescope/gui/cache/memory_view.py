@@ -12,7 +12,6 @@ from moescope.display.memory_model import MemoryModel, expert_memory
 from moescope.engine.backend import backend_text, engine_build
 from moescope.gui import theme
 
-
 TRACE_NOTE = ("RAM and VRAM over time are sampled only while a model runs; a trace does "
               "not record them, nor the machine it was recorded on.")
 """Said by a reopened trace's Memory tab instead of empty charts and this machine's build."""

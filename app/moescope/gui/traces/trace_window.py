@@ -39,6 +39,8 @@ from moescope.gui.traces.trace_export import (
 )
 from moescope.gui.traces.whatif_view import WhatIfView
 from moescope.gui.widgets.screen_fit import resize_within_screen
+from moescope.trace.names import live_trace_file
+from moescope.util.files import OutputPathError
 
 log = logging.getLogger("moescope.gui")
 
@@ -159,13 +161,25 @@ class TraceWindow(QMainWindow):
         self.statusBar().showMessage(saved_message(trace, files), STATUS_MS)
 
     def _export_failed(self, dest: Path, err: Exception) -> None:
-        if isinstance(err, OSError):
+        if (isinstance(err, OSError) and not isinstance(err, OutputPathError)
+                and self._is_shown_trace(err.filename)):
+            reason = (f"the trace {err.filename} can no longer be read "
+                      f"({err.strerror or err}). Nothing was written.")
+        elif isinstance(err, OSError):
             reason = f"{dest}: {err.strerror or err}. Nothing was written there."
         else:  # a trace no longer readable, or with no token
             reason = str(err)
         message = f"Could not export the trace: {reason}"
         log.error("%s", message)
         self.statusBar().showMessage(" ".join(message.split()), STATUS_MS)
+
+    def _is_shown_trace(self, name: object) -> bool:
+        """Whether a read error's file name is the trace this window shows (deleted or
+        unreadable since it was opened): not the output's fault (an output refused for
+        being the trace itself is an ``OutputPathError``, said as the output's)."""
+        if not isinstance(name, str):
+            return False
+        return Path(name) in (self.path, live_trace_file(self.path))
 
     def closeEvent(self, event: QCloseEvent) -> None:
         """Join the what-if sweep's and the export's threads: a QThread must not outlive its
