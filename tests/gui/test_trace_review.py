@@ -41,6 +41,8 @@ def test_every_column_of_the_what_if_table_says_what_its_numbers_are(
     assert f"summed over the {n_layers} MoE layers" in tips["mass_per_token"]
     masses = [r.mass_per_token for r in view.result.points()] if view.result else []
     assert masses and max(masses) <= n_layers
+    axis = view.plot.getPlotItem().getAxis("bottom").labelText
+    assert axis == f"substituted gate mass / token (summed over {n_layers} MoE layers)"
     assert "empty cache" in tips["budget"]  # why a 100% budget still misses
     assert "cost model" in tips["est_ms_per_token"]
 

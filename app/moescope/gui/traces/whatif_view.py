@@ -224,7 +224,9 @@ class WhatIfView(QWidget):
         item.setMenuEnabled(False)
         item.hideButtons()
         item.showGrid(x=True, y=True, alpha=0.15)
-        item.setLabel("bottom", "substituted gate mass / token")
+        n_layers = trace.header.model.n_layers  # the mass sums them: up to n_layers, not 1
+        item.setLabel("bottom", f"substituted gate mass / token (summed over {n_layers} "
+                                f"MoE layers)")
         item.setLabel("left", "predicted ms / token")
         for axis in ("left", "bottom"):
             item.getAxis(axis).enableAutoSIPrefix(False)  # the label already names the unit
@@ -238,7 +240,7 @@ class WhatIfView(QWidget):
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setAccessibleName("What-if points")
         self.table.setHorizontalHeaderLabels([title for _, title in COLUMNS])
-        tips = column_tips(trace.header.model.n_layers)
+        tips = column_tips(n_layers)
         for c, (key, _) in enumerate(COLUMNS):
             header = self.table.horizontalHeaderItem(c)
             if header is not None:
