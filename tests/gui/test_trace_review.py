@@ -157,3 +157,27 @@ def test_an_export_whose_trace_went_bad_since_opening_blames_the_trace_not_the_o
     assert said.startswith("Could not export the trace: shown.jsonl: "), said
     assert "copy" not in said and "\n" not in said
     assert list(out.iterdir()) == []
+
+
+def test_the_legend_sits_beside_the_points_not_over_them(
+        qtbot: Any, trace_window: TraceWindow) -> None:
+    """Inside the plot, the legend hid the points under its corner (substitute-all's, far
+    right, at 1024x600); beside it, it hides none, and takes two columns when one would be
+    taller than a laptop's plot."""
+    trace_window.resize(980, 552)  # a 1024x600 screen's room
+    view = _open_whatif(qtbot, trace_window)
+    vb = view.plot.getPlotItem().vb
+
+    def apart() -> bool:  # to the right of the points' box (a pixel's rounding aside)
+        return view.legend.sceneBoundingRect().left() >= vb.sceneBoundingRect().right() - 1
+
+    qtbot.waitUntil(apart, timeout=5_000)
+    assert view.legend.columnCount == 1
+    entries = len(view.legend.items)
+    with qtbot.waitSignal(view.sweepFinished, timeout=15_000):
+        view.set_policies(list(view.policy_actions))
+    assert len(view.legend.items) > entries and view.legend.columnCount == 2
+    qtbot.waitUntil(apart, timeout=5_000)
+    bottom = view.plot.getPlotItem().getAxis("bottom")
+    shown = view.plot.mapToScene(view.plot.viewport().rect()).boundingRect()
+    assert shown.contains(bottom.sceneBoundingRect().center())  # the mass axis stays in view

@@ -71,6 +71,8 @@ HOVER_PX = 12.0
 """A point within this many pixels of the cursor is the one the tooltip describes."""
 STOP_TEXT, REPLAY_TEXT = "&Stop", "&Replay"
 """The button beside the progress bar while a sweep runs, and once it was stopped."""
+LEGEND_ROWS = 7
+"""The legend, beside the plot, takes a second column past this many entries."""
 DEFAULT_COST = "pcie4"
 """The paper's hardware; ``calibrated`` (this machine) is one choice away when usable."""
 
@@ -230,7 +232,11 @@ class WhatIfView(QWidget):
         item.setLabel("left", "predicted ms / token")
         for axis in ("left", "bottom"):
             item.getAxis(axis).enableAutoSIPrefix(False)  # the label already names the unit
-        self.legend = item.addLegend(offset=(-10, 10))
+        # beside the axes, not over them: inside, it hid whichever points fell under it
+        # (substitute-all's, far right, at 1024x600)
+        self.legend = pg.LegendItem()
+        item.layout.addItem(self.legend, 2, 3)
+        item.legend = self.legend  # plot(name=...) adds each curve to it
         self.curves: dict[str, pg.PlotDataItem] = {}
         self.recorded_item = pg.ScatterPlotItem(
             symbol="star", size=18, brush=pg.mkBrush(theme.MARKER),
@@ -424,6 +430,8 @@ class WhatIfView(QWidget):
             rec = result.recorded
             self.recorded_item.setData([rec.mass_per_token], [rec.est_ms_per_token])
             item.addItem(self.recorded_item)
+        # beside the plot, one column would be taller than a laptop's plot: two past seven
+        self.legend.setColumnCount(2 if len(self.legend.items) > LEGEND_ROWS else 1)
         item.enableAutoRange()
         fastest = min(result.points(), key=lambda r: r.est_ms_per_token, default=None)
         if fastest is not None:
