@@ -193,6 +193,9 @@ class TraceExporter(QObject):
         self._settings: QSettings | None = None
         self._outcome: tuple[Path, Path, Path] | None = None
         self._closed = False
+        self._status = ""
+        """The line said while the export runs; cleared at its end unless replaced (a
+        failure the main window says in a box left "Exporting…" standing)."""
         self.bar = QProgressBar()
         self.bar.setRange(0, PROGRESS_STEPS)
         self.bar.setMaximumWidth(260)
@@ -230,7 +233,8 @@ class TraceExporter(QObject):
         self.bar.setValue(0)
         self.bar.setFormat(f"Exporting {trace.name}: %p%")
         self._show(True)
-        self.window.statusBar().showMessage(f"Exporting the trace to {Path(dest)}…")
+        self._status = f"Exporting the trace to {Path(dest)}…"
+        self.window.statusBar().showMessage(self._status)
         job.start()
         return job
 
@@ -294,5 +298,8 @@ class TraceExporter(QObject):
         files, self._outcome = self._outcome, None
         if not self._closed:
             self._show(False)
+            status = self.window.statusBar()
+            if status.currentMessage() == self._status:
+                status.clearMessage()
         job.deleteLater()
         self.finished.emit(files)
