@@ -181,3 +181,22 @@ def test_the_legend_sits_beside_the_points_not_over_them(
     bottom = view.plot.getPlotItem().getAxis("bottom")
     shown = view.plot.mapToScene(view.plot.viewport().rect()).boundingRect()
     assert shown.contains(bottom.sceneBoundingRect().center())  # the mass axis stays in view
+
+
+def test_the_trace_windows_heatmap_gets_its_rows_height_once_shown(
+        qtbot: Any, open_trace_window: Any, trace_path: Path) -> None:
+    """The panel is filled before the window has a size, so the heatmap's fit was skipped
+    and the splitter split half and half: at 1366x768 a 6-layer heatmap's rows were 7 px,
+    their labels on top of each other."""
+    window = open_trace_window(trace_path)
+    window.resize(980, 720)
+    panel = window.panel
+    qtbot.waitExposed(window)
+
+    def wanted() -> int:
+        total = sum(panel.splitter.sizes())
+        want = min(panel.heatmap.sizeHint().height(),
+                   total - panel.tabs.minimumSizeHint().height())
+        return max(want, panel.heatmap.minimumSizeHint().height())
+
+    qtbot.waitUntil(lambda: panel.splitter.sizes()[0] == wanted(), timeout=5_000)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, QSize, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtCore import QSettings, QSize, QTimer, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShowEvent
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
@@ -125,6 +125,7 @@ class TraceWindow(QMainWindow):
             self.tabs.setTabEnabled(1, False)
             self.tabs.setTabToolTip(1, "Nothing to replay: this trace has no tokens")
         self.setCentralWidget(body)
+        self._fitted = False
         # a window with no menu: without these only the mouse (or the window manager)
         # closed it
         self.close_action = QAction("Close", self)
@@ -172,6 +173,15 @@ class TraceWindow(QMainWindow):
         message = f"Could not export the trace: {reason}"
         log.error("%s", message)
         self.statusBar().showMessage(" ".join(message.split()), STATUS_MS)
+
+    def showEvent(self, event: QShowEvent) -> None:
+        """At the first show, once laid out, give the heatmap its rows' height: the panel
+        was filled before the window had a size, so its splitter split half and half and a
+        6-layer heatmap's rows overlapped their labels."""
+        super().showEvent(event)
+        if not self._fitted:
+            self._fitted = True
+            QTimer.singleShot(0, self.panel.fit_heatmap)
 
     def _is_shown_trace(self, name: object) -> bool:
         """Whether a read error's file name is the trace this window shows (deleted or
