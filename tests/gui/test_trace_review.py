@@ -200,3 +200,23 @@ def test_the_trace_windows_heatmap_gets_its_rows_height_once_shown(
         return max(want, panel.heatmap.minimumSizeHint().height())
 
     qtbot.waitUntil(lambda: panel.splitter.sizes()[0] == wanted(), timeout=5_000)
+
+
+def test_exporting_onto_the_shown_trace_says_so_in_the_windows_words(
+        qtbot: Any, open_trace_window: Any, trace_path: Path, tmp_path: Path) -> None:
+    """Refused, as before, but said as "is an input of this command" (a command line's
+    words) and naming the name typed, not the suffixed one that clashed."""
+    shown = tmp_path / "shown.jsonl"
+    shutil.copyfile(trace_path, shown)
+    window = open_trace_window(shown)
+    before = shown.read_bytes()
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(shown)
+    for typed, clash in ((shown, shown), (tmp_path / "shown.arrows", shown), (link, link)):
+        assert export_shown(qtbot, window, typed) is None
+        said = window.statusBar().currentMessage()
+        assert said == (f"Could not export the trace: {clash} is the trace this window shows "
+                        "(or a link to it); refusing to overwrite it. Nothing was written "
+                        "there."), said
+    assert shown.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.jsonl", "shown.jsonl"]

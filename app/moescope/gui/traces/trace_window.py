@@ -40,7 +40,7 @@ from moescope.gui.traces.trace_export import (
 from moescope.gui.traces.whatif_view import WhatIfView
 from moescope.gui.widgets.screen_fit import resize_within_screen
 from moescope.trace.names import live_trace_file
-from moescope.util.files import OutputPathError
+from moescope.util.files import OutputPathError, same_file
 
 log = logging.getLogger("moescope.gui")
 
@@ -166,6 +166,12 @@ class TraceWindow(QMainWindow):
                 and self._is_shown_trace(err.filename)):
             reason = (f"the trace {err.filename} can no longer be read "
                       f"({err.strerror or err}). Nothing was written.")
+        elif isinstance(err, OutputPathError) and any(
+                same_file(err.filename, p) for p in (self.path, live_trace_file(self.path))):
+            # the shared wording, "is an input of this command", speaks of a command line;
+            # and the clash may be the suffixed name, not the one typed
+            reason = (f"{err.filename} is the trace this window shows (or a link to it); "
+                      "refusing to overwrite it. Nothing was written there.")
         elif isinstance(err, OSError):
             reason = f"{dest}: {err.strerror or err}. Nothing was written there."
         else:  # a trace no longer readable, or with no token
