@@ -212,6 +212,10 @@ def test_an_unwritable_folder_is_one_line_in_the_main_window(
     kind, title, text = dialogs.shown[-1]
     assert (kind, title) == ("critical", "Could not export the trace")
     assert text.startswith(f"{dest}: ") and "\n" not in text, text
+    assert "free some space" not in text  # a folder refusing files is not a full disk
+    assert text.endswith("pick another folder."), text
+    # the box said it; the status bar no longer says "Exporting the trace to …"
+    assert "Exporting" not in window.statusBar().currentMessage()
     assert window.export_trace_action.isEnabled()
     assert _names(unwritable) == before
 

@@ -68,7 +68,7 @@ def test_exported_trace_reopens_with_the_same_plots(window: Any, qtbot: Any,
     assert (copy.suffix != window.trace_path.suffix) == (RECORD_SUFFIX == ".parquet")
     if copy.suffix != window.trace_path.suffix:  # the live journal, not the finished form
         said = window.statusBar().currentMessage()  # how to get what the session will be
-        assert f"moescope trace compact {copy.name}` makes it Parquet" in said, said
+        assert "`moescope trace compact` makes it Parquet)" in said, said
     with tokens_csv.open(newline="", encoding="utf-8") as f:
         assert len(list(csv.reader(f))) == len(window.recent_tokens) + 1  # and a header
     n_tokens = len(window.recent_tokens)
@@ -441,7 +441,7 @@ def test_a_trace_window_exports_the_trace_it_shows(trace_window: Any, trace_path
     doc = json.loads((out / "old.perfetto.json").read_text())
     assert len(doc["traceEvents"]) > n_tokens
     said = trace_window.statusBar().currentMessage()
-    assert said == f"Trace saved to {copy}, with old.perfetto.json and old.tokens.csv", said
+    assert said == f"Saved {copy} with its .perfetto.json and .tokens.csv", said
 
     assert trace_window.export_button.accessibleName() == "Export this trace"
     assert trace_window.export_button.isEnabled()  # again, once the export is done

@@ -233,8 +233,11 @@ def _export(recorded: Path, dest: Path,
             trace = read_trace(copy, report(reading))
         except TraceReadCancelled:
             raise ExportCancelled("the export was cancelled; nothing was written") from None
-        except TraceFormatError as err:  # named as the user knows it, not the temporary
-            raise TraceFormatError(str(err).replace(copy.name, target.name)) from None
+        except TraceFormatError as err:  # the copy is the trace's bytes: the trace is bad,
+            # so its error names the trace, not the temporary (nor the output, which it read
+            # as a fault of what was being written)
+            text = str(err).replace(str(copy), str(source)).replace(copy.name, source.name)
+            raise TraceFormatError(text) from None
         staged.stage(perfetto, lambda f: dump_perfetto(trace, f, report(timeline)))
         staged.stage(csv, lambda f: dump_tokens_csv(trace, f, report(table)))
         staged.commit()

@@ -68,6 +68,9 @@ class WhatIfResult:
     recorded_audit: AuditEstimate | None = None
     """The recorded session's audited quality cost (None: recorded without audits); a
     replay under another policy has no exact pass, so only the recorded point has one."""
+    trace_tokens: int = 0
+    """Every token of the trace; the rows average its decode tokens (``SweepRow.tokens``),
+    as ``moescope replay`` says under its table."""
 
     def series(self) -> dict[str, list[SweepRow]]:
         """Rows per policy in budget order: one connected curve each."""
@@ -161,7 +164,8 @@ def compute(trace: Trace, cost_name: str, policies: Sequence[str] = POLICIES,
         policies=tuple(policies), budgets=tuple(b.strip() for b in budgets),
         rows=result.rows[:grid], recorded=recorded,
         recorded_ms_per_token=result.recorded_ms_per_token, warnings=result.warnings,
-        recorded_audit=estimate([t.audit for t in trace.tokens]))
+        recorded_audit=estimate([t.audit for t in trace.tokens]),
+        trace_tokens=result.trace_tokens)
 
 
 def status_text(result: WhatIfResult) -> str:
@@ -176,6 +180,10 @@ def status_text(result: WhatIfResult) -> str:
     else:
         where = f"the {result.cost_name} cost model's hardware, not this machine"
     text = f"Est. ms/token is modelled for {where} — {result.cost_text}."
+    decode = next((r.tokens for r in result.points()), None)
+    if decode is not None and result.trace_tokens:
+        text += (f" Every row averages the trace's {decode} decode tokens (of "
+                 f"{result.trace_tokens}).")
     if result.recorded_ms_per_token is not None:
         text += (" Measured on the machine that recorded the trace: "
                  f"{result.recorded_ms_per_token:.3f} ms/token.")
@@ -205,6 +213,34 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 )
 """Table columns: (SweepRow field, header). Prefetch accuracy is "–" for a policy that
 does not prefetch (PSR's number, as the cache panel shows it live)."""
+
+
+def column_tips(n_layers: int) -> dict[str, str]:
+    """What each column's number is, for its header's tooltip: a new user met "5.565" under
+    "Mass/token" with nothing to say that it sums ``n_layers`` layers, nor why a policy
+    still misses at a 100% budget (every replay starts from an empty cache)."""
+    return {
+        "policy": "The policy replayed; 'recorded' is the session as it ran (its own "
+                  "policy and budget, changes included)",
+        "budget": "Share of each layer's experts the cache holds. Every replay starts "
+                  "from an empty cache, as the recording did, so even at 100% an expert "
+                  "misses the first time it is routed to",
+        "slots": "Expert slots per layer at this budget ('recorded': as the session had "
+                 "them, changes included)",
+        "hit_rate": "Routed experts found in the cache, of all experts routed to",
+        "substituted_pct": "Routed experts replaced by a resident one instead of fetched, "
+                           "of all experts routed to",
+        "mass_per_token": f"Router weight given to substituted experts per decode token, "
+                          f"summed over the {n_layers} MoE layers (each layer's top-k "
+                          f"weights sum to 1): 0 is exact, {n_layers} would be every "
+                          f"expert substituted",
+        "est_ms_per_token": "Predicted time per decode token under the cost model picked "
+                            "above (its hardware, not this machine, unless 'calibrated')",
+        "speedup_vs_exact": "Exact's predicted time at the same budget divided by this "
+                            "row's: above 1× is faster than fetching every miss",
+        "prefetch_accuracy": "PSR: prefetched experts the router then used, of those "
+                             "prefetched (– for a policy that does not prefetch)",
+    }
 
 
 def cell_text(row: SweepRow, key: str) -> str:

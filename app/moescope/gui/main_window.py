@@ -9,6 +9,7 @@ thread), the chat store, QSettings, the session recording. Conversation rules li
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 from collections import deque
 from pathlib import Path
@@ -393,10 +394,12 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
 
     # ------------------------------------------------------------------ dialogs
     def _export_failed(self, what: str, path: str | Path, err: OSError) -> None:
+        full = err.errno in (errno.ENOSPC, errno.EDQUOT)  # else space is not the cure
         self.show_error(f"Could not export the {what}",
                         f"{Path(path)}: {err.strerror or err}. Nothing was written there "
-                        "(a file already there is unchanged); free some space or pick "
-                        "another folder.")
+                        "(a file already there is unchanged); "
+                        + ("free some space or pick another folder." if full
+                           else "pick another folder."))
 
     def show_error(self, title: str, message: str) -> None:
         log.error("%s: %s", title, message)

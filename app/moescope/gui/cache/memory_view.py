@@ -12,10 +12,18 @@ from moescope.display.memory_model import MemoryModel, expert_memory
 from moescope.engine.backend import backend_text, engine_build
 from moescope.gui import theme
 
+TRACE_NOTE = ("RAM and VRAM over time are sampled only while a model runs; a trace does "
+              "not record them, nor the machine it was recorded on.")
+"""Said by a reopened trace's Memory tab instead of empty charts and this machine's build."""
+
 
 class MemoryView(QWidget):
+    """``live=False`` (a reopened trace): the tiers line only, from the trace; the charts
+    and the engine-build line describe this machine now, not the recording, so they are
+    left out and :data:`TRACE_NOTE` says why."""
+
     def __init__(self, model: MemoryModel, cache: CacheModel | None = None,
-                 parent: QWidget | None = None) -> None:
+                 parent: QWidget | None = None, *, live: bool = True) -> None:
         super().__init__(parent)
         self.model = model
         self.cache = cache
@@ -69,6 +77,12 @@ class MemoryView(QWidget):
                     connect="finite")
             if row == 1:
                 plot.setLabel("bottom", "seconds")
+        if not live:
+            self.label.setText(TRACE_NOTE)
+            self.label.setWordWrap(True)
+            self.backend_label.hide()
+            self.graphics.hide()
+            layout.addStretch(1)
 
     def set_expert_buffer(self, buffer: str, slot_buffer: str = "") -> None:
         """A model was loaded (or closed): say where its experts live; hidden if unknown."""

@@ -64,7 +64,7 @@ class CachePanel(QWidget):
         self.heatmap = HeatmapView(self.model)
         self.time_plots = TimePlotsView(self.model)
         self.layer_bars = LayerBarsView(self.model)
-        self.memory_view = MemoryView(self.memory, self.model)
+        self.memory_view = MemoryView(self.memory, self.model, live=live)
         self.tabs = QTabWidget()
         self.tabs.setAccessibleName("Cache plots")
         self.tabs.addTab(self.time_plots, "Per token")

@@ -83,13 +83,22 @@ def remember_folder(settings: QSettings | None, files: tuple[Path, Path, Path]) 
 
 def saved_message(trace: Path, files: tuple[Path, Path, Path]) -> str:
     """The status line after an export; a copy of a journal (the session still records)
-    says how to get the format it will be finished in."""
+    says how to get the format it will be finished in.
+
+    Short, since a status bar clips rather than wraps: the side files share the copy's
+    name, so their suffixes say which they are (a session's default name, spelt three
+    times, pushed the journal's hint off a 1366-pixel screen)."""
     copy, perfetto, csv = files
     recorded = trace_suffix(trace.name)
-    journal = recorded is not None and trace_suffix(copy.name) != recorded
-    return f"Trace saved to {copy}, with {perfetto.name} and {csv.name}" + (
-        f" (an Arrow stream: the session is still recording; `moescope trace compact "
-        f"{copy.name}` makes it {FORMAT_NAMES.get(recorded, recorded)})" if journal else "")
+    suffix = trace_suffix(copy.name)
+    stem = copy.name[:-len(suffix)] if suffix else copy.name
+    sides = ((perfetto.name, csv.name) if (perfetto.name, csv.name) !=
+             (f"{stem}.perfetto.json", f"{stem}.tokens.csv") else
+             (".perfetto.json", ".tokens.csv"))
+    journal = recorded is not None and suffix != recorded
+    return f"Saved {copy} with its {sides[0]} and {sides[1]}" + (
+        f" (an Arrow stream while the session records: `moescope trace compact` makes it "
+        f"{FORMAT_NAMES.get(recorded, recorded)})" if journal else "")
 
 
 PROGRESS_STEPS = 1000
@@ -184,6 +193,9 @@ class TraceExporter(QObject):
         self._settings: QSettings | None = None
         self._outcome: tuple[Path, Path, Path] | None = None
         self._closed = False
+        self._status = ""
+        """The line said while the export runs; cleared at its end unless replaced (a
+        failure the main window says in a box left "Exporting…" standing)."""
         self.bar = QProgressBar()
         self.bar.setRange(0, PROGRESS_STEPS)
         self.bar.setMaximumWidth(260)
@@ -221,7 +233,8 @@ class TraceExporter(QObject):
         self.bar.setValue(0)
         self.bar.setFormat(f"Exporting {trace.name}: %p%")
         self._show(True)
-        self.window.statusBar().showMessage(f"Exporting the trace to {Path(dest)}…")
+        self._status = f"Exporting the trace to {Path(dest)}…"
+        self.window.statusBar().showMessage(self._status)
         job.start()
         return job
 
@@ -285,5 +298,8 @@ class TraceExporter(QObject):
         files, self._outcome = self._outcome, None
         if not self._closed:
             self._show(False)
+            status = self.window.statusBar()
+            if status.currentMessage() == self._status:
+                status.clearMessage()
         job.deleteLater()
         self.finished.emit(files)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, QSize, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtCore import QSettings, QSize, QTimer, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShowEvent
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
@@ -39,6 +39,8 @@ from moescope.gui.traces.trace_export import (
 )
 from moescope.gui.traces.whatif_view import WhatIfView
 from moescope.gui.widgets.screen_fit import resize_within_screen
+from moescope.trace.names import live_trace_file
+from moescope.util.files import OutputPathError, same_file
 
 log = logging.getLogger("moescope.gui")
 
@@ -123,6 +125,7 @@ class TraceWindow(QMainWindow):
             self.tabs.setTabEnabled(1, False)
             self.tabs.setTabToolTip(1, "Nothing to replay: this trace has no tokens")
         self.setCentralWidget(body)
+        self._fitted = False
         # a window with no menu: without these only the mouse (or the window manager)
         # closed it
         self.close_action = QAction("Close", self)
@@ -159,13 +162,40 @@ class TraceWindow(QMainWindow):
         self.statusBar().showMessage(saved_message(trace, files), STATUS_MS)
 
     def _export_failed(self, dest: Path, err: Exception) -> None:
-        if isinstance(err, OSError):
+        if (isinstance(err, OSError) and not isinstance(err, OutputPathError)
+                and self._is_shown_trace(err.filename)):
+            reason = (f"the trace {err.filename} can no longer be read "
+                      f"({err.strerror or err}). Nothing was written.")
+        elif isinstance(err, OutputPathError) and any(
+                same_file(err.filename, p) for p in (self.path, live_trace_file(self.path))):
+            # the shared wording, "is an input of this command", speaks of a command line;
+            # and the clash may be the suffixed name, not the one typed
+            reason = (f"{err.filename} is the trace this window shows (or a link to it); "
+                      "refusing to overwrite it. Nothing was written there.")
+        elif isinstance(err, OSError):
             reason = f"{dest}: {err.strerror or err}. Nothing was written there."
         else:  # a trace no longer readable, or with no token
             reason = str(err)
         message = f"Could not export the trace: {reason}"
         log.error("%s", message)
         self.statusBar().showMessage(" ".join(message.split()), STATUS_MS)
+
+    def showEvent(self, event: QShowEvent) -> None:
+        """At the first show, once laid out, give the heatmap its rows' height: the panel
+        was filled before the window had a size, so its splitter split half and half and a
+        6-layer heatmap's rows overlapped their labels."""
+        super().showEvent(event)
+        if not self._fitted:
+            self._fitted = True
+            QTimer.singleShot(0, self.panel.fit_heatmap)
+
+    def _is_shown_trace(self, name: object) -> bool:
+        """Whether a read error's file name is the trace this window shows (deleted or
+        unreadable since it was opened): not the output's fault (an output refused for
+        being the trace itself is an ``OutputPathError``, said as the output's)."""
+        if not isinstance(name, str):
+            return False
+        return Path(name) in (self.path, live_trace_file(self.path))
 
     def closeEvent(self, event: QCloseEvent) -> None:
         """Join the what-if sweep's and the export's threads: a QThread must not outlive its

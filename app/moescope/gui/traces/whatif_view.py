@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import textwrap
 
 import pyqtgraph as pg
 from PySide6.QtCore import QObject, QPointF, Qt, QThread, Signal, Slot
@@ -43,6 +44,7 @@ from moescope.display.whatif_model import (
     Cancelled,
     WhatIfResult,
     cell_text,
+    column_tips,
     compute,
     cost_model_choices,
     default_policies,
@@ -69,8 +71,23 @@ HOVER_PX = 12.0
 """A point within this many pixels of the cursor is the one the tooltip describes."""
 STOP_TEXT, REPLAY_TEXT = "&Stop", "&Replay"
 """The button beside the progress bar while a sweep runs, and once it was stopped."""
+LEGEND_ROWS = 7
+"""The legend, beside the plot, takes a second column past this many entries."""
 DEFAULT_COST = "pcie4"
 """The paper's hardware; ``calibrated`` (this machine) is one choice away when usable."""
+
+
+def stopped_text(shown: WhatIfResult | None, picked: str) -> str:
+    """The line once a sweep is stopped: the points still drawn are the last finished
+    sweep's, and the cost model they were priced with is named, since the picker may
+    already show another (stopping a sweep started by picking it left pcie4's times under
+    "pcie5")."""
+    text = "Stopped. Replay the trace, or pick a cost model or policies, to sweep again."
+    if shown is None:
+        return text
+    other = "" if shown.cost_name == picked else f", not {picked}"
+    return (f"{text} The points shown are the last finished sweep's, priced by the "
+            f"{shown.cost_name} cost model{other}.")
 
 
 class SweepWorker(QObject):
@@ -209,11 +226,17 @@ class WhatIfView(QWidget):
         item.setMenuEnabled(False)
         item.hideButtons()
         item.showGrid(x=True, y=True, alpha=0.15)
-        item.setLabel("bottom", "substituted gate mass / token")
+        n_layers = trace.header.model.n_layers  # the mass sums them: up to n_layers, not 1
+        item.setLabel("bottom", f"substituted gate mass / token (summed over {n_layers} "
+                                f"MoE layers)")
         item.setLabel("left", "predicted ms / token")
         for axis in ("left", "bottom"):
             item.getAxis(axis).enableAutoSIPrefix(False)  # the label already names the unit
-        self.legend = item.addLegend(offset=(-10, 10))
+        # beside the axes, not over them: inside, it hid whichever points fell under it
+        # (substitute-all's, far right, at 1024x600)
+        self.legend = pg.LegendItem()
+        item.layout.addItem(self.legend, 2, 3)
+        item.legend = self.legend  # plot(name=...) adds each curve to it
         self.curves: dict[str, pg.PlotDataItem] = {}
         self.recorded_item = pg.ScatterPlotItem(
             symbol="star", size=18, brush=pg.mkBrush(theme.MARKER),
@@ -223,6 +246,12 @@ class WhatIfView(QWidget):
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setAccessibleName("What-if points")
         self.table.setHorizontalHeaderLabels([title for _, title in COLUMNS])
+        tips = column_tips(n_layers)
+        for c, (key, _) in enumerate(COLUMNS):
+            header = self.table.horizontalHeaderItem(c)
+            if header is not None:
+                # a plain tooltip is one line, however long: wrapped here
+                header.setToolTip("\n".join(textwrap.wrap(tips[key], 64)))
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.verticalHeader().hide()
@@ -310,9 +339,8 @@ class WhatIfView(QWidget):
         self._stopped = True
         self.progress.hide()
         self.stop_button.setText(REPLAY_TEXT)
-        self.status.setText("Stopped. Replay the trace, or pick a cost model or policies, to "
-                            "sweep again." + (" The points shown are the last finished "
-                                              "sweep's." if self.result is not None else ""))
+        self.status.setText(stopped_text(self.result, str(self.cost.currentData())))
+        self.status.setToolTip(status_tooltip(self.result) if self.result is not None else "")
 
     def _stop_or_replay(self) -> None:
         if self._running:
@@ -402,6 +430,8 @@ class WhatIfView(QWidget):
             rec = result.recorded
             self.recorded_item.setData([rec.mass_per_token], [rec.est_ms_per_token])
             item.addItem(self.recorded_item)
+        # beside the plot, one column would be taller than a laptop's plot: two past seven
+        self.legend.setColumnCount(2 if len(self.legend.items) > LEGEND_ROWS else 1)
         item.enableAutoRange()
         fastest = min(result.points(), key=lambda r: r.est_ms_per_token, default=None)
         if fastest is not None:
