@@ -260,3 +260,58 @@ def test_the_timeline_streamed_a_token_at_a_time_is_the_whole_document(
     out = io.BytesIO()
     dump_perfetto(trace, out)
     assert out.getvalue() == json.dumps(to_perfetto(trace), ensure_ascii=False).encode()
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_files_the_export_adds_a_suffix_to_are_confirmed_before_they_are_replaced(
+        open_trace_window: Callable[[Path], Any], qtbot: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, replace: bool) -> None:
+    """The save dialog confirms only the name typed ("x"); the export writes x.arrows and
+    its two side files, so where those exist the window asks first: No leaves every file as
+    it was and exports nothing; Yes replaces them."""
+    from PySide6.QtWidgets import QFileDialog, QMessageBox
+
+    trace = synthetic_trace(tmp_path / "shown.arrows", n_tokens=8)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "x.arrows").write_bytes(b"keep")
+    (out / "x.tokens.csv").write_bytes(b"keep too")
+    window = open_trace_window(trace)
+    monkeypatch.setattr(QFileDialog, "getSaveFileName",
+                        staticmethod(lambda *a: (str(out / "x"), "")))
+    asked: list[str] = []
+
+    def question(_parent: Any, title: str, text: str, *_a: Any) -> Any:
+        asked.append(text)
+        return QMessageBox.StandardButton.Yes if replace else QMessageBox.StandardButton.No
+
+    monkeypatch.setattr(QMessageBox, "question", staticmethod(question))
+    if replace:
+        with qtbot.waitSignal(window.exportFinished, timeout=30_000) as finished:
+            window.export_dialog()
+        assert finished.args[0] is not None
+        assert (out / "x.arrows").read_bytes() == trace.read_bytes()
+        assert _names(out) == ["x.arrows", "x.perfetto.json", "x.tokens.csv"]
+    else:
+        window.export_dialog()
+        assert not window.exports.running
+        assert (out / "x.arrows").read_bytes() == b"keep"
+        assert (out / "x.tokens.csv").read_bytes() == b"keep too"
+        assert _names(out) == ["x.arrows", "x.tokens.csv"]
+    assert len(asked) == 1 and "x.arrows, x.tokens.csv already exist" in asked[0]
+
+
+def test_no_question_when_the_exports_files_are_new(
+        open_trace_window: Callable[[Path], Any], qtbot: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from PySide6.QtWidgets import QFileDialog, QMessageBox
+
+    trace = synthetic_trace(tmp_path / "shown.arrows", n_tokens=8)
+    window = open_trace_window(trace)
+    monkeypatch.setattr(QFileDialog, "getSaveFileName",
+                        staticmethod(lambda *a: (str(tmp_path / "new"), "")))
+    monkeypatch.setattr(QMessageBox, "question",
+                        staticmethod(lambda *a: pytest.fail("asked about new files")))
+    with qtbot.waitSignal(window.exportFinished, timeout=30_000) as finished:
+        window.export_dialog()
+    assert finished.args[0] is not None and (tmp_path / "new.arrows").is_file()

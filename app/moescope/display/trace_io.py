@@ -205,15 +205,22 @@ def export_session(recorded: Path, dest: Path,
         return _export(recorded, dest, progress)  # the journal was finished meanwhile
 
 
+def export_targets(recorded: Path, dest: Path) -> tuple[Path, Path, Path]:
+    """The three files :func:`export_session` would write for ``dest``: the copy (named with
+    the recorded format's suffix), its Perfetto JSON and its tokens CSV. A save dialog
+    confirms only the name typed, so the window asks about these before replacing any."""
+    suffix = trace_suffix(live_trace_file(recorded).name)
+    target = with_trace_suffix(dest, suffix) if suffix is not None else dest
+    return (target, *_companions(target, suffix))
+
+
 def _export(recorded: Path, dest: Path,
             progress: ExportProgress | None) -> tuple[Path, Path, Path]:
     source = live_trace_file(recorded)
     if nothing_recorded(source):
         raise TraceFormatError(f"{source.name}: nothing recorded yet (a session's trace "
                                "begins with its first token)")
-    suffix = trace_suffix(source.name)
-    target = with_trace_suffix(dest, suffix) if suffix is not None else dest
-    perfetto, csv = _companions(target, suffix)
+    target, perfetto, csv = export_targets(recorded, dest)
     for out in (target, perfetto, csv):  # before anything is written: all or none
         check_output(out, [source])
     copying, reading, timeline, table = (name for name, _ in EXPORT_STAGES)

@@ -23,12 +23,20 @@ from pathlib import Path
 
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, QSettings, QThread, Signal, Slot
 from PySide6.QtGui import QAction
-from PySide6.QtWidgets import QFileDialog, QMainWindow, QProgressBar, QToolButton, QWidget
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QMainWindow,
+    QMessageBox,
+    QProgressBar,
+    QToolButton,
+    QWidget,
+)
 
 from moescope.display.trace_io import (
     EXPORT_STAGES,
     ExportCancelled,
     export_session,
+    export_targets,
 )
 from moescope.trace.names import (
     FORMAT_NAMES,
@@ -67,10 +75,28 @@ def default_name(recorded: Path) -> tuple[str, str]:
 
 
 def ask_export_path(parent: QWidget, trace: Path, settings: QSettings | None) -> str:
-    """The save dialog for exporting ``trace`` ("" when cancelled)."""
+    """The save dialog for exporting ``trace`` ("" when cancelled). The dialog confirms
+    only the name typed; the export also writes the copy under its format's suffix and two
+    side files, so any of those that already exists is confirmed here before it is
+    replaced (No cancels the export)."""
     name, filters = default_name(live_trace_file(trace))
     path, _ = QFileDialog.getSaveFileName(
         parent, "Export trace", str(export_folder(settings) / name), filters)
+    if not path:
+        return path
+    existing = [p for p in export_targets(trace, Path(path))
+                if p != Path(path) and (p.exists() or p.is_symlink())]
+    if existing:
+        names = ", ".join(p.name for p in existing)
+        answer = QMessageBox.question(
+            parent, "Replace files?",
+            f"{names} already {'exists' if len(existing) == 1 else 'exist'} in "
+            f"{existing[0].parent}. The export writes {'it' if len(existing) == 1 else 'them'} "
+            "too: replace?",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+            QMessageBox.StandardButton.No)
+        if answer != QMessageBox.StandardButton.Yes:
+            return ""
     return path
 
 
