@@ -497,3 +497,23 @@ def test_the_session_export_remembers_its_folder_for_trace_windows(
         window.open_trace(window.trace_path)
     opened.args[0].export_dialog()
     assert [Path(a).parent for a in asked] == [out, out]
+
+
+def test_a_session_trace_gone_since_recording_is_blamed_not_the_output(
+        window: Any, qtbot: Any, tmp_path: Path, dialogs: Any) -> None:
+    """File ▸ Export trace after the session's own file was deleted: the message names the
+    session's trace, not the output (which was fine), and nothing is written."""
+    send(qtbot, window, "Hello there.", max_tokens=4)
+    assert window.trace_path is not None
+    recorded = live_trace_file(window.trace_path)
+    recorded.unlink()
+    out = tmp_path / "out"
+    out.mkdir()
+    assert export_trace(qtbot, window, out / "copy") is None
+    _kind, title, text = dialogs.shown[-1]
+    assert title == "Could not export the trace"
+    # named as the session's trace is now: its journal is gone, so its finished name
+    assert text in (f"The session's trace {name} can no longer be read (No such file or "
+                    "directory). Nothing was written." for name in (recorded, window.trace_path)
+                    ), text
+    assert list(out.iterdir()) == []

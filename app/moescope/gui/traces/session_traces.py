@@ -31,6 +31,7 @@ from moescope.trace.names import (
 )
 from moescope.util import paths
 from moescope.util.errors import MoEScopeError
+from moescope.util.files import OutputPathError
 from moescope.util.memory import release_freed_memory
 
 log = logging.getLogger("moescope.gui")
@@ -110,7 +111,15 @@ class SessionTraces(_Window):
         self.statusBar().showMessage(saved_message(trace, files), 15000)
 
     def _trace_export_failed(self, dest: Path, err: Exception) -> None:
-        if isinstance(err, OSError):
+        recorded = self.trace_path
+        if (isinstance(err, OSError) and not isinstance(err, OutputPathError)
+                and isinstance(err.filename, str) and recorded is not None
+                and Path(err.filename) in (recorded, live_trace_file(recorded))):
+            # the session's own file went away or broke: not the output's fault
+            self.show_error("Could not export the trace",
+                            f"The session's trace {err.filename} can no longer be read "
+                            f"({err.strerror or err}). Nothing was written.")
+        elif isinstance(err, OSError):
             self._export_failed("trace", dest, err)
         else:  # nothing recorded yet, or a trace that does not read
             self.show_error("Could not export the trace", str(err))
