@@ -256,16 +256,25 @@ bool holds_nan(const float * row, int32_t n) {
     return nan != 0;
 }
 
-/* The threshold of a row of n > MOECACHE_RANK_WIDTH experts without NaN: the value ranked
- * about seven eighths of the width down a sample of 64 of them. */
-float sampled_threshold(const float * row, int32_t n) {
-    float sample[64];
+/* A threshold's sample of a row of n experts: up to 64 evenly spaced values into sample;
+ * returns how many, and in q the threshold's rank among them, descending (about seven
+ * eighths of the width down). */
+int32_t take_sample(const float * row, int32_t n, float * sample, int32_t * q) {
     int32_t ns = 0;
     const int32_t stride = std::max(1, n / 64);
     for (int32_t e = 0; e < n && ns < 64; e += stride) {
         sample[ns++] = row[e];
     }
-    const int32_t q = std::max(0, ns * MOECACHE_RANK_WIDTH * 7 / (8 * n) - 1);
+    *q = std::max(0, ns * MOECACHE_RANK_WIDTH * 7 / (8 * n) - 1);
+    return ns;
+}
+
+/* The threshold of a row of n > MOECACHE_RANK_WIDTH experts without NaN: the value ranked
+ * about seven eighths of the width down a sample of 64 of them. */
+float sampled_threshold(const float * row, int32_t n) {
+    float sample[64];
+    int32_t q = 0;
+    const int32_t ns = take_sample(row, n, sample, &q);
     std::nth_element(sample, sample + q, sample + ns, std::greater<float>());
     return sample[q];
 }
@@ -362,12 +371,8 @@ float kth_of_sample(const float * s, int32_t ns, int32_t kth) {
  * would be): the filter then finds the NaN. */
 float sample_threshold(const float * row, int32_t n) {
     float sample[64];
-    int32_t ns = 0;
-    const int32_t stride = std::max(1, n / 64);
-    for (int32_t e = 0; e < n && ns < 64; e += stride) {
-        sample[ns++] = row[e];
-    }
-    const int32_t q = std::max(0, ns * MOECACHE_RANK_WIDTH * 7 / (8 * n) - 1);
+    int32_t q = 0;
+    const int32_t ns = take_sample(row, n, sample, &q);
     if (ns - 1 - q <= q) {
         return kth_of_sample(sample, ns, ns - 1 - q);
     }
