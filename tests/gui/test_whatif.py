@@ -3,6 +3,7 @@ policies, with the simulator's own numbers, computed without blocking the event 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -39,7 +40,12 @@ def test_the_points_are_the_simulators_sweep(qtbot: Any, trace_window: TraceWind
     assert view.result.rows == expected.rows
     assert len(view.result.rows) == len(POLICIES) * len(BUDGETS)
     recorded = sweep(trace, [RECORDED, "exact"], [RECORDED], cost).rows[0]
-    assert view.result.recorded == recorded and recorded.policy == RECORDED
+    assert recorded.policy == RECORDED and recorded.slots is None
+    # the table names the budget and slots the session ran at (it never resized)
+    assert {t.slots_per_layer for t in trace.tokens} == {trace.header.slots_per_layer}
+    recorded = dataclasses.replace(recorded, budget=trace.header.budget,
+                                   slots=trace.header.slots_per_layer)
+    assert view.result.recorded == recorded
 
     # the table shows every point, the recorded one last
     points = [*expected.rows, recorded]

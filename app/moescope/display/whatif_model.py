@@ -14,7 +14,7 @@ plain :class:`WhatIfResult`; tests compare it with the simulator directly.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from moescope.cache.audit import AuditEstimate, estimate
 from moescope.cache.budget import format_bytes
@@ -159,6 +159,8 @@ def compute(trace: Trace, cost_name: str, policies: Sequence[str] = POLICIES,
     result = sweep(trace, policies, budgets, cost, routing=routing, extra=extra,
                    progress=report)
     recorded = next((r for r in result.rows[grid:] if r.policy == RECORDED), None)
+    if recorded is not None:
+        recorded = with_recorded_budget(recorded, trace)
     return WhatIfResult(
         cost_name=cost_name, cost_text=cost.describe(trace.header.model),
         policies=tuple(policies), budgets=tuple(b.strip() for b in budgets),
@@ -241,6 +243,16 @@ def column_tips(n_layers: int) -> dict[str, str]:
         "prefetch_accuracy": "PSR: prefetched experts the router then used, of those "
                              "prefetched (– for a policy that does not prefetch)",
     }
+
+
+def with_recorded_budget(row: SweepRow, trace: Trace) -> SweepRow:
+    """The recorded point with the budget and slots the session ran at, where they never
+    changed (the table said "recorded" under both, which a user had to look up in the
+    Plots tab); a session resized on the way keeps "recorded"."""
+    h = trace.header
+    if any(t.slots_per_layer != h.slots_per_layer for t in trace.tokens):
+        return row
+    return replace(row, budget=h.budget, slots=h.slots_per_layer)
 
 
 def cell_text(row: SweepRow, key: str) -> str:
