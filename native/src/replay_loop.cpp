@@ -748,21 +748,29 @@ private:
         return la != lb ? la < lb : a < b;
     }
 
+    /* least: e where it is unpinned and evicts before least (-1: none yet) */
+    void bq_keep_least(int32_t e, int32_t & least) const {
+        if (pin_[e] != pin_epoch_ && (least < 0 || bq_before(e, least))) {
+            least = e;
+        }
+    }
+
+    /* a stale listing moved to its current key's bucket; returns where it is now */
+    int64_t bq_refresh(int32_t e) {
+        bq_unlink(e);
+        bq_place(e);
+        return bq_idx_[e];
+    }
+
     int32_t bq_victim() {
         int32_t low = -1;
         for (int32_t e = bq_low_; e >= 0;) {
             const int32_t nx = bq_next_[e];
-            if (bq_kver_[e] != F_[e].kver) {
-                bq_unlink(e);
-                bq_place(e);
-                if (bq_idx_[e] != kLow) {
-                    e = nx;
-                    continue;
-                }
+            if (bq_kver_[e] != F_[e].kver && bq_refresh(e) != kLow) {
+                e = nx;
+                continue;
             }
-            if (pin_[e] != pin_epoch_ && (low < 0 || bq_before(e, low))) {
-                low = e;
-            }
+            bq_keep_least(e, low);
             e = nx;
         }
         const int64_t top = bq_top_;
@@ -787,24 +795,12 @@ private:
             int32_t best = -1;
             for (int32_t e = bq_head_[idx & (kRing - 1)]; e >= 0;) {
                 const int32_t nx = bq_next_[e];
-                if (bq_kver_[e] != F_[e].kver) {
-                    bq_unlink(e);
-                    bq_place(e);
-                    if (bq_idx_[e] == kLow) {
-                        if (pin_[e] != pin_epoch_ && (low < 0 || bq_before(e, low))) {
-                            low = e;
-                        }
-                        e = nx;
-                        continue;
-                    }
-                    if (bq_idx_[e] != idx) {
-                        e = nx;
-                        continue;
-                    }
-                }
-                if (pin_[e] != pin_epoch_ && (best < 0 || bq_before(e, best))) {
-                    best = e;
-                }
+                const int64_t now = bq_kver_[e] != F_[e].kver ? bq_refresh(e) : idx;
+                if (now == idx) {
+                    bq_keep_least(e, best);
+                } else if (now == kLow) {
+                    bq_keep_least(e, low); /* its key left the window: LOW's now */
+                } /* else moved to a later bucket, met there */
                 e = nx;
             }
             if (best >= 0) {
