@@ -753,6 +753,51 @@ int32_t run_batch(const moecache_replay_trace & trace, const moecache_replay_con
     if (watch.cancelled()) {
         return MOECACHE_E_CANCELLED;
     }
+    /* Results one run gives several configurations: the loop's run of a policy that never
+     * wanted a slot with every slot full is its run at any larger budget prefetching as many
+     * experts (nothing it decided read the budget), and a configuration equal to another is
+     * that one's. from[i]: the configuration whose results i takes if it has finished by then
+     * (the nearest smaller budget of the same policy, or an equal one listed before). A run
+     * taken is copied, so the results never depend on which ran. */
+    std::vector<uint8_t> covered(order.size(), 0);
+    for (int32_t i = 0; i < n_configs; ++i) {
+        covered[static_cast<size_t>(i)] =
+            plan != nullptr && moecache_core::fast_covers(ranked, configs[i], ids_valid,
+                                                          events != nullptr);
+    }
+    auto policy_of = [&](int32_t i) -> const moecache_policy & {
+        return configs[i].follow_policy ? trace.start_policy : configs[i].policy;
+    };
+    auto slots_of = [&](int32_t i) {
+        return configs[i].slots != 0 ? configs[i].slots : trace.start_slots;
+    };
+    std::vector<int32_t> from(order.size(), -1);
+    for (int32_t i = 0; i < n_configs; ++i) {
+        if (!covered[static_cast<size_t>(i)]) {
+            continue;
+        }
+        const int32_t si = slots_of(i);
+        const int32_t pi = moecache_core::prefetch_per_token(ranked, policy_of(i), si);
+        int32_t best = -1;
+        for (int32_t j = 0; j < n_configs; ++j) {
+            const int32_t sj = slots_of(j);
+            if (j == i || !covered[static_cast<size_t>(j)] || sj > si || (sj == si && j > i) ||
+                std::memcmp(&policy_of(i), &policy_of(j), sizeof(moecache_policy)) != 0 ||
+                moecache_core::prefetch_per_token(ranked, policy_of(j), sj) != pi) {
+                continue;
+            }
+            if (best < 0 || sj > slots_of(best)) {
+                best = j;
+            }
+        }
+        from[static_cast<size_t>(i)] = best;
+    }
+    /* per configuration: 0 not finished, 1 finished without wanting a slot beyond its budget,
+     * 2 finished otherwise (or by the per-call core) */
+    std::unique_ptr<std::atomic<int32_t>[]> state(new std::atomic<int32_t>[order.size() + 1]);
+    for (size_t i = 0; i < order.size(); ++i) {
+        state[i].store(0, std::memory_order_relaxed);
+    }
     std::atomic<int32_t> next{0};
     std::atomic<int32_t> finished{0};
     std::vector<int32_t> codes(static_cast<size_t>(std::max(n_configs, 1)), MOECACHE_OK);
@@ -761,24 +806,42 @@ int32_t run_batch(const moecache_replay_trace & trace, const moecache_replay_con
             workspace(nullptr, moecache_core::fast_workspace_free);
         for (int32_t at = next++; at < n_configs && !watch.cancelled(); at = next++) {
             const int32_t i = order[static_cast<size_t>(at)];
+            moecache_replay_token * mine = out + static_cast<size_t>(i) * n_tokens;
             moecache_core::ReplayTicker ticker{ctl};
-            try {
-                if (!workspace) {
-                    workspace.reset(moecache_core::fast_workspace_new());
+            const int32_t b = from[static_cast<size_t>(i)];
+            const int32_t b_state = b >= 0 ? state[b].load(std::memory_order_acquire) : 0;
+            if (b_state == 1 || (b_state == 2 && slots_of(b) == slots_of(i))) {
+                std::memcpy(mine, out + static_cast<size_t>(b) * n_tokens,
+                            n_tokens * sizeof(moecache_replay_token));
+                codes[static_cast<size_t>(i)] = codes[static_cast<size_t>(b)];
+                moecache_core::replay_reused_configs.fetch_add(1, std::memory_order_relaxed);
+                state[i].store(b_state, std::memory_order_release);
+            } else {
+                bool evicted = true;
+                try {
+                    if (!workspace) {
+                        workspace.reset(moecache_core::fast_workspace_new());
+                    }
+                    if (covered[static_cast<size_t>(i)]) {
+                        codes[static_cast<size_t>(i)] = moecache_core::replay_fast(
+                            ranked, *plan, configs[i], mine, *workspace, &ticker, &evicted);
+                    } else {
+                        codes[static_cast<size_t>(i)] = replay_one(
+                            trace, configs[i], ranking, ranked, plan, ids_valid, mine,
+                            events != nullptr ? events + static_cast<int64_t>(i) * trace.n_rows
+                                              : nullptr,
+                            *workspace, ticker);
+                    }
+                } catch (...) {  // bad_alloc: this configuration fails, the others go on
+                    codes[static_cast<size_t>(i)] = MOECACHE_E_ARG;
                 }
-                codes[static_cast<size_t>(i)] = replay_one(
-                    trace, configs[i], ranking, ranked, plan, ids_valid,
-                    out + static_cast<size_t>(i) * n_tokens,
-                    events != nullptr ? events + static_cast<int64_t>(i) * trace.n_rows
-                                      : nullptr,
-                    *workspace, ticker);
-            } catch (...) {  // bad_alloc: this configuration fails, the others go on
-                codes[static_cast<size_t>(i)] = MOECACHE_E_ARG;
+                if (codes[static_cast<size_t>(i)] == MOECACHE_E_CANCELLED) {
+                    break;
+                }
+                state[i].store(evicted || codes[static_cast<size_t>(i)] != MOECACHE_OK ? 2 : 1,
+                               std::memory_order_release);
             }
-            if (codes[static_cast<size_t>(i)] == MOECACHE_E_CANCELLED) {
-                break;
-            }
-            /* a configuration that failed early still counts whole */
+            /* a configuration that failed early (or was copied) still counts whole */
             ticker.layer_done(trace.n_layers - ticker.units);
             ++finished;
             if (ctl != nullptr) {

@@ -260,6 +260,7 @@ int32_t route(moecache & c, int32_t layer, int32_t n_tokens, const float * probs
  * as the per-call core would. replay_fast_configs counts the configurations it replayed. */
 extern std::atomic<int64_t> replay_fast_configs;
 extern std::atomic<int64_t> replay_scan_configs; /* those of them finding victims by scan */
+extern std::atomic<int64_t> replay_reused_configs; /* configurations given another's run */
 bool fast_covers(const moecache_replay_trace & t, const moecache_replay_config & cfg,
                  bool ids_valid, bool events);
 /* A worker's buffers for ranking rows of n experts (moecache_rank_rows). */
@@ -297,9 +298,17 @@ struct ReplayTicker {
     bool layer_done(int64_t n = 1);
     bool cancelled() const;
 };
+/* evicted (optional): whether any layer ever wanted a slot with every slot full (an eviction,
+ * or the failure to find one). Where none did, nothing the loop decided read the budget, so
+ * the results are those of the same policy at any larger budget that prefetches as many
+ * experts (run_batch's reuse of a run). */
 int32_t replay_fast(const moecache_replay_trace & t, const FastPlan & plan,
                     const moecache_replay_config & cfg, moecache_replay_token * out,
-                    FastWorkspace & w, ReplayTicker * ticker = nullptr);
+                    FastWorkspace & w, ReplayTicker * ticker = nullptr,
+                    bool * evicted = nullptr);
+/* the experts a configuration's PSR prefetches per token (0: none), as the loop counts them */
+int32_t prefetch_per_token(const moecache_replay_trace & t, const moecache_policy & p,
+                           int32_t slots);
 
 }  // namespace moecache_core
 

@@ -45,6 +45,7 @@ namespace moecache_core {
 
 std::atomic<int64_t> replay_fast_configs{0};
 std::atomic<int64_t> replay_scan_configs{0};
+std::atomic<int64_t> replay_reused_configs{0};
 
 namespace loop { /* named: the engine compiles the core as one unit */
 
@@ -536,6 +537,11 @@ public:
         }
     }
 
+    /* whether a slot was ever wanted with every slot full */
+    bool evicted() const {
+        return full_;
+    }
+
 private:
     const moecache_replay_trace & t_;
     const FastPlan & plan_;
@@ -580,6 +586,7 @@ private:
     static constexpr int64_t kLow = std::numeric_limits<int64_t>::min();
     bool bq_ = false;
     bool evicts_ = true;
+    bool full_ = false; /* a slot was wanted with every slot full */
     double bq_q_ = 1.0;
     int64_t bq_top_ = kLow;
     int64_t bq_cur_ = 0; /* no ring bucket of the window below it lists a resident */
@@ -923,6 +930,7 @@ private:
         if (n_res_ < S_) {
             slot = n_res_++; /* no resize: the slots below n_res are the full ones */
         } else {
+            full_ = true;
             const int32_t v = victim<Freq>();
             if (v < 0) {
                 return -1;
@@ -1491,14 +1499,24 @@ bool fast_covers(const moecache_replay_trace & t, const moecache_replay_config &
     return true;
 }
 
+int32_t prefetch_per_token(const moecache_replay_trace & t, const moecache_policy & p,
+                           int32_t slots) {
+    const int32_t want = p.prefetch == MOECACHE_PREFETCH_TOP_K ? t.top_k : p.prefetch;
+    return t.pred_width > 0 ? std::max(std::min({want, t.n_experts, slots}), 0) : 0;
+}
+
 int32_t replay_fast(const moecache_replay_trace & t, const FastPlan & plan,
                     const moecache_replay_config & cfg, moecache_replay_token * out,
-                    FastWorkspace & w, ReplayTicker * ticker) {
+                    FastWorkspace & w, ReplayTicker * ticker, bool * evicted) {
     const moecache_policy & p = cfg.follow_policy ? t.start_policy : cfg.policy;
     const int32_t slots = cfg.slots == 0 ? t.start_slots : cfg.slots;
     loop::FastReplay replay(t, plan, p, slots, out, w, ticker);
     replay_fast_configs.fetch_add(1, std::memory_order_relaxed);
-    return replay.run();
+    const int32_t code = replay.run();
+    if (evicted != nullptr) {
+        *evicted = replay.evicted();
+    }
+    return code;
 }
 
 }  // namespace moecache_core

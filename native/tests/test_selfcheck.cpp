@@ -93,6 +93,7 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
     int64_t fast_expected = 0;
     const int64_t fast_before = moecache_core::replay_fast_configs.load();
     const int64_t scan_before = moecache_core::replay_scan_configs.load();
+    int64_t reused_one = 0; /* runs taken in the batches on one thread */
     for (int round = 0; round < 12; ++round) {
         const int32_t n_layers = 3;
         const int32_t n_experts = round % 2 == 0 ? 40 + static_cast<int32_t>(rng() % 40)
@@ -279,6 +280,22 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
             std::fprintf(stderr, "a batch through the replay loop differs\n");
             return -1;
         }
+        /* on one thread each configuration's smaller budgets have finished before it: the
+         * runs it takes are certain (substitute-all keeps the first row's k experts, so its
+         * run at k slots is its run at every budget here) */
+        {
+            std::vector<moecache_replay_token> one(a.size());
+            const int64_t before = moecache_core::replay_reused_configs.load();
+            const int32_t code = moecache_replay_batch(&tr, configs.data(), n_cfg, 1,
+                                                       one.data(), nullptr);
+            const int64_t took = moecache_core::replay_reused_configs.load() - before;
+            if (code != own || (own == MOECACHE_OK && !same_tokens(a, one)) || took < 4) {
+                std::fprintf(stderr, "a batch on one thread differs (code %d) or reused %lld "
+                             "runs\n", code, static_cast<long long>(took));
+                return -1;
+            }
+            reused_one += took;
+        }
         /* the same batch counted on a control: the same totals and code, and every
          * configuration and layer counted (one that failed counts whole) */
         moecache_replay_control * ctl = moecache_replay_control_new();
@@ -351,7 +368,9 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
         return -1;
     }
     std::printf("replay loop: %lld configurations against the per-call core (%lld by victim "
-                "scan)\n", static_cast<long long>(fast_expected), static_cast<long long>(scanned));
+                "scan; the batches on one thread took %lld runs from smaller budgets or equal "
+                "configurations)\n", static_cast<long long>(fast_expected),
+                static_cast<long long>(scanned), static_cast<long long>(reused_one));
     return decisions;
 }
 

@@ -163,18 +163,23 @@ def test_the_replay_loop_gives_the_per_call_cores_totals_to_the_bit(
         record: RecordFn, arch: str) -> None:
     """Without event rows a fixed configuration runs the batch replay's own decision loop
     (native/src/replay_loop.cpp); asking for the rows runs the per-call core. Every
-    per-token total, the substituted mass included, must be identical."""
+    per-token total, the substituted mass included, must be identical. On one thread the
+    loop's run of a policy at a budget it never filled is certainly taken for its larger
+    budgets (substitute-all at k slots keeps the first row's experts), and on two it may be:
+    the same totals either way."""
     trace = read_trace(record(arch, name="trace.arrows", tokens=20, answers=2, switch_at=7))
     routing = Routing.from_trace(trace)
     k = trace.header.model.top_k
     every = trace.header.model.n_expert  # every expert resident: the loop's all-hit path
     configs = [(None, None),
                *[(p, s) for p in ALL_PRESETS for s in (k, k + 2, None, every)]]
-    fast = replay_many(routing, configs, threads=2)
     reference = replay_many(routing, configs, threads=2, keep_events=True)
-    for (policy, slots), a, b in zip(configs, fast, reference, strict=True):
-        for name in REPLAY_FIELDS:
-            assert np.array_equal(a.per_token[name], b.per_token[name]), (policy, slots, name)
+    for threads in (1, 2):
+        fast = replay_many(routing, configs, threads=threads)
+        for (policy, slots), a, b in zip(configs, fast, reference, strict=True):
+            for name in REPLAY_FIELDS:
+                assert np.array_equal(a.per_token[name], b.per_token[name]), \
+                    (threads, policy, slots, name)
     assert sum(int(r.per_token["substitutions"].sum()) for r in fast) > 0
 
 

@@ -38,6 +38,7 @@ import ctypes
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -292,8 +293,10 @@ class ReplayResult:
     layer_prefetch_hits: npt.NDArray[np.int64] | None = None
     """With ``keep_events``: per token and MoE layer, the prefetch hits."""
 
-    @property
+    @cached_property
     def decode(self) -> npt.NDArray[Any]:
+        """The decode tokens' rows (a copy, made at the first use: every summary reads it,
+        and a what-if's table asks a dozen summaries of each of ~50 results)."""
         return self.per_token[self.per_token["decode"]]
 
     @property
