@@ -79,7 +79,7 @@ def synthetic_trace(path: Path, *, n_tokens: int, n_layers: int = 48, n_expert: 
     import numpy as np
 
     from moescope.cache.policy import Policy
-    from moescope.sim.replay import Routing, replay_many
+    from moescope.sim.replay import Routing, replay, replay_many
     from moescope.trace import RouterInput, TokenRecord, TraceHeader, TraceModel
     from moescope.trace.schema import PREDICTED_KEEP
     from moescope.trace.writer import open_writer
@@ -129,9 +129,17 @@ def synthetic_trace(path: Path, *, n_tokens: int, n_layers: int = 48, n_expert: 
         decode=np.arange(n_tokens) > 0,
         next_layer=next_layer if predictions else None,
         predicted=predicted if predictions else None)
-    (result,) = replay_many(routing, [(None, None)], keep_events=True)
+    counted = predictions and bool(header.policy.prefetch)
+    if counted:
+        # the recorder's per-layer PSR counters, as the core counted them (else a trace
+        # window calls the file older than those counters); only the per-call replay counts
+        # per layer (~2 s for 10,000 tokens at Qwen3-Next's geometry)
+        result = replay(routing, None, None, keep_events=True)
+    else:
+        (result,) = replay_many(routing, [(None, None)], keep_events=True)
     decided = result.events
     assert decided is not None
+    pf, pf_hits = result.layer_prefetches, result.layer_prefetch_hits
     with open_writer(path, header) as writer:
         for t in range(n_tokens):
             a, b = t * n_layers, (t + 1) * n_layers
@@ -146,6 +154,8 @@ def synthetic_trace(path: Path, *, n_tokens: int, n_layers: int = 48, n_expert: 
                 index=t, phase="prefill" if t == 0 else "decode", token_id=t % 1000 + 3,
                 text=f"t{t}", seconds=0.02, policy=policy, slots_per_layer=slots,
                 events=decided[a:b], routes=routes, position=t,
+                prefetches=pf[t] if counted and pf is not None else None,
+                prefetch_hits=pf_hits[t] if counted and pf_hits is not None else None,
                 timings=dict.fromkeys(("route_us", "sync_copy_us", "async_copy_us",
                                        "wait_us", "n_sync", "n_async"), 0)))
     return path
