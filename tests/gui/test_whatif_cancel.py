@@ -154,3 +154,44 @@ def test_stop_stops_the_batch_and_replay_sweeps_again(
     assert view.result is not None
     assert view.result.rows == sweep(trace, view.policies(), BUDGETS,
                                      cost_model("pcie4", trace)).rows
+
+
+def test_the_first_sweep_says_what_it_prepares_on_a_busy_bar_and_a_later_one_does_not(
+        qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path) -> None:
+    """Laying the trace out and planning the replay come before the batch's first layer:
+    the status line says which, over a busy bar (not a bar stuck at 0%), and the replay's
+    own line comes back with its first layer. A later sweep reuses both and says neither."""
+    from PySide6.QtCore import QObject, Slot
+
+    from moescope.gui.traces.whatif_view import LAYOUT_TEXT, PLAN_TEXT, status_text
+
+    window = open_trace_window(long_trace)
+    view = window.whatif
+    seen: list[tuple[str, int]] = []
+    replaying: list[str] = []
+
+    class Recorder(QObject):
+        """Queued after the view's own slots (connected later), on the GUI thread."""
+
+        @Slot(int, str)
+        def prepared(self, _generation: int, _text: str) -> None:
+            seen.append((view.status.text(), view.progress.maximum()))
+
+        @Slot(int, int, int)
+        def progressed(self, _generation: int, done: int, _total: int) -> None:
+            if done > 0 and not replaying:
+                replaying.append(view.status.text())
+
+    recorder = Recorder()
+    view._worker.preparing.connect(recorder.prepared)
+    view._worker.progress.connect(recorder.progressed)
+    with qtbot.waitSignal(view.sweepFinished, timeout=60_000):
+        window.tabs.setCurrentWidget(view)
+    assert seen == [(LAYOUT_TEXT, 0), (PLAN_TEXT, 0)]
+    assert replaying and replaying[0].startswith("Replaying the trace under")
+    assert view.result is not None and view.status.text() == status_text(view.result)
+
+    seen.clear()
+    with qtbot.waitSignal(view.sweepFinished, timeout=60_000):
+        view.start("pcie5")
+    assert seen == []

@@ -74,6 +74,11 @@ STOP_TEXT, REPLAY_TEXT = "&Stop", "&Replay"
 LEGEND_ROWS = 7
 """The legend, beside the plot, takes a second column past this many entries."""
 DEFAULT_COST = "pcie4"
+LAYOUT_TEXT = ("Reading the trace's router inputs for the replay (the first sweep only; "
+               "a few seconds for a long session)…")
+PLAN_TEXT = "Ranking each row's experts and planning the replay (the first sweep only)…"
+"""The status line while the first sweep prepares the trace, the progress bar busy: until
+the replay reports its first layer, the bar would otherwise sit at 0%."""
 """The paper's hardware; ``calibrated`` (this machine) is one choice away when usable."""
 
 
@@ -101,6 +106,7 @@ class SweepWorker(QObject):
     """
 
     progress = Signal(int, int, int)  # generation, done, total
+    preparing = Signal(int, str)  # generation, what the first sweep does before replaying
     finished = Signal(int, object)  # generation, WhatIfResult
     failed = Signal(int, str)  # generation, message
 
@@ -125,7 +131,10 @@ class SweepWorker(QObject):
 
         try:
             if self.routing is None:
+                self.preparing.emit(generation, LAYOUT_TEXT)
                 self.routing = Routing.from_trace(self.trace)
+            if self.routing.plan is None:  # the batch ranks and plans before its first layer
+                self.preparing.emit(generation, PLAN_TEXT)
             result = compute(self.trace, cost_name, policies, BUDGETS, progress=report,
                              routing=self.routing)
         except Cancelled:
@@ -157,6 +166,8 @@ class WhatIfView(QWidget):
         self._generation = 0
         self._running = False
         self._stopped = False
+        self._preparing = False  # the bar is busy until the replay's first layer
+        self._replay_text = ""
         """The user stopped the last sweep: showing the view again does not restart it."""
         self.setAccessibleName("What-if: policies and budgets replayed from this trace")
 
@@ -273,6 +284,7 @@ class WhatIfView(QWidget):
         self._worker.moveToThread(self._thread)
         self._request.connect(self._worker.run)
         self._worker.progress.connect(self._on_progress)
+        self._worker.preparing.connect(self._on_preparing)
         self._worker.finished.connect(self._on_finished)
         self._worker.failed.connect(self._on_failed)
 
@@ -323,8 +335,10 @@ class WhatIfView(QWidget):
         self.stop_button.setText(STOP_TEXT)
         self.stop_button.show()
         policies = self.policies()
-        self.status.setText(f"Replaying the trace under {len(policies)} policies × "
-                            f"{len(BUDGETS)} budgets ({name})…")
+        self._preparing = False
+        self._replay_text = (f"Replaying the trace under {len(policies)} policies × "
+                             f"{len(BUDGETS)} budgets ({name})…")
+        self.status.setText(self._replay_text)
         self.status.setToolTip("")
         self._request.emit(self._generation, name, policies)
 
@@ -364,9 +378,21 @@ class WhatIfView(QWidget):
     # ------------------------------------------------------------------ worker signals
     @Slot(int, int, int)
     def _on_progress(self, generation: int, done: int, total: int) -> None:
-        if generation == self._generation:
-            self.progress.setRange(0, total)
-            self.progress.setValue(done)
+        if generation != self._generation or (self._preparing and done == 0):
+            return
+        if self._preparing:
+            self._preparing = False
+            self.status.setText(self._replay_text)
+        self.progress.setRange(0, total)
+        self.progress.setValue(done)
+
+    @Slot(int, str)
+    def _on_preparing(self, generation: int, text: str) -> None:
+        if generation != self._generation:
+            return
+        self._preparing = True
+        self.progress.setRange(0, 0)  # busy: no share of the work is known yet
+        self.status.setText(text)
 
     @Slot(int, object)
     def _on_finished(self, generation: int, result: WhatIfResult) -> None:
