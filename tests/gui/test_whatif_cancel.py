@@ -195,3 +195,90 @@ def test_the_first_sweep_says_what_it_prepares_on_a_busy_bar_and_a_later_one_doe
     with qtbot.waitSignal(view.sweepFinished, timeout=60_000):
         view.start("pcie5")
     assert seen == []
+
+
+class Held:
+    """Holds the worker inside the first sweep's layout (``Routing.from_trace``) until
+    released, so that a Stop, a newer request or a close lands during the preparation."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import threading
+
+        from moescope.sim import Routing
+
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        real = Routing.from_trace
+
+        def from_trace(cls: type, trace: Any) -> Any:
+            self.entered.set()
+            self.release.wait(30)
+            return real(trace)
+
+        monkeypatch.setattr(Routing, "from_trace", classmethod(from_trace))
+
+
+def test_stop_while_the_first_sweep_prepares_stays_stopped_and_replay_sweeps(
+        qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stop during the layout: the bar goes and the button replays at once; the stale
+    sweep's later preparation and progress change nothing; Replay then sweeps."""
+    from PySide6.QtCore import Qt
+
+    from moescope.gui.traces.whatif_view import LAYOUT_TEXT, status_text
+
+    held = Held(monkeypatch)
+    spy, _window, view, finished = running(open_trace_window, long_trace, monkeypatch)
+    qtbot.waitUntil(lambda: held.entered.is_set() and view.status.text() == LAYOUT_TEXT,
+                    timeout=30_000)
+    assert view.progress.isVisible() and view.progress.maximum() == 0
+    qtbot.mouseClick(view.stop_button, Qt.MouseButton.LeftButton)
+    stopped = view.status.text()
+    assert not view.running and not view.progress.isVisible() and "Stopped" in stopped
+    held.release.set()
+    qtbot.waitUntil(lambda: spy.ends == ["cancelled"], timeout=60_000)
+    qtbot.wait(50)
+    assert finished == [] and view.status.text() == stopped
+    assert not view.progress.isVisible() and view.stop_button.text() == "&Replay"
+    with qtbot.waitSignal(view.sweepFinished, timeout=60_000):
+        qtbot.mouseClick(view.stop_button, Qt.MouseButton.LeftButton)
+    assert spy.ends == ["cancelled", "finished"]
+    assert view.result is not None and view.status.text() == status_text(view.result)
+    assert not view.progress.isVisible() and not view.stop_button.isVisible()
+
+
+def test_a_newer_request_while_the_first_sweep_prepares_keeps_the_bar_busy(
+        qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Picking another cost model while the first sweep lays the trace out: the worker still
+    has the layout, ranking and plan to make (the stale sweep makes them, then stops at its
+    first report) before the new sweep's first layer, so its bar is busy, not at 0%."""
+    from moescope.gui.traces.whatif_view import LAYOUT_TEXT
+
+    held = Held(monkeypatch)
+    _spy, _window, view, _ = running(open_trace_window, long_trace, monkeypatch)
+    qtbot.waitUntil(lambda: held.entered.is_set() and view.status.text() == LAYOUT_TEXT,
+                    timeout=30_000)
+    view.start("pcie5")
+    try:
+        assert view.progress.isVisible() and view.progress.maximum() == 0, \
+            (view.progress.minimum(), view.progress.maximum(), view.status.text())
+    finally:
+        held.release.set()
+    with qtbot.waitSignal(view.sweepFinished, timeout=60_000) as blocker:
+        pass
+    assert blocker.args[0].cost_name == "pcie5"
+
+
+def test_closing_the_window_while_the_first_sweep_prepares_joins_its_thread(
+        qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    held = Held(monkeypatch)
+    spy, window, view, finished = running(open_trace_window, long_trace, monkeypatch)
+    qtbot.waitUntil(held.entered.is_set, timeout=30_000)
+    held.release.set()
+    window.close()
+    assert not view._thread.isRunning() and not view.running
+    assert spy.ends in ([], ["cancelled"])
+    qtbot.wait(50)
+    assert finished == []
