@@ -252,15 +252,29 @@ def test_a_newer_request_while_the_first_sweep_prepares_keeps_the_bar_busy(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Picking another cost model while the first sweep lays the trace out: the worker still
     has the layout, ranking and plan to make (the stale sweep makes them, then stops at its
-    first report) before the new sweep's first layer, so its bar is busy, not at 0%."""
-    from moescope.gui.traces.whatif_view import LAYOUT_TEXT
+    first report) before the new sweep's first layer, so its bar is busy, not at 0%, and the
+    status names that preparation (which the new sweep reuses)."""
+    from PySide6.QtCore import QObject, Slot
+
+    from moescope.gui.traces.whatif_view import LAYOUT_TEXT, PLAN_TEXT
 
     held = Held(monkeypatch)
-    _spy, _window, view, _ = running(open_trace_window, long_trace, monkeypatch)
-    qtbot.waitUntil(lambda: held.entered.is_set() and view.status.text() == LAYOUT_TEXT,
-                    timeout=30_000)
-    view.start("pcie5")
     try:
+        _spy, _window, view, _ = running(open_trace_window, long_trace, monkeypatch)
+        qtbot.waitUntil(lambda: held.entered.is_set() and view.status.text() == LAYOUT_TEXT,
+                        timeout=30_000)
+        seen: list[tuple[str, int]] = []
+
+        class Recorder(QObject):
+            """Queued after the view's own slots (connected later), on the GUI thread."""
+
+            @Slot(int, str)
+            def prepared(self, _generation: int, _text: str) -> None:
+                seen.append((view.status.text(), view.progress.maximum()))
+
+        recorder = Recorder()
+        view._worker.preparing.connect(recorder.prepared)
+        view.start("pcie5")
         assert view.progress.isVisible() and view.progress.maximum() == 0, \
             (view.progress.minimum(), view.progress.maximum(), view.status.text())
     finally:
@@ -268,6 +282,8 @@ def test_a_newer_request_while_the_first_sweep_prepares_keeps_the_bar_busy(
     with qtbot.waitSignal(view.sweepFinished, timeout=60_000) as blocker:
         pass
     assert blocker.args[0].cost_name == "pcie5"
+    # the abandoned sweep's planning (it may stop before, then this sweep's own), named
+    assert seen and all(s == (PLAN_TEXT, 0) for s in seen), seen
 
 
 def test_closing_the_window_while_the_first_sweep_prepares_joins_its_thread(

@@ -74,12 +74,12 @@ STOP_TEXT, REPLAY_TEXT = "&Stop", "&Replay"
 LEGEND_ROWS = 7
 """The legend, beside the plot, takes a second column past this many entries."""
 DEFAULT_COST = "pcie4"
+"""The paper's hardware; ``calibrated`` (this machine) is one choice away when usable."""
 LAYOUT_TEXT = ("Reading the trace's router inputs for the replay (the first sweep only; "
                "a few seconds for a long session)…")
 PLAN_TEXT = "Ranking each row's experts and planning the replay (the first sweep only)…"
 """The status line while the first sweep prepares the trace, the progress bar busy: until
 the replay reports its first layer, the bar would otherwise sit at 0%."""
-"""The paper's hardware; ``calibrated`` (this machine) is one choice away when usable."""
 
 
 def stopped_text(shown: WhatIfResult | None, picked: str) -> str:
@@ -166,9 +166,9 @@ class WhatIfView(QWidget):
         self._generation = 0
         self._running = False
         self._stopped = False
+        """The user stopped the last sweep: showing the view again does not restart it."""
         self._preparing = False  # the bar is busy until the replay's first layer
         self._replay_text = ""
-        """The user stopped the last sweep: showing the view again does not restart it."""
         self.setAccessibleName("What-if: policies and budgets replayed from this trace")
 
         self.cost = QComboBox()
@@ -329,13 +329,14 @@ class WhatIfView(QWidget):
         self._worker.latest = self._generation
         self._running = True
         self._stopped = False
-        self.progress.setRange(0, 1)  # the worker's first report sets the real total
-        self.progress.setValue(0)
+        # busy until the replay's first layer: the worker may still be laying the trace out
+        # and planning, for this sweep or for one abandoned mid-way (whose work this reuses)
+        self._preparing = True
+        self.progress.setRange(0, 0)
         self.progress.show()
         self.stop_button.setText(STOP_TEXT)
         self.stop_button.show()
         policies = self.policies()
-        self._preparing = False
         self._replay_text = (f"Replaying the trace under {len(policies)} policies × "
                              f"{len(BUDGETS)} budgets ({name})…")
         self.status.setText(self._replay_text)
@@ -388,7 +389,9 @@ class WhatIfView(QWidget):
 
     @Slot(int, str)
     def _on_preparing(self, generation: int, text: str) -> None:
-        if generation != self._generation:
+        # an abandoned sweep's preparation is named too while this one waits for it: the
+        # worker finishes it (layout, ranking, plan: kept for this sweep) before this starts
+        if not (generation == self._generation or (self._running and self._preparing)):
             return
         self._preparing = True
         self.progress.setRange(0, 0)  # busy: no share of the work is known yet
