@@ -73,7 +73,8 @@ def test_writing_counters_needs_the_layers_they_belong_to() -> None:
 
 
 @pytest.mark.parametrize("bad", [[[0, 1, 0]], [[2, 1, 0], [2, 1, 0]], [[2, -1, 0]], [[2, 1]],
-                                 {"2": [1, 0]}])
+                                 {"2": [1, 0]}, [[2, True, 0]], [[2, 1.0, 0]],
+                                 [[2, 1, 1 << 31]], [["2", 1, 0]], [[[2], 1, 0]], [[2, 1, 0], 7]])
 def test_a_malformed_prefetch_field_names_its_line(tmp_path: Path, bad: object) -> None:
     path = tmp_path / "t.jsonl"
     with TraceWriter(path, psr_header()) as writer:

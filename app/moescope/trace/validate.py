@@ -16,6 +16,7 @@ in one place.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -609,27 +610,46 @@ def _predictions_from_json(items: list[dict[str, Any]], rows: list[int], m: Trac
     return out
 
 
+@functools.lru_cache(maxsize=8)
+def _layer_rows(moe_layers: tuple[int, ...]) -> dict[int, int]:
+    return {layer: i for i, layer in enumerate(moe_layers)}
+
+
 def _prefetch_from_json(items: Any, moe_layers: Sequence[int]
                         ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Inverse of :func:`_prefetch_to_json`: dense per-MoE-layer arrays (raises on a layer
-    that is not a MoE layer, a repeated layer, or a count out of range)."""
+    that is not a MoE layer, a repeated layer, or a count out of range). Every token of a
+    PSR session holds one entry per MoE layer, so the checks are plain comparisons; a bad
+    entry is described by :func:`_prefetch_entry`."""
     if type(items) is not list:
         raise ValueError("prefetch must be a list of [layer, prefetches, hits]")
-    row_of = {layer: i for i, layer in enumerate(moe_layers)}
-    pf = np.zeros(len(moe_layers), dtype=np.int64)
-    hits = np.zeros(len(moe_layers), dtype=np.int64)
+    row_of = _layer_rows(tuple(moe_layers))
+    n = len(row_of)
+    pf, hits = [0] * n, [0] * n
     seen: set[int] = set()
     for i, item in enumerate(items):
         if type(item) is not list or len(item) != 3:
-            raise ValueError(f"prefetch entry {_show(item)} is not [layer, prefetches, hits]")
-        layer = _int(item[0], f"prefetch[{i}] layer")
-        if layer not in row_of or layer in seen:
-            raise ValueError(f"prefetch layer {layer} is not a MoE layer, or repeats")
-        a = _int(item[1], f"prefetch[{i}] prefetches", 0, _I32)
-        b = _int(item[2], f"prefetch[{i}] hits", 0, _I32)
+            _prefetch_entry(i, item, row_of, seen)
+        layer, a, b = item
+        row = row_of.get(layer) if type(layer) is int else None
+        if (row is None or layer in seen or type(a) is not int or type(b) is not int
+                or not 0 <= a <= _I32 or not 0 <= b <= _I32):
+            _prefetch_entry(i, item, row_of, seen)
         seen.add(layer)
-        pf[row_of[layer]], hits[row_of[layer]] = a, b
-    return pf, hits
+        pf[row], hits[row] = a, b
+    return np.array(pf, dtype=np.int64), np.array(hits, dtype=np.int64)
+
+
+def _prefetch_entry(i: int, item: Any, row_of: Mapping[int, int], seen: set[int]) -> None:
+    """Raises the reason entry ``i`` of a token's prefetch list is refused."""
+    if type(item) is not list or len(item) != 3:
+        raise ValueError(f"prefetch entry {_show(item)} is not [layer, prefetches, hits]")
+    layer = _int(item[0], f"prefetch[{i}] layer")
+    if layer not in row_of or layer in seen:
+        raise ValueError(f"prefetch layer {layer} is not a MoE layer, or repeats")
+    _int(item[1], f"prefetch[{i}] prefetches", 0, _I32)
+    _int(item[2], f"prefetch[{i}] hits", 0, _I32)
+    raise ValueError(f"prefetch entry {_show(item)} is refused")
 
 
 def _changes_from_json(raw: Any, m: TraceModel) -> list[Change]:
