@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from moescope.cache.policy import Policy
 from moescope.sim import ReplayCancelled, Routing, cost_model, sweep
 from moescope.sim.replay import REPLAY_FIELDS, replay_many
 from moescope.sim.sweep import RECORDED
@@ -29,6 +30,14 @@ def routing(tmp_path_factory: pytest.TempPathFactory) -> Routing:
     path = synthetic_trace(tmp_path_factory.mktemp("progress") / "t.arrows", n_tokens=1200,
                            n_layers=N_LAYERS, n_expert=48, top_k=4, slots=12)
     return Routing.from_trace(read_trace(path))
+
+
+def distinct(n: int) -> list[tuple[Policy, int]]:
+    """``n`` copies of CONFIGS between which no batch shares a run (each copy's half-life
+    differs, which a batch compares: equal configurations take one run's results), so the
+    batch stays long enough (0.4 s here, idle) to be watched mid-run."""
+    return [(Policy.preset(p).replace(half_life=64.0 + i), s)
+            for i in range(n) for p, s in CONFIGS]
 
 
 def batch_threads() -> list[threading.Thread]:
@@ -60,7 +69,7 @@ def test_progress_runs_on_the_callers_thread_from_zero_to_the_total(routing: Rou
 
 def test_false_stops_the_batch_and_raises_cancelled(routing: Routing) -> None:
     calls: list[int] = []
-    many = CONFIGS * 30  # long enough (about a second) to be watched mid-run
+    many = distinct(30)
 
     def progress(done: int, total: int) -> bool:
         calls.append(done)
@@ -86,7 +95,7 @@ def test_a_cancelled_batch_over_the_kept_plan_leaves_it_whole(routing: Routing) 
         return done == 0
 
     with pytest.raises(ReplayCancelled):
-        replay_many(routing, CONFIGS * 30, threads=2, progress=progress)
+        replay_many(routing, distinct(30), threads=2, progress=progress)
     assert len(calls) == 2 and calls[1] < len(CONFIGS) * 30 * N_LAYERS
     assert routing.plan is plan and batch_threads() == []
     after = replay_many(routing, CONFIGS, threads=2)
@@ -108,7 +117,7 @@ def test_an_exception_in_progress_stops_the_batch_and_propagates(routing: Routin
         return True
 
     with pytest.raises(KeyboardInterrupt):
-        replay_many(routing, CONFIGS * 8, threads=2, progress=progress)
+        replay_many(routing, distinct(8), threads=2, progress=progress)
     assert batch_threads() == []
     # the library is still usable afterwards
     assert len(replay_many(routing, CONFIGS[:2])) == 2
