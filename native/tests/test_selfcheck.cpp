@@ -83,6 +83,40 @@ bool same_tokens(const std::vector<moecache_replay_token> & x,
            std::memcmp(x.data(), y.data(), x.size() * sizeof(moecache_replay_token)) == 0;
 }
 
+/* A synthetic trace's arrays, and the moecache_replay_trace over them. */
+struct TraceData {
+    std::vector<float> probs, weights;
+    std::vector<int32_t> ids, next_layer, predicted, call_layer;
+    std::vector<int64_t> call_step, call_start, call_stop, token_calls{0};
+    std::vector<int64_t> expert_bytes;
+
+    /* the trace over these arrays (its start slots and policy are the caller's) */
+    moecache_replay_trace trace(int32_t n_layers, int32_t n_experts, int32_t k, int32_t width,
+                                int64_t rows, int64_t n_tokens) {
+        expert_bytes.assign(static_cast<size_t>(n_layers), 1000);
+        moecache_replay_trace tr{};
+        tr.n_layers = n_layers;
+        tr.n_experts = n_experts;
+        tr.top_k = k;
+        tr.pred_width = width;
+        tr.expert_bytes = expert_bytes.data();
+        tr.n_rows = rows;
+        tr.probs = probs.data();
+        tr.ids = ids.data();
+        tr.weights = weights.data();
+        tr.next_layer = next_layer.data();
+        tr.predicted = predicted.data();
+        tr.n_calls = static_cast<int64_t>(call_start.size());
+        tr.call_step = call_step.data();
+        tr.call_layer = call_layer.data();
+        tr.call_start = call_start.data();
+        tr.call_stop = call_stop.data();
+        tr.n_tokens = n_tokens;
+        tr.token_calls = token_calls.data();
+        return tr;
+    }
+};
+
 /* A random trace replayed in one batch under every preset, custom policies, the trace's
  * own policy and budget (with its changes) and several budgets: with and without a ranking
  * made beforehand, and through the per-call core (event rows asked for) against the replay
@@ -100,10 +134,12 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
                                                  : 200 + static_cast<int32_t>(rng() % 200);
         const int32_t k = 2 + static_cast<int32_t>(rng() % 8);
         const int64_t n_tokens = 120;
-        std::vector<float> probs, weights;
-        std::vector<int32_t> ids, next_layer, predicted;
-        std::vector<int64_t> call_step, call_start, call_stop, token_calls{0};
-        std::vector<int32_t> call_layer;
+        TraceData data;
+        auto &probs = data.probs, &weights = data.weights;
+        auto &ids = data.ids, &next_layer = data.next_layer, &predicted = data.predicted,
+             &call_layer = data.call_layer;
+        auto &call_step = data.call_step, &call_start = data.call_start,
+             &call_stop = data.call_stop, &token_calls = data.token_calls;
         const int32_t width = 12;
         int64_t rows = 0;
         for (int64_t t = 0; t < n_tokens; ++t) {
@@ -163,28 +199,9 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
                 return -1;
             }
         }
-        std::vector<int64_t> expert_bytes(static_cast<size_t>(n_layers), 1000);
-        moecache_replay_trace tr{};
-        tr.n_layers = n_layers;
-        tr.n_experts = n_experts;
-        tr.top_k = k;
-        tr.pred_width = width;
+        moecache_replay_trace tr = data.trace(n_layers, n_experts, k, width, rows, n_tokens);
         tr.start_slots = std::min(n_experts, k + static_cast<int32_t>(rng() % 8));
         moecache_preset(names[rng() % 8], &tr.start_policy);
-        tr.expert_bytes = expert_bytes.data();
-        tr.n_rows = rows;
-        tr.probs = probs.data();
-        tr.ids = ids.data();
-        tr.weights = weights.data();
-        tr.next_layer = next_layer.data();
-        tr.predicted = predicted.data();
-        tr.n_calls = static_cast<int64_t>(call_start.size());
-        tr.call_step = call_step.data();
-        tr.call_layer = call_layer.data();
-        tr.call_start = call_start.data();
-        tr.call_stop = call_stop.data();
-        tr.n_tokens = n_tokens;
-        tr.token_calls = token_calls.data();
         /* the trace's changes: none, budget changes that keep its budget, or real policy
          * and budget changes (the last followed by the per-call core) */
         std::vector<int64_t> change_token;
@@ -451,9 +468,12 @@ int64_t batch_reuse(std::mt19937 & rng, const char * const * names) {
             }
             ws.assign(perm.begin(), perm.begin() + m);
         }
-        std::vector<float> probs, weights;
-        std::vector<int32_t> ids, next_layer, predicted, call_layer;
-        std::vector<int64_t> call_step, call_start, call_stop, token_calls{0};
+        TraceData data;
+        auto &probs = data.probs, &weights = data.weights;
+        auto &ids = data.ids, &next_layer = data.next_layer, &predicted = data.predicted,
+             &call_layer = data.call_layer;
+        auto &call_step = data.call_step, &call_start = data.call_start,
+             &call_stop = data.call_stop, &token_calls = data.token_calls;
         int64_t rows = 0;
         for (int64_t t = 0; t < n_tokens; ++t) {
             for (int32_t layer = 0; layer < n_layers; ++layer) {
@@ -497,28 +517,9 @@ int64_t batch_reuse(std::mt19937 & rng, const char * const * names) {
             std::fprintf(stderr, "reuse: ranking failed\n");
             return -1;
         }
-        std::vector<int64_t> expert_bytes(static_cast<size_t>(n_layers), 1000);
-        moecache_replay_trace tr{};
-        tr.n_layers = n_layers;
-        tr.n_experts = n_experts;
-        tr.top_k = k;
-        tr.pred_width = width;
+        moecache_replay_trace tr = data.trace(n_layers, n_experts, k, width, rows, n_tokens);
         tr.start_slots = m;
         moecache_preset(names[rng() % 8], &tr.start_policy);
-        tr.expert_bytes = expert_bytes.data();
-        tr.n_rows = rows;
-        tr.probs = probs.data();
-        tr.ids = ids.data();
-        tr.weights = weights.data();
-        tr.next_layer = next_layer.data();
-        tr.predicted = predicted.data();
-        tr.n_calls = static_cast<int64_t>(call_start.size());
-        tr.call_step = call_step.data();
-        tr.call_layer = call_layer.data();
-        tr.call_start = call_start.data();
-        tr.call_stop = call_stop.data();
-        tr.n_tokens = n_tokens;
-        tr.token_calls = token_calls.data();
         tr.ranks = ranks.data();
         tr.rank_counts = counts.data();
         tr.selected_probs = selected.data();
