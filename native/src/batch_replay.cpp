@@ -771,26 +771,27 @@ int32_t run_batch(const moecache_replay_trace & trace, const moecache_replay_con
     auto slots_of = [&](int32_t i) {
         return configs[i].slots != 0 ? configs[i].slots : trace.start_slots;
     };
-    std::vector<int32_t> from(order.size(), -1);
+    /* the covered configurations by (policy bytes, budget, place in the list): each one's
+     * predecessor there, if of the same policy and prefetching as many experts, is the one
+     * it may take (one sort, not a comparison of every pair of a long list) */
+    std::vector<int32_t> by_policy;
     for (int32_t i = 0; i < n_configs; ++i) {
-        if (!covered[static_cast<size_t>(i)]) {
-            continue;
+        if (covered[static_cast<size_t>(i)]) {
+            by_policy.push_back(i);
         }
-        const int32_t si = slots_of(i);
-        const int32_t pi = moecache_core::prefetch_per_token(ranked, policy_of(i), si);
-        int32_t best = -1;
-        for (int32_t j = 0; j < n_configs; ++j) {
-            const int32_t sj = slots_of(j);
-            if (j == i || !covered[static_cast<size_t>(j)] || sj > si || (sj == si && j > i) ||
-                std::memcmp(&policy_of(i), &policy_of(j), sizeof(moecache_policy)) != 0 ||
-                moecache_core::prefetch_per_token(ranked, policy_of(j), sj) != pi) {
-                continue;
-            }
-            if (best < 0 || sj > slots_of(best)) {
-                best = j;
-            }
+    }
+    std::sort(by_policy.begin(), by_policy.end(), [&](int32_t a, int32_t b) {
+        const int c = std::memcmp(&policy_of(a), &policy_of(b), sizeof(moecache_policy));
+        return c != 0 ? c < 0 : slots_of(a) != slots_of(b) ? slots_of(a) < slots_of(b) : a < b;
+    });
+    std::vector<int32_t> from(order.size(), -1);
+    for (size_t x = 1; x < by_policy.size(); ++x) {
+        const int32_t i = by_policy[x], j = by_policy[x - 1];
+        if (std::memcmp(&policy_of(i), &policy_of(j), sizeof(moecache_policy)) == 0 &&
+            moecache_core::prefetch_per_token(ranked, policy_of(j), slots_of(j)) ==
+                moecache_core::prefetch_per_token(ranked, policy_of(i), slots_of(i))) {
+            from[static_cast<size_t>(i)] = j;
         }
-        from[static_cast<size_t>(i)] = best;
     }
     /* per configuration: 0 not finished, 1 finished without wanting a slot beyond its budget,
      * 2 finished otherwise (or by the per-call core) */
