@@ -795,7 +795,7 @@ int32_t run_batch(const moecache_replay_trace & trace, const moecache_replay_con
     }
     /* per configuration: 0 not finished, 1 finished without wanting a slot beyond its budget,
      * 2 finished otherwise (or by the per-call core) */
-    std::unique_ptr<std::atomic<int32_t>[]> state(new std::atomic<int32_t>[order.size() + 1]);
+    std::unique_ptr<std::atomic<int32_t>[]> state(new std::atomic<int32_t>[order.size()]);
     for (size_t i = 0; i < order.size(); ++i) {
         state[i].store(0, std::memory_order_relaxed);
     }

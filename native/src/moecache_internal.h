@@ -306,7 +306,7 @@ int32_t replay_fast(const moecache_replay_trace & t, const FastPlan & plan,
                     const moecache_replay_config & cfg, moecache_replay_token * out,
                     FastWorkspace & w, ReplayTicker * ticker = nullptr,
                     bool * evicted = nullptr);
-/* the experts a configuration's PSR prefetches per token (0: none), as the loop counts them */
+/* the experts a configuration's PSR prefetches per token (0: none, as without predictions) */
 int32_t prefetch_per_token(const moecache_replay_trace & t, const moecache_policy & p,
                            int32_t slots);
 

@@ -1007,9 +1007,8 @@ int32_t FastReplay::go() {
     int32_t * chosen = w.chosen.data();
     double * cum_mass = w.cum_mass.data();
 
-    const int32_t want_pf = p_.prefetch == MOECACHE_PREFETCH_TOP_K ? k : p_.prefetch;
-    const int32_t per_token = std::min({want_pf, E_, S_});
-    const bool prefetching = per_token > 0 && t_.pred_width > 0;
+    const int32_t per_token = prefetch_per_token(t_, p_, S_);
+    const bool prefetching = per_token > 0;
     /* PSR's prefetches evict several experts a call: at few slots one scan for them beats a
      * bucket search each (measured: 26 slots scan 1.25x faster, 51 slots 1.1x slower) */
     scan_ = Freq && prefetching && S_ <= kScanSlots;
@@ -1470,11 +1469,8 @@ bool fast_covers(const moecache_replay_trace & t, const moecache_replay_config &
     }
     /* the clock (a tick per use, admission and prefetch), steps and slots fit the loop's
      * narrower integers */
-    const int32_t per_token = std::min({p.prefetch == MOECACHE_PREFETCH_TOP_K ? t.top_k
-                                                                              : p.prefetch,
-                                        t.n_experts, slots});
     const double ticks = 2.0 * static_cast<double>(t.n_rows) * t.top_k +
-                         static_cast<double>(t.n_calls) * std::max(per_token, 0);
+                         static_cast<double>(t.n_calls) * prefetch_per_token(t, p, slots);
     int64_t max_step = t.initial_step;
     for (int64_t c = 0; c < t.n_calls; ++c) {
         max_step = std::max(max_step, t.call_step[c]);
