@@ -89,6 +89,51 @@ struct TraceData {
     std::vector<int32_t> ids, next_layer, predicted, call_layer;
     std::vector<int64_t> call_step, call_start, call_stop, token_calls{0};
     std::vector<int64_t> expert_bytes;
+    std::vector<uint16_t> ranks;
+    std::vector<uint8_t> counts;
+    std::vector<float> selected;
+
+    /* a row's probabilities: coarse values (ties), popular low ids */
+    void push_probs(std::mt19937 & rng, int32_t n_experts) {
+        for (int32_t e = 0; e < n_experts; ++e) {
+            probs.push_back(static_cast<float>(rng() % 16) / static_cast<float>(1 + e % 7));
+        }
+    }
+
+    /* a row's k selections drawn from perm's first `pool` (shuffled as drawn), their gate
+     * weights, and the layer its prediction is for (the next; none after the last) */
+    void push_selection(std::mt19937 & rng, std::vector<int32_t> & perm, int32_t pool,
+                        int32_t k, int32_t layer, int32_t n_layers) {
+        for (int32_t j = 0; j < k; ++j) {
+            const int32_t pick = j + static_cast<int32_t>(rng() % (pool - j));
+            std::swap(perm[static_cast<size_t>(j)], perm[static_cast<size_t>(pick)]);
+            ids.push_back(perm[static_cast<size_t>(j)]);
+            weights.push_back(0.05f + static_cast<float>(rng() % 10) / 10.0f);
+        }
+        next_layer.push_back(layer + 1 < n_layers ? layer + 1 : -1);
+    }
+
+    /* a route call of `layer` at token t from row `rows`, its end, a token's end */
+    void begin_call(int64_t t, int32_t layer, int64_t rows) {
+        call_step.push_back(t + 1);
+        call_layer.push_back(layer);
+        call_start.push_back(rows);
+    }
+    void end_call(int64_t rows) {
+        call_stop.push_back(rows);
+    }
+    void end_token() {
+        token_calls.push_back(static_cast<int64_t>(call_start.size()));
+    }
+
+    /* the rows ranked for substitution (moecache_rank_rows) on `threads` threads */
+    int32_t rank(int64_t rows, int32_t n_experts, int32_t k, int32_t threads) {
+        ranks.assign(static_cast<size_t>(rows) * MOECACHE_RANK_WIDTH, 0);
+        counts.assign(static_cast<size_t>(rows), 0);
+        selected.assign(ids.size(), 0.0f);
+        return moecache_rank_rows(probs.data(), ids.data(), rows, n_experts, k, threads,
+                                  ranks.data(), counts.data(), selected.data());
+    }
 
     /* the trace over these arrays (its start slots and policy are the caller's) */
     moecache_replay_trace trace(int32_t n_layers, int32_t n_experts, int32_t k, int32_t width,
@@ -135,38 +180,26 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
         const int32_t k = 2 + static_cast<int32_t>(rng() % 8);
         const int64_t n_tokens = 120;
         TraceData data;
-        auto &probs = data.probs, &weights = data.weights;
-        auto &ids = data.ids, &next_layer = data.next_layer, &predicted = data.predicted,
-             &call_layer = data.call_layer;
-        auto &call_step = data.call_step, &call_start = data.call_start,
-             &call_stop = data.call_stop, &token_calls = data.token_calls;
+        auto & probs = data.probs;
+        auto & ids = data.ids;
+        auto & predicted = data.predicted;
         const int32_t width = 12;
         int64_t rows = 0;
         for (int64_t t = 0; t < n_tokens; ++t) {
             for (int32_t layer = 0; layer < n_layers; ++layer) {
                 const int32_t n_tok = rng() % 8 == 0 ? 2 + static_cast<int32_t>(rng() % 3) : 1;
-                call_step.push_back(t + 1);
-                call_layer.push_back(layer);
-                call_start.push_back(rows);
+                data.begin_call(t, layer, rows);
                 for (int32_t i = 0; i < n_tok; ++i, ++rows) {
                     std::vector<int32_t> perm(static_cast<size_t>(n_experts));
                     for (int32_t e = 0; e < n_experts; ++e) {
                         perm[static_cast<size_t>(e)] = e;
-                        /* coarse values (ties), popular low ids, now and then a NaN */
-                        probs.push_back(static_cast<float>(rng() % 16) /
-                                        static_cast<float>(1 + e % 7));
                     }
-                    if (rng() % 150 == 0) {
+                    data.push_probs(rng, n_experts);
+                    if (rng() % 150 == 0) { /* now and then a NaN */
                         probs[static_cast<size_t>(rows * n_experts + rng() % n_experts)] =
                             std::nanf("");
                     }
-                    for (int32_t j = 0; j < k; ++j) {
-                        const int32_t pick = j + static_cast<int32_t>(rng() % (n_experts - j));
-                        std::swap(perm[static_cast<size_t>(j)], perm[static_cast<size_t>(pick)]);
-                        ids.push_back(perm[static_cast<size_t>(j)]);
-                        weights.push_back(0.05f + static_cast<float>(rng() % 10) / 10.0f);
-                    }
-                    next_layer.push_back(layer + 1 < n_layers ? layer + 1 : -1);
+                    data.push_selection(rng, perm, n_experts, k, layer, n_layers);
                     /* now and then a ranking that repeats an expert, or a short one */
                     const int32_t shape = static_cast<int32_t>(rng() % 10);
                     const int32_t stop = shape == 0 ? static_cast<int32_t>(rng() % width) : width;
@@ -178,15 +211,14 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
                         predicted.push_back(j < stop ? e : -1);
                     }
                 }
-                call_stop.push_back(rows);
+                data.end_call(rows);
             }
-            token_calls.push_back(static_cast<int64_t>(call_start.size()));
+            data.end_token();
         }
-        std::vector<uint16_t> ranks(static_cast<size_t>(rows) * MOECACHE_RANK_WIDTH);
-        std::vector<uint8_t> counts(static_cast<size_t>(rows));
-        std::vector<float> selected(ids.size());
-        if (moecache_rank_rows(probs.data(), ids.data(), rows, n_experts, k, 2, ranks.data(),
-                               counts.data(), selected.data()) != MOECACHE_OK ||
+        auto & ranks = data.ranks;
+        auto & counts = data.counts;
+        auto & selected = data.selected;
+        if (data.rank(rows, n_experts, k, 2) != MOECACHE_OK ||
             !ranking_ok(probs, rows, n_experts, ranks, counts)) {
             std::fprintf(stderr, "ranking differs from the probabilities\n");
             return -1;
@@ -469,32 +501,17 @@ int64_t batch_reuse(std::mt19937 & rng, const char * const * names) {
             ws.assign(perm.begin(), perm.begin() + m);
         }
         TraceData data;
-        auto &probs = data.probs, &weights = data.weights;
-        auto &ids = data.ids, &next_layer = data.next_layer, &predicted = data.predicted,
-             &call_layer = data.call_layer;
-        auto &call_step = data.call_step, &call_start = data.call_start,
-             &call_stop = data.call_stop, &token_calls = data.token_calls;
+        auto & predicted = data.predicted;
         int64_t rows = 0;
         for (int64_t t = 0; t < n_tokens; ++t) {
             for (int32_t layer = 0; layer < n_layers; ++layer) {
                 const int32_t n_tok = rng() % 8 == 0 ? 2 : 1;
-                call_step.push_back(t + 1);
-                call_layer.push_back(layer);
-                call_start.push_back(rows);
+                data.begin_call(t, layer, rows);
                 for (int32_t i = 0; i < n_tok; ++i, ++rows) {
                     const std::vector<int32_t> & ws = work[static_cast<size_t>(layer)];
                     std::vector<int32_t> perm = ws;
-                    for (int32_t e = 0; e < n_experts; ++e) {
-                        probs.push_back(static_cast<float>(rng() % 16) /
-                                        static_cast<float>(1 + e % 7));
-                    }
-                    for (int32_t j = 0; j < k; ++j) {
-                        const int32_t pick = j + static_cast<int32_t>(rng() % (m - j));
-                        std::swap(perm[static_cast<size_t>(j)], perm[static_cast<size_t>(pick)]);
-                        ids.push_back(perm[static_cast<size_t>(j)]);
-                        weights.push_back(0.05f + static_cast<float>(rng() % 10) / 10.0f);
-                    }
-                    next_layer.push_back(layer + 1 < n_layers ? layer + 1 : -1);
+                    data.push_probs(rng, n_experts);
+                    data.push_selection(rng, perm, m, k, layer, n_layers);
                     const std::vector<int32_t> & nws =
                         work[static_cast<size_t>((layer + 1) % n_layers)];
                     const int32_t stop = low ? 0
@@ -505,24 +522,20 @@ int64_t batch_reuse(std::mt19937 & rng, const char * const * names) {
                                                      : -1);
                     }
                 }
-                call_stop.push_back(rows);
+                data.end_call(rows);
             }
-            token_calls.push_back(static_cast<int64_t>(call_start.size()));
+            data.end_token();
         }
-        std::vector<uint16_t> ranks(static_cast<size_t>(rows) * MOECACHE_RANK_WIDTH);
-        std::vector<uint8_t> counts(static_cast<size_t>(rows));
-        std::vector<float> selected(ids.size());
-        if (moecache_rank_rows(probs.data(), ids.data(), rows, n_experts, k, 1, ranks.data(),
-                               counts.data(), selected.data()) != MOECACHE_OK) {
+        if (data.rank(rows, n_experts, k, 1) != MOECACHE_OK) {
             std::fprintf(stderr, "reuse: ranking failed\n");
             return -1;
         }
         moecache_replay_trace tr = data.trace(n_layers, n_experts, k, width, rows, n_tokens);
         tr.start_slots = m;
         moecache_preset(names[rng() % 8], &tr.start_policy);
-        tr.ranks = ranks.data();
-        tr.rank_counts = counts.data();
-        tr.selected_probs = selected.data();
+        tr.ranks = data.ranks.data();
+        tr.rank_counts = data.counts.data();
+        tr.selected_probs = data.selected.data();
         std::vector<moecache_replay_config> configs;
         auto add = [&](const moecache_policy & p, int32_t slots) {
             moecache_replay_config cfg{};
