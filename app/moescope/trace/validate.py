@@ -19,7 +19,7 @@ import base64
 import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -640,7 +640,7 @@ def _prefetch_from_json(items: Any, moe_layers: Sequence[int]
     return np.array(pf, dtype=np.int64), np.array(hits, dtype=np.int64)
 
 
-def _prefetch_entry(i: int, item: Any, row_of: Mapping[int, int], seen: set[int]) -> None:
+def _prefetch_entry(i: int, item: Any, row_of: Mapping[int, int], seen: set[int]) -> NoReturn:
     """Raises the reason entry ``i`` of a token's prefetch list is refused."""
     if type(item) is not list or len(item) != 3:
         raise ValueError(f"prefetch entry {_show(item)} is not [layer, prefetches, hits]")
