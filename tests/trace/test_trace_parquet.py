@@ -372,7 +372,7 @@ def test_hostile_parquet_files_get_one_line_naming_the_file(
             "is not a list of row ranges"),
         "huge-meta": (lambda p: _rewrite(good, p, meta=lambda m: {
             **m, pf.TOKENS_KEY: m[pf.TOKENS_KEY] + b"\n" + b"{}" * 50_000}),
-            r"token 12: its fields are not JSON \(Extra data"),
+            r"token 12: its fields are not JSON \(unexpected content after"),
     }
     for name, (make, message) in cases.items():
         p = make(tmp_path / f"{name}.parquet")

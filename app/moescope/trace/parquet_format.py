@@ -515,7 +515,7 @@ def read_parquet(p: Path, progress: Any = None) -> Trace:
     the footer, every row column but the probabilities decoded and checked as the
     stream's are (:func:`~moescope.trace.reader.assemble`); the probabilities are decoded
     when first used."""
-    from moescope.trace.reader import _DECODER, MAX_ROWS_PER_TOKEN, assemble, header_of
+    from moescope.trace.reader import MAX_ROWS_PER_TOKEN, assemble, header_of, token_fields
     from moescope.trace.validate import _is_scalar
 
     _footer_length(p)
@@ -536,7 +536,7 @@ def read_parquet(p: Path, progress: Any = None) -> Trace:
         metas: list[dict[str, Any]] = []
         for t, line in enumerate(lines):
             try:
-                d = _DECODER.decode(line.decode("utf-8"))
+                d = token_fields(line)
             except (ValueError, UnicodeDecodeError, RecursionError) as err:
                 raise ValueError(f"token {t}: its fields are not JSON "
                                  f"({_said(err)[:80]})") from None
@@ -545,7 +545,7 @@ def read_parquet(p: Path, progress: Any = None) -> Trace:
             metas.append(d)
         end: dict[str, Any] | None = None
         if af.END_KEY in meta:
-            d = _DECODER.decode(meta[af.END_KEY].decode("utf-8"))
+            d = token_fields(meta[af.END_KEY])
             end = {k: v for k, v in d.items() if _is_scalar(v)} if isinstance(d, dict) \
                 else {}
         n_rows = md.num_rows
@@ -590,4 +590,5 @@ def read_parquet(p: Path, progress: Any = None) -> Trace:
         raise TraceFormatError(f"{p.name}: a row group splits a token's rows")
     probs = _Probs(p, pf, starts, exact, header.model.n_expert)
     return assemble(p, header, metas, end, False, token_rows,
-                    lambda: af.columns_of(table, header, (probs, exact)), starts)
+                    lambda: af.columns_of(table, header, (probs, exact)), starts,
+                    literals=b"true" in raw or b"false" in raw)

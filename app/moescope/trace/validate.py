@@ -360,9 +360,12 @@ def _token_from_json(d: Mapping[str, Any], header: TraceHeader, expected: int,
 def _token_record(d: Mapping[str, Any], header: TraceHeader, index: int, state: _ReadState,
                   changes: list[Change], slots: int, events: npt.NDArray[Any] | None,
                   routes: Mapping[int, RouterInput],
-                  make: Callable[..., TokenRecord] = TokenRecord) -> TokenRecord:
+                  make: Callable[..., TokenRecord] = TokenRecord,
+                  counters: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None,
+                  ) -> TokenRecord:
     """The token's own fields, checked, around its already checked rows; ``make`` builds
-    the record from them (a version-2 reader's lays its rows out when first read)."""
+    the record from them (a version-2 reader's lays its rows out when first read);
+    ``counters``, its PSR counters already checked (:func:`prefetch_rows`)."""
     get = d.get  # each field: a type and range test, the named check only when it fails
     phase = get("phase")
     if type(phase) is not str or phase not in PHASES:
@@ -393,7 +396,9 @@ def _token_record(d: Mapping[str, Any], header: TraceHeader, index: int, state: 
                 _int(v, f"timings.{k}", -(1 << 53), 1 << 53)
         timings = dict(zip(TIMING_KEYS, values, strict=True))
     prefetches = prefetch_hits = None
-    if "prefetch" in d:  # absent: written before the counters existed, so unknown
+    if counters is not None:  # checked with the other tokens' (prefetch_rows)
+        prefetches, prefetch_hits = counters
+    elif "prefetch" in d:  # absent: written before the counters existed, so unknown
         prefetches, prefetch_hits = _prefetch_from_json(d["prefetch"], m.moe_layers)
     resident = None
     if "resident" in d:  # absent: the event rows explain residency (or an older trace)
@@ -638,6 +643,50 @@ def _prefetch_from_json(items: Any, moe_layers: Sequence[int]
         seen.add(layer)
         pf[row], hits[row] = a, b
     return np.array(pf, dtype=np.int64), np.array(hits, dtype=np.int64)
+
+
+def prefetch_rows(metas: Sequence[Mapping[str, Any]], moe_layers: Sequence[int],
+                  no_literals: bool) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
+    """Every token's PSR counters (:func:`_prefetch_from_json`) checked at once, as two
+    (tokens, MoE layers) arrays, where every token holds them as the recorder writes them
+    (a list of [layer, prefetches, hits] of ints, each layer a MoE layer once); None
+    otherwise, and each token is then read alone (which names a bad entry). A JSON
+    ``true`` would pass numpy's conversion as 1: ``no_literals`` says the tokens' texts
+    hold neither ``true`` nor ``false`` (otherwise None)."""
+    if not no_literals or not metas:
+        return None
+    try:
+        lists = [d["prefetch"] for d in metas]
+    except KeyError:  # a token without counters (older trace): each read alone
+        return None
+    if not all(type(x) is list for x in lists):
+        return None
+    counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+    flat = [item for x in lists for item in x]
+    try:
+        a = np.array(flat) if flat else np.zeros((0, 3), np.int64)
+    except (ValueError, TypeError, OverflowError):  # ragged or not numbers
+        return None
+    if a.dtype != np.int64 or a.ndim != 2 or a.shape[1] != 3:
+        return None
+    row_of = _layer_rows(tuple(moe_layers))
+    n = len(row_of)
+    lut = np.full(max(moe_layers, default=0) + 2, -1, dtype=np.int64)
+    lut[np.fromiter(row_of, dtype=np.int64, count=n)] = np.arange(n)
+    layer = a[:, 0]
+    inside = (layer >= 0) & (layer < len(lut) - 1)
+    row = lut[np.where(inside, layer, len(lut) - 1)]
+    token = np.repeat(np.arange(len(lists)), counts)
+    if (row < 0).any() or (a[:, 1:] < 0).any() or (a[:, 1:] > _I32).any():
+        return None
+    cell = token * n + row
+    if len(cell) and np.bincount(cell, minlength=len(lists) * n).max() > 1:
+        return None  # a layer repeats within a token
+    pf = np.zeros(len(lists) * n, dtype=np.int64)
+    hits = np.zeros(len(lists) * n, dtype=np.int64)
+    pf[cell] = a[:, 1]
+    hits[cell] = a[:, 2]
+    return pf.reshape(len(lists), n), hits.reshape(len(lists), n)
 
 
 def _prefetch_entry(i: int, item: Any, row_of: Mapping[int, int], seen: set[int]) -> NoReturn:
