@@ -55,6 +55,8 @@ the initial step, the tokens and rows read so far, and this slack (about a secon
 walking) for steps recorded without rows."""
 _MAX_BYTES = 1 << 50
 _I32 = (1 << 31) - 1
+_INT = {int}
+_NONE = object()
 _I64 = (1 << 63) - 1
 _FLT_MAX = 3.4028234663852886e38
 _REQUIRED: Any = object()
@@ -337,13 +339,19 @@ def _token_slots(d: Mapping[str, Any], header: TraceHeader, expected: int,
                  state: _ReadState) -> tuple[list[Change], int, int]:
     """A token's changes, its slots, and the most slots in force during it (a resize
     applies before the token's rows: a row's slot is below the largest in force)."""
-    index = _int(_get(d, "index"), "index")
-    if index != expected:
+    index = d.get("index")  # the named checks only when the plain test fails
+    if type(index) is not int or index != expected:
+        index = _int(_get(d, "index"), "index")
         raise ValueError(f"token index {index}, expected {expected}")
     m = header.model
-    changes = _changes_from_json(d.get("changes", []), m)
-    slots = _checked_slots(_int(_get(d, "slots_per_layer"), "slots_per_layer"), m,
-                           "slots_per_layer {}")
+    raw = d.get("changes", _NONE)
+    changes = [] if raw is _NONE else _changes_from_json(raw, m)
+    slots = d.get("slots_per_layer")
+    if type(slots) is not int:
+        slots = _int(_get(d, "slots_per_layer"), "slots_per_layer")
+    slots = _checked_slots(slots, m, "slots_per_layer {}")
+    if not changes:
+        return changes, slots, max(state.slots, slots)
     in_force = max([state.slots, slots, *(c.slots for c in changes if c.slots is not None)])
     return changes, slots, in_force
 
@@ -391,7 +399,8 @@ def _token_record(d: Mapping[str, Any], header: TraceHeader, index: int, state: 
     if timings is not None:
         timings = _object(timings, "timings")
         values = [timings.get(k, 0) for k in TIMING_KEYS]
-        if not all(type(v) is int and -(1 << 53) <= v <= 1 << 53 for v in values):
+        if set(map(type, values)) != _INT or not -(1 << 53) <= min(values) <= max(values) \
+                <= 1 << 53:
             for k, v in zip(TIMING_KEYS, values, strict=True):  # the first bad one, named
                 _int(v, f"timings.{k}", -(1 << 53), 1 << 53)
         timings = dict(zip(TIMING_KEYS, values, strict=True))
