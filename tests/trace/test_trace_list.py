@@ -64,10 +64,44 @@ def test_peek_reads_the_header_and_counts_what_the_reader_reads(tmp_path: Path,
     peek = peek_trace(path)
     assert peek.header.model.name == "Some-MoE"
     assert peek.header.created == "2026-11-30T10:00:00+00:00"
-    if name.startswith("s.jsonl"):
+    if name == "s.jsonl.gz":
         assert peek.tokens is None and peek.ended is None  # counted only by a full read
-    else:
+    else:  # plain JSON Lines: the end record's count
         assert peek.tokens == len(read_trace(path).tokens) == 7 and peek.ended
+
+
+def test_a_json_lines_trace_without_its_end_counts_its_last_whole_token(
+        tmp_path: Path) -> None:
+    """A crash leaves no end record: the last complete line's index says how many tokens
+    the reader will read, whether that line is short, long (a real model's router inputs:
+    only its first bytes are read), or followed by a token cut off mid-line."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    path = folder / "s.jsonl"
+    recorder = _record(tmp_path / "live.jsonl", 6, close=False)
+    shutil.copy(tmp_path / "live.jsonl", path)  # the file as a crash leaves it
+    recorder.close(stop_reason="done")
+    peek = peek_trace(path)
+    assert (peek.tokens, peek.ended) == (6, False)
+    assert len(read_trace(path).tokens) == 6
+    with open(path, "ab") as f:  # a line as long as a real model's (not a valid token)
+        f.write(b'{"type":"token","index":6,"text":"' + b"x" * 300_000 + b'"}\n')
+    assert (peek_trace(path).tokens, peek_trace(path).ended) == (7, False)
+    with open(path, "ab") as f:
+        f.write(b'{"type":"token","index":7,"text":"cut off by the cra')
+    assert (peek_trace(path).tokens, peek_trace(path).ended) == (7, False)
+    assert list_traces(folder)[0].state is TraceState.CRASHED
+
+    only = tmp_path / "none.jsonl"
+    _record(tmp_path / "live0.jsonl", 0, close=False).close()
+    lines = (tmp_path / "live0.jsonl").read_bytes().splitlines(keepends=True)
+    only.write_bytes(lines[0])  # the header alone
+    assert (peek_trace(only).tokens, peek_trace(only).ended) == (0, False)
+    odd = tmp_path / "odd.jsonl"
+    _record(odd, 2)
+    with open(odd, "ab") as f:
+        f.write(b'{"type":"note","text":"a later version\'s record"}\n')
+    assert (peek_trace(odd).tokens, peek_trace(odd).ended) == (None, None)
 
 
 def test_a_stream_cut_mid_token_counts_the_whole_tokens(tmp_path: Path) -> None:

@@ -6,8 +6,10 @@ needs where it is cheap to reach: a Parquet trace's footer holds the header and 
 of fields per token; an Arrow stream's schema message holds the header and each token is
 one message, whose length is in its prefix, so the messages are counted without decoding
 a row (the file is memory-mapped: a body skipped is never read from disk); a JSON Lines
-trace (version 1) begins with its header line, but its tokens are only counted by reading
-it all, so :attr:`TracePeek.tokens` is None there.
+trace (version 1) begins with its header line and ends with its end record, which holds
+the count (a session that did not close ends with its last token's line instead, which
+begins with its index); a gzip-compressed one is only counted by reading it all, so
+:attr:`TracePeek.tokens` is None there.
 
 The header is checked as the full reader checks it (:func:`.reader.header_of`), so a file
 that peeks well opens; the rows are not, so one that peeks well may still be refused when
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +33,10 @@ MAX_MESSAGES = 1 << 22
 """The most messages of an Arrow stream counted (a 2 GiB session holds ~20,000 tokens at
 Qwen3-Next's geometry, far more for a small model); a file with more is refused rather than
 walked for minutes."""
+
+MAX_TAIL = 8 << 20
+"""The most bytes of a JSON Lines trace looked back for its last line's start (an end
+record is a few dozen bytes; a token's line at Qwen3-Next's geometry ~0.5 MB)."""
 
 MAX_MESSAGE_METADATA = 64 << 20
 """The most bytes of one message's fields looked at (a token's are a few kB; the reader
@@ -45,17 +52,18 @@ class TracePeek:
     """The container the file's first bytes say: "parquet", "arrows" or "jsonl"."""
     tokens: int | None
     """Tokens recorded (a cut-off last one not counted); None where only a full read
-    counts them (JSON Lines)."""
+    counts them (gzip-compressed JSON Lines, or a last line that does not say)."""
     ended: bool | None
     """Whether the session's end record was written (it closed normally); None where only
-    a full read tells (JSON Lines)."""
+    a full read tells (as for ``tokens``)."""
     truncated: bool = False
     """The last message was cut off (a writer killed mid-token): an Arrow stream only."""
 
 
 def peek_trace(path: str | os.PathLike[str]) -> TracePeek:
     """The header and token count of the trace at ``path``, reading its header and, for
-    an Arrow stream, each message's prefix (not its rows). Anything else raises
+    an Arrow stream, each message's prefix (not its rows), for plain JSON Lines its last
+    line (or the first bytes of a long one). Anything else raises
     :class:`TraceFormatError` with a one-line reason naming the file: an empty file, a
     foreign one, a header the reader refuses."""
     p = Path(path)
@@ -183,4 +191,63 @@ def _peek_jsonl(p: Path, *, gz: bool) -> TracePeek:
             TraceFormatError) as err:
         what = f"missing field {err}" if isinstance(err, KeyError) else _said(err)
         raise TraceFormatError(f"{p.name}: not a MoEScope trace ({what})") from None
-    return TracePeek(header, "jsonl", None, None)
+    if gz:  # a gzip stream is read from its start: counting is a full read
+        return TracePeek(header, "jsonl", None, None)
+    tokens, ended = _jsonl_tail(p)
+    return TracePeek(header, "jsonl", tokens, ended)
+
+
+_TOKEN_START = re.compile(rb'\{\s*"type"\s*:\s*"token"\s*,\s*"index"\s*:\s*([0-9]{1,10})\s*,')
+
+
+def _jsonl_tail(p: Path) -> tuple[int | None, bool | None]:
+    """(tokens, ended) from a plain JSON Lines trace's last complete line: the end
+    record's count; else, the session not closed (a crash, or still recording), its last
+    token's index + 1 (read from the line's first bytes), or 0 after the header alone;
+    (None, None) where that line says neither (a later session's reader checks it all)."""
+    import json
+
+    try:
+        with open(p, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            # the last complete line ends at the last newline (a line cut off after it is
+            # a token the writer did not finish, which the reader drops too)
+            end = start = -1
+            at = size
+            while at > 0 and size - at < MAX_TAIL and start < 0:
+                n = min(at, 64 << 10)
+                at -= n
+                f.seek(at)
+                chunk = f.read(n)
+                i = len(chunk)
+                if end < 0:
+                    j = chunk.rfind(b"\n")
+                    if j < 0:
+                        continue
+                    end, i = at + j, j
+                j = chunk.rfind(b"\n", 0, i)
+                if j >= 0:
+                    start = at + j + 1
+            if end < 0 or (start < 0 and at > 0):
+                return None, None
+            start = max(start, 0)
+            f.seek(start)
+            head = f.read(min(end - start, 4096))
+    except OSError:
+        return None, None
+    if start == 0:  # the header is the last line: no token yet
+        return 0, False
+    if end - start <= 4096:
+        try:
+            obj = json.loads(head.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            obj = None
+        if isinstance(obj, dict) and obj.get("type") == "end":
+            tokens = obj.get("tokens")
+            if type(tokens) is int and 0 <= tokens < 1 << 31:
+                return tokens, True
+            return None, None
+    m = _TOKEN_START.match(head)
+    if m is None:
+        return None, None
+    return int(m.group(1)) + 1, False
