@@ -196,11 +196,15 @@ def write_parquet(journal: Any, out: IO[bytes],
     Parquet trace; ``stop()`` is asked before each row group (True: raise
     :class:`CompactionStopped`)."""
     header_raw = journal.schema.metadata[af.HEADER_KEY]
-    meta = {af.HEADER_KEY: header_raw,
-            TOKENS_KEY: b"\n".join(_one_line(t) for t in journal.texts),
-            NO_INPUTS_KEY: json.dumps(_no_input_ranges(journal.batches)).encode()}
+    # the small keys in the schema's metadata too (pyarrow's read_schema shows them); the
+    # tokens' fields only in the file's key-value metadata: a schema's metadata is stored
+    # twice in the footer (its own keys and, base64, in ARROW:schema), which for a small
+    # model doubled the footer and made Parquet larger than gzip JSON Lines
+    meta = {af.HEADER_KEY: header_raw}
     if journal.end_text is not None:
         meta[af.END_KEY] = _one_line(journal.end_text)
+    footer = {TOKENS_KEY: b"\n".join(_one_line(t) for t in journal.texts),
+              NO_INPUTS_KEY: json.dumps(_no_input_ranges(journal.batches)).encode()}
     schema = file_schema(journal.schema).with_metadata(meta)
     e = journal.header.model.n_expert
     row_bytes = max(e * schema.field("probs").type.value_type.byte_width, 1024)
@@ -222,6 +226,7 @@ def write_parquet(journal: Any, out: IO[bytes],
                 table = pa.Table.from_batches(group, schema=journal.schema).cast(schema)
                 writer.write_table(table, row_group_size=rows)
                 group, rows = [], 0
+        writer.add_key_value_metadata(footer)
 
 
 def _sync_folder(folder: Path) -> None:
@@ -510,6 +515,12 @@ def _ranges(raw: bytes | None, n_rows: int) -> npt.NDArray[np.bool_]:
     return exact
 
 
+def file_metadata(md: pq.FileMetaData) -> dict[bytes, bytes]:
+    """The file's key-value metadata (where :func:`write_parquet` puts the tokens' fields;
+    the schema's own metadata is there too)."""
+    return dict(md.metadata or {})
+
+
 def read_parquet(p: Path, progress: Any = None) -> Trace:
     """Read and validate a compacted version-2 trace: the header and tokens' fields from
     the footer, every row column but the probabilities decoded and checked as the
@@ -525,7 +536,7 @@ def read_parquet(p: Path, progress: Any = None) -> Trace:
         md = pf.metadata
     except (pa.ArrowException, OSError, ValueError) as err:
         raise TraceFormatError(f"{p.name}: not a readable Parquet trace ({_said(err)})") from None
-    meta = schema.metadata or {}
+    meta = file_metadata(md)
     header = header_of(p, meta.get(af.HEADER_KEY), schema, "a Parquet file",
                        lambda h: file_schema(af.row_schema(h)))
     try:

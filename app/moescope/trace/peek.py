@@ -96,11 +96,12 @@ def _peek_parquet(p: Path) -> TracePeek:
 
     pf._footer_length(p)  # a cut-off file, or a footer claiming more than the file
     try:
-        schema = pf._open(p).schema_arrow
+        opened = pf._open(p)
+        schema = opened.schema_arrow
+        meta = pf.file_metadata(opened.metadata)
     except (pa.ArrowException, OSError, ValueError) as err:
         raise TraceFormatError(f"{p.name}: not a readable Parquet trace ({_said(err)})") \
             from None
-    meta = schema.metadata or {}
     header = header_of(p, meta.get(af.HEADER_KEY), schema, "a Parquet file",
                        lambda h: pf.file_schema(af.row_schema(h)))
     tokens = meta.get(pf.TOKENS_KEY)
