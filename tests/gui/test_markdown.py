@@ -418,11 +418,14 @@ def test_copy_answer_gives_the_raw_markdown_and_exports_are_raw(
 
 
 # ---------------------------------------------------------------------------- cost
+@pytest.mark.timing
 def test_markdown_stream_keeps_the_event_loop_responsive(
         window: Any, scripted: ScriptedAnswers, qtbot: Any,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """~4000 Markdown tokens at ~1000 tokens/s through the controller; the window's display
-    timer renders. Rendering stays at the display rate and the event loop stays live."""
+    timer renders. Rendering stays at the display rate and the event loop stays live (its
+    heartbeat's p99 under 50 ms in one of up to three answers: a neighbour taking the cores
+    can spoil one, rendering on every token spoils all of them)."""
     renders: list[float] = []
     update = markdown_stream.LiveMarkdown.update
 
@@ -435,6 +438,20 @@ def test_markdown_stream_keeps_the_event_loop_responsive(
              "- item one\n- item two\n\n```python\nfor i in range(3):\n    print(i)\n```\n\n"
              "| a | b |\n|---|---|\n| 1 | 2 |\n\n")
     text = block * 40
+    seen: list[float] = []
+    for _ in range(3):
+        renders.clear()
+        p99 = _stream_answer(window, scripted, qtbot, text, renders)
+        seen.append(p99)
+        if p99 < 50.0:
+            return
+    raise AssertionError(f"p99 {', '.join(f'{x:.1f}' for x in seen)} ms in three answers")
+
+
+def _stream_answer(window: Any, scripted: ScriptedAnswers, qtbot: Any, text: str,
+                   renders: list[float]) -> float:
+    """Stream ``text`` as one answer at ~1000 tokens/s; the p99 of a heartbeat's lateness
+    meanwhile (the answer and its render rate checked)."""
     tokens = [text[i:i + 4] for i in range(0, len(text), 4)]
     scripted.ask("stream a lot")
     beats: list[float] = []
@@ -470,7 +487,7 @@ def test_markdown_stream_keeps_the_event_loop_responsive(
           f"heartbeat p50 {np.percentile(latency, 50):.1f} ms, p99 {p99:.1f} ms")
     assert window.store.messages(window.chat.chat_id)[-1].content == text
     assert len(renders) <= elapsed * 35 + 2, "at most one render per display frame"
-    assert p99 < 50.0, f"p99 {p99:.1f} ms"
+    return p99
 
 
 # ---------------------------------------------------------------------------- highlighting
