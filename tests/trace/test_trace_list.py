@@ -92,6 +92,29 @@ def test_a_json_lines_trace_without_its_end_counts_its_last_whole_token(
     assert (peek_trace(path).tokens, peek_trace(path).ended) == (7, False)
     assert list_traces(folder)[0].state is TraceState.CRASHED
 
+    crash = (tmp_path / "crash.jsonl")
+    shutil.copy(folder / "s.jsonl", crash)
+    body = crash.read_bytes()[:crash.read_bytes().find(b'{"type":"token","index":6')]
+    last = body.splitlines(keepends=True)[-1]  # token 5, a whole line
+    six = last.replace(b'"index":5,', b'"index":6,', 1).rstrip(b"\n")
+    cases = {  # the tail as written -> (tokens, ended), as the reader reads the file
+        b"": (6, False),
+        b"\n\n": (6, False),  # blank lines, which the reader passes over
+        six: (7, False),  # a token whole but for its newline
+        six[:-3]: (6, False),  # cut off
+        b'{"type":"end","tokens":6}': (6, True),  # the end record without its newline
+        b'{"type":"end","tokens":6}\n\n': (6, True),
+        six.replace(b'"index":6,', b'"index":06,') + b"\n": (None, None),  # not JSON
+        six.replace(b'"index":6,', b'"index":9999999999,') + b"\n": (None, None),
+        b'{"type":"end","tokens":-1}\n': (None, None),
+    }
+    for tail, want in cases.items():
+        crash.write_bytes(body + tail)
+        peek = peek_trace(crash)
+        assert (peek.tokens, peek.ended) == want, tail
+        if want[0] is not None:
+            assert len(read_trace(crash).tokens) == want[0], tail
+
     only = tmp_path / "none.jsonl"
     _record(tmp_path / "live0.jsonl", 0, close=False).close()
     lines = (tmp_path / "live0.jsonl").read_bytes().splitlines(keepends=True)

@@ -198,57 +198,85 @@ def _peek_jsonl(p: Path, *, gz: bool) -> TracePeek:
     return TracePeek(header, "jsonl", tokens, ended)
 
 
-_TOKEN_START = re.compile(rb'\{\s*"type"\s*:\s*"token"\s*,\s*"index"\s*:\s*([0-9]{1,10})\s*,')
+_TOKEN_START = re.compile(rb'\{[ \t\r\n]*"type"[ \t\r\n]*:[ \t\r\n]*"token"[ \t\r\n]*,'
+                          rb'[ \t\r\n]*"index"[ \t\r\n]*:[ \t\r\n]*(0|[1-9][0-9]{0,9})[ \t\r\n]*,')
+_LINE_HEAD = 4096
+"""The first bytes of the last line looked at (an end record is a few dozen bytes)."""
 
 
 def _jsonl_tail(p: Path) -> tuple[int | None, bool | None]:
-    """(tokens, ended) from a plain JSON Lines trace's last complete line: the end
-    record's count; else, the session not closed (a crash, or still recording), its last
-    token's index + 1 (read from the line's first bytes), or 0 after the header alone;
-    (None, None) where that line says neither (a later session's reader checks it all)."""
-    import json
-
+    """(tokens, ended) from a plain JSON Lines trace's last line: the end record's count
+    (its line may lack the final newline: the reader takes it too); else, the session not
+    closed (a crash, or still recording), its last whole token line's index + 1 (read from
+    the line's first bytes; a token cut off after it is dropped by the reader too, one
+    whole but for its newline is not),
+    or 0 after the header alone; (None, None) where the last line says neither (a later
+    version's record: only a full read counts). Blank lines at the end are passed over,
+    as the reader passes over them."""
+    window = 64 << 10
     try:
         with open(p, "rb") as f:
             size = f.seek(0, os.SEEK_END)
-            # the last complete line ends at the last newline (a line cut off after it is
-            # a token the writer did not finish, which the reader drops too)
-            end = start = -1
-            at = size
-            while at > 0 and size - at < MAX_TAIL and start < 0:
-                n = min(at, 64 << 10)
-                at -= n
+            while True:
+                at = max(0, size - window)
                 f.seek(at)
-                chunk = f.read(n)
-                i = len(chunk)
-                if end < 0:
-                    j = chunk.rfind(b"\n")
-                    if j < 0:
+                tail = f.read(size - at)
+                pieces = tail.split(b"\n")
+                cut = pieces.pop()  # after the last newline: empty, or a line not ended
+                if cut.strip() and (pieces or at == 0):  # (its start is in the window)
+                    end = _end_record(cut)
+                    if end is not None:
+                        return end, True
+                    m = _TOKEN_START.match(cut[:_LINE_HEAD])
+                    if m is not None and int(m.group(1)) < _MAX_TOKENS and _parses(cut):
+                        return int(m.group(1)) + 1, False  # whole but for its newline
+                first = 0 if at == 0 else 1  # a window's first piece may begin mid-line
+                for i in range(len(pieces) - 1, first - 1, -1):
+                    line = pieces[i]
+                    if not line.strip():
                         continue
-                    end, i = at + j, j
-                j = chunk.rfind(b"\n", 0, i)
-                if j >= 0:
-                    start = at + j + 1
-            if end < 0 or (start < 0 and at > 0):
-                return None, None
-            start = max(start, 0)
-            f.seek(start)
-            head = f.read(min(end - start, 4096))
+                    if at == 0 and i == 0:  # the header is the last line: no token yet
+                        return 0, False
+                    end = _end_record(line)
+                    if end is not None:
+                        return end, True
+                    m = _TOKEN_START.match(line[:_LINE_HEAD])
+                    if m is None or int(m.group(1)) >= _MAX_TOKENS:
+                        return None, None
+                    return int(m.group(1)) + 1, False
+                if at == 0 or window >= MAX_TAIL:
+                    return None, None
+                window = min(window * 8, MAX_TAIL)
     except OSError:
         return None, None
-    if start == 0:  # the header is the last line: no token yet
-        return 0, False
-    if end - start <= 4096:
-        try:
-            obj = json.loads(head.decode("utf-8"))
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            obj = None
-        if isinstance(obj, dict) and obj.get("type") == "end":
-            tokens = obj.get("tokens")
-            if type(tokens) is int and 0 <= tokens < 1 << 31:
-                return tokens, True
-            return None, None
-    m = _TOKEN_START.match(head)
-    if m is None:
-        return None, None
-    return int(m.group(1)) + 1, False
+
+
+_MAX_TOKENS = (1 << 31) - 1
+
+
+def _parses(line: bytes) -> bool:
+    """Whether ``line`` is one JSON value (a line the writer finished but for its
+    newline, which the reader takes)."""
+    import json
+
+    try:
+        json.loads(line.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return True
+
+
+def _end_record(line: bytes) -> int | None:
+    """The token count of ``line`` if it is an end record with a count in range."""
+    import json
+
+    if len(line) > _LINE_HEAD or b'"end"' not in line:
+        return None
+    try:
+        obj = json.loads(line.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(obj, dict) or obj.get("type") != "end":
+        return None
+    tokens = obj.get("tokens")
+    return tokens if type(tokens) is int and 0 <= tokens <= _MAX_TOKENS else None

@@ -370,7 +370,10 @@ def read_journal(p: Path, progress: ReadProgress | None = None) -> Journal:
                 text = meta.value(0)
             elif af.END_KEY in meta:
                 end_text = meta[af.END_KEY]
-                d = token_fields(end_text)
+                try:
+                    d = token_fields(end_text)
+                except ValueError as err:
+                    raise ValueError(f"the end record is not JSON ({err})") from None
                 end = {k: v for k, v in d.items() if _is_scalar(v)} if isinstance(d, dict) \
                     else {}
                 continue
@@ -384,7 +387,11 @@ def read_journal(p: Path, progress: ReadProgress | None = None) -> Journal:
             if batch.num_rows > MAX_ROWS_PER_TOKEN:
                 raise ValueError(f"token {len(metas)} has {batch.num_rows} rows, more than "
                                  f"{MAX_ROWS_PER_TOKEN}")
-            d = token_fields(text)
+            try:
+                d = token_fields(text)
+            except ValueError as err:
+                raise ValueError(f"token {len(metas)}: its fields are not JSON ({err})") \
+                    from None
             if not isinstance(d, dict):
                 raise ValueError(f"token {len(metas)}: its fields are not a JSON object")
             metas.append(d)
