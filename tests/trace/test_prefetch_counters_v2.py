@@ -16,7 +16,7 @@ import pytest
 from moescope.trace import TraceFormatError, read_trace
 from moescope.trace.arrow_format import TOKEN_KEY
 from moescope.trace.parquet_format import compact
-from moescope.trace.validate import _prefetch_from_json, prefetch_rows
+from moescope.trace.validate import _prefetch_from_json, may_hold_literals, prefetch_rows
 from moescope_testing.traces import synthetic_trace
 
 MOE = tuple(range(4))
@@ -79,10 +79,14 @@ def _drop(i: int, d: dict[str, Any]) -> None:
 
 
 def _true_text(i: int, d: dict[str, Any]) -> None:
-    d["text"] = "true"  # the word in a token's text: each token alone
+    d["text"] = "is it true"  # the word in a token's text: still one pass
 
 
-@pytest.mark.parametrize("change", [None, _reverse, _drop, _true_text])
+def _literal_like_text(i: int, d: dict[str, Any]) -> None:
+    d["text"] = "a,true:false"  # as a value could be written: each token alone
+
+
+@pytest.mark.parametrize("change", [None, _reverse, _drop, _true_text, _literal_like_text])
 def test_one_pass_reads_what_each_token_alone_reads(stream: Path, tmp_path: Path,
                                                     change: Callable[..., None] | None) -> None:
     path = stream if change is None else edited(stream, tmp_path / "e.arrows", change)
@@ -120,3 +124,6 @@ def test_the_one_pass_declines_what_it_cannot_check_exactly() -> None:
     assert prefetch_rows([{"prefetch": [[0, 1, 1]]}, {}], MOE, True) is None
     assert prefetch_rows([{"prefetch": [[0, 1, 1], [0, 1, 1]]}], MOE, True) is None
     assert prefetch_rows([], MOE, True) is None
+    assert not may_hold_literals(b'{"text":"is it true","prefetch":[[0,1,1]]}')
+    for held in (b'[[0,true,1]]', b'[[0, false,1]]', b'{"a":true}', b'[\ttrue]'):
+        assert may_hold_literals(held), held

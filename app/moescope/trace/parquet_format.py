@@ -527,7 +527,7 @@ def read_parquet(p: Path, progress: Any = None) -> Trace:
     stream's are (:func:`~moescope.trace.reader.assemble`); the probabilities are decoded
     when first used."""
     from moescope.trace.reader import MAX_ROWS_PER_TOKEN, assemble, header_of, token_fields
-    from moescope.trace.validate import _is_scalar
+    from moescope.trace.validate import _is_scalar, may_hold_literals
 
     _footer_length(p)
     try:
@@ -602,4 +602,4 @@ def read_parquet(p: Path, progress: Any = None) -> Trace:
     probs = _Probs(p, pf, starts, exact, header.model.n_expert)
     return assemble(p, header, metas, end, False, token_rows,
                     lambda: af.columns_of(table, header, (probs, exact)), starts,
-                    literals=b"true" in raw or b"false" in raw)
+                    literals=may_hold_literals(raw))

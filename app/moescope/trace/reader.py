@@ -38,6 +38,7 @@ from moescope.trace.validate import (
     _token_slots,
     check_columns,
     check_stored_weights,
+    may_hold_literals,
     prefetch_rows,
 )
 from moescope.util.errors import MoEScopeError
@@ -424,7 +425,7 @@ def _read_arrow(p: Path, progress: ReadProgress | None) -> Trace:
     joined = b"\n".join(j.texts)
     return assemble(p, j.header, j.metas, j.end, j.truncated, token_rows,
                     lambda: af.columns_of(whole, j.header),
-                    literals=b"true" in joined or b"false" in joined)
+                    literals=may_hold_literals(joined))
 
 
 def assemble(p: Path, header: TraceHeader, metas: list[dict[str, Any]],

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -652,6 +653,16 @@ def _prefetch_from_json(items: Any, moe_layers: Sequence[int]
         seen.add(layer)
         pf[row], hits[row] = a, b
     return np.array(pf, dtype=np.int64), np.array(hits, dtype=np.int64)
+
+
+_LITERAL = re.compile(rb"[\[,:][ \t\r\n]*(?:true|false)")
+
+
+def may_hold_literals(text: bytes) -> bool:
+    """Whether JSON ``text`` may hold a ``true`` or ``false`` value (one after ``[``,
+    ``,`` or ``:``; the word inside a token's text, as in "is it true", is not one unless
+    a comma or colon comes before it): :func:`prefetch_rows` is then not used."""
+    return _LITERAL.search(text) is not None
 
 
 def prefetch_rows(metas: Sequence[Mapping[str, Any]], moe_layers: Sequence[int],
