@@ -671,8 +671,8 @@ def prefetch_rows(metas: Sequence[Mapping[str, Any]], moe_layers: Sequence[int],
     (tokens, MoE layers) arrays, where every token holds them as the recorder writes them
     (a list of [layer, prefetches, hits] of ints, each layer a MoE layer once); None
     otherwise, and each token is then read alone (which names a bad entry). A JSON
-    ``true`` would pass numpy's conversion as 1: ``no_literals`` says the tokens' texts
-    hold neither ``true`` nor ``false`` (otherwise None)."""
+    ``true`` would pass numpy's conversion as 1: ``no_literals`` says the tokens' JSON
+    holds no ``true`` or ``false`` value (:func:`may_hold_literals`; otherwise None)."""
     if not no_literals or not metas:
         return None
     try:
