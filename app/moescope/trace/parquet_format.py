@@ -248,18 +248,14 @@ def compact(journal: str | os.PathLike[str], out: str | os.PathLike[str] | None 
     removed once a file that opens holds it. A journal cut off mid-token gives its
     complete tokens. ``stop()`` True between steps gives up (:class:`CompactionStopped`,
     nothing written, the journal kept)."""
-    from moescope.trace.reader import assemble, read_journal
+    from moescope.trace.reader import assemble_journal, read_journal
 
     src = Path(journal)
     dest = compacted_path(src) if out is None else Path(out)
     check_output(dest, [src])
     j = read_journal(src)
     _check(stop)
-    token_rows = np.zeros(len(j.batches) + 1, dtype=np.int64)
-    np.cumsum([b.num_rows for b in j.batches], out=token_rows[1:])
-    whole = pa.Table.from_batches(j.batches, schema=j.schema) if j.batches else None
-    assemble(src, j.header, j.metas, j.end, j.truncated, token_rows,
-             lambda: af.columns_of(whole, j.header))
+    assemble_journal(src, j)
     _check(stop)
     fill_atomic(dest, lambda f: write_parquet(j, f, stop), inputs=[src])
     if remove:

@@ -414,18 +414,22 @@ def _read_arrow(p: Path, progress: ReadProgress | None) -> Trace:
     schema, each token's fields from its batch's metadata, and every row field column by
     column over the whole file. A message cut off at the end (a writer killed mid-token)
     is dropped and flagged ``truncated``."""
+    return assemble_journal(p, read_journal(p, progress))
+
+
+def assemble_journal(p: Path, j: Journal) -> Trace:
+    """The trace a read journal holds, every row checked (:func:`assemble`): what opening
+    a stream returns, and what compaction checks before it writes."""
     import pyarrow as pa
 
     from moescope.trace import arrow_format as af
 
-    j = read_journal(p, progress)
     token_rows = np.zeros(len(j.batches) + 1, dtype=np.int64)
     np.cumsum([b.num_rows for b in j.batches], out=token_rows[1:])
     whole = pa.Table.from_batches(j.batches, schema=j.schema) if j.batches else None
-    joined = b"\n".join(j.texts)
     return assemble(p, j.header, j.metas, j.end, j.truncated, token_rows,
                     lambda: af.columns_of(whole, j.header),
-                    literals=may_hold_literals(joined))
+                    literals=may_hold_literals(b"\n".join(j.texts)))
 
 
 def assemble(p: Path, header: TraceHeader, metas: list[dict[str, Any]],
