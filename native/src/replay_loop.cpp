@@ -51,6 +51,8 @@ namespace loop { /* named: the engine compiles the core as one unit */
 
 constexpr double kNoCount = -1e300;
 constexpr int32_t kRankP = 32; /* ranked probabilities a plan keeps per row (routing bonus) */
+constexpr uint8_t kRankCount = 0x7F; /* a plan's rank count: the ranked experts it keeps, */
+constexpr uint8_t kRankedAll = 0x80; /* and whether the trace's ranking named every expert */
 constexpr int64_t kRowAhead = 2; /* a layer's route calls whose probability rows are asked for ahead */
 constexpr int64_t kAheadWindow = 256; /* route calls over which the rows read are counted */
 constexpr int64_t kAheadShare = 8;    /* ask ahead while over 1 in this many read the row */
@@ -107,7 +109,7 @@ struct Substitutes {
      * only if one could be taken: steer[n] < floor + bonus, where floor bounds every unranked
      * expert's probability (the bonus then gives no resident the miss at n, so no later one) */
     int32_t pick(const float * row, int64_t token, int32_t want, int32_t * out,
-                 const uint16_t * rank_row, int32_t rank_count, int32_t n_res,
+                 const uint16_t * rank_row, int32_t rank_count, bool ranked_all, int32_t n_res,
                  int32_t * at_rank = nullptr, const float * steer = nullptr,
                  float floor = 0.0f, float bonus = 0.0f) const {
         if (want <= 0) {
@@ -133,7 +135,7 @@ struct Substitutes {
             } else {
                 n = walk<false>(token, want, out, rank_row, rank_count, at_rank);
             }
-            if (n == want || rank_count >= n_experts ||
+            if (n == want || ranked_all ||
                 (steer != nullptr && !(floor + bonus > steer[n]))) {
                 return n;
             }
@@ -179,7 +181,7 @@ struct Substitutes {
         int32_t n = 0;
         for (int32_t j = 0; j < rank_count; ++j) {
             const int32_t e = rank_row[j];
-            const int32_t take = (X[e].slot >= 0) & (mark[e] != token);
+            const int32_t take = X[e].slot >= 0; /* the plan left out the row's own */
             out[n] = e;
             if (AtRank) {
                 at_rank[n] = j;
@@ -268,8 +270,9 @@ struct FastPlan {
     PackedVec<float> selected_sum; /* [rows] the routing bonus's sum of selected probabilities */
     PackedVec<uint8_t> bonus_order; /* [rows * k] the row's selections by probability up, the
                                      * later first on ties (0xFF first: a NaN, sort per call) */
-    PackedVec<uint16_t> ranks;
-    PackedVec<uint8_t> counts;
+    PackedVec<uint16_t> ranks; /* [rows * MOECACHE_RANK_WIDTH] the trace's ranking of each row
+                                * without the row's own selections */
+    PackedVec<uint8_t> counts; /* [rows] how many: loop::kRankCount, | loop::kRankedAll */
     PackedVec<float> rank_p; /* [rows * loop::kRankP] probabilities of each row's first ranked
                               * (only the first rank_count are set and read) */
     PackedVec<int32_t> predicted;
@@ -362,6 +365,8 @@ FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, boo
     auto pack = [&]() {
         FastPlan & P = *plan;
         std::vector<int64_t> seen(prefetches ? static_cast<size_t>(t.n_experts) : 0, -1);
+        std::vector<int64_t> own_mark(substitutes ? static_cast<size_t>(t.n_experts) : 0, -1);
+        int64_t stamp = -1;
         for (int32_t l = next_layer++; l < t.n_layers; l = next_layer++) {
             for (int64_t ev = P.layer_start[static_cast<size_t>(l)];
                  ev < P.layer_start[static_cast<size_t>(l) + 1]; ++ev) {
@@ -404,10 +409,26 @@ FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, boo
                             dst[j] = sum > 0.0f ? w[j] / sum : 0.0f;
                         }
                     }
-                    std::memcpy(P.ranks.data() + static_cast<size_t>(p0) * MOECACHE_RANK_WIDTH,
-                                t.ranks + static_cast<size_t>(r0) * MOECACHE_RANK_WIDTH,
-                                static_cast<size_t>(n) * MOECACHE_RANK_WIDTH * sizeof(uint16_t));
-                    std::memcpy(P.counts.data() + p0, t.rank_counts + r0, static_cast<size_t>(n));
+                    /* each row's ranking without the row's own selections: a substitute is
+                     * never one of them, so every configuration's walk would only pass them */
+                    for (int64_t i = 0; i < n; ++i) {
+                        const int32_t * own = t.ids + rk + static_cast<size_t>(i) * k;
+                        ++stamp;
+                        for (size_t j = 0; j < k; ++j) {
+                            own_mark[static_cast<size_t>(own[j])] = stamp;
+                        }
+                        const uint16_t * src = t.ranks + (r0 + i) * MOECACHE_RANK_WIDTH;
+                        uint16_t * dst = P.ranks.data() + (p0 + i) * MOECACHE_RANK_WIDTH;
+                        const int32_t named = t.rank_counts[r0 + i];
+                        int32_t m = 0;
+                        for (int32_t j = 0; j < named; ++j) {
+                            dst[m] = src[j];
+                            m += own_mark[src[j]] != stamp;
+                        }
+                        /* the ranking named every expert: no resident is outside it */
+                        P.counts[static_cast<size_t>(p0 + i)] = static_cast<uint8_t>(
+                            m | (named >= t.n_experts ? loop::kRankedAll : 0));
+                    }
                 }
                 if (bonus) {
                     std::memcpy(P.selected.data() + pk, t.selected_probs + rk, nk * sizeof(float));
@@ -437,9 +458,10 @@ FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, boo
                     }
                     for (int64_t i = 0; i < n; ++i) {
                         const float * row = t.probs + (r0 + i) * t.n_experts;
-                        const uint16_t * rank = t.ranks + (r0 + i) * MOECACHE_RANK_WIDTH;
+                        const uint16_t * rank = P.ranks.data() + (p0 + i) * MOECACHE_RANK_WIDTH;
                         float * dst = P.rank_p.data() + (p0 + i) * loop::kRankP;
-                        const int32_t m = std::min<int32_t>(loop::kRankP, t.rank_counts[r0 + i]);
+                        const int32_t m = std::min<int32_t>(
+                            loop::kRankP, P.counts[static_cast<size_t>(p0 + i)] & loop::kRankCount);
                         for (int32_t j = 0; j < m; ++j) {
                             dst[j] = row[rank[j]];
                         }
@@ -493,8 +515,7 @@ struct FastWorkspace {
     std::vector<uint32_t> bq_kver;
     std::vector<double> kkey;
     std::vector<uint32_t> kkver;
-    std::vector<int8_t> action;
-    std::vector<float> wnorm;
+    std::vector<uint32_t> fetch_bits, subst_bits; /* [rows of a call] */
     std::vector<int32_t> used_ids, fetched, chosen, last_place;
 };
 
@@ -559,7 +580,6 @@ private:
     int64_t pin_epoch_ = 0, mark_epoch_ = 0;
     int32_t clock_ = 0;
     int64_t step_ = 0;
-    int16_t lru_head_ = -1, lru_tail_ = -1;
     /* frequency */
     double h_ = 1.0;
     /* small layers under many victims a call: the next victims from one scan of the slots
@@ -846,7 +866,7 @@ private:
                 }
             }
         } else if (!Freq) {
-            for (int32_t e = lru_head_; e >= 0; e = X[e].next) {
+            for (int32_t e = X[E_].next; e != E_; e = X[e].next) {
                 if (pin_[e] != pin_epoch_) {
                     v = e;
                     break;
@@ -897,27 +917,31 @@ private:
     }
 #endif
 
+    /* LRU's list is a ring through a sentinel (the entry after the last expert), so that
+     * neither end needs a branch */
     void unlink(int32_t e) {
         Expert * X = X_;
         const int32_t p = X[e].prev;
         const int32_t n = X[e].next;
-        (p >= 0 ? X[p].next : lru_head_) = static_cast<int16_t>(n);
-        (n >= 0 ? X[n].prev : lru_tail_) = static_cast<int16_t>(p);
+        X[p].next = static_cast<int16_t>(n);
+        X[n].prev = static_cast<int16_t>(p);
     }
 
     void link_tail(int32_t e) {
         Expert * X = X_;
-        X[e].prev = lru_tail_;
-        X[e].next = -1;
-        (lru_tail_ >= 0 ? X[lru_tail_].next : lru_head_) = static_cast<int16_t>(e);
-        lru_tail_ = static_cast<int16_t>(e);
+        Expert & end = X[E_];
+        const int32_t last = end.prev;
+        X[e].prev = static_cast<int16_t>(last);
+        X[e].next = static_cast<int16_t>(E_);
+        X[last].next = static_cast<int16_t>(e);
+        end.prev = static_cast<int16_t>(e);
     }
 
     /* A use: a fresh recency (the LRU list's tail). */
     template <bool Freq>
     void used(int32_t e) {
         X_[e].last_use = ++clock_;
-        if (!Freq && lru_tail_ != e) {
+        if (!Freq) { /* the last already: unlinked and linked back where it was */
             unlink(e);
             link_tail(e);
         }
@@ -967,12 +991,12 @@ int32_t FastReplay::go() {
     }
     const size_t sel = static_cast<size_t>(max_call) * k;
     FastWorkspace & w = w_;
-    w.ex.resize(static_cast<size_t>(E_));
+    w.ex.resize(static_cast<size_t>(E_) + 1); /* and LRU's sentinel */
     w.expert_of.resize(static_cast<size_t>(S_));
     w.pin.assign(static_cast<size_t>(E_), 0);
     w.mark.assign(static_cast<size_t>(E_), 0);
-    w.action.resize(sel);
-    w.wnorm.resize(sel);
+    w.fetch_bits.resize(static_cast<size_t>(max_call));
+    w.subst_bits.resize(static_cast<size_t>(max_call));
     w.used_ids.resize(sel);
     w.fetched.resize(sel);
     w.chosen.resize(static_cast<size_t>(E_));
@@ -1000,8 +1024,8 @@ int32_t FastReplay::go() {
         w.lost.resize(static_cast<size_t>(E_));
     }
     float * lost = w.lost.data();
-    int8_t * action = w.action.data();
-    float * wnorm = w.wnorm.data();
+    uint32_t * fetch_bits = w.fetch_bits.data();
+    uint32_t * subst_bits = w.subst_bits.data();
     int32_t * used_ids = w.used_ids.data();
     int32_t * fetched = w.fetched.data();
     int32_t * chosen = w.chosen.data();
@@ -1054,7 +1078,8 @@ int32_t FastReplay::go() {
             std::fill(w.kkver.begin(), w.kkver.end(), ~0u);
             q_epoch_ = -1;
         } else {
-            lru_head_ = lru_tail_ = -1;
+            w.ex[static_cast<size_t>(E_)].prev = w.ex[static_cast<size_t>(E_)].next =
+                static_cast<int16_t>(E_);
         }
         if (bq_) {
             std::fill(w.bq_head.begin(), w.bq_head.end(), -1);
@@ -1073,7 +1098,7 @@ int32_t FastReplay::go() {
         /* rows of this layer that read their probabilities among those that might: ask for
          * a later row's ahead only while that is common (decayed every kAheadWindow) */
         int64_t row_reads = 0, row_visits = 0;
-        Substitutes subst{X, slots_, &n_res_, E_, mark, &row_reads};
+        Substitutes subst_{X, slots_, &n_res_, E_, mark, &row_reads};
         double layer_mass = 0.0;
         int64_t filled = 0; /* tokens whose cumulative mass of this layer is written */
         const PlanEvent * ev = plan_.events.data();
@@ -1207,8 +1232,19 @@ int32_t FastReplay::go() {
             const float * wt = plan_.weights.data() + p0 * k;
             const int32_t nk = n * k;
             const int64_t pin = ++pin_epoch_;
+            /* each row's selections as bits (top_k <= 32): its misses, then those it fetches
+             * and those it substitutes, in selection order (the bits' order) */
+            uint32_t miss0 = 0; /* the first row's misses, found with the pins */
             int32_t absent = 0;
-            for (int32_t i = 0; i < nk; ++i) {
+            for (int32_t j = 0; j < k; ++j) {
+                const int32_t e = ids[j];
+                const bool in = X[e].slot >= 0;
+                const int64_t was = pin_[e];
+                pin_[e] = in ? pin : was;
+                miss0 |= static_cast<uint32_t>(!in) << j;
+                absent += !in;
+            }
+            for (int32_t i = k; i < nk; ++i) {
                 const int32_t e = ids[i];
                 const bool in = X[e].slot >= 0;
                 const int64_t was = pin_[e];
@@ -1216,51 +1252,49 @@ int32_t FastReplay::go() {
                 absent += !in;
             }
             hint_ = std::max(absent, 1);
+            if (Rule != MOECACHE_FETCH_ALL) {
+                std::memcpy(used_ids, ids, static_cast<size_t>(nk) * sizeof(int32_t));
+            }
             int32_t n_fetched = 0;
             bool failed = false;
             for (int32_t r = 0; r < n && !failed; ++r) {
                 const int32_t base = r * k;
                 const int64_t row = r0 + r;
-                int32_t n_sub = 0;
-                int32_t subs[MOECACHE_MAX_K + 1]; /* the row's substituting selections */
-                if (Rule == MOECACHE_FETCH_ALL) {
+                uint32_t miss = miss0;
+                if (r > 0) { /* an earlier row of the call may have fetched some */
+                    miss = 0;
                     for (int32_t j = 0; j < k; ++j) {
-                        const int32_t i = base + j;
-                        used_ids[i] = ids[i];
-                        action[i] = X[ids[i]].slot >= 0 ? MOECACHE_HIT : MOECACHE_FETCH;
+                        miss |= static_cast<uint32_t>(X[ids[base + j]].slot < 0) << j;
                     }
-                } else {
+                }
+                uint32_t fetch = miss, subst = 0;
+                if (Rule != MOECACHE_FETCH_ALL) {
                     const int64_t me = ++mark_epoch_;
                     for (int32_t j = 0; j < k; ++j) {
-                        const int32_t i = base + j;
-                        const int32_t e = ids[i];
-                        const float wn = wt[i]; /* normalized by the plan */
-                        wnorm[i] = wn;
-                        mark[e] = me;
-                        used_ids[i] = e;
-                        /* without a branch on the hit (a coin toss per selection) */
-                        const int32_t miss = X[e].slot < 0;
-                        int32_t fetch;
-                        if (Rule == MOECACHE_THRESHOLD) {
-                            fetch = (j == 0) | (wn >= theta);
-                        } else if (Rule == MOECACHE_FIRST_CHOICE) {
-                            fetch = j == 0;
-                        } else {
-                            fetch = 0;
-                        }
-                        static_assert(MOECACHE_HIT == 0 && MOECACHE_FETCH == 1 &&
-                                          MOECACHE_SUBSTITUTE == 2,
-                                      "the action is computed from its values");
-                        const int32_t a = miss * (2 - fetch);
-                        action[i] = static_cast<int8_t>(a);
-                        subs[n_sub] = i;
-                        n_sub += a == MOECACHE_SUBSTITUTE;
+                        mark[ids[base + j]] = me;
                     }
-                    if (n_sub > 0) {
+                    uint32_t may = 0; /* the selections the rule would fetch */
+                    if (Rule == MOECACHE_THRESHOLD) {
+                        may = 1;
+                        for (int32_t j = 1; j < k; ++j) {
+                            may |= static_cast<uint32_t>(wt[base + j] >= theta) << j;
+                        }
+                    } else if (Rule == MOECACHE_FIRST_CHOICE) {
+                        may = 1;
+                    }
+                    fetch = miss & may;
+                    subst = miss & ~may;
+                    if (subst != 0) {
                         const float * prow = t_.probs + row * E_;
                         const uint16_t * rank_row = ranks + (p0 + r) * MOECACHE_RANK_WIDTH;
-                        const int32_t rank_count = rank_counts[p0 + r];
+                        const int32_t rank_count = rank_counts[p0 + r] & kRankCount;
+                        const bool ranked_all = (rank_counts[p0 + r] & kRankedAll) != 0;
                         int32_t best[MOECACHE_MAX_K];
+                        int32_t subs[MOECACHE_MAX_K]; /* the row's substituting selections */
+                        int32_t n_sub = 0;
+                        for (uint32_t b = subst; b != 0; b &= b - 1) {
+                            subs[n_sub++] = base + __builtin_ctz(b);
+                        }
                         if (Rule == MOECACHE_ROUTING_BONUS) {
                             const float * p_sel = selp + (p0 + r) * k;
                             int32_t order[MOECACHE_MAX_K];
@@ -1272,9 +1306,8 @@ int32_t FastReplay::go() {
                                 /* the plan's order of the row's selections, its misses kept */
                                 int32_t m2 = 0;
                                 for (int32_t j = 0; j < k; ++j) {
-                                    const int32_t i = base + sorted[j];
-                                    order[m2] = i;
-                                    m2 += action[i] == MOECACHE_SUBSTITUTE;
+                                    order[m2] = base + sorted[j];
+                                    m2 += static_cast<int32_t>((subst >> sorted[j]) & 1u);
                                 }
                             } else { /* a NaN: std::sort's own order, as route.cpp's */
                                 std::copy(subs, subs + n_sub, order);
@@ -1294,14 +1327,16 @@ int32_t FastReplay::go() {
                             const float floor =
                                 rank_count > 0 ? ranked_p[std::min(rank_count, kRankP) - 1] : 0.0f;
                             const int32_t n_best =
-                                subst.pick(prow, me, m, best, rank_row, rank_count, n_res_,
-                                           at_rank, rank_count > 0 ? need : nullptr, floor, bonus);
+                                subst_.pick(prow, me, m, best, rank_row, rank_count, ranked_all, n_res_,
+                                            at_rank, rank_count > 0 ? need : nullptr, floor, bonus);
                             bool steering = true;
                             for (int32_t i2 = 0; i2 < m; ++i2) {
                                 const int32_t i = order[i2];
+                                const uint32_t bit = 1u << (i - base);
                                 const int32_t s = steering && i2 < n_best ? best[i2] : -1;
                                 if (s < 0) {
-                                    action[i] = MOECACHE_FETCH;
+                                    subst &= ~bit;
+                                    fetch |= bit;
                                     steering = false;
                                     continue;
                                 }
@@ -1313,17 +1348,21 @@ int32_t FastReplay::go() {
                                     used_ids[i] = s;
                                     pin_[s] = pin;
                                 } else {
-                                    action[i] = MOECACHE_FETCH;
+                                    subst &= ~bit;
+                                    fetch |= bit;
                                     steering = false;
                                 }
                             }
                         } else {
                             const int32_t n_best =
-                                subst.pick(prow, me, n_sub, best, rank_row, rank_count, n_res_);
+                                subst_.pick(prow, me, n_sub, best, rank_row, rank_count,
+                                            ranked_all, n_res_);
                             for (int32_t x2 = 0; x2 < n_sub; ++x2) {
                                 const int32_t i = subs[x2];
                                 if (x2 >= n_best) {
-                                    action[i] = MOECACHE_FETCH;
+                                    const uint32_t bit = 1u << (i - base);
+                                    subst &= ~bit;
+                                    fetch |= bit;
                                     continue;
                                 }
                                 const int32_t s = best[x2];
@@ -1333,14 +1372,10 @@ int32_t FastReplay::go() {
                         }
                     }
                 }
-                int32_t todo[MOECACHE_MAX_K];
-                int32_t n_todo = 0;
-                for (int32_t i = base; i < base + k; ++i) {
-                    todo[n_todo] = i;
-                    n_todo += action[i] == MOECACHE_FETCH;
-                }
-                for (int32_t x2 = 0; x2 < n_todo; ++x2) {
-                    const int32_t e = ids[todo[x2]];
+                fetch_bits[r] = fetch;
+                subst_bits[r] = subst;
+                for (uint32_t b = fetch; b != 0; b &= b - 1) {
+                    const int32_t e = ids[base + __builtin_ctz(b)];
                     if (insert<Freq>(e) < 0) {
                         failed = true;
                         break;
@@ -1354,19 +1389,26 @@ int32_t FastReplay::go() {
                 break;
             }
             /* commit */
-            for (int32_t i = 0; i < nk; ++i) {
-                const int32_t u = used_ids[i];
-                if (evicts_) {
-                    used<Freq>(u);
-                    if (Freq) {
-                        record_selection(F_[ids[i]]);
+            const int32_t * uses = Rule == MOECACHE_FETCH_ALL ? ids : used_ids;
+            for (int32_t r = 0; r < n; ++r) {
+                const int32_t base = r * k;
+                const uint32_t fetch = fetch_bits[r];
+                for (int32_t j = 0; j < k; ++j) {
+                    const int32_t i = base + j;
+                    const int32_t u = uses[i];
+                    if (evicts_) {
+                        used<Freq>(u);
+                        if (Freq) {
+                            record_selection(F_[ids[i]]);
+                        }
                     }
-                }
-                if (prefetching) {
-                    const int8_t was = X[u].prefetched;
-                    const int8_t hit = static_cast<int8_t>(was & (action[i] != MOECACHE_FETCH));
-                    X[u].prefetched = static_cast<int8_t>(was & ~hit);
-                    o.prefetch_hits += hit;
+                    if (prefetching) {
+                        const int8_t was = X[u].prefetched;
+                        const int8_t hit =
+                            static_cast<int8_t>(was & static_cast<int8_t>(~(fetch >> j) & 1u));
+                        X[u].prefetched = static_cast<int8_t>(was & ~hit);
+                        o.prefetch_hits += hit;
+                    }
                 }
             }
             for (int32_t f = 0; f < n_fetched; ++f) {
@@ -1378,26 +1420,24 @@ int32_t FastReplay::go() {
             /* admission, then each row's counts (admit_lost_mass, record_token) */
             for (int32_t r = 0; r < n; ++r) {
                 const int32_t base = r * k;
-                int32_t n_hit = 0, n_fetch = 0, n_subst = 0, n_admit = 0;
+                const uint32_t subst = subst_bits[r];
+                int32_t n_fetch = 0, n_subst = 0, n_admit = 0;
+                for (uint32_t b = fetch_bits[r]; b != 0; b &= b - 1) {
+                    n_fetch += 1;
+                }
                 float mass = 0.0f;
-                for (int32_t i = base; i < base + k; ++i) {
-                    n_hit += action[i] == MOECACHE_HIT;
-                    n_fetch += action[i] == MOECACHE_FETCH;
-                    if (Rule != MOECACHE_FETCH_ALL && action[i] == MOECACHE_SUBSTITUTE) {
-                        n_subst += 1;
-                        mass += wnorm[i];
-                    }
+                for (uint32_t b = subst; b != 0; b &= b - 1) {
+                    mass += wt[base + __builtin_ctz(b)];
+                    n_subst += 1;
                 }
                 if (Rule != MOECACHE_FETCH_ALL && admission && n_subst > 0) {
-                    for (int32_t i = base; i < base + k; ++i) {
-                        if (action[i] != MOECACHE_SUBSTITUTE) {
-                            continue;
-                        }
+                    for (uint32_t b = subst; b != 0; b &= b - 1) {
+                        const int32_t i = base + __builtin_ctz(b);
                         const int32_t e = ids[i];
                         if (X[e].slot >= 0) {
                             continue;
                         }
-                        lost[e] += wnorm[i];
+                        lost[e] += wt[i];
                         if (lost[e] < beta) {
                             continue;
                         }
@@ -1411,7 +1451,7 @@ int32_t FastReplay::go() {
                         n_admit += 1;
                     }
                 }
-                o.hits += n_hit;
+                o.hits += k - n_fetch - n_subst;
                 o.fetches += n_fetch;
                 o.substitutions += n_subst;
                 o.admissions += n_admit;
