@@ -1047,9 +1047,10 @@ moecache_replay_plan * moecache_replay_plan_new(const moecache_replay_trace * tr
         const double min_ticks = 2.0 * static_cast<double>(trace->n_rows) * trace->top_k;
         if (plan->ids_valid && trace->n_experts <= std::numeric_limits<int16_t>::max() &&
             min_ticks < static_cast<double>(std::numeric_limits<int32_t>::max())) {
+            /* frequency keys for the presets' half-life (another one computes its own) */
             plan->fast.reset(moecache_core::fast_plan_pack(
                 ranked, ranked_rows, ranked_rows, trace->pred_width > 0,
-                worker_count(n_threads, trace->n_layers)));
+                MOECACHE_DEFAULT_HALF_LIFE, worker_count(n_threads, trace->n_layers)));
         }
         return plan.release();
     } catch (...) {  // bad_alloc

@@ -282,9 +282,10 @@ struct FastWorkspace; /* buffers a worker reuses from one configuration to the n
 FastPlan * fast_plan_new(const moecache_replay_trace & t, const moecache_replay_config * configs,
                          int32_t n_configs, bool ids_valid, int32_t n_threads);
 /* The plan with the parts the flags ask for (a kept moecache_replay_plan asks for all the
- * trace has, so that it serves any later batch); fast_plan_new asks for what `configs` read. */
+ * trace has, so that it serves any later batch); fast_plan_new asks for what `configs` read.
+ * half_life > 0: each selection's frequency key for that half-life too. */
 FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, bool bonus,
-                          bool prefetches, int32_t n_threads);
+                          bool prefetches, float half_life, int32_t n_threads);
 void fast_plan_free(FastPlan * plan);
 int64_t fast_plan_bytes(const FastPlan & plan); /* what the plan holds, in bytes */
 FastWorkspace * fast_workspace_new();

@@ -76,6 +76,38 @@ struct Fq {
     uint32_t kver; /* changes with its count (an older listing's key is stale) */
 };
 
+/* record_selection and the key (eviction.cpp's), with memoized decay factors: the same
+ * doubles, for the loop and for the plan's keys alike. */
+struct Decay {
+    static constexpr int64_t kTable = 4096;
+    double h;
+    std::vector<double> factor; /* [kTable] 2^(-age / h) */
+
+    explicit Decay(float half_life) : h(static_cast<double>(half_life)), factor(kTable) {
+        for (int64_t i = 0; i < kTable; ++i) {
+            factor[static_cast<size_t>(i)] = std::exp2(-static_cast<double>(i) / h);
+        }
+    }
+
+    void record(Fq & x, int64_t step) const {
+        const int64_t a = step - x.step;
+        double f;
+        if (a < 0 || a >= kTable) {
+            const double age = static_cast<double>(a);
+            f = x.freq * std::exp2(-age / h) + 1.0;
+        } else {
+            f = x.freq * factor[static_cast<size_t>(a)] + 1.0;
+        }
+        x.freq = f;
+        x.step = static_cast<int32_t>(step);
+        x.kver += 1;
+    }
+
+    double key(const Fq & x) const {
+        return x.freq > 0.0 ? std::log2(x.freq) + static_cast<double>(x.step) / h : kNoCount;
+    }
+};
+
 /* A row's first `want` substitutes, as pick_substitutes (rules.cpp) picks them. */
 struct Substitutes {
     const Expert * X;
@@ -276,11 +308,17 @@ struct FastPlan {
     PackedVec<float> rank_p; /* [rows * loop::kRankP] probabilities of each row's first ranked
                               * (only the first rank_count are set and read) */
     PackedVec<int32_t> predicted;
+    /* frequency eviction's key of each selection's expert after it (the key record_selection
+     * and key_of give: a selection's count and key depend only on the trace), for the
+     * half-life key_half_life (0: none kept) */
+    PackedVec<double> keys;
+    float key_half_life = 0.0f;
 };
 
 FastPlan * fast_plan_new(const moecache_replay_trace & t, const moecache_replay_config * configs,
                          int32_t n_configs, bool ids_valid, int32_t n_threads) {
     bool substitutes = false, bonus = false, prefetches = false;
+    float half_life = 0.0f; /* the frequency configurations' (the first one's) */
     for (int32_t i = 0; i < n_configs; ++i) {
         if (!fast_covers(t, configs[i], ids_valid, false)) {
             continue;
@@ -289,12 +327,15 @@ FastPlan * fast_plan_new(const moecache_replay_trace & t, const moecache_replay_
         substitutes |= p.miss_rule != MOECACHE_FETCH_ALL;
         bonus |= p.miss_rule == MOECACHE_ROUTING_BONUS;
         prefetches |= p.prefetch != 0 && t.pred_width > 0;
+        if (p.eviction == MOECACHE_EVICT_FREQUENCY && half_life == 0.0f) {
+            half_life = p.half_life;
+        }
     }
-    return fast_plan_pack(t, substitutes, bonus, prefetches, n_threads);
+    return fast_plan_pack(t, substitutes, bonus, prefetches, half_life, n_threads);
 }
 
 FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, bool bonus,
-                          bool prefetches, int32_t n_threads) {
+                          bool prefetches, float half_life, int32_t n_threads) {
     std::unique_ptr<FastPlan> plan(new FastPlan());
     const size_t k = static_cast<size_t>(t.top_k);
     plan->call_token.resize(static_cast<size_t>(t.n_calls));
@@ -337,6 +378,8 @@ FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, boo
     plan->bonus_order.resize(bonus ? nr * k : 0);
     plan->rank_p.resize(bonus ? nr * loop::kRankP : 0);
     plan->predicted.resize(prefetches ? static_cast<size_t>(total_preds) * t.pred_width : 0);
+    plan->key_half_life = half_life;
+    plan->keys.resize(half_life > 0.0f ? nr * k : 0);
     int64_t step = t.initial_step;
     for (int64_t c = 0; c < t.n_calls; ++c) {
         step = std::max(step, t.call_step[c]);
@@ -367,7 +410,11 @@ FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, boo
         std::vector<int64_t> seen(prefetches ? static_cast<size_t>(t.n_experts) : 0, -1);
         std::vector<int64_t> own_mark(substitutes ? static_cast<size_t>(t.n_experts) : 0, -1);
         int64_t stamp = -1;
+        const bool keys = half_life > 0.0f;
+        std::vector<loop::Fq> fq(keys ? static_cast<size_t>(t.n_experts) : 0);
+        const loop::Decay decay(keys ? half_life : 1.0f);
         for (int32_t l = next_layer++; l < t.n_layers; l = next_layer++) {
+            std::fill(fq.begin(), fq.end(), loop::Fq{0.0, 0, 0});
             for (int64_t ev = P.layer_start[static_cast<size_t>(l)];
                  ev < P.layer_start[static_cast<size_t>(l) + 1]; ++ev) {
                 PlanEvent & e = P.events[static_cast<size_t>(ev)];
@@ -395,6 +442,13 @@ FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, boo
                 const size_t rk = static_cast<size_t>(r0) * k;
                 const size_t nk = static_cast<size_t>(n) * k;
                 std::memcpy(P.ids.data() + pk, t.ids + rk, nk * sizeof(int32_t));
+                if (keys) { /* every selection counted in order, as the loop records them */
+                    for (size_t i = 0; i < nk; ++i) {
+                        loop::Fq & x = fq[static_cast<size_t>(t.ids[rk + i])];
+                        decay.record(x, e.step);
+                        P.keys[pk + i] = decay.key(x);
+                    }
+                }
                 if (substitutes) {
                     /* every configuration's normalization, once (the same floats: the same
                      * sum in the same order, the same division) */
@@ -494,6 +548,7 @@ int64_t fast_plan_bytes(const FastPlan & plan) {
         plan.events.capacity() * sizeof(PlanEvent) +
         (plan.layer_start.capacity() + plan.call_token.capacity()) * sizeof(int64_t) +
         (plan.ids.capacity() + plan.predicted.capacity()) * sizeof(int32_t) +
+        plan.keys.capacity() * sizeof(double) +
         (plan.weights.capacity() + plan.selected.capacity() + plan.selected_sum.capacity() +
          plan.rank_p.capacity()) *
             sizeof(float) +
@@ -507,7 +562,7 @@ struct FastWorkspace {
     std::vector<loop::Fq> fq;
     std::vector<float> lost;
     std::vector<int32_t> expert_of;
-    std::vector<double> cum_mass, decay;
+    std::vector<double> cum_mass;
     std::vector<int64_t> pin, mark;
     std::vector<int32_t> bq_head, bq_next, bq_prev;
     std::vector<uint64_t> bq_occ;
@@ -582,6 +637,8 @@ private:
     int64_t step_ = 0;
     /* frequency */
     double h_ = 1.0;
+    std::unique_ptr<Decay> decay_;
+    const double * pkeys_ = nullptr; /* the plan's keys of each selection (or none) */
     /* small layers under many victims a call: the next victims from one scan of the slots
      * instead of the bucket queue (scan_), as many as the call is expected to need (hint_) */
     bool scan_ = false;
@@ -621,24 +678,27 @@ private:
     uint32_t * kkver_ = nullptr;
 
     double key_of(const Fq & x) const {
-        return x.freq > 0.0 ? std::log2(x.freq) + static_cast<double>(x.step) / h_
-                            : kNoCount;
+        return decay_->key(x);
     }
 
-    /* record_selection with the memoized decay factors (the same doubles) */
-    void record_selection(Fq & x) {
-        constexpr int64_t kTable = 4096;
-        const int64_t a = step_ - x.step;
-        double f;
-        if (a < 0 || a >= kTable) {
-            const double age = static_cast<double>(a);
-            f = x.freq * std::exp2(-age / h_) + 1.0;
-        } else {
-            f = x.freq * w_.decay[static_cast<size_t>(a)] + 1.0;
+    /* A selection of e, the i-th of the plan's packed selections: its count, and its key
+     * from the plan where the plan has them for this half-life */
+    void record_selection(int32_t e, int64_t i) {
+        Fq & x = F_[e];
+        if (pkeys_ == nullptr) {
+            decay_->record(x, step_);
+            return;
         }
-        x.freq = f;
-        x.step = static_cast<int32_t>(step_);
-        x.kver += 1;
+#ifdef MOECACHE_SELFCHECK
+        decay_->record(x, step_);
+        if (!(decay_->key(x) == pkeys_[i])) {
+            std::abort();
+        }
+#else
+        x.kver += 1; /* the count and step are never read: only the key */
+#endif
+        kkver_[e] = x.kver;
+        kkey_[e] = pkeys_[i];
     }
 
     /* The key of a resident as the scan compares it (cached per count version). */
@@ -1014,9 +1074,9 @@ int32_t FastReplay::go() {
         w.kkver.resize(static_cast<size_t>(E_));
         kkey_ = w.kkey.data();
         kkver_ = w.kkver.data();
-        w.decay.resize(4096);
-        for (int64_t i = 0; i < 4096; ++i) {
-            w.decay[static_cast<size_t>(i)] = std::exp2(-static_cast<double>(i) / h_);
+        decay_.reset(new Decay(p_.half_life));
+        if (plan_.key_half_life == p_.half_life && !plan_.keys.empty()) {
+            pkeys_ = plan_.keys.data();
         }
     }
     const bool admission = p_.admission != 0;
@@ -1399,7 +1459,7 @@ int32_t FastReplay::go() {
                     if (evicts_) {
                         used<Freq>(u);
                         if (Freq) {
-                            record_selection(F_[ids[i]]);
+                            record_selection(ids[i], p0 * k + i);
                         }
                     }
                     if (prefetching) {
