@@ -571,7 +571,7 @@ struct FastWorkspace {
     std::vector<double> kkey;
     std::vector<uint32_t> kkver;
     std::vector<uint32_t> fetch_bits, subst_bits; /* [rows of a call] */
-    std::vector<int32_t> used_ids, fetched, chosen, last_place;
+    std::vector<int32_t> used_ids, fetched, chosen, fetch_list, last_place;
 };
 
 FastWorkspace * fast_workspace_new() {
@@ -1060,6 +1060,7 @@ int32_t FastReplay::go() {
     w.used_ids.resize(sel);
     w.fetched.resize(sel);
     w.chosen.resize(static_cast<size_t>(E_));
+    w.fetch_list.resize(static_cast<size_t>(E_));
     w.last_place.resize(static_cast<size_t>(std::max(t_.pred_width, 1)));
     w.cum_mass.resize(static_cast<size_t>(t_.n_tokens) * n_layers);
     X_ = w.ex.data();
@@ -1089,6 +1090,7 @@ int32_t FastReplay::go() {
     int32_t * used_ids = w.used_ids.data();
     int32_t * fetched = w.fetched.data();
     int32_t * chosen = w.chosen.data();
+    int32_t * fetch_list = w.fetch_list.data();
     double * cum_mass = w.cum_mass.data();
 
     const int32_t per_token = prefetch_per_token(t_, p_, S_);
@@ -1188,10 +1190,9 @@ int32_t FastReplay::go() {
                 const int32_t * ranked = plan_.predicted.data() + e_.packed * t_.pred_width;
                 const int32_t count = e_.n; /* counted by the plan */
                 int32_t m = 0;
+                const int32_t * pick = chosen;
                 if (e_.prefetch == 1 && count >= per_token) {
-                    for (; m < per_token; ++m) {
-                        chosen[m] = ranked[m];
-                    }
+                    pick = ranked; /* its first per_token, distinct */
                 } else {
                     const int64_t me = ++mark_epoch_;
                     const bool repeats = e_.prefetch == 2;
@@ -1225,20 +1226,19 @@ int32_t FastReplay::go() {
                     }
                 }
                 const int64_t ppin = ++pin_epoch_;
-                int32_t absent = 0;
+                int32_t absent = 0; /* the picks not resident, in order (distinct: each
+                                     * stays absent until its own insert) */
                 for (int32_t j = 0; j < per_token; ++j) {
-                    const int32_t e = chosen[j];
+                    const int32_t e = pick[j];
                     const bool in = X[e].slot >= 0;
                     const int64_t was = pin_[e];
                     pin_[e] = in ? ppin : was;
+                    fetch_list[absent] = e;
                     absent += !in;
                 }
                 hint_ = std::max(absent, 1);
-                for (int32_t j = 0; j < per_token; ++j) {
-                    const int32_t e = chosen[j];
-                    if (X[e].slot >= 0) {
-                        continue;
-                    }
+                for (int32_t j = 0; j < absent; ++j) {
+                    const int32_t e = fetch_list[j];
                     if (insert<Freq>(e) < 0) {
                         break;
                     }
@@ -1471,11 +1471,13 @@ int32_t FastReplay::go() {
                     }
                 }
             }
-            for (int32_t f = 0; f < n_fetched; ++f) {
-                if (admission) {
-                    lost[fetched[f]] = 0.0f;
+            if (admission || prefetching) { /* else neither is ever set */
+                for (int32_t f = 0; f < n_fetched; ++f) {
+                    if (admission) {
+                        lost[fetched[f]] = 0.0f;
+                    }
+                    X[fetched[f]].prefetched = 0;
                 }
-                X[fetched[f]].prefetched = 0;
             }
             /* admission, then each row's counts (admit_lost_mass, record_token) */
             for (int32_t r = 0; r < n; ++r) {
