@@ -52,3 +52,28 @@ def test_ctrl_c_during_a_load_interrupts_it(synth_model: Callable[..., Path]) ->
     engine.load(synth_model("qwen3moe"), n_ctx=256)
     assert engine.loaded
     engine.close()
+
+
+@pytest.mark.usefixtures("engine_required")
+def test_a_load_cancelled_while_it_uploads_leaves_no_copy_running(
+        synth_model: Callable[..., Path]) -> None:
+    """Regression: on a GPU build the experts go to pinned memory and the weights are read
+    without mmap, so llama.cpp uploads the device's tensors asynchronously, the largest
+    first, through staging buffers. A cancel right after the first of them used to return
+    with its copies still queued, and the model's device buffers were freed under them:
+    Vulkan's queue thread (lavapipe's) then crashed the process with a segmentation fault,
+    most often within a few such cancels. A cancel now waits for the copies first. (On the
+    CPU build the weights are mapped and nothing is uploaded: the same cancels, no race.)"""
+    model = synth_model("qwen3moe")
+    engine = Engine()
+    for _ in range(10):
+        def cancel_after_the_first_step(stage: str, fraction: float) -> None:
+            if stage == "loading weights" and fraction > 0.1 + 1e-6:  # 0.1: llama.cpp's start
+                engine.cancel_load()
+
+        with pytest.raises(LoadCancelled):
+            engine.load(model, n_ctx=256, progress=cancel_after_the_first_step)
+        assert not engine.loaded
+    engine.load(model, n_ctx=256)
+    assert engine.loaded and engine.cache is not None
+    engine.close()
