@@ -20,9 +20,13 @@
  *     in layers of few slots, the next victims of a call from one scan of its unpinned
  *     residents instead (scan_fill);
  *   - every selection hits once every expert is resident (no resize in this loop);
- *   - the frequency key log2(f) + step / h is computed only when a victim search needs it, from
- *     the same doubles record_selection keeps;
- *   - substitutes from the trace's shared ranking, as pick_substitutes.
+ *   - the frequency key log2(f) + step / h after each selection from the plan, where it has
+ *     them for the policy's half-life (a selection's count depends only on the trace: every
+ *     configuration counts every selection), else from the same doubles record_selection
+ *     keeps, only when a victim search needs it;
+ *   - a row's misses, fetches and substitutes as bit masks over its selections;
+ *   - substitutes from the trace's shared ranking (the plan's copy without the row's own
+ *     selections), as pick_substitutes.
  * Covered: fixed policy and budget (no policy or budget change followed), no event rows,
  * a ranking where the policy substitutes, valid router ids, and frequency keys whose
  * increase outruns their rounding (see fast_covers). Anything else, and the RAM tier
