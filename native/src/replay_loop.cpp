@@ -672,6 +672,7 @@ private:
     int64_t bq_top_ = kLow;
     int64_t bq_cur_ = 0; /* no ring bucket of the window below it lists a resident */
     int32_t bq_low_ = -1;
+    int64_t bq_from_epoch_ = -1, bq_from_ = 0; /* where this epoch's next search starts */
     int32_t * bq_head_ = nullptr;  /* [kRing] */
     uint64_t * bq_occ_ = nullptr;  /* [kRing / 64] a bit per non-empty ring bucket */
     int32_t * bq_next_ = nullptr;  /* [E] */
@@ -865,8 +866,12 @@ private:
             e = nx;
         }
         const int64_t top = bq_top_;
-        bool empty_below = true;
-        for (int64_t idx = bq_cur_; idx <= top;) {
+        /* a later search of the same pin epoch goes on from the last one's victim's bucket:
+         * below it every resident was pinned, and is still (a pin lasts the epoch, a
+         * resident placed since is pinned, and one pinned whose count changes stays so) */
+        const int64_t from = bq_from_epoch_ == pin_epoch_ ? std::max(bq_cur_, bq_from_) : bq_cur_;
+        bool empty_below = from == bq_cur_;
+        for (int64_t idx = from; idx <= top;) {
             const int64_t slot = idx & (kRing - 1);
             const uint64_t word = bq_occ_[slot >> 6] >> (slot & 63);
             if (word == 0) {
@@ -895,6 +900,8 @@ private:
                 e = nx;
             }
             if (best >= 0) {
+                bq_from_epoch_ = pin_epoch_;
+                bq_from_ = idx;
                 return low >= 0 && bq_before(low, best) ? low : best;
             }
             if (bq_head_[idx & (kRing - 1)] >= 0) {
@@ -1153,6 +1160,7 @@ int32_t FastReplay::go() {
             bq_low_ = -1;
             bq_top_ = kLow;
             bq_cur_ = std::numeric_limits<int64_t>::max();
+            bq_from_epoch_ = -1;
         }
         if (admission) {
             std::fill(w.lost.begin(), w.lost.end(), 0.0f);
