@@ -1011,7 +1011,12 @@ private:
     /* A use: a fresh recency (the LRU list's tail). */
     template <bool Freq>
     void used(int32_t e) {
-        X_[e].last_use = ++clock_;
+#ifndef MOECACHE_SELFCHECK
+        if (Freq) /* LRU's order is its list's (the selfcheck's scan reads the clock) */
+#endif
+        {
+            X_[e].last_use = ++clock_;
+        }
         if (!Freq) { /* the last already: unlinked and linked back where it was */
             unlink(e);
             link_tail(e);
