@@ -1346,10 +1346,6 @@ int32_t FastReplay::go() {
                 }
                 uint32_t fetch = miss, subst = 0;
                 if (Rule != MOECACHE_FETCH_ALL) {
-                    const int64_t me = ++mark_epoch_;
-                    for (int32_t j = 0; j < k; ++j) {
-                        mark[ids[base + j]] = me;
-                    }
                     uint32_t may = 0; /* the selections the rule would fetch */
                     if (Rule == MOECACHE_THRESHOLD) {
                         may = 1;
@@ -1362,6 +1358,11 @@ int32_t FastReplay::go() {
                     fetch = miss & may;
                     subst = miss & ~may;
                     if (subst != 0) {
+                        /* the row's own selections are no substitutes */
+                        const int64_t me = ++mark_epoch_;
+                        for (int32_t j = 0; j < k; ++j) {
+                            mark[ids[base + j]] = me;
+                        }
                         const float * prow = t_.probs + row * E_;
                         const uint16_t * rank_row = ranks + (p0 + r) * MOECACHE_RANK_WIDTH;
                         const int32_t rank_count = rank_counts[p0 + r] & kRankCount;
