@@ -8,7 +8,9 @@
  * policy changes between LRU and frequency, multi-token calls, prefetches, ties and NaN
  * probabilities, so that any decision the indexes would change fails the test. Layers with
  * more residents than the kept frequency order holds, and the batch replay with its shared
- * substitute ranking (each ranking checked against the probabilities), too.
+ * substitute ranking (each ranking checked against the probabilities), too. Built a second
+ * time without MOECACHE_SELFCHECK (test_selfcheck_release): the replay loop as the library
+ * has it, whose totals are still compared with the per-call core's.
  */
 #include "moecache.h"
 #include "moecache_internal.h"
@@ -613,6 +615,221 @@ int64_t batch_reuse(std::mt19937 & rng, const char * const * names) {
     return took_total;
 }
 
+
+/* Traces routed as a router routes: each row's selections are its own top-k (probability
+ * descending, ties by lower id; now and then the router order shuffled), so the shared
+ * ranking's head is the row's own selections and the replay loop's copy of it (without
+ * them) is short or empty. Top-k 32 and 31, n_experts == top_k and just above it, rows
+ * whose sampled threshold ranks fewer experts than the row selects (a filtered count of 0
+ * that did not name every expert), NaN rows, prompts (one call of many rows, repeating
+ * experts across its rows) and short multi-row calls; frequency configurations of several
+ * half-lives in one batch, the first not the default one (the plan's keys then fit some
+ * configurations and not others). Each configuration alone, the whole batch (own ranking
+ * and the trace's, two threads) and a kept plan must equal the per-call core's run to the
+ * bit. Returns the configurations compared, or -1. */
+int64_t batch_routed(std::mt19937 & rng, const char * const * names) {
+    int64_t compared = 0;
+    int64_t short_rows = 0; /* ranked rows whose ranking holds only the row's own */
+    int64_t all_rows = 0;   /* rows ranked in full, some of the ranking the row's own */
+    for (int round = 0; round < 8; ++round) {
+        const int32_t n_layers = 2;
+        int32_t k = 0, n_experts = 0;
+        switch (round) {
+            case 0: k = 32; n_experts = 32; break;
+            case 1: k = 32; n_experts = 33; break;
+            case 2: k = 32; n_experts = 40 + static_cast<int32_t>(rng() % 30); break;
+            case 3: k = 31; n_experts = 100 + static_cast<int32_t>(rng() % 150); break;
+            case 4: k = 2 + static_cast<int32_t>(rng() % 10); n_experts = k; break;
+            case 5: k = 4 + static_cast<int32_t>(rng() % 8);
+                    n_experts = 65 + static_cast<int32_t>(rng() % 200); break;
+            case 6: k = 1; n_experts = 20 + static_cast<int32_t>(rng() % 100); break;
+            default: k = 16 + static_cast<int32_t>(rng() % 16);
+                     n_experts = 200 + static_cast<int32_t>(rng() % 200);
+        }
+        const int64_t n_tokens = 50;
+        const int32_t width = 8;
+        TraceData data;
+        auto & probs = data.probs;
+        int64_t rows = 0;
+        std::normal_distribution<float> logit(0.0f, 2.0f);
+        std::vector<int32_t> order(static_cast<size_t>(n_experts));
+        for (int64_t t = 0; t < n_tokens; ++t) {
+            for (int32_t layer = 0; layer < n_layers; ++layer) {
+                const int32_t n_tok = t == 0 ? 3 + static_cast<int32_t>(rng() % 12)
+                                      : rng() % 8 == 0 ? 2 + static_cast<int32_t>(rng() % 3)
+                                                       : 1;
+                data.begin_call(t, layer, rows);
+                for (int32_t i = 0; i < n_tok; ++i, ++rows) {
+                    const size_t at = probs.size();
+                    const int32_t shape = static_cast<int32_t>(rng() % 4);
+                    const int32_t stride = std::max(1, n_experts / 64);
+                    for (int32_t e = 0; e < n_experts; ++e) {
+                        float v;
+                        if (shape == 0) {
+                            v = std::exp(logit(rng)) / static_cast<float>(1 + e % 7);
+                        } else if (shape == 1) {
+                            v = static_cast<float>(rng() % 8) / static_cast<float>(1 + e % 5);
+                        } else if (shape == 2 && n_experts > 64) {
+                            /* big only where the threshold's sample looks: it ranks few */
+                            v = e % stride == 0 && e / stride < 20
+                                    ? 4.0f + static_cast<float>(rng() % 6)
+                                    : static_cast<float>(rng() % 3) / 64.0f;
+                        } else {
+                            v = rng() % 6 == 0 ? 0.5f : 0.25f; /* mostly one value */
+                        }
+                        probs.push_back(v);
+                    }
+                    const float * row = probs.data() + at;
+                    for (int32_t e = 0; e < n_experts; ++e) {
+                        order[static_cast<size_t>(e)] = e;
+                    }
+                    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                                      [&](int32_t a, int32_t b) {
+                                          return row[a] != row[b] ? row[a] > row[b] : a < b;
+                                      });
+                    if (rng() % 6 == 0) {
+                        std::shuffle(order.begin(), order.begin() + k, rng);
+                    }
+                    for (int32_t j = 0; j < k; ++j) {
+                        const int32_t e = order[static_cast<size_t>(j)];
+                        data.ids.push_back(e);
+                        data.weights.push_back(row[e] + 0.01f * static_cast<float>(rng() % 3));
+                    }
+                    if (rng() % 80 == 0) { /* now and then a NaN, after the selection */
+                        probs[at + rng() % static_cast<uint32_t>(n_experts)] = std::nanf("");
+                    }
+                    data.next_layer.push_back(layer + 1 < n_layers ? layer + 1 : -1);
+                    const int32_t stop = rng() % 5 == 0 ? static_cast<int32_t>(rng() % width)
+                                                        : width;
+                    for (int32_t j = 0; j < width; ++j) {
+                        int32_t e = static_cast<int32_t>(rng() % static_cast<uint32_t>(
+                            std::min(n_experts, 2 * k + 4)));
+                        if (j > 0 && rng() % 7 == 0) {
+                            e = data.predicted[data.predicted.size() - 1];
+                        }
+                        data.predicted.push_back(j < stop ? e : -1);
+                    }
+                }
+                data.end_call(rows);
+            }
+            data.end_token();
+        }
+        if (data.rank(rows, n_experts, k, 2) != MOECACHE_OK ||
+            !ranking_ok(probs, rows, n_experts, data.ranks, data.counts)) {
+            std::fprintf(stderr, "routed: ranking differs from the probabilities\n");
+            return -1;
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+            const int32_t named = data.counts[static_cast<size_t>(r)];
+            int32_t own = 0;
+            for (int32_t j = 0; j < named; ++j) {
+                const int32_t e = data.ranks[static_cast<size_t>(r) * MOECACHE_RANK_WIDTH + j];
+                own += std::count(data.ids.begin() + r * k, data.ids.begin() + (r + 1) * k, e) > 0;
+            }
+            short_rows += named > 0 && own == named && named < n_experts;
+            all_rows += named >= n_experts && own > 0;
+        }
+        moecache_replay_trace tr = data.trace(n_layers, n_experts, k, width, rows, n_tokens);
+        tr.start_slots = std::min(n_experts, k + static_cast<int32_t>(rng() % 8));
+        moecache_preset(names[rng() % 8], &tr.start_policy);
+        std::vector<moecache_replay_config> configs;
+        auto add = [&](const moecache_policy & p, int32_t slots) {
+            moecache_replay_config cfg{};
+            cfg.policy = p;
+            cfg.slots = std::max(k, std::min(slots, n_experts));
+            configs.push_back(cfg);
+        };
+        /* frequency first at a half-life that is not the presets' */
+        for (const float h : {7.0f, 0.75f, MOECACHE_DEFAULT_HALF_LIFE}) {
+            moecache_policy p{};
+            moecache_preset(rng() % 2 ? "psr" : "quality-first", &p);
+            p.half_life = h;
+            add(p, k + static_cast<int32_t>(rng() % (n_experts - k + 1)));
+        }
+        for (int i = 0; i < 8; ++i) {
+            moecache_policy p{};
+            moecache_preset(names[i], &p);
+            for (const int32_t slots : {k, k + 1, k + 3, n_experts / 4, n_experts / 2 + 1,
+                                        n_experts - 1, n_experts}) {
+                add(p, slots);
+            }
+        }
+        for (int i = 0; i < 8; ++i) {
+            add(custom_policy(rng), k + static_cast<int32_t>(rng() % (n_experts - k + 1)));
+        }
+        {
+            moecache_replay_config cfg{};
+            cfg.follow_policy = 1;
+            configs.push_back(cfg);
+        }
+        const int32_t n_cfg = static_cast<int32_t>(configs.size());
+        const size_t nt = static_cast<size_t>(n_tokens);
+        /* each configuration alone: the per-call core (event rows) against the loop */
+        std::vector<moecache_replay_token> ref(nt * configs.size());
+        std::vector<int32_t> codes(configs.size());
+        std::vector<moecache_event> ev(static_cast<size_t>(rows));
+        for (const bool shared : {false, true}) {
+            tr.ranks = shared ? data.ranks.data() : nullptr;
+            tr.rank_counts = shared ? data.counts.data() : nullptr;
+            tr.selected_probs = shared ? data.selected.data() : nullptr;
+            for (int32_t i = 0; i < n_cfg; ++i) {
+                std::vector<moecache_replay_token> one(nt), fast(nt);
+                const int32_t c_ref = moecache_replay_batch(&tr, &configs[i], 1, 1, one.data(),
+                                                            ev.data());
+                const int32_t c_fast = moecache_replay_batch(&tr, &configs[i], 1, 1,
+                                                             fast.data(), nullptr);
+                if (c_ref != c_fast || !same_tokens(one, fast) ||
+                    (shared && (c_ref != codes[static_cast<size_t>(i)] ||
+                                std::memcmp(one.data(), ref.data() + i * nt,
+                                            nt * sizeof(moecache_replay_token)) != 0))) {
+                    std::fprintf(stderr, "routed: round %d configuration %d (k %d of %d experts, "
+                                 "slots %d, rule %d, eviction %d, half-life %g, prefetch %d) "
+                                 "differs from the per-call core (codes %d, %d)\n", round, i, k,
+                                 n_experts, configs[i].slots, configs[i].policy.miss_rule,
+                                 configs[i].policy.eviction,
+                                 static_cast<double>(configs[i].policy.half_life),
+                                 configs[i].policy.prefetch, c_ref, c_fast);
+                    return -1;
+                }
+                std::memcpy(ref.data() + i * nt, one.data(), nt * sizeof(moecache_replay_token));
+                codes[static_cast<size_t>(i)] = c_ref;
+                compared += moecache_core::fast_covers(tr, configs[i], true, false);
+            }
+            /* the whole batch (one plan, its keys for the first frequency half-life) and a
+             * kept plan (keys for the presets' half-life) */
+            std::vector<moecache_replay_token> all(ref.size()), kept(ref.size());
+            const int32_t c_all = moecache_replay_batch(&tr, configs.data(), n_cfg, 2,
+                                                        all.data(), nullptr);
+            moecache_replay_plan * plan = moecache_replay_plan_new(&tr, 2);
+            const bool planned = plan != nullptr;
+            const int32_t c_kept = moecache_replay_batch_plan(&tr, plan, configs.data(), n_cfg,
+                                                              2, kept.data(), nullptr, nullptr);
+            moecache_replay_plan_free(plan);
+            int32_t first_error = MOECACHE_OK;
+            for (const int32_t c : codes) {
+                first_error = first_error == MOECACHE_OK ? c : first_error;
+            }
+            if (!planned || c_all != first_error || c_kept != first_error ||
+                !same_tokens(ref, all) || !same_tokens(ref, kept)) {
+                std::fprintf(stderr, "routed: round %d: a batch (codes %d, %d; per-call %d) "
+                             "differs from its configurations alone\n", round, c_all, c_kept,
+                             first_error);
+                return -1;
+            }
+        }
+    }
+    if (short_rows < 50 || all_rows < 50) {
+        std::fprintf(stderr, "routed: %lld rows ranked only their own, %lld ranked in full\n",
+                     static_cast<long long>(short_rows), static_cast<long long>(all_rows));
+        return -1;
+    }
+    std::printf("routed: %lld configurations over top-k routed rows (%lld rows ranking only "
+                "their own selections, %lld ranked in full) equal to the per-call core\n",
+                static_cast<long long>(compared), static_cast<long long>(short_rows),
+                static_cast<long long>(all_rows));
+    return compared;
+}
+
 }  // namespace
 
 int main() {
@@ -707,11 +924,19 @@ int main() {
     if (reused < 0) {
         return 1;
     }
+    if (batch_routed(rng, names) < 0) {
+        return 1;
+    }
     std::printf("reuse: %lld runs taken over working-set traces, each equal to the per-call "
                 "core's\n", static_cast<long long>(reused));
-    std::printf("selfcheck: %lld route rows and %lld batch-replayed rows, every pick equal to "
-                "the reference scan; %lld rows ranked as the reference ranks them\n",
-                static_cast<long long>(decisions), static_cast<long long>(replayed),
+#ifdef MOECACHE_SELFCHECK
+    const char * picks = "every pick equal to the reference scan";
+#else
+    const char * picks = "release build: totals only, picks unchecked";
+#endif
+    std::printf("selfcheck: %lld route rows and %lld batch-replayed rows, %s; %lld rows ranked "
+                "as the reference ranks them\n",
+                static_cast<long long>(decisions), static_cast<long long>(replayed), picks,
                 static_cast<long long>(ranked));
     return 0;
 }
