@@ -424,9 +424,10 @@ MOECACHE_API int32_t moecache_replay_batch_ctl(const moecache_replay_trace * tra
  * rows the replay loop reads packed layer by layer (ids, gate weights, ranking, the
  * selection's and the ranked experts' probabilities, predictions). Without the trace's own
  * ranking (ranks NULL) the plan ranks the rows itself and keeps that too. What it holds is
- * a copy: 12 * top_k + 257 bytes a row (4 * top_k + 129 more without the trace's ranking),
- * and up to 104 + 4 * pred_width bytes a route call (moecache_replay_plan_bytes says exactly;
- * 605 bytes a row at top-10, 32 predictions and a call a row, beside 2,048 bytes of
+ * a copy: 20 * top_k + 257 bytes a row (4 * top_k + 129 more without the trace's ranking;
+ * 8 * top_k of it each selection's frequency key, for MOECACHE_DEFAULT_HALF_LIFE), and up to
+ * 104 + 4 * pred_width bytes a route call (moecache_replay_plan_bytes says exactly; 689
+ * bytes a row at top-10, 32 predictions and a call a row, beside 2,048 bytes of
  * probabilities at 512 experts).
  * Opaque; read-only once made, so batches on several threads may share one. */
 typedef struct moecache_replay_plan moecache_replay_plan;

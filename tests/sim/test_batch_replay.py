@@ -214,7 +214,7 @@ def test_a_kept_plan_replays_to_the_bit_as_a_fresh_batch(
     assert routing.plan is None
     first = replay_many(routing, configs[:3], threads=2)  # fetch-all and two others
     plan = routing.plan
-    assert plan is not None and plan.nbytes >= routing.n_rows * (12 * k + 257)
+    assert plan is not None and plan.nbytes >= routing.n_rows * (20 * k + 257)
     kept = replay_many(routing, configs, threads=2)
     assert routing.plan is plan  # made once, served every later batch
     rows = replay_many(routing, configs, threads=2, keep_events=True)

@@ -159,9 +159,9 @@ class ReplayPlan:
     per call (about 650 ns a row on the lead's 2,000-token trace, in fresh memory each time).
 
     It is a copy of what the loop reads, kept as long as this object:
-    ``12 * top_k + 257`` bytes a row (with the trace's ranking; the plan ranks the rows
+    ``20 * top_k + 257`` bytes a row (with the trace's ranking; the plan ranks the rows
     itself without one, ``4 * top_k + 129`` more) and up to ``104 + 4 * pred_width`` a
-    route call; :attr:`nbytes` says exactly (605 B a row at top-10 with 32 predictions
+    route call; :attr:`nbytes` says exactly (689 B a row at top-10 with 32 predictions
     and a call a row). The trace's arrays must stay alive and
     unchanged while the plan is used (the core refuses a trace at other addresses or of
     other dimensions: :attr:`key`). Freed when garbage-collected."""

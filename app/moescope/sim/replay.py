@@ -161,9 +161,9 @@ class Routing:
         builds over these arrays and :meth:`substitute_ranking`), made at the first call and
         kept, like the ranking, for every later batch of any policies: the rows validated
         once and packed layer by layer, so a what-if starts replaying at once. It is a copy
-        of what the replay loop reads, kept as long as the routing: ``12 * top_k + 257``
+        of what the replay loop reads, kept as long as the routing: ``20 * top_k + 257``
         bytes a row and up to ``104 + 4 * pred_width`` a route call (``nbytes`` exactly;
-        605 B a row at top-10 with PSR predictions, a third of the ``4 * n_expert`` of the
+        689 B a row at top-10 with PSR predictions, a third of the ``4 * n_expert`` of the
         probabilities at 512 experts). Made again if the arrays moved (a caller replaced
         one). None where the core keeps no plans."""
         from moescope.cache.batch import plan_key
