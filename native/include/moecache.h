@@ -332,7 +332,8 @@ typedef struct moecache_replay_trace {
     const int32_t * change_slots;    /* > 0: a budget change to that many slots; 0: policy */
     const moecache_policy * change_policy; /* [n_changes], read where change_slots == 0 */
     /* optional (NULL: the call ranks the rows itself): moecache_rank_rows's output for
-     * probs, kept by the caller so that every batch over one trace shares one ranking */
+     * probs, kept by the caller so that every batch over one trace shares one ranking (a
+     * count above MOECACHE_RANK_WIDTH or an expert out of range: MOECACHE_E_ARG) */
     const uint16_t * ranks;          /* [n_rows * MOECACHE_RANK_WIDTH] */
     const uint8_t * rank_counts;     /* [n_rows] */
     const float * selected_probs;    /* [n_rows * top_k] */

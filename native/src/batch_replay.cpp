@@ -157,8 +157,31 @@ bool preds_valid(const moecache_replay_trace & t) {
     return true;
 }
 
+/* Whether a caller's ranking (moecache_rank_rows' contract) names at most
+ * MOECACHE_RANK_WIDTH experts a row, each one that exists. */
+bool ranking_valid(const moecache_replay_trace & t) {
+    if (t.ranks == nullptr || t.rank_counts == nullptr) {
+        return true;
+    }
+    for (int64_t r = 0; r < t.n_rows; ++r) {
+        const int32_t n = t.rank_counts[r];
+        if (n > MOECACHE_RANK_WIDTH) {
+            return false;
+        }
+        const uint16_t * rank = t.ranks + r * MOECACHE_RANK_WIDTH;
+        uint16_t most = 0;
+        for (int32_t j = 0; j < n; ++j) {
+            most = std::max(most, rank[j]);
+        }
+        if (n > 0 && most >= t.n_experts) {
+            return false;
+        }
+    }
+    return true;
+}
+
 bool trace_valid(const moecache_replay_trace & t) {
-    return shape_valid(t) && preds_valid(t);
+    return shape_valid(t) && preds_valid(t) && ranking_valid(t);
 }
 
 /* Whether every row's ids are distinct experts (what each route call checks first): only

@@ -477,15 +477,11 @@ FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, boo
                         }
                         const uint16_t * src = t.ranks + (r0 + i) * MOECACHE_RANK_WIDTH;
                         uint16_t * dst = P.ranks.data() + (p0 + i) * MOECACHE_RANK_WIDTH;
-                        /* bounded: a caller's ranking past the contract (moecache_rank_rows)
-                         * writes nothing out of the row, and names no expert out of range */
-                        const int32_t named =
-                            std::min<int32_t>(t.rank_counts[r0 + i], MOECACHE_RANK_WIDTH);
+                        const int32_t named = t.rank_counts[r0 + i]; /* ranking_valid's */
                         int32_t m = 0;
                         for (int32_t j = 0; j < named; ++j) {
-                            const int32_t id = src[j];
-                            dst[m] = static_cast<uint16_t>(id);
-                            m += id < t.n_experts && own_mark[static_cast<size_t>(id)] != stamp;
+                            dst[m] = src[j];
+                            m += own_mark[src[j]] != stamp;
                         }
                         /* the ranking named every expert: no resident is outside it */
                         P.counts[static_cast<size_t>(p0 + i)] = static_cast<uint8_t>(

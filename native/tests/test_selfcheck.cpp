@@ -289,6 +289,38 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
         tr.selected_probs = selected.data();
         const int32_t shared = moecache_replay_batch(&tr, configs.data(), n_cfg, 2, b.data(),
                                                      eb.data());
+        if (rows > 0) { /* a ranking past moecache_rank_rows' contract is refused */
+            const int64_t r = rows / 2; /* (no draw: the later scenarios' draws unchanged) */
+            std::vector<uint8_t> bad_counts(counts);
+            bad_counts[static_cast<size_t>(r)] = MOECACHE_RANK_WIDTH + 1;
+            std::vector<uint16_t> bad_ranks(ranks);
+            bad_ranks[static_cast<size_t>(r) * MOECACHE_RANK_WIDTH] =
+                static_cast<uint16_t>(n_experts);
+            moecache_replay_trace bad = tr;
+            bad.rank_counts = bad_counts.data();
+            const int32_t too_many = moecache_replay_batch(&bad, configs.data(), n_cfg, 1,
+                                                           b.data(), nullptr);
+            moecache_replay_plan * too_many_plan = moecache_replay_plan_new(&bad, 1);
+            bad.rank_counts = counts.data();
+            bad.ranks = bad_ranks.data();
+            const bool named = counts[static_cast<size_t>(r)] > 0;
+            const int32_t unknown = moecache_replay_batch(&bad, configs.data(), n_cfg, 1,
+                                                          b.data(), nullptr);
+            if (too_many != MOECACHE_E_ARG || too_many_plan != nullptr ||
+                (named && unknown != MOECACHE_E_ARG)) {
+                std::fprintf(stderr, "round %d: a bad ranking was taken (%d, %d)\n", round,
+                             too_many, unknown);
+                moecache_replay_plan_free(too_many_plan);
+                return -1;
+            }
+            const int32_t again = moecache_replay_batch(&tr, configs.data(), n_cfg, 2, b.data(),
+                                                        eb.data());
+            if (again != shared) {
+                std::fprintf(stderr, "round %d: the good ranking after a bad one: %d\n", round,
+                             again);
+                return -1;
+            }
+        }
         for (size_t i = 0; i < ea.size(); ++i) {
             const moecache_event & x = ea[i];
             const moecache_event & y = eb[i];
