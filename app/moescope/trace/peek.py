@@ -24,6 +24,7 @@ import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from moescope.trace.schema import TraceFormatError, TraceHeader
 
@@ -254,28 +255,30 @@ def _jsonl_tail(p: Path) -> tuple[int | None, bool | None]:
 _MAX_TOKENS = (1 << 31) - 1
 
 
-def _parses(line: bytes) -> bool:
-    """Whether ``line`` is one JSON value (a line the writer finished but for its
-    newline, which the reader takes)."""
+_NOT_JSON = object()
+
+
+def _json_of(line: bytes) -> Any:
+    """``line``'s one JSON value, or ``_NOT_JSON``."""
     import json
 
     try:
-        json.loads(line.decode("utf-8"))
+        return json.loads(line.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError):
-        return False
-    return True
+        return _NOT_JSON
+
+
+def _parses(line: bytes) -> bool:
+    """Whether ``line`` is one JSON value (a line the writer finished but for its
+    newline, which the reader takes)."""
+    return _json_of(line) is not _NOT_JSON
 
 
 def _end_record(line: bytes) -> int | None:
     """The token count of ``line`` if it is an end record with a count in range."""
-    import json
-
     if len(line) > _LINE_HEAD or b'"end"' not in line:
         return None
-    try:
-        obj = json.loads(line.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
+    obj = _json_of(line)
     if not isinstance(obj, dict) or obj.get("type") != "end":
         return None
     tokens = obj.get("tokens")
