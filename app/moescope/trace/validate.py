@@ -203,15 +203,42 @@ def _within(a: npt.NDArray[Any], name: str, lo: float, hi: float, what: str = ""
                          f"{what or f'is outside {_range(lo, hi)}'}")
 
 
-def _distinct(ids: npt.NDArray[Any], name: str) -> None:
-    """No row of ``ids`` names an expert twice (the core refuses such a selection)."""
-    if ids.shape[1] < 2:
-        return
-    s = np.sort(ids, axis=1)
-    dup = s[:, 1:] == s[:, :-1]
-    if dup.any():
-        i, j = _bad_at(dup)
-        raise ValueError(f"{name.format(i)} names expert {int(s[i, j])} twice")
+def _first_repeat(ids: npt.NDArray[Any], n_values: int, padded: bool = False) -> int:
+    """The first row of ``ids`` (each entry in 0..n_values-1, or with ``padded`` a negative
+    padding entry, left out) that names a value twice, -1 if none does. A chunk of rows at
+    a time marks a bitmap of (row, value) cells, where each row's padding has cells of its
+    own: a row repeats a value exactly when fewer cells are marked than it has entries.
+    Several times faster than sorting each row (numpy sorts short rows one call apiece)."""
+    n, w = ids.shape
+    if n == 0 or w < 2:
+        return -1
+    width = n_values + (w if padded else 0)  # a padding entry's cell: n_values + its column
+    per = max(1, min(n, (1 << 20) // width))  # rows a chunk: a bitmap of 1 MB, cached
+    cell = np.arange(per, dtype=np.intp)[:, None] * width
+    pad = n_values + np.arange(w)[None, :]
+    seen = np.empty(per * width, np.bool_)
+    for a in range(0, n, per):
+        block = ids[a:a + per]
+        if padded:
+            block = np.where(block < 0, pad, block)
+        used = seen[:len(block) * width]
+        used.fill(False)
+        used[cell[:len(block)] + block] = True
+        if np.count_nonzero(used) == block.size:
+            continue
+        s = np.sort(block, axis=1)  # which row
+        return a + int(np.argmax((s[:, 1:] == s[:, :-1]).any(axis=1)))
+    return -1
+
+
+def _distinct(ids: npt.NDArray[Any], n_values: int, name: str) -> None:
+    """No row of ``ids`` (each in 0..n_values-1) names an expert twice (the core refuses
+    such a selection)."""
+    i = _first_repeat(ids, n_values)
+    if i >= 0:
+        s = np.sort(ids[i])
+        j = int(np.argmax(s[1:] == s[:-1]))
+        raise ValueError(f"{name.format(i)} names expert {int(s[j])} twice")
 
 
 # --- records
@@ -476,7 +503,7 @@ def _events_from_json(raw: Any, m: TraceModel, state: _ReadState, token: int,
     _within(batch, "events[{}].token", 0, _I32)
     ids = col("ids", "i", k)
     _within(ids, "events[{}].ids", 0, n_expert - 1, f"is not an expert (0..{n_expert - 1})")
-    _distinct(ids, "events[{}].ids")
+    _distinct(ids, n_expert, "events[{}].ids")
     weights = col("weights", "f", k)
     _within(weights, "events[{}].weights", 0.0, 1.0, "is not a normalized weight (0..1)")
     action = col("action", "i", k)
@@ -583,7 +610,7 @@ def _routes_from_json(raw: Any, m: TraceModel, events: npt.NDArray[Any]
         i = int(np.argmax(~((ids >= 0) & (ids < n_expert)).all(axis=1)))
         raise ValueError(f"router input of row {rows[i]}: expert ids outside "
                          f"0..{n_expert - 1}")
-    _distinct(ids, "routes[{}].ids")
+    _distinct(ids, n_expert, "routes[{}].ids")
     weights = _column([_get(r, "weights", f"routes[{i}].") for i, r in enumerate(items)],
                       "routes[{}].weights", "f", k)
     _within(weights, "routes[{}].weights", 0.0, _FLT_MAX, "is not a gate weight (0 or more)")
@@ -615,7 +642,7 @@ def _predictions_from_json(items: list[dict[str, Any]], rows: list[int], m: Trac
         if not 0 < got.shape[1] <= m.n_expert or bad.any():
             raise ValueError(f"row {rows[idx[int(np.argmax(bad))]]}: route predicted ids "
                              f"out of range")
-        _distinct(got, "routes[{}].predicted")
+        _distinct(got, m.n_expert, "routes[{}].predicted")
         ranked.update(zip(idx, got.astype(np.int32), strict=True))
     for i in have:
         layer = _int(_get(items[i], "next_layer", f"routes[{i}]."), f"routes[{i}].next_layer")
@@ -785,7 +812,7 @@ def check_columns(cols: Mapping[str, Any], header: TraceHeader,
     _within(cols["batch"], "row {}.batch", 0, _I32)
     ids = cols["ids"]
     _within(ids, "row {}.ids", 0, n_expert - 1, f"is not an expert (0..{n_expert - 1})")
-    _distinct(ids, "row {}.ids")
+    _distinct(ids, n_expert, "row {}.ids")
     _within(cols["action"], "row {}.action", HIT, SUBSTITUTE,
             f"is not an action (hit {HIT}, fetch {FETCH}, substitute {SUBSTITUTE})")
     _within(cols["used_ids"], "row {}.used_ids", 0, n_expert - 1,
@@ -867,22 +894,9 @@ def check_columns(cols: Mapping[str, Any], header: TraceHeader,
         i, _ = _bad_at(bad)
         raise ValueError(f"row {i}: route predicted ids out of range")
     if pred.shape[1] > 1 and has.any():
-        # ids are below 8192 (MAX_EXPERTS): sorted as int16, four times faster than int64;
-        # full rows (the usual) as they are, shorter ones with their padding made distinct
-        width = pred.shape[1]
-        full = plen == width
-        for which in (full, has & ~full):
-            if not which.any():
-                continue
-            rows = pred if which.all() else pred[which]
-            if which is not full:
-                rows = np.where(np.arange(width)[None, :] < plen[which][:, None], rows,
-                                -1 - np.arange(width)[None, :])
-            s = np.sort(rows.astype(np.int16, copy=False), axis=1)
-            dup = s[:, 1:] == s[:, :-1]
-            if dup.any():
-                i = int(np.flatnonzero(which)[_bad_at(dup)[0]])
-                raise ValueError(f"row {i}.predicted names an expert twice")
+        i = _first_repeat(pred, n_expert, padded=True)  # past its length a row is padding
+        if i >= 0:
+            raise ValueError(f"row {i}.predicted names an expert twice")
 
 
 def normalized_weights(cols: Mapping[str, Any], k: int) -> npt.NDArray[np.float32]:
