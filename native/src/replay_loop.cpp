@@ -1509,14 +1509,13 @@ int32_t FastReplay::go() {
             for (int32_t r = 0; r < n; ++r) {
                 const int32_t base = r * k;
                 const uint32_t subst = subst_bits[r];
-                int32_t n_fetch = 0, n_subst = 0, n_admit = 0;
-                for (uint32_t b = fetch_bits[r]; b != 0; b &= b - 1) {
-                    n_fetch += 1;
-                }
+                /* counted without a loop (whose length a branch would guess) */
+                const int32_t n_fetch = __builtin_popcount(fetch_bits[r]);
+                const int32_t n_subst = __builtin_popcount(subst);
+                int32_t n_admit = 0;
                 float mass = 0.0f;
                 for (uint32_t b = subst; b != 0; b &= b - 1) {
                     mass += wt[base + __builtin_ctz(b)];
-                    n_subst += 1;
                 }
                 if (Rule != MOECACHE_FETCH_ALL && admission && n_subst > 0) {
                     for (uint32_t b = subst; b != 0; b &= b - 1) {
