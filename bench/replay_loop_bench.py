@@ -14,6 +14,15 @@ replay plan made beforehand (no Python, no packing); and the 8-policy batch at 1
 (the issue's one-core figure). Each pair must give the same results (the harness's check
 sum), or the script fails.
 
+With ``--count``, instead of timing, counts each configuration's work under valgrind
+(``callgrind --branch-sim=yes``, the loop alone: ``--toggle-collect``
+``'moecache_core::replay_fast*'``): instructions and mispredicted conditional branches
+(callgrind's simple predictor: it also counts most exits of a loop) per layer-decision.
+Both are deterministic, so a change can be judged on a host whose timings move by a
+quarter from one run to the next; neither is the time (session 13: masks instead of a
+branch cost ~10% more instructions and were faster), so a change is then timed.
+``--slots`` and ``--policies`` pick part of the grid.
+
 Prints Markdown tables for docs/benchmarks.md.
 """
 
@@ -106,12 +115,67 @@ def run(exe: Path, data: Path, meta: dict[str, int], policies: str, slots: int,
     return float(m.group(1)), m.group(2)
 
 
+def count(exe: Path, data: Path, meta: dict[str, int], policy: str, slots: int,
+          work: Path) -> tuple[float, float, str]:
+    """(instructions, mispredicted conditional branches) per layer-decision of one
+    configuration's loop under callgrind's branch simulation, and the harness's check."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise SystemExit("--count needs valgrind on PATH")
+    out_file = work / "callgrind.out"
+    out = subprocess.run([valgrind, "--tool=callgrind", "--branch-sim=yes",
+                          f"--callgrind-out-file={out_file}",
+                          "--toggle-collect=moecache_core::replay_fast*", str(exe), str(data),
+                          str(meta["n_layers"]), str(meta["n_experts"]), str(meta["top_k"]),
+                          str(meta["pred_width"]), policy, str(slots), "1"],
+                         check=True, capture_output=True, text=True).stdout
+    m = re.search(r"check=(-?[0-9]+)", out)
+    events = totals = None
+    for line in out_file.read_text().splitlines():
+        if line.startswith("events:"):
+            events = line.split()[1:]
+        elif line.startswith(("summary:", "totals:")):
+            totals = [int(x) for x in line.split()[1:]]
+    out_file.unlink()
+    if m is None or events is None or totals is None:
+        raise SystemExit(f"{exe}: no callgrind totals")
+    got = dict(zip(events, totals, strict=False))
+    rows = meta["n_rows"]
+    return got["Ir"] / rows, got["Bcm"] / rows, m.group(1)
+
+
+def count_grid(builds: dict[str, Path], data: Path, meta: dict[str, int],
+               policies: list[str], slots_list: list[int], work: Path) -> None:
+    names = list(builds)
+    print(f"{meta['n_rows']:,} rows; per layer-decision, instructions, mispredicted "
+          f"conditional branches (callgrind --branch-sim=yes); cells: {' / '.join(names)}")
+    print()
+    print("| slots | " + " | ".join(policies) + " |")
+    print("|---" * (len(policies) + 1) + "|")
+    for slots in slots_list:
+        cells = []
+        for policy in policies:
+            got = {name: count(exe, data, meta, policy, slots, work)
+                   for name, exe in builds.items()}
+            if len({check for _, _, check in got.values()}) != 1:
+                raise SystemExit(f"{policy} at {slots} slots: the builds' results differ")
+            cells.append(" / ".join(f"{got[n][0]:.0f}, {got[n][1]:.1f}" for n in names))
+        print(f"| {slots} | " + " | ".join(cells) + " |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=2000)
     ap.add_argument("--against", default=None, help="a git revision to compare with")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--count", action="store_true",
+                    help="count instructions and mispredicted branches (valgrind) instead "
+                         "of timing")
+    ap.add_argument("--slots", default=",".join(map(str, SLOTS)),
+                    help="budgets in slots, comma-separated (--count)")
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help="presets, comma-separated (--count)")
     args = ap.parse_args()
     work = args.dir or Path(tempfile.mkdtemp(prefix="moescope-loop-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -125,6 +189,10 @@ def main() -> int:
     if args.against:
         builds = {args.against: build(revision_native(args.against, work), work / "harness_old"),
                   **builds}
+    if args.count:
+        count_grid(builds, data, meta, args.policies.split(","),
+                   [int(x) for x in args.slots.split(",")], work)
+        return 0
     names = list(builds)
     print(f"{args.tokens} tokens, {meta['n_rows']:,} rows; ns per layer-decision, CPU, best of "
           f"{args.reps}, one thread, plan kept; cells: {' / '.join(names)}")
