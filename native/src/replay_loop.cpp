@@ -1513,30 +1513,29 @@ int32_t FastReplay::go() {
                 const int32_t n_fetch = __builtin_popcount(fetch_bits[r]);
                 const int32_t n_subst = __builtin_popcount(subst);
                 int32_t n_admit = 0;
-                float mass = 0.0f;
+                float mass = 0.0f; /* and admission, in the same walk of the bits */
                 for (uint32_t b = subst; b != 0; b &= b - 1) {
-                    mass += wt[base + __builtin_ctz(b)];
-                }
-                if (Rule != MOECACHE_FETCH_ALL && admission && n_subst > 0) {
-                    for (uint32_t b = subst; b != 0; b &= b - 1) {
-                        const int32_t i = base + __builtin_ctz(b);
-                        const int32_t e = ids[i];
-                        if (X[e].slot >= 0) {
-                            continue;
-                        }
-                        lost[e] += wt[i];
-                        if (lost[e] < beta) {
-                            continue;
-                        }
-                        if (insert<Freq>(e) < 0) {
-                            continue;
-                        }
-                        pin_[e] = pin;
-                        used<Freq>(e);
-                        lost[e] = 0.0f;
-                        X[e].prefetched = 0;
-                        n_admit += 1;
+                    const int32_t i = base + __builtin_ctz(b);
+                    mass += wt[i];
+                    if (Rule == MOECACHE_FETCH_ALL || !admission) {
+                        continue;
                     }
+                    const int32_t e = ids[i];
+                    if (X[e].slot >= 0) {
+                        continue;
+                    }
+                    lost[e] += wt[i];
+                    if (lost[e] < beta) {
+                        continue;
+                    }
+                    if (insert<Freq>(e) < 0) {
+                        continue;
+                    }
+                    pin_[e] = pin;
+                    used<Freq>(e);
+                    lost[e] = 0.0f;
+                    X[e].prefetched = 0;
+                    n_admit += 1;
                 }
                 o.hits += k - n_fetch - n_subst;
                 o.fetches += n_fetch;
