@@ -1,5 +1,6 @@
 """The rows' repeat check (validate._first_repeat) against a plain per-row reference: the
-first row naming a value twice, across chunk boundaries, with and without padding."""
+first row naming a value twice, across chunk boundaries, with and without padding, by its
+bitmap (rows dense in their values) and by its table of places (sparse ones)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def rows(rng: np.random.Generator, n: int, width: int, n_values: int) -> np.ndar
     return np.stack([rng.choice(n_values, width, replace=False) for _ in range(n)])
 
 
-@pytest.mark.parametrize("n_values,width", [(512, 10), (512, 32), (8, 8), (3000, 2), (1, 1)])
+@pytest.mark.parametrize("n_values,width", [(512, 10), (512, 32), (8, 8), (3000, 2), (8192, 10),
+                                            (1, 1)])
 def test_the_first_repeating_row_is_found_wherever_it_is(n_values: int, width: int) -> None:
     rng = np.random.default_rng(n_values + width)
     n = 5000  # several of the check's chunks at 512 values
@@ -38,9 +40,10 @@ def test_the_first_repeating_row_is_found_wherever_it_is(n_values: int, width: i
         assert _first_repeat(bad, n_values) == reference(bad, False) == at
 
 
-def test_padding_is_left_out_and_never_repeats() -> None:
+@pytest.mark.parametrize("n_values", [512, 8192])  # a bitmap, then a table of places
+def test_padding_is_left_out_and_never_repeats(n_values: int) -> None:
     rng = np.random.default_rng(7)
-    n, width, n_values = 3000, 32, 512
+    n, width = 3000, 32
     ids = rows(rng, n, width, n_values).astype(np.int16)
     lengths = rng.integers(0, width + 1, n)
     ids[np.arange(width)[None, :] >= lengths[:, None]] = -1

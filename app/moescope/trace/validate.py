@@ -206,28 +206,42 @@ def _within(a: npt.NDArray[Any], name: str, lo: float, hi: float, what: str = ""
 def _first_repeat(ids: npt.NDArray[Any], n_values: int, padded: bool = False) -> int:
     """The first row of ``ids`` (each entry in 0..n_values-1, or with ``padded`` a negative
     padding entry, left out) that names a value twice, -1 if none does. A chunk of rows at
-    a time marks a bitmap of (row, value) cells, where each row's padding has cells of its
-    own: a row repeats a value exactly when fewer cells are marked than it has entries.
-    Several times faster than sorting each row (numpy sorts short rows one call apiece)."""
+    a time marks a table of (row, value) cells, where each row's padding has cells of its
+    own. Where rows are dense in their values (top-k or a prediction of a few hundred
+    experts), the table is a bitmap: a row repeats a value exactly when fewer cells are
+    marked than it has entries. Where they are sparse (thousands of experts), clearing and
+    counting a bitmap would cost more than its entries: each entry writes its place into
+    its cell, and one whose cell does not hold it back was repeated. Either way several
+    times faster than sorting each row (numpy sorts short rows one call apiece)."""
     n, w = ids.shape
     if n == 0 or w < 2:
         return -1
     width = n_values + (w if padded else 0)  # a padding entry's cell: n_values + its column
-    per = max(1, min(n, (1 << 20) // width))  # rows a chunk: a bitmap of 1 MB, cached
+    dense = 64 * w >= width
+    # rows a chunk: a table of 1 MB (bitmap) or 4 MB (places) at most, cached
+    per = max(1, min(n, (1 << 20) // width, (1 << 16) // w))
     cell = np.arange(per, dtype=np.intp)[:, None] * width
     pad = n_values + np.arange(w)[None, :]
-    seen = np.empty(per * width, np.bool_)
+    seen = np.empty(per * width, np.bool_ if dense else np.int32)
+    place = None if dense else np.arange(per * w, dtype=np.int32)
     for a in range(0, n, per):
         block = ids[a:a + per]
         if padded:
             block = np.where(block < 0, pad, block)
-        used = seen[:len(block) * width]
-        used.fill(False)
-        used[cell[:len(block)] + block] = True
-        if np.count_nonzero(used) == block.size:
-            continue
-        s = np.sort(block, axis=1)  # which row
-        return a + int(np.argmax((s[:, 1:] == s[:, :-1]).any(axis=1)))
+        at = cell[:len(block)] + block
+        if place is None:
+            used = seen[:len(block) * width]
+            used.fill(False)
+            used[at] = True
+            repeated = np.count_nonzero(used) != block.size
+        else:
+            flat = at.ravel()
+            mine = place[:flat.size]
+            seen[flat] = mine
+            repeated = not (seen[flat] == mine).all()
+        if repeated:
+            s = np.sort(block, axis=1)  # which row
+            return a + int(np.argmax((s[:, 1:] == s[:, :-1]).any(axis=1)))
     return -1
 
 
