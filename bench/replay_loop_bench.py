@@ -144,14 +144,20 @@ def count(exe: Path, data: Path, meta: dict[str, int], policy: str, slots: int,
     return got["Ir"] / rows, got["Bcm"] / rows, m.group(1)
 
 
+def table_head(title: str, columns: list[str]) -> None:
+    """A table's title line and its Markdown head: a row per budget, a column each."""
+    print(title)
+    print()
+    print("| slots | " + " | ".join(columns) + " |")
+    print("|---" * (len(columns) + 1) + "|")
+
+
 def count_grid(builds: dict[str, Path], data: Path, meta: dict[str, int],
                policies: list[str], slots_list: list[int], work: Path) -> None:
     names = list(builds)
-    print(f"{meta['n_rows']:,} rows; per layer-decision, instructions, mispredicted "
-          f"conditional branches (callgrind --branch-sim=yes); cells: {' / '.join(names)}")
-    print()
-    print("| slots | " + " | ".join(policies) + " |")
-    print("|---" * (len(policies) + 1) + "|")
+    table_head(f"{meta['n_rows']:,} rows; per layer-decision, instructions, mispredicted "
+               f"conditional branches (callgrind --branch-sim=yes); cells: {' / '.join(names)}",
+               policies)
     for slots in slots_list:
         cells = []
         for policy in policies:
@@ -194,11 +200,9 @@ def main() -> int:
                    [int(x) for x in args.slots.split(",")], work)
         return 0
     names = list(builds)
-    print(f"{args.tokens} tokens, {meta['n_rows']:,} rows; ns per layer-decision, CPU, best of "
-          f"{args.reps}, one thread, plan kept; cells: {' / '.join(names)}")
-    print()
-    print("| slots | " + " | ".join(POLICIES) + " | mean |")
-    print("|---" * (len(POLICIES) + 2) + "|")
+    table_head(f"{args.tokens} tokens, {meta['n_rows']:,} rows; ns per layer-decision, CPU, "
+               f"best of {args.reps}, one thread, plan kept; cells: {' / '.join(names)}",
+               [*POLICIES, "mean"])
     totals = dict.fromkeys(names, 0.0)
     for slots in SLOTS:
         cells, means = [], dict.fromkeys(names, 0.0)
