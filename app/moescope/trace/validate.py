@@ -228,14 +228,13 @@ def _first_repeat(ids: npt.NDArray[Any], n_values: int, padded: bool = False) ->
         block = ids[a:a + per]
         if padded:
             block = np.where(block < 0, pad, block)
-        at = cell[:len(block)] + block
         if place is None:
             used = seen[:len(block) * width]
             used.fill(False)
-            used[at] = True
+            used[cell[:len(block)] + block] = True  # (a temporary: freed at once, reused)
             repeated = np.count_nonzero(used) != block.size
         else:
-            flat = at.ravel()
+            flat = (cell[:len(block)] + block).ravel()
             mine = place[:flat.size]
             seen[flat] = mine
             repeated = not (seen[flat] == mine).all()
