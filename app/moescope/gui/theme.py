@@ -73,7 +73,8 @@ INDICATOR_QSS = """
 /* Fusion outlines an unchecked box in the window colour darkened, which on the dark
    ground is the ground itself: unticked boxes (Compare's policy list, "Score the whole
    chat") did not show at all. Styling one state drops Fusion's box for the other too
-   (a bare tick), so both are drawn here, the tick from resources/icons/check.svg. */
+   (a bare tick), so both are drawn here, the tick from resources/icons/check.svg (a
+   light tick for the dark scheme) or check-light.svg (a dark one for the light). */
 QCheckBox::indicator, QAbstractItemView::indicator {
     border: 1px solid @INDICATOR_BORDER@;
     border-radius: 2px;
@@ -92,9 +93,11 @@ QCheckBox::indicator:disabled, QAbstractItemView::indicator:disabled {
 
 
 def indicator_qss() -> str:
-    """:data:`INDICATOR_QSS` with the tick image's path filled in (frozen or not)."""
+    """:data:`INDICATOR_QSS` with the current scheme's tick image filled in (frozen or
+    not): the tick is drawn in the scheme's text colour, on its ground."""
+    name = "check-light.svg" if SCHEME == "light" else "check.svg"
     return fill_colours(INDICATOR_QSS.replace(
-        "@CHECK@", (resources_dir() / "icons" / "check.svg").as_posix()))
+        "@CHECK@", (resources_dir() / "icons" / name).as_posix()))
 
 
 def fill_colours(template: str, scheme: str | None = None) -> str:
