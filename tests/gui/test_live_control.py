@@ -7,6 +7,7 @@ from typing import Any
 from gui_helpers import LONG_PROMPT, send, slow_down
 from PySide6.QtCore import Qt
 
+from moescope.cache.budget import format_bytes
 from moescope.engine.changes import RequestNumbers
 
 
@@ -101,6 +102,8 @@ def test_budget_change_between_answers_keeps_the_conversation(window: Any, qtbot
     assert summary.slots_per_layer == 8
     assert window.client.worker.engine.slots_per_layer == 8
     assert "8 slots/layer · 50.0% resident" in window.controls.budget_label.text()
+    size = format_bytes(8 * window.controls.model.slot_row_bytes)  # its own unit, not 0.0x GiB
+    assert window.controls.budget_label.text().startswith(f"{size} · ")
     assert "8/16 expert slots per layer" in window.model_label.text()
     send(qtbot, window, "second question", max_tokens=8)
     messages = window.store.messages(window.chat.chat_id)

@@ -525,8 +525,8 @@ class ControlsPanel(QGroupBox):
             return
         slots = self.budget.value()
         n_bytes = slots * m.slot_row_bytes
-        size = f"{n_bytes / 2**30:.2f} GiB" if n_bytes >= 2**30 / 100 else format_bytes(n_bytes)
-        text = f"{size} · {slots} slots/layer · {slots / m.n_expert:.1%} resident"
+        # in the unit that keeps its digits (10 MiB read "0.01 GiB" when GiB began at 1/100)
+        text = f"{format_bytes(n_bytes)} · {slots} slots/layer · {slots / m.n_expert:.1%} resident"
         if slots != m.slots_per_layer:
             text += f" (applied: {m.slots_per_layer})"
         if self.budget_note:
