@@ -394,3 +394,16 @@ def test_replay_prints_each_as_one_line_and_exits_2(good: Path, tmp_path: Path,
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"moescope: error: bad.jsonl: line {1 if where == 'header' else 3}: ")
+
+
+@pytest.mark.parametrize(("name", "said"), [("x.parquet", "not a Parquet file"),
+                                            ("x.ARROWS", "not an Arrow stream")])
+def test_junk_named_as_a_binary_trace_says_what_it_is_not(tmp_path: Path, name: str,
+                                                          said: str) -> None:
+    """A text file named .parquet or .arrows was read as JSON Lines and refused as "line 1:
+    not valid JSON", which sends a user looking for JSON in a binary format."""
+    p = tmp_path / name
+    p.write_bytes(b"hello, not a trace\n")
+    with pytest.raises(TraceFormatError, match=f"^{name}: {said}, so not a MoEScope trace$"):
+        read_trace(p)
+    assert p.read_bytes() == b"hello, not a trace\n"

@@ -204,6 +204,10 @@ def _read_trace(path: str | os.PathLike[str], progress: ReadProgress | None) -> 
         from moescope.trace.parquet_format import read_parquet
 
         return read_parquet(p, progress)
+    kind = {".parquet": "a Parquet file", ".arrows": "an Arrow stream"}.get(
+        p.suffix.lower())
+    if kind is not None and len(magic) == 4:  # named as one, but not begun as one
+        raise TraceFormatError(f"{p.name}: not {kind}, so not a MoEScope trace")
     header: TraceHeader | None = None
     tokens: list[TokenRecord] = []
     end: dict[str, Any] | None = None
