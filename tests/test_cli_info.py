@@ -162,6 +162,12 @@ def test_a_model_alone_opens_it_in_the_window(monkeypatch: pytest.MonkeyPatch,
     assert models == [str(tiny_moe)]
     err = capsys.readouterr().err
     assert err == f"moescope: error: {tmp_path / 'missing.gguf'}: no such model file\n"
+    (tmp_path / "folder.gguf").mkdir()  # a directory is named as one, not as missing
+    assert main([str(tmp_path / "folder.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"moescope: error: {tmp_path / 'folder.gguf'}: is a directory, not a GGUF " \
+                  "model file\n"
+    assert models == [str(tiny_moe)]
 
 
 def test_python_dash_m_cli_runs_info_in_a_fresh_process(tiny_moe: Path,

@@ -158,7 +158,9 @@ def test_dense_model_can_be_described_when_moe_is_not_required(dense_model: Path
 @pytest.mark.parametrize(
     ("kind", "match"),
     [("random", "not a GGUF"), ("empty", "empty"), ("bad_magic", "not a GGUF"),
-     ("truncated_header", "truncated"), ("truncated_data", "truncated"),
+     ("truncated_header", "truncated"),
+     # where the cut is in the tensors' data, not "its header needs" that many bytes
+     ("truncated_data", r"file is truncated: it is .* but should be at least .* \(incomplete"),
      ("bad_version", "version")],
 )
 def test_broken_files_raise_one_clear_model_format_error(

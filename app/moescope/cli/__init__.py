@@ -53,7 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     if len(given) == 1 and given[0].lower().endswith(".gguf"):  # `moescope MODEL.gguf`
         if not os.path.isfile(given[0]):  # the window would open its last model instead
-            print(f"moescope: error: {given[0]}: no such model file", file=sys.stderr)
+            what = ("is a directory, not a GGUF model file" if os.path.isdir(given[0])
+                    else "not a regular file" if os.path.exists(given[0])
+                    else "no such model file")
+            print(f"moescope: error: {given[0]}: {what}", file=sys.stderr)
             return EXIT_USAGE
         return launch_gui(given[0])
     parser = build_parser()

@@ -257,8 +257,8 @@ def _open(p: Path) -> tuple[Path, int, GGUFReader]:
         return p, file_size, StrictReader(p, "r")
     except Truncated as err:
         raise ModelFormatError(
-            f"{p.name}: file is truncated: it is {_size_text(err.size)} but its header "
-            f"needs at least {_size_text(err.offset)} (incomplete download?)"
+            f"{p.name}: file is truncated: it is {_size_text(err.size)} but should be at "
+            f"least {_size_text(err.offset)} (incomplete download?)"
         ) from None
     except Corrupt as err:
         raise ModelFormatError(f"{p.name}: corrupt GGUF header ({err})") from None
