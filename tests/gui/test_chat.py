@@ -77,6 +77,37 @@ def test_stop_takes_effect_within_one_token(window: Any, qtbot: Any) -> None:
     assert answer.status == STOPPED and "stopped" in window.chat_view.text()
 
 
+def test_switching_chats_mid_answer_says_why_it_waits(window: Any, qtbot: Any) -> None:
+    """New and another chat's row did nothing while an answer was written, without a
+    word: the status bar now says why, and the answer stays in its chat."""
+    send(qtbot, window, "an earlier chat", max_tokens=2)
+    first = window.chat.chat_id
+    window.chat.new_chat()
+    writing = window.chat.chat_id
+    assert writing != first
+    slow_down(window, 4000)
+    window.chat_settings.max_tokens.setValue(200)
+    said: list[str] = []
+
+    def click_away(_snaps: list[Any]) -> None:
+        if window.chat.tokens_received >= 2 and not said:
+            qtbot.mouseClick(window.chat_list.new_button, Qt.MouseButton.LeftButton)
+            said.append(window.statusBar().currentMessage())
+            window.chat.select_chat(first)
+            said.append(window.statusBar().currentMessage())
+            qtbot.mouseClick(window.chat_view.stop_button, Qt.MouseButton.LeftButton)
+
+    window.chat.tokensArrived.connect(click_away)
+    with qtbot.waitSignal(window.chat.answerFinished, timeout=30_000):
+        window.chat.send(LONG_PROMPT)
+    window.chat.tokensArrived.disconnect(click_away)
+    assert len(said) == 2 and all("stop it (Esc)" in m for m in said)
+    assert window.chat.chat_id == writing
+    assert window.store.messages(writing)[-1].role == "assistant"
+    window.chat.select_chat(first)  # once it has ended, the switch happens
+    assert window.chat.chat_id == first
+
+
 def test_regenerate_replaces_the_last_answer(window: Any, qtbot: Any) -> None:
     window.chat_settings.seed.setValue(-1)  # random: a new answer each time
     send(qtbot, window, "hello there", max_tokens=12)

@@ -230,6 +230,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.chat.answerBegan.connect(lambda step: self.cache_panel.add_marker(step, "answer"))
         self.chat.problem.connect(self.show_error)
         self.chat.saveFailed.connect(self._on_save_failed)
+        self.chat.busy.connect(lambda why: self.statusBar().showMessage(why, 6000))
         self.chat.saveRecovered.connect(self._on_save_recovered)
         w.recordingStopped.connect(self._on_recording_stopped)
         self.chat.answerFinished.connect(lambda _s: self._update_title())

@@ -64,6 +64,7 @@ class ChatController(QObject):
     chatChanged = Signal(int)
     problem = Signal(str, str)  # title, message: the window shows a dialog
     saveFailed = Signal(str)  # why: the window says so once, without blocking the stream
+    busy = Signal(str)  # why a click did nothing (an answer is being written): the status bar
     saveRecovered = Signal()
 
     def __init__(self, store: ChatStore, client: EngineClient, view: ChatView,
@@ -136,8 +137,11 @@ class ChatController(QObject):
         self._search = text
         self.refresh_list()
 
+    BUSY = "An answer is being written: stop it (Esc) or let it finish, then switch chats."
+
     def new_chat(self) -> int:
         if self.generating:
+            self.busy.emit(self.BUSY)
             return self.chat_id or 0
         try:
             chat = self.store.create_chat(NEW_CHAT, self.settings.system_prompt.toPlainText(),
@@ -151,6 +155,7 @@ class ChatController(QObject):
     def select_chat(self, chat_id: int) -> None:
         if self.generating and chat_id != self.chat_id:
             self.refresh_list()  # keep the generating chat selected
+            self.busy.emit(self.BUSY)
             return
         chat = self.store.chat(chat_id)
         if chat is None:
