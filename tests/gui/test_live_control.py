@@ -94,6 +94,20 @@ def test_shortcut_toggles_quality_and_speed_first(window: Any, qtbot: Any) -> No
     assert window.controls.policy_combo.currentData() == "quality-first"
 
 
+def test_the_cache_menu_ticks_the_policy_in_use(window: Any, qtbot: Any) -> None:
+    actions = window.policy_actions
+    assert [k for k, a in actions.items() if a.isChecked()] == ["quality-first"]
+    for _ in range(2):  # a second click on the ticked entry keeps it ticked
+        with qtbot.waitSignal(window.changesApplied, timeout=10_000):
+            actions["speed-first"].trigger()
+        assert [k for k, a in actions.items() if a.isChecked()] == ["speed-first"]
+    assert window.client.worker.engine.policy_name == "speed-first"
+    window.controls.select_policy("custom")  # Custom has no entry: none ticked
+    assert not any(a.isChecked() for a in actions.values())
+    window.toggle_action.trigger()  # the shortcut's switch is ticked too
+    assert actions["speed-first"].isChecked()
+
+
 def test_budget_change_between_answers_keeps_the_conversation(window: Any, qtbot: Any) -> None:
     send(qtbot, window, "first question", max_tokens=8)
     with qtbot.waitSignal(window.changesApplied, timeout=10_000) as blocker:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 
 from moescope.display.policy_choices import POLICY_TIPS
 from moescope.gui.hub import show_get_models
@@ -114,15 +114,36 @@ class WindowMenus(_Window):
             "Ctrl+Shift+P", "Greedy answers to your last message under several policies, "
                             "side by side with Exact's: speed, and where the answers part"))
         cache.addSeparator()
+        # the policy in use is ticked (none while Custom is): the combo's choice
+        group = QActionGroup(self)
+        group.setExclusionPolicy(QActionGroup.ExclusionPolicy.ExclusiveOptional)
+        self.policy_actions: dict[str, QAction] = {}
         for key, label in MENU_POLICIES:
-            cache.addAction(self._action(label, lambda _=False, k=key:
-                                         self.controls.select_policy(k), tip=POLICY_TIPS[key]))
+            action = self._action(label, lambda _=False, k=key: self._menu_policy(k),
+                                  tip=POLICY_TIPS[key])
+            action.setCheckable(True)
+            group.addAction(action)
+            cache.addAction(action)
+            self.policy_actions[key] = action
+        self.controls.policy_combo.currentIndexChanged.connect(self._tick_policy)
+        self._tick_policy()
 
         help_menu = bar.addMenu("&Help")
         help_menu.addAction(self._action("&Keyboard shortcuts", self.show_shortcuts,
                                          "Ctrl+/"))
         help_menu.addAction(self._action("&About MoEScope", self.show_about))
         self._rebuild_recent_menu()
+
+    def _menu_policy(self, key: str) -> None:
+        self.controls.select_policy(key)
+        self._tick_policy()  # a second click on the ticked entry keeps its tick
+
+    def _tick_policy(self, _index: int = -1) -> None:
+        """Tick the Cache menu's entry of the policy the panel shows (untick all for
+        Custom, which has no entry)."""
+        key = self.controls.policy_combo.currentData()
+        for name, action in self.policy_actions.items():
+            action.setChecked(name == key)
 
     def _rebuild_recent_menu(self) -> None:
         self.recent_menu.clear()
