@@ -113,6 +113,19 @@ def test_the_trace_and_get_models_windows_fit_a_small_screen(
     hub.close()
 
 
+def test_get_models_closes_from_the_keyboard(window: Any, qtbot: Any) -> None:
+    """Neither Esc nor Ctrl+W closed *Get models* (the trace window took both)."""
+    from moescope.gui.hub.window import show_get_models
+
+    for key, modifier in ((Qt.Key.Key_W, Qt.KeyboardModifier.ControlModifier),
+                          (Qt.Key.Key_Escape, Qt.KeyboardModifier.NoModifier)):
+        hub = show_get_models(window)
+        hub.activateWindow()
+        qtbot.waitUntil(lambda hub=hub: QApplication.activeWindow() is hub, timeout=5_000)
+        qtbot.keyClick(hub.search, key, modifier)  # where the window puts the keyboard
+        qtbot.waitUntil(lambda hub=hub: not hub.isVisible(), timeout=5_000)
+
+
 def test_a_presets_greyed_controls_say_why(window: Any) -> None:
     from moescope.gui.controls.cache_controls import CUSTOM_ONLY_TIP
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtCore import QObject, QSize, Qt, Signal
-from PySide6.QtGui import QCloseEvent
+from PySide6.QtGui import QAction, QCloseEvent, QKeyEvent, QKeySequence
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
@@ -163,6 +163,15 @@ class GetModelsWindow(QWidget):
         layout.addWidget(self.folder)
         resize_within_screen(self, QSize(1100, 560))
         self._update_buttons()
+        # closed from the keyboard as the trace window is: Ctrl+W (and the platform's
+        # Close) always, Esc only while no download runs (closing cancels it)
+        self.close_action = QAction("Close", self)
+        keys = [*QKeySequence.keyBindings(QKeySequence.StandardKey.Close),
+                QKeySequence("Ctrl+W")]
+        self.close_action.setShortcuts(list({k.toString(): k for k in keys}.values()))
+        self.close_action.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        self.close_action.triggered.connect(self.close)
+        self.addAction(self.close_action)
 
     # ------------------------------------------------------------------ jobs
     def _start(self, fn: Callable[[_Job], Any], done: Callable[[Any], None],
@@ -353,6 +362,12 @@ class GetModelsWindow(QWidget):
             return
         self.openRequested.emit(str(model_paths(paths.models_dir(), m)[0]),
                                 self.budget.text().strip() or "25%")
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        if event.key() == Qt.Key.Key_Escape and self.download_job is None:
+            self.close()
+            return
+        super().keyPressEvent(event)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         """Closing cancels a download (its partial file stays for resuming)."""
