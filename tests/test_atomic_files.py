@@ -116,6 +116,62 @@ def test_dash_is_stdout(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> No
     assert not (Path.cwd() / "-").exists()
 
 
+_CHILD = """
+import sys
+from moescope.util.files import open_stream, write_atomic
+write_atomic(sys.argv[1], "written\\n", inputs=sys.argv[2:])
+with open_stream(sys.argv[1]) as f:
+    f.write(b"streamed\\n")
+"""
+
+
+def _child(dest: str, stdout: Any, *inputs: str) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", _CHILD, dest, *inputs], stdout=stdout,
+                          stderr=subprocess.PIPE, text=True, check=False)
+
+
+@pytest.mark.parametrize("dest", ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1", "link"])
+def test_dev_stdout_is_written_through_the_descriptor(tmp_path: Path, dest: str) -> None:
+    """``--json /dev/stdout >> out.txt`` replaced out.txt (the path resolved through
+    /proc/self/fd/1 to the file, then renamed over it), and ``| cat`` could not write
+    ("No such file"): such a path is now written through the descriptor itself."""
+    import subprocess
+
+    if dest == "link":  # a symlink of the user's own to stdout
+        (tmp_path / "link").symlink_to("/dev/stdout")
+        dest = str(tmp_path / "link")
+    out = tmp_path / "out.txt"
+    out.write_text("keep me\n")
+    ino = out.stat().st_ino
+    with open(out, "a") as f:  # the shell's ">>"
+        done = _child(dest, f)
+    assert done.returncode == 0, done.stderr
+    assert out.read_text() == "keep me\nwritten\nstreamed\n"
+    assert out.stat().st_ino == ino  # the same file, not a new one renamed over it
+    piped = _child(dest, subprocess.PIPE)  # "| cat"
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout == "written\nstreamed\n"
+
+
+def test_dev_stdout_on_an_input_is_refused(tmp_path: Path) -> None:
+    """``replay t.jsonl --json /dev/stdout 1<> t.jsonl``: the descriptor's file is an
+    input, refused as a named one is."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("a trace\n")
+    with open(trace, "r+") as f:
+        done = _child("/dev/stdout", f, str(trace))
+    assert done.returncode != 0 and "is an input of this command" in done.stderr
+    assert trace.read_text() == "a trace\n"
+    assert files.descriptor_of("/dev/fd/99999") == 99999
+    with pytest.raises(files.OutputPathError, match="descriptor 99999, which is not open"):
+        files.check_output("/dev/fd/99999")
+    assert files.descriptor_of(tmp_path / "plain.json") is None
+    assert files.descriptor_of("/dev/fd/x") is None
+
+
 def test_folders_block_devices_and_inputs_are_refused(tmp_path: Path) -> None:
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF precious")

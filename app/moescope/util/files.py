@@ -4,10 +4,12 @@ An export that fails halfway (a full disk, a folder that vanished) must neither 
 half-written file behind nor destroy the file it was replacing: a regular file is written
 to a temporary file beside it and renamed over it only once complete. Whatever else sits
 at the path is respected: a symlink is written through (the file it points to is replaced,
-the link stays a link), a FIFO or a character device (``/dev/stdout``, ``/dev/null``) is
-written directly, ``-`` means standard output, and nothing that is not a regular file is
-ever replaced. An output that is the same file as one of the command's inputs (the model
-being read, the trace being replayed) is refused before anything is written.
+the link stays a link), a FIFO or a character device (``/dev/null``) is written directly,
+``-`` means standard output, a path naming one of the process's descriptors
+(``/dev/stdout``, ``/dev/fd/3``) is written through that descriptor (``>> log`` appends,
+a pipe is a pipe), and nothing that is not a regular file is ever replaced. An output
+that is the same file as one of the command's inputs (the model being read, the trace
+being replayed) is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -42,7 +44,52 @@ class OutputPathError(MoEScopeError, OSError):
 
 
 def is_stdout(dest: PathLike) -> bool:
-    return os.fspath(dest) == STDOUT
+    """Whether ``dest`` is standard output: ``-``, or a path naming this process's
+    descriptor 1 (``/dev/stdout``, ``/dev/fd/1``, ``/proc/self/fd/1``)."""
+    return descriptor_of(dest) == 1
+
+
+_FD_DIRS = ("/dev/fd/", "/proc/self/fd/", "/proc/thread-self/fd/")
+_MAX_LINKS = 40
+
+
+def descriptor_of(dest: PathLike) -> int | None:
+    """The open descriptor of this process a path names, or None: ``-`` is 1,
+    ``/dev/stdout`` and ``/dev/stderr`` 1 and 2, ``/dev/fd/N`` and ``/proc/self/fd/N``
+    (or ``/proc/PID/fd/N`` with our PID) N, also through a chain of symlinks. Such a path
+    is written through the descriptor (its offset and flags: ``>> file`` appends), never
+    by opening what the descriptor's link points to (which, for ``> out.txt``, would
+    replace out.txt, and for a pipe does not exist)."""
+    text = os.fspath(dest)
+    if text == STDOUT:
+        return 1
+    if not text:
+        return None
+    p = os.path.abspath(text)
+    own = (*_FD_DIRS, f"/proc/{os.getpid()}/fd/")
+    for _ in range(_MAX_LINKS):
+        if p in ("/dev/stdout", "/dev/stderr"):
+            return 1 if p == "/dev/stdout" else 2
+        for d in own:
+            if p.startswith(d) and p[len(d):].isdigit() and len(p) - len(d) <= 9:
+                return int(p[len(d):])
+        try:
+            link = os.readlink(p)
+        except (OSError, ValueError):
+            return None
+        p = os.path.normpath(os.path.join(os.path.dirname(p), link))
+    return None
+
+
+def _write_descriptor(fd: int, fill: Callable[[IO[bytes]], None]) -> None:
+    """``fill`` writing into descriptor ``fd`` (a duplicate: closing it leaves ``fd``
+    open), after what Python buffered for it."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            if stream.fileno() == fd:
+                stream.flush()
+    with os.fdopen(os.dup(fd), "wb") as f:
+        fill(f)
 
 
 def same_file(a: PathLike, b: PathLike) -> bool:
@@ -58,16 +105,19 @@ def same_file(a: PathLike, b: PathLike) -> bool:
 def refuse_inputs(dest: PathLike, inputs: Iterable[PathLike]) -> None:
     """Raise :class:`OutputPathError` if ``dest`` is the same file as one of ``inputs``:
     ``--trace model.gguf`` would truncate the model while it is mapped."""
-    if is_stdout(dest):
-        return
+    fd = descriptor_of(dest)
     try:
-        st = os.stat(dest)
+        st = os.fstat(fd) if fd is not None else os.stat(dest)
     except (OSError, ValueError):
         return  # not there yet: it cannot be an input
     if not stat.S_ISREG(st.st_mode):
         return  # a device or FIFO given twice is not overwritten by a write
     for source in inputs:
-        if same_file(dest, source):
+        try:
+            ss = os.stat(source)
+        except (OSError, ValueError):
+            continue
+        if (st.st_dev, st.st_ino) == (ss.st_dev, ss.st_ino):
             name = os.fspath(source)
             also = "" if os.fspath(dest) == name else f" ({name})"
             raise OutputPathError(errno.EINVAL, f"is an input of this command{also}; "
@@ -77,10 +127,19 @@ def refuse_inputs(dest: PathLike, inputs: Iterable[PathLike]) -> None:
 def check_output(dest: PathLike, inputs: Iterable[PathLike] = ()) -> None:
     """Refuse, before any work, an output that cannot or must not be written: one of the
     inputs, a folder, a block device or socket, a file in a folder that does not exist or
-    is not writable. Symlinks are judged by what they point to."""
-    if is_stdout(dest):
+    is not writable. Symlinks are judged by what they point to; a path naming one of this
+    process's descriptors (:func:`descriptor_of`) needs it open."""
+    if os.fspath(dest) == STDOUT:
         return
     refuse_inputs(dest, inputs)
+    fd = descriptor_of(dest)
+    if fd is not None:
+        try:
+            os.fstat(fd)
+        except OSError:
+            raise OutputPathError(errno.EBADF, f"names descriptor {fd}, which is not open",
+                                  os.fspath(dest)) from None
+        return
     target = resolve_output(dest)
     try:
         st = os.stat(target)
@@ -123,7 +182,7 @@ def _regular_or_missing(target: Path) -> bool:
 
 def _atomic(dest: PathLike, fill: Callable[[IO[bytes]], None],
             inputs: Iterable[PathLike]) -> Path:
-    if is_stdout(dest):
+    if os.fspath(dest) == STDOUT:
         out = sys.stdout
         out.flush()
         fill(out.buffer)
@@ -131,6 +190,10 @@ def _atomic(dest: PathLike, fill: Callable[[IO[bytes]], None],
         return Path(STDOUT)
     inputs = list(inputs)
     check_output(dest, inputs)
+    fd = descriptor_of(dest)
+    if fd is not None:  # /dev/stdout and the like: into the descriptor, as it is
+        _write_descriptor(fd, fill)
+        return Path(dest)
     target = resolve_output(dest)
     if not _regular_or_missing(target):  # a FIFO or character device: write into it
         fd = os.open(target, os.O_WRONLY | os.O_NOCTTY)
@@ -157,10 +220,17 @@ def open_stream(dest: PathLike, inputs: Iterable[PathLike] = ()) -> IO[bytes]:
     same rules as :func:`write_atomic` except that a regular file is truncated and written
     in place (a crash keeps what was written). ``-`` is a duplicate of standard output,
     so closing the stream leaves ``sys.stdout`` open."""
-    if is_stdout(dest):
+    if os.fspath(dest) == STDOUT:
         sys.stdout.flush()
         return os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     check_output(dest, inputs)
+    fd = descriptor_of(dest)
+    if fd is not None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                if stream.fileno() == fd:
+                    stream.flush()
+        return os.fdopen(os.dup(fd), "wb")
     target = resolve_output(dest)
     if _regular_or_missing(target):
         return open(target, "wb")

@@ -224,7 +224,7 @@ def check_outputs(outputs: Sequence[tuple[str, Path | None]],
         check_output_path(path, option, inputs)
     dashes = [option for option, path in given if is_stdout(path)]
     if len(dashes) > 1:
-        raise MoEScopeError(f"{' and '.join(dashes)} both write to stdout ('-'); "
+        raise MoEScopeError(f"{' and '.join(dashes)} both write to stdout; "
                             "give one of them a file")
     for i, (option, path) in enumerate(given):
         for other, path2 in given[i + 1:]:
@@ -251,7 +251,7 @@ def check_trace_output(path: Path | None, inputs: Sequence[Path]) -> None:
     from moescope.util.files import is_stdout
 
     if path is not None and is_stdout(path):
-        raise MoEScopeError("--trace -: the answer is written to stdout; give a file name")
+        raise MoEScopeError(f"--trace {path}: the answer is written to stdout; give a file name")
     check_output_path(path, "--trace", inputs)
     if path is not None:
         from moescope.trace.parquet_format import check_journal_free
