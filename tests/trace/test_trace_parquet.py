@@ -490,7 +490,16 @@ def test_trace_compact_converts_any_stream_and_refuses_bad_outputs(
     stream = pair[0]
     assert main(["trace", "compact", str(stream), str(tmp_path / "c.parquet")]) == 0
     assert stream.exists() and read_trace(tmp_path / "c.parquet").end is not None
-    assert main(["trace", "compact", str(stream)]) == 0  # t.parquet beside it, replaced
+    # t.parquet beside it, a name the user did not give: not written over (it replaced
+    # another session's file silently), and said in one line; given as OUT, replaced
+    before = (tmp_path / "t.parquet").read_bytes()
+    capsys.readouterr()
+    assert main(["trace", "compact", str(stream)]) == 2
+    assert (tmp_path / "t.parquet").read_bytes() == before
+    assert capsys.readouterr().err == (f"moescope: error: {tmp_path / 't.parquet'} is already "
+                                       f"there; not overwritten (give OUT to write the "
+                                       f"Parquet trace elsewhere)\n")
+    assert main(["trace", "compact", str(stream), str(tmp_path / "t.parquet")]) == 0
     assert read_trace(tmp_path / "t.parquet").end is not None
     capsys.readouterr()
     for out in (tmp_path, stream, tmp_path / "nowhere" / "x.parquet"):

@@ -10,6 +10,7 @@ token. Any other version-2 stream (``.arrows``) is converted too, and kept.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="a .arrows trace stream (NAME.parquet.journal.arrows, or any)")
     c.add_argument("out", type=Path, nargs="?", metavar="OUT",
                    help="the Parquet file to write (default: the name the journal was "
-                        "recorded for, else JOURNAL with the suffix .parquet)")
+                        "recorded for, else JOURNAL with the suffix .parquet; a default "
+                        "name already there is not overwritten)")
     c.add_argument("--keep", action="store_true",
                    help="keep the journal (a journal is removed once compacted by default; "
                         "another stream is always kept)")
@@ -40,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     """Compact; user errors (not a stream, a bad row, an output that must not be written)
     propagate as MoEScopeError (exit 2)."""
     from moescope.trace.names import JOURNAL_SUFFIX
-    from moescope.trace.parquet_format import compact
+    from moescope.trace.parquet_format import compact, compacted_path
     from moescope.trace.schema import TraceFormatError
     from moescope.util.errors import MoEScopeError
 
@@ -58,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
     if magic != b"\xff\xff\xff\xff":
         raise TraceFormatError(f"{src}: not a version-2 trace stream (.arrows); nothing to "
                                f"compact")
+    if args.out is None and os.path.lexists(compacted_path(src)):
+        # a name the user did not give is never written over (an OUT given is theirs)
+        raise MoEScopeError(f"{compacted_path(src)} is already there; not overwritten (give "
+                            f"OUT to write the Parquet trace elsewhere)")
     remove = src.name.endswith(JOURNAL_SUFFIX) and not args.keep
     try:
         out = compact(src, args.out, remove=remove)
