@@ -102,7 +102,9 @@ def test_the_trace_and_get_models_windows_fit_a_small_screen(
     from moescope.gui.hub.window import show_get_models
     from moescope.gui.widgets.screen_fit import WINDOW_FRAME
 
-    room = window.screen().availableGeometry().size() - WINDOW_FRAME
+    area = window.screen().availableGeometry()
+    room = area.size() - WINDOW_FRAME
+    window.move(area.right() - 200, area.bottom() - 200)  # placed over it: kept on screen
     trace = open_trace_window(trace_path)
     hub = show_get_models(window)
     for w in (trace, hub):
@@ -110,6 +112,9 @@ def test_the_trace_and_get_models_windows_fit_a_small_screen(
         qtbot.waitUntil(lambda w=w, fitted=fitted: w.width() <= fitted.width()
                         and w.height() <= fitted.height(), timeout=5_000)
     assert trace.height() < 760 and hub.width() < 1100
+    for w in (trace, hub):
+        frame = w.frameGeometry()
+        assert area.contains(frame.topLeft()) and area.contains(frame.bottomRight()), frame
     hub.close()
 
 
