@@ -188,6 +188,20 @@ def test_the_live_journal_is_recording_and_a_crash_journal_is_told_apart(
     assert done.path == live and done.state is TraceState.FINISHED and done.tokens == 7
 
 
+def test_a_session_with_no_token_yet_names_its_model_from_its_file_name(
+        tmp_path: Path) -> None:
+    """The recording-now row of a session with no token showed the file's name in the
+    Model column (no header to read yet): the name says the model, after its time."""
+    live = tmp_path / "20261201-100000-Qwen3-30B-A3B-Q4_K_M.parquet"
+    pf.journal_path(live).write_bytes(b"")
+    (entry,) = list_traces(tmp_path, live=[live])
+    assert entry.state is TraceState.RECORDING and entry.tokens == 0
+    assert entry.model == "Qwen3-30B-A3B-Q4_K_M"
+    pf.journal_path(live).unlink()
+    (tmp_path / "someone's.parquet.journal.arrows").write_bytes(b"")
+    assert list_traces(tmp_path, live=[tmp_path / "someone's.parquet"])[0].model == ""
+
+
 def test_a_journal_with_its_finished_file_lists_the_finished_one(tmp_path: Path) -> None:
     path = tmp_path / "20261201-s.parquet"
     _record(path, 3)

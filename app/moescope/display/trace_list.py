@@ -24,6 +24,7 @@ import contextlib
 import datetime as _dt
 import logging
 import os
+import re
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -172,6 +173,18 @@ def _created(text: str) -> _dt.datetime | None:
     return when if when.tzinfo is not None else when.replace(tzinfo=_dt.timezone.utc)
 
 
+_NAMED = re.compile(r"^\d{8}-\d{6}-(.+)$")
+"""The window's session names: ``YYYYMMDD-HHMMSS-MODEL`` (:func:`.trace_io.new_trace_path`)."""
+
+
+def _model_from_name(name: str) -> str:
+    """The model a session's file name says, for an entry with no header to read (a
+    session that has recorded no token yet): its model file's stem, else nothing."""
+    stem = session_stem(name)
+    m = _NAMED.match(stem) if stem is not None else None
+    return m.group(1) if m is not None else ""
+
+
 def describe(path: Path, st: os.stat_result, modified: float, *,
              this_window: bool = False) -> SessionTrace:
     """One session's entry, from the file it opens as (``st``: that file's ``lstat``);
@@ -190,6 +203,7 @@ def describe(path: Path, st: os.stat_result, modified: float, *,
     if st.st_size == 0:
         if held:
             return SessionTrace(state=TraceState.RECORDING, tokens=0,
+                                model=_model_from_name(path.name),
                                 reason="recording: no token yet", **base)
         return SessionTrace(state=TraceState.EMPTY, tokens=0,
                             reason="empty: the session recorded no token", **base)
@@ -197,6 +211,7 @@ def describe(path: Path, st: os.stat_result, modified: float, *,
     if isinstance(peek, str):
         if held:  # a writer mid-way through its first token
             return SessionTrace(state=TraceState.RECORDING, tokens=0,
+                                model=_model_from_name(path.name),
                                 reason="recording: no token yet", **base)
         return SessionTrace(state=TraceState.UNREADABLE, reason=peek, **base)
     h = peek.header
