@@ -6,6 +6,7 @@ from typing import Any
 
 from gui_helpers import LONG_PROMPT, send, slow_down
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QToolTip
 
 from moescope.cache.budget import format_bytes
 from moescope.engine.changes import RequestNumbers
@@ -192,5 +193,8 @@ def test_a_typed_budget_moves_the_slider_and_applies(window: Any, qtbot: Any) ->
     qtbot.keyClicks(c.budget_entry, "lots")
     qtbot.keyClick(c.budget_entry, Qt.Key.Key_Return)
     assert c.budget_entry.property("invalid") and "cannot read budget" in c.budget_entry.toolTip()
+    # said at once (a red border alone did not say why), and to a screen reader
+    assert "cannot read budget" in QToolTip.text()
+    assert "cannot read budget" in c.budget_entry.accessibleDescription()
     assert c.budget.value() == 4 and engine.slots_per_layer == 4
     assert c.budget_entry.text() == "lots"  # kept, to be corrected

@@ -2,16 +2,17 @@
 
 A slider alone cannot hit "exactly 12 GiB" on a model with 512 experts, so a box beside
 it takes a size, a share of the experts, or slots per layer (``cache.budget``'s grammar,
-the same as ``--budget``). Enter reads it: a typo is marked and explained in the tooltip
-and changes nothing. Enter is the box's own: in a dialog it would otherwise also press
-the default button (the open-model dialog's *Open*, loading a budget not yet seen).
+the same as ``--budget``). Enter reads it: a typo is marked, explained at once under the
+box (and in its tooltip), and changes nothing. Enter is the box's own: in a dialog it
+would otherwise also press the default button (the open-model dialog's *Open*, loading a
+budget not yet seen).
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QPoint, Qt, Signal
 from PySide6.QtGui import QKeyEvent
-from PySide6.QtWidgets import QLineEdit, QWidget
+from PySide6.QtWidgets import QLineEdit, QToolTip, QWidget
 
 from moescope.cache.budget import plan_slots
 from moescope.util.errors import MoEScopeError
@@ -61,6 +62,9 @@ class BudgetEntry(QLineEdit):
 
     def _mark(self, note: str, *, invalid: bool) -> None:
         self.setToolTip(f"{note}\n\n{BUDGET_ENTRY_TIP}" if note else BUDGET_ENTRY_TIP)
+        self.setAccessibleDescription(note)
         self.setProperty("invalid", invalid)
         self.style().unpolish(self)  # the style sheet's [invalid="true"] border
         self.style().polish(self)
+        if invalid:  # said at once, under the box: a red border alone did not say why
+            QToolTip.showText(self.mapToGlobal(QPoint(0, self.height())), note, self)
