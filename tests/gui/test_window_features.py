@@ -92,6 +92,10 @@ def test_preferences_apply_live_and_at_the_next_load(demo_window: Any, qtbot: An
                                                      tmp_path: Path) -> None:
     w = demo_window
     send(qtbot, w, "To be", max_tokens=4)
+    with qtbot.waitSignal(w.changesApplied, timeout=10_000):
+        w.controls.select_policy("speed-first")  # a change marker on the plots
+    send(qtbot, w, " or not", max_tokens=3)
+    qtbot.waitUntil(lambda: bool(w.cache_panel.time_plots._marker_items), timeout=10_000)
     assert theme.SCHEME == "dark"
     _action(w, "&Preferences…").trigger()
     dialog = w.findChild(PreferencesDialog)
@@ -122,6 +126,9 @@ def test_preferences_apply_live_and_at_the_next_load(demo_window: Any, qtbot: An
     assert app.palette().window().color() == QColor(theme.SCHEMES["light"]["PANEL"])
     plots = w.cache_panel.time_plots.graphics
     assert plots.backgroundBrush().color() == QColor(theme.SCHEMES["light"]["BACKGROUND"])
+    lines = [line for _, ls in w.cache_panel.time_plots._marker_items for line in ls]
+    assert lines and all(line.pen.color() == QColor(theme.SCHEMES["light"]["MARKER"])
+                         for line in lines)  # not the dark scheme's pale yellow
     assert _user_block_colour(w.chat_view, "To be") == QColor(
         theme.SCHEMES["light"]["USER_BACKGROUND"])
     assert app.font().pointSizeF() == 13

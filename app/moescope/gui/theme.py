@@ -261,6 +261,15 @@ def recolour_plots(app: QApplication) -> None:
                     axis["item"].setTextPen(TEXT)
                 if plot.titleLabel.text:
                     plot.titleLabel.setText(plot.titleLabel.text, color=MUTED)
+                for item in plot.items:  # change markers: pale yellow on white otherwise
+                    if isinstance(item, pg.InfiniteLine) and getattr(item, "moescope_marker",
+                                                                     False):
+                        pen = pg.mkPen(item.pen)
+                        pen.setColor(QColor(MARKER))
+                        item.setPen(pen)
+                        label = getattr(item, "label", None)  # only where it has one
+                        if label is not None:
+                            label.setColor(MARKER)
 
 
 def style_sheet_path() -> Path | None:

@@ -187,6 +187,7 @@ class TimePlotsView(QWidget):
                     label=marker.label if key == "mass" else None,
                     labelOpts={"position": LABEL_LEVELS[0], "color": theme.MARKER,
                                "anchors": [(0, 0.5), (0, 0.5)]})
+                line.moescope_marker = True  # type: ignore[attr-defined]  # recoloured
                 plot.addItem(line, ignoreBounds=True)
                 lines.append(line)
             self._marker_items.append((marker, lines))
