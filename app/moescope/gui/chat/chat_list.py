@@ -46,7 +46,9 @@ class ChatListPanel(QWidget):
         self.list = QListWidget()
         self.list.setAccessibleName("Chats")
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        # cut in the middle: a title's end shows, so that a branch ("… (branch)") and the
+        # chat it came from do not read alike in a narrow list
+        self.list.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         self.list.setUniformItemSizes(True)
         self.list.currentItemChanged.connect(self._current_changed)
         # Delete in the list deletes the chat (after asking); only there, so that Delete in
