@@ -261,9 +261,9 @@ def test_branch_from_any_message_makes_a_new_chat(demo_window: Any, qtbot: Any) 
     assert w.chat_list.list.currentItem().text().startswith(title[:20])
     # a narrow list cuts titles in the middle: "(branch)" still shows
     lst = w.chat_list.list
-    narrow = lst.fontMetrics().horizontalAdvance(title) * 3 // 4
-    shown = lst.fontMetrics().elidedText(title, lst.textElideMode(), narrow)
-    assert shown.endswith("(branch)") and len(shown) < len(title)
+    long_title = f"Speak like a character from a novel about {'x' * 40} (branch)"
+    shown = lst.fontMetrics().elidedText(long_title, lst.textElideMode(), 200)
+    assert shown.endswith("(branch)") and len(shown) < len(long_title)
     send(qtbot, w, "Another way", max_tokens=6)
     assert len(w.store.messages(branch)) == 4
     assert w.chat._request is not None
