@@ -174,9 +174,14 @@ def _common(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
 
 
 def _content(message: dict[str, Any], i: int) -> str:
-    """A message's text: a string, or a list of text parts (what newer clients send)."""
+    """A message's text: a string, or a list of text parts (what newer clients send).
+    Required, as OpenAI requires it, of every message but an assistant's (which may carry
+    tool calls or a refusal instead)."""
     content = message.get("content")
     if content is None:
+        if message.get("role") != "assistant":
+            raise bad_param(f"messages[{i}].content", f"content is required in a "
+                                                      f"{message.get('role')} message")
         return ""
     if isinstance(content, str):
         return _text(content, f"messages[{i}].content")
@@ -250,7 +255,9 @@ def completion_params(body: Any, limits: Limits) -> CompletionParams:
     common = _common(body, limits)
     if common["max_tokens"] is None:
         common["max_tokens"] = min(16, limits.max_tokens)  # OpenAI's default here
-    prompt = body.get("prompt", "")
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise bad_param("prompt", "prompt is required")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
