@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 
 import openai
 import pytest
-from server_helpers import Server
+from server_helpers import Server, serve_command
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -167,6 +168,50 @@ def test_policy_and_budget_change_live_through_the_api(server: Server) -> None:
             assert r.status_code == 400, (bad, r.text)
             assert r.json()["error"]["message"]
         assert server.cache()["policy"] == "exact"
+
+
+def test_steering_takes_what_serve_policy_takes(server_factory: Callable[..., Server]) -> None:
+    """``/v1/moescope/cache`` reads a policy in the grammar of ``serve --policy``: a server
+    started under the quality guard can go back to it after another policy."""
+    server = server_factory("--policy", "guard:target=1%")
+    started = server.wait_idle()["policy"]
+    with server.http() as h:
+        for spec in ("exact", "guard:target=1%", "threshold:theta=0.3", "guard",
+                     "guard:target=2%:every=4:base=cache-prior"):
+            r = h.post("/v1/moescope/cache", json={"policy": spec})
+            assert r.status_code == 200, (spec, r.text)
+            assert r.json()["applied"] is True
+        assert h.post("/v1/moescope/cache",
+                      json={"policy": "guard:target=1%"}).json()["policy"] == started
+
+        cli = subprocess.run(serve_command("--policy", "fastest", "--port", "1"),
+                             capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 2 and "(known: " in cli.stderr, cli.stderr
+        known = cli.stderr.split("(known: ", 1)[1].split(")", 1)[0]
+        for spec in ("fastest", "recorded"):
+            r = h.post("/v1/moescope/cache", json={"policy": spec})
+            assert r.status_code == 400, (spec, r.text)
+            error = r.json()["error"]
+            assert error["param"] == "policy"
+            assert error["message"] == f"unknown policy {spec!r} (known: {known})"
+        assert server.cache()["policy"] == started
+
+
+def test_a_budget_may_be_a_number_of_slots(server_factory: Callable[..., Server]) -> None:
+    """``{"budget": 16}`` is what ``--budget 16`` is: 16 slots per layer."""
+    server = server_factory("--policy", "guard:target=1%")
+    server.wait_idle()
+    with server.http() as h:
+        r = h.post("/v1/moescope/cache", json={"budget": 16})
+        assert r.status_code == 200, r.text
+        assert r.json()["slots_per_layer"] == 16 and r.json()["budget"] == "16"
+        r = h.post("/v1/moescope/cache", json={"budget": 8})
+        assert r.status_code == 200 and r.json()["slots_per_layer"] == 8
+        for bad in (0, -3, 2.5, True, [8]):
+            r = h.post("/v1/moescope/cache", json={"budget": bad})
+            assert r.status_code == 400, (bad, r.text)
+            assert r.json()["error"]["param"] == "budget"
+        assert server.cache()["slots_per_layer"] == 8
 
 
 def test_a_full_queue_answers_503_and_nobody_hangs(
