@@ -250,6 +250,29 @@ def test_a_full_queue_answers_503_and_nobody_hangs(
     assert server.cache()["totals"]["requests"] >= len(done)
 
 
+def test_a_full_queue_says_how_many_wait_in_words(
+        server_factory: Callable[..., Server]) -> None:
+    server = server_factory("--queue", "1", "--policy", "exact", copy_delay_us=3000)
+    server.wait_idle()
+    body = {"messages": HELLO, "max_tokens": 400, "stream": True, "seed": 4}
+    with server.http() as h, server.http() as h2, h.stream(
+            "POST", "/v1/chat/completions", json=body) as running:
+        lines = running.iter_lines()  # kept: a dropped iterator closes the connection
+        assert next(lines).startswith("data: ")
+        with h2.stream("POST", "/v1/chat/completions", json=body) as waiting:
+            deadline = time.monotonic() + 10
+            while server.cache()["queue"]["waiting"] < 1:
+                assert time.monotonic() < deadline, "the second request never queued"
+                time.sleep(0.05)
+            with server.http() as h3:
+                refused = h3.post("/v1/chat/completions", json={**body, "stream": False})
+            assert waiting.status_code == 200
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"]["message"] == (
+        "the engine is busy and 1 request already waits; try again shortly")
+    server.wait_idle()
+
+
 def test_a_client_that_leaves_mid_stream_stops_the_generation(
         server_factory: Callable[..., Server]) -> None:
     server = server_factory("--queue", "1", "--policy", "exact", copy_delay_us=3000)
