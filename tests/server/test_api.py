@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 import time
@@ -271,6 +272,20 @@ def test_a_full_queue_says_how_many_wait_in_words(
     assert refused.json()["error"]["message"] == (
         "the engine is busy and 1 request already waits; try again shortly")
     server.wait_idle()
+
+
+def test_every_streamed_chunk_is_compact_json(server: Server) -> None:
+    """Content chunks and the closing ones are written the same way (no spaces)."""
+    for path, body in (("/v1/chat/completions", {"messages": HELLO}),
+                       ("/v1/completions", {"prompt": "ROMEO:"})):
+        with server.http() as h:
+            r = h.post(path, json={**body, "max_tokens": 6, "seed": 3, "stream": True,
+                                   "stream_options": {"include_usage": True}})
+        assert r.status_code == 200, r.text
+        data = [line.removeprefix("data: ") for line in r.text.split("\n\n") if line]
+        assert data[-1] == "[DONE]" and len(data) >= 4
+        for chunk in data[:-1]:
+            assert chunk == json.dumps(json.loads(chunk), separators=(",", ":")), chunk
 
 
 def test_a_client_that_leaves_mid_stream_stops_the_generation(
