@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 
 import openai
 import pytest
-from server_helpers import Server
+from server_helpers import Server, serve_command
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -169,6 +171,50 @@ def test_policy_and_budget_change_live_through_the_api(server: Server) -> None:
         assert server.cache()["policy"] == "exact"
 
 
+def test_steering_takes_what_serve_policy_takes(server_factory: Callable[..., Server]) -> None:
+    """``/v1/moescope/cache`` reads a policy in the grammar of ``serve --policy``: a server
+    started under the quality guard can go back to it after another policy."""
+    server = server_factory("--policy", "guard:target=1%")
+    started = server.wait_idle()["policy"]
+    with server.http() as h:
+        for spec in ("exact", "guard:target=1%", "threshold:theta=0.3", "guard",
+                     "guard:target=2%:every=4:base=cache-prior"):
+            r = h.post("/v1/moescope/cache", json={"policy": spec})
+            assert r.status_code == 200, (spec, r.text)
+            assert r.json()["applied"] is True
+        assert h.post("/v1/moescope/cache",
+                      json={"policy": "guard:target=1%"}).json()["policy"] == started
+
+        cli = subprocess.run(serve_command("--policy", "fastest", "--port", "1"),
+                             capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 2 and "(known: " in cli.stderr, cli.stderr
+        known = cli.stderr.split("(known: ", 1)[1].split(")", 1)[0]
+        for spec in ("fastest", "recorded"):
+            r = h.post("/v1/moescope/cache", json={"policy": spec})
+            assert r.status_code == 400, (spec, r.text)
+            error = r.json()["error"]
+            assert error["param"] == "policy"
+            assert error["message"] == f"unknown policy {spec!r} (known: {known})"
+        assert server.cache()["policy"] == started
+
+
+def test_a_budget_may_be_a_number_of_slots(server_factory: Callable[..., Server]) -> None:
+    """``{"budget": 16}`` is what ``--budget 16`` is: 16 slots per layer."""
+    server = server_factory("--policy", "guard:target=1%")
+    server.wait_idle()
+    with server.http() as h:
+        r = h.post("/v1/moescope/cache", json={"budget": 16})
+        assert r.status_code == 200, r.text
+        assert r.json()["slots_per_layer"] == 16 and r.json()["budget"] == "16"
+        r = h.post("/v1/moescope/cache", json={"budget": 8})
+        assert r.status_code == 200 and r.json()["slots_per_layer"] == 8
+        for bad in (0, -3, 2.5, True, [8]):
+            r = h.post("/v1/moescope/cache", json={"budget": bad})
+            assert r.status_code == 400, (bad, r.text)
+            assert r.json()["error"]["param"] == "budget"
+        assert server.cache()["slots_per_layer"] == 8
+
+
 def test_a_full_queue_answers_503_and_nobody_hangs(
         server_factory: Callable[..., Server]) -> None:
     server = server_factory("--queue", "1", "--policy", "exact", copy_delay_us=3000)
@@ -203,6 +249,43 @@ def test_a_full_queue_answers_503_and_nobody_hangs(
     assert all(int(r.split(":")[2]) >= 1 for r in busy), results  # Retry-After
     server.wait_idle()
     assert server.cache()["totals"]["requests"] >= len(done)
+
+
+def test_a_full_queue_says_how_many_wait_in_words(
+        server_factory: Callable[..., Server]) -> None:
+    server = server_factory("--queue", "1", "--policy", "exact", copy_delay_us=3000)
+    server.wait_idle()
+    body = {"messages": HELLO, "max_tokens": 400, "stream": True, "seed": 4}
+    with server.http() as h, server.http() as h2, h.stream(
+            "POST", "/v1/chat/completions", json=body) as running:
+        lines = running.iter_lines()  # kept: a dropped iterator closes the connection
+        assert next(lines).startswith("data: ")
+        with h2.stream("POST", "/v1/chat/completions", json=body) as waiting:
+            deadline = time.monotonic() + 10
+            while server.cache()["queue"]["waiting"] < 1:
+                assert time.monotonic() < deadline, "the second request never queued"
+                time.sleep(0.05)
+            with server.http() as h3:
+                refused = h3.post("/v1/chat/completions", json={**body, "stream": False})
+            assert waiting.status_code == 200
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"]["message"] == (
+        "the engine is busy and 1 request already waits; try again shortly")
+    server.wait_idle()
+
+
+def test_every_streamed_chunk_is_compact_json(server: Server) -> None:
+    """Content chunks and the closing ones are written the same way (no spaces)."""
+    for path, body in (("/v1/chat/completions", {"messages": HELLO}),
+                       ("/v1/completions", {"prompt": "ROMEO:"})):
+        with server.http() as h:
+            r = h.post(path, json={**body, "max_tokens": 6, "seed": 3, "stream": True,
+                                   "stream_options": {"include_usage": True}})
+        assert r.status_code == 200, r.text
+        data = [line.removeprefix("data: ") for line in r.text.split("\n\n") if line]
+        assert data[-1] == "[DONE]" and len(data) >= 4
+        for chunk in data[:-1]:
+            assert chunk == json.dumps(json.loads(chunk), separators=(",", ":")), chunk
 
 
 def test_a_client_that_leaves_mid_stream_stops_the_generation(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import openai
@@ -54,6 +55,67 @@ def test_bad_parameters_are_400_naming_the_field(server: Server, body: object,
     err = _error(r)
     assert err["param"] == param
     assert err["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi \ud800"}]},
+     "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "system", "content": "\udfff"}, *HELLO]},
+     "messages[0].content"),
+    ("/v1/chat/completions",
+     {"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]},
+     "messages[0].content"),
+    ("/v1/chat/completions", {"messages": HELLO, "stop": ["\ud800"]}, "stop"),
+    ("/v1/chat/completions", {"messages": HELLO, "stop": "end\ud800", "stream": True},
+     "stop"),
+    ("/v1/chat/completions", {"messages": HELLO, "model": "\ud800"}, "model"),
+    ("/v1/completions", {"prompt": "ROMEO:\ud800"}, "prompt"),
+    ("/v1/completions", {"prompt": ["\ud800"], "stream": True}, "prompt"),
+    ("/v1/completions", {"prompt": "ROMEO:", "stop": "\udc00"}, "stop"),
+    ("/v1/moescope/cache", {"policy": "exact\ud800"}, "policy"),
+    ("/v1/moescope/cache", {"budget": "16\ud800"}, "budget"),
+])
+def test_a_lone_surrogate_is_400_naming_the_field(server: Server, path: str, body: object,
+                                                  param: str) -> None:
+    """JSON may escape half of a UTF-16 pair (``\\ud800``); no tokenizer takes it."""
+    with server.http() as h:  # json.dumps escapes it, as a JavaScript client would
+        r = h.post(path, content=json.dumps(body).encode(),
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = _error(r)
+    assert err["param"] == param
+    assert err["type"] == "invalid_request_error"
+    assert "internal error" not in server.log and "Traceback" not in server.log
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/completions", {"max_tokens": 4}, "prompt"),
+    ("/v1/completions", {"prompt": None, "stream": True}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages[0].content"),
+    ("/v1/chat/completions",
+     {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user",
+                                                                "content": None}]},
+     "messages[1].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "system"}, *HELLO]},
+     "messages[0].content"),
+])
+def test_a_missing_prompt_or_message_content_is_400_naming_it(
+        server: Server, path: str, body: object, param: str) -> None:
+    """OpenAI requires ``prompt`` of a completion and ``content`` of every message but an
+    assistant's (which may carry tool calls instead)."""
+    with server.http() as h:
+        r = h.post(path, json=body)
+    assert r.status_code == 400, r.text
+    err = _error(r)
+    assert err["param"] == param and "required" in err["message"]
+
+
+def test_an_assistant_message_may_leave_out_its_content(server: Server) -> None:
+    with server.http() as h:
+        r = h.post("/v1/chat/completions", json={
+            "messages": [*HELLO, {"role": "assistant"}, {"role": "user", "content": "Hi"}],
+            "max_tokens": 2})
+    assert r.status_code == 200, r.text
 
 
 def test_malformed_json_unknown_model_and_routes(server: Server) -> None:

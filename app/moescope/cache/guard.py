@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from moescope.cache.audit import AUDIT_EVERY_MAX
-from moescope.cache.policy import PRESETS, MissRule, Policy
+from moescope.cache.policy import PRESET_NAMES, PRESETS, MissRule, Policy, parse_preset
 from moescope.util.errors import MoEScopeError
 
 GUARD = "guard"
@@ -115,6 +115,20 @@ def parse_guard(spec: str) -> GuardSpec | None:
     return GuardSpec(**kwargs)  # type: ignore[arg-type]
 
 
+def parse_live_policy(spec: str) -> Policy | GuardSpec:
+    """What ``--policy`` and the server's ``/v1/moescope/cache`` take: a preset or
+    ``preset:key=value`` (:func:`~moescope.cache.policy.parse_preset`), or the quality
+    guard, ``guard[:target=1%][:every=8][:base=psr]``."""
+    guard = parse_guard(spec)
+    if guard is not None:
+        return guard
+    name = spec.strip().split(":", 1)[0]
+    if name not in PRESET_NAMES:
+        raise MoEScopeError(f"unknown policy {name!r} (known: {', '.join(PRESET_NAMES)}, "
+                            f"{GUARD})")
+    return parse_preset(spec)
+
+
 def _knob(policy: Policy) -> tuple[str, tuple[float, float, float]]:
     """Which parameter the guard moves for this policy's miss rule, and its levels."""
     if policy.miss_rule == MissRule.ROUTING_BONUS:
@@ -172,4 +186,4 @@ class GuardController:
 
 
 __all__ = ["DEFAULT_EVERY", "DEFAULT_TARGET", "GUARD", "GUARD_BASES", "GuardController",
-           "GuardSpec", "parse_guard"]
+           "GuardSpec", "parse_guard", "parse_live_policy"]

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+from moescope.util.errors import MoEScopeError
+
 DEFAULT_THETA = 0.15
 """Paper 1's 0.15 rule: fetch a miss whose normalized gate weight is at least this."""
 DEFAULT_BETA = 0.5
@@ -188,3 +190,52 @@ PRESETS: dict[str, Policy] = {
 """Named presets, identical to the C ``moecache_preset`` table."""
 
 PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
+
+
+def parse_preset(spec: str) -> Policy:
+    """A preset name, or ``preset:key=value[:key=value]``.
+
+    Keys: ``theta``, ``beta``, ``half_life``, ``eviction`` (lru|frequency), ``admission``
+    (on|off), ``miss_rule`` (fetch_all|threshold|first_choice|substitute_all|
+    routing_bonus),
+    ``substitute_weight`` (missing|own), ``bonus`` (routing bonus), ``prefetch``
+    (off|top-k|N experts per token). A policy with parameters is labelled by its spec.
+    """
+    spec = spec.strip()
+    name, *params = spec.split(":")
+    if name not in PRESET_NAMES:
+        raise MoEScopeError(f"unknown policy {name!r} (known: {', '.join(PRESET_NAMES)})")
+    policy = Policy.preset(name)
+    if not params:
+        return policy
+    changes: dict[str, Any] = {}
+    for item in params:
+        key, sep, value = item.partition("=")
+        key, value = key.strip().replace("-", "_"), value.strip().lower()
+        try:
+            if not sep:
+                raise ValueError("expected key=value")
+            if key in ("theta", "theta_disk", "beta", "half_life", "bonus"):
+                changes[key] = float(value)
+            elif key == "prefetch":
+                changes[key] = {"off": 0, "topk": -1, "top_k": -1}.get(value.replace("-", "_"))
+                if changes[key] is None:
+                    changes[key] = int(value)
+            elif key == "eviction":
+                changes[key] = Eviction[value.upper()]
+            elif key == "miss_rule":
+                changes[key] = MissRule[value.upper().replace("-", "_")]
+            elif key == "substitute_weight":
+                changes[key] = SubstituteWeight[value.upper()]
+            elif key == "admission":
+                if value not in ("on", "off", "true", "false", "1", "0"):
+                    raise ValueError("use on or off")
+                changes[key] = value in ("on", "true", "1")
+            else:
+                raise ValueError("unknown parameter")
+        except (KeyError, ValueError) as err:
+            raise MoEScopeError(f"policy {spec!r}: cannot use {item!r} ({err})") from None
+    try:
+        return policy.replace(name=spec, **changes)
+    except ValueError as err:
+        raise MoEScopeError(f"policy {spec!r}: {err}") from None

@@ -37,6 +37,12 @@ from moescope.server.params import chat_params, completion_params
 from moescope.server.service import Delta, Done, Event, Failed, Job, RequestRecord, Service
 
 
+def _compact(obj: Any) -> str:
+    """JSON as every streamed chunk is written, the hand-built content chunks and the
+    closing ones alike: no spaces, non-ASCII escaped."""
+    return json.dumps(obj, separators=(",", ":"))
+
+
 def error_response(err: ApiError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
@@ -260,7 +266,7 @@ class _Shape:
         self.object = "chat.completion" if kind == "chat" else "text_completion"
         self._head = (f'{{"id":"{self.id}","object":"'
                       f'{"chat.completion.chunk" if kind == "chat" else "text_completion"}",'
-                      f'"created":{self.created},"model":{json.dumps(model)},"choices":[')
+                      f'"created":{self.created},"model":{_compact(model)},"choices":[')
 
     def _base(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -289,12 +295,12 @@ class _Shape:
         if self.kind == "chat":
             parts = ['"role":"assistant"'] if first else []
             if d.reasoning:
-                parts.append(f'"reasoning_content":{json.dumps(d.reasoning)}')
+                parts.append(f'"reasoning_content":{_compact(d.reasoning)}')
             if d.content or not d.reasoning:
-                parts.append(f'"content":{json.dumps(d.content)}')
+                parts.append(f'"content":{_compact(d.content)}')
             choice = f'{{"index":0,"delta":{{{",".join(parts)}}},"finish_reason":null}}'
         else:
-            choice = f'{{"index":0,"text":{json.dumps(d.content)},"finish_reason":null}}'
+            choice = f'{{"index":0,"text":{_compact(d.content)},"finish_reason":null}}'
         return b"data: " + (self._head + choice + "]}").encode() + b"\n\n"
 
     def last(self, r: RequestRecord, include_usage: bool) -> bytes:
@@ -309,7 +315,7 @@ class _Shape:
         out = [{**self._base(obj), "choices": [choice], "moescope": r.numbers()}]
         if include_usage:
             out.append({**self._base(obj), "choices": [], "usage": self.usage(r)})
-        return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in out) \
+        return b"".join(b"data: " + _compact(c).encode() + b"\n\n" for c in out) \
             + b"data: [DONE]\n\n"
 
 
@@ -447,7 +453,7 @@ async def _sse(events: _Channel, shape: _Shape,
                 yield b"".join(out)
                 return
             else:
-                out.append(b"data: " + json.dumps(event.error.body()).encode() + b"\n\n")
+                out.append(b"data: " + _compact(event.error.body()).encode() + b"\n\n")
                 yield b"".join(out)
                 return
         yield b"".join(out)

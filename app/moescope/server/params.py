@@ -96,6 +96,18 @@ def _flag(body: dict[str, Any], name: str) -> bool:
     return value
 
 
+def _text(value: str, param: str) -> str:
+    """``value``, refused if it is not Unicode text: JSON's ``\\ud800`` escapes decode to
+    lone UTF-16 surrogates, which no tokenizer (nor a UTF-8 log line) takes."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise bad_param(param, f"{param} has a lone UTF-16 surrogate "
+                               f"({value[err.start]!r} at character {err.start}); send "
+                               "text as valid Unicode") from None
+    return value
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -120,13 +132,15 @@ def _stops(body: dict[str, Any]) -> list[str]:
     if any(not s or len(s) > MAX_STOP_CHARS for s in stops):
         raise bad_param("stop", f"each stop sequence must have 1 to {MAX_STOP_CHARS} "
                                 "characters")
-    return list(stops)
+    return [_text(s, "stop") for s in stops]
 
 
 def _common(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
     model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad_param("model", "model must be a string")
+    if model is not None:
+        if not isinstance(model, str):
+            raise bad_param("model", "model must be a string")
+        _text(model, "model")
     names = ("max_completion_tokens", "max_tokens")
     name = next((n for n in names if body.get(n) is not None), "max_tokens")
     max_tokens = _integer(body, name, 1, 1 << 31)
@@ -160,12 +174,17 @@ def _common(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
 
 
 def _content(message: dict[str, Any], i: int) -> str:
-    """A message's text: a string, or a list of text parts (what newer clients send)."""
+    """A message's text: a string, or a list of text parts (what newer clients send).
+    Required, as OpenAI requires it, of every message but an assistant's (which may carry
+    tool calls or a refusal instead)."""
     content = message.get("content")
     if content is None:
+        if message.get("role") != "assistant":
+            raise bad_param(f"messages[{i}].content", f"content is required in a "
+                                                      f"{message.get('role')} message")
         return ""
     if isinstance(content, str):
-        return content
+        return _text(content, f"messages[{i}].content")
     if isinstance(content, list):
         texts = []
         for part in content:
@@ -175,7 +194,7 @@ def _content(message: dict[str, Any], i: int) -> str:
                                 "only text content parts are supported (no images, audio "
                                 "or files)")
             texts.append(part["text"])
-        return "".join(texts)
+        return _text("".join(texts), f"messages[{i}].content")
     raise bad_param(f"messages[{i}].content", "content must be a string or a list of "
                                               "text parts")
 
@@ -236,7 +255,9 @@ def completion_params(body: Any, limits: Limits) -> CompletionParams:
     common = _common(body, limits)
     if common["max_tokens"] is None:
         common["max_tokens"] = min(16, limits.max_tokens)  # OpenAI's default here
-    prompt = body.get("prompt", "")
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise bad_param("prompt", "prompt is required")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
@@ -244,4 +265,4 @@ def completion_params(body: Any, limits: Limits) -> CompletionParams:
                                   "prompts are not supported)")
     _neutral(body, "echo", (False,), "the prompt is not echoed")
     _neutral(body, "suffix", ("",), "no insertion")
-    return CompletionParams(**common, prompt=prompt)
+    return CompletionParams(**common, prompt=_text(prompt, "prompt"))

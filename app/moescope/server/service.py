@@ -462,9 +462,12 @@ class Service:
     def steer(self, body: Any) -> dict[str, Any]:
         """``POST /v1/moescope/cache`` with ``policy`` and/or ``budget``: queued on the
         engine, applied now when it is idle, else before the running answer's next
-        token. A budget the cache cannot take is a 400 and the previous one stays."""
+        token. A budget the cache cannot take is a 400 and the previous one stays.
+
+        ``policy`` is read as ``serve --policy`` reads it (the guard included), and
+        ``budget`` as ``--budget`` (a whole number is that many slots per layer)."""
         from moescope.cache.budget import plan_for_model
-        from moescope.sim.sweep import RECORDED, parse_policy
+        from moescope.cache.guard import parse_live_policy
 
         if not isinstance(body, dict):
             raise bad_param("body", "the request body must be a JSON object")
@@ -483,17 +486,20 @@ class Service:
                                          "nothing to audit")
         policy = None
         if spec is not None:
-            if not isinstance(spec, str) or len(spec) > 200 or spec.strip() == RECORDED:
-                raise bad_param("policy", "policy must be a preset name or "
-                                          "preset:key=value, e.g. threshold:theta=0.3")
+            if not isinstance(spec, str) or len(spec) > 200:
+                raise bad_param("policy", "policy must be a preset name, preset:key=value "
+                                          "(e.g. threshold:theta=0.3) or guard:target=1%")
             try:
-                policy = parse_policy(spec)
+                policy = parse_live_policy(spec)
             except MoEScopeError as err:
                 raise bad_param("policy", str(err)) from None
         model = self.engine.model
         if budget is not None:
+            if isinstance(budget, int) and not isinstance(budget, bool):
+                budget = str(budget)  # slots per layer, as --budget 16 reads
             if not isinstance(budget, str) or len(budget) > 40:
-                raise bad_param("budget", "budget must be a string: 25%, 512MiB or 16")
+                raise bad_param("budget", "budget must be a string (25%, 512MiB, 16) or a "
+                                          "whole number of slots per layer")
             if model is None or not model.cache_enabled or model.info is None:
                 raise bad_param("budget", "the expert cache is off for this model; there "
                                           "is no budget")

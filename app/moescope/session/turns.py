@@ -57,6 +57,13 @@ class Turn:
         return (self.started or time.perf_counter()) - self.joined
 
 
+def _waiting(n: int) -> str:
+    """How many requests wait, in words, for the queue-full message."""
+    if n == 0:
+        return "no request may wait"
+    return "1 request already waits" if n == 1 else f"{n} requests already wait"
+
+
 class EngineQueue:
     """A bounded FIFO of turns on one engine; at most one turn runs at a time."""
 
@@ -81,8 +88,8 @@ class EngineQueue:
             if self._running is None and not self._waiting:
                 self._start(turn)
             elif len(self._waiting) >= self.capacity:
-                raise QueueFull(f"the engine is busy and {len(self._waiting)} requests "
-                                f"already wait; try again shortly")
+                raise QueueFull(f"the engine is busy and {_waiting(len(self._waiting))}; "
+                                "try again shortly")
             else:
                 self._waiting.append(turn)
         self._changed()

@@ -19,7 +19,7 @@ import numpy as np
 
 from moescope.cache.batch import ProgressFn, ReplayCancelled
 from moescope.cache.budget import format_bytes, plan_slots
-from moescope.cache.policy import PRESET_NAMES, Eviction, MissRule, Policy, SubstituteWeight
+from moescope.cache.policy import PRESET_NAMES, Policy, parse_preset
 from moescope.sim.cost import CostModel
 from moescope.sim.replay import ReplayResult, Routing, replay, replay_many
 from moescope.trace import Trace, TraceModel
@@ -30,55 +30,17 @@ RECORDED = "recorded"
 
 
 def parse_policy(spec: str) -> Policy | None:
-    """``recorded`` (None), a preset name, or ``preset:key=value[:key=value]``.
-
-    Keys: ``theta``, ``beta``, ``half_life``, ``eviction`` (lru|frequency), ``admission``
-    (on|off), ``miss_rule`` (fetch_all|threshold|first_choice|substitute_all|
-    routing_bonus),
-    ``substitute_weight`` (missing|own), ``bonus`` (routing bonus), ``prefetch``
-    (off|top-k|N experts per token). A policy with parameters is labelled by its spec.
-    """
+    """``recorded`` (None), or a policy in the grammar of
+    :func:`moescope.cache.policy.parse_preset` (a preset name, or
+    ``preset:key=value[:key=value]``)."""
     spec = spec.strip()
     if spec == RECORDED:
         return None
-    name, *params = spec.split(":")
+    name = spec.split(":", 1)[0]
     if name not in PRESET_NAMES:
         raise MoEScopeError(f"unknown policy {name!r} (known: {RECORDED}, "
                             f"{', '.join(PRESET_NAMES)})")
-    policy = Policy.preset(name)
-    if not params:
-        return policy
-    changes: dict[str, Any] = {}
-    for item in params:
-        key, sep, value = item.partition("=")
-        key, value = key.strip().replace("-", "_"), value.strip().lower()
-        try:
-            if not sep:
-                raise ValueError("expected key=value")
-            if key in ("theta", "theta_disk", "beta", "half_life", "bonus"):
-                changes[key] = float(value)
-            elif key == "prefetch":
-                changes[key] = {"off": 0, "topk": -1, "top_k": -1}.get(value.replace("-", "_"))
-                if changes[key] is None:
-                    changes[key] = int(value)
-            elif key == "eviction":
-                changes[key] = Eviction[value.upper()]
-            elif key == "miss_rule":
-                changes[key] = MissRule[value.upper().replace("-", "_")]
-            elif key == "substitute_weight":
-                changes[key] = SubstituteWeight[value.upper()]
-            elif key == "admission":
-                if value not in ("on", "off", "true", "false", "1", "0"):
-                    raise ValueError("use on or off")
-                changes[key] = value in ("on", "true", "1")
-            else:
-                raise ValueError("unknown parameter")
-        except (KeyError, ValueError) as err:
-            raise MoEScopeError(f"policy {spec!r}: cannot use {item!r} ({err})") from None
-    try:
-        return policy.replace(name=spec, **changes)
-    except ValueError as err:
-        raise MoEScopeError(f"policy {spec!r}: {err}") from None
+    return parse_preset(spec)
 
 
 def split_list(values: Sequence[str] | str) -> list[str]:

@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moescope.cache.audit import check_every
-from moescope.cache.guard import GUARD, GuardSpec, parse_guard
-from moescope.cache.policy import PRESET_NAMES, Policy
+from moescope.cache.guard import parse_live_policy
 from moescope.cli.options import (
     add_budget_arguments,
     add_model_argument,
@@ -108,23 +107,6 @@ def resolve_model(path: Path | None) -> Path:
     if model is None:
         raise MoEScopeError("no model given and no demo model in resources/models/")
     return model
-
-
-def parse_live_policy(spec: str) -> Policy | GuardSpec:
-    """A preset or ``preset:key=value`` (replay's syntax, without its ``recorded``), or the
-    quality guard, ``guard[:target=1%][:every=8][:base=cache-prior]``."""
-    from moescope.sim.sweep import parse_policy
-
-    guard = parse_guard(spec)
-    if guard is not None:
-        return guard
-    name = spec.strip().split(":", 1)[0]
-    if name not in PRESET_NAMES:
-        raise MoEScopeError(f"unknown policy {name!r} (known: {', '.join(PRESET_NAMES)}, "
-                            f"{GUARD})")
-    policy = parse_policy(spec)
-    assert policy is not None  # only 'recorded' parses to None
-    return policy
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser, *, n_default: int,
