@@ -7,6 +7,16 @@ import argparse
 from pathlib import Path
 
 from moescope.cache.policy import PRESET_NAMES
+from moescope.util.errors import MoEScopeError
+
+
+def check_range(option: str, value: float, lo: float, hi: float, unit: str = "") -> None:
+    """Refuse, in one line, a number read from an argument that is outside ``lo..hi``
+    (NaN and the infinities too): every number a command takes is bounded here before it
+    is used. ``unit`` follows the bounds (" s", " GB/s")."""
+    if not lo <= value <= hi:  # False for NaN
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        raise MoEScopeError(f"{option} {shown} must be from {lo:g} to {hi:g}{unit}")
 
 
 def add_model_argument(p: argparse.ArgumentParser) -> None:
