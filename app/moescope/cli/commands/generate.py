@@ -30,7 +30,7 @@ from moescope.cli.options import (
     add_no_cache_argument,
     add_policy_argument,
 )
-from moescope.trace.names import formats_help, trace_suffix
+from moescope.trace.names import formats_help, record_suffix
 from moescope.util.errors import MoEScopeError
 from moescope.util.resources import demo_model_path
 
@@ -253,10 +253,20 @@ def check_trace_output(path: Path | None, inputs: Sequence[Path]) -> None:
     if path is not None and is_stdout(path):
         raise MoEScopeError("--trace -: the answer is written to stdout; give a file name")
     check_output_path(path, "--trace", inputs)
-    if path is not None:
-        from moescope.trace.parquet_format import check_journal_free
+    if path is None:
+        return
+    from moescope.trace.names import journal_path, record_suffix, unknown_suffix_message
+    from moescope.trace.parquet_format import check_journal_free
 
-        check_journal_free(path)  # a crash's journal: refused now, not after the load
+    suffix = record_suffix(path)
+    if suffix is None:  # the writer would refuse it too, after the model had loaded
+        raise MoEScopeError(f"--trace {unknown_suffix_message(path)}")
+    check_journal_free(path)  # a crash's journal: refused now, not after the load
+    journal = journal_path(path)
+    if suffix == ".parquet" and os.path.lexists(journal):  # X.PARQUET: not its name case
+        raise MoEScopeError(f"{journal}: a trace journal is already there (a session cut "
+                            f"off? `moescope trace compact {journal}` finishes it); not "
+                            "overwritten")
 
 
 COMPACT_NOTICE_S = 1.0
@@ -269,7 +279,7 @@ def close_trace(path: Path, close: Callable[[], None]) -> None:
     file finished, so a Parquet trace is compacted first, and "compacting trace..." is
     said on stderr if that takes longer than :data:`COMPACT_NOTICE_S`."""
     timer = None
-    if trace_suffix(path.name) == ".parquet":
+    if record_suffix(path.name) == ".parquet":
         timer = threading.Timer(COMPACT_NOTICE_S, lambda: _say_compacting(path))
         timer.daemon = True
         timer.start()
