@@ -127,6 +127,12 @@ def parse_live_policy(spec: str) -> Policy | GuardSpec:
     return policy
 
 
+MAX_SEED = 0xFFFFFFFF - 1
+"""The largest ``--seed`` that reproduces: llama.cpp takes a 32-bit seed (4294967296 was
+seed 0 again) and ``LLAMA_DEFAULT_SEED``, 0xFFFFFFFF (-1 too, as 32 bits), means "a random
+seed each run"."""
+
+
 def add_sampling_arguments(p: argparse.ArgumentParser, *, n_default: int,
                            n_help: str) -> None:
     """``--n``/``-n``, ``--seed``, ``--temperature``: the same spelling in every command.
@@ -135,7 +141,9 @@ def add_sampling_arguments(p: argparse.ArgumentParser, *, n_default: int,
     """
     p.add_argument("-n", "--n", type=int, default=n_default, metavar="N",
                    help=f"{n_help} (default {n_default})")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--seed", type=int, default=0, metavar="S",
+                   help=f"sampling seed, 0 to {MAX_SEED}: the same seed, prompt and options "
+                        "give the same text (default 0)")
     p.add_argument("--temperature", type=float, default=0.7)
 
 
@@ -143,7 +151,7 @@ def sampling_from_args(args: argparse.Namespace) -> Sampling:
     """The :class:`Sampling` that :func:`add_sampling_arguments`' options describe.
 
     Checked here, before a model loads: ``--n 0`` would otherwise still generate one token,
-    and a NaN temperature samples garbage without a word.
+    a NaN temperature samples garbage without a word, and a seed outside 32 bits wraps.
     """
     from moescope.engine import Sampling
 
@@ -152,6 +160,9 @@ def sampling_from_args(args: argparse.Namespace) -> Sampling:
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise MoEScopeError(f"--temperature must be a number >= 0 (0 is greedy), got "
                             f"{args.temperature}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise MoEScopeError(f"--seed {args.seed} must be from 0 to {MAX_SEED} (llama.cpp "
+                            "takes 32 bits, and 4294967295 means a random seed)")
     return Sampling(temperature=args.temperature, max_tokens=args.n, seed=args.seed)
 
 
