@@ -49,3 +49,36 @@ def test_the_seed_help_says_its_range_and_the_largest_one_is_taken(
     assert "0 to 4294967294" in " ".join(capsys.readouterr().out.split())
     args = build_parser().parse_args([command, "--seed", "4294967294"])
     assert sampling_from_args(args).seed == 4294967294
+
+
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("--compute-ms", "1e300", "from 0 to 60000 ms"),
+    ("--compute-ms", "60001", "from 0 to 60000 ms"),
+    ("--bandwidth", "1e-300", "from 0.01 to 10000 GB/s"),
+    ("--bandwidth", "1e5", "from 0.01 to 10000 GB/s"),
+    ("--latency-us", "1e300", "from 0 to 1e+06 µs"),
+])
+def test_replay_bounds_the_cost_model_to_physical_ranges(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str,
+        says: str) -> None:
+    """``--compute-ms 1e300`` printed 300-digit times; ``--bandwidth 1e-300`` a footer of
+    "0.00 GB/s"."""
+    err = _one_line_error(capsys, ["replay", str(tmp_path / "never-read.jsonl"), option,
+                                   value])
+    assert option in err and says in err
+
+
+def test_the_replay_footer_says_the_overridden_figures(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from moescope_testing.traces import core_trace
+
+    trace = core_trace(tmp_path / "t.jsonl", n_tokens=6)
+    assert main(["replay", str(trace), "--policy", "exact", "--bandwidth", "3",
+                 "--compute-ms", "2", "--latency-us", "0.5"]) == 0
+    footer = next(line for line in capsys.readouterr().out.splitlines()
+                  if "cost model" in line)
+    assert "3.00 GB/s" in footer and "compute 2.000 ms/token" in footer
+    assert "(--bandwidth 3 GB/s, --latency-us 0.5 µs, --compute-ms 2 ms given; otherwise " \
+           "PCIe 4.0" in footer
+    assert main(["replay", str(trace), "--policy", "exact"]) == 0
+    assert "given" not in capsys.readouterr().out
