@@ -99,6 +99,10 @@ def run(args: argparse.Namespace) -> int:
               f"replaying its {len(trace.tokens)} complete tokens", file=sys.stderr)
     if not trace.tokens:
         raise MoEScopeError(f"{args.trace.name}: the trace has no tokens to replay")
+    if not any(t.phase == "decode" for t in trace.tokens):  # a table of zeros otherwise
+        prompts = "its prompt" if len(trace.tokens) == 1 else "its prompts"
+        raise MoEScopeError(f"{args.trace.name}: nothing to replay: no token was decoded "
+                            f"(the trace holds only the prefill of {prompts})")
     cost = _with_overrides(cost_model(args.cost_model, trace), args)
     ram_slots = 0
     if args.ram_budget:
