@@ -173,10 +173,13 @@ class SessionStats:
     decode_tokens: int = 0
     decode_seconds: float = 0.0
     cache: CacheTotals | None = None
+    ram_tier: bool = False
+    """Whether an answer ran with the RAM tier on (the line then says disk MB/tok)."""
 
     def add(self, a: AnswerStats) -> None:
         from moescope.engine import CacheTotals
 
+        self.ram_tier = self.ram_tier or a.ram_tier
         self.answers += 1
         self.tokens += a.n_tokens
         if a.n_tokens > 1:
@@ -195,7 +198,7 @@ class SessionStats:
 
         answers = f"{self.answers} answer{'' if self.answers == 1 else 's'}"
         return summary_line(label, self.tokens_per_second, self.cache or CacheTotals(),
-                            f"{answers}, {self.tokens} tokens")
+                            f"{answers}, {self.tokens} tokens", ram_tier=self.ram_tier)
 
 
 @dataclass

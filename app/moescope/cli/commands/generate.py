@@ -327,15 +327,20 @@ def cache_state(engine: Engine) -> str:
     return "cache off"
 
 
-def summary_line(label: str, tokens_per_second: float, cache: CacheTotals, tail: str) -> str:
-    """``[label] tok/s | hit | fetched MB/tok | substituted | mass/tok | tail``; when no
-    expert went through the cache (cache off) only tok/s and the tail: a 0% hit rate
+def summary_line(label: str, tokens_per_second: float, cache: CacheTotals, tail: str, *,
+                 ram_tier: bool = False) -> str:
+    """``[label] tok/s | hit | fetched MB/tok | substituted | mass/tok | tail``, with
+    ``disk MB/tok | RAM hit`` after the fetches when the RAM tier is on (``ram_tier``) or
+    an expert was read from disk, as the window's summary (``AnswerStats.summary``); when
+    no expert went through the cache (cache off) only tok/s and the tail: a 0% hit rate
     would read as a measurement."""
     c = cache
     if c.selections == 0:
         return f"[{label}] {tokens_per_second:.1f} tok/s | {tail}"
+    disk = (f"disk {c.disk_mb_per_token:.3f} MB/tok | RAM hit {c.ram_hit_rate:.1%} | "
+            if ram_tier or c.disk_fills else "")
     return (f"[{label}] {tokens_per_second:.1f} tok/s | hit {c.hit_rate:.1%} | "
-            f"fetched {c.fetched_mb_per_token:.3f} MB/tok | substituted "
+            f"fetched {c.fetched_mb_per_token:.3f} MB/tok | {disk}substituted "
             f"{c.substituted_fraction:.1%} | mass/tok {c.mass_per_token:.3f} | {tail}")
 
 
@@ -346,7 +351,8 @@ def answer_summary(engine: Engine) -> str:
     audit = a.audit
     return summary_line(cache_state(engine), a.tokens_per_second, a.cache,
                         (f"{audit.describe()} | " if audit is not None else "")
-                        + f"{a.n_tokens} tokens, stop: {a.stop_reason}")
+                        + f"{a.n_tokens} tokens, stop: {a.stop_reason}",
+                        ram_tier=a.ram_tier)
 
 
 def _gpu_layers(text: str) -> int:
