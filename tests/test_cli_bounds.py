@@ -56,7 +56,7 @@ def test_the_seed_help_says_its_range_and_the_largest_one_is_taken(
     ("--compute-ms", "60001", "from 0 to 60000 ms"),
     ("--bandwidth", "1e-300", "from 0.01 to 10000 GB/s"),
     ("--bandwidth", "1e5", "from 0.01 to 10000 GB/s"),
-    ("--latency-us", "1e300", "from 0 to 1e+06 µs"),
+    ("--latency-us", "1e300", "from 0 to 1000000 µs"),
 ])
 def test_replay_bounds_the_cost_model_to_physical_ranges(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str,
@@ -82,3 +82,65 @@ def test_the_replay_footer_says_the_overridden_figures(
            "PCIe 4.0" in footer
     assert main(["replay", str(trace), "--policy", "exact"]) == 0
     assert "given" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["chat", "serve"])
+@pytest.mark.parametrize("ctx", ["1", "2", "15", "4194305", "-1"])
+def test_chat_and_serve_share_one_context_bound(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, ctx: str) -> None:
+    """``chat --ctx 1`` was accepted while ``serve --ctx`` had to be at least 16."""
+    err = _one_line_error(capsys, [command, str(tmp_path / "never-read.gguf"), "--ctx", ctx])
+    assert f"--ctx {ctx} must be from 16 to 4194304" in err
+
+
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("--runs", "99999999999", "--runs 99999999999 must be from 1 to 1000"),
+    ("--runs", "0", "--runs 0 must be from 1 to 1000"),
+    ("--tokens", "99999999999", "--tokens 99999999999 must be from 2 to 1000000"),
+])
+def test_bench_counts_are_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                  option: str, value: str, says: str) -> None:
+    err = _one_line_error(capsys, ["bench", str(tmp_path / "never-read.gguf"), option, value])
+    assert says in err
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_the_token_count_is_bounded_above_too(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
+    err = _one_line_error(capsys, [command, str(tmp_path / "never-read.gguf"), "-n",
+                                   "99999999999"])
+    assert "--n 99999999999 must be from 1 to 1000000" in err
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["x/y", "--budget", "nan"], "cannot read budget 'nan'"),
+    (["x/y:f.gguf", "--dir", "/dev/null"], "--dir /dev/null: not a folder"),
+    (["x/y:f.gguf", "--dir", "/dev/null/models"],
+     "--dir /dev/null/models: not a folder (/dev/null is not a folder)"),
+    (["x/y:f.gguf", "--check", "--dir", "{file}"], "not a folder"),
+])
+def test_pull_checks_its_arguments_before_asking_the_hub(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch, argv: list[str], says: str) -> None:
+    """``pull x/y --budget nan`` and ``--dir /dev/null`` were refused only after the Hub
+    was asked ("cannot reach huggingface.co" offline)."""
+    from moescope.hub import remote
+
+    def no_network(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the Hub was asked before the arguments were checked")
+
+    monkeypatch.setattr(remote.HubClient, "__init__", no_network)
+    (tmp_path / "file").write_text("")
+    err = _one_line_error(capsys, ["pull", *(a.format(file=tmp_path / "file")
+                                             for a in argv)])
+    assert says in err
+
+
+@pytest.mark.parametrize(("target", "says"), [
+    ("-5%", "got -5%"), ("0.9", "got 90%"), ("60%", "got 60%"), ("nan", "got nan")])
+def test_the_guard_target_is_said_as_a_percentage(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str, says: str) -> None:
+    """``guard:target=-5%`` said "got -0.05"."""
+    err = _one_line_error(capsys, ["generate", str(tmp_path / "never-read.gguf"),
+                                   "--policy", f"guard:target={target}"])
+    assert err.rstrip().endswith(f"guard target must be between 0.01% and 50%, {says}")

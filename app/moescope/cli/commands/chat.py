@@ -6,9 +6,10 @@ and slash commands that steer the cache live, as the window's controls do: ``/po
 ``/budget`` go through the engine's request queue, so model, KV cache and conversation are
 kept. Ctrl+C stops an answer (what was generated stays in the conversation); Ctrl+C or
 Ctrl+D at an empty prompt quits. With stdin not a terminal it reads one message per line
-and prints only answers and summaries, so a session can be scripted. A thinking model's
-thoughts (``<think>`` or harmony channels, see ``model.reasoning``) print dim before the
-answer on a terminal, not at all in a script, and never go back into the conversation;
+and prints only answers and summaries, so a session can be scripted (exit status 1 when
+a message got no answer). A thinking model's thoughts (``<think>`` or harmony
+channels, see ``model.reasoning``) print dim before the answer on a terminal, not at all
+in a script, and never go back into the conversation;
 Ctrl+C while it thinks means "answer now" (the thoughts are closed and it answers), a
 second Ctrl+C stops.
 """
@@ -49,6 +50,7 @@ from moescope.cli.options import (
     add_no_cache_argument,
     add_policy_argument,
     add_threads_argument,
+    check_ctx,
 )
 from moescope.cli.terminal import (
     AnswerPrinter,
@@ -120,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
 
     policy = parse_live_policy(args.policy)  # fail fast, before loading
     parse_budget(args.budget)
-    sampling_from_args(args)  # --n, --temperature
+    sampling_from_args(args)  # --n, --temperature, --seed
+    check_ctx(args.ctx)
     check_every(args.audit)
     check_threads(args.threads)
     inputs = model_inputs(args.model)
@@ -154,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
             line = read()
             if line is None or not session.handle(line):
                 break
+        if not tty and session.unanswered:  # a script learns that a message failed
+            return 1
     finally:
         if recording is not None:
             stop_reason = engine.last_answer.stop_reason
@@ -219,6 +224,9 @@ class ChatSession:
     messages: list[Message] = field(default_factory=list)
     total: SessionStats = field(default_factory=SessionStats)
     by_policy: dict[str, SessionStats] = field(default_factory=dict)
+    unanswered: int = 0
+    """Messages that got no answer (one that did not fit the context, a template that
+    refused it): a scripted session with any ends with exit status 1."""
 
     _answer_prefix: str | None = field(default=None, init=False, repr=False)
 
@@ -280,6 +288,7 @@ class ChatSession:
         except MoEScopeError as err:  # e.g. the conversation outgrew the context
             if engine.last_answer is previous:
                 self.messages.pop()
+                self.unanswered += 1
                 self._error(str(err) if _is_template_error(err)
                             else f"{err}; /reset starts a new conversation")
                 return

@@ -25,10 +25,12 @@ from moescope.cache.audit import check_every
 from moescope.cache.guard import GUARD, GuardSpec, parse_guard
 from moescope.cache.policy import PRESET_NAMES, Policy
 from moescope.cli.options import (
+    MAX_TOKENS,
     add_budget_arguments,
     add_model_argument,
     add_no_cache_argument,
     add_policy_argument,
+    check_range,
 )
 from moescope.trace.names import formats_help, record_suffix
 from moescope.util.errors import MoEScopeError
@@ -157,6 +159,7 @@ def sampling_from_args(args: argparse.Namespace) -> Sampling:
 
     if args.n < 1:
         raise MoEScopeError(f"--n must be at least 1, got {args.n}")
+    check_range("--n", args.n, 1, MAX_TOKENS)
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise MoEScopeError(f"--temperature must be a number >= 0 (0 is greedy), got "
                             f"{args.temperature}")
