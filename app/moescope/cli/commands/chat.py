@@ -203,7 +203,8 @@ class SessionStats:
 
         answers = f"{self.answers} answer{'' if self.answers == 1 else 's'}"
         return summary_line(label, self.tokens_per_second, self.cache or CacheTotals(),
-                            f"{answers}, {self.tokens} tokens", ram_tier=self.ram_tier)
+                            f"{answers}, {self.tokens} token{'' if self.tokens == 1 else 's'}",
+                            ram_tier=self.ram_tier)
 
 
 @dataclass
@@ -489,9 +490,11 @@ class ChatSession:
         for r in rows:
             self._say("  ".join(cell.ljust(w) if k == 0 else cell.rjust(w)
                                 for k, (cell, w) in enumerate(zip(r, widths, strict=True))))
-        note = f"greedy answers of up to {result.max_tokens} tokens, each from an empty cache"
-        if result.scored_tokens:
-            note += f"; the chat scored over {result.scored_tokens} tokens"
+        most, scored = result.max_tokens, result.scored_tokens
+        note = (f"greedy answers of up to {most} token{'' if most == 1 else 's'}, each from an "
+                "empty cache")
+        if scored:
+            note += f"; the chat scored over {scored} token{'' if scored == 1 else 's'}"
         if result.stopped:
             note += "; stopped before every policy answered"
         if any(a.audit is not None for a in result.answers):

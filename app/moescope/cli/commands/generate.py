@@ -354,7 +354,8 @@ def answer_summary(engine: Engine) -> str:
     audit = a.audit
     return summary_line(cache_state(engine), a.tokens_per_second, a.cache,
                         (f"{audit.describe()} | " if audit is not None else "")
-                        + f"{a.n_tokens} tokens, stop: {a.stop_reason}",
+                        + f"{a.n_tokens} token{'' if a.n_tokens == 1 else 's'}, stop: "
+                          f"{a.stop_reason}",
                         ram_tier=a.ram_tier)
 
 
