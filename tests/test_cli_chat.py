@@ -280,9 +280,21 @@ def test_a_conversation_too_long_for_the_context_is_refused_and_the_chat_goes_on
     long = " ".join(["word"] * 200)
     code, _, err = chat(monkeypatch, capsys, synth_model("qwen3moe"),
                         f"{long}\n/reset\nShort\n", "--ctx", "64")
-    assert code == 0
+    assert code == 1  # the script goes on, and its exit status says a message failed
     assert "does not fit the context" in err and "/reset" in err
     assert spy.turns[-1].messages == [{"role": "user", "content": "Short"}]
+
+
+def test_a_scripted_chat_whose_message_got_no_answer_exits_nonzero(
+        synth_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``echo hi | moescope chat --ctx 2`` printed its error and exited 0."""
+    code, out, err = chat(monkeypatch, capsys, synth_model("qwen3moe"),
+                          " ".join(["word"] * 40) + "\n", "--ctx", "16")
+    assert code == 1 and "does not fit the context of 16 tokens" in err
+    assert not summaries(out)
+    code, out, err = chat(monkeypatch, capsys, synth_model("qwen3moe"), "/policy nope\nHi\n")
+    assert code == 0 and "unknown policy" in err  # a command's mistake is said, not failed
 
 
 @pytest.mark.parametrize("bad", ["missing", "random", "truncated_data"])

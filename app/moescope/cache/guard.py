@@ -63,10 +63,12 @@ class GuardSpec:
 
     def __post_init__(self) -> None:
         lo, hi = TARGET_RANGE
-        if isinstance(self.target, bool) or not isinstance(self.target, (int, float)) or \
-                not (math.isfinite(self.target) and lo <= self.target <= hi):
+        number = not isinstance(self.target, bool) and isinstance(self.target, (int, float))
+        if not number or not (math.isfinite(self.target) and lo <= self.target <= hi):
+            got = (f"{100 * self.target:g}%" if number and math.isfinite(self.target)
+                   else f"{self.target!r:.20}")
             raise MoEScopeError(f"guard target must be between {100 * lo:g}% and "
-                                f"{100 * hi:g}%, got {self.target!r:.20}")
+                                f"{100 * hi:g}%, got {got}")  # as typed: -5%, not -0.05
         if isinstance(self.every, bool) or not isinstance(self.every, int) or \
                 not 1 <= self.every <= AUDIT_EVERY_MAX:
             raise MoEScopeError(f"guard audit period must be 1 to {AUDIT_EVERY_MAX} tokens, "

@@ -22,9 +22,13 @@ from collections.abc import Sequence
 
 from moescope import __version__
 from moescope.cli.commands import load_commands
+from moescope.cli.options import check_range
 from moescope.util.errors import MoEScopeError
 
 EXIT_USAGE = 2
+SELF_TEST_TIMEOUT_S = (1.0, 3600.0)
+"""``--self-test-timeout``'s bounds: a second to an hour (Qt's timer takes no more than
+about 24 days, and a NaN or a negative wait meant a traceback or an instant 'timed out')."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,8 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="check this installation and exit: open the window offscreen, load the demo "
              "model, generate a few tokens, check code colours; prints one OK line "
              "(exit 0) or what failed (exit 1)")
+    lo, hi = SELF_TEST_TIMEOUT_S
     parser.add_argument("--self-test-timeout", type=float, default=120.0, metavar="S",
-                        help="give up on --self-test after S seconds (default 120)")
+                        help=f"give up on --self-test after S seconds, {lo:g} to {hi:g} "
+                             "(default 120)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in load_commands():
         module.register(subparsers)
@@ -69,6 +75,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.self_test:
         if args.command is not None:
             print("moescope: error: --self-test takes no subcommand", file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            check_range("--self-test-timeout", args.self_test_timeout, *SELF_TEST_TIMEOUT_S,
+                        " seconds")
+        except MoEScopeError as err:
+            print(f"moescope: error: {err}", file=sys.stderr)
             return EXIT_USAGE
         return self_test(args.self_test_timeout)
     if args.command is None:

@@ -7,6 +7,33 @@ import argparse
 from pathlib import Path
 
 from moescope.cache.policy import PRESET_NAMES
+from moescope.util.errors import MoEScopeError
+
+MIN_CTX = 16
+"""The shortest context ``--ctx`` may ask for (chat and serve alike): fewer tokens do not
+hold a chat template's turn."""
+MAX_CTX = 1 << 22
+"""The longest context ``--ctx`` may ask for (the model's own is the usual cap)."""
+MAX_TOKENS = 1_000_000
+"""Most tokens a count in an argument may ask to generate or score (``--n``, ``bench
+--tokens``, ``eval --tokens``)."""
+
+
+def check_range(option: str, value: float, lo: float, hi: float, unit: str = "") -> None:
+    """Refuse, in one line, a number read from an argument that is outside ``lo..hi``
+    (NaN and the infinities too): every number a command takes is bounded here before it
+    is used. ``unit`` follows the bounds (" s", " GB/s")."""
+    if not lo <= value <= hi:  # False for NaN
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        raise MoEScopeError(f"{option} {shown} must be from {_bound(lo)} to "
+                            f"{_bound(hi)}{unit}")
+
+
+def _bound(x: float) -> str:
+    """A bound as people write it: 1048576 and 1000000, not 1.04858e+06; 0.01 as is."""
+    if isinstance(x, int) or (x.is_integer() and abs(x) < 1e15):
+        return str(int(x))
+    return f"{x:g}"
 
 
 def add_model_argument(p: argparse.ArgumentParser) -> None:
@@ -39,9 +66,15 @@ def add_budget_arguments(p: argparse.ArgumentParser, *, vram: bool = True,
 
 
 def add_ctx_argument(p: argparse.ArgumentParser) -> None:
-    """The context length of a session."""
+    """The context length of a session (bounded by :func:`check_ctx`)."""
     p.add_argument("--ctx", type=int, default=4096, metavar="N",
-                   help="context length in tokens (default 4096, at most the model's)")
+                   help=f"context length in tokens, at least {MIN_CTX} (default 4096, at "
+                        "most the model's)")
+
+
+def check_ctx(n: int) -> None:
+    """``--ctx`` from :data:`MIN_CTX` to :data:`MAX_CTX`, the same in every command."""
+    check_range("--ctx", n, MIN_CTX, MAX_CTX)
 
 
 def add_threads_argument(p: argparse.ArgumentParser) -> None:

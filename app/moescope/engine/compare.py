@@ -112,8 +112,9 @@ def perplexity_text(change: tuple[float, float, float] | None) -> str:
 
 
 def same_start_text(a: PolicyAnswer) -> str:
-    """"identical", or "12 tokens" (identical up to there)."""
-    return "identical" if a.identical else f"{a.same_prefix} tokens"
+    """"identical", or "12 tokens" (identical up to there; "1 token")."""
+    n = a.same_prefix
+    return "identical" if a.identical else f"{n} token{'' if n == 1 else 's'}"
 
 
 def conversation_tokens(engine: Engine, messages: Sequence[Message | dict[str, str]],

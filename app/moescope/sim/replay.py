@@ -399,7 +399,7 @@ def replay(routing: Routing | Trace, policy: Policy | str | None = None,
                     if keep_events else None)
         layer_hits = layer_pf.copy() if layer_pf is not None else None
         requested = before = start_policy  # the latest policy set, and the one before
-        if routing.predicted is None and (start_policy.prefetch or any(
+        if routing.predicted is None and routing.decode.any() and (start_policy.prefetch or any(
                 c.kind == "policy" and c.policy and c.policy.prefetch
                 for changes in routing.changes for c in changes)):
             warnings.append("the trace has no PSR predictions (recorded before PSR or "
@@ -582,7 +582,8 @@ def replay_many(routing: Routing | Trace,
                             "units, so the recorded cache-prior/psr decisions are not "
                             "reproduced exactly")
         start = policy if policy is not None else h.policy
-        if routing.predicted is None and (start.prefetch or (policy is None and any(
+        if routing.predicted is None and routing.decode.any() and (
+                start.prefetch or (policy is None and any(
                 p.prefetch for p in requested))):
             warnings.append("the trace has no PSR predictions (recorded before PSR or "
                             "without router inputs): the replay cannot prefetch")

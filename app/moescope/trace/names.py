@@ -44,6 +44,19 @@ def trace_suffix(name: str | os.PathLike[str]) -> str | None:
     return max(fits, key=len) if fits else None
 
 
+def record_suffix(name: str | os.PathLike[str]) -> str | None:
+    """The trace suffix a file to record is named with, in any letter case (``X.PARQUET``
+    is Parquet, ``X.JSONL.GZ`` gzip JSON Lines), lower-cased; None for any other name,
+    which :func:`moescope.trace.writer.open_writer` refuses rather than guess."""
+    return trace_suffix(os.path.basename(os.fspath(name)).lower())
+
+
+def unknown_suffix_message(name: str | os.PathLike[str]) -> str:
+    """Why a trace cannot be recorded to ``name``: its suffix names no trace format."""
+    return (f"{os.fspath(name)}: a trace's name says its format; end it with "
+            f"{', '.join(TRACE_SUFFIXES)}")
+
+
 def journal_path(path: str | os.PathLike[str]) -> Path:
     """Where a trace finished at close (``NAME.parquet``) is written while recording."""
     return Path(os.fspath(path) + JOURNAL_SUFFIX)

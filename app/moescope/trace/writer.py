@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from moescope.trace.schema import TokenRecord, TraceHeader
+from moescope.trace.schema import TokenRecord, TraceFormatError, TraceHeader
 from moescope.util.files import open_stream
 
 # --------------------------------------------------------------------------- writing
@@ -168,16 +168,23 @@ class _BackgroundWriter:
 
 def open_writer(path: str | os.PathLike[str], header: TraceHeader, *,
                 compress: bool | None = None, fsync: bool = False) -> Any:
-    """The writer for ``path``'s format: version 2 as Parquet for a ``.parquet`` name
-    (recorded to a journal beside it, compacted at close: :mod:`.parquet_format`),
-    version 2 (Arrow IPC stream) for a ``.arrows`` name, else version 1 JSON Lines (gzip
-    for ``.gz``). All have ``write_token``, ``close``, ``n_tokens`` and
-    ``bytes_written``."""
-    from moescope.trace.arrow_format import ArrowTraceWriter, is_arrow_path
-    from moescope.trace.parquet_format import ParquetTraceWriter, is_parquet_path
+    """The writer for ``path``'s format, by its suffix in any letter case: version 2 as
+    Parquet for ``.parquet`` (recorded to a journal beside it, compacted at close:
+    :mod:`.parquet_format`), version 2 (Arrow IPC stream) for ``.arrows``, version 1 JSON
+    Lines for ``.jsonl`` (gzip for ``.jsonl.gz``). Any other name is refused
+    (:class:`TraceFormatError`, before a file is made): a typo such as ``x.txt`` used to
+    record JSON Lines without a word. All have ``write_token``, ``close``, ``n_tokens``
+    and ``bytes_written``."""
+    from moescope.trace.arrow_format import ArrowTraceWriter
+    from moescope.trace.names import record_suffix, unknown_suffix_message
+    from moescope.trace.parquet_format import ParquetTraceWriter
 
-    if is_parquet_path(path):
+    suffix = record_suffix(path)
+    if suffix is None:
+        raise TraceFormatError(unknown_suffix_message(path))
+    if suffix == ".parquet":
         return ParquetTraceWriter(path, header, fsync=fsync)
-    if is_arrow_path(path):
+    if suffix == ".arrows":
         return ArrowTraceWriter(path, header, fsync=fsync)
-    return TraceWriter(path, header, compress=compress, fsync=fsync)
+    return TraceWriter(path, header, fsync=fsync,
+                       compress=suffix == ".jsonl.gz" if compress is None else compress)

@@ -35,9 +35,11 @@ from moescope.cli.commands.generate import (
     write_output,
 )
 from moescope.cli.options import (
+    MAX_TOKENS,
     add_budget_arguments,
     add_model_argument,
     add_threads_argument,
+    check_range,
 )
 from moescope.util.errors import MoEScopeError
 
@@ -49,6 +51,11 @@ DEFAULT_POLICIES = "exact,quality-first,speed-first"
 DEFAULT_PROMPT = "Once upon a time, in a small village by the sea, there lived"
 """Plain story text that base and chat models alike continue for hundreds of tokens
 greedily (the engine stops at end-of-text, and a run that ends early measures less)."""
+
+
+MAX_RUNS = 1000
+"""Most timed runs ``--runs`` may ask for per policy (99999999999 was taken, to run for
+ever)."""
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -66,7 +73,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("-n", "--tokens", type=int, default=64, metavar="N",
                    help="tokens decoded per run, like llama-bench -n (default 64)")
     p.add_argument("--runs", type=int, default=3, metavar="R",
-                   help="timed runs per policy; the table shows the median (default 3)")
+                   help=f"timed runs per policy, at most {MAX_RUNS}; the table shows the "
+                        "median (default 3)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text (raw, no template)")
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="also write the results as JSON (- for stdout)")
@@ -195,8 +203,8 @@ def run(args: argparse.Namespace) -> int:
     if args.tokens < 2:
         raise MoEScopeError("--tokens must be at least 2 (speed is measured between the "
                             "first and the last token)")
-    if args.runs < 1:
-        raise MoEScopeError("--runs must be at least 1")
+    check_range("--tokens", args.tokens, 2, MAX_TOKENS)
+    check_range("--runs", args.runs, 1, MAX_RUNS)
     check_threads(args.threads)
     inputs = model_inputs(args.model)
     to_stdout = check_outputs([("--json", args.json)], inputs)

@@ -6,9 +6,10 @@ and slash commands that steer the cache live, as the window's controls do: ``/po
 ``/budget`` go through the engine's request queue, so model, KV cache and conversation are
 kept. Ctrl+C stops an answer (what was generated stays in the conversation); Ctrl+C or
 Ctrl+D at an empty prompt quits. With stdin not a terminal it reads one message per line
-and prints only answers and summaries, so a session can be scripted. A thinking model's
-thoughts (``<think>`` or harmony channels, see ``model.reasoning``) print dim before the
-answer on a terminal, not at all in a script, and never go back into the conversation;
+and prints only answers and summaries, so a session can be scripted (exit status 1 when
+a message got no answer). A thinking model's thoughts (``<think>`` or harmony
+channels, see ``model.reasoning``) print dim before the answer on a terminal, not at all
+in a script, and never go back into the conversation;
 Ctrl+C while it thinks means "answer now" (the thoughts are closed and it answers), a
 second Ctrl+C stops.
 """
@@ -49,6 +50,7 @@ from moescope.cli.options import (
     add_no_cache_argument,
     add_policy_argument,
     add_threads_argument,
+    check_ctx,
 )
 from moescope.cli.terminal import (
     AnswerPrinter,
@@ -120,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
 
     policy = parse_live_policy(args.policy)  # fail fast, before loading
     parse_budget(args.budget)
-    sampling_from_args(args)  # --n, --temperature
+    sampling_from_args(args)  # --n, --temperature, --seed
+    check_ctx(args.ctx)
     check_every(args.audit)
     check_threads(args.threads)
     inputs = model_inputs(args.model)
@@ -154,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
             line = read()
             if line is None or not session.handle(line):
                 break
+        if not tty and session.unanswered:  # a script learns that a message failed
+            return 1
     finally:
         if recording is not None:
             stop_reason = engine.last_answer.stop_reason
@@ -173,10 +178,13 @@ class SessionStats:
     decode_tokens: int = 0
     decode_seconds: float = 0.0
     cache: CacheTotals | None = None
+    ram_tier: bool = False
+    """Whether an answer ran with the RAM tier on (the line then says disk MB/tok)."""
 
     def add(self, a: AnswerStats) -> None:
         from moescope.engine import CacheTotals
 
+        self.ram_tier = self.ram_tier or a.ram_tier
         self.answers += 1
         self.tokens += a.n_tokens
         if a.n_tokens > 1:
@@ -195,7 +203,8 @@ class SessionStats:
 
         answers = f"{self.answers} answer{'' if self.answers == 1 else 's'}"
         return summary_line(label, self.tokens_per_second, self.cache or CacheTotals(),
-                            f"{answers}, {self.tokens} tokens")
+                            f"{answers}, {self.tokens} token{'' if self.tokens == 1 else 's'}",
+                            ram_tier=self.ram_tier)
 
 
 @dataclass
@@ -216,6 +225,9 @@ class ChatSession:
     messages: list[Message] = field(default_factory=list)
     total: SessionStats = field(default_factory=SessionStats)
     by_policy: dict[str, SessionStats] = field(default_factory=dict)
+    unanswered: int = 0
+    """Messages that got no answer (one that did not fit the context, a template that
+    refused it): a scripted session with any ends with exit status 1."""
 
     _answer_prefix: str | None = field(default=None, init=False, repr=False)
 
@@ -277,6 +289,7 @@ class ChatSession:
         except MoEScopeError as err:  # e.g. the conversation outgrew the context
             if engine.last_answer is previous:
                 self.messages.pop()
+                self.unanswered += 1
                 self._error(str(err) if _is_template_error(err)
                             else f"{err}; /reset starts a new conversation")
                 return
@@ -477,9 +490,11 @@ class ChatSession:
         for r in rows:
             self._say("  ".join(cell.ljust(w) if k == 0 else cell.rjust(w)
                                 for k, (cell, w) in enumerate(zip(r, widths, strict=True))))
-        note = f"greedy answers of up to {result.max_tokens} tokens, each from an empty cache"
-        if result.scored_tokens:
-            note += f"; the chat scored over {result.scored_tokens} tokens"
+        most, scored = result.max_tokens, result.scored_tokens
+        note = (f"greedy answers of up to {most} token{'' if most == 1 else 's'}, each from an "
+                "empty cache")
+        if scored:
+            note += f"; the chat scored over {scored} token{'' if scored == 1 else 's'}"
         if result.stopped:
             note += "; stopped before every policy answered"
         if any(a.audit is not None for a in result.answers):

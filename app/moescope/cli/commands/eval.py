@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from moescope.cli.commands.generate import add_gpu_layers_argument
 from moescope.cli.options import (
+    MAX_TOKENS,  # the most tokens --tokens may ask to score (each decoded once per run)
     add_budget_arguments,
     add_model_argument,
     add_threads_argument,
@@ -25,8 +26,6 @@ from moescope.cli.options import (
 from moescope.util.errors import MoEScopeError
 from moescope.util.resources import demo_model_path
 
-MAX_TOKENS = 1_000_000
-"""Most tokens ``--tokens`` may ask to score (each is decoded once per run)."""
 MAX_CONTEXT = 32_768
 """Largest context eval asks for: a longer text is scored in segments, so the KV cache of a
 long-context model stays small."""

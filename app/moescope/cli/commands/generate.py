@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING, Any
 from moescope.cache.audit import check_every
 from moescope.cache.guard import parse_live_policy
 from moescope.cli.options import (
+    MAX_TOKENS,
     add_budget_arguments,
     add_model_argument,
     add_no_cache_argument,
     add_policy_argument,
+    check_range,
 )
-from moescope.trace.names import formats_help, trace_suffix
+from moescope.trace.names import formats_help, record_suffix
 from moescope.util.errors import MoEScopeError
 from moescope.util.resources import demo_model_path
 
@@ -109,6 +111,12 @@ def resolve_model(path: Path | None) -> Path:
     return model
 
 
+MAX_SEED = 0xFFFFFFFF - 1
+"""The largest ``--seed`` that reproduces: llama.cpp takes a 32-bit seed (4294967296 was
+seed 0 again) and ``LLAMA_DEFAULT_SEED``, 0xFFFFFFFF (-1 too, as 32 bits), means "a random
+seed each run"."""
+
+
 def add_sampling_arguments(p: argparse.ArgumentParser, *, n_default: int,
                            n_help: str) -> None:
     """``--n``/``-n``, ``--seed``, ``--temperature``: the same spelling in every command.
@@ -117,7 +125,9 @@ def add_sampling_arguments(p: argparse.ArgumentParser, *, n_default: int,
     """
     p.add_argument("-n", "--n", type=int, default=n_default, metavar="N",
                    help=f"{n_help} (default {n_default})")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--seed", type=int, default=0, metavar="S",
+                   help=f"sampling seed, 0 to {MAX_SEED}: the same seed, prompt and options "
+                        "give the same text (default 0)")
     p.add_argument("--temperature", type=float, default=0.7)
 
 
@@ -125,15 +135,19 @@ def sampling_from_args(args: argparse.Namespace) -> Sampling:
     """The :class:`Sampling` that :func:`add_sampling_arguments`' options describe.
 
     Checked here, before a model loads: ``--n 0`` would otherwise still generate one token,
-    and a NaN temperature samples garbage without a word.
+    a NaN temperature samples garbage without a word, and a seed outside 32 bits wraps.
     """
     from moescope.engine import Sampling
 
     if args.n < 1:
         raise MoEScopeError(f"--n must be at least 1, got {args.n}")
+    check_range("--n", args.n, 1, MAX_TOKENS)
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise MoEScopeError(f"--temperature must be a number >= 0 (0 is greedy), got "
                             f"{args.temperature}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise MoEScopeError(f"--seed {args.seed} must be from 0 to {MAX_SEED} (llama.cpp "
+                            "takes 32 bits, and 4294967295 means a random seed)")
     return Sampling(temperature=args.temperature, max_tokens=args.n, seed=args.seed)
 
 
@@ -235,10 +249,20 @@ def check_trace_output(path: Path | None, inputs: Sequence[Path]) -> None:
     if path is not None and is_stdout(path):
         raise MoEScopeError(f"--trace {path}: the answer is written to stdout; give a file name")
     check_output_path(path, "--trace", inputs)
-    if path is not None:
-        from moescope.trace.parquet_format import check_journal_free
+    if path is None:
+        return
+    from moescope.trace.names import journal_path, record_suffix, unknown_suffix_message
+    from moescope.trace.parquet_format import check_journal_free
 
-        check_journal_free(path)  # a crash's journal: refused now, not after the load
+    suffix = record_suffix(path)
+    if suffix is None:  # the writer would refuse it too, after the model had loaded
+        raise MoEScopeError(f"--trace {unknown_suffix_message(path)}")
+    check_journal_free(path)  # a crash's journal: refused now, not after the load
+    journal = journal_path(path)
+    if suffix == ".parquet" and os.path.lexists(journal):  # X.PARQUET: not its name case
+        raise MoEScopeError(f"{journal}: a trace journal is already there (a session cut "
+                            f"off? `moescope trace compact {journal}` finishes it); not "
+                            "overwritten")
 
 
 COMPACT_NOTICE_S = 1.0
@@ -251,7 +275,7 @@ def close_trace(path: Path, close: Callable[[], None]) -> None:
     file finished, so a Parquet trace is compacted first, and "compacting trace..." is
     said on stderr if that takes longer than :data:`COMPACT_NOTICE_S`."""
     timer = None
-    if trace_suffix(path.name) == ".parquet":
+    if record_suffix(path.name) == ".parquet":
         timer = threading.Timer(COMPACT_NOTICE_S, lambda: _say_compacting(path))
         timer.daemon = True
         timer.start()
@@ -288,15 +312,20 @@ def cache_state(engine: Engine) -> str:
     return "cache off"
 
 
-def summary_line(label: str, tokens_per_second: float, cache: CacheTotals, tail: str) -> str:
-    """``[label] tok/s | hit | fetched MB/tok | substituted | mass/tok | tail``; when no
-    expert went through the cache (cache off) only tok/s and the tail: a 0% hit rate
+def summary_line(label: str, tokens_per_second: float, cache: CacheTotals, tail: str, *,
+                 ram_tier: bool = False) -> str:
+    """``[label] tok/s | hit | fetched MB/tok | substituted | mass/tok | tail``, with
+    ``disk MB/tok | RAM hit`` after the fetches when the RAM tier is on (``ram_tier``) or
+    an expert was read from disk, as the window's summary (``AnswerStats.summary``); when
+    no expert went through the cache (cache off) only tok/s and the tail: a 0% hit rate
     would read as a measurement."""
     c = cache
     if c.selections == 0:
         return f"[{label}] {tokens_per_second:.1f} tok/s | {tail}"
+    disk = (f"disk {c.disk_mb_per_token:.3f} MB/tok | RAM hit {c.ram_hit_rate:.1%} | "
+            if ram_tier or c.disk_fills else "")
     return (f"[{label}] {tokens_per_second:.1f} tok/s | hit {c.hit_rate:.1%} | "
-            f"fetched {c.fetched_mb_per_token:.3f} MB/tok | substituted "
+            f"fetched {c.fetched_mb_per_token:.3f} MB/tok | {disk}substituted "
             f"{c.substituted_fraction:.1%} | mass/tok {c.mass_per_token:.3f} | {tail}")
 
 
@@ -307,7 +336,9 @@ def answer_summary(engine: Engine) -> str:
     audit = a.audit
     return summary_line(cache_state(engine), a.tokens_per_second, a.cache,
                         (f"{audit.describe()} | " if audit is not None else "")
-                        + f"{a.n_tokens} tokens, stop: {a.stop_reason}")
+                        + f"{a.n_tokens} token{'' if a.n_tokens == 1 else 's'}, stop: "
+                          f"{a.stop_reason}",
+                        ram_tier=a.ram_tier)
 
 
 def _gpu_layers(text: str) -> int:

@@ -10,12 +10,13 @@ interruption), checking its sha256. ``--search WORDS`` finds GGUF repositories.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from moescope.cache.budget import format_bytes
+from moescope.cache.budget import format_bytes, parse_budget
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -49,14 +50,32 @@ def run(args: argparse.Namespace) -> int:
 
     if not 256 <= args.ctx <= 1 << 20:
         raise HubError(f"--ctx {args.ctx}: must be between 256 and {1 << 20}")
-    client = HubClient(token=args.token)
     if args.search is not None:
-        return _search(client, args.search)
+        return _search(HubClient(token=args.token), args.search)
     if not args.target:
         raise HubError("name a repository (moescope pull owner/name[:QUANT]) or --search")
+    parse_budget(args.budget)  # the arguments are checked before the Hub is asked
+    if args.dir is not None:
+        check_models_dir(args.dir, write=not args.check)
     repo, _, selector = args.target.partition(":")
     folder = args.dir if args.dir is not None else paths.models_dir()
-    return _pull(client, repo, selector, folder, args)
+    return _pull(HubClient(token=args.token), repo, selector, folder, args)
+
+
+def check_models_dir(folder: Path, *, write: bool) -> None:
+    """``--dir`` names a folder, or one that can be made in the nearest folder above it
+    that exists (writable, when ``write``): ``--dir /dev/null`` was refused only after
+    the Hub had been asked (or "cannot reach huggingface.co" offline)."""
+    from moescope.hub.errors import HubError
+
+    there = folder
+    while not os.path.lexists(there) and there.parent != there:
+        there = there.parent
+    if not there.is_dir():
+        which = "" if there == folder else f" ({there} is not a folder)"
+        raise HubError(f"--dir {folder}: not a folder{which}")
+    if write and not os.access(there, os.W_OK | os.X_OK):
+        raise HubError(f"--dir {folder}: cannot write in {there}")
 
 
 def _search(client: Any, words: str) -> int:

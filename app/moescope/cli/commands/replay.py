@@ -11,16 +11,19 @@ without loading the model. ``--perfetto`` also writes the trace for ui.perfetto.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moescope.cache.budget import parse_budget, plan_slots
 from moescope.cache.policy import PRESET_NAMES
 from moescope.cli.commands.generate import check_outputs, write_output
+from moescope.cli.options import check_range
 from moescope.trace import TRACE_SUFFIXES
 from moescope.util.errors import MoEScopeError
+
+if TYPE_CHECKING:
+    from moescope.sim.cost import CostModel
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -43,11 +46,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="pcie4 (25 GB/s), pcie5 (50 GB/s) or calibrated (fitted to the "
                         "engine's timings in the trace); default pcie4")
     p.add_argument("--bandwidth", type=float, metavar="GB/s",
-                   help="override the cost model's copy bandwidth")
+                   help="override the cost model's copy bandwidth (0.01 to 10000)")
     p.add_argument("--latency-us", type=float, metavar="µs",
-                   help="override the cost model's latency per copy")
+                   help="override the cost model's latency per copy (0 to 1000000)")
     p.add_argument("--compute-ms", type=float, metavar="ms",
-                   help="override the cost model's compute time per token")
+                   help="override the cost model's compute time per token (0 to 60000)")
     p.add_argument("--ram-budget", metavar="B",
                    help="replay under a RAM tier of this size (25%%, 12GiB, experts per "
                         "layer): the rest of the experts are read from disk, priced by the "
@@ -96,10 +99,11 @@ def run(args: argparse.Namespace) -> int:
               f"replaying its {len(trace.tokens)} complete tokens", file=sys.stderr)
     if not trace.tokens:
         raise MoEScopeError(f"{args.trace.name}: the trace has no tokens to replay")
-    cost = cost_model(args.cost_model, trace).with_overrides(
-        bandwidth=args.bandwidth * 1e9 if args.bandwidth is not None else None,
-        latency=args.latency_us * 1e-6 if args.latency_us is not None else None,
-        compute_s=args.compute_ms * 1e-3 if args.compute_ms is not None else None)
+    if not any(t.phase == "decode" for t in trace.tokens):  # a table of zeros otherwise
+        prompts = "its prompt" if len(trace.tokens) == 1 else "its prompts"
+        raise MoEScopeError(f"{args.trace.name}: nothing to replay: no token was decoded "
+                            f"(the trace holds only the prefill of {prompts})")
+    cost = _with_overrides(cost_model(args.cost_model, trace), args)
     ram_slots = 0
     if args.ram_budget:
         m = trace.header.model
@@ -126,12 +130,36 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+COST_OVERRIDES = (("--bandwidth", "bandwidth", 0.01, 10_000.0, " GB/s"),
+                  ("--latency-us", "latency_us", 0.0, 1e6, " µs"),
+                  ("--compute-ms", "compute_ms", 0.0, 60_000.0, " ms"))
+"""The cost model's overrides and their physical ranges: 10 MB/s (a slow USB disk) to
+10 TB/s, up to a second per copy, up to a minute of compute per token. Outside them (a
+zero or NaN bandwidth, ``--compute-ms 1e300``) the table printed meaningless times."""
+
+
 def _check_cost_overrides(args: argparse.Namespace) -> None:
-    """The cost model's overrides must be physical: a zero or negative bandwidth (or a
-    NaN) would print a table of meaningless times instead of an error."""
-    if args.bandwidth is not None and not (math.isfinite(args.bandwidth)
-                                           and args.bandwidth > 0):
-        raise MoEScopeError(f"--bandwidth must be more than 0 GB/s, got {args.bandwidth}")
-    for option, value in (("--latency-us", args.latency_us), ("--compute-ms", args.compute_ms)):
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            raise MoEScopeError(f"{option} must be a number >= 0, got {value}")
+    """Every override within :data:`COST_OVERRIDES`' range, in one line if not."""
+    for option, dest, lo, hi, unit in COST_OVERRIDES:
+        value = getattr(args, dest)
+        if value is not None:
+            check_range(option, value, lo, hi, unit)
+
+
+def _with_overrides(cost: CostModel, args: argparse.Namespace) -> CostModel:
+    """``cost`` with the overrides given, and its note saying which: the footer named the
+    preset as if its figures were used."""
+    from dataclasses import replace
+
+    given = [(option, getattr(args, dest), unit)
+             for option, dest, _lo, _hi, unit in COST_OVERRIDES
+             if getattr(args, dest) is not None]
+    if not given:
+        return cost
+    cost = cost.with_overrides(
+        bandwidth=args.bandwidth * 1e9 if args.bandwidth is not None else None,
+        latency=args.latency_us * 1e-6 if args.latency_us is not None else None,
+        compute_s=args.compute_ms * 1e-3 if args.compute_ms is not None else None)
+    said = ", ".join(f"{option} {value:g}{unit}" for option, value, unit in given)
+    return replace(cost, note=f"{said} given" + (f"; otherwise {cost.note}" if cost.note
+                                                 else ""))

@@ -23,6 +23,8 @@ from moescope.cli.options import (
     add_no_cache_argument,
     add_policy_argument,
     add_threads_argument,
+    check_ctx,
+    check_range,
 )
 from moescope.util.errors import MoEScopeError
 
@@ -81,10 +83,9 @@ def run(args: argparse.Namespace) -> int:
     check_port(args.port)
     for name, value, lo, hi in (("--max-tokens", args.max_tokens, 1, 1 << 20),
                                 ("--queue", args.queue, 0, 1024),
-                                ("--max-body", args.max_body, 1, 1024),
-                                ("--ctx", args.ctx, 16, 1 << 22)):
-        if not lo <= value <= hi:
-            raise MoEScopeError(f"{name} {value} must be from {lo} to {hi}")
+                                ("--max-body", args.max_body, 1, 1024)):
+        check_range(name, value, lo, hi)
+    check_ctx(args.ctx)
     policy = parse_live_policy(args.policy)  # fail fast, before loading
     parse_budget(args.budget)
     if args.ram_budget is not None:
