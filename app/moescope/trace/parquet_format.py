@@ -75,8 +75,9 @@ FLOAT_COLUMNS = ("probs.list.element", "gate.list.element", "weights.list.elemen
 
 
 def is_parquet_path(path: str | os.PathLike[str]) -> bool:
-    """Whether a trace written to ``path`` is compacted to Parquet (by its name)."""
-    return os.fspath(path).endswith(SUFFIX)
+    """Whether a trace written to ``path`` is compacted to Parquet (by its name, in any
+    letter case: ``X.PARQUET`` is recorded as Parquet too)."""
+    return os.fspath(path).lower().endswith(SUFFIX)
 
 
 def compacted_path(journal: str | os.PathLike[str]) -> Path:

@@ -251,18 +251,12 @@ def check_trace_output(path: Path | None, inputs: Sequence[Path]) -> None:
     check_output_path(path, "--trace", inputs)
     if path is None:
         return
-    from moescope.trace.names import journal_path, record_suffix, unknown_suffix_message
+    from moescope.trace.names import record_suffix, unknown_suffix_message
     from moescope.trace.parquet_format import check_journal_free
 
-    suffix = record_suffix(path)
-    if suffix is None:  # the writer would refuse it too, after the model had loaded
+    if record_suffix(path) is None:  # the writer would refuse it too, after the load
         raise MoEScopeError(f"--trace {unknown_suffix_message(path)}")
-    check_journal_free(path)  # a crash's journal: refused now, not after the load
-    journal = journal_path(path)
-    if suffix == ".parquet" and os.path.lexists(journal):  # X.PARQUET: not its name case
-        raise MoEScopeError(f"{journal}: a trace journal is already there (a session cut "
-                            f"off? `moescope trace compact {journal}` finishes it); not "
-                            "overwritten")
+    check_journal_free(path)  # a crash's journal (X.PARQUET's too): refused now
 
 
 COMPACT_NOTICE_S = 1.0
