@@ -108,6 +108,21 @@ def test_switching_chats_mid_answer_says_why_it_waits(window: Any, qtbot: Any) -
     assert window.chat.chat_id == first
 
 
+def test_a_message_moves_its_chat_to_the_top_of_the_list(window: Any, qtbot: Any) -> None:
+    """The list showed the chat just written in below older ones until something else
+    refreshed it."""
+    send(qtbot, window, "older chat", max_tokens=2)
+    older = window.chat.chat_id
+    window.chat.new_chat()
+    send(qtbot, window, "newer chat", max_tokens=2)
+    assert window.chat_list.list.item(0).data(Qt.ItemDataRole.UserRole) != older
+    window.chat.select_chat(older)
+    with qtbot.waitSignal(window.chat.answerFinished, timeout=30_000):
+        window.chat.send("back to the older one")
+        assert window.chat_list.list.item(0).data(Qt.ItemDataRole.UserRole) == older
+    assert window.chat_list.current_id() == older
+
+
 def test_regenerate_replaces_the_last_answer(window: Any, qtbot: Any) -> None:
     window.chat_settings.seed.setValue(-1)  # random: a new answer each time
     send(qtbot, window, "hello there", max_tokens=12)

@@ -291,7 +291,7 @@ class ChatController(QObject):
                 self.store.rename_chat(self.chat_id, title)
             except STORE_ERRORS as err:
                 log.warning("could not title the chat: %s", err)
-            self.refresh_list()
+        self.refresh_list()  # a message makes it the newest chat: to the top of the list
         self.view.input.clear()
         self._start_answer()
         return True
