@@ -87,9 +87,9 @@ def classify(r: RunResult, rss_limit: int = DEFAULT_RSS) -> str:
     if r.returncode == 0:
         return "ok"
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    if lines and lines[0].startswith("usage: moescope"):  # argparse: usage, then one error
-        return "error" if _ARGPARSE_ERROR.match(lines[-1]) and all(
-            ln.startswith(" ") for ln in lines[1:-1]) else "bad-error"
+    if len(lines) == 1 and _ARGPARSE_ERROR.match(lines[0]) \
+            and not lines[0].startswith("moescope: error:"):  # a subcommand's option
+        return "error"
     errors = [ln for ln in lines if ln.startswith("moescope: error:")]
     others = [ln for ln in lines if not ln.startswith(("moescope: error:", *_NOTE_PREFIXES))]
     if len(errors) == 1 and not others and lines[-1] is errors[0] and "bug" not in errors[0]:

@@ -121,9 +121,12 @@ def test_the_runner_tells_every_failure_apart(fork_runner: ForkRunner, tmp_path:
     assert classify(result(1, err="\nlibgomp: Thread creation failed\n")) == "bad-error"
     assert classify(result(2, err="moescope: error: please report a MoEScope bug")) \
         == "bad-error"
+    assert classify(result(2, err="moescope info: error: unrecognized arguments: -x (see: "
+                                  "moescope info --help)\n")) == "error"
+    # argparse's usage block before it was more than one line
     assert classify(result(2, err="usage: moescope info [-h]\n    [--json]\n"
                                   "moescope info: error: unrecognized arguments: -x\n")) \
-        == "error"
+        == "bad-error"
     assert classify(result(1, err="Traceback (most recent call last):\n  x\nKeyError")) \
         == "traceback"
     assert classify(result(None, sig=6)) == "abort"
@@ -142,4 +145,4 @@ def test_the_runner_tells_every_failure_apart(fork_runner: ForkRunner, tmp_path:
     r = fork_runner.run(["replay", str(trace)], timeout=0.001)
     assert r.outcome == "hang" and r.timed_out, explain(r)  # the wall limit kills it
     r = fork_runner.run(["info", "--no-such-option"])
-    assert r.outcome == "error" and r.stderr.startswith("usage: moescope info"), explain(r)
+    assert r.outcome == "error" and r.stderr.startswith("moescope info: error:"), explain(r)

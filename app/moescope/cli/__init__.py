@@ -19,6 +19,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from moescope import __version__
 from moescope.cli.commands import load_commands
@@ -31,9 +32,18 @@ SELF_TEST_TIMEOUT_S = (1.0, 3600.0)
 about 24 days, and a NaN or a negative wait meant a traceback or an instant 'timed out')."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose errors are one line, as every other error of the CLI is
+    (argparse printed its whole usage block first: 5-8 lines for a mistyped number); the
+    line says where the usage is. Subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every subcommand module registered."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="moescope",
         description="Chat with big Mixture-of-Experts models on one consumer GPU and see "
                     "what the expert cache does. Without a subcommand, opens the window.",
