@@ -166,7 +166,9 @@ def _common(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
         "top_k": _integer(body, "top_k", 0, 1 << 20) or 40,
         "min_p": _number(body, "min_p", 0.05, 0.0, 1.0),
         "repeat_penalty": _number(body, "repeat_penalty", 1.0, 0.0, 10.0),
-        "seed": None if seed is None else seed % (1 << 32),
+        # any 64-bit seed, folded into llama.cpp's 32 bits without 0xFFFFFFFF (its
+        # LLAMA_DEFAULT_SEED: "random each run"), so every seed given reproduces
+        "seed": None if seed is None else seed % 0xFFFFFFFF,
         "stop": _stops(body),
         "stream": stream,
         "include_usage": stream and bool((options or {}).get("include_usage")),
