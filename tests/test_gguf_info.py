@@ -181,6 +181,17 @@ def test_directory_is_not_a_model(tmp_path: Path) -> None:
         read_model_info(tmp_path)
 
 
+def test_a_device_or_fifo_is_not_a_model(tmp_path: Path) -> None:
+    """/dev/null read as "null: file is empty" (its size, and its name cut to the last
+    part); a FIFO would have been read as empty too."""
+    with pytest.raises(ModelFormatError, match=r"^/dev/null: not a regular file, not a GGUF"):
+        read_model_info(Path("/dev/null"))
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)
+    with pytest.raises(ModelFormatError, match="not a regular file"):
+        read_model_info(fifo)
+
+
 @pytest.mark.parametrize("cut", [24, 64, 1000, 5000])
 def test_any_cut_inside_the_header_is_reported_as_truncated(tiny_moe: Path, tmp_path: Path,
                                                              cut: int) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -299,6 +300,8 @@ def _check_file(p: Path) -> int:
         raise ModelFileNotFoundError(f"{p}: cannot access file ({err.strerror})") from None
     if p.is_dir():
         raise ModelFormatError(f"{p}: is a directory, not a GGUF model file")
+    if not stat.S_ISREG(st.st_mode):  # /dev/null read as "null: file is empty"
+        raise ModelFormatError(f"{p}: not a regular file, not a GGUF model file")
     if st.st_size == 0:
         raise ModelFormatError(f"{p.name}: file is empty, not a GGUF model")
     try:
