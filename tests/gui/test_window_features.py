@@ -353,3 +353,20 @@ def test_odd_stats_are_dropped_and_the_answer_still_shows(make_window: Any,
     assert w.store.chat(new).title == "odd stats"
     text = w.chat_view.text()
     assert "hello" in text and "this answer: 3 tokens under –" in text
+
+
+def test_layer_labels_thin_out_in_a_short_heatmap(demo_window: Any, qtbot: Any) -> None:
+    """On a 1024x700 screen the heatmap's rows were ~40 px: six layer labels were drawn
+    over each other. A short view labels fewer layers, a tall one every layer."""
+    heatmap = demo_window.cache_panel.heatmap
+    n_layers = len(demo_window.model.moe_layers)
+    assert n_layers == 6
+    heatmap.graphics.setFixedHeight(400)
+    qtbot.waitUntil(lambda: heatmap.plot.vb.height() > 200, timeout=5_000)
+    assert len(heatmap.layer_ticks()) == n_layers
+    heatmap.graphics.setFixedHeight(80)
+    qtbot.waitUntil(lambda: heatmap.plot.vb.height() < 60, timeout=5_000)
+    labels = heatmap.layer_ticks()
+    room = heatmap.plot.vb.height() / (heatmap.fontMetrics().height() + 2)
+    assert 1 <= len(labels) <= max(1, int(room)) < n_layers
+    assert labels[0] == str(demo_window.model.moe_layers[0])

@@ -57,6 +57,7 @@ class HeatmapView(QWidget):
         self.legend = self._legend()
         layout.addWidget(self.legend)
         self.graphics.scene().sigMouseMoved.connect(self._hover)
+        self.plot.vb.sigResized.connect(lambda *_: self.layer_ticks())
         self.hover_text = ""
         self.reset()
 
@@ -95,15 +96,27 @@ class HeatmapView(QWidget):
         self.image.setRect(0, 0, cols, rows)
         self.plot.setRange(xRange=(0, cols), yRange=(0, rows), padding=0)
         layers = self.model.model.moe_layers if self.model.model else ()
-        step = 1 if len(layers) <= 16 else max(1, len(layers) // 12)
         # a floor that fits a 700-pixel screen whatever the layer count (48 layers at the
         # floor: 2 px a row); the splitter and a larger window give it the rest
         self.graphics.setMinimumHeight(HEATMAP_MIN_PX)
-        self.plot.getAxis("left").setTicks(
-            [[(i + 0.5, str(layer)) for i, layer in enumerate(layers) if i % step == 0]])
+        self.layer_ticks()
         # no model: no expert numbers (not 0.1 … 0.9 across one empty cell)
         self.plot.getAxis("bottom").setTicks(None if layers else [[]])
         self.refresh()
+
+    def layer_ticks(self) -> list[str]:
+        """Label as many layers as the rows' height has room for (every layer up to 16,
+        else about 12; fewer in a short view: on a 1024x700 screen six labels in 40 px
+        were drawn over each other). Returns the labels shown."""
+        layers = self.model.model.moe_layers if self.model.model else ()
+        step = 1 if len(layers) <= 16 else max(1, len(layers) // 12)
+        height = self.plot.vb.height()
+        if layers and height > 0:
+            room = max(1, int(height // (self.fontMetrics().height() + 2)))
+            step = max(step, -(-len(layers) // room))
+        ticks = [(i + 0.5, str(layer)) for i, layer in enumerate(layers) if i % step == 0]
+        self.plot.getAxis("left").setTicks([ticks])
+        return [label for _, label in ticks]
 
     def refresh(self) -> None:
         """Repaint from the model (called by the panel's display timer)."""
