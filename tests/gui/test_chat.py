@@ -102,6 +102,7 @@ def test_switching_chats_mid_answer_says_why_it_waits(window: Any, qtbot: Any) -
         window.chat.send(LONG_PROMPT)
     window.chat.tokensArrived.disconnect(click_away)
     assert len(said) == 2 and all("stop it (Esc)" in m for m in said)
+    assert "stop it (Esc)" in window.statusBar().toolTip()  # whole on hover, if clipped
     assert window.chat.chat_id == writing
     assert window.store.messages(writing)[-1].role == "assistant"
     window.chat.select_chat(first)  # once it has ended, the switch happens

@@ -211,6 +211,8 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.cancel_load_button.clicked.connect(self.cancel_load)
         self.cancel_load_button.hide()
         self.statusBar().addWidget(self.model_label, 1)
+        # a status bar clips a long message (an export's paths): the whole of it on hover
+        self.statusBar().messageChanged.connect(self.statusBar().setToolTip)
         self.statusBar().addPermanentWidget(self.progress)
         self.statusBar().addPermanentWidget(self.cancel_load_button)
 

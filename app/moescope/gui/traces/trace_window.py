@@ -139,6 +139,7 @@ class TraceWindow(QMainWindow):
         self.export_action.triggered.connect(self.export_dialog)
         self.addAction(self.export_action)
         self.statusBar()  # made now: the first export's message must not resize the window
+        self.statusBar().messageChanged.connect(self.statusBar().setToolTip)  # clipped: whole
         self.exports = TraceExporter(self, [self.export_action, self.export_button])
         """Runs this window's exports on a thread; Export is disabled while one runs."""
         self.exports.exported.connect(self._exported)
