@@ -30,13 +30,13 @@ def test_the_self_test_timeout_is_bounded(capsys: pytest.CaptureFixture[str],
 
 
 @pytest.mark.parametrize("command", ["generate", "chat"])
-@pytest.mark.parametrize("seed", ["-1", "4294967295", "4294967296", "99999999999999999999"])
+@pytest.mark.parametrize("seed", ["-2", "4294967295", "4294967296", "99999999999999999999"])
 def test_a_seed_that_would_wrap_or_mean_random_is_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, seed: str) -> None:
-    """``--seed 4294967296`` was seed 0 (llama.cpp keeps 32 bits), and ``-1`` and
-    ``4294967295`` (LLAMA_DEFAULT_SEED) a random seed each run."""
+    """``--seed 4294967296`` was seed 0 (llama.cpp keeps 32 bits), and ``4294967295``
+    (LLAMA_DEFAULT_SEED) a random seed each run: -1 is the one way to ask for that."""
     err = _one_line_error(capsys, [command, str(tmp_path / "never-read.gguf"), "--seed", seed])
-    assert f"--seed {seed} must be from 0 to 4294967294" in err
+    assert f"--seed {seed} must be from 0 to 4294967294, or -1 for a random seed" in err
 
 
 @pytest.mark.parametrize("command", ["generate", "chat"])
@@ -49,6 +49,8 @@ def test_the_seed_help_says_its_range_and_the_largest_one_is_taken(
     assert "0 to 4294967294" in " ".join(capsys.readouterr().out.split())
     args = build_parser().parse_args([command, "--seed", "4294967294"])
     assert sampling_from_args(args).seed == 4294967294
+    # -1, as in llama.cpp and the window: a random seed each run (the engine's own)
+    assert sampling_from_args(build_parser().parse_args([command, "--seed", "-1"])).seed is None
 
 
 @pytest.mark.parametrize(("option", "value", "says"), [

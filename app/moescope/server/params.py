@@ -166,9 +166,10 @@ def _common(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
         "top_k": _integer(body, "top_k", 0, 1 << 20) or 40,
         "min_p": _number(body, "min_p", 0.05, 0.0, 1.0),
         "repeat_penalty": _number(body, "repeat_penalty", 1.0, 0.0, 10.0),
-        # any 64-bit seed, folded into llama.cpp's 32 bits without 0xFFFFFFFF (its
-        # LLAMA_DEFAULT_SEED: "random each run"), so every seed given reproduces
-        "seed": None if seed is None else seed % 0xFFFFFFFF,
+        # a negative seed (llama-server's front ends send -1) is a random one; any other
+        # folds into llama.cpp's 32 bits without 0xFFFFFFFF (its LLAMA_DEFAULT_SEED,
+        # "random each run"), so every seed given reproduces
+        "seed": None if seed is None or seed < 0 else seed % 0xFFFFFFFF,
         "stop": _stops(body),
         "stream": stream,
         "include_usage": stream and bool((options or {}).get("include_usage")),

@@ -127,7 +127,7 @@ def add_sampling_arguments(p: argparse.ArgumentParser, *, n_default: int,
                    help=f"{n_help} (default {n_default})")
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help=f"sampling seed, 0 to {MAX_SEED}: the same seed, prompt and options "
-                        "give the same text (default 0)")
+                        "give the same text; -1: a random seed each run (default 0)")
     p.add_argument("--temperature", type=float, default=0.7)
 
 
@@ -145,10 +145,11 @@ def sampling_from_args(args: argparse.Namespace) -> Sampling:
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise MoEScopeError(f"--temperature must be a number >= 0 (0 is greedy), got "
                             f"{args.temperature}")
-    if not 0 <= args.seed <= MAX_SEED:
-        raise MoEScopeError(f"--seed {args.seed} must be from 0 to {MAX_SEED} (llama.cpp "
-                            "takes 32 bits, and 4294967295 means a random seed)")
-    return Sampling(temperature=args.temperature, max_tokens=args.n, seed=args.seed)
+    if args.seed != -1 and not 0 <= args.seed <= MAX_SEED:
+        raise MoEScopeError(f"--seed {args.seed} must be from 0 to {MAX_SEED}, or -1 for a "
+                            "random seed each run (llama.cpp takes 32 bits)")
+    return Sampling(temperature=args.temperature, max_tokens=args.n,
+                    seed=None if args.seed == -1 else args.seed)
 
 
 MAX_THREADS = 512
