@@ -407,3 +407,7 @@ def test_junk_named_as_a_binary_trace_says_what_it_is_not(tmp_path: Path, name: 
     with pytest.raises(TraceFormatError, match=f"^{name}: {said}, so not a MoEScope trace$"):
         read_trace(p)
     assert p.read_bytes() == b"hello, not a trace\n"
+    p.write_bytes(b'{"type": "header"}\n')  # JSON Lines (x.PARQUET recorded it once):
+    with pytest.raises(TraceFormatError) as err:  # read as such
+        read_trace(p)
+    assert said not in str(err.value)

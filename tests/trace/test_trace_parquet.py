@@ -509,8 +509,11 @@ def test_trace_compact_converts_any_stream_and_refuses_bad_outputs(
     assert len(err) == 4 and all(line.startswith("moescope: error: ") for line in err), err
     journal = pf.journal_path(tmp_path / "k.parquet")
     journal.write_bytes(stream.read_bytes())
+    (tmp_path / "k.parquet").write_bytes(b"an earlier run's k.parquet")
+    # a journal's default is the name its session was recorded to: it replaces it, as
+    # closing the session would have (the hint a crash's journal gives must work)
     assert main(["trace", "compact", "--keep", str(journal)]) == 0
-    assert journal.exists() and (tmp_path / "k.parquet").exists()
+    assert journal.exists() and read_trace(tmp_path / "k.parquet").end is not None
     assert read_trace(stream).events().tobytes() == stream_events(tmp_path / "k.parquet")
 
 

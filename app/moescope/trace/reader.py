@@ -206,7 +206,10 @@ def _read_trace(path: str | os.PathLike[str], progress: ReadProgress | None) -> 
         return read_parquet(p, progress)
     kind = {".parquet": "a Parquet file", ".arrows": "an Arrow stream"}.get(
         p.suffix.lower())
-    if kind is not None and len(magic) == 4:  # named as one, but not begun as one
+    # named as one but not begun as one; JSON Lines or gzip bytes read on (a .PARQUET
+    # name recorded JSON Lines before suffixes were matched in any letter case)
+    if kind is not None and len(magic) == 4 and magic[:1] != b"{" \
+            and magic[:2] != b"\x1f\x8b":
         raise TraceFormatError(f"{p.name}: not {kind}, so not a MoEScope trace")
     header: TraceHeader | None = None
     tokens: list[TokenRecord] = []

@@ -30,8 +30,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="a .arrows trace stream (NAME.parquet.journal.arrows, or any)")
     c.add_argument("out", type=Path, nargs="?", metavar="OUT",
                    help="the Parquet file to write (default: the name the journal was "
-                        "recorded for, else JOURNAL with the suffix .parquet; a default "
-                        "name already there is not overwritten)")
+                        "recorded for, which it replaces, else JOURNAL with the suffix "
+                        ".parquet, which is not overwritten if it is there)")
     c.add_argument("--keep", action="store_true",
                    help="keep the journal (a journal is removed once compacted by default; "
                         "another stream is always kept)")
@@ -60,8 +60,10 @@ def run(args: argparse.Namespace) -> int:
     if magic != b"\xff\xff\xff\xff":
         raise TraceFormatError(f"{src}: not a version-2 trace stream (.arrows); nothing to "
                                f"compact")
-    if args.out is None and os.path.lexists(compacted_path(src)):
-        # a name the user did not give is never written over (an OUT given is theirs)
+    if args.out is None and not src.name.endswith(JOURNAL_SUFFIX) \
+            and os.path.lexists(compacted_path(src)):
+        # a name the user did not give is never written over (an OUT given is theirs; a
+        # journal's is the name its session was recorded to, which it was to replace)
         raise MoEScopeError(f"{compacted_path(src)} is already there; not overwritten (give "
                             f"OUT to write the Parquet trace elsewhere)")
     remove = src.name.endswith(JOURNAL_SUFFIX) and not args.keep
