@@ -156,6 +156,26 @@ def test_dev_stdout_is_written_through_the_descriptor(tmp_path: Path, dest: str)
     assert piped.stdout == "written\nstreamed\n"
 
 
+def test_staged_outputs_write_a_descriptor_path_through_it(tmp_path: Path) -> None:
+    """A window export to /dev/stderr (stderr redirected to a file) staged a temporary
+    beside the file and renamed it over it at commit, as _atomic once did."""
+    import subprocess
+    import sys
+
+    code = ("from moescope.util.files import StagedOutputs\n"
+            "with StagedOutputs() as s:\n"
+            "    s.stage('/dev/stderr', lambda f: f.write(b'staged\\n'))\n"
+            "    s.commit()\n")
+    log = tmp_path / "log.txt"
+    log.write_text("keep me\n")
+    ino = log.stat().st_ino
+    with open(log, "a") as f:
+        done = subprocess.run([sys.executable, "-c", code], stderr=f, check=False)
+    assert done.returncode == 0
+    assert log.read_text() == "keep me\nstaged\n" and log.stat().st_ino == ino
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.txt"]
+
+
 def test_dev_stdout_on_an_input_is_refused(tmp_path: Path) -> None:
     """``replay t.jsonl --json /dev/stdout 1<> t.jsonl``: the descriptor's file is an
     input, refused as a named one is."""

@@ -290,7 +290,8 @@ class StagedOutputs:
 
     def __init__(self, inputs: Iterable[PathLike] = ()) -> None:
         self.inputs = list(inputs)
-        self._staged: list[tuple[Path, Path, bool]] = []  # temporary, target, regular
+        # temporary, target, regular, the descriptor it names (/dev/stderr) or None
+        self._staged: list[tuple[Path, Path, bool, int | None]] = []
 
     def __enter__(self) -> StagedOutputs:
         return self
@@ -305,12 +306,13 @@ class StagedOutputs:
             raise OutputPathError(errno.EINVAL, "standard output cannot take several "
                                                 "files; give a file name", os.fspath(dest))
         check_output(dest, self.inputs)
-        target = resolve_output(dest)
-        regular = _regular_or_missing(target)
+        descriptor = descriptor_of(dest)  # written through it at commit, as a device is
+        target = Path(dest) if descriptor is not None else resolve_output(dest)
+        regular = descriptor is None and _regular_or_missing(target)
         folder = target.parent if regular else Path(tempfile.gettempdir())
         fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=folder)
         tmp = Path(name)
-        self._staged.append((tmp, target, regular))  # first: discard() removes it
+        self._staged.append((tmp, target, regular, descriptor))  # first: discard() removes it
         with os.fdopen(fd, "wb") as f:
             fill(f)
             f.flush()
@@ -323,9 +325,15 @@ class StagedOutputs:
         staged, self._staged = self._staged, []
         try:
             while staged:
-                tmp, target, regular = staged[0]
+                tmp, target, regular, descriptor = staged[0]
                 if regular:
                     os.replace(tmp, target)
+                elif descriptor is not None:
+                    with open(tmp, "rb") as src:
+                        _write_descriptor(descriptor,
+                                          lambda out, src=src: shutil.copyfileobj(src, out,
+                                                                                  1 << 20))
+                    os.unlink(tmp)
                 else:
                     fd = os.open(target, os.O_WRONLY | os.O_NOCTTY)
                     with os.fdopen(fd, "wb") as out, open(tmp, "rb") as src:
@@ -338,6 +346,6 @@ class StagedOutputs:
     def discard(self) -> None:
         """Remove the temporaries not committed (every output stays as it was)."""
         staged, self._staged = self._staged, []
-        for tmp, _, _ in staged:
+        for tmp, _, _, _ in staged:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
