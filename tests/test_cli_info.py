@@ -121,6 +121,12 @@ def test_usage_errors_return_2_instead_of_raising(capsys: pytest.CaptureFixture[
     # where the usage is
     assert code == 2 and err == ("moescope info: error: the following arguments are "
                                  "required: MODEL.gguf (see: moescope info --help)\n")
+    # an unknown option: named by the subcommand it was given to, whose help lists options
+    code, _, err = _run(["generate", "--bogus"], capsys)
+    assert code == 2 and err == ("moescope generate: error: unrecognized arguments: --bogus "
+                                 "(see: moescope generate --help)\n")
+    code, _, err = _run(["trace", "compact", "x.arrows", "-z"], capsys)
+    assert code == 2 and err.endswith("(see: moescope trace compact --help)\n")
 
 
 def test_help_lists_the_info_subcommand(capsys: pytest.CaptureFixture[str]) -> None:

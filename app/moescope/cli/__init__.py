@@ -40,6 +40,23 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
 
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """As argparse's, but an unknown option is named by the subcommand it was given
+        to (``moescope generate --bogus`` pointed at ``moescope --help``)."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self._innermost(parsed).error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
+    def _innermost(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                sub = action.choices.get(getattr(parsed, action.dest, None) or "")
+                if isinstance(sub, _Parser):
+                    return sub._innermost(parsed)
+        return self
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every subcommand module registered."""
