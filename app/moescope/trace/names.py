@@ -18,7 +18,8 @@ import os
 from pathlib import Path
 
 RECORD_SUFFIX = ".parquet"
-"""The format new sessions are recorded in (the window; ``moescope chat`` takes any name)."""
+"""The format new sessions are recorded in (the window; ``moescope chat --trace`` takes the
+name's suffix: any of :data:`TRACE_SUFFIXES`)."""
 
 TRACE_SUFFIXES = (".arrows", ".parquet", ".jsonl", ".jsonl.gz")
 """Every trace name the reader opens: version 2 (Arrow stream, Parquet) and version 1
