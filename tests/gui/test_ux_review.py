@@ -116,6 +116,13 @@ def test_the_trace_and_get_models_windows_fit_a_small_screen(
         frame = w.frameGeometry()
         assert area.contains(frame.topLeft()) and area.contains(frame.bottomRight()), frame
     hub.close()
+    # a second trace opened from the first goes below and right of it, on the screen (here,
+    # where a trace window fills the 800x800 screen, that is where the first is)
+    trace.activateWindow()
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is trace, timeout=5_000)
+    second = open_trace_window(trace_path)
+    frame = second.frameGeometry()
+    assert area.contains(frame.topLeft()) and area.contains(frame.bottomRight()), frame
 
 
 def test_get_models_closes_from_the_keyboard(window: Any, qtbot: Any) -> None:
@@ -213,3 +220,27 @@ def _boxes_show(qtbot: Any, app: Any, indicator_qss: Any) -> None:
     inside = [(x, y) for x in range(4, 12) for y in range(4, images[True].height() - 4)]
     assert any(abs(images[True].pixelColor(x, y).lightness()
                    - images[False].pixelColor(x, y).lightness()) > 80 for x, y in inside)
+
+
+def test_a_window_opened_from_one_of_its_kind_is_cascaded(qtbot: Any) -> None:
+    """Trace windows have no parent: each was centred on the screen, a second one exactly
+    over the first."""
+    from PySide6.QtCore import QSize
+    from PySide6.QtWidgets import QWidget
+
+    from moescope.gui.widgets.screen_fit import CASCADE_PX, resize_within_screen
+
+    class Pane(QWidget):
+        pass
+
+    first = Pane()
+    qtbot.addWidget(first)
+    resize_within_screen(first, QSize(200, 150))
+    first.show()
+    first.move(100, 100)
+    first.activateWindow()
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is first, timeout=5_000)
+    second = Pane()
+    qtbot.addWidget(second)
+    resize_within_screen(second, QSize(200, 150))
+    assert (second.x(), second.y()) == (first.x() + CASCADE_PX, first.y() + CASCADE_PX)

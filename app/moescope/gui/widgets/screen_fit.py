@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 from PySide6.QtCore import QSize
-from PySide6.QtWidgets import QWidget
+from PySide6.QtWidgets import QApplication, QWidget
 
 WINDOW_FRAME = QSize(16, 48)
 """Room left on the screen for the window manager's title bar and borders."""
+CASCADE_PX = 32
+"""How far a window opened from another of its kind sits below and right of it."""
 
 
 def fitting(size: QSize, available: QSize) -> QSize:
@@ -28,11 +30,17 @@ def resize_within_screen(window: QWidget, size: QSize) -> None:
     fitted = fitting(size, area.size())
     window.resize(fitted)
     owner = window.parentWidget()
-    owner = owner.window() if owner is not None else None
-    centre = owner.frameGeometry().center() if owner is not None and owner.isVisible() \
-        else area.center()
+    # a window without a parent (a trace window) goes over the one the user is in
+    owner = owner.window() if owner is not None else QApplication.activeWindow()
+    if owner is window or (owner is not None and not owner.isVisible()):
+        owner = None
+    centre = owner.frameGeometry().center() if owner is not None else area.center()
     width = fitted.width() + WINDOW_FRAME.width()
     height = fitted.height() + WINDOW_FRAME.height()
-    x = max(area.left(), min(centre.x() - width // 2, area.right() + 1 - width))
-    y = max(area.top(), min(centre.y() - height // 2, area.bottom() + 1 - height))
+    x = centre.x() - width // 2
+    y = centre.y() - height // 2
+    if owner is not None and type(owner) is type(window):  # a second trace: not on the first
+        x, y = owner.x() + CASCADE_PX, owner.y() + CASCADE_PX
+    x = max(area.left(), min(x, area.right() + 1 - width))
+    y = max(area.top(), min(y, area.bottom() + 1 - height))
     window.move(x, y)
