@@ -31,6 +31,7 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     ("--n", "-3", "--n must be at least 1"),
     ("--temperature", "nan", "--temperature must be a number >= 0"),
     ("--temperature", "-1", "--temperature must be a number >= 0"),
+    ("--temperature", "1e300", "--temperature 1e+300 must be from 0 to 100"),
 ])
 def test_sampling_values_that_cannot_work(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                           command: str, option: str, value: str,

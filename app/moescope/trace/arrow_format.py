@@ -59,11 +59,6 @@ MAGIC = b"\xff\xff\xff\xff"
 HEADER_KEY, TOKEN_KEY, END_KEY = b"moescope.header", b"moescope.token", b"moescope.end"
 
 
-def is_arrow_path(path: str | os.PathLike[str]) -> bool:
-    """Whether a trace written to ``path`` is version 2 (by its name)."""
-    return str(path).endswith(SUFFIX)
-
-
 def row_schema(header: TraceHeader) -> pa.Schema:
     """The rows' schema for ``header``'s model: fixed-size lists of top-k and of the
     expert count, and the narrowest integer types the validated bounds allow (expert ids,

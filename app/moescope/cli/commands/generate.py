@@ -111,6 +111,9 @@ def resolve_model(path: Path | None) -> Path:
     return model
 
 
+MAX_TEMPERATURE = 100.0
+"""The highest ``--temperature``: far past any useful one (2 is already near-uniform
+sampling), bounded as every number an argument gives is."""
 MAX_SEED = 0xFFFFFFFF - 1
 """The largest ``--seed`` that reproduces: llama.cpp takes a 32-bit seed (4294967296 was
 seed 0 again) and ``LLAMA_DEFAULT_SEED``, 0xFFFFFFFF (-1 too, as 32 bits), means "a random
@@ -145,6 +148,7 @@ def sampling_from_args(args: argparse.Namespace) -> Sampling:
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise MoEScopeError(f"--temperature must be a number >= 0 (0 is greedy), got "
                             f"{args.temperature}")
+    check_range("--temperature", args.temperature, 0.0, MAX_TEMPERATURE)
     if args.seed != -1 and not 0 <= args.seed <= MAX_SEED:
         raise MoEScopeError(f"--seed {args.seed} must be from 0 to {MAX_SEED}, or -1 for a "
                             "random seed each run (llama.cpp takes 32 bits)")
