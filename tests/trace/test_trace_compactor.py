@@ -21,7 +21,7 @@ from moescope.trace import TraceRecorder, read_trace
 from moescope.trace import arrow_format as af
 from moescope.trace import parquet_format as pf
 from moescope.trace.compactor import Compactor
-from moescope.trace.names import live_trace_file
+from moescope.trace.names import live_trace_file, session_stem
 from moescope.trace.schema import TraceFormatError
 from moescope_testing.traces import core_trace
 
@@ -280,3 +280,31 @@ def test_a_new_journal_another_window_took_is_not_recorded_to(
     monkeypatch.setattr(pf, "lock_journal", lambda _path: None)
     with pytest.raises(OSError, match="another MoEScope window took this new journal"):
         pf.ParquetTraceWriter(tmp_path / "s.parquet", psr_header())
+
+
+def test_a_name_another_window_took_meanwhile_is_recorded_under_the_next_one(
+        tmp_path: Path) -> None:
+    """Two windows on one traces folder starting sessions of one model in the same second
+    pick the same name; the one whose journal comes second records under the next name
+    (it was refused as "a session cut off?", its session not recorded)."""
+    from moescope.display.trace_io import open_new_session
+
+    theirs: list[pf.ParquetTraceWriter] = []
+    tried: list[Path] = []
+
+    def open_at(path: Path) -> pf.ParquetTraceWriter:
+        tried.append(path)
+        if not theirs:  # the other window creates its journal at the same name first
+            theirs.append(pf.ParquetTraceWriter(path, psr_header()))
+        return pf.ParquetTraceWriter(path, psr_header())
+
+    mine = open_new_session(tmp_path, "/m/model.gguf", open_at)
+    try:
+        assert len(tried) == 2 and mine.path == tried[1] != tried[0] == theirs[0].path
+        assert session_stem(mine.path.name) != session_stem(theirs[0].path.name)
+        mine.write_token(_record(0))
+        theirs[0].write_token(_record(0))
+    finally:
+        mine.close()
+        theirs[0].close()
+    assert len(read_trace(mine.path).tokens) == len(read_trace(theirs[0].path).tokens) == 1

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from moescope.cache.prefetch import PrefetchSummary, summarize
 from moescope.cache.residency import Residency
@@ -61,6 +61,8 @@ from moescope.trace.perfetto import dump_perfetto
 from moescope.trace.tokens_csv import dump_tokens_csv
 from moescope.util.errors import MoEScopeError
 from moescope.util.files import StagedOutputs, check_output
+
+T = TypeVar("T")
 
 KEEP_TRACES = 20
 """Recorded sessions kept in the data directory (older ones are deleted at start and
@@ -93,6 +95,23 @@ def new_trace_path(directory: Path, model_path: str) -> Path:
         n += 1
         name = f"{stem}-{n}"
     return directory / f"{name}{RECORD_SUFFIX}"
+
+
+NEW_NAME_TRIES = 10
+"""Names :func:`open_new_session` tries before it gives up."""
+
+
+def open_new_session(directory: Path, model_path: str, open_at: Callable[[Path], T]) -> T:
+    """``open_at(path)`` (a recorder, say) for a new session at :func:`new_trace_path`, and
+    at the next free name if another process's session took that one meanwhile: two
+    windows on one traces folder starting sessions of one model in the same second pick the
+    same name, and the one that creates its journal second would otherwise not record."""
+    from moescope.trace.parquet_format import JournalExistsError
+
+    for _ in range(NEW_NAME_TRIES - 1):
+        with contextlib.suppress(JournalExistsError):
+            return open_at(new_trace_path(directory, model_path))
+    return open_at(new_trace_path(directory, model_path))
 
 
 def _session_exists(directory: Path, stem: str) -> bool:

@@ -38,7 +38,7 @@ from moescope.cache.budget import format_bytes
 from moescope.cache.guard import GuardSpec
 from moescope.cache.policy import Policy
 from moescope.cache.residency import read_ram_resident, read_resident
-from moescope.display.trace_io import TraceLimits, new_trace_path, prune_traces
+from moescope.display.trace_io import TraceLimits, open_new_session, prune_traces
 from moescope.engine import AnswerStats, Engine, LoadCancelled, Sampling
 from moescope.engine.compare import compare_policies, conversation_tokens
 from moescope.session.recording import Recording, RecordingStopped
@@ -424,8 +424,10 @@ class EngineWorker(QObject):
                                     room=self.trace_limits.session_bytes,
                                     keep=self._live_traces()):
                 log.info("deleted old session trace %s to make room", old.name)
-            recorder = TraceRecorder.for_engine(new_trace_path(directory, model_path),
-                                                self.engine, compactor=self.compactor)
+            recorder = open_new_session(
+                directory, model_path,
+                lambda path: TraceRecorder.for_engine(path, self.engine,
+                                                      compactor=self.compactor))
         except (OSError, MoEScopeError) as err:
             log.warning("session recording is off: %s", err)
             self.recording = None

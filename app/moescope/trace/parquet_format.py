@@ -89,8 +89,13 @@ def compacted_path(journal: str | os.PathLike[str]) -> Path:
     return Path(journal).with_suffix(SUFFIX)
 
 
-def _journal_there(journal: Path) -> TraceFormatError:
-    return TraceFormatError(f"{journal}: a trace journal is already there (a session cut "
+class JournalExistsError(TraceFormatError):
+    """A journal is already at the name a new recording was to take: a session cut off,
+    or another window's session that took the name first."""
+
+
+def _journal_there(journal: Path) -> JournalExistsError:
+    return JournalExistsError(f"{journal}: a trace journal is already there (a session cut "
                             f"off? `moescope trace compact {journal}` finishes it); not "
                             f"overwritten")
 
