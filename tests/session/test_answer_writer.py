@@ -60,3 +60,27 @@ def test_a_full_database_refuses_the_token_and_keeps_the_answer(tmp_path: Path) 
     assert store.messages(chat.id)[0].content == written
     writer.close()
     store.close()
+
+
+def test_a_store_opened_beside_a_live_writer_without_recovery_leaves_its_answer(
+        tmp_path: Path) -> None:
+    """A second window opened anyway on the same data folder (it does not hold the
+    folder's lock) must not mark the first window's answer as cut off by a crash; the
+    window that owns the folder recovers a dead one's."""
+    from moescope.session.store import INTERRUPTED
+
+    first = ChatStore(tmp_path / "chats.sqlite3")
+    chat = first.create_chat("c")
+    answer = first.add_message(chat.id, "assistant", "so far", GENERATING)
+    writer = AnswerWriter(first.path)
+    second = ChatStore(first.path, recover=False)
+    writer.append(answer.id, " and more")
+    assert second.recovered == 0
+    assert second.messages(chat.id)[-1].status == GENERATING
+    assert first.messages(chat.id)[-1].content == "so far and more"
+    writer.close()
+    second.close()
+    first.close()
+    owner = ChatStore(tmp_path / "chats.sqlite3")  # the first window was killed meanwhile
+    assert owner.recovered == 1 and owner.messages(chat.id)[-1].status == INTERRUPTED
+    owner.close()

@@ -13,6 +13,7 @@ from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
 from moescope import __version__
+from moescope.gui.instance_lock import DataFolderLock, ask_already_open
 from moescope.gui.main_window import MainWindow
 from moescope.gui.theme import apply_theme
 from moescope.util.resources import resources_dir
@@ -62,12 +63,31 @@ def run_app(argv: Sequence[str] | None = None, model: str | Path | None = None) 
     console.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(console)
     app = create_app(args)
-    window = MainWindow()
-    window.fit_to_screen()
-    window.show()
-    _quit_on_sigint(window)
-    window.autoload(model)
-    return int(app.exec())
+    lock = DataFolderLock()
+    window = open_window(lock)
+    if window is None:
+        return 0
+    try:
+        window.fit_to_screen()
+        window.show()
+        _quit_on_sigint(window)
+        window.autoload(model)
+        return int(app.exec())
+    finally:
+        lock.release()
+
+
+def open_window(lock: DataFolderLock) -> MainWindow | None:
+    """The main window, once ``lock`` (its data folder's) is taken; if another live
+    MoEScope holds it, the user is asked first: None to quit, the data folder untouched
+    (nothing is opened or written in it), else a window that shares the folder."""
+    holder = lock.take()
+    if holder is not None:
+        logging.getLogger("moescope.gui").warning(
+            "MoEScope is already open on %s (%s)", lock.folder, holder.words())
+        if not ask_already_open(lock.folder, holder):
+            return None
+    return MainWindow(owns_data=holder is None)
 
 
 def _quit_on_sigint(window: MainWindow) -> None:

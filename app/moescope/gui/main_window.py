@@ -107,13 +107,15 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
     changesApplied = Signal(object, object)  # ModelSummary, list[Change] (GUI thread)
 
     def __init__(self, *, engine: Engine | None = None, store: ChatStore | None = None,
-                 settings: QSettings | None = None) -> None:
+                 settings: QSettings | None = None, owns_data: bool = True) -> None:
+        """``owns_data``: this window holds its data folder's lock (:mod:`.instance_lock`);
+        a window opened beside another one's leaves crash recovery of the chats to it."""
         super().__init__()
         self.setWindowTitle("MoEScope")
         self.setAcceptDrops(True)
         self.settings = settings or QSettings(str(paths.settings_path()),
                                               QSettings.Format.IniFormat)
-        self.store = store or ChatStore(paths.chats_db_path())
+        self.store = store or ChatStore(paths.chats_db_path(), recover=owns_data)
         self.client = EngineClient(engine, parent=self)
         self.model: ModelSummary | None = None
         self.requested = RequestNumbers()

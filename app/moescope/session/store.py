@@ -86,9 +86,14 @@ class Chat:
 
 
 class ChatStore:
-    """The chat database; every write is committed before the method returns."""
+    """The chat database; every write is committed before the method returns.
 
-    def __init__(self, path: str | Path) -> None:
+    ``recover``: mark the answers a crash left ``generating`` as interrupted. Only the one
+    process that owns the data folder may (the window holding its lock): another one's
+    answer being written looks exactly like a crashed one, and would be marked cut off
+    under it."""
+
+    def __init__(self, path: str | Path, *, recover: bool = True) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(self.path), isolation_level=None)
@@ -97,7 +102,7 @@ class ChatStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._migrate()
-        self.recovered = self._recover()
+        self.recovered = self._recover() if recover else 0
 
     # ------------------------------------------------------------------ schema
     @property

@@ -1,0 +1,162 @@
+"""A second MoEScope on one data folder: the lock the window takes at start, the dialog
+that names the other one, and a dead process's lock taken over without a word."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from moescope.session.store import DONE, GENERATING, INTERRUPTED, ChatStore
+
+HERE = Path(__file__).parent
+CHILD_TIMEOUT_S = 60
+
+
+@pytest.fixture
+def live_answer(data_dir: Path) -> tuple[int, int]:
+    """A chat whose answer is being written (status ``generating``), as another window's
+    is mid-answer, and a setting: (chat id, the answer's id)."""
+    store = ChatStore(data_dir / "chats.sqlite3")
+    chat = store.create_chat("theirs")
+    store.add_message(chat.id, "user", "hello")
+    answer = store.add_message(chat.id, "assistant", "so far", status=GENERATING)
+    store.close()
+    (data_dir / "settings.ini").write_text("[General]\nlast_model=/models/m.gguf\n")
+    return chat.id, answer.id
+
+
+@pytest.fixture
+def other_moescope(data_dir: Path) -> Iterator[subprocess.Popen[str]]:
+    """A real second process holding the data folder's lock (until the test ends)."""
+    env = dict(os.environ, MOESCOPE_DATA_DIR=str(data_dir))
+    child = subprocess.Popen([sys.executable, str(HERE / "lock_holder.py")], env=env,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        ready, _, _ = select.select([child.stdout], [], [], CHILD_TIMEOUT_S)
+        assert ready and child.stdout.readline().strip() == "held"
+        yield child
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def answer_dialog(button: str, seen: list[str]) -> Callable[[], None]:
+    """Click ``button`` on the already-open dialog once it shows (its text into ``seen``);
+    returns a function that stops watching."""
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
+    stopped = []
+
+    def poll() -> None:
+        if stopped:
+            return
+        box = next((w for w in QApplication.topLevelWidgets()
+                    if isinstance(w, QMessageBox) and w.objectName() == "alreadyOpenDialog"
+                    and w.isVisible()), None)
+        if box is None:
+            QTimer.singleShot(10, poll)
+            return
+        seen.append(f"{box.text()}\n{box.informativeText()}")
+        next(b for b in box.buttons() if b.text() == button).click()
+
+    QTimer.singleShot(0, poll)
+    return lambda: stopped.append(True)
+
+
+def test_a_second_start_names_the_other_process_and_quitting_touches_nothing(
+        qtbot: Any, data_dir: Path, live_answer: tuple[int, int],
+        other_moescope: subprocess.Popen[str]) -> None:
+    from moescope.gui.app import create_app, open_window
+    from moescope.gui.instance_lock import DataFolderLock
+
+    create_app([])
+    before = snapshot(data_dir)
+    lock = DataFolderLock()
+    seen: list[str] = []
+    answer_dialog("Quit", seen)
+    assert open_window(lock) is None
+    (text,) = seen
+    assert f"MoEScope is already open on this data folder (process {other_moescope.pid} " \
+           f"on " in text
+    assert str(data_dir) in text and "MOESCOPE_DATA_DIR" in text
+    assert "cannot bring it to the front" in text
+    assert not lock.held
+    assert snapshot(data_dir) == before  # the other's answer is not marked cut off
+    assert other_moescope.poll() is None
+
+
+def test_open_anyway_shares_the_folder_and_leaves_the_live_answer_alone(
+        qtbot: Any, data_dir: Path, live_answer: tuple[int, int],
+        other_moescope: subprocess.Popen[str]) -> None:
+    from moescope.gui.app import create_app, open_window
+    from moescope.gui.instance_lock import DataFolderLock
+
+    create_app([])
+    chat_id, answer_id = live_answer
+    lock = DataFolderLock()
+    seen: list[str] = []
+    answer_dialog("Open anyway", seen)
+    window = open_window(lock)
+    assert window is not None and len(seen) == 1
+    qtbot.addWidget(window)
+    try:
+        assert window.store.recovered == 0
+        assert window.store.messages(chat_id)[-1].status == GENERATING
+        assert window.chat.chat_id == chat_id and "so far" in window.chat_view.text()
+        assert not lock.held
+    finally:
+        window.close()
+    assert not window.client.thread.isRunning()
+    # the other window finishes its answer as ever
+    store = ChatStore(data_dir / "chats.sqlite3")
+    store.append_text(answer_id, " and the rest")
+    store.finish_message(answer_id, DONE)
+    assert store.messages(chat_id)[-1].content == "so far and the rest"
+    store.close()
+
+
+def test_a_dead_process_lock_is_taken_over_silently(
+        qtbot: Any, data_dir: Path, live_answer: tuple[int, int],
+        other_moescope: subprocess.Popen[str]) -> None:
+    from moescope.gui.app import create_app, open_window
+    from moescope.gui.instance_lock import LOCK_NAME, DataFolderLock
+
+    create_app([])
+    chat_id, _ = live_answer
+    os.kill(other_moescope.pid, signal.SIGKILL)
+    other_moescope.wait(timeout=30)
+    assert str(other_moescope.pid) in (data_dir / LOCK_NAME).read_text()  # left behind
+    lock = DataFolderLock()
+    seen: list[str] = []
+    stop = answer_dialog("Quit", seen)
+    window = open_window(lock)
+    stop()
+    assert seen == [] and window is not None
+    qtbot.addWidget(window)
+    try:
+        assert lock.held
+        assert (data_dir / LOCK_NAME).read_text().split("\n")[0] == str(os.getpid())
+        # the dead process's answer is recovered by the window that now owns the folder
+        assert window.store.recovered == 1
+        assert window.store.messages(chat_id)[-1].status == INTERRUPTED
+        again = DataFolderLock().take()  # a third start is told about this one
+        assert again is not None and again.pid == os.getpid()
+    finally:
+        window.close()
+        lock.release()
+    assert not (data_dir / LOCK_NAME).exists()
