@@ -25,6 +25,7 @@ from moescope.sim import (
     Routing,
     SweepRow,
     cost_model,
+    nothing_to_replay,
     sweep,
 )
 from moescope.sim.sweep import RECORDED
@@ -126,6 +127,19 @@ def default_policies(trace: Trace) -> tuple[str, ...]:
     """:data:`POLICIES` less what this trace cannot replay."""
     choices = preset_choices(trace)
     return tuple(p for p in POLICIES if choices.get(p) is None)
+
+
+def nothing_to_compare(trace: Trace) -> str | None:
+    """What the view says instead of a grid when ``trace`` has no decoded token (None when
+    it has one): every row averages decode tokens, so each policy and budget would show
+    zeros, and PSR would be offered as having "no predictions" when there was simply no
+    token to predict for. The words of ``moescope replay``'s line."""
+    why = nothing_to_replay(trace)
+    if why is None:
+        return None
+    return (f"Nothing to compare: {why}. Every policy and budget is replayed over decode "
+            "tokens, so there is nothing to replay; the Plots tab and Export… show what "
+            "the trace holds.")
 
 
 def compute(trace: Trace, cost_name: str, policies: Sequence[str] = POLICIES,
