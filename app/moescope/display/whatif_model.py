@@ -72,6 +72,8 @@ class WhatIfResult:
     trace_tokens: int = 0
     """Every token of the trace; the rows average its decode tokens (``SweepRow.tokens``),
     as ``moescope replay`` says under its table."""
+    compute_ms: float | None = None
+    """The cost model's compute per token, under which it hides background copies."""
 
     def series(self) -> dict[str, list[SweepRow]]:
         """Rows per policy in budget order: one connected curve each."""
@@ -181,7 +183,8 @@ def compute(trace: Trace, cost_name: str, policies: Sequence[str] = POLICIES,
         rows=result.rows[:grid], recorded=recorded,
         recorded_ms_per_token=result.recorded_ms_per_token, warnings=result.warnings,
         recorded_audit=estimate([t.audit for t in trace.tokens]),
-        trace_tokens=result.trace_tokens)
+        trace_tokens=result.trace_tokens,
+        compute_ms=cost.compute_for(trace.header.model) * 1e3)
 
 
 def status_text(result: WhatIfResult) -> str:
@@ -205,7 +208,26 @@ def status_text(result: WhatIfResult) -> str:
                  f"{result.recorded_ms_per_token:.3f} ms/token.")
     if result.recorded_audit is not None:
         text += f" Audited while recording: {result.recorded_audit.describe()}."
+    note = prefetch_note(result)
+    if note:
+        text += f" {note}"
     return text + "".join(f" Warning: {w}" for w in result.warnings)
+
+
+def prefetch_note(result: WhatIfResult) -> str:
+    """What the cost model assumes about PSR's prefetches, when a row prefetched ("" when
+    none did): the Compare dialog, which times real answers on this machine, can rank PSR
+    below Exact where this view ranks it above, and nothing said why."""
+    if not any(r.prefetches_per_token is not None for r in result.points()):
+        return ""
+    compute = (f"its {result.compute_ms:.3f} ms of compute per token"
+               if result.compute_ms is not None else "its compute")
+    return (f"PSR's prefetches are priced as background copies on a copy stream of their "
+            f"own: the {result.cost_name} model hides them under {compute}, charges only "
+            "what is longer, and models no wait for them. Compare policies (main window) "
+            "times real answers on this machine, where those copies can take the decode's "
+            "CPU time (always on a CPU-only build) and the decode waits for any still in "
+            "flight, so PSR can rank lower there.")
 
 
 def status_tooltip(result: WhatIfResult) -> str:
