@@ -12,9 +12,9 @@ from typing import Any
 from gui_helpers import send
 from PySide6.QtCore import Qt
 
-from moescope.sim import cost_model
 from moescope.gui.dialogs.compare import COLUMNS, MEASURED_NOTE
 from moescope.gui.traces.trace_window import TraceWindow
+from moescope.sim import cost_model
 from moescope.trace import read_trace
 
 
