@@ -25,6 +25,7 @@ from moescope.sim import (
     Routing,
     SweepRow,
     cost_model,
+    nothing_to_replay,
     sweep,
 )
 from moescope.sim.sweep import RECORDED
@@ -71,6 +72,8 @@ class WhatIfResult:
     trace_tokens: int = 0
     """Every token of the trace; the rows average its decode tokens (``SweepRow.tokens``),
     as ``moescope replay`` says under its table."""
+    compute_ms: float | None = None
+    """The cost model's compute per token, under which it hides background copies."""
 
     def series(self) -> dict[str, list[SweepRow]]:
         """Rows per policy in budget order: one connected curve each."""
@@ -128,6 +131,19 @@ def default_policies(trace: Trace) -> tuple[str, ...]:
     return tuple(p for p in POLICIES if choices.get(p) is None)
 
 
+def nothing_to_compare(trace: Trace) -> str | None:
+    """What the view says instead of a grid when ``trace`` has no decoded token (None when
+    it has one): every row averages decode tokens, so each policy and budget would show
+    zeros, and PSR would be offered as having "no predictions" when there was simply no
+    token to predict for. The words of ``moescope replay``'s line."""
+    why = nothing_to_replay(trace)
+    if why is None:
+        return None
+    return (f"Nothing to compare: {why}. Every policy and budget is replayed over decode "
+            "tokens, so there is nothing to replay; the Plots tab and Export… show what "
+            "the trace holds.")
+
+
 def compute(trace: Trace, cost_name: str, policies: Sequence[str] = POLICIES,
             budgets: Sequence[str] = BUDGETS, progress: ProgressFn | None = None,
             routing: Routing | None = None) -> WhatIfResult:
@@ -167,7 +183,8 @@ def compute(trace: Trace, cost_name: str, policies: Sequence[str] = POLICIES,
         rows=result.rows[:grid], recorded=recorded,
         recorded_ms_per_token=result.recorded_ms_per_token, warnings=result.warnings,
         recorded_audit=estimate([t.audit for t in trace.tokens]),
-        trace_tokens=result.trace_tokens)
+        trace_tokens=result.trace_tokens,
+        compute_ms=cost.compute_for(trace.header.model) * 1e3)
 
 
 def status_text(result: WhatIfResult) -> str:
@@ -191,7 +208,26 @@ def status_text(result: WhatIfResult) -> str:
                  f"{result.recorded_ms_per_token:.3f} ms/token.")
     if result.recorded_audit is not None:
         text += f" Audited while recording: {result.recorded_audit.describe()}."
+    note = prefetch_note(result)
+    if note:
+        text += f" {note}"
     return text + "".join(f" Warning: {w}" for w in result.warnings)
+
+
+def prefetch_note(result: WhatIfResult) -> str:
+    """What the cost model assumes about PSR's prefetches, when a row prefetched ("" when
+    none did): the Compare dialog, which times real answers on this machine, can rank PSR
+    below Exact where this view ranks it above, and nothing said why."""
+    if not any(r.prefetches_per_token is not None for r in result.points()):
+        return ""
+    compute = (f"its {result.compute_ms:.3f} ms of compute per token"
+               if result.compute_ms is not None else "its compute")
+    return (f"PSR's prefetches are priced as background copies on a copy stream of their "
+            f"own: the {result.cost_name} model hides them under {compute}, charges only "
+            "what is longer, and models no wait for them. Compare policies (main window) "
+            "times real answers on this machine, where those copies can take the decode's "
+            "CPU time (always on a CPU-only build) and the decode waits for any still in "
+            "flight, so PSR can rank lower there.")
 
 
 def status_tooltip(result: WhatIfResult) -> str:

@@ -9,7 +9,7 @@ compared from a recorded chat without loading the model. See :mod:`moescope.sim.
 from moescope.cache.batch import ProgressFn, ReplayCancelled
 from moescope.sim.cost import COST_MODEL_NAMES, CostModel, calibrate, cost_model
 from moescope.sim.replay import ReplayResult, Routing, decision_mismatches, replay
-from moescope.sim.sweep import Sweep, SweepRow, parse_policy, sweep
+from moescope.sim.sweep import Sweep, SweepRow, nothing_to_replay, parse_policy, sweep
 
 __all__ = [
     "COST_MODEL_NAMES",
@@ -23,6 +23,7 @@ __all__ = [
     "calibrate",
     "cost_model",
     "decision_mismatches",
+    "nothing_to_replay",
     "parse_policy",
     "replay",
     "sweep",

@@ -43,6 +43,19 @@ def parse_policy(spec: str) -> Policy | None:
     return parse_preset(spec)
 
 
+def nothing_to_replay(trace: Trace) -> str | None:
+    """Why a sweep of ``trace`` has nothing to replay, said after "nothing to replay: ";
+    None when it holds a decoded token. A sweep's rows average decode tokens, so a trace of
+    prefills only (a session stopped after its prompt) would give a table of zeros; its
+    tokens still export (``--perfetto``, ``--tokens-csv``, the window's *Export…*)."""
+    if not trace.tokens:
+        return "the trace holds no token"
+    if any(t.phase == "decode" for t in trace.tokens):
+        return None
+    prompts = "its prompt" if len(trace.tokens) == 1 else f"its {len(trace.tokens)} prompts"
+    return f"no token was decoded (the trace holds only the prefill of {prompts})"
+
+
 def split_list(values: Sequence[str] | str) -> list[str]:
     """``["a,b", "c"]`` -> ``["a", "b", "c"]`` (options may repeat or hold lists)."""
     items = [values] if isinstance(values, str) else list(values)

@@ -24,6 +24,7 @@ from moescope.util.errors import MoEScopeError
 
 if TYPE_CHECKING:
     from moescope.sim.cost import CostModel
+    from moescope.trace import Trace
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -71,9 +72,16 @@ def run(args: argparse.Namespace) -> int:
     """Read the trace, sweep, print the table; user errors raise MoEScopeError (exit 2)."""
     from moescope.cache.native import NativeLibraryNotFoundError
     from moescope.sim.cost import cost_model
-    from moescope.sim.sweep import format_table, parse_policy, split_list, sweep, to_csv, to_json
-    from moescope.trace import read_trace, write_perfetto
-    from moescope.trace.tokens_csv import write_tokens_csv
+    from moescope.sim.sweep import (
+        format_table,
+        nothing_to_replay,
+        parse_policy,
+        split_list,
+        sweep,
+        to_csv,
+        to_json,
+    )
+    from moescope.trace import read_trace
 
     policies = split_list(args.policy or ["recorded,exact,quality-first,speed-first"])
     budgets = split_list(args.budget or ["recorded"])
@@ -99,10 +107,10 @@ def run(args: argparse.Namespace) -> int:
               f"replaying its {len(trace.tokens)} complete tokens", file=sys.stderr)
     if not trace.tokens:
         raise MoEScopeError(f"{args.trace.name}: the trace has no tokens to replay")
-    if not any(t.phase == "decode" for t in trace.tokens):  # a table of zeros otherwise
-        prompts = "its prompt" if len(trace.tokens) == 1 else "its prompts"
-        raise MoEScopeError(f"{args.trace.name}: nothing to replay: no token was decoded "
-                            f"(the trace holds only the prefill of {prompts})")
+    why = nothing_to_replay(trace)
+    if why is not None:  # a table of zeros otherwise; the trace's own exports still hold
+        _prefill_only(args, trace, why)
+        return 0
     cost = _with_overrides(cost_model(args.cost_model, trace), args)
     ram_slots = 0
     if args.ram_budget:
@@ -119,6 +127,41 @@ def run(args: argparse.Namespace) -> int:
         write_output(args.csv, to_csv(result), "--csv", inputs)
     if args.json:
         write_output(args.json, to_json(result), "--json", inputs)
+    _write_exports(args, trace)
+    return 0
+
+
+EXPORTS = (("--perfetto", "perfetto"), ("--tokens-csv", "tokens_csv"))
+"""The outputs that export the trace itself, one event or row per recorded token: they need
+no replay, so a trace without a decoded token writes them too."""
+TABLES = (("--csv", "csv"), ("--json", "json"))
+"""The outputs of the replay's table."""
+
+
+def _prefill_only(args: argparse.Namespace, trace: Trace, why: str) -> None:
+    """A trace with no decoded token: its exports are written as asked and the table's
+    place says in one line that there is nothing to replay; asked for no export, or for
+    the table as a file, it is refused in one line (nothing written)."""
+    name = args.trace.name
+    exports = [option for option, dest in EXPORTS if getattr(args, dest)]
+    tables = [option for option, dest in TABLES if getattr(args, dest)]
+    if tables:
+        raise MoEScopeError(f"{name}: nothing to replay: {why}, so {' and '.join(tables)} "
+                            f"would be a table of zeros; nothing was written "
+                            f"(--perfetto and --tokens-csv export its tokens alone)")
+    if not exports:
+        raise MoEScopeError(f"{name}: nothing to replay: {why}; --perfetto and "
+                            "--tokens-csv still export its tokens")
+    _write_exports(args, trace)
+    print(f"moescope: note: {name}: nothing to replay: {why}; wrote "
+          f"{' and '.join(exports)} only", file=sys.stderr)
+
+
+def _write_exports(args: argparse.Namespace, trace: Trace) -> None:
+    """Write ``--perfetto`` and ``--tokens-csv`` where asked; a write error is one line."""
+    from moescope.trace import write_perfetto
+    from moescope.trace.tokens_csv import write_tokens_csv
+
     try:
         if args.perfetto:
             write_perfetto(trace, args.perfetto)
@@ -127,7 +170,6 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         raise MoEScopeError(f"{err.filename or 'output'}: cannot write "
                             f"({err.strerror or err})") from None
-    return 0
 
 
 COST_OVERRIDES = (("--bandwidth", "bandwidth", 0.01, 10_000.0, " GB/s"),

@@ -39,7 +39,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from moescope.cache.policy import THETA_DISK_AS_THETA, Policy
+from moescope.cache.policy import PRESETS, THETA_DISK_AS_THETA, Policy
 from moescope.display.policy_choices import (
     CUSTOM,
     POLICY_CHOICES,
@@ -58,7 +58,15 @@ REFERENCE = "exact"
 DEFAULT_CHOSEN = ("quality-first", "speed-first", "psr")
 COLUMNS = ("Policy", "tok/s", "vs Exact", "Same start", "Agreement", "Hit rate",
            "Substituted", "Mass/token", "Fetched MB/token", "Expected cost", "Chat perplexity")
+MEASURED_NOTE = (
+    "tok/s is measured on this machine, each policy timing its own answer (answers that "
+    "part can differ in length). A trace's What-if instead models a GPU and its copy link "
+    "(pcie4 by default) over one recorded routing, so the two can rank policies "
+    "differently: PSR's prefetches, hidden under compute there, take this machine's CPU "
+    "time here, and the decode waits for any still in flight.")
+"""Said under a run where a prefetching policy answered, and as the tok/s header's tip."""
 COLUMN_TIPS = {
+    "tok/s": MEASURED_NOTE,
     "Expected cost": "The answer's audited quality cost (audits on): exp(mean KL(exact || "
                      "policy)) - 1 over its audited tokens, the perplexity cost expected on "
                      "the model's own text (its answer). Chat perplexity measures the "
@@ -251,9 +259,19 @@ class CompareDialog(QDialog):
             text += f"; the chat scored over {result.scored_tokens} tokens"
         if result.stopped:
             text += "; stopped before every policy answered"
-        self.status.setText(text + ". Select a row to read its answer.")
+        text += ". Select a row to read its answer."
+        if any(self._prefetches(a.policy) for a in result.answers):
+            text += f" {MEASURED_NOTE}"
+        self.status.setText(text)
         if self.table.rowCount():
             self.table.selectRow(min(1, self.table.rowCount() - 1))
+
+    def _prefetches(self, name: str) -> bool:
+        """Whether the policy an answer names prefetches (PSR, or Custom with prefetch)."""
+        preset = PRESETS.get(name)
+        if preset is not None:
+            return bool(preset.prefetch)
+        return self.custom is not None and bool(self.custom.prefetch)
 
     def _done(self) -> None:
         self.running = False

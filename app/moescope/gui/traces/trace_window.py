@@ -124,6 +124,8 @@ class TraceWindow(QMainWindow):
         if not tokens:  # nothing to replay: a sweep would draw a table of zeros
             self.tabs.setTabEnabled(1, False)
             self.tabs.setTabToolTip(1, "Nothing to replay: this trace has no tokens")
+        elif self.whatif.nothing is not None:  # prefills only: the tab says why, in words
+            self.tabs.setTabToolTip(1, self.whatif.nothing)
         self.setCentralWidget(body)
         self._fitted = False
         # a window with no menu: without these only the mouse (or the window manager)

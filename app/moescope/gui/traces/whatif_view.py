@@ -49,6 +49,7 @@ from moescope.display.whatif_model import (
     cost_model_choices,
     default_policies,
     label,
+    nothing_to_compare,
     preset_choices,
     status_text,
     status_tooltip,
@@ -277,6 +278,17 @@ class WhatIfView(QWidget):
         layout.addLayout(top)
         layout.addWidget(self.status)
         layout.addWidget(splitter, 1)
+        self.nothing = nothing_to_compare(trace)
+        """Why there is nothing to sweep (a trace of prefills only), said instead of the
+        grid; None when the trace has a decoded token."""
+        if self.nothing is not None:
+            self.status.setObjectName("warningLabel")
+            self.status.setText(self.nothing)
+            for widget in (self.cost, self.policy_button):
+                widget.setEnabled(False)
+                widget.setToolTip(self.nothing)
+            splitter.hide()
+            layout.addStretch(1)
 
         self._thread = QThread()
         self._thread.setObjectName("moescope-whatif")
@@ -311,11 +323,15 @@ class WhatIfView(QWidget):
 
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
-        if self.result is None and not self._running and not self._stopped:
+        if self.result is None and not self._running and not self._stopped \
+                and self.nothing is None:
             self.start()
 
     def start(self, cost_name: str | None = None) -> None:
-        """Sweep with ``cost_name`` (default: the picker's); an older sweep is abandoned."""
+        """Sweep with ``cost_name`` (default: the picker's); an older sweep is abandoned.
+        Nothing when the trace has no decoded token (:attr:`nothing` says so)."""
+        if self.nothing is not None:
+            return
         if cost_name is not None and cost_name != self.cost.currentData():
             index = self.cost.findData(cost_name)
             if index < 0:
