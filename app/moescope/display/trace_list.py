@@ -111,9 +111,9 @@ MAX_LISTED = 500
 """The most sessions listed (the newest on disk): the window keeps 20, so a folder with
 more holds other files, and peeking thousands would stall the menu."""
 
-GZIP_SCAN_PER_LISTING = 8 << 20
+GZIP_SCAN_PER_LISTING = 4 << 20
 """The most compressed bytes of gzip traces decompressed to count them in one listing
-(about 0.1 s on one core; the traces a listing counts are remembered)."""
+(two files at most: 0.1 s on one core, a busy one; what a listing counted is remembered)."""
 
 _PEEKS: dict[Path, tuple[tuple[int, int], TracePeek | str, int]] = {}
 """What each file peeked as (its header, or why it does not read), while its size and

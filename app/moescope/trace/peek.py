@@ -11,7 +11,7 @@ the count (a session that did not close ends with its last token's line instead,
 begins with its index). A gzip stream cannot be read from its end, so the writer puts the
 end record in a gzip member of its own, last in the file (:class:`.writer.TraceWriter`):
 its last bytes are decompressed alone. A gzip trace without one (a crash, or written before
-that) is decompressed from its start, as far as ``gzip_scan`` compressed bytes (about 30 ms
+that) is decompressed from its start, as far as ``gzip_scan`` compressed bytes (40-60 ms
 for :data:`MAX_GZIP_SCAN`): a longer one is counted in part, :attr:`TracePeek.partial`, its
 count a lower bound.
 
@@ -45,7 +45,7 @@ record is a few dozen bytes; a token's line at Qwen3-Next's geometry ~0.5 MB).""
 
 MAX_GZIP_SCAN = 2 << 20
 """The most compressed bytes of a gzip trace without its end member decompressed to count
-its tokens (about 30 ms on one core; a small model's ~900 tokens, Qwen3-Next's ~30)."""
+its tokens (40-60 ms on one core; a small model's ~900 tokens, Qwen3-Next's ~30)."""
 
 GZIP_END_MEMBER = 8 << 10
 """The last bytes of a gzip trace looked at for its end record's member (an end record is at
