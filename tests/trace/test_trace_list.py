@@ -6,6 +6,7 @@ unreadable with a one-line reason, never raised."""
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import os
 import shutil
 from pathlib import Path
@@ -64,10 +65,9 @@ def test_peek_reads_the_header_and_counts_what_the_reader_reads(tmp_path: Path,
     peek = peek_trace(path)
     assert peek.header.model.name == "Some-MoE"
     assert peek.header.created == "2026-11-30T10:00:00+00:00"
-    if name == "s.jsonl.gz":
-        assert peek.tokens is None and peek.ended is None  # counted only by a full read
-    else:  # plain JSON Lines: the end record's count
-        assert peek.tokens == len(read_trace(path).tokens) == 7 and peek.ended
+    # gzip JSON Lines: its end record's member, read alone (no token decompressed)
+    assert peek.tokens == len(read_trace(path).tokens) == 7 and peek.ended
+    assert not peek.partial and peek.scanned == 0
 
 
 def test_a_json_lines_trace_without_its_end_counts_its_last_whole_token(
@@ -140,6 +140,118 @@ def test_a_stream_cut_mid_token_counts_the_whole_tokens(tmp_path: Path) -> None:
     recorder.close(stop_reason="done")
 
 
+def _unclosed_gzip(tmp_path: Path, tokens: int) -> bytes:
+    """A gzip trace's bytes as a crash leaves them: every token sync-flushed, no end."""
+    recorder = _record(tmp_path / "live.jsonl.gz", tokens, close=False)
+    data = (tmp_path / "live.jsonl.gz").read_bytes()
+    recorder.close(stop_reason="done")
+    return data
+
+
+def _reader_count(path: Path) -> int | None:
+    try:
+        return len(read_trace(path).tokens)
+    except TraceFormatError:
+        return None
+
+
+def test_a_gzip_trace_without_its_end_member_is_counted_as_the_reader_counts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crash leaves a gzip trace without its end record (and an older writer put it in
+    the tokens' member): it is decompressed from its start, bounded, and counted as the
+    reader counts it: cut off anywhere, whole but one member, with no token, empty."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    data = _unclosed_gzip(tmp_path, 6)
+    path = folder / "s.jsonl.gz"
+    path.write_bytes(data)
+    peek = peek_trace(path)
+    assert (peek.tokens, peek.ended, peek.partial) == (6, False, False) and peek.scanned
+    assert _reader_count(path) == 6
+    assert list_traces(folder)[0].state is TraceState.CRASHED
+    header_end = len(gzip.compress(b"", mtime=0))  # no cut below this is a trace
+    for cut in range(1, len(data)):
+        path.write_bytes(data[:cut])
+        want = _reader_count(path)
+        try:
+            peek = peek_trace(path)
+        except TraceFormatError as err:
+            assert want is None, (cut, err)
+            assert "\n" not in str(err) and str(err).startswith("s.jsonl.gz: ")
+            continue
+        assert want is not None or cut < header_end, cut
+        if want is not None:
+            assert (peek.tokens, peek.ended, peek.partial) == (want, False, False), cut
+
+    # an older writer's trace: one member, its end record inside
+    closed = tmp_path / "closed.jsonl.gz"
+    _record(closed, 9)
+    old = folder / "old.jsonl.gz"
+    old.write_bytes(gzip.compress(gzip.decompress(closed.read_bytes()), mtime=0))
+    peek = peek_trace(old)
+    assert (peek.tokens, peek.ended, peek.partial) == (9, True, False) == (
+        _reader_count(old), True, False)
+    # longer than the bound: a lower bound, shown as one
+    peek = peek_trace(old, gzip_scan=1)
+    assert peek.partial and peek.ended is None
+    assert peek.tokens is None or peek.tokens <= 9
+    big = folder / "big.jsonl.gz"
+    with gzip.GzipFile(big, "wb", mtime=0) as f:
+        f.write(gzip.decompress(closed.read_bytes()).rsplit(b"\n", 2)[0] + b"\n")
+        f.write(b"".join(b'{"type":"token","index":%d,"text":"' % i + os.urandom(3000).hex()
+                         .encode() + b'"}\n' for i in range(9, 400)))
+    monkeypatch.setattr("moescope.trace.peek.MAX_GZIP_SCAN", 1 << 20)
+    monkeypatch.setattr(trace_list, "MAX_GZIP_SCAN", 1 << 20)
+    entry = next(e for e in list_traces(folder) if e.path == big)
+    assert entry.tokens_partial and entry.tokens is not None and 9 < entry.tokens < 400
+    assert trace_list.tokens_text(entry) == f"≥{entry.tokens:,}"
+    assert f"≥{entry.tokens:,} tokens" in menu_text(entry)
+    assert "at least" in detail_text(entry) and entry.state is TraceState.FINISHED
+    # a listing whose budget is spent counts nothing more, and a later one counts it
+    monkeypatch.setattr(trace_list, "GZIP_SCAN_PER_LISTING", 0)
+    big.touch()
+    entry = next(e for e in list_traces(folder) if e.path == big)
+    assert entry.tokens is None and trace_list.tokens_text(entry) == "–"
+    monkeypatch.setattr(trace_list, "GZIP_SCAN_PER_LISTING", 8 << 20)
+    assert next(e for e in list_traces(folder) if e.path == big).tokens_partial
+
+
+def test_an_empty_or_junk_gzip_trace_is_counted_or_refused_in_one_line(
+        tmp_path: Path) -> None:
+    closed = tmp_path / "none.jsonl.gz"
+    _record(closed, 0)
+    assert (peek_trace(closed).tokens, peek_trace(closed).ended) == (0, True)
+    assert _reader_count(closed) == 0
+    header_only = tmp_path / "header.jsonl.gz"
+    header_only.write_bytes(_unclosed_gzip(tmp_path, 0))
+    assert (peek_trace(header_only).tokens, peek_trace(header_only).ended) == (0, False)
+    assert _reader_count(header_only) == 0
+    cases = {
+        "zero.jsonl.gz": b"",
+        "nothing.jsonl.gz": gzip.compress(b"", mtime=0),
+        "junk.jsonl.gz": b"\x1f\x8b" + os.urandom(2000),
+        "magic.jsonl.gz": b"\x1f\x8b\x08\x00",
+    }
+    data = _unclosed_gzip(tmp_path, 5)
+    mid = len(data) // 2
+    cases["flipped.jsonl.gz"] = data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1:]
+    cases["garbage-after.jsonl.gz"] = data + b"\x1f\x8b\x08" + b"\x00" * 30
+    for name, raw in cases.items():
+        path = tmp_path / name
+        path.write_bytes(raw)
+        try:
+            peek = peek_trace(path)
+        except TraceFormatError as err:
+            assert "\n" not in str(err) and str(err).startswith(f"{name}: "), name
+            continue
+        want = _reader_count(path)
+        assert want is None or peek.tokens in (None, want), name
+    entries = {e.path.name: e for e in list_traces(tmp_path)}
+    for name in ("zero.jsonl.gz", "nothing.jsonl.gz", "junk.jsonl.gz", "magic.jsonl.gz"):
+        assert entries[name].state in (TraceState.UNREADABLE, TraceState.EMPTY), name
+        assert "\n" not in entries[name].reason
+
+
 def test_the_folder_lists_each_session_once_newest_first(tmp_path: Path) -> None:
     _record(tmp_path / "20261128-100000-a.parquet", 3, "2026-11-28T10:00:00+00:00", "A")
     _record(tmp_path / "20261130-100000-b.arrows", 4, "2026-11-30T10:00:00+00:00", "B")
@@ -151,11 +263,11 @@ def test_the_folder_lists_each_session_once_newest_first(tmp_path: Path) -> None
     b, c, a = entries
     assert (a.tokens, a.format, a.state) == (3, "Parquet", TraceState.FINISHED)
     assert (b.tokens, b.format) == (4, "Arrow stream")
-    assert (c.tokens, c.format, c.openable) == (None, "gzip JSON Lines", True)
+    assert (c.tokens, c.format, c.openable) == (5, "gzip JSON Lines", True)
     assert a.size == (tmp_path / "20261128-100000-a.parquet").stat().st_size
     assert a.policy == "psr" and a.when.year == 2026
     assert "4 tokens" in menu_text(b) and "(" not in menu_text(b)
-    assert "counted when it opens" in detail_text(c)
+    assert "5 tokens" in menu_text(c) and c.state is TraceState.FINISHED
 
 
 def test_the_live_journal_is_recording_and_a_crash_journal_is_told_apart(

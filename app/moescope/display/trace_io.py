@@ -73,7 +73,7 @@ before each new session; see :class:`TraceLimits`)."""
 class TraceLimits:
     """How much disk the recorded sessions may take: traces are on by default, and at a
     large model's geometry (48 MoE layers x 512 experts) one token with router inputs is
-    about 91 kB (Parquet; 112 kB in the journal it is recorded to, an Arrow stream; 170 kB
+    about 89 kB (Parquet; 112 kB in the journal it is recorded to, an Arrow stream; 170 kB
     as JSON Lines), so a long chat writes gigabytes unless something bounds it. The limits
     count the journal's bytes while a session records."""
 

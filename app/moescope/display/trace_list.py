@@ -6,10 +6,15 @@ back should not need to know the folder or read cut-off file names: File ▸ Rec
 and the Recorded sessions dialog list them from here, newest first, each with when it was
 recorded, its model, tokens, size, format and state.
 
-Listing must be quick (it runs when a menu opens), so no trace is read: each file's header
-and token count come from :func:`moescope.trace.peek.peek_trace`, remembered while the
-file's size and time are unchanged. A file that does not peek (empty, foreign, damaged) is
-listed as unreadable with the reason, never raised.
+Listing must be quick (it runs when a menu opens, on the GUI thread), so no trace is read:
+each file's header and token count come from :func:`moescope.trace.peek.peek_trace`,
+remembered while the file's size and time are unchanged. A file that does not peek (empty,
+foreign, damaged) is listed as unreadable with the reason, never raised. The one count that
+costs work is a gzip JSON Lines trace's without its end member (a crash, an older writer):
+it is decompressed from its start, at most :data:`~moescope.trace.peek.MAX_GZIP_SCAN`
+compressed bytes a file and :data:`GZIP_SCAN_PER_LISTING` a listing (~0.1 s), and a longer
+one is listed as "≥N" tokens (:attr:`SessionTrace.tokens_partial`), counted further at a
+later listing while the budget was short.
 
 A session is every file of one name (:func:`moescope.trace.names.session_stem`): its
 finished trace, or while it records (and after a crash) its journal. A journal that some
@@ -37,7 +42,7 @@ from moescope.trace.names import (
     session_stem,
     trace_suffix,
 )
-from moescope.trace.peek import TracePeek, peek_trace
+from moescope.trace.peek import MAX_GZIP_SCAN, TracePeek, peek_trace
 from moescope.trace.schema import TraceFormatError
 
 log = logging.getLogger(__name__)
@@ -73,7 +78,11 @@ class SessionTrace:
     model: str = ""
     policy: str = ""
     tokens: int | None = None
-    """None where only a full read counts them (a JSON Lines trace) or nothing was read."""
+    """None where only a full read counts them (a JSON Lines trace whose last line does not
+    say) or nothing was read."""
+    tokens_partial: bool = False
+    """``tokens`` is a lower bound: a long gzip JSON Lines trace without its end member,
+    counted only in part (:attr:`.peek.TracePeek.partial`)."""
     format: str = ""
     """The file's format, in words (a journal says so)."""
     reason: str = ""
@@ -102,19 +111,35 @@ MAX_LISTED = 500
 """The most sessions listed (the newest on disk): the window keeps 20, so a folder with
 more holds other files, and peeking thousands would stall the menu."""
 
-_PEEKS: dict[Path, tuple[tuple[int, int], TracePeek | str]] = {}
+GZIP_SCAN_PER_LISTING = 4 << 20
+"""The most compressed bytes of gzip traces decompressed to count them in one listing
+(two files at most: 0.1 s on one core, a busy one; what a listing counted is remembered)."""
+
+_PEEKS: dict[Path, tuple[tuple[int, int], TracePeek | str, int]] = {}
 """What each file peeked as (its header, or why it does not read), while its size and
-modification time stay as they were."""
+modification time stay as they were, with the gzip bytes it was allowed to count."""
 _MAX_PEEKS = 256
 
 
-def _peek(path: Path, st: os.stat_result) -> TracePeek | str:
+class _Budget:
+    """Compressed bytes of gzip traces one listing may still decompress to count them."""
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+
+def _peek(path: Path, st: os.stat_result, budget: _Budget | None = None) -> TracePeek | str:
     key = (st.st_size, st.st_mtime_ns)
+    allowed = MAX_GZIP_SCAN if budget is None else max(0, min(MAX_GZIP_SCAN, budget.left))
     known = _PEEKS.get(path)
-    if known is not None and known[0] == key:
+    # a count cut short by a listing's budget is taken further when more is allowed
+    if known is not None and known[0] == key and not (
+            isinstance(known[1], TracePeek) and known[1].partial and known[2] < allowed):
         return known[1]
     try:
-        result: TracePeek | str = peek_trace(path)
+        result: TracePeek | str = peek_trace(path, gzip_scan=allowed)
+        if budget is not None:
+            budget.left -= result.scanned
     except TraceFormatError as err:
         result = _one_line(str(err), path.name)
     except Exception as err:  # a reader's surprise: still one line, the list goes on
@@ -122,7 +147,7 @@ def _peek(path: Path, st: os.stat_result) -> TracePeek | str:
         result = _one_line(f"cannot read it ({type(err).__name__}: {err})", path.name)
     if len(_PEEKS) >= _MAX_PEEKS:
         _PEEKS.clear()
-    _PEEKS[path] = (key, result)
+    _PEEKS[path] = (key, result, allowed)
     return result
 
 
@@ -186,9 +211,11 @@ def _model_from_name(name: str) -> str:
 
 
 def describe(path: Path, st: os.stat_result, modified: float, *,
-             this_window: bool = False) -> SessionTrace:
+             this_window: bool = False, budget: _Budget | None = None) -> SessionTrace:
     """One session's entry, from the file it opens as (``st``: that file's ``lstat``);
-    ``this_window``: the session this window records now."""
+    ``this_window``: the session this window records now; ``budget``: what a listing may
+    still decompress to count gzip traces (default: one file's
+    :data:`~moescope.trace.peek.MAX_GZIP_SCAN`)."""
     base = {"path": path, "modified": modified, "size": st.st_size,
             "format": _format_words(path.name), "this_window": this_window}
     if not stat.S_ISREG(st.st_mode):
@@ -207,7 +234,7 @@ def describe(path: Path, st: os.stat_result, modified: float, *,
                                 reason="recording: no token yet", **base)
         return SessionTrace(state=TraceState.EMPTY, tokens=0,
                             reason="empty: the session recorded no token", **base)
-    peek = _peek(path, st)
+    peek = _peek(path, st, budget)
     if isinstance(peek, str):
         if held:  # a writer mid-way through its first token
             return SessionTrace(state=TraceState.RECORDING, tokens=0,
@@ -218,6 +245,7 @@ def describe(path: Path, st: os.stat_result, modified: float, *,
     fields = {**base, "recorded": _created(h.created),
               "model": h.model.name or h.model.file_name,
               "policy": h.policy.name or "custom", "tokens": peek.tokens,
+              "tokens_partial": peek.partial and peek.tokens is not None,
               "truncated": peek.truncated}
     if held:
         return SessionTrace(state=TraceState.RECORDING, **fields)
@@ -253,10 +281,12 @@ def list_traces(directory: Path, live: Iterable[str | os.PathLike[str]] = ()
     newest = sorted(((max(st.st_mtime for _, st in files), stem, files)
                      for stem, files in sessions.items()), reverse=True)
     out = []
+    budget = _Budget(GZIP_SCAN_PER_LISTING)
     for modified, stem, files in newest[:MAX_LISTED]:
         picked = _pick(files)
         if picked is not None:
-            out.append(describe(picked[0], picked[1], modified, this_window=stem in mine))
+            out.append(describe(picked[0], picked[1], modified, this_window=stem in mine,
+                                budget=budget))
     out.sort(key=lambda e: (e.when, e.path.name), reverse=True)
     return out
 
@@ -272,7 +302,7 @@ def when_text(entry: SessionTrace) -> str:
 def tokens_text(entry: SessionTrace) -> str:
     if entry.tokens is None:
         return "–"
-    return f"{entry.tokens:,}"
+    return f"≥{entry.tokens:,}" if entry.tokens_partial else f"{entry.tokens:,}"
 
 
 def size_text(n: int) -> str:
@@ -311,8 +341,11 @@ def detail_text(entry: SessionTrace) -> str:
                      + ": it opens as the tokens recorded so far, not as a finished trace.")
     elif entry.state is TraceState.CRASHED:
         parts.append(entry.reason[:1].upper() + entry.reason[1:] + ".")
+    elif entry.tokens_partial:
+        parts.append(f"A long gzip JSON Lines trace: at least {entry.tokens:,} tokens, "
+                     "counted without reading it all; all are counted when it opens.")
     elif entry.tokens is None:
-        parts.append("An older JSON Lines trace: its tokens are counted when it opens.")
+        parts.append("A JSON Lines trace whose tokens are counted when it opens.")
     if entry.policy and entry.openable:
         parts.append(f"Policy at the start: {entry.policy}.")
     return " ".join(parts)

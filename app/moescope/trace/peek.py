@@ -8,8 +8,12 @@ one message, whose length is in its prefix, so the messages are counted without 
 a row (the file is memory-mapped: a body skipped is never read from disk); a JSON Lines
 trace (version 1) begins with its header line and ends with its end record, which holds
 the count (a session that did not close ends with its last token's line instead, which
-begins with its index); a gzip-compressed one is only counted by reading it all, so
-:attr:`TracePeek.tokens` is None there.
+begins with its index). A gzip stream cannot be read from its end, so the writer puts the
+end record in a gzip member of its own, last in the file (:class:`.writer.TraceWriter`):
+its last bytes are decompressed alone. A gzip trace without one (a crash, or written before
+that) is decompressed from its start, as far as ``gzip_scan`` compressed bytes (40-60 ms
+for :data:`MAX_GZIP_SCAN`): a longer one is counted in part, :attr:`TracePeek.partial`, its
+count a lower bound.
 
 The header is checked as the full reader checks it (:func:`.reader.header_of`), so a file
 that peeks well opens; the rows are not, so one that peeks well may still be refused when
@@ -39,6 +43,14 @@ MAX_TAIL = 8 << 20
 """The most bytes of a JSON Lines trace looked back for its last line's start (an end
 record is a few dozen bytes; a token's line at Qwen3-Next's geometry ~0.5 MB)."""
 
+MAX_GZIP_SCAN = 2 << 20
+"""The most compressed bytes of a gzip trace without its end member decompressed to count
+its tokens (40-60 ms on one core; a small model's ~900 tokens, Qwen3-Next's ~30)."""
+
+GZIP_END_MEMBER = 8 << 10
+"""The last bytes of a gzip trace looked at for its end record's member (an end record is at
+most a few hundred bytes, :func:`_end_record` takes up to 4 kB)."""
+
 MAX_MESSAGE_METADATA = 64 << 20
 """The most bytes of one message's fields looked at (a token's are a few kB; the reader
 bounds a record at 64 MiB too)."""
@@ -52,19 +64,27 @@ class TracePeek:
     format: str
     """The container the file's first bytes say: "parquet", "arrows" or "jsonl"."""
     tokens: int | None
-    """Tokens recorded (a cut-off last one not counted); None where only a full read
-    counts them (gzip-compressed JSON Lines, or a last line that does not say)."""
+    """Tokens recorded (a cut-off last one not counted), at least (:attr:`partial`) for a
+    long gzip stream counted in part; None where only a full read counts them (a last line
+    that does not say, a gzip stream's first bytes that hold no token)."""
     ended: bool | None
     """Whether the session's end record was written (it closed normally); None where only
     a full read tells (as for ``tokens``)."""
     truncated: bool = False
     """The last message was cut off (a writer killed mid-token): an Arrow stream only."""
+    partial: bool = False
+    """Only the first part of a gzip stream was counted (``gzip_scan``): ``tokens``, if
+    not None, is how many it holds at least, and ``ended`` is None."""
+    scanned: int = 0
+    """Compressed bytes of a gzip stream decompressed to count its tokens."""
 
 
-def peek_trace(path: str | os.PathLike[str]) -> TracePeek:
+def peek_trace(path: str | os.PathLike[str], *, gzip_scan: int = MAX_GZIP_SCAN
+               ) -> TracePeek:
     """The header and token count of the trace at ``path``, reading its header and, for
     an Arrow stream, each message's prefix (not its rows), for plain JSON Lines its last
-    line (or the first bytes of a long one). Anything else raises
+    line (or the first bytes of a long one), for gzip JSON Lines its end record's member,
+    else its first ``gzip_scan`` compressed bytes. Anything else raises
     :class:`TraceFormatError` with a one-line reason naming the file: an empty file, a
     foreign one, a header the reader refuses."""
     p = Path(path)
@@ -81,7 +101,7 @@ def peek_trace(path: str | os.PathLike[str]) -> TracePeek:
         return _peek_parquet(p)
     if magic == b"\xff\xff\xff\xff":
         return _peek_arrow(p)
-    return _peek_jsonl(p, gz=magic[:2] == b"\x1f\x8b")
+    return _peek_jsonl(p, gz=magic[:2] == b"\x1f\x8b", gzip_scan=gzip_scan)
 
 
 def _said(err: BaseException) -> str:
@@ -171,7 +191,7 @@ def _peek_arrow(p: Path) -> TracePeek:
     return TracePeek(header, "arrows", tokens, ended, truncated)
 
 
-def _peek_jsonl(p: Path, *, gz: bool) -> TracePeek:
+def _peek_jsonl(p: Path, *, gz: bool, gzip_scan: int = MAX_GZIP_SCAN) -> TracePeek:
     import json
 
     from moescope.trace.validate import _header_from_json
@@ -193,8 +213,12 @@ def _peek_jsonl(p: Path, *, gz: bool) -> TracePeek:
             TraceFormatError) as err:
         what = f"missing field {err}" if isinstance(err, KeyError) else _said(err)
         raise TraceFormatError(f"{p.name}: not a MoEScope trace ({what})") from None
-    if gz:  # a gzip stream is read from its start: counting is a full read
-        return TracePeek(header, "jsonl", None, None)
+    if gz:
+        end = _gzip_end_member(p)
+        if end is not None:
+            return TracePeek(header, "jsonl", end, True)
+        tokens, ended, partial, scanned = _gzip_count(p, gzip_scan)
+        return TracePeek(header, "jsonl", tokens, ended, partial=partial, scanned=scanned)
     tokens, ended = _jsonl_tail(p)
     return TracePeek(header, "jsonl", tokens, ended)
 
@@ -283,3 +307,122 @@ def _end_record(line: bytes) -> int | None:
         return None
     tokens = obj.get("tokens")
     return tokens if type(tokens) is int and 0 <= tokens <= _MAX_TOKENS else None
+
+
+_GZIP_MEMBER = b"\x1f\x8b\x08"
+"""A gzip member's first bytes (magic, deflate)."""
+
+
+def _gzip_end_member(p: Path) -> int | None:
+    """The token count of the end record in a gzip trace's last member, when that member
+    holds the end record alone (:class:`.writer.TraceWriter` writes it so); None otherwise
+    (no such member: a crash, an older writer, or not a trace's)."""
+    try:
+        with open(p, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            at = max(0, size - GZIP_END_MEMBER)
+            f.seek(at)
+            tail = f.read(size - at)
+    except OSError:
+        return None
+    i = len(tail)
+    while True:
+        i = tail.rfind(_GZIP_MEMBER, 0, i)
+        if i < 0 or at + i == 0:  # the first member holds the header, never the end
+            return None
+        d = zlib.decompressobj(31)
+        try:
+            line = d.decompress(tail[i:], _LINE_HEAD + 2)
+        except zlib.error:
+            continue
+        # one whole member to the file's last byte (its CRC checked), one line
+        if d.eof and not d.unused_data and not d.unconsumed_tail and line.endswith(b"\n") \
+                and line.count(b"\n") == 1:
+            end = _end_record(line[:-1])
+            if end is not None:
+                return end
+        # else: the magic bytes inside compressed data; look further back
+
+
+_GZIP_CHUNK = 1 << 16
+_KEEP_LINE = MAX_TAIL
+"""The most bytes of a last line without its newline kept to parse (as the plain tail)."""
+
+
+def _gzip_count(p: Path, limit: int) -> tuple[int | None, bool | None, bool, int]:
+    """(tokens, ended, partial, compressed bytes read) from a gzip JSON Lines trace,
+    decompressed from its start as the reader does (:class:`.reader._LineReader`) but
+    keeping only the line being read and the first bytes of the last whole one; as far as
+    ``limit`` compressed bytes (further: ``partial``, tokens a lower bound, ended None).
+    The count follows :func:`_jsonl_tail`'s rules for the last lines; a stream cut off (a
+    crash) counts its whole lines, as the reader does. A corrupt stream (bad data or CRC)
+    raises :class:`TraceFormatError`, as it does in the reader."""
+    lines = 0
+    last: bytes | None = None  # the last non-blank whole line's first bytes
+    last_no = 0
+    line = bytearray()  # the line being read (its first _KEEP_LINE + 1 bytes)
+    line_len = 0
+    how = "end"
+    try:
+        with open(p, "rb") as raw:
+            stream = gzip.GzipFile(fileobj=raw, mode="rb")
+            while True:
+                if raw.tell() >= limit:
+                    how = "partial"
+                    break
+                try:
+                    # read1: at most one read of the file, so nothing decoded is lost when
+                    # the next raises for a stream cut off
+                    chunk = stream.read1(_GZIP_CHUNK)
+                except EOFError:
+                    how = "cut"
+                    break
+                if not chunk:
+                    break
+                start = 0
+                while True:
+                    nl = chunk.find(b"\n", start)
+                    stop = len(chunk) if nl < 0 else nl
+                    if len(line) <= _KEEP_LINE:
+                        line += chunk[start:min(stop, start + _KEEP_LINE + 1 - len(line))]
+                    line_len += stop - start
+                    if nl < 0:
+                        break
+                    lines += 1
+                    if line_len > _LINE_HEAD or line.strip():
+                        last, last_no = bytes(line[:_LINE_HEAD + 1]), lines
+                    line.clear()
+                    line_len = 0
+                    start = nl + 1
+            scanned = raw.tell()
+    except (zlib.error, gzip.BadGzipFile) as err:
+        raise TraceFormatError(f"{p.name}: corrupt gzip stream after line {lines} "
+                               f"({_said(err)})") from None
+    except OSError as err:
+        raise TraceFormatError(f"{p.name}: cannot read it ({_said(err)})") from None
+    if how == "partial":
+        m = _TOKEN_START.match(last[:_LINE_HEAD]) if last is not None and last_no > 1 \
+            else None
+        tokens = int(m.group(1)) + 1 if m is not None and int(m.group(1)) < _MAX_TOKENS \
+            else None
+        return tokens, None, True, scanned
+    if how == "end" and line_len and (line_len > _KEEP_LINE or line.strip()):
+        # a last line without its newline, at the stream's end: the reader parses it
+        if line_len > _KEEP_LINE:
+            return None, None, False, scanned
+        cut = bytes(line)
+        end = _end_record(cut)
+        if end is not None:
+            return end, True, False, scanned
+        m = _TOKEN_START.match(cut[:_LINE_HEAD])
+        if m is not None and int(m.group(1)) < _MAX_TOKENS and _parses(cut):
+            return int(m.group(1)) + 1, False, False, scanned
+    if last is None or last_no <= 1:  # the header alone
+        return 0, False, False, scanned
+    end = _end_record(last)
+    if end is not None:
+        return end, True, False, scanned
+    m = _TOKEN_START.match(last[:_LINE_HEAD])
+    if m is None or int(m.group(1)) >= _MAX_TOKENS:
+        return None, None, False, scanned
+    return int(m.group(1)) + 1, False, False, scanned

@@ -39,15 +39,19 @@ class TraceWriter:
         """Bytes in the file so far (compressed, for a gzip stream): what the disk holds."""
         self._write(header.to_json())
 
-    def _write(self, obj: Mapping[str, Any]) -> None:
+    def _write(self, obj: Mapping[str, Any], *, member: bool = False) -> None:
+        """Write one record and flush it; ``member``: as a gzip member of its own (the
+        end record of a gzip stream, once the tokens' member is closed)."""
         data = (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-        if self._gz is not None:
+        if member:
+            self._raw.write(gzip.compress(data, compresslevel=9, mtime=0))
+        elif self._gz is not None:
             self._gz.write(data)
             self._gz.flush(zlib.Z_SYNC_FLUSH)
         else:
             self._raw.write(data)
         self._raw.flush()
-        self.bytes_written = (self._raw.tell() if self._gz is not None
+        self.bytes_written = (self._raw.tell() if self._gz is not None or member
                               else self.bytes_written + len(data))
         if self._fsync:
             os.fsync(self._raw.fileno())
@@ -58,11 +62,21 @@ class TraceWriter:
         self.n_tokens += 1
 
     def close(self, **end: Any) -> None:
-        """Write the end record (``end`` adds fields, e.g. ``stop_reason``) and close."""
+        """Write the end record (``end`` adds fields, e.g. ``stop_reason``) and close.
+
+        A gzip stream's end record is a gzip member of its own after the tokens' (a gzip
+        file may hold several, read as one stream by every gzip reader): its last bytes
+        then say the token count, which :func:`.peek.peek_trace` reads without
+        decompressing the tokens."""
         if self._raw.closed:
             return
         try:
-            self._write({"type": "end", "tokens": self.n_tokens, **end})
+            record = {"type": "end", "tokens": self.n_tokens, **end}
+            if self._gz is not None:
+                self._gz.close()  # the tokens' member ends (the file stays open)
+                self._write(record, member=True)
+            else:
+                self._write(record)
         finally:  # a full disk fails the end record: the file is closed all the same
             try:
                 if self._gz is not None:
