@@ -5,8 +5,9 @@ listing with ``Link`` pagination, ``/REPO/resolve/REV/PATH`` with range requests
 Hub's JSON shapes, for files on disk (synthetic GGUFs), and it counts what it sends so a
 test can assert that a header read fetched a few MB and not the file. Faults on demand:
 a gated repository (401 without a token, 403 with the wrong one), a connection dropped
-after N bytes, corrupted bytes. Point ``HF_ENDPOINT`` (or ``HubClient(endpoint=...)``) at
-``server.endpoint``.
+after N bytes, corrupted bytes, a response held at a chosen byte until the test lets it go
+(so two downloads overlap in a known order). Point ``HF_ENDPOINT`` (or
+``HubClient(endpoint=...)``) at ``server.endpoint``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,21 @@ class HubFile:
     path: Path
     size: int
     sha256: str
+
+
+@dataclass
+class Pause:
+    """Hold a response to a request for ``key`` with the ``Range`` header ``range`` (None:
+    none, the whole file) before it sends byte ``at`` (of the file), until ``go`` is set;
+    ``reached`` is set when it waits. With ``drop`` the connection is closed there instead
+    of going on."""
+
+    key: str
+    range: str | None
+    at: int
+    drop: bool = False
+    go: threading.Event = field(default_factory=threading.Event)
+    reached: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -59,6 +75,8 @@ class HubServer:
         """``REPO/PATH`` -> bytes to send before closing the connection (once)."""
         self.corrupt: set[str] = set()
         """``REPO/PATH`` whose served bytes have one byte flipped."""
+        self.pauses: list[Pause] = []
+        """Responses to hold at a byte (each applies to every matching request)."""
         self.page_size = 1000
         self.lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -91,6 +109,13 @@ class HubServer:
         f = HubFile(path=p, size=p.stat().st_size, sha256=digest)
         r.files[path_in_repo] = f
         return f
+
+    def pause(self, key: str, *, range: str | None, at: int, drop: bool = False) -> Pause:
+        """Hold responses for ``key`` asked with ``Range: range`` before byte ``at``."""
+        p = Pause(key, range, at, drop)
+        with self.lock:
+            self.pauses.append(p)
+        return p
 
 
 def closed_port_endpoint() -> str:
@@ -214,11 +239,25 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             budget = end - start if drop is None else min(drop, end - start)
             flip = (f.size // 2) if key in hub.corrupt else -1
+            with hub.lock:
+                holds = sorted((p for p in hub.pauses if p.key == key and p.range == rng),
+                               key=lambda p: p.at)
             with f.path.open("rb") as src:
                 src.seek(start)
                 pos = start
                 while pos < start + budget:
-                    block = bytearray(src.read(min(1 << 16, start + budget - pos)))
+                    while holds and holds[0].at <= pos:
+                        self.wfile.flush()
+                        hold = holds.pop(0)
+                        hold.reached.set()
+                        hold.go.wait(60)
+                        if hold.drop:
+                            budget = pos - start
+                            drop = budget
+                    if pos >= start + budget:
+                        break
+                    stop = min(start + budget, holds[0].at) if holds else start + budget
+                    block = bytearray(src.read(min(1 << 16, stop - pos)))
                     if not block:
                         break
                     if pos <= flip < pos + len(block):
@@ -244,4 +283,4 @@ def file_key(repo_id: str, path_in_repo: str) -> str:
     return f"{repo_id}/{path_in_repo}"
 
 
-__all__ = ["HubFile", "HubRepo", "HubServer", "closed_port_endpoint", "file_key"]
+__all__ = ["HubFile", "HubRepo", "HubServer", "Pause", "closed_port_endpoint", "file_key"]

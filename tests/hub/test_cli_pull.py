@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hub_helpers import GATED_REPO, REPO, SPLIT_REPO, Hub
+from hub_helpers import CHILD_TIMEOUT_S, GATED_REPO, REPO, SPLIT_REPO, Hub, held_pull, pull_process
 
 from moescope.cli import main
 from moescope.model.gguf_info import read_model_info
@@ -75,3 +75,37 @@ def test_no_network(hub: Hub, monkeypatch: pytest.MonkeyPatch,
     assert main(["pull", REPO]) == 2
     err = capsys.readouterr().err
     assert "cannot reach 127.0.0.1" in err and err.count("\n") == 1
+
+
+def test_a_second_pull_of_a_model_being_downloaded_is_refused_at_once(hub: Hub) -> None:
+    """Two real `moescope pull` processes, one file: the second used to cut the shared
+    `.incomplete` back to what it had checked while the first wrote on, and the first then
+    put a file with a zero-filled gap in place (its sha256 was of the stream)."""
+    with held_pull(hub) as first:
+        second = pull_process(f"{REPO}:Q8_0")
+        _, err = second.communicate(timeout=CHILD_TIMEOUT_S)
+        assert second.returncode == 2, err
+        assert err == (f"moescope: error: Tiny-MoE-Q8_0.gguf is already being downloaded by "
+                       f"another MoEScope (process {first.process.pid}): let that download "
+                       f"finish (or cancel it there), then try again\n")
+        assert first.partial.read_bytes() == hub.tiny.read_bytes()[:100_000]  # untouched
+        first.pause.go.set()
+        out, err = first.process.communicate(timeout=CHILD_TIMEOUT_S)
+        assert first.process.returncode == 0, err
+        assert f"saved 477.7 KiB: {first.final}" in out
+    assert first.final.read_bytes() == hub.tiny.read_bytes()
+    assert sorted(p.name for p in first.final.parent.iterdir()) == [first.final.name]
+
+
+def test_a_killed_pull_leaves_no_lock_that_blocks_the_next(hub: Hub,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with held_pull(hub) as first:
+        lock = first.final.with_name(first.final.name + ".lock")
+        assert lock.read_text().strip() == str(first.process.pid)
+        first.process.kill()
+        first.process.wait(CHILD_TIMEOUT_S)
+    assert lock.is_file()  # left behind, but its lock died with the process
+    assert main(["pull", f"{REPO}:Q8_0"]) == 0
+    assert "saved 477.7 KiB" in capsys.readouterr().out
+    assert hub.server.ranges[-1] == (file_key(REPO, "Tiny-MoE-Q8_0.gguf"), "bytes=100000-")
+    assert first.final.read_bytes() == hub.tiny.read_bytes() and not lock.exists()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hub_helpers import GATED_REPO, REPO, Hub
+from hub_helpers import CHILD_TIMEOUT_S, GATED_REPO, REPO, Hub, held_pull
 
 from moescope.util import paths
 from moescope_testing.hub_server import file_key
@@ -121,3 +121,31 @@ def test_failures_are_one_line_in_the_window(qtbot: Any, hub: Hub, main_window: 
     qtbot.mouseClick(window.search_button, qtbot_left())
     qtbot.waitUntil(lambda: "No GGUF repositories match" in window.status.text(),
                     timeout=10_000)
+
+
+def test_a_model_another_moescope_is_downloading_is_refused_then_reused(
+        qtbot: Any, hub: Hub, main_window: Any) -> None:
+    """A `moescope pull` in another process has the file half done: Download names it and
+    touches nothing; once it has finished, Download finds the file there and fetches
+    nothing."""
+    with held_pull(hub) as other:
+        window = _get_models(main_window)
+        _search(qtbot, window, "tiny")
+        _choose(qtbot, window, REPO)
+        window.files.setCurrentItem(window.files.topLevelItem(1))  # Tiny-MoE-Q8_0.gguf
+        qtbot.mouseClick(window.download_button, qtbot_left())
+        qtbot.waitUntil(lambda: window.download_job is None, timeout=10_000)
+        assert window.status.text() == (
+            f"Tiny-MoE-Q8_0.gguf is already being downloaded by another MoEScope (process "
+            f"{other.process.pid}): let that download finish (or cancel it there), then try "
+            f"again")
+        assert window.download_button.isEnabled() and not window.open_button.isEnabled()
+        assert other.partial.read_bytes() == hub.tiny.read_bytes()[:100_000]
+        other.pause.go.set()
+        assert other.process.wait(CHILD_TIMEOUT_S) == 0
+    served = hub.server.served[file_key(REPO, "Tiny-MoE-Q8_0.gguf")]
+    qtbot.mouseClick(window.download_button, qtbot_left())
+    qtbot.waitUntil(lambda: window.open_button.isEnabled(), timeout=10_000)
+    assert "sha256 checked" in window.status.text()
+    assert hub.server.served[file_key(REPO, "Tiny-MoE-Q8_0.gguf")] == served
+    assert other.final.read_bytes() == hub.tiny.read_bytes()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -238,3 +240,47 @@ def test_disk_filling_up_midway_keeps_the_partial_file(hub: Hub, small_disk: Pat
     assert 0 < final.with_name(final.name + ".incomplete").stat().st_size < model.size
     (small_disk / "filler").unlink()
     assert download_model(HubClient(), model, small_disk).read_bytes() == hub.tiny.read_bytes()
+
+
+def _reports_holes(folder: Path) -> bool:
+    probe = folder / "hole-probe"
+    with probe.open("wb") as f:
+        f.seek(1 << 20)
+        f.write(b"x")
+    try:
+        with probe.open("rb") as f:
+            return os.lseek(f.fileno(), 0, os.SEEK_HOLE) == 0
+    except (AttributeError, OSError):
+        return False
+    finally:
+        probe.unlink()
+
+
+def test_a_partial_file_cut_by_another_program_is_not_put_in_place(hub: Hub,
+                                                                   tmp_path: Path) -> None:
+    """The bytes on disk, not just the stream, are checked before the rename: another
+    program (an older MoEScope without the download lock, say) cutting the `.incomplete`
+    file back while the download writes on leaves a zero-filled hole in it."""
+    if not _reports_holes(tmp_path):
+        pytest.skip("this file system does not report holes (SEEK_HOLE)")
+    model = pick_model(HubClient().list_models(REPO), "Q8_0")
+    pause = hub.server.pause(file_key(REPO, model.name), range=None, at=300_000)
+    partial = model_paths(tmp_path, model)[0].with_name(model.name + ".incomplete")
+
+    def other_program() -> None:
+        assert pause.reached.wait(60)
+        subprocess.run([sys.executable, "-c",
+                        f"import os; os.truncate({str(partial)!r}, 100_000)"], check=True)
+        pause.go.set()
+
+    cutter = threading.Thread(target=other_program)
+    cutter.start()
+    try:
+        with pytest.raises(HashMismatchError, match=r"file on disk is not what was downloaded"):
+            download_model(HubClient(), model, tmp_path)
+    finally:
+        pause.go.set()
+        cutter.join(60)
+    final = model_paths(tmp_path, model)[0]
+    assert not final.exists() and not partial.exists()
+    assert download_model(HubClient(), model, tmp_path).read_bytes() == hub.tiny.read_bytes()

@@ -6,6 +6,15 @@ a broken connection is resumed from where it stopped with a range request (a few
 on its own, and again by running the same download later), and only when every byte is
 there and its sha256 is the one the Hub lists is the file renamed to its real name. Free
 space is checked before the first byte; a hash mismatch deletes the bad bytes.
+
+One download of a model at a time: a second MoEScope (another window, ``moescope pull``)
+would share the ``.incomplete`` file, cut it back to what it had checked while the first
+wrote on past that, and the first would put a file with a zero-filled gap in place (its
+sha256 was of the bytes it received, not of the disk). So a download holds an advisory
+lock on ``NAME.gguf.lock`` beside the first part (removed at the end; a crash releases it
+with the process), and a second one is refused at once with the holder's process id.
+Before the rename the file on disk is checked too: its size, and (where the file system
+can tell) that no hole was cut into it; a file with a hole is hashed again from the disk.
 """
 
 from __future__ import annotations
@@ -18,16 +27,26 @@ import shutil
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
+try:
+    import msvcrt
+except ImportError:
+    msvcrt = None  # type: ignore[assignment]
 
 import httpx2
 
 from moescope.cache.budget import format_bytes
 from moescope.hub.errors import (
     DiskFullError,
+    DownloadBusy,
     DownloadCancelled,
     DownloadInterrupted,
     HashMismatchError,
@@ -37,6 +56,10 @@ from moescope.hub.remote import HubClient, RemoteFile, RemoteModel, check_repo_i
 from moescope.model.gguf_info import PARTIAL_SUFFIXES
 
 INCOMPLETE = ".incomplete"
+LOCK = ".lock"
+"""Beside a model's first part while it downloads: the lock one download holds."""
+_MSVCRT_LOCK_AT = 1 << 20
+"""Where Windows locks a byte of the lock file (past the process id, which stays readable)."""
 CHUNK = 1 << 20
 SPEED_WINDOW_S = 5.0
 PROGRESS_EVERY_S = 0.1
@@ -155,25 +178,105 @@ def download_model(client: HubClient, model: RemoteModel, folder: str | os.PathL
     targets = model_paths(folder, model)
     for path in targets:
         _check_target(path)
-    todo = [(f, p) for f, p in zip(model.files, targets, strict=True)
-            if not (p.is_file() and p.stat().st_size == f.size)]
     targets[0].parent.mkdir(parents=True, exist_ok=True)
-    _check_space(targets[0].parent, todo, model)
-    meter = _Meter(model.size, on_progress)
-    done_before = model.size - sum(f.size for f, _ in todo)
-    for f, path in todo:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _download_file(client, model, f, path, meter, done_before, cancel, retries)
-        done_before += f.size
+    with _download_lock(targets[0], model):  # the files are looked at only once it is held
+        todo = [(f, p) for f, p in zip(model.files, targets, strict=True)
+                if not (p.is_file() and p.stat().st_size == f.size)]
+        _check_space(targets[0].parent, todo, model)
+        meter = _Meter(model.size, on_progress)
+        done_before = model.size - sum(f.size for f, _ in todo)
+        for f, path in todo:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _download_file(client, model, f, path, meter, done_before, cancel, retries)
+            done_before += f.size
     meter(model.files[-1].path, model.size, force=True)
     return targets[0]
 
 
 def _check_target(path: Path) -> None:
     """A download never replaces a symlink, a device or a folder."""
-    for p in (path, path.with_name(path.name + INCOMPLETE)):
+    for p in (path, path.with_name(path.name + INCOMPLETE), path.with_name(path.name + LOCK)):
         if p.is_symlink() or (p.exists() and not p.is_file()):
             raise HubError(f"{p}: exists and is not a regular file; not replaced")
+
+
+@contextlib.contextmanager
+def _download_lock(first: Path, model: RemoteModel) -> Iterator[None]:
+    """Hold ``FIRST.lock`` (an exclusive advisory lock, never waited for) while ``model``
+    downloads, or raise :class:`DownloadBusy` naming the process that holds it. The file
+    holds the holder's process id and is removed when the download ends, however it ends;
+    a lock file left by a crash is free (its lock died with its process) and is taken."""
+    if fcntl is None and msvcrt is None:
+        yield
+        return
+    path = first.with_name(first.name + LOCK)
+    for _ in range(100):  # a holder that finishes between our open and lock removes the file
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOINHERIT", 0), 0o644)
+        except OSError as err:
+            raise HubError(f"cannot write {path}: {err.strerror}") from None
+        try:
+            locked = _try_lock(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if not locked:
+            holder = _read_pid(fd)
+            os.close(fd)
+            who = f" (process {holder})" if holder is not None else ""
+            raise DownloadBusy(f"{model.name} is already being downloaded by another "
+                               f"MoEScope{who}: let that download finish (or cancel it "
+                               f"there), then try again") from None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
+        except OSError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    else:
+        raise HubError(f"cannot take the download lock {path}: it keeps being replaced")
+    try:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        if msvcrt is not None and fcntl is None:  # Windows cannot remove an open file
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                path.unlink()
+        else:  # removed while still held, so nobody can take a file on its way out
+            with contextlib.suppress(OSError):
+                path.unlink()
+            os.close(fd)
+
+
+def _try_lock(fd: int) -> bool:
+    """Lock ``fd`` without waiting: False if another open file holds it. A file system
+    without locks (some network ones) is downloaded into unlocked, as before locks."""
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        else:
+            os.lseek(fd, _MSVCRT_LOCK_AT, os.SEEK_SET)
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+    except (BlockingIOError, PermissionError):
+        return False
+    except OSError as err:  # ENOLCK, EOPNOTSUPP...: no locking here
+        return err.errno not in (errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK, errno.EDEADLK)
+    return True
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        text = os.read(fd, 32).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def _check_space(folder: Path, todo: list[tuple[RemoteFile, Path]], model: RemoteModel
@@ -265,7 +368,40 @@ def _download_file(client: HubClient, model: RemoteModel, f: RemoteFile, path: P
             raise HashMismatchError(f"{f.path}: the downloaded bytes are not the Hub's "
                                     f"({bad}); the bad file was deleted: download again")
         os.fsync(out.fileno())
+        bad = _changed_on_disk(out, f, lambda n: meter(f.path, before + n, stage="checking"))
+        if bad is not None:
+            out.close()
+            with contextlib.suppress(OSError):
+                part.unlink()
+            raise HashMismatchError(f"{f.path}: the file on disk is not what was downloaded "
+                                    f"({bad}; did another program write to {part.name}?); "
+                                    f"the bad file was deleted: download again")
     os.replace(part, path)
+
+
+def _changed_on_disk(out: BinaryIO, f: RemoteFile, report: Callable[[int], None]
+                     ) -> str | None:
+    """Why the file as it lies on disk is not the one that was hashed, or None. Cheap: its
+    size, and whether a hole was cut into it (a truncation written past leaves one, where
+    the file system can tell); only a file with a hole (a file system that makes zeros
+    holes, or one cut into) is read back and hashed again."""
+    size = os.fstat(out.fileno()).st_size
+    if size != f.size:
+        return f"{size} bytes instead of {f.size}"
+    try:
+        hole = os.lseek(out.fileno(), 0, os.SEEK_HOLE) if hasattr(os, "SEEK_HOLE") else size
+    except OSError:
+        hole = size
+    if hole >= size:
+        return None
+    hashes = _Hashes(f)
+    out.seek(0)
+    done = 0
+    while block := out.read(CHUNK):
+        hashes.update(block)
+        done += len(block)
+        report(done)
+    return hashes.mismatch()
 
 
 @dataclass

@@ -33,5 +33,9 @@ class DownloadInterrupted(HubError):
     """The connection broke and retries did not help; the partial file is kept for resume."""
 
 
+class DownloadBusy(HubError):
+    """Another MoEScope (window or ``moescope pull``) is downloading the same model now."""
+
+
 class DownloadCancelled(HubError):
     """Cancelled by the user; the partial file is kept for resume."""
