@@ -305,12 +305,14 @@ def test_marker_labels_never_overlap_nor_leave_the_plot(window: Any, qtbot: Any)
     layout = plots.label_layout
     assert layout, "some labels are shown"
     assert all(left >= 0 for _, left, _ in layout)
-    width = plots.plots["mass"].vb.width()
-    for row in {r for _, _, r in layout}:
-        spans = sorted((left, left + len(text) * 6.5 + 6)
-                       for text, left, r in layout if r == row)
-        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), spans
-        assert all(end <= width + 1 for _, end in spans)
+    # the labels as drawn: apart, and inside the plot
+    shown = [lines[0].label.sceneBoundingRect() for _, lines in plots._marker_items
+             if lines[0].label.isVisible()]
+    assert len(shown) == len(layout)
+    for a, b in itertools.combinations(shown, 2):
+        assert not a.intersects(b), (a, b)
+    view = plots.plots["mass"].vb.sceneBoundingRect()
+    assert all(view.contains(r) for r in shown), (view, shown)
 
 
 # ---------------------------------------------------------------------- the demo model

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from moescope.display.cache_model import CacheModel, tier_text
 from moescope.display.memory_model import MemoryModel, expert_memory
@@ -15,6 +16,9 @@ from moescope.gui import theme
 TRACE_NOTE = ("RAM and VRAM over time are sampled only while a model runs; a trace does "
               "not record them, nor the machine it was recorded on.")
 """Said by a reopened trace's Memory tab instead of empty charts and this machine's build."""
+CHARTS_MIN_PX = 190
+"""The RAM and VRAM charts' least height (two titles, curves, axes); below it the tab
+scrolls."""
 
 
 class MemoryView(QWidget):
@@ -28,19 +32,34 @@ class MemoryView(QWidget):
         self.model = model
         self.cache = cache
         self.setAccessibleName("Memory use")
-        layout = QVBoxLayout(self)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        # the lines and charts scroll: a line shown once a model is loaded (where the
+        # experts live, the tiers) made the cache tabs, and so the window, taller by itself
+        self.scroll = QScrollArea()
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll.setFocusPolicy(Qt.FocusPolicy.NoFocus)  # the charts inside take it
+        outer.addWidget(self.scroll)
+        inner = QWidget()
+        self.scroll.setWidget(inner)
+        layout = QVBoxLayout(inner)
         layout.setContentsMargins(0, 0, 0, 0)
         self.label = QLabel("")
         self.label.setObjectName("statsLabel")
+        self.label.setWordWrap(True)
         layout.addWidget(self.label)
         self.experts_label = QLabel("")
         self.experts_label.setObjectName("statsLabel")
         self.experts_label.setAccessibleName("Where the experts live in host memory")
+        self.experts_label.setWordWrap(True)
         self.experts_label.hide()
         layout.addWidget(self.experts_label)
         self.tiers_label = QLabel("")
         self.tiers_label.setObjectName("statsLabel")
         self.tiers_label.setAccessibleName("Expert tiers: VRAM slots, RAM, disk")
+        self.tiers_label.setWordWrap(True)
         self.tiers_label.setToolTip(
             "Where the experts are. VRAM slots: hit = routed experts already in a slot. RAM: "
             "experts in host memory; with a RAM budget below the experts, the RAM tier holds "
@@ -56,6 +75,7 @@ class MemoryView(QWidget):
         self._slots_on_device = False  # e.g. a Vulkan GPU: slots in VRAM, but no NVML to plot
         self.graphics = pg.GraphicsLayoutWidget()
         self.graphics.setAccessibleName("RAM and VRAM over time")  # it takes the focus
+        self.graphics.setMinimumHeight(CHARTS_MIN_PX)
         layout.addWidget(self.graphics, 1)
         self.no_gpu = False
         """No GPU was found: only the RAM chart is drawn."""
@@ -79,7 +99,6 @@ class MemoryView(QWidget):
                 plot.setLabel("bottom", "seconds")
         if not live:
             self.label.setText(TRACE_NOTE)
-            self.label.setWordWrap(True)
             self.backend_label.hide()
             self.graphics.hide()
             layout.addStretch(1)

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtWidgets import QLabel, QSplitter, QTabWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from moescope.display.cache_model import (
     AUDIT_TIP,
@@ -30,6 +30,7 @@ from moescope.gui.cache.heatmap_view import HeatmapView
 from moescope.gui.cache.layer_bars_view import LayerBarsView
 from moescope.gui.cache.memory_view import MemoryView
 from moescope.gui.cache.time_plots_view import TimePlotsView
+from moescope.gui.widgets.wrapped_label import WrappedLabel
 from moescope.session.snapshots import ModelSummary, TokenSnapshot
 
 FRAME_HZ = 30
@@ -51,9 +52,10 @@ class CachePanel(QWidget):
         self.setAccessibleName("Expert cache panel")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        self.summary = QLabel("No model loaded")
+        # two lines at least whatever it says: a plain wrapped label grew a line with each
+        # part a chat added, and the window with it (past a 700-pixel screen's bottom)
+        self.summary = WrappedLabel("No model loaded", lines=2)
         self.summary.setObjectName("statsLabel")
-        self.summary.setWordWrap(True)
         self.summary.setAccessibleName("Cache statistics")
         # selectable by keyboard too, so it is in the Tab chain: the hit rate and tokens/s
         # reach a screen reader, and the numbers can be copied without a mouse

@@ -32,12 +32,13 @@ PLOT_MIN_PX = 78
 the plots scroll instead of flattening into lines without axes (a 1024x700 screen)."""
 AXIS_PX = 34
 """The shared x axis under the last plot, with its "token" label."""
-LABEL_LEVELS = (0.92, 0.72, 0.52)
-"""Heights (share of the plot) of the marker labels' rows: a label that would overlap the
-one before it on a row goes to the next row; with every row taken it is left out (its
-line stays, and the marker list in the tooltip names it)."""
-LABEL_CHAR_PX = 6.5
-"""Width of one character of a marker label (8 pt), for the overlap test."""
+LABEL_ROWS = 3
+"""Rows of marker labels at most, from the plot's top down, each a label's height below
+the one before (as many as the plot's height holds): a label that would overlap the one
+before it on a row goes to the next row; with every row taken it is left out (its line
+stays, and the marker list in the tooltip names it)."""
+LABEL_GAP_PX = 4
+"""Room between two labels, on a row and between rows."""
 
 PLOTS: tuple[tuple[str, str], ...] = (
     ("mass", "substituted gate mass / token"),
@@ -75,7 +76,7 @@ class TimePlotsView(QWidget):
         self.curves: dict[str, pg.PlotDataItem] = {}
         self._marker_items: list[tuple[Marker, list[pg.InfiniteLine]]] = []
         self._y_tops: dict[str, float] = {}
-        self.label_layout: list[tuple[str, float, float]] = []
+        self.label_layout: list[tuple[str, float, int]] = []
         first: pg.PlotItem | None = None
         for i, (key, title) in enumerate(PLOTS):
             plot = self.graphics.addPlot(row=i, col=0)
@@ -108,6 +109,8 @@ class TimePlotsView(QWidget):
                 curve = plot.plot(pen=pg.mkPen(theme.CURVE[key], width=1.5), connect="finite")
             self.plots[key] = plot
             self.curves[key] = curve
+        # a narrower or shorter plot: the labels laid out again for its size
+        self.plots["mass"].vb.sigResized.connect(lambda *_: self._place_labels())
         self.ttft_text = pg.TextItem(color=theme.MUTED, anchor=(1, 0))
         self.plots["tokens_per_s"].addItem(self.ttft_text, ignoreBounds=True)
         self._empty_axes()
@@ -185,7 +188,7 @@ class TimePlotsView(QWidget):
                     pos=marker.step - 0.5, angle=90,
                     pen=pg.mkPen(theme.MARKER, width=1, style=pg.QtCore.Qt.PenStyle.DashLine),
                     label=marker.label if key == "mass" else None,
-                    labelOpts={"position": LABEL_LEVELS[0], "color": theme.MARKER,
+                    labelOpts={"position": 0.9, "color": theme.MARKER,
                                "anchors": [(0, 0.5), (0, 0.5)]})
                 line.moescope_marker = True  # type: ignore[attr-defined]  # recoloured
                 plot.addItem(line, ignoreBounds=True)
@@ -198,34 +201,43 @@ class TimePlotsView(QWidget):
     def _place_labels(self) -> None:
         """Lay the visible markers' labels out so none overlaps another or leaves the
         plot: each sits right of its line (left of it near the right edge), on the first
-        row where it clears the label before it; with no row free it is hidden."""
+        row where it clears the label before it; with no row free it is hidden. Sizes
+        are the labels' own, in pixels: rows as a share of the plot's height (12 px
+        apart in a 62 px plot) put 22 px labels over each other."""
         plot = self.plots["mass"]
-        (lo, hi), width = plot.vb.viewRange()[0], plot.vb.width()
-        if width <= 0 or hi <= lo:
+        (lo, hi), width, height = plot.vb.viewRange()[0], plot.vb.width(), plot.vb.height()
+        self.label_layout = []
+        """(label, left px, row) of each label shown, for tests."""
+        if width <= 0 or height <= 0 or hi <= lo:
             return
         px = width / (hi - lo)
-        row_ends = [-1e9] * len(LABEL_LEVELS)
-        self.label_layout: list[tuple[str, float, float]] = []
-        """(label, left px, row) of each label shown, for tests."""
+        row_ends: list[float] = []
         for marker, lines in sorted(self._marker_items, key=lambda item: item[0].step):
             label = lines[0].label if lines else None
             if label is None:
                 continue
+            box = label.boundingRect()
+            text_px, text_h = box.width(), box.height()
+            if not row_ends:  # as many rows as the plot's height holds
+                rows = int((height - LABEL_GAP_PX) // (text_h + LABEL_GAP_PX))
+                row_ends = [-1e9] * max(1, min(LABEL_ROWS, rows))
             x = (marker.step - 0.5 - lo) * px
-            text_px = len(marker.label) * LABEL_CHAR_PX + 6
             if x < 0 or x > width:
                 label.setVisible(False)
                 continue
             right = x + text_px <= width
             left_px = x if right else x - text_px
-            row = next((i for i, end in enumerate(row_ends) if left_px > end + 4), None)
+            row = next((i for i, end in enumerate(row_ends)
+                        if left_px >= end + LABEL_GAP_PX), None)
             if row is None or left_px < 0:
                 label.setVisible(False)
                 continue
             row_ends[row] = left_px + text_px
             label.anchors = [(0, 0.5), (0, 0.5)] if right else [(1, 0.5), (1, 0.5)]
             label.setVisible(True)
-            label.setPosition(LABEL_LEVELS[row])
+            # the row's middle, from the top, as the share of the line from its bottom
+            middle = LABEL_GAP_PX / 2 + text_h / 2 + row * (text_h + LABEL_GAP_PX)
+            label.setPosition(max(0.0, 1.0 - middle / height))
             self.label_layout.append((marker.label, left_px, row))
         tips = [f"token {m.step}: {m.label}" for m, _ in self._marker_items]
         self.graphics.setToolTip("Changes on these plots:\n" + "\n".join(tips[-12:])

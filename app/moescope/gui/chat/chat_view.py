@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from PySide6.QtCore import QPoint, Qt, QUrl, Signal
+from PySide6.QtCore import QPoint, QSize, Qt, QUrl, Signal
 from PySide6.QtGui import (
     QAction,
     QColor,
@@ -25,6 +25,7 @@ from PySide6.QtGui import (
     QGuiApplication,
     QKeyEvent,
     QKeySequence,
+    QResizeEvent,
     QTextBlockFormat,
     QTextCharFormat,
     QTextCursor,
@@ -95,6 +96,50 @@ class ChatInput(QPlainTextEdit):
         super().keyPressEvent(event)
 
 
+class ContextBar(QProgressBar):
+    """The context meter: "context 1234 / 4096", or "1234 / 4096" where that does not
+    fit; as narrow as six-digit numbers need whatever the context (130 px for the long
+    form kept the window from fitting a 1024 px screen with a 10 pt font)."""
+
+    FULL = "context %v / %m"
+    SHORT = "%v / %m"
+    EMPTY = "no model loaded"
+    PAD_PX = 14
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._n_ctx = 0
+
+    def set_context(self, used: int, n_ctx: int) -> None:
+        self._n_ctx = n_ctx
+        self.setRange(0, max(n_ctx, 1))
+        self.setValue(min(used, max(n_ctx, 1)))
+        self._fit_format()
+
+    def _text_px(self, text: str) -> int:
+        return self.fontMetrics().horizontalAdvance(text) + self.PAD_PX
+
+    def minimumSizeHint(self) -> QSize:
+        hint = super().minimumSizeHint()
+        return QSize(self._text_px("000000 / 000000"), hint.height())
+
+    def sizeHint(self) -> QSize:
+        """Room for the long form where the row has it."""
+        hint = super().sizeHint()
+        return QSize(self._text_px("context 000000 / 000000"), hint.height())
+
+    def _fit_format(self) -> None:
+        if self._n_ctx <= 0:
+            self.setFormat(self.EMPTY)
+            return
+        full = f"context {self.maximum()} / {self.maximum()}"
+        self.setFormat(self.FULL if self._text_px(full) <= self.width() else self.SHORT)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._fit_format()
+
+
 class ChatView(QWidget):
     """Shows one chat and collects the next message; the window does the work."""
 
@@ -111,7 +156,9 @@ class ChatView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(6, 6, 6, 6)
+        # 4 px at the sides and between the buttons (6 before): with a 10 pt font the
+        # window's least width is then under a 1024 px screen's
+        layout.setContentsMargins(4, 6, 4, 6)
         self.title = ElidedLabel("No chat")
         self.title.setObjectName("chatTitle")
         layout.addWidget(self.title)
@@ -140,6 +187,7 @@ class ChatView(QWidget):
         layout.addWidget(self.input)
 
         buttons = QHBoxLayout()
+        buttons.setSpacing(4)
         self.send_button = QPushButton("&Send")
         self.stop_button = QPushButton("Sto&p")
         self.regenerate_button = QPushButton("&Regenerate")
@@ -162,11 +210,10 @@ class ChatView(QWidget):
         self.edit_button.clicked.connect(self.editRequested)
         self.answer_now_button.clicked.connect(self.answerNowRequested)
         buttons.addStretch(1)
-        self.context_bar = QProgressBar()
+        self.context_bar = ContextBar()
         self.context_bar.setAccessibleName("Context used")
         self.context_bar.setToolTip("Tokens of the context window in use (prompt + answer)")
         self.set_context(0, 0)
-        self.context_bar.setMinimumWidth(130)  # "context 12345 / 131072" at 8 pt
         self.context_bar.setMaximumWidth(240)
         buttons.addWidget(self.context_bar)
         layout.addLayout(buttons)
@@ -388,7 +435,7 @@ class ChatView(QWidget):
         if self._thoughts is not None:
             self._thoughts.update(split.reasoning)
             had_focus = self.answer_now_button.hasFocus()
-            self.answer_now_button.setVisible(split.thinking and self.stop_button.isEnabled())
+            self._show_answer_now(split.thinking and self.stop_button.isEnabled())
             if had_focus and not self.answer_now_button.isVisible():
                 self.input.setFocus()  # not the next widget in the chain
             if split.thinking:
@@ -524,7 +571,7 @@ class ChatView(QWidget):
         self.send_button.setEnabled(not generating)
         self.stop_button.setEnabled(generating)
         if not generating:
-            self.answer_now_button.setVisible(False)
+            self._show_answer_now(False)
         self.regenerate_button.setEnabled(not generating and can_regenerate)
         self.edit_button.setEnabled(not generating and can_edit)
         if focused is not None and not (focused.isEnabled() and focused.isVisible()):
@@ -532,6 +579,14 @@ class ChatView(QWidget):
             # next widget in the chain (the cache policy box, where the next arrow key
             # would change the policy): give it back to the message box instead
             self.input.setFocus()
+
+    def _show_answer_now(self, visible: bool) -> None:
+        """Answer now takes the place of Regenerate and Edit last (greyed while the model
+        thinks): shown beside them, it made the button row, and so the window, about 90
+        pixels wider by itself, past a 1024 px screen's edge."""
+        self.answer_now_button.setVisible(visible)
+        self.regenerate_button.setVisible(not visible)
+        self.edit_button.setVisible(not visible)
 
     def start_edit(self, position: int, content: str) -> None:
         """Put a user message back in the box; the next send replaces it and every
@@ -553,6 +608,4 @@ class ChatView(QWidget):
 
     def set_context(self, used: int, n_ctx: int) -> None:
         """``n_ctx`` 0: no model, no context (not "context 0 / 1")."""
-        self.context_bar.setFormat("context %v / %m" if n_ctx > 0 else "no model loaded")
-        self.context_bar.setRange(0, max(n_ctx, 1))
-        self.context_bar.setValue(min(used, max(n_ctx, 1)))
+        self.context_bar.set_context(used, n_ctx)

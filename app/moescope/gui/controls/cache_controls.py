@@ -103,6 +103,10 @@ class ControlsPanel(QGroupBox):
         """The Custom controls' own tooltips, before the reason they are greyed is added."""
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         form.setVerticalSpacing(3)  # a row more than before (RAM budget); still fits 1024x700
+        # the group box's own padding is the margin at the sides: 9 px more each side made
+        # the window 1046 px wide at least with a 10 pt font, wider than a 1024 px screen
+        margins = form.contentsMargins()
+        form.setContentsMargins(2, margins.top(), 2, margins.bottom())
         self.policy_combo = QComboBox()
         self.policy_combo.setAccessibleName("Cache policy")
         for key, label in POLICY_CHOICES:

@@ -12,12 +12,16 @@ from PySide6.QtWidgets import QLayout, QLayoutItem, QWidget
 
 
 class FlowLayout(QLayout):
-    """Items left to right, wrapping to a new row when the next one does not fit."""
+    """Items left to right, wrapping to a new row when the next one does not fit.
+    ``reserve_hidden``: the height is that of every item shown, hidden ones too, so
+    showing one never makes the layout (and its window) taller; the hidden ones take no
+    room in the rows."""
 
     def __init__(self, parent: QWidget | None = None, *, spacing: int = 8,
-                 row_spacing: int = 2) -> None:
+                 row_spacing: int = 2, reserve_hidden: bool = False) -> None:
         super().__init__(parent)
         self._items: list[QLayoutItem] = []
+        self.reserve_hidden = reserve_hidden
         self._spacing = spacing
         self._row_spacing = row_spacing
         self.setContentsMargins(0, 0, 0, 0)
@@ -41,17 +45,31 @@ class FlowLayout(QLayout):
         return True
 
     def heightForWidth(self, width: int) -> int:
-        return self._arrange(QRect(0, 0, width, 0), move=False)
+        return self._height(QRect(0, 0, width, 0))
+
+    def _height(self, rect: QRect) -> int:
+        height = self._arrange(rect, move=False)
+        if self.reserve_hidden:
+            height = max(height, self._arrange(rect, move=False, every=True))
+        return height
 
     def setGeometry(self, rect: QRect) -> None:
         super().setGeometry(rect)
-        height = self._arrange(rect, move=True)
+        self._arrange(rect, move=True)
+        height = self._height(rect)
         # ask for the rows it wraps to: a parent layout that gives a height-for-width
         # item only its one-row minimum (a splitter pane) would let the rows overlap
         # whatever is below
         owner = self.parentWidget()
         if owner is not None and owner.minimumHeight() != height:
             owner.setMinimumHeight(height)
+            # a splitter above does not pass its pane's new minimum on: its own stayed as
+            # it was until something else asked for a layout, and the window then grew
+            # by itself, long after the resize that wrapped the rows
+            above = owner.parentWidget()
+            while above is not None and not above.isWindow():
+                above.updateGeometry()
+                above = above.parentWidget()
 
     def sizeHint(self) -> QSize:
         """One row of everything (what it would like), as tall as its tallest item."""
@@ -67,12 +85,20 @@ class FlowLayout(QLayout):
             size = size.expandedTo(item.minimumSize())
         return size.grownBy(self.contentsMargins())
 
-    def _arrange(self, rect: QRect, *, move: bool) -> int:
+    def _arrange(self, rect: QRect, *, move: bool, every: bool = False) -> int:
+        """Place the items (``move``) and return the height they take; ``every``: as if
+        the hidden ones were shown too."""
         margins: QMargins = self.contentsMargins()
         area = rect.marginsRemoved(margins)
         x, y, row_height = area.x(), area.y(), 0
         for item in self._items:
-            hint = item.sizeHint()
+            widget = item.widget()
+            if widget is not None and widget.isHidden():
+                if not every:
+                    continue
+                hint = widget.sizeHint()
+            else:
+                hint = item.sizeHint()
             if x > area.x() and x + hint.width() > area.right() + 1:
                 x, y = area.x(), y + row_height + self._row_spacing
                 row_height = 0

@@ -1,0 +1,127 @@
+"""The main window on a small laptop screen (1024x700): it never grows by itself while a
+chat runs, it fits 1024 px wide with a 10 pt font, and the plots' change markers keep
+their labels apart. Real window, real engine, tiny model."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from gui_helpers import send
+from PySide6.QtCore import QSize
+
+from moescope.gui.main_window import first_size
+from moescope.gui.widgets.screen_fit import WINDOW_FRAME
+
+SMALL = QSize(1024, 700)
+
+
+@pytest.fixture
+def font_pt(make_window: Any) -> Iterator[Any]:
+    """Sets the app's font size through the window's preferences; the system's size
+    again afterwards (the font is the application's, shared by later tests)."""
+    windows: list[Any] = []
+
+    def set_font(window: Any, pt: float) -> None:
+        windows.append(window)
+        window.apply_preferences(dataclasses.replace(window.preferences, font_pt=pt))
+
+    yield set_font
+    if windows:
+        windows[-1].apply_preferences(dataclasses.replace(windows[-1].preferences,
+                                                          font_pt=0))
+
+
+@pytest.mark.parametrize("pt", [0, 10])
+def test_the_window_fits_1024_pixels_wide_at_10_points(make_window: Any, font_pt: Any,
+                                                       qtbot: Any, pt: float) -> None:
+    """At 10 pt the window could not be narrower than 1046 px: the chat buttons and a
+    130 px context meter, the cache controls' margins. Thinking, Answer now appeared
+    beside Regenerate and Edit last and made it ~90 px wider still."""
+    window = make_window()
+    font_pt(window, pt)
+    qtbot.wait(50)
+    room = SMALL.width() - WINDOW_FRAME.width()
+    assert window.minimumSizeHint().width() <= room
+    view = window.chat_view
+    view.set_context(131_072, 131_072)  # a long context's numbers
+    view.set_generating(True)
+    view._show_answer_now(True)  # as while a thinking model thinks
+    qtbot.wait(50)
+    assert view.answer_now_button.isVisible() and view.stop_button.isEnabled()
+    assert window.minimumSizeHint().width() <= room
+    window.resize(window.minimumSizeHint().width(), 650)
+    qtbot.waitUntil(lambda: window.width() <= room, timeout=5_000)
+    bar = view.context_bar
+    assert bar.text() in (f"{131_072} / {131_072}", f"context {131_072} / {131_072}")
+    assert bar.fontMetrics().horizontalAdvance(bar.text()) <= bar.width()
+    view.set_generating(False)
+    assert not view.answer_now_button.isVisible() and view.regenerate_button.isVisible()
+
+
+def test_a_running_chat_never_makes_the_window_taller(window: Any, qtbot: Any) -> None:
+    """At 1024x700 the window grew by itself, 10-25 px: the stats line wrapped onto a
+    third and fourth line, the heatmap legend gained a row for the RAM tier, the Memory
+    tab lines (where the experts live, the tiers) were added to the plots' minimum."""
+    size = first_size(SMALL)
+    window.resize(size)
+    qtbot.waitUntil(lambda: window.size() == size, timeout=5_000)
+    panel = window.cache_panel
+    least = window.minimumSizeHint().height()
+    send(qtbot, window, "hi", max_tokens=12)
+    panel.draw(force=True)
+    window.request_ram_budget(window.model.n_expert // 2)  # the RAM tier row appears
+    qtbot.waitUntil(lambda: panel.model.ram_slots_per_layer > 0, timeout=10_000)
+    window.controls.audit.setCurrentIndex(window.controls.audit.findData(8))
+    send(qtbot, window, "tell me more", max_tokens=24)
+    for tab in range(panel.tabs.count()):  # each tab drawn, its lines set
+        panel.tabs.setCurrentIndex(tab)
+        panel.draw(force=True)
+        qtbot.wait(20)
+    assert "RAM tier" in panel.summary.text()
+    assert all(s.isVisibleTo(panel.heatmap.legend) for s in panel.heatmap.tier_swatches)
+    assert panel.memory_view.tiers_label.isVisibleTo(panel.memory_view)
+    long_text = " · ".join(["a long stats line part"] * 40)
+    panel.summary.setText(long_text + "\n" + long_text)
+    qtbot.wait(100)
+    assert window.minimumSizeHint().height() == least
+    assert window.size() == size
+    # the stats line still shows what fits, and the whole of it on hover where cut
+    assert panel.summary.clipped()
+    assert panel.summary.toolTip().endswith(long_text + "\n" + long_text)
+
+
+def test_change_markers_one_token_apart_keep_their_labels_apart(window: Any,
+                                                                qtbot: Any) -> None:
+    """Two changes one token apart drew their labels over each other: the rows were a
+    share of the plot's height (12 px apart in a 62 px plot) while a label is ~16 px
+    tall, and the widths were guessed at 6.5 px a character."""
+    send(qtbot, window, "hi", max_tokens=40)
+    window.resize(first_size(SMALL))
+    qtbot.wait(100)
+    model = window.cache_panel.model
+    last = model.latest.step
+    changes = [(last - 12, "policy speed-first"), (last - 11, "slots 8 (50%)"),
+               (last - 10, "policy quality-first"), (last - 3, "RAM 8"),
+               (last - 2, "policy psr"), (last - 1, "slots 4 (25%)")]
+    for step, label in changes:
+        model.add_marker(step, label)
+    window.cache_panel.draw(force=True)
+    plots = window.cache_panel.time_plots
+    view = plots.plots["mass"].vb.sceneBoundingRect()
+    shown = []
+    for marker, lines in plots._marker_items:
+        label = lines[0].label
+        if label.isVisible():
+            shown.append((marker.label, label.sceneBoundingRect()))
+    assert len(shown) >= 2, shown  # the first two at least: nothing before them
+    for (a, ra), (b, rb) in itertools.combinations(shown, 2):
+        assert not ra.intersects(rb), (a, ra, b, rb)
+    for text, rect in shown:
+        assert view.contains(rect), (text, rect, view)
+    # a label left out is still named: its line stays and the tooltip lists it
+    tip = plots.graphics.toolTip()
+    assert all(f"token {step}: {label}" in tip for step, label in changes)
