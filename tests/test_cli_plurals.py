@@ -28,3 +28,29 @@ def test_a_one_token_answer_is_1_token(synth_model: Callable[..., Path],
     assert main(["generate", str(synth_model("qwen3moe")), "-n", "1"]) == 0
     summary = capsys.readouterr().out.strip().splitlines()[-1]
     assert summary.endswith("| 1 token, stop: length"), summary
+
+
+@pytest.mark.engine
+def test_a_one_token_answer_says_no_token_was_decoded(
+        synth_model: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """``-n 1``: the one token comes out of the prefill, so there is no decode time to rate;
+    the line said "0.0 tok/s", which read as a measurement."""
+    assert main(["generate", str(synth_model("qwen3moe")), "-n", "1"]) == 0
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert summary.endswith("] – tok/s (no decode token) | 1 token, stop: length"), summary
+    assert "0.0 tok/s" not in summary
+
+
+def test_the_answer_and_session_lines_say_no_token_was_decoded() -> None:
+    from moescope.cli.commands.chat import SessionStats
+    from moescope.engine.stats import AnswerStats
+
+    one = AnswerStats(n_tokens=1, time_to_first_token_s=0.01, seconds=0.01)
+    assert one.summary().startswith("– tok/s (no decode token) · 1 token · TTFT 10 ms")
+    session = SessionStats()
+    session.add(one)
+    assert session.line("psr").startswith("[psr] – tok/s (no decode token) | 1 answer, 1 token")
+    two = AnswerStats(n_tokens=3, time_to_first_token_s=0.01, seconds=0.03)
+    assert two.summary().startswith("100.0 tok/s · 3 tokens")
+    session.add(two)
+    assert session.line("psr").startswith("[psr] 100.0 tok/s | 2 answers, 4 tokens")

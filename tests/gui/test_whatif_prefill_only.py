@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from PySide6.QtWidgets import QLabel
 
 from moescope.cli import main
 from moescope.display.whatif_model import has_predictions
@@ -65,3 +66,17 @@ def test_a_trace_with_a_decoded_token_still_sweeps(
     with qtbot.waitSignal(view.sweepFinished, timeout=15_000):
         window.tabs.setCurrentWidget(view)
     assert view.table.rowCount() > 0 and view.table.isVisible()
+
+
+@pytest.mark.engine
+def test_the_trace_window_says_no_token_was_decoded(
+        open_trace_window: Callable[[Path], Any], prefill_only: Path) -> None:
+    """Its header said "1 tokens" and its prefetch line "PSR, 1 prefetching tokens: prefetch
+    accuracy – · 0.0/token", as if PSR had run and prefetched nothing."""
+    window = open_trace_window(prefill_only)
+    header = window.findChild(QLabel, "statsLabel").text()
+    assert " · 1 token, none decoded · policies: psr · " in header, header
+    label = window.prefetch_label
+    assert label.isVisible()
+    assert label.text() == ("PSR: no token was decoded, so nothing was prefetched (PSR "
+                            "prefetches while decoding; the trace holds only the prefill)")

@@ -419,15 +419,34 @@ PREFETCH_SESSION_TIP = (
 """Tooltip of the trace window's session-wide prefetch line."""
 
 
+def _decoded(trace: Trace) -> bool:
+    return any(t.phase == "decode" for t in trace.tokens)
+
+
+def tokens_text(trace: Trace) -> str:
+    """The trace window's token count: ``1 token, none decoded`` for a session stopped
+    after its prompt (its one token came out of the prefill), ``N tokens`` otherwise."""
+    n = len(trace.tokens)
+    text = f"{n} token{'' if n == 1 else 's'}"
+    return text if _decoded(trace) or not n else f"{text}, none decoded"
+
+
 def prefetch_overview(reopened: ReopenedTrace) -> str:
     """The trace window's prefetch line: accuracy and rate over the session's prefetching
     tokens, "not recorded" for an older trace of a prefetching policy, "" (hidden) when no
-    token's policy prefetched: the live panel's rule, over the whole session."""
+    token's policy prefetched: the live panel's rule, over the whole session. A trace of a
+    prefetching policy with no decoded token says so: PSR prefetches while decoding, and
+    "prefetch accuracy – · 0.0/token" over its prefill read as a measurement."""
     summary, missing = reopened.prefetch, reopened.prefetch_unrecorded
+    if (summary is not None or missing) and not _decoded(reopened.trace):
+        return ("PSR: no token was decoded, so nothing was prefetched (PSR prefetches "
+                "while decoding; the trace holds only the prefill)")
     if summary is not None:
-        text = f"PSR, {summary.tokens} prefetching tokens: {prefetch_text(summary)}"
+        n = summary.tokens
+        text = f"PSR, {n} prefetching token{'' if n == 1 else 's'}: {prefetch_text(summary)}"
         if missing:
-            text += f" ({missing} more prefetching tokens not recorded)"
+            text += (f" ({missing} more prefetching token{'' if missing == 1 else 's'} "
+                     "not recorded)")
         return text
     if missing:
         return ("PSR: prefetch accuracy not recorded (this trace was written before "

@@ -74,6 +74,9 @@ class WhatIfResult:
     as ``moescope replay`` says under its table."""
     compute_ms: float | None = None
     """The cost model's compute per token, under which it hides background copies."""
+    background_exposed: float = 0.0
+    """The cost model's share of background copying on the critical path (``calibrated``
+    fits it to the waits the trace recorded; 0: hidden under compute)."""
 
     def series(self) -> dict[str, list[SweepRow]]:
         """Rows per policy in budget order: one connected curve each."""
@@ -184,7 +187,8 @@ def compute(trace: Trace, cost_name: str, policies: Sequence[str] = POLICIES,
         recorded_ms_per_token=result.recorded_ms_per_token, warnings=result.warnings,
         recorded_audit=estimate([t.audit for t in trace.tokens]),
         trace_tokens=result.trace_tokens,
-        compute_ms=cost.compute_for(trace.header.model) * 1e3)
+        compute_ms=cost.compute_for(trace.header.model) * 1e3,
+        background_exposed=cost.background_exposed)
 
 
 def status_text(result: WhatIfResult) -> str:
@@ -222,6 +226,16 @@ def prefetch_note(result: WhatIfResult) -> str:
         return ""
     compute = (f"its {result.compute_ms:.3f} ms of compute per token"
                if result.compute_ms is not None else "its compute")
+    exposed = result.background_exposed
+    if exposed > 0:  # calibrated to a trace whose decode waited for its background copies
+        rest = f", the rest hidden under {compute}" if exposed < 1 else ""
+        return (f"PSR's prefetches are priced as background copies with {exposed:.2f}x "
+                f"their copy time on the critical path{rest}, fitted to the time the decode "
+                "waited for background copies while the trace was recorded. Compare "
+                "policies (main window) times real answers on this machine, where those "
+                "copies also take the decode's CPU time (always on a CPU-only build) and "
+                "PSR's predictions add to its routing time, which the model does not price "
+                "per policy, so PSR can rank lower there.")
     return (f"PSR's prefetches are priced as background copies on a copy stream of their "
             f"own: the {result.cost_name} model hides them under {compute}, charges only "
             "what is longer, and models no wait for them. Compare policies (main window) "
@@ -234,8 +248,9 @@ def status_tooltip(result: WhatIfResult) -> str:
     """The status line's tooltip: why the modelled and measured times differ."""
     if result.cost_name == "calibrated":
         return ("Estimates: the simulator's replay of each policy and budget, timed with a "
-                "cost model fitted to the copy and compute times measured while this trace "
-                "was recorded. Measured: real wall time per decode token while recording.")
+                "cost model fitted to the copy, wait and compute times measured while this "
+                "trace was recorded. Measured: real wall time per decode token while "
+                "recording.")
     return (f"Estimates: the simulator's replay of each policy and budget, timed for the "
             f"{result.cost_name} cost model's modelled GPU and link, not for this machine. "
             "Measured: real wall time per decode token on the machine that recorded the "

@@ -75,7 +75,9 @@ class AnswerStats:
         """One line: tokens/s, hit rate, fetched MB/token, % substituted, mass/token."""
         c = self.cache
         n = self.n_tokens
-        return (f"{self.tokens_per_second:.1f} tok/s · {n} token{'' if n == 1 else 's'} · "
+        rate = (f"{self.tokens_per_second:.1f} tok/s" if n > 1
+                else "– tok/s (no decode token)")
+        return (f"{rate} · {n} token{'' if n == 1 else 's'} · "
                 f"TTFT {self.time_to_first_token_s * 1000:.0f} ms · hit {c.hit_rate:.1%} · "
                 f"fetched {c.fetched_mb_per_token:.2f} MB/tok · "
                 f"substituted {c.substituted_fraction:.1%} · "

@@ -260,7 +260,8 @@ def to_json(result: Sweep) -> str:
     cm = result.cost_model
     return json.dumps({
         "cost_model": {"name": cm.name, "bandwidth": cm.bandwidth, "latency": cm.latency,
-                       "gpu_bandwidth": cm.gpu_bandwidth, "compute_s": cm.compute_s},
+                       "gpu_bandwidth": cm.gpu_bandwidth, "compute_s": cm.compute_s,
+                       "background_exposed": cm.background_exposed},
         "trace_tokens": result.trace_tokens,
         "recorded_ms_per_token": result.recorded_ms_per_token,
         "rows": [asdict(r) for r in result.rows], "warnings": result.warnings,

@@ -202,7 +202,8 @@ class SessionStats:
         from moescope.engine import CacheTotals
 
         answers = f"{self.answers} answer{'' if self.answers == 1 else 's'}"
-        return summary_line(label, self.tokens_per_second, self.cache or CacheTotals(),
+        return summary_line(label, self.tokens_per_second if self.decode_tokens else None,
+                            self.cache or CacheTotals(),
                             f"{answers}, {self.tokens} token{'' if self.tokens == 1 else 's'}",
                             ram_tier=self.ram_tier)
 

@@ -311,19 +311,26 @@ def cache_state(engine: Engine) -> str:
     return "cache off"
 
 
-def summary_line(label: str, tokens_per_second: float, cache: CacheTotals, tail: str, *,
-                 ram_tier: bool = False) -> str:
+NO_DECODE_RATE = "– tok/s (no decode token)"
+"""The rate's place when no token was decoded (only the prompt's first token, ``-n 1``):
+tok/s is taken over decode time, and "0.0 tok/s" read as a measurement."""
+
+
+def summary_line(label: str, tokens_per_second: float | None, cache: CacheTotals, tail: str,
+                 *, ram_tier: bool = False) -> str:
     """``[label] tok/s | hit | fetched MB/tok | substituted | mass/tok | tail``, with
     ``disk MB/tok | RAM hit`` after the fetches when the RAM tier is on (``ram_tier``) or
     an expert was read from disk, as the window's summary (``AnswerStats.summary``); when
     no expert went through the cache (cache off) only tok/s and the tail: a 0% hit rate
-    would read as a measurement."""
+    would read as a measurement. ``tokens_per_second`` None: no token was decoded
+    (:data:`NO_DECODE_RATE`)."""
     c = cache
+    rate = NO_DECODE_RATE if tokens_per_second is None else f"{tokens_per_second:.1f} tok/s"
     if c.selections == 0:
-        return f"[{label}] {tokens_per_second:.1f} tok/s | {tail}"
+        return f"[{label}] {rate} | {tail}"
     disk = (f"disk {c.disk_mb_per_token:.3f} MB/tok | RAM hit {c.ram_hit_rate:.1%} | "
             if ram_tier or c.disk_fills else "")
-    return (f"[{label}] {tokens_per_second:.1f} tok/s | hit {c.hit_rate:.1%} | "
+    return (f"[{label}] {rate} | hit {c.hit_rate:.1%} | "
             f"fetched {c.fetched_mb_per_token:.3f} MB/tok | {disk}substituted "
             f"{c.substituted_fraction:.1%} | mass/tok {c.mass_per_token:.3f} | {tail}")
 
@@ -333,7 +340,8 @@ def answer_summary(engine: Engine) -> str:
     the audits' estimate of the quality cost when the answer had audits."""
     a = engine.last_answer
     audit = a.audit
-    return summary_line(cache_state(engine), a.tokens_per_second, a.cache,
+    return summary_line(cache_state(engine), a.tokens_per_second if a.n_tokens > 1 else None,
+                        a.cache,
                         (f"{audit.describe()} | " if audit is not None else "")
                         + f"{a.n_tokens} token{'' if a.n_tokens == 1 else 's'}, stop: "
                           f"{a.stop_reason}",

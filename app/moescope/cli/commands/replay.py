@@ -45,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="budgets: 'recorded', 25%%, 12GiB ... (default: recorded)")
     p.add_argument("--cost-model", default="pcie4",
                    help="pcie4 (25 GB/s), pcie5 (50 GB/s) or calibrated (fitted to the "
-                        "engine's timings in the trace); default pcie4")
+                        "engine's timings in the trace: copies, compute, and the waits for "
+                        "background copies); default pcie4")
     p.add_argument("--bandwidth", type=float, metavar="GB/s",
                    help="override the cost model's copy bandwidth (0.01 to 10000)")
     p.add_argument("--latency-us", type=float, metavar="µs",

@@ -29,7 +29,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from moescope.display.trace_io import PREFETCH_SESSION_TIP, ReopenedTrace, prefetch_overview
+from moescope.display.trace_io import (
+    PREFETCH_SESSION_TIP,
+    ReopenedTrace,
+    prefetch_overview,
+    tokens_text,
+)
 from moescope.gui.cache.panel import CachePanel
 from moescope.gui.traces.trace_export import (
     TraceExport,
@@ -76,7 +81,7 @@ class TraceWindow(QMainWindow):
         body = QWidget()
         layout = QVBoxLayout(body)
         policies = sorted({t.policy for t in tokens})
-        text = (f"{model.name} · {len(tokens)} tokens · policies: "
+        text = (f"{model.name} · {tokens_text(reopened.trace)} · policies: "
                 f"{', '.join(policies) or '–'} · {self.path}")
         if reopened.trace.truncated:
             text += " · the recording was cut off (its last token is missing)"
