@@ -7,6 +7,9 @@ implement but that clients send with neutral values (``n: 1``, ``presence_penalt
 ``logprobs: false``) pass; any other value is refused rather than silently ignored, so a
 client never believes it got what it asked for when it did not. Unknown extra fields are
 ignored, as llama-server does: clients add vendor fields freely.
+
+``response_format`` (JSON output) is read here; its schema is bounded and turned into a
+grammar when the request is prepared (``Service``), still before anything waits.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from moescope.server.errors import bad_param
+from moescope.server.errors import ApiError, bad_param
 
 MAX_MESSAGES = 2048
 MAX_STOP = 16
@@ -51,6 +54,18 @@ class GenerationParams:
     stop: list[str]
     stream: bool
     include_usage: bool
+    output: OutputFormat | None = None
+    """JSON output asked for (``response_format``); None: free text."""
+
+
+@dataclass
+class OutputFormat:
+    """A ``response_format`` other than text: any JSON object, or JSON that a schema
+    allows."""
+
+    kind: str
+    """``json_object`` or ``json_schema``."""
+    schema: dict[str, Any] | None = None
 
 
 @dataclass
@@ -154,6 +169,7 @@ def _common(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
     _neutral(body, "frequency_penalty", (0, 0.0), "use repeat_penalty")
     _neutral(body, "presence_penalty", (0, 0.0), "use repeat_penalty")
     _neutral(body, "logit_bias", ({},), "no logit bias")
+    _neutral(body, "grammar", ("",), "use response_format with a json_schema")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad_param("stream_options", "stream_options must be an object")
@@ -173,7 +189,45 @@ def _common(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
         "stop": _stops(body),
         "stream": stream,
         "include_usage": stream and bool((options or {}).get("include_usage")),
+        "output": _output(body),
     }
+
+
+def _output(body: dict[str, Any]) -> OutputFormat | None:
+    """``response_format`` as OpenAI spells it (``{"type": "json_object"}``, ``{"type":
+    "json_schema", "json_schema": {"name", "schema", "strict"}}``), also llama-server's
+    ``{"type": "json_object", "schema": {...}}`` and top-level ``json_schema``."""
+    fmt = body.get("response_format")
+    if fmt is None and body.get("json_schema") is not None:
+        fmt = {"type": "json_object", "schema": body["json_schema"]}
+    if fmt is None:
+        return None
+    def refuse(message: str) -> ApiError:
+        return bad_param("response_format", f"response_format: {message}")
+    if not isinstance(fmt, dict):
+        raise refuse('must be an object, e.g. {"type": "json_object"}')
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = fmt.get("schema")
+    elif kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict):
+            raise refuse('json_schema must be an object: {"name": ..., "schema": {...}}')
+        name, strict = spec.get("name"), spec.get("strict")
+        if name is not None and (not isinstance(name, str) or len(name) > 64):
+            raise refuse("json_schema.name must be a string of at most 64 characters")
+        if strict is not None and not isinstance(strict, bool):
+            raise refuse("json_schema.strict must be true or false")
+        schema = spec.get("schema")
+        if schema is None:
+            raise refuse("json_schema.schema is required (the JSON Schema of the answer)")
+    else:
+        raise refuse(f"type must be text, json_object or json_schema, got {_short(kind)}")
+    if schema is not None and not isinstance(schema, dict):
+        raise refuse(f"the schema must be a JSON object, got {type(schema).__name__}")
+    return OutputFormat(kind=kind, schema=schema)
 
 
 def _content(message: dict[str, Any], i: int) -> str:
@@ -215,9 +269,6 @@ def chat_params(body: Any, limits: Limits) -> ChatParams:
     if body.get("tools") or body.get("functions"):
         raise bad_param("tools", "tools and function calling are not supported by this "
                                  "server")
-    fmt = body.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise bad_param("response_format", "only text responses are supported")
     messages = []
     for i, m in enumerate(raw):
         if not isinstance(m, dict):

@@ -28,12 +28,19 @@ from moescope.model.reasoning import (
     split_reasoning,
 )
 from moescope.server.errors import ApiError, bad_param, busy, too_long
-from moescope.server.params import ChatParams, CompletionParams, GenerationParams, Limits
+from moescope.server.params import (
+    ChatParams,
+    CompletionParams,
+    GenerationParams,
+    Limits,
+    OutputFormat,
+)
 from moescope.session.turns import EngineQueue, QueueFull, Turn
 from moescope.util.errors import MoEScopeError
 
 if TYPE_CHECKING:
     from moescope.engine import AnswerStats, CacheTotals, Engine, Sampling, TokenStats
+    from moescope.engine.grammar import Grammar
 
 
 class TextStream:
@@ -267,7 +274,9 @@ class ServeListener(Protocol):
 
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length",
-                  "context full": "length", "stopped": "stop"}
+                  "context full": "length", "stopped": "stop", "grammar": "stop"}
+"""``grammar``: the answer's grammar allowed no token of the vocabulary (it cannot spell
+what the schema needs): the answer ends there."""
 
 
 class Service:
@@ -310,6 +319,8 @@ class Service:
         """Template, tokens and checks of a chat request (any thread: reads only)."""
         self.check_model(p.model)
         thinking = p.thinking if p.thinking in self._thinking_choices else "default"
+        if p.output is not None and "off" in self._thinking_choices:
+            thinking = "off"  # the grammar holds from the first token: no room for thoughts
         try:
             prompt = self.engine.format_chat(p.messages, thinking)
         except MoEScopeError as err:
@@ -317,7 +328,8 @@ class Service:
         if thinking not in self._prefixes:
             self._prefixes[thinking] = self.engine.answer_prefix(thinking)
         job = self._job("chat", client, prompt, p)
-        job.prefix, job.split = self._prefixes[thinking], True
+        if p.output is None:
+            job.prefix, job.split = self._prefixes[thinking], True
         return job
 
     def prepare_completion(self, p: CompletionParams, client: str) -> Job:
@@ -337,9 +349,24 @@ class Service:
             temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
             repeat_penalty=p.repeat_penalty,
             max_tokens=p.max_tokens or self.limits.max_tokens,
-            seed=secrets.randbits(32) if p.seed is None else p.seed)
+            seed=secrets.randbits(32) if p.seed is None else p.seed,
+            grammar=self._grammar(p.output))
         return Job(kind=kind, client=client, prompt=prompt, n_prompt_tokens=n_prompt,
                    sampling=sampling, stops=p.stop)
+
+    def _grammar(self, output: OutputFormat | None) -> Grammar | None:
+        """The answer's grammar, compiled now (in the request's thread, before it waits):
+        a schema or grammar that cannot be used is a 400 here, never a failed answer."""
+        if output is None:
+            return None
+        from moescope.engine.grammar import GrammarError, json_object_grammar, schema_grammar
+
+        try:
+            text = (json_object_grammar() if output.schema is None
+                    else schema_grammar(output.schema))
+            return self.engine.compile_grammar(text)
+        except GrammarError as err:
+            raise bad_param("response_format", f"response_format: {err}") from None
 
     def join(self, client: str) -> Turn:
         """A place in the queue, or 503 when it is full."""

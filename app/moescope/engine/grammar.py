@@ -1,0 +1,293 @@
+"""Constrained output: JSON schemas turned into GBNF grammars and compiled for the loaded
+vocabulary, checked so that no request can take the process down.
+
+llama.cpp's grammar code is unforgiving. Its parser descends recursively into nested
+groups (about 17,000 levels overflow an 8 MiB stack: a segfault), prints a failed parse
+(and the whole grammar) to stderr, and its sampler ends the process (``GGML_ABORT`` or an
+uncaught C++ exception through the C API) when a token the grammar does not allow is
+accepted, which happens once the grammar allows no token of the vocabulary at all. So:
+
+- a schema is bounded (bytes, nesting, the repetitions it asks for) before llama-cpp-
+  python's converter (``json_schema_to_gbnf``) turns it into a grammar, and only local
+  ``$ref`` pass (the converter would fetch ``https://`` ones when run under ``-O``);
+- the grammar text is bounded (bytes, group nesting) before llama.cpp parses it, and it is
+  parsed here, in the request's thread, with stderr captured for the reason of a refusal:
+  a bad grammar is a :class:`GrammarError` (one line) before anything generates;
+- during generation the grammar is not a member of llama-cpp-python's sampler chain (whose
+  accept would abort): a logits processor masks the candidates with it, and the engine
+  accepts each sampled token itself (:meth:`Grammar.accept`). When no candidate is left
+  (the vocabulary cannot spell what the grammar needs) the processor lets only the end of
+  generation through and marks the grammar :attr:`Grammar.dead_end`: the answer ends
+  there instead of the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from moescope.util.errors import MoEScopeError
+
+MAX_SCHEMA_BYTES = 64 << 10
+"""A schema's size as compact JSON."""
+MAX_SCHEMA_DEPTH = 32
+"""Nested objects and arrays of a schema (ten levels of properties take 21)."""
+MAX_REPEAT_COST = 4 << 20
+"""Grammar text a schema's repetitions (``minLength``, ``maxItems``, ``{m,n}`` in a
+``pattern``...) may make, estimated from above before converting: the converter writes a
+repetition out in full, so ``"minItems": 10**9`` would take gigabytes."""
+MAX_GRAMMAR_BYTES = 2 << 20
+MAX_GROUP_DEPTH = 1000
+"""Nested groups in a grammar: llama.cpp parses them recursively (an 8 MiB stack overflows
+at about 17,000; a Windows thread's 1 MiB at about 2,000). ``"maxLength": 1000`` nests
+1,000."""
+MAX_ALTERNATIVES = 1000
+"""Enum values and anyOf/oneOf branches in a schema (OpenAI's own limit for enums): each
+is a parse stack the grammar checks every candidate token against, every token (5,000
+took a 4,096-token vocabulary from 300 to 8 tokens/s)."""
+_REPEAT_KEYS = ("minLength", "maxLength", "minItems", "maxItems")
+_QUANTIFIER = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+
+
+class GrammarError(MoEScopeError):
+    """A schema or grammar that cannot constrain an answer (one line, says why)."""
+
+
+def json_object_grammar() -> str:
+    """Any JSON object (OpenAI's ``json_object`` response format)."""
+    from llama_cpp.llama_grammar import JSON_GBNF
+
+    return str(JSON_GBNF)
+
+
+def schema_grammar(schema: Any) -> str:
+    """The GBNF grammar of the JSON values ``schema`` allows; :class:`GrammarError` for a
+    schema that is not an object, is too large, or that the converter refuses (whatever
+    it raises)."""
+    check_schema(schema)
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        text = json_schema_to_gbnf(json.dumps(schema))
+    except RecursionError:
+        raise GrammarError("the schema nests too deeply to turn into a grammar") from None
+    except Exception as err:  # the converter asserts, KeyErrors, TypeErrors...
+        raise GrammarError(f"the schema cannot be turned into a grammar: "
+                           f"{_one_line(f'{type(err).__name__}: {err}')}") from None
+    check_grammar(text)
+    return str(text)
+
+
+def check_schema(schema: Any) -> None:
+    """The bounds of :func:`schema_grammar`, checked without recursion."""
+    if not isinstance(schema, dict):
+        raise GrammarError(f"the schema must be a JSON object, got {type(schema).__name__}")
+    try:
+        size = len(json.dumps(schema, separators=(",", ":")))
+    except (ValueError, RecursionError):
+        raise GrammarError("the schema nests too deeply") from None
+    if size > MAX_SCHEMA_BYTES:
+        raise GrammarError(f"the schema has {size} bytes; at most {MAX_SCHEMA_BYTES}")
+    cost = alternatives = 0
+    stack: list[tuple[Any, int, int]] = [(schema, 1, 0)]  # node, depth, key characters
+    while stack:
+        node, depth, chars = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise GrammarError(f"the schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
+        if isinstance(node, list):
+            stack.extend((v, depth + 1, chars) for v in node if isinstance(v, dict | list))
+            continue
+        for key, value in node.items():
+            if key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
+                raise GrammarError(f"only local $ref (#/...) are supported, got "
+                                   f"{_short(value)}")
+            name = chars + len(key) + 64  # rule names grow with the path's keys
+            if key in ("enum", "anyOf", "oneOf") and isinstance(value, list):
+                alternatives += len(value)
+                if alternatives > MAX_ALTERNATIVES:
+                    raise GrammarError(f"the schema has more than {MAX_ALTERNATIVES} enum "
+                                       "values and anyOf/oneOf branches")
+            if key in _REPEAT_KEYS and isinstance(value, int):
+                cost += max(value, 0) * name
+            elif key == "pattern" and isinstance(value, str):
+                cost += _pattern_repeats(value) * (name + len(value))
+            if isinstance(value, dict | list):
+                stack.append((value, depth + 1, chars + len(key) + 1))
+        if cost > MAX_REPEAT_COST:
+            raise GrammarError("the schema asks for too many repetitions (minLength, "
+                               "maxLength, minItems, maxItems, {m,n} in patterns) to "
+                               "turn into a grammar")
+
+
+def _pattern_repeats(pattern: str) -> int:
+    """An upper bound of how many times the converter writes a pattern's parts out: the
+    product of its quantifiers' counts (as if all were nested)."""
+    product = 1
+    for low, high in _QUANTIFIER.findall(pattern):
+        product *= max(int(low), int(high or 0)) + 1
+        if product > MAX_REPEAT_COST:
+            return product
+    return product
+
+
+def check_grammar(text: str) -> None:
+    """Bounds llama.cpp's parser needs: size, and nesting of groups (outside literals and
+    character classes)."""
+    if len(text) > MAX_GRAMMAR_BYTES:
+        raise GrammarError(f"the grammar has {len(text)} characters; at most "
+                           f"{MAX_GRAMMAR_BYTES}")
+    depth = deepest = 0
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in "\"[":
+            close = '"' if c == '"' else "]"
+            i += 1
+            while i < n and text[i] != close:
+                i += 2 if text[i] == "\\" else 1
+        elif c == "#":
+            while i < n and text[i] != "\n":
+                i += 1
+        elif c == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c == ")":
+            depth -= 1
+        i += 1
+    if deepest > MAX_GROUP_DEPTH:
+        raise GrammarError(f"the grammar nests {deepest} groups; at most {MAX_GROUP_DEPTH} "
+                           "(a maxLength or maxItems above about 1000?)")
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _short(value: Any) -> str:
+    return _one_line(repr(value), 40)
+
+
+_stderr_lock = threading.Lock()
+
+
+@contextmanager
+def _captured_stderr() -> Iterator[list[bytes]]:
+    """What is written to file descriptor 2 meanwhile (llama.cpp's grammar parser prints
+    its errors there), in the yielded list afterwards. Other threads' writes of the moment
+    land there too: the caller writes back what is not its own."""
+    out: list[bytes] = []
+    with _stderr_lock, tempfile.TemporaryFile() as tmp:
+        try:
+            saved = os.dup(2)
+        except OSError:
+            yield out
+            return
+        try:
+            os.dup2(tmp.fileno(), 2)
+            yield out
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            out.append(tmp.read())
+
+
+class Grammar:
+    """One answer's grammar, compiled for a vocabulary: its parse state moves with every
+    accepted token, so it serves one generation (the engine claims it)."""
+
+    def __init__(self, vocab: Any, n_vocab: int, text: str, eog: npt.NDArray[np.bool_]) -> None:
+        from llama_cpp import llama_cpp as low
+
+        self.text = text
+        self._low = low
+        self._ptr: Any = None
+        data = text.encode("utf-8")
+        with _captured_stderr() as captured:
+            ptr = low.llama_sampler_init_grammar(vocab, data, b"root")
+        reason = _restore_stderr(captured[0] if captured else b"", text)
+        if not ptr:
+            why = reason or "left recursion or an empty rule"
+            raise GrammarError(f"llama.cpp refused the grammar: {why}")
+        self._ptr = ptr
+        self._n_vocab = n_vocab
+        self._eog = eog
+        self._candidates = (low.llama_token_data * n_vocab)()
+        self._view = np.ctypeslib.as_array(self._candidates)
+        self._view["id"] = np.arange(n_vocab, dtype=np.int32)  # ids, in vocabulary order
+        self._array = low.llama_token_data_array(
+            data=self._candidates, size=n_vocab, selected=-1, sorted=False)
+        self.claimed = False
+        self.dead_end = False
+        """No candidate was left: only the end of generation was allowed through."""
+        self.failed: str | None = None
+        """Why masking went wrong (the processor never raises into llama.cpp)."""
+
+    def claim(self) -> None:
+        if self.claimed:
+            raise GrammarError("a grammar constrains one answer; compile it again")
+        self.claimed = True
+
+    def mask(self, _input_ids: Any, logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """The logits processor: disallowed tokens to -inf. ``logits`` are the candidates
+        in vocabulary order (the first sampler of the chain sees them so)."""
+        try:
+            if self._ptr is None or self.failed:
+                return logits
+            if logits.shape != (self._n_vocab,):
+                self.failed = f"{logits.shape[0]} candidates for {self._n_vocab} tokens"
+                return logits
+            logit = self._view["logit"]
+            logit[:] = logits
+            self._array.selected = -1
+            self._array.sorted = False
+            self._low.llama_sampler_apply(self._ptr, ctypes.byref(self._array))
+            if not np.isfinite(logit).any():
+                self.dead_end = True
+                logit[self._eog] = 0.0
+            logits[:] = logit
+        except Exception as err:  # a ctypes callback must not raise
+            self.failed = f"{type(err).__name__}: {err}"
+        return logits
+
+    def accept(self, token: int) -> None:
+        """Advance past ``token``, which :meth:`mask` allowed (never an end of
+        generation: the caller stops there)."""
+        if self._ptr is not None and not self.dead_end:
+            self._low.llama_sampler_accept(self._ptr, token)
+
+    def close(self) -> None:
+        ptr, self._ptr = self._ptr, None
+        if ptr is not None:
+            self._low.llama_sampler_free(ptr)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _restore_stderr(captured: bytes, grammar: str) -> str:
+    """Write back what others wrote to stderr meanwhile; return llama.cpp's reason for
+    refusing ``grammar`` (its message, without the grammar it prints after it)."""
+    text = captured.decode("utf-8", errors="replace")
+    reason = ""
+    m = re.search(r"[\w:]*: error parsing grammar: ([^\n]*)\n\n", text)
+    if m:
+        reason = m.group(1)
+        tail = text[m.end():]
+        if tail.startswith(grammar):
+            tail = tail[len(grammar):].removeprefix("\n")
+        text = text[:m.start()] + tail
+    if text:
+        os.write(2, text.encode("utf-8", errors="replace"))
+    return _one_line(reason)

@@ -1,0 +1,152 @@
+"""JSON output (``response_format``) through the openai client over loopback: the answer
+is JSON, a schema's JSON; a schema or grammar that cannot be used is a 400 naming
+``response_format`` in one line, and the server lives on (llama.cpp aborts or overflows
+its stack on some grammars: none reaches it)."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from server_helpers import Server
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+MODEL = "moescope-demo-qwen3moe"
+ASK = [{"role": "user", "content": "Write some Python code."}]
+PERSON = {"type": "object", "properties": {"name": {"type": "string"},
+                                           "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+
+
+def _person_format() -> dict:  # type: ignore[type-arg]
+    return {"type": "json_schema",
+            "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+
+
+def _is_person(value: object) -> bool:
+    return (isinstance(value, dict) and set(value) <= {"name", "age"}
+            and isinstance(value.get("name"), str)
+            and isinstance(value.get("age"), int) and not isinstance(value.get("age"), bool))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_json_object_answer_parses_as_json(server: Server, stream: bool) -> None:
+    client = server.client()
+    kwargs = dict(model=MODEL, messages=ASK, max_tokens=200, temperature=0,
+                  response_format={"type": "json_object"})
+    if stream:
+        chunks = list(client.chat.completions.create(**kwargs, stream=True))  # type: ignore[call-overload]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+    else:
+        r = client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
+        text, finish = r.choices[0].message.content, r.choices[0].finish_reason
+    assert finish == "stop", text
+    assert isinstance(json.loads(text), dict)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_json_schema_answer_validates_against_the_schema(server: Server,
+                                                           temperature: float) -> None:
+    r = server.client().chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=300, temperature=temperature, seed=7,
+        response_format=_person_format())  # type: ignore[arg-type]
+    text = r.choices[0].message.content or ""
+    if r.choices[0].finish_reason == "length":  # a cut answer is a prefix, as OpenAI's
+        assert text.startswith("{")
+        return
+    assert _is_person(json.loads(text)), text
+
+
+def test_streamed_schema_answer_equals_the_whole_one(server: Server) -> None:
+    client = server.client()
+    kwargs = dict(model=MODEL, messages=ASK, max_tokens=100, temperature=0,
+                  response_format=_person_format())
+    whole = client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))  # type: ignore[call-overload]
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole.choices[0].message.content
+    assert _is_person(json.loads(streamed))
+
+
+def test_text_completions_take_a_response_format_too(server: Server) -> None:
+    r = server.client().completions.create(
+        model=MODEL, prompt="def main():", max_tokens=100, temperature=0,
+        extra_body={"response_format": _person_format()})
+    assert _is_person(json.loads(r.choices[0].text)), r.choices[0].text
+
+
+def test_a_text_response_format_changes_nothing(server: Server) -> None:
+    client = server.client()
+    plain = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=20,
+                                           temperature=0)
+    text = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=20,
+                                          temperature=0, response_format={"type": "text"})
+    assert text.choices[0].message.content == plain.choices[0].message.content
+
+
+def _schema(schema: object) -> dict:  # type: ignore[type-arg]
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+HOSTILE = [
+    ("not an object", "text/plain"),
+    ("a list", [1, 2]),
+    ("a json_schema without schema", {"type": "json_schema", "json_schema": {"name": "x"}}),
+    ("an unknown type", {"type": "xml"}),
+    ("a non-object schema", _schema([{"type": "string"}])),
+    ("a boolean schema", _schema(True)),
+    ("an unknown keyword", _schema({"not": {"type": "string"}})),
+    ("an unknown type name", _schema({"type": "frob"})),
+    ("recursion via $ref to the root", _schema({"$ref": "#"})),
+    ("a $ref loop", _schema({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}})),
+    ("a remote $ref", _schema({"$ref": "https://example.com/schema.json"})),
+    ("a huge enum", _schema({"enum": [f"v{i}" for i in range(5000)]})),
+    ("an empty enum", _schema({"enum": []})),
+    ("a gigantic minItems", _schema({"type": "array", "minItems": 10**12})),
+    ("a maxLength nesting past the parser's stack", _schema({"type": "string",
+                                                             "maxLength": 50_000})),
+    ("nested pattern repetitions", _schema({"type": "string",
+                                            "pattern": "^((((a{99}){99}){99}){99})$"})),
+    ("a pattern that is not anchored", _schema({"type": "string", "pattern": "[a-"})),
+    ("deep nesting", _schema(json.loads('{"type":"array","items":' * 40 + "{}" + "}" * 40))),
+    ("a schema over 64 KiB", _schema({"type": "object", "description": "x" * 70_000})),
+    ("a strict that is not a boolean", {"type": "json_schema",
+                                        "json_schema": {"schema": PERSON, "strict": "yes"}}),
+]
+
+
+@pytest.mark.parametrize(("what", "fmt"), HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_a_schema_that_cannot_be_used_is_400_naming_response_format(
+        server: Server, what: str, fmt: object) -> None:
+    for path, body in (("/v1/chat/completions", {"messages": ASK}),
+                       ("/v1/completions", {"prompt": "x"})):
+        for stream in (False, True):
+            with server.http() as h:
+                r = h.post(path, json={**body, "response_format": fmt, "stream": stream,
+                                       "max_tokens": 5})
+            assert r.status_code == 400, (what, r.text)
+            err = r.json()["error"]
+            assert err["param"] == "response_format", err
+            assert err["message"].startswith("response_format: "), err
+            assert "\n" not in err["message"] and len(err["message"]) < 300, err
+            assert "Traceback" not in err["message"]
+    assert server.alive(), server.log
+    assert "error parsing grammar" not in server.log  # llama.cpp's print is kept in
+
+
+def test_a_raw_grammar_is_refused_not_ignored(server: Server) -> None:
+    with pytest.raises(openai.BadRequestError, match="grammar"):
+        server.client().chat.completions.create(model=MODEL, messages=ASK, max_tokens=5,
+                                                extra_body={"grammar": "root ::= \"a\""})
+
+
+def test_the_server_answers_after_the_hostile_schemas(server: Server) -> None:
+    r = server.client().chat.completions.create(model=MODEL, messages=ASK, max_tokens=100,
+                                                temperature=0,
+                                                response_format=_person_format())  # type: ignore[arg-type]
+    assert _is_person(json.loads(r.choices[0].message.content or ""))
+    assert server.alive()
+    assert "Traceback" not in server.log
