@@ -8,6 +8,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -160,3 +161,45 @@ def test_a_dead_process_lock_is_taken_over_silently(
         window.close()
         lock.release()
     assert not (data_dir / LOCK_NAME).exists()
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage\n"])
+def test_a_lock_file_that_names_no_process_is_taken_over_once_old(
+        data_dir: Path, content: bytes) -> None:
+    """A power cut right after a window created its lock file leaves it empty: with stale
+    locks never expiring by age, every later start reported it as held (the dialog each
+    time, and no window recovering the chats ever again)."""
+    from moescope.gui.instance_lock import LOCK_NAME, UNNAMED_GRACE_S, DataFolderLock
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / LOCK_NAME
+    path.write_bytes(content)
+    young = DataFolderLock()
+    holder = young.take()  # may be a window that is writing its process id right now
+    assert holder is not None and holder.pid == 0 and not young.held
+    words = holder.words()
+    old = time.time() - UNNAMED_GRACE_S - 60
+    os.utime(path, (old, old))
+    lock = DataFolderLock()
+    try:
+        assert lock.take() is None and lock.held
+        assert path.read_text().split("\n")[0] == str(os.getpid())
+        again = DataFolderLock().take()
+        assert again is not None and again.pid == os.getpid()
+    finally:
+        lock.release()
+    assert not path.exists()
+    assert not Path(f"{path}.rmlock").exists()
+    assert LOCK_NAME in words  # where to look, for a lock file nothing can take over
+
+
+def test_a_folder_in_the_lock_file_place_is_left_alone(data_dir: Path) -> None:
+    from moescope.gui.instance_lock import LOCK_NAME, DataFolderLock
+
+    (data_dir / LOCK_NAME / "inside").mkdir(parents=True)
+    old = time.time() - 3600
+    os.utime(data_dir / LOCK_NAME, (old, old))
+    lock = DataFolderLock()
+    holder = lock.take()
+    assert holder is not None and holder.pid == 0 and not lock.held
+    assert (data_dir / LOCK_NAME / "inside").is_dir()
