@@ -203,3 +203,55 @@ def test_a_folder_in_the_lock_file_place_is_left_alone(data_dir: Path) -> None:
     holder = lock.take()
     assert holder is not None and holder.pid == 0 and not lock.held
     assert (data_dir / LOCK_NAME / "inside").is_dir()
+
+
+@pytest.mark.parametrize("spoil", ["database is a folder", "data folder under a file"])
+def test_a_data_folder_that_cannot_hold_the_chats_is_one_line_and_a_dialog(
+        qtbot: Any, data_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], spoil: str) -> None:
+    """A read-only data folder (or a file in its way) ended the start in a traceback from
+    sqlite3 or mkdir: it is said in words, in the terminal and in a dialog (a window
+    started from a menu has no terminal), and the lock is let go."""
+    import logging
+
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
+    from moescope.gui.app import DATA_FOLDER_ERROR, create_app, run_app
+    from moescope.gui.instance_lock import LOCK_NAME
+    from moescope.util import paths
+
+    if spoil == "database is a folder":
+        (data_dir / "chats.sqlite3").mkdir(parents=True)
+        folder = data_dir
+    else:
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        (data_dir.parent / "a file").write_text("")
+        folder = data_dir.parent / "a file" / "data"
+        monkeypatch.setenv(paths.ENV_DATA_DIR, str(folder))
+    create_app([])
+    shown: list[str] = []
+
+    def answer() -> None:
+        box = next((w for w in QApplication.topLevelWidgets() if isinstance(w, QMessageBox)
+                    and w.objectName() == "dataFolderError" and w.isVisible()), None)
+        if box is None:
+            QTimer.singleShot(10, answer)
+            return
+        shown.append(box.text())
+        box.accept()
+
+    QTimer.singleShot(0, answer)
+    handlers = list(logging.getLogger().handlers)
+    try:
+        assert run_app(["moescope"]) == DATA_FOLDER_ERROR
+    finally:
+        for h in logging.getLogger().handlers:
+            if h not in handlers:
+                logging.getLogger().removeHandler(h)
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"moescope: error: MoEScope cannot use its data folder {folder}: ")
+    assert "MOESCOPE_DATA_DIR" in err
+    assert shown == [err.removeprefix("moescope: error: ").strip()]
+    assert not (data_dir / LOCK_NAME).exists()

@@ -69,7 +69,8 @@ class DataFolderLock:
     def take(self) -> Holder | None:
         """Take the lock: None when taken (a dead process's lock is taken over), else who
         holds it. A folder where no lock file can be written is not held by anybody: the
-        window opens (and will say so when it cannot write its chats either)."""
+        start goes on (and says so in words if the chats cannot be written there either,
+        :func:`moescope.gui.app.cannot_use_data_folder`)."""
         if self._lock.tryLock(0):
             self.held = True
             return None
