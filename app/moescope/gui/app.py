@@ -73,8 +73,8 @@ def run_app(argv: Sequence[str] | None = None, model: str | Path | None = None) 
     try:
         try:
             window = open_window(lock)
-        except (OSError, sqlite3.Error) as err:
-            return cannot_use_data_folder(err)
+        except UnusableDataFolder as err:
+            return cannot_use_data_folder(err.cause)
         if window is None:
             return 0
         window.fit_to_screen()
@@ -98,8 +98,19 @@ def open_window(lock: DataFolderLock) -> MainWindow | None:
             return None
     # opened here, before the window starts its engine thread: a data folder that cannot
     # hold the chats (read-only, a file in the way) is said in words, not a traceback
-    store = ChatStore(paths.chats_db_path(), recover=holder is None)
+    try:
+        store = ChatStore(paths.chats_db_path(), recover=holder is None)
+    except (OSError, sqlite3.Error) as err:
+        raise UnusableDataFolder(err) from err
     return MainWindow(store=store, owns_data=holder is None)
+
+
+class UnusableDataFolder(Exception):
+    """The chat database could not be opened in the data folder (``cause`` says why)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 DATA_FOLDER_ERROR = 2
