@@ -33,7 +33,9 @@ def choose_folder(kind: str, path: str | Path | None) -> None:
 def data_dir_path() -> Path:
     """Where :func:`data_dir` is, without creating it (to name it when it cannot be)."""
     env = os.environ.get(ENV_DATA_DIR)
-    return Path(env) if env else Path(platformdirs.user_data_dir("MoEScope", "MoEScope"))
+    # "~" expanded as for MOESCOPE_MODELS_DIR: a launcher's Exec= line has no shell to do it
+    return (Path(env).expanduser() if env
+            else Path(platformdirs.user_data_dir("MoEScope", "MoEScope")))
 
 
 def data_dir() -> Path:
