@@ -8,6 +8,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -159,4 +160,98 @@ def test_a_dead_process_lock_is_taken_over_silently(
     finally:
         window.close()
         lock.release()
+    assert not (data_dir / LOCK_NAME).exists()
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage\n"])
+def test_a_lock_file_that_names_no_process_is_taken_over_once_old(
+        data_dir: Path, content: bytes) -> None:
+    """A power cut right after a window created its lock file leaves it empty: with stale
+    locks never expiring by age, every later start reported it as held (the dialog each
+    time, and no window recovering the chats ever again)."""
+    from moescope.gui.instance_lock import LOCK_NAME, UNNAMED_GRACE_S, DataFolderLock
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / LOCK_NAME
+    path.write_bytes(content)
+    young = DataFolderLock()
+    holder = young.take()  # may be a window that is writing its process id right now
+    assert holder is not None and holder.pid == 0 and not young.held
+    words = holder.words()
+    old = time.time() - UNNAMED_GRACE_S - 60
+    os.utime(path, (old, old))
+    lock = DataFolderLock()
+    try:
+        assert lock.take() is None and lock.held
+        assert path.read_text().split("\n")[0] == str(os.getpid())
+        again = DataFolderLock().take()
+        assert again is not None and again.pid == os.getpid()
+    finally:
+        lock.release()
+    assert not path.exists()
+    assert not Path(f"{path}.rmlock").exists()
+    assert LOCK_NAME in words  # where to look, for a lock file nothing can take over
+
+
+def test_a_folder_in_the_lock_file_place_is_left_alone(data_dir: Path) -> None:
+    from moescope.gui.instance_lock import LOCK_NAME, DataFolderLock
+
+    (data_dir / LOCK_NAME / "inside").mkdir(parents=True)
+    old = time.time() - 3600
+    os.utime(data_dir / LOCK_NAME, (old, old))
+    lock = DataFolderLock()
+    holder = lock.take()
+    assert holder is not None and holder.pid == 0 and not lock.held
+    assert (data_dir / LOCK_NAME / "inside").is_dir()
+
+
+@pytest.mark.parametrize("spoil", ["database is a folder", "data folder under a file"])
+def test_a_data_folder_that_cannot_hold_the_chats_is_one_line_and_a_dialog(
+        qtbot: Any, data_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], spoil: str) -> None:
+    """A read-only data folder (or a file in its way) ended the start in a traceback from
+    sqlite3 or mkdir: it is said in words, in the terminal and in a dialog (a window
+    started from a menu has no terminal), and the lock is let go."""
+    import logging
+
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
+    from moescope.gui.app import DATA_FOLDER_ERROR, create_app, run_app
+    from moescope.gui.instance_lock import LOCK_NAME
+    from moescope.util import paths
+
+    if spoil == "database is a folder":
+        (data_dir / "chats.sqlite3").mkdir(parents=True)
+        folder = data_dir
+    else:
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        (data_dir.parent / "a file").write_text("")
+        folder = data_dir.parent / "a file" / "data"
+        monkeypatch.setenv(paths.ENV_DATA_DIR, str(folder))
+    create_app([])
+    shown: list[str] = []
+
+    def answer() -> None:
+        box = next((w for w in QApplication.topLevelWidgets() if isinstance(w, QMessageBox)
+                    and w.objectName() == "dataFolderError" and w.isVisible()), None)
+        if box is None:
+            QTimer.singleShot(10, answer)
+            return
+        shown.append(box.text())
+        box.accept()
+
+    QTimer.singleShot(0, answer)
+    handlers = list(logging.getLogger().handlers)
+    try:
+        assert run_app(["moescope"]) == DATA_FOLDER_ERROR
+    finally:
+        for h in logging.getLogger().handlers:
+            if h not in handlers:
+                logging.getLogger().removeHandler(h)
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"moescope: error: MoEScope cannot use its data folder {folder}: ")
+    assert "MOESCOPE_DATA_DIR" in err
+    assert shown == [err.removeprefix("moescope: error: ").strip()]
     assert not (data_dir / LOCK_NAME).exists()

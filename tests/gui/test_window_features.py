@@ -370,3 +370,25 @@ def test_layer_labels_thin_out_in_a_short_heatmap(demo_window: Any, qtbot: Any) 
     room = heatmap.plot.vb.height() / (heatmap.fontMetrics().height() + 2)
     assert 1 <= len(labels) <= max(1, int(room)) < n_layers
     assert labels[0] == str(demo_window.model.moe_layers[0])
+
+
+def test_a_chosen_folder_gone_since_is_a_notice_and_the_default_for_the_session(
+        make_window: Any, data_dir: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Folders chosen in Preferences on a disk not plugged in today (here: under a file,
+    so they cannot be made): the traces folder, made at start, ended every start in a
+    traceback (and the engine thread's abort), with Preferences out of reach."""
+    monkeypatch.delenv(paths.ENV_MODELS_DIR, raising=False)
+    (tmp_path / "unplugged").write_text("")
+    gone = tmp_path / "unplugged" / "disk"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "settings.ini").write_text(
+        f"[preferences]\nmodels_dir={gone / 'models'}\ndata_dir={gone / 'data'}\n")
+    w = make_window()
+    said = [message for title, message in w.notices if title == "Folder not available"]
+    assert len(said) == 2, w.notices
+    assert all(str(gone) in m and "this session uses the default" in m for m in said)
+    assert paths.traces_dir() == data_dir / "traces"
+    assert paths.models_dir() == data_dir / "models"
+    stored = read_preferences(w.settings)  # kept for the day the disk is back
+    assert (stored.models_dir, stored.data_dir) == (str(gone / "models"), str(gone / "data"))

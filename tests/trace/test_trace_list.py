@@ -395,3 +395,32 @@ def test_sizes_read_as_a_file_manager_says(tmp_path: Path) -> None:
 def list_traces_one(folder: Path) -> trace_list.SessionTrace:
     _record(folder / "s.arrows", 1)
     return list_traces(folder)[0]
+
+
+def test_a_gzip_trace_cut_inside_its_end_member_reads_every_token(tmp_path: Path) -> None:
+    """The end record is a gzip member of its own: a write cut inside it (a full disk)
+    loses the end record only. Cut one byte in, Python's gzip calls the rest "not a
+    gzipped file", and the reader (and the listing) refused the whole trace as corrupt."""
+    closed = tmp_path / "closed.jsonl.gz"
+    _record(closed, 7)
+    data = closed.read_bytes()
+    tokens_member = len(data) - len(gzip.compress(b"x", mtime=0))
+    start = data.rfind(b"\x1f\x8b\x08", tokens_member - 64)
+    assert start > 0 and gzip.decompress(data[start:]).startswith(b'{"type":"end"')
+    path = tmp_path / "cut.jsonl.gz"
+    for cut in range(start, len(data) + 1):
+        path.write_bytes(data[:cut])
+        peek = peek_trace(path)
+        trace = read_trace(path)
+        assert len(trace.tokens) == 7 and peek.tokens == 7, cut
+        # the end record counts once decoded, its member's CRC cut off or not
+        assert peek.ended is (trace.end is not None) and not peek.partial, cut
+        assert trace.end is not None or cut < len(data) - 8, cut
+    # a lone first byte is the cut-off end only there: one after a whole trace is garbage
+    # for neither, and a flipped byte in the tokens is still corruption
+    path.write_bytes(data[:start] + b"\x1f")
+    assert list_traces(tmp_path)[0].state is TraceState.CRASHED
+    mid = start // 2
+    path.write_bytes(data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1:])
+    with pytest.raises(TraceFormatError, match="corrupt gzip stream"):
+        read_trace(path)

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import logging
 import signal
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from PySide6.QtCore import QTimer
 from PySide6.QtGui import QIcon
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
 
 from moescope import __version__
 from moescope.gui.instance_lock import DataFolderLock, ask_already_open
 from moescope.gui.main_window import MainWindow
 from moescope.gui.theme import apply_theme
+from moescope.session.store import ChatStore
+from moescope.util import paths
 from moescope.util.resources import resources_dir
 
 
@@ -63,11 +66,17 @@ def run_app(argv: Sequence[str] | None = None, model: str | Path | None = None) 
     console.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(console)
     app = create_app(args)
-    lock = DataFolderLock()
-    window = open_window(lock)
-    if window is None:
-        return 0
     try:
+        lock = DataFolderLock()
+    except OSError as err:
+        return cannot_use_data_folder(err)
+    try:
+        try:
+            window = open_window(lock)
+        except UnusableDataFolder as err:
+            return cannot_use_data_folder(err.cause)
+        if window is None:
+            return 0
         window.fit_to_screen()
         window.show()
         _quit_on_sigint(window)
@@ -87,7 +96,47 @@ def open_window(lock: DataFolderLock) -> MainWindow | None:
             "MoEScope is already open on %s (%s)", lock.folder, holder.words())
         if not ask_already_open(lock.folder, holder):
             return None
-    return MainWindow(owns_data=holder is None)
+    # opened here, before the window starts its engine thread: a data folder that cannot
+    # hold the chats (read-only, a file in the way) is said in words, not a traceback
+    try:
+        store = ChatStore(paths.chats_db_path(), recover=holder is None)
+    except (OSError, sqlite3.Error) as err:
+        raise UnusableDataFolder(err) from err
+    return MainWindow(store=store, owns_data=holder is None)
+
+
+class UnusableDataFolder(Exception):
+    """The chat database could not be opened in the data folder (``cause`` says why)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+DATA_FOLDER_ERROR = 2
+"""``run_app``'s exit status when the data folder cannot be used (as the command line's
+for a usage error: the user's setup, not a bug)."""
+
+
+def cannot_use_data_folder(err: BaseException, parent: QWidget | None = None) -> int:
+    """Say in one line (on standard error, and in a dialog for a window started from a
+    menu, with no terminal) why the data folder cannot be used; returns
+    :data:`DATA_FOLDER_ERROR`."""
+    folder = paths.data_dir_path()
+    if isinstance(err, OSError):
+        reason = err.strerror or str(err)
+        if err.filename:
+            reason += f" ({err.filename})"
+    else:  # sqlite3's: the chat database
+        reason = f"{paths.CHATS_DB}: {err}"
+    text = (f"MoEScope cannot use its data folder {folder}: {reason}. Make it writable, or "
+            f"start MoEScope with {paths.ENV_DATA_DIR} set to a folder you can write to.")
+    print(f"moescope: error: {text}", file=sys.stderr)
+    box = QMessageBox(QMessageBox.Icon.Critical, "MoEScope cannot start", text,
+                      QMessageBox.StandardButton.Ok, parent)
+    box.setObjectName("dataFolderError")
+    box.exec()
+    return DATA_FOLDER_ERROR
 
 
 def _quit_on_sigint(window: MainWindow) -> None:

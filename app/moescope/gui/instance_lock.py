@@ -13,13 +13,19 @@ told how to open a separate profile (``MOESCOPE_DATA_DIR``).
 A lock left by a process that is gone (a crash, a kill) is taken over without a word:
 QLockFile checks the holder's process id on this host. One never expires by age (a
 window stays open for days), and one held from another host (a shared home folder) is
-reported as held. The command line (``moescope chat``, ``serve``, ...) never takes it:
-it writes no chat database and its traces are safe beside a window's (their journals
-carry locks of their own, :func:`moescope.trace.parquet_format.lock_journal`).
+reported as held. A lock file that names no process (empty or garbled: a power cut right
+after it was created) is taken over too once it is :data:`UNNAMED_GRACE_S` old: no live
+holder leaves its lock file so, and with stale locks never expiring by age, QLockFile
+alone would report such a file as held at every start from then on. The command line
+(``moescope chat``, ``serve``, ...) never takes it: it writes no chat database and its
+traces are safe beside a window's (their journals carry locks of their own,
+:func:`moescope.trace.parquet_format.lock_journal`).
 """
 
 from __future__ import annotations
 
+import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +35,10 @@ from PySide6.QtWidgets import QMessageBox, QWidget
 from moescope.util import paths
 
 LOCK_NAME = "moescope.lock"
+UNNAMED_GRACE_S = 10.0
+"""How old a lock file that names no process must be before it is taken over: a starting
+window writes its process id right after creating the file, so a younger one may be that
+window's."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +51,7 @@ class Holder:
 
     def words(self) -> str:
         if not self.pid:
-            return "another process (its lock file says no more)"
+            return f"another process (its lock file, {LOCK_NAME}, names none)"
         return f"process {self.pid}" + (f" on {self.host}" if self.host else "")
 
 
@@ -59,17 +69,44 @@ class DataFolderLock:
     def take(self) -> Holder | None:
         """Take the lock: None when taken (a dead process's lock is taken over), else who
         holds it. A folder where no lock file can be written is not held by anybody: the
-        window opens (and will say so when it cannot write its chats either)."""
+        start goes on (and says so in words if the chats cannot be written there either,
+        :func:`moescope.gui.app.cannot_use_data_folder`)."""
         if self._lock.tryLock(0):
             self.held = True
             return None
         if self._lock.error() != QLockFile.LockError.LockFailedError:
             return None
+        holder = self._holder()
+        if not holder.pid and self._unnamed_and_old():
+            # removed under QLockFile's own ".rmlock" (as it removes a dead process's), so
+            # two windows starting at once cannot both remove it and both hold the lock
+            remover = QLockFile(f"{self.path}.rmlock")
+            if remover.tryLock(0):
+                try:
+                    if not self._holder().pid and self._unnamed_and_old() \
+                            and self._lock.removeStaleLockFile() and self._lock.tryLock(0):
+                        self.held = True
+                        return None
+                finally:
+                    remover.unlock()
+            holder = self._holder()
+        return holder
+
+    def _holder(self) -> Holder:
         info = self._lock.getLockInfo()
-        if isinstance(info, tuple) and len(info) == 3:
+        if isinstance(info, tuple) and len(info) == 3 and info[0]:
             pid, host, app = info
             return Holder(int(pid or 0), str(host or ""), str(app or ""))
         return Holder()
+
+    def _unnamed_and_old(self) -> bool:
+        """The lock file is a file that names no process, last written at least
+        :data:`UNNAMED_GRACE_S` ago."""
+        try:
+            st = self.path.lstat()
+        except OSError:
+            return False
+        return stat.S_ISREG(st.st_mode) and time.time() - st.st_mtime >= UNNAMED_GRACE_S
 
     def release(self) -> None:
         if self.held:

@@ -357,6 +357,8 @@ def _gzip_count(p: Path, limit: int) -> tuple[int | None, bool | None, bool, int
     The count follows :func:`_jsonl_tail`'s rules for the last lines; a stream cut off (a
     crash) counts its whole lines, as the reader does. A corrupt stream (bad data or CRC)
     raises :class:`TraceFormatError`, as it does in the reader."""
+    from moescope.trace.reader import cut_after_member_magic
+
     lines = 0
     last: bytes | None = None  # the last non-blank whole line's first bytes
     last_no = 0
@@ -375,6 +377,11 @@ def _gzip_count(p: Path, limit: int) -> tuple[int | None, bool | None, bool, int
                     # the next raises for a stream cut off
                     chunk = stream.read1(_GZIP_CHUNK)
                 except EOFError:
+                    how = "cut"
+                    break
+                except gzip.BadGzipFile as err:
+                    if not cut_after_member_magic(err):
+                        raise
                     how = "cut"
                     break
                 if not chunk:

@@ -83,6 +83,19 @@ def token_fields(text: bytes) -> Any:
     return orjson.loads(text)
 
 
+def cut_after_member_magic(err: BaseException) -> bool:
+    """Whether ``err``, raised reading a gzip stream, is the stream cut one byte into a
+    member: the writer puts the end record in a gzip member of its own
+    (:class:`.writer.TraceWriter`), and a write cut there (a full disk) can leave that
+    member's first byte alone, which Python's gzip refuses as "not a gzipped file" (its
+    header is read two bytes at a time; two or more bytes cut short are an EOFError)."""
+    return isinstance(err, gzip.BadGzipFile) and \
+        str(err) == f"Not a gzipped file ({_GZIP_FIRST_BYTE!r})"
+
+
+_GZIP_FIRST_BYTE = b"\x1f"
+
+
 class _LineReader:
     """Reads a trace's lines as they come (a long session's trace is gigabytes: never all
     in memory at once), plain or gzip, and tells a gzip stream that was cut off (a crash:
@@ -138,6 +151,8 @@ class _LineReader:
         except EOFError:  # ends inside a deflate block or the trailer: cut off
             return None
         except (zlib.error, gzip.BadGzipFile) as err:
+            if cut_after_member_magic(err):
+                return None
             raise TraceFormatError(f"{self.path.name}: corrupt gzip stream at line "
                                    f"{self.n + 1} ({self._where()}: {err})") from None
 
@@ -161,7 +176,7 @@ class _LineReader:
         except EOFError:
             return None
         except (zlib.error, gzip.BadGzipFile) as err:
-            return f"{self._where()}: {err}"
+            return None if cut_after_member_magic(err) else f"{self._where()}: {err}"
         return None
 
 

@@ -30,16 +30,26 @@ def choose_folder(kind: str, path: str | Path | None) -> None:
         _chosen.pop(kind, None)
 
 
+def data_dir_path() -> Path:
+    """Where :func:`data_dir` is, without creating it (to name it when it cannot be)."""
+    env = os.environ.get(ENV_DATA_DIR)
+    # "~" expanded as for MOESCOPE_MODELS_DIR: a launcher's Exec= line has no shell to do it
+    return (Path(env).expanduser() if env
+            else Path(platformdirs.user_data_dir("MoEScope", "MoEScope")))
+
+
 def data_dir() -> Path:
     """The user data directory (created on first use); ``MOESCOPE_DATA_DIR`` overrides it."""
-    env = os.environ.get(ENV_DATA_DIR)
-    path = Path(env) if env else Path(platformdirs.user_data_dir("MoEScope", "MoEScope"))
+    path = data_dir_path()
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
+CHATS_DB = "chats.sqlite3"
+
+
 def chats_db_path() -> Path:
-    return data_dir() / "chats.sqlite3"
+    return data_dir() / CHATS_DB
 
 
 def settings_path() -> Path:

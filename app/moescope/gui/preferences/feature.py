@@ -48,8 +48,7 @@ class PreferencesFeature(_Window):
         self.preferences = prefs
         if not startup:
             write_preferences(self.settings, prefs)
-        paths.choose_folder("models", prefs.models_dir)
-        paths.choose_folder("data", prefs.data_dir)
+        self._choose_folders(prefs)
         app = QApplication.instance()
         if isinstance(app, QApplication) and theme.applied() != (prefs.theme, prefs.font_pt):
             theme.apply_theme(app, prefs.theme, prefs.font_pt)
@@ -62,6 +61,27 @@ class PreferencesFeature(_Window):
             self.statusBar().showMessage("Threads and GPU layers apply from the next model "
                                          "load.", 8000)
         log.info("preferences: %s", prefs)
+
+    def _choose_folders(self, prefs: Preferences) -> None:
+        """Use the models and data folders ``prefs`` chose; one that cannot be made (an
+        external disk not plugged in, a file in its way) is told in a notice and this
+        session uses the default instead: the traces folder is made at start, and its
+        error ended the start in a traceback, every start, with Preferences out of reach."""
+        for kind, chosen, made, what in (
+                ("models", prefs.models_dir, paths.models_dir, "models folder"),
+                ("data", prefs.data_dir, paths.traces_dir, "data folder (traces)")):
+            paths.choose_folder(kind, chosen)
+            if not chosen:
+                continue
+            try:
+                made()
+            except OSError as err:
+                paths.choose_folder(kind, None)
+                self.notify("Folder not available",
+                            f"The {what} chosen in Preferences, {chosen}, cannot be used "
+                            f"({err.strerror or err}): this session uses the default "
+                            f"instead. Connect the disk it is on, or choose another in "
+                            f"Preferences.")
 
     def restyle(self) -> None:
         """Draw the chat again in the current theme's colours (its text keeps the colours
