@@ -131,6 +131,38 @@ def test_open_anyway_shares_the_folder_and_leaves_the_live_answer_alone(
     store.close()
 
 
+def test_a_window_opened_anyway_takes_the_lock_once_the_other_is_gone(
+        qtbot: Any, data_dir: Path, live_answer: tuple[int, int],
+        other_moescope: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without it, a third start after the first window quit took the lock and marked the
+    answer the second window was writing as cut off by a crash."""
+    from moescope.gui import instance_lock
+    from moescope.gui.app import create_app, open_window
+    from moescope.gui.instance_lock import DataFolderLock
+
+    monkeypatch.setattr(instance_lock, "RETAKE_MS", 20)
+    create_app([])
+    chat_id, _ = live_answer
+    lock = DataFolderLock()
+    answer_dialog("Open anyway", [])
+    window = open_window(lock)
+    assert window is not None
+    qtbot.addWidget(window)
+    try:
+        qtbot.wait(100)
+        assert not lock.held  # the other still holds it
+        os.kill(other_moescope.pid, signal.SIGKILL)
+        other_moescope.wait(timeout=30)
+        qtbot.waitUntil(lambda: lock.held, timeout=10_000)
+        third = DataFolderLock().take()  # a third start is told about this window
+        assert third is not None and third.pid == os.getpid()
+        # taking the lock late runs no crash recovery: the answer may be this window's
+        assert window.store.messages(chat_id)[-1].status == GENERATING
+    finally:
+        window.close()
+        lock.release()
+
+
 def test_a_dead_process_lock_is_taken_over_silently(
         qtbot: Any, data_dir: Path, live_answer: tuple[int, int],
         other_moescope: subprocess.Popen[str]) -> None:

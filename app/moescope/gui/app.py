@@ -14,7 +14,7 @@ from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
 
 from moescope import __version__
-from moescope.gui.instance_lock import DataFolderLock, ask_already_open
+from moescope.gui.instance_lock import DataFolderLock, ask_already_open, retake_when_free
 from moescope.gui.main_window import MainWindow
 from moescope.gui.theme import apply_theme
 from moescope.session.store import ChatStore
@@ -102,7 +102,10 @@ def open_window(lock: DataFolderLock) -> MainWindow | None:
         store = ChatStore(paths.chats_db_path(), recover=holder is None)
     except (OSError, sqlite3.Error) as err:
         raise UnusableDataFolder(err) from err
-    return MainWindow(store=store, owns_data=holder is None)
+    window = MainWindow(store=store, owns_data=holder is None)
+    if holder is not None:
+        retake_when_free(lock, window)
+    return window
 
 
 class UnusableDataFolder(Exception):

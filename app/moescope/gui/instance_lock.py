@@ -29,13 +29,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtCore import QLockFile
+from PySide6.QtCore import QLockFile, QObject, QTimer
 from PySide6.QtWidgets import QMessageBox, QWidget
 
 from moescope.util import paths
 
 LOCK_NAME = "moescope.lock"
 UNNAMED_GRACE_S = 10.0
+RETAKE_MS = 5000
+"""How often a window opened anyway tries the lock again (:func:`retake_when_free`)."""
 """How old a lock file that names no process must be before it is taken over: a starting
 window writes its process id right after creating the file, so a younger one may be that
 window's."""
@@ -144,3 +146,22 @@ def ask_already_open(folder: Path, holder: Holder, parent: QWidget | None = None
     box.setEscapeButton(quit_button)
     box.exec()
     return box.clickedButton() is anyway
+
+
+def retake_when_free(lock: DataFolderLock, parent: QObject) -> QTimer:
+    """A window opened anyway (``lock`` held by another) takes the lock once its holder is
+    gone: every :data:`RETAKE_MS` until it holds it (or finds nothing can be held there).
+    Without it, a third start after the first window quit took the lock and marked the
+    answer this window was writing as cut off by a crash. It runs no crash recovery itself:
+    the answers still ``generating`` may be its own."""
+    timer = QTimer(parent)
+    timer.setObjectName("dataFolderLockRetry")
+    timer.setInterval(RETAKE_MS)
+
+    def attempt() -> None:
+        if lock.held or lock.take() is None:
+            timer.stop()
+
+    timer.timeout.connect(attempt)
+    timer.start()
+    return timer
