@@ -109,6 +109,26 @@ def test_download_verifies_and_lands_in_models_folder(hub: Hub, tmp_path: Path) 
     assert read_model_info(path).is_moe
 
 
+def test_a_model_already_in_place_takes_no_lock(hub: Hub, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing left to download writes nothing: a complete model in a read-only folder was
+    refused ("cannot write NAME.gguf.lock") instead of returned."""
+    from moescope.hub import download
+
+    model = pick_model(HubClient().list_models(REPO), "Q8_0")
+    path = download_model(HubClient(), model, tmp_path / "models")
+
+    def no_lock(*_args: object) -> None:
+        raise AssertionError("the lock was taken with nothing to download")
+
+    monkeypatch.setattr(download, "_download_lock", no_lock)
+    seen: list[Progress] = []
+    assert download_model(HubClient(), model, tmp_path / "models",
+                          on_progress=seen.append) == path
+    assert seen[-1].done == seen[-1].total == model.size
+    assert path.read_bytes() == hub.tiny.read_bytes()
+
+
 def test_split_download_lists_only_the_first_part(hub: Hub, tmp_path: Path) -> None:
     model = HubClient().list_models(SPLIT_REPO)[0]
     path = download_model(HubClient(), model, tmp_path / "m")

@@ -178,6 +178,13 @@ def download_model(client: HubClient, model: RemoteModel, folder: str | os.PathL
     targets = model_paths(folder, model)
     for path in targets:
         _check_target(path)
+    if all(p.is_file() and p.stat().st_size == f.size
+           for f, p in zip(model.files, targets, strict=True)):
+        # every file is in place (a file gets its name only once checked): nothing to
+        # write, so no lock either (the folder may be read-only)
+        meter = _Meter(model.size, on_progress)
+        meter(model.files[-1].path, model.size, force=True)
+        return targets[0]
     targets[0].parent.mkdir(parents=True, exist_ok=True)
     with _download_lock(targets[0], model):  # the files are looked at only once it is held
         todo = [(f, p) for f, p in zip(model.files, targets, strict=True)
