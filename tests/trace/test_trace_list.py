@@ -424,3 +424,35 @@ def test_a_gzip_trace_cut_inside_its_end_member_reads_every_token(tmp_path: Path
     path.write_bytes(data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1:])
     with pytest.raises(TraceFormatError, match="corrupt gzip stream"):
         read_trace(path)
+
+
+def test_gzip_traces_that_fail_midway_are_charged_to_the_listing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gzip trace refused after decompressing much of its bound (corrupt past its start)
+    cost the listing nothing, so a folder of them decompressed a file's bound each: the
+    menu stalled in proportion to their number."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    closed = tmp_path / "closed.jsonl.gz"
+    _record(closed, 9)
+    head = gzip.decompress(closed.read_bytes()).rsplit(b"\n", 2)[0] + b"\n"
+    body = b"".join(b'{"type":"token","index":%d,"text":"' % i + os.urandom(3000).hex()
+                    .encode() + b'"}\n' for i in range(9, 300))
+    data = bytearray(gzip.compress(head + body, mtime=0))
+    data[len(data) * 3 // 4] ^= 0xFF  # corrupt past the start: found after ~3/4 of it
+    for n in range(8):
+        (folder / f"bad{n}.jsonl.gz").write_bytes(bytes(data))
+    monkeypatch.setattr("moescope.trace.peek.MAX_GZIP_SCAN", 2 << 20)
+    monkeypatch.setattr(trace_list, "MAX_GZIP_SCAN", 2 << 20)
+    allowed: list[int] = []
+    real = trace_list.peek_trace
+
+    def watched(path: Path, gzip_scan: int) -> object:
+        allowed.append(gzip_scan)
+        return real(path, gzip_scan=gzip_scan)
+
+    monkeypatch.setattr(trace_list, "peek_trace", watched)
+    entries = list_traces(folder)
+    assert len(entries) == 8
+    assert sum(1 for e in entries if e.reason) >= 2  # refused, as the reader would
+    assert sum(allowed) <= trace_list.GZIP_SCAN_PER_LISTING

@@ -142,13 +142,23 @@ def _peek(path: Path, st: os.stat_result, budget: _Budget | None = None) -> Trac
             budget.left -= result.scanned
     except TraceFormatError as err:
         result = _one_line(str(err), path.name)
+        _charge_refused(path, budget, allowed)
     except Exception as err:  # a reader's surprise: still one line, the list goes on
         log.warning("listing %s: %s", path, err, exc_info=True)
         result = _one_line(f"cannot read it ({type(err).__name__}: {err})", path.name)
+        _charge_refused(path, budget, allowed)
     if len(_PEEKS) >= _MAX_PEEKS:
         _PEEKS.clear()
     _PEEKS[path] = (key, result, allowed)
     return result
+
+
+def _charge_refused(path: Path, budget: _Budget | None, allowed: int) -> None:
+    """A gzip trace refused partway may have decompressed all it was allowed: charged in
+    full, so a folder of corrupt ones cannot stall a listing (the refusal is kept until
+    the file changes)."""
+    if budget is not None and path.name.lower().endswith(".gz"):
+        budget.left -= allowed
 
 
 def _one_line(message: str, name: str) -> str:
