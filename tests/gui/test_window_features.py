@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from gui_helpers import load, send
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QColor, QGuiApplication, QStyleHints, QTextCursor
 from PySide6.QtWidgets import QApplication, QDialogButtonBox
 
@@ -193,6 +193,34 @@ def test_light_theme_follows_the_systems_colour_scheme(
     app.styleHints().colorSchemeChanged.emit(Qt.ColorScheme.Dark)
     assert theme.SCHEME == "dark"
     assert heat.backgroundBrush().color() == QColor(theme.SCHEMES["dark"]["BACKGROUND"])
+
+
+def test_a_window_started_in_the_light_theme_draws_its_plots_light(
+        qtbot: Any, data_dir: Path) -> None:
+    """Light chosen in Preferences: the window applied it while not yet shown, and the
+    recolouring skipped windows not shown, so the heatmap and plots stayed dark (made in
+    the dark default) on a light window until the theme was switched again."""
+    from moescope.gui.app import create_app
+    from moescope.gui.main_window import MainWindow
+
+    app = create_app([])
+    assert theme.SCHEME == "dark"
+    settings = QSettings(str(paths.settings_path()), QSettings.Format.IniFormat)
+    settings.setValue("preferences/theme", "light")
+    settings.sync()
+    w = MainWindow()
+    qtbot.addWidget(w)
+    try:
+        w.show()
+        light = theme.SCHEMES["light"]
+        assert theme.SCHEME == "light"
+        assert app.palette().base().color() == QColor(light["BACKGROUND"])
+        for view in (w.cache_panel.heatmap.graphics, w.cache_panel.time_plots.graphics):
+            assert view.backgroundBrush().color() == QColor(light["BACKGROUND"])
+        axis = w.cache_panel.time_plots.plots["mass"].getAxis("left")
+        assert axis.textPen().color() == QColor(light["TEXT"])
+    finally:
+        w.close()
 
 
 def _contrast(a: str, b: str) -> float:

@@ -20,7 +20,7 @@ import numpy.typing as npt
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QFont, QPalette
-from PySide6.QtWidgets import QApplication, QGraphicsItem
+from PySide6.QtWidgets import QApplication, QGraphicsItem, QWidget
 
 from moescope.util.resources import resources_dir
 
@@ -245,31 +245,37 @@ def recolour_plots(app: QApplication) -> None:
     colours of the theme they were made in). Windows closed but not yet deleted are
     skipped: their scenes may be half torn down."""
     for top in app.topLevelWidgets():
-        if not top.isVisible():
-            continue
-        for view in top.findChildren(pg.GraphicsView):
-            view.setBackground(BACKGROUND)
-            if isinstance(view, pg.PlotWidget):
-                plots = [view.getPlotItem()]
-            elif isinstance(view, pg.GraphicsLayoutWidget):
-                plots = [i for i in view.ci.items if isinstance(i, pg.PlotItem)]
-            else:
-                plots = []
-            for plot in plots:
-                for axis in plot.axes.values():
-                    axis["item"].setPen(TEXT)
-                    axis["item"].setTextPen(TEXT)
-                if plot.titleLabel.text:
-                    plot.titleLabel.setText(plot.titleLabel.text, color=MUTED)
-                for item in plot.items:  # change markers: pale yellow on white otherwise
-                    if isinstance(item, pg.InfiniteLine) and getattr(item, "moescope_marker",
-                                                                     False):
-                        pen = pg.mkPen(item.pen)
-                        pen.setColor(QColor(MARKER))
-                        item.setPen(pen)
-                        label = getattr(item, "label", None)  # only where it has one
-                        if label is not None:
-                            label.setColor(MARKER)
+        if top.isVisible():
+            recolour_views(top)
+
+
+def recolour_views(top: QWidget) -> None:
+    """:func:`recolour_plots` for the pyqtgraph views in ``top``, shown or not (a window
+    applying its preferences before it is first shown: its plots were made in the theme
+    before them)."""
+    for view in top.findChildren(pg.GraphicsView):
+        view.setBackground(BACKGROUND)
+        if isinstance(view, pg.PlotWidget):
+            plots = [view.getPlotItem()]
+        elif isinstance(view, pg.GraphicsLayoutWidget):
+            plots = [i for i in view.ci.items if isinstance(i, pg.PlotItem)]
+        else:
+            plots = []
+        for plot in plots:
+            for axis in plot.axes.values():
+                axis["item"].setPen(TEXT)
+                axis["item"].setTextPen(TEXT)
+            if plot.titleLabel.text:
+                plot.titleLabel.setText(plot.titleLabel.text, color=MUTED)
+            for item in plot.items:  # change markers: pale yellow on white otherwise
+                if isinstance(item, pg.InfiniteLine) and getattr(item, "moescope_marker",
+                                                                 False):
+                    pen = pg.mkPen(item.pen)
+                    pen.setColor(QColor(MARKER))
+                    item.setPen(pen)
+                    label = getattr(item, "label", None)  # only where it has one
+                    if label is not None:
+                        label.setColor(MARKER)
 
 
 def style_sheet_path() -> Path | None:

@@ -52,6 +52,7 @@ class PreferencesFeature(_Window):
         app = QApplication.instance()
         if isinstance(app, QApplication) and theme.applied() != (prefs.theme, prefs.font_pt):
             theme.apply_theme(app, prefs.theme, prefs.font_pt)
+            theme.recolour_views(self)  # not shown yet at startup: apply_theme skips it
             self.restyle()
         if prefs.record_traces != self.recording and not startup:
             self.record_action.setChecked(prefs.record_traces)
