@@ -1296,6 +1296,32 @@ int32_t FastReplay::go() {
                 o.selections += static_cast<int64_t>(nk);
                 continue;
             }
+            if (Rule == MOECACHE_SUBSTITUTE_ALL && !admission && !prefetching && n_res_ >= k) {
+                /* substitute-all holding k or more residents: a row's unmarked residents
+                 * (n_res - its hits) are at least its misses (k - hits), so every miss is
+                 * substituted and nothing is fetched, now and after (the residents never
+                 * change). Without admission or prefetch nothing reads which resident
+                 * stands in, nor recency (no eviction is ever looked for): only the counts
+                 * and the missed selections' mass remain. */
+                const int32_t * ids = plan_.ids.data() + e_.packed * k;
+                const float * wt = plan_.weights.data() + e_.packed * k;
+                for (int32_t r = 0; r < n; ++r) {
+                    const int32_t base = r * k;
+                    int32_t hits = 0;
+                    float mass = 0.0f;
+                    for (int32_t j = 0; j < k; ++j) {
+                        const bool in = X[ids[base + j]].slot >= 0;
+                        hits += in;
+                        mass += in ? 0.0f : wt[base + j];
+                    }
+                    o.hits += hits;
+                    o.substitutions += k - hits;
+                    layer_mass += static_cast<double>(mass);
+                }
+                o.rows += n;
+                o.selections += static_cast<int64_t>(n) * k;
+                continue;
+            }
             if (Rule != MOECACHE_FETCH_ALL && n_res_ <= 32 && x + kRowAhead < x_end) {
                 /* few residents: a substitute is found by reading their probabilities from
                  * the row, so ask for those of a later call's row now (unless few rows do:
