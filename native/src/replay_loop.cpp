@@ -20,6 +20,8 @@
  *     in layers of few slots, the next victims of a call from one scan of its unpinned
  *     residents instead (scan_fill);
  *   - every selection hits once every expert is resident (no resize in this loop);
+ *   - substitute-all without admission or prefetch, once it holds top-k residents, never
+ *     fetches again and nothing reads which resident stands in: its rows are counted only;
  *   - the frequency key log2(f) + step / h after each selection from the plan, where it has
  *     them for the policy's half-life (a selection's count depends only on the trace: every
  *     configuration counts every selection), else from the same doubles record_selection
