@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from moescope.engine.logprobs import TokenLogprob
 from moescope.model.reasoning import split_reasoning
-from moescope.server.service import TextStream
+from moescope.server.service import LogprobTrack, TextStream
 from moescope.session.turns import EngineQueue, QueueFull, TurnCancelled, TurnState
 
 
@@ -127,3 +128,43 @@ def test_the_streamed_deltas_add_up_to_the_whole_answer(pieces: list[str], stops
         assert (reasoning, content) == (expected.reasoning, expected.answer)
     assert s.parts() == ((expected.reasoning, expected.answer) if expected else
                          ("", whole[:cut]))
+
+
+@settings(max_examples=1000, deadline=None, derandomize=True)
+@given(pieces=st.lists(st.sampled_from(
+    ["a", " ", "\n", "<", "think>", "</", "think", ">", "<think>", "</think>", "<|channel|>",
+     "analysis", "final", "<|message|>", "<|start|>", "assistant", "END", "E", "ND", "x y"]),
+    max_size=30), stops=st.sampled_from([[], ["END"], ["nk>", "a a"]]),
+    split=st.booleans(), prefix=st.sampled_from(["", "<think>\n"]))
+def test_the_logprob_tokens_are_those_that_show_in_the_content(
+        pieces: list[str], stops: list[str], split: bool, prefix: str) -> None:
+    """Each token's log-probability goes out once, in order, with the delta whose content
+    first shows its text; the tokens sent are those whose text is in the content (the
+    first may begin before it, after a thought; the last may reach into a stop sequence)."""
+    s = TextStream(stops, prefix=prefix if split else "", split=split)
+    track = LogprobTrack()
+    sent = []
+    content = ""
+    for i, piece in enumerate(pieces):
+        _, c = s.feed(piece)
+        track.add(piece, TokenLogprob(-float(i), piece.encode(), ()))
+        got = track.release(s.content_span())
+        assert not got or c  # tokens go out with content only
+        sent += got
+        content += c
+        if s.stopped:
+            break
+    _, c = s.finish()
+    sent += track.release(s.content_span(), last=not s.stopped)
+    content += c
+    order = [-t.logprob.logprob for t in sent]
+    assert order == sorted(set(order))  # each once, in order
+    texts = [t.logprob.piece.decode() for t in sent]
+    joined = "".join(texts)
+    if not content:
+        assert not sent
+    elif content in "".join(pieces):  # harmony may join two final channels: not one run
+        assert joined.find(content) < len(texts[0]) and content in joined
+        assert len(joined) - len(texts[-1]) < joined.find(content) + len(content)
+        assert [t.offset for t in sent[1:]] == \
+            [len("".join(texts[:k])) - joined.find(content) for k in range(1, len(texts))]

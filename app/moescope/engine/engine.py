@@ -55,6 +55,7 @@ from moescope.engine.load_hooks import (
     loading,
     report_native_aborts,
 )
+from moescope.engine.logprobs import MAX_TOP, Alternative, TokenLogprob, log_probabilities
 from moescope.engine.stats import AnswerStats, CacheTotals, TokenStats
 from moescope.model.gguf_info import ModelInfo, read_model_info
 from moescope.model.reasoning import reasoning_prefix, template_variables, thinking_choices
@@ -102,6 +103,9 @@ class Sampling:
     grammar: Grammar | None = None
     """Constrains the answer (:meth:`Engine.compile_grammar`); one answer's only: its
     parse state moves with the tokens."""
+    logprobs: int | None = None
+    """Give each token its log-probability and this many likeliest alternatives
+    (0..``logprobs.MAX_TOP``) in :attr:`TokenStats.logprob`; None: none computed."""
 
 
 @dataclass
@@ -754,6 +758,9 @@ class Engine:
         s = sampling or Sampling()
         if s.max_tokens < 1:  # the loop checks the count after a token: 0 would give one
             raise MoEScopeError(f"max_tokens is {s.max_tokens}: ask for at least 1 token")
+        if s.logprobs is not None and not 0 <= s.logprobs <= MAX_TOP:
+            raise MoEScopeError(f"logprobs is {s.logprobs}: ask for 0 to {MAX_TOP} "
+                                "alternatives per token")
         n_ctx = self.n_ctx
         dropped = 0
         if isinstance(prompt, str):
@@ -827,7 +834,11 @@ class Engine:
                     grammar.accept(int(token))
                 out_tokens.append(token)
                 context = tokens + out_tokens[:-1]
-                pending += bytes(self._llm.detokenize([token], prev_tokens=context))
+                raw = bytes(self._llm.detokenize([token], prev_tokens=context))
+                # read before anything decodes again: the logits ``token`` was sampled from
+                logprob = None if s.logprobs is None else self._logprob(int(token), raw,
+                                                                        s.logprobs)
+                pending += raw
                 piece, pending = _split_utf8(pending)
                 rows = self.drain_events()
                 totals = CacheTotals.from_events(rows, tokens=1)
@@ -846,7 +857,7 @@ class Engine:
                                  seconds=now - t_prev, cache=totals, policy=self._policy_name,
                                  slots_per_layer=self.slots_per_layer, events=rows,
                                  prefetch=self._prefetch.take() if self._prefetch else None,
-                                 audit=audit)
+                                 audit=audit, logprob=logprob)
                 t_prev = now
                 if audit is not None:  # after the token is out: its change is the next's
                     self._guard_observe(audit.kl)
@@ -909,6 +920,21 @@ class Engine:
         the shipped token was sampled from."""
         n_vocab = int(self._llm.n_vocab())
         return np.ctypeslib.as_array(bindings.last_logits(self._llm), shape=(n_vocab,)).copy()
+
+    def _logprob(self, token: int, piece: bytes, n_top: int) -> TokenLogprob:
+        """``token``'s log-probability under the last decode's logits (the ones it was
+        sampled from, after the cache policy) and the ``n_top`` likeliest tokens there."""
+        n_vocab = int(self._llm.n_vocab())
+        logits = np.ctypeslib.as_array(bindings.last_logits(self._llm), shape=(n_vocab,))
+        lp, top = log_probabilities(logits, token, n_top)
+        return TokenLogprob(lp, piece, tuple(
+            Alternative(t, piece if t == token else self._piece(t), p) for t, p in top))
+
+    def _piece(self, token: int) -> bytes:
+        """``token``'s bytes as an answer would have them; a control token (which the
+        answer would not show) as its vocabulary text."""
+        return bytes(self._llm.detokenize([token])) or \
+            bytes(self._llm.detokenize([token], special=True))
 
     def _end_step(self, answer: AnswerStats, token: int, index: int,
                   seconds: float,

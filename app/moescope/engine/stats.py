@@ -12,6 +12,7 @@ import numpy.typing as npt
 
 from moescope.cache.audit import AuditEstimate, AuditRecord, estimate
 from moescope.cache.totals import CacheTotals
+from moescope.engine.logprobs import TokenLogprob
 
 
 @dataclass
@@ -32,6 +33,9 @@ class TokenStats:
     window and the recorder alike; None without an expert cache."""
     audit: AuditRecord | None = None
     """The step was audited (``Engine.set_audit``): its exact output against the policy's."""
+    logprob: TokenLogprob | None = None
+    """The token's log-probability and the step's likeliest tokens, when the answer's
+    :attr:`Sampling.logprobs` asked for them."""
 
 
 @dataclass

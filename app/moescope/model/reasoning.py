@@ -49,7 +49,7 @@ class ReasoningSplit:
         return bool(self.reasoning.strip()) or self.thinking
 
 
-def _held_back(text: str) -> int:
+def held_back(text: str) -> int:
     """Length of a trailing prefix of a marker (a marker cut by the stream), else 0."""
     tail = text[-max(len(m) for m in _MARKERS):]
     for i in range(len(tail)):
@@ -67,7 +67,7 @@ def split_reasoning(raw: str, *, partial: bool = False) -> ReasoningSplit:
     see :func:`reasoning_prefix`) and harmony channels (every channel but ``final`` counts
     as reasoning). Anything else is all answer.
     """
-    text = raw[:len(raw) - _held_back(raw)] if partial else raw
+    text = raw[:len(raw) - held_back(raw)] if partial else raw
     stripped = text.lstrip()
     if stripped.startswith(HARMONY_CHANNEL) or stripped.startswith(HARMONY_START):
         return _split_harmony(stripped)

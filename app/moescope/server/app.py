@@ -34,7 +34,16 @@ from starlette.types import Receive, Scope, Send
 from moescope import __version__
 from moescope.server.errors import ApiError
 from moescope.server.params import chat_params, completion_params
-from moescope.server.service import Delta, Done, Event, Failed, Job, RequestRecord, Service
+from moescope.server.service import (
+    Delta,
+    Done,
+    Event,
+    Failed,
+    Job,
+    RequestRecord,
+    SentToken,
+    Service,
+)
 
 
 def _compact(obj: Any) -> str:
@@ -210,7 +219,7 @@ class _Api:
             job.cancel()
             self.service.queue.cancel(turn)
 
-        shape = _Shape(job.kind, self.service.model_id)
+        shape = _Shape(job.kind, self.service.model_id, prompt_chars=len(job.prompt))
         future = events.loop.run_in_executor(self.executor, run)
         if stream:
             return _EventStream(_sse(events, shape, include_usage), on_close=cancel)
@@ -258,9 +267,11 @@ the event loop for up to a switch interval (seen in profiles, ~2 ms a request)."
 class _Shape:
     """OpenAI's response objects for one request (chat or text completion)."""
 
-    def __init__(self, kind: str, model: str) -> None:
+    def __init__(self, kind: str, model: str, prompt_chars: int = 0) -> None:
         self.kind = kind
         self.model = model
+        self.prompt_chars = prompt_chars
+        """A text completion's ``text_offset`` counts from the prompt's start, as OpenAI's."""
         self.id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{_ID_PREFIX}{next(_ids):08x}"
         self.created = int(time.time())
         self.object = "chat.completion" if kind == "chat" else "text_completion"
@@ -283,10 +294,11 @@ class _Shape:
             if r.reasoning:
                 message["reasoning_content"] = r.reasoning
             choice: dict[str, Any] = {"index": 0, "message": message,
-                                      "finish_reason": r.finish_reason, "logprobs": None}
+                                      "finish_reason": r.finish_reason,
+                                      "logprobs": self.logprobs(r.logprobs)}
         else:
             choice = {"index": 0, "text": r.content, "finish_reason": r.finish_reason,
-                      "logprobs": None}
+                      "logprobs": self.logprobs(r.logprobs)}
         return {**self._base(self.object), "choices": [choice], "usage": self.usage(r),
                 "moescope": r.numbers()}
 
@@ -298,10 +310,35 @@ class _Shape:
                 parts.append(f'"reasoning_content":{_compact(d.reasoning)}')
             if d.content or not d.reasoning:
                 parts.append(f'"content":{_compact(d.content)}')
-            choice = f'{{"index":0,"delta":{{{",".join(parts)}}},"finish_reason":null}}'
+            choice = f'{{"index":0,"delta":{{{",".join(parts)}}}'
         else:
-            choice = f'{{"index":0,"text":{_compact(d.content)},"finish_reason":null}}'
+            choice = f'{{"index":0,"text":{_compact(d.content)}'
+        if d.logprobs is not None:
+            choice += f',"logprobs":{_compact(self.logprobs(d.logprobs))}'
+        choice += ',"finish_reason":null}'
         return b"data: " + (self._head + choice + "]}").encode() + b"\n\n"
+
+    def logprobs(self, tokens: list[SentToken] | None) -> dict[str, Any] | None:
+        """A choice's ``logprobs``: chat's ``content`` list, or a text completion's
+        columns (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``)."""
+        if tokens is None:
+            return None
+        if self.kind == "chat":
+            return {"content": [{
+                "token": _token_text(t.logprob.piece), "logprob": t.logprob.logprob,
+                "bytes": list(t.logprob.piece),
+                "top_logprobs": [{"token": _token_text(a.piece), "logprob": a.logprob,
+                                  "bytes": list(a.piece)} for a in t.logprob.top]}
+                for t in tokens], "refusal": None}
+        tops = []
+        for t in tokens:  # the alternatives and, always, the sampled token (OpenAI's)
+            top = {_token_text(a.piece): a.logprob for a in t.logprob.top}
+            top.setdefault(_token_text(t.logprob.piece), t.logprob.logprob)
+            tops.append(top)
+        return {"tokens": [_token_text(t.logprob.piece) for t in tokens],
+                "token_logprobs": [t.logprob.logprob for t in tokens],
+                "top_logprobs": tops,
+                "text_offset": [self.prompt_chars + t.offset for t in tokens]}
 
     def last(self, r: RequestRecord, include_usage: bool) -> bytes:
         """The closing chunk (finish_reason and our numbers), the usage chunk if asked
@@ -317,6 +354,15 @@ class _Shape:
             out.append({**self._base(obj), "choices": [], "usage": self.usage(r)})
         return b"".join(b"data: " + _compact(c).encode() + b"\n\n" for c in out) \
             + b"data: [DONE]\n\n"
+
+
+def _token_text(piece: bytes) -> str:
+    """A token's text as OpenAI writes it: its bytes as UTF-8, or, when they are not
+    whole characters (a character cut between tokens), ``bytes:\\xe2\\x80``."""
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in piece)
 
 
 class _Channel:
@@ -409,12 +455,15 @@ second, a write per token costs a quarter of the decode speed)."""
 
 
 def _merged(batch: list[Event]) -> list[Event]:
-    """Consecutive deltas as one (their texts joined)."""
+    """Consecutive deltas as one (their texts and tokens joined)."""
     out: list[Event] = []
     for event in batch:
         last = out[-1] if out else None
         if isinstance(event, Delta) and isinstance(last, Delta):
-            out[-1] = Delta(last.reasoning + event.reasoning, last.content + event.content)
+            lps = None if last.logprobs is None and event.logprobs is None \
+                else (last.logprobs or []) + (event.logprobs or [])
+            out[-1] = Delta(last.reasoning + event.reasoning, last.content + event.content,
+                            lps)
         else:
             out.append(event)
     return out

@@ -3,8 +3,8 @@
 Every field a client sends is read here, type-checked and clamped or refused (400 naming
 the field), so the generation code only ever sees sane values: no NaN temperature, no
 ``max_tokens`` of a billion, no ten thousand stop strings. Fields the server does not
-implement but that clients send with neutral values (``n: 1``, ``presence_penalty: 0``,
-``logprobs: false``) pass; any other value is refused rather than silently ignored, so a
+implement but that clients send with neutral values (``n: 1``, ``presence_penalty: 0``)
+pass; any other value is refused rather than silently ignored, so a
 client never believes it got what it asked for when it did not. Unknown extra fields are
 ignored, as llama-server does: clients add vendor fields freely.
 
@@ -25,6 +25,10 @@ MAX_STOP = 16
 """OpenAI allows 4, but Continue sends its whole list (often more) to any server other
 than OpenAI's own; llama-server takes any number. Bounded all the same."""
 MAX_STOP_CHARS = 256
+MAX_TOP_LOGPROBS = 20
+"""Chat's ``top_logprobs`` bound, OpenAI's (``engine.logprobs.MAX_TOP``)."""
+MAX_COMPLETION_LOGPROBS = 5
+"""A text completion's ``logprobs`` bound, OpenAI's."""
 THINKING_EFFORTS = ("low", "medium", "high")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -56,6 +60,8 @@ class GenerationParams:
     include_usage: bool
     output: OutputFormat | None = None
     """JSON output asked for (``response_format``); None: free text."""
+    logprobs: int | None = None
+    """Log-probabilities asked for, with this many alternatives per token; None: none."""
 
 
 @dataclass
@@ -164,8 +170,6 @@ def _common(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
     seed = _integer(body, "seed", -(1 << 63), (1 << 64) - 1)
     _neutral(body, "n", (1,), "one choice per request")
     _neutral(body, "best_of", (1,), "one choice per request")
-    _neutral(body, "logprobs", (False, 0), "no log probabilities")
-    _neutral(body, "top_logprobs", (0,), "no log probabilities")
     _neutral(body, "frequency_penalty", (0, 0.0), "use repeat_penalty")
     _neutral(body, "presence_penalty", (0, 0.0), "use repeat_penalty")
     _neutral(body, "logit_bias", ({},), "no logit bias")
@@ -279,7 +283,26 @@ def chat_params(body: Any, limits: Limits) -> ChatParams:
                                                    f"got {_short(role)}")
         messages.append({"role": "system" if role == "developer" else role,
                          "content": _content(m, i)})
-    return ChatParams(**common, messages=messages, thinking=_thinking(body))
+    return ChatParams(**common, messages=messages, thinking=_thinking(body),
+                      logprobs=_chat_logprobs(body))
+
+
+def _chat_logprobs(body: dict[str, Any]) -> int | None:
+    """``logprobs: true`` with ``top_logprobs`` alternatives (0..20), as OpenAI's chat
+    reads them; ``top_logprobs`` above 0 without ``logprobs: true`` is refused, as OpenAI
+    refuses it (0 asks for nothing and passes)."""
+    on = body.get("logprobs")
+    if on is None or on is False or (type(on) is int and on == 0):
+        on = False
+    elif on is not True:
+        raise bad_param("logprobs", f"logprobs must be true or false, got {_short(on)} "
+                                    "(top_logprobs says how many alternatives)")
+    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if not on:
+        if top:
+            raise bad_param("top_logprobs", "top_logprobs needs logprobs: true")
+        return None
+    return top or 0
 
 
 def _thinking(body: dict[str, Any]) -> str:
@@ -319,4 +342,8 @@ def completion_params(body: Any, limits: Limits) -> CompletionParams:
                                   "prompts are not supported)")
     _neutral(body, "echo", (False,), "the prompt is not echoed")
     _neutral(body, "suffix", ("",), "no insertion")
-    return CompletionParams(**common, prompt=_text(prompt, "prompt"))
+    _neutral(body, "top_logprobs", (0,), "a text completion's logprobs is the number of "
+                                         "alternatives")
+    logprobs = None if body.get("logprobs") is False else \
+        _integer(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
+    return CompletionParams(**common, prompt=_text(prompt, "prompt"), logprobs=logprobs)

@@ -25,6 +25,7 @@ from moescope.model.reasoning import (
     HARMONY_CHANNEL,
     HARMONY_START,
     THINK_OPEN,
+    held_back,
     split_reasoning,
 )
 from moescope.server.errors import ApiError, bad_param, busy, too_long
@@ -41,6 +42,7 @@ from moescope.util.errors import MoEScopeError
 if TYPE_CHECKING:
     from moescope.engine import AnswerStats, CacheTotals, Engine, Sampling, TokenStats
     from moescope.engine.grammar import Grammar
+    from moescope.engine.logprobs import TokenLogprob
 
 
 class TextStream:
@@ -73,6 +75,10 @@ class TextStream:
         self._plain = not self.stops and not split
         self._may_think = split
         """The answer could still open a thought; False once its start rules it out."""
+        self._length = 0
+        """Characters fed on the plain path."""
+        self._content_start: int | None = None
+        """Where the content begins in the generated text (after a thought), once known."""
 
     @property
     def text(self) -> str:
@@ -85,6 +91,7 @@ class TextStream:
     def feed(self, piece: str) -> tuple[str, str]:
         if self._plain:
             self._pieces.append(piece)
+            self._length += len(piece)
             return "", piece
         if self.stopped:
             return "", ""
@@ -107,6 +114,15 @@ class TextStream:
         if self._plain:
             return "", ""
         return self._delta(self._text, partial=False)
+
+    def content_span(self) -> tuple[int, int] | None:
+        """Where the content sent so far lies in the generated text (the concatenated
+        pieces fed, without the prefix): ``(start, end)``; None before any is sent."""
+        if self._plain:
+            return 0, self._length
+        if self._content_start is None:
+            return None
+        return self._content_start, self._content_start + self._sent[1]
 
     def parts(self) -> tuple[str, str]:
         """(reasoning, content) of the whole answer."""
@@ -132,10 +148,18 @@ class TextStream:
                                            for m in _THOUGHT_OPENERS):
                 self._may_think = False  # split_reasoning would give all of it as content
         if self._may_think:
-            s = split_reasoning(self.prefix + visible, partial=partial)
+            raw = self.prefix + visible
+            s = split_reasoning(raw, partial=partial)
             reasoning, content = s.reasoning, s.answer
+            if content and self._content_start is None:
+                # the answer is the end of the text split_reasoning read: after the
+                # thought, up to a marker held back at the end
+                end = len(raw) - (held_back(raw) if partial else 0)
+                self._content_start = max(0, end - len(content) - len(self.prefix))
         else:
             reasoning, content = "", visible
+            if self._content_start is None:
+                self._content_start = 0
         sent_r, sent_c = self._sent
         new_r = reasoning[sent_r:] if len(reasoning) > sent_r else ""
         new_c = content[sent_c:] if len(content) > sent_c else ""
@@ -175,9 +199,58 @@ class Job:
 
 
 @dataclass
+class SentToken:
+    """A token of the content, as the response reports its log-probability."""
+
+    offset: int
+    """Where its text begins in the content (characters)."""
+    logprob: TokenLogprob
+
+
+@dataclass
 class Delta:
     reasoning: str
     content: str
+    logprobs: list[SentToken] | None = None
+    """The log-probabilities of the tokens whose text this delta's content brings, when
+    the request asked for them (None: it did not)."""
+
+
+class LogprobTrack:
+    """Which tokens' log-probabilities go out with which delta: each token once, with the
+    delta whose content first shows its text. Only the content's tokens are reported: a
+    thinking model's thoughts have none (as OpenAI's reasoning models report none), nor
+    does text after a stop sequence. A token that finishes a character begun by the one
+    before goes out with it (the first one's text is empty)."""
+
+    def __init__(self) -> None:
+        self.tokens: list[tuple[int, int, TokenLogprob]] = []
+        """``(start, end, logprob)`` of each token fed, in the generated text."""
+        self.length = 0
+        self.next = 0
+        self.sent: list[SentToken] = []
+
+    def add(self, text: str, logprob: TokenLogprob) -> None:
+        start = self.length
+        self.length += len(text)
+        self.tokens.append((start, self.length, logprob))
+
+    def release(self, span: tuple[int, int] | None, last: bool = False) -> list[SentToken]:
+        """The tokens newly in the content span ``(start, end)``; ``last``: the answer is
+        over, so tokens of no text at its very end go too."""
+        if span is None:
+            return []
+        start, end = span
+        out = []
+        while self.next < len(self.tokens):
+            a, b, lp = self.tokens[self.next]
+            if a > end or (a == end and (b > a or not last)):
+                break
+            if b > start or (a == b and a >= start):
+                out.append(SentToken(a - start if a > start else 0, lp))
+            self.next += 1
+        self.sent.extend(out)
+        return out
 
 
 def audit_numbers(est: AuditEstimate) -> dict[str, Any]:
@@ -213,6 +286,8 @@ class RequestRecord:
     """Tokens generated after the client went away (the one being decoded then)."""
     audit: AuditEstimate | None = None
     """The answer's audited quality cost, when audits were on (``Engine.set_audit``)."""
+    logprobs: list[SentToken] | None = None
+    """The content's tokens with their log-probabilities, when the request asked."""
 
     @property
     def prefill_tokens(self) -> int:
@@ -350,7 +425,7 @@ class Service:
             repeat_penalty=p.repeat_penalty,
             max_tokens=p.max_tokens or self.limits.max_tokens,
             seed=secrets.randbits(32) if p.seed is None else p.seed,
-            grammar=self._grammar(p.output))
+            grammar=self._grammar(p.output), logprobs=p.logprobs)
         return Job(kind=kind, client=client, prompt=prompt, n_prompt_tokens=n_prompt,
                    sampling=sampling, stops=p.stop)
 
@@ -399,6 +474,7 @@ class Service:
     def _generate(self, job: Job, turn: Turn, emit: Emit) -> RequestRecord:
         engine = self.engine
         stream = TextStream(job.stops, job.prefix, job.split)
+        track = LogprobTrack() if job.sampling.logprobs is not None else None
         for listener in self.listeners:
             listener.request_started(job)
         for tok in engine.generate(job.prompt, job.sampling):
@@ -406,16 +482,23 @@ class Service:
             for listener in self.listeners:
                 listener.token(tok, job)
             reasoning, content = stream.feed(tok.text)
+            if track is not None and tok.logprob is not None:
+                track.add(tok.text, tok.logprob)
             if reasoning or content:
-                emit(Delta(reasoning, content))
+                emit(Delta(reasoning, content, None if track is None
+                           else track.release(stream.content_span())))
             if stream.stopped or job.cancelled.is_set():
                 engine.stop()
         reasoning, content = stream.finish()
-        if reasoning or content:
-            emit(Delta(reasoning, content))
+        lps = None if track is None else track.release(stream.content_span(),
+                                                       last=not stream.stopped)
+        if reasoning or content or lps:
+            emit(Delta(reasoning, content, lps))
         a = engine.last_answer
         self._slots = engine.slots_per_layer
         record = self._record(job, turn, a, stream)
+        if track is not None:
+            record.logprobs = track.sent
         with self._lock:
             self.requests += 1
             self.tokens += a.n_tokens
