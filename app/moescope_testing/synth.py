@@ -52,7 +52,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, ExpertGatingFuncType, GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 
-from moescope_testing.vocab import build_vocab
+from moescope_testing.vocab import Vocab, build_vocab
 
 MOE_ARCHES: tuple[str, ...] = ("qwen3moe", "olmoe", "gpt-oss", "deepseek2", "mixtral", "qwen3next")
 DENSE_ARCHES: tuple[str, ...] = ("qwen3", "llama")
@@ -489,9 +489,13 @@ def _qwen3next_layer(spec: SynthSpec, il: int, out: list[_Tensor], wt: GGMLQuant
 
 # --------------------------------------------------------------------------- metadata
 
-def _write_metadata(w: GGUFWriter, spec: SynthSpec, name: str) -> None:
-    """The KV section: hyperparameters each architecture's loader asks for, and the vocab."""
-    vocab = build_vocab(spec.vocab_size)
+def _write_metadata(w: GGUFWriter, spec: SynthSpec, name: str,
+                    vocab: Vocab | None = None) -> None:
+    """The KV section: hyperparameters each architecture's loader asks for, and the vocab
+    (``build_vocab``'s of the spec's size unless another is given)."""
+    vocab = vocab or build_vocab(spec.vocab_size)
+    if vocab.size != spec.vocab_size:
+        raise ValueError(f"the vocabulary has {vocab.size} tokens, the spec {spec.vocab_size}")
     arch = spec.arch
     w.add_name(name)
     w.add_file_type(_file_type(spec))
@@ -656,7 +660,7 @@ def expert_bytes_per_layer(spec: SynthSpec) -> int:
 
 
 def write_synth_model(path: str | os.PathLike[str], spec: SynthSpec, *,
-                      sparse: bool = False, parts: int = 1) -> Path:
+                      sparse: bool = False, parts: int = 1, vocab: Vocab | None = None) -> Path:
     """Write the model described by ``spec`` to ``path`` and return the path.
 
     The file is written next to its destination and renamed into place, so a reader never
@@ -669,6 +673,9 @@ def write_synth_model(path: str | os.PathLike[str], spec: SynthSpec, *,
     With ``parts > 1`` the model is split as llama.cpp's ``gguf-split`` does: files
     ``STEM-00001-of-0000N.gguf`` …, the metadata in the first, each with ``split.*`` keys
     and a contiguous share of the tensors; the first part's path is returned.
+
+    ``vocab`` replaces the spec's ``build_vocab`` vocabulary (same size), e.g.
+    ``vocab.build_wide_vocab``'s: it is not part of the spec (nor of its digest).
     """
     spec.validate()
     dest = Path(path)
@@ -677,19 +684,19 @@ def write_synth_model(path: str | os.PathLike[str], spec: SynthSpec, *,
     if parts < 1 or parts > len(plan):
         raise ValueError(f"parts must be 1..{len(plan)}, got {parts}")
     if parts == 1:
-        _write_part(dest, spec, plan, sparse=sparse)
+        _write_part(dest, spec, plan, sparse=sparse, vocab=vocab)
         return dest
     stem = dest.name[:-len(".gguf")] if dest.name.endswith(".gguf") else dest.name
     names = [dest.with_name(f"{stem}-{i + 1:05d}-of-{parts:05d}.gguf") for i in range(parts)]
     share = -(-len(plan) // parts)
     for i, name in enumerate(names):
         _write_part(name, spec, plan[i * share:(i + 1) * share], sparse=sparse,
-                    split=(i, parts, len(plan)))
+                    split=(i, parts, len(plan)), vocab=vocab)
     return names[0]
 
 
 def _write_part(dest: Path, spec: SynthSpec, plan: list[_Tensor], *, sparse: bool,
-                split: tuple[int, int, int] | None = None) -> None:
+                split: tuple[int, int, int] | None = None, vocab: Vocab | None = None) -> None:
     """One GGUF file: the metadata (only in the first part of a split model), the
     ``split.*`` keys of part ``split = (index, count, total tensors)``, and ``plan``'s
     tensors."""
@@ -698,7 +705,7 @@ def _write_part(dest: Path, spec: SynthSpec, plan: list[_Tensor], *, sparse: boo
     w = GGUFWriter(tmp, arch=spec.gguf_arch)
     try:
         if split is None or split[0] == 0:
-            _write_metadata(w, spec, spec.name or default_name(spec))
+            _write_metadata(w, spec, spec.name or default_name(spec), vocab)
         if split is not None:
             w.add_uint16("split.no", split[0])
             w.add_uint16("split.count", split[1])
@@ -739,6 +746,20 @@ def ensure_synth_model(directory: str | os.PathLike[str], spec: SynthSpec) -> Pa
     path = Path(directory) / f"{spec.arch}-{spec.expert_type}-{spec_digest(spec)[:16]}.gguf"
     if not path.is_file():
         write_synth_model(path, spec)
+    return path
+
+
+def ensure_wide_vocab_model(directory: str | os.PathLike[str], vocab_size: int = 151_936,
+                            **overrides: Any) -> Path:
+    """A cached tiny MoE model (the ``tiny`` preset) whose vocabulary is ``vocab_size``
+    tokens of real text (``vocab.build_wide_vocab``: Qwen3's size by default), for what
+    scales with the vocabulary, e.g. a grammar checking every token."""
+    from moescope_testing.vocab import build_wide_vocab
+
+    spec = preset("tiny", vocab_size=vocab_size, **overrides)
+    path = Path(directory) / f"wide-{spec.arch}-{spec_digest(spec)[:16]}.gguf"
+    if not path.is_file():
+        write_synth_model(path, spec, vocab=build_wide_vocab(vocab_size))
     return path
 
 

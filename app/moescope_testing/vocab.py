@@ -14,6 +14,7 @@ import functools
 import itertools
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 # Original text written for this project; its only job is to yield plausible merges.
@@ -190,3 +191,67 @@ def build_vocab(vocab_size: int) -> Vocab:
         eos_id=im_end,
         pad_id=endoftext,
     )
+
+
+_SYLLABLES = tuple(c + v for c in ("", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n",
+                                   "p", "qu", "r", "s", "t", "v", "w", "x", "z", "ch", "sh",
+                                   "th", "st", "tr", "pr", "gr")
+                   for v in ("a", "e", "i", "o", "u", "ou", "ea", "ai", "er", "on", "an",
+                             "in"))
+
+
+def _wide_pieces() -> Iterator[str]:
+    """Text of a large vocabulary's tokens, real tokenizers' kinds in rough proportion:
+    JSON punctuation runs, indentation, numbers, words with and without a leading space
+    (capitalized too, and with punctuation after them), code-ish pieces, CJK characters.
+    Endless (the caller stops it) and deterministic."""
+    punct = ("{", "}", "[", "]", '"', ":", ",", " ", "\n", ".", "(", ")", "_", "-", "'")
+    for n in (1, 2, 3):
+        for combo in itertools.product(punct, repeat=n):
+            yield "".join(combo)
+    for k in range(1, 33):
+        yield " " * k
+        yield "\n" + " " * k
+        yield "\t" * k
+    for i in range(2000):
+        yield str(i)
+        yield " " + str(i)
+    for cp in range(0x4E00, 0x4E00 + 12000):  # CJK ideographs, three UTF-8 bytes each
+        yield chr(cp)
+    for n in itertools.count(1):
+        for combo in itertools.product(_SYLLABLES, repeat=n):
+            word = "".join(combo)
+            yield word
+            yield " " + word
+            yield " " + word.capitalize()
+            yield word.capitalize()
+            yield word + '":'
+            yield '"' + word
+            yield "_" + word
+
+
+@functools.cache
+def build_wide_vocab(vocab_size: int) -> Vocab:
+    """A vocabulary of exactly ``vocab_size`` tokens that are all real text (no unused
+    padding): :func:`build_vocab`'s bytes, merges and control tokens, then pieces like a
+    large tokenizer's (Qwen3 has 151,936 tokens), for what costs per vocabulary entry
+    (a grammar checks every token's text). Prompts tokenize as with :func:`build_vocab`
+    (the merges are the same); the extra tokens are only generated."""
+    base = build_vocab(4096)
+    keep = [i for i, t in enumerate(base.token_types) if t != TOKEN_TYPE_UNUSED]
+    if vocab_size < len(keep):
+        raise ValueError(f"vocab_size must be at least {len(keep)}, got {vocab_size}")
+    enc = byte_encoder()
+    tokens = [base.tokens[i] for i in keep]
+    types = [base.token_types[i] for i in keep]
+    seen = set(tokens)
+    pieces = _wide_pieces()
+    while len(tokens) < vocab_size:
+        token = "".join(enc[b] for b in next(pieces).encode("utf-8"))
+        if token not in seen:
+            seen.add(token)
+            tokens.append(token)
+            types.append(TOKEN_TYPE_NORMAL)
+    return Vocab(tokens=tuple(tokens), token_types=tuple(types), merges=base.merges,
+                 bos_id=tokens.index("<|endoftext|>"), eos_id=tokens.index("<|im_end|>"),
+                 pad_id=tokens.index("<|endoftext|>"))

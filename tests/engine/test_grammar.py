@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from moescope.engine.grammar import (
     schema_grammar,
 )
 from moescope.util.resources import demo_model_path
+from moescope_testing import ensure_wide_vocab_model
 
 ASK = [{"role": "user", "content": "Write some Python code."}]
 
@@ -93,3 +95,58 @@ def test_schema_bounds_come_before_the_converter() -> None:
     ]:
         with pytest.raises(GrammarError, match=why):
             schema_grammar(schema)
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"},
+                                           "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+ODD = {"type": "object",  # tokens the model would hardly pick by itself
+       "properties": {"k": {"type": "string", "pattern": "^[QZX]{4}-[0-9]{2}$"},
+                      "e": {"enum": ["ÿ獃", "\t\t"]}},
+       "required": ["k", "e"]}
+SETTINGS = [dict(temperature=0.0), dict(temperature=0.8, top_k=40, seed=5),
+            dict(temperature=1.0, top_k=8, repeat_penalty=1.5, seed=11)]
+
+
+def _tokens(e: Engine, grammar: str, top_first: bool, max_tokens: int,
+            **settings: float) -> tuple[list[int], int]:
+    """The answer's token ids, and how many tokens were masked from the likeliest ones."""
+    g = e.compile_grammar(grammar)
+    g.top_first = top_first
+    s = Sampling(max_tokens=max_tokens, grammar=g, **settings)  # type: ignore[arg-type]
+    return [t.token_id for t in e.generate(ASK, s)], g.top_steps
+
+
+def _same_answers(e: Engine, max_tokens: int) -> int:
+    """Every grammar and sampling setting answers token for token as masking the whole
+    vocabulary does; returns how many tokens were masked from the likeliest alone."""
+    top_steps = 0
+    for grammar in (json_object_grammar(), schema_grammar(PERSON), schema_grammar(ODD)):
+        for settings in SETTINGS:
+            fast, steps = _tokens(e, grammar, True, max_tokens, **settings)
+            full, _ = _tokens(e, grammar, False, max_tokens, **settings)
+            assert fast == full, (grammar[:40], settings)
+            top_steps += steps
+    return top_steps
+
+
+def test_masking_the_likeliest_tokens_first_answers_as_the_whole_vocabulary(
+        demo: Engine) -> None:
+    assert _same_answers(demo, 60) > 0
+
+
+def test_masking_the_likeliest_tokens_first_on_a_qwen3_sized_vocabulary(
+        engine: Callable[..., Engine], synth_dir: Path) -> None:
+    # 151,936 tokens of real text: checking each against the grammar is what costs
+    big = engine(ensure_wide_vocab_model(synth_dir), policy="exact", n_ctx=512)
+    assert _same_answers(big, 30) > 0
+
+
+def test_without_top_k_or_with_a_penalty_below_one_every_token_is_checked(
+        demo: Engine) -> None:
+    # the sampler chain then weighs every allowed token: no shortcut is exact
+    for settings in (dict(temperature=0.8, top_k=0, seed=1),
+                     dict(temperature=0.0, repeat_penalty=0.9)):
+        fast, steps = _tokens(demo, json_object_grammar(), True, 20, **settings)
+        assert steps == 0
+        assert fast == _tokens(demo, json_object_grammar(), False, 20, **settings)[0]

@@ -799,8 +799,10 @@ class Engine:
             self._guard_observe(held)
         self.apply_requests()
         grammar = s.grammar
-        if grammar is not None:
-            grammar.claim()
+        if grammar is not None:  # with the settings of the chain that samples after its mask
+            grammar.claim(temperature=s.temperature, top_k=s.top_k,
+                          repeat_penalty=s.repeat_penalty,
+                          penalty_last_n=int(self._llm.last_n_tokens_size))
         gen = self._llm.generate(tokens, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
                                  temp=s.temperature, repeat_penalty=s.repeat_penalty,
                                  reset=True,
