@@ -67,6 +67,24 @@ def core_trace(path: Path, *, n_tokens: int = 8, n_layers: int = 3,
     return path
 
 
+PREFILL_PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman"
+
+
+def prefill_only_trace(path: Path) -> Path:
+    """A session of the demo model stopped after its prompt (``-n 1``: its one token comes
+    out of the prefill), recorded at ``path`` by the real engine under psr."""
+    from moescope.cli import main
+    from moescope.trace import read_trace
+
+    if main(["generate", "-n", "1", "--policy", "psr", "-p", PREFILL_PROMPT, "--trace",
+             str(path)]) != 0:
+        raise RuntimeError("moescope generate failed to record the prefill-only trace")
+    phases = [t.phase for t in read_trace(path).tokens]
+    if phases != ["prefill"]:
+        raise RuntimeError(f"the prefill-only trace has tokens of phases {phases}")
+    return path
+
+
 def synthetic_trace(path: Path, *, n_tokens: int, n_layers: int = 48, n_expert: int = 512,
                     top_k: int = 10, slots: int = 128, policy: str = "psr",
                     predictions: bool = True, seed: int = 0) -> Path:

@@ -12,22 +12,14 @@ from typing import Any
 import pytest
 from PySide6.QtWidgets import QLabel
 
-from moescope.cli import main
 from moescope.display.whatif_model import has_predictions
 from moescope.trace import read_trace
-
-PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman"
+from moescope_testing.traces import prefill_only_trace
 
 
 @pytest.fixture(scope="module")
 def prefill_only(engine_required: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo model's session stopped after its prompt (``-n 1``: its one token comes out
-    of the prefill), recorded by the real engine under psr."""
-    trace = tmp_path_factory.mktemp("prefill") / "prompt-only.parquet"
-    assert main(["generate", "-n", "1", "--policy", "psr", "-p", PROMPT, "--trace",
-                 str(trace)]) == 0
-    assert [t.phase for t in read_trace(trace).tokens] == ["prefill"]
-    return trace
+    return prefill_only_trace(tmp_path_factory.mktemp("prefill") / "prompt-only.parquet")
 
 
 @pytest.mark.engine

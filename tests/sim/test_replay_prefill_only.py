@@ -18,7 +18,7 @@ from moescope.sim.sweep import sweep
 from moescope.trace import read_trace
 from moescope.trace.perfetto import to_perfetto
 from moescope.trace.tokens_csv import to_tokens_csv
-from moescope_testing.traces import core_trace
+from moescope_testing.traces import core_trace, prefill_only_trace
 
 
 def _refused(capsys: pytest.CaptureFixture[str], trace: Path) -> str:
@@ -63,19 +63,12 @@ def test_a_psr_session_of_one_token_says_nothing_to_replay_and_no_psr_warning(
     assert result.warnings == []  # no decode token: nothing was to be prefetched
 
 
-PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman"
 
 
 @pytest.fixture(scope="module", params=["jsonl", "parquet"])
 def prefill_only(request: pytest.FixtureRequest, engine_required: None,
                  tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A session of the demo model stopped after its prompt (``-n 1``: the one token comes
-    out of the prefill), recorded by the real engine under psr."""
-    trace = tmp_path_factory.mktemp("prefill") / f"prompt-only.{request.param}"
-    assert main(["generate", "-n", "1", "--policy", "psr", "-p", PROMPT, "--trace",
-                 str(trace)]) == 0
-    assert [t.phase for t in read_trace(trace).tokens] == ["prefill"]
-    return trace
+    return prefill_only_trace(tmp_path_factory.mktemp("prefill") / f"prompt-only.{request.param}")
 
 
 @pytest.mark.engine
