@@ -155,6 +155,9 @@ class _Api:
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ApiError(400, f"the request body is not valid JSON ({err})",
                            code="invalid_json") from None
+        except RecursionError:  # Python's parser recurses: ~1000 nested arrays or objects
+            raise ApiError(400, "the request body nests its arrays and objects too deeply",
+                           code="invalid_json") from None
 
     # ------------------------------------------------------------------ read-only
     async def health(self, _request: Request) -> Response:
