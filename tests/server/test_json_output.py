@@ -113,6 +113,37 @@ HOSTILE = [
     ("a pattern that is not anchored", _schema({"type": "string", "pattern": "[a-"})),
     ("deep nesting", _schema(json.loads('{"type":"array","items":' * 40 + "{}" + "}" * 40))),
     ("a schema over 64 KiB", _schema({"type": "object", "description": "x" * 70_000})),
+    ("a string enum", _schema({"enum": "abc"})),
+    ("a string required", _schema({"type": "object", "required": "a",
+                                   "properties": {"a": {"type": "string"}}})),
+    ("required naming no property", _schema({"type": "object", "required": ["b"],
+                                             "properties": {"a": {"type": "string"}}})),
+    ("a list for properties", _schema({"type": "object", "properties": []})),
+    ("a number as a property's schema", _schema({"type": "object",
+                                                 "properties": {"a": 5}})),
+    ("a boolean as a property's schema", _schema({"type": "object",
+                                                  "properties": {"a": False}})),
+    ("a number for items", _schema({"type": "array", "items": 5})),
+    ("a number for additionalProperties", _schema({"type": "object",
+                                                   "additionalProperties": 5})),
+    ("a number in a type list", _schema({"type": ["string", 5]})),
+    ("an empty type list", _schema({"type": []})),
+    ("an empty anyOf", _schema({"anyOf": []})),
+    ("a number for a pattern", _schema({"type": "string", "pattern": 5})),
+    ("a fractional maxLength", _schema({"type": "string", "maxLength": 1.5})),
+    ("a boolean maxLength", _schema({"type": "string", "maxLength": True})),
+    ("a negative minLength", _schema({"type": "string", "minLength": -1})),
+    ("minLength above maxLength", _schema({"type": "string", "minLength": 5,
+                                           "maxLength": 2})),
+    ("minItems above maxItems", _schema({"type": "array", "items": {"type": "integer"},
+                                         "minItems": 3, "maxItems": 1})),
+    ("minimum above maximum", _schema({"type": "integer", "minimum": 10, "maximum": 1})),
+    ("a string minimum", _schema({"type": "integer", "minimum": "a"})),
+    ("draft 4's boolean exclusiveMinimum", _schema({"type": "integer", "minimum": 0,
+                                                    "exclusiveMinimum": True})),
+    ("a bad keyword deep inside", _schema({"type": "object", "properties": {"a": {
+        "type": "array", "items": {"type": "object", "properties": {"b": {
+            "type": "string", "maxLength": -3}}}}}})),
     ("a strict that is not a boolean", {"type": "json_schema",
                                         "json_schema": {"schema": PERSON, "strict": "yes"}}),
 ]
@@ -135,6 +166,29 @@ def test_a_schema_that_cannot_be_used_is_400_naming_response_format(
             assert "Traceback" not in err["message"]
     assert server.alive(), server.log
     assert "error parsing grammar" not in server.log  # llama.cpp's print is kept in
+
+
+@pytest.mark.parametrize(("schema", "says"), [
+    ({"enum": "abc"}, "enum must be a non-empty list"),
+    ({"type": "object", "properties": {"a": 5}}, "properties.a must be a schema"),
+    ({"type": "array", "items": {"type": "object", "properties": {"b": {
+        "type": "string", "maxLength": -3}}}}, "items.properties.b.maxLength must be"),
+    ({"type": "string", "minLength": 5, "maxLength": 2}, "minLength must be at most"),
+    ({"type": "object", "required": ["b"], "properties": {"a": {}}}, "required names 'b'"),
+    ({"type": ["string", 5]}, "type must be one of"),
+])
+def test_a_malformed_schema_is_named_in_json_schema_terms(server: Server, schema: object,
+                                                          says: str) -> None:
+    """The converter's own failures read as Python (``AttributeError: 'int' object has no
+    attribute 'get'``), and some malformed schemas it took its own way (a string enum as
+    its letters) and constrained the answer to what nobody asked for."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        server.client().chat.completions.create(
+            model=MODEL, messages=ASK, max_tokens=5,
+            response_format=_schema(schema))  # type: ignore[arg-type]
+    message = caught.value.response.json()["error"]["message"]
+    assert says in message, message
+    assert "Error:" not in message and "object has no attribute" not in message, message
 
 
 def test_a_raw_grammar_is_refused_not_ignored(server: Server) -> None:

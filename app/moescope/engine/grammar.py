@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import re
 import tempfile
@@ -111,6 +112,7 @@ def check_schema(schema: Any) -> None:
         raise GrammarError("the schema nests too deeply") from None
     if size > MAX_SCHEMA_BYTES:
         raise GrammarError(f"the schema has {size} bytes; at most {MAX_SCHEMA_BYTES}")
+    _check_keywords(schema)
     cost = alternatives = 0
     stack: list[tuple[Any, int, int]] = [(schema, 1, 0)]  # node, depth, key characters
     while stack:
@@ -140,6 +142,95 @@ def check_schema(schema: Any) -> None:
             raise GrammarError("the schema asks for too many repetitions (minLength, "
                                "maxLength, minItems, maxItems, {m,n} in patterns) to "
                                "turn into a grammar")
+
+
+_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")
+_COUNTS = (("minLength", "maxLength"), ("minItems", "maxItems"),
+           ("minProperties", "maxProperties"))
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+
+def _check_keywords(schema: dict[str, Any]) -> None:
+    """The keywords the converter reads, of the types JSON Schema gives them, and bounds
+    that some value can meet: the converter would otherwise fail with a bare Python error
+    (``'int' object has no attribute 'get'``) or, worse, read a wrong type its own way
+    (``"enum": "abc"`` as three letters, ``"required": "ab"`` as two names) and constrain
+    the answer to something the client never asked for. Without recursion (the depth is
+    bounded after)."""
+    stack: list[tuple[Any, str]] = [(schema, "")]
+    while stack:
+        node, path = stack.pop()
+        if not isinstance(node, dict):
+            where = path or "the schema"
+            raise GrammarError(f"{where} must be a schema (a JSON object), got "
+                               f"{_short(node)}")
+
+        def bad(key: str, what: str, node: dict[str, Any] = node,
+                path: str = path) -> GrammarError:
+            return GrammarError(f"{path + '.' if path else ''}{key} must be {what}, got "
+                                f"{_short(node[key])}")
+
+        kind = node.get("type")
+        if kind is not None:
+            kinds = kind if isinstance(kind, list) else [kind]
+            if not kinds or not all(isinstance(k, str) and k in _TYPES for k in kinds):
+                raise bad("type", f"one of {', '.join(_TYPES)} (or a non-empty list of "
+                                  "them)")
+        if "enum" in node and (not isinstance(node["enum"], list) or not node["enum"]):
+            raise bad("enum", "a non-empty list of values")
+        required = node.get("required")
+        if required is not None:
+            if not isinstance(required, list) \
+                    or not all(isinstance(name, str) for name in required):
+                raise bad("required", "a list of property names")
+            props = node.get("properties")
+            missing = [n for n in required if not isinstance(props, dict) or n not in props]
+            if missing:
+                raise GrammarError(f"{path + '.' if path else ''}required names "
+                                   f"{_short(missing[0])}, which properties does not "
+                                   "define (the grammar is built from properties)")
+        for key in ("pattern", "format"):
+            if key in node and not isinstance(node[key], str):
+                raise bad(key, "a string")
+        for low, high in _COUNTS:
+            for key in (low, high):
+                value = node.get(key)
+                if key in node and (isinstance(value, bool) or not isinstance(value, int)
+                                    or value < 0):
+                    raise bad(key, "a whole number from 0")
+            if isinstance(node.get(low), int) and isinstance(node.get(high), int) \
+                    and node[low] > node[high]:
+                raise bad(low, f"at most {high} ({node[high]})")
+        for key in _BOUNDS:
+            value = node.get(key)
+            if key in node and (isinstance(value, bool) or not isinstance(value, int | float)
+                                or (isinstance(value, float) and not math.isfinite(value))):
+                raise bad(key, "a number")
+        if isinstance(node.get("minimum"), int | float) \
+                and isinstance(node.get("maximum"), int | float) \
+                and node["minimum"] > node["maximum"]:
+            raise bad("minimum", f"at most maximum ({node['maximum']})")
+        prefix = path + "." if path else ""
+        for key in _SCHEMA_MAPS:
+            if key in node:
+                if not isinstance(node[key], dict):
+                    raise bad(key, "an object of schemas")
+                stack.extend((v, f"{prefix}{key}.{name}") for name, v in node[key].items())
+        for key in _SCHEMA_LISTS:
+            if key in node:
+                if not isinstance(node[key], list) or not node[key]:
+                    raise bad(key, "a non-empty list of schemas")
+                stack.extend((v, f"{prefix}{key}[{i}]") for i, v in enumerate(node[key]))
+        for key in ("items", "additionalProperties"):
+            value = node.get(key)
+            if isinstance(value, list) and key == "items":  # draft 4's tuple form
+                stack.extend((v, f"{prefix}{key}[{i}]") for i, v in enumerate(value))
+            elif isinstance(value, dict):
+                stack.append((value, f"{prefix}{key}"))
+            elif key in node and not isinstance(value, bool):
+                raise bad(key, "a schema or a boolean")
 
 
 def _pattern_repeats(pattern: str) -> int:
