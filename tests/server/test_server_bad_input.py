@@ -159,6 +159,21 @@ def test_a_body_nested_past_the_json_parsers_recursion_is_400(server: Server,
     assert "internal error" not in server.log and "Traceback" not in server.log
 
 
+def test_a_number_of_thousands_of_digits_is_400(server: Server) -> None:
+    """Python refuses to convert an integer of over 4300 digits from text (a ValueError
+    that is no JSONDecodeError): it was a 500 and a dropped connection."""
+    with server.http() as h:
+        for path, body in (("/v1/completions", b'{"prompt": "x", "max_tokens": %s}'),
+                           ("/v1/chat/completions", b'{"messages": [], "seed": -%s}')):
+            r = h.post(path, content=body % (b"9" * 5000),
+                       headers={"Content-Type": "application/json"})
+            assert r.status_code == 400, r.text
+            err = _error(r)
+            assert err["code"] == "invalid_json" and "digits" in err["message"], err
+        assert h.get("/v1/models").status_code == 200  # the same connection
+    assert "internal error" not in server.log and "Traceback" not in server.log
+
+
 def test_echo_zero_is_not_echo_false(server: Server) -> None:
     with server.http() as h:
         r = h.post("/v1/completions", json={"prompt": "x", "echo": 0, "max_tokens": 2})
