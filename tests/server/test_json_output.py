@@ -144,6 +144,8 @@ HOSTILE = [
     ("a bad keyword deep inside", _schema({"type": "object", "properties": {"a": {
         "type": "array", "items": {"type": "object", "properties": {"b": {
             "type": "string", "maxLength": -3}}}}}})),
+    ("an allOf of strings", _schema({"allOf": [{"type": "string"}, {"minLength": 2}]})),
+    ("an allOf on a string", _schema({"type": "string", "allOf": [{"minLength": 2}]})),
     ("a strict that is not a boolean", {"type": "json_schema",
                                         "json_schema": {"schema": PERSON, "strict": "yes"}}),
 ]
@@ -176,6 +178,7 @@ def test_a_schema_that_cannot_be_used_is_400_naming_response_format(
     ({"type": "string", "minLength": 5, "maxLength": 2}, "minLength must be at most"),
     ({"type": "object", "required": ["b"], "properties": {"a": {}}}, "required names 'b'"),
     ({"type": ["string", 5]}, "type must be one of"),
+    ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "allOf is supported only"),
 ])
 def test_a_malformed_schema_is_named_in_json_schema_terms(server: Server, schema: object,
                                                           says: str) -> None:
@@ -189,6 +192,18 @@ def test_a_malformed_schema_is_named_in_json_schema_terms(server: Server, schema
     message = caught.value.response.json()["error"]["message"]
     assert says in message, message
     assert "Error:" not in message and "object has no attribute" not in message, message
+
+
+def test_an_allof_merging_objects_still_works(server: Server) -> None:
+    """pydantic writes a model that inherits as an allOf of $refs and properties."""
+    schema = {"$defs": {"Base": {"type": "object", "properties": {"name": {"type": "string"}},
+                                 "required": ["name"]}},
+              "allOf": [{"$ref": "#/$defs/Base"},
+                        {"properties": {"age": {"type": "integer"}}, "required": ["age"]}]}
+    r = server.client().chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=100, temperature=0,
+        response_format=_schema(schema))  # type: ignore[arg-type]
+    assert _is_person(json.loads(r.choices[0].message.content or ""))
 
 
 def test_a_raw_grammar_is_refused_not_ignored(server: Server) -> None:

@@ -212,6 +212,11 @@ def _check_keywords(schema: dict[str, Any]) -> None:
                 and isinstance(node.get("maximum"), int | float) \
                 and node["minimum"] > node["maximum"]:
             raise bad("minimum", f"at most maximum ({node['maximum']})")
+        if "allOf" in node and not _merges_objects(node):
+            raise GrammarError(f"{path + '.' if path else ''}allOf is supported only to "
+                               "merge objects' properties (each part an object schema "
+                               "with properties or a $ref); the converter would turn "
+                               "the others into an object")
         prefix = path + "." if path else ""
         for key in _SCHEMA_MAPS:
             if key in node:
@@ -231,6 +236,18 @@ def _check_keywords(schema: dict[str, Any]) -> None:
                 stack.append((value, f"{prefix}{key}"))
             elif key in node and not isinstance(value, bool):
                 raise bad(key, "a schema or a boolean")
+
+
+def _merges_objects(node: dict[str, Any]) -> bool:
+    """Whether an ``allOf`` is what the converter reads it as: the properties of object
+    schemas (or of a ``$ref`` to one, or of an ``anyOf``'s), merged into one object (as
+    pydantic writes a model that inherits). Of anything else it builds an object all the
+    same: ``allOf: [{"type": "string"}, ...]`` answered ``{}``."""
+    parts = node["allOf"]
+    if node.get("type") not in (None, "object") or not isinstance(parts, list):
+        return False
+    return all(isinstance(p, dict) and p.get("type") in (None, "object")
+               and any(k in p for k in ("properties", "$ref", "anyOf")) for p in parts)
 
 
 def _pattern_repeats(pattern: str) -> int:
