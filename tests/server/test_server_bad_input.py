@@ -43,6 +43,8 @@ def _error(r) -> dict:  # type: ignore[no-untyped-def, type-arg]
     ({"messages": HELLO, "stop": 7}, "stop"),
     ({"messages": HELLO, "seed": "x"}, "seed"),
     ({"messages": HELLO, "stream": "yes"}, "stream"),
+    ({"messages": HELLO, "stream": True, "stream_options": {"include_usage": "false"}},
+     "stream_options"),  # a non-empty string was read as true
     ({"messages": HELLO, "logprobs": "yes"}, "logprobs"),
     ({"messages": HELLO, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"messages": HELLO, "tools": [{"type": "function"}]}, "tools"),

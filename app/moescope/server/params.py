@@ -180,6 +180,9 @@ def _common(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad_param("stream_options", "stream_options must be an object")
+    if not isinstance((options or {}).get("include_usage", False), bool | None):
+        raise bad_param("stream_options", "stream_options.include_usage must be true or "
+                                          f"false, got {_short(options['include_usage'])}")
     stream = _flag(body, "stream")
     return {
         "model": model,
