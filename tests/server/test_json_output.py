@@ -194,6 +194,27 @@ def test_a_malformed_schema_is_named_in_json_schema_terms(server: Server, schema
     assert "Error:" not in message and "object has no attribute" not in message, message
 
 
+@pytest.mark.parametrize("pattern", ["^a]$", "^[a]]$", "^(a})$", "^x{2}}$"])
+def test_a_stray_bracket_in_a_pattern_is_400_not_a_hung_server(server: Server,
+                                                                pattern: str) -> None:
+    """llama-cpp-python's converter loops forever on a ``]`` or ``}`` outside a class or
+    a quantifier; it runs on the event loop, so one such request hung every client."""
+    import httpx2 as httpx
+
+    with httpx.Client(base_url=f"http://127.0.0.1:{server.port}", timeout=20.0) as h:
+        r = h.post("/v1/chat/completions", json={
+            "messages": ASK, "max_tokens": 5,
+            "response_format": _schema({"type": "string", "pattern": pattern})})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "response_format" and "unmatched" in err["message"], err
+        assert h.get("/health").status_code == 200
+    ok = server.client().chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=20, temperature=0,
+        response_format=_schema({"type": "string", "pattern": r"^[a-z\]]{1,3}$"}))  # type: ignore[arg-type]
+    assert (ok.choices[0].message.content or "").startswith('"')
+
+
 def test_an_allof_merging_objects_still_works(server: Server) -> None:
     """pydantic writes a model that inherits as an allOf of $refs and properties."""
     schema = {"$defs": {"Base": {"type": "object", "properties": {"name": {"type": "string"}},

@@ -194,6 +194,8 @@ def _check_keywords(schema: dict[str, Any]) -> None:
         for key in ("pattern", "format"):
             if key in node and not isinstance(node[key], str):
                 raise bad(key, "a string")
+        if isinstance(node.get("pattern"), str):
+            _check_pattern(node["pattern"], f"{path + '.' if path else ''}pattern")
         for low, high in _COUNTS:
             for key in (low, high):
                 value = node.get(key)
@@ -236,6 +238,29 @@ def _check_keywords(schema: dict[str, Any]) -> None:
                 stack.append((value, f"{prefix}{key}"))
             elif key in node and not isinstance(value, bool):
                 raise bad(key, "a schema or a boolean")
+
+
+def _check_pattern(pattern: str, where: str) -> None:
+    """Refuse a ``]`` or ``}`` outside a character class or a ``{m,n}``: the converter
+    reads it as neither a literal nor syntax and loops on it forever (``^a]$`` hung the
+    request, and with it the server's event loop, at 100% CPU). Scans as the converter
+    does: a backslash takes the next character along, ``[`` runs to the next unescaped
+    ``]`` and ``{`` to the next ``}``."""
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c in "[{":
+            close = "]" if c == "[" else "}"
+            i += 1
+            while i < n and pattern[i] != close:
+                i += 2 if c == "[" and pattern[i] == "\\" else 1
+        elif c in "]}":
+            raise GrammarError(f"{where} has an unmatched {c!r} at character {i} (write "
+                               f"\\{c} for the character itself)")
+        i += 1
 
 
 def _merges_objects(node: dict[str, Any]) -> bool:
