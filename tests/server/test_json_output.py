@@ -215,6 +215,18 @@ def test_a_stray_bracket_in_a_pattern_is_400_not_a_hung_server(server: Server,
     assert (ok.choices[0].message.content or "").startswith('"')
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_pattern_with_a_top_level_alternation_answers_a_json_string(server: Server,
+                                                                        seed: int) -> None:
+    """The converter wrote ``^yes|no$`` as ``"\"" "yes" | "no" "\""``: the answer could
+    be ``"yes`` (no closing quote) or ``no"``, not JSON."""
+    r = server.client().chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=10, seed=seed, temperature=1.0,
+        response_format=_schema({"type": "string", "pattern": "^yes|no$"}))  # type: ignore[arg-type]
+    text = r.choices[0].message.content or ""
+    assert json.loads(text) in ("yes", "no"), text
+
+
 def test_an_allof_merging_objects_still_works(server: Server) -> None:
     """pydantic writes a model that inherits as an allOf of $refs and properties."""
     schema = {"$defs": {"Base": {"type": "object", "properties": {"name": {"type": "string"}},

@@ -88,7 +88,13 @@ def schema_grammar(schema: Any) -> str:
     """The GBNF grammar of the JSON values ``schema`` allows; :class:`GrammarError` for a
     schema that is not an object, is too large, or that the converter refuses (whatever
     it raises)."""
-    check_schema(schema)
+    if isinstance(schema, dict):
+        try:  # a copy, whose patterns may be grouped
+            schema = json.loads(json.dumps(schema))
+        except (ValueError, RecursionError):
+            raise GrammarError("the schema nests too deeply") from None
+    for node in check_schema(schema):
+        node["pattern"] = _grouped(node["pattern"])
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     try:
@@ -102,8 +108,9 @@ def schema_grammar(schema: Any) -> str:
     return str(text)
 
 
-def check_schema(schema: Any) -> None:
-    """The bounds of :func:`schema_grammar`, checked without recursion."""
+def check_schema(schema: Any) -> list[dict[str, Any]]:
+    """The bounds of :func:`schema_grammar`, checked without recursion; returns the
+    subschemas that have a ``pattern``."""
     if not isinstance(schema, dict):
         raise GrammarError(f"the schema must be a JSON object, got {type(schema).__name__}")
     try:
@@ -112,7 +119,7 @@ def check_schema(schema: Any) -> None:
         raise GrammarError("the schema nests too deeply") from None
     if size > MAX_SCHEMA_BYTES:
         raise GrammarError(f"the schema has {size} bytes; at most {MAX_SCHEMA_BYTES}")
-    _check_keywords(schema)
+    patterned = _check_keywords(schema)
     cost = alternatives = 0
     stack: list[tuple[Any, int, int]] = [(schema, 1, 0)]  # node, depth, key characters
     while stack:
@@ -142,6 +149,7 @@ def check_schema(schema: Any) -> None:
             raise GrammarError("the schema asks for too many repetitions (minLength, "
                                "maxLength, minItems, maxItems, {m,n} in patterns) to "
                                "turn into a grammar")
+    return patterned
 
 
 _TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")
@@ -152,13 +160,14 @@ _SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 
 
-def _check_keywords(schema: dict[str, Any]) -> None:
+def _check_keywords(schema: dict[str, Any]) -> list[dict[str, Any]]:
     """The keywords the converter reads, of the types JSON Schema gives them, and bounds
     that some value can meet: the converter would otherwise fail with a bare Python error
     (``'int' object has no attribute 'get'``) or, worse, read a wrong type its own way
     (``"enum": "abc"`` as three letters, ``"required": "ab"`` as two names) and constrain
     the answer to something the client never asked for. Without recursion (the depth is
-    bounded after)."""
+    bounded after). Returns the subschemas that have a ``pattern``."""
+    patterned: list[dict[str, Any]] = []
     stack: list[tuple[Any, str]] = [(schema, "")]
     while stack:
         node, path = stack.pop()
@@ -196,6 +205,7 @@ def _check_keywords(schema: dict[str, Any]) -> None:
                 raise bad(key, "a string")
         if isinstance(node.get("pattern"), str):
             _check_pattern(node["pattern"], f"{path + '.' if path else ''}pattern")
+            patterned.append(node)
         for low, high in _COUNTS:
             for key in (low, high):
                 value = node.get(key)
@@ -238,6 +248,7 @@ def _check_keywords(schema: dict[str, Any]) -> None:
                 stack.append((value, f"{prefix}{key}"))
             elif key in node and not isinstance(value, bool):
                 raise bad(key, "a schema or a boolean")
+    return patterned
 
 
 def _check_pattern(pattern: str, where: str) -> None:
@@ -261,6 +272,33 @@ def _check_pattern(pattern: str, where: str) -> None:
             raise GrammarError(f"{where} has an unmatched {c!r} at character {i} (write "
                                f"\\{c} for the character itself)")
         i += 1
+
+
+def _grouped(pattern: str) -> str:
+    """``^a|b$`` as ``^(a|b)$``: the converter takes what lies between the anchors as the
+    whole string but writes a top-level ``|`` unbracketed between the quotes, so the
+    grammar allowed ``"a`` or ``b"`` (not JSON). Grouped, it allows ``"a"`` or ``"b"``,
+    which the pattern matches either way."""
+    if not (pattern.startswith("^") and pattern.endswith("$")):
+        return pattern  # the converter refuses it, with its own message
+    body = pattern[1:-1]
+    depth, i, n = 0, 0, len(body)
+    while i < n:
+        c = body[i]
+        if c == "\\":
+            i += 1
+        elif c == "[":
+            i += 1
+            while i < n and body[i] != "]":
+                i += 2 if body[i] == "\\" else 1
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            return f"^({body})$"
+        i += 1
+    return pattern
 
 
 def _merges_objects(node: dict[str, Any]) -> bool:
