@@ -227,6 +227,38 @@ def test_a_pattern_with_a_top_level_alternation_answers_a_json_string(server: Se
     assert json.loads(text) in ("yes", "no"), text
 
 
+@pytest.mark.parametrize("pattern", [r"^.{4}$", r"^[^@]{1,6}@[^@]{1,6}$",
+                                     r"^\d{3}-\d{2}$", r"^\w{2,5}$"])
+def test_a_pattern_answer_is_a_json_string_the_pattern_matches(server: Server,
+                                                               pattern: str) -> None:
+    """The converter copied ``.`` and ``[^@]`` between the string's quotes as they are,
+    so the answer could hold a bare ``"``, backslash or newline (not JSON); and it passed
+    ``\\d`` and ``\\w`` to llama.cpp, which refused the grammar."""
+    import re
+
+    client = server.client()
+    for seed in range(4):
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": 'Say "hi" \\ "\n"'}],
+            max_tokens=40, seed=seed, temperature=1.5, top_p=1.0,
+            extra_body={"top_k": 0, "min_p": 0.0},
+            response_format=_schema({"type": "string", "pattern": pattern}))  # type: ignore[arg-type]
+        text = r.choices[0].message.content or ""
+        assert r.choices[0].finish_reason == "stop", text
+        value = json.loads(text)
+        assert isinstance(value, str) and re.fullmatch(pattern[1:-1], value), text
+
+
+@pytest.mark.parametrize("pattern", ['^a"b$', r"^\\$", r"^a\nb$", '^["a]$', r"^\bx$"])
+def test_a_pattern_that_needs_a_json_escape_is_400(server: Server, pattern: str) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        server.client().chat.completions.create(
+            model=MODEL, messages=ASK, max_tokens=5,
+            response_format=_schema({"type": "string", "pattern": pattern}))  # type: ignore[arg-type]
+    message = caught.value.response.json()["error"]["message"]
+    assert "pattern" in message and "not supported" in message, message
+
+
 def test_an_allof_merging_objects_still_works(server: Server) -> None:
     """pydantic writes a model that inherits as an allOf of $refs and properties."""
     schema = {"$defs": {"Base": {"type": "object", "properties": {"name": {"type": "string"}},

@@ -94,7 +94,7 @@ def schema_grammar(schema: Any) -> str:
         except (ValueError, RecursionError):
             raise GrammarError("the schema nests too deeply") from None
     for node in check_schema(schema):
-        node["pattern"] = _grouped(node["pattern"])
+        node["pattern"] = _grouped(_json_safe(node["pattern"]))
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     try:
@@ -272,6 +272,79 @@ def _check_pattern(pattern: str, where: str) -> None:
             raise GrammarError(f"{where} has an unmatched {c!r} at character {i} (write "
                                f"\\{c} for the character itself)")
         i += 1
+
+
+_UNSAFE = '"\\\\\\x00-\\x1F'
+"""What a JSON string cannot hold unescaped, as a character class's members."""
+_SHORTHANDS = {"d": "0-9", "w": "a-zA-Z0-9_", "s": " "}
+"""Shorthand classes as members of a class (llama.cpp's grammars have none; ``\\s``
+keeps to the space, the one whitespace a JSON string holds unescaped)."""
+
+
+def _json_safe(pattern: str) -> str:
+    """``pattern`` rewritten so that the converter's grammar writes only what a JSON
+    string holds unescaped. The converter copies a pattern's characters between the
+    string's quotes as they are: ``.`` and ``[^@]`` allowed ``"``, ``\\`` and newlines
+    (the answer ``"a"b"`` is not JSON), and it passed ``\\d``, ``\\w``, ``\\s`` on as
+    escapes llama.cpp refuses ("left recursion or an empty rule"). So ``.`` and a negated
+    class exclude those characters, the shorthands become classes (``\\D``, ``\\W``,
+    ``\\S`` negated ones), and a pattern that can only match them (a literal ``"``, an
+    escaped backslash, ``\\n``...) is refused: the answer would need an escape sequence
+    the pattern does not spell."""
+    def refuse(what: str) -> GrammarError:
+        return GrammarError(f"pattern: {what} is not supported (a JSON string writes it "
+                            "as an escape sequence, which the grammar cannot follow)")
+
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\" and i + 1 < n:
+            e = pattern[i + 1]
+            if e in _SHORTHANDS:
+                out.append(f"[{_SHORTHANDS[e]}]")
+            elif e.lower() in _SHORTHANDS:
+                out.append(f"[^{_SHORTHANDS[e.lower()]}{_UNSAFE}]")
+            elif e.isalnum() or e in '"\\':
+                raise refuse(f"the escape \\{e}")
+            else:
+                out.append(pattern[i:i + 2])
+            i += 2
+        elif c == '"':
+            raise refuse('a literal "')
+        elif c == ".":
+            out.append(f"[^{_UNSAFE}]")
+            i += 1
+        elif c == "[":
+            j = i + 1
+            negated = j < n and pattern[j] == "^"
+            members: list[str] = []
+            j += negated
+            while j < n and pattern[j] != "]":
+                m = pattern[j]
+                if m == "\\" and j + 1 < n:
+                    e = pattern[j + 1]
+                    if e in _SHORTHANDS:
+                        members.append(_SHORTHANDS[e])
+                    elif e.isalnum() or e == "\\":
+                        raise refuse(f"the escape \\{e} in a character class")
+                    else:
+                        members.append(pattern[j:j + 2])
+                    j += 2
+                    continue
+                if m == '"' or ord(m) < 0x20:
+                    raise refuse(f"{m!r} in a character class")
+                members.append(m)
+                j += 1
+            body = "".join(members)
+            out.append(f"[^{_UNSAFE}{body}]" if negated else f"[{body}]")
+            i = j + 1
+        else:
+            if ord(c) < 0x20:
+                raise refuse(f"the control character {c!r}")
+            out.append(c)
+            i += 1
+    return "".join(out)
 
 
 def _grouped(pattern: str) -> str:
