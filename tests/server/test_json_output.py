@@ -113,6 +113,39 @@ HOSTILE = [
     ("a pattern that is not anchored", _schema({"type": "string", "pattern": "[a-"})),
     ("deep nesting", _schema(json.loads('{"type":"array","items":' * 40 + "{}" + "}" * 40))),
     ("a schema over 64 KiB", _schema({"type": "object", "description": "x" * 70_000})),
+    ("a string enum", _schema({"enum": "abc"})),
+    ("a string required", _schema({"type": "object", "required": "a",
+                                   "properties": {"a": {"type": "string"}}})),
+    ("required naming no property", _schema({"type": "object", "required": ["b"],
+                                             "properties": {"a": {"type": "string"}}})),
+    ("a list for properties", _schema({"type": "object", "properties": []})),
+    ("a number as a property's schema", _schema({"type": "object",
+                                                 "properties": {"a": 5}})),
+    ("a boolean as a property's schema", _schema({"type": "object",
+                                                  "properties": {"a": False}})),
+    ("a number for items", _schema({"type": "array", "items": 5})),
+    ("a number for additionalProperties", _schema({"type": "object",
+                                                   "additionalProperties": 5})),
+    ("a number in a type list", _schema({"type": ["string", 5]})),
+    ("an empty type list", _schema({"type": []})),
+    ("an empty anyOf", _schema({"anyOf": []})),
+    ("a number for a pattern", _schema({"type": "string", "pattern": 5})),
+    ("a fractional maxLength", _schema({"type": "string", "maxLength": 1.5})),
+    ("a boolean maxLength", _schema({"type": "string", "maxLength": True})),
+    ("a negative minLength", _schema({"type": "string", "minLength": -1})),
+    ("minLength above maxLength", _schema({"type": "string", "minLength": 5,
+                                           "maxLength": 2})),
+    ("minItems above maxItems", _schema({"type": "array", "items": {"type": "integer"},
+                                         "minItems": 3, "maxItems": 1})),
+    ("minimum above maximum", _schema({"type": "integer", "minimum": 10, "maximum": 1})),
+    ("a string minimum", _schema({"type": "integer", "minimum": "a"})),
+    ("draft 4's boolean exclusiveMinimum", _schema({"type": "integer", "minimum": 0,
+                                                    "exclusiveMinimum": True})),
+    ("a bad keyword deep inside", _schema({"type": "object", "properties": {"a": {
+        "type": "array", "items": {"type": "object", "properties": {"b": {
+            "type": "string", "maxLength": -3}}}}}})),
+    ("an allOf of strings", _schema({"allOf": [{"type": "string"}, {"minLength": 2}]})),
+    ("an allOf on a string", _schema({"type": "string", "allOf": [{"minLength": 2}]})),
     ("a strict that is not a boolean", {"type": "json_schema",
                                         "json_schema": {"schema": PERSON, "strict": "yes"}}),
 ]
@@ -135,6 +168,107 @@ def test_a_schema_that_cannot_be_used_is_400_naming_response_format(
             assert "Traceback" not in err["message"]
     assert server.alive(), server.log
     assert "error parsing grammar" not in server.log  # llama.cpp's print is kept in
+
+
+@pytest.mark.parametrize(("schema", "says"), [
+    ({"enum": "abc"}, "enum must be a non-empty list"),
+    ({"type": "object", "properties": {"a": 5}}, "properties.a must be a schema"),
+    ({"type": "array", "items": {"type": "object", "properties": {"b": {
+        "type": "string", "maxLength": -3}}}}, "items.properties.b.maxLength must be"),
+    ({"type": "string", "minLength": 5, "maxLength": 2}, "minLength must be at most"),
+    ({"type": "object", "required": ["b"], "properties": {"a": {}}}, "required names 'b'"),
+    ({"type": ["string", 5]}, "type must be one of"),
+    ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "allOf is supported only"),
+])
+def test_a_malformed_schema_is_named_in_json_schema_terms(server: Server, schema: object,
+                                                          says: str) -> None:
+    """The converter's own failures read as Python (``AttributeError: 'int' object has no
+    attribute 'get'``), and some malformed schemas it took its own way (a string enum as
+    its letters) and constrained the answer to what nobody asked for."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        server.client().chat.completions.create(
+            model=MODEL, messages=ASK, max_tokens=5,
+            response_format=_schema(schema))  # type: ignore[arg-type]
+    message = caught.value.response.json()["error"]["message"]
+    assert says in message, message
+    assert "Error:" not in message and "object has no attribute" not in message, message
+
+
+@pytest.mark.parametrize("pattern", ["^a]$", "^[a]]$", "^(a})$", "^x{2}}$"])
+def test_a_stray_bracket_in_a_pattern_is_400_not_a_hung_server(server: Server,
+                                                                pattern: str) -> None:
+    """llama-cpp-python's converter loops forever on a ``]`` or ``}`` outside a class or
+    a quantifier; it runs on the event loop, so one such request hung every client."""
+    import httpx2 as httpx
+
+    with httpx.Client(base_url=f"http://127.0.0.1:{server.port}", timeout=20.0) as h:
+        r = h.post("/v1/chat/completions", json={
+            "messages": ASK, "max_tokens": 5,
+            "response_format": _schema({"type": "string", "pattern": pattern})})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "response_format" and "unmatched" in err["message"], err
+        assert h.get("/health").status_code == 200
+    ok = server.client().chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=20, temperature=0,
+        response_format=_schema({"type": "string", "pattern": r"^[a-z\]]{1,3}$"}))  # type: ignore[arg-type]
+    assert (ok.choices[0].message.content or "").startswith('"')
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_pattern_with_a_top_level_alternation_answers_a_json_string(server: Server,
+                                                                        seed: int) -> None:
+    """The converter wrote ``^yes|no$`` as ``"\"" "yes" | "no" "\""``: the answer could
+    be ``"yes`` (no closing quote) or ``no"``, not JSON."""
+    r = server.client().chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=10, seed=seed, temperature=1.0,
+        response_format=_schema({"type": "string", "pattern": "^yes|no$"}))  # type: ignore[arg-type]
+    text = r.choices[0].message.content or ""
+    assert json.loads(text) in ("yes", "no"), text
+
+
+@pytest.mark.parametrize("pattern", [r"^.{4}$", r"^[^@]{1,6}@[^@]{1,6}$",
+                                     r"^\d{3}-\d{2}$", r"^\w{2,5}$"])
+def test_a_pattern_answer_is_a_json_string_the_pattern_matches(server: Server,
+                                                               pattern: str) -> None:
+    """The converter copied ``.`` and ``[^@]`` between the string's quotes as they are,
+    so the answer could hold a bare ``"``, backslash or newline (not JSON); and it passed
+    ``\\d`` and ``\\w`` to llama.cpp, which refused the grammar."""
+    import re
+
+    client = server.client()
+    for seed in range(4):
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": 'Say "hi" \\ "\n"'}],
+            max_tokens=40, seed=seed, temperature=1.5, top_p=1.0,
+            extra_body={"top_k": 0, "min_p": 0.0},
+            response_format=_schema({"type": "string", "pattern": pattern}))  # type: ignore[arg-type]
+        text = r.choices[0].message.content or ""
+        assert r.choices[0].finish_reason == "stop", text
+        value = json.loads(text)
+        assert isinstance(value, str) and re.fullmatch(pattern[1:-1], value), text
+
+
+@pytest.mark.parametrize("pattern", ['^a"b$', r"^\\$", r"^a\nb$", '^["a]$', r"^\bx$"])
+def test_a_pattern_that_needs_a_json_escape_is_400(server: Server, pattern: str) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        server.client().chat.completions.create(
+            model=MODEL, messages=ASK, max_tokens=5,
+            response_format=_schema({"type": "string", "pattern": pattern}))  # type: ignore[arg-type]
+    message = caught.value.response.json()["error"]["message"]
+    assert "pattern" in message and "not supported" in message, message
+
+
+def test_an_allof_merging_objects_still_works(server: Server) -> None:
+    """pydantic writes a model that inherits as an allOf of $refs and properties."""
+    schema = {"$defs": {"Base": {"type": "object", "properties": {"name": {"type": "string"}},
+                                 "required": ["name"]}},
+              "allOf": [{"$ref": "#/$defs/Base"},
+                        {"properties": {"age": {"type": "integer"}}, "required": ["age"]}]}
+    r = server.client().chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=100, temperature=0,
+        response_format=_schema(schema))  # type: ignore[arg-type]
+    assert _is_person(json.loads(r.choices[0].message.content or ""))
 
 
 def test_a_raw_grammar_is_refused_not_ignored(server: Server) -> None:

@@ -35,12 +35,16 @@ def _error(r) -> dict:  # type: ignore[no-untyped-def, type-arg]
     ({"messages": HELLO, "max_tokens": 2.5}, "max_tokens"),
     ({"messages": HELLO, "max_tokens": True}, "max_tokens"),
     ({"messages": HELLO, "n": 2}, "n"),
+    ({"messages": HELLO, "n": True}, "n"),  # True == 1 in Python: not a count
+    ({"messages": HELLO, "presence_penalty": False}, "presence_penalty"),
     ({"messages": HELLO, "stop": [str(i) for i in range(17)]}, "stop"),
     ({"messages": HELLO, "stop": ["x" * 257]}, "stop"),
     ({"messages": HELLO, "stop": [""]}, "stop"),
     ({"messages": HELLO, "stop": 7}, "stop"),
     ({"messages": HELLO, "seed": "x"}, "seed"),
     ({"messages": HELLO, "stream": "yes"}, "stream"),
+    ({"messages": HELLO, "stream": True, "stream_options": {"include_usage": "false"}},
+     "stream_options"),  # a non-empty string was read as true
     ({"messages": HELLO, "logprobs": "yes"}, "logprobs"),
     ({"messages": HELLO, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"messages": HELLO, "tools": [{"type": "function"}]}, "tools"),
@@ -136,6 +140,46 @@ def test_malformed_json_unknown_model_and_routes(server: Server) -> None:
         assert r.status_code == 400 and _error(r)["param"] == "prompt"
     with pytest.raises(openai.NotFoundError):
         server.client().chat.completions.create(model="llama-3", messages=HELLO)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions",
+                                  "/v1/moescope/cache"])
+def test_a_body_nested_past_the_json_parsers_recursion_is_400(server: Server,
+                                                              path: str) -> None:
+    """Python's JSON parser recurses: ~1000 nested arrays raised RecursionError, a 500
+    (and uvicorn dropped the connection, so the client's next request on it failed)."""
+    nested = "[" * 5000 + "]" * 5000
+    with server.http() as h:
+        for body in (f'{{"messages": {nested}}}', f'{{"prompt": "x", "stop": {nested}}}'):
+            r = h.post(path, content=body.encode(),
+                       headers={"Content-Type": "application/json"})
+            assert r.status_code == 400, r.text
+            err = _error(r)
+            assert err["code"] == "invalid_json" and "deeply" in err["message"]
+        r = h.get("/v1/models")  # the same connection still serves
+        assert r.status_code == 200
+    assert "internal error" not in server.log and "Traceback" not in server.log
+
+
+def test_a_number_of_thousands_of_digits_is_400(server: Server) -> None:
+    """Python refuses to convert an integer of over 4300 digits from text (a ValueError
+    that is no JSONDecodeError): it was a 500 and a dropped connection."""
+    with server.http() as h:
+        for path, body in (("/v1/completions", b'{"prompt": "x", "max_tokens": %s}'),
+                           ("/v1/chat/completions", b'{"messages": [], "seed": -%s}')):
+            r = h.post(path, content=body % (b"9" * 5000),
+                       headers={"Content-Type": "application/json"})
+            assert r.status_code == 400, r.text
+            err = _error(r)
+            assert err["code"] == "invalid_json" and "digits" in err["message"], err
+        assert h.get("/v1/models").status_code == 200  # the same connection
+    assert "internal error" not in server.log and "Traceback" not in server.log
+
+
+def test_echo_zero_is_not_echo_false(server: Server) -> None:
+    with server.http() as h:
+        r = h.post("/v1/completions", json={"prompt": "x", "echo": 0, "max_tokens": 2})
+    assert r.status_code == 400 and _error(r)["param"] == "echo", r.text
 
 
 @pytest.mark.parametrize("stream", [False, True])

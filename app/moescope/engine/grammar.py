@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import re
 import tempfile
@@ -87,7 +88,13 @@ def schema_grammar(schema: Any) -> str:
     """The GBNF grammar of the JSON values ``schema`` allows; :class:`GrammarError` for a
     schema that is not an object, is too large, or that the converter refuses (whatever
     it raises)."""
-    check_schema(schema)
+    if isinstance(schema, dict):
+        try:  # a copy, whose patterns may be grouped
+            schema = json.loads(json.dumps(schema))
+        except (ValueError, RecursionError):
+            raise GrammarError("the schema nests too deeply") from None
+    for node in check_schema(schema):
+        node["pattern"] = _grouped(_json_safe(node["pattern"]))
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     try:
@@ -101,8 +108,9 @@ def schema_grammar(schema: Any) -> str:
     return str(text)
 
 
-def check_schema(schema: Any) -> None:
-    """The bounds of :func:`schema_grammar`, checked without recursion."""
+def check_schema(schema: Any) -> list[dict[str, Any]]:
+    """The bounds of :func:`schema_grammar`, checked without recursion; returns the
+    subschemas that have a ``pattern``."""
     if not isinstance(schema, dict):
         raise GrammarError(f"the schema must be a JSON object, got {type(schema).__name__}")
     try:
@@ -111,6 +119,7 @@ def check_schema(schema: Any) -> None:
         raise GrammarError("the schema nests too deeply") from None
     if size > MAX_SCHEMA_BYTES:
         raise GrammarError(f"the schema has {size} bytes; at most {MAX_SCHEMA_BYTES}")
+    patterned = _check_keywords(schema)
     cost = alternatives = 0
     stack: list[tuple[Any, int, int]] = [(schema, 1, 0)]  # node, depth, key characters
     while stack:
@@ -140,6 +149,241 @@ def check_schema(schema: Any) -> None:
             raise GrammarError("the schema asks for too many repetitions (minLength, "
                                "maxLength, minItems, maxItems, {m,n} in patterns) to "
                                "turn into a grammar")
+    return patterned
+
+
+_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")
+_COUNTS = (("minLength", "maxLength"), ("minItems", "maxItems"),
+           ("minProperties", "maxProperties"))
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+
+def _check_keywords(schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """The keywords the converter reads, of the types JSON Schema gives them, and bounds
+    that some value can meet: the converter would otherwise fail with a bare Python error
+    (``'int' object has no attribute 'get'``) or, worse, read a wrong type its own way
+    (``"enum": "abc"`` as three letters, ``"required": "ab"`` as two names) and constrain
+    the answer to something the client never asked for. Without recursion (the depth is
+    bounded after). Returns the subschemas that have a ``pattern``."""
+    patterned: list[dict[str, Any]] = []
+    stack: list[tuple[Any, str]] = [(schema, "")]
+    while stack:
+        node, path = stack.pop()
+        if not isinstance(node, dict):
+            where = path or "the schema"
+            raise GrammarError(f"{where} must be a schema (a JSON object), got "
+                               f"{_short(node)}")
+
+        def bad(key: str, what: str, node: dict[str, Any] = node,
+                path: str = path) -> GrammarError:
+            return GrammarError(f"{path + '.' if path else ''}{key} must be {what}, got "
+                                f"{_short(node[key])}")
+
+        kind = node.get("type")
+        if kind is not None:
+            kinds = kind if isinstance(kind, list) else [kind]
+            if not kinds or not all(isinstance(k, str) and k in _TYPES for k in kinds):
+                raise bad("type", f"one of {', '.join(_TYPES)} (or a non-empty list of "
+                                  "them)")
+        if "enum" in node and (not isinstance(node["enum"], list) or not node["enum"]):
+            raise bad("enum", "a non-empty list of values")
+        required = node.get("required")
+        if required is not None:
+            if not isinstance(required, list) \
+                    or not all(isinstance(name, str) for name in required):
+                raise bad("required", "a list of property names")
+            props = node.get("properties")
+            missing = [n for n in required if not isinstance(props, dict) or n not in props]
+            if missing:
+                raise GrammarError(f"{path + '.' if path else ''}required names "
+                                   f"{_short(missing[0])}, which properties does not "
+                                   "define (the grammar is built from properties)")
+        for key in ("pattern", "format"):
+            if key in node and not isinstance(node[key], str):
+                raise bad(key, "a string")
+        if isinstance(node.get("pattern"), str):
+            _check_pattern(node["pattern"], f"{path + '.' if path else ''}pattern")
+            patterned.append(node)
+        for low, high in _COUNTS:
+            for key in (low, high):
+                value = node.get(key)
+                if key in node and (isinstance(value, bool) or not isinstance(value, int)
+                                    or value < 0):
+                    raise bad(key, "a whole number from 0")
+            if isinstance(node.get(low), int) and isinstance(node.get(high), int) \
+                    and node[low] > node[high]:
+                raise bad(low, f"at most {high} ({node[high]})")
+        for key in _BOUNDS:
+            value = node.get(key)
+            if key in node and (isinstance(value, bool) or not isinstance(value, int | float)
+                                or (isinstance(value, float) and not math.isfinite(value))):
+                raise bad(key, "a number")
+        if isinstance(node.get("minimum"), int | float) \
+                and isinstance(node.get("maximum"), int | float) \
+                and node["minimum"] > node["maximum"]:
+            raise bad("minimum", f"at most maximum ({node['maximum']})")
+        if "allOf" in node and not _merges_objects(node):
+            raise GrammarError(f"{path + '.' if path else ''}allOf is supported only to "
+                               "merge objects' properties (each part an object schema "
+                               "with properties or a $ref); the converter would turn "
+                               "the others into an object")
+        prefix = path + "." if path else ""
+        for key in _SCHEMA_MAPS:
+            if key in node:
+                if not isinstance(node[key], dict):
+                    raise bad(key, "an object of schemas")
+                stack.extend((v, f"{prefix}{key}.{name}") for name, v in node[key].items())
+        for key in _SCHEMA_LISTS:
+            if key in node:
+                if not isinstance(node[key], list) or not node[key]:
+                    raise bad(key, "a non-empty list of schemas")
+                stack.extend((v, f"{prefix}{key}[{i}]") for i, v in enumerate(node[key]))
+        for key in ("items", "additionalProperties"):
+            value = node.get(key)
+            if isinstance(value, list) and key == "items":  # draft 4's tuple form
+                stack.extend((v, f"{prefix}{key}[{i}]") for i, v in enumerate(value))
+            elif isinstance(value, dict):
+                stack.append((value, f"{prefix}{key}"))
+            elif key in node and not isinstance(value, bool):
+                raise bad(key, "a schema or a boolean")
+    return patterned
+
+
+def _check_pattern(pattern: str, where: str) -> None:
+    """Refuse a ``]`` or ``}`` outside a character class or a ``{m,n}``: the converter
+    reads it as neither a literal nor syntax and loops on it forever (``^a]$`` hung the
+    request, and with it the server's event loop, at 100% CPU). Scans as the converter
+    does: a backslash takes the next character along, ``[`` runs to the next unescaped
+    ``]`` and ``{`` to the next ``}``."""
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c in "[{":
+            close = "]" if c == "[" else "}"
+            i += 1
+            while i < n and pattern[i] != close:
+                i += 2 if c == "[" and pattern[i] == "\\" else 1
+        elif c in "]}":
+            raise GrammarError(f"{where} has an unmatched {c!r} at character {i} (write "
+                               f"\\{c} for the character itself)")
+        i += 1
+
+
+_UNSAFE = '"\\\\\\x00-\\x1F'
+"""What a JSON string cannot hold unescaped, as a character class's members."""
+_SHORTHANDS = {"d": "0-9", "w": "a-zA-Z0-9_", "s": " "}
+"""Shorthand classes as members of a class (llama.cpp's grammars have none; ``\\s``
+keeps to the space, the one whitespace a JSON string holds unescaped)."""
+
+
+def _json_safe(pattern: str) -> str:
+    """``pattern`` rewritten so that the converter's grammar writes only what a JSON
+    string holds unescaped. The converter copies a pattern's characters between the
+    string's quotes as they are: ``.`` and ``[^@]`` allowed ``"``, ``\\`` and newlines
+    (the answer ``"a"b"`` is not JSON), and it passed ``\\d``, ``\\w``, ``\\s`` on as
+    escapes llama.cpp refuses ("left recursion or an empty rule"). So ``.`` and a negated
+    class exclude those characters, the shorthands become classes (``\\D``, ``\\W``,
+    ``\\S`` negated ones), and a pattern that can only match them (a literal ``"``, an
+    escaped backslash, ``\\n``...) is refused: the answer would need an escape sequence
+    the pattern does not spell."""
+    def refuse(what: str) -> GrammarError:
+        return GrammarError(f"pattern: {what} is not supported (a JSON string writes it "
+                            "as an escape sequence, which the grammar cannot follow)")
+
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\" and i + 1 < n:
+            e = pattern[i + 1]
+            if e in _SHORTHANDS:
+                out.append(f"[{_SHORTHANDS[e]}]")
+            elif e.lower() in _SHORTHANDS:
+                out.append(f"[^{_SHORTHANDS[e.lower()]}{_UNSAFE}]")
+            elif e.isalnum() or e in '"\\':
+                raise refuse(f"the escape \\{e}")
+            else:
+                out.append(pattern[i:i + 2])
+            i += 2
+        elif c == '"':
+            raise refuse('a literal "')
+        elif c == ".":
+            out.append(f"[^{_UNSAFE}]")
+            i += 1
+        elif c == "[":
+            j = i + 1
+            negated = j < n and pattern[j] == "^"
+            members: list[str] = []
+            j += negated
+            while j < n and pattern[j] != "]":
+                m = pattern[j]
+                if m == "\\" and j + 1 < n:
+                    e = pattern[j + 1]
+                    if e in _SHORTHANDS:
+                        members.append(_SHORTHANDS[e])
+                    elif e.isalnum() or e == "\\":
+                        raise refuse(f"the escape \\{e} in a character class")
+                    else:
+                        members.append(pattern[j:j + 2])
+                    j += 2
+                    continue
+                if m == '"' or ord(m) < 0x20:
+                    raise refuse(f"{m!r} in a character class")
+                members.append(m)
+                j += 1
+            body = "".join(members)
+            out.append(f"[^{_UNSAFE}{body}]" if negated else f"[{body}]")
+            i = j + 1
+        else:
+            if ord(c) < 0x20:
+                raise refuse(f"the control character {c!r}")
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _grouped(pattern: str) -> str:
+    """``^a|b$`` as ``^(a|b)$``: the converter takes what lies between the anchors as the
+    whole string but writes a top-level ``|`` unbracketed between the quotes, so the
+    grammar allowed ``"a`` or ``b"`` (not JSON). Grouped, it allows ``"a"`` or ``"b"``,
+    which the pattern matches either way."""
+    if not (pattern.startswith("^") and pattern.endswith("$")):
+        return pattern  # the converter refuses it, with its own message
+    body = pattern[1:-1]
+    depth, i, n = 0, 0, len(body)
+    while i < n:
+        c = body[i]
+        if c == "\\":
+            i += 1
+        elif c == "[":
+            i += 1
+            while i < n and body[i] != "]":
+                i += 2 if body[i] == "\\" else 1
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            return f"^({body})$"
+        i += 1
+    return pattern
+
+
+def _merges_objects(node: dict[str, Any]) -> bool:
+    """Whether an ``allOf`` is what the converter reads it as: the properties of object
+    schemas (or of a ``$ref`` to one, or of an ``anyOf``'s), merged into one object (as
+    pydantic writes a model that inherits). Of anything else it builds an object all the
+    same: ``allOf: [{"type": "string"}, ...]`` answered ``{}``."""
+    parts = node["allOf"]
+    if node.get("type") not in (None, "object") or not isinstance(parts, list):
+        return False
+    return all(isinstance(p, dict) and p.get("type") in (None, "object")
+               and any(k in p for k in ("properties", "$ref", "anyOf")) for p in parts)
 
 
 def _pattern_repeats(pattern: str) -> int:

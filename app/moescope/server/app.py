@@ -16,6 +16,7 @@ import hmac
 import itertools
 import json
 import secrets
+import sys
 import threading
 import time
 from collections import deque
@@ -154,6 +155,13 @@ class _Api:
             return json.loads(b"".join(chunks)), size
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ApiError(400, f"the request body is not valid JSON ({err})",
+                           code="invalid_json") from None
+        except RecursionError:  # Python's parser recurses: ~1000 nested arrays or objects
+            raise ApiError(400, "the request body nests its arrays and objects too deeply",
+                           code="invalid_json") from None
+        except ValueError:  # an integer past Python's limit on digits converted from text
+            raise ApiError(400, f"the request body has a number of more than "
+                                f"{sys.get_int_max_str_digits()} digits",
                            code="invalid_json") from None
 
     # ------------------------------------------------------------------ read-only

@@ -137,7 +137,10 @@ def _short(value: Any) -> str:
 def _neutral(body: dict[str, Any], name: str, allowed: tuple[Any, ...], what: str) -> None:
     """Refuse a feature the server does not have unless its value asks for nothing."""
     value = body.get(name)
-    if value is not None and value not in allowed:
+    # ``True == 1`` and ``False == 0`` in Python: ``n: true`` must not pass as ``n: 1``,
+    # nor ``echo: 0`` as ``echo: false``
+    if value is not None and (value not in allowed
+                              or isinstance(value, bool) != isinstance(allowed[0], bool)):
         raise bad_param(name, f"{name} is not supported by this server ({what})")
 
 
@@ -177,6 +180,9 @@ def _common(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad_param("stream_options", "stream_options must be an object")
+    if not isinstance((options or {}).get("include_usage", False), bool | None):
+        raise bad_param("stream_options", "stream_options.include_usage must be true or "
+                                          f"false, got {_short(options['include_usage'])}")
     stream = _flag(body, "stream")
     return {
         "model": model,
