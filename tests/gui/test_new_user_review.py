@@ -1,0 +1,102 @@
+"""A new user's session with the desktop window (session 15, helper "win"): what they met
+on the demo model at 1366x768 and 1024x700, each as it was found. Real window, real
+engine, tiny model, Qt offscreen."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gui_helpers import load, send
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QApplication, QDialogButtonBox
+
+from moescope.gui import theme
+from moescope.util.resources import demo_model_path
+
+
+@pytest.fixture
+def demo() -> Path:
+    path = demo_model_path()
+    if path is None:
+        pytest.skip("this checkout has no demo model")
+    return path
+
+
+@pytest.fixture
+def window(make_window: Any, qtbot: Any, demo: Path) -> Iterator[Any]:
+    """The window with the demo model; the default font and theme again afterwards (both
+    are the application's, shared by later tests)."""
+    w = make_window()
+    load(qtbot, w, demo, budget="25%", policy="quality-first", n_ctx=512)
+    yield w
+    app = QApplication.instance()
+    if isinstance(app, QApplication):
+        theme.apply_theme(app, "system", 0)
+
+
+def test_the_window_starts_with_nothing_on_stderr(make_window: Any, qtbot: Any,
+                                                  qtlog: Any, demo: Path) -> None:
+    """Every start printed "libpyside: addMetaMethod: Cannot add dynamic method
+    setToolTip(QString) … to QStatusBar" (the status bar's message connected straight to
+    setToolTip, which is no slot); the tooltip still shows a clipped message whole."""
+    w = make_window()
+    load(qtbot, w, demo, budget="25%", policy="quality-first", n_ctx=512)
+    w.statusBar().showMessage("Trace exported to /a/long/path.parquet")
+    assert w.statusBar().toolTip() == "Trace exported to /a/long/path.parquet"
+    warnings = [r.message for r in qtlog.records if "libpyside" in r.message
+                or "Cannot add dynamic method" in r.message]
+    assert warnings == []
+
+
+def test_preferences_keep_their_automatic_texts_whole_at_a_larger_font(
+        window: Any, qtbot: Any) -> None:
+    """Font size 11 pt, Apply: the dialog stayed at its old size and its spin boxes showed
+    "utomatic (half the cores: 1)" and "tomatic (all on a GPU build)" (their minimum
+    width was measured once, in the old font)."""
+    dialog = window.show_preferences()
+    qtbot.waitExposed(dialog)
+    dialog.font_pt.setValue(14)
+    dialog.apply_button.click()
+    QApplication.processEvents()
+    assert QApplication.font().pointSizeF() == 14
+    for spin in (dialog.threads, dialog.gpu_layers):
+        edit = spin.lineEdit()
+        qtbot.waitUntil(lambda e=edit: e.fontMetrics().horizontalAdvance(e.text())
+                        < e.width(), timeout=5000)
+    dialog.buttons.button(QDialogButtonBox.StandardButton.Cancel).click()
+
+
+def test_a_trace_window_opens_with_nothing_on_stderr(trace_window: Any, qtlog: Any) -> None:
+    """The trace window's status bar had the same connection, and the same warning."""
+    trace_window.statusBar().showMessage("Exported to /a/long/path.json")
+    assert trace_window.statusBar().toolTip() == "Exported to /a/long/path.json"
+    assert [r.message for r in qtlog.records if "Cannot add dynamic method" in r.message] \
+        == []
+
+
+def test_export_after_a_comparison_names_the_chats_trace(window: Any, qtbot: Any,
+                                                          dialogs: Any) -> None:
+    """Chat, Cache ▸ Compare policies, then File ▸ Export trace: "This session has
+    recorded no token yet", with a 158-token answer on screen, as if it were lost. The
+    comparison had ended the trace (it is kept); the message now names where."""
+    send(qtbot, window, "To be", max_tokens=6)
+    chat_trace = window.trace_path
+    assert chat_trace is not None
+    dialog = window.open_compare_dialog()
+    for i in range(dialog.policies.count()):
+        item = dialog.policies.item(i)
+        item.setCheckState(Qt.CheckState.Checked if item.data(Qt.ItemDataRole.UserRole)
+                           == "speed-first" else Qt.CheckState.Unchecked)
+    dialog.max_tokens.setValue(4)
+    with qtbot.waitSignal(window.client.worker.compareFinished, timeout=60_000):
+        qtbot.mouseClick(dialog.run_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: dialog.result is not None, timeout=10_000)
+    dialog.reject()
+    qtbot.waitUntil(lambda: window.trace_path != chat_trace, timeout=10_000)
+    window.export_trace_action.trigger()
+    shown = dialogs.texts("critical")
+    assert len(shown) == 1 and str(chat_trace) in shown[0]
+    assert "Comparing policies ended" in shown[0]
