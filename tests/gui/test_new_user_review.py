@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 from gui_helpers import load, send
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QApplication, QDialogButtonBox
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import QApplication, QDialogButtonBox, QInputDialog, QLineEdit
 
 from moescope.gui import theme
 from moescope.util.resources import demo_model_path
@@ -100,3 +100,27 @@ def test_export_after_a_comparison_names_the_chats_trace(window: Any, qtbot: Any
     shown = dialogs.texts("critical")
     assert len(shown) == 1 and str(chat_trace) in shown[0]
     assert "Comparing policies ended" in shown[0]
+
+
+def test_rename_shows_the_whole_title_and_keeps_the_edit(window: Any, qtbot: Any) -> None:
+    """Chat ▸ Rename chat… (F2) on a chat named after its first message: the box was
+    ~190 px wide and showed "ode that sorts a list and pri…"; now the whole title is in
+    view, and what the user types there becomes the title."""
+    text = "Write some Python code that sorts a list and prints it in reverse"
+    send(qtbot, window, text, max_tokens=3)
+    title = window.store.chat(window.chat.chat_id).title
+    seen: list[tuple[int, int]] = []
+
+    def in_the_dialog() -> None:
+        dialog = QApplication.activeModalWidget()
+        assert isinstance(dialog, QInputDialog)
+        edit = dialog.findChild(QLineEdit)
+        seen.append((edit.width(), edit.fontMetrics().horizontalAdvance(title)))
+        qtbot.keyClick(edit, Qt.Key.Key_End)
+        qtbot.keyClicks(edit, " (mine)")
+        qtbot.keyClick(edit, Qt.Key.Key_Return)
+
+    QTimer.singleShot(0, in_the_dialog)
+    qtbot.keyClick(window, Qt.Key.Key_F2)
+    assert seen and seen[0][0] > seen[0][1], seen
+    assert window.store.chat(window.chat.chat_id).title == title + " (mine)"
