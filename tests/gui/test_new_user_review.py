@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gui_helpers import load, send
+from gui_helpers import click_link, load, send
 from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QApplication, QDialogButtonBox, QInputDialog, QLineEdit
 
 from moescope.gui import theme
+from moescope.gui.chat.message_actions import action_href
 from moescope.util.resources import demo_model_path
 
 
@@ -124,3 +126,22 @@ def test_rename_shows_the_whole_title_and_keeps_the_edit(window: Any, qtbot: Any
     qtbot.keyClick(window, Qt.Key.Key_F2)
     assert seen and seen[0][0] > seen[0][1], seen
     assert window.store.chat(window.chat.chat_id).title == title + " (mine)"
+
+
+def test_copy_says_it_copied(window: Any, qtbot: Any) -> None:
+    """The Copy link under a message and Ctrl+Shift+C put the text on the clipboard and
+    showed nothing: a new user clicked Copy again and again. The status bar now says so."""
+    send(qtbot, window, "To be", max_tokens=4)
+    clipboard = QGuiApplication.clipboard()
+    clipboard.clear()
+    click_link(qtbot, window.chat_view, action_href("copy", 1))
+    assert clipboard.text() == window.store.messages(window.chat.chat_id)[1].content
+    assert window.statusBar().currentMessage() == \
+        "Answer copied to the clipboard (as Markdown)."
+    window.statusBar().clearMessage()
+    click_link(qtbot, window.chat_view, action_href("copy", 0))
+    assert window.statusBar().currentMessage() == "Message copied to the clipboard."
+    window.statusBar().clearMessage()
+    window.chat_view.copy_answer_action.trigger()  # Ctrl+Shift+C
+    assert window.statusBar().currentMessage() == \
+        "Answer copied to the clipboard (as Markdown)."

@@ -241,6 +241,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.chat.problem.connect(self.show_error)
         self.chat.saveFailed.connect(self._on_save_failed)
         self.chat.busy.connect(lambda why: self.statusBar().showMessage(why, 6000))
+        self.chat_view.copied.connect(lambda what: self.statusBar().showMessage(what, 4000))
         self.chat.saveRecovered.connect(self._on_save_recovered)
         w.recordingStopped.connect(self._on_recording_stopped)
         self.chat.answerFinished.connect(lambda _s: self._update_title())
