@@ -145,3 +145,31 @@ def test_copy_says_it_copied(window: Any, qtbot: Any) -> None:
     window.chat_view.copy_answer_action.trigger()  # Ctrl+Shift+C
     assert window.statusBar().currentMessage() == \
         "Answer copied to the clipboard (as Markdown)."
+
+
+def test_open_model_shows_every_fit_line_whole(window: Any, qtbot: Any, demo: Path) -> None:
+    """File ▸ Open model… on the demo model: the fit's "Experts in RAM" line ("…a miss in
+    RAM waits for a copy (about 80 µs per 2 MB over PCIe, less c") and "Expert slots" were
+    cut at the dialog's right edge (its width is 520 px; those lines are wider)."""
+    from moescope.gui.dialogs.open_model import OpenModelDialog
+
+    cut: list[str] = []
+    seen: list[int] = []
+
+    def in_the_dialog() -> None:
+        dialog = QApplication.activeModalWidget()
+        assert isinstance(dialog, OpenModelDialog)
+        form = dialog.estimate_form
+        for i in range(form.rowCount()):
+            value = form.itemAt(i, form.ItemRole.FieldRole).widget()
+            seen.append(i)
+            needed = value.heightForWidth(value.width()) if value.wordWrap() \
+                else value.fontMetrics().height()
+            if (value.sizeHint().width() > value.width() and not value.wordWrap()) \
+                    or value.height() < needed:
+                cut.append(value.text())
+        dialog.reject()
+
+    QTimer.singleShot(0, in_the_dialog)
+    window.prepare_open(demo)
+    assert seen and cut == []
