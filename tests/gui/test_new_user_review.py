@@ -173,3 +173,17 @@ def test_open_model_shows_every_fit_line_whole(window: Any, qtbot: Any, demo: Pa
     QTimer.singleShot(0, in_the_dialog)
     window.prepare_open(demo)
     assert seen and cut == []
+
+
+def test_serve_api_refusal_speaks_of_the_panels_fields(window: Any) -> None:
+    """File ▸ Serve API… with another machine's address and no key: the refusal named the
+    command line's "--host", "--api-key" and "--insecure-no-api-key", none of which the
+    panel has; it now names its API key field."""
+    window.serve.show_panel()
+    panel = window.serve.panel
+    panel.host.setText("0.0.0.0")
+    panel.key.clear()
+    panel.button.click()
+    assert not window.serve.serving
+    error = panel.error.text()
+    assert "API key" in error and "--" not in error, error
