@@ -51,3 +51,30 @@ def export_shown(qtbot: Any, trace_window: Any, path: Path | str, *,
     with qtbot.waitSignal(trace_window.exportFinished, timeout=timeout) as blocker:
         assert trace_window.export(path) is not None
     return blocker.args[0]
+
+
+def click_link(qtbot: Any, view: Any, href: str) -> None:
+    """Click the link ``href`` in the transcript with the mouse, as a user would."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtGui import QTextCursor
+
+    doc = view.transcript.document()
+    block = doc.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            frag = it.fragment()
+            if frag.charFormat().anchorHref() == href:
+                cursor = QTextCursor(doc)
+                cursor.setPosition(frag.position() + 1)
+                view.transcript.setTextCursor(cursor)
+                view.transcript.ensureCursorVisible()
+                rect = view.transcript.cursorRect(cursor)
+                point = rect.center()
+                point.setX(max(rect.left() - 3, 1))  # on the link's second character
+                qtbot.mouseClick(view.transcript.viewport(), Qt.MouseButton.LeftButton,
+                                 pos=point)
+                return
+            it += 1
+        block = block.next()
+    raise AssertionError(f"no link {href} in the transcript")

@@ -83,6 +83,6 @@ def test_the_chat_waits_for_an_api_answer_then_answers(window: Any, qtbot: Any) 
 def test_other_machines_need_a_key(window: Any) -> None:
     from moescope.util.errors import MoEScopeError
 
-    with pytest.raises(MoEScopeError, match="api-key"):
+    with pytest.raises(MoEScopeError, match="type an API key"):
         window.serve.start(host="0.0.0.0", port=_free_port())
     assert not window.serve.serving

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gui_helpers import load, send
+from gui_helpers import click_link, load, send
 from PySide6.QtCore import QSettings, Qt
-from PySide6.QtGui import QColor, QGuiApplication, QStyleHints, QTextCursor
+from PySide6.QtGui import QColor, QGuiApplication, QStyleHints
 from PySide6.QtWidgets import QApplication, QDialogButtonBox
 
 from moescope.gui import theme
@@ -54,30 +54,6 @@ def _action(window: Any, text: str) -> Any:
     found = [a for a in window.actions() if a.text() == text]
     assert len(found) == 1, text
     return found[0]
-
-
-def click_link(qtbot: Any, view: Any, href: str) -> None:
-    """Click the link ``href`` in the transcript with the mouse, as a user would."""
-    doc = view.transcript.document()
-    block = doc.begin()
-    while block.isValid():
-        it = block.begin()
-        while not it.atEnd():
-            frag = it.fragment()
-            if frag.charFormat().anchorHref() == href:
-                cursor = QTextCursor(doc)
-                cursor.setPosition(frag.position() + 1)
-                view.transcript.setTextCursor(cursor)
-                view.transcript.ensureCursorVisible()
-                rect = view.transcript.cursorRect(cursor)
-                point = rect.center()
-                point.setX(max(rect.left() - 3, 1))  # on the link's second character
-                qtbot.mouseClick(view.transcript.viewport(), Qt.MouseButton.LeftButton,
-                                 pos=point)
-                return
-            it += 1
-        block = block.next()
-    raise AssertionError(f"no link {href} in the transcript")
 
 
 def _user_block_colour(view: Any, text: str) -> QColor:

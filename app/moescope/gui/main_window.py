@@ -39,6 +39,7 @@ from PySide6.QtWidgets import (
 
 from moescope.cache.guard import GUARD, GuardSpec
 from moescope.cache.policy import Policy
+from moescope.display.trace_io import nothing_recorded
 from moescope.engine import Engine
 from moescope.engine.changes import RequestNumbers
 from moescope.gui.cache.panel import CachePanel
@@ -63,10 +64,12 @@ from moescope.gui.traces.trace_window import TraceWindow
 from moescope.gui.widgets.elided_label import ElidedLabel
 from moescope.gui.widgets.logs_view import LogsView
 from moescope.gui.widgets.screen_fit import fitting
+from moescope.gui.widgets.status_tip import tooltip_follows_message
 from moescope.gui.worker import EngineClient
 from moescope.session.snapshots import ModelSummary, TokenSnapshot
 from moescope.session.store import ChatStore
 from moescope.trace import TRACE_SUFFIXES, Change
+from moescope.trace.names import live_trace_file
 from moescope.util import paths
 
 log = logging.getLogger("moescope.gui")
@@ -124,6 +127,9 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.loading = False
         self.recording = self._setting_bool("record_traces", True)
         self.trace_path: Path | None = None
+        self.trace_before_compare: Path | None = None
+        """The session's trace that the last comparison ended (its cache traffic is not
+        the chat's): File ▸ Export trace names it until the new trace has a token."""
         """The current session's trace file (recorded by the worker), if recording."""
         self.recording_now = False
         """Whether the worker is still recording :attr:`trace_path` (told by the loaded
@@ -214,7 +220,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.cancel_load_button.hide()
         self.statusBar().addWidget(self.model_label, 1)
         # a status bar clips a long message (an export's paths): the whole of it on hover
-        self.statusBar().messageChanged.connect(self.statusBar().setToolTip)
+        tooltip_follows_message(self.statusBar())
         self.statusBar().addPermanentWidget(self.progress)
         self.statusBar().addPermanentWidget(self.cancel_load_button)
 
@@ -235,6 +241,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.chat.problem.connect(self.show_error)
         self.chat.saveFailed.connect(self._on_save_failed)
         self.chat.busy.connect(lambda why: self.statusBar().showMessage(why, 6000))
+        self.chat_view.copied.connect(lambda what: self.statusBar().showMessage(what, 4000))
         self.chat.saveRecovered.connect(self._on_save_recovered)
         w.recordingStopped.connect(self._on_recording_stopped)
         self.chat.answerFinished.connect(lambda _s: self._update_title())
@@ -392,6 +399,9 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         """A comparison empties the cache and starts a new session trace."""
         if dialog.result is not None:
             self.model = dialog.model
+            if self.trace_path is not None and not nothing_recorded(
+                    live_trace_file(self.trace_path)):
+                self.trace_before_compare = self.trace_path
             self.trace_path = Path(dialog.model.trace_path) if dialog.model.trace_path \
                 else None
             self.recording_now = self.trace_path is not None

@@ -198,6 +198,7 @@ class ModelLoading(_Window):
         self.controls.set_model(summary)
         self._restore_audit(summary)
         self.trace_path = Path(summary.trace_path) if summary.trace_path else None
+        self.trace_before_compare = None
         self.recording_now = self.trace_path is not None
         self.recent_tokens.clear()
         self._remember_model(summary.path)

@@ -10,13 +10,16 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
+from PySide6.QtWidgets import QDialog, QFileDialog, QInputDialog, QLineEdit, QMessageBox
 
 from moescope.gui.chat.controller import STORE_ERRORS
 from moescope.session.chat_import import ChatImportError, read_chat_file
 from moescope.util.files import write_atomic
 
 log = logging.getLogger("moescope.gui")
+
+RENAME_MIN_WIDTH = 320
+"""Chat ▸ Rename's title field, at the least (a long title gets its whole width)."""
 
 if TYPE_CHECKING:
     from moescope.gui.main_window import MainWindow
@@ -43,9 +46,19 @@ class ChatActions(_Window):
         chat = self.store.chat(chat_id)
         if chat is None:
             return
-        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=chat.title)
-        if ok:
-            self.chat.rename(chat_id, title)
+        dialog = QInputDialog(self)
+        dialog.setWindowTitle("Rename chat")
+        dialog.setLabelText("Title:")
+        dialog.setTextValue(chat.title)
+        # QInputDialog.getText's box was ~190 px wide: a title made from the first message
+        # showed as "ode that sorts a list and pri…", to be edited blind
+        edit = dialog.findChild(QLineEdit)
+        if edit is not None:
+            screen = self.screen().availableGeometry().width() if self.screen() else 1024
+            edit.setMinimumWidth(max(RENAME_MIN_WIDTH, min(
+                edit.fontMetrics().horizontalAdvance(chat.title) + 24, screen * 2 // 3)))
+        if dialog.exec() == QDialog.DialogCode.Accepted:
+            self.chat.rename(chat_id, dialog.textValue())
 
     def delete_current_dialog(self) -> None:
         if self.chat.chat_id is not None:

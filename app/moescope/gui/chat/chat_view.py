@@ -152,6 +152,7 @@ class ChatView(QWidget):
     reasoningToggled = Signal(int)  # message id: render the chat again
     answerNowRequested = Signal()
     promptChosen = Signal(str)  # a suggested prompt of the empty chat was clicked
+    copied = Signal(str)  # what went to the clipboard, in words for the status bar
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -476,8 +477,13 @@ class ChatView(QWidget):
     def copy_message(self, index: int) -> None:
         """Copy the answer's Markdown (without its reasoning: that is what gets pasted)."""
         raw = self.raw_text(index)
-        text = split_reasoning(raw).answer if self._shown[index].role == "assistant" else raw
+        answer = self._shown[index].role == "assistant"
+        text = split_reasoning(raw).answer if answer else raw
         QGuiApplication.clipboard().setText(text)
+        # the Copy link and Ctrl+Shift+C changed nothing on screen: the user could not
+        # tell that they had worked
+        self.copied.emit("Answer copied to the clipboard (as Markdown)." if answer
+                         else "Message copied to the clipboard.")
 
     def copy_last_answer(self) -> bool:
         """Copy the last answer's Markdown; False when there is none."""

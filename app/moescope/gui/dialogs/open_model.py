@@ -165,6 +165,9 @@ class OpenModelDialog(QDialog):
         for label, value in [*self.estimate.lines(), *model_facts(self.info)]:
             v = QLabel(value)
             v.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            # wrapped: the dialog's minimum width is 520 px and "Experts in RAM" runs to
+            # ~590 px alone, so it and "Expert slots" were cut at the right edge
+            v.setWordWrap(True)
             self.estimate_form.addRow(label, v)
         self.warning.setText("\n".join(self.estimate.warnings()))
 

@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from PySide6.QtCore import QSize
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -40,6 +41,18 @@ from moescope.util import paths
 THEMES = (("system", "Follow the system"), ("light", "Light"), ("dark", "Dark"))
 
 
+class WholeTextSpinBox(QSpinBox):
+    """Never narrower than its whole "Automatic (…)" text, in the font of the moment.
+
+    A minimum width measured once, when the dialog opened, kept the old font's width
+    after a larger font size was applied from the dialog (Apply), which then showed
+    "utomatic (half the cores: 1)"; the size hint, which Qt measures again at every font
+    change, includes the special value text."""
+
+    def minimumSizeHint(self) -> QSize:
+        return super().minimumSizeHint().expandedTo(self.sizeHint())
+
+
 class PreferencesDialog(QDialog):
     """Edits a :class:`Preferences`; ``apply`` hands the new one to the window."""
 
@@ -52,14 +65,14 @@ class PreferencesDialog(QDialog):
 
         engine = QGroupBox("Engine (from the next model load)")
         form = QFormLayout(engine)
-        self.threads = QSpinBox()
+        self.threads = WholeTextSpinBox()
         self.threads.setRange(0, MAX_THREADS)
         self.threads.setSpecialValueText(f"Automatic (half the cores: {_half_cores()})")
         self.threads.setAccessibleName("Decode threads")
         self.threads.setToolTip("CPU threads llama.cpp decodes with; the experts' matrix "
                                 "products on the CPU run on these")
         form.addRow("&Threads:", self.threads)
-        self.gpu_layers = QSpinBox()
+        self.gpu_layers = WholeTextSpinBox()
         self.gpu_layers.setRange(-1, MAX_GPU_LAYERS)
         self.gpu_layers.setSpecialValueText("Automatic (all on a GPU build)")
         self.gpu_layers.setAccessibleName("GPU layers")
@@ -67,9 +80,6 @@ class PreferencesDialog(QDialog):
                                    "0 keeps everything on the CPU")
         form.addRow("&GPU layers:", self.gpu_layers)
         layout.addWidget(engine)
-        for spin in (self.threads, self.gpu_layers):  # the whole "Automatic (…)" in view
-            spin.setMinimumWidth(spin.fontMetrics().horizontalAdvance(
-                spin.specialValueText()) + 48)
 
         look = QGroupBox("Appearance")
         form = QFormLayout(look)

@@ -120,13 +120,24 @@ class ServeFeature(QObject):
               api_key: str | None = None) -> str:
         """Serve the loaded model; returns the base URL. Raises ``MoEScopeError`` with
         the reason (no model, a busy port, another machine's address without a key)."""
-        from moescope.server.run import ServerThread, check_exposure, port_free  # HTTP stack
+        from moescope.server.run import (  # HTTP stack
+            ServerThread,
+            check_exposure,
+            is_loopback,
+            port_free,
+        )
 
         if self.serving:
             return self.url
         engine = self.worker.engine
         if engine.model is None or self.window.loading:
             raise MoEScopeError("load a model first: the server serves the window's model")
+        if not is_loopback(host) and not api_key:
+            # in the panel's words: check_exposure's names the CLI's --api-key and
+            # --insecure-no-api-key, which this window has not
+            raise MoEScopeError(f"{host} lets other machines reach the model: type an API "
+                                f"key to serve it beyond this machine, or keep the address "
+                                f"127.0.0.1 (this machine only)")
         check_exposure(host, api_key or None, insecure=False)
         if not port_free(host, port):
             raise MoEScopeError(f"cannot listen on {host}:{port}: the port is in use or the "

@@ -85,6 +85,15 @@ class SessionTraces(_Window):
             return
         # the copy keeps the recorded format (export_session names it so)
         if nothing_recorded(live_trace_file(self.trace_path)):  # a journal while recording
+            earlier = self.trace_before_compare
+            if earlier is not None and live_trace_file(earlier).exists():
+                # "no token yet" read as if the chat's answers were lost
+                self.show_error("No trace to export yet",
+                                f"Comparing policies ended this session's trace and "
+                                f"started a new one, which has no token yet. The trace "
+                                f"before the comparison is saved as {earlier}: File ▸ "
+                                f"Open trace… opens it, and its window exports it.")
+                return
             self.show_error("No trace to export yet", "This session has recorded no token "
                                                       "yet: its trace begins with the first "
                                                       "answer.")

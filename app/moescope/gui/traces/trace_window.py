@@ -44,6 +44,7 @@ from moescope.gui.traces.trace_export import (
 )
 from moescope.gui.traces.whatif_view import WhatIfView
 from moescope.gui.widgets.screen_fit import resize_within_screen
+from moescope.gui.widgets.status_tip import tooltip_follows_message
 from moescope.trace.names import live_trace_file
 from moescope.util.files import OutputPathError, same_file
 
@@ -146,7 +147,7 @@ class TraceWindow(QMainWindow):
         self.export_action.triggered.connect(self.export_dialog)
         self.addAction(self.export_action)
         self.statusBar()  # made now: the first export's message must not resize the window
-        self.statusBar().messageChanged.connect(self.statusBar().setToolTip)  # clipped: whole
+        tooltip_follows_message(self.statusBar())  # clipped: whole on hover
         self.exports = TraceExporter(self, [self.export_action, self.export_button])
         """Runs this window's exports on a thread; Export is disabled while one runs."""
         self.exports.exported.connect(self._exported)
