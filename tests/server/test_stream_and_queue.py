@@ -106,12 +106,16 @@ def test_plain_and_non_thinking_answers_stream_each_piece_as_it_comes() -> None:
     assert _feed(s, ["x", "</think>", "y"]) == ("x", "y")
 
 
-@settings(max_examples=1000, deadline=None, derandomize=True)
-@given(pieces=st.lists(st.sampled_from(
+# streamed pieces of a thinking or plain answer, with or without stop sequences
+_streams = given(pieces=st.lists(st.sampled_from(
     ["a", " ", "\n", "<", "think>", "</", "think", ">", "<think>", "</think>", "<|channel|>",
      "analysis", "final", "<|message|>", "<|start|>", "assistant", "END", "E", "ND", "x y"]),
     max_size=30), stops=st.sampled_from([[], ["END"], ["nk>", "a a"]]),
     split=st.booleans(), prefix=st.sampled_from(["", "<think>\n"]))
+
+
+@settings(max_examples=1000, deadline=None, derandomize=True)
+@_streams
 def test_the_streamed_deltas_add_up_to_the_whole_answer(pieces: list[str], stops: list[str],
                                                         split: bool, prefix: str) -> None:
     """Whatever the pieces, the streamed deltas are the whole answer's split, in order
@@ -131,11 +135,7 @@ def test_the_streamed_deltas_add_up_to_the_whole_answer(pieces: list[str], stops
 
 
 @settings(max_examples=1000, deadline=None, derandomize=True)
-@given(pieces=st.lists(st.sampled_from(
-    ["a", " ", "\n", "<", "think>", "</", "think", ">", "<think>", "</think>", "<|channel|>",
-     "analysis", "final", "<|message|>", "<|start|>", "assistant", "END", "E", "ND", "x y"]),
-    max_size=30), stops=st.sampled_from([[], ["END"], ["nk>", "a a"]]),
-    split=st.booleans(), prefix=st.sampled_from(["", "<think>\n"]))
+@_streams
 def test_the_logprob_tokens_are_those_that_show_in_the_content(
         pieces: list[str], stops: list[str], split: bool, prefix: str) -> None:
     """Each token's log-probability goes out once, in order, with the delta whose content
