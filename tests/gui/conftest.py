@@ -22,6 +22,7 @@ import pytest
 from gui_helpers import LONG_SEED, load
 
 from moescope.util import paths
+from moescope.util.resources import demo_model_path
 
 
 @dataclass
@@ -89,6 +90,15 @@ def make_window(qtbot: Any, data_dir: Path, dialogs: Dialogs) -> Iterator[Callab
     windows.clear()
     gc.collect()
     QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+
+
+@pytest.fixture
+def demo() -> Path:
+    """The bundled demo model (skips where a checkout has none)."""
+    path = demo_model_path()
+    if path is None:
+        pytest.skip("this checkout has no demo model")
+    return path
 
 
 @pytest.fixture

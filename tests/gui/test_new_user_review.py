@@ -16,15 +16,6 @@ from PySide6.QtWidgets import QApplication, QDialogButtonBox, QInputDialog, QLin
 
 from moescope.gui import theme
 from moescope.gui.chat.message_actions import action_href
-from moescope.util.resources import demo_model_path
-
-
-@pytest.fixture
-def demo() -> Path:
-    path = demo_model_path()
-    if path is None:
-        pytest.skip("this checkout has no demo model")
-    return path
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ from moescope.gui.chat.message_actions import action_href
 from moescope.gui.preferences import PreferencesDialog, read_preferences
 from moescope.session import chat_import
 from moescope.util import paths
-from moescope.util.resources import demo_model_path
 
 
 @pytest.fixture(autouse=True)
@@ -33,14 +32,6 @@ def dark_again() -> Iterator[None]:
         theme.apply_theme(app, "system", 0)
     paths.choose_folder("models", None)
     paths.choose_folder("data", None)
-
-
-@pytest.fixture
-def demo() -> Path:
-    path = demo_model_path()
-    if path is None:
-        pytest.skip("this checkout has no demo model")
-    return path
 
 
 @pytest.fixture
