@@ -286,6 +286,8 @@ def test_the_live_journal_is_recording_and_a_crash_journal_is_told_apart(
         assert now.tokens == written
         assert now.openable and state_text(now) == "recording now"
         assert "not as a finished trace" in detail_text(now)
+        # the file's name ends before the sentence starts ("….arrows Still being …" read as one)
+        assert detail_text(now).startswith(f"{now.path} — Still being recorded")
         assert left.state is TraceState.CRASHED and left.tokens == written and left.openable
         assert state_text(left) == "left by a crash" and "left by a crash" in left.reason
         assert not list_traces(tmp_path)[0].this_window  # another window's: not "now"

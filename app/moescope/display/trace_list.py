@@ -339,8 +339,9 @@ def state_text(entry: SessionTrace) -> str:
 
 
 def detail_text(entry: SessionTrace) -> str:
-    """A sentence about the entry, for a tooltip or the dialog's detail line."""
-    parts = [str(entry.path)]
+    """A sentence about the entry, for a tooltip or the dialog's detail line: its file, a
+    dash, then what it is (the path alone where there is nothing to say)."""
+    parts: list[str] = []
     if entry.state is TraceState.UNREADABLE:
         parts.append(f"Cannot be opened: {entry.reason}.")
     elif entry.state is TraceState.EMPTY:
@@ -358,7 +359,7 @@ def detail_text(entry: SessionTrace) -> str:
         parts.append("A JSON Lines trace whose tokens are counted when it opens.")
     if entry.policy and entry.openable:
         parts.append(f"Policy at the start: {entry.policy}.")
-    return " ".join(parts)
+    return " — ".join((str(entry.path), " ".join(parts))) if parts else str(entry.path)
 
 
 def menu_text(entry: SessionTrace) -> str:

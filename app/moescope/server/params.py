@@ -29,7 +29,10 @@ MAX_TOP_LOGPROBS = 20
 """Chat's ``top_logprobs`` bound, OpenAI's (``engine.logprobs.MAX_TOP``)."""
 MAX_COMPLETION_LOGPROBS = 5
 """A text completion's ``logprobs`` bound, OpenAI's."""
-THINKING_EFFORTS = ("low", "medium", "high")
+THINKING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+"""OpenAI's ``reasoning_effort`` values: "none" is thinking off, "minimal" the least effort
+a template has (gpt-oss's "low"), the rest as they are."""
+_EFFORT_SETTING = {"none": "off", "minimal": "low"}
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -189,7 +192,8 @@ def _common(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
         "max_tokens": max_tokens,
         "temperature": _number(body, "temperature", 0.8, 0.0, 2.0),
         "top_p": _number(body, "top_p", 0.95, 0.0, 1.0),
-        "top_k": _integer(body, "top_k", 0, 1 << 20) or 40,
+        # 0: off (every token), as llama-server reads it; absent: llama.cpp's default 40
+        "top_k": 40 if (top_k := _integer(body, "top_k", 0, 1 << 20)) is None else top_k,
         "min_p": _number(body, "min_p", 0.05, 0.0, 1.0),
         "repeat_penalty": _number(body, "repeat_penalty", 1.0, 0.0, 10.0),
         # a negative seed (llama-server's front ends send -1) is a random one; any other
@@ -317,7 +321,7 @@ def _thinking(body: dict[str, Any]) -> str:
         if effort not in THINKING_EFFORTS:
             raise bad_param("reasoning_effort", f"reasoning_effort must be one of "
                                                 f"{', '.join(THINKING_EFFORTS)}")
-        return str(effort)
+        return _EFFORT_SETTING.get(effort, effort)
     kwargs = body.get("chat_template_kwargs")
     if kwargs is None:
         return "default"
