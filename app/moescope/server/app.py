@@ -204,8 +204,10 @@ class _Api:
         """The template and the tokens: on the loop for a usual request (well under a
         millisecond; a thread hop costs more on a busy machine), on a thread for a long
         one (a 4 MiB prompt takes ~1.5 s to tokenize), so that other clients' streams
-        keep flowing meanwhile."""
-        if size <= PREPARE_ON_LOOP_BYTES:
+        keep flowing meanwhile. A ``response_format`` schema always goes to a thread: its
+        conversion to a grammar is llama-cpp-python's code, whose time we do not bound (a
+        stray ``]`` in a pattern once looped in it forever, stalling every client)."""
+        if size <= PREPARE_ON_LOOP_BYTES and getattr(p, "output", None) is None:
             return prepare(p, client)
         return await anyio.to_thread.run_sync(prepare, p, client)
 
