@@ -178,3 +178,23 @@ def test_serve_api_refusal_speaks_of_the_panels_fields(window: Any) -> None:
     assert not window.serve.serving
     error = panel.error.text()
     assert "API key" in error and "--" not in error, error
+
+
+def test_escape_cancels_the_edit_of_a_message(window: Any, qtbot: Any) -> None:
+    """Edit last, then Esc: the box stayed in Resend mode with the edited text, so the next
+    Send would still have replaced the message and its answer. Esc now cancels the edit
+    and gives the box back what it held before (a draft the user had begun)."""
+    send(qtbot, window, "To be", max_tokens=4)
+    view = window.chat_view
+    view.input.setPlainText("a draft")
+    assert window.chat.edit_last()
+    assert view.editing_position is not None and view.input.toPlainText() == "To be"
+    assert view.send_button.text() == "Re&send"
+    window.activateWindow()
+    qtbot.keyClick(view.input, Qt.Key.Key_Escape)
+    assert view.editing_position is None and view.send_button.text() == "&Send"
+    assert view.input.toPlainText() == "a draft"
+    n = len(window.chat.store.messages(window.chat.chat_id))
+    qtbot.keyClick(view.input, Qt.Key.Key_Escape)  # nothing to cancel: nothing changes
+    assert view.input.toPlainText() == "a draft"
+    assert len(window.chat.store.messages(window.chat.chat_id)) == n

@@ -95,7 +95,8 @@ class WindowMenus(_Window):
         chat = bar.addMenu("&Chat")
         chat.addAction(self._action("&New chat", self.new_chat, QKeySequence.StandardKey.New))
         chat.addAction(self._action("&Stop", self.stop, "Esc",
-                                    "Stop the answer (or the model load) in progress"))
+                                    "Stop the answer (or the model load) in progress; with "
+                                    "neither, cancel the edit of a message"))
         chat.addAction(self._action("&Regenerate", self.chat.regenerate, "Ctrl+R"))
         chat.addAction(self._action("&Edit last message", self.chat.edit_last, "Ctrl+E"))
         chat.addAction(self._action("Re&name chat…", self.rename_current_dialog, "F2"))

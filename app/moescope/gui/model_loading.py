@@ -157,11 +157,14 @@ class ModelLoading(_Window):
         return True
 
     def stop(self) -> None:
-        """Esc: stop the answer, or the model load, in progress."""
+        """Esc: stop the answer, or the model load, in progress; with neither, cancel the
+        edit of a message."""
         if self.loading:
             self.cancel_load()
-        else:
+        elif self.chat.generating:
             self.chat.stop()
+        elif not self.chat.view.cancel_edit():
+            self.chat.stop()  # a comparison in progress, or nothing: as before
 
     def cancel_load(self) -> None:
         """Stop the model load in progress (the worker says so with ``loadCancelled``)."""

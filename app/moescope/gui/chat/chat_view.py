@@ -222,6 +222,7 @@ class ChatView(QWidget):
         self.welcome = ""
         """HTML an empty chat shows (:mod:`.welcome`): what the model is, what to try."""
         self.editing_position: int | None = None
+        self._draft_before_edit = ""  # the box's text when an edit began (Esc restores it)
         self._shown: list[_Shown] = []
         self._live: LiveMarkdown | None = None
         """The answer being streamed, rendered at the end of the transcript."""
@@ -597,14 +598,32 @@ class ChatView(QWidget):
     def start_edit(self, position: int, content: str) -> None:
         """Put a user message back in the box; the next send replaces it and every
         message after it."""
+        if self.editing_position is None:
+            self._draft_before_edit = self.input.toPlainText()
         self.editing_position = position
         self.input.setPlainText(content)
         self.input.setFocus()
         self.send_button.setText("Re&send")
+        self.send_button.setToolTip("Replace the message and everything after it "
+                                    "(Esc: cancel the edit)")
 
     def end_edit(self) -> None:
         self.editing_position = None
+        self._draft_before_edit = ""
         self.send_button.setText("&Send")
+        self.send_button.setToolTip("")
+
+    def cancel_edit(self) -> bool:
+        """Esc while editing a message: the box holds again what it held before the edit
+        (the draft then, usually nothing) and Send sends a new message; False when no
+        message was being edited."""
+        if self.editing_position is None:
+            return False
+        draft = self._draft_before_edit
+        self.end_edit()
+        self.input.setPlainText(draft)
+        self.input.setFocus()
+        return True
 
     def set_welcome(self, text: str) -> None:
         """What an empty chat shows from now on (shown at once if the chat is empty)."""
