@@ -198,3 +198,12 @@ def test_escape_cancels_the_edit_of_a_message(window: Any, qtbot: Any) -> None:
     qtbot.keyClick(view.input, Qt.Key.Key_Escape)  # nothing to cancel: nothing changes
     assert view.input.toPlainText() == "a draft"
     assert len(window.chat.store.messages(window.chat.chat_id)) == n
+
+
+def test_a_trace_windows_title_names_the_session_not_its_file(trace_window: Any) -> None:
+    """The title was the file's raw name ("Trace: 20261202-…parquet.journal.arrows"); it
+    is now the session as the sessions list names it: model and when it was recorded."""
+    title = trace_window.windowTitle()
+    model = trace_window.reopened.model.name
+    assert model and title.startswith(f"Trace: {model} · 20") and title.endswith(" — MoEScope")
+    assert trace_window.path.name not in title

@@ -25,6 +25,7 @@ from moescope.display.trace_list import (
     detail_text,
     list_traces,
     menu_text,
+    session_title,
     size_text,
     state_text,
 )
@@ -458,3 +459,15 @@ def test_gzip_traces_that_fail_midway_are_charged_to_the_listing(
     assert len(entries) == 8
     assert sum(1 for e in entries if e.reason) >= 2  # refused, as the reader would
     assert sum(allowed) <= trace_list.GZIP_SCAN_PER_LISTING
+
+
+def test_a_sessions_title_is_its_model_and_local_time(tmp_path: Path) -> None:
+    import datetime as dt
+
+    path = tmp_path / "20261202-101500-x.parquet.journal.arrows"
+    when = dt.datetime(2026, 12, 2, 10, 15, tzinfo=dt.timezone.utc)
+    local = when.astimezone().strftime("%Y-%m-%d %H:%M")
+    assert session_title("OLMoE", when.isoformat(), path) == f"OLMoE · {local}"
+    assert session_title("", when.isoformat(), path) == local
+    assert session_title("OLMoE", "not a time", path) == "OLMoE"
+    assert session_title("", "", path) == path.name

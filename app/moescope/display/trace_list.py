@@ -309,6 +309,16 @@ def when_text(entry: SessionTrace) -> str:
     return entry.when.strftime("%Y-%m-%d %H:%M")
 
 
+def session_title(model: str, created: str, path: Path) -> str:
+    """A session's name for a window title: its model and when it was recorded (local
+    time), as the sessions list shows them; the file's name where the trace has neither
+    (a journal's name says only ``….parquet.journal.arrows``)."""
+    when = _created(created)
+    stamp = when.astimezone().strftime("%Y-%m-%d %H:%M") if when is not None else ""
+    parts = [x for x in (model, stamp) if x]
+    return " · ".join(parts) if parts else path.name
+
+
 def tokens_text(entry: SessionTrace) -> str:
     if entry.tokens is None:
         return "–"

@@ -35,6 +35,7 @@ from moescope.display.trace_io import (
     prefetch_overview,
     tokens_text,
 )
+from moescope.display.trace_list import session_title
 from moescope.gui.cache.panel import CachePanel
 from moescope.gui.traces.trace_export import (
     TraceExport,
@@ -76,7 +77,8 @@ class TraceWindow(QMainWindow):
         self.reopened = reopened
         model, tokens = reopened.model, reopened.tokens
         self.tokens = tokens
-        self.setWindowTitle(f"Trace: {self.path.name} — MoEScope")
+        name = session_title(model.name, reopened.trace.header.created, self.path)
+        self.setWindowTitle(f"Trace: {name} — MoEScope")
         # the what-if table's ten columns, unscrolled, where the screen has room
         resize_within_screen(self, QSize(980, 760))
         body = QWidget()
