@@ -127,10 +127,10 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.loading = False
         self.recording = self._setting_bool("record_traces", True)
         self.trace_path: Path | None = None
+        """The current session's trace file (recorded by the worker), if recording."""
         self.trace_before_compare: Path | None = None
         """The session's trace that the last comparison ended (its cache traffic is not
         the chat's): File ▸ Export trace names it until the new trace has a token."""
-        """The current session's trace file (recorded by the worker), if recording."""
         self.recording_now = False
         """Whether the worker is still recording :attr:`trace_path` (told by the loaded
         model's summary and by ``recordingStopped``, never read from the worker)."""

@@ -163,8 +163,8 @@ class ModelLoading(_Window):
             self.cancel_load()
         elif self.chat.generating:
             self.chat.stop()
-        elif not self.chat.view.cancel_edit():
-            self.chat.stop()  # a comparison in progress, or nothing: as before
+        else:
+            self.chat_view.cancel_edit()
 
     def cancel_load(self) -> None:
         """Stop the model load in progress (the worker says so with ``loadCancelled``)."""
