@@ -44,6 +44,7 @@ from moescope.cache.policy import Policy
 from moescope.cache.prefetch import PrefetchMeter
 from moescope.engine import bindings
 from moescope.engine.changes import ChangeLog, RequestNumbers
+from moescope.engine.chat_tokens import ChatTokens, chat_tokens
 from moescope.engine.grammar import Grammar, GrammarError
 from moescope.engine.load_hooks import (
     LoadCancelled,
@@ -697,6 +698,19 @@ class Engine:
         and a prompt longer than that buffer fails inside ``eval``."""
         return min(self._llm.n_ctx(), int(self._llm.context_params.n_ctx))
 
+    def chat_tokens(self, messages: Sequence[Message | dict[str, str]],
+                    thinking: str = "default", answer_start: str = "", *,
+                    seen: dict[str, bool] | None = None) -> ChatTokens:
+        """The conversation's prompt tokens: the template's markup with its special tokens,
+        the users' and tools' words as words (see :mod:`moescope.engine.chat_tokens`), then
+        ``answer_start`` (ours: special tokens parsed)."""
+        msgs = [m if isinstance(m, dict) else {"role": m.role, "content": m.content}
+                for m in messages]
+        return chat_tokens(msgs, lambda ms: self.format_chat(ms, thinking),
+                           lambda text, bos, special: self.tokenize(text, add_bos=bos,
+                                                                    special=special),
+                           answer_start, seen)
+
     def fit_conversation(self, messages: Sequence[Message | dict[str, str]], *,
                          room: int, thinking: str = "default",
                          answer_start: str = "") -> tuple[list[int], int]:
@@ -714,9 +728,9 @@ class Engine:
         body = msgs[len(head):]
         limit = self.n_ctx - room
         dropped = 0
+        seen: dict[str, bool] = {}
         while True:
-            tokens = self.tokenize(self.format_chat(head + body, thinking) + answer_start,
-                                   add_bos=True, special=True)
+            tokens = self.chat_tokens(head + body, thinking, answer_start, seen=seen).tokens
             starts = [i for i, m in enumerate(body) if m["role"] == "user"]
             if len(tokens) <= limit or len(starts) < 2:
                 return tokens, dropped
@@ -742,7 +756,7 @@ class Engine:
         raises :class:`LoadCancelled`, nothing loaded); no effect on a later load."""
         self._cancel_load.set()
 
-    def generate(self, prompt: str | Sequence[Message | dict[str, str]],
+    def generate(self, prompt: str | Sequence[Message | dict[str, str]] | ChatTokens,
                  sampling: Sampling | None = None, *,
                  answer_start: str = "") -> Iterator[TokenStats]:
         """Stream tokens with per-token cache stats; the last item's ``AnswerStats`` is in
@@ -763,7 +777,9 @@ class Engine:
                                 "alternatives per token")
         n_ctx = self.n_ctx
         dropped = 0
-        if isinstance(prompt, str):
+        if isinstance(prompt, ChatTokens):  # a conversation tokenized already, whole
+            tokens = list(prompt.tokens)
+        elif isinstance(prompt, str):
             tokens = self.tokenize(prompt, add_bos=True, special=True)
             if not tokens:  # an empty prompt of a model that adds no BOS (Qwen3 ...)
                 bos = int(self._llm.token_bos())

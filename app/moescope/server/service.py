@@ -41,6 +41,7 @@ from moescope.util.errors import MoEScopeError
 
 if TYPE_CHECKING:
     from moescope.engine import AnswerStats, CacheTotals, Engine, Sampling, TokenStats
+    from moescope.engine.chat_tokens import ChatTokens
     from moescope.engine.grammar import Grammar
     from moescope.engine.logprobs import TokenLogprob
 
@@ -185,6 +186,8 @@ class Job:
     stops: list[str]
     prefix: str = ""
     split: bool = False
+    tokens: ChatTokens | None = None
+    """A chat's prompt tokens (its users' words read as text); None: ``prompt``'s."""
     cancelled: threading.Event = field(default_factory=threading.Event)
     generated: int = 0
     """Tokens generated so far."""
@@ -398,11 +401,14 @@ class Service:
             thinking = "off"  # the grammar holds from the first token: no room for thoughts
         try:
             prompt = self.engine.format_chat(p.messages, thinking)
+            # the users' and tools' words read as words: a message holding "<|im_end|>"
+            # forges no turn (llama-server reads it as the token)
+            tokens = self.engine.chat_tokens(p.messages, thinking)
         except MoEScopeError as err:
             raise bad_param("messages", str(err)) from None
         if thinking not in self._prefixes:
             self._prefixes[thinking] = self.engine.answer_prefix(thinking)
-        job = self._job("chat", client, prompt, p)
+        job = self._job("chat", client, prompt, p, tokens)
         if p.output is None:
             job.prefix, job.split = self._prefixes[thinking], True
         return job
@@ -411,11 +417,13 @@ class Service:
         self.check_model(p.model)
         return self._job("completion", client, p.prompt, p)
 
-    def _job(self, kind: str, client: str, prompt: str, p: GenerationParams) -> Job:
+    def _job(self, kind: str, client: str, prompt: str, p: GenerationParams,
+             tokens: ChatTokens | None = None) -> Job:
         from moescope.engine import Sampling
 
         n_ctx = self.engine.n_ctx
-        n_prompt = max(len(self.engine.tokenize(prompt, add_bos=True, special=True)), 1)
+        n_prompt = max(len(tokens.tokens) if tokens is not None else
+                       len(self.engine.tokenize(prompt, add_bos=True, special=True)), 1)
         if n_prompt >= n_ctx:
             raise too_long("messages" if kind == "chat" else "prompt",
                            f"the prompt has {n_prompt} tokens; this model's context holds "
@@ -427,7 +435,7 @@ class Service:
             seed=secrets.randbits(32) if p.seed is None else p.seed,
             grammar=self._grammar(p.output), logprobs=p.logprobs)
         return Job(kind=kind, client=client, prompt=prompt, n_prompt_tokens=n_prompt,
-                   sampling=sampling, stops=p.stop)
+                   sampling=sampling, stops=p.stop, tokens=tokens)
 
     def _grammar(self, output: OutputFormat | None) -> Grammar | None:
         """The answer's grammar, compiled now (in the request's thread, before it waits):
@@ -477,7 +485,8 @@ class Service:
         track = LogprobTrack() if job.sampling.logprobs is not None else None
         for listener in self.listeners:
             listener.request_started(job)
-        for tok in engine.generate(job.prompt, job.sampling):
+        for tok in engine.generate(job.tokens if job.tokens is not None else job.prompt,
+                                   job.sampling):
             job.generated += 1
             for listener in self.listeners:
                 listener.token(tok, job)
