@@ -95,10 +95,8 @@ def schema_grammar(schema: Any) -> str:
             raise GrammarError("the schema nests too deeply") from None
     for node in check_schema(schema):
         node["pattern"] = _grouped(_json_safe(node["pattern"]))
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
     try:
-        text = json_schema_to_gbnf(json.dumps(schema))
+        text = _convert(schema)
     except RecursionError:
         raise GrammarError("the schema nests too deeply to turn into a grammar") from None
     except Exception as err:  # the converter asserts, KeyErrors, TypeErrors...
@@ -106,6 +104,108 @@ def schema_grammar(schema: Any) -> str:
                            f"{_one_line(f'{type(err).__name__}: {err}')}") from None
     check_grammar(text)
     return str(text)
+
+
+def _convert(schema: dict[str, Any]) -> str:
+    """llama-cpp-python's ``json_schema_to_gbnf``, with integers' bounds enforced: its
+    converter accepts ``minimum``, ``maximum``, ``exclusiveMinimum`` and
+    ``exclusiveMaximum`` and writes any integer. An integer schema with bounds (and no
+    ``$ref``, ``anyOf``/``oneOf``, ``const`` or ``enum``, which come first) becomes the
+    digit strings of its range (:func:`integer_range_rule`), also as a member of a list
+    of types (which the converter turns into bare ``{"type": ...}`` schemas)."""
+    from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
+
+    class Converter(SchemaConverter):  # type: ignore[misc]
+        def visit(self, node: Any, name: str) -> Any:
+            kind = node.get("type") if isinstance(node, dict) else None
+            if isinstance(node, dict) and any(k in node for k in _BOUNDS) \
+                    and not any(k in node for k in _BEFORE_TYPE):
+                rule = name + "-" if name in RESERVED_NAMES else name or "root"
+                if kind == "integer":
+                    return self._add_rule(rule, integer_range_rule(*integer_range(node)))
+                if isinstance(kind, list) and "integer" in kind:
+                    bounds = {k: node[k] for k in _BOUNDS if k in node}
+                    members = [{"type": t, **(bounds if t == "integer" else {})}
+                               for t in kind]
+                    return self._add_rule(rule, self._generate_union_rule(name, members))
+            return super().visit(node, name)
+
+    converter = Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter.visit(converter.resolve_refs(schema, "stdin"), "")
+    return str(converter.format_grammar())
+
+
+MAX_INTEGER_DIGITS = 16
+"""Digits of an integer the grammar writes (as the converter's ``integer``: 16)."""
+_INTEGER_LIMIT = 10**MAX_INTEGER_DIGITS - 1
+_BEFORE_TYPE = ("$ref", "anyOf", "oneOf", "const", "enum")
+"""Keywords the converter reads before a schema's type."""
+
+
+def integer_range(node: dict[str, Any]) -> tuple[int, int]:
+    """The integers an integer schema's bounds allow, from and to (of at most
+    :data:`MAX_INTEGER_DIGITS` digits); empty where the first exceeds the second."""
+    low, high = -_INTEGER_LIMIT, _INTEGER_LIMIT
+    if "minimum" in node:
+        low = max(low, math.ceil(node["minimum"]))
+    if "exclusiveMinimum" in node:
+        low = max(low, math.floor(node["exclusiveMinimum"]) + 1)
+    if "maximum" in node:
+        high = min(high, math.floor(node["maximum"]))
+    if "exclusiveMaximum" in node:
+        high = min(high, math.ceil(node["exclusiveMaximum"]) - 1)
+    return low, high
+
+
+def integer_range_rule(low: int, high: int) -> str:
+    """A GBNF rule's body for the integers from ``low`` to ``high`` as JSON writes them
+    (no leading zeros, no ``-0``), then ``space``: one alternative per digit count and
+    sign, each a choice digit by digit (:func:`_digit_range`)."""
+    assert low <= high
+    parts = []
+    if low < 0:  # the magnitudes of low..min(high, -1)
+        parts.append(f'"-" ({" | ".join(_natural_range(max(1, -high), -low))})')
+    if high >= 0:
+        parts.extend(_natural_range(max(low, 0), high))
+    return f"({' | '.join(parts)}) space"
+
+
+def _natural_range(low: int, high: int) -> list[str]:
+    """Alternatives for the numbers from ``low`` to ``high`` (both from 0), one for each
+    digit count."""
+    out = []
+    for digits in range(len(str(low)), len(str(high)) + 1):
+        first = max(low, 10 ** (digits - 1) if digits > 1 else 0)
+        out.append(_digit_range(str(first), str(min(high, 10**digits - 1))))
+    return out
+
+
+def _digit_range(low: str, high: str) -> str:
+    """The digit strings of ``low``'s length from ``low`` to ``high``: their common
+    prefix, then at the first digit that differs, ``low``'s digit followed by what
+    reaches up to all nines, the digits between followed by any digits, and ``high``'s
+    digit followed by what runs from all zeros (``123..456``: ``"1" ("2" [3-9] | [3-9]
+    [0-9]) | [2-3] [0-9]{2} | "4" ...``)."""
+    same = 0
+    while same < len(low) and low[same] == high[same]:
+        same += 1
+    if same == len(low):
+        return f'"{low}"'
+    head = f'"{low[:same]}" ' if same else ""
+    a, b, rest_low, rest_high = low[same], high[same], low[same + 1:], high[same + 1:]
+    n = len(rest_low)
+    any_rest = "" if n == 0 else " [0-9]" if n == 1 else f" [0-9]{{{n}}}"
+    from_zeros, to_nines = rest_low == "0" * n, rest_high == "9" * n
+    first = a if from_zeros else chr(ord(a) + 1)
+    last = b if to_nines else chr(ord(b) - 1)
+    parts = []
+    if not from_zeros:
+        parts.append(f'"{a}" ({_digit_range(rest_low, "9" * n)})')
+    if first <= last:
+        parts.append(f"[{first}{'-' + last if last != first else ''}]{any_rest}")
+    if not to_nines:
+        parts.append(f'"{b}" ({_digit_range("0" * n, rest_high)})')
+    return head + (parts[0] if len(parts) == 1 else f"({' | '.join(parts)})")
 
 
 def check_schema(schema: Any) -> list[dict[str, Any]]:
@@ -224,6 +324,15 @@ def _check_keywords(schema: dict[str, Any]) -> list[dict[str, Any]]:
                 and isinstance(node.get("maximum"), int | float) \
                 and node["minimum"] > node["maximum"]:
             raise bad("minimum", f"at most maximum ({node['maximum']})")
+        kinds = kind if isinstance(kind, list) else [kind]
+        if "integer" in kinds and any(k in node for k in _BOUNDS) \
+                and not any(k in node for k in _BEFORE_TYPE):
+            low, high = integer_range(node)
+            if low > high:
+                bounds = ", ".join(f"{k} {node[k]}" for k in _BOUNDS if k in node)
+                raise GrammarError(f"{path or 'the schema'} allows no integer (of at most "
+                                   f"{MAX_INTEGER_DIGITS} digits, as the grammar writes "
+                                   f"them) within {bounds}")
         if "allOf" in node and not _merges_objects(node):
             raise GrammarError(f"{path + '.' if path else ''}allOf is supported only to "
                                "merge objects' properties (each part an object schema "
@@ -601,6 +710,19 @@ class Grammar:
             self._view["id"][:n] = np.arange(n, dtype=np.int32)  # vocabulary order again
         ok = np.isfinite(view["logit"])
         return ids[ok].astype(np.int32), logits[ok]
+
+    def allows(self, token: int) -> bool:
+        """Whether the grammar allows ``token`` now, without sampling (the parse state
+        moves only with :meth:`accept`)."""
+        ids, _ = self._allowed(np.array([token], dtype=np.int32),
+                               np.zeros(1, dtype=np.float32))
+        return len(ids) == 1
+
+    def complete(self) -> bool:
+        """Whether what the grammar has accepted is a whole answer (it allows the end of
+        generation now)."""
+        ends = np.flatnonzero(self._eog)
+        return bool(len(ends)) and self.allows(int(ends[0]))
 
     def accept(self, token: int) -> None:
         """Advance past ``token``, which :meth:`mask` allowed (never an end of
