@@ -15,6 +15,7 @@ from moescope.engine import Engine, Sampling
 from moescope.engine.grammar import (
     MAX_GROUP_DEPTH,
     GrammarError,
+    _pattern_tokens,
     integer_range_rule,
     json_object_grammar,
     schema_grammar,
@@ -241,3 +242,54 @@ def test_integer_bounds_no_integer_meets_are_refused_in_one_line(schema: object,
     with pytest.raises(GrammarError, match=why) as err:
         schema_grammar(schema)
     assert "\n" not in str(err.value)
+
+
+def test_a_pattern_is_read_as_tokens_the_way_the_converter_reads_it() -> None:
+    def kinds(pattern: str) -> list[tuple[str, str]]:
+        return [(t.kind, t.text) for t in _pattern_tokens(pattern)]
+
+    assert kinds(r"a[\]x]\\|(b{2,3})*") == [
+        ("literal", "a"), ("class", r"[\]x]"), ("escape", "\\\\"), ("alternation", "|"),
+        ("open", "("), ("literal", "b"), ("quantifier", "{2,3}"), ("close", ")"),
+        ("quantifier", "*")]
+    # a class runs to its first unescaped ]: [^]] is the class [^] and a stray ]
+    assert kinds("[^]]") == [("class", "[^]"), ("literal", "]")]
+    assert kinds(r"[a\\]]") == [("class", r"[a\\]"), ("literal", "]")]
+    unclosed = list(_pattern_tokens("x[ab\\"))
+    assert unclosed[1].text == "[ab\\" and not unclosed[1].closed
+    assert unclosed[1].inner() == "ab\\"
+    assert kinds("a{x]}") == [("literal", "a"), ("quantifier", "{x]}")]
+    assert kinds("a\\") == [("literal", "a"), ("escape", "\\")]
+
+
+@pytest.mark.parametrize(("pattern", "takes", "refuses"), [
+    # an escaped ] inside a class is a member, not its end
+    (r"^[a\]]{2}$", ['"a]"', '"]]"', '"]a"'], ['"ab"', '"a"', '"a]]"']),
+    # an escaped | is a character; the one after it parts the whole pattern
+    (r"^a\||b$", ['"a|"', '"b"'], ['"a"', '"a|b"', '"|"']),
+    # a top-level | beside groups parts the whole; one in a group does not
+    (r"^(a)|(b|c)d$", ['"a"', '"bd"', '"cd"'], ['"ad"', '"b"', '"d"']),
+    (r"^((a|b)c|d)e$", ['"ace"', '"bce"', '"de"'], ['"d"', '"ac"', '"e"']),
+    # a negated class with an escaped ]
+    (r"^[^\]a]x$", ['"bx"', '"[x"'], ['"]x"', '"ax"', '"x"']),
+])
+def test_tricky_patterns_answer_what_they_match(demo: Engine, pattern: str,
+                                                takes: list[str], refuses: list[str]) -> None:
+    grammar = schema_grammar({"type": "string", "pattern": pattern})
+    for text in takes:
+        assert _takes(demo, grammar, text), (pattern, text)
+    for text in refuses:
+        assert not _takes(demo, grammar, text), (pattern, text)
+
+
+@pytest.mark.parametrize(("pattern", "why"), [
+    ("^[^]]$", "unmatched ']' at character 4"),  # the class is [^], then a stray ]
+    ("^[]]$", "unmatched ']' at character 3"),
+    (r"^a\\]$", "unmatched ']' at character 4"),  # \\ escapes the backslash, not ]
+    (r"^a\\|b$", r"the escape \\\\ is not supported"),
+    ("^[a{]}$", "unmatched '}' at character 5"),
+])
+def test_tricky_patterns_are_refused_where_the_converter_would_fail(pattern: str,
+                                                                    why: str) -> None:
+    with pytest.raises(GrammarError, match=why):
+        schema_grammar({"type": "string", "pattern": pattern})

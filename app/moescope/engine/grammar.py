@@ -40,9 +40,9 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -360,27 +360,67 @@ def _check_keywords(schema: dict[str, Any]) -> list[dict[str, Any]]:
     return patterned
 
 
-def _check_pattern(pattern: str, where: str) -> None:
-    """Refuse a ``]`` or ``}`` outside a character class or a ``{m,n}``: the converter
-    reads it as neither a literal nor syntax and loops on it forever (``^a]$`` hung the
-    request, and with it the server's event loop, at 100% CPU). Scans as the converter
-    does: a backslash takes the next character along, ``[`` runs to the next unescaped
-    ``]`` and ``{`` to the next ``}``."""
+class _Token(NamedTuple):
+    """A piece of a ``pattern`` as llama-cpp-python's converter reads it."""
+
+    kind: str
+    """``escape`` (a backslash and the character after it; alone at the end), ``class``
+    (``[...]``), ``open`` and ``close`` (a group's parentheses), ``alternation`` (``|``),
+    ``quantifier`` (``*``, ``+``, ``?`` or a ``{...}``) or ``literal`` (any other
+    character, a stray ``]`` or ``}`` too)."""
+    text: str
+    """As written, a class's or ``{...}``'s closing bracket included where it has one."""
+    at: int
+    """Where it starts in the pattern."""
+    closed: bool = True
+    """A class or ``{...}`` that has its closing bracket (the others: True)."""
+
+    def inner(self) -> str:
+        """A class's members or a ``{...}``'s content: the text between the brackets."""
+        return self.text[1:-1] if self.closed else self.text[1:]
+
+
+_SINGLE = {"(": "open", ")": "close", "|": "alternation", "*": "quantifier",
+           "+": "quantifier", "?": "quantifier"}
+
+
+def _pattern_tokens(pattern: str, members: bool = False) -> Iterator[_Token]:
+    """The tokens of ``pattern``, scanned as the converter does: a backslash takes the
+    next character along, ``[`` runs to the next unescaped ``]`` and ``{`` to the next
+    ``}`` (or each to the end). ``members``: ``pattern`` is a character class's
+    members (:meth:`_Token.inner`), escapes and literals only."""
     i, n = 0, len(pattern)
     while i < n:
         c = pattern[i]
         if c == "\\":
+            yield _Token("escape", pattern[i:i + 2], i)
             i += 2
-            continue
-        if c in "[{":
-            close = "]" if c == "[" else "}"
+        elif members:
+            yield _Token("literal", c, i)
             i += 1
-            while i < n and pattern[i] != close:
-                i += 2 if c == "[" and pattern[i] == "\\" else 1
-        elif c in "]}":
-            raise GrammarError(f"{where} has an unmatched {c!r} at character {i} (write "
-                               f"\\{c} for the character itself)")
-        i += 1
+        elif c in "[{":
+            j = i + 1
+            close = "]" if c == "[" else "}"
+            while j < n and pattern[j] != close:
+                j += 2 if c == "[" and pattern[j] == "\\" else 1
+            closed = j < n
+            end = j + 1 if closed else n
+            yield _Token("class" if c == "[" else "quantifier", pattern[i:end], i, closed)
+            i = end
+        else:
+            yield _Token(_SINGLE.get(c, "literal"), c, i)
+            i += 1
+
+
+def _check_pattern(pattern: str, where: str) -> None:
+    """Refuse a ``]`` or ``}`` outside a character class or a ``{m,n}``: the converter
+    reads it as neither a literal nor syntax and loops on it forever (``^a]$`` hung the
+    request, and with it the server's event loop, at 100% CPU)."""
+    for token in _pattern_tokens(pattern):
+        if token.kind == "literal" and token.text in "]}":
+            c = token.text
+            raise GrammarError(f"{where} has an unmatched {c!r} at character {token.at} "
+                               f"(write \\{c} for the character itself)")
 
 
 _UNSAFE = '"\\\\\\x00-\\x1F'
@@ -405,11 +445,10 @@ def _json_safe(pattern: str) -> str:
                             "as an escape sequence, which the grammar cannot follow)")
 
     out: list[str] = []
-    i, n = 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if c == "\\" and i + 1 < n:
-            e = pattern[i + 1]
+    for token in _pattern_tokens(pattern):
+        text = token.text
+        if token.kind == "escape" and len(text) == 2:
+            e = text[1]
             if e in _SHORTHANDS:
                 out.append(f"[{_SHORTHANDS[e]}]")
             elif e.lower() in _SHORTHANDS:
@@ -417,43 +456,43 @@ def _json_safe(pattern: str) -> str:
             elif e.isalnum() or e in '"\\':
                 raise refuse(f"the escape \\{e}")
             else:
-                out.append(pattern[i:i + 2])
-            i += 2
-        elif c == '"':
+                out.append(text)
+        elif token.kind == "class":
+            out.append(_json_safe_class(token.inner(), refuse))
+        elif token.kind == "quantifier" and text[0] == "{":  # its content as a pattern
+            out.append("{" + _json_safe(token.inner()) + ("}" if token.closed else ""))
+        elif text == '"':
             raise refuse('a literal "')
-        elif c == ".":
+        elif text == ".":
             out.append(f"[^{_UNSAFE}]")
-            i += 1
-        elif c == "[":
-            j = i + 1
-            negated = j < n and pattern[j] == "^"
-            members: list[str] = []
-            j += negated
-            while j < n and pattern[j] != "]":
-                m = pattern[j]
-                if m == "\\" and j + 1 < n:
-                    e = pattern[j + 1]
-                    if e in _SHORTHANDS:
-                        members.append(_SHORTHANDS[e])
-                    elif e.isalnum() or e == "\\":
-                        raise refuse(f"the escape \\{e} in a character class")
-                    else:
-                        members.append(pattern[j:j + 2])
-                    j += 2
-                    continue
-                if m == '"' or ord(m) < 0x20:
-                    raise refuse(f"{m!r} in a character class")
-                members.append(m)
-                j += 1
-            body = "".join(members)
-            out.append(f"[^{_UNSAFE}{body}]" if negated else f"[{body}]")
-            i = j + 1
         else:
-            if ord(c) < 0x20:
-                raise refuse(f"the control character {c!r}")
-            out.append(c)
-            i += 1
+            if ord(text[0]) < 0x20:
+                raise refuse(f"the control character {text!r}")
+            out.append(text)
     return "".join(out)
+
+
+def _json_safe_class(members: str, refuse: Callable[[str], GrammarError]) -> str:
+    """A character class (its members, between the brackets) as :func:`_json_safe`
+    writes it."""
+    negated = members.startswith("^")
+    body: list[str] = []
+    for token in _pattern_tokens(members[negated:], members=True):
+        m = token.text
+        if len(m) == 2:  # an escape
+            e = m[1]
+            if e in _SHORTHANDS:
+                body.append(_SHORTHANDS[e])
+            elif e.isalnum() or e == "\\":
+                raise refuse(f"the escape \\{e} in a character class")
+            else:
+                body.append(m)
+        elif m == '"' or ord(m) < 0x20:
+            raise refuse(f"{m!r} in a character class")
+        else:
+            body.append(m)
+    text = "".join(body)
+    return f"[^{_UNSAFE}{text}]" if negated else f"[{text}]"
 
 
 def _grouped(pattern: str) -> str:
@@ -464,22 +503,14 @@ def _grouped(pattern: str) -> str:
     if not (pattern.startswith("^") and pattern.endswith("$")):
         return pattern  # the converter refuses it, with its own message
     body = pattern[1:-1]
-    depth, i, n = 0, 0, len(body)
-    while i < n:
-        c = body[i]
-        if c == "\\":
-            i += 1
-        elif c == "[":
-            i += 1
-            while i < n and body[i] != "]":
-                i += 2 if body[i] == "\\" else 1
-        elif c == "(":
+    depth = 0
+    for token in _pattern_tokens(body):
+        if token.kind == "open":
             depth += 1
-        elif c == ")":
+        elif token.kind == "close":
             depth -= 1
-        elif c == "|" and depth == 0:
+        elif token.kind == "alternation" and depth == 0:
             return f"^({body})$"
-        i += 1
     return pattern
 
 
@@ -497,12 +528,16 @@ def _merges_objects(node: dict[str, Any]) -> bool:
 
 def _pattern_repeats(pattern: str) -> int:
     """An upper bound of how many times the converter writes a pattern's parts out: the
-    product of its quantifiers' counts (as if all were nested)."""
+    product of its ``{m,n}`` counts (as if all were nested; one in a character class
+    counts too)."""
     product = 1
-    for low, high in _QUANTIFIER.findall(pattern):
-        product *= max(int(low), int(high or 0)) + 1
-        if product > MAX_REPEAT_COST:
-            return product
+    for token in _pattern_tokens(pattern):
+        if token.kind not in ("quantifier", "class"):
+            continue
+        for low, high in _QUANTIFIER.findall(token.text):
+            product *= max(int(low), int(high or 0)) + 1
+            if product > MAX_REPEAT_COST:
+                return product
     return product
 
 
