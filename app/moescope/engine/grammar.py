@@ -112,22 +112,20 @@ def _convert(schema: dict[str, Any]) -> str:
     ``exclusiveMaximum`` and writes any integer. An integer schema with bounds (and no
     ``$ref``, ``anyOf``/``oneOf``, ``const`` or ``enum``, which come first) becomes the
     digit strings of its range (:func:`integer_range_rule`), also as a member of a list
-    of types (which the converter turns into bare ``{"type": ...}`` schemas)."""
+    of types (which the converter turns into bare ``{"type": ...}`` schemas, whatever
+    else the schema says)."""
     from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
 
     class Converter(SchemaConverter):  # type: ignore[misc]
         def visit(self, node: Any, name: str) -> Any:
-            kind = node.get("type") if isinstance(node, dict) else None
-            if isinstance(node, dict) and any(k in node for k in _BOUNDS) \
-                    and not any(k in node for k in _BEFORE_TYPE):
+            if isinstance(node, dict) and _bounded_integer(node):
                 rule = name + "-" if name in RESERVED_NAMES else name or "root"
+                kind = node["type"]
                 if kind == "integer":
                     return self._add_rule(rule, integer_range_rule(*integer_range(node)))
-                if isinstance(kind, list) and "integer" in kind:
-                    bounds = {k: node[k] for k in _BOUNDS if k in node}
-                    members = [{"type": t, **(bounds if t == "integer" else {})}
-                               for t in kind]
-                    return self._add_rule(rule, self._generate_union_rule(name, members))
+                bounds = {k: node[k] for k in _BOUNDS if k in node}
+                members = [{"type": t, **(bounds if t == "integer" else {})} for t in kind]
+                return self._add_rule(rule, self._generate_union_rule(name, members))
             return super().visit(node, name)
 
     converter = Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
@@ -139,7 +137,20 @@ MAX_INTEGER_DIGITS = 16
 """Digits of an integer the grammar writes (as the converter's ``integer``: 16)."""
 _INTEGER_LIMIT = 10**MAX_INTEGER_DIGITS - 1
 _BEFORE_TYPE = ("$ref", "anyOf", "oneOf", "const", "enum")
-"""Keywords the converter reads before a schema's type."""
+"""Keywords the converter reads before a schema's type (a list of types comes after
+the first three, before the last two)."""
+
+
+def _bounded_integer(node: dict[str, Any]) -> bool:
+    """Whether the converter would write ``node`` as any integer, or a list of types
+    with ``integer`` as bare types, where it has bounds that :func:`_convert` keeps."""
+    if not any(k in node for k in _BOUNDS):
+        return False
+    kind = node.get("type")
+    if kind == "integer":
+        return not any(k in node for k in _BEFORE_TYPE)
+    return isinstance(kind, list) and "integer" in kind \
+        and not any(k in node for k in _BEFORE_TYPE[:3])
 
 
 def integer_range(node: dict[str, Any]) -> tuple[int, int]:
@@ -324,9 +335,7 @@ def _check_keywords(schema: dict[str, Any]) -> list[dict[str, Any]]:
                 and isinstance(node.get("maximum"), int | float) \
                 and node["minimum"] > node["maximum"]:
             raise bad("minimum", f"at most maximum ({node['maximum']})")
-        kinds = kind if isinstance(kind, list) else [kind]
-        if "integer" in kinds and any(k in node for k in _BOUNDS) \
-                and not any(k in node for k in _BEFORE_TYPE):
+        if _bounded_integer(node):
             low, high = integer_range(node)
             if low > high:
                 bounds = ", ".join(f"{k} {node[k]}" for k in _BOUNDS if k in node)
