@@ -15,6 +15,8 @@ from moescope.engine import Engine, Sampling
 from moescope.engine.grammar import (
     MAX_GROUP_DEPTH,
     GrammarError,
+    _pattern_tokens,
+    integer_range_rule,
     json_object_grammar,
     schema_grammar,
 )
@@ -150,3 +152,147 @@ def test_without_top_k_or_with_a_penalty_below_one_every_token_is_checked(
         fast, steps = _tokens(demo, json_object_grammar(), True, 20, **settings)
         assert steps == 0
         assert fast == _tokens(demo, json_object_grammar(), False, 20, **settings)[0]
+
+
+def _takes(e: Engine, grammar: str, text: str) -> bool:
+    """Whether ``grammar`` allows ``text`` as a whole answer, token by token of the
+    model's own spelling of it, without sampling."""
+    g = e.compile_grammar(grammar)
+    try:
+        for token in e.tokenize(text, add_bos=False, special=False):
+            if not g.allows(token):
+                return False
+            g.accept(token)
+        return g.complete()
+    finally:
+        g.close()
+
+
+def test_an_integer_schema_allows_exactly_the_integers_within_its_bounds(
+        demo: Engine) -> None:
+    grammar = schema_grammar({"type": "object", "required": ["n"], "properties": {
+        "n": {"type": "integer", "minimum": 3, "maximum": 17}}})
+    for n in range(-20, 40):
+        assert _takes(demo, grammar, f'{{"n":{n}}}') == (3 <= n <= 17), n
+    for text in ('{"n":03}', '{"n":3.0}', '{"n":"5"}', '{"n":1e1}', '{"n":}'):
+        assert not _takes(demo, grammar, text), text
+    assert _takes(demo, grammar, '{ "n": 12 }')
+
+
+@pytest.mark.parametrize(("schema", "low", "high"), [
+    ({"minimum": -17, "maximum": -3}, -17, -3),
+    ({"exclusiveMinimum": -5, "exclusiveMaximum": 5}, -4, 4),
+    ({"minimum": 2.5, "maximum": 9.5}, 3, 9),  # fractional bounds round inwards
+    ({"exclusiveMinimum": 2.5, "exclusiveMaximum": 9.5}, 3, 9),
+    ({"minimum": 0, "exclusiveMaximum": 1}, 0, 0),
+    ({"minimum": 95, "maximum": 1005}, 95, 1005),
+    ({"minimum": 10, "exclusiveMinimum": 20, "maximum": 50, "exclusiveMaximum": 40}, 21, 39),
+])
+def test_integer_bounds_of_every_kind_hold_on_both_sides(
+        demo: Engine, schema: dict[str, float], low: int, high: int) -> None:
+    grammar = schema_grammar({"type": "integer", **schema})
+    edges = {low - 11, low - 1, low, low + 1, high - 1, high, high + 1, high + 11, 0, -1}
+    for n in sorted(edges):
+        assert _takes(demo, grammar, str(n)) == (low <= n <= high), (schema, n)
+    assert not _takes(demo, grammar, "-0")
+
+
+def test_an_integer_bounded_on_one_side_or_in_a_list_of_types(demo: Engine) -> None:
+    at_least = schema_grammar({"type": "integer", "minimum": 100})
+    for n, ok in ((99, False), (100, True), (123456, True), (-100, False), (10**15, True)):
+        assert _takes(demo, at_least, str(n)) == ok, n
+    below = schema_grammar({"type": ["integer", "null"], "exclusiveMaximum": 0})
+    for text, ok in (("-1", True), ("-5000", True), ("0", False), ("7", False),
+                     ("null", True)):
+        assert _takes(demo, below, text) == ok, text
+    # beside a list of types the converter drops an enum; the bounds hold all the same
+    listed = schema_grammar({"type": ["integer", "null"], "enum": [1, None], "minimum": 3})
+    assert _takes(demo, listed, "5") and not _takes(demo, listed, "1")
+
+
+def test_the_integer_range_rule_matches_exactly_its_range() -> None:
+    # the rule as a regular expression, over many ranges: edges, digit counts, signs
+    import random
+    import re
+
+    def regex(rule: str) -> re.Pattern[str]:
+        body = re.sub(r'"([^"]*)"', lambda m: re.escape(m.group(1)),
+                      rule.removesuffix(" space"))
+        return re.compile(body.replace(" ", ""))
+
+    rng = random.Random(1)
+    ranges = [(3, 17), (0, 0), (-5, 5), (-17, -3), (0, 9), (99, 100), (123, 456),
+              (-10**16 + 1, 10**16 - 1)]
+    ranges += [(a, a + rng.randint(0, 10 ** rng.randint(0, 6)))
+               for a in (rng.randint(-10 ** rng.randint(0, 7), 10 ** rng.randint(0, 7))
+                         for _ in range(200))]
+    for low, high in ranges:
+        match = regex(integer_range_rule(low, high)).fullmatch
+        near = [*range(low - 12, low + 12), *range(high - 12, high + 12)]
+        for n in near + [rng.randint(low - 999, high + 999) for _ in range(50)]:
+            assert bool(match(str(n))) == (low <= n <= high), (low, high, n)
+        assert not any(match(s) for s in ("-0", "00", "01", "+1", ""))
+
+
+@pytest.mark.parametrize(("schema", "why"), [
+    ({"type": "integer", "minimum": 5, "exclusiveMaximum": 5}, "the schema allows no integer"),
+    ({"type": "integer", "minimum": 2.2, "maximum": 2.9}, "minimum 2.2, maximum 2.9"),
+    ({"properties": {"a": {"type": ["integer", "null"], "minimum": 10**17}}},
+     "properties.a allows no integer .of at most 16 digits"),
+])
+def test_integer_bounds_no_integer_meets_are_refused_in_one_line(schema: object,
+                                                                 why: str) -> None:
+    with pytest.raises(GrammarError, match=why) as err:
+        schema_grammar(schema)
+    assert "\n" not in str(err.value)
+
+
+def test_a_pattern_is_read_as_tokens_the_way_the_converter_reads_it() -> None:
+    def kinds(pattern: str) -> list[tuple[str, str]]:
+        return [(t.kind, t.text) for t in _pattern_tokens(pattern)]
+
+    assert kinds(r"a[\]x]\\|(b{2,3})*") == [
+        ("literal", "a"), ("class", r"[\]x]"), ("escape", "\\\\"), ("alternation", "|"),
+        ("open", "("), ("literal", "b"), ("quantifier", "{2,3}"), ("close", ")"),
+        ("quantifier", "*")]
+    # a class runs to its first unescaped ]: [^]] is the class [^] and a stray ]
+    assert kinds("[^]]") == [("class", "[^]"), ("literal", "]")]
+    assert kinds(r"[a\\]]") == [("class", r"[a\\]"), ("literal", "]")]
+    unclosed = list(_pattern_tokens("x[ab\\"))
+    assert unclosed[1].text == "[ab\\" and not unclosed[1].closed
+    assert unclosed[1].inner() == "ab\\"
+    assert kinds("a{x]}") == [("literal", "a"), ("quantifier", "{x]}")]
+    assert kinds("a\\") == [("literal", "a"), ("escape", "\\")]
+
+
+@pytest.mark.parametrize(("pattern", "takes", "refuses"), [
+    # an escaped ] inside a class is a member, not its end
+    (r"^[a\]]{2}$", ['"a]"', '"]]"', '"]a"'], ['"ab"', '"a"', '"a]]"']),
+    # an escaped | is a character; the one after it parts the whole pattern
+    (r"^a\||b$", ['"a|"', '"b"'], ['"a"', '"a|b"', '"|"']),
+    # a top-level | beside groups parts the whole; one in a group does not
+    (r"^(a)|(b|c)d$", ['"a"', '"bd"', '"cd"'], ['"ad"', '"b"', '"d"']),
+    (r"^((a|b)c|d)e$", ['"ace"', '"bce"', '"de"'], ['"d"', '"ac"', '"e"']),
+    # a negated class with an escaped ]
+    (r"^[^\]a]x$", ['"bx"', '"[x"'], ['"]x"', '"ax"', '"x"']),
+])
+def test_tricky_patterns_answer_what_they_match(demo: Engine, pattern: str,
+                                                takes: list[str], refuses: list[str]) -> None:
+    grammar = schema_grammar({"type": "string", "pattern": pattern})
+    for text in takes:
+        assert _takes(demo, grammar, text), (pattern, text)
+    for text in refuses:
+        assert not _takes(demo, grammar, text), (pattern, text)
+
+
+@pytest.mark.parametrize(("pattern", "why"), [
+    ("^[^]]$", "unmatched ']' at character 4"),  # the class is [^], then a stray ]
+    ("^[]]$", "unmatched ']' at character 3"),
+    (r"^a\\]$", "unmatched ']' at character 4"),  # \\ escapes the backslash, not ]
+    (r"^a\\|b$", r"the escape \\\\ is not supported"),
+    ("^[a{]}$", "unmatched '}' at character 5"),
+])
+def test_tricky_patterns_are_refused_where_the_converter_would_fail(pattern: str,
+                                                                    why: str) -> None:
+    with pytest.raises(GrammarError, match=why):
+        schema_grammar({"type": "string", "pattern": pattern})

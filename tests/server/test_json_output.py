@@ -259,6 +259,40 @@ def test_a_pattern_that_needs_a_json_escape_is_400(server: Server, pattern: str)
     assert "pattern" in message and "not supported" in message, message
 
 
+BOUNDED = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3,
+                                                 "maximum": 17}},
+           "required": ["n"]}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 1.5])
+def test_an_integer_answer_keeps_within_the_schema_bounds(server: Server,
+                                                          temperature: float) -> None:
+    """The converter accepted ``minimum``/``maximum`` on an integer and wrote any
+    integer: the answer could be 0 or 5000."""
+    client = server.client()
+    for seed in range(4):
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Pick a number: 0, 2 or 5000?"}],
+            max_tokens=40, seed=seed, temperature=temperature, top_p=1.0,
+            extra_body={"top_k": 0, "min_p": 0.0},
+            response_format=_schema(BOUNDED))  # type: ignore[arg-type]
+        text = r.choices[0].message.content or ""
+        assert r.choices[0].finish_reason == "stop", text
+        value = json.loads(text)
+        assert set(value) == {"n"} and type(value["n"]) is int, text
+        assert 3 <= value["n"] <= 17, text
+
+
+def test_integer_bounds_no_integer_meets_are_400(server: Server) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        server.client().chat.completions.create(
+            model=MODEL, messages=ASK, max_tokens=5, response_format=_schema(
+                {"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 4}))  # type: ignore[arg-type]
+    error = caught.value.response.json()["error"]
+    assert error["param"] == "response_format"
+    assert "allows no integer" in error["message"], error
+
+
 def test_an_allof_merging_objects_still_works(server: Server) -> None:
     """pydantic writes a model that inherits as an allOf of $refs and properties."""
     schema = {"$defs": {"Base": {"type": "object", "properties": {"name": {"type": "string"}},

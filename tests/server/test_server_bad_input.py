@@ -270,9 +270,30 @@ def test_serving_beyond_loopback_needs_a_key_and_says_so() -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "--api-key" in out.stderr and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        "moescope: error: --host 0.0.0.0 makes the model reachable from other machines: "
+        "give an --api-key (or set MOESCOPE_API_KEY), or --insecure-no-api-key to serve it "
+        "to anyone who can reach this port")
     out = subprocess.run(serve_command("--port", "70000"), capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and "--port" in out.stderr
+
+
+def test_a_refused_exposure_carries_the_host_for_each_front_end_to_word() -> None:
+    """check_exposure's refusal named the CLI's flags, so the window checked exposure
+    again itself to speak of its own fields; the refusal now carries the host and each
+    front end words it (the CLI above, the window in tests/gui/test_serve.py)."""
+    from moescope.server.run import ExposureRefused, check_exposure
+
+    for host in ("0.0.0.0", "192.168.1.5", "::", "example.org"):
+        with pytest.raises(ExposureRefused) as refused:
+            check_exposure(host, None, insecure=False)
+        assert refused.value.host == host
+        assert "--" not in str(refused.value) and host in str(refused.value)
+        assert check_exposure(host, "a-key", insecure=False) is None
+        assert "WITHOUT AN API KEY" in (check_exposure(host, None, insecure=True) or "")
+    for host in ("127.0.0.1", "::1", "localhost"):
+        assert check_exposure(host, None, insecure=False) is None
 
 
 def test_a_port_in_use_is_one_line(server: Server) -> None:

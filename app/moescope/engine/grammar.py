@@ -40,9 +40,9 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -95,10 +95,8 @@ def schema_grammar(schema: Any) -> str:
             raise GrammarError("the schema nests too deeply") from None
     for node in check_schema(schema):
         node["pattern"] = _grouped(_json_safe(node["pattern"]))
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
     try:
-        text = json_schema_to_gbnf(json.dumps(schema))
+        text = _convert(schema)
     except RecursionError:
         raise GrammarError("the schema nests too deeply to turn into a grammar") from None
     except Exception as err:  # the converter asserts, KeyErrors, TypeErrors...
@@ -106,6 +104,119 @@ def schema_grammar(schema: Any) -> str:
                            f"{_one_line(f'{type(err).__name__}: {err}')}") from None
     check_grammar(text)
     return str(text)
+
+
+def _convert(schema: dict[str, Any]) -> str:
+    """llama-cpp-python's ``json_schema_to_gbnf``, with integers' bounds enforced: its
+    converter accepts ``minimum``, ``maximum``, ``exclusiveMinimum`` and
+    ``exclusiveMaximum`` and writes any integer. An integer schema with bounds (and no
+    ``$ref``, ``anyOf``/``oneOf``, ``const`` or ``enum``, which come first) becomes the
+    digit strings of its range (:func:`integer_range_rule`), also as a member of a list
+    of types (which the converter turns into bare ``{"type": ...}`` schemas, whatever
+    else the schema says)."""
+    from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
+
+    class Converter(SchemaConverter):  # type: ignore[misc]
+        def visit(self, node: Any, name: str) -> Any:
+            if isinstance(node, dict) and _bounded_integer(node):
+                rule = name + "-" if name in RESERVED_NAMES else name or "root"
+                kind = node["type"]
+                if kind == "integer":
+                    return self._add_rule(rule, integer_range_rule(*integer_range(node)))
+                bounds = {k: node[k] for k in _BOUNDS if k in node}
+                members = [{"type": t, **(bounds if t == "integer" else {})} for t in kind]
+                return self._add_rule(rule, self._generate_union_rule(name, members))
+            return super().visit(node, name)
+
+    converter = Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter.visit(converter.resolve_refs(schema, "stdin"), "")
+    return str(converter.format_grammar())
+
+
+MAX_INTEGER_DIGITS = 16
+"""Digits of an integer the grammar writes (as the converter's ``integer``: 16)."""
+_INTEGER_LIMIT = 10**MAX_INTEGER_DIGITS - 1
+_BEFORE_TYPE = ("$ref", "anyOf", "oneOf", "const", "enum")
+"""Keywords the converter reads before a schema's type (a list of types comes after
+the first three, before the last two)."""
+
+
+def _bounded_integer(node: dict[str, Any]) -> bool:
+    """Whether the converter would write ``node`` as any integer, or a list of types
+    with ``integer`` as bare types, where it has bounds that :func:`_convert` keeps."""
+    if not any(k in node for k in _BOUNDS):
+        return False
+    kind = node.get("type")
+    if kind == "integer":
+        return not any(k in node for k in _BEFORE_TYPE)
+    return isinstance(kind, list) and "integer" in kind \
+        and not any(k in node for k in _BEFORE_TYPE[:3])
+
+
+def integer_range(node: dict[str, Any]) -> tuple[int, int]:
+    """The integers an integer schema's bounds allow, from and to (of at most
+    :data:`MAX_INTEGER_DIGITS` digits); empty where the first exceeds the second."""
+    low, high = -_INTEGER_LIMIT, _INTEGER_LIMIT
+    if "minimum" in node:
+        low = max(low, math.ceil(node["minimum"]))
+    if "exclusiveMinimum" in node:
+        low = max(low, math.floor(node["exclusiveMinimum"]) + 1)
+    if "maximum" in node:
+        high = min(high, math.floor(node["maximum"]))
+    if "exclusiveMaximum" in node:
+        high = min(high, math.ceil(node["exclusiveMaximum"]) - 1)
+    return low, high
+
+
+def integer_range_rule(low: int, high: int) -> str:
+    """A GBNF rule's body for the integers from ``low`` to ``high`` as JSON writes them
+    (no leading zeros, no ``-0``), then ``space``: one alternative per digit count and
+    sign, each a choice digit by digit (:func:`_digit_range`)."""
+    assert low <= high
+    parts = []
+    if low < 0:  # the magnitudes of low..min(high, -1)
+        parts.append(f'"-" ({" | ".join(_natural_range(max(1, -high), -low))})')
+    if high >= 0:
+        parts.extend(_natural_range(max(low, 0), high))
+    return f"({' | '.join(parts)}) space"
+
+
+def _natural_range(low: int, high: int) -> list[str]:
+    """Alternatives for the numbers from ``low`` to ``high`` (both from 0), one for each
+    digit count."""
+    out = []
+    for digits in range(len(str(low)), len(str(high)) + 1):
+        first = max(low, 10 ** (digits - 1) if digits > 1 else 0)
+        out.append(_digit_range(str(first), str(min(high, 10**digits - 1))))
+    return out
+
+
+def _digit_range(low: str, high: str) -> str:
+    """The digit strings of ``low``'s length from ``low`` to ``high``: their common
+    prefix, then at the first digit that differs, ``low``'s digit followed by what
+    reaches up to all nines, the digits between followed by any digits, and ``high``'s
+    digit followed by what runs from all zeros (``123..456``: ``"1" ("2" [3-9] | [3-9]
+    [0-9]) | [2-3] [0-9]{2} | "4" ...``)."""
+    same = 0
+    while same < len(low) and low[same] == high[same]:
+        same += 1
+    if same == len(low):
+        return f'"{low}"'
+    head = f'"{low[:same]}" ' if same else ""
+    a, b, rest_low, rest_high = low[same], high[same], low[same + 1:], high[same + 1:]
+    n = len(rest_low)
+    any_rest = "" if n == 0 else " [0-9]" if n == 1 else f" [0-9]{{{n}}}"
+    from_zeros, to_nines = rest_low == "0" * n, rest_high == "9" * n
+    first = a if from_zeros else chr(ord(a) + 1)
+    last = b if to_nines else chr(ord(b) - 1)
+    parts = []
+    if not from_zeros:
+        parts.append(f'"{a}" ({_digit_range(rest_low, "9" * n)})')
+    if first <= last:
+        parts.append(f"[{first}{'-' + last if last != first else ''}]{any_rest}")
+    if not to_nines:
+        parts.append(f'"{b}" ({_digit_range("0" * n, rest_high)})')
+    return head + (parts[0] if len(parts) == 1 else f"({' | '.join(parts)})")
 
 
 def check_schema(schema: Any) -> list[dict[str, Any]]:
@@ -224,6 +335,13 @@ def _check_keywords(schema: dict[str, Any]) -> list[dict[str, Any]]:
                 and isinstance(node.get("maximum"), int | float) \
                 and node["minimum"] > node["maximum"]:
             raise bad("minimum", f"at most maximum ({node['maximum']})")
+        if _bounded_integer(node):
+            low, high = integer_range(node)
+            if low > high:
+                bounds = ", ".join(f"{k} {node[k]}" for k in _BOUNDS if k in node)
+                raise GrammarError(f"{path or 'the schema'} allows no integer (of at most "
+                                   f"{MAX_INTEGER_DIGITS} digits, as the grammar writes "
+                                   f"them) within {bounds}")
         if "allOf" in node and not _merges_objects(node):
             raise GrammarError(f"{path + '.' if path else ''}allOf is supported only to "
                                "merge objects' properties (each part an object schema "
@@ -251,27 +369,67 @@ def _check_keywords(schema: dict[str, Any]) -> list[dict[str, Any]]:
     return patterned
 
 
-def _check_pattern(pattern: str, where: str) -> None:
-    """Refuse a ``]`` or ``}`` outside a character class or a ``{m,n}``: the converter
-    reads it as neither a literal nor syntax and loops on it forever (``^a]$`` hung the
-    request, and with it the server's event loop, at 100% CPU). Scans as the converter
-    does: a backslash takes the next character along, ``[`` runs to the next unescaped
-    ``]`` and ``{`` to the next ``}``."""
+class _Token(NamedTuple):
+    """A piece of a ``pattern`` as llama-cpp-python's converter reads it."""
+
+    kind: str
+    """``escape`` (a backslash and the character after it; alone at the end), ``class``
+    (``[...]``), ``open`` and ``close`` (a group's parentheses), ``alternation`` (``|``),
+    ``quantifier`` (``*``, ``+``, ``?`` or a ``{...}``) or ``literal`` (any other
+    character, a stray ``]`` or ``}`` too)."""
+    text: str
+    """As written, a class's or ``{...}``'s closing bracket included where it has one."""
+    at: int
+    """Where it starts in the pattern."""
+    closed: bool = True
+    """A class or ``{...}`` that has its closing bracket (the others: True)."""
+
+    def inner(self) -> str:
+        """A class's members or a ``{...}``'s content: the text between the brackets."""
+        return self.text[1:-1] if self.closed else self.text[1:]
+
+
+_SINGLE = {"(": "open", ")": "close", "|": "alternation", "*": "quantifier",
+           "+": "quantifier", "?": "quantifier"}
+
+
+def _pattern_tokens(pattern: str, members: bool = False) -> Iterator[_Token]:
+    """The tokens of ``pattern``, scanned as the converter does: a backslash takes the
+    next character along, ``[`` runs to the next unescaped ``]`` and ``{`` to the next
+    ``}`` (or each to the end). ``members``: ``pattern`` is a character class's
+    members (:meth:`_Token.inner`), escapes and literals only."""
     i, n = 0, len(pattern)
     while i < n:
         c = pattern[i]
         if c == "\\":
+            yield _Token("escape", pattern[i:i + 2], i)
             i += 2
-            continue
-        if c in "[{":
-            close = "]" if c == "[" else "}"
+        elif members:
+            yield _Token("literal", c, i)
             i += 1
-            while i < n and pattern[i] != close:
-                i += 2 if c == "[" and pattern[i] == "\\" else 1
-        elif c in "]}":
-            raise GrammarError(f"{where} has an unmatched {c!r} at character {i} (write "
-                               f"\\{c} for the character itself)")
-        i += 1
+        elif c in "[{":
+            j = i + 1
+            close = "]" if c == "[" else "}"
+            while j < n and pattern[j] != close:
+                j += 2 if c == "[" and pattern[j] == "\\" else 1
+            closed = j < n
+            end = j + 1 if closed else n
+            yield _Token("class" if c == "[" else "quantifier", pattern[i:end], i, closed)
+            i = end
+        else:
+            yield _Token(_SINGLE.get(c, "literal"), c, i)
+            i += 1
+
+
+def _check_pattern(pattern: str, where: str) -> None:
+    """Refuse a ``]`` or ``}`` outside a character class or a ``{m,n}``: the converter
+    reads it as neither a literal nor syntax and loops on it forever (``^a]$`` hung the
+    request, and with it the server's event loop, at 100% CPU)."""
+    for token in _pattern_tokens(pattern):
+        if token.kind == "literal" and token.text in "]}":
+            c = token.text
+            raise GrammarError(f"{where} has an unmatched {c!r} at character {token.at} "
+                               f"(write \\{c} for the character itself)")
 
 
 _UNSAFE = '"\\\\\\x00-\\x1F'
@@ -296,11 +454,10 @@ def _json_safe(pattern: str) -> str:
                             "as an escape sequence, which the grammar cannot follow)")
 
     out: list[str] = []
-    i, n = 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if c == "\\" and i + 1 < n:
-            e = pattern[i + 1]
+    for token in _pattern_tokens(pattern):
+        text = token.text
+        if token.kind == "escape" and len(text) == 2:
+            e = text[1]
             if e in _SHORTHANDS:
                 out.append(f"[{_SHORTHANDS[e]}]")
             elif e.lower() in _SHORTHANDS:
@@ -308,43 +465,43 @@ def _json_safe(pattern: str) -> str:
             elif e.isalnum() or e in '"\\':
                 raise refuse(f"the escape \\{e}")
             else:
-                out.append(pattern[i:i + 2])
-            i += 2
-        elif c == '"':
+                out.append(text)
+        elif token.kind == "class":
+            out.append(_json_safe_class(token.inner(), refuse))
+        elif token.kind == "quantifier" and text[0] == "{":  # its content as a pattern
+            out.append("{" + _json_safe(token.inner()) + ("}" if token.closed else ""))
+        elif text == '"':
             raise refuse('a literal "')
-        elif c == ".":
+        elif text == ".":
             out.append(f"[^{_UNSAFE}]")
-            i += 1
-        elif c == "[":
-            j = i + 1
-            negated = j < n and pattern[j] == "^"
-            members: list[str] = []
-            j += negated
-            while j < n and pattern[j] != "]":
-                m = pattern[j]
-                if m == "\\" and j + 1 < n:
-                    e = pattern[j + 1]
-                    if e in _SHORTHANDS:
-                        members.append(_SHORTHANDS[e])
-                    elif e.isalnum() or e == "\\":
-                        raise refuse(f"the escape \\{e} in a character class")
-                    else:
-                        members.append(pattern[j:j + 2])
-                    j += 2
-                    continue
-                if m == '"' or ord(m) < 0x20:
-                    raise refuse(f"{m!r} in a character class")
-                members.append(m)
-                j += 1
-            body = "".join(members)
-            out.append(f"[^{_UNSAFE}{body}]" if negated else f"[{body}]")
-            i = j + 1
         else:
-            if ord(c) < 0x20:
-                raise refuse(f"the control character {c!r}")
-            out.append(c)
-            i += 1
+            if ord(text[0]) < 0x20:
+                raise refuse(f"the control character {text!r}")
+            out.append(text)
     return "".join(out)
+
+
+def _json_safe_class(members: str, refuse: Callable[[str], GrammarError]) -> str:
+    """A character class (its members, between the brackets) as :func:`_json_safe`
+    writes it."""
+    negated = members.startswith("^")
+    body: list[str] = []
+    for token in _pattern_tokens(members[negated:], members=True):
+        m = token.text
+        if len(m) == 2:  # an escape
+            e = m[1]
+            if e in _SHORTHANDS:
+                body.append(_SHORTHANDS[e])
+            elif e.isalnum() or e == "\\":
+                raise refuse(f"the escape \\{e} in a character class")
+            else:
+                body.append(m)
+        elif m == '"' or ord(m) < 0x20:
+            raise refuse(f"{m!r} in a character class")
+        else:
+            body.append(m)
+    text = "".join(body)
+    return f"[^{_UNSAFE}{text}]" if negated else f"[{text}]"
 
 
 def _grouped(pattern: str) -> str:
@@ -355,22 +512,14 @@ def _grouped(pattern: str) -> str:
     if not (pattern.startswith("^") and pattern.endswith("$")):
         return pattern  # the converter refuses it, with its own message
     body = pattern[1:-1]
-    depth, i, n = 0, 0, len(body)
-    while i < n:
-        c = body[i]
-        if c == "\\":
-            i += 1
-        elif c == "[":
-            i += 1
-            while i < n and body[i] != "]":
-                i += 2 if body[i] == "\\" else 1
-        elif c == "(":
+    depth = 0
+    for token in _pattern_tokens(body):
+        if token.kind == "open":
             depth += 1
-        elif c == ")":
+        elif token.kind == "close":
             depth -= 1
-        elif c == "|" and depth == 0:
+        elif token.kind == "alternation" and depth == 0:
             return f"^({body})$"
-        i += 1
     return pattern
 
 
@@ -388,12 +537,16 @@ def _merges_objects(node: dict[str, Any]) -> bool:
 
 def _pattern_repeats(pattern: str) -> int:
     """An upper bound of how many times the converter writes a pattern's parts out: the
-    product of its quantifiers' counts (as if all were nested)."""
+    product of its ``{m,n}`` counts (as if all were nested; one in a character class
+    counts too)."""
     product = 1
-    for low, high in _QUANTIFIER.findall(pattern):
-        product *= max(int(low), int(high or 0)) + 1
-        if product > MAX_REPEAT_COST:
-            return product
+    for token in _pattern_tokens(pattern):
+        if token.kind not in ("quantifier", "class"):
+            continue
+        for low, high in _QUANTIFIER.findall(token.text):
+            product *= max(int(low), int(high or 0)) + 1
+            if product > MAX_REPEAT_COST:
+                return product
     return product
 
 
@@ -601,6 +754,19 @@ class Grammar:
             self._view["id"][:n] = np.arange(n, dtype=np.int32)  # vocabulary order again
         ok = np.isfinite(view["logit"])
         return ids[ok].astype(np.int32), logits[ok]
+
+    def allows(self, token: int) -> bool:
+        """Whether the grammar allows ``token`` now, without sampling (the parse state
+        moves only with :meth:`accept`)."""
+        ids, _ = self._allowed(np.array([token], dtype=np.int32),
+                               np.zeros(1, dtype=np.float32))
+        return len(ids) == 1
+
+    def complete(self) -> bool:
+        """Whether what the grammar has accepted is a whole answer (it allows the end of
+        generation now)."""
+        ends = np.flatnonzero(self._eog)
+        return bool(len(ends)) and self.allows(int(ends[0]))
 
     def accept(self, token: int) -> None:
         """Advance past ``token``, which :meth:`mask` allowed (never an end of

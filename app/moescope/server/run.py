@@ -26,16 +26,25 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+class ExposureRefused(MoEScopeError):
+    """Serving on :attr:`host` would let other machines reach the model without an API
+    key. Each front end words the refusal in its own terms from :attr:`host`: the CLI
+    with its ``--host``/``--api-key`` flags, the window with its panel's fields."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__(f"{host} lets other machines reach the model, and no API key "
+                         "guards it")
+        self.host = host
+
+
 def check_exposure(host: str, api_key: str | None, insecure: bool) -> str | None:
-    """Refuse to serve beyond this machine without a key; returns a warning to print
-    when ``insecure`` lets it happen anyway (None otherwise)."""
+    """Refuse to serve beyond this machine without a key (:class:`ExposureRefused`);
+    returns a warning to print when ``insecure`` lets it happen anyway (None
+    otherwise)."""
     if is_loopback(host) or api_key:
         return None
     if not insecure:
-        raise MoEScopeError(
-            f"--host {host} makes the model reachable from other machines: give an "
-            f"--api-key (or set MOESCOPE_API_KEY), or --insecure-no-api-key to serve it "
-            f"to anyone who can reach this port")
+        raise ExposureRefused(host)
     return (f"WARNING: serving on {host} WITHOUT AN API KEY: anyone who can reach this "
             f"port can use the model and steer its cache")
 

@@ -76,10 +76,16 @@ def run(args: argparse.Namespace) -> int:
         resolve_model,
         start_audits,
     )
-    from moescope.server.run import check_exposure, check_port, port_free
+    from moescope.server.run import ExposureRefused, check_exposure, check_port, port_free
 
     api_key = args.api_key or os.environ.get("MOESCOPE_API_KEY") or None
-    warning = check_exposure(args.host, api_key, args.insecure_no_api_key)
+    try:
+        warning = check_exposure(args.host, api_key, args.insecure_no_api_key)
+    except ExposureRefused as refused:
+        raise MoEScopeError(
+            f"--host {refused.host} makes the model reachable from other machines: give "
+            f"an --api-key (or set MOESCOPE_API_KEY), or --insecure-no-api-key to serve "
+            f"it to anyone who can reach this port") from None
     check_port(args.port)
     for name, value, lo, hi in (("--max-tokens", args.max_tokens, 1, 1 << 20),
                                 ("--queue", args.queue, 0, 1024),

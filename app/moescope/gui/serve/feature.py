@@ -121,9 +121,9 @@ class ServeFeature(QObject):
         """Serve the loaded model; returns the base URL. Raises ``MoEScopeError`` with
         the reason (no model, a busy port, another machine's address without a key)."""
         from moescope.server.run import (  # HTTP stack
+            ExposureRefused,
             ServerThread,
             check_exposure,
-            is_loopback,
             port_free,
         )
 
@@ -132,13 +132,12 @@ class ServeFeature(QObject):
         engine = self.worker.engine
         if engine.model is None or self.window.loading:
             raise MoEScopeError("load a model first: the server serves the window's model")
-        if not is_loopback(host) and not api_key:
-            # in the panel's words: check_exposure's names the CLI's --api-key and
-            # --insecure-no-api-key, which this window has not
-            raise MoEScopeError(f"{host} lets other machines reach the model: type an API "
-                                f"key to serve it beyond this machine, or keep the address "
-                                f"127.0.0.1 (this machine only)")
-        check_exposure(host, api_key or None, insecure=False)
+        try:
+            check_exposure(host, api_key or None, insecure=False)
+        except ExposureRefused as refused:  # in the panel's words, not the CLI's flags
+            raise MoEScopeError(f"{refused.host} lets other machines reach the model: type "
+                                f"an API key to serve it beyond this machine, or keep the "
+                                f"address 127.0.0.1 (this machine only)") from None
         if not port_free(host, port):
             raise MoEScopeError(f"cannot listen on {host}:{port}: the port is in use or the "
                                 "address is not this machine's")
