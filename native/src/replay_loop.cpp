@@ -394,6 +394,8 @@ FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, boo
     plan->predicted.resize(prefetches ? static_cast<size_t>(total_preds) * t.pred_width : 0);
     plan->key_half_life = half_life;
     plan->keys.resize(half_life > 0.0f ? nr * k : 0);
+    /* each trace row's packed place (-1: a row of no route call) */
+    std::vector<int64_t> packed_of(bonus ? static_cast<size_t>(t.n_rows) : 0, -1);
     int64_t step = t.initial_step;
     for (int64_t c = 0; c < t.n_calls; ++c) {
         step = std::max(step, t.call_step[c]);
@@ -405,6 +407,11 @@ FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, boo
         const size_t layer = static_cast<size_t>(t.call_layer[c]);
         const int64_t p0 = row_at[layer];
         row_at[layer] += n;
+        if (bonus) {
+            for (int64_t i = 0; i < n; ++i) {
+                packed_of[static_cast<size_t>(r0 + i)] = p0 + i;
+            }
+        }
         plan->events[static_cast<size_t>(at[layer]++)] =
             PlanEvent{r0, p0, plan->call_token[static_cast<size_t>(c)], step, c,
                       static_cast<int32_t>(n), 0};
@@ -524,31 +531,52 @@ FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, boo
                             order[0] = 0xFF;
                         }
                     }
-                    for (int64_t i = 0; i < n; ++i) {
-                        const float * row = t.probs + (r0 + i) * t.n_experts;
-                        const uint16_t * rank = P.ranks.data() + (p0 + i) * MOECACHE_RANK_WIDTH;
-                        float * dst = P.rank_p.data() + (p0 + i) * loop::kRankP;
-                        const int32_t m = std::min<int32_t>(
-                            loop::kRankP, P.counts[static_cast<size_t>(p0 + i)] & loop::kRankCount);
-                        for (int32_t j = 0; j < m; ++j) {
-                            dst[j] = row[rank[j]];
-                        }
-                    }
                 }
             }
         }
     };
-    std::vector<std::thread> pool;
-    const int32_t helpers = std::min(n_threads, t.n_layers) - 1;
-    try {
-        for (int32_t w = 0; w < helpers; ++w) {
-            pool.emplace_back(pack);
+    /* then the ranked experts' probabilities, read from the rows in the trace's order (a
+     * layer's rows lie a layer's width apart: read in a layer's order, each row was a TLB
+     * miss and its lines each a cache miss the hardware could not see coming) */
+    std::atomic<int64_t> next_row{0};
+    constexpr int64_t kRowChunk = 4096;
+    auto gather = [&]() {
+        FastPlan & P = *plan;
+        for (int64_t a = next_row.fetch_add(kRowChunk); a < t.n_rows;
+             a = next_row.fetch_add(kRowChunk)) {
+            for (int64_t r = a; r < std::min(t.n_rows, a + kRowChunk); ++r) {
+                const int64_t p = packed_of[static_cast<size_t>(r)];
+                if (p < 0) {
+                    continue;
+                }
+                const float * row = t.probs + r * t.n_experts;
+                const uint16_t * rank = P.ranks.data() + p * MOECACHE_RANK_WIDTH;
+                float * dst = P.rank_p.data() + p * loop::kRankP;
+                const int32_t m = std::min<int32_t>(
+                    loop::kRankP, P.counts[static_cast<size_t>(p)] & loop::kRankCount);
+                for (int32_t j = 0; j < m; ++j) {
+                    dst[j] = row[rank[j]];
+                }
+            }
         }
-    } catch (...) {  // no thread could be started: this one packs the rest
-    }
-    pack();
-    for (std::thread & th : pool) {
-        th.join();
+    };
+    auto on_threads = [&](auto & fn) {
+        std::vector<std::thread> pool;
+        const int32_t helpers = std::min(n_threads, t.n_layers) - 1;
+        try {
+            for (int32_t w = 0; w < helpers; ++w) {
+                pool.emplace_back([&fn]() { fn(); });
+            }
+        } catch (...) {  // no thread could be started: this one does the rest
+        }
+        fn();
+        for (std::thread & th : pool) {
+            th.join();
+        }
+    };
+    on_threads(pack);
+    if (bonus) {
+        on_threads(gather);
     }
     return plan.release();
 }
