@@ -125,3 +125,32 @@ def test_change_markers_one_token_apart_keep_their_labels_apart(window: Any,
     # a label left out is still named: its line stays and the tooltip lists it
     tip = plots.graphics.toolTip()
     assert all(f"token {step}: {label}" in tip for step, label in changes)
+
+
+@pytest.mark.parametrize("pt", [10, 11, 12, 14])
+def test_a_context_of_a_million_tokens_fits_the_meter(make_window: Any, font_pt: Any,
+                                                      qtbot: Any, pt: float) -> None:
+    """At 1M tokens of context the meter read "1048576 / 1048576" in room for six-digit
+    numbers: clipped at the window's least width. It says "1.0M" (and "262k") there now,
+    with the exact numbers in its tooltip, and the long form where the row has room."""
+    window = make_window()
+    font_pt(window, pt)
+    qtbot.wait(50)
+    view, bar = window.chat_view, window.chat_view.context_bar
+    window.resize(window.minimumSizeHint().width(), 650)
+    qtbot.waitUntil(lambda: window.width() == window.minimumSizeHint().width(),
+                    timeout=5_000)
+    for used, n_ctx, words in ((262_144, 1_048_576, "262k / 1.0M"),
+                               (1_048_576, 1_048_576, "1.0M / 1.0M"),
+                               (2_000_000, 10_485_760, "2.0M / 10M")):
+        view.set_context(used, n_ctx)
+        qtbot.wait(20)
+        assert bar.text().endswith(words), (bar.text(), words)
+        assert bar.fontMetrics().horizontalAdvance(bar.text()) + 8 <= bar.width()
+        assert f"{used:,} of {n_ctx:,} tokens" in bar.toolTip()
+    view.set_context(131_072, 131_072)  # six digits still fit as they are
+    assert bar.text().endswith("131072 / 131072")
+    window.resize(window.minimumSizeHint().width() + 600, 650)
+    view.set_context(262_144, 1_048_576)
+    qtbot.waitUntil(lambda: bar.text() == "context 262144 / 1048576", timeout=5_000)
+    assert bar.fontMetrics().horizontalAdvance(bar.text()) <= bar.width()
