@@ -63,6 +63,7 @@ from moescope.gui.traces.trace_opener import TraceOpener
 from moescope.gui.traces.trace_window import TraceWindow
 from moescope.gui.widgets.elided_label import ElidedLabel
 from moescope.gui.widgets.logs_view import LogsView
+from moescope.gui.widgets.named_tabs import name_tabs
 from moescope.gui.widgets.screen_fit import fitting
 from moescope.gui.widgets.status_tip import tooltip_follows_message
 from moescope.gui.worker import EngineClient
@@ -183,10 +184,13 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.right_split = QSplitter(Qt.Orientation.Vertical)  # drag the controls away
         self.right_split.addWidget(self.controls)
         self.right_tabs = QTabWidget()
-        self.right_tabs.setAccessibleName("Side panels")
         self.right_tabs.addTab(self.cache_panel, "Cache")  # Alt+C is the Chat menu's
         self.right_tabs.addTab(self.chat_settings, "Chat settin&gs")
         self.right_tabs.addTab(self.logs, "&Logs")
+        name_tabs(self.right_tabs, "Side panels", [
+            "The expert cache as the model runs: heatmap, plots, memory",
+            "This chat's system prompt and sampling settings (temperature, max tokens, seed…)",
+            "The app's and the engine's log records, live"])
         self.right_split.addWidget(self.right_tabs)
         self.right_split.setCollapsible(1, False)
         self.right_split.setStretchFactor(1, 1)
