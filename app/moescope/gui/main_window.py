@@ -58,6 +58,7 @@ from moescope.gui.model_loading import ModelLoading, budget_percent
 from moescope.gui.preferences import PreferencesFeature, read_preferences
 from moescope.gui.serve import ServeFeature
 from moescope.gui.traces.session_list import SessionsDialog
+from moescope.gui.traces.session_scan import SessionScanner
 from moescope.gui.traces.session_traces import SessionTraces
 from moescope.gui.traces.trace_opener import TraceOpener
 from moescope.gui.traces.trace_window import TraceWindow
@@ -138,9 +139,12 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.recent_tokens: deque[TokenSnapshot] = deque(maxlen=RECENT_TOKENS)
         self.trace_windows: list[TraceWindow] = []
         self._trace_openers: dict[TraceOpener, QProgressDialog] = {}
+        """Traces being read, with their progress dialogs."""
         self._sessions_dialog: SessionsDialog | None = None
         """File ▸ Recent sessions ▸ All recorded sessions, while open."""
-        """Traces being read, with their progress dialogs."""
+        self.sessions_scanner = SessionScanner()
+        """Lists the traces folder on a thread for File ▸ Recent sessions."""
+        self.sessions_scanner.listed.connect(self._sessions_listed)
         self.notices: list[tuple[str, str]] = []
         """Non-blocking warnings shown (``notify``), oldest first."""
         self._notice_boxes: list[QMessageBox] = []
@@ -493,6 +497,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
             self._closed = True
             self.chat.stop()
             self.cache_panel.stop()
+            self.sessions_scanner.cancel()
             self.client.shutdown()
             # deliver what the worker emitted before it stopped (the last tokens and the
             # answer's finished signal), so the stopped answer is saved with its stats
