@@ -7,7 +7,8 @@ import pytest
 
 from moescope.display.context_meter import (
     EMPTY,
-    LEAST_WIDTH_TEXT,
+    EMPTY_SHORT,
+    LEAST_WIDTH_TEXTS,
     compact_tokens,
     exact_text,
     meter_texts,
@@ -24,13 +25,14 @@ def test_compact_tokens(n: int, text: str) -> None:
 
 
 def test_meter_forms_widest_first_and_the_short_ones_fit_the_least_width() -> None:
-    assert meter_texts(0, 0) == [EMPTY]
+    assert meter_texts(0, 0) == [EMPTY, EMPTY_SHORT]
     assert meter_texts(262_144, 1_048_576) == [
         "context 262144 / 1048576", "262144 / 1048576", "context 262k / 1.0M",
         "262k / 1.0M"]
     assert meter_texts(5_000_000, 1_048_576)[-1] == "1.0M / 1.0M"  # used capped
-    for n in (10**6, 999_999_999, 10**9 - 1):
-        assert len(meter_texts(n, n)[-1]) <= len(LEAST_WIDTH_TEXT)
+    longest = max(len(t) for t in LEAST_WIDTH_TEXTS)
+    for n in (9_999, 10_000, 999_499, 10**6, 9_949_999, 999_999_999, 10**9 - 1):
+        assert len(meter_texts(n, n)[-1]) <= longest
 
 
 def test_exact_text() -> None:

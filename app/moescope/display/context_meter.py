@@ -2,17 +2,20 @@
 
 The meter tries its forms widest first and shows the first that fits its width
 (:func:`meter_texts`): "context 131072 / 131072", "131072 / 131072", then the short
-numbers of :func:`compact_tokens` ("context 262k / 1.0M", "262k / 1.0M"). A context of a
-million tokens or more has seven-digit numbers that the exact forms cannot show in the
-meter's least width; the short ones always fit it.
+numbers of :func:`compact_tokens` ("context 262k / 1.0M", "262k / 1.0M"). The meter's
+least width has room for the short forms only (a context of a million tokens has
+seven-digit numbers that the exact forms could never fit); where the meter has more, the
+exact numbers show.
 """
 
 from __future__ import annotations
 
 EMPTY = "no model loaded"
-LEAST_WIDTH_TEXT = "000000 / 000000"
-"""The meter is never narrower than this text (six-digit numbers; the widest short form,
-"999k / 999k", is narrower)."""
+EMPTY_SHORT = "no model"
+""":data:`EMPTY` where the meter is too narrow for it."""
+LEAST_WIDTH_TEXTS = (EMPTY_SHORT, "9999 / 9999", "999k / 999k", "9.9M / 9.9M", "999M / 999M")
+"""The meter is never narrower than the widest of these texts: :data:`EMPTY_SHORT` and
+the short forms' widest (:func:`compact_tokens` is at most four characters and a unit)."""
 FULL_WIDTH_TEXT = "context 000000 / 000000"
 """The meter asks for this much where its row has room."""
 
@@ -33,9 +36,9 @@ def compact_tokens(n: int) -> str:
 
 def meter_texts(used: int, n_ctx: int) -> list[str]:
     """The meter's text forms for ``used`` of ``n_ctx`` tokens, widest (most exact) first;
-    just :data:`EMPTY` where no model is loaded (``n_ctx`` 0)."""
+    :data:`EMPTY` or :data:`EMPTY_SHORT` where no model is loaded (``n_ctx`` 0)."""
     if n_ctx <= 0:
-        return [EMPTY]
+        return [EMPTY, EMPTY_SHORT]
     used = min(max(0, used), n_ctx)
     exact = f"{used} / {n_ctx}"
     short = f"{compact_tokens(used)} / {compact_tokens(n_ctx)}"

@@ -129,8 +129,11 @@ class ContextBar(QProgressBar):
         return self.fontMetrics().horizontalAdvance(text) + self.PAD_PX
 
     def minimumSizeHint(self) -> QSize:
+        """As narrow as the widest short form needs ("999k / 999k"): six-digit numbers
+        (the exact form's) had made the window 30 px wider at 11 pt."""
         hint = super().minimumSizeHint()
-        return QSize(self._text_px(context_meter.LEAST_WIDTH_TEXT), hint.height())
+        return QSize(max(self._text_px(t) for t in context_meter.LEAST_WIDTH_TEXTS),
+                     hint.height())
 
     def sizeHint(self) -> QSize:
         """Room for the long form where the row has it (of seven-digit numbers too)."""
