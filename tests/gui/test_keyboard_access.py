@@ -211,9 +211,6 @@ def _unnamed_focus_stops(top: QWidget) -> list[str]:
             continue
         if isinstance(w.parent(), QAbstractSpinBox):
             continue  # a spin box's own editor: the box is named
-        if (isinstance(w, QTabBar) and isinstance(w.parent(), QTabWidget)
-                and w.parent().accessibleName()):
-            continue  # the tabs are read out by their titles
         text = w.text() if isinstance(w, QAbstractButton) else ""
         if not (w.accessibleName() or text):
             out.append(f"{type(w).__name__} in {type(w.parent()).__name__}")
@@ -232,6 +229,39 @@ def test_every_focus_stop_has_a_name(window: Any, qtbot: Any) -> None:
     assert summary.focusPolicy() & Qt.FocusPolicy.TabFocus and summary.accessibleName()
     assert window.cache_panel.heatmap.graphics.accessibleDescription().startswith(
         "Expert cache")
+
+
+def _unnamed_tabs(top: QWidget) -> list[str]:
+    """Tab widgets and tab bars in ``top`` with no name, and tabs with no tooltip."""
+    out = []
+    for w in [top, *top.findChildren(QWidget)]:
+        if isinstance(w, QTabWidget | QTabBar) and not w.accessibleName().strip():
+            out.append(f"{type(w).__name__} in {type(w.parent()).__name__}")
+        if isinstance(w, QTabWidget):
+            for i in range(w.count()):
+                bar = w.tabBar()
+                if not w.tabToolTip(i) or not bar.accessibleTabName(i):
+                    out.append(f"tab {w.tabText(i)!r} of {w.accessibleName()!r}")
+                assert "&" not in bar.accessibleTabName(i)
+    return out
+
+
+def test_every_tab_bar_has_a_name_and_every_tab_a_tooltip(
+        window: Any, qtbot: Any, open_trace_window: Any, trace_path: Path) -> None:
+    """The tab bars (the side panels', the cache plots', a trace window's) had no
+    accessible name: a screen reader said "tab bar" and nothing of which; most tabs had
+    no tooltip. Walks the real main window, a trace window, Preferences and Get models."""
+    from moescope.gui.hub.window import show_get_models
+
+    assert window.findChildren(QTabBar) and window.findChildren(QTabWidget)
+    assert _unnamed_tabs(window) == []
+    assert window.right_tabs.tabBar().accessibleName() == "Side panels tabs"
+    assert window.right_tabs.tabBar().accessibleTabName(1) == "Chat settings"
+    trace = open_trace_window(trace_path)
+    assert trace.findChildren(QTabBar) and _unnamed_tabs(trace) == []
+    for dialog in (window.show_preferences(), show_get_models(window)):
+        assert _unnamed_tabs(dialog) == [], type(dialog).__name__
+        dialog.close()
 
 
 def test_the_trace_window_closes_from_the_keyboard(open_trace_window: Any, trace_path: Path,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from gui_helpers import send
-from PySide6.QtCore import Qt, QTimer, QUrl
+from PySide6.QtCore import Qt, QThreadPool, QTimer, QUrl
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import QApplication, QFileDialog, QLineEdit, QTreeView, QWidget
 
@@ -49,6 +49,15 @@ def folder(tmp_path: Path, recorded: dict[str, Path]) -> Path:
     return d
 
 
+def _listed(qtbot: Any, folder: Path) -> SessionsDialog:
+    """The dialog on ``folder``, shown, once its first listing (on a thread) is in."""
+    dialog = SessionsDialog(folder)
+    qtbot.addWidget(dialog)
+    with qtbot.waitSignal(dialog.listed, timeout=30_000):
+        dialog.show()
+    return dialog
+
+
 def _rows(dialog: SessionsDialog) -> list[list[str]]:
     tree = dialog.tree
     return [[tree.topLevelItem(i).text(c) for c in range(tree.columnCount())]
@@ -63,9 +72,7 @@ def _select(dialog: SessionsDialog, name: str) -> int:
 
 def test_the_dialog_lists_the_folder_and_explains_each_state(qtbot: Any,
                                                               folder: Path) -> None:
-    dialog = SessionsDialog(folder)
-    qtbot.addWidget(dialog)
-    dialog.show()
+    dialog = _listed(qtbot, folder)
     rows = _rows(dialog)
     assert len(rows) == 4  # README.txt is not a trace
     assert dialog.entries[0].path.name == "notes.arrows"  # the newest file, by its time
@@ -93,9 +100,7 @@ def test_the_dialog_lists_the_folder_and_explains_each_state(qtbot: Any,
 
 def test_enter_opens_the_selected_session_and_nothing_for_an_unreadable_one(
         qtbot: Any, folder: Path) -> None:
-    dialog = SessionsDialog(folder)
-    qtbot.addWidget(dialog)
-    dialog.show()
+    dialog = _listed(qtbot, folder)
     dialog.activateWindow()
     qtbot.waitUntil(lambda: QApplication.activeWindow() is dialog, timeout=5_000)
     qtbot.keyClick(dialog, Qt.Key.Key_S, Qt.KeyboardModifier.AltModifier)  # &Sessions
@@ -120,15 +125,14 @@ def test_show_in_folder_refresh_and_another_file(qtbot: Any, folder: Path,
     shown: list[QUrl] = []
     monkeypatch.setattr(QDesktopServices, "openUrl",
                         staticmethod(lambda url: shown.append(url) or True))
-    dialog = SessionsDialog(folder)
-    qtbot.addWidget(dialog)
-    dialog.show()
+    dialog = _listed(qtbot, folder)
     _select(dialog, LONG)
     dialog.folder_button.click()
     assert [u.toLocalFile() for u in shown] == [str(folder)]
     newer = folder / "20261201-090000-OLMoE-1B-7B.arrows"
     shutil.copyfile(recorded["arrows"], newer)
-    dialog.refresh_button.click()
+    with qtbot.waitSignal(dialog.listed, timeout=30_000):
+        dialog.refresh_button.click()
     assert len(dialog.entries) == 5 and dialog.current().path.name == LONG  # kept
     assert newer in [e.path for e in dialog.entries]
     with qtbot.waitSignal(dialog.otherFileRequested):
@@ -182,7 +186,10 @@ def test_recent_sessions_mark_the_live_one_and_open_a_past_one(
     live = live_trace_file(window.trace_path)
     assert live == journal_path(window.trace_path)  # recording: the journal is the trace
     menu = window.sessions_menu
-    menu.aboutToShow.emit()
+    with qtbot.waitSignal(window.sessions_scanner.listed, timeout=30_000):
+        menu.aboutToShow.emit()
+        # listed on a thread: the menu says so until the first listing comes back
+        assert menu.actions()[0].text() == "Listing the sessions…"
     actions = [a for a in menu.actions() if not a.isSeparator()]
     assert actions[-1] is window.sessions_action
     texts = [a.text() for a in actions[:-1]]
@@ -207,6 +214,7 @@ def test_the_dialog_from_the_menu_opens_in_a_trace_window(
     window.sessions_action.trigger()
     dialog = window._sessions_dialog
     assert dialog is not None and dialog.isVisible()
+    qtbot.waitUntil(lambda: not dialog.scanning and bool(dialog.entries), timeout=30_000)
     assert window.show_sessions() is dialog  # one at a time
     _select(dialog, past.name)
     with qtbot.waitSignal(window.traceOpened, timeout=30_000) as opened:
@@ -214,3 +222,55 @@ def test_the_dialog_from_the_menu_opens_in_a_trace_window(
     assert opened.args[0].path == past
     qtbot.waitUntil(lambda: window._sessions_dialog is None, timeout=5_000)  # closed, freed
     assert not dialogs.shown
+
+
+def _settle(qtbot: Any) -> None:
+    """Every scan thread has ended and what it sent has been delivered."""
+    QThreadPool.globalInstance().waitForDone()
+    qtbot.wait(50)
+
+
+def test_the_list_fills_on_a_thread_and_a_rescan_shows_the_newer_folder(
+        qtbot: Any, folder: Path, recorded: dict[str, Path]) -> None:
+    """The dialog and File ▸ Recent sessions read every session's header on the GUI
+    thread: with many sessions on disk the window froze for as long. The listing is now
+    a pool thread's, the list fills when it comes, and a refresh during a scan wins over
+    it (the older scan's list never shows)."""
+    for n in range(60):  # many sessions on disk
+        shutil.copyfile(recorded["parquet"], folder / f"20261001-{n:06d}-Many-MoE.parquet")
+    dialog = SessionsDialog(folder)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    # the constructor returned before any file was read: nothing listed yet, and it says so
+    assert dialog.scanning and dialog.tree.topLevelItemCount() == 0
+    assert dialog.intro.text().startswith("Listing the recorded sessions in")
+    lists: list[int] = []
+    dialog.listed.connect(lambda: lists.append(len(dialog.entries)))
+    newer = folder / "20261202-080000-Newer-MoE.arrows"
+    shutil.copyfile(recorded["arrows"], newer)
+    dialog.refresh()  # while the first scan runs (or waits to be delivered)
+    qtbot.waitUntil(lambda: bool(lists), timeout=30_000)
+    _settle(qtbot)
+    assert lists == [65]  # once, the newer scan's: the folder with ``newer`` in it
+    assert newer in [e.path for e in dialog.entries] and dialog.tree.topLevelItemCount() == 65
+    assert "65 recorded sessions" in dialog.intro.text()
+    assert not dialog.scanning
+    # a refresh keeps the rows it has while it scans, then the new ones replace them
+    newer.unlink()
+    dialog.refresh()
+    assert dialog.tree.topLevelItemCount() == 65
+    qtbot.waitUntil(lambda: len(lists) == 2, timeout=30_000)
+    assert lists[-1] == 64 and newer not in [e.path for e in dialog.entries]
+
+
+def test_a_closed_dialog_stops_its_scan_and_shows_nothing_after(
+        qtbot: Any, folder: Path) -> None:
+    dialog = SessionsDialog(folder)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    lists: list[int] = []
+    dialog.listed.connect(lambda: lists.append(1))
+    dialog.reject()  # Close while the scan runs
+    assert not dialog.scanning
+    _settle(qtbot)
+    assert lists == [] and dialog.tree.topLevelItemCount() == 0

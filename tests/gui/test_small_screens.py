@@ -35,12 +35,14 @@ def font_pt(make_window: Any) -> Iterator[Any]:
                                                           font_pt=0))
 
 
-@pytest.mark.parametrize("pt", [0, 10])
+@pytest.mark.parametrize("pt", [0, 10, 11])
 def test_the_window_fits_1024_pixels_wide_at_10_points(make_window: Any, font_pt: Any,
                                                        qtbot: Any, pt: float) -> None:
     """At 10 pt the window could not be narrower than 1046 px: the chat buttons and a
     130 px context meter, the cache controls' margins. Thinking, Answer now appeared
-    beside Regenerate and Edit last and made it ~90 px wider still."""
+    beside Regenerate and Edit last and made it ~90 px wider still. At 11 pt it was
+    1088 px: the chat list's Rename and Delete side by side (176 px) and a meter sized
+    for six-digit numbers; they go one under the other, and the meter's short form."""
     window = make_window()
     font_pt(window, pt)
     qtbot.wait(50)
@@ -56,8 +58,15 @@ def test_the_window_fits_1024_pixels_wide_at_10_points(make_window: Any, font_pt
     window.resize(window.minimumSizeHint().width(), 650)
     qtbot.waitUntil(lambda: window.width() <= room, timeout=5_000)
     bar = view.context_bar
-    assert bar.text() in (f"{131_072} / {131_072}", f"context {131_072} / {131_072}")
+    assert bar.text() in (f"{131_072} / {131_072}", f"context {131_072} / {131_072}",
+                          "131k / 131k", "context 131k / 131k")
     assert bar.fontMetrics().horizontalAdvance(bar.text()) <= bar.width()
+    chats = window.chat_list
+    buttons = (chats.new_button, chats.rename_button, chats.delete_button)
+    qtbot.waitUntil(lambda: all(b.width() >= b.sizeHint().width() for b in buttons),
+                    timeout=5_000)  # the buttons laid out again for the narrow list
+    assert all(b.isVisible() for b in buttons)
+    assert chats.rename_button.geometry().bottom() < chats.delete_button.geometry().top()
     view.set_generating(False)
     assert not view.answer_now_button.isVisible() and view.regenerate_button.isVisible()
 
@@ -125,3 +134,34 @@ def test_change_markers_one_token_apart_keep_their_labels_apart(window: Any,
     # a label left out is still named: its line stays and the tooltip lists it
     tip = plots.graphics.toolTip()
     assert all(f"token {step}: {label}" in tip for step, label in changes)
+
+
+@pytest.mark.parametrize("pt", [10, 11, 12, 14])
+def test_a_context_of_a_million_tokens_fits_the_meter(make_window: Any, font_pt: Any,
+                                                      qtbot: Any, pt: float) -> None:
+    """At 1M tokens of context the meter read "1048576 / 1048576" in room for six-digit
+    numbers: clipped at the window's least width. It says "1.0M" (and "262k") there now,
+    with the exact numbers in its tooltip, and the long form where the row has room."""
+    window = make_window()
+    font_pt(window, pt)
+    qtbot.wait(50)
+    view, bar = window.chat_view, window.chat_view.context_bar
+    window.resize(window.minimumSizeHint().width(), 650)
+    qtbot.waitUntil(lambda: window.width() == window.minimumSizeHint().width(),
+                    timeout=5_000)
+    assert bar.text() in ("no model loaded", "no model")  # never cut either
+    assert bar.fontMetrics().horizontalAdvance(bar.text()) + 8 <= bar.width()
+    for used, n_ctx, words in ((262_144, 1_048_576, "262k / 1.0M"),
+                               (1_048_576, 1_048_576, "1.0M / 1.0M"),
+                               (2_000_000, 10_485_760, "2.0M / 10M")):
+        view.set_context(used, n_ctx)
+        qtbot.wait(20)
+        assert bar.text().endswith(words), (bar.text(), words)
+        assert bar.fontMetrics().horizontalAdvance(bar.text()) + 8 <= bar.width()
+        assert f"{used:,} of {n_ctx:,} tokens" in bar.toolTip()
+    view.set_context(131_072, 131_072)  # the least width has room for short numbers only
+    assert bar.text().endswith("131k / 131k") and "131,072 of 131,072" in bar.toolTip()
+    window.resize(window.minimumSizeHint().width() + 600, 650)
+    view.set_context(262_144, 1_048_576)
+    qtbot.waitUntil(lambda: bar.text() == "context 262144 / 1048576", timeout=5_000)
+    assert bar.fontMetrics().horizontalAdvance(bar.text()) <= bar.width()

@@ -125,27 +125,57 @@ def test_failures_are_one_line_in_the_window(qtbot: Any, hub: Hub, main_window: 
 
 def test_a_model_another_moescope_is_downloading_is_refused_then_reused(
         qtbot: Any, hub: Hub, main_window: Any) -> None:
-    """A `moescope pull` in another process has the file half done: Download names it and
-    touches nothing; once it has finished, Download finds the file there and fetches
-    nothing."""
+    """A `moescope pull` in another process has the file half done. Download stayed
+    enabled for it (and was then refused in one line): the window now says the model is
+    being downloaded elsewhere and keeps Download off for that model only, and once the
+    other download has finished it offers Open, having fetched nothing itself."""
     with held_pull(hub) as other:
         window = _get_models(main_window)
         _search(qtbot, window, "tiny")
         _choose(qtbot, window, REPO)
+        window.files.setCurrentItem(window.files.topLevelItem(0))  # Tiny-MoE-Q4_0.gguf
+        assert window.download_button.isEnabled() and not window.elsewhere.isVisible()
         window.files.setCurrentItem(window.files.topLevelItem(1))  # Tiny-MoE-Q8_0.gguf
-        qtbot.mouseClick(window.download_button, qtbot_left())
+        line = (f"Tiny-MoE-Q8_0.gguf is being downloaded by another MoEScope (process "
+                f"{other.process.pid})")
+        assert not window.download_button.isEnabled()
+        assert window.elsewhere.isVisible() and window.elsewhere.text().startswith(line)
+        assert window.download_button.toolTip() == window.elsewhere.text()
+        assert not window.open_button.isEnabled()
+        # the lock taken between two looks: Download run anyway is still refused in one line
+        window.download_selected()
         qtbot.waitUntil(lambda: window.download_job is None, timeout=10_000)
         assert window.status.text() == (
             f"Tiny-MoE-Q8_0.gguf is already being downloaded by another MoEScope (process "
             f"{other.process.pid}): let that download finish (or cancel it there), then try "
             f"again")
-        assert window.download_button.isEnabled() and not window.open_button.isEnabled()
+        assert not window.download_button.isEnabled()  # still the other's
         assert other.partial.read_bytes() == hub.tiny.read_bytes()[:100_000]
         other.pause.go.set()
         assert other.process.wait(CHILD_TIMEOUT_S) == 0
     served = hub.server.served[file_key(REPO, "Tiny-MoE-Q8_0.gguf")]
-    qtbot.mouseClick(window.download_button, qtbot_left())
+    # the window notices by itself: no click, no new selection
     qtbot.waitUntil(lambda: window.open_button.isEnabled(), timeout=10_000)
-    assert "sha256 checked" in window.status.text()
+    assert not window.elsewhere.isVisible() and not window.download_button.isEnabled()
+    assert window.files.topLevelItem(1).text(3).startswith("downloaded")
     assert hub.server.served[file_key(REPO, "Tiny-MoE-Q8_0.gguf")] == served
+    assert other.final.read_bytes() == hub.tiny.read_bytes()
+
+
+def test_a_download_elsewhere_that_stops_gives_download_back(
+        qtbot: Any, hub: Hub, main_window: Any) -> None:
+    """The other MoEScope's download killed half way: its lock dies with it, and Download
+    comes back here by itself (the partial file is resumed from where it stopped)."""
+    with held_pull(hub) as other:
+        window = _get_models(main_window)
+        _search(qtbot, window, "tiny")
+        _choose(qtbot, window, REPO)
+        window.files.setCurrentItem(window.files.topLevelItem(1))  # Tiny-MoE-Q8_0.gguf
+        assert not window.download_button.isEnabled() and window.elsewhere.isVisible()
+        other.process.kill()
+        other.process.wait(CHILD_TIMEOUT_S)
+        qtbot.waitUntil(lambda: window.download_button.isEnabled(), timeout=10_000)
+        assert not window.elsewhere.isVisible() and window.download_button.toolTip() == ""
+    qtbot.mouseClick(window.download_button, qtbot_left())
+    qtbot.waitUntil(lambda: window.open_button.isEnabled(), timeout=20_000)
     assert other.final.read_bytes() == hub.tiny.read_bytes()

@@ -11,9 +11,25 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hub_helpers import BIG_REPO, GATED_REPO, GATED_TOKEN, REPO, SPLIT_REPO, Hub
+from hub_helpers import (
+    BIG_REPO,
+    CHILD_TIMEOUT_S,
+    GATED_REPO,
+    GATED_TOKEN,
+    REPO,
+    SPLIT_REPO,
+    Hub,
+    held_pull,
+)
 
-from moescope.hub.download import Progress, download_model, local_models, model_paths
+from moescope.hub.download import (
+    LockHolder,
+    Progress,
+    download_holder,
+    download_model,
+    local_models,
+    model_paths,
+)
 from moescope.hub.errors import (
     DiskFullError,
     DownloadCancelled,
@@ -127,6 +143,27 @@ def test_a_model_already_in_place_takes_no_lock(hub: Hub, tmp_path: Path,
                           on_progress=seen.append) == path
     assert seen[-1].done == seen[-1].total == model.size
     assert path.read_bytes() == hub.tiny.read_bytes()
+
+
+def test_download_holder_names_the_process_downloading_a_model(hub: Hub) -> None:
+    """What *Get models* polls: the holder of a model's download lock, from another
+    process (a real `moescope pull`), without taking the lock from it."""
+    from moescope.util import paths
+
+    folder = paths.models_dir()
+    models = HubClient().list_models(REPO)
+    q8, q4 = pick_model(models, "Q8_0"), pick_model(models, "Q4_0")
+    assert download_holder(folder, q8) is None  # no lock file
+    with held_pull(hub) as other:
+        assert download_holder(folder, q8) == LockHolder(other.process.pid)
+        assert download_holder(folder, q8) == LockHolder(other.process.pid)  # not taken
+        assert download_holder(folder, q4) is None  # per model
+        other.pause.go.set()
+        assert other.process.wait(CHILD_TIMEOUT_S) == 0
+    assert download_holder(folder, q8) is None
+    lock = model_paths(folder, q8)[0].with_name("Tiny-MoE-Q8_0.gguf.lock")
+    lock.write_text("999999\n")  # left by a crash: free
+    assert download_holder(folder, q8) is None
 
 
 def test_split_download_lists_only_the_first_part(hub: Hub, tmp_path: Path) -> None:

@@ -379,6 +379,24 @@ def test_a_crowded_folder_lists_only_its_newest_sessions(
                                                            "s3.jsonl"]
 
 
+def test_a_cancelled_listing_stops_at_the_next_file(tmp_path: Path) -> None:
+    """The window's scan runs on a thread; a newer scan stops the older one."""
+    for i in range(6):
+        path = tmp_path / f"s{i}.jsonl"
+        path.write_bytes(b"{}\n")
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
+    asked: list[int] = []
+
+    def after_two() -> bool:
+        asked.append(1)
+        return len(asked) > 2
+
+    assert [e.path.name for e in list_traces(tmp_path, cancelled=after_two)] == [
+        "s5.jsonl", "s4.jsonl"]
+    assert list_traces(tmp_path, cancelled=lambda: True) == []
+    assert len(list_traces(tmp_path, cancelled=lambda: False)) == 6
+
+
 def test_peek_refuses_with_the_file_named(tmp_path: Path) -> None:
     path = tmp_path / "x.arrows"
     path.write_bytes(b"PAR1" + b"\0" * 4)

@@ -31,7 +31,7 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -267,14 +267,17 @@ def describe(path: Path, st: os.stat_result, modified: float, *,
     return SessionTrace(state=TraceState.FINISHED, **fields)
 
 
-def list_traces(directory: Path, live: Iterable[str | os.PathLike[str]] = ()
-                ) -> list[SessionTrace]:
+def list_traces(directory: Path, live: Iterable[str | os.PathLike[str]] = (),
+                cancelled: Callable[[], bool] | None = None) -> list[SessionTrace]:
     """Every recorded session in ``directory``, the last recorded first (by
     :attr:`SessionTrace.when`: a leftover journal compacted at a later start is newer on
     disk than it was recorded); an empty list for a folder that is missing or unreadable.
     ``live`` names this window's session (any of its file
     names): it is marked :attr:`SessionTrace.this_window`. Files that are not traces by
-    name are not listed; one that is by name but does not read is, as unreadable."""
+    name are not listed; one that is by name but does not read is, as unreadable.
+    ``cancelled`` (any thread's) is asked before each file: once it says True the listing
+    stops and returns what it has (the window's scan on a thread, superseded)."""
+    stop = cancelled or (lambda: False)
     try:
         entries = list(os.scandir(directory))
     except OSError:
@@ -293,6 +296,8 @@ def list_traces(directory: Path, live: Iterable[str | os.PathLike[str]] = ()
     out = []
     budget = _Budget(GZIP_SCAN_PER_LISTING)
     for modified, stem, files in newest[:MAX_LISTED]:
+        if stop():
+            break
         picked = _pick(files)
         if picked is not None:
             out.append(describe(picked[0], picked[1], modified, this_window=stem in mine,

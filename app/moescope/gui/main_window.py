@@ -58,11 +58,13 @@ from moescope.gui.model_loading import ModelLoading, budget_percent
 from moescope.gui.preferences import PreferencesFeature, read_preferences
 from moescope.gui.serve import ServeFeature
 from moescope.gui.traces.session_list import SessionsDialog
+from moescope.gui.traces.session_scan import SessionScanner
 from moescope.gui.traces.session_traces import SessionTraces
 from moescope.gui.traces.trace_opener import TraceOpener
 from moescope.gui.traces.trace_window import TraceWindow
 from moescope.gui.widgets.elided_label import ElidedLabel
 from moescope.gui.widgets.logs_view import LogsView
+from moescope.gui.widgets.named_tabs import name_tabs
 from moescope.gui.widgets.screen_fit import fitting
 from moescope.gui.widgets.status_tip import tooltip_follows_message
 from moescope.gui.worker import EngineClient
@@ -137,9 +139,12 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.recent_tokens: deque[TokenSnapshot] = deque(maxlen=RECENT_TOKENS)
         self.trace_windows: list[TraceWindow] = []
         self._trace_openers: dict[TraceOpener, QProgressDialog] = {}
+        """Traces being read, with their progress dialogs."""
         self._sessions_dialog: SessionsDialog | None = None
         """File ▸ Recent sessions ▸ All recorded sessions, while open."""
-        """Traces being read, with their progress dialogs."""
+        self.sessions_scanner = SessionScanner()
+        """Lists the traces folder on a thread for File ▸ Recent sessions."""
+        self.sessions_scanner.listed.connect(self._sessions_listed)
         self.notices: list[tuple[str, str]] = []
         """Non-blocking warnings shown (``notify``), oldest first."""
         self._notice_boxes: list[QMessageBox] = []
@@ -183,10 +188,13 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.right_split = QSplitter(Qt.Orientation.Vertical)  # drag the controls away
         self.right_split.addWidget(self.controls)
         self.right_tabs = QTabWidget()
-        self.right_tabs.setAccessibleName("Side panels")
         self.right_tabs.addTab(self.cache_panel, "Cache")  # Alt+C is the Chat menu's
         self.right_tabs.addTab(self.chat_settings, "Chat settin&gs")
         self.right_tabs.addTab(self.logs, "&Logs")
+        name_tabs(self.right_tabs, "Side panels", [
+            "The expert cache as the model runs: heatmap, plots, memory",
+            "This chat's system prompt and sampling settings (temperature, max tokens, seed…)",
+            "The app's and the engine's log records, live"])
         self.right_split.addWidget(self.right_tabs)
         self.right_split.setCollapsible(1, False)
         self.right_split.setStretchFactor(1, 1)
@@ -489,6 +497,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
             self._closed = True
             self.chat.stop()
             self.cache_panel.stop()
+            self.sessions_scanner.cancel()
             self.client.shutdown()
             # deliver what the worker emitted before it stopped (the last tokens and the
             # answer's finished signal), so the stopped answer is saved with its stats

@@ -229,11 +229,10 @@ def _download_lock(first: Path, model: RemoteModel) -> Iterator[None]:
             os.close(fd)
             raise
         if not locked:
-            holder = _read_pid(fd)
+            holder = LockHolder(_read_pid(fd))
             os.close(fd)
-            who = f" (process {holder})" if holder is not None else ""
-            raise DownloadBusy(f"{model.name} is already being downloaded by another "
-                               f"MoEScope{who}: let that download finish (or cancel it "
+            raise DownloadBusy(f"{model.name} is already being downloaded by "
+                               f"{holder.who()}: let that download finish (or cancel it "
                                f"there), then try again") from None
         try:
             same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
@@ -259,6 +258,56 @@ def _download_lock(first: Path, model: RemoteModel) -> Iterator[None]:
             with contextlib.suppress(OSError):
                 path.unlink()
             os.close(fd)
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """A download holding a model's lock: the process id its lock file names, if any."""
+
+    pid: int | None
+
+    def who(self) -> str:
+        """"another MoEScope (process 1234)"."""
+        return "another MoEScope" + (f" (process {self.pid})" if self.pid is not None else "")
+
+
+def download_holder(folder: str | os.PathLike[str], model: RemoteModel) -> LockHolder | None:
+    """Who downloads ``model`` into ``folder`` now (the holder of its lock: another process,
+    or another download of this one), or None where nobody does (no lock file, a free one
+    left by a crash, a file system without locks). A look, never a wait: the lock is asked
+    for shared and let go at once; a download starting in that instant is refused as if
+    two had started together (the window polls this, so it stays cheap: one open)."""
+    if fcntl is None and msvcrt is None:
+        return None
+    try:
+        first = model_paths(folder, model)[0]
+    except HubError:
+        return None
+    path = first.with_name(first.name + LOCK)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+                     | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOINHERIT", 0))
+    except OSError:  # no download of it, or one we could not look at: not refused here
+        return None
+    try:
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            else:
+                os.lseek(fd, _MSVCRT_LOCK_AT, os.SEEK_SET)
+                msvcrt.locking(fd, msvcrt.LK_NBRLCK, 1)
+                os.lseek(fd, _MSVCRT_LOCK_AT, os.SEEK_SET)
+                msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+        except (BlockingIOError, PermissionError):
+            return LockHolder(_read_pid(fd))
+        except OSError as err:
+            if err.errno in (errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK, errno.EDEADLK):
+                return LockHolder(_read_pid(fd))
+            return None  # ENOLCK, EOPNOTSUPP...: no locking here, so nobody is refused
+        return None
+    finally:
+        os.close(fd)
 
 
 def _try_lock(fd: int) -> bool:

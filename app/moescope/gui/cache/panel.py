@@ -30,6 +30,7 @@ from moescope.gui.cache.heatmap_view import HeatmapView
 from moescope.gui.cache.layer_bars_view import LayerBarsView
 from moescope.gui.cache.memory_view import MemoryView
 from moescope.gui.cache.time_plots_view import TimePlotsView
+from moescope.gui.widgets.named_tabs import name_tabs
 from moescope.gui.widgets.wrapped_label import WrappedLabel
 from moescope.session.snapshots import ModelSummary, TokenSnapshot
 
@@ -68,10 +69,14 @@ class CachePanel(QWidget):
         self.layer_bars = LayerBarsView(self.model)
         self.memory_view = MemoryView(self.memory, self.model, live=live)
         self.tabs = QTabWidget()
-        self.tabs.setAccessibleName("Cache plots")
         self.tabs.addTab(self.time_plots, "Per token")
         self.tabs.addTab(self.layer_bars, "Per layer")
         self.tabs.addTab(self.memory_view, "Memory")
+        name_tabs(self.tabs, "Cache plots", [
+            "Curves over the latest tokens: substituted mass, tokens/s, hit rate, "
+            "fetched MB, audited KL",
+            "Bars per layer: where the substituted mass, the hits and the copies happen",
+            "RAM and VRAM over time, and where the experts live in host memory"])
         self.tabs.currentChanged.connect(lambda _i: self._mark_all_dirty())
         self.splitter = QSplitter(Qt.Orientation.Vertical)
         self.splitter.addWidget(self.heatmap)

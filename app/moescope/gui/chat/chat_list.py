@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from PySide6.QtCore import QEvent, Qt, Signal
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtGui import QAction, QKeySequence, QResizeEvent
 from PySide6.QtWidgets import (
+    QGridLayout,
     QHBoxLayout,
     QLineEdit,
     QListWidget,
@@ -60,14 +61,21 @@ class ChatListPanel(QWidget):
             lambda: self._emit_for_current(self.deleteRequested))
         self.list.addAction(self.delete_action)
         layout.addWidget(self.list, 1)
-        top, row = QHBoxLayout(), QHBoxLayout()  # two rows: a narrow list cuts no label
+        # two rows: a narrow list cuts no label; Rename and Delete side by side where
+        # they fit, one under the other where they do not (_place_buttons)
+        top, row = QHBoxLayout(), QGridLayout()
+        row.setContentsMargins(0, 0, 0, 0)
+        self._button_grid = row
         self.new_button = QPushButton("&New")
         self.rename_button = QPushButton("Rena&me")
         self.delete_button = QPushButton("&Delete")
         for b, name in ((self.new_button, "New chat"), (self.rename_button, "Rename chat"),
                         (self.delete_button, "Delete chat")):
             b.setAccessibleName(name)
-            (top if b is self.new_button else row).addWidget(b)
+            if b is self.new_button:
+                top.addWidget(b)
+        row.addWidget(self.rename_button, 0, 0)
+        row.addWidget(self.delete_button, 0, 1)
         self.new_button.clicked.connect(self.newRequested)
         self.rename_button.clicked.connect(lambda: self._emit_for_current(self.renameRequested))
         self.delete_button.clicked.connect(lambda: self._emit_for_current(self.deleteRequested))
@@ -81,13 +89,35 @@ class ChatListPanel(QWidget):
         if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):
             self._fit_buttons()
 
-    def _fit_buttons(self) -> None:
-        """As narrow as Rename and Delete side by side allow: a larger font (Preferences)
-        cut "Rename" to "enam" in a column that had fitted it."""
+    def _side_by_side_px(self) -> int:
+        """The list's width that has Rename and Delete side by side."""
         margins = self.layout().contentsMargins()
-        row = (self.rename_button.sizeHint().width() + self.delete_button.sizeHint().width()
-               + self.layout().spacing() + margins.left() + margins.right())
-        self.setMinimumWidth(max(MIN_WIDTH, min(row, self.maximumWidth())))
+        return (self.rename_button.sizeHint().width() + self.delete_button.sizeHint().width()
+                + self._button_grid.horizontalSpacing() + margins.left() + margins.right())
+
+    def _fit_buttons(self) -> None:
+        """As narrow as the widest button allows: a larger font (Preferences) cut
+        "Rename" to "enam" in a column that had fitted it. Rename and Delete side by side
+        had made it 176 px at least with an 11 pt font (the window then 1088 px wide);
+        where they do not fit side by side they go one under the other."""
+        margins = self.layout().contentsMargins()
+        widest = max(b.sizeHint().width() for b in (self.new_button, self.rename_button,
+                                                    self.delete_button))
+        self.setMinimumWidth(max(MIN_WIDTH, min(widest + margins.left() + margins.right(),
+                                                self.maximumWidth())))
+        self._place_buttons()
+
+    def _place_buttons(self) -> None:
+        grid = self._button_grid
+        want = (0, 1) if self.width() >= self._side_by_side_px() else (1, 0)
+        row, column, _rows, _columns = grid.getItemPosition(grid.indexOf(self.delete_button))
+        if (row, column) != want:
+            grid.removeWidget(self.delete_button)
+            grid.addWidget(self.delete_button, *want)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._place_buttons()
 
     def set_chats(self, chats: Sequence[Chat], current: int | None) -> None:
         """Refill the list without re-emitting a selection."""

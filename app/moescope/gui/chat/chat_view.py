@@ -41,6 +41,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from moescope.display import context_meter
 from moescope.display.answer_line import answer_line
 from moescope.gui import theme
 from moescope.gui.chat.markdown import code_text, is_code_block, markdown_fragment
@@ -98,42 +99,60 @@ class ChatInput(QPlainTextEdit):
 
 class ContextBar(QProgressBar):
     """The context meter: "context 1234 / 4096", or "1234 / 4096" where that does not
-    fit; as narrow as six-digit numbers need whatever the context (130 px for the long
-    form kept the window from fitting a 1024 px screen with a 10 pt font)."""
+    fit, or the short numbers ("context 262k / 1.0M", "262k / 1.0M") where those do not:
+    :mod:`moescope.display.context_meter`. As narrow as six-digit numbers need whatever
+    the context (130 px for the long form kept the window from fitting a 1024 px screen
+    with a 10 pt font); a context of a million tokens or more no longer clips there
+    (its seven-digit numbers give way to the short ones). The tooltip has the exact
+    numbers."""
 
-    FULL = "context %v / %m"
-    SHORT = "%v / %m"
-    EMPTY = "no model loaded"
+    EMPTY = context_meter.EMPTY
     PAD_PX = 14
+    TIP = "Tokens of the context window in use (prompt + answer)"
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self._used = 0
         self._n_ctx = 0
 
     def set_context(self, used: int, n_ctx: int) -> None:
-        self._n_ctx = n_ctx
+        changed = n_ctx != self._n_ctx
+        self._used, self._n_ctx = used, n_ctx
+        if changed:
+            self.updateGeometry()  # the long form's room: sizeHint
         self.setRange(0, max(n_ctx, 1))
         self.setValue(min(used, max(n_ctx, 1)))
+        self.setToolTip(f"{self.TIP}\n{context_meter.exact_text(used, n_ctx)}")
         self._fit_format()
 
     def _text_px(self, text: str) -> int:
         return self.fontMetrics().horizontalAdvance(text) + self.PAD_PX
 
     def minimumSizeHint(self) -> QSize:
+        """As narrow as the widest short form needs ("999k / 999k"): six-digit numbers
+        (the exact form's) had made the window 30 px wider at 11 pt."""
         hint = super().minimumSizeHint()
-        return QSize(self._text_px("000000 / 000000"), hint.height())
+        return QSize(max(self._text_px(t) for t in context_meter.LEAST_WIDTH_TEXTS),
+                     hint.height())
 
     def sizeHint(self) -> QSize:
-        """Room for the long form where the row has it."""
+        """Room for the long form where the row has it (of seven-digit numbers too)."""
         hint = super().sizeHint()
-        return QSize(self._text_px("context 000000 / 000000"), hint.height())
+        longest = context_meter.meter_texts(self._n_ctx, self._n_ctx)[0]
+        return QSize(max(self._text_px(context_meter.FULL_WIDTH_TEXT),
+                         self._text_px(longest)), hint.height())
 
     def _fit_format(self) -> None:
-        if self._n_ctx <= 0:
-            self.setFormat(self.EMPTY)
-            return
-        full = f"context {self.maximum()} / {self.maximum()}"
-        self.setFormat(self.FULL if self._text_px(full) <= self.width() else self.SHORT)
+        """The first form that fits, measured with the context full too, so the form does
+        not change as the chat grows (only with the width or the context)."""
+        shown = context_meter.meter_texts(self._used, self._n_ctx)
+        full = context_meter.meter_texts(self._n_ctx, self._n_ctx)
+        pick = len(shown) - 1
+        for i, (text, widest) in enumerate(zip(shown, full, strict=True)):
+            if max(self._text_px(text), self._text_px(widest)) <= self.width():
+                pick = i
+                break
+        self.setFormat(shown[pick].replace("%", "%%"))
 
     def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
@@ -213,7 +232,6 @@ class ChatView(QWidget):
         buttons.addStretch(1)
         self.context_bar = ContextBar()
         self.context_bar.setAccessibleName("Context used")
-        self.context_bar.setToolTip("Tokens of the context window in use (prompt + answer)")
         self.set_context(0, 0)
         self.context_bar.setMaximumWidth(240)
         buttons.addWidget(self.context_bar)

@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import QObject, QSize, Qt, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QKeyEvent, QKeySequence
+from PySide6.QtCore import QObject, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QHideEvent, QKeyEvent, QKeySequence, QShowEvent
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
@@ -33,7 +33,13 @@ from PySide6.QtWidgets import (
 
 from moescope.cache.budget import format_bytes, parse_budget
 from moescope.gui.widgets.screen_fit import resize_within_screen
-from moescope.hub.download import Progress, download_model, is_downloaded, model_paths
+from moescope.hub.download import (
+    Progress,
+    download_holder,
+    download_model,
+    is_downloaded,
+    model_paths,
+)
 from moescope.hub.fit import remote_fit
 from moescope.hub.remote import HubClient, RemoteModel, RepoHit
 from moescope.util import paths
@@ -42,6 +48,8 @@ from moescope.util.errors import MoEScopeError
 log = logging.getLogger(__name__)
 
 FIT_COLUMN = 3
+LOCK_POLL_MS = 1000
+"""How often the window looks whether another MoEScope downloads the chosen model."""
 
 
 class _Job(QObject):
@@ -89,6 +97,7 @@ class GetModelsWindow(QWidget):
         self._generation = 0  # results of an older search/listing are ignored
         self._jobs: set[_Job] = set()
         self.download_job: _Job | None = None
+        self.downloading: RemoteModel | None = None  # what this window's download fetches
 
         self.search = QLineEdit()
         self.search.setPlaceholderText("Search GGUF models on the Hugging Face Hub "
@@ -135,6 +144,17 @@ class GetModelsWindow(QWidget):
         for w in (self.download_button, self.cancel_button, self.open_button):
             actions.addWidget(w)
 
+        self.elsewhere = QLabel()
+        """Says that another MoEScope downloads the chosen model (Download is off)."""
+        self.elsewhere.setObjectName("hubElsewhere")
+        self.elsewhere.setWordWrap(True)
+        self.elsewhere.hide()
+        # another MoEScope's download (a window, `moescope pull`) starts and ends on its
+        # own: looked at while this window is shown, and whenever the choice changes
+        self.lock_poll = QTimer(self)
+        self.lock_poll.setInterval(LOCK_POLL_MS)
+        self.lock_poll.timeout.connect(self._update_buttons)
+
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
         self.progress.setTextVisible(False)
@@ -150,6 +170,7 @@ class GetModelsWindow(QWidget):
         rl = QVBoxLayout(right)
         rl.setContentsMargins(0, 0, 0, 0)
         rl.addWidget(self.files, 1)
+        rl.addWidget(self.elsewhere)
         rl.addLayout(actions)
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(self.results)
@@ -305,11 +326,27 @@ class GetModelsWindow(QWidget):
 
     def _update_buttons(self) -> None:
         m = self.selected_model()
+        folder = paths.models_dir()
         downloading = self.download_job is not None
-        done = m is not None and is_downloaded(paths.models_dir(), m)
-        self.download_button.setEnabled(m is not None and not downloading and not done)
+        done = m is not None and is_downloaded(folder, m)
+        holder = (download_holder(folder, m)
+                  if m is not None and not done and m != self.downloading else None)
+        self.download_button.setEnabled(m is not None and not downloading and not done
+                                        and holder is None)
         self.cancel_button.setEnabled(downloading)
         self.open_button.setEnabled(done and not downloading)
+        if m is not None and holder is not None:
+            line = (f"{m.name} is being downloaded by {holder.who()}: Download is back "
+                    f"if that download stops; Open, once it has finished.")
+            self.elsewhere.setText(line)
+            self.download_button.setToolTip(line)
+        else:
+            self.download_button.setToolTip("")
+        self.elsewhere.setVisible(holder is not None)
+        if done and m is not None:  # maybe by another MoEScope since it was listed
+            item = self.files.currentItem()
+            if not item.text(FIT_COLUMN).startswith("downloaded"):
+                item.setText(FIT_COLUMN, f"downloaded · {item.text(FIT_COLUMN)}".rstrip(" ·"))
 
     def download_selected(self) -> None:
         m = self.selected_model()
@@ -319,6 +356,7 @@ class GetModelsWindow(QWidget):
         self.progress.setValue(0)
         self.progress.show()
         self.show_status(f"Downloading {m.name}…")
+        self.downloading = m
 
         def work(job: _Job) -> str:
             return str(download_model(self.client, m, folder, cancel=job.cancel,
@@ -335,6 +373,7 @@ class GetModelsWindow(QWidget):
 
     def _downloaded(self, m: RemoteModel, path: str) -> None:
         self.download_job = None
+        self.downloading = None
         self.progress.hide()
         for i in range(self.files.topLevelItemCount()):
             item = self.files.topLevelItem(i)
@@ -346,6 +385,7 @@ class GetModelsWindow(QWidget):
 
     def _download_failed(self, message: str) -> None:
         self.download_job = None
+        self.downloading = None
         self.progress.hide()
         self.show_status(message)
         self._update_buttons()
@@ -368,6 +408,15 @@ class GetModelsWindow(QWidget):
             self.close()
             return
         super().keyPressEvent(event)
+
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        self.lock_poll.start()
+        self._update_buttons()
+
+    def hideEvent(self, event: QHideEvent) -> None:
+        self.lock_poll.stop()
+        super().hideEvent(event)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         """Closing cancels a download (its partial file stays for resuming)."""

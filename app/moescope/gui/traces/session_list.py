@@ -4,9 +4,11 @@ Recorded sessions dialog, and the Open trace file dialog with whole names.
 The window records every session into its traces folder, named by time and model
 (``20261201-230412-Qwen3-30B-A3B-Instruct-2507-Q4_K_M.parquet``): in a file dialog those
 names were cut before the model, and a user had to know the folder at all. The list here
-comes from :func:`moescope.display.trace_list.list_traces` (headers only: it is quick to
-build each time the menu or the dialog opens) and says when each session was recorded,
-its model, tokens, size, format and state; opening one goes through the window's
+comes from :func:`moescope.display.trace_list.list_traces` (headers only), run on a pool
+thread by :class:`~moescope.gui.traces.session_scan.SessionScanner` each time the menu or
+the dialog opens (with many sessions on disk it took the GUI thread for seconds), and says
+when each session was recorded, its model, tokens, size, format and state; opening one
+goes through the window's
 :meth:`~moescope.gui.traces.session_traces.SessionTraces.open_trace`, on a thread, as
 File ▸ Open trace does.
 """
@@ -17,7 +19,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QSize, Qt, QUrl, Signal
-from PySide6.QtGui import QAction, QDesktopServices, QKeyEvent, QKeySequence, QShortcut
+from PySide6.QtGui import (
+    QAction,
+    QCloseEvent,
+    QDesktopServices,
+    QKeyEvent,
+    QKeySequence,
+    QShortcut,
+)
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QDialog,
@@ -39,13 +48,13 @@ from moescope.display.trace_list import (
     SessionTrace,
     TraceState,
     detail_text,
-    list_traces,
     menu_text,
     size_text,
     state_text,
     tokens_text,
     when_text,
 )
+from moescope.gui.traces.session_scan import SessionScanner
 from moescope.gui.widgets.screen_fit import resize_within_screen
 
 MENU_SESSIONS = 10
@@ -58,15 +67,24 @@ FILE_DIALOG_SIZE = QSize(900, 520)
 """The Open trace dialog's preferred size: room for a session's whole name."""
 
 
-def fill_recent_menu(menu: QMenu, folder: Path, live: Path | None,
+LISTING = "Listing the sessions…"
+"""The menu's one line before its first listing has come back from the thread."""
+
+
+def fill_recent_menu(menu: QMenu, entries: list[SessionTrace] | None,
                      open_trace: Callable[[str], object], show_all: QAction
                      ) -> list[SessionTrace]:
-    """Rebuild ``menu`` with the newest :data:`MENU_SESSIONS` sessions of ``folder`` (an
-    action each, ``&1``..``&9`` and ``1&0`` as keys; those that cannot open are disabled,
-    their reason in the status tip) and, last, ``show_all`` (the dialog's action);
-    returns the sessions listed."""
+    """Rebuild ``menu`` with the newest :data:`MENU_SESSIONS` of ``entries`` (a folder's
+    listing, newest first; None: not listed yet, :data:`LISTING`), an action each, ``&1``
+    ..``&9`` and ``1&0`` as keys (those that cannot open are disabled, their reason in
+    the status tip) and, last, ``show_all`` (the dialog's action); returns the sessions
+    listed."""
     menu.clear()
-    entries = list_traces(folder, [live] if live is not None else [])
+    if entries is None:
+        menu.addAction(LISTING).setEnabled(False)
+        menu.addSeparator()
+        menu.addAction(show_all)
+        return []
     for n, entry in enumerate(entries[:MENU_SESSIONS], 1):
         key = f"&{n}" if n < 10 else "1&0"
         action = menu.addAction(f"{key}  {menu_text(entry)}")
@@ -91,6 +109,8 @@ class SessionsDialog(QDialog):
     """A session to open (its file's path)."""
     otherFileRequested = Signal()
     """Open another file… was pressed (the window asks with its file dialog)."""
+    listed = Signal()
+    """The list shows the newest scan of the folder (:meth:`refresh`'s, on a thread)."""
 
     def __init__(self, folder: Path, live: Callable[[], Path | None] = lambda: None,
                  parent: QWidget | None = None) -> None:
@@ -99,6 +119,10 @@ class SessionsDialog(QDialog):
         self.live = live
         """This window's session being recorded now (asked at each refresh), if any."""
         self.entries: list[SessionTrace] = []
+        self.scanner = SessionScanner()
+        """Lists the folder on a thread; a refresh during a scan supersedes it."""
+        self.scanner.listed.connect(self._show_entries)
+        self._keep: Path | None = None  # the session selected when the refresh began
         self.setWindowTitle("Recorded sessions — MoEScope")
         layout = QVBoxLayout(self)
         self.intro = QLabel()
@@ -176,12 +200,24 @@ class SessionsDialog(QDialog):
         super().keyPressEvent(event)
 
     def refresh(self) -> None:
-        """List the folder again, keeping the selected session selected if it is still
-        there."""
+        """List the folder again, on a thread (``listed`` once it shows), keeping the
+        selected session selected if it is still there; what was listed stays until
+        then. A refresh while one runs supersedes it."""
         current = self.current()
-        keep = current.path if current is not None else None
-        live = self.live()
-        self.entries = list_traces(self.folder, [live] if live is not None else [])
+        if current is not None:
+            self._keep = current.path
+        if not self.entries:
+            self.intro.setText(f"Listing the recorded sessions in {self.folder}…")
+        self.scanner.scan(self.folder, self.live())
+
+    @property
+    def scanning(self) -> bool:
+        return self.scanner.scanning
+
+    def _show_entries(self, entries: list[SessionTrace]) -> None:
+        current = self.current()  # chosen while the scan ran: that choice is kept
+        keep = current.path if current is not None else self._keep
+        self.entries = entries
         self.tree.clear()
         openable = [n for n, e in enumerate(self.entries) if e.openable]
         pick = openable[0] if openable else 0  # the newest that opens, unless one was chosen
@@ -214,6 +250,15 @@ class SessionsDialog(QDialog):
         if count:
             self.tree.setCurrentItem(self.tree.topLevelItem(pick))
         self._current_changed()
+        self.listed.emit()
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self.scanner.cancel()
+        super().closeEvent(event)
+
+    def done(self, result: int) -> None:  # Close, Esc, Open: no scan left running
+        self.scanner.cancel()
+        super().done(result)
 
     def current(self) -> SessionTrace | None:
         item = self.tree.currentItem()

@@ -16,6 +16,7 @@ from PySide6.QtCore import Qt, QTimer, Slot
 from PySide6.QtWidgets import QProgressDialog
 
 from moescope.display.trace_io import ReopenedTrace, nothing_recorded
+from moescope.display.trace_list import SessionTrace
 from moescope.gui.traces.session_list import SessionsDialog, ask_trace_file, fill_recent_menu
 from moescope.gui.traces.trace_export import (
     TraceExport,
@@ -143,9 +144,18 @@ class SessionTraces(_Window):
         return self.trace_path if self.recording_now else None
 
     def _rebuild_sessions_menu(self) -> None:
-        """File ▸ Recent sessions, listed afresh each time it opens (headers only)."""
-        fill_recent_menu(self.sessions_menu, paths.traces_dir(), self._live_trace(),
-                         self.open_trace, self.sessions_action)
+        """File ▸ Recent sessions, listed afresh on a thread each time it opens (headers
+        only): the last listing shows at once, the new one replaces it when it comes."""
+        scanner = self.sessions_scanner
+        fill_recent_menu(self.sessions_menu, scanner.entries, self.open_trace,
+                         self.sessions_action)
+        scanner.scan(paths.traces_dir(), self._live_trace())
+
+    @Slot(object)
+    def _sessions_listed(self, entries: list[SessionTrace]) -> None:
+        if not self._closed:
+            fill_recent_menu(self.sessions_menu, entries, self.open_trace,
+                             self.sessions_action)
 
     def show_sessions(self) -> SessionsDialog:
         """The Recorded sessions dialog (one at a time, non-modal: the chat goes on)."""

@@ -44,6 +44,7 @@ from moescope.gui.traces.trace_export import (
     saved_message,
 )
 from moescope.gui.traces.whatif_view import WhatIfView
+from moescope.gui.widgets.named_tabs import name_tabs
 from moescope.gui.widgets.screen_fit import resize_within_screen
 from moescope.gui.widgets.status_tip import tooltip_follows_message
 from moescope.trace.names import live_trace_file
@@ -125,7 +126,6 @@ class TraceWindow(QMainWindow):
         self.panel.draw(force=True)
         self.whatif = WhatIfView(reopened.trace)
         self.tabs = QTabWidget()
-        self.tabs.setAccessibleName("Trace views")
         self.tabs.addTab(self.panel, "P&lots")  # Alt+P: What-if's Policies
         self.tabs.addTab(self.whatif, "&What-if")
         layout.addWidget(self.tabs, 1)
@@ -134,6 +134,9 @@ class TraceWindow(QMainWindow):
             self.tabs.setTabToolTip(1, "Nothing to replay: this trace has no tokens")
         elif self.whatif.nothing is not None:  # prefills only: the tab says why, in words
             self.tabs.setTabToolTip(1, self.whatif.nothing)
+        name_tabs(self.tabs, "Trace views", [
+            "The recorded run's heatmap and plots, per token and per layer",
+            "Replay the recorded selections under other policies and budgets"])
         self.setCentralWidget(body)
         self._fitted = False
         # a window with no menu: without these only the mouse (or the window manager)
