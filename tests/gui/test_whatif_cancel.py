@@ -23,6 +23,15 @@ from moescope.trace import read_trace
 from moescope_testing.traces import synthetic_trace
 
 
+@pytest.fixture
+def sweep_prepares(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first sweep lays the trace out and plans it itself (a new view's worker does
+    not prepare them ahead), so these tests see that preparation from the sweep."""
+    from moescope.gui.traces.whatif_view import WhatIfView
+
+    monkeypatch.setattr(WhatIfView, "prepare_ahead", False)
+
+
 @pytest.fixture(scope="module")
 def long_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return synthetic_trace(tmp_path_factory.mktemp("whatif-long") / "long.arrows",
@@ -157,7 +166,8 @@ def test_stop_stops_the_batch_and_replay_sweeps_again(
 
 
 def test_the_first_sweep_says_what_it_prepares_on_a_busy_bar_and_a_later_one_does_not(
-        qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path) -> None:
+        qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path,
+        sweep_prepares: None) -> None:
     """Laying the trace out and planning the replay come before the batch's first layer:
     the status line says which, over a busy bar (not a bar stuck at 0%), and the replay's
     own line comes back with its first layer. A later sweep reuses both and says neither."""
@@ -220,7 +230,7 @@ class Held:
 
 def test_stop_while_the_first_sweep_prepares_stays_stopped_and_replay_sweeps(
         qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, sweep_prepares: None) -> None:
     """Stop during the layout: the bar goes and the button replays at once; the stale
     sweep's later preparation and progress change nothing; Replay then sweeps."""
     from PySide6.QtCore import Qt
@@ -249,7 +259,7 @@ def test_stop_while_the_first_sweep_prepares_stays_stopped_and_replay_sweeps(
 
 def test_a_newer_request_while_the_first_sweep_prepares_keeps_the_bar_busy(
         qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, sweep_prepares: None) -> None:
     """Picking another cost model while the first sweep lays the trace out: the worker still
     has the layout, ranking and plan to make (the stale sweep makes them, then stops at its
     first report) before the new sweep's first layer, so its bar is busy, not at 0%, and the
@@ -288,7 +298,7 @@ def test_a_newer_request_while_the_first_sweep_prepares_keeps_the_bar_busy(
 
 def test_closing_the_window_while_the_first_sweep_prepares_joins_its_thread(
         qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, sweep_prepares: None) -> None:
     held = Held(monkeypatch)
     spy, window, view, finished = running(open_trace_window, long_trace, monkeypatch)
     qtbot.waitUntil(held.entered.is_set, timeout=30_000)
@@ -298,3 +308,46 @@ def test_closing_the_window_while_the_first_sweep_prepares_joins_its_thread(
     assert spy.ends in ([], ["cancelled"])
     qtbot.wait(50)
     assert finished == []
+
+
+def test_the_window_prepares_the_first_sweep_while_it_shows_its_plots(
+        qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path) -> None:
+    """Opening the window starts laying the trace out and planning its replay on the
+    what-if's worker; shown later, the What-if tab's first sweep replays at once (it says
+    no preparation) and its numbers are a direct sweep's."""
+    from PySide6.QtCore import QObject, Slot
+
+    window = open_trace_window(long_trace)
+    view = window.whatif
+    assert window.tabs.currentWidget() is not view and view.result is None
+    qtbot.waitUntil(lambda: view._worker.routing is not None
+                    and view._worker.routing.plan is not None, timeout=60_000)
+    assert not view.running  # prepared, not swept
+    seen: list[str] = []
+
+    class Recorder(QObject):
+        @Slot(int, str)
+        def prepared(self, _generation: int, text: str) -> None:
+            seen.append(text)
+
+    recorder = Recorder()
+    view._worker.preparing.connect(recorder.prepared)
+    with qtbot.waitSignal(view.sweepFinished, timeout=60_000):
+        window.tabs.setCurrentWidget(view)
+    assert seen == []
+    trace = read_trace(long_trace)
+    assert view.result is not None
+    assert view.result.rows == sweep(trace, view.policies(), BUDGETS,
+                                     cost_model("pcie4", trace)).rows
+
+
+def test_closing_the_window_while_it_prepares_joins_its_thread(
+        qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    held = Held(monkeypatch)
+    window = open_trace_window(long_trace)
+    view = window.whatif
+    qtbot.waitUntil(held.entered.is_set, timeout=30_000)  # the preparation's layout
+    held.release.set()
+    window.close()
+    assert not view._thread.isRunning() and not view.running and view.result is None

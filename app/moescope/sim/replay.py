@@ -174,6 +174,18 @@ class Routing:
                 self.plan = ReplayPlan.make(trace, threads=threads)
             return self.plan
 
+    def prepare(self, threads: int = 0) -> None:
+        """The ranking and the plan the first :func:`replay_many` would make before its
+        first layer, made now (a window prepares them while its user looks at its plots:
+        the first what-if then replays at once). Nothing where the core keeps no plans."""
+        from moescope.cache.batch import has_plan
+
+        if not self.n_rows or not has_plan():
+            return
+        ct, keep = native_trace(self, self.substitute_ranking(threads))
+        self.replay_plan(ct, threads)
+        del keep  # the buffers ct points into, alive until the plan is made
+
     @property
     def n_rows(self) -> int:
         return len(self.ids)
