@@ -474,112 +474,140 @@ FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, boo
                 PlanEvent{last, q, plan->call_token[static_cast<size_t>(c)], step, c, 1, 1};
         }
     }
-    /* the rows themselves, a layer at a time on the batch's threads: each layer's packed
-     * rows are its own (reading the probabilities for the bonus is most of this) */
-    std::atomic<int32_t> next_layer{0};
+    /* the rows themselves, on the batch's threads, each a group of layers whose packed
+     * rows are its own: read in the trace's order (a token's rows of the group's layers lie
+     * side by side; read a layer at a time, each row was a cache and TLB miss), each
+     * layer's events taken in their order (which is the trace's) */
+    const int32_t workers = std::max(1, std::min(n_threads, t.n_layers));
+    std::atomic<int32_t> next_group{0};
     auto pack = [&]() {
         FastPlan & P = *plan;
         std::vector<int64_t> seen(prefetches ? static_cast<size_t>(t.n_experts) : 0, -1);
         std::vector<int64_t> own_mark(substitutes ? static_cast<size_t>(t.n_experts) : 0, -1);
         int64_t stamp = -1;
         const bool keys = half_life > 0.0f;
-        std::vector<loop::Fq> fq(keys ? static_cast<size_t>(t.n_experts) : 0);
         const loop::Decay decay(keys ? half_life : 1.0f);
-        for (int32_t l = next_layer++; l < t.n_layers; l = next_layer++) {
-            std::fill(fq.begin(), fq.end(), loop::Fq{0.0, 0, 0});
-            for (int64_t ev = P.layer_start[static_cast<size_t>(l)];
-                 ev < P.layer_start[static_cast<size_t>(l) + 1]; ++ev) {
-                PlanEvent & e = P.events[static_cast<size_t>(ev)];
-                if (e.prefetch) {
-                    if (prefetches) {
-                        const size_t w = static_cast<size_t>(t.pred_width);
-                        const int32_t * pred = t.predicted + e.row * t.pred_width;
-                        std::memcpy(P.predicted.data() + static_cast<size_t>(e.packed) * w, pred,
-                                    w * sizeof(int32_t));
-                        /* what every configuration's prefetch would count first */
-                        int32_t len = 0;
-                        bool repeats = false;
-                        while (len < t.pred_width && pred[len] >= 0) {
-                            repeats |= seen[static_cast<size_t>(pred[len])] == ev;
-                            seen[static_cast<size_t>(pred[len])] = ev;
-                            ++len;
-                        }
-                        e.n = len;
-                        e.prefetch = repeats ? 2 : 1;
-                    }
-                    continue;
+        for (int32_t g = next_group++; g < workers; g = next_group++) {
+            const int32_t l0 = static_cast<int32_t>(static_cast<int64_t>(t.n_layers) * g / workers);
+            const int32_t l1 =
+                static_cast<int32_t>(static_cast<int64_t>(t.n_layers) * (g + 1) / workers);
+            /* each layer's counts (its keys) and its next event */
+            std::vector<loop::Fq> fq_group(
+                keys ? static_cast<size_t>(l1 - l0) * t.n_experts : 0, loop::Fq{0.0, 0, 0});
+            std::vector<int64_t> cursor(P.layer_start.begin() + l0, P.layer_start.begin() + l1);
+            auto in_group = [&](int64_t layer) { return layer >= l0 && layer < l1; };
+            for (int64_t c = 0; c < t.n_calls; ++c) {
+                if (t.call_stop[c] == t.call_start[c]) {
+                    continue; /* no event */
                 }
-                const int64_t r0 = e.row, p0 = e.packed, n = e.n;
-                const size_t pk = static_cast<size_t>(p0) * k;
-                const size_t rk = static_cast<size_t>(r0) * k;
-                const size_t nk = static_cast<size_t>(n) * k;
-                std::memcpy(P.ids.data() + pk, t.ids + rk, nk * sizeof(int32_t));
-                if (keys) { /* every selection counted in order, as the loop records them */
-                    for (size_t i = 0; i < nk; ++i) {
-                        loop::Fq & x = fq[static_cast<size_t>(t.ids[rk + i])];
-                        decay.record(x, e.step);
-                        P.keys[pk + i] = decay.key(x);
-                    }
+                int64_t evs[2];
+                int32_t n_evs = 0;
+                const int64_t cl = t.call_layer[c];
+                if (in_group(cl)) {
+                    evs[n_evs++] = cursor[static_cast<size_t>(cl - l0)]++;
                 }
-                if (substitutes) {
-                    /* every configuration's normalization, once (the same floats: the same
-                     * sum in the same order, the same division) */
-                    for (int64_t i = 0; i < n; ++i) {
-                        const float * w = t.weights + rk + static_cast<size_t>(i) * k;
-                        float * dst = P.weights.data() + pk + static_cast<size_t>(i) * k;
-                        float sum = 0.0f;
-                        for (size_t j = 0; j < k; ++j) {
-                            sum += w[j];
-                        }
-                        for (size_t j = 0; j < k; ++j) {
-                            dst[j] = sum > 0.0f ? w[j] / sum : 0.0f;
-                        }
-                    }
-                    /* each row's ranking without the row's own selections: a substitute is
-                     * never one of them, so every configuration's walk would only pass them */
-                    for (int64_t i = 0; i < n; ++i) {
-                        const int32_t * own = t.ids + rk + static_cast<size_t>(i) * k;
-                        ++stamp;
-                        for (size_t j = 0; j < k; ++j) {
-                            own_mark[static_cast<size_t>(own[j])] = stamp;
-                        }
-                        const uint16_t * src = t.ranks + (r0 + i) * MOECACHE_RANK_WIDTH;
-                        uint16_t * dst = P.ranks.data() + (p0 + i) * MOECACHE_RANK_WIDTH;
-                        const int32_t named = t.rank_counts[r0 + i]; /* ranking_valid's */
-                        int32_t m = 0;
-                        for (int32_t j = 0; j < named; ++j) {
-                            dst[m] = src[j];
-                            m += own_mark[src[j]] != stamp;
-                        }
-                        /* the ranking named every expert: no resident is outside it */
-                        P.counts[static_cast<size_t>(p0 + i)] = static_cast<uint8_t>(
-                            m | (named >= t.n_experts ? loop::kRankedAll : 0));
-                    }
+                const int64_t nl = t.pred_width > 0 ? t.next_layer[t.call_stop[c] - 1] : -1;
+                if (nl >= 0 && in_group(nl)) {
+                    evs[n_evs++] = cursor[static_cast<size_t>(nl - l0)]++;
                 }
-                if (bonus) {
-                    std::memcpy(P.selected.data() + pk, t.selected_probs + rk, nk * sizeof(float));
-                    /* the routing bonus compares a substitute's probability: read from each
-                     * row once here, not once per configuration; and it takes a row's misses
-                     * least probable first: the order of all its selections, made here, is
-                     * that order filtered, where no probability is NaN (a total order) */
-                    for (int64_t i = 0; i < n; ++i) {
-                        const float * sp = t.selected_probs + rk + static_cast<size_t>(i) * k;
-                        float sum = 0.0f;
-                        bool nan = false;
-                        for (size_t j = 0; j < k; ++j) {
-                            sum += sp[j];
-                            nan |= sp[j] != sp[j];
+                for (int32_t at_ev = 0; at_ev < n_evs; ++at_ev) {
+                    const int64_t ev = evs[at_ev];
+                    PlanEvent & e = P.events[static_cast<size_t>(ev)];
+                    const int64_t l = e.prefetch ? nl : cl;
+                    loop::Fq * fq = keys ? fq_group.data() + (l - l0) * t.n_experts : nullptr;
+                    if (e.prefetch) {
+                        if (prefetches) {
+                            const size_t w = static_cast<size_t>(t.pred_width);
+                            const int32_t * pred = t.predicted + e.row * t.pred_width;
+                            std::memcpy(P.predicted.data() + static_cast<size_t>(e.packed) * w,
+                                        pred, w * sizeof(int32_t));
+                            /* what every configuration's prefetch would count first */
+                            int32_t len = 0;
+                            bool repeats = false;
+                            while (len < t.pred_width && pred[len] >= 0) {
+                                repeats |= seen[static_cast<size_t>(pred[len])] == ev;
+                                seen[static_cast<size_t>(pred[len])] = ev;
+                                ++len;
+                            }
+                            e.n = len;
+                            e.prefetch = repeats ? 2 : 1;
                         }
-                        P.selected_sum[static_cast<size_t>(p0 + i)] = sum;
-                        uint8_t * order = P.bonus_order.data() + pk + static_cast<size_t>(i) * k;
-                        for (size_t j = 0; j < k; ++j) {
-                            order[j] = static_cast<uint8_t>(j);
+                        continue;
+                    }
+                    const int64_t r0 = e.row, p0 = e.packed, n = e.n;
+                    const size_t pk = static_cast<size_t>(p0) * k;
+                    const size_t rk = static_cast<size_t>(r0) * k;
+                    const size_t nk = static_cast<size_t>(n) * k;
+                    std::memcpy(P.ids.data() + pk, t.ids + rk, nk * sizeof(int32_t));
+                    if (keys) { /* every selection counted in order, as the loop records them */
+                        for (size_t i = 0; i < nk; ++i) {
+                            loop::Fq & x = fq[static_cast<size_t>(t.ids[rk + i])];
+                            decay.record(x, e.step);
+                            P.keys[pk + i] = decay.key(x);
                         }
-                        std::sort(order, order + k, [&](uint8_t a, uint8_t b) {
-                            return sp[a] != sp[b] ? sp[a] < sp[b] : a > b;
-                        });
-                        if (nan) {
-                            order[0] = 0xFF;
+                    }
+                    if (substitutes) {
+                        /* every configuration's normalization, once (the same floats: the same
+                         * sum in the same order, the same division) */
+                        for (int64_t i = 0; i < n; ++i) {
+                            const float * w = t.weights + rk + static_cast<size_t>(i) * k;
+                            float * dst = P.weights.data() + pk + static_cast<size_t>(i) * k;
+                            float sum = 0.0f;
+                            for (size_t j = 0; j < k; ++j) {
+                                sum += w[j];
+                            }
+                            for (size_t j = 0; j < k; ++j) {
+                                dst[j] = sum > 0.0f ? w[j] / sum : 0.0f;
+                            }
+                        }
+                        /* each row's ranking without the row's own selections: a substitute is
+                         * never one of them, so every configuration's walk would only pass them */
+                        for (int64_t i = 0; i < n; ++i) {
+                            const int32_t * own = t.ids + rk + static_cast<size_t>(i) * k;
+                            ++stamp;
+                            for (size_t j = 0; j < k; ++j) {
+                                own_mark[static_cast<size_t>(own[j])] = stamp;
+                            }
+                            const uint16_t * src = t.ranks + (r0 + i) * MOECACHE_RANK_WIDTH;
+                            uint16_t * dst = P.ranks.data() + (p0 + i) * MOECACHE_RANK_WIDTH;
+                            const int32_t named = t.rank_counts[r0 + i]; /* ranking_valid's */
+                            int32_t m = 0;
+                            for (int32_t j = 0; j < named; ++j) {
+                                dst[m] = src[j];
+                                m += own_mark[src[j]] != stamp;
+                            }
+                            /* the ranking named every expert: no resident is outside it */
+                            P.counts[static_cast<size_t>(p0 + i)] = static_cast<uint8_t>(
+                                m | (named >= t.n_experts ? loop::kRankedAll : 0));
+                        }
+                    }
+                    if (bonus) {
+                        std::memcpy(P.selected.data() + pk, t.selected_probs + rk,
+                                    nk * sizeof(float));
+                        /* the routing bonus compares a substitute's probability: read from each
+                         * row once here, not once per configuration; and it takes a row's misses
+                         * least probable first: the order of all its selections, made here, is
+                         * that order filtered, where no probability is NaN (a total order) */
+                        for (int64_t i = 0; i < n; ++i) {
+                            const float * sp = t.selected_probs + rk + static_cast<size_t>(i) * k;
+                            float sum = 0.0f;
+                            bool nan = false;
+                            for (size_t j = 0; j < k; ++j) {
+                                sum += sp[j];
+                                nan |= sp[j] != sp[j];
+                            }
+                            P.selected_sum[static_cast<size_t>(p0 + i)] = sum;
+                            uint8_t * order =
+                                P.bonus_order.data() + pk + static_cast<size_t>(i) * k;
+                            for (size_t j = 0; j < k; ++j) {
+                                order[j] = static_cast<uint8_t>(j);
+                            }
+                            std::sort(order, order + k, [&](uint8_t a, uint8_t b) {
+                                return sp[a] != sp[b] ? sp[a] < sp[b] : a > b;
+                            });
+                            if (nan) {
+                                order[0] = 0xFF;
+                            }
                         }
                     }
                 }
