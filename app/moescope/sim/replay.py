@@ -309,7 +309,9 @@ class ReplayResult:
     def decode(self) -> npt.NDArray[Any]:
         """The decode tokens' rows (a copy, made at the first use: every summary reads it,
         and a what-if's table asks a dozen summaries of each of ~50 results)."""
-        return self.per_token[self.per_token["decode"]]
+        # take() of the positions: a boolean mask over a structured array copies field by
+        # field, ten times slower (a what-if's 50 results: 56 ms against 5)
+        return self.per_token.take(np.flatnonzero(self.per_token["decode"]))
 
     @property
     def n_tokens(self) -> int:
@@ -578,6 +580,7 @@ def replay_many(routing: Routing | Trace,
         requested.append(current)
     recorded_flag = np.array([bool(p.prefetch) for p in requested], dtype=np.bool_)
     base_warnings = _batch_warnings(routing)
+    approximate = int((~routing.exact).sum())  # the trace's, the same for every result
     results = []
     for i, (policy, (_, slots)) in enumerate(zip(fixed, configs, strict=True)):
         per_token = np.zeros(routing.n_tokens, dtype=TOKEN_COST_DTYPE)
@@ -603,7 +606,7 @@ def replay_many(routing: Routing | Trace,
         results.append(ReplayResult(
             policy=label, slots=slots, per_token=per_token,
             events=rows[i] if rows is not None else None,
-            approximate_rows=int((~routing.exact).sum()), warnings=warnings))
+            approximate_rows=approximate, warnings=warnings))
     return results
 
 
