@@ -447,37 +447,10 @@ FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, boo
     plan->keys.resize(half_life > 0.0f ? nr * k : 0);
     /* each trace row's packed place (-1: a row of no route call) */
     std::vector<int64_t> packed_of(bonus ? static_cast<size_t>(t.n_rows) : 0, -1);
-    int64_t step = t.initial_step;
-    for (int64_t c = 0; c < t.n_calls; ++c) {
-        step = std::max(step, t.call_step[c]);
-        const int64_t r0 = t.call_start[c];
-        const int64_t n = t.call_stop[c] - r0;
-        if (n == 0) {
-            continue;
-        }
-        const size_t layer = static_cast<size_t>(t.call_layer[c]);
-        const int64_t p0 = row_at[layer];
-        row_at[layer] += n;
-        if (bonus) {
-            for (int64_t i = 0; i < n; ++i) {
-                packed_of[static_cast<size_t>(r0 + i)] = p0 + i;
-            }
-        }
-        plan->events[static_cast<size_t>(at[layer]++)] =
-            PlanEvent{r0, p0, plan->call_token[static_cast<size_t>(c)], step, c,
-                      static_cast<int32_t>(n), 0};
-        const int64_t last = t.call_stop[c] - 1;
-        if (t.pred_width > 0 && t.next_layer[last] >= 0) {
-            const size_t nl = static_cast<size_t>(t.next_layer[last]);
-            const int64_t q = pred_at[nl]++;
-            plan->events[static_cast<size_t>(at[nl]++)] =
-                PlanEvent{last, q, plan->call_token[static_cast<size_t>(c)], step, c, 1, 1};
-        }
-    }
-    /* the rows themselves, on the batch's threads, each a group of layers whose packed
-     * rows are its own: read in the trace's order (a token's rows of the group's layers lie
-     * side by side; read a layer at a time, each row was a cache and TLB miss), each
-     * layer's events taken in their order (which is the trace's) */
+    /* the events and the rows themselves, on the batch's threads, each a group of layers
+     * whose events and packed rows are its own: made in the trace's order (a token's rows
+     * of the group's layers lie side by side; read a layer at a time, each row was a cache
+     * and TLB miss) */
     const int32_t workers = std::max(1, std::min(n_threads, t.n_layers));
     std::atomic<int32_t> next_group{0};
     auto pack = [&]() {
@@ -494,21 +467,45 @@ FastPlan * fast_plan_pack(const moecache_replay_trace & t, bool substitutes, boo
             /* each layer's counts (its keys) and its next event */
             std::vector<loop::Fq> fq_group(
                 keys ? static_cast<size_t>(l1 - l0) * t.n_experts : 0, loop::Fq{0.0, 0, 0});
-            std::vector<int64_t> cursor(P.layer_start.begin() + l0, P.layer_start.begin() + l1);
+            /* each layer's next event, packed row and packed prediction */
+            std::vector<int64_t> ev_at(at.begin() + l0, at.begin() + l1);
+            std::vector<int64_t> rows_at(row_at.begin() + l0, row_at.begin() + l1);
+            std::vector<int64_t> preds_at(pred_at.begin() + l0, pred_at.begin() + l1);
             auto in_group = [&](int64_t layer) { return layer >= l0 && layer < l1; };
+            int64_t step = t.initial_step;
             for (int64_t c = 0; c < t.n_calls; ++c) {
-                if (t.call_stop[c] == t.call_start[c]) {
+                step = std::max(step, t.call_step[c]);
+                const int64_t first = t.call_start[c];
+                const int64_t n_rows = t.call_stop[c] - first;
+                if (n_rows == 0) {
                     continue; /* no event */
                 }
+                const int64_t tok = P.call_token[static_cast<size_t>(c)];
                 int64_t evs[2];
                 int32_t n_evs = 0;
                 const int64_t cl = t.call_layer[c];
                 if (in_group(cl)) {
-                    evs[n_evs++] = cursor[static_cast<size_t>(cl - l0)]++;
+                    const size_t g_l = static_cast<size_t>(cl - l0);
+                    const int64_t packed = rows_at[g_l];
+                    rows_at[g_l] += n_rows;
+                    if (bonus) {
+                        for (int64_t i = 0; i < n_rows; ++i) {
+                            packed_of[static_cast<size_t>(first + i)] = packed + i;
+                        }
+                    }
+                    const int64_t ev = ev_at[g_l]++;
+                    P.events[static_cast<size_t>(ev)] = PlanEvent{
+                        first, packed, tok, step, c, static_cast<int32_t>(n_rows), 0};
+                    evs[n_evs++] = ev;
                 }
-                const int64_t nl = t.pred_width > 0 ? t.next_layer[t.call_stop[c] - 1] : -1;
+                const int64_t last = t.call_stop[c] - 1;
+                const int64_t nl = t.pred_width > 0 ? t.next_layer[last] : -1;
                 if (nl >= 0 && in_group(nl)) {
-                    evs[n_evs++] = cursor[static_cast<size_t>(nl - l0)]++;
+                    const size_t g_l = static_cast<size_t>(nl - l0);
+                    const int64_t ev = ev_at[g_l]++;
+                    P.events[static_cast<size_t>(ev)] =
+                        PlanEvent{last, preds_at[g_l]++, tok, step, c, 1, 1};
+                    evs[n_evs++] = ev;
                 }
                 for (int32_t at_ev = 0; at_ev < n_evs; ++at_ev) {
                     const int64_t ev = evs[at_ev];
