@@ -170,6 +170,20 @@ def vocab(llm: Any) -> Any:
     return low.llama_model_get_vocab(model_pointer(llm))
 
 
+def control_tokens(llm: Any) -> tuple[frozenset[int], frozenset[str]]:
+    """The vocabulary's tokens that only special-token parsing produces (control and
+    unknown: llama.cpp matches user-defined ones either way), and the first characters of
+    their texts."""
+    from llama_cpp import llama_cpp as low
+
+    voc = vocab(llm)
+    mask = low.LLAMA_TOKEN_ATTR_CONTROL | low.LLAMA_TOKEN_ATTR_UNKNOWN
+    ids = [t for t in range(int(low.llama_vocab_n_tokens(voc)))
+           if int(low.llama_vocab_get_attr(voc, t)) & mask]
+    firsts = {text[0] for text in (token_piece(llm, t) for t in ids) if text}
+    return frozenset(ids), frozenset(firsts)
+
+
 def is_end_of_generation(vocab_ptr: Any, token: int) -> bool:
     """EOS or any token the vocabulary marks as end-of-turn."""
     from llama_cpp import llama_cpp as low

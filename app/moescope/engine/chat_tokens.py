@@ -44,10 +44,13 @@ def holds_special(text: str, tokenize: Tokenize) -> bool:
 
 
 def chat_tokens(messages: Sequence[dict[str, str]], render: Render, tokenize: Tokenize,
-                answer_start: str = "", seen: dict[str, bool] | None = None) -> ChatTokens:
+                answer_start: str = "", seen: dict[str, bool] | None = None,
+                holds: Callable[[str], bool] | None = None) -> ChatTokens:
     """The tokens of ``render(messages) + answer_start`` (``answer_start``: the answer's
     beginning, ours, read with special tokens), with guarded contents read as text.
-    ``seen``: :func:`holds_special`'s answers kept across calls over one conversation."""
+    ``seen``: the answers of ``holds`` (default :func:`holds_special`) kept across calls
+    over one conversation."""
+    holds = holds or (lambda text: holds_special(text, tokenize))
     msgs = [dict(m) for m in messages]
     plain = render(msgs)
     whole = tokenize(plain + answer_start, True, True)
@@ -58,7 +61,7 @@ def chat_tokens(messages: Sequence[dict[str, str]], render: Render, tokenize: To
         if m.get("role") not in GUARDED_ROLES or not content:
             continue
         if content not in seen:
-            seen[content] = holds_special(content, tokenize)
+            seen[content] = holds(content)
         if seen[content]:
             guarded.append(i)
     if not guarded:
