@@ -58,6 +58,7 @@ from moescope.display.whatif_model import (
 from moescope.gui import theme
 from moescope.sim import Routing, SweepRow
 from moescope.trace import Trace
+from moescope.util.errors import MoEScopeError
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,9 @@ class SweepWorker(QObject):
             if self.routing is None:
                 self.routing = Routing.from_trace(self.trace)
             self.routing.prepare()
-        except Exception:  # the sweep lays out and plans again, and says what fails
+        except MoEScopeError as err:  # the trace's: the sweep meets it again and says it
+            log.info("the what-if could not be prepared ahead: %s", err)
+        except Exception:  # a bug: the sweep lays out and plans again, and says what fails
             log.exception("preparing the what-if ahead failed")
 
     @Slot(int, str, object)
