@@ -23,6 +23,14 @@ from moescope.trace import read_trace
 from moescope_testing.traces import synthetic_trace
 
 
+def assert_direct_sweep(view: Any, path: Path) -> None:
+    """The view's last result is a direct sweep's of the trace at ``path`` (pcie4)."""
+    trace = read_trace(path)
+    assert view.result is not None
+    assert view.result.rows == sweep(trace, view.policies(), BUDGETS,
+                                     cost_model("pcie4", trace)).rows
+
+
 @pytest.fixture
 def sweep_prepares(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first sweep lays the trace out and plans it itself (a new view's worker does
@@ -159,10 +167,7 @@ def test_stop_stops_the_batch_and_replay_sweeps_again(
     with qtbot.waitSignal(view.sweepFinished, timeout=60_000):
         qtbot.mouseClick(view.stop_button, Qt.MouseButton.LeftButton)
     assert spy.ends == ["cancelled", "finished"] and not view.stop_button.isVisible()
-    trace = read_trace(long_trace)
-    assert view.result is not None
-    assert view.result.rows == sweep(trace, view.policies(), BUDGETS,
-                                     cost_model("pcie4", trace)).rows
+    assert_direct_sweep(view, long_trace)
 
 
 def test_the_first_sweep_says_what_it_prepares_on_a_busy_bar_and_a_later_one_does_not(
@@ -335,10 +340,7 @@ def test_the_window_prepares_the_first_sweep_while_it_shows_its_plots(
     with qtbot.waitSignal(view.sweepFinished, timeout=60_000):
         window.tabs.setCurrentWidget(view)
     assert seen == []
-    trace = read_trace(long_trace)
-    assert view.result is not None
-    assert view.result.rows == sweep(trace, view.policies(), BUDGETS,
-                                     cost_model("pcie4", trace)).rows
+    assert_direct_sweep(view, long_trace)
 
 
 def test_closing_the_window_while_it_prepares_joins_its_thread(
