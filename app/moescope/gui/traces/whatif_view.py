@@ -125,12 +125,15 @@ class SweepWorker(QObject):
         for (the window opens on its plots): the first sweep then replays at once (a
         10,000-token trace of Qwen3-Next's shape: about 0.7 s spared). A sweep asked for
         meanwhile waits for it, on this thread; a failure here is the sweep's to say."""
-        if self.latest < 0:
-            return  # the view shut down before this ran
+        def closed() -> bool:  # the view shut down: it waits only for the step in flight
+            return self.latest < 0
+
+        if closed():
+            return
         try:
             if self.routing is None:
                 self.routing = Routing.from_trace(self.trace)
-            self.routing.prepare()
+            self.routing.prepare(cancelled=closed)
         except Exception:  # the sweep lays out and plans again, and says what fails
             log.exception("preparing the what-if ahead failed")
 
