@@ -165,3 +165,29 @@ def test_a_context_of_a_million_tokens_fits_the_meter(make_window: Any, font_pt:
     view.set_context(262_144, 1_048_576)
     qtbot.waitUntil(lambda: bar.text() == "context 262144 / 1048576", timeout=5_000)
     assert bar.fontMetrics().horizontalAdvance(bar.text()) <= bar.width()
+
+
+def test_a_long_stats_line_squeezes_no_plot_at_the_least_size(window: Any,
+                                                              qtbot: Any) -> None:
+    """At the window's least size after a chat, the stats line above the heatmap wrapped
+    to four lines and took them: its layout gave it every wrapped line and the splitter
+    below less than its minimum, so the heatmap's legend was drawn over its "expert" axis
+    (22 px of overlap at 888x623, the demo model on Xvfb). It keeps its two lines there,
+    the rest in its tooltip, and shows every line where the window has room."""
+    panel = window.cache_panel
+    heat, summary = panel.heatmap, panel.summary
+    panel.draw(force=True)
+    qtbot.wait(300)  # the panel's own labels set: the text below stays
+    long_text = " · ".join(["a stats line part"] * 40)
+    summary.setText(long_text + "\n" + long_text)
+    least = window.minimumSizeHint()
+    window.resize(least)
+    qtbot.waitUntil(lambda: window.size() == least, timeout=5_000)
+    qtbot.wait(100)
+    assert heat.legend.geometry().top() > heat.graphics.geometry().bottom()
+    assert heat.height() >= heat.minimumSizeHint().height()
+    assert panel.splitter.height() >= panel.splitter.minimumSizeHint().height()
+    assert summary.clipped() and summary.toolTip().endswith(long_text + "\n" + long_text)
+    window.resize(least.width(), least.height() + 400)
+    qtbot.waitUntil(lambda: not summary.clipped(), timeout=5_000)
+    assert heat.legend.geometry().top() > heat.graphics.geometry().bottom()

@@ -353,3 +353,59 @@ def test_closing_the_window_while_it_prepares_joins_its_thread(
     held.release.set()
     window.close()
     assert not view._thread.isRunning() and not view.running and view.result is None
+
+
+def test_closing_the_window_while_it_lays_the_trace_out_ranks_and_plans_nothing(
+        qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closing a trace window just after opening it waited, on the GUI thread, for the
+    whole preparation ahead (layout, ranking, plan): 2.2-2.6 s for a 10,000-token trace of
+    Qwen3-Next's shape on two busy cores, 0.02 s without it. Closed during the layout, the
+    worker now stops there: no ranking, no plan."""
+    import threading
+
+    from moescope.sim import Routing
+
+    release = threading.Event()
+    views: list[Any] = []
+    real = Routing.from_trace
+
+    def from_trace(cls: type, trace: Any) -> Any:
+        release.wait(30)
+        routing = real(trace)
+        views[0]._worker.latest = -1  # the window closed meanwhile, as shutdown() says
+        return routing
+
+    monkeypatch.setattr(Routing, "from_trace", classmethod(from_trace))
+    window = open_trace_window(long_trace)
+    view = window.whatif
+    views.append(view)
+    release.set()
+    window.close()
+    assert not view._thread.isRunning() and view.result is None
+    routing = view._worker.routing
+    assert routing is not None and routing.ranking is None and routing.plan is None
+
+
+def test_a_sweep_asked_for_while_the_window_prepares_says_so_then_replays(
+        qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What-if shown while the preparation ahead still runs: the status names that
+    preparation over a busy bar (not "Replaying" while nothing replays yet), then the
+    replay's line, then the result."""
+    from moescope.gui.traces.whatif_view import AHEAD_TEXT, status_text
+
+    held = Held(monkeypatch)
+    try:
+        window = open_trace_window(long_trace)
+        view = window.whatif
+        qtbot.waitUntil(held.entered.is_set, timeout=30_000)
+        window.tabs.setCurrentWidget(view)
+        assert view.running and view.status.text() == AHEAD_TEXT
+        assert view.progress.isVisible() and view.progress.maximum() == 0
+    finally:
+        held.release.set()
+    with qtbot.waitSignal(view.sweepFinished, timeout=60_000):
+        pass
+    assert view.result is not None and view.status.text() == status_text(view.result)
+    assert_direct_sweep(view, long_trace)

@@ -174,15 +174,21 @@ class Routing:
                 self.plan = ReplayPlan.make(trace, threads=threads)
             return self.plan
 
-    def prepare(self, threads: int = 0) -> None:
+    def prepare(self, threads: int = 0, *,
+                cancelled: Callable[[], bool] = lambda: False) -> None:
         """The ranking and the plan the first :func:`replay_many` would make before its
         first layer, made now (a window prepares them while its user looks at its plots:
-        the first what-if then replays at once). Nothing where the core keeps no plans."""
+        the first what-if then replays at once). Nothing where the core keeps no plans.
+        ``cancelled`` is asked before each (a closing window waits only for the step in
+        flight); whatever was not made is made by the first replay."""
         from moescope.cache.batch import has_plan
 
-        if not self.n_rows or not has_plan():
+        if not self.n_rows or not has_plan() or cancelled():
             return
-        ct, keep = native_trace(self, self.substitute_ranking(threads))
+        ranking = self.substitute_ranking(threads)
+        if cancelled():
+            return
+        ct, keep = native_trace(self, ranking)
         self.replay_plan(ct, threads)
         del keep  # the buffers ct points into, alive until the plan is made
 

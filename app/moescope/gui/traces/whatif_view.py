@@ -80,6 +80,8 @@ DEFAULT_COST = "pcie4"
 LAYOUT_TEXT = ("Reading the trace's router inputs for the replay (the first sweep only; "
                "a few seconds for a long session)…")
 PLAN_TEXT = "Ranking each row's experts and planning the replay (the first sweep only)…"
+AHEAD_TEXT = ("Preparing the trace for the replay (reading its router inputs, ranking each "
+              "row's experts, planning the replay: once per trace)…")
 """The status line while the first sweep prepares the trace, the progress bar busy: until
 the replay reports its first layer, the bar would otherwise sit at 0%."""
 
@@ -111,6 +113,7 @@ class SweepWorker(QObject):
     preparing = Signal(int, str)  # generation, what the first sweep does before replaying
     finished = Signal(int, object)  # generation, WhatIfResult
     failed = Signal(int, str)  # generation, message
+    prepared = Signal()  # the preparation ahead ended (done, stopped or failed)
 
     def __init__(self, trace: Trace) -> None:
         super().__init__()
@@ -126,16 +129,21 @@ class SweepWorker(QObject):
         for (the window opens on its plots): the first sweep then replays at once (a
         10,000-token trace of Qwen3-Next's shape: about 0.7 s spared). A sweep asked for
         meanwhile waits for it, on this thread; a failure here is the sweep's to say."""
-        if self.latest < 0:
-            return  # the view shut down before this ran
+        def closed() -> bool:  # the view shut down: it waits only for the step in flight
+            return self.latest < 0
+
         try:
+            if closed():
+                return
             if self.routing is None:
                 self.routing = Routing.from_trace(self.trace)
-            self.routing.prepare()
+            self.routing.prepare(cancelled=closed)
         except MoEScopeError as err:  # the trace's: the sweep meets it again and says it
             log.info("the what-if could not be prepared ahead: %s", err)
         except Exception:  # a bug: the sweep lays out and plans again, and says what fails
             log.exception("preparing the what-if ahead failed")
+        finally:
+            self.prepared.emit()
 
     @Slot(int, str, object)
     def run(self, generation: int, cost_name: str, policies: tuple[str, ...]) -> None:
@@ -319,13 +327,17 @@ class WhatIfView(QWidget):
         self._worker.moveToThread(self._thread)
         self._request.connect(self._worker.run)
         self._prepare.connect(self._worker.prepare)
+        self._worker.prepared.connect(self._on_prepared)
         self._worker.progress.connect(self._on_progress)
         self._worker.preparing.connect(self._on_preparing)
         self._worker.finished.connect(self._on_finished)
         self._worker.failed.connect(self._on_failed)
+        self._ahead = False
+        """The worker is preparing ahead: a sweep asked for meanwhile says so."""
         if self.nothing is None and self.prepare_ahead:
             # on the worker, while the window shows its plots: opening stays instant
             self._thread.start()
+            self._ahead = True
             self._prepare.emit()
 
     @property
@@ -383,7 +395,8 @@ class WhatIfView(QWidget):
         policies = self.policies()
         self._replay_text = (f"Replaying the trace under {len(policies)} policies × "
                              f"{len(BUDGETS)} budgets ({name})…")
-        self.status.setText(self._replay_text)
+        # the worker still preparing ahead: the sweep waits for it, and says what it is
+        self.status.setText(AHEAD_TEXT if self._ahead else self._replay_text)
         self.status.setToolTip("")
         self._request.emit(self._generation, name, policies)
 
@@ -430,6 +443,10 @@ class WhatIfView(QWidget):
             self.status.setText(self._replay_text)
         self.progress.setRange(0, total)
         self.progress.setValue(done)
+
+    @Slot()
+    def _on_prepared(self) -> None:
+        self._ahead = False
 
     @Slot(int, str)
     def _on_preparing(self, generation: int, text: str) -> None:

@@ -6,6 +6,12 @@ parts as a chat runs (a RAM tier, a TTFT, an audit), made the main window taller
 itself on a 1024x700 screen, past its bottom edge. This one asks for a fixed number of
 lines at least; where its layout has room it still shows every wrapped line, and where
 it is given fewer than its text needs, the whole text is in its tooltip.
+
+It is not a height-for-width item to its layout: a box layout gives such an item every
+line it wraps to, whatever its siblings' minimums, so at the window's least size the stats
+line took four lines and the cache panel's splitter below it less than its minimum (the
+heatmap's legend was drawn over its axis). Its size hint is the height of its lines at its
+width instead, which a layout grants only where there is room.
 """
 
 from __future__ import annotations
@@ -29,6 +35,17 @@ class WrappedLabel(QLabel):
         self._explanation = ""
         self.setWordWrap(True)
         self.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
+        self._hint_width = -1
+
+    def hasHeightForWidth(self) -> bool:
+        """Not to its layout (QLabel sets the flag again with every text)."""
+        return False
+
+    def sizeHint(self) -> QSize:
+        """Every wrapped line at the width it has (its least height, at least)."""
+        hint = super().sizeHint()
+        height = self.heightForWidth(self.width()) if self.width() > 0 else hint.height()
+        return QSize(hint.width(), max(height, self.minimumSizeHint().height()))
 
     def minimumSizeHint(self) -> QSize:
         margins = self.contentsMargins()
@@ -56,4 +73,7 @@ class WrappedLabel(QLabel):
 
     def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
+        if self.width() != self._hint_width:  # its lines' height changes with its width
+            self._hint_width = self.width()
+            self.updateGeometry()
         self._update_tip()
