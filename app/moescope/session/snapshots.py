@@ -12,6 +12,7 @@ panel and a reopened trace therefore show the same picture.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,6 +181,55 @@ def layer_numbers(events: npt.NDArray[Any], rows_of: npt.NDArray[np.int64]) -> L
     return out
 
 
+def _fields(events: Sequence[npt.NDArray[Any]], names: tuple[str, ...]) -> tuple[
+        list[int], dict[str, npt.NDArray[Any]]] | None:
+    """The tokens that have rows, and those rows' ``names`` columns joined (a column at a
+    time: joining structured arrays promotes their dtypes pair by pair, 30 us a token);
+    None where the tokens' rows are not all alike."""
+    filled = [i for i, ev in enumerate(events) if len(ev)]
+    if not filled:
+        return filled, {}
+    first = events[filled[0]].dtype
+    if any(events[i].dtype is not first and events[i].dtype != first for i in filled):
+        return None
+    return filled, {name: np.concatenate([events[i][name] for i in filled]) for name in names}
+
+
+def layer_numbers_many(events: Sequence[npt.NDArray[Any]],
+                       rows_of: npt.NDArray[np.int64]) -> list[LayerNumbers]:
+    """:func:`layer_numbers` of many tokens at once (a reopened trace's thousands): the
+    same sums, added in the same order (``bincount`` adds its weights in order, as
+    ``add.at`` does), in one pass over all their rows."""
+    joined = _fields(events, ("layer", "substituted_mass", "n_hit", "k", "n_fetch",
+                              "n_substitute", "bytes_sync"))
+    if joined is None:  # unlike rows: one token at a time
+        return [layer_numbers(ev, rows_of) for ev in events]
+    filled, col = joined
+    n, m = int((rows_of >= 0).sum()), len(events)
+    sums: dict[str, npt.NDArray[Any]] = {}
+    if filled:
+        token = np.repeat(np.asarray(filled, np.int64), [len(events[i]) for i in filled])
+        layers = col["layer"].astype(np.int64)
+        keep = (layers >= 0) & (layers < len(rows_of))
+        keep[keep] = rows_of[layers[keep]] >= 0
+        cell = token[keep] * n + rows_of[layers[keep]]
+        for name, field in (("mass", "substituted_mass"), ("hits", "n_hit"),
+                            ("selections", "k"), ("fetches", "n_fetch"),
+                            ("substitutions", "n_substitute"), ("bytes_sync", "bytes_sync")):
+            total = np.bincount(cell, col[field][keep].astype(np.float64), minlength=m * n)
+            sums[name] = total.reshape(m, n)
+    def part(name: str, i: int) -> npt.NDArray[Any]:
+        if name not in sums:
+            return np.zeros(n) if name == "mass" else np.zeros(n, np.int64)
+        row = sums[name][i]
+        return row if name == "mass" else row.astype(np.int64)
+
+    return [LayerNumbers(mass=part("mass", i), hits=part("hits", i),
+                         selections=part("selections", i), fetches=part("fetches", i),
+                         substitutions=part("substitutions", i),
+                         bytes_sync=part("bytes_sync", i)) for i in range(m)]
+
+
 def _routed(events: npt.NDArray[Any], rows_of: npt.NDArray[np.int64]) -> tuple[
         npt.NDArray[np.int64], npt.NDArray[np.bool_], npt.NDArray[Any]]:
     """Rows of MoE layers only: (heatmap row per event as a column, j < k mask, events)."""
@@ -231,6 +281,37 @@ def used_experts(events: npt.NDArray[Any], rows_of: npt.NDArray[np.int64],
     used = ev["used_ids"].astype(np.int64)
     ok = in_k & (used >= 0) & (used < n_expert)
     return rows[ok], used[ok]
+
+
+def used_experts_many(events: Sequence[npt.NDArray[Any]], rows_of: npt.NDArray[np.int64],
+                      n_expert: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
+                                              npt.NDArray[np.int64]]:
+    """:func:`used_experts` of many tokens at once: (rows, experts, each one's token
+    position in ``events``), in the order one token after another would give them."""
+    none = np.zeros(0, np.int64)
+    joined = _fields(events, ("layer", "k", "used_ids"))
+    if joined is None:  # unlike rows: one token at a time
+        parts = [(*used_experts(ev, rows_of, n_expert), i) for i, ev in enumerate(events)
+                 if len(ev)]
+        if not parts:
+            return none, none, none
+        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                np.concatenate([np.full(len(p[0]), p[2], np.int64) for p in parts]))
+    filled, col = joined
+    if not filled:
+        return none, none, none
+    token = np.repeat(np.asarray(filled, np.int64), [len(events[i]) for i in filled])
+    layers = col["layer"].astype(np.int64)
+    ok = (layers >= 0) & (layers < len(rows_of))
+    ok[ok] = rows_of[layers[ok]] >= 0
+    rows = rows_of[layers[ok]][:, None]
+    k = col["k"][ok]
+    width = min(int(k.max(initial=0)), col["used_ids"].shape[1])  # the columns any row uses
+    used = col["used_ids"][ok][:, :width].astype(np.int64)
+    in_k = np.arange(width)[None, :] < k[:, None]
+    take = in_k & (used >= 0) & (used < n_expert)
+    return (np.broadcast_to(rows, in_k.shape)[take], used[take],
+            np.broadcast_to(token[ok][:, None], in_k.shape)[take])
 
 
 @dataclass(frozen=True)
