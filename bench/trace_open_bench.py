@@ -1,0 +1,97 @@
+"""How long does opening a long trace hold the window's GUI thread?
+
+A synthetic trace at Qwen3-Next's cache geometry (48 MoE layers x 512 experts, top-10, f32
+router inputs, PSR predictions: ``moescope_testing.traces.synthetic_trace``) is reopened
+(``reopen``: on the opener's thread in the window), then its snapshots are accounted into
+the cache panel's numbers token by token (``CacheModel.add``, what the window did before
+session 17) and in one pass (``CacheModel.add_many``), alternating, medians; then the whole
+trace window is built (``TraceWindow``: plots, what-if view; its preparation ahead off, so
+only the GUI thread's own work counts).
+
+    QT_QPA_PLATFORM=offscreen OPENBLAS_NUM_THREADS=1 .venv/bin/python \\
+        bench/trace_open_bench.py --tokens 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "app"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=10_000)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dir", type=Path, default=None)
+    args = ap.parse_args()
+
+    from moescope.display.cache_model import CacheModel
+    from moescope.display.trace_io import reopen
+    from moescope_testing.traces import synthetic_trace
+
+    work = args.dir or Path(tempfile.mkdtemp(prefix="moescope-open-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / f"t{args.tokens}.arrows"
+    if not path.exists():
+        synthetic_trace(path, n_tokens=args.tokens)
+    t = time.perf_counter()
+    reopened = reopen(path)
+    t_reopen = time.perf_counter() - t
+
+    def account(bulk: bool) -> float:
+        model = CacheModel()
+        model.reset(reopened.model)
+        t0 = time.perf_counter()
+        if bulk:
+            model.add_many(reopened.tokens)
+        else:
+            for snap in reopened.tokens:
+                model.add(snap)
+        return time.perf_counter() - t0
+
+    one, many = [], []
+    for _ in range(args.reps):
+        one.append(account(False))
+        many.append(account(True))
+
+    from PySide6.QtWidgets import QApplication
+
+    from moescope.gui.traces.trace_window import TraceWindow
+    from moescope.gui.traces.whatif_view import WhatIfView
+
+    app = QApplication.instance() or QApplication([])
+    WhatIfView.prepare_ahead = False
+    builds = []
+    for _ in range(args.reps):
+        t0 = time.perf_counter()
+        window = TraceWindow(path, reopened)
+        window.show()
+        app.processEvents()
+        builds.append(time.perf_counter() - t0)
+        window.close()
+        window.deleteLater()
+        app.processEvents()
+
+    m_one, m_many = statistics.median(one), statistics.median(many)
+    print(f"trace: {args.tokens} tokens x 48 layers x 512 experts, top-10 ({path})")
+    print()
+    print("| measure | result |")
+    print("|---|---|")
+    print(f"| reopen (the opener's thread) | {t_reopen:.2f} s |")
+    print(f"| the panel's numbers, token by token (add) | {m_one:.2f} s |")
+    print(f"| the panel's numbers, one pass (add_many) | {m_many:.2f} s "
+          f"({m_one / m_many:.1f}x) |")
+    print(f"| the trace window built and shown (GUI thread) | "
+          f"{statistics.median(builds):.2f} s |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
