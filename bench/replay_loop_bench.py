@@ -36,7 +36,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,7 @@ import numpy as np  # noqa: E402
 
 from moescope.sim.replay import Routing, native_trace  # noqa: E402
 from moescope.trace import read_trace  # noqa: E402
-from moescope_testing.traces import synthetic_trace  # noqa: E402
+from moescope_testing.traces import bench_trace  # noqa: E402
 
 POLICIES = ["exact", "quality-first", "speed-first", "cache-prior", "psr", "substitute-all",
             "threshold", "first-choice"]
@@ -183,11 +182,7 @@ def main() -> int:
     ap.add_argument("--policies", default=",".join(POLICIES),
                     help="presets, comma-separated (--count)")
     args = ap.parse_args()
-    work = args.dir or Path(tempfile.mkdtemp(prefix="moescope-loop-bench-"))
-    work.mkdir(parents=True, exist_ok=True)
-    trace_path = work / f"t{args.tokens}.arrows"
-    if not trace_path.exists():
-        synthetic_trace(trace_path, n_tokens=args.tokens)
+    work, trace_path = bench_trace(args.dir, args.tokens, "moescope-loop-bench-")
     data = work / "routing"
     data.mkdir(exist_ok=True)
     meta = dump(Routing.from_trace(read_trace(trace_path)), data)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,13 +33,9 @@ def main() -> int:
 
     from moescope.display.cache_model import CacheModel
     from moescope.display.trace_io import reopen
-    from moescope_testing.traces import synthetic_trace
+    from moescope_testing.traces import bench_trace
 
-    work = args.dir or Path(tempfile.mkdtemp(prefix="moescope-open-bench-"))
-    work.mkdir(parents=True, exist_ok=True)
-    path = work / f"t{args.tokens}.arrows"
-    if not path.exists():
-        synthetic_trace(path, n_tokens=args.tokens)
+    _, path = bench_trace(args.dir, args.tokens, "moescope-open-bench-")
     t = time.perf_counter()
     reopened = reopen(path)
     t_reopen = time.perf_counter() - t

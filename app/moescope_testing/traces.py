@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 
@@ -183,3 +184,15 @@ def _event_dtype() -> object:
     from moescope.cache.native import EVENT_DTYPE
 
     return EVENT_DTYPE
+
+
+def bench_trace(work: Path | None, n_tokens: int, prefix: str) -> tuple[Path, Path]:
+    """A bench's working folder (``work``, else a new temporary one named ``prefix``...)
+    and in it a :func:`synthetic_trace` of ``n_tokens`` at Qwen3-Next's geometry, made once
+    and kept for the next run with the same ``work``."""
+    work = work or Path(tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / f"t{n_tokens}.arrows"
+    if not path.exists():
+        synthetic_trace(path, n_tokens=n_tokens)
+    return work, path
