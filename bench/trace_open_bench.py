@@ -4,9 +4,11 @@ A synthetic trace at Qwen3-Next's cache geometry (48 MoE layers x 512 experts, t
 router inputs, PSR predictions: ``moescope_testing.traces.synthetic_trace``) is reopened
 (``reopen``: on the opener's thread in the window), then its snapshots are accounted into
 the cache panel's numbers token by token (``CacheModel.add``, what the window did before
-session 17) and in one pass (``CacheModel.add_many``), alternating, medians; then the whole
-trace window is built (``TraceWindow``: plots, what-if view; its preparation ahead off, so
-only the GUI thread's own work counts).
+session 17) and in one pass (``CacheModel.add_many``), alternating, medians; then what the
+opener's thread does after reading since session 18 (``account``: the panel's numbers and
+the cost models' calibration), and the whole trace window built from the accounted trace
+(``TraceWindow``: plots, what-if view; its preparation ahead off, so only the GUI thread's
+own work counts).
 
     QT_QPA_PLATFORM=offscreen OPENBLAS_NUM_THREADS=1 .venv/bin/python \\
         bench/trace_open_bench.py --tokens 10000
@@ -32,7 +34,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from moescope.display.cache_model import CacheModel
-    from moescope.display.trace_io import reopen
+    from moescope.display.trace_io import account, reopen
     from moescope_testing.traces import bench_trace
 
     _, path = bench_trace(args.dir, args.tokens, "moescope-open-bench-")
@@ -40,7 +42,7 @@ def main() -> int:
     reopened = reopen(path)
     t_reopen = time.perf_counter() - t
 
-    def account(bulk: bool) -> float:
+    def accounting(bulk: bool) -> float:
         model = CacheModel()
         model.reset(reopened.model)
         t0 = time.perf_counter()
@@ -53,8 +55,8 @@ def main() -> int:
 
     one, many = [], []
     for _ in range(args.reps):
-        one.append(account(False))
-        many.append(account(True))
+        one.append(accounting(False))
+        many.append(accounting(True))
 
     from PySide6.QtWidgets import QApplication
 
@@ -63,10 +65,13 @@ def main() -> int:
 
     app = QApplication.instance() or QApplication([])
     WhatIfView.prepare_ahead = False
-    builds = []
+    accounts, builds = [], []
     for _ in range(args.reps):
         t0 = time.perf_counter()
-        window = TraceWindow(path, reopened)
+        accounted = account(reopened)
+        accounts.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        window = TraceWindow(path, accounted)
         window.show()
         app.processEvents()
         builds.append(time.perf_counter() - t0)
@@ -83,6 +88,8 @@ def main() -> int:
     print(f"| the panel's numbers, token by token (add) | {m_one:.2f} s |")
     print(f"| the panel's numbers, one pass (add_many) | {m_many:.2f} s "
           f"({m_one / m_many:.1f}x) |")
+    print(f"| the window's numbers and cost models (account, the opener's thread) | "
+          f"{statistics.median(accounts):.2f} s |")
     print(f"| the trace window built and shown (GUI thread) | "
           f"{statistics.median(builds):.2f} s |")
     return 0

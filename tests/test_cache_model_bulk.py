@@ -3,6 +3,7 @@ panel's numbers exactly as accounting them one token at a time does."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ def state(model: CacheModel) -> dict[str, Any]:
     out["_decode_seconds"] = list(model._decode_seconds)
     out["_policies"] = list(model._policies)
     out["latest"] = model.latest.index if model.latest is not None else None
+    out["time.total"] = model.time.total
+    out["dirty"] = set(model.dirty)
     return out
 
 
@@ -40,18 +43,27 @@ def test_add_many_leaves_what_adding_each_token_leaves(
     path = record(arch, name="bulk.jsonl", policy="psr", budget="25%", tokens=40, answers=2,
                   switch_at=9)
     reopened = reopen(path)
-    one, bulk = CacheModel(capacity=50, layer_window=8), CacheModel(capacity=50, layer_window=8)
-    for model in (one, bulk):
-        model.reset(reopened.model)
-    assert one.n_rows > 0 and len(reopened.tokens) > 60
-    for snap in reopened.tokens:
+    tokens = reopened.tokens
+    one = CacheModel(capacity=50, layer_window=8)
+    one.reset(reopened.model)
+    assert one.n_rows > 0 and len(tokens) > 60
+    for snap in tokens:
         one.add(snap)
-    bulk.add_many(reopened.tokens)
-    a, b = state(one), state(bulk)
-    assert a.keys() == b.keys()
-    for key in a:
-        if isinstance(a[key], np.ndarray):
-            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
-        else:
-            assert a[key] == b[key], key
-    assert (bulk.uses > 0).any() and (bulk.last_use >= 0).any() and len(bulk.markers) > 0
+    a = state(one)
+    # in one call, and in four that leave the rings at other places (the per-layer
+    # window's 8 and the time ring's 50 divide none of their lengths; the last is shorter
+    # than the window)
+    for cuts in ((), (13, 27, 75)):
+        bulk = CacheModel(capacity=50, layer_window=8)
+        bulk.reset(reopened.model)
+        bounds = (0, *cuts, len(tokens))
+        for lo, hi in itertools.pairwise(bounds):
+            bulk.add_many(tokens[lo:hi])
+        b = state(bulk)
+        assert a.keys() == b.keys()
+        for key in a:
+            if isinstance(a[key], np.ndarray):
+                np.testing.assert_array_equal(a[key], b[key], err_msg=f"{cuts} {key}")
+            else:
+                assert a[key] == b[key], (cuts, key)
+        assert (bulk.uses > 0).any() and (bulk.last_use >= 0).any() and len(bulk.markers) > 0

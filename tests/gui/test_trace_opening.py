@@ -75,3 +75,36 @@ def test_closing_the_window_mid_read_stops_the_reader(make_window: Any, qtbot: A
     qtbot.waitUntil(gate["started"].is_set)
     window.close()
     assert opener.isFinished() and not window.trace_windows
+
+
+def test_the_window_numbers_are_worked_out_on_the_reading_thread(
+        window: Any, qtbot: Any, dialogs: Any, trace_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache panel's accounting and the cost models' calibration (0.4 s of a
+    10,000-token trace) run where the trace is read; the window only draws them."""
+    from moescope.display import trace_io
+    from moescope.gui.traces import trace_opener
+
+    threads: list[threading.Thread] = []
+    real = trace_io.account
+
+    def account(reopened: trace_io.ReopenedTrace) -> trace_io.ReopenedTrace:
+        threads.append(threading.current_thread())
+        return real(reopened)
+
+    monkeypatch.setattr(trace_opener, "account", account)
+    from moescope.gui.traces import trace_window as trace_window_module
+
+    # the window would account a trace the opener had not
+    monkeypatch.setattr(trace_window_module, "account",
+                        lambda _r: pytest.fail("accounted on the GUI thread"))
+    with qtbot.waitSignal(window.traceOpened, timeout=30_000) as opened:
+        window.open_trace(trace_path)
+    trace_window = opened.args[0]
+    assert len(threads) == 1 and threads[0] is not threading.main_thread()
+    cache = trace_window.reopened.cache
+    assert trace_window.panel.model is cache
+    assert cache.time.total == len(trace_window.tokens) > 0
+    assert cache.uses.sum() > 0 and trace_window.whatif.cost.count() > 0
+    qtbot.waitUntil(lambda: not window._trace_openers)
+    assert not dialogs.shown

@@ -32,8 +32,8 @@ from moescope.session.snapshots import (
     TokenSnapshot,
     cell_states,
     layer_numbers,
-    layer_numbers_many,
     layer_rows,
+    layer_sums_many,
     used_experts,
     used_experts_many,
 )
@@ -121,6 +121,44 @@ def _tier_numbers(events: npt.NDArray[Any]) -> dict[str, float]:
         return {"disk_mb": 0.0, "fills": fills, "disk_fills": 0.0}
     return {"disk_mb": float(events["bytes_disk"].sum()) / 1e6, "fills": fills,
             "disk_fills": float(events["n_disk"].sum())}
+
+
+def _tier_columns(events: list[npt.NDArray[Any]]) -> dict[str, npt.NDArray[np.float64]]:
+    """:func:`_tier_numbers` of many tokens, as columns (the same sums: whole numbers)."""
+    m = len(events)
+    lens = np.fromiter((len(ev) for ev in events), np.int64, m)
+    filled = np.flatnonzero(lens)
+    names = ("disk_mb", "fills", "disk_fills")
+    if not len(filled):
+        return {name: np.zeros(m) for name in names}
+    first = events[filled[0]].dtype
+    if any(events[i].dtype is not first and events[i].dtype != first for i in filled):
+        each = [_tier_numbers(ev) for ev in events]
+        return {name: np.array([x[name] for x in each]) for name in names}
+    token = np.repeat(filled, lens[filled])
+
+    def total(field: str) -> npt.NDArray[np.float64]:
+        col = np.concatenate([events[i][field] for i in filled]).astype(np.float64)
+        return np.bincount(token, col, minlength=m)
+
+    fills = total("n_fetch") + total("n_admit")
+    if "n_disk" not in (first.names or ()):
+        return {"disk_mb": np.zeros(m), "fills": fills, "disk_fills": np.zeros(m)}
+    return {"disk_mb": total("bytes_disk") / 1e6, "fills": fills,
+            "disk_fills": total("n_disk")}
+
+
+def _sums_or_nan(arrays: list[npt.NDArray[np.int64] | None]) -> npt.NDArray[np.float64]:
+    """Each array's sum, NaN for None (a token whose policy does not prefetch)."""
+    out = np.full(len(arrays), np.nan)
+    at = [i for i, x in enumerate(arrays) if x is not None]
+    if at:
+        shapes = {arrays[i].shape for i in at}  # type: ignore[union-attr]
+        if len(shapes) == 1 and len(next(iter(shapes))) == 1:
+            out[at] = np.stack([arrays[i] for i in at]).sum(axis=1)  # type: ignore[misc]
+        else:
+            out[at] = [float(arrays[i].sum()) for i in at]  # type: ignore[union-attr]
+    return out
 
 
 def tier_text(model: ModelSummary, slots: int, ram_slots: int, n: TierNumbers) -> str:
@@ -231,38 +269,79 @@ class CacheModel:
 
     def add_many(self, snaps: Iterable[TokenSnapshot]) -> None:
         """:meth:`add` of each, in order, to the same state: a reopened trace's thousands of
-        tokens with their rows summed and their experts counted in one pass each (a
-        10,000-token trace of Qwen3-Next's shape: 2.3 s of the window's opening before)."""
+        tokens summed per layer, their time rows and their experts' uses in one pass each
+        (a 10,000-token trace of Qwen3-Next's shape: 2.3 s of the window's opening, token
+        by token). Only what is sequential (tokens/s's rolling window, audits, markers)
+        goes a token at a time, and the rings get only what they keep."""
         snaps = list(snaps)
         if not self.n_rows or len(snaps) < 2:
             for snap in snaps:
                 self.add(snap)
             return
+        m = len(snaps)
         events = [snap.events for snap in snaps]
-        numbers = layer_numbers_many(events, self.rows_of)
-        for snap, nums in zip(snaps, numbers, strict=True):
-            self._add(snap, nums, count_uses=False)
+        sums = layer_sums_many(events, self.rows_of)
+        tok_s = np.empty(m)
+        kl = np.full(m, np.nan)
+        for i, snap in enumerate(snaps):
+            if snap.index == 0:
+                self.ttft_s = snap.ttft if snap.ttft is not None else snap.seconds
+                self._decode_seconds.clear()
+                tok_s[i] = float("nan")
+            else:
+                self._decode_seconds.append(snap.seconds)
+                total = sum(self._decode_seconds)
+                tok_s[i] = len(self._decode_seconds) / total if total > 0 else float("nan")
+            if snap.policy != self.policy or snap.slots_per_layer != self.slots_per_layer:
+                self.audits = []  # another policy or budget: another cost
+            if snap.audit is not None:
+                self.audits.append(snap.audit)
+                kl[i] = snap.audit.kl
+            for change in snap.changes:
+                self.add_marker(snap.step, change)
+            self._policies.append(snap.policy)
+            self.policy = snap.policy
+            self.slots_per_layer = snap.slots_per_layer
+        selections = sums.selections.sum(axis=1)
+        some = selections > 0
+        per = np.where(some, selections, 1)
+        self.time.extend({
+            "step": np.fromiter((s.step for s in snaps), np.float64, m),
+            "tokens_per_s": tok_s,
+            "mass": sums.mass.sum(axis=1),
+            "hit_rate": np.where(some, sums.hits.sum(axis=1) / per, np.nan),
+            "fetched_mb": sums.bytes_sync.sum(axis=1) / 1e6,
+            "substituted_fraction": np.where(some, sums.substitutions.sum(axis=1) / per,
+                                             np.nan),
+            "slots": np.fromiter((s.slots_per_layer for s in snaps), np.float64, m),
+            "prefetches": _sums_or_nan([s.prefetches for s in snaps]),
+            "prefetch_hits": _sums_or_nan([s.prefetch_hits for s in snaps]),
+            "audit_kl": kl,
+            **_tier_columns(events),
+        }, m)
+        # the per-layer window keeps the last layer_window tokens
+        keep = min(m, self.layer_window)
+        self._layer_head = (self._layer_head + m - keep) % self.layer_window
+        for i in range(m - keep, m):
+            self._account_layers(snaps[i], LayerNumbers(
+                mass=sums.mass[i], hits=sums.hits[i], selections=sums.selections[i],
+                fetches=sums.fetches[i], substitutions=sums.substitutions[i],
+                bytes_sync=sums.bytes_sync[i]))
         rows, experts, token = used_experts_many(events, self.rows_of, self.n_expert)
         cells = self.n_rows * self.n_expert
         flat = rows * self.n_expert + experts
         self.uses += np.bincount(flat, minlength=cells).reshape(self.uses.shape)
-        # each expert's last use: its latest token's step, as add() leaves it (the last of
-        # each cell's uses in a stable sort; 16-bit keys sort by radix, 7x faster)
-        key = flat.astype(np.uint16) if cells <= 1 << 16 else flat
-        order = np.argsort(key, kind="stable")
-        ordered = flat[order]
-        last = order[np.flatnonzero(np.r_[ordered[1:] != ordered[:-1], True])] \
-            if len(order) else order
-        steps = np.fromiter((snap.step for snap in snaps), np.int64, len(snaps))
-        self.last_use.flat[flat[last]] = steps[token[last]]
+        # each expert's last use: its latest token's step, as add() leaves it
+        latest = np.full(cells, -1, np.int64)
+        np.maximum.at(latest, flat, token)
+        used = np.flatnonzero(latest >= 0)
+        steps = np.fromiter((snap.step for snap in snaps), np.int64, m)
+        self.last_use.flat[used] = steps[latest[used]]
+        self._finish(snaps[-1])
 
     def add(self, snap: TokenSnapshot) -> None:
         """Account one token (called for every token; keep it cheap)."""
-        self._add(snap, layer_numbers(snap.events, self.rows_of), count_uses=True)
-
-    def _add(self, snap: TokenSnapshot, nums: LayerNumbers, *, count_uses: bool) -> None:
-        self.latest = snap
-        self._cells_stale = True
+        nums = layer_numbers(snap.events, self.rows_of)
         if snap.index == 0:
             self.ttft_s = snap.ttft if snap.ttft is not None else snap.seconds
             self._decode_seconds.clear()
@@ -273,7 +352,6 @@ class CacheModel:
             tok_s = len(self._decode_seconds) / total if total > 0 else float("nan")
         selections = int(nums.selections.sum())
         pf, pf_hits = snap.prefetches, snap.prefetch_hits
-        prefetching = pf is not None and pf_hits is not None
         self.time.append({
             "step": snap.step,
             "tokens_per_s": tok_s,
@@ -293,30 +371,38 @@ class CacheModel:
         if snap.audit is not None:
             self.audits.append(snap.audit)
         if self.n_rows:
-            i = self._layer_head
-            self._layer_mass[i] = nums.mass[: self.n_rows]
-            self._layer_hits[i] = nums.hits[: self.n_rows]
-            self._layer_sel[i] = nums.selections[: self.n_rows]
-            self._layer_bytes[i] = nums.bytes_sync[: self.n_rows]
-            self._layer_prefetching[i] = prefetching
-            if pf is not None and pf_hits is not None and pf.shape == (self.n_rows,):
-                self._layer_prefetches[i] = pf
-                self._layer_prefetch_hits[i] = pf_hits
-            else:
-                self._layer_prefetches[i] = 0
-                self._layer_prefetch_hits[i] = 0
-            self._layer_head = (i + 1) % self.layer_window
-            self._layer_count = min(self._layer_count + 1, self.layer_window)
-            if count_uses:
-                rows, experts = used_experts(snap.events, self.rows_of, self.n_expert)
-                np.add.at(self.uses, (rows, experts), 1)
-                self.last_use[rows, experts] = snap.step
+            self._account_layers(snap, nums)
+            rows, experts = used_experts(snap.events, self.rows_of, self.n_expert)
+            np.add.at(self.uses, (rows, experts), 1)
+            self.last_use[rows, experts] = snap.step
         for change in snap.changes:
             self.add_marker(snap.step, change)
-        if snap.changes:
-            self.dirty.add("markers")
-        self.prefetching = prefetching
         self._policies.append(snap.policy)
+        self._finish(snap)
+
+    def _account_layers(self, snap: TokenSnapshot, nums: LayerNumbers) -> None:
+        """The per-layer window's row of one token (the ring's next)."""
+        pf, pf_hits = snap.prefetches, snap.prefetch_hits
+        i = self._layer_head
+        self._layer_mass[i] = nums.mass[: self.n_rows]
+        self._layer_hits[i] = nums.hits[: self.n_rows]
+        self._layer_sel[i] = nums.selections[: self.n_rows]
+        self._layer_bytes[i] = nums.bytes_sync[: self.n_rows]
+        self._layer_prefetching[i] = pf is not None and pf_hits is not None
+        if pf is not None and pf_hits is not None and pf.shape == (self.n_rows,):
+            self._layer_prefetches[i] = pf
+            self._layer_prefetch_hits[i] = pf_hits
+        else:
+            self._layer_prefetches[i] = 0
+            self._layer_prefetch_hits[i] = 0
+        self._layer_head = (i + 1) % self.layer_window
+        self._layer_count = min(self._layer_count + 1, self.layer_window)
+
+    def _finish(self, snap: TokenSnapshot) -> None:
+        """What the latest accounted token leaves: its policy, budget and context."""
+        self.latest = snap
+        self._cells_stale = True
+        self.prefetching = snap.prefetches is not None and snap.prefetch_hits is not None
         self.policy = snap.policy
         self.slots_per_layer = snap.slots_per_layer
         self.ram_slots_per_layer = snap.ram_slots_per_layer

@@ -39,6 +39,22 @@ class RingBuffer:
         self.count = min(self.count + 1, self.capacity)
         self.total += 1
 
+    def extend(self, rows: Mapping[str, npt.NDArray[np.float64]], n: int) -> None:
+        """:meth:`append` of ``n`` rows given as columns (each of length ``n``; a column
+        left out is NaN), to the same state: only the last ``capacity`` are written."""
+        cap = self.capacity
+        keep = min(n, cap)
+        # the positions the last `keep` of n appends write, in order
+        at = (self._head + n - keep + np.arange(keep)) % cap
+        for name, buf in self._data.items():
+            col = rows.get(name)
+            values = np.nan if col is None else np.asarray(col, np.float64)[n - keep:]
+            buf[at] = values
+            buf[at + cap] = values
+        self._head = (self._head + n) % cap
+        self.count = min(self.count + n, cap)
+        self.total += n
+
     def view(self, name: str) -> npt.NDArray[np.float64]:
         """The held values of ``name``, oldest first (a read-only view)."""
         end = self._head + self.capacity

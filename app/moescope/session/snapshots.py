@@ -195,17 +195,22 @@ def _fields(events: Sequence[npt.NDArray[Any]], names: tuple[str, ...]) -> tuple
     return filled, {name: np.concatenate([events[i][name] for i in filled]) for name in names}
 
 
-def layer_numbers_many(events: Sequence[npt.NDArray[Any]],
-                       rows_of: npt.NDArray[np.int64]) -> list[LayerNumbers]:
-    """:func:`layer_numbers` of many tokens at once (a reopened trace's thousands): the
-    same sums, added in the same order (``bincount`` adds its weights in order, as
-    ``add.at`` does), in one pass over all their rows."""
+def layer_sums_many(events: Sequence[npt.NDArray[Any]],
+                    rows_of: npt.NDArray[np.int64]) -> LayerNumbers:
+    """:func:`layer_numbers` of many tokens at once (a reopened trace's thousands), as
+    matrices (a token per row, a MoE layer per column): the same sums, added in the same
+    order (``bincount`` adds its weights in order, as ``add.at`` does), in one pass over
+    all their rows."""
+    n, m = int((rows_of >= 0).sum()), len(events)
     joined = _fields(events, ("layer", "substituted_mass", "n_hit", "k", "n_fetch",
                               "n_substitute", "bytes_sync"))
     if joined is None:  # unlike rows: one token at a time
-        return [layer_numbers(ev, rows_of) for ev in events]
+        each = [layer_numbers(ev, rows_of) for ev in events]
+        return LayerNumbers(**{
+            name: np.stack([getattr(x, name) for x in each]) if each
+            else np.zeros((0, n), np.float64 if name == "mass" else np.int64)
+            for name in LAYER_SUMS})
     filled, col = joined
-    n, m = int((rows_of >= 0).sum()), len(events)
     sums: dict[str, npt.NDArray[Any]] = {}
     if filled:
         token = np.repeat(np.asarray(filled, np.int64), [len(events[i]) for i in filled])
@@ -213,21 +218,18 @@ def layer_numbers_many(events: Sequence[npt.NDArray[Any]],
         keep = (layers >= 0) & (layers < len(rows_of))
         keep[keep] = rows_of[layers[keep]] >= 0
         cell = token[keep] * n + rows_of[layers[keep]]
-        for name, field in (("mass", "substituted_mass"), ("hits", "n_hit"),
-                            ("selections", "k"), ("fetches", "n_fetch"),
-                            ("substitutions", "n_substitute"), ("bytes_sync", "bytes_sync")):
+        for name, field in LAYER_SUMS.items():
             total = np.bincount(cell, col[field][keep].astype(np.float64), minlength=m * n)
-            sums[name] = total.reshape(m, n)
-    def part(name: str, i: int) -> npt.NDArray[Any]:
-        if name not in sums:
-            return np.zeros(n) if name == "mass" else np.zeros(n, np.int64)
-        row = sums[name][i]
-        return row if name == "mass" else row.astype(np.int64)
+            total = total.reshape(m, n)
+            sums[name] = total if name == "mass" else total.astype(np.int64)
+    return LayerNumbers(**{
+        name: sums.get(name, np.zeros((m, n), np.float64 if name == "mass" else np.int64))
+        for name in LAYER_SUMS})
 
-    return [LayerNumbers(mass=part("mass", i), hits=part("hits", i),
-                         selections=part("selections", i), fetches=part("fetches", i),
-                         substitutions=part("substitutions", i),
-                         bytes_sync=part("bytes_sync", i)) for i in range(m)]
+
+LAYER_SUMS = {"mass": "substituted_mass", "hits": "n_hit", "selections": "k",
+              "fetches": "n_fetch", "substitutions": "n_substitute", "bytes_sync": "bytes_sync"}
+""":class:`LayerNumbers`' fields and the event columns they sum."""
 
 
 def _routed(events: npt.NDArray[Any], rows_of: npt.NDArray[np.int64]) -> tuple[

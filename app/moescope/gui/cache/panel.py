@@ -103,6 +103,12 @@ class CachePanel(QWidget):
     def set_model(self, summary: ModelSummary | None) -> None:
         """A newly loaded model: start from empty plots sized for it."""
         self.model.reset(summary)
+        self.show_numbers()
+
+    def show_numbers(self) -> None:
+        """Plots sized for the model's numbers as they stand (a reopened trace's, accounted
+        before this panel was made: :func:`moescope.display.trace_io.account`)."""
+        summary = self.model.model
         self.heatmap.reset()
         self.time_plots.reset()
         self.layer_bars.reset()

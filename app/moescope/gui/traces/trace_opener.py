@@ -15,7 +15,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QThread, Signal
 
-from moescope.display.trace_io import reopen
+from moescope.display.trace_io import account, reopen
 from moescope.trace import TraceFormatError, TraceReadCancelled
 
 log = logging.getLogger("moescope.gui")
@@ -69,6 +69,9 @@ class TraceOpener(QThread):
     def _read(self) -> None:
         try:
             reopened = reopen(self.path, progress=self._report)
+            if self._cancel.is_set():
+                raise TraceReadCancelled
+            reopened = account(reopened)  # the window's numbers, off the GUI thread
         except TraceReadCancelled:
             log.info("opening %s was cancelled", self.path.name)
             return

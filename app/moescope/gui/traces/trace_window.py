@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 from moescope.display.trace_io import (
     PREFETCH_SESSION_TIP,
     ReopenedTrace,
+    account,
     prefetch_overview,
     tokens_text,
 )
@@ -75,6 +76,8 @@ class TraceWindow(QMainWindow):
         self.path = Path(path)
         self.settings = settings
         """Where the last export's folder is remembered (None: the dialog starts at home)."""
+        if reopened.cache is None or reopened.cost_choices is None:
+            reopened = account(reopened)  # else the opener did, off this thread
         self.reopened = reopened
         model, tokens = reopened.model, reopened.tokens
         self.tokens = tokens
@@ -119,12 +122,11 @@ class TraceWindow(QMainWindow):
         self.empty_label.setWordWrap(True)
         self.empty_label.setVisible(not tokens)
         layout.addWidget(self.empty_label)
-        self.panel = CachePanel(live=False)
-        self.panel.set_model(model)
-        self.panel.add_snapshots(tokens)
+        self.panel = CachePanel(reopened.cache, live=False)
+        self.panel.show_numbers()
         self.panel.time_plots.full_range = True
         self.panel.draw(force=True)
-        self.whatif = WhatIfView(reopened.trace)
+        self.whatif = WhatIfView(reopened.trace, cost_choices=reopened.cost_choices)
         self.tabs = QTabWidget()
         self.tabs.addTab(self.panel, "P&lots")  # Alt+P: What-if's Policies
         self.tabs.addTab(self.whatif, "&What-if")

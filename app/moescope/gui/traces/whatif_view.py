@@ -190,7 +190,10 @@ class WhatIfView(QWidget):
     prepare_ahead = True
     """Whether a new view's worker prepares the first sweep's layout and plan at once."""
 
-    def __init__(self, trace: Trace, parent: QWidget | None = None) -> None:
+    def __init__(self, trace: Trace, parent: QWidget | None = None, *,
+                 cost_choices: dict[str, str | None] | None = None) -> None:
+        """``cost_choices``: :func:`cost_model_choices` of ``trace`` if worked out already
+        (calibrating the models reads every token: the opener does it off this thread)."""
         super().__init__(parent)
         self.trace = trace
         self.result: WhatIfResult | None = None
@@ -206,7 +209,7 @@ class WhatIfView(QWidget):
         self.cost = QComboBox()
         self.cost.setAccessibleName("Cost model")
         self.cost.setToolTip("How replayed copies turn into time per token")
-        choices = cost_model_choices(trace)
+        choices = cost_choices if cost_choices is not None else cost_model_choices(trace)
         model = self.cost.model()
         for name, reason in choices.items():
             self.cost.addItem(name, name)
