@@ -28,6 +28,8 @@ import numpy.typing as npt
 from moescope.cache.native import FETCH, HIT, SUBSTITUTE
 
 _HEX = re.compile(r"[0-9a-f]+")
+_LAST_ACTION = max(HIT, FETCH, SUBSTITUTE)
+"""The computing actions are 0 to this (``enum moecache_action``): one comparison."""
 
 
 def mask_to_hex(mask: npt.ArrayLike) -> str:
@@ -131,6 +133,9 @@ class Residency:
     def __init__(self, moe_layers: Sequence[int], n_expert: int, slots: int) -> None:
         self.moe_layers = tuple(int(x) for x in moe_layers)
         self.rows_of = {layer: i for i, layer in enumerate(self.moe_layers)}
+        self._row_table = np.full(max(self.moe_layers, default=-1) + 1, -1, np.int64)
+        """Model layer index -> residency row (-1: not a MoE layer)."""
+        self._row_table[list(self.moe_layers)] = np.arange(len(self.moe_layers))
         self.n_expert = int(n_expert)
         self.slots = int(slots)
         """Slots per layer in force (the header's, then every recorded resize)."""
@@ -174,36 +179,50 @@ class Residency:
         if len(events) == 0:
             return
         layers = events["layer"].astype(np.int64)
-        rows = np.array([self.rows_of.get(layer, -1) for layer in layers.tolist()],
-                        dtype=np.int64)
+        table = self._row_table
+        inside = (layers >= 0) & (layers < len(table))
+        rows = np.where(inside, table[np.where(inside, layers, 0)], -1)
+        keep = rows >= 0
+        if not keep.all():
+            events, rows = events[keep], rows[keep]
+            if not len(rows):
+                return
+        if np.bincount(rows).max() == 1:  # no layer twice: one wave
+            self._apply_wave(events, rows, step)
+            return
         wave = np.zeros(len(rows), dtype=np.int64)
         seen: dict[int, int] = {}
         for i, r in enumerate(rows.tolist()):
             wave[i] = seen.get(r, 0)
             seen[r] = wave[i] + 1
-        keep = rows >= 0
         for w in range(int(wave.max()) + 1):
-            sel = np.flatnonzero(keep & (wave == w))
-            if len(sel):
-                self._apply_wave(events[sel], rows[sel], step)
+            sel = np.flatnonzero(wave == w)
+            self._apply_wave(events[sel], rows[sel], step)
 
     def _apply_wave(self, events: npt.NDArray[Any], rows: npt.NDArray[np.int64],
                     step: int) -> None:
         """Rows of distinct layers (``rows``: their residency rows), all at once."""
         n = self.n_expert
-        width = events["ids"].shape[1]
-        col = np.arange(width)
+        resident = self.resident.reshape(-1)  # views: one flat index per (row, expert)
+        last_use = self.last_use.reshape(-1)
+        ids = events["ids"]
+        col = np.arange(ids.shape[1])
+        base = rows[:, None] * n
         action = events["action"]
-        computed = np.where(action == SUBSTITUTE, events["used_ids"], events["ids"])
-        ok = ((col < events["k"][:, None]) & (computed >= 0) & (computed < n)
-              & ((action == HIT) | (action == FETCH) | (action == SUBSTITUTE)))
-        r = np.broadcast_to(rows[:, None], computed.shape)
-        self.resident[r[ok], computed[ok]] = True
-        self.last_use[r[ok], computed[ok]] = step
+        computed = np.where(action == SUBSTITUTE, events["used_ids"], ids)
+        # HIT, FETCH and SUBSTITUTE are 0, 1 and 2: as unsigned, every other value is more
+        ok = ((col < events["k"][:, None]) & (action.view(np.uint8) <= _LAST_ACTION)
+              & (computed >= 0) & (computed < n))
+        flat = (base + computed)[ok]
+        resident[flat] = True
+        last_use[flat] = step
         for name, count, value in (("evicted", "n_evict", False), ("admitted", "n_admit", True)):
+            counts = events[count]
+            if not counts.any():
+                continue
             ids = events[name]
-            ok = (col < events[count][:, None]) & (ids >= 0) & (ids < n)
-            self.resident[r[ok], ids[ok]] = value
+            ok = (col < counts[:, None]) & (ids >= 0) & (ids < n)
+            resident[(base + ids)[ok]] = value
 
     def shrink(self, slots: int) -> None:
         """A budget shrink evicts without event rows: keep the most recently used (a guess,
