@@ -6,7 +6,10 @@ the process."""
 from __future__ import annotations
 
 import json
+import random
+import re
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ from moescope.engine.grammar import (
     json_object_grammar,
     schema_grammar,
 )
+from moescope.engine.schema_rules import BOUNDS, Interval, json_decimal, number_range_rule
 from moescope.util.resources import demo_model_path
 from moescope_testing import ensure_wide_vocab_model
 
@@ -205,9 +209,11 @@ def test_an_integer_bounded_on_one_side_or_in_a_list_of_types(demo: Engine) -> N
     for text, ok in (("-1", True), ("-5000", True), ("0", False), ("7", False),
                      ("null", True)):
         assert _takes(demo, below, text) == ok, text
-    # beside a list of types the converter drops an enum; the bounds hold all the same
-    listed = schema_grammar({"type": ["integer", "null"], "enum": [1, None], "minimum": 3})
-    assert _takes(demo, listed, "5") and not _takes(demo, listed, "1")
+    # an enum beside a list of types and bounds keeps to the values they allow (the
+    # converter dropped the enum: 5 came back; now 1 does not either)
+    listed = schema_grammar({"type": ["integer", "null"], "enum": [1, 4, None], "minimum": 3})
+    for text, ok in (("4", True), ("null", True), ("1", False), ("5", False)):
+        assert _takes(demo, listed, text) == ok, text
 
 
 def test_the_integer_range_rule_matches_exactly_its_range() -> None:
@@ -296,3 +302,156 @@ def test_tricky_patterns_are_refused_where_the_converter_would_fail(pattern: str
                                                                     why: str) -> None:
     with pytest.raises(GrammarError, match=why):
         schema_grammar({"type": "string", "pattern": pattern})
+
+
+def _regex(rule: str) -> re.Pattern[str]:
+    """A rule of literals, classes, groups and repetitions as a regular expression."""
+    body = re.sub(r'"([^"]*)"', lambda m: re.escape(m.group(1)), rule.removesuffix(" space"))
+    return re.compile(body.replace(" ", ""))
+
+
+def _decimals(rng: random.Random, near: list[Decimal]) -> list[str]:
+    """Numbers as JSON writes them without an exponent: at and around ``near``, and
+    random ones."""
+    out = set()
+    for x in near:
+        for step in ("1", "0.1", "0.01", "0.001", "1e-16"):
+            for v in (x - Decimal(step), x, x + Decimal(step)):
+                out.add(format(v, "f"))
+                out.add(format(v, "f") + ("0" if "." in format(v, "f") else ".0"))
+    for _ in range(300):
+        v = Decimal(rng.randint(-10**6, 10**6)) / Decimal(10 ** rng.randint(0, 5))
+        out.add(format(v, "f"))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_number_range_rule_matches_exactly_its_range(seed: int) -> None:
+    rng = random.Random(seed)
+    picks = [0, 1, -1, 2.5, -2.5, 0.1, 0.25, 7.25, 10, 99.99, -0.001, 123.456, 1e-3, 5]
+    for _ in range(40):
+        keys = rng.sample(BOUNDS, rng.randint(1, 2))
+        node = {k: rng.choice(picks) for k in keys}
+        rule = number_range_rule(node)
+        interval = Interval(node)
+        edges = [json_decimal(v) for v in node.values()]
+        texts = _decimals(rng, [*edges, Decimal(0)])
+        if rule is None:
+            assert not any(interval.holds(Decimal(t)) for t in texts), node
+            continue
+        match = _regex(rule).fullmatch
+        for text in texts:
+            ok = interval.holds(Decimal(text)) and text not in ("-0", "-0.0", "-0.00")
+            if re.fullmatch(r"-?(0|[1-9][0-9]*)(\.[0-9]{1,16})?", text) is None:
+                ok = False  # leading zeros (not JSON), or more digits than 16
+            assert bool(match(text)) == ok, (node, text)
+        for text in ("-0", "01", "1.", ".5", "1e1", "+1", ""):
+            assert not match(text), (node, text)
+
+
+def test_a_number_schema_allows_exactly_the_numbers_within_its_bounds(demo: Engine) -> None:
+    grammar = schema_grammar({"type": "object", "required": ["x"], "properties": {
+        "x": {"type": "number", "minimum": 2.5, "exclusiveMaximum": 7.25}}})
+    for x, ok in (("2.5", True), ("2.50", True), ("2.49", False), ("2.4999", False),
+                  ("3", True), ("7", True), ("7.2", True), ("7.249", True),
+                  ("7.25", False), ("7.2500", False), ("7.3", False), ("8", False),
+                  ("0", False), ("-3", False), ("25", False), ("2.6e0", False)):
+        assert _takes(demo, grammar, f'{{"x":{x}}}') == ok, x
+    negative = schema_grammar({"type": "number", "exclusiveMinimum": -1, "maximum": 0})
+    for x, ok in (("-0.5", True), ("0", True), ("-0", False), ("-1", False),
+                  ("-0.999", True), ("0.1", False), ("-1.0", False)):
+        assert _takes(demo, negative, x) == ok, x
+
+
+@pytest.mark.parametrize(("schema", "why"), [
+    ({"type": "number", "exclusiveMinimum": 0.1, "maximum": 0.1}, "the schema allows no "
+     "number"),
+    ({"properties": {"a": {"type": "number", "minimum": 1e17}}}, "properties.a allows no "
+     "number"),
+    ({"type": "integer", "multipleOf": 0.5}, "multipleOf 0.5 is not supported"),
+    ({"type": "number", "multipleOf": 0.01, "maximum": 1}, "multipleOf 0.01 is not"),
+    ({"type": "integer", "multipleOf": 7}, "multipleOf 7 is enforced only where minimum "
+     "and maximum leave at most 1000"),
+    ({"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6}, "no multiple of 7"),
+    ({"type": "integer", "multipleOf": -2}, "multipleOf must be a number above 0"),
+    ({"items": {"type": "array", "items": {}, "uniqueItems": True}},
+     "items.uniqueItems is not supported"),
+    ({"type": "object", "minProperties": 1}, "minProperties is enforced only for an object "
+     "whose properties are all listed"),
+    ({"properties": {"o": {"type": "object", "properties": {"a": {}},
+                           "additionalProperties": True, "maxProperties": 1}}},
+     "properties.o.maxProperties is enforced only"),
+    ({"type": "object", "properties": {"a": {}}, "minProperties": 2},
+     "the schema allows no object: it lists 1 properties"),
+    ({"type": "integer", "enum": [1, 2], "minimum": 3}, "allows none of its enum values: 1 "
+     "does not meet its minimum"),
+    ({"properties": {"s": {"type": "string", "const": "abc", "maxLength": 2}}},
+     "properties.s allows none of its const values"),
+])
+def test_keywords_a_grammar_cannot_enforce_are_refused_in_one_line(schema: object,
+                                                                   why: str) -> None:
+    with pytest.raises(GrammarError, match=why) as err:
+        schema_grammar(schema)
+    assert "\n" not in str(err.value)
+
+
+def test_a_whole_multiple_of_within_bounds_is_enforced(demo: Engine) -> None:
+    grammar = schema_grammar({"type": "integer", "multipleOf": 5, "minimum": -12,
+                              "maximum": 31})
+    for n in range(-20, 40):
+        assert _takes(demo, grammar, str(n)) == (n % 5 == 0 and -12 <= n <= 31), n
+    # of a number: whole multiples, written as integers; multipleOf 1 makes an integer
+    number = schema_grammar({"type": "number", "multipleOf": 250, "maximum": 1000,
+                             "minimum": 0})
+    assert [x for x in ("0", "250", "1000", "125", "1250", "250.0") if _takes(
+        demo, number, x)] == ["0", "250", "1000"]
+    whole = schema_grammar({"type": "number", "multipleOf": 1, "minimum": 1, "maximum": 3})
+    assert [x for x in ("1", "2", "3", "1.5", "4") if _takes(demo, whole, x)] == ["1", "2", "3"]
+
+
+def test_a_list_of_types_keeps_every_types_keywords(demo: Engine) -> None:
+    short = schema_grammar({"type": ["string", "null"], "maxLength": 3})
+    for text, ok in (('"abc"', True), ('"abcd"', False), ("null", True), ("3", False)):
+        assert _takes(demo, short, text) == ok, text
+    mixed = schema_grammar({"type": ["number", "string", "null"], "minimum": 1,
+                            "maximum": 2, "pattern": "^x+$"})
+    for text, ok in (("1.5", True), ("2.5", False), ("0", False), ('"xx"', True),
+                     ('"xy"', False), ("null", True), ("true", False)):
+        assert _takes(demo, mixed, text) == ok, text
+    nested = schema_grammar({"type": ["object", "null"], "properties": {"a": {
+        "type": "integer", "maximum": 3}}, "required": ["a"]})
+    for text, ok in (('{"a":3}', True), ('{"a":4}', False), ("{}", False), ("null", True)):
+        assert _takes(demo, nested, text) == ok, text
+
+
+def test_min_and_max_properties_count_the_optional_properties(demo: Engine) -> None:
+    props = {k: {"type": "integer", "maximum": 9} for k in "abcd"}
+    grammar = schema_grammar({"type": "object", "properties": props, "required": ["a"],
+                              "minProperties": 2, "maxProperties": 3})
+    for keys in ("a", "ab", "ac", "ad", "abc", "abd", "acd", "bcd", "abcd", "b", ""):
+        text = "{" + ",".join(f'"{k}":1' for k in keys) + "}"
+        assert _takes(demo, grammar, text) == (keys.startswith("a")
+                                               and 2 <= len(keys) <= 3), keys
+    # without required ones; at least one of three
+    some = schema_grammar({"type": "object", "properties": props, "minProperties": 1,
+                           "additionalProperties": False})
+    assert not _takes(demo, some, "{}") and _takes(demo, some, '{"c":2}')
+    assert _takes(demo, some, '{"a":1,"b":2,"c":3,"d":4}')
+
+
+def test_unique_items_of_at_most_one_item_and_fitting_enums_pass(demo: Engine) -> None:
+    one = schema_grammar({"type": "array", "items": {"type": "integer"}, "maxItems": 1,
+                          "uniqueItems": True})
+    assert _takes(demo, one, "[3]") and not _takes(demo, one, "[3,3]")
+    picked = schema_grammar({"type": "string", "enum": ["a", "bcd", "ef"], "maxLength": 2})
+    for text, ok in (('"a"', True), ('"ef"', True), ('"bcd"', False)):
+        assert _takes(demo, picked, text) == ok, text
+
+
+def test_a_string_holds_no_raw_control_character(demo: Engine) -> None:
+    """The converter's ``char`` allowed them: a raw tab in a string is not JSON."""
+    for schema in ({"type": "string"}, {"type": "string", "maxLength": 5},
+                   {"type": ["string", "null"], "minLength": 1}):
+        grammar = schema_grammar(schema)
+        assert _takes(demo, grammar, '"a b"') and _takes(demo, grammar, '"a\\tb"')
+        assert not _takes(demo, grammar, '"a\tb"') and not _takes(demo, grammar, '"a\nb"')

@@ -6,6 +6,7 @@ its stack on some grammars: none reaches it)."""
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 
 import openai
 import pytest
@@ -291,6 +292,59 @@ def test_integer_bounds_no_integer_meets_are_400(server: Server) -> None:
     error = caught.value.response.json()["error"]
     assert error["param"] == "response_format"
     assert "allows no integer" in error["message"], error
+
+
+MEASURED = {"type": "object", "required": ["x", "level", "note"], "properties": {
+    "x": {"type": "number", "minimum": 2.5, "exclusiveMaximum": 7.25},
+    "level": {"type": ["integer", "null"], "multipleOf": 5, "minimum": 5, "maximum": 50},
+    "note": {"type": ["string", "null"], "maxLength": 4}}}
+
+
+@pytest.mark.parametrize("temperature", [1.0, 1.5])
+def test_a_number_answer_keeps_within_the_schema_bounds(server: Server,
+                                                        temperature: float) -> None:
+    """A number's bounds, a multipleOf and every type's keywords in a list of types
+    were accepted and not enforced: ``x`` could be 0 and ``note`` any string."""
+    client = server.client()
+    whole = []
+    for seed in range(4):
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Numbers: 0, 1.5, 99 or 7.3?"}],
+            max_tokens=80, seed=seed, temperature=temperature, top_p=1.0,
+            extra_body={"top_k": 0, "min_p": 0.0},
+            response_format=_schema(MEASURED))  # type: ignore[arg-type]
+        text = r.choices[0].message.content or ""
+        if r.choices[0].finish_reason == "length":  # a prefix, checked token by token
+            continue
+        value = json.loads(text, parse_float=Decimal)
+        assert set(value) == {"x", "level", "note"}, text
+        assert Decimal("2.5") <= Decimal(value["x"]) < Decimal("7.25"), text
+        assert value["level"] is None or (type(value["level"]) is int
+                                          and value["level"] % 5 == 0
+                                          and 5 <= value["level"] <= 50), text
+        assert value["note"] is None or (isinstance(value["note"], str)
+                                         and len(value["note"]) <= 4), text
+        whole.append(text)
+    assert len(whole) >= 2, whole  # most answers end within max_tokens
+
+
+@pytest.mark.parametrize(("schema", "says"), [
+    ({"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+                                                "uniqueItems": True}}},
+     "properties.tags.uniqueItems is not supported"),
+    ({"type": "number", "multipleOf": 0.1, "maximum": 1}, "multipleOf 0.1 is not supported"),
+    ({"type": "object", "minProperties": 1}, "minProperties is enforced only for an object"),
+])
+def test_a_keyword_a_grammar_cannot_enforce_is_400_naming_it(server: Server, schema: object,
+                                                              says: str) -> None:
+    """Accepted and not enforced, the answer could break the schema silently."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        server.client().chat.completions.create(
+            model=MODEL, messages=ASK, max_tokens=5,
+            response_format=_schema(schema))  # type: ignore[arg-type]
+    error = caught.value.response.json()["error"]
+    assert error["param"] == "response_format" and error["type"] == "invalid_request_error"
+    assert says in error["message"] and "\n" not in error["message"], error
 
 
 def test_an_allof_merging_objects_still_works(server: Server) -> None:

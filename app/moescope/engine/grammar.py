@@ -47,6 +47,17 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from moescope.engine.schema_rules import (
+    BOUNDS,
+    MAX_INTEGER_DIGITS,
+    MAX_MULTIPLES,
+    integer_range,
+    integer_range_rule,
+    misfit,
+    multiples,
+    multiples_rule,
+    number_range_rule,
+)
 from moescope.util.errors import MoEScopeError
 
 MAX_SCHEMA_BYTES = 64 << 10
@@ -107,116 +118,151 @@ def schema_grammar(schema: Any) -> str:
 
 
 def _convert(schema: dict[str, Any]) -> str:
-    """llama-cpp-python's ``json_schema_to_gbnf``, with integers' bounds enforced: its
-    converter accepts ``minimum``, ``maximum``, ``exclusiveMinimum`` and
-    ``exclusiveMaximum`` and writes any integer. An integer schema with bounds (and no
-    ``$ref``, ``anyOf``/``oneOf``, ``const`` or ``enum``, which come first) becomes the
-    digit strings of its range (:func:`integer_range_rule`), also as a member of a list
-    of types (which the converter turns into bare ``{"type": ...}`` schemas, whatever
-    else the schema says)."""
-    from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
+    """llama-cpp-python's ``json_schema_to_gbnf``, with the keywords it accepts but does
+    not enforce enforced (what cannot be, :func:`_check_values` refused before):
+
+    - an integer's or a number's bounds: the digit strings of its range
+      (:func:`~moescope.engine.schema_rules.integer_range_rule`,
+      :func:`~moescope.engine.schema_rules.number_range_rule`), a whole ``multipleOf``
+      the tree of its multiples within them (the converter wrote any number);
+    - a list of types: each type with the schema's other keywords, as alternatives (the
+      converter made each a bare ``{"type": ...}``), or the schema's ``enum``/``const``
+      (already kept to the values of those types);
+    - ``minProperties``/``maxProperties`` of an object whose properties are all listed:
+      how many of its optional properties it takes (:func:`_counted_object`).
+
+    A schema with ``$ref``, ``anyOf`` or ``oneOf`` is the converter's: it reads nothing
+    else there."""
+    from llama_cpp.llama_grammar import RESERVED_NAMES, BuiltinRule, SchemaConverter
 
     class Converter(SchemaConverter):  # type: ignore[misc]
         def visit(self, node: Any, name: str) -> Any:
-            if isinstance(node, dict) and _bounded_integer(node):
-                rule = name + "-" if name in RESERVED_NAMES else name or "root"
-                kind = node["type"]
-                if kind == "integer":
-                    return self._add_rule(rule, integer_range_rule(*integer_range(node)))
-                bounds = {k: node[k] for k in _BOUNDS if k in node}
-                members = [{"type": t, **(bounds if t == "integer" else {})} for t in kind]
+            if not isinstance(node, dict) or any(k in node for k in _FIRST):
+                return super().visit(node, name)
+            rule = name + "-" if name in RESERVED_NAMES else name or "root"
+            kind = node.get("type")
+            if isinstance(kind, list):
+                rest = {k: v for k, v in node.items() if k != "type"}
+                if "const" in node or "enum" in node:
+                    return super().visit(rest, name)
+                members = [{**rest, "type": t} for t in kind]
                 return self._add_rule(rule, self._generate_union_rule(name, members))
+            if "const" in node or "enum" in node:
+                return super().visit(node, name)
+            if kind in ("integer", "number"):
+                body = _numeric_rule(node)
+                if body is not None:
+                    return self._add_rule(rule, body)
+            if kind in (None, "object") and "properties" in node and _counted(node):
+                return self._add_rule(rule, _counted_object(self, node, name))
             return super().visit(node, name)
+
+        def _add_primitive(self, name: str, rule: Any) -> Any:
+            if name == "char":  # the converter's let a string hold raw control characters
+                rule = BuiltinRule(_JSON_CHAR, [])
+            return super()._add_primitive(name, rule)
 
     converter = Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     converter.visit(converter.resolve_refs(schema, "stdin"), "")
     return str(converter.format_grammar())
 
 
-MAX_INTEGER_DIGITS = 16
-"""Digits of an integer the grammar writes (as the converter's ``integer``: 16)."""
-_INTEGER_LIMIT = 10**MAX_INTEGER_DIGITS - 1
-_BEFORE_TYPE = ("$ref", "anyOf", "oneOf", "const", "enum")
-"""Keywords the converter reads before a schema's type (a list of types comes after
-the first three, before the last two)."""
+_JSON_CHAR = (r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] '
+              r'[0-9a-fA-F] [0-9a-fA-F])')
+"""A character of a JSON string: the converter's ``char`` without the control
+characters (a raw tab or newline in a string is not JSON: the answer failed to parse)."""
+_FIRST = ("$ref", "anyOf", "oneOf")
+"""Keywords the converter reads before anything else of a schema (and then nothing
+else)."""
 
 
-def _bounded_integer(node: dict[str, Any]) -> bool:
-    """Whether the converter would write ``node`` as any integer, or a list of types
-    with ``integer`` as bare types, where it has bounds that :func:`_convert` keeps."""
-    if not any(k in node for k in _BOUNDS):
-        return False
-    kind = node.get("type")
-    if kind == "integer":
-        return not any(k in node for k in _BEFORE_TYPE)
-    return isinstance(kind, list) and "integer" in kind \
-        and not any(k in node for k in _BEFORE_TYPE[:3])
+def _numeric_rule(node: dict[str, Any]) -> str | None:
+    """The rule of an integer or number schema with bounds or ``multipleOf`` (checked
+    by :func:`_check_values`); None where the converter's own will do."""
+    step = node.get("multipleOf")
+    whole = node["type"] == "integer" or step is not None
+    if step is not None and int(step) > 1:
+        return multiples_rule(*multiples(node, int(step)), int(step))
+    if whole and (step is not None or any(k in node for k in BOUNDS)):
+        return integer_range_rule(*integer_range(node))
+    if any(k in node for k in BOUNDS):
+        return number_range_rule(node)
+    return None
 
 
-def integer_range(node: dict[str, Any]) -> tuple[int, int]:
-    """The integers an integer schema's bounds allow, from and to (of at most
-    :data:`MAX_INTEGER_DIGITS` digits); empty where the first exceeds the second."""
-    low, high = -_INTEGER_LIMIT, _INTEGER_LIMIT
-    if "minimum" in node:
-        low = max(low, math.ceil(node["minimum"]))
-    if "exclusiveMinimum" in node:
-        low = max(low, math.floor(node["exclusiveMinimum"]) + 1)
-    if "maximum" in node:
-        high = min(high, math.floor(node["maximum"]))
-    if "exclusiveMaximum" in node:
-        high = min(high, math.ceil(node["exclusiveMaximum"]) - 1)
-    return low, high
+def _extra_properties(node: dict[str, Any]) -> bool:
+    """Whether the converter lets an object schema have properties it does not list."""
+    if "properties" in node or ("additionalProperties" in node
+                                and node["additionalProperties"] is not True):
+        return node.get("additionalProperties") is True \
+            or isinstance(node.get("additionalProperties"), dict)
+    return "allOf" not in node
 
 
-def integer_range_rule(low: int, high: int) -> str:
-    """A GBNF rule's body for the integers from ``low`` to ``high`` as JSON writes them
-    (no leading zeros, no ``-0``), then ``space``: one alternative per digit count and
-    sign, each a choice digit by digit (:func:`_digit_range`)."""
-    assert low <= high
-    parts = []
-    if low < 0:  # the magnitudes of low..min(high, -1)
-        parts.append(f'"-" ({" | ".join(_natural_range(max(1, -high), -low))})')
-    if high >= 0:
-        parts.extend(_natural_range(max(low, 0), high))
-    return f"({' | '.join(parts)}) space"
+def _counted(node: dict[str, Any]) -> bool:
+    """Whether ``minProperties``/``maxProperties`` say more than an object schema's
+    ``required`` and ``properties`` do."""
+    required = len(set(node.get("required", [])))
+    listed = len(node.get("properties", {})) if isinstance(node.get("properties"), dict) \
+        else 0
+    most = node.get("maxProperties")
+    if node.get("minProperties", 0) > required:
+        return True
+    return most is not None and (_extra_properties(node) or most < listed)
 
 
-def _natural_range(low: int, high: int) -> list[str]:
-    """Alternatives for the numbers from ``low`` to ``high`` (both from 0), one for each
-    digit count."""
-    out = []
-    for digits in range(len(str(low)), len(str(high)) + 1):
-        first = max(low, 10 ** (digits - 1) if digits > 1 else 0)
-        out.append(_digit_range(str(first), str(min(high, 10**digits - 1))))
-    return out
+def _counted_object(converter: Any, node: dict[str, Any], name: str) -> str:
+    """An object schema's rule, as the converter writes it (its required properties,
+    then its optional ones in order, each at most once), taking only as many optional
+    properties as ``minProperties`` and ``maxProperties`` leave: one rule for each
+    optional property and how many more may and must come after it."""
+    properties = list(node["properties"].items())
+    required = set(node.get("required", []))
+    prefix = f"{name}{'-' if name else ''}"
+    kv = {}
+    for prop, sub in properties:
+        value = converter.visit(sub, f"{prefix}{prop}")
+        kv[prop] = converter._add_rule(
+            f"{prefix}{prop}-kv",
+            f'{converter._format_literal(json.dumps(prop))} space ":" space {value}')
+    firsts = [kv[p] for p, _ in properties if p in required]
+    optional = [kv[p] for p, _ in properties if p not in required]
+    least = max(0, node.get("minProperties", 0) - len(firsts))
+    most = len(optional) if node.get("maxProperties") is None \
+        else node["maxProperties"] - len(firsts)
+    memo: dict[tuple[int, int, int, bool], tuple[str | None, bool]] = {}
 
+    def rest(i: int, least: int, most: int, comma: bool) -> tuple[str | None, bool]:
+        """Optional properties from the ``i``-th on, from ``least`` to ``most`` of
+        them: a rule's name for one or more (None: none will do), and whether none
+        will do."""
+        most = min(most, len(optional) - i)
+        key = (i, least, most, comma)
+        if key in memo:
+            return memo[key]
+        if least > most:
+            memo[key] = None, False
+            return memo[key]
+        if most == 0:
+            memo[key] = None, True
+            return memo[key]
+        branches = []
+        taken, bare = rest(i + 1, max(0, least - 1), most - 1, True)
+        head = ('"," space ' if comma else "") + optional[i]
+        branches.append(head + (f" ({taken}){'?' if bare else ''}" if taken else "")
+                        if taken or bare else None)
+        skipped, empty = rest(i + 1, least, most, comma)
+        if skipped:
+            branches.append(skipped)
+        body = " | ".join(b for b in branches if b)
+        rule = converter._add_rule(f"{prefix}more-{i}-{least}-{most}-{int(comma)}", body) \
+            if body else None
+        memo[key] = rule, empty
+        return memo[key]
 
-def _digit_range(low: str, high: str) -> str:
-    """The digit strings of ``low``'s length from ``low`` to ``high``: their common
-    prefix, then at the first digit that differs, ``low``'s digit followed by what
-    reaches up to all nines, the digits between followed by any digits, and ``high``'s
-    digit followed by what runs from all zeros (``123..456``: ``"1" ("2" [3-9] | [3-9]
-    [0-9]) | [2-3] [0-9]{2} | "4" ...``)."""
-    same = 0
-    while same < len(low) and low[same] == high[same]:
-        same += 1
-    if same == len(low):
-        return f'"{low}"'
-    head = f'"{low[:same]}" ' if same else ""
-    a, b, rest_low, rest_high = low[same], high[same], low[same + 1:], high[same + 1:]
-    n = len(rest_low)
-    any_rest = "" if n == 0 else " [0-9]" if n == 1 else f" [0-9]{{{n}}}"
-    from_zeros, to_nines = rest_low == "0" * n, rest_high == "9" * n
-    first = a if from_zeros else chr(ord(a) + 1)
-    last = b if to_nines else chr(ord(b) - 1)
-    parts = []
-    if not from_zeros:
-        parts.append(f'"{a}" ({_digit_range(rest_low, "9" * n)})')
-    if first <= last:
-        parts.append(f"[{first}{'-' + last if last != first else ''}]{any_rest}")
-    if not to_nines:
-        parts.append(f'"{b}" ({_digit_range("0" * n, rest_high)})')
-    return head + (parts[0] if len(parts) == 1 else f"({' | '.join(parts)})")
+    taken, bare = rest(0, least, most, bool(firsts))
+    tail = f" ({taken}){'?' if bare else ''}" if taken else ""
+    return '"{" space ' + ' "," space '.join(firsts) + tail + ' "}" space'
 
 
 def check_schema(schema: Any) -> list[dict[str, Any]]:
@@ -266,7 +312,6 @@ def check_schema(schema: Any) -> list[dict[str, Any]]:
 _TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")
 _COUNTS = (("minLength", "maxLength"), ("minItems", "maxItems"),
            ("minProperties", "maxProperties"))
-_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 
@@ -326,7 +371,7 @@ def _check_keywords(schema: dict[str, Any]) -> list[dict[str, Any]]:
             if isinstance(node.get(low), int) and isinstance(node.get(high), int) \
                     and node[low] > node[high]:
                 raise bad(low, f"at most {high} ({node[high]})")
-        for key in _BOUNDS:
+        for key in BOUNDS:
             value = node.get(key)
             if key in node and (isinstance(value, bool) or not isinstance(value, int | float)
                                 or (isinstance(value, float) and not math.isfinite(value))):
@@ -335,13 +380,7 @@ def _check_keywords(schema: dict[str, Any]) -> list[dict[str, Any]]:
                 and isinstance(node.get("maximum"), int | float) \
                 and node["minimum"] > node["maximum"]:
             raise bad("minimum", f"at most maximum ({node['maximum']})")
-        if _bounded_integer(node):
-            low, high = integer_range(node)
-            if low > high:
-                bounds = ", ".join(f"{k} {node[k]}" for k in _BOUNDS if k in node)
-                raise GrammarError(f"{path or 'the schema'} allows no integer (of at most "
-                                   f"{MAX_INTEGER_DIGITS} digits, as the grammar writes "
-                                   f"them) within {bounds}")
+        _check_values(node, path)
         if "allOf" in node and not _merges_objects(node):
             raise GrammarError(f"{path + '.' if path else ''}allOf is supported only to "
                                "merge objects' properties (each part an object schema "
@@ -367,6 +406,83 @@ def _check_keywords(schema: dict[str, Any]) -> list[dict[str, Any]]:
             elif key in node and not isinstance(value, bool):
                 raise bad(key, "a schema or a boolean")
     return patterned
+
+
+def _check_values(node: dict[str, Any], path: str) -> None:
+    """Keywords the converter accepts but does not enforce, as :func:`_convert` enforces
+    them, or a :class:`GrammarError` naming the keyword where it cannot: a value that
+    breaks them must never be the answer. Keeps an ``enum`` to the values its schema's
+    other keywords allow (the converter writes them all)."""
+    where = path or "the schema"
+    prefix = path + "." if path else ""
+    step = node.get("multipleOf")
+    if "multipleOf" in node and (isinstance(step, bool) or not isinstance(step, int | float)
+                                 or not math.isfinite(step) or step <= 0):
+        raise GrammarError(f"{prefix}multipleOf must be a number above 0, got "
+                           f"{_short(step)}")
+    if "uniqueItems" in node and not isinstance(node["uniqueItems"], bool):
+        raise GrammarError(f"{prefix}uniqueItems must be true or false, got "
+                           f"{_short(node['uniqueItems'])}")
+    if any(k in node for k in _FIRST):
+        return  # the converter reads nothing else here
+    if "const" in node or "enum" in node:
+        key = "const" if "const" in node else "enum"
+        values = [node["const"]] if key == "const" else node["enum"]
+        kept = [v for v in values if misfit(v, node) is None]
+        if not kept:
+            raise GrammarError(f"{where} allows none of its {key} values: "
+                               f"{_short(values[0])} does not meet its "
+                               f"{misfit(values[0], node)}")
+        if key == "enum":
+            node["enum"] = kept
+        return
+    kind = node.get("type")
+    kinds = set(kind) if isinstance(kind, list) else {kind} if kind else set()
+    bounds = ", ".join(f"{k} {node[k]}" for k in BOUNDS if k in node)
+    if kinds & {"integer", "number"} and "multipleOf" in node:
+        if not float(step).is_integer():
+            raise GrammarError(f"{prefix}multipleOf {step} is not supported: only a whole "
+                               "number is enforced (of a fraction, decimal and binary "
+                               "arithmetic disagree on what is a multiple)")
+        if int(step) > 1:
+            _, count = multiples(node, int(step))
+            if count == 0:
+                raise GrammarError(f"{where} allows no multiple of {int(step)} (of at "
+                                   f"most {MAX_INTEGER_DIGITS} digits) within {bounds}")
+            if count > MAX_MULTIPLES:
+                raise GrammarError(f"{prefix}multipleOf {int(step)} is enforced only "
+                                   f"where minimum and maximum leave at most "
+                                   f"{MAX_MULTIPLES} multiples; these leave {count}")
+    if bounds and ("integer" in kinds or ("number" in kinds and "multipleOf" in node)):
+        low, high = integer_range(node)
+        if low > high:
+            raise GrammarError(f"{where} allows no integer (of at most "
+                               f"{MAX_INTEGER_DIGITS} digits, as the grammar writes "
+                               f"them) within {bounds}")
+    if bounds and "number" in kinds and number_range_rule(node) is None:
+        raise GrammarError(f"{where} allows no number (of at most {MAX_INTEGER_DIGITS} "
+                           f"digits either side of the point) within {bounds}")
+    arrays = "array" in kinds or (not kinds and ("items" in node or "prefixItems" in node))
+    if node.get("uniqueItems") is True and arrays \
+            and not (isinstance(node.get("maxItems"), int) and node["maxItems"] <= 1):
+        raise GrammarError(f"{prefix}uniqueItems is not supported: a grammar cannot keep "
+                           "an array's items distinct (drop it and check in the client)")
+    objects = "object" in kinds or (not kinds and any(
+        k in node for k in ("properties", "additionalProperties", "allOf")))
+    if objects and _counted(node):
+        listed = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        required = len(set(node.get("required", [])))
+        least, most = node.get("minProperties", 0), node.get("maxProperties")
+        key = "minProperties" if least > required else "maxProperties"
+        if _extra_properties(node) or "allOf" in node:
+            raise GrammarError(f"{prefix}{key} is enforced only for an object whose "
+                               "properties are all listed (properties, and "
+                               "additionalProperties false or absent)")
+        if least > len(listed) or (most is not None and most < required):
+            raise GrammarError(f"{where} allows no object: it lists {len(listed)} "
+                               f"properties ({required} required) for minProperties "
+                               f"{least}" + (f", maxProperties {most}"
+                                             if most is not None else ""))
 
 
 class _Token(NamedTuple):
