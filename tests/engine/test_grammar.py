@@ -455,3 +455,16 @@ def test_a_string_holds_no_raw_control_character(demo: Engine) -> None:
         grammar = schema_grammar(schema)
         assert _takes(demo, grammar, '"a b"') and _takes(demo, grammar, '"a\\tb"')
         assert not _takes(demo, grammar, '"a\tb"') and not _takes(demo, grammar, '"a\nb"')
+
+
+def test_items_of_an_empty_schema_are_any_values(demo: Engine) -> None:
+    """``"items": {}`` allows every item (the converter took the empty schema for no
+    ``items`` and failed on a missing ``prefixItems``)."""
+    grammar = schema_grammar({"type": "array", "items": {}, "maxItems": 2})
+    for text in ("[]", '[1,"a"]', '[{"x":null},[true]]', "[null]"):
+        assert _takes(demo, grammar, text), text
+    assert not _takes(demo, grammar, "[1,2,3]") and not _takes(demo, grammar, "{}")
+    nested = schema_grammar({"type": "object", "properties": {"a": {"type": "array",
+                                                                     "items": {}}},
+                             "required": ["a"]})
+    assert _takes(demo, nested, '{"a":[1,"b"]}') and not _takes(demo, nested, '{"a":3}')

@@ -140,6 +140,8 @@ def _convert(schema: dict[str, Any]) -> str:
             if not isinstance(node, dict) or any(k in node for k in _FIRST):
                 return super().visit(node, name)
             rule = name + "-" if name in RESERVED_NAMES else name or "root"
+            if node.get("items") == {}:  # any items (the converter took {} for none given)
+                node = {**node, "items": {"type": list(_ANY_TYPE)}}
             kind = node.get("type")
             if isinstance(kind, list):
                 rest = {k: v for k, v in node.items() if k != "type"}
@@ -171,6 +173,8 @@ _JSON_CHAR = (r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-
               r'[0-9a-fA-F] [0-9a-fA-F])')
 """A character of a JSON string: the converter's ``char`` without the control
 characters (a raw tab or newline in a string is not JSON: the answer failed to parse)."""
+_ANY_TYPE = ("object", "array", "string", "number", "boolean", "null")
+"""Every JSON value's type: what an empty schema of items allows."""
 _FIRST = ("$ref", "anyOf", "oneOf")
 """Keywords the converter reads before anything else of a schema (and then nothing
 else)."""
