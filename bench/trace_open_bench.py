@@ -79,6 +79,27 @@ def main() -> int:
         window.deleteLater()
         app.processEvents()
 
+    # closing just after opening, while the what-if prepares ahead: the window hides and
+    # the worker's thread ends after its step in flight (since session 18), against
+    # joining that thread on the GUI thread first (before)
+    WhatIfView.prepare_ahead = True
+    accounted = account(reopened)
+    closes: dict[str, list[float]] = {"close": [], "join": []}
+    for _ in range(args.reps):
+        for how in closes:
+            window = TraceWindow(path, accounted)
+            window.show()
+            app.processEvents()
+            time.sleep(0.3)  # the worker is inside the layout or the ranking
+            t0 = time.perf_counter()
+            if how == "join":
+                window.whatif.shutdown()
+            window.close()
+            closes[how].append(time.perf_counter() - t0)
+            window.whatif.shutdown()
+            window.deleteLater()
+            app.processEvents()
+
     m_one, m_many = statistics.median(one), statistics.median(many)
     print(f"trace: {args.tokens} tokens x 48 layers x 512 experts, top-10 ({path})")
     print()
@@ -92,6 +113,9 @@ def main() -> int:
           f"{statistics.median(accounts):.2f} s |")
     print(f"| the trace window built and shown (GUI thread) | "
           f"{statistics.median(builds):.2f} s |")
+    print(f"| closing it while the what-if prepares (GUI thread; joining first, as before) | "
+          f"{statistics.median(closes['close']):.3f} s "
+          f"({statistics.median(closes['join']):.2f} s) |")
     return 0
 
 

@@ -201,8 +201,9 @@ def test_closing_the_window_mid_sweep_stops_its_thread(
     view.sweepFinished.connect(finished.append)
     trace_window.tabs.setCurrentWidget(view)
     assert view.running
-    trace_window.close()  # abandons the sweep (at once: it is asleep) and joins the thread
-    assert not view._thread.isRunning() and not view.running
+    trace_window.close()  # abandons the sweep (at once: it is asleep); the thread ends
+    assert not view.running
+    qtbot.waitUntil(lambda: not view._thread.isRunning(), timeout=30_000)
     qtbot.wait(50)
     assert finished == []
 

@@ -134,8 +134,9 @@ def test_closing_the_window_stops_the_batch_and_joins_its_thread(
         monkeypatch: pytest.MonkeyPatch) -> None:
     spy, window, view, finished = running(open_trace_window, long_trace, monkeypatch)
     first_progress(qtbot, view)
-    window.close()  # shutdown(): the worker's next poll cancels the batch, then it is joined
-    assert not view._thread.isRunning() and not view.running
+    window.close()  # the worker's next poll cancels the batch, then its thread ends
+    assert not view.running
+    qtbot.waitUntil(lambda: not view._thread.isRunning(), timeout=30_000)
     assert spy.ends == ["cancelled"]
     stopped_at, total = spy.last[0]
     assert 0 < stopped_at < total
@@ -309,7 +310,8 @@ def test_closing_the_window_while_the_first_sweep_prepares_joins_its_thread(
     qtbot.waitUntil(held.entered.is_set, timeout=30_000)
     held.release.set()
     window.close()
-    assert not view._thread.isRunning() and not view.running
+    assert not view.running
+    qtbot.waitUntil(lambda: not view._thread.isRunning(), timeout=30_000)
     assert spy.ends in ([], ["cancelled"])
     qtbot.wait(50)
     assert finished == []
@@ -352,7 +354,52 @@ def test_closing_the_window_while_it_prepares_joins_its_thread(
     qtbot.waitUntil(held.entered.is_set, timeout=30_000)  # the preparation's layout
     held.release.set()
     window.close()
-    assert not view._thread.isRunning() and not view.running and view.result is None
+    assert not view.running and view.result is None
+    qtbot.waitUntil(lambda: not view._thread.isRunning(), timeout=30_000)
+
+
+def test_closing_the_window_while_it_prepares_does_not_wait_for_the_step_in_flight(
+        qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GUI thread waited (about 0.8 s at 10,000 tokens) for the preparation's step in
+    flight before a closed window went. Now the window hides at once, and ``closed`` (its
+    owner then frees it) comes once the worker's thread has ended."""
+    held = Held(monkeypatch)
+    window = open_trace_window(long_trace)
+    view = window.whatif
+    closed: list[Any] = []
+    window.closed.connect(closed.append)
+    qtbot.waitUntil(held.entered.is_set, timeout=30_000)  # the worker is inside the layout
+    window.close()  # returns while the worker is still held there
+    assert not window.isVisible() and view._thread.isRunning() and closed == []
+    qtbot.wait(50)
+    assert closed == []  # not freed while its thread runs
+    held.release.set()
+    qtbot.waitUntil(lambda: closed == [window], timeout=30_000)
+    assert not view._thread.isRunning()
+    window.close()  # again: nothing more
+    qtbot.wait(50)
+    assert closed == [window]
+
+
+def test_quitting_joins_a_closed_trace_windows_ending_thread(
+        qtbot: Any, make_window: Callable[[], Any], long_trace: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The main window closing (the app quitting) joins the what-if threads of trace
+    windows that are closed but still ending: no QThread outlives its window."""
+    import threading
+
+    held = Held(monkeypatch)
+    main = make_window()
+    with qtbot.waitSignal(main.traceOpened, timeout=60_000) as opened:
+        main.open_trace(long_trace)
+    trace_window = opened.args[0]
+    qtbot.waitUntil(held.entered.is_set, timeout=30_000)
+    trace_window.close()
+    assert trace_window.whatif._thread.isRunning() and trace_window in main.trace_windows
+    threading.Timer(0.2, held.release.set).start()
+    main.close()  # joins it
+    assert not trace_window.whatif._thread.isRunning()
 
 
 def test_closing_the_window_while_it_lays_the_trace_out_ranks_and_plans_nothing(
@@ -382,7 +429,8 @@ def test_closing_the_window_while_it_lays_the_trace_out_ranks_and_plans_nothing(
     views.append(view)
     release.set()
     window.close()
-    assert not view._thread.isRunning() and view.result is None
+    qtbot.waitUntil(lambda: not view._thread.isRunning(), timeout=30_000)
+    assert view.result is None
     routing = view._worker.routing
     assert routing is not None and routing.ranking is None and routing.plan is None
 

@@ -519,5 +519,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
             self.trace_exports.shutdown()  # an export: stopped, joined, nothing left of it
             for window in list(self.trace_windows):  # each closed one leaves the list
                 window.close()
+            for window in self.trace_windows:  # closed, its what-if's thread still ending
+                window.whatif.shutdown()
             self.store.close()
         super().closeEvent(event)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, QSize, QTimer, Signal
+from PySide6.QtCore import QSettings, QSize, QTimer, Signal, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShowEvent
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -73,6 +73,7 @@ class TraceWindow(QMainWindow):
                  parent: QWidget | None = None, *,
                  settings: QSettings | None = None) -> None:
         super().__init__(parent)
+        self._closing = False  # closed, and its what-if's thread asked to end
         self.path = Path(path)
         self.settings = settings
         """Where the last export's folder is remembered (None: the dialog starts at home)."""
@@ -214,10 +215,21 @@ class TraceWindow(QMainWindow):
         return Path(name) in (self.path, live_trace_file(self.path))
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        """Join the what-if sweep's and the export's threads: a QThread must not outlive its
-        window (an export is cancelled: nothing of it is left)."""
-        self.whatif.shutdown()
+        """Stop the what-if's worker and join the export's thread (an export is cancelled:
+        nothing of it is left). The window hides at once; ``closed`` (its owner frees it)
+        waits for the what-if's thread, which a QThread must not outlive: a preparation
+        ends its step in flight first (up to a second at 10,000 tokens), which the GUI
+        thread used to wait for."""
         self.exports.shutdown()
         super().closeEvent(event)
-        if event.isAccepted():
+        if not event.isAccepted() or self._closing:
+            return
+        self._closing = True
+        if self.whatif.stop_thread():
             self.closed.emit(self)
+        else:
+            self.whatif.threadEnded.connect(self._thread_ended)
+
+    @Slot()
+    def _thread_ended(self) -> None:
+        self.closed.emit(self)

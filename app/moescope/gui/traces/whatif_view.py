@@ -17,7 +17,7 @@ import math
 import textwrap
 
 import pyqtgraph as pg
-from PySide6.QtCore import QObject, QPointF, Qt, QThread, Signal, Slot
+from PySide6.QtCore import QObject, QPointF, Qt, QThread, Signal, SignalInstance, Slot
 from PySide6.QtGui import QAction, QCursor, QFont, QShowEvent, QStandardItemModel
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -423,14 +423,27 @@ class WhatIfView(QWidget):
         else:
             self.start()
 
-    def shutdown(self, timeout_ms: int = 10_000) -> bool:
-        """Abandon any sweep (it stops within a layer) and join the worker thread."""
+    def stop_thread(self) -> bool:
+        """Abandon any sweep or preparation (it stops within a layer, or after the
+        preparation's step in flight) and ask the worker thread to end, without waiting:
+        True when it has ended, else ``threadEnded`` says when."""
         self._worker.latest = -1
         self._generation += 1
         self._running = False
         if not self._thread.isRunning():
             return True
         self._thread.quit()
+        return self._thread.isFinished()
+
+    @property
+    def threadEnded(self) -> SignalInstance:
+        """The worker thread's ``finished`` (emitted from it: connect bound slots)."""
+        return self._thread.finished
+
+    def shutdown(self, timeout_ms: int = 10_000) -> bool:
+        """Abandon any sweep (it stops within a layer) and join the worker thread."""
+        if self.stop_thread():
+            return True
         ok = bool(self._thread.wait(timeout_ms))
         if not ok:
             log.error("the what-if thread did not stop within %d ms", timeout_ms)
