@@ -32,6 +32,7 @@ from moescope.hub.download import (
 )
 from moescope.hub.errors import (
     DiskFullError,
+    DownloadBusy,
     DownloadCancelled,
     DownloadInterrupted,
     HashMismatchError,
@@ -341,3 +342,44 @@ def test_a_partial_file_cut_by_another_program_is_not_put_in_place(hub: Hub,
     final = model_paths(tmp_path, model)[0]
     assert not final.exists() and not partial.exists()
     assert download_model(HubClient(), model, tmp_path).read_bytes() == hub.tiny.read_bytes()
+
+
+def test_a_download_starting_while_the_window_looks_at_its_lock_is_not_refused(
+        hub: Hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Get models looks at a model's lock every second (shared, let go at once): a pull
+    starting in that instant was refused as busy. A look held for a moment now only delays
+    it; a lock held longer (a real download) still refuses it."""
+    import fcntl
+
+    from moescope.hub import download
+
+    model = pick_model(HubClient().list_models(REPO), "Q8_0")
+    folder = tmp_path / "models"
+    lock = model_paths(folder, model)[0].with_name("Tiny-MoE-Q8_0.gguf.lock")
+    lock.parent.mkdir(parents=True)
+    lock.write_text("")  # as the pull leaves it between its open and its lock
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a look in progress
+        waits: list[float] = []
+
+        def sleep(seconds: float) -> None:  # the look ends while the pull waits to retry
+            waits.append(seconds)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(download.time, "sleep", sleep)
+            path = download_model(HubClient(), model, folder)
+        assert waits == [download.LOOK_RETRY_S]
+        assert path.read_bytes() == hub.tiny.read_bytes() and not lock.exists()
+        lock.write_text("")
+        fd2 = os.open(lock, os.O_RDONLY)
+        try:
+            fcntl.flock(fd2, fcntl.LOCK_SH | fcntl.LOCK_NB)  # held past the retries
+            path.unlink()
+            with pytest.raises(DownloadBusy):
+                download_model(HubClient(), model, folder)
+        finally:
+            os.close(fd2)
+    finally:
+        os.close(fd)

@@ -207,6 +207,13 @@ def _check_target(path: Path) -> None:
             raise HubError(f"{p}: exists and is not a regular file; not replaced")
 
 
+LOOK_RETRIES = 10
+LOOK_RETRY_S = 0.005
+"""A lock found taken is asked for again this many times, this far apart, before the
+download is refused: :func:`download_holder` (the window polls it every second) holds it
+shared for an instant, and a download starting then was refused as busy."""
+
+
 @contextlib.contextmanager
 def _download_lock(first: Path, model: RemoteModel) -> Iterator[None]:
     """Hold ``FIRST.lock`` (an exclusive advisory lock, never waited for) while ``model``
@@ -225,6 +232,11 @@ def _download_lock(first: Path, model: RemoteModel) -> Iterator[None]:
             raise HubError(f"cannot write {path}: {err.strerror}") from None
         try:
             locked = _try_lock(fd)
+            for _ in range(LOOK_RETRIES):  # a look (download_holder) lets go within a ms
+                if locked:
+                    break
+                time.sleep(LOOK_RETRY_S)
+                locked = _try_lock(fd)
         except BaseException:
             os.close(fd)
             raise
@@ -275,8 +287,8 @@ def download_holder(folder: str | os.PathLike[str], model: RemoteModel) -> LockH
     """Who downloads ``model`` into ``folder`` now (the holder of its lock: another process,
     or another download of this one), or None where nobody does (no lock file, a free one
     left by a crash, a file system without locks). A look, never a wait: the lock is asked
-    for shared and let go at once; a download starting in that instant is refused as if
-    two had started together (the window polls this, so it stays cheap: one open)."""
+    for shared and let go at once (a download starting in that instant asks again a few
+    times, :data:`LOOK_RETRIES`); the window polls this, so it stays cheap: one open."""
     if fcntl is None and msvcrt is None:
         return None
     try:
