@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import openai
 import pytest
@@ -236,6 +240,60 @@ def test_max_tokens_is_clamped_to_the_server_limit(server_factory: Callable[...,
     r = server.client().completions.create(model="moescope-demo-qwen3moe", prompt="ROMEO:",
                                            max_tokens=100_000, temperature=0)
     assert r.usage is not None and r.usage.completion_tokens <= 7
+
+
+def _closed_by_server(sock: socket.socket, wait_s: float = 30.0) -> bool:
+    """Whether the server closes ``sock`` (its end of file) before ``wait_s``: a bound so
+    a regression fails instead of hanging, not a measure of speed."""
+    sock.settimeout(wait_s)
+    try:
+        while True:
+            data = sock.recv(4096)
+            if not data:
+                return True
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_a_client_that_never_finishes_its_request_is_dropped(
+        server_factory: Callable[..., Server]) -> None:
+    """uvicorn has no deadline on reading a request: a client sending its headers a byte
+    at a time, or never ending them, or not its announced body, held its connection (64
+    such, and nobody else got in). ``--read-timeout`` ends them; whole requests, however
+    long their answer takes, are untouched."""
+    server = server_factory("--policy", "exact", "--read-timeout", "1", copy_delay_us=20_000)
+    head = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n"  # no blank line: unfinished
+    body = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\"")
+    for sent in (b"", head, body):
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(sent)
+            assert _closed_by_server(sock), sent
+    # a kept-alive connection's next request is held to the same deadline
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        sock.settimeout(30)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        sock.sendall(head)
+        assert _closed_by_server(sock)
+    # an answer that takes longer than the deadline (each expert copy sleeps) comes whole
+    started = time.monotonic()
+    r = server.client().completions.create(model="moescope-demo-qwen3moe", prompt="ROMEO:",
+                                           max_tokens=40, temperature=0)
+    assert time.monotonic() - started > 1.0  # the premise: past the deadline
+    assert r.usage is not None and r.usage.completion_tokens == 40
+    assert server.alive() and "Traceback" not in server.log
+
+
+def test_a_read_timeout_out_of_range_is_one_line(tmp_path: Path) -> None:
+    for value in ("0", "100000"):
+        done = subprocess.run(serve_command(str(tmp_path / "none.gguf"), "--read-timeout",
+                                            value), capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode != 0 and "--read-timeout" in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
 
 
 def test_the_server_survives_all_of_it(server: Server) -> None:

@@ -7,6 +7,7 @@ import ipaddress
 import socket
 import threading
 import time
+from typing import Any
 
 from moescope.server.app import create_app
 from moescope.server.service import Service
@@ -14,6 +15,68 @@ from moescope.util.errors import MoEScopeError
 
 MAX_CONNECTIONS = 64
 """Open connections at once; uvicorn answers 503 past it (the queue bounds the work)."""
+READ_TIMEOUT_S = 30
+"""Seconds a client has to send a whole request (its head and body) from its first byte,
+or from connecting: uvicorn has no such limit, so a client that sends its headers a byte
+at a time, or never ends them, held its connection for good (``--read-timeout``)."""
+READ_TIMEOUT_RANGE = (1, 3600)
+
+
+def uvicorn_config(app: Any, host: str, port: int, *, read_timeout_s: float = READ_TIMEOUT_S,
+                   **kwargs: Any) -> Any:
+    """The ``uvicorn.Config`` both front ends serve with (``moescope serve`` and the
+    window's *Serve API*): quiet, connections bounded, idle keep-alives closed after 5 s,
+    and a request not read whole within ``read_timeout_s`` dropped."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                          limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=5,
+                          timeout_graceful_shutdown=2, http=timed_protocol(read_timeout_s),
+                          **kwargs)
+
+
+def timed_protocol(read_timeout_s: float) -> type:
+    """uvicorn's h11 protocol with a deadline on reading each request: armed at the
+    connection and at a request's first byte, cleared once the request is read whole (an
+    answer then takes as long as it takes), the connection closed when it passes."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class TimedH11Protocol(H11Protocol):  # type: ignore[misc]
+        _deadline: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._watch()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._watch()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._clear()
+            super().connection_lost(exc)
+
+        def _watch(self) -> None:
+            reading = self.conn.their_state in (h11.IDLE, h11.SEND_BODY)
+            if reading and not self.transport.is_closing():
+                if self._deadline is None:
+                    self._deadline = self.loop.call_later(read_timeout_s, self._passed)
+            else:
+                self._clear()
+
+        def _clear(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _passed(self) -> None:
+            self._deadline = None
+            if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) \
+                    and not self.transport.is_closing():
+                self.transport.close()
+
+    return TimedH11Protocol
 
 
 def is_loopback(host: str) -> bool:
@@ -64,10 +127,8 @@ class ServerThread:
         check_port(port)
         self.service = service
         self.host, self.port = host, port
-        config = uvicorn.Config(create_app(service, api_key=api_key), host=host, port=port,
-                                log_level="warning", access_log=False,
-                                limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=5,
-                                timeout_graceful_shutdown=2, lifespan="on")
+        config = uvicorn_config(create_app(service, api_key=api_key), host, port,
+                                lifespan="on")
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, name="moescope-api",
                                         daemon=True)

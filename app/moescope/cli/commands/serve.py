@@ -59,6 +59,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                         "(default 8)")
     p.add_argument("--max-body", type=int, default=4, metavar="MIB",
                    help="largest request body in MiB (default 4)")
+    p.add_argument("--read-timeout", type=int, default=30, metavar="S",
+                   help="seconds a client has to send a whole request; slower ones are "
+                        "disconnected (default 30)")
     add_gpu_layers_argument(p)
     add_threads_argument(p)
     add_no_cache_argument(p)
@@ -76,7 +79,13 @@ def run(args: argparse.Namespace) -> int:
         resolve_model,
         start_audits,
     )
-    from moescope.server.run import ExposureRefused, check_exposure, check_port, port_free
+    from moescope.server.run import (
+        READ_TIMEOUT_RANGE,
+        ExposureRefused,
+        check_exposure,
+        check_port,
+        port_free,
+    )
 
     api_key = args.api_key or os.environ.get("MOESCOPE_API_KEY") or None
     try:
@@ -89,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     check_port(args.port)
     for name, value, lo, hi in (("--max-tokens", args.max_tokens, 1, 1 << 20),
                                 ("--queue", args.queue, 0, 1024),
-                                ("--max-body", args.max_body, 1, 1024)):
+                                ("--max-body", args.max_body, 1, 1024),
+                                ("--read-timeout", args.read_timeout, *READ_TIMEOUT_RANGE)):
         check_range(name, value, lo, hi)
     check_ctx(args.ctx)
     policy = parse_live_policy(args.policy)  # fail fast, before loading
@@ -107,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     from moescope.engine import Engine
     from moescope.server.app import create_app
     from moescope.server.params import Limits
-    from moescope.server.run import MAX_CONNECTIONS
+    from moescope.server.run import uvicorn_config
     from moescope.server.service import Service
     from moescope.session.turns import EngineQueue
 
@@ -134,10 +144,8 @@ def run(args: argparse.Namespace) -> int:
               f"{loaded.n_ctx} tokens · http://{host}:{args.port}/v1"
               f"{' · API key required' if api_key else ''} · Ctrl+C stops", file=sys.stderr,
               flush=True)
-        uvicorn.Server(uvicorn.Config(
-            app, host=args.host, port=args.port, log_level="warning", access_log=False,
-            limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=5,
-            timeout_graceful_shutdown=2)).run()
+        uvicorn.Server(uvicorn_config(app, args.host, args.port,
+                                      read_timeout_s=args.read_timeout)).run()
     finally:
         engine.close()
     return 0
