@@ -33,6 +33,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
+import numpy as np
+import numpy.typing as npt
+
 from moescope.cache.prefetch import PrefetchSummary, summarize
 from moescope.cache.residency import Residency
 from moescope.display.cache_model import CacheModel, prefetch_text
@@ -320,7 +323,12 @@ def read_session(path: str | Path, progress: ReadProgress | None = None) -> Trac
 class ReopenedTrace:
     model: ModelSummary
     tokens: list[TokenSnapshot]
+    """The tokens as the live window had them; only the last keeps its ``resident`` mask
+    (the heatmap's), the others' are in :meth:`resident` (8 times smaller: a 10,000-token
+    trace of Qwen3-Next's shape held 246 MB of them)."""
     trace: Trace
+    packed_resident: npt.NDArray[np.uint8] | None = None
+    """Each token's residency after it, as bits (tokens x MoE layers x experts / 8)."""
     approximate_from: int | None = None
     """First step whose rebuilt residency is approximate: a budget shrink in a trace
     written before the recorder wrote resident masks (None for every newer trace)."""
@@ -335,6 +343,13 @@ class ReopenedTrace:
     was read); None: the window accounts them."""
     cost_choices: dict[str, str | None] | None = None
     """:func:`~moescope.display.whatif_model.cost_model_choices` of the trace, likewise."""
+
+    def resident(self, i: int) -> npt.NDArray[np.bool_]:
+        """Which experts were resident after token ``i`` (MoE layers x experts)."""
+        if self.packed_resident is None:
+            raise ValueError("this trace was opened without its residency")
+        return np.unpackbits(self.packed_resident[i], axis=1, count=self.model.n_expert,
+                             bitorder="little").astype(np.bool_)
 
 
 def account(reopened: ReopenedTrace) -> ReopenedTrace:
@@ -373,7 +388,9 @@ def reopen(path: str | Path, progress: ReadProgress | None = None) -> ReopenedTr
     unrecorded = 0
     tokens: list[TokenSnapshot] = []
     begins = _answer_begins(trace)
-    for rec in trace.tokens:
+    packed = np.zeros((len(trace.tokens), *residency.resident.shape[:1],
+                       (m.n_expert + 7) // 8), np.uint8)
+    for i, rec in enumerate(trace.tokens):
         step = rec.index + 1
         if progress is not None and step % 256 == 0 and not progress(size, size):
             raise TraceReadCancelled(f"{Path(path).name}: opening the trace was cancelled")
@@ -390,17 +407,20 @@ def reopen(path: str | Path, progress: ReadProgress | None = None) -> ReopenedTr
         tokens.append(TokenSnapshot(
             step=step, index=rec.position, text=rec.text, seconds=rec.seconds,
             policy=rec.policy, slots_per_layer=rec.slots_per_layer, n_prompt_tokens=0,
-            n_ctx=0, events=rec.events, resident=residency.resident.copy(),
+            n_ctx=0, events=rec.events, resident=None,
             changes=(*(c.label for c in rec.changes if not _answer_now(c)),
                      *(("answer",) if rec.index in begins else ())),
             ttft=rec.seconds if rec.position == 0 else None,
             prefetches=rec.prefetches if show else None,
             prefetch_hits=rec.prefetch_hits if show else None, audit=rec.audit))
+        packed[i] = np.packbits(residency.resident, axis=1, bitorder="little")
         if policy.prefetch != 0 and rec.prefetches is None:
             unrecorded += 1
+    if tokens:  # the heatmap's: the last token's, whole
+        tokens[-1] = replace(tokens[-1], resident=residency.resident.copy())
     counted = [(t.prefetches, t.prefetch_hits) for t in tokens
                if t.prefetches is not None and t.prefetch_hits is not None]
-    return ReopenedTrace(model=model, tokens=tokens, trace=trace,
+    return ReopenedTrace(model=model, tokens=tokens, trace=trace, packed_resident=packed,
                          approximate_from=approximate_from,
                          prefetch=summarize(counted) if counted else None,
                          prefetch_unrecorded=unrecorded)

@@ -103,7 +103,8 @@ class TokenSnapshot:
     events: npt.NDArray[Any] = field(repr=False)
     """This token's event rows (``EVENT_DTYPE``), a copy."""
     resident: npt.NDArray[np.bool_] | None = field(repr=False, default=None)
-    """MoE layers x experts, True where resident after the token (None: cache off)."""
+    """MoE layers x experts, True where resident after the token (None: cache off, or a
+    reopened trace's token before its last: ``ReopenedTrace.resident`` has those)."""
     changes: tuple[str, ...] = ()
     """Policy or budget changes applied just before this token was decoded (the
     markers' labels, ``Change.label``)."""
