@@ -312,10 +312,8 @@ def misfit(value: Any, node: dict[str, Any]) -> str | None:
         if isinstance(step, int | float) and step > 0 and number % json_decimal(step) != 0:
             return "multipleOf"
     elif isinstance(value, str):
-        if len(value) < node.get("minLength", 0):
-            return "minLength"
-        if "maxLength" in node and len(value) > node["maxLength"]:
-            return "maxLength"
+        if (broken := _count_broken(node, len(value), "Length")) is not None:
+            return broken
         if "pattern" in node:
             try:
                 if not re.search(node["pattern"], value):
@@ -323,19 +321,25 @@ def misfit(value: Any, node: dict[str, Any]) -> str | None:
             except re.error:
                 return "pattern"
     elif isinstance(value, list):
-        if len(value) < node.get("minItems", 0):
-            return "minItems"
-        if "maxItems" in node and len(value) > node["maxItems"]:
-            return "maxItems"
+        if (broken := _count_broken(node, len(value), "Items")) is not None:
+            return broken
         if node.get("uniqueItems") is True:
             seen = [json.dumps(v, sort_keys=True) for v in value]
             if len(set(seen)) < len(seen):
                 return "uniqueItems"
     elif isinstance(value, dict):
-        if len(value) < node.get("minProperties", 0):
-            return "minProperties"
-        if "maxProperties" in node and len(value) > node["maxProperties"]:
-            return "maxProperties"
+        if (broken := _count_broken(node, len(value), "Properties")) is not None:
+            return broken
         if any(name not in value for name in node.get("required", [])):
             return "required"
+    return None
+
+
+def _count_broken(node: dict[str, Any], count: int, what: str) -> str | None:
+    """``min``/``max`` + ``what`` (``Length``, ``Items``, ``Properties``), whichever
+    ``count`` breaks, else None."""
+    if count < node.get(f"min{what}", 0):
+        return f"min{what}"
+    if f"max{what}" in node and count > node[f"max{what}"]:
+        return f"max{what}"
     return None
