@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from gui_helpers import send
-from PySide6.QtCore import QSize
+from PySide6.QtCore import QPoint, QSize
 
 from moescope.gui.main_window import first_size
 from moescope.gui.widgets.screen_fit import WINDOW_FRAME
@@ -191,3 +191,38 @@ def test_a_long_stats_line_squeezes_no_plot_at_the_least_size(window: Any,
     window.resize(least.width(), least.height() + 400)
     qtbot.waitUntil(lambda: not summary.clipped(), timeout=5_000)
     assert heat.legend.geometry().top() > heat.graphics.geometry().bottom()
+
+
+def test_the_chat_stays_where_the_user_was_when_the_window_narrows(window: Any,
+                                                                   qtbot: Any) -> None:
+    """Narrowing the window wraps the transcript's lines again and makes it taller; the
+    scroll bar kept its value, so a user reading the end of the chat was left some lines
+    above it, and one reading further up saw other lines under the same value. The end
+    stays in view at the end, and the line at the top stays at the top above it."""
+    window.resize(first_size(QSize(1366, 768)))
+    words = " ".join(f"word{i}" for i in range(60))
+    for n in range(3):
+        send(qtbot, window, f"Message {n}: {words}", max_tokens=30)
+    view = window.chat_view.transcript
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum(),
+                    timeout=5_000)
+    window.resize(window.minimumSizeHint().width(), window.height())
+    qtbot.waitUntil(lambda: view.width() < 500, timeout=5_000)
+    qtbot.wait(50)
+    assert bar.value() == bar.maximum(), (bar.value(), bar.maximum())  # still at the end
+    window.resize(first_size(QSize(1366, 768)))
+    qtbot.waitUntil(lambda: view.width() > 500, timeout=5_000)
+    qtbot.wait(50)
+    assert bar.value() == bar.maximum()
+    bar.setSliderPosition(bar.maximum() // 2)  # reading further up, as a drag would
+    bar.triggerAction(bar.SliderAction.SliderMove)
+    top = view.cursorForPosition(QPoint(0, 0)).block()
+    text = top.text()
+    window.resize(window.minimumSizeHint().width(), window.height())
+    qtbot.waitUntil(lambda: view.width() < 500, timeout=5_000)
+    qtbot.wait(50)
+    assert 0 < bar.value() < bar.maximum()
+    # the block at the top of the view before is still there (maybe by a line or two)
+    shown = view.cursorForPosition(QPoint(0, 0)).block()
+    assert shown.text() == text, (shown.text()[:40], text[:40])
