@@ -226,3 +226,38 @@ def test_the_chat_stays_where_the_user_was_when_the_window_narrows(window: Any,
     # the block at the top of the view before is still there (maybe by a line or two)
     shown = view.cursorForPosition(QPoint(0, 0)).block()
     assert shown.text() == text, (shown.text()[:40], text[:40])
+
+
+def test_the_window_fits_700_pixels_tall_at_11_points(font_pt: Any, window: Any,
+                                                      qtbot: Any) -> None:
+    """At 11 pt the window was 658 px tall at least, and 673 px at 1008 px wide (the
+    heatmap legend a row taller in the narrower panel), a 1024x700 screen's work area
+    652: the style's 11 px above and below the cache controls' rows, the group box's
+    title already above them, and 6 px above and below the right-hand column. Every
+    control and the budget's line keep their room."""
+    font_pt(window, 11)
+    qtbot.wait(50)
+    room = SMALL - WINDOW_FRAME
+    send(qtbot, window, "hi", max_tokens=8)
+    window.resize(room)
+    qtbot.waitUntil(lambda: window.size() == room, timeout=5_000)
+    qtbot.wait(100)
+    assert window.minimumSizeHint().height() <= room.height()
+    assert window.size() == room  # it did not grow past the screen by itself
+    controls = window.controls
+    form = controls.form
+    for row in range(form.rowCount()):
+        for role in (form.ItemRole.LabelRole, form.ItemRole.FieldRole):
+            item = form.itemAt(row, role)
+            if item is None or item.widget() is None:
+                continue
+            widget = item.widget()
+            assert widget.isVisible()
+            assert widget.height() >= widget.minimumSizeHint().height(), (row, role)
+    label = controls.budget_label
+    assert "slots/layer" in label.text()
+    assert label.height() >= label.heightForWidth(label.width())  # the whole line
+    panel = window.cache_panel
+    assert panel.splitter.height() >= panel.splitter.minimumSizeHint().height()
+    assert panel.heatmap.height() >= panel.heatmap.minimumSizeHint().height()
+    font_pt(window, 0)  # here: the window is closed before the fixture ends, its chat gone
