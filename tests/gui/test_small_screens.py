@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from gui_helpers import send
 from PySide6.QtCore import QPoint, QSize
+from PySide6.QtWidgets import QStyle, QStyleOptionComboBox
 
 from moescope.gui.main_window import first_size
 from moescope.gui.widgets.screen_fit import WINDOW_FRAME
@@ -260,4 +261,49 @@ def test_the_window_fits_700_pixels_tall_at_11_points(font_pt: Any, window: Any,
     panel = window.cache_panel
     assert panel.splitter.height() >= panel.splitter.minimumSizeHint().height()
     assert panel.heatmap.height() >= panel.heatmap.minimumSizeHint().height()
+    font_pt(window, 0)  # here: the window is closed before the fixture ends, its chat gone
+
+
+def test_the_window_fits_1024_pixels_wide_at_12_points(font_pt: Any, window: Any,
+                                                       qtbot: Any) -> None:
+    """At 12 pt the window was 1037 px wide at least: the cache controls' audit row,
+    "every 64 tokens" beside "guard ≤ 10.0%", and the policy menu as wide as its longest
+    entry. Where the column is narrow the guard's box says "≤ 1.0%" and the menu ends a
+    long entry in "…" (whole in its list), so the chat's buttons set the width: every
+    control keeps its room, and the usual entry, Quality-first's, is whole."""
+    font_pt(window, 12)
+    qtbot.wait(50)
+    room = QSize(1024, 768) - WINDOW_FRAME
+    assert window.minimumSizeHint().width() <= room.width()
+    window.resize(room)
+    qtbot.waitUntil(lambda: window.size() == room, timeout=5_000)
+    qtbot.wait(100)
+    assert window.minimumSizeHint().height() <= room.height()
+    controls = window.controls
+    form = controls.form
+    for row in range(form.rowCount()):
+        item = form.itemAt(row, form.ItemRole.FieldRole)
+        if item is not None and item.widget() is not None:
+            widget = item.widget()
+            assert widget.isVisible()
+            assert widget.width() >= widget.minimumSizeHint().width(), row
+    guard, audit, combo = controls.guard_target, controls.audit, controls.policy_combo
+    assert guard.prefix() in ("≤ ", "guard ≤ ")
+    for box in (guard, audit):
+        assert box.isVisible() and box.width() >= box.minimumSizeHint().width()
+    line = guard.lineEdit()
+    assert line.fontMetrics().horizontalAdvance(line.text()) <= line.width()
+    assert combo.currentData() == "quality-first"
+    option = QStyleOptionComboBox()
+    combo.initStyleOption(option)
+    field = combo.style().subControlRect(QStyle.ComplexControl.CC_ComboBox, option,
+                                         QStyle.SubControl.SC_ComboBoxEditField, combo)
+    assert combo.fontMetrics().horizontalAdvance(combo.currentText()) <= field.width()
+    window.resize(window.minimumSizeHint().width(), room.height())
+    qtbot.waitUntil(lambda: guard.prefix() == "≤ " and line.fontMetrics()
+                    .horizontalAdvance(line.text()) <= line.width(), timeout=5_000)
+    assert guard.width() >= guard.minimumSizeHint().width()
+    window.resize(1350, 720)  # a wide window: the guard's word again
+    qtbot.waitUntil(lambda: guard.prefix() == "guard ≤ " and line.fontMetrics()
+                    .horizontalAdvance(line.text()) <= line.width(), timeout=5_000)
     font_pt(window, 0)  # here: the window is closed before the fixture ends, its chat gone
