@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 from gui_helpers import send
-from PySide6.QtCore import QSize
+from PySide6.QtCore import QPoint, QSize
+from PySide6.QtWidgets import QStyle, QStyleOptionComboBox
 
 from moescope.gui.main_window import first_size
 from moescope.gui.widgets.screen_fit import WINDOW_FRAME
@@ -191,3 +192,118 @@ def test_a_long_stats_line_squeezes_no_plot_at_the_least_size(window: Any,
     window.resize(least.width(), least.height() + 400)
     qtbot.waitUntil(lambda: not summary.clipped(), timeout=5_000)
     assert heat.legend.geometry().top() > heat.graphics.geometry().bottom()
+
+
+def test_the_chat_stays_where_the_user_was_when_the_window_narrows(window: Any,
+                                                                   qtbot: Any) -> None:
+    """Narrowing the window wraps the transcript's lines again and makes it taller; the
+    scroll bar kept its value, so a user reading the end of the chat was left some lines
+    above it, and one reading further up saw other lines under the same value. The end
+    stays in view at the end, and the line at the top stays at the top above it."""
+    window.resize(first_size(QSize(1366, 768)))
+    words = " ".join(f"word{i}" for i in range(60))
+    for n in range(3):
+        send(qtbot, window, f"Message {n}: {words}", max_tokens=30)
+    view = window.chat_view.transcript
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum(),
+                    timeout=5_000)
+    window.resize(window.minimumSizeHint().width(), window.height())
+    qtbot.waitUntil(lambda: view.width() < 500, timeout=5_000)
+    qtbot.wait(50)
+    assert bar.value() == bar.maximum(), (bar.value(), bar.maximum())  # still at the end
+    window.resize(first_size(QSize(1366, 768)))
+    qtbot.waitUntil(lambda: view.width() > 500, timeout=5_000)
+    qtbot.wait(50)
+    assert bar.value() == bar.maximum()
+    bar.setSliderPosition(bar.maximum() // 2)  # reading further up, as a drag would
+    bar.triggerAction(bar.SliderAction.SliderMove)
+    top = view.cursorForPosition(QPoint(0, 0)).block()
+    text = top.text()
+    window.resize(window.minimumSizeHint().width(), window.height())
+    qtbot.waitUntil(lambda: view.width() < 500, timeout=5_000)
+    qtbot.wait(50)
+    assert 0 < bar.value() < bar.maximum()
+    # the block at the top of the view before is still there (maybe by a line or two)
+    shown = view.cursorForPosition(QPoint(0, 0)).block()
+    assert shown.text() == text, (shown.text()[:40], text[:40])
+
+
+def test_the_window_fits_700_pixels_tall_at_11_points(font_pt: Any, window: Any,
+                                                      qtbot: Any) -> None:
+    """At 11 pt the window was 658 px tall at least, and 673 px at 1008 px wide (the
+    heatmap legend a row taller in the narrower panel), a 1024x700 screen's work area
+    652: the style's 11 px above and below the cache controls' rows, the group box's
+    title already above them, and 6 px above and below the right-hand column. Every
+    control and the budget's line keep their room."""
+    font_pt(window, 11)
+    qtbot.wait(50)
+    room = SMALL - WINDOW_FRAME
+    send(qtbot, window, "hi", max_tokens=8)
+    window.resize(room)
+    qtbot.waitUntil(lambda: window.size() == room, timeout=5_000)
+    qtbot.wait(100)
+    assert window.minimumSizeHint().height() <= room.height()
+    assert window.size() == room  # it did not grow past the screen by itself
+    controls = window.controls
+    form = controls.form
+    for row in range(form.rowCount()):
+        for role in (form.ItemRole.LabelRole, form.ItemRole.FieldRole):
+            item = form.itemAt(row, role)
+            if item is None or item.widget() is None:
+                continue
+            widget = item.widget()
+            assert widget.isVisible()
+            assert widget.height() >= widget.minimumSizeHint().height(), (row, role)
+    label = controls.budget_label
+    assert "slots/layer" in label.text()
+    assert label.height() >= label.heightForWidth(label.width())  # the whole line
+    panel = window.cache_panel
+    assert panel.splitter.height() >= panel.splitter.minimumSizeHint().height()
+    assert panel.heatmap.height() >= panel.heatmap.minimumSizeHint().height()
+    font_pt(window, 0)  # here: the window is closed before the fixture ends, its chat gone
+
+
+def test_the_window_fits_1024_pixels_wide_at_12_points(font_pt: Any, window: Any,
+                                                       qtbot: Any) -> None:
+    """At 12 pt the window was 1037 px wide at least: the cache controls' audit row,
+    "every 64 tokens" beside "guard ≤ 10.0%", and the policy menu as wide as its longest
+    entry. Where the column is narrow the guard's box says "≤ 1.0%" and the menu ends a
+    long entry in "…" (whole in its list), so the chat's buttons set the width: every
+    control keeps its room, and the usual entry, Quality-first's, is whole."""
+    font_pt(window, 12)
+    qtbot.wait(50)
+    room = QSize(1024, 768) - WINDOW_FRAME
+    assert window.minimumSizeHint().width() <= room.width()
+    window.resize(room)
+    qtbot.waitUntil(lambda: window.size() == room, timeout=5_000)
+    qtbot.wait(100)
+    assert window.minimumSizeHint().height() <= room.height()
+    controls = window.controls
+    form = controls.form
+    for row in range(form.rowCount()):
+        item = form.itemAt(row, form.ItemRole.FieldRole)
+        if item is not None and item.widget() is not None:
+            widget = item.widget()
+            assert widget.isVisible()
+            assert widget.width() >= widget.minimumSizeHint().width(), row
+    guard, audit, combo = controls.guard_target, controls.audit, controls.policy_combo
+    assert guard.prefix() in ("≤ ", "guard ≤ ")
+    for box in (guard, audit):
+        assert box.isVisible() and box.width() >= box.minimumSizeHint().width()
+    line = guard.lineEdit()
+    assert line.fontMetrics().horizontalAdvance(line.text()) <= line.width()
+    assert combo.currentData() == "quality-first"
+    option = QStyleOptionComboBox()
+    combo.initStyleOption(option)
+    field = combo.style().subControlRect(QStyle.ComplexControl.CC_ComboBox, option,
+                                         QStyle.SubControl.SC_ComboBoxEditField, combo)
+    assert combo.fontMetrics().horizontalAdvance(combo.currentText()) <= field.width()
+    window.resize(window.minimumSizeHint().width(), room.height())
+    qtbot.waitUntil(lambda: guard.prefix() == "≤ " and line.fontMetrics()
+                    .horizontalAdvance(line.text()) <= line.width(), timeout=5_000)
+    assert guard.width() >= guard.minimumSizeHint().width()
+    window.resize(1350, 720)  # a wide window: the guard's word again
+    qtbot.waitUntil(lambda: guard.prefix() == "guard ≤ " and line.fontMetrics()
+                    .horizontalAdvance(line.text()) <= line.width(), timeout=5_000)
+    font_pt(window, 0)  # here: the window is closed before the fixture ends, its chat gone

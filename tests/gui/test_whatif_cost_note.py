@@ -12,6 +12,7 @@ from typing import Any
 from gui_helpers import send
 from PySide6.QtCore import Qt
 
+from moescope.display.whatif_model import status_text, status_tooltip
 from moescope.gui.dialogs.compare import COLUMNS, MEASURED_NOTE
 from moescope.gui.traces.trace_window import TraceWindow
 from moescope.sim import cost_model
@@ -62,3 +63,33 @@ def test_compare_says_it_measures_this_machine_where_psr_answered(
     dialog = _compare(window, qtbot, "speed-first")  # nothing prefetched: no note
     assert MEASURED_NOTE not in dialog.status.text()
     dialog.reject()
+
+
+def test_the_whole_note_can_be_read_in_a_small_trace_window(
+        qtbot: Any, trace_window: TraceWindow) -> None:
+    """At 500x400 the note under the cost model picker (eight lines there) was given five:
+    a word-wrapped label cut at its top and bottom, its tooltip explaining the numbers
+    without repeating them, so the rest could not be read at all. It scrolls now, and is
+    whole, with no scroll bar, where the window has room."""
+    view = trace_window.whatif
+    trace_window.resize(500, 400)
+    with qtbot.waitSignal(view.sweepFinished, timeout=15_000):
+        trace_window.tabs.setCurrentWidget(view)
+    note = view.status
+    assert note.text() == status_text(view.result)
+    qtbot.waitUntil(lambda: note.height() >= note.heightForWidth(note.width())
+                    and note.visibleRegion().boundingRect().height() < note.height(),
+                    timeout=5_000)  # the label has room for every line, some out of view
+    assert note.heightForWidth(note.width()) > 5 * note.fontMetrics().lineSpacing()
+    area = view.status_area
+    bar = area.verticalScrollBar()
+    qtbot.waitUntil(bar.isVisible, timeout=5_000)  # and a scroll bar reaches them
+    assert bar.maximum() == note.height() - area.viewport().height()
+    assert area.viewport().height() >= 3 * note.fontMetrics().lineSpacing()
+    assert view.plot.height() >= view.plot.minimumSizeHint().height()
+    bar.setValue(bar.maximum())  # the last line in view
+    assert note.visibleRegion().boundingRect().bottom() == note.height() - 1
+    trace_window.resize(980, 760)
+    qtbot.waitUntil(lambda: not bar.isVisible(), timeout=5_000)
+    assert area.height() >= note.heightForWidth(note.width())
+    assert note.toolTip() == status_tooltip(view.result)

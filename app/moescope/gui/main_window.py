@@ -184,7 +184,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
     def _build_layout(self) -> None:
         right = QWidget()
         right_layout = QVBoxLayout(right)
-        right_layout.setContentsMargins(0, 6, 6, 6)
+        right_layout.setContentsMargins(0, 3, 6, 3)
         self.right_split = QSplitter(Qt.Orientation.Vertical)  # drag the controls away
         self.right_split.addWidget(self.controls)
         self.right_tabs = QTabWidget()

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from PySide6.QtCore import QPoint, QSize, Qt, QUrl, Signal
+from PySide6.QtCore import QEvent, QObject, QPoint, QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import (
     QAction,
     QColor,
@@ -197,6 +197,12 @@ class ChatView(QWidget):
         self.copy_answer_action.triggered.connect(self.copy_last_answer)
         self.addAction(self.copy_answer_action)
         layout.addWidget(self.transcript, 1)
+        self._reflow: tuple[bool, int, int] | None = None
+        """Where the view was when the transcript's width changed: at the end, or the
+        document position at its top and that position's offset (:meth:`eventFilter`)."""
+        self.transcript.installEventFilter(self)
+        self.transcript.verticalScrollBar().rangeChanged.connect(self._keep_place)
+        self.transcript.verticalScrollBar().actionTriggered.connect(self._moved)
 
         self.input = ChatInput()
         self.input.setAccessibleName("Message")
@@ -471,6 +477,40 @@ class ChatView(QWidget):
     def thinking(self) -> bool:
         """The streaming answer is still in its reasoning."""
         return self._thoughts is not None and not self._thoughts.folded
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        """Before the transcript is resized (its lines wrap again, its height changes):
+        note where the user is, for :meth:`_keep_place` once the lines have wrapped."""
+        if watched is self.transcript and event.type() == QEvent.Type.Resize \
+                and self._reflow is None and isinstance(event, QResizeEvent) \
+                and event.oldSize().width() != event.size().width():
+            bar = self.transcript.verticalScrollBar()
+            top = self.transcript.cursorForPosition(QPoint(0, 0))
+            self._reflow = (bar.value() >= bar.maximum() - 4, top.position(),
+                            self.transcript.cursorRect(top).top())
+            QTimer.singleShot(0, self._reflowed)
+        return super().eventFilter(watched, event)
+
+    def _keep_place(self, _low: int = 0, _high: int = 0) -> None:
+        """The lines wrapped again at a new width: the user at the end stays at the end,
+        one reading further up keeps the line at the top of the view there."""
+        if self._reflow is None:
+            return
+        at_end, position, offset = self._reflow
+        bar = self.transcript.verticalScrollBar()
+        if at_end:
+            bar.setValue(bar.maximum())
+            return
+        cursor = QTextCursor(self.transcript.document())
+        cursor.setPosition(min(position, self.transcript.document().characterCount() - 1))
+        bar.setValue(bar.value() + self.transcript.cursorRect(cursor).top() - offset)
+
+    def _moved(self, _action: int) -> None:
+        self._reflow = None  # the user scrolled: where they were is where they are now
+
+    def _reflowed(self) -> None:
+        self._keep_place()  # a long chat's lines are laid out in steps after the resize
+        self._reflow = None
 
     def _scroll_to_end(self) -> None:
         bar = self.transcript.verticalScrollBar()

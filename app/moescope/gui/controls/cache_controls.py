@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
@@ -50,6 +50,12 @@ SPEED_FIRST = "speed-first"
 TOGGLE_FALLBACK = "quality-first"
 """Where the shortcut returns from Speed-first when it did not come from another policy."""
 
+
+POLICY_MIN_CHARS = 22
+"""The policy menu's least width, in characters (its text ends in "…" below that)."""
+
+GUARD_PREFIX, GUARD_SHORT_PREFIX = "guard ≤ ", "≤ "
+"""The guard's target's word, and its form where the audit row is narrow."""
 
 RAM_TIP = ("Experts per layer kept in host memory (the RAM tier); the rest stay in the model "
            "file and are read from disk when needed (about ten times slower than from RAM). "
@@ -105,21 +111,29 @@ class ControlsPanel(QGroupBox):
         form.setVerticalSpacing(3)  # a row more than before (RAM budget); still fits 1024x700
         # the group box's own padding is the margin at the sides: 9 px more each side made
         # the window 1046 px wide at least with a 10 pt font, wider than a 1024 px screen
-        margins = form.contentsMargins()
-        form.setContentsMargins(2, margins.top(), 2, margins.bottom())
+        # and the group box's title already stands above the first row: the style's 11 px
+        # above and below the rows made the window 658 px tall at least with an 11 pt font,
+        # taller than a 1024x700 screen's 652 px of work area
+        form.setContentsMargins(2, 2, 2, 2)
         self.policy_combo = QComboBox()
         self.policy_combo.setAccessibleName("Cache policy")
         for key, label in POLICY_CHOICES:
             self.policy_combo.addItem(label, key)
             self.policy_combo.setItemData(self.policy_combo.count() - 1, POLICY_TIPS[key],
                                           Qt.ItemDataRole.ToolTipRole)
+        # as wide as the usual entries at least, not as the longest ("Quality guard (cost
+        # under a target)"): that one set the window's least width at 12 pt; where the
+        # column is narrower it ends in "…" closed, whole in the list, its tooltip says it
+        self.policy_combo.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.policy_combo.setMinimumContentsLength(POLICY_MIN_CHARS)
         form.addRow("P&olicy", self.policy_combo)  # Alt+P is Stop's
         self.guard_target = QDoubleSpinBox()
         self.guard_target.setAccessibleName("Quality guard target")
         self.guard_target.setRange(0.1, 10.0)
         self.guard_target.setSingleStep(0.1)
         self.guard_target.setDecimals(1)
-        self.guard_target.setPrefix("guard ≤ ")
+        self.guard_target.setPrefix(GUARD_PREFIX)
         self.guard_target.setSuffix("%")
         self.guard_target.setValue(100 * DEFAULT_TARGET)
         self.guard_target.setToolTip(
@@ -206,7 +220,12 @@ class ControlsPanel(QGroupBox):
             "cost expected on the model's own text (its answers).")
         self.audit.currentIndexChanged.connect(
             lambda _i: self.auditRequested.emit(int(self.audit.currentData())))
-        form.addRow("&Quality audit", self._row(self.audit, self.guard_target))  # one row: height
+        # one row, for the height; where the column is too narrow for the guard's target
+        # with its word, it says "≤ 1.0%" (_fit_guard): "guard ≤ 1.0%" beside the audit's
+        # choice set the window's least width at 12 pt (1037 px, past a 1024 px screen)
+        self.audit_row = self._row(self.audit, self.guard_target)
+        self.audit_row.installEventFilter(self)
+        form.addRow("&Quality audit", self.audit_row)
         audit_label = form.labelForField(self.audit.parentWidget())
         if isinstance(audit_label, QLabel):
             audit_label.setBuddy(self.audit)
@@ -236,8 +255,34 @@ class ControlsPanel(QGroupBox):
         self._quiet = False
         self._update_custom_enabled()
         self.set_model(None)
+        self._fit_guard()
 
     # ------------------------------------------------------------------ building
+    def _fit_guard(self) -> None:
+        """The guard's target reads "guard ≤ 1.0%" where the audit row has room for it,
+        "≤ 1.0%" where not (the row's name and the box's tooltip still say what it is); the
+        row asks for no more width than the short form needs."""
+        box, row = self.guard_target, self.audit_row
+        layout = row.layout()
+        spacing = layout.spacing() if layout is not None else 0
+        metrics = box.fontMetrics()
+        extra = metrics.horizontalAdvance(GUARD_PREFIX) - metrics.horizontalAdvance(
+            GUARD_SHORT_PREFIX)
+        long_now = box.prefix() == GUARD_PREFIX
+        long_px = box.sizeHint().width() + (0 if long_now else extra)
+        short_min = box.minimumSizeHint().width() - (extra if long_now else 0)
+        row.setMinimumWidth(self.audit.minimumSizeHint().width() + spacing + short_min)
+        room = row.width() >= self.audit.sizeHint().width() + spacing + long_px
+        prefix = GUARD_PREFIX if room else GUARD_SHORT_PREFIX
+        if box.prefix() != prefix:
+            box.setPrefix(prefix)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if watched is self.audit_row and event.type() in (
+                QEvent.Type.Resize, QEvent.Type.LayoutRequest):  # a new width, a new font
+            self._fit_guard()
+        return super().eventFilter(watched, event)
+
     def _slider(self, lo: int, hi: int, value: int, name: str) -> QSlider:
         s = QSlider(Qt.Orientation.Horizontal)
         s.setRange(lo, hi)

@@ -56,6 +56,7 @@ from moescope.display.whatif_model import (
     tooltip,
 )
 from moescope.gui import theme
+from moescope.gui.widgets.note_area import NoteArea
 from moescope.sim import Routing, SweepRow
 from moescope.trace import Trace
 from moescope.util.errors import MoEScopeError
@@ -259,6 +260,8 @@ class WhatIfView(QWidget):
         self.status = QLabel("Shown when the sweep has run.")
         self.status.setObjectName("statsLabel")
         self.status.setWordWrap(True)
+        self.status_area = NoteArea(self.status)
+        """The note scrolls where the window is too small for all of it (500x400 cut it)."""
         top = QHBoxLayout()
         top.addWidget(cost_label)
         top.addWidget(self.cost)
@@ -310,7 +313,7 @@ class WhatIfView(QWidget):
         splitter.setSizes([360, 240])
         layout = QVBoxLayout(self)
         layout.addLayout(top)
-        layout.addWidget(self.status)
+        layout.addWidget(self.status_area)
         layout.addWidget(splitter, 1)
         self.nothing = nothing_to_compare(trace)
         """Why there is nothing to sweep (a trace of prefills only), said instead of the
