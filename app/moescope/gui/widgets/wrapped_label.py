@@ -5,7 +5,8 @@ has, and for the width of its longest word: the cache panel's stats line, which 
 parts as a chat runs (a RAM tier, a TTFT, an audit), made the main window taller by
 itself on a 1024x700 screen, past its bottom edge. This one asks for a fixed number of
 lines at least; where its layout has room it still shows every wrapped line, and where
-it is given fewer than its text needs, the whole text is in its tooltip.
+it is given fewer than its text needs, it shows the lines that fit whole, the last one
+ending in "…", and the whole text is in its tooltip.
 
 It is not a height-for-width item to its layout: a box layout gives such an item every
 line it wraps to, whatever its siblings' minimums, so at the window's least size the stats
@@ -16,8 +17,8 @@ width instead, which a layout grants only where there is room.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSize, Qt
-from PySide6.QtGui import QResizeEvent
+from PySide6.QtCore import QPointF, QSize, Qt
+from PySide6.QtGui import QPainter, QPaintEvent, QResizeEvent, QTextLayout, QTextOption
 from PySide6.QtWidgets import QLabel, QWidget
 
 
@@ -77,3 +78,64 @@ class WrappedLabel(QLabel):
             self._hint_width = self.width()
             self.updateGeometry()
         self._update_tip()
+
+    def shown_lines(self) -> list[str]:
+        """The lines drawn: every wrapped line where they fit, else those that fit whole,
+        the last one ending in "…" (a line cut across its middle read as a broken
+        window)."""
+        rect = self.contentsRect().adjusted(self.margin(), self.margin(), -self.margin(),
+                                            -self.margin())
+        text = self.text()
+        layout = QTextLayout(text, self.font())
+        option = QTextOption()
+        option.setWrapMode(QTextOption.WrapMode.WordWrap)
+        layout.setTextOption(option)
+        layout.beginLayout()
+        spans: list[tuple[int, int]] = []
+        while True:
+            line = layout.createLine()
+            if not line.isValid():
+                break
+            line.setLineWidth(max(1, rect.width()))
+            spans.append((line.textStart(), line.textLength()))
+        layout.endLayout()
+        fit = max(1, rect.height() // max(1, self.fontMetrics().lineSpacing()))
+        lines = [text[a:a + n].rstrip() for a, n in spans]
+        if len(lines) <= fit:
+            return lines
+        rest = text[spans[fit - 1][0]:].replace("\n", " ")
+        metrics = self.fontMetrics()
+
+        def fits(cut: str) -> bool:
+            return metrics.horizontalAdvance(cut + " …") <= rect.width()
+
+        # whole parts (" · "), else whole words: "tokens/s 23.…" read as another number
+        last = ""
+        for sep in (" · ", " "):
+            parts = rest.split(sep)
+            for n in range(len(parts) - 1, 0, -1):
+                if fits(sep.join(parts[:n])):
+                    last = sep.join(parts[:n]).rstrip(" ·") + " …"
+                    break
+            if last:
+                break
+        if not last:  # one word wider than the line
+            last = metrics.elidedText(rest, Qt.TextElideMode.ElideRight, rect.width())
+        return [*lines[:fit - 1], last]
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        rich = self.textFormat() == Qt.TextFormat.RichText or (
+            self.textFormat() == Qt.TextFormat.AutoText and "<" in self.text())
+        if rich or not self.clipped():
+            super().paintEvent(event)
+            return
+        painter = QPainter(self)
+        painter.setPen(self.palette().color(self.foregroundRole()))
+        rect = self.contentsRect().adjusted(self.margin(), self.margin(), -self.margin(),
+                                            -self.margin())
+        metrics = self.fontMetrics()
+        y = rect.top() + metrics.ascent()
+        for line in self.shown_lines():
+            painter.drawText(QPointF(rect.left(), y), line)
+            y += metrics.lineSpacing()
+        painter.end()
