@@ -264,6 +264,36 @@ def test_the_window_fits_700_pixels_tall_at_11_points(font_pt: Any, window: Any,
     font_pt(window, 0)  # here: the window is closed before the fixture ends, its chat gone
 
 
+def test_a_clamped_budgets_note_does_not_grow_the_window_past_700_pixels(
+        font_pt: Any, window: Any, qtbot: Any) -> None:
+    """A typed budget below top-k adds a note under the slider: two more lines, and the
+    window's least height went to about 672 px at 11 pt, growing the window past a
+    1024x700 screen's bottom by itself. The line now keeps one line at least: the note
+    shows where the column has room, and in the line's tooltip where it has not."""
+    font_pt(window, 11)
+    qtbot.wait(50)
+    room = SMALL - WINDOW_FRAME
+    window.resize(room)
+    qtbot.waitUntil(lambda: window.size() == room, timeout=5_000)
+    controls = window.controls
+    top_k = window.model.top_k
+    controls.budget.setValue(8)
+    qtbot.waitUntil(lambda: window.model.slots_per_layer == 8, timeout=10_000)
+    controls.budget_entry.setText(str(top_k - 1))
+    controls.apply_typed_budget()
+    qtbot.waitUntil(lambda: window.model.slots_per_layer == top_k, timeout=10_000)
+    qtbot.wait(100)
+    label = controls.budget_label
+    assert f"using {top_k} slots" in label.text()  # the note is there
+    assert window.minimumSizeHint().height() <= room.height()
+    assert window.size() == room  # it did not grow past the screen by itself
+    shown = " ".join(label.shown_lines())
+    assert "slots/layer" in shown  # the budget itself stays in sight
+    if label.clipped():
+        assert label.text() in label.toolTip() and shown.endswith("…")
+    font_pt(window, 0)  # here: the window is closed before the fixture ends, its chat gone
+
+
 def test_the_window_fits_1024_pixels_wide_at_12_points(font_pt: Any, window: Any,
                                                        qtbot: Any) -> None:
     """At 12 pt the window was 1037 px wide at least: the cache controls' audit row,

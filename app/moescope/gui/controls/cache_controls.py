@@ -42,6 +42,7 @@ from moescope.display.policy_choices import (
     prefetch_value,
 )
 from moescope.gui.controls.budget_entry import BudgetEntry
+from moescope.gui.widgets.wrapped_label import WrappedLabel
 from moescope.session.snapshots import ModelSummary
 
 __all__ = ["CUSTOM", "POLICY_CHOICES", "ControlsPanel", "custom_policy"]
@@ -190,8 +191,10 @@ class ControlsPanel(QGroupBox):
         self.budget = self._slider(1, 1, 1, "VRAM budget for expert slots")
         self.budget.setToolTip("Expert slots per layer kept in VRAM; applied live, the "
                                "model and the chat are kept.")
-        self.budget_label = QLabel("–")
-        self.budget_label.setWordWrap(True)  # and a typed budget's clamp note under it
+        # and a typed budget's clamp note under it, where the column has room; at the
+        # window's least height one line (a two-line note made it 672 px at 11 pt) ending
+        # in "…", the whole text in its tooltip
+        self.budget_label = WrappedLabel("–", lines=1)
         self.budget_label.setObjectName("budgetLabel")
         self.budget_entry = BudgetEntry()
         self.budget_entry.submitted.connect(self.apply_typed_budget)

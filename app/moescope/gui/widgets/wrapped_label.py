@@ -86,7 +86,7 @@ class WrappedLabel(QLabel):
         rect = self.contentsRect().adjusted(self.margin(), self.margin(), -self.margin(),
                                             -self.margin())
         text = self.text()
-        layout = QTextLayout(text, self.font())
+        layout = QTextLayout(text.replace("\n", "\u2028"), self.font())  # QLabel's breaks
         option = QTextOption()
         option.setWrapMode(QTextOption.WrapMode.WordWrap)
         layout.setTextOption(option)
@@ -100,7 +100,7 @@ class WrappedLabel(QLabel):
             spans.append((line.textStart(), line.textLength()))
         layout.endLayout()
         fit = max(1, rect.height() // max(1, self.fontMetrics().lineSpacing()))
-        lines = [text[a:a + n].rstrip() for a, n in spans]
+        lines = [text[a:a + n].rstrip("\n ") for a, n in spans]
         if len(lines) <= fit:
             return lines
         rest = text[spans[fit - 1][0]:].replace("\n", " ")
