@@ -6,7 +6,9 @@ its stack on some grammars: none reaches it)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from decimal import Decimal
+from typing import Any
 
 import openai
 import pytest
@@ -228,6 +230,20 @@ def test_a_pattern_with_a_top_level_alternation_answers_a_json_string(server: Se
     assert json.loads(text) in ("yes", "no"), text
 
 
+def _sampled(server: Server, content: str, schema: object, max_tokens: int,
+             temperature: float) -> Iterator[Any]:
+    """The answers at four seeds, sampled from the whole vocabulary (top-k and min-p
+    off) under ``schema``'s grammar: what sampling can reach, not only the likeliest."""
+    client = server.client()
+    for seed in range(4):
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": content}],
+            max_tokens=max_tokens, seed=seed, temperature=temperature, top_p=1.0,
+            extra_body={"top_k": 0, "min_p": 0.0},
+            response_format=_schema(schema))  # type: ignore[arg-type]
+        yield r.choices[0]
+
+
 @pytest.mark.parametrize("pattern", [r"^.{4}$", r"^[^@]{1,6}@[^@]{1,6}$",
                                      r"^\d{3}-\d{2}$", r"^\w{2,5}$"])
 def test_a_pattern_answer_is_a_json_string_the_pattern_matches(server: Server,
@@ -237,15 +253,10 @@ def test_a_pattern_answer_is_a_json_string_the_pattern_matches(server: Server,
     ``\\d`` and ``\\w`` to llama.cpp, which refused the grammar."""
     import re
 
-    client = server.client()
-    for seed in range(4):
-        r = client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": 'Say "hi" \\ "\n"'}],
-            max_tokens=40, seed=seed, temperature=1.5, top_p=1.0,
-            extra_body={"top_k": 0, "min_p": 0.0},
-            response_format=_schema({"type": "string", "pattern": pattern}))  # type: ignore[arg-type]
-        text = r.choices[0].message.content or ""
-        assert r.choices[0].finish_reason == "stop", text
+    for choice in _sampled(server, 'Say "hi" \\ "\n"', {"type": "string", "pattern": pattern},
+                           40, 1.5):
+        text = choice.message.content or ""
+        assert choice.finish_reason == "stop", text
         value = json.loads(text)
         assert isinstance(value, str) and re.fullmatch(pattern[1:-1], value), text
 
@@ -270,15 +281,9 @@ def test_an_integer_answer_keeps_within_the_schema_bounds(server: Server,
                                                           temperature: float) -> None:
     """The converter accepted ``minimum``/``maximum`` on an integer and wrote any
     integer: the answer could be 0 or 5000."""
-    client = server.client()
-    for seed in range(4):
-        r = client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "Pick a number: 0, 2 or 5000?"}],
-            max_tokens=40, seed=seed, temperature=temperature, top_p=1.0,
-            extra_body={"top_k": 0, "min_p": 0.0},
-            response_format=_schema(BOUNDED))  # type: ignore[arg-type]
-        text = r.choices[0].message.content or ""
-        assert r.choices[0].finish_reason == "stop", text
+    for choice in _sampled(server, "Pick a number: 0, 2 or 5000?", BOUNDED, 40, temperature):
+        text = choice.message.content or ""
+        assert choice.finish_reason == "stop", text
         value = json.loads(text)
         assert set(value) == {"n"} and type(value["n"]) is int, text
         assert 3 <= value["n"] <= 17, text
@@ -305,16 +310,10 @@ def test_a_number_answer_keeps_within_the_schema_bounds(server: Server,
                                                         temperature: float) -> None:
     """A number's bounds, a multipleOf and every type's keywords in a list of types
     were accepted and not enforced: ``x`` could be 0 and ``note`` any string."""
-    client = server.client()
     whole = []
-    for seed in range(4):
-        r = client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "Numbers: 0, 1.5, 99 or 7.3?"}],
-            max_tokens=80, seed=seed, temperature=temperature, top_p=1.0,
-            extra_body={"top_k": 0, "min_p": 0.0},
-            response_format=_schema(MEASURED))  # type: ignore[arg-type]
-        text = r.choices[0].message.content or ""
-        if r.choices[0].finish_reason == "length":  # a prefix, checked token by token
+    for choice in _sampled(server, "Numbers: 0, 1.5, 99 or 7.3?", MEASURED, 80, temperature):
+        text = choice.message.content or ""
+        if choice.finish_reason == "length":  # a prefix, checked token by token
             continue
         value = json.loads(text, parse_float=Decimal)
         assert set(value) == {"x", "level", "note"}, text
