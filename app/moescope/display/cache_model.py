@@ -213,6 +213,9 @@ class CacheModel:
         self._cells = np.zeros((n_rows, n_expert), np.uint8)
         self._cells_stale = False
         self.latest: TokenSnapshot | None = None
+        self.shown: TokenSnapshot | None = None
+        """The token whose states the heatmap draws in place of the latest (a reopened
+        trace's, chosen with its token slider; its ``resident`` set); None: the latest."""
         w = self.layer_window
         self._layer_mass = np.zeros((w, n_rows))
         self._layer_hits = np.zeros((w, n_rows))
@@ -411,9 +414,17 @@ class CacheModel:
         self.dirty.update(("heatmap", "time", "layers", "labels", "memory"))
 
     # ------------------------------------------------------------------ output
+    def show_token(self, snap: TokenSnapshot | None) -> None:
+        """Draw ``snap``'s states in the heatmap (its ``resident`` set), or the latest
+        token's again (None)."""
+        self.shown = snap
+        self._cells_stale = True
+        self.dirty.update(("heatmap", "labels"))
+
     def cells(self) -> npt.NDArray[np.uint8]:
-        """The latest token's heatmap states (computed lazily, once per repaint)."""
-        snap = self.latest
+        """The shown (else the latest) token's heatmap states (computed lazily, once per
+        repaint)."""
+        snap = self.shown or self.latest
         if self._cells_stale and snap is not None and snap.resident is not None \
                 and snap.resident.shape == self._cells.shape:
             ram = snap.ram_resident if snap.ram_resident is not None \

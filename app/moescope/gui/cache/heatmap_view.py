@@ -131,7 +131,7 @@ class HeatmapView(QWidget):
         """The title line (at the panel's label rate: text changes cost a relayout). The
         slot count is what the cache holds now (a budget changed while idle included);
         the cells are as of the token named, or of the change if it came after."""
-        snap = self.model.latest
+        snap = self.model.shown or self.model.latest
         m = self.model.model
         tiered = bool(m and m.cache_enabled and self.model.ram_slots_per_layer)
         for swatch in self.tier_swatches:
@@ -139,8 +139,10 @@ class HeatmapView(QWidget):
         if m is None or not m.cache_enabled:
             self.title.setText("Expert cache: layers × experts")
             return
+        shown = self.model.shown  # an earlier token's: the slots it had
+        slots = shown.slots_per_layer if shown is not None else self.model.slots_per_layer
         text = (f"Expert cache: {m.n_moe_layers} layers × {m.n_expert} experts · "
-                f"{self.model.slots_per_layer} slots/layer")
+                f"{slots} slots/layer")
         if tiered:
             text += f" · {self.model.ram_slots_per_layer} in RAM/layer, the rest on disk"
         if snap is not None:

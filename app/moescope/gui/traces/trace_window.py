@@ -15,15 +15,17 @@ and a Cancel button in the window's status bar, and its outcome is one line ther
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, QSize, QTimer, Signal, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShowEvent
+from PySide6.QtCore import QSettings, QSize, Qt, QTimer, Signal, Slot
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QResizeEvent, QShowEvent
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QMainWindow,
     QPushButton,
+    QSlider,
     QTabWidget,
     QVBoxLayout,
     QWidget,
@@ -130,6 +132,11 @@ class TraceWindow(QMainWindow):
         self.whatif = WhatIfView(reopened.trace, cost_choices=reopened.cost_choices)
         self.tabs = QTabWidget()
         self.tabs.addTab(self.panel, "P&lots")  # Alt+P: What-if's Policies
+        # beside the tabs, where the bar has room: no height taken from the plots
+        self.tabs.setCornerWidget(self._token_row(len(tokens)), Qt.Corner.TopRightCorner)
+        self.tabs.currentChanged.connect(
+            lambda i: self.tabs.cornerWidget(Qt.Corner.TopRightCorner).setVisible(
+                i == 0 and self._scrubbable))
         self.tabs.addTab(self.whatif, "&What-if")
         layout.addWidget(self.tabs, 1)
         if not tokens:  # nothing to replay: a sweep would draw a table of zeros
@@ -161,6 +168,60 @@ class TraceWindow(QMainWindow):
         self.exports.exported.connect(self._exported)
         self.exports.failed.connect(self._export_failed)
         self.exports.finished.connect(self.exportFinished)
+
+    def _token_row(self, n: int) -> QWidget:
+        """A slider choosing the token whose states the heatmap draws (the last at first):
+        where each expert was, what each layer hit, fetched and substituted, token by
+        token (the plots below show every token at once)."""
+        box = QWidget()
+        row = QHBoxLayout(box)
+        row.setContentsMargins(8, 0, 2, 0)
+        self.token_slider = QSlider(Qt.Orientation.Horizontal)
+        self.token_slider.setAccessibleName("Heatmap token")
+        self.token_slider.setToolTip(
+            "The token whose expert states the heatmap shows: drag, or use the arrow keys, "
+            "Page Up/Down, Home and End. The heatmap's hover counts uses over the whole "
+            "trace.")
+        self.token_slider.setRange(0, max(n - 1, 0))
+        self.token_slider.setValue(max(n - 1, 0))
+        self.token_slider.setPageStep(max(1, n // 20))
+        self.token_label = QLabel()
+        self.token_label.setObjectName("statsLabel")
+        label = QLabel("&Heatmap at")
+        label.setBuddy(self.token_slider)
+        row.addWidget(label)
+        row.addWidget(self.token_slider, 1)
+        row.addWidget(self.token_label)
+        self.token_slider.valueChanged.connect(self.show_token)
+        self.token_slider.setMinimumWidth(80)
+        self._scrubbable = n > 1 and self.reopened.packed_resident is not None
+        box.setVisible(self._scrubbable)
+        self._token_text(max(n - 1, 0))
+        return box
+
+    def _token_text(self, i: int) -> None:
+        if not self.tokens:
+            return
+        text = f"token {self.tokens[i].step} of {self.tokens[-1].step}"
+        # as wide as its longest text: the slider does not jump as the digits change
+        longest = f"token {self.tokens[-1].step} of {self.tokens[-1].step}"
+        self.token_label.setMinimumWidth(self.token_label.fontMetrics().horizontalAdvance(
+            longest))
+        self.token_label.setText(text)
+        self.token_slider.setAccessibleDescription(text)
+
+    @Slot(int)
+    def show_token(self, i: int) -> None:
+        """Draw the heatmap as it stood after the trace's ``i``-th token (its residency
+        and what that token's rows did)."""
+        if not 0 <= i < len(self.tokens):
+            return
+        last = i == len(self.tokens) - 1
+        self.panel.model.show_token(
+            None if last else replace(self.tokens[i], resident=self.reopened.resident(i)))
+        self.panel.heatmap.refresh()
+        self.panel.heatmap.update_title()
+        self._token_text(i)
 
     def export_dialog(self) -> None:
         """Ask where to export the shown trace, then export it (nothing when cancelled)."""
@@ -196,6 +257,12 @@ class TraceWindow(QMainWindow):
         message = f"Could not export the trace: {reason}"
         log.error("%s", message)
         self.statusBar().showMessage(" ".join(message.split()), STATUS_MS)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        """The token slider takes a third of a wide window (the tab bar's corner gives a
+        widget its size hint, a short slider's)."""
+        super().resizeEvent(event)
+        self.token_slider.setFixedWidth(max(80, min(400, self.width() // 3 - 120)))
 
     def showEvent(self, event: QShowEvent) -> None:
         """At the first show, once laid out, give the heatmap its rows' height: the panel
