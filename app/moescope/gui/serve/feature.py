@@ -62,6 +62,10 @@ class _Bridge(QObject):
             self.tokens.emit(self._batch)
             self._batch, self._last_emit = [], now
 
+    def cache_applied(self, changes: list[Any]) -> None:
+        # the window's controls follow now, as after a change of its own while idle
+        self.worker.report_applied(changes)
+
     def request_finished(self, record: RequestRecord) -> None:
         end = self.worker.follow_end()
         if end is not None:
