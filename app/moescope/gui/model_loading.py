@@ -70,11 +70,25 @@ class ModelLoading(_Window):
 
     # ------------------------------------------------------------------ model
     def open_model_dialog(self) -> None:
-        start = self.settings.value("last_model", "") or str(paths.models_dir())
+        start = self._open_dialog_start()
         path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", str(start),
                                               "GGUF models (*.gguf);;All files (*)")
         if path:
             self.prepare_open(path)
+
+    def _open_dialog_start(self) -> str:
+        """The last model opened, unless that is the bundled demo (every first start):
+        then the models folder, where Get models puts downloads, rather than the folder
+        inside the checkout or bundle that the demo ships in."""
+        last = str(self.settings.value("last_model", "") or "")
+        demo = demo_model_path()
+        if last and demo is not None:
+            try:
+                if Path(last).samefile(demo):
+                    last = ""
+            except OSError:  # gone or unreadable: the dialog copes with a missing file
+                pass
+        return last or str(paths.models_dir())
 
     def prepare_open(self, path: str | Path) -> None:
         """Read the header, show the fit estimate, load if the user confirms."""

@@ -1,0 +1,49 @@
+"""A new user's session with the desktop window (session 15, helper "rev3"): what they met
+on the demo model at 1366x768 and 1024x700, each as it was found. Real window, real
+engine, demo model, Qt offscreen."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gui_helpers import load
+from PySide6.QtWidgets import QFileDialog
+
+from moescope.util import paths
+
+
+@pytest.fixture
+def window(make_window: Any, qtbot: Any, demo: Path) -> Iterator[Any]:
+    """The window with the demo model, as `make run` opens it."""
+    w = make_window()
+    load(qtbot, w, demo, budget="25%", policy="quality-first", n_ctx=512)
+    yield w
+
+
+def _open_dialog_start(window: Any, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where File ▸ Open model… starts (the dialog is cancelled)."""
+    seen: list[str] = []
+
+    def dialog(_parent: Any, _title: str, start: str, *_a: Any) -> tuple[str, str]:
+        seen.append(start)
+        return "", ""
+
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(dialog))
+    window.open_model_dialog()
+    assert len(seen) == 1
+    return Path(seen[0])
+
+
+def test_open_model_starts_in_the_models_folder_not_the_demos(
+        window: Any, qtbot: Any, monkeypatch: pytest.MonkeyPatch, tiny_moe: Path) -> None:
+    """With the demo model open (every first start), File ▸ Open model… started in the
+    folder the demo ships in (the checkout's or the bundle's resources/models), not in the
+    models folder where Get models puts downloads, as the README and the welcome text say;
+    after the user's own model it still starts at that model."""
+    start = _open_dialog_start(window, monkeypatch)
+    assert start == paths.models_dir()
+    load(qtbot, window, tiny_moe, budget="25%", policy="quality-first", n_ctx=512)
+    assert _open_dialog_start(window, monkeypatch) == tiny_moe
