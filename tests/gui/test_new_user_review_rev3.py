@@ -47,3 +47,20 @@ def test_open_model_starts_in_the_models_folder_not_the_demos(
     assert start == paths.models_dir()
     load(qtbot, window, tiny_moe, budget="25%", policy="quality-first", n_ctx=512)
     assert _open_dialog_start(window, monkeypatch) == tiny_moe
+
+
+def test_a_truncated_model_names_the_size_it_should_have(
+        window: Any, dialogs: Any, demo: Path, tmp_path: Path) -> None:
+    """A download cut at a third of the demo said "it is 6,000,000 bytes (5.7 MiB) but
+    should be at least 6,192,576 bytes (5.9 MiB)": the end of the first tensor past the
+    cut, not the file's size (17.6 MB), so it read as nearly complete. The header lists
+    every tensor, so the message gives the whole size; nothing is loaded."""
+    size = demo.stat().st_size
+    cut = tmp_path / "cut model.gguf"
+    cut.write_bytes(demo.read_bytes()[:size // 3])
+    before = window.model
+    window.prepare_open(cut)
+    [text] = dialogs.texts("critical")
+    assert f"it is {size // 3:,} bytes" in text
+    assert f"should be {size:,} bytes" in text and "at least" not in text
+    assert window.model == before
