@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from gui_helpers import load
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFileDialog
 
 from moescope.util import paths
@@ -64,3 +65,18 @@ def test_a_truncated_model_names_the_size_it_should_have(
     assert f"it is {size // 3:,} bytes" in text
     assert f"should be {size:,} bytes" in text and "at least" not in text
     assert window.model == before
+
+
+def test_check_fit_with_no_files_listed_says_so(window: Any, qtbot: Any) -> None:
+    """With no repository's files listed (nothing searched yet, or the search failed for
+    want of a network), Check fit said "Fit at a VRAM budget of 25%, from each file's
+    header alone. Choose a file and Download." over an empty list, replacing the line
+    that said why the search failed."""
+    action = next(a for a in window.actions() if a.text() == "&Get models…")
+    action.trigger()
+    hub = window.get_models_window
+    qtbot.mouseClick(hub.fit_button, Qt.MouseButton.LeftButton)
+    assert hub.files.topLevelItemCount() == 0
+    assert "Fit at" not in hub.status.text()
+    assert hub.status.text().startswith("No files to check yet: search the Hub")
+    hub.close()
