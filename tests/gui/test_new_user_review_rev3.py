@@ -80,3 +80,41 @@ def test_check_fit_with_no_files_listed_says_so(window: Any, qtbot: Any) -> None
     assert "Fit at" not in hub.status.text()
     assert hub.status.text().startswith("No files to check yet: search the Hub")
     hub.close()
+
+
+def test_files_named_in_capitals_can_be_dropped(window: Any, qtbot: Any, trace_path: Path,
+                                                tmp_path: Path) -> None:
+    """A model or trace whose name ends in capitals (``MODEL.GGUF``, ``S.JSONL``, as
+    Windows tools and some downloads write them) was refused when dragged over the window,
+    where ``moescope MODEL.GGUF`` opens it and the README says a trace's suffix counts in
+    any letter case. A dropped one opens as its lower-case twin does."""
+    from PySide6.QtCore import QMimeData, QPoint, QPointF, QUrl
+    from PySide6.QtGui import QDragEnterEvent, QDropEvent
+
+    def mime(path: Path) -> QMimeData:
+        m = QMimeData()
+        m.setUrls([QUrl.fromLocalFile(str(path))])
+        return m
+
+    def accepted(path: Path) -> bool:
+        data = mime(path)  # the event keeps a pointer: the data must outlive it
+        event = QDragEnterEvent(QPoint(10, 10), Qt.DropAction.CopyAction, data,
+                                Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+        event.setAccepted(False)
+        window.dragEnterEvent(event)
+        return event.isAccepted()
+
+    for name in ("MODEL.GGUF", "Model.Gguf", "S.JSONL", "S.JSONL.GZ", "S.PARQUET",
+                 "S.Arrows"):
+        assert accepted(tmp_path / name), name
+    assert not accepted(tmp_path / "NOTES.TXT")
+    shown = tmp_path / "SESSION.JSONL"
+    shown.write_bytes(trace_path.read_bytes())
+    data = mime(shown)
+    with qtbot.waitSignal(window.traceOpened, timeout=30_000) as opened:
+        window.dropEvent(QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, data,
+                                    Qt.MouseButton.LeftButton,
+                                    Qt.KeyboardModifier.NoModifier))
+    trace_window = opened.args[0]
+    assert trace_window in window.trace_windows
+    trace_window.close()

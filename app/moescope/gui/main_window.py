@@ -478,14 +478,14 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
     # ------------------------------------------------------------------ drag and drop
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:
         urls = event.mimeData().urls()
-        if urls and urls[0].isLocalFile() and urls[0].toLocalFile().endswith(
-                (".gguf", *TRACE_SUFFIXES)):
+        if urls and urls[0].isLocalFile() and urls[0].toLocalFile().lower().endswith(
+                (".gguf", *TRACE_SUFFIXES)):  # any letter case, as `moescope X.GGUF` takes
             event.acceptProposedAction()
 
     def dropEvent(self, event: QDropEvent) -> None:
         path = event.mimeData().urls()[0].toLocalFile()
         event.acceptProposedAction()
-        if path.endswith(TRACE_SUFFIXES):
+        if path.lower().endswith(TRACE_SUFFIXES):
             self.open_trace(path)
         else:
             self.prepare_open(path)
