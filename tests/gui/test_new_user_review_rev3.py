@@ -118,3 +118,19 @@ def test_files_named_in_capitals_can_be_dropped(window: Any, qtbot: Any, trace_p
     trace_window = opened.args[0]
     assert trace_window in window.trace_windows
     trace_window.close()
+
+
+def test_a_last_model_that_is_gone_is_named_when_the_demo_opens_instead(
+        make_window: Any, qtbot: Any, demo: Path, tmp_path: Path) -> None:
+    """The window reopens the last model at start; when that file had gone (moved,
+    deleted, a drive not mounted) it opened the demo model without a word, so a user
+    met a toy model in place of theirs and no reason why. It still opens the demo, and
+    the status bar and the log say which file was missing."""
+    w = make_window()
+    gone = tmp_path / "big model.gguf"
+    w.settings.setValue("last_model", str(gone))
+    with qtbot.waitSignal(w.modelLoaded, timeout=30_000) as loaded:
+        assert w.autoload()
+    assert Path(loaded.args[0].path).samefile(demo)
+    text = w.statusBar().currentMessage()
+    assert str(gone) in text and "is no longer there" in text and "demo" in text
