@@ -134,3 +134,20 @@ def test_a_last_model_that_is_gone_is_named_when_the_demo_opens_instead(
     assert Path(loaded.args[0].path).samefile(demo)
     text = w.statusBar().currentMessage()
     assert str(gone) in text and "is no longer there" in text and "demo" in text
+
+
+@pytest.mark.parametrize("host", ["not an address", "127.0.0.l", "300.1.2.3"])
+def test_serve_names_an_address_that_is_none(window: Any, qtbot: Any, host: str) -> None:
+    """A mistyped address in Serve API ("127.0.0.l") was answered "127.0.0.l lets other
+    machines reach the model: type an API key …", as if it were a real network address
+    and serving it only needed a key. It is named as no address of this machine."""
+    window.serve.show_panel()
+    panel = window.serve.panel
+    panel.host.setText(host)
+    panel.key.setText("")
+    qtbot.mouseClick(panel.button, Qt.MouseButton.LeftButton)
+    assert not window.serve.serving
+    text = panel.error.text()
+    assert text.startswith(f"{host} is not an address of this machine")
+    assert "lets other machines reach" not in text
+    panel.close()
