@@ -151,3 +151,19 @@ def test_serve_names_an_address_that_is_none(window: Any, qtbot: Any, host: str)
     assert text.startswith(f"{host} is not an address of this machine")
     assert "lets other machines reach" not in text
     panel.close()
+
+
+def test_a_dense_model_is_not_welcomed_with_an_expert_cache(
+        make_window: Any, qtbot: Any, dense_model: Path) -> None:
+    """A model without routed experts loads with the cache off (a dialog says so), but the
+    empty chat then said "The panel on the right shows, per token, which experts were in
+    the cache …" over an empty panel, and the status line read "m.gguf ·  · expert cache
+    off" (an empty architecture between two dots)."""
+    w = make_window()
+    load(qtbot, w, dense_model, n_ctx=512)
+    assert not w.model.cache_enabled
+    text = w.chat_view.text()
+    assert "which experts were in the cache" not in text
+    assert "expert cache is off" in text and "Mixture-of-Experts" in text
+    label = w.model_label.text()
+    assert "·  ·" not in label and "expert cache off" in label

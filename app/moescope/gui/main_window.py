@@ -304,8 +304,8 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.setWindowTitle(f"{m.name} — MoEScope")
         cache = (f"{m.slots_per_layer}/{m.n_expert} expert slots per layer · "
                  f"{m.n_moe_layers} MoE layers" if m.cache_enabled else "expert cache off")
-        self.model_label.setText(f"{m.name} · {m.architecture} · {cache} · "
-                                 f"context {m.n_ctx}")
+        parts = [m.name, m.architecture, cache, f"context {m.n_ctx}"]
+        self.model_label.setText(" · ".join(p for p in parts if p))  # a dense model: no arch
 
     # ------------------------------------------------------------------ live control
     def request_policy(self, policy: object) -> None:
