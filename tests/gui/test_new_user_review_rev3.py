@@ -167,3 +167,16 @@ def test_a_dense_model_is_not_welcomed_with_an_expert_cache(
     assert "expert cache is off" in text and "Mixture-of-Experts" in text
     label = w.model_label.text()
     assert "·  ·" not in label and "expert cache off" in label
+
+
+def test_a_model_opened_as_a_trace_is_named_a_model(window: Any, dialogs: Any, qtbot: Any,
+                                                    demo: Path) -> None:
+    """File ▸ Open trace… on a .gguf (the file next to the traces a user means to pick, or
+    dropped in the wrong dialog) said "line 1: not valid JSON ('utf-8' codec can't decode
+    byte 0x91 in position 157 …)". It is named as the model it is."""
+    with qtbot.waitSignal(window.traceFailed, timeout=10_000):
+        window.open_trace(demo)
+    _kind, title, text = dialogs.shown[-1]
+    assert title == "Cannot open the trace"
+    assert f"{demo.name}: a GGUF model file, not a MoEScope trace" in text
+    assert "JSON" not in text and "utf-8" not in text
