@@ -180,3 +180,18 @@ def test_a_model_opened_as_a_trace_is_named_a_model(window: Any, dialogs: Any, q
     assert title == "Cannot open the trace"
     assert f"{demo.name}: a GGUF model file, not a MoEScope trace" in text
     assert "JSON" not in text and "utf-8" not in text
+
+
+def test_a_message_longer_than_the_context_says_what_to_do(
+        window: Any, dialogs: Any, qtbot: Any) -> None:
+    """A pasted text longer than the context (the demo's 512 tokens) failed with
+    "the conversation (4210 tokens) does not fit the context of 512 tokens": the earlier
+    turns are left out by themselves, so it is the message alone that does not fit, and
+    nothing said what to do about it."""
+    with qtbot.waitSignal(window.chat.answerFinished, timeout=60_000):
+        assert window.chat.send("To be or not to be, that is the question. " * 120)
+    _kind, title, text = dialogs.shown[-1]
+    assert title == "Generation failed"
+    assert text.startswith("your last message needs ") and "does not fit the context of " \
+        "512 tokens" in text
+    assert "shorten it" in text and "larger context" in text
