@@ -280,3 +280,23 @@ def test_llama_cpp_short_n_is_the_token_count(tmp_path: Path,
     with pytest.raises(SystemExit):
         build_parser().parse_args([argv[0], "--help"])
     assert "-n N" in capsys.readouterr().out
+
+
+def test_a_file_that_is_no_model_is_named_as_such_not_as_a_subcommand(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``moescope notes.txt`` (a path that exists, without ``.gguf``) said "argument
+    COMMAND: invalid choice: 'notes.txt' (choose from 'info', 'pull', ...)"; a folder the
+    same. Each is named for what it is, in one line, and no window opens."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello, this is not a model\n")
+    err = _one_line_error(capsys, [str(notes)])
+    assert err == f"moescope: error: {notes}: not a GGUF model file\n"
+    err = _one_line_error(capsys, [str(tmp_path)])
+    assert err == f"moescope: error: {tmp_path}: is a directory, not a GGUF model file\n"
+    # a subcommand's name stays the subcommand, even with a file of that name here
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "info").write_text("x")
+    assert main(["info"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("moescope info: error: the following arguments are required")

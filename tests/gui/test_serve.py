@@ -86,3 +86,26 @@ def test_other_machines_need_a_key(window: Any) -> None:
     with pytest.raises(MoEScopeError, match="type an API key"):
         window.serve.start(host="0.0.0.0", port=_free_port())
     assert not window.serve.serving
+
+
+def test_a_policy_and_budget_set_through_the_api_show_in_the_window_at_once(
+        window: Any, qtbot: Any) -> None:
+    """``POST /v1/moescope/cache`` while nothing generates applies the change at once (the
+    answer says ``applied``): the window's controls, status line and title follow then,
+    not only when the next token arrives (they showed the old policy and budget until a
+    later request generated)."""
+    url = window.serve.start(port=_free_port())
+    try:
+        m = window.model
+        slots = min(m.n_expert, m.slots_per_layer * 2)
+        assert slots != m.slots_per_layer and m.policy != "speed-first"
+        r = httpx.post(url + "/moescope/cache",
+                       json={"policy": "speed-first", "budget": str(slots)}, timeout=30)
+        assert r.status_code == 200 and r.json()["applied"] is True, r.text
+        qtbot.waitUntil(lambda: window.model.policy == "speed-first", timeout=10_000)
+        assert window.model.slots_per_layer == slots
+        assert window.controls.policy_combo.currentData() == "speed-first"
+        assert window.controls.budget.value() == slots
+        assert f"{slots}/{m.n_expert} expert slots" in window.model_label.text()
+    finally:
+        window.serve.stop()

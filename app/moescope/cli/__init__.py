@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from moescope import __version__
-from moescope.cli.commands import load_commands
+from moescope.cli.commands import command_names, load_commands
 from moescope.cli.options import check_range
 from moescope.util.errors import MoEScopeError
 
@@ -81,15 +81,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _model_argument(arg: str) -> bool:
+    """``moescope X``: X names a model for the window when it ends in ``.gguf``, or is a
+    path that exists and names no subcommand (``moescope ~/Downloads/model.bin`` was
+    refused as "invalid choice" among the subcommands)."""
+    if arg.lower().endswith(".gguf"):
+        return True
+    return (not arg.startswith("-") and arg not in command_names()
+            and os.path.lexists(arg))
+
+
+def _starts_as_gguf(path: str) -> bool:
+    """The file starts with GGUF's magic, or cannot be read here (the window says why);
+    a ``.gguf`` name is left to the window's own checks, as before."""
+    if path.lower().endswith(".gguf"):
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit status (the console script passes it to exit)."""
     given = list(sys.argv[1:] if argv is None else argv)
-    if len(given) == 1 and given[0].lower().endswith(".gguf"):  # `moescope MODEL.gguf`
+    if len(given) == 1 and _model_argument(given[0]):  # `moescope MODEL.gguf`
         if not os.path.isfile(given[0]):  # the window would open its last model instead
             what = ("is a directory, not a GGUF model file" if os.path.isdir(given[0])
                     else "not a regular file" if os.path.exists(given[0])
                     else "no such model file")
             print(f"moescope: error: {given[0]}: {what}", file=sys.stderr)
+            return EXIT_USAGE
+        if not _starts_as_gguf(given[0]):  # the window would open on an error dialog
+            print(f"moescope: error: {given[0]}: not a GGUF model file", file=sys.stderr)
             return EXIT_USAGE
         return launch_gui(given[0])
     parser = build_parser()

@@ -808,8 +808,13 @@ class Engine:
             if answer_start and not dropped:
                 tokens = self._continuation(prompt, room, s.thinking, answer_start) or tokens
         if len(tokens) >= n_ctx:
-            raise MoEScopeError(f"the conversation ({len(tokens)} tokens) does not fit the "
-                                f"context of {n_ctx} tokens")
+            if isinstance(prompt, (str, ChatTokens)):
+                raise MoEScopeError(f"the conversation ({len(tokens)} tokens) does not fit "
+                                    f"the context of {n_ctx} tokens")
+            # the earlier turns were left out already: the last one alone is too long
+            raise MoEScopeError(f"your last message needs {len(tokens)} tokens with the chat "
+                                f"template, so it does not fit the context of {n_ctx} "
+                                f"tokens: shorten it, or use a larger context")
         self._check_disk()  # before a prefill reads the file through its memory map
         self._stop.clear()
         if s.seed is not None:

@@ -304,8 +304,8 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.setWindowTitle(f"{m.name} — MoEScope")
         cache = (f"{m.slots_per_layer}/{m.n_expert} expert slots per layer · "
                  f"{m.n_moe_layers} MoE layers" if m.cache_enabled else "expert cache off")
-        self.model_label.setText(f"{m.name} · {m.architecture} · {cache} · "
-                                 f"context {m.n_ctx}")
+        parts = [m.name, m.architecture, cache, f"context {m.n_ctx}"]
+        self.model_label.setText(" · ".join(p for p in parts if p))  # a dense model: no arch
 
     # ------------------------------------------------------------------ live control
     def request_policy(self, policy: object) -> None:
@@ -478,14 +478,14 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
     # ------------------------------------------------------------------ drag and drop
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:
         urls = event.mimeData().urls()
-        if urls and urls[0].isLocalFile() and urls[0].toLocalFile().endswith(
-                (".gguf", *TRACE_SUFFIXES)):
+        if urls and urls[0].isLocalFile() and urls[0].toLocalFile().lower().endswith(
+                (".gguf", *TRACE_SUFFIXES)):  # any letter case, as `moescope X.GGUF` takes
             event.acceptProposedAction()
 
     def dropEvent(self, event: QDropEvent) -> None:
         path = event.mimeData().urls()[0].toLocalFile()
         event.acceptProposedAction()
-        if path.endswith(TRACE_SUFFIXES):
+        if path.lower().endswith(TRACE_SUFFIXES):
             self.open_trace(path)
         else:
             self.prepare_open(path)

@@ -70,11 +70,25 @@ class ModelLoading(_Window):
 
     # ------------------------------------------------------------------ model
     def open_model_dialog(self) -> None:
-        start = self.settings.value("last_model", "") or str(paths.models_dir())
+        start = self._open_dialog_start()
         path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", str(start),
                                               "GGUF models (*.gguf);;All files (*)")
         if path:
             self.prepare_open(path)
+
+    def _open_dialog_start(self) -> str:
+        """The last model opened, unless that is the bundled demo (every first start):
+        then the models folder, where Get models puts downloads, rather than the folder
+        inside the checkout or bundle that the demo ships in."""
+        last = str(self.settings.value("last_model", "") or "")
+        demo = demo_model_path()
+        if last and demo is not None:
+            try:
+                if Path(last).samefile(demo):
+                    last = ""
+            except OSError:  # gone or unreadable: the dialog copes with a missing file
+                pass
+        return last or str(paths.models_dir())
 
     def prepare_open(self, path: str | Path) -> None:
         """Read the header, show the fit estimate, load if the user confirms."""
@@ -218,6 +232,10 @@ class ModelLoading(_Window):
         self.chat.set_n_ctx(summary.n_ctx)
         self.chat_view.set_welcome(welcome_html(summary, get_models=has_get_models(self)))
         self.modelLoaded.emit(summary)
+        notice, self._autoload_notice = getattr(self, "_autoload_notice", ""), ""
+        if notice:
+            log.warning("%s", notice)
+            self.statusBar().showMessage(notice, 30_000)
         if summary.notice:
             self.show_warning("Model loaded with a note", summary.notice)
 
@@ -233,6 +251,7 @@ class ModelLoading(_Window):
 
     def _no_model(self) -> None:
         self._load_ended()
+        self._autoload_notice = ""  # what was opened instead did not open either
         self.model = None
         self.recording_now = False  # the worker ended the session's trace before loading
         self.chat.model_loaded = False
@@ -245,8 +264,16 @@ class ModelLoading(_Window):
 
     def autoload(self, model: str | Path | None = None) -> bool:
         """Load ``model``, else the last model, else the bundled demo model."""
-        candidates = [model, self.settings.value("last_model", ""), demo_model_path()]
+        last = str(self.settings.value("last_model", "") or "")
+        candidates = [model, last, demo_model_path()]
         for candidate in candidates:
             if candidate and Path(str(candidate)).is_file():
+                if last and candidate != last and not model:  # the last one is gone
+                    # said when the load ends, or the progress line would cover it
+                    self._autoload_notice = (
+                        f"The last model, {last}, is no longer there (moved, deleted or "
+                        f"on a drive not mounted): opened "
+                        f"{'the demo model' if candidate == candidates[-1] else candidate}"
+                        f" instead.")
                 return self.load_model(str(candidate))
         return False

@@ -48,6 +48,7 @@ from moescope.session.turns import EngineQueue, Turn
 from moescope.trace import TraceRecorder
 from moescope.trace.compactor import Compactor
 from moescope.trace.names import live_trace_file
+from moescope.trace.schema import Change
 from moescope.util.errors import MoEScopeError
 
 log = logging.getLogger("moescope.gui.worker")
@@ -319,17 +320,24 @@ class EngineWorker(QObject):
             return  # the API's answer applies them before its next token
         try:
             changes = self.engine.apply_requests()
+            self.report_applied(changes)
         finally:
             if turn is not None and self.turns is not None:
                 self.turns.leave(turn)
-        if changes:
-            log.info("applied: %s", ", ".join(c.label for c in changes))
-            summary = self.summary()
-            cache, m = self.engine.cache, self.engine.model
-            if cache is not None and m is not None and m.info is not None:
-                summary = dataclasses.replace(summary, resident=read_resident(
-                    cache, m.info.moe_layers, m.info.n_expert))  # a budget cut evicted
-            self.requestsApplied.emit(summary, changes)
+
+    def report_applied(self, changes: list[Change]) -> None:
+        """Tell the window what :meth:`Engine.apply_requests` just changed while no answer
+        ran (this thread's or the API server's, holding the engine's turn), so that its
+        controls follow now rather than at the next token."""
+        if not changes or not self.engine.loaded:
+            return
+        log.info("applied: %s", ", ".join(c.label for c in changes))
+        summary = self.summary()
+        cache, m = self.engine.cache, self.engine.model
+        if cache is not None and m is not None and m.info is not None:
+            summary = dataclasses.replace(summary, resident=read_resident(
+                cache, m.info.moe_layers, m.info.n_expert))  # a budget cut evicted
+        self.requestsApplied.emit(summary, changes)
 
     @Slot()
     def shutdown(self) -> None:

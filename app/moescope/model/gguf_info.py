@@ -257,9 +257,12 @@ def _open(p: Path) -> tuple[Path, int, GGUFReader]:
     try:
         return p, file_size, StrictReader(p, "r")
     except Truncated as err:
+        whole = _whole_size(p)
+        should = (f"should be {_size_text(whole)}" if whole is not None and whole > err.size
+                  else f"should be at least {_size_text(err.offset)}")
         raise ModelFormatError(
-            f"{p.name}: file is truncated: it is {_size_text(err.size)} but should be at "
-            f"least {_size_text(err.offset)} (incomplete download?)"
+            f"{p.name}: file is truncated: it is {_size_text(err.size)} but {should} "
+            f"(incomplete download?)"
         ) from None
     except Corrupt as err:
         raise ModelFormatError(f"{p.name}: corrupt GGUF header ({err})") from None
@@ -268,6 +271,19 @@ def _open(p: Path) -> tuple[Path, int, GGUFReader]:
         raise ModelFormatError(f"{p.name}: corrupt GGUF header ({_reason(err)})") from None
     except OSError as err:
         raise ModelFileNotFoundError(f"{p.name}: cannot read file ({err.strerror})") from None
+
+
+def _whole_size(p: Path) -> int | None:
+    """Where a truncated file's last tensor ends, from its header's tensor table (the
+    size the whole file has), or None when the header itself is cut or unreadable: the
+    first tensor past the end says only how much is missing at least."""
+    try:
+        reader = HeaderReader(p, "r")
+        return max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors),
+                   default=None)
+    except (Truncated, Corrupt, ValueError, IndexError, KeyError, OverflowError,
+            UnicodeDecodeError, TypeError, MemoryError, OSError):
+        return None
 
 
 def _size_text(n: int) -> str:

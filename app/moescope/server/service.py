@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from moescope.engine.chat_tokens import ChatTokens
     from moescope.engine.grammar import Grammar
     from moescope.engine.logprobs import TokenLogprob
+    from moescope.trace.schema import Change
 
 
 class TextStream:
@@ -350,6 +351,10 @@ class ServeListener(Protocol):
 
     def request_finished(self, record: RequestRecord) -> None: ...
 
+    def cache_applied(self, changes: list[Change]) -> None:
+        """``/v1/moescope/cache`` applied ``changes`` while nothing generated (the
+        steering thread, holding the engine's turn)."""
+
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length",
                   "context full": "length", "stopped": "stop", "grammar": "stop"}
@@ -642,8 +647,12 @@ class Service:
         if turn is None:
             return False
         try:
-            errors = [c.text for c in self.engine.apply_requests() if c.kind == "error"]
+            changes = self.engine.apply_requests()
+            errors = [c.text for c in changes if c.kind == "error"]
             self._slots = self.engine.slots_per_layer
+            if changes:
+                for listener in self.listeners:
+                    listener.cache_applied(changes)
         finally:
             self.queue.leave(turn)
         if errors:

@@ -213,6 +213,9 @@ def _read_trace(path: str | os.PathLike[str], progress: ReadProgress | None) -> 
     except OSError:
         magic = b""  # the line reader below words the error
     arrow, parquet = magic == b"\xff\xff\xff\xff", magic == b"PAR1"
+    if magic == b"GGUF":  # a model picked in the trace's place: not "line 1: not valid JSON"
+        raise TraceFormatError(f"{p.name}: a GGUF model file, not a MoEScope trace (open "
+                               "it as a model)")
     if arrow:
         return _read_arrow(p, progress)
     if parquet:

@@ -78,6 +78,11 @@ def welcome_html(summary: ModelSummary | None, *, get_models: bool = False) -> s
                 "answers with Shakespeare's lines.</p>"
                 f"<p>Prompts it does well (click one to send it):</p><ul>{prompts}</ul>"
                 + open_line)
+    if not summary.cache_enabled:  # a dense model: the panel stays empty
+        return (f"<h3>{html.escape(summary.name)}</h3>"
+                "<p>Type a message below to start. This model has no routed experts, so "
+                "its expert cache is off and the panel on the right stays empty: MoEScope "
+                "is made for Mixture-of-Experts models.</p>" + open_line)
     return (f"<h3>{html.escape(summary.name)}</h3>"
             "<p>Type a message below to start. The panel on the right shows, per token, "
             "which experts were in the cache, which had to be copied and which were "

@@ -289,6 +289,10 @@ class GetModelsWindow(QWidget):
         except MoEScopeError as err:
             self.show_status(str(err))
             return
+        if not self.models:  # "Fit at … Choose a file" over an empty list (a failed search)
+            self.show_status("No files to check yet: search the Hub and choose a "
+                             "repository; the fit of each of its GGUF files shows here.")
+            return
         gen = self._generation
         models = list(self.models)
         for i in range(self.files.topLevelItemCount()):
