@@ -46,6 +46,9 @@ def test_panel_and_answer_line_name_their_span_and_match_engine_and_trace(
     model = window.cache_panel.model
     n = model.recent_tokens()
     assert now.startswith("now: quality-first · 4/16 slots per layer")
+    # the share as the budget controls word it (it read 12% beside their 12.5%)
+    controls = window.controls.budget_label.text()
+    assert "(25.0% resident)" in now and "25.0% resident" in controls
     assert recent.startswith(f"last {n} tokens (quality-first) · ")
     assert f"hit {model.recent_mean('hit_rate'):.0%}" in recent
     assert f"tok/s (last {model.rolling_rate_tokens()})" in recent

@@ -37,7 +37,7 @@ class RemoteFit:
         else:
             p = e.plan
             where = (f"{p.slots_per_layer}/{p.n_expert} experts per layer cached in VRAM "
-                     f"({p.residency:.0%} resident, {format_bytes(p.bytes_used)}), all "
+                     f"({p.residency:.1%} resident, {format_bytes(p.bytes_used)}), all "
                      f"{format_bytes(e.expert_bytes)} of experts in RAM")
         verdict = ("fits" if self.fits else
                    f"needs {format_bytes(e.ram_needed)} RAM, "

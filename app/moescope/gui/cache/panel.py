@@ -201,7 +201,7 @@ class CachePanel(QWidget):
         latest = self.model.latest
         now = [f"{'now' if self.live else 'end of the trace'}: {self.model.policy}",
                f"{self.model.slots_per_layer}/{m.n_expert} slots per layer "
-               f"({self.model.slots_per_layer / m.n_expert:.0%} resident)"]
+               f"({self.model.slots_per_layer / m.n_expert:.1%} resident)"]
         if self.model.ram_slots_per_layer:
             now.append(f"RAM tier {self.model.ram_slots_per_layer}/{m.n_expert}")
         if latest is not None:
