@@ -335,6 +335,12 @@ def test_serving_beyond_loopback_needs_a_key_and_says_so() -> None:
     out = subprocess.run(serve_command("--port", "70000"), capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and "--port" in out.stderr
+    # a typo is no address of this machine: named as such, not as reaching others
+    out = subprocess.run(serve_command("--host", "127.0.0.l", "--port", "8099"),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        "moescope: error: --host 127.0.0.l is not an address of this machine")
 
 
 def test_a_refused_exposure_carries_the_host_for_each_front_end_to_word() -> None:

@@ -100,6 +100,15 @@ class ExposureRefused(MoEScopeError):
         self.host = host
 
 
+def host_resolves(host: str) -> bool:
+    """``host`` is an IP address or a name that resolves (one a server could bind); a typo
+    such as ``127.0.0.l`` is not, and was refused as reaching other machines."""
+    try:
+        return bool(host) and bool(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM))
+    except (OSError, UnicodeError):
+        return False
+
+
 def check_exposure(host: str, api_key: str | None, insecure: bool) -> str | None:
     """Refuse to serve beyond this machine without a key (:class:`ExposureRefused`);
     returns a warning to print when ``insecure`` lets it happen anyway (None

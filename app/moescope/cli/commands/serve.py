@@ -84,10 +84,15 @@ def run(args: argparse.Namespace) -> int:
         ExposureRefused,
         check_exposure,
         check_port,
+        host_resolves,
         port_free,
     )
 
     api_key = args.api_key or os.environ.get("MOESCOPE_API_KEY") or None
+    if not host_resolves(args.host):  # else refused below as reaching other machines
+        raise MoEScopeError(f"--host {args.host} is not an address of this machine: keep "
+                            "127.0.0.1 (this machine only), or give one of its addresses "
+                            "(0.0.0.0: all of them) with an --api-key")
     try:
         warning = check_exposure(args.host, api_key, args.insecure_no_api_key)
     except ExposureRefused as refused:

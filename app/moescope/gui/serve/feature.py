@@ -15,7 +15,6 @@ cursor, recording), each used only while the server holds the engine's turn.
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -36,14 +35,6 @@ log = logging.getLogger("moescope.gui.serve")
 EMIT_INTERVAL_S = 0.015
 """Coalesce the server's token snapshots as the worker does its own."""
 QUEUE_CAPACITY = 8
-
-
-def _resolves(host: str) -> bool:
-    """``host`` is an IP address or a name that resolves (one the server could bind)."""
-    try:
-        return bool(host) and bool(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM))
-    except (OSError, UnicodeError):
-        return False
 
 
 class _Bridge(QObject):
@@ -137,6 +128,7 @@ class ServeFeature(QObject):
             ExposureRefused,
             ServerThread,
             check_exposure,
+            host_resolves,
             port_free,
         )
 
@@ -145,7 +137,7 @@ class ServeFeature(QObject):
         engine = self.worker.engine
         if engine.model is None or self.window.loading:
             raise MoEScopeError("load a model first: the server serves the window's model")
-        if not _resolves(host):  # else named below as reachable from other machines
+        if not host_resolves(host):  # else named below as reachable from other machines
             raise MoEScopeError(f"{host} is not an address of this machine: keep 127.0.0.1 "
                                 f"(this machine only), or give one of its addresses "
                                 f"(0.0.0.0: all of them) with an API key")
