@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx2 as httpx
 import pytest
-from gui_helpers import send, slow_down
+from gui_helpers import load, send, slow_down
 
 pytestmark = pytest.mark.engine
 
@@ -109,3 +109,35 @@ def test_a_policy_and_budget_set_through_the_api_show_in_the_window_at_once(
         assert f"{slots}/{m.n_expert} expert slots" in window.model_label.text()
     finally:
         window.serve.stop()
+
+
+def test_the_panel_offers_the_address_and_port_it_last_served_on(
+        make_window: Any, qtbot: Any, tiny_moe: Any) -> None:
+    """The Serve panel forgot its address and port with every start of the app; it now
+    offers the last ones that served (the key is never kept), and ignores kept values
+    that are no address or port."""
+    first = make_window()
+    load(qtbot, first, tiny_moe, budget="25%", policy="quality-first", n_ctx=512)
+    port = _free_port()
+    first.serve.show_panel()
+    panel = first.serve.panel
+    panel.port.setValue(port)
+    panel.key.setText("sesame")
+    panel.button.click()
+    assert first.serve.serving, panel.error.text()
+    panel.button.click()
+    first.close()
+    second = make_window()
+    second.serve.show_panel()
+    again = second.serve.panel
+    assert again.port.value() == port and again.host.text() == "127.0.0.1"
+    assert again.key.text() == ""  # a secret is not written to the settings file
+    second.close()
+    settings = second.settings
+    settings.setValue("serve/port", "99999")
+    settings.setValue("serve/host", "a b")
+    settings.sync()
+    third = make_window()
+    third.serve.show_panel()
+    assert third.serve.panel.port.value() == 8080
+    assert third.serve.panel.host.text() == "127.0.0.1"

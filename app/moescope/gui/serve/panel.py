@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from moescope.gui.serve.feature import ServeFeature
 
 LOG_LINES = 1000
+MAX_HOST = 255
+"""The longest address kept in the settings (a DNS name's limit)."""
 
 
 class ServePanel(QDialog):
@@ -76,6 +78,22 @@ class ServePanel(QDialog):
         layout.addWidget(self.log, 1)
         self.resize(640, 420)
         feature.servingChanged.connect(lambda _on: self.refresh())
+        self._restore()
+
+    def _restore(self) -> None:
+        """The address and port the server last started on (the key is not kept: a
+        secret in a settings file is no secret), each checked before it is shown."""
+        settings = self.feature.window.settings
+        host = settings.value("serve/host", "", type=str)
+        if isinstance(host, str) and 0 < len(host) <= MAX_HOST and host.isprintable() \
+                and " " not in host:
+            self.host.setText(host)
+        try:
+            port = int(settings.value("serve/port", 0))
+        except (TypeError, ValueError):
+            port = 0
+        if 1 <= port <= 65535:
+            self.port.setValue(port)
 
     def refresh(self) -> None:
         serving = self.feature.serving
@@ -95,9 +113,13 @@ class ServePanel(QDialog):
         if self.feature.serving:
             self.feature.stop()
             return
+        host = self.host.text().strip()
         try:
-            self.feature.start(self.host.text().strip(), self.port.value(),
-                               self.key.text().strip() or None)
+            self.feature.start(host, self.port.value(), self.key.text().strip() or None)
         except MoEScopeError as err:
             self.error.setText(str(err))
+        else:  # started: offered again next time
+            settings = self.feature.window.settings
+            settings.setValue("serve/host", host)
+            settings.setValue("serve/port", self.port.value())
         self.refresh()
