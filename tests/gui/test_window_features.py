@@ -280,7 +280,12 @@ def test_an_exported_chat_imports_as_a_new_chat(demo_window: Any, qtbot: Any,
     a, b = w.store.messages(original), w.store.messages(new)
     assert [(m.role, m.content, m.status, m.stats) for m in a] == \
         [(m.role, m.content, m.status, m.stats) for m in b]
-    assert w.store.chat(new).title == w.store.chat(original).title
+    # listed beside the original, the copy is told apart (the same title read as one)
+    title = w.store.chat(original).title
+    assert w.store.chat(new).title == f"{title} (imported)"
+    again = w.import_chat(exported)
+    assert again is not None and w.store.chat(again).title == f"{title} (imported 2)"
+    w.chat.select_chat(new)
     from moescope.display.answer_line import answer_line
 
     assert answer_line(b[1].stats, b[1].status) in w.chat_view.text()

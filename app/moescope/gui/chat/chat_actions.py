@@ -29,6 +29,17 @@ else:
     _Window = object
 
 
+
+def imported_title(title: str, taken: set[str]) -> str:
+    """``title``, or ``title (imported)``, ``(imported 2)``... where a chat has it: an
+    imported copy of a chat still listed read the same as the original."""
+    if title not in taken:
+        return title
+    n = 1
+    while (candidate := f"{title} (imported{'' if n == 1 else f' {n}'})") in taken:
+        n += 1
+    return candidate
+
 class ChatActions(_Window):
     """Chat ▸ New, Rename, Delete and File ▸ Export chat, Import chat."""
 
@@ -118,7 +129,8 @@ class ChatActions(_Window):
         try:
             chat = read_chat_file(path)
             new = self.store.add_chat(
-                chat.title, chat.system_prompt, chat.model,
+                imported_title(chat.title, {c.title for c in self.store.chats()}),
+                chat.system_prompt, chat.model,
                 [(m.role, m.content, m.status, m.stats) for m in chat.messages])
         except ChatImportError as err:
             self.show_error("Cannot import this chat", f"{Path(path).name}: {err}.")
@@ -129,5 +141,5 @@ class ChatActions(_Window):
         log.info("imported %s as chat %d (%d messages)", path, new.id, len(chat.messages))
         self.chat.select_chat(new.id)
         self.statusBar().showMessage(
-            f"Imported “{chat.title}” ({len(chat.messages)} messages)", 8000)
+            f"Imported “{new.title}” ({len(chat.messages)} messages)", 8000)
         return new.id
