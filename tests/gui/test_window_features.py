@@ -119,6 +119,27 @@ def test_preferences_apply_live_and_at_the_next_load(demo_window: Any, qtbot: An
         (str(models), str(data), False)
 
 
+def test_preferences_say_which_folders_apply(make_window: Any, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty folder field read "default" whatever was used; with MOESCOPE_MODELS_DIR
+    set, a models folder chosen there did nothing (the environment wins) unsaid."""
+    from moescope.util import paths
+
+    w = make_window()
+    dialog = w.show_preferences()
+    assert dialog.models_dir.isEnabled()
+    assert dialog.models_dir.placeholderText() == f"default: {paths.data_dir() / 'models'}"
+    assert dialog.data_dir.placeholderText() == f"default: {paths.data_dir()}"
+    dialog.close()
+    forced = tmp_path / "my models"
+    monkeypatch.setenv(paths.ENV_MODELS_DIR, str(forced))
+    dialog = w.show_preferences()
+    assert not dialog.models_dir.isEnabled()
+    assert str(forced) in dialog.models_dir.placeholderText()
+    assert paths.ENV_MODELS_DIR in dialog.models_dir.toolTip()
+    dialog.close()
+
+
 def test_preferences_read_back_bounded(make_window: Any) -> None:
     w = make_window()
     s = w.settings

@@ -98,10 +98,24 @@ class PreferencesDialog(QDialog):
 
         files = QGroupBox("Folders and recording")
         form = QFormLayout(files)
-        self.models_dir = self._folder_row(form, "&Models folder:", "Models folder",
-                                           "where downloads land and File ▸ Open starts")
-        self.data_dir = self._folder_row(form, "&Data folder:", "Data folder",
-                                         "session traces are recorded in its traces/ folder")
+        self.models_dir, models_browse = self._folder_row(
+            form, "&Models folder:", "Models folder",
+            "where downloads land and File ▸ Open starts")
+        self.data_dir, _ = self._folder_row(form, "&Data folder:", "Data folder",
+                                            "session traces are recorded in its traces/ "
+                                            "folder")
+        self.data_dir.setPlaceholderText(f"default: {paths.data_dir()}")
+        forced = os.environ.get(paths.ENV_MODELS_DIR)
+        if forced:  # the environment wins: a folder chosen here would do nothing
+            where = paths.models_dir()
+            self.models_dir.setPlaceholderText(f"{where} (set by {paths.ENV_MODELS_DIR})")
+            self.models_dir.setToolTip(
+                f"{paths.ENV_MODELS_DIR} is set to {where}: it decides where downloads land "
+                "and File ▸ Open starts. Unset it to choose the folder here.")
+            for widget in (self.models_dir, models_browse):
+                widget.setEnabled(False)
+        else:
+            self.models_dir.setPlaceholderText(f"default: {paths.data_dir() / 'models'}")
         profile = QLabel(f"Chats and settings stay in {paths.data_dir()} "
                          f"(set {paths.ENV_DATA_DIR} to move them).")
         profile.setObjectName("statsLabel")
@@ -128,7 +142,8 @@ class PreferencesDialog(QDialog):
         layout.addWidget(self.buttons)
         self.set_values(prefs)
 
-    def _folder_row(self, form: QFormLayout, label: str, name: str, tip: str) -> QLineEdit:
+    def _folder_row(self, form: QFormLayout, label: str, name: str,
+                    tip: str) -> tuple[QLineEdit, QPushButton]:
         edit = QLineEdit()
         edit.setAccessibleName(name)
         edit.setPlaceholderText("default")
@@ -143,7 +158,7 @@ class PreferencesDialog(QDialog):
         lbl = form.labelForField(row)
         if isinstance(lbl, QLabel):
             lbl.setBuddy(edit)
-        return edit
+        return edit, browse
 
     def _browse(self, edit: QLineEdit, name: str) -> None:
         start = edit.text() or str(Path.home())
