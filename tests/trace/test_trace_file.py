@@ -129,6 +129,17 @@ def test_broken_json_in_the_middle_names_its_line(tmp_path: Path) -> None:
         read_trace(path)
 
 
+@pytest.mark.parametrize("name", ["notes.txt", "t.jsonl", "t.jsonl.gz"])
+def test_some_other_file_is_named_as_no_trace(tmp_path: Path, name: str) -> None:
+    """A text (or anything not JSON) opened as a trace said "line 1: not valid JSON", as
+    if a trace were broken."""
+    path = tmp_path / name
+    path.write_bytes(b"Dear diary,\ntoday I opened the wrong file.\n")
+    with pytest.raises(TraceFormatError, match=rf"^{name}: not a MoEScope trace \(its "
+                                               r"first line is not a JSON record"):
+        read_trace(path)
+
+
 def test_a_truncated_last_line_is_dropped_and_flagged(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     _write(path, _records(5))

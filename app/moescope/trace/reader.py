@@ -282,6 +282,9 @@ def _read_trace(path: str | os.PathLike[str], progress: ReadProgress | None) -> 
                 break
             what = ("nested deeper than any record" if isinstance(err, RecursionError)
                     else str(err))
+            if header is None:  # no record yet: some other file (a text, a picture...)
+                raise refuse(f"{p.name}: not a MoEScope trace (its first line is not a "
+                             f"JSON record: {what})") from None
             raise refuse(f"{p.name}: line {n}: not valid JSON ({what})") from None
         kind = obj.get("type")
         try:
