@@ -37,8 +37,9 @@ def test_a_closed_trace_window_is_freed_with_its_trace(window: Any, qtbot: Any,
         trace_window = opened.args[0]
         assert window.trace_windows == [trace_window]
         trace = weakref.ref(trace_window.reopened)
-        trace_window.close()
-        assert window.trace_windows == []
+        trace_window.close()  # hidden at once; freed once its what-if's worker has ended
+        assert not trace_window.isVisible()
+        qtbot.waitUntil(lambda: window.trace_windows == [], timeout=30_000)
         del trace_window, opened
         qtbot.waitUntil(lambda: not window._trace_openers)
         qtbot.waitUntil(lambda t=trace: gc.collect() >= 0 and t() is None, timeout=3000)
