@@ -49,3 +49,27 @@ def test_the_slider_draws_the_heatmap_at_the_chosen_token(trace_window: Any,
     assert not slider.isVisible()
     window.tabs.setCurrentWidget(panel)
     assert slider.isVisible()
+
+
+def test_a_click_in_a_plot_shows_that_tokens_heatmap(trace_window: Any, qtbot: Any) -> None:
+    """Clicking a spike in the per-token plots shows the heatmap at that token, and a
+    dashed line marks it in every plot."""
+    from PySide6.QtCore import QPointF
+
+    window = trace_window
+    tokens, plots = window.tokens, window.panel.time_plots
+    window.resize(980, 760)
+    qtbot.waitExposed(window)
+    plots.graphics.show()
+    target = len(tokens) // 3
+    plot = plots.plots["mass"]
+    low, high = plot.vb.viewRange()[1]
+    scene = plot.vb.mapViewToScene(QPointF(tokens[target].step, (low + high) / 2))
+    point = plots.graphics.mapFromScene(scene)
+    qtbot.mouseClick(plots.graphics.viewport(), Qt.MouseButton.LeftButton, pos=point)
+    qtbot.waitUntil(lambda: window.token_slider.value() == target, timeout=5_000)
+    assert f"token {tokens[target].step}" in window.panel.heatmap.title.text()
+    assert all(line.isVisible() and line.value() == tokens[target].step
+               for line in plots.cursor_lines)
+    window.token_slider.setValue(len(tokens) - 1)  # the last: no mark
+    assert not any(line.isVisible() for line in plots.cursor_lines)

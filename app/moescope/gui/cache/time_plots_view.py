@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QScrollArea, QVBoxLayout, QWidget
 
 from moescope.display.cache_model import CacheModel, Marker
@@ -51,6 +51,9 @@ PLOTS: tuple[tuple[str, str], ...] = (
 
 class TimePlotsView(QWidget):
     """The rolling per-token plots; ``refresh`` copies nothing but the visible window."""
+
+    tokenClicked = Signal(float)
+    """The x (token counter) of a left click in a plot."""
 
     def __init__(self, model: CacheModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -113,7 +116,35 @@ class TimePlotsView(QWidget):
         self.plots["mass"].vb.sigResized.connect(lambda *_: self._place_labels())
         self.ttft_text = pg.TextItem(color=theme.MUTED, anchor=(1, 0))
         self.plots["tokens_per_s"].addItem(self.ttft_text, ignoreBounds=True)
+        self.cursor_lines: list[pg.InfiniteLine] = []
+        """A dashed line in every plot at the token the heatmap shows (a reopened trace's,
+        chosen with its slider or by a click on a plot); hidden otherwise."""
+        for plot in self.plots.values():
+            line = pg.InfiniteLine(angle=90, movable=False,
+                                   pen=pg.mkPen(theme.MUTED, width=1, style=Qt.PenStyle.DashLine))
+            line.setVisible(False)
+            line.setZValue(10)
+            plot.addItem(line, ignoreBounds=True)
+            self.cursor_lines.append(line)
+        self.graphics.scene().sigMouseClicked.connect(self._clicked)
         self._empty_axes()
+
+    def show_cursor(self, step: float | None) -> None:
+        """Mark ``step`` in every plot (None: no mark)."""
+        for line in self.cursor_lines:
+            if step is not None:
+                line.setValue(step)
+            line.setVisible(step is not None)
+
+    def _clicked(self, event: object) -> None:
+        """A left click in a plot: its token to whoever listens (``tokenClicked``)."""
+        if getattr(event, "button", lambda: None)() != Qt.MouseButton.LeftButton:
+            return
+        pos = event.scenePos()  # type: ignore[attr-defined]
+        for plot in self.plots.values():
+            if plot.vb.sceneBoundingRect().contains(pos):
+                self.tokenClicked.emit(float(plot.vb.mapSceneToView(pos).x()))
+                return
 
     def _empty_axes(self) -> None:
         """Before the first token: the axes of an empty window (0..1, tokens 0..32), not

@@ -179,9 +179,9 @@ class TraceWindow(QMainWindow):
         self.token_slider = QSlider(Qt.Orientation.Horizontal)
         self.token_slider.setAccessibleName("Heatmap token")
         self.token_slider.setToolTip(
-            "The token whose expert states the heatmap shows: drag, or use the arrow keys, "
-            "Page Up/Down, Home and End. The heatmap's hover counts uses over the whole "
-            "trace.")
+            "The token whose expert states the heatmap shows: drag, use the arrow keys, "
+            "Page Up/Down, Home and End, or click a token in the per-token plots (a dashed "
+            "line marks it there). The heatmap's hover counts uses over the whole trace.")
         self.token_slider.setRange(0, max(n - 1, 0))
         self.token_slider.setValue(max(n - 1, 0))
         self.token_slider.setPageStep(max(1, n // 20))
@@ -193,6 +193,7 @@ class TraceWindow(QMainWindow):
         row.addWidget(self.token_slider, 1)
         row.addWidget(self.token_label)
         self.token_slider.valueChanged.connect(self.show_token)
+        self.panel.time_plots.tokenClicked.connect(self._plot_clicked)
         self.token_slider.setMinimumWidth(80)
         self._scrubbable = n > 1 and self.reopened.packed_resident is not None
         box.setVisible(self._scrubbable)
@@ -221,7 +222,17 @@ class TraceWindow(QMainWindow):
             None if last else replace(self.tokens[i], resident=self.reopened.resident(i)))
         self.panel.heatmap.refresh()
         self.panel.heatmap.update_title()
+        self.panel.time_plots.show_cursor(None if last else self.tokens[i].step)
         self._token_text(i)
+
+    @Slot(float)
+    def _plot_clicked(self, x: float) -> None:
+        """A click in a per-token plot: the heatmap at the token nearest it."""
+        if not self._scrubbable:
+            return
+        steps = [t.step for t in self.tokens]
+        i = min(range(len(steps)), key=lambda j: abs(steps[j] - x))
+        self.token_slider.setValue(i)
 
     def export_dialog(self) -> None:
         """Ask where to export the shown trace, then export it (nothing when cancelled)."""
