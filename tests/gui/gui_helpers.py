@@ -78,3 +78,28 @@ def click_link(qtbot: Any, view: Any, href: str) -> None:
             it += 1
         block = block.next()
     raise AssertionError(f"no link {href} in the transcript")
+
+
+def drag_accepted(window: Any, path: Path | str) -> bool:
+    """Whether ``window`` takes ``path`` dragged over it (its drag-enter answer)."""
+    from PySide6.QtCore import QMimeData, QPoint, Qt, QUrl
+    from PySide6.QtGui import QDragEnterEvent
+
+    data = QMimeData()  # the event keeps a pointer: the data must outlive it
+    data.setUrls([QUrl.fromLocalFile(str(path))])
+    event = QDragEnterEvent(QPoint(10, 10), Qt.DropAction.CopyAction, data,
+                            Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    event.setAccepted(False)
+    window.dragEnterEvent(event)
+    return bool(event.isAccepted())
+
+
+def drop(window: Any, path: Path | str) -> None:
+    """Drop ``path`` on ``window``."""
+    from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+    from PySide6.QtGui import QDropEvent
+
+    data = QMimeData()
+    data.setUrls([QUrl.fromLocalFile(str(path))])
+    window.dropEvent(QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, data,
+                                Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier))

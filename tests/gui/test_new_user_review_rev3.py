@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gui_helpers import load
+from gui_helpers import drag_accepted, drop, load
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFileDialog
 
@@ -88,33 +88,14 @@ def test_files_named_in_capitals_can_be_dropped(window: Any, qtbot: Any, trace_p
     Windows tools and some downloads write them) was refused when dragged over the window,
     where ``moescope MODEL.GGUF`` opens it and the README says a trace's suffix counts in
     any letter case. A dropped one opens as its lower-case twin does."""
-    from PySide6.QtCore import QMimeData, QPoint, QPointF, QUrl
-    from PySide6.QtGui import QDragEnterEvent, QDropEvent
-
-    def mime(path: Path) -> QMimeData:
-        m = QMimeData()
-        m.setUrls([QUrl.fromLocalFile(str(path))])
-        return m
-
-    def accepted(path: Path) -> bool:
-        data = mime(path)  # the event keeps a pointer: the data must outlive it
-        event = QDragEnterEvent(QPoint(10, 10), Qt.DropAction.CopyAction, data,
-                                Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
-        event.setAccepted(False)
-        window.dragEnterEvent(event)
-        return event.isAccepted()
-
     for name in ("MODEL.GGUF", "Model.Gguf", "S.JSONL", "S.JSONL.GZ", "S.PARQUET",
                  "S.Arrows"):
-        assert accepted(tmp_path / name), name
-    assert not accepted(tmp_path / "NOTES.TXT")
+        assert drag_accepted(window, tmp_path / name), name
+    assert not drag_accepted(window, tmp_path / "NOTES.TXT")
     shown = tmp_path / "SESSION.JSONL"
     shown.write_bytes(trace_path.read_bytes())
-    data = mime(shown)
     with qtbot.waitSignal(window.traceOpened, timeout=30_000) as opened:
-        window.dropEvent(QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, data,
-                                    Qt.MouseButton.LeftButton,
-                                    Qt.KeyboardModifier.NoModifier))
+        drop(window, shown)
     trace_window = opened.args[0]
     assert trace_window in window.trace_windows
     trace_window.close()

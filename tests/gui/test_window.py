@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gui_helpers import LONG_PROMPT, slow_down
+from gui_helpers import LONG_PROMPT, drag_accepted, drop, slow_down
 
 from moescope.engine.backend import NAMES, backend_text, engine_build
 from moescope.gui.dialogs.about import LLAMA_CPP_COMMIT, versions
@@ -107,25 +107,15 @@ def test_open_model_shows_the_fit_estimate_then_loads(make_window: Any, qtbot: A
 
 def test_dropping_a_gguf_on_the_window_opens_it(make_window: Any, monkeypatch: Any,
                                                 tiny_moe: Any) -> None:
-    from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
-    from PySide6.QtGui import QDropEvent
-
     w = make_window()
     opened: list[str] = []
     monkeypatch.setattr(w, "prepare_open", lambda path: opened.append(str(path)))
-    mime = QMimeData()
-    mime.setUrls([QUrl.fromLocalFile(str(tiny_moe))])
-    event = QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, mime,
-                       Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
-    w.dropEvent(event)
+    drop(w, tiny_moe)
     assert opened == [str(tiny_moe)]
 
 
 def test_dropping_a_trace_of_any_format_opens_it_and_other_files_are_refused(
         make_window: Any, monkeypatch: Any, tmp_path: Any) -> None:
-    from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
-    from PySide6.QtGui import QDragEnterEvent, QDropEvent
-
     from moescope.trace import TRACE_SUFFIXES
 
     w = make_window()
@@ -134,27 +124,13 @@ def test_dropping_a_trace_of_any_format_opens_it_and_other_files_are_refused(
     monkeypatch.setattr(w, "open_trace", lambda path: traces.append(str(path)))
     monkeypatch.setattr(w, "prepare_open", lambda path: models.append(str(path)))
 
-    def mime(path: Any) -> QMimeData:
-        m = QMimeData()
-        m.setUrls([QUrl.fromLocalFile(str(path))])
-        return m
-
-    def accepted(path: Any) -> bool:
-        data = mime(path)  # the event keeps a pointer: the data must outlive it
-        event = QDragEnterEvent(QPoint(10, 10), Qt.DropAction.CopyAction, data,
-                                Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
-        event.setAccepted(False)
-        w.dragEnterEvent(event)
-        return event.isAccepted()
-
     names = [f"20200101-000000-m{s}" for s in TRACE_SUFFIXES] + ["s.parquet.journal.arrows"]
     for name in names:
-        assert accepted(tmp_path / name), name
-        data = mime(tmp_path / name)
-        w.dropEvent(QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, data,
-                               Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier))
+        assert drag_accepted(w, tmp_path / name), name
+        drop(w, tmp_path / name)
     assert traces == [str(tmp_path / n) for n in names] and not models
-    assert not accepted(tmp_path / "notes.txt") and not accepted(tmp_path / "t.json")
+    assert not drag_accepted(w, tmp_path / "notes.txt")
+    assert not drag_accepted(w, tmp_path / "t.json")
 
 
 def test_open_model_names_a_split_models_files_and_a_thinking_switch(
