@@ -134,9 +134,7 @@ class TraceWindow(QMainWindow):
         self.tabs.addTab(self.panel, "P&lots")  # Alt+P: What-if's Policies
         # beside the tabs, where the bar has room: no height taken from the plots
         self.tabs.setCornerWidget(self._token_row(len(tokens)), Qt.Corner.TopRightCorner)
-        self.tabs.currentChanged.connect(
-            lambda i: self.tabs.cornerWidget(Qt.Corner.TopRightCorner).setVisible(
-                i == 0 and self._scrubbable))
+        self.tabs.currentChanged.connect(self._tab_shown)
         self.tabs.addTab(self.whatif, "&What-if")
         layout.addWidget(self.tabs, 1)
         if not tokens:  # nothing to replay: a sweep would draw a table of zeros
@@ -224,6 +222,12 @@ class TraceWindow(QMainWindow):
         self.panel.heatmap.update_title()
         self.panel.time_plots.show_cursor(None if last else self.tokens[i].step)
         self._token_text(i)
+
+    @Slot(int)
+    def _tab_shown(self, i: int) -> None:
+        """The token slider is the Plots tab's: hidden beside What-if."""
+        self.tabs.cornerWidget(Qt.Corner.TopRightCorner).setVisible(
+            i == 0 and self._scrubbable)
 
     @Slot(float)
     def _plot_clicked(self, x: float) -> None:
