@@ -457,3 +457,26 @@ def test_a_sweep_asked_for_while_the_window_prepares_says_so_then_replays(
         pass
     assert view.result is not None and view.status.text() == status_text(view.result)
     assert_direct_sweep(view, long_trace)
+
+
+def test_a_worker_that_ends_before_the_close_listens_still_frees_the_window(
+        qtbot: Any, open_trace_window: Callable[[Path], TraceWindow], long_trace: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's thread ending between the close's look and its listening for the end
+    left ``closed`` unsaid: the window was never freed (a fresh clone's CI, loaded)."""
+    window = open_trace_window(long_trace)
+    view = window.whatif
+    real = view.stop_thread
+
+    def late() -> bool:  # the thread ends just after stop_thread looked at it
+        real()
+        view._thread.wait(30_000)
+        return False
+
+    monkeypatch.setattr(view, "stop_thread", late)
+    closed: list[Any] = []
+    window.closed.connect(closed.append)
+    window.close()
+    qtbot.waitUntil(lambda: closed == [window], timeout=5_000)
+    qtbot.wait(50)
+    assert closed == [window]  # once

@@ -76,6 +76,7 @@ class TraceWindow(QMainWindow):
                  settings: QSettings | None = None) -> None:
         super().__init__(parent)
         self._closing = False  # closed, and its what-if's thread asked to end
+        self._closed_said = False  # closed emitted
         self.path = Path(path)
         self.settings = settings
         """Where the last export's folder is remembered (None: the dialog starts at home)."""
@@ -308,10 +309,14 @@ class TraceWindow(QMainWindow):
             return
         self._closing = True
         if self.whatif.stop_thread():
-            self.closed.emit(self)
-        else:
-            self.whatif.threadEnded.connect(self._thread_ended)
+            self._thread_ended()
+            return
+        self.whatif.threadEnded.connect(self._thread_ended)
+        if not self.whatif.thread_running:  # it ended before the connection: no signal
+            self._thread_ended()
 
     @Slot()
     def _thread_ended(self) -> None:
-        self.closed.emit(self)
+        if not self._closed_said:  # once, however it was heard
+            self._closed_said = True
+            self.closed.emit(self)

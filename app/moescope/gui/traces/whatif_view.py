@@ -439,6 +439,10 @@ class WhatIfView(QWidget):
         return self._thread.isFinished()
 
     @property
+    def thread_running(self) -> bool:
+        return bool(self._thread.isRunning())
+
+    @property
     def threadEnded(self) -> SignalInstance:
         """The worker thread's ``finished`` (emitted from it: connect bound slots)."""
         return self._thread.finished
