@@ -29,7 +29,7 @@ from moescope.cache.native import FETCH, HIT, SUBSTITUTE
 
 _HEX = re.compile(r"[0-9a-f]+")
 _LAST_ACTION = max(HIT, FETCH, SUBSTITUTE)
-"""The computing actions are 0 to this (``enum moecache_action``): one comparison."""
+"""The computing actions are 0 to this (``enum moecache_action``)."""
 
 
 def mask_to_hex(mask: npt.ArrayLike) -> str:
@@ -210,8 +210,8 @@ class Residency:
         base = rows[:, None] * n
         action = events["action"]
         computed = np.where(action == SUBSTITUTE, events["used_ids"], ids)
-        # HIT, FETCH and SUBSTITUTE are 0, 1 and 2: as unsigned, every other value is more
-        ok = ((col < events["k"][:, None]) & (action.view(np.uint8) <= _LAST_ACTION)
+        # HIT, FETCH and SUBSTITUTE are 0, 1 and 2: the computing actions are that range
+        ok = ((col < events["k"][:, None]) & (action >= 0) & (action <= _LAST_ACTION)
               & (computed >= 0) & (computed < n))
         flat = (base + computed)[ok]
         resident[flat] = True
