@@ -104,8 +104,9 @@ def test_the_ram_budget_control_applies_live_when_idle_and_mid_answer(
 def test_the_fit_estimate_says_where_each_part_lands_per_backend(
         tiny_moe: Path, monkeypatch: Any) -> None:
     import moescope.display.fit as fit_module
-    from moescope.display.fit import estimate_fit, ram_start_experts
+    from moescope.display.fit import estimate_fit
     from moescope.model.gguf_info import read_model_info
+    from moescope.model.ram_fit import ram_start_experts
 
     monkeypatch.setattr(fit_module, "gpu_status", lambda: None)
     info = read_model_info(tiny_moe)

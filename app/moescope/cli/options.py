@@ -60,9 +60,11 @@ def add_budget_arguments(p: argparse.ArgumentParser, *, vram: bool = True,
                             "(slots per layer) (default 25%%)")
     if not ram:
         return
-    p.add_argument("--ram-budget", default=None, metavar="B",
+    p.add_argument("--ram-budget", default="auto", metavar="B",
                    help="host memory for experts (same units as --budget); experts beyond "
-                        "it stay in the model file and are read on demand (default: all)")
+                        "it stay in the model file and are read on demand (default: auto, "
+                        "all of them when the model fits the memory available, cgroup "
+                        "limits included, else what fits; 100%% keeps all)")
 
 
 def add_ctx_argument(p: argparse.ArgumentParser) -> None:

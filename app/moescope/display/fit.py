@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import psutil
-
 from moescope.cache.budget import BudgetPlan, format_bytes, plan_for_model
 from moescope.engine.backend import NAMES, engine_build
 from moescope.model.gguf_info import ModelInfo
+from moescope.model.ram_fit import kv_cache_bytes
 from moescope.util.gpu import gpu_status
+from moescope.util.memory_limit import memory_limit
 
 SPEED_SLOTS = "a hit computes at once"
 SPEED_RAM = "a miss in RAM waits for a copy (about 80 µs per 2 MB over PCIe, less on a CPU build)"
@@ -139,25 +139,6 @@ class FitEstimate:
         return out
 
 
-def kv_cache_bytes(info: ModelInfo, n_ctx: int) -> int:
-    """K and V in f16 for every layer: 2 x layers x ctx x kv_heads x head_dim x 2 bytes."""
-    md, arch = info.metadata, info.architecture
-    heads_kv = md.get(f"{arch}.attention.head_count_kv") or md.get(
-        f"{arch}.attention.head_count") or 1
-    if isinstance(heads_kv, list | tuple):
-        heads_kv = max(heads_kv) if heads_kv else 1
-    key_len = md.get(f"{arch}.attention.key_length")
-    val_len = md.get(f"{arch}.attention.value_length")
-    if key_len is None or val_len is None:
-        heads = md.get(f"{arch}.attention.head_count") or 1
-        if isinstance(heads, list | tuple):
-            heads = max(heads) if heads else 1
-        per_head = (info.n_embd or 0) // max(int(heads), 1)
-        key_len = key_len or per_head
-        val_len = val_len or per_head
-    return int(info.n_layers * n_ctx * int(heads_kv) * (int(key_len) + int(val_len)) * 2)
-
-
 def estimate_fit(info: ModelInfo, budget: str, n_ctx: int = 2048,
                  ram_budget: str | None = None, backend: str | None = None) -> FitEstimate:
     """The numbers for ``info`` at ``budget`` (``"25%"``, ``"12GiB"``, bytes) and, with
@@ -185,18 +166,6 @@ def estimate_fit(info: ModelInfo, budget: str, n_ctx: int = 2048,
         model_name=info.name or info.file_name, is_moe=info.is_moe,
         non_expert_bytes=info.non_expert_bytes, expert_bytes=info.total_expert_bytes,
         kv_bytes=kv, plan=plan, ram_needed=ram_needed,
-        ram_available=int(psutil.virtual_memory().available),
+        ram_available=memory_limit().available,
         vram_needed=slots, vram_free=gpu.free if gpu else None, gpu=where,
         backend=build, slots_on_gpu=slots_on_gpu, ram_plan=ram_plan)
-
-
-def ram_start_experts(info: ModelInfo, n_ctx: int, available: int | None = None) -> int:
-    """Experts per layer to keep in RAM at first: all of them when the whole model fits in
-    the memory ``available`` (default: available now), else what fits in 80% of what is left
-    after the rest of the model and the KV cache (at least top-k: one token's experts)."""
-    row = sum(info.bytes_per_expert[layer] for layer in info.moe_layers)
-    free = int(psutil.virtual_memory().available) if available is None else available
-    rest = info.non_expert_bytes + kv_cache_bytes(info, n_ctx)
-    if row <= 0 or rest + info.total_expert_bytes <= free:
-        return info.n_expert
-    return max(info.top_k, min(info.n_expert, int(0.8 * (free - rest)) // row))

@@ -14,6 +14,7 @@ import psutil
 
 from moescope.display.ring import RingBuffer
 from moescope.util.gpu import GpuStatus, gpu_status
+from moescope.util.memory_limit import MemoryLimit, memory_limit
 
 GIB = float(2**30)
 
@@ -49,8 +50,11 @@ MEMORY_COLUMNS = ("t", "ram_process", "ram_system", "vram_process", "vram_system
 class MemoryModel:
     """The last ``capacity`` samples, in GiB, x = seconds since the window opened."""
 
-    def __init__(self, capacity: int = 600) -> None:
+    def __init__(self, capacity: int = 600, limit: MemoryLimit | None = None) -> None:
         self.samples = RingBuffer(MEMORY_COLUMNS, capacity)
+        self.limit = limit if limit is not None else memory_limit()
+        """The memory cgroup limit over this process, if one binds (a container, a systemd
+        slice): the summary names it, since the system's totals would mislead."""
         self._t0 = time.monotonic()
         self._process = psutil.Process()
         self.ram_total = psutil.virtual_memory().total / GIB
@@ -85,6 +89,10 @@ class MemoryModel:
             return ""
         ram = (f"RAM: this process {s.last('ram_process'):.2f} GiB · system "
                f"{s.last('ram_system'):.1f} / {self.ram_total:.1f} GiB")
+        lim = self.limit
+        if lim.group is not None and lim.group_limit is not None:
+            ram += (f" · limit {lim.group_limit / GIB:.1f} GiB (memory cgroup "
+                    f"{lim.group})")
         g = self.gpu
         if g is None:
             vram = ("VRAM: not measured without an NVIDIA GPU (expert slots on the GPU)"

@@ -59,6 +59,7 @@ from moescope.engine.load_hooks import (
 from moescope.engine.logprobs import MAX_TOP, Alternative, TokenLogprob, log_probabilities
 from moescope.engine.stats import AnswerStats, CacheTotals, TokenStats
 from moescope.model.gguf_info import ModelInfo, read_model_info
+from moescope.model.ram_fit import AUTO_RAM_BUDGET
 from moescope.model.reasoning import reasoning_prefix, template_variables, thinking_choices
 from moescope.trace.schema import Change
 from moescope.util.errors import MoEScopeError, NotMoEError
@@ -226,6 +227,15 @@ class Engine:
         except NotMoEError as err:
             info, cache, notice = None, False, f"{err}; loaded with the expert cache off"
         plan = plan_for_model(info, budget) if cache and info is not None else None  # fail fast
+        auto_note = ""
+        if ram_budget is not None and ram_budget.strip().lower() == AUTO_RAM_BUDGET:
+            from moescope.engine.backend import engine_build
+
+            slots_in_ram = n_gpu_layers == 0 or engine_build().backend == "cpu"
+            ram_budget, auto_note = auto_ram_budget(
+                info, min(n_ctx, info.context_length or n_ctx),
+                slot_bytes=plan.bytes_used if slots_in_ram else 0) if plan is not None \
+                and info is not None else (None, "")
         ram_plan = _ram_plan(info, ram_budget) if plan is not None and ram_budget else None
         if disk_experts is None:
             disk_experts = ram_plan is not None and not ram_plan.fits_all
@@ -287,6 +297,8 @@ class Engine:
                 self._enable_audit_slots(True)
             if plan.clamped:
                 notice = plan.message
+            if auto_note:
+                notice = f"{notice}; {auto_note}" if notice else auto_note
             if ram_plan is not None and (disk_experts or not ram_plan.fits_all):
                 rc = self._lib.llama_moe_cache_set_ram_slots(self._ctx,
                                                              ram_plan.slots_per_layer)
@@ -1043,6 +1055,34 @@ def _split_utf8(data: bytes) -> tuple[str, bytes]:
         except UnicodeDecodeError:
             continue
     return data.decode("utf-8", errors="replace"), b""
+
+
+def auto_ram_budget(info: ModelInfo, n_ctx: int, available: int | None = None,
+                    slot_bytes: int = 0) -> tuple[str | None, str]:
+    """``(ram_budget, note)`` for :data:`AUTO_RAM_BUDGET`: ``(None, "")`` when the whole
+    model fits in ``available`` bytes (default: what this process may take now), else the
+    experts per layer that fit and one line saying so. ``slot_bytes``: expert slots that
+    take host memory too (a CPU build's)."""
+    from moescope.cache.budget import format_bytes
+    from moescope.model.ram_fit import RESERVE, kv_cache_bytes, ram_start_experts
+    from moescope.util.memory_limit import memory_limit
+
+    limit = memory_limit() if available is None else None
+    free = limit.available if limit is not None else int(available or 0)
+    n = ram_start_experts(info, n_ctx, available=free, slot_bytes=slot_bytes)
+    if n >= info.n_expert:
+        return None, ""
+    need = info.non_expert_bytes + info.total_expert_bytes + kv_cache_bytes(info, n_ctx) + \
+        max(0, slot_bytes) + RESERVE
+    where = ""
+    if limit is not None and limit.group is not None and limit.group_limit is not None:
+        where = f" (memory cgroup {limit.group}: limit {format_bytes(limit.group_limit)})"
+    return str(n), (
+        f"{info.path.name} needs about {format_bytes(need)} of memory (with its KV cache "
+        f"and working buffers) and "
+        f"{format_bytes(free)} is available{where}: {n} of {info.n_expert} experts per layer "
+        f"stay in RAM and the others are read from the model file when routed to (a RAM "
+        f"budget sets it: --ram-budget, /ram, or the RAM budget slider)")
 
 
 def _ram_plan(info: ModelInfo | None, budget: str) -> BudgetPlan:

@@ -41,6 +41,7 @@ from moescope.cache.residency import read_ram_resident, read_resident
 from moescope.display.trace_io import TraceLimits, open_new_session, prune_traces
 from moescope.engine import AnswerStats, Engine, LoadCancelled, Sampling
 from moescope.engine.compare import compare_policies, conversation_tokens
+from moescope.model.ram_fit import AUTO_RAM_BUDGET
 from moescope.session.recording import Recording, RecordingStopped
 from moescope.session.snapshots import AnswerSummary, ModelSummary, TokenSnapshot
 from moescope.session.store import AnswerWriter
@@ -76,8 +77,10 @@ class LoadRequest:
     n_ctx: int = 2048
     n_gpu_layers: int | None = None  # None: every layer on a GPU build, else none
     n_threads: int | None = None  # None: llama.cpp's choice (the machine's cores)
-    ram_budget: str | None = None
-    """Host memory for experts (``--ram-budget``); experts beyond it stay in the file."""
+    ram_budget: str | None = AUTO_RAM_BUDGET
+    """Host memory for experts (``--ram-budget``); experts beyond it stay in the file.
+    None: all of them; the default: all if the model fits the memory available, else what
+    fits (a model opened without the Open dialog: the last one, from Get models)."""
     trace_dir: str | None = None
     """Record the session (core trace format) into this directory; None: no recording."""
 

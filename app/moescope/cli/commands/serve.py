@@ -26,6 +26,7 @@ from moescope.cli.options import (
     check_ctx,
     check_range,
 )
+from moescope.model.ram_fit import AUTO_RAM_BUDGET
 from moescope.util.errors import MoEScopeError
 
 
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     check_ctx(args.ctx)
     policy = parse_live_policy(args.policy)  # fail fast, before loading
     parse_budget(args.budget)
-    if args.ram_budget is not None:
+    if args.ram_budget is not None and args.ram_budget.strip().lower() != AUTO_RAM_BUDGET:
         parse_budget(args.ram_budget)
     check_every(args.audit)
     if not port_free(args.host, args.port):

@@ -21,11 +21,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from moescope.display.fit import FitEstimate, estimate_fit, ram_start_experts
+from moescope.display.fit import FitEstimate, estimate_fit
 from moescope.display.policy_choices import CUSTOM, POLICY_CHOICES, POLICY_TIPS
 from moescope.gui.controls.budget_entry import BudgetEntry
 from moescope.gui.worker import LoadRequest
 from moescope.model.gguf_info import ModelInfo
+from moescope.model.ram_fit import ram_start_experts
 from moescope.model.reasoning import thinking_choices
 
 
@@ -57,10 +58,13 @@ class OpenModelDialog(QDialog):
         self.budget = QSlider(Qt.Orientation.Horizontal)
         self.budget.setAccessibleName("Expert slots per layer")
         self.budget.setEnabled(info.is_moe)
+        slots_in_ram = 0  # a CPU build's slots take host memory too
         if info.is_moe:
             self.budget.setRange(info.top_k, info.n_expert)
-            start = estimate_fit(info, budget, n_ctx).plan
+            first = estimate_fit(info, budget, n_ctx)
+            start = first.plan
             self.budget.setValue(start.slots_per_layer if start else info.top_k)
+            slots_in_ram = 0 if first.slots_on_gpu else first.vram_needed
         self.budget_entry = BudgetEntry()  # its Enter applies it, never presses Open
         self.budget_entry.setEnabled(info.is_moe)
         self.budget_entry.submitted.connect(self.apply_typed_budget)
@@ -80,7 +84,7 @@ class OpenModelDialog(QDialog):
         self.ram_budget.setEnabled(info.is_moe)
         if info.is_moe:
             self.ram_budget.setRange(info.top_k, info.n_expert)
-            self.ram_budget.setValue(ram_start_experts(info, n_ctx))
+            self.ram_budget.setValue(ram_start_experts(info, n_ctx, slot_bytes=slots_in_ram))
         self.ram_budget_entry = BudgetEntry()  # as the main window's RAM budget row
         self.ram_budget_entry.setAccessibleName("RAM budget, typed")
         self.ram_budget_entry.setEnabled(info.is_moe)

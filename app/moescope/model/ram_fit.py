@@ -1,0 +1,53 @@
+"""How much of a model must sit in host memory, from its header: the KV cache and the
+experts per layer a RAM tier starts with when the whole model does not fit."""
+
+from __future__ import annotations
+
+from moescope.model.gguf_info import ModelInfo
+from moescope.util.memory_limit import memory_available
+
+AUTO_RAM_BUDGET = "auto"
+"""``ram_budget`` that keeps every expert in RAM when the model fits the memory this
+process may use (:mod:`moescope.util.memory_limit`: cgroup limits included), else a RAM
+tier of what fits (:func:`ram_start_experts`). The front ends' default: without it a
+model larger than RAM is read by page faults, at a few tokens a minute, or does not load."""
+
+RESERVE = 256 << 20
+"""Memory kept out of a RAM tier's estimate: llama.cpp's compute buffers, the disk reads'
+staging and the app itself (measured: about 65 MiB beyond the model's own bytes for a small
+model on the CPU build; a 30B model's compute buffer at 4k context is a few hundred)."""
+
+
+def kv_cache_bytes(info: ModelInfo, n_ctx: int) -> int:
+    """K and V in f16 for every layer: 2 x layers x ctx x kv_heads x head_dim x 2 bytes."""
+    md, arch = info.metadata, info.architecture
+    heads_kv = md.get(f"{arch}.attention.head_count_kv") or md.get(
+        f"{arch}.attention.head_count") or 1
+    if isinstance(heads_kv, list | tuple):
+        heads_kv = max(heads_kv) if heads_kv else 1
+    key_len = md.get(f"{arch}.attention.key_length")
+    val_len = md.get(f"{arch}.attention.value_length")
+    if key_len is None or val_len is None:
+        heads = md.get(f"{arch}.attention.head_count") or 1
+        if isinstance(heads, list | tuple):
+            heads = max(heads) if heads else 1
+        per_head = (info.n_embd or 0) // max(int(heads), 1)
+        key_len = key_len or per_head
+        val_len = val_len or per_head
+    return int(info.n_layers * n_ctx * int(heads_kv) * (int(key_len) + int(val_len)) * 2)
+
+
+def ram_start_experts(info: ModelInfo, n_ctx: int, available: int | None = None,
+                      slot_bytes: int = 0) -> int:
+    """Experts per layer to keep in RAM at first: all of them when the whole model fits in
+    the memory ``available`` (default: what this process may take now), else what fits in
+    80% of what is left after the rest of the model, the KV cache, ``slot_bytes`` (expert
+    slots in host memory: a CPU build's) and :data:`RESERVE` (at least top-k: one token's
+    experts)."""
+    row = sum(info.bytes_per_expert[layer] for layer in info.moe_layers)
+    free = (memory_available() if available is None else available) - max(0, slot_bytes) \
+        - RESERVE
+    rest = info.non_expert_bytes + kv_cache_bytes(info, n_ctx)
+    if row <= 0 or rest + info.total_expert_bytes <= free:
+        return info.n_expert
+    return max(info.top_k, min(info.n_expert, int(0.8 * (free - rest)) // row))
