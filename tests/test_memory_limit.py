@@ -11,13 +11,13 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import psutil
 import pytest
 
 from moescope.util.memory_limit import memory_limit
+from moescope_testing.cgroups import memory_cgroup, memory_hierarchy
 
 APP = Path(__file__).resolve().parents[1] / "app"
 MIB = 1 << 20
@@ -133,32 +133,11 @@ def test_a_hierarchy_deeper_than_any_real_one_is_cut(tmp_path: Path) -> None:
     assert memory_limit(proc, root).total == 64 * MIB  # the root's limit is still read
 
 
-def _memory_controller() -> tuple[Path, bool] | None:
-    """A writable memory cgroup hierarchy: (where to make a group, is v2)."""
-    if os.geteuid() != 0:
-        return None
-    v1_root = Path("/sys/fs/cgroup/memory")
-    if (v1_root / "memory.limit_in_bytes").exists() and os.access(v1_root, os.W_OK):
-        return v1_root, False
-    v2_root = Path("/sys/fs/cgroup")
-    controllers = v2_root / "cgroup.subtree_control"
-    if controllers.exists() and "memory" in controllers.read_text() \
-            and os.access(v2_root, os.W_OK):
-        return v2_root, True
-    return None
-
-
-@pytest.mark.skipif(_memory_controller() is None,
+@pytest.mark.skipif(memory_hierarchy() is None,
                     reason="needs root and a writable memory cgroup hierarchy")
 def test_a_real_cgroup_limit_bounds_what_a_child_process_sees() -> None:
-    where = _memory_controller()
-    assert where is not None
-    base, is_v2 = where
-    group = base / f"moescope-test-{uuid.uuid4().hex[:8]}"
-    group.mkdir()
-    try:
-        limit = 400 * MIB
-        (group / ("memory.max" if is_v2 else "memory.limit_in_bytes")).write_text(str(limit))
+    limit = 400 * MIB
+    with memory_cgroup(limit) as group:
         code = ("import json, sys; from moescope.util.memory_limit import memory_limit; "
                 "m = memory_limit(); print(json.dumps([m.total, m.available, m.group]))")
         out = subprocess.run(
@@ -167,12 +146,10 @@ def test_a_real_cgroup_limit_bounds_what_a_child_process_sees() -> None:
              + code],
             env={**os.environ, "PYTHONPATH": str(APP)}, capture_output=True, text=True,
             timeout=120, check=True).stdout
-        total, available, name = json.loads(out)
-        assert total == limit
-        assert 0 < available <= limit
-        assert name is not None and name.endswith(group.name)
-    finally:
-        group.rmdir()
+    total, available, name = json.loads(out)
+    assert total == limit
+    assert 0 < available <= limit
+    assert name is not None and name.endswith(group.name)
 
 
 def test_the_memory_view_names_a_binding_cgroup_limit(tmp_path: Path) -> None:

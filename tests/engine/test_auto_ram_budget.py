@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from moescope.engine.backend import engine_build
 from moescope.engine.engine import auto_ram_budget
 from moescope.model.gguf_info import read_model_info
 from moescope.model.ram_fit import AUTO_RAM_BUDGET, RESERVE, kv_cache_bytes
+from moescope_testing.cgroups import memory_cgroup, memory_hierarchy
 
 APP = Path(__file__).resolve().parents[2] / "app"
 MIB = 1 << 20
@@ -33,7 +33,7 @@ def test_auto_keeps_every_expert_of_a_model_that_fits(tiny_moe: Path) -> None:
     try:
         loaded = e.load(tiny_moe, budget="25%", ram_budget=AUTO_RAM_BUDGET, n_ctx=256)
         assert e.ram_slots_per_layer == 0  # no RAM tier: all in RAM, as before
-        assert loaded.notice == ""
+        assert loaded.notice == "" and loaded.ram_note == ""
     finally:
         e.close()
 
@@ -57,21 +57,7 @@ def test_auto_picks_what_fits_and_says_why(tiny_moe: Path) -> None:
     assert auto_ram_budget(info, 256, available=0)[0] == str(info.top_k)
 
 
-def _memory_cgroup() -> tuple[Path, bool] | None:
-    """A writable memory cgroup hierarchy: (where to make a group, is v2)."""
-    if os.geteuid() != 0:
-        return None
-    v1 = Path("/sys/fs/cgroup/memory")
-    if (v1 / "memory.limit_in_bytes").exists() and os.access(v1, os.W_OK):
-        return v1, False
-    v2 = Path("/sys/fs/cgroup")
-    control = v2 / "cgroup.subtree_control"
-    if control.exists() and "memory" in control.read_text() and os.access(v2, os.W_OK):
-        return v2, True
-    return None
-
-
-@pytest.mark.skipif(_memory_cgroup() is None,
+@pytest.mark.skipif(memory_hierarchy() is None,
                     reason="needs root and a writable memory cgroup hierarchy")
 @pytest.mark.skipif(engine_build().backend != "cpu",
                     reason="the slots' memory is a device's on a GPU build (lavapipe: RAM "
@@ -80,19 +66,13 @@ def test_the_cli_in_a_cgroup_too_small_for_the_model_runs_from_a_ram_tier(
         synth_model: Callable[..., Path]) -> None:
     model = synth_model("qwen3moe", "copy-bound", n_layers=1, n_expert=64)  # ~110 MB
     info = read_model_info(model)
-    where = _memory_cgroup()
-    assert where is not None
-    base, is_v2 = where
-    group = base / f"moescope-auto-{uuid.uuid4().hex[:8]}"
-    group.mkdir()
     limit = 380 * MIB
     # the model, its slots (25%, in RAM on this build) and the reserve need more than the
     # limit leaves once Python and the engine are in; the RAM tier needs far less
     need = info.non_expert_bytes + info.total_expert_bytes * 5 // 4 + RESERVE
     assert need > limit
     assert info.non_expert_bytes + info.total_expert_bytes * 3 // 4 < limit // 2
-    try:
-        (group / ("memory.max" if is_v2 else "memory.limit_in_bytes")).write_text(str(limit))
+    with memory_cgroup(limit, prefix="moescope-auto") as group:
         procs = group / "cgroup.procs"
 
         def join() -> None:  # in the child, before exec: the whole CLI runs in the group
@@ -103,12 +83,10 @@ def test_the_cli_in_a_cgroup_too_small_for_the_model_runs_from_a_ram_tier(
              "--n", "6", "--temperature", "0"],
             env={**os.environ, "PYTHONPATH": str(APP), "OMP_WAIT_POLICY": "passive"},
             preexec_fn=join, capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-2000:]  # not OOM-killed (-9)
-        notes = [line for line in run.stderr.splitlines() if "stay in RAM" in line]
-        assert len(notes) == 1, run.stderr[-2000:]
-        assert f"memory cgroup /{group.name}" in notes[0]
-        n = int(notes[0].split(" experts per layer stay in RAM")[0].split()[-3])
-        assert info.top_k <= n < info.n_expert
-        assert "Traceback" not in run.stderr
-    finally:
-        group.rmdir()
+    assert run.returncode == 0, run.stderr[-2000:]  # not OOM-killed (-9)
+    notes = [line for line in run.stderr.splitlines() if "stay in RAM" in line]
+    assert len(notes) == 1, run.stderr[-2000:]
+    assert f"memory cgroup /{group.name}" in notes[0]
+    n = int(notes[0].split(" experts per layer stay in RAM")[0].split()[-3])
+    assert info.top_k <= n < info.n_expert
+    assert "Traceback" not in run.stderr

@@ -167,3 +167,25 @@ def test_the_open_dialog_loads_with_a_ram_budget_below_the_experts(
     assert "stay in the model file" in rows["Experts on disk"]
     assert blocker.args[0].ram_slots_per_layer == 6
     assert w.controls.ram_budget.value() == 6
+
+
+def test_a_model_opened_by_path_gets_the_automatic_ram_budget_told_not_asked(
+        make_window: Any, qtbot: Any, tiny_moe: Path, dialogs: Any) -> None:
+    """The last model at start and Get models' Open load by path, without the open dialog:
+    they take ``auto`` (every expert in RAM when the model fits, else a tier); a tier the
+    load chose is said in the status bar and the log, not in a box at every start."""
+    from dataclasses import replace
+
+    from moescope.gui.worker import LoadRequest
+    from moescope.model.ram_fit import AUTO_RAM_BUDGET
+
+    assert LoadRequest(path=str(tiny_moe)).ram_budget == AUTO_RAM_BUDGET
+    w = make_window()
+    summary = load(qtbot, w, tiny_moe)  # by path, as at start
+    assert summary.ram_slots_per_layer == 0 and summary.ram_note == ""
+    assert not [d for d in dialogs.shown if d[0] == "warning"]
+    note = (f"{tiny_moe.name} needs about 1.2 GiB of memory (with its KV cache and working "
+            f"buffers) and 800 MiB is available: 6 of 16 experts per layer stay in RAM")
+    w._on_loaded(replace(summary, ram_note=note))
+    assert w.statusBar().currentMessage() == note
+    assert not [d for d in dialogs.shown if d[0] == "warning"]

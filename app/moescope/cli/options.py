@@ -4,10 +4,15 @@ help wherever they appear (``generate``, ``chat``, ``bench``, ``eval``, ``serve`
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from moescope.cache.policy import PRESET_NAMES
 from moescope.util.errors import MoEScopeError
+
+if TYPE_CHECKING:
+    from moescope.engine import LoadedModel
 
 MIN_CTX = 16
 """The shortest context ``--ctx`` may ask for (chat and serve alike): fewer tokens do not
@@ -87,3 +92,11 @@ def add_threads_argument(p: argparse.ArgumentParser) -> None:
 def add_no_cache_argument(p: argparse.ArgumentParser) -> None:
     """Stock llama.cpp: the expert cache off."""
     p.add_argument("--no-cache", action="store_true", help="run stock llama.cpp (cache off)")
+
+
+def print_load_notes(loaded: LoadedModel) -> None:
+    """What the load chose that the user did not ask for (a clamped budget, a dense model's
+    cache off, the RAM tier of a model larger than memory), one line each on stderr."""
+    for note in (loaded.notice, loaded.ram_note):
+        if note:
+            print(f"moescope: {note}", file=sys.stderr)

@@ -128,6 +128,9 @@ class LoadedModel:
     in host memory (the tier is off)."""
     disk_experts: bool = False
     """The experts stayed in the file at load (read on demand by the RAM tier)."""
+    ram_note: str = ""
+    """Why the RAM tier is what it is when the load chose it (``ram_budget="auto"`` for a
+    model larger than the memory available); "" otherwise."""
     expert_buffer: str = ""
     """Where the experts live in host memory: llama.cpp's buffer name, e.g. ``CUDA_Host``
     (pinned: copies to VRAM at full PCIe speed) or ``CPU`` (pageable)."""
@@ -297,8 +300,6 @@ class Engine:
                 self._enable_audit_slots(True)
             if plan.clamped:
                 notice = plan.message
-            if auto_note:
-                notice = f"{notice}; {auto_note}" if notice else auto_note
             if ram_plan is not None and (disk_experts or not ram_plan.fits_all):
                 rc = self._lib.llama_moe_cache_set_ram_slots(self._ctx,
                                                              ram_plan.slots_per_layer)
@@ -316,7 +317,7 @@ class Engine:
         buffer = self._lib.llama_moe_cache_expert_buffer(self._ctx) if self._cache else b""
         slots = self._lib.llama_moe_cache_slot_buffer(self._ctx) if self._cache else b""
         self.model = LoadedModel(info=info, path=p, cache_enabled=self._cache is not None,
-                                 plan=plan, notice=notice, n_ctx=n_ctx,
+                                 plan=plan, notice=notice, ram_note=auto_note, n_ctx=n_ctx,
                                  n_gpu_layers=n_gpu_layers, ram_plan=ram_plan,
                                  disk_experts=disk_experts,
                                  n_threads=int(getattr(self._llm, "n_threads", 0) or 0),

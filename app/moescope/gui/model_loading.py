@@ -233,6 +233,8 @@ class ModelLoading(_Window):
         self.chat_view.set_welcome(welcome_html(summary, get_models=has_get_models(self)))
         self.modelLoaded.emit(summary)
         notice, self._autoload_notice = getattr(self, "_autoload_notice", ""), ""
+        # a RAM tier the load chose (a model larger than memory): told, not asked about
+        notice = " · ".join(n for n in (notice, summary.ram_note) if n)
         if notice:
             log.warning("%s", notice)
             self.statusBar().showMessage(notice, 30_000)

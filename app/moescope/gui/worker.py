@@ -550,6 +550,7 @@ class EngineWorker(QObject):
             cache_enabled=m.cache_enabled,
             slots_per_layer=self.engine.slots_per_layer,
             policy=self.engine.policy_name, n_ctx=m.n_ctx, notice=m.notice,
+            ram_note=m.ram_note,
             budget_message=plan.message if plan else "",
             trace_path=str(self.recorder.path) if self.recorder else "",
             expert_buffer=m.expert_buffer, slot_buffer=m.slot_buffer,

@@ -53,6 +53,8 @@ class ModelSummary:
     policy: str
     n_ctx: int
     notice: str = ""
+    ram_note: str = ""
+    """Why the RAM tier is what it is when the load chose it (``LoadedModel.ram_note``)."""
     budget_message: str = ""
     trace_path: str = ""
     """The session's trace file while recording ("" when not recording)."""

@@ -40,6 +40,7 @@ from moescope.cli.options import (
     add_model_argument,
     add_threads_argument,
     check_range,
+    print_load_notes,
 )
 from moescope.util.errors import MoEScopeError
 
@@ -219,8 +220,7 @@ def run(args: argparse.Namespace) -> int:
         if not loaded.cache_enabled or loaded.plan is None or loaded.info is None:
             raise MoEScopeError(f"{model.name}: the expert cache is off "
                                 f"({loaded.notice or 'not a MoE model'}); nothing to compare")
-        if loaded.notice:  # e.g. the RAM tier chosen for a model larger than memory
-            print(f"moescope: {loaded.notice}", file=sys.stderr)
+        print_load_notes(loaded)
         prompt_tokens = len(engine.tokenize(args.prompt, add_bos=True, special=True))
         if prompt_tokens + args.tokens >= loaded.n_ctx:
             raise MoEScopeError(f"the prompt ({prompt_tokens} tokens) and --tokens "

@@ -51,6 +51,7 @@ from moescope.cli.options import (
     add_policy_argument,
     add_threads_argument,
     check_ctx,
+    print_load_notes,
 )
 from moescope.cli.terminal import (
     AnswerPrinter,
@@ -135,8 +136,7 @@ def run(args: argparse.Namespace) -> int:
         loaded = engine.load(model, budget=args.budget, policy=policy, n_ctx=args.ctx,
                              n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
                              cache=not args.no_cache, ram_budget=args.ram_budget)
-        if loaded.notice:
-            print(f"moescope: {loaded.notice}", file=sys.stderr)
+        print_load_notes(loaded)
         start_audits(engine, args.audit)
         if args.trace:
             recording = Recording(open_trace(args.trace, engine, inputs))

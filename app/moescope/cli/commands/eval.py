@@ -22,6 +22,7 @@ from moescope.cli.options import (
     add_budget_arguments,
     add_model_argument,
     add_threads_argument,
+    print_load_notes,
 )
 from moescope.util.errors import MoEScopeError
 from moescope.util.resources import demo_model_path
@@ -184,8 +185,7 @@ def run(args: argparse.Namespace) -> int:
         if not loaded.cache_enabled:
             raise MoEScopeError(f"{Path(model).name}: the expert cache is off "
                                 f"({loaded.notice or 'not a MoE model'}); nothing to evaluate")
-        if loaded.notice:  # e.g. the RAM tier chosen for a model larger than memory
-            print(f"moescope: {loaded.notice}", file=sys.stderr)
+        print_load_notes(loaded)
         n_tokens = args.tokens
         tokens = engine.tokenize(text, add_bos=True, special=False)[: n_tokens + 1]
         if len(tokens) < 2:

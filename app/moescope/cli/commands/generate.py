@@ -30,6 +30,7 @@ from moescope.cli.options import (
     add_no_cache_argument,
     add_policy_argument,
     check_range,
+    print_load_notes,
 )
 from moescope.trace.names import formats_help, record_suffix
 from moescope.util.errors import MoEScopeError
@@ -75,8 +76,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = engine.load(model, budget=args.budget, policy=policy,
                          n_gpu_layers=args.n_gpu_layers, cache=not args.no_cache,
                          ram_budget=args.ram_budget)
-    if loaded.notice:
-        print(f"moescope: {loaded.notice}", file=sys.stderr)
+    print_load_notes(loaded)
     print(backend_line(engine), file=sys.stderr)
     start_audits(engine, args.audit)
     prompt: Any = [Message("user", args.prompt)] if args.chat else args.prompt

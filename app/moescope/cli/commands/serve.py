@@ -25,6 +25,7 @@ from moescope.cli.options import (
     add_threads_argument,
     check_ctx,
     check_range,
+    print_load_notes,
 )
 from moescope.model.ram_fit import AUTO_RAM_BUDGET
 from moescope.util.errors import MoEScopeError
@@ -132,8 +133,7 @@ def run(args: argparse.Namespace) -> int:
         loaded = engine.load(model, budget=args.budget, policy=policy, n_ctx=args.ctx,
                              n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
                              cache=not args.no_cache, ram_budget=args.ram_budget)
-        if loaded.notice:
-            print(f"moescope: {loaded.notice}", file=sys.stderr)
+        print_load_notes(loaded)
         print(backend_line(engine), file=sys.stderr)
         start_audits(engine, args.audit)
         delay = os.environ.get("MOESCOPE_TEST_COPY_DELAY_US", "")
