@@ -4,6 +4,7 @@ gets exactly one line on stderr and exit status 2, never a traceback."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import types
@@ -14,6 +15,7 @@ import pytest
 
 from moescope.cli import main
 from moescope.cli.commands import command_names
+from moescope_testing.cgroups import memory_cgroup, memory_hierarchy
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -191,3 +193,32 @@ def test_python_dash_m_cli_runs_info_in_a_fresh_process(tiny_moe: Path,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
     assert bad.stdout == "" and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_info_says_what_loading_would_keep_in_ram_here(
+        tiny_moe: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["info", str(tiny_moe)], capsys)
+    line = next(x for x in out.splitlines() if x.startswith("memory"))
+    assert code == 0 and "512-token context" in line  # the model's own, below 4096
+    assert line.endswith(": every expert in RAM by default")  # a tiny model fits anywhere
+    code, out, _ = _run(["info", str(tiny_moe), "--json"], capsys)
+    memory = json.loads(out)["memory"]
+    assert memory["ram_experts_per_layer"] == 16
+    assert 0 < memory["needs_bytes"] < memory["available_bytes"]
+
+
+@pytest.mark.skipif(memory_hierarchy() is None,
+                    reason="needs root and a writable memory cgroup hierarchy")
+def test_info_in_a_small_cgroup_names_its_limit_and_the_default_ram_tier(
+        synth_model: Callable[..., Path]) -> None:
+    model = synth_model("qwen3moe", "copy-bound", n_layers=1, n_expert=64)  # ~110 MB
+    with memory_cgroup(300 << 20) as group:
+        procs = group / "cgroup.procs"
+        run = subprocess.run(
+            [sys.executable, "-m", "moescope", "info", str(model)],
+            preexec_fn=lambda: procs.write_text(str(os.getpid())),
+            capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    line = next(x for x in run.stdout.splitlines() if x.startswith("memory"))
+    assert f"(memory cgroup /{group.name}: limit 300.0 MiB)" in line
+    assert "experts per layer stay in RAM, the others are read from the file" in line

@@ -41,21 +41,63 @@ def run(args: argparse.Namespace) -> int:
     budget = parse_budget(args.budget) if args.budget is not None else None  # before I/O
     info = read_model_info(args.model)
     plan = plan_for_model(info, budget) if budget is not None else None
+    from moescope.engine.backend import backend_text, engine_build
+
+    build = engine_build()
+    memory = _memory(info, plan, slots_in_ram=build.backend in ("cpu", ""))
     if args.json:
         out: dict[str, Any] = info.to_dict()
         if plan is not None:
             out["budget"] = _plan_dict(plan)
+        out["memory"] = memory
         print(json.dumps(out, indent=2))
     else:
-        from moescope.engine.backend import backend_text, engine_build
-
-        print(format_info(info, plan, engine=backend_text(engine_build())))
+        print(format_info(info, plan, engine=backend_text(build),
+                          memory=_memory_line(memory)))
     return 0
 
 
-def format_info(info: ModelInfo, plan: BudgetPlan | None = None, engine: str = "") -> str:
+MEMORY_CTX = 4096
+"""The context the memory line prices (``chat``'s and ``serve``'s default ``--ctx``)."""
+
+
+def _memory(info: ModelInfo, plan: BudgetPlan | None, *, slots_in_ram: bool
+            ) -> dict[str, Any]:
+    """What loading would keep in RAM by default (``--ram-budget auto``) here, now."""
+    from moescope.engine.engine import auto_ram_budget
+    from moescope.model.ram_fit import RESERVE, kv_cache_bytes
+    from moescope.util.memory_limit import memory_limit
+
+    limit = memory_limit()
+    n_ctx = min(MEMORY_CTX, info.context_length or MEMORY_CTX)
+    slot_bytes = 0
+    if slots_in_ram and info.is_moe:  # the default budget's slots where none is given
+        slot_bytes = (plan if plan is not None else plan_for_model(info, "25%")).bytes_used
+    need = info.non_expert_bytes + info.total_expert_bytes + kv_cache_bytes(info, n_ctx) + \
+        slot_bytes + RESERVE
+    tier = auto_ram_budget(info, n_ctx, available=limit.available,
+                           slot_bytes=slot_bytes)[0] if info.is_moe else None
+    return {"n_ctx": n_ctx, "needs_bytes": need, "available_bytes": limit.available,
+            "cgroup": limit.group, "cgroup_limit_bytes": limit.group_limit,
+            "ram_experts_per_layer": int(tier) if tier is not None else info.n_expert}
+
+
+def _memory_line(m: dict[str, Any]) -> str:
+    where = f" (memory cgroup {m['cgroup']}: limit {format_bytes(m['cgroup_limit_bytes'])})" \
+        if m["cgroup"] is not None else ""
+    head = (f"needs about {format_bytes(m['needs_bytes'])} with a {m['n_ctx']}-token context "
+            f"and working buffers; {format_bytes(m['available_bytes'])} available{where}")
+    return head + (": every expert in RAM by default"
+                   if m["needs_bytes"] <= m["available_bytes"] else
+                   f": by default {m['ram_experts_per_layer']} experts per layer stay in RAM, "
+                   f"the others are read from the file (--ram-budget auto)")
+
+
+def format_info(info: ModelInfo, plan: BudgetPlan | None = None, engine: str = "",
+                memory: str = "") -> str:
     """The human-readable report, one fact per line; ``engine`` is the installed engine's
-    backend line (a budget means little without knowing where the slots would go)."""
+    backend line (a budget means little without knowing where the slots would go);
+    ``memory`` what loading would keep in RAM here."""
     rows: list[tuple[str, str]] = [
         ("model", f"{info.file_name} ({format_bytes(info.file_size)}"
                   + (f" in {len(info.parts)} files)" if info.parts else ")")),
@@ -98,6 +140,8 @@ def format_info(info: ModelInfo, plan: BudgetPlan | None = None, engine: str = "
         ]
         if plan.clamped:
             rows.append(("  note", plan.message))
+    if memory:
+        rows.append(("memory", memory))
     if engine:
         rows.append(("engine", engine))
     width = max(len(k) for k, _ in rows)
