@@ -638,3 +638,31 @@ def test_a_repetition_below_its_minimum_is_refused_not_run() -> None:
 
     assert "maximum below its minimum" in (parse_error('root ::= "a"{3,1}') or "")
     assert parse_error('root ::= "a"{1,3} "b"{2} "c"{0,} [d]{2,2000}') is None
+
+
+def test_an_extra_property_never_takes_a_listed_name(demo: Engine) -> None:
+    """The converter's extra property (``additionalProperties``) had any string for a
+    key: ``{"a": "x"}`` passed as an extra where ``a`` must be an integer."""
+    grammar = schema_grammar({"type": "object", "properties": {
+        "a": {"type": "integer"}, "ab": {"type": "integer"}, "x]-^": {"type": "null"}},
+        "additionalProperties": {"type": "string"}})
+    for text, ok in (('{"a":1}', True), ('{"a":"x"}', False), ('{"a":1,"a":"x"}', False),
+                     ('{"ab":"x"}', False), ('{"abc":"x"}', True), ('{"b":"x"}', True),
+                     ('{"":"x"}', True), ('{"x]-^":"s"}', False), ('{"x]-":"s"}', True),
+                     ('{"a":1,"ab":2,"c":"d","e":"f"}', True), ('{"\\u0061":"x"}', False)):
+        assert _takes(demo, grammar, text) == ok, text
+    anything = schema_grammar({"type": "object", "properties": {"n": {"type": "integer"}},
+                               "additionalProperties": True, "required": ["n"]})
+    assert _takes(demo, anything, '{"n":1,"m":[true]}')
+    assert not _takes(demo, anything, '{"n":1,"n":"x"}')
+
+
+def test_optional_properties_and_extras_make_json(demo: Engine) -> None:
+    """The converter wrote no comma between an optional property and the extras after
+    it (``{"a":1"b":"x"}``) and wanted an extra after one (``{"a":1}`` was no answer);
+    extras of ``additionalProperties: true`` were objects only."""
+    grammar = schema_grammar({"type": "object", "properties": {"a": {"type": "integer"}},
+                              "additionalProperties": True})
+    for text, ok in (('{"a":1}', True), ('{"a":1,"b":"x"}', True), ('{"a":1"b":"x"}', False),
+                     ('{"b":[1]}', True), ('{"b":null,"c":2}', True), ("{}", True)):
+        assert _takes(demo, grammar, text) == ok, text

@@ -132,7 +132,12 @@ def _convert(schema: dict[str, Any]) -> str:
 
     A schema with ``$ref``, ``anyOf`` or ``oneOf`` is the converter's: it reads nothing
     else there."""
-    from llama_cpp.llama_grammar import RESERVED_NAMES, BuiltinRule, SchemaConverter
+    from llama_cpp.llama_grammar import (
+        PRIMITIVE_RULES,
+        RESERVED_NAMES,
+        BuiltinRule,
+        SchemaConverter,
+    )
 
     class Converter(SchemaConverter):  # type: ignore[misc]
         def visit(self, node: Any, name: str) -> Any:
@@ -161,6 +166,52 @@ def _convert(schema: dict[str, Any]) -> str:
                 return self._add_rule(rule, _IPV4)
             return super().visit(node, name)
 
+        def _build_object_rule(self, properties: Any, required: Any, name: str,
+                               additional_properties: Any) -> str:
+            """The converter's, with an extra property's key none of the listed names
+            (:func:`_other_key`; it was any string: ``{"a": "x"}`` passed as an extra
+            where ``a`` must be an integer), a comma before the extras that follow an
+            optional property (the converter wrote none: ``{"a":1"b":2}``, and
+            ``{"a":1}`` was no answer at all), and extras of any type where
+            ``additionalProperties`` is true or ``{}`` (the converter's were objects)."""
+            prefix = f"{name}{'-' if name else ''}"
+            kv = {}
+            for prop, sub in properties:
+                value = self.visit(sub, f"{prefix}{prop}")
+                kv[prop] = self._add_rule(
+                    f"{prefix}{prop}-kv",
+                    f'{self._format_literal(json.dumps(prop))} space ":" space {value}')
+            firsts = [kv[p] for p, _ in properties if p in required]
+            optional = [p for p, _ in properties if p not in required]
+            if additional_properties is True or isinstance(additional_properties, dict):
+                extra = f"{prefix}additional"
+                free = additional_properties is True or not additional_properties
+                value = self.visit({"type": list(_ANY_TYPE)} if free
+                                   else additional_properties, f"{extra}-value")
+                key = _other_key(self, f"{extra}-name", [p for p, _ in properties]) \
+                    if properties else self._add_primitive("string", PRIMITIVE_RULES["string"])
+                kv["*"] = self._add_rule(f"{extra}-kv", f'{key} ":" space {value}')
+                optional.append("*")
+            rule = '"{" space ' + ' "," space '.join(firsts)
+            if optional:
+
+                def chain(keys: list[str], first_optional: bool) -> str:
+                    k, *rest = keys
+                    more = f'( "," space {kv[k]} )'
+                    if first_optional:
+                        out = more + ("*" if k == "*" else "?")
+                    else:
+                        out = kv[k] + (f" {more}*" if k == "*" else "")
+                    if rest:
+                        out += " " + self._add_rule(f"{prefix}{k}-rest", chain(rest, True))
+                    return out
+
+                alternatives = " | ".join(chain(optional[i:], False)
+                                          for i in range(len(optional)))
+                rule += f' ( "," space ( {alternatives} ) )?' if firsts \
+                    else f" ( {alternatives} )?"
+            return rule + ' "}" space'
+
         def _add_primitive(self, name: str, rule: Any) -> Any:
             if name == "char":  # the converter's let a string hold raw control characters
                 rule = BuiltinRule(_JSON_CHAR, [])
@@ -177,6 +228,44 @@ _JSON_CHAR = (r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-
               r'[0-9a-fA-F] [0-9a-fA-F])')
 """A character of a JSON string: the converter's ``char`` without the control
 characters (a raw tab or newline in a string is not JSON: the answer failed to parse)."""
+_PLAIN_EXCLUDED = '"\\\\\\x7F\\x00-\\x1F'
+"""What a JSON string's character without an escape is not, as a class's members."""
+
+
+def _other_key(converter: Any, base: str, names: list[str]) -> str:
+    """A rule's name for the key of an extra property beside the listed ``names``: a JSON
+    string of characters without escapes that is none of them (a trie of the names:
+    at each prefix, a character no name continues it with and then any, or one a name
+    does and the rest from there; the prefix itself only where it is no name).
+    Iterative, children before their parent: a name may be long."""
+    char = converter._add_rule("key-char", f"[^{_PLAIN_EXCLUDED}]")
+    trie: dict[Any, Any] = {}
+    for name in names:
+        if any(c in '"\\' or ord(c) < 0x20 or c == "\x7f" for c in name):
+            continue  # written with an escape: a key without one is never it
+        node = trie
+        for c in name:
+            node = node.setdefault(c, {})
+        node[None] = {}
+    rules: dict[int, str] = {}
+    count = 0
+    stack: list[tuple[dict[Any, Any], bool]] = [(trie, False)]
+    while stack:
+        node, ready = stack.pop()
+        children = sorted(c for c in node if c is not None)
+        if not ready:
+            stack.append((node, True))
+            stack.extend((node[c], False) for c in children)
+            continue
+        members = "".join("\\" + c if c in "]-" else c for c in children)
+        alternatives = [f"[^{_PLAIN_EXCLUDED}{members}] {char}*"]
+        alternatives += [f'"{c}" {rules[id(node[c])]}' for c in children]
+        body = f"({' | '.join(alternatives)}){'' if None in node else '?'}"
+        rules[id(node)] = converter._add_rule(f"{base}-key-{count}", body)
+        count += 1
+    return f'"\\"" {rules[id(trie)]} "\\"" space'
+
+
 _OCTET = '("25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9] [0-9] | [0-9])'
 _IPV4 = '"\\"" ' + ' "." '.join([_OCTET] * 4) + ' "\\"" space'
 """An IPv4 address as JSON Schema's ``ipv4`` format (RFC 2673's dotted-quad): four
