@@ -522,6 +522,12 @@ def test_items_of_an_empty_schema_are_any_values(demo: Engine) -> None:
     ({"allOf": [{"anyOf": [{"properties": {"a": {}}, "required": ["a"]},
                            {"properties": {"b": {}}}]}]},
      r"allOf\[0\].anyOf\[0\].required is not supported in allOf"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number", "maximum": 5}]},
+     r"oneOf\[0\] and oneOf\[1\] could both match"),
+    ({"properties": {"p": {"oneOf": [
+        {"type": "object", "properties": {"a": {}}, "required": ["a"]},
+        {"type": "object", "properties": {"b": {}}, "required": ["b"]}]}}},
+     r"properties.p.oneOf\[0\] and properties.p.oneOf\[1\] could both match"),
     ({"$defs": {"S": {"type": "string"}}, "allOf": [{"$ref": "#/$defs/S"}]},
      r"allOf\[0\] \(\$ref #/\$defs/S\) must be an object schema with properties"),
 ])
@@ -542,6 +548,11 @@ def test_every_keyword_is_enforced_or_refused_in_one_line(schema: object, why: s
                {"type": "object", "properties": {"k": {"const": "b"}}, "required": ["k"]}],
      "discriminator": {"propertyName": "k"}},
     {"type": "string", "contentMediaType": "text/plain", "writeOnly": True, "maxLength": 4},
+    {"oneOf": [{"type": "string"}, {"type": "null"}, {"const": 1.5}, {"type": "integer"}]},
+    {"$defs": {"A": {"type": "object", "properties": {"k": {"enum": ["a", "c"]}},
+                     "required": ["k"]}},
+     "oneOf": [{"$ref": "#/$defs/A"},
+               {"type": "object", "properties": {"k": {"const": "b"}}, "required": ["k"]}]},
     {"const": 1, "enum": [1.0, 2]},
     {"enum": [1, 2], "format": "email"},  # no string value: the format has nothing to check
     {"type": "array", "prefixItems": [{"type": "integer"}], "minItems": 1, "maxItems": 1},

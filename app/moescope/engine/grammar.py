@@ -52,6 +52,7 @@ from moescope.engine.schema_rules import (
     MAX_MULTIPLES,
     integer_range,
     integer_range_rule,
+    json_type_of,
     misfit,
     multiples,
     multiples_rule,
@@ -563,6 +564,8 @@ def _check_supported(node: dict[str, Any], path: str, root: dict[str, Any]) -> N
                                       f"{first} (move it into the subschemas)")
     if "allOf" in node and _merges_objects(node):
         _check_merged(node, path, root)
+    if isinstance(node.get("oneOf"), list) and all(isinstance(b, dict) for b in node["oneOf"]):
+        _check_one_of(node["oneOf"], prefix, root)
     kind = node.get("type")
     kinds = set(kind) if isinstance(kind, list) else {kind} if kind else set()
     if "const" in node and "enum" in node:
@@ -663,6 +666,64 @@ def _check_merged(node: dict[str, Any], path: str, root: dict[str, Any]) -> None
 
     for i, sub in enumerate(node["allOf"]):
         part(sub, f"{prefix}allOf[{i}]", False)
+
+
+def _check_one_of(branches: list[dict[str, Any]], prefix: str, root: dict[str, Any]) -> None:
+    """The converter reads ``oneOf`` as ``anyOf``: an answer that two branches match
+    would pass. So every two branches must provably exclude each other
+    (:func:`_disjoint`), as a discriminated union's do."""
+    resolved = [_resolved(root, b) for b in branches]
+    for i in range(1, len(resolved)):
+        for j in range(i):
+            if not _disjoint(root, resolved[j], resolved[i]):
+                raise GrammarError(
+                    f"{prefix}oneOf[{j}] and {prefix}oneOf[{i}] could both match: oneOf "
+                    "is enforced only where its branches exclude each other (different "
+                    "types, or different const/enum values of a property both require); "
+                    "use anyOf")
+
+
+def _resolved(root: dict[str, Any], node: Any) -> Any:
+    """``node``, or what its ``$ref`` (and theirs, a few deep) points to."""
+    for _ in range(MAX_SCHEMA_DEPTH):
+        if not (isinstance(node, dict) and isinstance(node.get("$ref"), str)):
+            return node
+        node = _local_target(root, node["$ref"])
+    return None
+
+
+def _kinds(node: dict[str, Any]) -> set[str] | None:
+    """The JSON types a schema's values may have, as far as ``type``, ``const`` or
+    ``enum`` say (an integer is a number too); None where they do not say."""
+    if "type" in node:
+        kind = node["type"]
+        kinds = set(kind) if isinstance(kind, list) else {kind}
+        return kinds | {"integer"} if "number" in kinds else kinds
+    values = [node["const"]] if "const" in node else node.get("enum")
+    if isinstance(values, list):
+        return set().union(*(json_type_of(v) for v in values))
+    return None
+
+
+def _disjoint(root: dict[str, Any], a: Any, b: Any) -> bool:
+    """Whether no value can meet both schemas, as far as their types, their
+    ``const``/``enum`` values, or those of a property both require tell."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return False
+    ka, kb = _kinds(a), _kinds(b)
+    if ka is not None and kb is not None and not ka & kb:
+        return True
+    va = [a["const"]] if "const" in a else a.get("enum")
+    vb = [b["const"]] if "const" in b else b.get("enum")
+    if isinstance(va, list) and isinstance(vb, list) \
+            and not any(_json_equal(x, y) for x in va for y in vb):
+        return True
+    pa, pb = a.get("properties"), b.get("properties")
+    if not (isinstance(pa, dict) and isinstance(pb, dict)):
+        return False
+    both = set(a.get("required") or []) & set(b.get("required") or [])
+    return any(_disjoint(root, _resolved(root, pa.get(name)), _resolved(root, pb.get(name)))
+               for name in sorted(both))
 
 
 def _local_target(root: dict[str, Any], ref: str) -> Any:
