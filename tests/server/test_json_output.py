@@ -333,6 +333,18 @@ def test_a_number_answer_keeps_within_the_schema_bounds(server: Server,
      "properties.tags.uniqueItems is not supported"),
     ({"type": "number", "multipleOf": 0.1, "maximum": 1}, "multipleOf 0.1 is not supported"),
     ({"type": "object", "minProperties": 1}, "minProperties is enforced only for an object"),
+    ({"type": "object", "patternProperties": {"^x": {"type": "integer"}}},
+     "patternProperties is not supported"),
+    ({"type": "object", "properties": {"d": {"type": "string", "format": "email"}}},
+     "properties.d.format 'email' is not supported"),
+    ({"type": "string", "pattern": "^a+$", "maxLength": 3}, "maxLength is not supported: "
+     "beside pattern"),
+    ({"type": "string", "if": {"maxLength": 2}, "then": {"pattern": "^a*$"}},
+     "if is not supported"),
+    ({"$defs": {"S": {"type": "string"}}, "$ref": "#/$defs/S", "maxLength": 2},
+     "maxLength is not supported: beside $ref"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "enum": [{"a": "x"}]},
+     "properties is not supported: beside enum"),
 ])
 def test_a_keyword_a_grammar_cannot_enforce_is_400_naming_it(server: Server, schema: object,
                                                               says: str) -> None:

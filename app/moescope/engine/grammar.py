@@ -11,8 +11,10 @@ accepted, which happens once the grammar allows no token of the vocabulary at al
   python's converter (``json_schema_to_gbnf``) turns it into a grammar, and only local
   ``$ref`` pass (the converter would fetch ``https://`` ones when run under ``-O``);
 - the grammar text is bounded (bytes, group nesting) before llama.cpp parses it, and it is
-  parsed here, in the request's thread, with stderr captured for the reason of a refusal:
-  a bad grammar is a :class:`GrammarError` (one line) before anything generates;
+  parsed here first (:mod:`moescope.engine.gbnf`, llama.cpp's parser step for step), in
+  the request's thread: a bad grammar is a :class:`GrammarError` (one line, llama.cpp's
+  reason) before anything generates, and never reaches llama.cpp's parser, which would
+  print it and the whole grammar to the process's stderr;
 - during generation the grammar is not a member of llama-cpp-python's sampler chain (whose
   accept would abort): a logits processor masks the candidates with it, and the engine
   accepts each sampled token itself (:meth:`Grammar.accept`). When no candidate is left
@@ -36,23 +38,21 @@ from __future__ import annotations
 import ctypes
 import json
 import math
-import os
 import re
-import tempfile
-import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
+from moescope.engine.gbnf import parse_error
 from moescope.engine.schema_rules import (
     BOUNDS,
     MAX_INTEGER_DIGITS,
     MAX_MULTIPLES,
     integer_range,
     integer_range_rule,
+    json_type_of,
     misfit,
     multiples,
     multiples_rule,
@@ -133,7 +133,12 @@ def _convert(schema: dict[str, Any]) -> str:
 
     A schema with ``$ref``, ``anyOf`` or ``oneOf`` is the converter's: it reads nothing
     else there."""
-    from llama_cpp.llama_grammar import RESERVED_NAMES, BuiltinRule, SchemaConverter
+    from llama_cpp.llama_grammar import (
+        PRIMITIVE_RULES,
+        RESERVED_NAMES,
+        BuiltinRule,
+        SchemaConverter,
+    )
 
     class Converter(SchemaConverter):  # type: ignore[misc]
         def visit(self, node: Any, name: str) -> Any:
@@ -157,11 +162,62 @@ def _convert(schema: dict[str, Any]) -> str:
                     return self._add_rule(rule, body)
             if kind in (None, "object") and "properties" in node and _counted(node):
                 return self._add_rule(rule, _counted_object(self, node, name))
+            if kind in (None, "string") and node.get("format") == "ipv4" \
+                    and "pattern" not in node:
+                return self._add_rule(rule, _IPV4)
             return super().visit(node, name)
+
+        def _build_object_rule(self, properties: Any, required: Any, name: str,
+                               additional_properties: Any) -> str:
+            """The converter's, with an extra property's key none of the listed names
+            (:func:`_other_key`; it was any string: ``{"a": "x"}`` passed as an extra
+            where ``a`` must be an integer), a comma before the extras that follow an
+            optional property (the converter wrote none: ``{"a":1"b":2}``, and
+            ``{"a":1}`` was no answer at all), and extras of any type where
+            ``additionalProperties`` is true or ``{}`` (the converter's were objects)."""
+            prefix = f"{name}{'-' if name else ''}"
+            kv = {}
+            for prop, sub in properties:
+                value = self.visit(sub, f"{prefix}{prop}")
+                kv[prop] = self._add_rule(
+                    f"{prefix}{prop}-kv",
+                    f'{self._format_literal(json.dumps(prop))} space ":" space {value}')
+            firsts = [kv[p] for p, _ in properties if p in required]
+            optional = [p for p, _ in properties if p not in required]
+            if additional_properties is True or isinstance(additional_properties, dict):
+                extra = f"{prefix}additional"
+                free = additional_properties is True or not additional_properties
+                value = self.visit({"type": list(_ANY_TYPE)} if free
+                                   else additional_properties, f"{extra}-value")
+                key = _other_key(self, f"{extra}-name", [p for p, _ in properties]) \
+                    if properties else self._add_primitive("string", PRIMITIVE_RULES["string"])
+                kv["*"] = self._add_rule(f"{extra}-kv", f'{key} ":" space {value}')
+                optional.append("*")
+            rule = '"{" space ' + ' "," space '.join(firsts)
+            if optional:
+
+                def chain(keys: list[str], first_optional: bool) -> str:
+                    k, *rest = keys
+                    more = f'( "," space {kv[k]} )'
+                    if first_optional:
+                        out = more + ("*" if k == "*" else "?")
+                    else:
+                        out = kv[k] + (f" {more}*" if k == "*" else "")
+                    if rest:
+                        out += " " + self._add_rule(f"{prefix}{k}-rest", chain(rest, True))
+                    return out
+
+                alternatives = " | ".join(chain(optional[i:], False)
+                                          for i in range(len(optional)))
+                rule += f' ( "," space ( {alternatives} ) )?' if firsts \
+                    else f" ( {alternatives} )?"
+            return rule + ' "}" space'
 
         def _add_primitive(self, name: str, rule: Any) -> Any:
             if name == "char":  # the converter's let a string hold raw control characters
                 rule = BuiltinRule(_JSON_CHAR, [])
+            elif name == "date":  # the converter's allowed 2023-02-31
+                rule = BuiltinRule(_DATE, [])
             return super()._add_primitive(name, rule)
 
     converter = Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
@@ -173,6 +229,54 @@ _JSON_CHAR = (r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-
               r'[0-9a-fA-F] [0-9a-fA-F])')
 """A character of a JSON string: the converter's ``char`` without the control
 characters (a raw tab or newline in a string is not JSON: the answer failed to parse)."""
+_PLAIN_EXCLUDED = '"\\\\\\x7F\\x00-\\x1F'
+"""What a JSON string's character without an escape is not, as a class's members."""
+
+
+def _other_key(converter: Any, base: str, names: list[str]) -> str:
+    """A rule's name for the key of an extra property beside the listed ``names``: a JSON
+    string of characters without escapes that is none of them (a trie of the names:
+    at each prefix, a character no name continues it with and then any, or one a name
+    does and the rest from there; the prefix itself only where it is no name).
+    Iterative, children before their parent: a name may be long."""
+    char = converter._add_rule("key-char", f"[^{_PLAIN_EXCLUDED}]")
+    trie: dict[Any, Any] = {}
+    for name in names:
+        if any(c in '"\\' or ord(c) < 0x20 or c == "\x7f" for c in name):
+            continue  # written with an escape: a key without one is never it
+        node = trie
+        for c in name:
+            node = node.setdefault(c, {})
+        node[None] = {}
+    rules: dict[int, str] = {}
+    count = 0
+    stack: list[tuple[dict[Any, Any], bool]] = [(trie, False)]
+    while stack:
+        node, ready = stack.pop()
+        children = sorted(c for c in node if c is not None)
+        if not ready:
+            stack.append((node, True))
+            stack.extend((node[c], False) for c in children)
+            continue
+        members = "".join("\\" + c if c in "]-" else c for c in children)
+        alternatives = [f"[^{_PLAIN_EXCLUDED}{members}] {char}*"]
+        alternatives += [f'"{c}" {rules[id(node[c])]}' for c in children]
+        body = f"({' | '.join(alternatives)}){'' if None in node else '?'}"
+        rules[id(node)] = converter._add_rule(f"{base}-key-{count}", body)
+        count += 1
+    return f'"\\"" {rules[id(trie)]} "\\"" space'
+
+
+_OCTET = '("25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9] [0-9] | [0-9])'
+_IPV4 = '"\\"" ' + ' "." '.join([_OCTET] * 4) + ' "\\"" space'
+"""An IPv4 address as JSON Schema's ``ipv4`` format (RFC 2673's dotted-quad): four
+numbers from 0 to 255, without leading zeros."""
+_DATE = ('[0-9] [0-9] [0-9] [0-9] "-" (("0" [13578] | "1" [02]) "-" ("0" [1-9] | [1-2] [0-9] '
+         '| "3" [0-1]) | ("0" [469] | "11") "-" ("0" [1-9] | [1-2] [0-9] | "30") | "02-" '
+         '("0" [1-9] | "1" [0-9] | "2" [0-8])) | ([0-9] [0-9] ("0" [48] | [2468] [048] | '
+         '[13579] [26]) | ([02468] [048] | [13579] [26]) "00") "-02-29"')
+"""A date as RFC 3339's ``full-date``: each month's days, and February's 29th in leap
+years only (a year divisible by 4, and by 400 where by 100)."""
 _ANY_TYPE = ("object", "array", "string", "number", "boolean", "null")
 """Every JSON value's type: what an empty schema of items allows."""
 _FIRST = ("$ref", "anyOf", "oneOf")
@@ -384,6 +488,7 @@ def _check_keywords(schema: dict[str, Any]) -> list[dict[str, Any]]:
                 and isinstance(node.get("maximum"), int | float) \
                 and node["minimum"] > node["maximum"]:
             raise bad("minimum", f"at most maximum ({node['maximum']})")
+        _check_supported(node, path, schema)
         _check_values(node, path)
         if "allOf" in node and not _merges_objects(node):
             raise GrammarError(f"{path + '.' if path else ''}allOf is supported only to "
@@ -410,6 +515,226 @@ def _check_keywords(schema: dict[str, Any]) -> list[dict[str, Any]]:
             elif key in node and not isinstance(value, bool):
                 raise bad(key, "a schema or a boolean")
     return patterned
+
+
+_ANNOTATIONS = frozenset({
+    "title", "description", "examples", "default", "$comment", "$schema", "$id",
+    "deprecated", "readOnly", "writeOnly", "contentMediaType", "contentEncoding",
+    "contentSchema", "discriminator", "nullable", "$defs", "definitions"})
+"""Keywords that constrain nothing the grammar writes: annotations, definitions (checked
+where they are referenced), OpenAPI's ``discriminator`` (the branches say it) and
+``nullable`` (it only widens what the grammar allows)."""
+_ENFORCED = frozenset({
+    "type", "enum", "const", "properties", "required", "additionalProperties", "items",
+    "prefixItems", "minItems", "maxItems", "minLength", "maxLength", "pattern", "format",
+    *BOUNDS, "multipleOf", "minProperties", "maxProperties", "uniqueItems", "anyOf",
+    "oneOf", "allOf", "$ref"})
+"""Keywords the grammar enforces (where :func:`_check_supported` and
+:func:`_check_values` let them through) or refuses in their own words."""
+FORMATS = ("date", "time", "date-time", "uuid", "ipv4")
+"""String formats the grammar enforces (``uuid1`` to ``uuid5`` as ``uuid``); any other
+is refused."""
+_MEMBER_KEYWORDS = {"object": ("properties", "additionalProperties"),
+                    "array": ("items", "prefixItems", "additionalItems"),
+                    "string": ("format",)}
+"""Keywords that :func:`~moescope.engine.schema_rules.misfit` does not check an
+``enum``'s or ``const``'s values against, by the values' type."""
+
+
+def _check_supported(node: dict[str, Any], path: str, root: dict[str, Any]) -> None:
+    """Every keyword of ``node`` is one the grammar enforces here or an annotation
+    (:data:`_ANNOTATIONS`), else a :class:`GrammarError` naming it: the converter skips
+    what it does not read, and the answer could break the schema silently."""
+    prefix = path + "." if path else ""
+
+    def refuse(key: str, why: str) -> GrammarError:
+        return GrammarError(f"{prefix}{key} is not supported: {why}")
+
+    for key in node:
+        if key not in _ENFORCED and key not in _ANNOTATIONS and not (
+                key == "additionalItems" and isinstance(node.get("items"), list)):
+            raise refuse(key, "the grammar cannot enforce it (drop it and check in the "
+                              "client)")
+    for first in ("$ref", "anyOf", "oneOf", "allOf"):
+        if first in node:
+            allowed = {"type"} if first == "allOf" else set()
+            for key in node:
+                if key != first and key not in _ANNOTATIONS and key not in allowed:
+                    raise refuse(key, f"beside {first} the grammar follows only the "
+                                      f"{first} (move it into the subschemas)")
+    if "allOf" in node and _merges_objects(node):
+        _check_merged(node, path, root)
+    if isinstance(node.get("oneOf"), list) and all(isinstance(b, dict) for b in node["oneOf"]):
+        _check_one_of(node["oneOf"], prefix, root)
+    kind = node.get("type")
+    kinds = set(kind) if isinstance(kind, list) else {kind} if kind else set()
+    if "const" in node and "enum" in node:
+        if not any(_json_equal(node["const"], v) for v in node["enum"]):
+            raise GrammarError(f"{path or 'the schema'} allows no value: its const "
+                               f"{_short(node['const'])} is not one of its enum values")
+        del node["enum"]
+    if "const" in node or "enum" in node:
+        values = [node["const"]] if "const" in node else node["enum"]
+        key = "const" if "const" in node else "enum"
+        for value in values:
+            if misfit(value, node) is not None:
+                continue
+            for member in _MEMBER_KEYWORDS.get(_json_kind(value), ()):
+                if member in node:
+                    raise refuse(member, f"beside {key} its values are not checked "
+                                         f"against it (list only values that meet it, "
+                                         f"and drop {member})")
+        return
+    strings = not kinds or "string" in kinds
+    fmt = node.get("format")
+    if isinstance(fmt, str) and fmt not in FORMATS and not re.fullmatch(r"uuid[1-5]", fmt):
+        raise refuse(f"format {fmt!r}", f"the grammar enforces only {', '.join(FORMATS)}")
+    if strings:
+        shape = "pattern" if "pattern" in node else "format" if "format" in node else None
+        for key in ("minLength", "maxLength"):
+            if shape and key in node:
+                raise refuse(key, f"beside {shape} the grammar follows only the {shape}")
+        if "pattern" in node and "format" in node:
+            raise refuse("format", "beside pattern the grammar follows only the pattern")
+    if not kinds or "array" in kinds:
+        items = node.get("items")
+        tuple_items = items if isinstance(items, list) else node.get("prefixItems") \
+            if isinstance(node.get("prefixItems"), list) and items in (None, False) else None
+        if "prefixItems" in node and items not in (None, False):
+            raise refuse("prefixItems", "beside items the grammar follows only the items")
+        if isinstance(tuple_items, list):
+            n = len(tuple_items)
+            for key in ("minItems", "maxItems"):
+                bound = node.get(key)
+                if isinstance(bound, int) and (n < bound if key == "minItems" else n > bound):
+                    raise refuse(key, f"the grammar writes the {n} items of "
+                                      f"{'items' if isinstance(items, list) else 'prefixItems'}"
+                                      ", no more or fewer")
+
+
+def _json_kind(value: Any) -> str:
+    return "object" if isinstance(value, dict) else "array" if isinstance(value, list) \
+        else "string" if isinstance(value, str) else "other"
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """Equal as JSON values (``1`` and ``1.0`` too)."""
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def _check_merged(node: dict[str, Any], path: str, root: dict[str, Any]) -> None:
+    """An ``allOf`` the converter merges into one object, as it reads it: of each part
+    (or its ``$ref``'s target, or each branch of its ``anyOf``) only ``properties``, all
+    of them required (the branches' all optional), and no property beside them. So a
+    part may hold nothing else that constrains (``additionalProperties``, bounds...), a
+    branch no ``required`` (the answer might meet no branch), and no property may come
+    from two places (the answer would hold its key twice)."""
+    prefix = path + "." if path else ""
+    seen: dict[str, str] = {}
+
+    def part(sub: Any, where: str, branch: bool) -> None:
+        ref = sub.get("$ref") if isinstance(sub, dict) else None
+        if isinstance(ref, str):
+            sub, where = _local_target(root, ref), f"{where} ($ref {ref})"
+        if not isinstance(sub, dict):
+            raise GrammarError(f"{where} must be an object schema to merge in allOf")
+        if "anyOf" in sub and not branch and ref is None:  # (a target's it does not read)
+            for i, b in enumerate(sub["anyOf"]):
+                part(b, f"{where}.anyOf[{i}]", True)
+            return
+        allowed = {"type", "properties"} | (set() if branch else {"required"})
+        for key in sub:
+            if key not in allowed and key not in _ANNOTATIONS:
+                raise GrammarError(f"{where}.{key} is not supported in allOf: the "
+                                   "converter merges only the parts' properties")
+        if sub.get("type") not in (None, "object") or "properties" not in sub:
+            raise GrammarError(f"{where} must be an object schema with properties to "
+                               "merge in allOf")
+        for name in sub["properties"]:
+            if name in seen:
+                raise GrammarError(f"{where}.properties.{name} is defined in "
+                                   f"{seen[name]} too: allOf merges each property once")
+            seen[name] = where
+
+    for i, sub in enumerate(node["allOf"]):
+        part(sub, f"{prefix}allOf[{i}]", False)
+
+
+def _check_one_of(branches: list[dict[str, Any]], prefix: str, root: dict[str, Any]) -> None:
+    """The converter reads ``oneOf`` as ``anyOf``: an answer that two branches match
+    would pass. So every two branches must provably exclude each other
+    (:func:`_disjoint`), as a discriminated union's do."""
+    resolved = [_resolved(root, b) for b in branches]
+    for i in range(1, len(resolved)):
+        for j in range(i):
+            if not _disjoint(root, resolved[j], resolved[i]):
+                raise GrammarError(
+                    f"{prefix}oneOf[{j}] and {prefix}oneOf[{i}] could both match: oneOf "
+                    "is enforced only where its branches exclude each other (different "
+                    "types, or different const/enum values of a property both require); "
+                    "use anyOf")
+
+
+def _resolved(root: dict[str, Any], node: Any) -> Any:
+    """``node``, or what its ``$ref`` (and theirs, a few deep) points to."""
+    for _ in range(MAX_SCHEMA_DEPTH):
+        if not (isinstance(node, dict) and isinstance(node.get("$ref"), str)):
+            return node
+        node = _local_target(root, node["$ref"])
+    return None
+
+
+def _kinds(node: dict[str, Any]) -> set[str] | None:
+    """The JSON types a schema's values may have, as far as ``type``, ``const`` or
+    ``enum`` say (an integer is a number too); None where they do not say."""
+    if "type" in node:
+        kind = node["type"]
+        kinds = set(kind) if isinstance(kind, list) else {kind}
+        return kinds | {"integer"} if "number" in kinds else kinds
+    values = [node["const"]] if "const" in node else node.get("enum")
+    if isinstance(values, list):
+        return set().union(*(json_type_of(v) for v in values))
+    return None
+
+
+def _disjoint(root: dict[str, Any], a: Any, b: Any) -> bool:
+    """Whether no value can meet both schemas, as far as their types, their
+    ``const``/``enum`` values, or those of a property both require tell."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return False
+    ka, kb = _kinds(a), _kinds(b)
+    if ka is not None and kb is not None and not ka & kb:
+        return True
+    va = [a["const"]] if "const" in a else a.get("enum")
+    vb = [b["const"]] if "const" in b else b.get("enum")
+    if isinstance(va, list) and isinstance(vb, list) \
+            and not any(_json_equal(x, y) for x in va for y in vb):
+        return True
+    pa, pb = a.get("properties"), b.get("properties")
+    if not (isinstance(pa, dict) and isinstance(pb, dict)):
+        return False
+    both = set(a.get("required") or []) & set(b.get("required") or [])
+    return any(_disjoint(root, _resolved(root, pa.get(name)), _resolved(root, pb.get(name)))
+               for name in sorted(both))
+
+
+def _local_target(root: dict[str, Any], ref: str) -> Any:
+    """What a local ``$ref`` (``#/$defs/A``) points to in ``root``; None where nothing."""
+    target: Any = root
+    for sel in ref.split("#", 1)[-1].split("/")[1:]:
+        sel = sel.replace("~1", "/").replace("~0", "~")
+        if not isinstance(target, dict) or sel not in target:
+            return None
+        target = target[sel]
+    return target
 
 
 def _check_values(node: dict[str, Any], path: str) -> None:
@@ -544,12 +869,20 @@ def _pattern_tokens(pattern: str, members: bool = False) -> Iterator[_Token]:
 def _check_pattern(pattern: str, where: str) -> None:
     """Refuse a ``]`` or ``}`` outside a character class or a ``{m,n}``: the converter
     reads it as neither a literal nor syntax and loops on it forever (``^a]$`` hung the
-    request, and with it the server's event loop, at 100% CPU)."""
+    request, and with it the server's event loop, at 100% CPU). And a ``{m,n}`` with
+    ``n`` below ``m``, which is no regular expression (the converter wrote ``a{3,1}`` as
+    ``aaa``)."""
     for token in _pattern_tokens(pattern):
         if token.kind == "literal" and token.text in "]}":
             c = token.text
             raise GrammarError(f"{where} has an unmatched {c!r} at character {token.at} "
                                f"(write \\{c} for the character itself)")
+        if token.kind == "quantifier" and token.text[0] == "{":
+            m = _QUANTIFIER.fullmatch(token.text)
+            if m and m.group(2) and int(m.group(2)) < int(m.group(1)):
+                raise GrammarError(f"{where} has {token.text} at character {token.at}: "
+                                   "its maximum is below its minimum (not a regular "
+                                   "expression)")
 
 
 _UNSAFE = '"\\\\\\x00-\\x1F'
@@ -708,31 +1041,6 @@ def _short(value: Any) -> str:
     return _one_line(repr(value), 40)
 
 
-_stderr_lock = threading.Lock()
-
-
-@contextmanager
-def _captured_stderr() -> Iterator[list[bytes]]:
-    """What is written to file descriptor 2 meanwhile (llama.cpp's grammar parser prints
-    its errors there), in the yielded list afterwards. Other threads' writes of the moment
-    land there too: the caller writes back what is not its own."""
-    out: list[bytes] = []
-    with _stderr_lock, tempfile.TemporaryFile() as tmp:
-        try:
-            saved = os.dup(2)
-        except OSError:
-            yield out
-            return
-        try:
-            os.dup2(tmp.fileno(), 2)
-            yield out
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            out.append(tmp.read())
-
-
 class Grammar:
     """One answer's grammar, compiled for a vocabulary: its parse state moves with every
     accepted token, so it serves one generation (the engine claims it)."""
@@ -743,13 +1051,13 @@ class Grammar:
         self.text = text
         self._low = low
         self._ptr: Any = None
-        data = text.encode("utf-8")
-        with _captured_stderr() as captured:
-            ptr = low.llama_sampler_init_grammar(vocab, data, b"root")
-        reason = _restore_stderr(captured[0] if captured else b"", text)
-        if not ptr:
-            why = reason or "left recursion or an empty rule"
-            raise GrammarError(f"llama.cpp refused the grammar: {why}")
+        reason = parse_error(text)  # llama.cpp's parser would print it to fd 2
+        if reason is not None:
+            raise GrammarError(f"llama.cpp refused the grammar: {_one_line(reason)}")
+        ptr = low.llama_sampler_init_grammar(vocab, text.encode("utf-8"), b"root")
+        if not ptr:  # it parsed: what llama.cpp checks after (its log says which)
+            raise GrammarError("llama.cpp refused the grammar: left recursion or an "
+                               "empty rule")
         self._ptr = ptr
         self._n_vocab = n_vocab
         self._eog = eog
@@ -972,20 +1280,3 @@ class _ChainAfterMask:
         ends, owner = ends[order], owner[order]
         same = (ends[1:] == ends[:-1]) & (owner[1:] != owner[:-1])
         return not bool(same.any())
-
-
-def _restore_stderr(captured: bytes, grammar: str) -> str:
-    """Write back what others wrote to stderr meanwhile; return llama.cpp's reason for
-    refusing ``grammar`` (its message, without the grammar it prints after it)."""
-    text = captured.decode("utf-8", errors="replace")
-    reason = ""
-    m = re.search(r"[\w:]*: error parsing grammar: ([^\n]*)\n\n", text)
-    if m:
-        reason = m.group(1)
-        tail = text[m.end():]
-        if tail.startswith(grammar):
-            tail = tail[len(grammar):].removeprefix("\n")
-        text = text[:m.start()] + tail
-    if text:
-        os.write(2, text.encode("utf-8", errors="replace"))
-    return _one_line(reason)
