@@ -43,10 +43,12 @@ def run(args: argparse.Namespace) -> int:
     propagate as MoEScopeError (exit 2)."""
     from moescope.trace.names import JOURNAL_SUFFIX
     from moescope.trace.parquet_format import compact, compacted_path
+    from moescope.trace.reader import check_regular
     from moescope.trace.schema import TraceFormatError
     from moescope.util.errors import MoEScopeError
 
     src: Path = args.journal
+    check_regular(src)  # a FIFO's open would block
     try:
         with open(src, "rb") as f:
             magic = f.read(4)
