@@ -275,3 +275,16 @@ def test_staged_outputs_appear_together_or_not_at_all(tmp_path: Path) -> None:
 
 def _fail() -> None:
     raise RuntimeError("a later file failed")
+
+
+def test_a_folder_that_takes_no_new_files_is_refused_naming_the_output() -> None:
+    """``/proc`` is a folder whose permissions let root write, yet it takes no new file:
+    the refusal names the output and the folder (it was the temporary's name and only
+    ``No such file or directory``)."""
+    from moescope.util.files import OutputPathError, check_output, write_atomic
+
+    for call in (lambda: check_output("/proc/x"), lambda: write_atomic("/proc/x", "data")):
+        with pytest.raises(OutputPathError) as caught:
+            call()
+        assert caught.value.filename == "/proc/x"
+        assert "folder /proc" in str(caught.value)

@@ -238,10 +238,12 @@ def check_outputs(outputs: Sequence[tuple[str, Path | None]],
 def write_output(path: Path, text: str, option: str, inputs: Sequence[Path] = ()) -> None:
     """Write an output file whole or not at all (a full disk leaves an older file as it
     was); a failure is one line, not a traceback, and what was printed stays printed."""
-    from moescope.util.files import write_atomic
+    from moescope.util.files import OutputPathError, write_atomic
 
     try:
         write_atomic(path, text, inputs=inputs)
+    except OutputPathError as err:  # names what is wrong with the path
+        raise MoEScopeError(f"{option} {path}: {err.strerror}") from None
     except OSError as err:
         raise MoEScopeError(f"{option} {path}: cannot write ({err.strerror or err})") from None
 

@@ -162,15 +162,19 @@ def _write_exports(args: argparse.Namespace, trace: Trace) -> None:
     """Write ``--perfetto`` and ``--tokens-csv`` where asked; a write error is one line."""
     from moescope.trace import write_perfetto
     from moescope.trace.tokens_csv import write_tokens_csv
+    from moescope.util.files import OutputPathError
 
-    try:
-        if args.perfetto:
-            write_perfetto(trace, args.perfetto)
-        if args.tokens_csv:
-            write_tokens_csv(trace, args.tokens_csv)
-    except OSError as err:
-        raise MoEScopeError(f"{err.filename or 'output'}: cannot write "
-                            f"({err.strerror or err})") from None
+    for option, path, write in (("--perfetto", args.perfetto, write_perfetto),
+                                ("--tokens-csv", args.tokens_csv, write_tokens_csv)):
+        if not path:
+            continue
+        try:
+            write(trace, path)
+        except OutputPathError as err:  # names the path and what is wrong with it
+            raise MoEScopeError(f"{option} {path}: {err.strerror}") from None
+        except OSError as err:  # a full disk: the error names no file, or a temporary
+            raise MoEScopeError(f"{option} {path}: cannot write "
+                                f"({err.strerror or err})") from None
 
 
 COST_OVERRIDES = (("--bandwidth", "bandwidth", 0.01, 10_000.0, " GB/s"),
