@@ -120,6 +120,9 @@ def test_the_token_count_is_bounded_above_too(
     (["x/y:f.gguf", "--dir", "/dev/null/models"],
      "--dir /dev/null/models: not a folder (/dev/null is not a folder)"),
     (["x/y:f.gguf", "--check", "--dir", "{file}"], "not a folder"),
+    # /proc: its permissions let root write, yet it takes no new folder (a user is told
+    # it cannot write there); either way before the Hub is asked, naming the folder
+    (["x/y:f.gguf", "--dir", "/proc/models"], "--dir /proc/models: "),
 ])
 def test_pull_checks_its_arguments_before_asking_the_hub(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
