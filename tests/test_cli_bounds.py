@@ -149,3 +149,18 @@ def test_the_guard_target_is_said_as_a_percentage(
     err = _one_line_error(capsys, ["generate", str(tmp_path / "never-read.gguf"),
                                    "--policy", f"guard:target={target}"])
     assert err.rstrip().endswith(f"guard target must be between 0.01% and 50%, {says}")
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("a\nb", "--model-id holds the control character '\\n'"),
+    ("m\x1b[2J", "--model-id holds the control character '\\x1b'"),
+    ("x" * 257, "--model-id is 257 characters; at most 256"),
+])
+def test_serve_model_id_is_a_short_printable_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, says: str) -> None:
+    """A newline or an escape sequence in ``--model-id`` broke the one-line banner and
+    request log (and reached every client's ``/v1/models``); its length was unbounded.
+    Refused before the model is looked for."""
+    err = _one_line_error(capsys, ["serve", str(tmp_path / "never-read.gguf"),
+                                   "--port", "1", "--model-id", name])
+    assert says in err

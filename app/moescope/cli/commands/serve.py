@@ -107,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
                                 ("--read-timeout", args.read_timeout, *READ_TIMEOUT_RANGE)):
         check_range(name, value, lo, hi)
     check_ctx(args.ctx)
+    check_model_id(args.model_id)
     policy = parse_live_policy(args.policy)  # fail fast, before loading
     parse_budget(args.budget)
     if args.ram_budget is not None:
@@ -154,3 +155,22 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.close()
     return 0
+
+
+MAX_MODEL_ID = 256
+"""Longest ``--model-id``: API model names are short (``unsloth/Qwen3-30B-A3B``)."""
+
+
+def check_model_id(name: str | None) -> None:
+    """``--model-id`` is a name of at most :data:`MAX_MODEL_ID` printable characters: a
+    newline or an escape sequence in it broke the one-line banner and request log (and
+    reached every client's ``/v1/models``), and its length was unbounded."""
+    if name is None:
+        return
+    if len(name) > MAX_MODEL_ID:
+        raise MoEScopeError(f"--model-id is {len(name):,} characters; at most "
+                            f"{MAX_MODEL_ID}")
+    bad = next((c for c in name if not c.isprintable()), None)
+    if bad is not None:
+        raise MoEScopeError(f"--model-id holds the control character {bad!r}; give a "
+                            "printable name")
