@@ -204,7 +204,11 @@ def resolve_output(dest: PathLike) -> Path:
     """Where a write to ``dest`` lands: the final target of a symlink chain (which need
     not exist yet), else ``dest`` itself."""
     p = Path(dest)
-    return Path(os.path.realpath(p)) if p.is_symlink() else p
+    try:
+        link = stat.S_ISLNK(os.lstat(p).st_mode)
+    except (OSError, ValueError):  # missing, or a name too long: the caller's stat says
+        return p
+    return Path(os.path.realpath(p)) if link else p
 
 
 def _regular_or_missing(target: Path) -> bool:
