@@ -23,7 +23,7 @@ import numpy as np
 
 from moescope.util.errors import MoEScopeError
 from moescope.util.files import write_atomic
-from moescope.util.paths import data_dir
+from moescope.util.paths import data_dir, data_dir_path
 
 CALIBRATION_FILE = "calibration.json"
 ALIGN = 4096
@@ -160,7 +160,7 @@ def _rate(raw: dict[str, object], key: str, low: float, high: float) -> float:
 
 def load_calibration(path: Path | None = None) -> Calibration | None:
     """The saved calibration (None when there is none); every number bounded."""
-    path = path or calibration_path()
+    path = path or data_dir_path() / CALIBRATION_FILE  # read without making the folder
     again = "run moescope calibrate again"
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, /dev/zero not end
