@@ -29,6 +29,26 @@ def check_range(option: str, value: float, lo: float, hi: float, unit: str = "")
                             f"{_bound(hi)}{unit}")
 
 
+def not_utf8(text: str) -> str | None:
+    """Why ``text`` is not UTF-8 text, or None: Python reads the command line and standard
+    input with ``surrogateescape``, so a byte that is not UTF-8 (a Latin-1 ``é``) arrives
+    as a lone surrogate, which the tokenizer refused with a UnicodeEncodeError traceback."""
+    for i, c in enumerate(text):
+        if "\ud800" <= c <= "\udfff":
+            code = ord(c)
+            shown = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else "a surrogate"
+            return f"is not UTF-8 text ({shown} at character {i + 1})"
+    return None
+
+
+def check_utf8(option: str, text: str | None) -> None:
+    """Refuse, in one line, an argument of text (a prompt, a system prompt) that is not
+    UTF-8 (:func:`not_utf8`)."""
+    why = None if text is None else not_utf8(text)
+    if why is not None:
+        raise MoEScopeError(f"{option} {why}")
+
+
 def _bound(x: float) -> str:
     """A bound as people write it: 1048576 and 1000000, not 1.04858e+06; 0.01 as is."""
     if isinstance(x, int) or (x.is_integer() and abs(x) < 1e15):

@@ -40,6 +40,7 @@ from moescope.cli.options import (
     add_model_argument,
     add_threads_argument,
     check_range,
+    check_utf8,
 )
 from moescope.util.errors import MoEScopeError
 
@@ -206,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
     check_range("--tokens", args.tokens, 2, MAX_TOKENS)
     check_range("--runs", args.runs, 1, MAX_RUNS)
     check_threads(args.threads)
+    check_utf8("--prompt", args.prompt)
     inputs = model_inputs(args.model)
     to_stdout = check_outputs([("--json", args.json)], inputs)
     model = resolve_model(args.model)

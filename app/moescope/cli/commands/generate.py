@@ -30,6 +30,7 @@ from moescope.cli.options import (
     add_no_cache_argument,
     add_policy_argument,
     check_range,
+    check_utf8,
 )
 from moescope.trace.names import formats_help, record_suffix
 from moescope.util.errors import MoEScopeError
@@ -65,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from moescope.engine import Engine, Message
 
     sampling = sampling_from_args(args)  # fail fast, before loading
+    check_utf8("--prompt", args.prompt)
     check_every(args.audit)
     policy = parse_live_policy(args.policy)
     check_budget(args.budget)
