@@ -330,3 +330,32 @@ def test_trace_compact_into_a_folder_that_takes_no_files_names_the_output(
     err = capsys.readouterr().err
     assert err.startswith("moescope: error: /proc/x: ") and err.count("\n") == 1
     assert "folder /proc" in err and ".part" not in err, err
+
+
+SIXTY_FIVE = ",".join(f"threshold:theta=0.{i:03d}" for i in range(65))
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["replay", "{tmp}/never-read.arrows", "--policy", "exact,psr,exact"],
+     "--policy names exact more than once"),
+    (["replay", "{tmp}/never-read.arrows", "--budget", "25%,recorded,25%"],
+     "--budget names 25% more than once"),
+    (["replay", "{tmp}/never-read.arrows", "--policy", SIXTY_FIVE],
+     "--policy names 65 policies; at most 64"),
+    (["replay", "{tmp}/never-read.arrows", "--budget",
+      ",".join(f"{i}" for i in range(1, 66))], "--budget names 65 budgets; at most 64"),
+    (["eval", "{tmp}/m.gguf", "--text", "{tmp}/x", "--policies", "exact,exact"],
+     "--policies names exact more than once"),
+    (["eval", "{tmp}/m.gguf", "--text", "{tmp}/x", "--budgets", "25%,25%"],
+     "--budgets names 25% more than once"),
+    (["bench", "{tmp}/m.gguf", "--policies", SIXTY_FIVE],
+     "--policies names 65 policies; at most 64"),
+])
+def test_lists_of_policies_and_budgets_are_bounded_and_without_repeats(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+        says: str) -> None:
+    """``replay -p exact,exact,...`` (3000) ``-b 25%,25%,...`` (3000) ran nine million
+    replays, past 5 GB and minutes, before printing a row; a name given twice was a row
+    (or an eval run) repeated for nothing."""
+    err = _one_line_error(capsys, [a.format(tmp=tmp_path) for a in argv])
+    assert says in err, err

@@ -476,3 +476,15 @@ def test_a_text_argument_that_is_not_utf8_is_one_line_before_loading(
     err = capsys.readouterr().err
     assert code == 2
     assert err == f"moescope: error: {option} is not UTF-8 text (byte 0xe9 at character 4)\n"
+
+
+def test_compare_takes_a_bounded_list_without_repeats(
+        synth_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``/compare psr,psr,...`` ran one greedy answer per name, as many as were typed."""
+    many = ",".join(f"threshold:theta=0.{i:03d}" for i in range(65))
+    code, _, err = chat(monkeypatch, capsys, synth_model("qwen3moe"),
+                        f"Hi\n/compare psr,psr\n/compare {many}\n")
+    assert code == 0, err
+    assert "/compare names psr more than once" in err
+    assert "/compare names 65 policies; at most 64" in err

@@ -39,6 +39,7 @@ from moescope.cli.options import (
     add_budget_arguments,
     add_model_argument,
     add_threads_argument,
+    check_list,
     check_range,
     check_utf8,
 )
@@ -196,9 +197,7 @@ def run(args: argparse.Namespace) -> int:
     names = split_list(args.policies or [DEFAULT_POLICIES])
     if not names:
         raise MoEScopeError("--policies names no policy")
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise MoEScopeError(f"--policies lists {', '.join(duplicates)} more than once")
+    check_list("--policies", names, "policies")
     policies = [parse_live_policy(n) for n in names]
     parse_budget(args.budget)
     if args.tokens < 2:

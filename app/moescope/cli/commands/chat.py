@@ -51,6 +51,7 @@ from moescope.cli.options import (
     add_policy_argument,
     add_threads_argument,
     check_ctx,
+    check_list,
     check_utf8,
     not_utf8,
 )
@@ -465,6 +466,7 @@ class ChatSession:
         score = "score" in words
         names = [w for w in words if w != "score"] or ["quality-first", "speed-first", "psr"]
         try:
+            check_list("/compare", names, "policies")
             policies = [parse_live_policy(name) for name in names]
         except MoEScopeError as err:
             self._error(str(err))

@@ -22,6 +22,7 @@ from moescope.cli.options import (
     add_budget_arguments,
     add_model_argument,
     add_threads_argument,
+    check_list,
 )
 from moescope.util.errors import MoEScopeError
 from moescope.util.resources import demo_model_path
@@ -141,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
     policy_specs = split_list(args.policies or [
         "exact,quality-first,speed-first,threshold,first-choice,substitute-all"])
     budgets = split_list(args.budgets or ["25%,50%"])
+    check_list("--policies", policy_specs, "policies")
+    check_list("--budgets", budgets, "budgets")
     policies = []
     for spec in policy_specs:
         policy = parse_policy(spec)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from moescope.cache.budget import parse_budget, plan_slots
 from moescope.cache.policy import PRESET_NAMES
 from moescope.cli.commands.generate import check_outputs, write_output
-from moescope.cli.options import check_range
+from moescope.cli.options import check_list, check_range
 from moescope.trace import TRACE_SUFFIXES
 from moescope.util.errors import MoEScopeError
 
@@ -90,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         raise MoEScopeError("--policy names no policy (e.g. --policy exact,quality-first)")
     if not budgets:
         raise MoEScopeError("--budget names no budget (e.g. --budget recorded,25%)")
+    check_list("--policy", policies, "policies")
+    check_list("--budget", budgets, "budgets")
     for spec in policies:
         parse_policy(spec)  # fail on a typo before reading a large trace
     for b in budgets:
