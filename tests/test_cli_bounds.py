@@ -164,3 +164,27 @@ def test_serve_model_id_is_a_short_printable_name(
     err = _one_line_error(capsys, ["serve", str(tmp_path / "never-read.gguf"),
                                    "--port", "1", "--model-id", name])
     assert says in err
+
+
+@pytest.mark.parametrize(("key", "says"), [
+    ("", "--api-key is empty"),
+    ("a\nb", "--api-key may hold only visible ASCII characters"),
+    ("sk live", "--api-key may hold only visible ASCII characters"),
+    ("clé", "--api-key may hold only visible ASCII characters"),
+    ("k" * 1025, "--api-key is 1,025 characters; at most 1024"),
+])
+def test_serve_api_key_is_one_a_client_can_send(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str, says: str) -> None:
+    """``--api-key ""`` (an unset ``$KEY``) served without a key, silently; a key with a
+    newline or a non-ASCII character started a server no request could authenticate to."""
+    err = _one_line_error(capsys, ["serve", str(tmp_path / "never-read.gguf"),
+                                   "--port", "1", "--api-key", key])
+    assert says in err
+
+
+def test_serve_api_key_from_the_environment_is_checked_too(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MOESCOPE_API_KEY", "\udcff")
+    err = _one_line_error(capsys, ["serve", str(tmp_path / "never-read.gguf"), "--port", "1"])
+    assert "MOESCOPE_API_KEY may hold only visible ASCII characters" in err
