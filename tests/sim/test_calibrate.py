@@ -120,3 +120,25 @@ def test_a_hostile_calibration_file_is_one_line_not_a_traceback_or_a_hang(
     err = _load_within(20.0)
     assert isinstance(err, MoEScopeError), repr(err)
     assert str(path) in str(err) and "\n" not in str(err)
+
+
+def test_calibrate_never_saves_over_the_file_it_measured_and_a_full_disk_is_one_line(
+        data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``calibration.json`` a link to the file measured: the save replaced that file (a
+    model, in use) with 250 bytes of JSON. A link to /dev/full: an OSError traceback."""
+    blob = tmp_path / "blob.bin"
+    content = bytes(range(256)) * (3 << 12)  # 3 MiB
+    blob.write_bytes(content)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    calibration_path().symlink_to(blob)
+    assert main(["calibrate", str(blob), "--reads", "2", "--block-mib", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "is an input of this command" in err and "not saved" in err and \
+        err.count("\n") == 1, err
+    assert blob.read_bytes() == content
+    calibration_path().unlink()
+    calibration_path().symlink_to("/dev/full")
+    assert main(["calibrate", str(blob), "--reads", "2", "--block-mib", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"moescope: error: {calibration_path()}: cannot write (No space left on "
+                   "device); the calibration was not saved\n")

@@ -146,7 +146,11 @@ def calibration_path() -> Path:
 
 
 def save_calibration(cal: Calibration, dest: Path | None = None) -> Path:
-    return write_atomic(dest or calibration_path(), json.dumps(asdict(cal), indent=1) + "\n")
+    """Write ``cal`` (to the data folder's calibration file by default), never over the
+    file it measured (``calibration.json`` a link to the model would have replaced it);
+    ``OSError`` when it cannot be written, the file as it was."""
+    return write_atomic(dest or calibration_path(), json.dumps(asdict(cal), indent=1) + "\n",
+                        inputs=[cal.file] if cal.file else [])
 
 
 def _rate(raw: dict[str, object], key: str, low: float, high: float) -> float:
