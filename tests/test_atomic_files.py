@@ -275,3 +275,37 @@ def test_staged_outputs_appear_together_or_not_at_all(tmp_path: Path) -> None:
 
 def _fail() -> None:
     raise RuntimeError("a later file failed")
+
+
+def test_a_folder_that_takes_no_new_files_is_refused_naming_the_output() -> None:
+    """``/proc`` is a folder whose permissions let root write, yet it takes no new file:
+    the refusal names the output and the folder (it was the temporary's name and only
+    ``No such file or directory``)."""
+    from moescope.util.files import OutputPathError, check_output, write_atomic
+
+    for call in (lambda: check_output("/proc/x"), lambda: write_atomic("/proc/x", "data")):
+        with pytest.raises(OutputPathError) as caught:
+            call()
+        assert caught.value.filename == "/proc/x"
+        assert "folder /proc" in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["a" * 300 + ".csv", "/".join(["d" * 200] * 25) + "/x"])
+def test_an_output_name_too_long_is_refused_in_words(tmp_path: Path, name: str) -> None:
+    """A file name over 255 bytes, or a path over 4096, was an ``OSError`` traceback from
+    ``Path.is_symlink`` (which swallows only a few errnos) in every command's output check."""
+    from moescope.util.files import OutputPathError, check_output
+
+    with pytest.raises(OutputPathError, match=r"cannot write \(File name too long\)"):
+        check_output(tmp_path / name)
+
+
+def test_replay_to_an_output_name_too_long_is_one_line(
+        record: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from moescope.cli import main
+
+    trace = str(record("qwen3moe", tokens=8))
+    long = str(tmp_path / ("a" * 300 + ".csv"))
+    assert main(["replay", trace, "--policy", "exact", "--tokens-csv", long]) == 2
+    err = capsys.readouterr().err
+    assert err == f"moescope: error: --tokens-csv {long}: cannot write (File name too long)\n"

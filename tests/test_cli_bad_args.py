@@ -300,3 +300,62 @@ def test_a_file_that_is_no_model_is_named_as_such_not_as_a_subcommand(
     assert main(["info"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("moescope info: error: the following arguments are required")
+
+
+@pytest.mark.parametrize("option", ["--csv", "--json", "--perfetto", "--tokens-csv"])
+def test_an_output_in_a_folder_that_takes_no_files_names_the_option_path_and_folder(
+        record: Any, capsys: pytest.CaptureFixture[str], option: str) -> None:
+    """``--csv /proc/x`` said only ``cannot write (No such file or directory)`` (of a
+    folder that exists), and ``--perfetto /proc/x`` named a temporary ``/proc/.x.*.part``
+    the user never gave; ``--perfetto /dev/full`` said ``output: cannot write``. Each now
+    names the option, the path and what is wrong (as root, /proc's permissions let the
+    check pass and the creation fail; as a user, its permissions refuse it)."""
+    trace = str(record("qwen3moe", tokens=20, answers=2, switch_at=7))
+    assert main(["replay", trace, "--policy", "exact", option, "/proc/x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"moescope: error: {option} /proc/x: ") and err.count("\n") == 1
+    assert "folder /proc" in err and ".part" not in err, err
+    assert main(["replay", trace, "--policy", "exact", option, "/dev/full"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"moescope: error: {option} /dev/full: cannot write (No space left on "
+                   "device)\n")
+    assert stat.S_ISCHR(os.lstat("/dev/full").st_mode)
+
+
+def test_trace_compact_into_a_folder_that_takes_no_files_names_the_output(
+        record: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """``trace compact T /proc/x`` named the temporary ``/proc/.x.*.part``."""
+    trace = str(record("qwen3moe", name="t.arrows", tokens=8))
+    assert main(["trace", "compact", trace, "/proc/x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("moescope: error: /proc/x: ") and err.count("\n") == 1
+    assert "folder /proc" in err and ".part" not in err, err
+
+
+SIXTY_FIVE = ",".join(f"threshold:theta=0.{i:03d}" for i in range(65))
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["replay", "{tmp}/never-read.arrows", "--policy", "exact,psr,exact"],
+     "--policy names exact more than once"),
+    (["replay", "{tmp}/never-read.arrows", "--budget", "25%,recorded,25%"],
+     "--budget names 25% more than once"),
+    (["replay", "{tmp}/never-read.arrows", "--policy", SIXTY_FIVE],
+     "--policy names 65 policies; at most 64"),
+    (["replay", "{tmp}/never-read.arrows", "--budget",
+      ",".join(f"{i}" for i in range(1, 66))], "--budget names 65 budgets; at most 64"),
+    (["eval", "{tmp}/m.gguf", "--text", "{tmp}/x", "--policies", "exact,exact"],
+     "--policies names exact more than once"),
+    (["eval", "{tmp}/m.gguf", "--text", "{tmp}/x", "--budgets", "25%,25%"],
+     "--budgets names 25% more than once"),
+    (["bench", "{tmp}/m.gguf", "--policies", SIXTY_FIVE],
+     "--policies names 65 policies; at most 64"),
+])
+def test_lists_of_policies_and_budgets_are_bounded_and_without_repeats(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+        says: str) -> None:
+    """``replay -p exact,exact,...`` (3000) ``-b 25%,25%,...`` (3000) ran nine million
+    replays, past 5 GB and minutes, before printing a row; a name given twice was a row
+    (or an eval run) repeated for nothing."""
+    err = _one_line_error(capsys, [a.format(tmp=tmp_path) for a in argv])
+    assert says in err, err

@@ -120,6 +120,9 @@ def test_the_token_count_is_bounded_above_too(
     (["x/y:f.gguf", "--dir", "/dev/null/models"],
      "--dir /dev/null/models: not a folder (/dev/null is not a folder)"),
     (["x/y:f.gguf", "--check", "--dir", "{file}"], "not a folder"),
+    # /proc: its permissions let root write, yet it takes no new folder (a user is told
+    # it cannot write there); either way before the Hub is asked, naming the folder
+    (["x/y:f.gguf", "--dir", "/proc/models"], "--dir /proc/models: "),
 ])
 def test_pull_checks_its_arguments_before_asking_the_hub(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -146,3 +149,42 @@ def test_the_guard_target_is_said_as_a_percentage(
     err = _one_line_error(capsys, ["generate", str(tmp_path / "never-read.gguf"),
                                    "--policy", f"guard:target={target}"])
     assert err.rstrip().endswith(f"guard target must be between 0.01% and 50%, {says}")
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("a\nb", "--model-id holds the control character '\\n'"),
+    ("m\x1b[2J", "--model-id holds the control character '\\x1b'"),
+    ("x" * 257, "--model-id is 257 characters; at most 256"),
+])
+def test_serve_model_id_is_a_short_printable_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, says: str) -> None:
+    """A newline or an escape sequence in ``--model-id`` broke the one-line banner and
+    request log (and reached every client's ``/v1/models``); its length was unbounded.
+    Refused before the model is looked for."""
+    err = _one_line_error(capsys, ["serve", str(tmp_path / "never-read.gguf"),
+                                   "--port", "1", "--model-id", name])
+    assert says in err
+
+
+@pytest.mark.parametrize(("key", "says"), [
+    ("", "--api-key is empty"),
+    ("a\nb", "--api-key may hold only visible ASCII characters"),
+    ("sk live", "--api-key may hold only visible ASCII characters"),
+    ("clé", "--api-key may hold only visible ASCII characters"),
+    ("k" * 1025, "--api-key is 1,025 characters; at most 1024"),
+])
+def test_serve_api_key_is_one_a_client_can_send(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str, says: str) -> None:
+    """``--api-key ""`` (an unset ``$KEY``) served without a key, silently; a key with a
+    newline or a non-ASCII character started a server no request could authenticate to."""
+    err = _one_line_error(capsys, ["serve", str(tmp_path / "never-read.gguf"),
+                                   "--port", "1", "--api-key", key])
+    assert says in err
+
+
+def test_serve_api_key_from_the_environment_is_checked_too(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MOESCOPE_API_KEY", "\udcff")
+    err = _one_line_error(capsys, ["serve", str(tmp_path / "never-read.gguf"), "--port", "1"])
+    assert "MOESCOPE_API_KEY may hold only visible ASCII characters" in err

@@ -446,3 +446,45 @@ def test_policy_guard_in_chat(synth_model: Callable[..., Path],
     assert "expected on the model's own text" in out
     assert "policy guard 2% (bonus " in out
     assert "guard target must be between" in err
+
+
+def test_a_line_that_is_not_utf8_is_said_and_the_chat_goes_on(
+        synth_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A Latin-1 byte on stdin arrives as a lone surrogate (``surrogateescape``): the
+    tokenizer's UnicodeEncodeError ended the chat with a traceback. The line is refused in
+    one line, the next one answered, and a script learns (exit 1) a message went unsent."""
+    code, out, err = chat(monkeypatch, capsys, synth_model("qwen3moe"),
+                          "caf\udce9\n/system \udcff\nHi\n")
+    assert code == 1, err
+    assert "Traceback" not in err
+    assert "the line is not UTF-8 text (byte 0xe9 at character 4); not sent" in err
+    assert "the line is not UTF-8 text (byte 0xff at character 9); not sent" in err
+    assert len(summaries(out)) == 1  # "Hi" was answered
+
+
+@pytest.mark.parametrize(("argv", "option"), [
+    (["generate", "--prompt", "caf\udce9", "--n", "1"], "--prompt"),
+    (["bench", "--prompt", "caf\udce9", "--tokens", "2", "--runs", "1"], "--prompt"),
+    (["chat", "--system", "caf\udce9"], "--system"),
+])
+def test_a_text_argument_that_is_not_utf8_is_one_line_before_loading(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+        option: str) -> None:
+    """``--prompt $'caf\\xe9'`` was a UnicodeEncodeError traceback after the model loaded."""
+    code = main([argv[0], str(tmp_path / "never-read.gguf"), *argv[1:]])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err == f"moescope: error: {option} is not UTF-8 text (byte 0xe9 at character 4)\n"
+
+
+def test_compare_takes_a_bounded_list_without_repeats(
+        synth_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``/compare psr,psr,...`` ran one greedy answer per name, as many as were typed."""
+    many = ",".join(f"threshold:theta=0.{i:03d}" for i in range(65))
+    code, _, err = chat(monkeypatch, capsys, synth_model("qwen3moe"),
+                        f"Hi\n/compare psr,psr\n/compare {many}\n")
+    assert code == 0, err
+    assert "/compare names psr more than once" in err
+    assert "/compare names 65 policies; at most 64" in err

@@ -71,3 +71,74 @@ def test_bad_calibrations_and_arguments_are_refused_with_one_line(
     calibration_path().write_text("{not json")
     with pytest.raises(MoEScopeError, match="bad JSON"):
         load_calibration()
+
+
+def _load_within(seconds: float) -> BaseException | None:
+    """What ``load_calibration`` raised, run on a daemon thread so that a read that blocks
+    (a FIFO) fails the test instead of hanging it."""
+    import threading
+
+    raised: list[BaseException | None] = []
+
+    def load() -> None:
+        try:
+            load_calibration()
+            raised.append(None)
+        except BaseException as err:  # the test inspects what it was
+            raised.append(err)
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert raised, f"load_calibration still running after {seconds} s"
+    return raised[0]
+
+
+@pytest.mark.parametrize("kind", ["not-utf8", "deep", "huge", "fifo", "dev-zero", "folder"])
+def test_a_hostile_calibration_file_is_one_line_not_a_traceback_or_a_hang(
+        data_dir: Path, kind: str) -> None:
+    """Bad bytes, JSON nested past the parser's depth, a FIFO or a link to /dev/zero in the
+    calibration's place: a MoEScopeError naming the file, read at most 64 KiB (a
+    UnicodeDecodeError and a RecursionError were tracebacks, /dev/zero a MemoryError, a
+    FIFO a hang of ``replay --cost-model calibrated``)."""
+    import os
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = calibration_path()
+    if kind == "not-utf8":
+        path.write_bytes(b"\xff\xfe{\"disk_bandwidth\": 1}")
+    elif kind == "deep":
+        path.write_text("[" * 100_000 + "]" * 100_000)
+    elif kind == "huge":
+        path.write_text(" " * (1 << 20) + "{}")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    else:
+        path.mkdir()
+    err = _load_within(20.0)
+    assert isinstance(err, MoEScopeError), repr(err)
+    assert str(path) in str(err) and "\n" not in str(err)
+
+
+def test_calibrate_never_saves_over_the_file_it_measured_and_a_full_disk_is_one_line(
+        data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``calibration.json`` a link to the file measured: the save replaced that file (a
+    model, in use) with 250 bytes of JSON. A link to /dev/full: an OSError traceback."""
+    blob = tmp_path / "blob.bin"
+    content = bytes(range(256)) * (3 << 12)  # 3 MiB
+    blob.write_bytes(content)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    calibration_path().symlink_to(blob)
+    assert main(["calibrate", str(blob), "--reads", "2", "--block-mib", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "is an input of this command" in err and "not saved" in err and \
+        err.count("\n") == 1, err
+    assert blob.read_bytes() == content
+    calibration_path().unlink()
+    calibration_path().symlink_to("/dev/full")
+    assert main(["calibrate", str(blob), "--reads", "2", "--block-mib", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"moescope: error: {calibration_path()}: cannot write (No space left on "
+                   "device); the calibration was not saved\n")

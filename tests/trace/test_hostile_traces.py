@@ -411,3 +411,23 @@ def test_junk_named_as_a_binary_trace_says_what_it_is_not(tmp_path: Path, name: 
     with pytest.raises(TraceFormatError) as err:  # read as such
         read_trace(p)
     assert said not in str(err.value)
+
+
+@pytest.mark.parametrize("argv", [["replay"], ["trace", "compact"]])
+def test_a_fifo_or_a_device_as_the_trace_is_one_line_not_a_hang(argv: list[str],
+                                                                 tmp_path: Path) -> None:
+    """A FIFO given as the trace blocked ``replay`` and ``trace compact`` in its open until
+    something wrote to it (forever, for a mistyped name); ``/dev/zero`` was read to the
+    64 MiB line cap. Both are refused, by what they are, before being opened."""
+    import os
+
+    from moescope_testing.forkrun import ForkRunner
+
+    fifo = tmp_path / "session.arrows"
+    os.mkfifo(fifo)
+    with ForkRunner(timeout=20.0, cpu_seconds=20, scratch=tmp_path) as runner:
+        for path, what in ((fifo, "a FIFO (named pipe)"), (Path("/dev/zero"), "a device")):
+            r = runner.run([*argv, str(path)])
+            assert r.outcome == "error", (r.outcome, r.stderr[-1000:])
+            assert r.stderr == (f"moescope: error: {path}: {what}, not a regular file; a "
+                                "trace is read from a file\n")

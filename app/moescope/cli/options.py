@@ -34,6 +34,49 @@ def check_range(option: str, value: float, lo: float, hi: float, unit: str = "")
                             f"{_bound(hi)}{unit}")
 
 
+MAX_LIST = 64
+"""Most policies or budgets one list may name (``replay -p``/``-b``, ``eval``, ``bench``,
+chat's ``/compare``), as ``eval --sweep-theta`` takes at most 64 values: each is a run,
+and ``replay`` runs every policy at every budget."""
+
+
+def check_list(option: str, items: list[str], what: str) -> None:
+    """Refuse, in one line, a list of policies or budgets that is longer than
+    :data:`MAX_LIST` or names one twice (a row, or a run, repeated for nothing):
+    ``replay -p exact,exact,... -b 25%,25%,...`` three thousand each was nine million
+    replays and gigabytes before any output."""
+    if len(items) > MAX_LIST:
+        raise MoEScopeError(f"{option} names {len(items)} {what}; at most {MAX_LIST}")
+    seen: set[str] = set()
+    twice: list[str] = []
+    for x in items:
+        if x in seen and x not in twice:
+            twice.append(x)
+        seen.add(x)
+    if twice:
+        raise MoEScopeError(f"{option} names {', '.join(twice)} more than once")
+
+
+def not_utf8(text: str) -> str | None:
+    """Why ``text`` is not UTF-8 text, or None: Python reads the command line and standard
+    input with ``surrogateescape``, so a byte that is not UTF-8 (a Latin-1 ``é``) arrives
+    as a lone surrogate, which the tokenizer refused with a UnicodeEncodeError traceback."""
+    for i, c in enumerate(text):
+        if "\ud800" <= c <= "\udfff":
+            code = ord(c)
+            shown = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else "a surrogate"
+            return f"is not UTF-8 text ({shown} at character {i + 1})"
+    return None
+
+
+def check_utf8(option: str, text: str | None) -> None:
+    """Refuse, in one line, an argument of text (a prompt, a system prompt) that is not
+    UTF-8 (:func:`not_utf8`)."""
+    why = None if text is None else not_utf8(text)
+    if why is not None:
+        raise MoEScopeError(f"{option} {why}")
+
+
 def _bound(x: float) -> str:
     """A bound as people write it: 1048576 and 1000000, not 1.04858e+06; 0.01 as is."""
     if isinstance(x, int) or (x.is_integer() and abs(x) < 1e15):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from moescope.model.reasoning import split_reasoning
+from moescope.util.errors import MoEScopeError
 
 GENERATING = "generating"
 DONE = "done"
@@ -63,6 +64,12 @@ commit half-way)."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
+class UnreadableChatsError(sqlite3.DatabaseError, MoEScopeError):
+    """A chat database this MoEScope must not open (a newer schema, or no schema of ours):
+    a ``sqlite3.DatabaseError``, so whoever opens the store and words its database's errors
+    (the window, before it starts) words this one too, without a traceback."""
+
+
 @dataclass
 class ChatMessage:
     """One message as stored; ``stats`` is the answer's numbers (AnswerStats fields)."""
@@ -101,7 +108,11 @@ class ChatStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
-        self._migrate()
+        try:
+            self._migrate()
+        except BaseException:
+            self._db.close()
+            raise
         self.recovered = self._recover() if recover else 0
 
     # ------------------------------------------------------------------ schema
@@ -112,8 +123,11 @@ class ChatStore:
     def _migrate(self) -> None:
         version = self.schema_version
         if version > SCHEMA_VERSION:
-            raise RuntimeError(f"{self.path} was written by a newer MoEScope "
-                               f"(schema {version} > {SCHEMA_VERSION})")
+            raise UnreadableChatsError(f"written by a newer MoEScope (chat schema {version}; "
+                                       f"this one reads up to {SCHEMA_VERSION}); update "
+                                       "MoEScope to open it")
+        if version < 0:  # user_version is any 32-bit integer: MIGRATIONS[-1] would run
+            raise UnreadableChatsError(f"not a MoEScope chat database (schema {version})")
         for step in range(version, SCHEMA_VERSION):
             with self._tx():
                 for statement in MIGRATIONS[step]:

@@ -14,6 +14,7 @@ import math
 import mmap
 import os
 import random
+import stat
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,13 +23,16 @@ import numpy as np
 
 from moescope.util.errors import MoEScopeError
 from moescope.util.files import write_atomic
-from moescope.util.paths import data_dir
+from moescope.util.paths import data_dir, data_dir_path
 
 CALIBRATION_FILE = "calibration.json"
 ALIGN = 4096
 SMALL = 4096
 MAX_BLOCK = 256 << 20
 MAX_READS = 10_000
+MAX_CALIBRATION_BYTES = 64 << 10
+"""A saved calibration is a few hundred bytes; a larger file is not one (and is not read
+whole: a link to /dev/zero would never end)."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,11 @@ def calibration_path() -> Path:
 
 
 def save_calibration(cal: Calibration, dest: Path | None = None) -> Path:
-    return write_atomic(dest or calibration_path(), json.dumps(asdict(cal), indent=1) + "\n")
+    """Write ``cal`` (to the data folder's calibration file by default), never over the
+    file it measured (``calibration.json`` a link to the model would have replaced it);
+    ``OSError`` when it cannot be written, the file as it was."""
+    return write_atomic(dest or calibration_path(), json.dumps(asdict(cal), indent=1) + "\n",
+                        inputs=[cal.file] if cal.file else [])
 
 
 def _rate(raw: dict[str, object], key: str, low: float, high: float) -> float:
@@ -156,18 +164,27 @@ def _rate(raw: dict[str, object], key: str, low: float, high: float) -> float:
 
 def load_calibration(path: Path | None = None) -> Calibration | None:
     """The saved calibration (None when there is none); every number bounded."""
-    path = path or calibration_path()
+    path = path or data_dir_path() / CALIBRATION_FILE  # read without making the folder
+    again = "run moescope calibrate again"
     try:
-        text = path.read_text(encoding="utf-8")[:65536]
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, /dev/zero not end
+            raise MoEScopeError(f"{path}: not a regular file, not a calibration; {again}")
+        with open(path, "rb") as f:
+            data = f.read(MAX_CALIBRATION_BYTES + 1)
     except FileNotFoundError:
         return None
     except OSError as err:
         raise MoEScopeError(f"{path}: cannot read ({err.strerror or err})") from None
+    if len(data) > MAX_CALIBRATION_BYTES:
+        raise MoEScopeError(f"{path}: larger than {MAX_CALIBRATION_BYTES // 1024} KiB, not a "
+                            f"calibration; {again}")
     try:
-        raw = json.loads(text)
-    except ValueError:
-        raise MoEScopeError(f"{path}: not a calibration (bad JSON); run moescope calibrate "
-                            "again") from None
+        raw = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise MoEScopeError(f"{path}: not a calibration (not UTF-8 text at byte "
+                            f"{err.start}); {again}") from None
+    except (ValueError, RecursionError):  # bad JSON, or nested past the parser's depth
+        raise MoEScopeError(f"{path}: not a calibration (bad JSON); {again}") from None
     if not isinstance(raw, dict):
         raise MoEScopeError(f"{path}: not a calibration; run moescope calibrate again")
     h2d = raw.get("h2d_bandwidth")

@@ -11,6 +11,7 @@ import gc
 import gzip
 import json
 import os
+import stat
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -180,6 +181,22 @@ class _LineReader:
         return None
 
 
+def check_regular(p: Path) -> None:
+    """Refuse a FIFO, device or socket given as a trace before it is opened: a FIFO's open
+    blocks until something writes to it (``replay`` hung), ``/dev/zero`` never ends, and
+    a trace is read more than once (its first bytes, then its records), which no pipe can
+    be. A missing file or a folder is left to the readers' own words."""
+    try:
+        mode = os.stat(p).st_mode
+    except (OSError, ValueError):
+        return
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    what = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket"
+            if stat.S_ISSOCK(mode) else "a device")
+    raise TraceFormatError(f"{p}: {what}, not a regular file; a trace is read from a file")
+
+
 def read_trace(path: str | os.PathLike[str], progress: ReadProgress | None = None) -> Trace:
     """Read and validate a trace (plain or gzip JSON Lines; version 2, an Arrow stream or
     its Parquet compaction, known by the file's first bytes).
@@ -207,6 +224,7 @@ def read_trace(path: str | os.PathLike[str], progress: ReadProgress | None = Non
 
 def _read_trace(path: str | os.PathLike[str], progress: ReadProgress | None) -> Trace:
     p = Path(path)
+    check_regular(p)
     try:
         with open(p, "rb") as f:
             magic = f.read(4)

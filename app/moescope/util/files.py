@@ -151,6 +151,7 @@ def check_output(dest: PathLike, inputs: Iterable[PathLike] = ()) -> None:
         if not os.access(folder, os.W_OK):
             raise OutputPathError(errno.EACCES, f"cannot write in folder {folder}",
                                   os.fspath(dest)) from None
+        _probe_folder(folder, dest)
         return
     except OSError as err:
         raise OutputPathError(err.errno or errno.EIO, f"cannot write ({err.strerror})",
@@ -161,16 +162,53 @@ def check_output(dest: PathLike, inputs: Iterable[PathLike] = ()) -> None:
         if not os.access(target.parent, os.W_OK):
             raise OutputPathError(errno.EACCES, f"cannot write in folder {target.parent}",
                                   os.fspath(dest))
+        _probe_folder(target.parent, dest)
     elif not (stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode)):
         raise OutputPathError(errno.EINVAL, "is a block device or socket; not written",
                               os.fspath(dest))
+
+
+def _probe_folder(folder: Path, dest: PathLike) -> None:
+    """Create and remove a temporary file in ``folder``, where a regular output's temporary
+    goes: a folder that takes no new files though its permissions say it would (``/proc``,
+    a read-only mount seen by root, a full inode table) is refused before any work, and
+    in words that name the output and the folder, not only ``No such file or directory``."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".moescope-probe.", suffix=".part", dir=folder)
+    except OSError as err:
+        raise _no_new_files(folder, dest, err) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+
+
+def _no_new_files(folder: Path, dest: PathLike, err: OSError) -> OutputPathError:
+    """The error for a folder in which a temporary file could not be created."""
+    return OutputPathError(err.errno or errno.EIO, f"folder {folder} does not take new "
+                                                   f"files ({err.strerror or err})",
+                           os.fspath(dest))
+
+
+def _mkstemp_beside(target: Path, dest: PathLike, folder: Path | None = None
+                    ) -> tuple[int, str]:
+    """A temporary ``.NAME.*.part`` in ``folder`` (default: beside ``target``); its failure
+    names ``dest``, not the temporary's name that the user never gave."""
+    folder = target.parent if folder is None else folder
+    try:
+        return tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=folder)
+    except OSError as err:
+        raise _no_new_files(folder, dest, err) from None
 
 
 def resolve_output(dest: PathLike) -> Path:
     """Where a write to ``dest`` lands: the final target of a symlink chain (which need
     not exist yet), else ``dest`` itself."""
     p = Path(dest)
-    return Path(os.path.realpath(p)) if p.is_symlink() else p
+    try:
+        link = stat.S_ISLNK(os.lstat(p).st_mode)
+    except (OSError, ValueError):  # missing, or a name too long: the caller's stat says
+        return p
+    return Path(os.path.realpath(p)) if link else p
 
 
 def _regular_or_missing(target: Path) -> bool:
@@ -200,7 +238,7 @@ def _atomic(dest: PathLike, fill: Callable[[IO[bytes]], None],
         with os.fdopen(fd, "wb") as f:
             fill(f)
         return Path(dest)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    fd, tmp = _mkstemp_beside(target, dest)
     try:
         with os.fdopen(fd, "wb") as f:
             fill(f)
@@ -310,7 +348,7 @@ class StagedOutputs:
         target = Path(dest) if descriptor is not None else resolve_output(dest)
         regular = descriptor is None and _regular_or_missing(target)
         folder = target.parent if regular else Path(tempfile.gettempdir())
-        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=folder)
+        fd, name = _mkstemp_beside(target, dest, folder)
         tmp = Path(name)
         self._staged.append((tmp, target, regular, descriptor))  # first: discard() removes it
         with os.fdopen(fd, "wb") as f:

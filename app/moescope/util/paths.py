@@ -11,6 +11,8 @@ from pathlib import Path
 
 import platformdirs
 
+from moescope.util.errors import MoEScopeError
+
 ENV_DATA_DIR = "MOESCOPE_DATA_DIR"
 ENV_MODELS_DIR = "MOESCOPE_MODELS_DIR"
 _chosen: dict[str, Path] = {}
@@ -38,11 +40,33 @@ def data_dir_path() -> Path:
             else Path(platformdirs.user_data_dir("MoEScope", "MoEScope")))
 
 
+class FolderError(MoEScopeError, OSError):
+    """A folder of the app's (the data folder, the models folder) that cannot be made: an
+    ``OSError`` as before (``strerror``, ``filename``: the window words it so), and one
+    sentence for the command line, naming the folder and how to choose another."""
+
+    def __init__(self, err: OSError, path: Path, what: str, env: str) -> None:
+        super().__init__(err.errno, err.strerror or str(err), str(path))
+        self.what, self.env = what, env
+
+    def __str__(self) -> str:
+        return (f"the {self.what} {self.filename} cannot be made ({self.strerror}); set "
+                f"{self.env} to a folder you can write to")
+
+
+def _make(path: Path, what: str, env: str) -> Path:
+    """``path`` created if missing (with its parents); :class:`FolderError` if it cannot
+    be: a file in its place, ``/proc/x``, a name too long were tracebacks."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise FolderError(err, path, what, env) from None
+    return path
+
+
 def data_dir() -> Path:
     """The user data directory (created on first use); ``MOESCOPE_DATA_DIR`` overrides it."""
-    path = data_dir_path()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return _make(data_dir_path(), "data folder", ENV_DATA_DIR)
 
 
 CHATS_DB = "chats.sqlite3"
@@ -61,9 +85,7 @@ def traces_dir() -> Path:
     """``traces/`` in the chosen data folder (a folder of its own: old traces in it are
     pruned), else in :func:`data_dir`."""
     path = _chosen.get("data") or data_dir()
-    path = path / "traces"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return _make(path / "traces", "traces folder", ENV_DATA_DIR)
 
 
 def models_dir() -> Path:
@@ -72,5 +94,4 @@ def models_dir() -> Path:
     env = os.environ.get(ENV_MODELS_DIR)
     path = (Path(env).expanduser() if env else _chosen.get("models")
             or data_dir() / "models")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return _make(path, "models folder", ENV_MODELS_DIR)

@@ -39,7 +39,9 @@ from moescope.cli.options import (
     add_budget_arguments,
     add_model_argument,
     add_threads_argument,
+    check_list,
     check_range,
+    check_utf8,
     print_load_notes,
 )
 from moescope.util.errors import MoEScopeError
@@ -196,9 +198,7 @@ def run(args: argparse.Namespace) -> int:
     names = split_list(args.policies or [DEFAULT_POLICIES])
     if not names:
         raise MoEScopeError("--policies names no policy")
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise MoEScopeError(f"--policies lists {', '.join(duplicates)} more than once")
+    check_list("--policies", names, "policies")
     policies = [parse_live_policy(n) for n in names]
     parse_budget(args.budget)
     if args.tokens < 2:
@@ -207,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
     check_range("--tokens", args.tokens, 2, MAX_TOKENS)
     check_range("--runs", args.runs, 1, MAX_RUNS)
     check_threads(args.threads)
+    check_utf8("--prompt", args.prompt)
     inputs = model_inputs(args.model)
     to_stdout = check_outputs([("--json", args.json)], inputs)
     model = resolve_model(args.model)

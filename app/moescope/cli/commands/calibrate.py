@@ -29,7 +29,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from moescope.sim.calibration import calibrate_machine, save_calibration
+    from moescope.sim.calibration import (
+        calibrate_machine,
+        calibration_path,
+        save_calibration,
+    )
+    from moescope.util.files import OutputPathError
     from moescope.util.resources import demo_model_path
 
     if not (0.004 <= args.block_mib <= 256):
@@ -39,7 +44,14 @@ def run(args: argparse.Namespace) -> int:
     if path is None:
         raise MoEScopeError("name a file: no demo model in resources/models/")
     cal = calibrate_machine(Path(path), block=block, reads=args.reads)
-    dest = save_calibration(cal)
+    try:
+        dest = save_calibration(cal)
+    except OutputPathError as err:  # the measured file itself, a folder: said by the check
+        raise MoEScopeError(f"{err.filename}: {err.strerror}; the calibration was not "
+                            "saved") from None
+    except OSError as err:  # a full disk
+        raise MoEScopeError(f"{err.filename or calibration_path()}: cannot write "
+                            f"({err.strerror or err}); the calibration was not saved") from None
     print(cal.describe())
     print(f"saved to {dest}; replay --cost-model calibrated prices reads from disk with it")
     return 0

@@ -51,6 +51,9 @@ from moescope.cli.options import (
     add_policy_argument,
     add_threads_argument,
     check_ctx,
+    check_list,
+    check_utf8,
+    not_utf8,
     print_load_notes,
 )
 from moescope.cli.terminal import (
@@ -124,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
     policy = parse_live_policy(args.policy)  # fail fast, before loading
     parse_budget(args.budget)
     sampling_from_args(args)  # --n, --temperature, --seed
+    check_utf8("--system", args.system)
     check_ctx(args.ctx)
     check_every(args.audit)
     check_threads(args.threads)
@@ -250,6 +254,11 @@ class ChatSession:
         """One line of input: a command or a message. False means quit."""
         text = line.strip()
         if not text:
+            return True
+        why = not_utf8(line)
+        if why is not None:  # a Latin-1 pipe, a stray byte: said, and the chat goes on
+            self.unanswered += not text.startswith("/")
+            self._error(f"the line {why}; not sent")
             return True
         if text.startswith("/") and not text.startswith("//"):
             return self.command(text)
@@ -457,6 +466,7 @@ class ChatSession:
         score = "score" in words
         names = [w for w in words if w != "score"] or ["quality-first", "speed-first", "psr"]
         try:
+            check_list("/compare", names, "policies")
             policies = [parse_live_policy(name) for name in names]
         except MoEScopeError as err:
             self._error(str(err))

@@ -22,6 +22,7 @@ from moescope.cli.options import (
     add_budget_arguments,
     add_model_argument,
     add_threads_argument,
+    check_list,
     print_load_notes,
 )
 from moescope.util.errors import MoEScopeError
@@ -31,6 +32,10 @@ MAX_CONTEXT = 32_768
 """Largest context eval asks for: a longer text is scored in segments, so the KV cache of a
 long-context model stays small."""
 MAX_BOOTSTRAP = 100_000
+TEXT_BYTES_PER_TOKEN = 256
+"""Bytes of ``--text`` read per token asked for: far more than any text's tokens take (a
+few bytes each), so the tokens scored are the same as from the whole file, while a huge
+file, or ``/dev/zero``, is not read whole into memory and tokenized."""
 """Most bootstrap resamples (each recomputes r over every run)."""
 
 
@@ -138,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
     policy_specs = split_list(args.policies or [
         "exact,quality-first,speed-first,threshold,first-choice,substitute-all"])
     budgets = split_list(args.budgets or ["25%,50%"])
+    check_list("--policies", policy_specs, "policies")
+    check_list("--budgets", budgets, "budgets")
     policies = []
     for spec in policy_specs:
         policy = parse_policy(spec)
@@ -169,12 +176,7 @@ def run(args: argparse.Namespace) -> int:
     model = args.model or demo_model_path()
     if model is None:
         raise MoEScopeError("no model given and no demo model in resources/models/")
-    try:
-        text = args.text.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise MoEScopeError(f"{args.text}: no such text file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise MoEScopeError(f"{args.text}: cannot read text ({err})") from None
+    text = read_text_head(args.text, (args.tokens + 1) * TEXT_BYTES_PER_TOKEN)
 
     engine = Engine()
     try:
@@ -233,3 +235,26 @@ def sweep_values(spec: str, option: str, lo: float, hi: float) -> list[float]:
     import numpy as np
 
     return [float(round(v, 6)) for v in np.linspace(a, b, n)]
+
+
+def read_text_head(path: Path, limit: int) -> str:
+    """The first ``limit`` bytes of the UTF-8 text at ``path`` (a character cut at the
+    limit is left out); a missing, unreadable or non-UTF-8 file is one line. A FIFO or
+    ``/dev/stdin`` is read like a file (``--text <(zcat corpus.gz)``), up to the limit."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except FileNotFoundError:
+        raise MoEScopeError(f"{path}: no such text file") from None
+    except IsADirectoryError:
+        raise MoEScopeError(f"{path}: is a folder, not a text file") from None
+    except OSError as err:
+        raise MoEScopeError(f"{path}: cannot read text ({err.strerror or err})") from None
+    cut = len(data) > limit
+    data = data[:limit]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if cut and err.start >= len(data) - 3 and err.reason == "unexpected end of data":
+            return data[:err.start].decode("utf-8")
+        raise MoEScopeError(f"{path}: not UTF-8 text (byte {err.start})") from None

@@ -30,6 +30,7 @@ from moescope.cli.options import (
     add_no_cache_argument,
     add_policy_argument,
     check_range,
+    check_utf8,
     print_load_notes,
 )
 from moescope.trace.names import formats_help, record_suffix
@@ -66,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from moescope.engine import Engine, Message
 
     sampling = sampling_from_args(args)  # fail fast, before loading
+    check_utf8("--prompt", args.prompt)
     check_every(args.audit)
     policy = parse_live_policy(args.policy)
     check_budget(args.budget)
@@ -238,10 +240,12 @@ def check_outputs(outputs: Sequence[tuple[str, Path | None]],
 def write_output(path: Path, text: str, option: str, inputs: Sequence[Path] = ()) -> None:
     """Write an output file whole or not at all (a full disk leaves an older file as it
     was); a failure is one line, not a traceback, and what was printed stays printed."""
-    from moescope.util.files import write_atomic
+    from moescope.util.files import OutputPathError, write_atomic
 
     try:
         write_atomic(path, text, inputs=inputs)
+    except OutputPathError as err:  # names what is wrong with the path
+        raise MoEScopeError(f"{option} {path}: {err.strerror}") from None
     except OSError as err:
         raise MoEScopeError(f"{option} {path}: cannot write ({err.strerror or err})") from None
 

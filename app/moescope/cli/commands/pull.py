@@ -76,6 +76,14 @@ def check_models_dir(folder: Path, *, write: bool) -> None:
         raise HubError(f"--dir {folder}: not a folder{which}")
     if write and not os.access(there, os.W_OK | os.X_OK):
         raise HubError(f"--dir {folder}: cannot write in {there}")
+    if write:  # permissions can say yes where nothing can be made (/proc, as root)
+        import tempfile
+
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".moescope-probe.", dir=there))
+        except OSError as err:
+            raise HubError(f"--dir {folder}: folder {there} does not take new files "
+                           f"({err.strerror or err})") from None
 
 
 def _search(client: Any, words: str) -> int:

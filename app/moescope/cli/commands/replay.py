@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from moescope.cache.budget import parse_budget, plan_slots
 from moescope.cache.policy import PRESET_NAMES
 from moescope.cli.commands.generate import check_outputs, write_output
-from moescope.cli.options import check_range
+from moescope.cli.options import check_list, check_range
 from moescope.trace import TRACE_SUFFIXES
 from moescope.util.errors import MoEScopeError
 
@@ -90,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         raise MoEScopeError("--policy names no policy (e.g. --policy exact,quality-first)")
     if not budgets:
         raise MoEScopeError("--budget names no budget (e.g. --budget recorded,25%)")
+    check_list("--policy", policies, "policies")
+    check_list("--budget", budgets, "budgets")
     for spec in policies:
         parse_policy(spec)  # fail on a typo before reading a large trace
     for b in budgets:
@@ -162,15 +164,19 @@ def _write_exports(args: argparse.Namespace, trace: Trace) -> None:
     """Write ``--perfetto`` and ``--tokens-csv`` where asked; a write error is one line."""
     from moescope.trace import write_perfetto
     from moescope.trace.tokens_csv import write_tokens_csv
+    from moescope.util.files import OutputPathError
 
-    try:
-        if args.perfetto:
-            write_perfetto(trace, args.perfetto)
-        if args.tokens_csv:
-            write_tokens_csv(trace, args.tokens_csv)
-    except OSError as err:
-        raise MoEScopeError(f"{err.filename or 'output'}: cannot write "
-                            f"({err.strerror or err})") from None
+    for option, path, write in (("--perfetto", args.perfetto, write_perfetto),
+                                ("--tokens-csv", args.tokens_csv, write_tokens_csv)):
+        if not path:
+            continue
+        try:
+            write(trace, path)
+        except OutputPathError as err:  # names the path and what is wrong with it
+            raise MoEScopeError(f"{option} {path}: {err.strerror}") from None
+        except OSError as err:  # a full disk: the error names no file, or a temporary
+            raise MoEScopeError(f"{option} {path}: cannot write "
+                                f"({err.strerror or err})") from None
 
 
 COST_OVERRIDES = (("--bandwidth", "bandwidth", 0.01, 10_000.0, " GB/s"),

@@ -90,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
         port_free,
     )
 
+    if args.api_key is not None:
+        check_api_key("--api-key", args.api_key)
+    elif os.environ.get("MOESCOPE_API_KEY"):
+        check_api_key("MOESCOPE_API_KEY", os.environ["MOESCOPE_API_KEY"])
     api_key = args.api_key or os.environ.get("MOESCOPE_API_KEY") or None
     if not host_resolves(args.host):  # else refused below as reaching other machines
         raise MoEScopeError(f"--host {args.host} is not an address of this machine: keep "
@@ -109,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
                                 ("--read-timeout", args.read_timeout, *READ_TIMEOUT_RANGE)):
         check_range(name, value, lo, hi)
     check_ctx(args.ctx)
+    check_model_id(args.model_id)
     policy = parse_live_policy(args.policy)  # fail fast, before loading
     parse_budget(args.budget)
     if args.ram_budget is not None and args.ram_budget.strip().lower() != AUTO_RAM_BUDGET:
@@ -155,3 +160,41 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.close()
     return 0
+
+
+MAX_MODEL_ID = 256
+"""Longest ``--model-id``: API model names are short (``unsloth/Qwen3-30B-A3B``)."""
+
+
+def check_model_id(name: str | None) -> None:
+    """``--model-id`` is a name of at most :data:`MAX_MODEL_ID` printable characters: a
+    newline or an escape sequence in it broke the one-line banner and request log (and
+    reached every client's ``/v1/models``), and its length was unbounded."""
+    if name is None:
+        return
+    if len(name) > MAX_MODEL_ID:
+        raise MoEScopeError(f"--model-id is {len(name):,} characters; at most "
+                            f"{MAX_MODEL_ID}")
+    bad = next((c for c in name if not c.isprintable()), None)
+    if bad is not None:
+        raise MoEScopeError(f"--model-id holds the control character {bad!r}; give a "
+                            "printable name")
+
+
+MAX_API_KEY = 1024
+"""Longest API key: a bearer token is tens of characters."""
+
+
+def check_api_key(source: str, key: str) -> None:
+    """An API key a client can send: 1 to :data:`MAX_API_KEY` visible ASCII characters
+    (an HTTP header carries no newline, and a client encodes no other byte alike), so a
+    key that no request could match is not accepted into a server that answers nobody;
+    ``--api-key ""`` (an unset ``$KEY``) served without a key, silently."""
+    if not key:
+        raise MoEScopeError(f"{source} is empty; give a key, or leave it out to serve "
+                            "this machine without one")
+    if len(key) > MAX_API_KEY:
+        raise MoEScopeError(f"{source} is {len(key):,} characters; at most {MAX_API_KEY}")
+    if not all("!" <= c <= "~" for c in key):
+        raise MoEScopeError(f"{source} may hold only visible ASCII characters (no spaces, "
+                            "newlines or other bytes): a client could not send it")

@@ -43,10 +43,13 @@ def run(args: argparse.Namespace) -> int:
     propagate as MoEScopeError (exit 2)."""
     from moescope.trace.names import JOURNAL_SUFFIX
     from moescope.trace.parquet_format import compact, compacted_path
+    from moescope.trace.reader import check_regular
     from moescope.trace.schema import TraceFormatError
     from moescope.util.errors import MoEScopeError
+    from moescope.util.files import OutputPathError
 
     src: Path = args.journal
+    check_regular(src)  # a FIFO's open would block
     try:
         with open(src, "rb") as f:
             magic = f.read(4)
@@ -69,9 +72,11 @@ def run(args: argparse.Namespace) -> int:
     remove = src.name.endswith(JOURNAL_SUFFIX) and not args.keep
     try:
         out = compact(src, args.out, remove=remove)
-    except OSError as err:
-        raise MoEScopeError(f"{err.filename or src}: not written ({err.strerror or err})"
-                            ) from None
+    except OutputPathError as err:  # names the output and what is wrong with it
+        raise MoEScopeError(f"{err.filename}: {err.strerror}; not written") from None
+    except OSError as err:  # a full disk names no file, or only the temporary
+        dest = args.out or compacted_path(src)
+        raise MoEScopeError(f"{dest}: not written ({err.strerror or err})") from None
     size = out.stat().st_size if out.is_file() else 0
     print(f"{out}: {size:,} bytes" + (f"; {src} removed" if remove else ""))
     return 0
