@@ -85,6 +85,9 @@ cache, so 4,096 of them (as before) held 258 MiB of a machine whose RAM holds th
 REMEMBERED_POLICIES = frozenset(key for key, _ in MENU_POLICIES)
 """Presets remembered as the next model's starting policy (Custom and the bare rules are
 experiments, not a default)."""
+DRAFT_KEY = "chat/draft"
+"""The message box's text when the window closed (a message typed, not yet sent), put back
+at the next start: closing the window threw it away."""
 DEFAULT_SIZE = QSize(1380, 860)
 """The first start's size: the heatmap legend on one row beside a roomy chat."""
 
@@ -175,6 +178,9 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         else:
             self.chat_view.render([], "No chat yet: type a message to start one")
             self.chat._update_buttons()
+        draft = self.settings.value(DRAFT_KEY)
+        if isinstance(draft, str) and draft:  # what was in the box when the window closed
+            self.chat_view.input.setPlainText(draft)
         self.client.prune_traces(paths.traces_dir())
         if self.store.recovered:
             log.warning("%d answer(s) were cut off when MoEScope last stopped; their text "
@@ -293,6 +299,11 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.settings.setValue("window/splitter", self.splitter.saveState())
         self.settings.setValue("chat/sampling", self.chat_settings.values())
         self.settings.setValue("record_traces", self.recording)
+        draft = self.chat_view.input.toPlainText()
+        if draft.strip():
+            self.settings.setValue(DRAFT_KEY, draft)
+        else:
+            self.settings.remove(DRAFT_KEY)
         self.settings.sync()
 
     def _update_title(self) -> None:
