@@ -4,12 +4,15 @@ engine, Qt offscreen."""
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gui_helpers import load, send
+from PySide6.QtWidgets import QApplication
 
 from moescope.util import paths
 
@@ -50,3 +53,51 @@ def test_preferences_show_the_default_folders_whole(
             assert fits or (long and str(folder) in edit.toolTip()), (text, edit.width())
         dialog.reject()
         window.close()
+
+
+def test_the_chats_small_print_and_title_follow_the_font_size(
+        make_window: Callable[..., Any], qtbot: Any, tiny_moe: Path) -> None:
+    """Preferences ▸ Font size 14 pt: the chat's text grew, but not each answer's stats
+    line and the messages' Copy · Edit · Branch links (8.5 pt), nor the chat's title
+    (11 pt, now smaller than the text under it): the answer's numbers stayed at their
+    smallest."""
+    window = make_window()
+    load(qtbot, window, tiny_moe, budget="25%", policy="quality-first", n_ctx=512)
+    send(qtbot, window, "hi", max_tokens=4)
+
+    def sizes() -> dict[str, float]:
+        QApplication.processEvents()
+        title = window.chat_view.title
+        title.ensurePolished()
+        document = window.chat_view.transcript.document()
+        stats = document.lastBlock()  # the answer's stats line
+        assert stats.text().startswith("this answer:"), stats.text()
+        header = document.firstBlock()  # "You    Copy · Edit · Branch"
+        links = [f.charFormat().fontPointSize() for f in _fragments(header)
+                 if f.charFormat().isAnchor()]
+        assert len(links) == 3, header.text()
+        return {"title": title.font().pointSizeF(), "links": max(links),
+                "answer line": stats.begin().fragment().charFormat().fontPointSize()}
+
+    body = QApplication.font().pointSizeF()
+    before = sizes()
+    assert before["answer line"] < body < before["title"]
+    try:
+        window.apply_preferences(dataclasses.replace(window.preferences, font_pt=14))
+        assert QApplication.font().pointSizeF() == 14
+        after = sizes()
+        for name in ("answer line", "links"):
+            assert 12 <= after[name] < 14, (name, after)
+        assert after["title"] > 14, after
+    finally:
+        window.apply_preferences(dataclasses.replace(window.preferences, font_pt=0))
+    assert sizes() == before
+
+
+def _fragments(block: Any) -> list[Any]:
+    found = []
+    it = block.begin()
+    while not it.atEnd():
+        found.append(it.fragment())
+        it += 1
+    return found

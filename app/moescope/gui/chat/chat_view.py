@@ -281,7 +281,7 @@ class ChatView(QWidget):
         f = QTextCharFormat()
         f.setForeground(QColor(theme.MUTED))
         f.setFontItalic(True)
-        f.setFontPointSize(8.5)
+        f.setFontPointSize(theme.SMALL_PT + 0.5)
         return f
 
     @staticmethod
