@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from gui_helpers import load, send
+from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
 from moescope.util import paths
@@ -101,3 +102,39 @@ def _fragments(block: Any) -> list[Any]:
         found.append(it.fragment())
         it += 1
     return found
+
+
+@pytest.mark.parametrize("pt", [0, 12])
+def test_open_model_shows_every_fit_line_whole_at_a_larger_font(
+        make_window: Callable[..., Any], qtbot: Any, demo: Path, pt: float) -> None:
+    """File ▸ Open model… at 12 pt on a 1024x700 screen: the fit's wrapped lines
+    ("Expert slots", "Experts in RAM", "Experts on disk", "GPU") showed their first line
+    and the top half of the second. The dialog took the height its lines need at its
+    narrowest width, then was cut to fit the screen, and wider it needed less."""
+    from moescope.gui.dialogs.open_model import OpenModelDialog
+
+    window = make_window()
+    window.apply_preferences(dataclasses.replace(window.preferences, font_pt=pt))
+    cut: list[str] = []
+    seen: list[int] = []
+
+    def in_the_dialog() -> None:
+        dialog = QApplication.activeModalWidget()
+        assert isinstance(dialog, OpenModelDialog)
+        QApplication.processEvents()
+        form = dialog.estimate_form
+        for i in range(form.rowCount()):
+            value = form.itemAt(i, form.ItemRole.FieldRole).widget()
+            seen.append(i)
+            if value.height() < value.heightForWidth(value.width()):
+                cut.append(value.text())
+        screen = dialog.screen().availableGeometry()
+        assert dialog.frameGeometry().height() <= screen.height()
+        dialog.reject()
+
+    try:
+        QTimer.singleShot(0, in_the_dialog)
+        window.prepare_open(demo)
+    finally:
+        window.apply_preferences(dataclasses.replace(window.preferences, font_pt=0))
+    assert seen and cut == []
