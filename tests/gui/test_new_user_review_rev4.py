@@ -138,3 +138,25 @@ def test_open_model_shows_every_fit_line_whole_at_a_larger_font(
     finally:
         window.apply_preferences(dataclasses.replace(window.preferences, font_pt=0))
     assert seen and cut == []
+
+
+def test_leaving_a_chat_mid_edit_gives_the_draft_back(make_window: Callable[..., Any],
+                                                      qtbot: Any, tiny_moe: Path) -> None:
+    """A draft in the box, Edit last, then a click on another chat: the box kept the old
+    message's text under a plain Send (the next Enter sent it into the other chat as a
+    new message) and the draft was gone. Leaving the chat cancels the edit, as Esc does."""
+    window = make_window()
+    load(qtbot, window, tiny_moe, budget="25%", policy="quality-first", n_ctx=512)
+    first = window.chat.new_chat()
+    send(qtbot, window, "To be", max_tokens=4)
+    second = window.chat.new_chat()
+    window.chat.select_chat(first)
+    view = window.chat_view
+    view.input.setPlainText("a draft")
+    assert window.chat.edit_last()
+    assert view.input.toPlainText() == "To be"
+    window.chat.select_chat(second)
+    assert view.editing_position is None and view.send_button.text() == "&Send"
+    assert view.input.toPlainText() == "a draft"
+    window.chat.select_chat(first)  # and the message itself is as it was
+    assert window.store.messages(first)[0].content == "To be"

@@ -160,6 +160,8 @@ class ChatController(QObject):
         chat = self.store.chat(chat_id)
         if chat is None:
             return
+        if chat_id != self.chat_id:  # an edit of this chat's message cannot go with it:
+            self.view.cancel_edit(focus=False)  # the box gets its draft back, as with Esc
         self.chat_id = chat_id
         self.view.end_edit()
         self.settings.system_prompt.blockSignals(True)
