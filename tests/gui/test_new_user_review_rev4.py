@@ -160,3 +160,20 @@ def test_leaving_a_chat_mid_edit_gives_the_draft_back(make_window: Callable[...,
     assert view.input.toPlainText() == "a draft"
     window.chat.select_chat(first)  # and the message itself is as it was
     assert window.store.messages(first)[0].content == "To be"
+
+
+def test_folded_cache_controls_stay_folded_after_a_restart(
+        make_window: Callable[..., Any], qtbot: Any) -> None:
+    """On a small screen the README has the cache controls folded away (drag their
+    splitter): the window remembered the chat list's splitter but not that one, so the
+    controls were back at every start."""
+    first = make_window()
+    first.resize(1000, 650)
+    qtbot.waitUntil(lambda: first.right_split.sizes()[0] > 0, timeout=5_000)
+    total = sum(first.right_split.sizes())
+    first.right_split.setSizes([0, total])
+    assert first.right_split.sizes()[0] == 0
+    first.close()
+    again = make_window()
+    qtbot.waitUntil(lambda: sum(again.right_split.sizes()) > 0, timeout=5_000)
+    assert again.right_split.sizes()[0] == 0

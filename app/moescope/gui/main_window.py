@@ -275,12 +275,19 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         geometry = self.settings.value("window/geometry")
         if isinstance(geometry, QByteArray):
             self._geometry_restored = self.restoreGeometry(geometry)
-        state = self.settings.value("window/splitter")
-        if isinstance(state, QByteArray):
-            self.splitter.restoreState(state)
+        for key, splitter in self._splitters().items():  # folded panels stay folded
+            state = self.settings.value(key)
+            if isinstance(state, QByteArray):
+                splitter.restoreState(state)
         sampling = self.settings.value("chat/sampling")
         if isinstance(sampling, dict):
             self.chat_settings.set_values(sampling)
+
+    def _splitters(self) -> dict[str, QSplitter]:
+        """The splitters whose positions a restart keeps, by settings key: the chat list's
+        and the cache controls' (folded away on a small screen). The cache panel's fits
+        its heatmap at each model load."""
+        return {"window/splitter": self.splitter, "window/right_splitter": self.right_split}
 
     def fit_to_screen(self) -> None:
         """Before the first show: a window with no saved geometry fits its screen (a saved
@@ -296,7 +303,8 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
 
     def _save_settings(self) -> None:
         self.settings.setValue("window/geometry", self.saveGeometry())
-        self.settings.setValue("window/splitter", self.splitter.saveState())
+        for key, splitter in self._splitters().items():
+            self.settings.setValue(key, splitter.saveState())
         self.settings.setValue("chat/sampling", self.chat_settings.values())
         self.settings.setValue("record_traces", self.recording)
         draft = self.chat_view.input.toPlainText()
