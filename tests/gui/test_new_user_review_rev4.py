@@ -177,3 +177,27 @@ def test_folded_cache_controls_stay_folded_after_a_restart(
     again = make_window()
     qtbot.waitUntil(lambda: sum(again.right_split.sizes()) > 0, timeout=5_000)
     assert again.right_split.sizes()[0] == 0
+
+
+def test_about_shows_its_whole_table_at_a_larger_font(make_window: Callable[..., Any],
+                                                      qtbot: Any) -> None:
+    """Help ▸ About at 12 pt on a 1024x700 screen (14 pt on the offscreen 800x800 one):
+    the versions table's wrapped rows (the engine's backend line) made it taller than the
+    dialog Qt opened, two thirds of the screen, and its last row ("Python 3.11") was cut
+    in half."""
+    from moescope.gui.dialogs.about import AboutDialog
+
+    window = make_window()
+    window.apply_preferences(dataclasses.replace(window.preferences, font_pt=14))
+    try:
+        dialog = AboutDialog(window)
+        dialog.show()
+        qtbot.waitExposed(dialog)
+        QApplication.processEvents()
+        table = dialog.table
+        assert table.height() >= table.heightForWidth(table.width())
+        screen = dialog.screen().availableGeometry()
+        assert dialog.frameGeometry().height() <= screen.height()
+        dialog.close()
+    finally:
+        window.apply_preferences(dataclasses.replace(window.preferences, font_pt=0))

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 from moescope.display.fit import FitEstimate, estimate_fit, ram_start_experts
 from moescope.display.policy_choices import CUSTOM, POLICY_CHOICES, POLICY_TIPS
 from moescope.gui.controls.budget_entry import BudgetEntry
+from moescope.gui.widgets.screen_fit import fit_wrapped_height
 from moescope.gui.worker import LoadRequest
 from moescope.model.gguf_info import ModelInfo
 from moescope.model.reasoning import thinking_choices
@@ -172,35 +173,14 @@ class OpenModelDialog(QDialog):
             self.estimate_form.addRow(label, v)
         self.warning.setText("\n".join(self.estimate.warnings()))
         if self.isVisible():  # a moved slider rewrites the lines: longer ones wrap more
-            self.fit_height()
+            fit_wrapped_height(self)
 
     def showEvent(self, event: QShowEvent) -> None:
+        """At 12 pt on a 1024x700 screen the dialog was 520 px wide and ~80 px too short
+        for the fit's lines wrapped at that width: "Expert slots", "Experts in RAM",
+        "Experts on disk" and the GPU line showed half their second line."""
         super().showEvent(event)
-        self.fit_height()
-
-    def fit_height(self) -> None:
-        """Tall enough for every wrapped line of the fit at the dialog's width, within the
-        screen, wider where that is what it takes.
-
-        Qt sizes a new dialog by its size hint, the height its lines need at its
-        narrowest width, then cuts that to the screen; at 12 pt on a 1024x700 screen the
-        dialog was 520 px wide and ~80 px too short for the lines wrapped at that width,
-        and "Expert slots", "Experts in RAM", "Experts on disk" and the GPU line showed
-        half their second line."""
-        layout = self.layout()
-        width, need = self.width(), layout.totalHeightForWidth(self.width())
-        screen = self.screen()
-        if screen is not None:
-            room = screen.availableGeometry()
-            frame = self.frameGeometry().size() - self.size()
-            high = room.height() - frame.height()
-            wide = room.width() - frame.width()
-            while need > high and width < wide:
-                width = min(width + 40, wide)
-                need = layout.totalHeightForWidth(width)
-            need = min(need, high)
-        if need > self.height() or width > self.width():
-            self.resize(max(width, self.width()), max(need, self.height()))
+        fit_wrapped_height(self)
 
     def request(self) -> LoadRequest:
         return LoadRequest(path=str(self.info.path), budget=self.budget_text(),
