@@ -201,3 +201,15 @@ def test_about_shows_its_whole_table_at_a_larger_font(make_window: Callable[...,
         dialog.close()
     finally:
         window.apply_preferences(dataclasses.replace(window.preferences, font_pt=0))
+
+
+def test_the_window_opens_with_the_keyboard_in_the_message_box(
+        make_window: Callable[..., Any], qtbot: Any) -> None:
+    """The window opened with the keyboard in *Search chats*, the first box in the focus
+    chain: a newcomer's first words went into the search, and the chat list emptied as
+    they typed. It opens in the message box, where the placeholder says Enter sends."""
+    window = make_window()
+    window.activateWindow()
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is window, timeout=5_000)
+    assert window.focusWidget() is window.chat_view.input, window.focusWidget()
+    assert window.chat_view.input.hasFocus(), QApplication.focusWidget()

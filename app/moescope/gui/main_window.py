@@ -181,6 +181,9 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         draft = self.settings.value(DRAFT_KEY)
         if isinstance(draft, str) and draft:  # what was in the box when the window closed
             self.chat_view.input.setPlainText(draft)
+        # the keyboard starts in the message box, not in the first box of the focus chain
+        # (Search chats, where a newcomer's first words emptied the chat list)
+        self.chat_view.input.setFocus()
         self.client.prune_traces(paths.traces_dir())
         if self.store.recovered:
             log.warning("%d answer(s) were cut off when MoEScope last stopped; their text "
