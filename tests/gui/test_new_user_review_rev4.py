@@ -27,6 +27,7 @@ def test_a_message_typed_but_not_sent_is_back_after_a_restart(
     again = make_window()  # a restart on the same data folder
     assert again.chat_view.input.toPlainText() == (
         "a question I had not sent yet\nwith a second line")
+    assert again.chat_view.input.textCursor().atEnd()  # typing goes on where it stopped
     again.chat_view.input.clear()  # sent or deleted: nothing comes back the next time
     again.close()
     assert make_window().chat_view.input.toPlainText() == ""

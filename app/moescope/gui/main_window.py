@@ -24,7 +24,7 @@ from PySide6.QtCore import (
     Signal,
     Slot,
 )
-from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent
+from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QTextCursor
 from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
@@ -181,6 +181,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         draft = self.settings.value(DRAFT_KEY)
         if isinstance(draft, str) and draft:  # what was in the box when the window closed
             self.chat_view.input.setPlainText(draft)
+            self.chat_view.input.moveCursor(QTextCursor.MoveOperation.End)
         # the keyboard starts in the message box, not in the first box of the focus chain
         # (Search chats, where a newcomer's first words emptied the chat list)
         self.chat_view.input.setFocus()
