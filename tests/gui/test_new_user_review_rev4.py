@@ -214,3 +214,33 @@ def test_the_window_opens_with_the_keyboard_in_the_message_box(
     qtbot.waitUntil(lambda: QApplication.activeWindow() is window, timeout=5_000)
     assert window.focusWidget() is window.chat_view.input, window.focusWidget()
     assert window.chat_view.input.hasFocus(), QApplication.focusWidget()
+
+
+@pytest.mark.parametrize(("title", "name"), [
+    ("Speak like a character from Shakespeare.", "Speak like a character from Shakespeare"),
+    ("A title running longer than forty chars. And on", "A title running longer than forty chars"),
+    ("Forty characters up to here, then a dot. More", "Forty characters up to here, then a dot"),
+    ("Recite some Shakespeare.", "Recite some Shakespeare"),
+    ("What is 1/2?", "What is 1_2?"),
+    ("...", "chat"),
+])
+def test_an_exported_chat_is_offered_a_clean_file_name(
+        make_window: Callable[..., Any], monkeypatch: Any, title: str, name: str) -> None:
+    """File ▸ Export chat as JSON… on the chat "Recite some Shakespeare." offered
+    "Recite some Shakespeare..json": the title's last full stop before the suffix's own
+    (and a title cut at 40 characters kept the blank or dot it was cut at)."""
+    from PySide6.QtWidgets import QFileDialog
+
+    window = make_window()
+    chat_id = window.chat.new_chat()
+    window.store.rename_chat(chat_id, title)
+    offered: list[str] = []
+
+    def dialog(_parent: Any, _title: str, start: str, *_a: Any) -> tuple[str, str]:
+        offered.append(start)
+        return "", ""
+
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(dialog))
+    window.export_chat_dialog("json")
+    window.export_chat_dialog("md")
+    assert offered == [f"{name}.json", f"{name}.md"]

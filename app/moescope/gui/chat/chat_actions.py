@@ -40,6 +40,15 @@ def imported_title(title: str, taken: set[str]) -> str:
         n += 1
     return candidate
 
+def export_name(title: str) -> str:
+    """A chat's exported file name, before its suffix: the title's first 40 characters
+    with no slash, and no dot, blank or ellipsis at either end ("Recite some
+    Shakespeare." was offered as "Recite some Shakespeare..json"); "chat" when nothing
+    is left."""
+    name = title.replace("/", "_").replace("\\", "_")[:40]
+    return name.strip(" .…\t\n") or "chat"
+
+
 class ChatActions(_Window):
     """Chat ▸ New, Rename, Delete and File ▸ Export chat, Import chat."""
 
@@ -93,7 +102,7 @@ class ChatActions(_Window):
             self.show_error("Nothing to export", "Select a chat first.")
             return
         chat = self.store.chat(self.chat.chat_id)
-        name = (chat.title if chat else "chat").replace("/", "_")[:40] or "chat"
+        name = export_name(chat.title if chat else "")
         pattern = "Markdown (*.md)" if kind == "md" else "JSON (*.json)"
         path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"{name}.{kind}", pattern)
         if path:
