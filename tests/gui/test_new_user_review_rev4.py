@@ -237,10 +237,48 @@ def test_an_exported_chat_is_offered_a_clean_file_name(
     offered: list[str] = []
 
     def dialog(_parent: Any, _title: str, start: str, *_a: Any) -> tuple[str, str]:
-        offered.append(start)
+        offered.append(Path(start).name)
         return "", ""
 
     monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(dialog))
     window.export_chat_dialog("json")
     window.export_chat_dialog("md")
     assert offered == [f"{name}.json", f"{name}.md"]
+
+
+def test_chat_export_starts_at_home_then_where_the_last_one_went(
+        make_window: Callable[..., Any], monkeypatch: Any, tmp_path: Path) -> None:
+    """File ▸ Export chat… offered its file in the folder MoEScope was started from
+    (after `make run`, the source checkout) and Import chat… opened there too; trace
+    exports start in the home folder, then where the last one went. Chats now do the
+    same (a folder of their own, remembered across restarts)."""
+    from PySide6.QtWidgets import QFileDialog
+
+    window = make_window()
+    window.chat.new_chat()
+    window.store.rename_chat(window.chat.chat_id, "notes")
+    starts: list[Path] = []
+    target = tmp_path / "exports"
+    target.mkdir()
+
+    def save(_parent: Any, _title: str, start: str, *_a: Any) -> tuple[str, str]:
+        starts.append(Path(start))
+        return str(target / "mine.json"), ""
+
+    def open_(_parent: Any, _title: str, start: str, *_a: Any) -> tuple[str, str]:
+        starts.append(Path(start))
+        return "", ""
+
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(save))
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(open_))
+    window.export_chat_dialog("json")
+    assert starts[-1] == Path.home() / "notes.json"
+    assert (target / "mine.json").is_file()
+    window.export_chat_dialog("md")
+    assert starts[-1] == target / "notes.md"
+    window.import_chat_dialog()
+    assert starts[-1] == target
+    window.close()
+    again = make_window()
+    again.import_chat_dialog()
+    assert starts[-1] == target

@@ -20,6 +20,10 @@ log = logging.getLogger("moescope.gui")
 
 RENAME_MIN_WIDTH = 320
 """Chat ▸ Rename's title field, at the least (a long title gets its whole width)."""
+CHAT_FOLDER_KEY = "chat/export_folder"
+"""Where the last chat export went: the next export and import start there (the home
+folder before the first; they started in the folder MoEScope was started from, after
+`make run` the source checkout)."""
 
 if TYPE_CHECKING:
     from moescope.gui.main_window import MainWindow
@@ -104,9 +108,18 @@ class ChatActions(_Window):
         chat = self.store.chat(self.chat.chat_id)
         name = export_name(chat.title if chat else "")
         pattern = "Markdown (*.md)" if kind == "md" else "JSON (*.json)"
-        path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"{name}.{kind}", pattern)
-        if path:
-            self.export_chat(path, kind)
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export chat", str(self._chat_folder() / f"{name}.{kind}"), pattern)
+        if path and self.export_chat(path, kind) is not None:
+            self.settings.setValue(CHAT_FOLDER_KEY, str(Path(path).absolute().parent))
+
+    def _chat_folder(self) -> Path:
+        """Where chat exports and imports start: the last export's folder, else home."""
+        value = self.settings.value(CHAT_FOLDER_KEY, "")
+        if isinstance(value, str) and value and Path(value).is_absolute() \
+                and Path(value).is_dir():
+            return Path(value)
+        return Path.home()
 
     def export_chat(self, path: str | Path, kind: str) -> Path | None:
         """Write the chat as Markdown or JSON; None (and the user told) if it failed."""
@@ -123,7 +136,7 @@ class ChatActions(_Window):
         return dest
 
     def import_chat_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Import chat", "",
+        path, _ = QFileDialog.getOpenFileName(self, "Import chat", str(self._chat_folder()),
                                               "MoEScope chat (*.json);;All files (*)")
         if path:
             self.import_chat(path)
