@@ -282,3 +282,25 @@ def test_chat_export_starts_at_home_then_where_the_last_one_went(
     again = make_window()
     again.import_chat_dialog()
     assert starts[-1] == target
+
+
+def test_a_suggested_prompt_leaves_the_message_being_typed(
+        make_window: Callable[..., Any], qtbot: Any, demo: Path) -> None:
+    """Half a question typed in the demo's empty chat, then a click on one of its
+    suggested prompts: the prompt was sent, and the box was emptied of the question,
+    which was never sent. The box is the user's: only what was sent from it leaves it."""
+    from PySide6.QtCore import QUrl
+
+    from moescope.gui.chat.welcome import DEMO_PROMPTS, prompt_href
+
+    window = make_window()
+    load(qtbot, window, demo, budget="25%", policy="quality-first", n_ctx=512)
+    window.chat_settings.max_tokens.setValue(4)
+    view = window.chat_view
+    view.input.setPlainText("my own question, half")
+    with qtbot.waitSignal(window.chat.answerFinished, timeout=30_000):
+        assert view.open_link(QUrl(prompt_href(0)))
+    assert window.store.messages(window.chat.chat_id)[0].content == DEMO_PROMPTS[0]
+    assert view.input.toPlainText() == "my own question, half"
+    send(qtbot, window, view.input.toPlainText(), max_tokens=4)  # the box, sent: emptied
+    assert view.input.toPlainText() == ""
