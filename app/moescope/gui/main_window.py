@@ -24,7 +24,7 @@ from PySide6.QtCore import (
     Signal,
     Slot,
 )
-from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent
+from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QTextCursor
 from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
@@ -85,6 +85,9 @@ cache, so 4,096 of them (as before) held 258 MiB of a machine whose RAM holds th
 REMEMBERED_POLICIES = frozenset(key for key, _ in MENU_POLICIES)
 """Presets remembered as the next model's starting policy (Custom and the bare rules are
 experiments, not a default)."""
+DRAFT_KEY = "chat/draft"
+"""The message box's text when the window closed (a message typed, not yet sent), put back
+at the next start: closing the window threw it away."""
 DEFAULT_SIZE = QSize(1380, 860)
 """The first start's size: the heatmap legend on one row beside a roomy chat."""
 
@@ -175,6 +178,13 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         else:
             self.chat_view.render([], "No chat yet: type a message to start one")
             self.chat._update_buttons()
+        draft = self.settings.value(DRAFT_KEY)
+        if isinstance(draft, str) and draft:  # what was in the box when the window closed
+            self.chat_view.input.setPlainText(draft)
+            self.chat_view.input.moveCursor(QTextCursor.MoveOperation.End)
+        # the keyboard starts in the message box, not in the first box of the focus chain
+        # (Search chats, where a newcomer's first words emptied the chat list)
+        self.chat_view.input.setFocus()
         self.client.prune_traces(paths.traces_dir())
         if self.store.recovered:
             log.warning("%d answer(s) were cut off when MoEScope last stopped; their text "
@@ -269,12 +279,19 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         geometry = self.settings.value("window/geometry")
         if isinstance(geometry, QByteArray):
             self._geometry_restored = self.restoreGeometry(geometry)
-        state = self.settings.value("window/splitter")
-        if isinstance(state, QByteArray):
-            self.splitter.restoreState(state)
+        for key, splitter in self._splitters().items():  # folded panels stay folded
+            state = self.settings.value(key)
+            if isinstance(state, QByteArray):
+                splitter.restoreState(state)
         sampling = self.settings.value("chat/sampling")
         if isinstance(sampling, dict):
             self.chat_settings.set_values(sampling)
+
+    def _splitters(self) -> dict[str, QSplitter]:
+        """The splitters whose positions a restart keeps, by settings key: the chat list's
+        and the cache controls' (folded away on a small screen). The cache panel's fits
+        its heatmap at each model load."""
+        return {"window/splitter": self.splitter, "window/right_splitter": self.right_split}
 
     def fit_to_screen(self) -> None:
         """Before the first show: a window with no saved geometry fits its screen (a saved
@@ -290,9 +307,15 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
 
     def _save_settings(self) -> None:
         self.settings.setValue("window/geometry", self.saveGeometry())
-        self.settings.setValue("window/splitter", self.splitter.saveState())
+        for key, splitter in self._splitters().items():
+            self.settings.setValue(key, splitter.saveState())
         self.settings.setValue("chat/sampling", self.chat_settings.values())
         self.settings.setValue("record_traces", self.recording)
+        draft = self.chat_view.input.toPlainText()
+        if draft.strip():
+            self.settings.setValue(DRAFT_KEY, draft)
+        else:
+            self.settings.remove(DRAFT_KEY)
         self.settings.sync()
 
     def _update_title(self) -> None:

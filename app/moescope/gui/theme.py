@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QFont, QPalette
+from PySide6.QtGui import QColor, QFont, QFontInfo, QPalette
 from PySide6.QtWidgets import QApplication, QGraphicsItem, QWidget
 
 from moescope.util.resources import resources_dir
@@ -63,6 +63,14 @@ ASSISTANT = "#4cc38a"
 DIVERGED_BACKGROUND = "#4a2b2e"
 SCHEME = "dark"
 """The scheme in use ("dark" or "light"); the names above are its colours."""
+SMALL_PT = 8.0
+"""The chat's small print (an answer's stats line, a message's links) is half a point
+over this: a point under the app's font, 8 pt at least, so that it follows Preferences ▸
+Font size (fixed at 8.5 pt, the answer's numbers stayed at their smallest at 14 pt).
+Set by :func:`apply_theme`."""
+TITLE_PT = 11.0
+"""The chat's title: two points over the app's font (fixed at 11 pt, it was smaller than
+the text under it from 12 pt on)."""
 _choice = "system"
 _font_pt = 0.0
 _default_font: QFont | None = None
@@ -198,8 +206,11 @@ def apply_theme(app: QApplication, choice: str | None = None,
     if _font_pt > 0:
         font.setPointSizeF(_font_pt)
     app.setFont(font)
+    size = QFontInfo(font).pointSizeF()
+    globals().update(SMALL_PT=max(8.0, size - 1), TITLE_PT=size + 2)
     qss = style_sheet_path()
     sheet = fill_colours(qss.read_text(encoding="utf-8")) if qss is not None else ""
+    sheet = sheet.replace("@TITLE_PT@", f"{TITLE_PT:g}pt")
     app.setStyleSheet(sheet + indicator_qss())
     configure_pyqtgraph()
     if changed:

@@ -20,6 +20,10 @@ log = logging.getLogger("moescope.gui")
 
 RENAME_MIN_WIDTH = 320
 """Chat ▸ Rename's title field, at the least (a long title gets its whole width)."""
+CHAT_FOLDER_KEY = "chat/export_folder"
+"""Where the last chat export went: the next export and import start there (the home
+folder before the first; they started in the folder MoEScope was started from, after
+`make run` the source checkout)."""
 
 if TYPE_CHECKING:
     from moescope.gui.main_window import MainWindow
@@ -39,6 +43,15 @@ def imported_title(title: str, taken: set[str]) -> str:
     while (candidate := f"{title} (imported{'' if n == 1 else f' {n}'})") in taken:
         n += 1
     return candidate
+
+def export_name(title: str) -> str:
+    """A chat's exported file name, before its suffix: the title's first 40 characters
+    with no slash, and no dot, blank or ellipsis at either end ("Recite some
+    Shakespeare." was offered as "Recite some Shakespeare..json"); "chat" when nothing
+    is left."""
+    name = title.replace("/", "_").replace("\\", "_")[:40]
+    return name.strip(" .…\t\n") or "chat"
+
 
 class ChatActions(_Window):
     """Chat ▸ New, Rename, Delete and File ▸ Export chat, Import chat."""
@@ -93,11 +106,20 @@ class ChatActions(_Window):
             self.show_error("Nothing to export", "Select a chat first.")
             return
         chat = self.store.chat(self.chat.chat_id)
-        name = (chat.title if chat else "chat").replace("/", "_")[:40] or "chat"
+        name = export_name(chat.title if chat else "")
         pattern = "Markdown (*.md)" if kind == "md" else "JSON (*.json)"
-        path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"{name}.{kind}", pattern)
-        if path:
-            self.export_chat(path, kind)
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export chat", str(self._chat_folder() / f"{name}.{kind}"), pattern)
+        if path and self.export_chat(path, kind) is not None:
+            self.settings.setValue(CHAT_FOLDER_KEY, str(Path(path).absolute().parent))
+
+    def _chat_folder(self) -> Path:
+        """Where chat exports and imports start: the last export's folder, else home."""
+        value = self.settings.value(CHAT_FOLDER_KEY, "")
+        if isinstance(value, str) and value and Path(value).is_absolute() \
+                and Path(value).is_dir():
+            return Path(value)
+        return Path.home()
 
     def export_chat(self, path: str | Path, kind: str) -> Path | None:
         """Write the chat as Markdown or JSON; None (and the user told) if it failed."""
@@ -114,7 +136,7 @@ class ChatActions(_Window):
         return dest
 
     def import_chat_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Import chat", "",
+        path, _ = QFileDialog.getOpenFileName(self, "Import chat", str(self._chat_folder()),
                                               "MoEScope chat (*.json);;All files (*)")
         if path:
             self.import_chat(path)

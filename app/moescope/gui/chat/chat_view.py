@@ -281,7 +281,7 @@ class ChatView(QWidget):
         f = QTextCharFormat()
         f.setForeground(QColor(theme.MUTED))
         f.setFontItalic(True)
-        f.setFontPointSize(8.5)
+        f.setFontPointSize(theme.SMALL_PT + 0.5)
         return f
 
     @staticmethod
@@ -671,16 +671,17 @@ class ChatView(QWidget):
         self.send_button.setText("&Send")
         self.send_button.setToolTip("")
 
-    def cancel_edit(self) -> bool:
-        """Esc while editing a message: the box holds again what it held before the edit
-        (the draft then, usually nothing) and Send sends a new message; False when no
-        message was being edited."""
+    def cancel_edit(self, *, focus: bool = True) -> bool:
+        """Esc while editing a message (or leaving its chat): the box holds again what it
+        held before the edit (the draft then, usually nothing) and Send sends a new
+        message; False when no message was being edited."""
         if self.editing_position is None:
             return False
         draft = self._draft_before_edit
         self.end_edit()
         self.input.setPlainText(draft)
-        self.input.setFocus()
+        if focus:
+            self.input.setFocus()
         return True
 
     def set_welcome(self, text: str) -> None:

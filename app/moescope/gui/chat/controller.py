@@ -160,6 +160,8 @@ class ChatController(QObject):
         chat = self.store.chat(chat_id)
         if chat is None:
             return
+        if chat_id != self.chat_id:  # an edit of this chat's message cannot go with it:
+            self.view.cancel_edit(focus=False)  # the box gets its draft back, as with Esc
         self.chat_id = chat_id
         self.view.end_edit()
         self.settings.system_prompt.blockSignals(True)
@@ -171,9 +173,9 @@ class ChatController(QObject):
         self.chatChanged.emit(chat_id)
 
     def _prompt_chosen(self, text: str) -> None:
-        """A suggested prompt was clicked: send it (or leave it in the box when it cannot
-        be sent now)."""
-        if not self.send(text):
+        """A suggested prompt was clicked: send it (or, when it cannot be sent now, leave
+        it in the box unless the box holds something being typed)."""
+        if not self.send(text) and not self.view.input.toPlainText().strip():
             self.view.input.setPlainText(text)
 
     def set_n_ctx(self, n_ctx: int) -> None:
@@ -292,7 +294,8 @@ class ChatController(QObject):
             except STORE_ERRORS as err:
                 log.warning("could not title the chat: %s", err)
         self.refresh_list()  # a message makes it the newest chat: to the top of the list
-        self.view.input.clear()
+        if self.view.input.toPlainText().strip() == text:  # sent from the box: it leaves
+            self.view.input.clear()  # (a suggested prompt leaves what is being typed)
         self._start_answer()
         return True
 

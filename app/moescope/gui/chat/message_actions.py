@@ -43,7 +43,7 @@ def _link_format(action: str, index: int) -> QTextCharFormat:
     f = QTextCharFormat()
     f.setForeground(QColor(theme.MUTED))
     f.setFontWeight(QFont.Weight.Normal)
-    f.setFontPointSize(8.5)
+    f.setFontPointSize(theme.SMALL_PT + 0.5)
     f.setAnchor(True)
     f.setAnchorHref(action_href(action, index))
     f.setToolTip(TIPS[action])
@@ -58,7 +58,7 @@ def insert_actions(cursor: QTextCursor, role: str, index: int) -> None:
     gap = QTextCharFormat()
     gap.setFontWeight(QFont.Weight.Normal)
     gap.setForeground(QColor(theme.MUTED))
-    gap.setFontPointSize(8.5)
+    gap.setFontPointSize(theme.SMALL_PT + 0.5)
     cursor.insertText("    ", gap)
     for i, action in enumerate(actions):
         if i:

@@ -8,6 +8,7 @@ slider moves.
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
@@ -24,6 +25,7 @@ from PySide6.QtWidgets import (
 from moescope.display.fit import FitEstimate, estimate_fit
 from moescope.display.policy_choices import CUSTOM, POLICY_CHOICES, POLICY_TIPS
 from moescope.gui.controls.budget_entry import BudgetEntry
+from moescope.gui.widgets.screen_fit import fit_wrapped_height
 from moescope.gui.worker import LoadRequest
 from moescope.model.gguf_info import ModelInfo
 from moescope.model.ram_fit import ram_start_experts
@@ -174,6 +176,15 @@ class OpenModelDialog(QDialog):
             v.setWordWrap(True)
             self.estimate_form.addRow(label, v)
         self.warning.setText("\n".join(self.estimate.warnings()))
+        if self.isVisible():  # a moved slider rewrites the lines: longer ones wrap more
+            fit_wrapped_height(self)
+
+    def showEvent(self, event: QShowEvent) -> None:
+        """At 12 pt on a 1024x700 screen the dialog was 520 px wide and ~80 px too short
+        for the fit's lines wrapped at that width: "Expert slots", "Experts in RAM",
+        "Experts on disk" and the GPU line showed half their second line."""
+        super().showEvent(event)
+        fit_wrapped_height(self)
 
     def request(self) -> LoadRequest:
         return LoadRequest(path=str(self.info.path), budget=self.budget_text(),

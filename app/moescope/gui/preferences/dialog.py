@@ -53,6 +53,27 @@ class WholeTextSpinBox(QSpinBox):
         return super().minimumSizeHint().expandedTo(self.sizeHint())
 
 
+class WholePlaceholderLineEdit(QLineEdit):
+    """A folder box wide enough for its placeholder, "default: FOLDER", in the font of the
+    moment, up to half its screen's width (a longer one is named in the tooltip).
+
+    The placeholder is the answer to "where do my models and traces go?", and the box's
+    own width (17 characters) showed "default: /home/…/Mo" of it."""
+
+    def sizeHint(self) -> QSize:
+        hint = super().sizeHint()
+        metrics = self.fontMetrics()
+        need = (hint.width() - 17 * metrics.horizontalAdvance("x")  # Qt's own width
+                + metrics.horizontalAdvance(self.placeholderText()) + 2 * metrics.height())
+        screen = self.screen()
+        if screen is not None:
+            need = min(need, screen.availableGeometry().width() // 2)
+        return QSize(max(hint.width(), need), hint.height())
+
+    def minimumSizeHint(self) -> QSize:
+        return super().minimumSizeHint().expandedTo(self.sizeHint())
+
+
 class PreferencesDialog(QDialog):
     """Edits a :class:`Preferences`; ``apply`` hands the new one to the window."""
 
@@ -105,6 +126,7 @@ class PreferencesDialog(QDialog):
                                             "session traces are recorded in its traces/ "
                                             "folder")
         self.data_dir.setPlaceholderText(f"default: {paths.data_dir()}")
+        self.data_dir.setToolTip(f"{self.data_dir.toolTip()}; empty: {paths.data_dir()}")
         forced = os.environ.get(paths.ENV_MODELS_DIR)
         if forced:  # the environment wins: a folder chosen here would do nothing
             where = paths.models_dir()
@@ -115,7 +137,9 @@ class PreferencesDialog(QDialog):
             for widget in (self.models_dir, models_browse):
                 widget.setEnabled(False)
         else:
-            self.models_dir.setPlaceholderText(f"default: {paths.data_dir() / 'models'}")
+            default = paths.data_dir() / "models"
+            self.models_dir.setPlaceholderText(f"default: {default}")
+            self.models_dir.setToolTip(f"{self.models_dir.toolTip()}; empty: {default}")
         profile = QLabel(f"Chats and settings stay in {paths.data_dir()} "
                          f"(set {paths.ENV_DATA_DIR} to move them).")
         profile.setObjectName("statsLabel")
@@ -144,7 +168,7 @@ class PreferencesDialog(QDialog):
 
     def _folder_row(self, form: QFormLayout, label: str, name: str,
                     tip: str) -> tuple[QLineEdit, QPushButton]:
-        edit = QLineEdit()
+        edit = WholePlaceholderLineEdit()
         edit.setAccessibleName(name)
         edit.setPlaceholderText("default")
         edit.setToolTip(tip)

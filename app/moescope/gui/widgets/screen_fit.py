@@ -44,3 +44,36 @@ def resize_within_screen(window: QWidget, size: QSize) -> None:
     x = max(area.left(), min(x, area.right() + 1 - width))
     y = max(area.top(), min(y, area.bottom() + 1 - height))
     window.move(x, y)
+
+
+def fit_wrapped_height(window: QWidget) -> None:
+    """Make a shown ``window`` as tall as its layout needs at its width (word-wrapped
+    labels), within its screen, wider where that is what it takes, and keep its frame on
+    the screen.
+
+    Qt sizes a new window by its size hint, the height its wrapped lines need at its
+    narrowest width, then cuts that to about two thirds of the screen, and does not look
+    again at the width it gave: at 12 pt on a 1024x700 screen the open-model dialog's fit
+    lines and About's table showed half their last line. Call it from ``showEvent``."""
+    layout = window.layout()
+    if layout is None or not layout.hasHeightForWidth():
+        return
+    width, need = window.width(), layout.totalHeightForWidth(window.width())
+    screen = window.screen()
+    area = screen.availableGeometry() if screen is not None else None
+    frame = (window.frameGeometry().size() - window.size()).expandedTo(WINDOW_FRAME)
+    if area is not None:
+        high, wide = area.height() - frame.height(), area.width() - frame.width()
+        while need > high and width < wide:
+            width = min(width + 40, wide)
+            need = layout.totalHeightForWidth(width)
+        need = min(need, high)
+    if need <= window.height() and width <= window.width():
+        return
+    window.resize(max(width, window.width()), max(need, window.height()))
+    if area is not None:  # grown downwards and rightwards: its frame back on the screen
+        x = max(area.left(), min(window.x(), area.right() + 1 - window.width()
+                                 - frame.width()))
+        y = max(area.top(), min(window.y(), area.bottom() + 1 - window.height()
+                                - frame.height()))
+        window.move(x, y)
