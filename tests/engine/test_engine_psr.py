@@ -122,3 +122,32 @@ def test_the_core_is_handed_router_probabilities_on_every_architecture(
             arch == "deepseek2"  # deepseek2 selects with an expert bias added
         np.testing.assert_allclose(weights / weights.sum(), probs[ids] / probs[ids].sum(),
                                    rtol=1e-4, atol=1e-6)
+
+
+def test_batch_reads_of_every_layer_equal_a_read_per_layer(
+        synth_model: Callable[..., Path], engine: Callable[..., object]) -> None:
+    """``last_routes`` / ``last_predictions`` (what the trace recorder reads after every
+    token, at once) give each layer what ``last_route`` / ``last_prediction`` give, as
+    fresh arrays; a layer out of range is not found."""
+    e = engine(synth_model("qwen3moe"), budget="25%", policy="psr")
+    for _ in e.generate("Hello", Sampling(max_tokens=4, seed=1)):
+        pass
+    layers = [*e.model.info.moe_layers]
+    probs, weights, ids, found = e.last_routes([*layers, 999, -1])
+    assert found.tolist() == [True] * len(layers) + [False, False]
+    nxt, scores = e.last_predictions([*layers, 999])
+    for j, layer in enumerate(layers):
+        p, w, i = e.last_route(layer)
+        np.testing.assert_array_equal(probs[j], p)
+        np.testing.assert_array_equal(weights[j], w)
+        np.testing.assert_array_equal(ids[j], i)
+        one = e.last_prediction(layer)
+        assert (one is None) == (nxt[j] <= 0)
+        if one is not None:
+            assert one[0] == nxt[j]
+            np.testing.assert_array_equal(scores[j], one[1])
+    assert nxt[-1] <= 0
+    again = e.last_routes(layers)
+    assert again is not None and again[0] is not probs  # fresh: a token's record keeps them
+    again[0][:] = -1
+    np.testing.assert_array_equal(e.last_routes(layers)[0], probs[:len(layers)])

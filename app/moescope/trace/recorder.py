@@ -314,6 +314,8 @@ class TraceRecorder:
         for i, layer in enumerate(events["layer"].tolist()):
             last_row[int(layer)] = i
         out: dict[int, RouterInput] = {}
+        if hasattr(source, "last_routes"):
+            return self._routes_at_once(source, events, last_row)
         last_route = getattr(source, "last_route", None)
         last_prediction = getattr(source, "last_prediction", None)
         if last_route is None:
@@ -339,6 +341,42 @@ class TraceRecorder:
             for i, order in zip(rows, ranked, strict=True):
                 out[i] = dataclasses.replace(out[i], next_layer=predictions[i][0],
                                              predicted=order)
+        return out
+
+    def _routes_at_once(self, source: Any, events: npt.NDArray[Any],
+                        last_row: dict[int, int]) -> dict[int, RouterInput]:
+        """:meth:`_routes` from the engine's batch reads (``last_routes``,
+        ``last_predictions``): every layer's arrays in one block, compared with the event
+        rows in one pass (the same records as a read per layer)."""
+        order = sorted(last_row.items(), key=lambda kv: kv[1])
+        layers = [layer for layer, _ in order]
+        rows = np.array([i for _, i in order], dtype=np.intp)
+        got = source.last_routes(layers)
+        if got is None or not layers:
+            return {}
+        probs, weights, ids, found = got
+        k = ids.shape[1]
+        want = events["ids"][rows, :k]
+        used = np.arange(k)[None, :] < events["k"][rows, None]
+        same = ((ids == want) | ~used).all(axis=1)
+        self.route_mismatches += int((found & ~same).sum())
+        keep = found & same
+        predicted: dict[int, tuple[int, npt.NDArray[np.int32]]] = {}
+        read = getattr(source, "last_predictions", None)
+        nxt_scores = read(layers) if read is not None else None
+        if nxt_scores is not None:
+            nxt, scores = nxt_scores
+            with_pred = np.flatnonzero(keep & (nxt > 0))
+            if len(with_pred):
+                ranked = rank_predictions(scores[with_pred])
+                for j, order_j in zip(with_pred.tolist(), ranked, strict=True):
+                    predicted[j] = (int(nxt[j]), order_j)
+        out: dict[int, RouterInput] = {}
+        for j in np.flatnonzero(keep).tolist():
+            i = int(rows[j])
+            nxt_j, ranked_j = predicted.get(j, (-1, None))
+            out[i] = RouterInput(row=i, probs=probs[j], weights=weights[j], ids=ids[j],
+                                 next_layer=nxt_j, predicted=ranked_j)
         return out
 
     def close(self, **end: Any) -> None:
