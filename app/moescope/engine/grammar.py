@@ -176,12 +176,7 @@ def _convert(schema: dict[str, Any]) -> str:
             ``{"a":1}`` was no answer at all), and extras of any type where
             ``additionalProperties`` is true or ``{}`` (the converter's were objects)."""
             prefix = f"{name}{'-' if name else ''}"
-            kv = {}
-            for prop, sub in properties:
-                value = self.visit(sub, f"{prefix}{prop}")
-                kv[prop] = self._add_rule(
-                    f"{prefix}{prop}-kv",
-                    f'{self._format_literal(json.dumps(prop))} space ":" space {value}')
+            kv = _property_rules(self, properties, prefix)
             firsts = [kv[p] for p, _ in properties if p in required]
             optional = [p for p, _ in properties if p not in required]
             if additional_properties is True or isinstance(additional_properties, dict):
@@ -319,6 +314,18 @@ def _counted(node: dict[str, Any]) -> bool:
     return most is not None and (_extra_properties(node) or most < listed)
 
 
+def _property_rules(converter: Any, properties: list[tuple[str, Any]], prefix: str
+                    ) -> dict[str, str]:
+    """Each listed property's ``"name": value`` rule, as the converter names it."""
+    kv = {}
+    for prop, sub in properties:
+        value = converter.visit(sub, f"{prefix}{prop}")
+        kv[prop] = converter._add_rule(
+            f"{prefix}{prop}-kv",
+            f'{converter._format_literal(json.dumps(prop))} space ":" space {value}')
+    return kv
+
+
 def _counted_object(converter: Any, node: dict[str, Any], name: str) -> str:
     """An object schema's rule, as the converter writes it (its required properties,
     then its optional ones in order, each at most once), taking only as many optional
@@ -327,12 +334,7 @@ def _counted_object(converter: Any, node: dict[str, Any], name: str) -> str:
     properties = list(node["properties"].items())
     required = set(node.get("required", []))
     prefix = f"{name}{'-' if name else ''}"
-    kv = {}
-    for prop, sub in properties:
-        value = converter.visit(sub, f"{prefix}{prop}")
-        kv[prop] = converter._add_rule(
-            f"{prefix}{prop}-kv",
-            f'{converter._format_literal(json.dumps(prop))} space ":" space {value}')
+    kv = _property_rules(converter, properties, prefix)
     firsts = [kv[p] for p, _ in properties if p in required]
     optional = [kv[p] for p, _ in properties if p not in required]
     least = max(0, node.get("minProperties", 0) - len(firsts))
