@@ -14,7 +14,7 @@ model larger than RAM is read by page faults, at a few tokens a minute, or does 
 
 RESERVE = 256 << 20
 """Memory kept out of a RAM tier's estimate: llama.cpp's compute buffers, the disk reads'
-staging and the app itself (measured: about 65 MiB beyond the model's own bytes for a small
+staging and the app itself (measured: about 45 MiB beyond the model's own bytes for a small
 model on the CPU build; a 30B model's compute buffer at 4k context is a few hundred)."""
 
 
