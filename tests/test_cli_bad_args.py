@@ -359,3 +359,22 @@ def test_lists_of_policies_and_budgets_are_bounded_and_without_repeats(
     (or an eval run) repeated for nothing."""
     err = _one_line_error(capsys, [a.format(tmp=tmp_path) for a in argv])
     assert says in err, err
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    """``generate --help`` listed ``--temperature`` with no words at all."""
+    import argparse
+
+    from moescope.cli import build_parser
+
+    def silent(parser: argparse.ArgumentParser, path: str) -> list[str]:
+        out = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, command in action.choices.items():
+                    out += silent(command, f"{path} {name}".strip())
+            if not isinstance(action, argparse._HelpAction) and not action.help:
+                out.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+        return out
+
+    assert silent(build_parser(), "") == []

@@ -88,6 +88,18 @@ def test_other_machines_need_a_key(window: Any) -> None:
     assert not window.serve.serving
 
 
+@pytest.mark.parametrize("key", ["two words", "caf\u00e9", "line\nbreak", "k" * 1025])
+def test_a_key_no_client_could_send_is_refused_as_serve_refuses_it(window: Any,
+                                                                   key: str) -> None:
+    """The panel took any text as the key: a space, an accent or a newline made a server
+    that no request could ever authenticate to (``serve --api-key`` refuses those)."""
+    from moescope.util.errors import MoEScopeError
+
+    with pytest.raises(MoEScopeError, match=r"The API key (may hold only|is 1,025)"):
+        window.serve.start(host="0.0.0.0", port=_free_port(), api_key=key)
+    assert not window.serve.serving
+
+
 def test_a_policy_and_budget_set_through_the_api_show_in_the_window_at_once(
         window: Any, qtbot: Any) -> None:
     """``POST /v1/moescope/cache`` while nothing generates applies the change at once (the

@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--self-test-timeout", type=float, default=120.0, metavar="S",
                         help=f"give up on --self-test after S seconds, {lo:g} to {hi:g} "
                              "(default 120)")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                       help="what to do (none: open the window)")
     for module in load_commands():
         module.register(subparsers)
     return parser

@@ -109,6 +109,25 @@ def host_resolves(host: str) -> bool:
         return False
 
 
+MAX_API_KEY = 1024
+"""Longest API key: a bearer token is tens of characters."""
+
+
+def check_api_key(source: str, key: str) -> None:
+    """An API key a client can send: 1 to :data:`MAX_API_KEY` visible ASCII characters
+    (an HTTP header carries no newline, and a client encodes no other byte alike), so a
+    key that no request could match is not accepted into a server that answers nobody;
+    ``--api-key ""`` (an unset ``$KEY``) served without a key, silently."""
+    if not key:
+        raise MoEScopeError(f"{source} is empty; give a key, or leave it out to serve "
+                            "this machine without one")
+    if len(key) > MAX_API_KEY:
+        raise MoEScopeError(f"{source} is {len(key):,} characters; at most {MAX_API_KEY}")
+    if not all("!" <= c <= "~" for c in key):
+        raise MoEScopeError(f"{source} may hold only visible ASCII characters (no spaces, "
+                            "newlines or other bytes): a client could not send it")
+
+
 def check_exposure(host: str, api_key: str | None, insecure: bool) -> str | None:
     """Refuse to serve beyond this machine without a key (:class:`ExposureRefused`);
     returns a warning to print when ``insecure`` lets it happen anyway (None

@@ -133,7 +133,9 @@ def add_sampling_arguments(p: argparse.ArgumentParser, *, n_default: int,
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help=f"sampling seed, 0 to {MAX_SEED}: the same seed, prompt and options "
                         "give the same text; -1: a random seed each run (default 0)")
-    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--temperature", type=float, default=0.7, metavar="T",
+                   help=f"sampling temperature, 0 to {MAX_TEMPERATURE:g}: 0 is greedy (the "
+                        "most likely token every time), higher is more varied (default 0.7)")
 
 
 def sampling_from_args(args: argparse.Namespace) -> Sampling:

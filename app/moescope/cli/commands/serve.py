@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from moescope.server.run import (
         READ_TIMEOUT_RANGE,
         ExposureRefused,
+        check_api_key,
         check_exposure,
         check_port,
         host_resolves,
@@ -179,22 +180,3 @@ def check_model_id(name: str | None) -> None:
     if bad is not None:
         raise MoEScopeError(f"--model-id holds the control character {bad!r}; give a "
                             "printable name")
-
-
-MAX_API_KEY = 1024
-"""Longest API key: a bearer token is tens of characters."""
-
-
-def check_api_key(source: str, key: str) -> None:
-    """An API key a client can send: 1 to :data:`MAX_API_KEY` visible ASCII characters
-    (an HTTP header carries no newline, and a client encodes no other byte alike), so a
-    key that no request could match is not accepted into a server that answers nobody;
-    ``--api-key ""`` (an unset ``$KEY``) served without a key, silently."""
-    if not key:
-        raise MoEScopeError(f"{source} is empty; give a key, or leave it out to serve "
-                            "this machine without one")
-    if len(key) > MAX_API_KEY:
-        raise MoEScopeError(f"{source} is {len(key):,} characters; at most {MAX_API_KEY}")
-    if not all("!" <= c <= "~" for c in key):
-        raise MoEScopeError(f"{source} may hold only visible ASCII characters (no spaces, "
-                            "newlines or other bytes): a client could not send it")

@@ -20,7 +20,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p = subparsers.add_parser(
         "trace", help="work with trace files (compact a journal left by a crash)",
         description="Trace file tools.")
-    sub = p.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
+    sub = p.add_subparsers(dest="trace_command", metavar="ACTION", required=True,
+                           help="what to do with the trace")
     c = sub.add_parser(
         "compact", help="write a version-2 stream (a crash's journal) as a Parquet trace",
         description="Compact a version-2 trace stream (.arrows), such as the journal a "

@@ -127,6 +127,7 @@ class ServeFeature(QObject):
         from moescope.server.run import (  # HTTP stack
             ExposureRefused,
             ServerThread,
+            check_api_key,
             check_exposure,
             host_resolves,
             port_free,
@@ -141,6 +142,8 @@ class ServeFeature(QObject):
             raise MoEScopeError(f"{host} is not an address of this machine: keep 127.0.0.1 "
                                 f"(this machine only), or give one of its addresses "
                                 f"(0.0.0.0: all of them) with an API key")
+        if api_key:  # as `serve --api-key`: a key no client could send serves nobody
+            check_api_key("The API key", api_key)
         try:
             check_exposure(host, api_key or None, insecure=False)
         except ExposureRefused as refused:  # in the panel's words, not the CLI's flags
