@@ -244,3 +244,13 @@ def test_a_window_opened_from_one_of_its_kind_is_cascaded(qtbot: Any) -> None:
     qtbot.addWidget(second)
     resize_within_screen(second, QSize(200, 150))
     assert (second.x(), second.y()) == (first.x() + CASCADE_PX, first.y() + CASCADE_PX)
+
+
+def test_get_models_fits_at_the_budget_last_used(window: Any) -> None:
+    """*Get models* priced every file at 25% whatever budget the window used."""
+    from moescope.gui.hub.window import show_get_models
+
+    window.remember_setting(None, "budget", "37.5%")
+    hub = show_get_models(window)
+    assert hub.budget.text() == "37.5%"
+    hub.close()

@@ -64,3 +64,5 @@ def test_the_window_started_on_a_newer_database_says_one_line(tmp_path: Path) ->
     text = "".join(seen)
     assert "Traceback" not in text and seen, text
     assert seen[-1].startswith("moescope: error:") and "written by a newer MoEScope" in seen[-1]
+    # nothing to make writable: it is the database, not the folder's permissions
+    assert "Make it writable" not in seen[-1] and "left as it is" in seen[-1]

@@ -17,7 +17,7 @@ from moescope import __version__
 from moescope.gui.instance_lock import DataFolderLock, ask_already_open, retake_when_free
 from moescope.gui.main_window import MainWindow
 from moescope.gui.theme import apply_theme
-from moescope.session.store import ChatStore
+from moescope.session.store import ChatStore, UnreadableChatsError
 from moescope.util import paths
 from moescope.util.resources import resources_dir
 
@@ -132,8 +132,13 @@ def cannot_use_data_folder(err: BaseException, parent: QWidget | None = None) ->
             reason += f" ({err.filename})"
     else:  # sqlite3's: the chat database
         reason = f"{paths.CHATS_DB}: {err}"
-    text = (f"MoEScope cannot use its data folder {folder}: {reason}. Make it writable, or "
-            f"start MoEScope with {paths.ENV_DATA_DIR} set to a folder you can write to.")
+    if isinstance(err, UnreadableChatsError):  # a newer MoEScope's, or not ours: no access
+        fix = (f"To use MoEScope meanwhile, start it with {paths.ENV_DATA_DIR} set to "
+               f"another folder (this one is left as it is).")
+    else:
+        fix = (f"Make it writable, or start MoEScope with {paths.ENV_DATA_DIR} set to a "
+               f"folder you can write to.")
+    text = f"MoEScope cannot use its data folder {folder}: {reason}. {fix}"
     print(f"moescope: error: {text}", file=sys.stderr)
     box = QMessageBox(QMessageBox.Icon.Critical, "MoEScope cannot start", text,
                       QMessageBox.StandardButton.Ok, parent)

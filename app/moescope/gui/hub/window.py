@@ -435,6 +435,8 @@ def show_get_models(main: Any) -> GetModelsWindow:
     window: GetModelsWindow | None = getattr(main, "get_models_window", None)
     if window is None:
         window = GetModelsWindow(main)
+        # the fit at the budget last used (the window's), not always 25%
+        window.budget.setText(str(main.default_budget()))
         window.openRequested.connect(lambda path, budget: _open(main, path, budget))
         main.get_models_window = window
     window.show()
