@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from moescope.cache.audit import check_every, compare
-from moescope.cache.budget import BudgetPlan, plan_for_model
+from moescope.cache.budget import BudgetPlan, format_bytes, plan_for_model
 from moescope.cache.guard import GuardController, GuardSpec, parse_guard
 from moescope.cache.native import (
     EVENT_DTYPE,
@@ -59,10 +59,11 @@ from moescope.engine.load_hooks import (
 from moescope.engine.logprobs import MAX_TOP, Alternative, TokenLogprob, log_probabilities
 from moescope.engine.stats import AnswerStats, CacheTotals, TokenStats
 from moescope.model.gguf_info import ModelInfo, read_model_info
-from moescope.model.ram_fit import AUTO_RAM_BUDGET
+from moescope.model.ram_fit import AUTO_RAM_BUDGET, host_bytes_needed, ram_start_experts
 from moescope.model.reasoning import reasoning_prefix, template_variables, thinking_choices
 from moescope.trace.schema import Change
 from moescope.util.errors import MoEScopeError, NotMoEError
+from moescope.util.memory_limit import memory_limit
 
 ProgressFn = Callable[[str, float], None]
 
@@ -1129,17 +1130,12 @@ def auto_ram_budget(info: ModelInfo, n_ctx: int, available: int | None = None,
     model fits in ``available`` bytes (default: what this process may take now), else the
     experts per layer that fit and one line saying so. ``slot_bytes``: expert slots that
     take host memory too (a CPU build's)."""
-    from moescope.cache.budget import format_bytes
-    from moescope.model.ram_fit import RESERVE, kv_cache_bytes, ram_start_experts
-    from moescope.util.memory_limit import memory_limit
-
     limit = memory_limit() if available is None else None
     free = limit.available if limit is not None else int(available or 0)
     n = ram_start_experts(info, n_ctx, available=free, slot_bytes=slot_bytes)
     if n >= info.n_expert:
         return None, ""
-    need = info.non_expert_bytes + info.total_expert_bytes + kv_cache_bytes(info, n_ctx) + \
-        max(0, slot_bytes) + RESERVE
+    need = host_bytes_needed(info, n_ctx, slot_bytes)
     where = ""
     if limit is not None and limit.group is not None and limit.group_limit is not None:
         where = f" (memory cgroup {limit.group}: limit {format_bytes(limit.group_limit)})"
@@ -1154,7 +1150,6 @@ def auto_ram_budget(info: ModelInfo, n_ctx: int, available: int | None = None,
 def _ram_plan(info: ModelInfo | None, budget: str) -> BudgetPlan:
     """The RAM tier's experts per layer for ``budget`` (the budget grammar of the slots);
     a budget below one token's experts (top-k in every layer) is refused."""
-    from moescope.cache.budget import format_bytes
     from moescope.util.errors import BudgetError
 
     if info is None:

@@ -45,9 +45,15 @@ def ram_start_experts(info: ModelInfo, n_ctx: int, available: int | None = None,
     slots in host memory: a CPU build's) and :data:`RESERVE` (at least top-k: one token's
     experts)."""
     row = sum(info.bytes_per_expert[layer] for layer in info.moe_layers)
-    free = (memory_available() if available is None else available) - max(0, slot_bytes) \
-        - RESERVE
-    rest = info.non_expert_bytes + kv_cache_bytes(info, n_ctx)
-    if row <= 0 or rest + info.total_expert_bytes <= free:
+    free = memory_available() if available is None else available
+    if row <= 0 or host_bytes_needed(info, n_ctx, slot_bytes) <= free:
         return info.n_expert
+    rest = info.non_expert_bytes + kv_cache_bytes(info, n_ctx) + max(0, slot_bytes) + RESERVE
     return max(info.top_k, min(info.n_expert, int(0.8 * (free - rest)) // row))
+
+
+def host_bytes_needed(info: ModelInfo, n_ctx: int, slot_bytes: int = 0) -> int:
+    """Host memory the whole model takes with every expert in RAM: its bytes, the KV
+    cache, ``slot_bytes`` of slots in host memory and :data:`RESERVE`."""
+    return info.non_expert_bytes + info.total_expert_bytes + kv_cache_bytes(info, n_ctx) + \
+        max(0, slot_bytes) + RESERVE

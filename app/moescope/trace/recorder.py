@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as _dt
 import os
 import platform
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -111,7 +111,7 @@ class RouteSource(Protocol):
     @property
     def slots_per_layer(self) -> int: ...
 
-    def last_route(self, layer: int) -> tuple[Any, Any, Any] | None: ...
+    def last_routes(self, layers: Sequence[int]) -> tuple[Any, Any, Any, Any] | None: ...
 
     def timings(self) -> dict[str, int]: ...
 
@@ -130,7 +130,7 @@ class TraceRecorder:
         recorder.close(stop_reason=engine.last_answer.stop_reason)
 
     For each token it reads the router inputs of every layer that token routed
-    (``last_route``), the change of the engine's copy timings, the change of the core's
+    (``last_routes``), the change of the engine's copy timings, the change of the core's
     prefetch counters (``cache.layer_stats``: PSR writes no event row, so this is the only
     record of it), and the policy or budget changes made since the previous token.
 
@@ -173,7 +173,7 @@ class TraceRecorder:
         m = header.model
         self._residency = Residency(m.moe_layers, m.n_expert, header.slots_per_layer)
         self.route_mismatches = 0
-        """Rows whose ``last_route`` ids disagreed with the event (left without inputs)."""
+        """Rows whose ``last_routes`` ids disagreed with the event (left without inputs)."""
         self._background = _BackgroundWriter(self.writer)
         self._closed = False
 
@@ -309,50 +309,19 @@ class TraceRecorder:
 
     def _routes(self, source: RouteSource, events: npt.NDArray[Any]) -> dict[int, RouterInput]:
         """Router inputs of the last row of every layer this token routed: that is what
-        ``last_route`` still holds (earlier rows of a batched ubatch have none)."""
+        ``last_routes`` still holds (earlier rows of a batched ubatch have none). Every
+        layer is read in one block (``last_routes``, ``last_predictions``) and checked
+        against the event rows in one pass."""
         last_row: dict[int, int] = {}
         for i, layer in enumerate(events["layer"].tolist()):
             last_row[int(layer)] = i
-        out: dict[int, RouterInput] = {}
-        if hasattr(source, "last_routes"):
-            return self._routes_at_once(source, events, last_row)
-        last_route = getattr(source, "last_route", None)
-        last_prediction = getattr(source, "last_prediction", None)
-        if last_route is None:
+        if not last_row or getattr(source, "last_routes", None) is None:
             return {}
-        predictions: dict[int, tuple[int, npt.NDArray[np.float32]]] = {}
-        for layer, i in sorted(last_row.items(), key=lambda kv: kv[1]):
-            got = last_route(layer)
-            if got is None:
-                continue
-            probs, weights, ids = (np.array(a, copy=True) for a in got)
-            k = int(events[i]["k"])
-            if not np.array_equal(np.asarray(ids[:k]), events[i]["ids"][:k]):
-                self.route_mismatches += 1
-                continue
-            prediction = last_prediction(layer) if last_prediction is not None else None
-            if prediction:
-                predictions[i] = prediction
-            out[i] = RouterInput(row=i, probs=probs.astype(np.float32),
-                                 weights=weights.astype(np.float32), ids=ids.astype(np.int32))
-        if predictions:  # ranked together: one sort call for every layer of the token
-            rows = list(predictions)
-            ranked = rank_predictions(np.stack([predictions[i][1] for i in rows]))
-            for i, order in zip(rows, ranked, strict=True):
-                out[i] = dataclasses.replace(out[i], next_layer=predictions[i][0],
-                                             predicted=order)
-        return out
-
-    def _routes_at_once(self, source: Any, events: npt.NDArray[Any],
-                        last_row: dict[int, int]) -> dict[int, RouterInput]:
-        """:meth:`_routes` from the engine's batch reads (``last_routes``,
-        ``last_predictions``): every layer's arrays in one block, compared with the event
-        rows in one pass (the same records as a read per layer)."""
         order = sorted(last_row.items(), key=lambda kv: kv[1])
         layers = [layer for layer, _ in order]
         rows = np.array([i for _, i in order], dtype=np.intp)
         got = source.last_routes(layers)
-        if got is None or not layers:
+        if got is None:
             return {}
         probs, weights, ids, found = got
         k = ids.shape[1]

@@ -65,7 +65,7 @@ def _memory(info: ModelInfo, plan: BudgetPlan | None, *, slots_in_ram: bool
             ) -> dict[str, Any]:
     """What loading would keep in RAM by default (``--ram-budget auto``) here, now."""
     from moescope.engine.engine import auto_ram_budget
-    from moescope.model.ram_fit import RESERVE, kv_cache_bytes
+    from moescope.model.ram_fit import host_bytes_needed
     from moescope.util.memory_limit import memory_limit
 
     limit = memory_limit()
@@ -73,8 +73,7 @@ def _memory(info: ModelInfo, plan: BudgetPlan | None, *, slots_in_ram: bool
     slot_bytes = 0
     if slots_in_ram and info.is_moe:  # the default budget's slots where none is given
         slot_bytes = (plan if plan is not None else plan_for_model(info, "25%")).bytes_used
-    need = info.non_expert_bytes + info.total_expert_bytes + kv_cache_bytes(info, n_ctx) + \
-        slot_bytes + RESERVE
+    need = host_bytes_needed(info, n_ctx, slot_bytes)
     tier = auto_ram_budget(info, n_ctx, available=limit.available,
                            slot_bytes=slot_bytes)[0] if info.is_moe else None
     return {"n_ctx": n_ctx, "needs_bytes": need, "available_bytes": limit.available,
