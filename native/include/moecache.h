@@ -254,6 +254,14 @@ MOECACHE_API int32_t moecache_prefetch(moecache * c, int32_t layer, int32_t n_to
                                        const float * scores, moecache_copy * plan,
                                        int32_t plan_cap, int32_t * n_plan);
 
+/* PSR's ranking without a cache: each of n_rows rows of n_experts scores ranked as
+ * moecache_prefetch ranks them (score descending, ties by lower id, NaN last), its first
+ * min(keep, n_experts) ids at out[r * min(keep, n_experts)]. What a trace keeps of each
+ * prediction. Returns MOECACHE_OK, or MOECACHE_E_ARG (a bad argument, or no memory for
+ * n_experts keys). */
+MOECACHE_API int32_t moecache_rank_predictions(const float * scores, int64_t n_rows,
+                                               int32_t n_experts, int32_t keep, int32_t * out);
+
 /* expert -> slot (-1 if not resident), n_experts entries; and slot -> expert (-1 free). */
 MOECACHE_API void moecache_layer_experts(const moecache * c, int32_t layer, int32_t * slot_of_expert);
 MOECACHE_API void moecache_layer_slots(const moecache * c, int32_t layer, int32_t * expert_of_slot);

@@ -200,6 +200,25 @@ int32_t moecache_route(moecache * c, int32_t layer, int32_t n_tokens, const floa
                                 plan, plan_cap, n_plan);
 }
 
+int32_t moecache_rank_predictions(const float * scores, int64_t n_rows, int32_t n_experts,
+                                  int32_t keep, int32_t * out) {
+    if (n_rows < 0 || n_experts <= 0 || keep <= 0 ||
+        (n_rows > 0 && (scores == nullptr || out == nullptr))) {
+        return MOECACHE_E_ARG;
+    }
+    const int32_t width = std::min(keep, n_experts);
+    try {
+        std::vector<uint64_t> keys(static_cast<size_t>(n_experts));
+        for (int64_t r = 0; r < n_rows; ++r) {
+            moecache_core::rank_scores(scores + r * n_experts, n_experts, width, keys.data(),
+                                       out + r * width);
+        }
+    } catch (const std::bad_alloc &) {
+        return MOECACHE_E_ARG;
+    }
+    return MOECACHE_OK;
+}
+
 int32_t moecache_prefetch(moecache * c, int32_t layer, int32_t n_tokens, const float * scores,
                           moecache_copy * plan, int32_t plan_cap, int32_t * n_plan) {
     if (c == nullptr) {

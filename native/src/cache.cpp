@@ -224,6 +224,7 @@ void Scratch::reserve(int32_t n_experts, int32_t n_tokens, int32_t k) {
         ram_pin.resize(n_experts, 0);
         token_mark.resize(n_experts, 0);
         ranked.resize(n_experts, 0);
+        rank_keys.resize(n_experts, 0);
     }
     const size_t selections = static_cast<size_t>(n_tokens) * static_cast<size_t>(k);
     if (action.size() < selections) {

@@ -116,6 +116,7 @@ struct Scratch {
     std::vector<int32_t> n_admitted;  /* [n_tokens] */
     std::vector<int32_t> n_admit_disk; /* [n_tokens] admissions read from disk */
     std::vector<int32_t> ranked;      /* [n_experts] prefetch: expert ids, best score first */
+    std::vector<uint64_t> rank_keys;  /* [n_experts] prefetch: rank_scores' keys */
     std::vector<double> decay;        /* decay[a] = 2^(-a / decay_h): record_selection's factor */
     float decay_h = 0.0f;
     /* Batch replay only (nullptr elsewhere): the route call's rows ranked once per trace
@@ -246,6 +247,9 @@ void admit_lost_mass(moecache & c, LayerState & L, int32_t layer, int32_t n_toke
 int32_t prefetch(moecache & c, int32_t layer, int32_t n_tokens, const float * scores,
                  moecache_copy * plan, int32_t plan_cap, int32_t * n_plan);
 int32_t prefetch_per_token(const moecache & c);
+/* Row `row`'s best `keep` of n experts (at most n) into out, best first: score descending,
+ * ties by lower id, NaN as -inf (moecache_prefetch's order); keys: min(keep, n) of scratch. */
+void rank_scores(const float * row, int32_t n, int32_t keep, uint64_t * keys, int32_t * out);
 bool prefetch_ranked(moecache & c, int32_t layer, const int32_t * ranked, int32_t count,
                      moecache_copy * plan, int32_t plan_cap, int32_t * n_plan);
 

@@ -222,13 +222,14 @@ def test_an_engine_session_records_every_token_and_its_routing(record: RecordFn)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0, -1.0, float("nan"), float("inf")])
+@given(st.lists(st.sampled_from([0.0, -0.0, 0.25, 0.5, 1.0, -1.0, float("nan"), float("inf"),
+                                 float("-inf")])
                 | st.floats(-4, 4, width=32), min_size=1, max_size=80),
        st.integers(1, 40))
 def test_ranked_predictions_are_a_stable_sort_of_the_best(values: list[float],
                                                           keep: int) -> None:
-    """The partition-then-sort ranking equals a full stable sort (ties by lower id, NaN
-    last), with many ties, NaN and infinities."""
+    """The core's ranking (selection, then a sort of the kept) equals a full stable sort
+    (ties by lower id, NaN last), with many ties, -0, NaN and infinities."""
     from moescope.trace import rank_predictions
 
     s = np.asarray(values, dtype=np.float32)

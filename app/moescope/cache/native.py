@@ -324,12 +324,30 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "moecache_reset_stats": (None, [vp]),
         "moecache_clear": (None, [vp]),
         "moecache_version": (ctypes.c_char_p, []),
+        "moecache_rank_predictions": (i32, [vp, i64, i32, i32, vp]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
         fn.restype = restype
         fn.argtypes = argtypes
     return lib
+
+
+def rank_predictions(scores: npt.ArrayLike, keep: int) -> npt.NDArray[np.int32]:
+    """Expert ids by descending score, ties by lower id, NaN last: the first ``keep`` of
+    each row as ``moecache_prefetch`` ranks them (``moecache_rank_predictions``). ``scores``
+    is one row or a ``[rows, experts]`` block; the result has the same number of axes."""
+    raw = np.ascontiguousarray(scores, dtype=np.float32)
+    block = np.atleast_2d(raw)
+    if block.ndim != 2 or block.shape[1] < 1 or keep < 1:
+        raise ValueError(f"rank_predictions needs rows of at least one score and keep >= 1, "
+                         f"got shape {raw.shape} and keep {keep}")
+    n_rows, n_experts = block.shape
+    out = np.empty((n_rows, min(keep, n_experts)), dtype=np.int32)
+    if n_rows:
+        _check(load_library().moecache_rank_predictions(
+            block.ctypes.data, n_rows, n_experts, keep, out.ctypes.data), "rank_predictions")
+    return out if raw.ndim > 1 else out[0]
 
 
 def load_library() -> ctypes.CDLL:

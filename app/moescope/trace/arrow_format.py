@@ -42,6 +42,7 @@ from moescope.cache.native import EVENT_DTYPE, MAX_K
 from moescope.cache.residency import masks_to_json
 from moescope.trace.schema import (
     TIMING_KEYS,
+    RouteBlock,
     RouterInput,
     TokenRecord,
     TraceColumns,
@@ -129,12 +130,25 @@ def token_batch(record: TokenRecord, header: TraceHeader, schema: pa.Schema
         np.zeros((0, k), np.float32)
     has = np.zeros(n, dtype=np.bool_)
     next_layer = np.full(n, -1, dtype=np.int16)
-    width = max((len(r.predicted) for r in record.routes.values()
-                 if r.predicted is not None and r.next_layer >= 0), default=0)
+    routes = record.routes if header.router_inputs is not None else {}
+    if isinstance(routes, RouteBlock):  # the recorder's: every row at once
+        width = int(routes.n_pred.max(initial=0))
+    else:
+        width = max((len(r.predicted) for r in routes.values()
+                     if r.predicted is not None and r.next_layer >= 0), default=0)
     predicted = np.zeros((n, width), dtype=np.int16)
     n_pred = np.zeros(n, dtype=np.int32)
-    if header.router_inputs is not None:
-        for row, r in record.routes.items():
+    if isinstance(routes, RouteBlock):
+        rows = routes.rows
+        has[rows] = True
+        probs[rows] = routes.probs
+        gate[rows] = routes.weights
+        on = routes.n_pred > 0
+        next_layer[rows[on]] = routes.next_layer[on]
+        predicted[rows] = routes.predicted[:, :width]
+        n_pred[rows] = routes.n_pred
+    else:
+        for row, r in routes.items():
             has[row] = True
             probs[row] = r.probs
             gate[row] = r.weights

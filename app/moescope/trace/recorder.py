@@ -8,7 +8,7 @@ import datetime as _dt
 import os
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -24,6 +24,7 @@ from moescope.trace.compactor import Compactor
 from moescope.trace.schema import (
     TIMING_KEYS,
     Change,
+    RouteBlock,
     RouterDtype,
     RouterInput,
     TokenRecord,
@@ -307,19 +308,18 @@ class TraceRecorder:
             self._policy = policy
         return out
 
-    def _routes(self, source: RouteSource, events: npt.NDArray[Any]) -> dict[int, RouterInput]:
+    def _routes(self, source: RouteSource, events: npt.NDArray[Any]) -> Mapping[int, RouterInput]:
         """Router inputs of the last row of every layer this token routed: that is what
         ``last_routes`` still holds (earlier rows of a batched ubatch have none). Every
-        layer is read in one block (``last_routes``, ``last_predictions``) and checked
-        against the event rows in one pass."""
-        last_row: dict[int, int] = {}
-        for i, layer in enumerate(events["layer"].tolist()):
-            last_row[int(layer)] = i
-        if not last_row or getattr(source, "last_routes", None) is None:
+        layer is read in one block (``last_routes``, ``last_predictions``), checked
+        against the event rows in one pass and kept as blocks (:class:`RouteBlock`)."""
+        layer_of_row = events["layer"]
+        if len(layer_of_row) == 0 or getattr(source, "last_routes", None) is None:
             return {}
-        order = sorted(last_row.items(), key=lambda kv: kv[1])
-        layers = [layer for layer, _ in order]
-        rows = np.array([i for _, i in order], dtype=np.intp)
+        # each layer's last row, in row order
+        last = len(layer_of_row) - 1 - np.unique(layer_of_row[::-1], return_index=True)[1]
+        rows = np.sort(last).astype(np.intp)
+        layers = layer_of_row[rows].astype(np.int64).tolist()
         got = source.last_routes(layers)
         if got is None:
             return {}
@@ -329,24 +329,23 @@ class TraceRecorder:
         used = np.arange(k)[None, :] < events["k"][rows, None]
         same = ((ids == want) | ~used).all(axis=1)
         self.route_mismatches += int((found & ~same).sum())
-        keep = found & same
-        predicted: dict[int, tuple[int, npt.NDArray[np.int32]]] = {}
+        kept = np.flatnonzero(found & same)
+        next_layer = np.full(len(kept), -1, dtype=np.int32)
+        predicted = np.zeros((len(kept), 0), dtype=np.int32)
+        n_pred = np.zeros(len(kept), dtype=np.int32)
         read = getattr(source, "last_predictions", None)
-        nxt_scores = read(layers) if read is not None else None
+        nxt_scores = read(layers) if read is not None and len(kept) else None
         if nxt_scores is not None:
             nxt, scores = nxt_scores
-            with_pred = np.flatnonzero(keep & (nxt > 0))
+            with_pred = np.flatnonzero(nxt[kept] > 0)  # positions in kept
             if len(with_pred):
-                ranked = rank_predictions(scores[with_pred])
-                for j, order_j in zip(with_pred.tolist(), ranked, strict=True):
-                    predicted[j] = (int(nxt[j]), order_j)
-        out: dict[int, RouterInput] = {}
-        for j in np.flatnonzero(keep).tolist():
-            i = int(rows[j])
-            nxt_j, ranked_j = predicted.get(j, (-1, None))
-            out[i] = RouterInput(row=i, probs=probs[j], weights=weights[j], ids=ids[j],
-                                 next_layer=nxt_j, predicted=ranked_j)
-        return out
+                ranked = rank_predictions(scores[kept[with_pred]])
+                predicted = np.zeros((len(kept), ranked.shape[1]), dtype=np.int32)
+                predicted[with_pred] = ranked
+                next_layer[with_pred] = nxt[kept[with_pred]]
+                n_pred[with_pred] = ranked.shape[1]
+        return RouteBlock(rows[kept], probs[kept], weights[kept], ids[kept], next_layer,
+                          predicted, n_pred)
 
     def close(self, **end: Any) -> None:
         """Write the last token and the end record and close the file; the file is closed

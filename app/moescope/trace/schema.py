@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from moescope.cache.audit import AuditRecord
 from moescope.cache.native import EVENT_DTYPE, MAX_K
+from moescope.cache.native import rank_predictions as native_rank_predictions
 from moescope.cache.policy import PREFETCH_TOP_K, THETA_DISK_AS_THETA, MissRule, Policy
 from moescope.cache.residency import masks_to_json
 from moescope.util.errors import MoEScopeError
@@ -230,6 +231,50 @@ class RouterInput:
     first (the first :data:`PREDICTED_KEEP`), which is all ``moecache_prefetch`` uses."""
 
 
+class RouteBlock(Mapping[int, RouterInput]):
+    """A token's router inputs as blocks, one row each, as the recorder reads them (every
+    layer at once): ``rows`` [m] the event rows, ascending; ``probs`` [m, experts];
+    ``weights`` and ``ids`` [m, top_k]; ``next_layer`` [m] (-1: no prediction);
+    ``predicted`` [m, width], the first ``n_pred[i]`` of row i its ranked prediction. A
+    writer fills its columns from the blocks at once; as a mapping (event row ->
+    :class:`RouterInput`) it reads as the dict of rows it stands for."""
+
+    __slots__ = (
+        "_at",
+        "ids",
+        "n_pred",
+        "next_layer",
+        "predicted",
+        "probs",
+        "rows",
+        "weights",
+    )
+
+    def __init__(self, rows: npt.NDArray[np.intp], probs: npt.NDArray[np.float32],
+                 weights: npt.NDArray[np.float32], ids: npt.NDArray[np.int32],
+                 next_layer: npt.NDArray[np.int32], predicted: npt.NDArray[np.int32],
+                 n_pred: npt.NDArray[np.int32]) -> None:
+        self.rows, self.probs, self.weights, self.ids = rows, probs, weights, ids
+        self.next_layer, self.predicted, self.n_pred = next_layer, predicted, n_pred
+        self._at = {row: i for i, row in enumerate(rows.tolist())}
+
+    def __getitem__(self, row: int) -> RouterInput:
+        i = self._at[row]
+        n = int(self.n_pred[i])
+        return RouterInput(row=row, probs=self.probs[i], weights=self.weights[i],
+                           ids=self.ids[i], next_layer=int(self.next_layer[i]),
+                           predicted=self.predicted[i, :n] if n else None)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._at)
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+    def __contains__(self, row: object) -> bool:
+        return row in self._at
+
+
 PREDICTED_KEEP = 32
 """How many ranked predictions a trace keeps per row: a replay prefetches exactly for any
 ``Policy.prefetch`` up to this (the ``psr`` preset prefetches top-k <= 32)."""
@@ -238,23 +283,10 @@ PREDICTED_KEEP = 32
 def rank_predictions(scores: npt.ArrayLike, keep: int = PREDICTED_KEEP) -> npt.NDArray[np.int32]:
     """Expert ids by descending score, ties by lower id (the core's order), NaN last.
     ``scores`` may be one layer's row or a [layers, experts] block, ranked row by row in
-    one call (a token has a prediction per layer: 48 x 512 scores on Qwen3-Next, and a
-    call per layer was a visible share of recording a token)."""
-    raw = np.asarray(scores, dtype=np.float32)
-    neg = np.atleast_2d(np.where(np.isnan(raw), np.float32(np.inf), -raw))
-    n = neg.shape[1]
-    if keep >= n:
-        ranked = np.argsort(neg, axis=1, kind="stable")[:, :keep]
-    else:  # the best `keep` of each row, then only those sorted (ties by lower id)
-        part = np.argpartition(neg, keep - 1, axis=1)[:, :keep]
-        vals = np.take_along_axis(neg, part, axis=1)
-        ranked = np.take_along_axis(part, np.lexsort((part, vals), axis=1), axis=1)
-        kth = vals.max(axis=1, keepdims=True)
-        tied = (neg == kth).sum(axis=1) != (vals == kth).sum(axis=1)
-        if tied.any():  # a tie across the cut: the partition may have kept a higher id
-            ranked[tied] = np.argsort(neg[tied], axis=1, kind="stable")[:, :keep]
-    ranked = ranked.astype(np.int32)
-    return ranked if raw.ndim > 1 else ranked[0]
+    one call (a token has a prediction per layer: 48 x 512 scores on Qwen3-Next). The core
+    ranks them (``moecache_rank_predictions``: moecache_prefetch's own ranking), in about a
+    twentieth of what numpy's partition and sort took on the recorder's thread."""
+    return native_rank_predictions(scores, keep)
 
 
 @dataclass
@@ -269,7 +301,7 @@ class TokenRecord:
     policy: str
     slots_per_layer: int
     events: npt.NDArray[Any]
-    routes: dict[int, RouterInput] = field(default_factory=dict)
+    routes: Mapping[int, RouterInput] = field(default_factory=dict)
     changes: list[Change] = field(default_factory=list)
     timings: dict[str, int] | None = None
     answer: int = 0
