@@ -488,3 +488,41 @@ def test_compare_takes_a_bounded_list_without_repeats(
     assert code == 0, err
     assert "/compare names psr more than once" in err
     assert "/compare names 65 policies; at most 64" in err
+
+
+def test_ram_auto_chooses_the_ram_tier_again_and_says_why(
+        synth_model: Callable[..., Path], spy: Spy,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``/ram auto`` chooses as ``--ram-budget auto`` does at load, from the memory available
+    now, and prints the choice and its one-line reason; it was refused as a budget
+    ("cannot read budget 'auto'"). The tiny model fits: every expert goes back into RAM,
+    the tier filled (its experts stayed in the file at the explicit 25%), live."""
+    script = "/help\n/ram\n/ram auto\nHi\n/ram 50%\n/ram AUTO\n"
+    code, out, err = chat(monkeypatch, capsys, synth_model("qwen3moe"), script,
+                          "--ram-budget", "25%")
+    assert code == 0, err
+    assert "cannot read budget" not in err and "Traceback" not in err
+    assert "auto: what fits the memory available now, as at load" in out  # /help
+    lines = out.splitlines()
+    assert "RAM budget 25% · 4/16 experts per layer in RAM" in lines
+    assert lines.count("RAM budget auto · 16/16 experts per layer") == 2
+    notes = [line for line in lines if line.startswith("note: ")]
+    assert len(notes) == 2
+    for note in notes:
+        assert "needs about" in note and "is available" in note
+        assert note.endswith("all 16 experts per layer stay in RAM")
+    assert "RAM budget 50% · 8/16 experts per layer" in lines
+    assert spy.loads == 1 and len(spy.turns) == 1
+
+
+def test_ram_auto_on_a_model_loaded_whole_keeps_the_tier_off(
+        synth_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Loaded with every expert in RAM (the default auto on a small model): ``/ram auto``
+    leaves the tier off, as the load chose, and says so."""
+    code, out, err = chat(monkeypatch, capsys, synth_model("qwen3moe"), "/ram auto\n")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "RAM budget auto · RAM tier off: every expert in host memory" in lines
+    assert any(line.startswith("note: ") and "all 16 experts per layer stay in RAM" in line
+               for line in lines)

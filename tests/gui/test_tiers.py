@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 from gui_helpers import LONG_PROMPT, load, send, slow_down
+from PySide6.QtCore import Qt
 
 from moescope.session.snapshots import IN_RAM, ON_DISK
 
@@ -189,3 +190,52 @@ def test_a_model_opened_by_path_gets_the_automatic_ram_budget_told_not_asked(
     w._on_loaded(replace(summary, ram_note=note))
     assert w.statusBar().currentMessage() == note
     assert not [d for d in dialogs.shown if d[0] == "warning"]
+
+
+def test_the_ram_budgets_auto_applies_live_and_says_why_in_the_status_bar(
+        make_window: Any, qtbot: Any, tiny_moe: Path) -> None:
+    """The RAM row's Auto, live: ticked, the engine chooses from the memory available now
+    as a load does (the tiny model fits: every expert in RAM, in the tier its load left
+    on), the slider follows and the status bar says why, as the load-time note does. The
+    window keeps Auto chosen across the engine's reports until a budget is set by hand
+    (slider or typed); typing "auto" chooses it again. A model opened by path (the
+    default request: auto) shows Auto chosen; one opened with an explicit budget does
+    not."""
+    w = _tiered_window(make_window, qtbot, tiny_moe)  # explicit 40%: Auto not chosen
+    engine = w.client.worker.engine
+    c = w.controls
+    n_expert = w.model.n_expert
+    assert c.ram_auto.isEnabled() and not c.ram_auto.isChecked()
+    w.statusBar().clearMessage()
+    with qtbot.waitSignal(w.changesApplied, timeout=10_000) as blocker:
+        qtbot.mouseClick(c.ram_auto, Qt.MouseButton.LeftButton,
+                         pos=c.ram_auto.rect().center())
+    _summary, changes = blocker.args
+    assert [ch.text for ch in changes] == [f"ram={n_expert} (auto)"]
+    assert c.ram_auto.isChecked()
+    assert engine.ram_slots_per_layer == n_expert == w.model.ram_slots_per_layer
+    assert c.ram_budget.value() == n_expert
+    note = w.model.ram_note
+    assert note.startswith(f"{tiny_moe.name} needs about ") and "is available" in note
+    assert note.endswith(f"all {n_expert} experts per layer stay in RAM")
+    assert w.statusBar().currentMessage() == note
+    assert c.ram_budget.accessibleDescription().startswith("Auto: every expert in RAM")
+    # a budget set by hand: Auto is no longer the choice, and the note is gone
+    target = w.model.top_k + 1
+    c.ram_budget.setValue(target)
+    qtbot.waitUntil(lambda: w.model.ram_slots_per_layer == target, timeout=10_000)
+    assert not c.ram_auto.isChecked() and w.model.ram_note == ""
+    # typed "auto" chooses it again
+    w.statusBar().clearMessage()
+    c.ram_budget_entry.setText("auto")
+    assert c.apply_typed_ram_budget()
+    qtbot.waitUntil(lambda: w.model.ram_slots_per_layer == n_expert, timeout=10_000)
+    assert c.ram_auto.isChecked() and c.ram_budget.value() == n_expert
+    assert c.ram_budget_entry.text() == "" and c.ram_budget_entry.property("invalid") is not True
+    qtbot.waitUntil(lambda: w.statusBar().currentMessage() == w.model.ram_note, timeout=5000)
+    # opened by path, as at start: the load's auto is the RAM row's choice
+    summary = load(qtbot, w, tiny_moe)
+    assert summary.ram_slots_per_layer == 0
+    assert c.ram_auto.isChecked() and c.ram_budget.value() == n_expert
+    load(qtbot, w, tiny_moe, budget="25%", ram_budget="40%")
+    assert not c.ram_auto.isChecked()

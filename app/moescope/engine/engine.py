@@ -59,7 +59,13 @@ from moescope.engine.load_hooks import (
 from moescope.engine.logprobs import MAX_TOP, Alternative, TokenLogprob, log_probabilities
 from moescope.engine.stats import AnswerStats, CacheTotals, TokenStats
 from moescope.model.gguf_info import ModelInfo, read_model_info
-from moescope.model.ram_fit import AUTO_RAM_BUDGET, host_bytes_needed, ram_start_experts
+from moescope.model.ram_fit import (
+    AUTO_CHANGE_MARK,
+    host_bytes_needed,
+    is_auto,
+    kv_cache_bytes,
+    ram_start_experts,
+)
 from moescope.model.reasoning import reasoning_prefix, template_variables, thinking_choices
 from moescope.trace.schema import Change
 from moescope.util.errors import MoEScopeError, NotMoEError
@@ -130,8 +136,9 @@ class LoadedModel:
     disk_experts: bool = False
     """The experts stayed in the file at load (read on demand by the RAM tier)."""
     ram_note: str = ""
-    """Why the RAM tier is what it is when the load chose it (``ram_budget="auto"`` for a
-    model larger than the memory available); "" otherwise."""
+    """Why the RAM tier is what it is when auto chose it: at load (``ram_budget="auto"``
+    for a model larger than the memory available) or live (``set_ram_budget("auto")``,
+    which says so whatever it chose); "" otherwise (an explicit budget clears it)."""
     expert_buffer: str = ""
     """Where the experts live in host memory: llama.cpp's buffer name, e.g. ``CUDA_Host``
     (pinned: copies to VRAM at full PCIe speed) or ``CPU`` (pageable)."""
@@ -233,14 +240,11 @@ class Engine:
             info, cache, notice = None, False, f"{err}; loaded with the expert cache off"
         plan = plan_for_model(info, budget) if cache and info is not None else None  # fail fast
         auto_note = ""
-        if ram_budget is not None and ram_budget.strip().lower() == AUTO_RAM_BUDGET:
-            from moescope.engine.backend import engine_build
-
-            slots_in_ram = n_gpu_layers == 0 or engine_build().backend == "cpu"
+        if is_auto(ram_budget):
             ram_budget, auto_note = auto_ram_budget(
                 info, min(n_ctx, info.context_length or n_ctx),
-                slot_bytes=plan.bytes_used if slots_in_ram else 0) if plan is not None \
-                and info is not None else (None, "")
+                slot_bytes=plan.bytes_used if _slots_in_ram(n_gpu_layers) else 0) \
+                if plan is not None and info is not None else (None, "")
         ram_plan = _ram_plan(info, ram_budget) if plan is not None and ram_budget else None
         if disk_experts is None:
             disk_experts = ram_plan is not None and not ram_plan.fits_all
@@ -469,7 +473,8 @@ class Engine:
             self._pending_audit = every
 
     def request_ram_budget(self, budget: str) -> None:
-        """Thread-safe: resize the RAM tier before the next token (like the budget)."""
+        """Thread-safe: resize the RAM tier before the next token (like the budget);
+        ``"auto"`` chooses it then, as :meth:`set_ram_budget` does."""
         with self._requests_lock:
             self._pending_ram_budget = budget
 
@@ -505,7 +510,9 @@ class Engine:
         if ram_budget is not None and self._cache is not None:
             try:
                 ram = self.set_ram_budget(ram_budget)
-                changes.append(Change("note", text=f"ram={ram.slots_per_layer if ram else 'all'}"))
+                auto = AUTO_CHANGE_MARK if is_auto(ram_budget) else ""
+                changes.append(Change("note", text=f"ram={ram.slots_per_layer if ram else 'all'}"
+                                                   f"{auto}"))
             except MoEScopeError as err:
                 changes.append(Change("error", text=f"RAM budget error: {err}"))
         if audit is not None:
@@ -527,12 +534,63 @@ class Engine:
         self.model.plan = plan
         return plan
 
-    def set_ram_budget(self, budget: str) -> BudgetPlan | None:
+    def set_ram_budget(self, budget: str, *, available: int | None = None) -> BudgetPlan | None:
         """Resize the RAM tier between tokens (model, KV cache and chat kept). Returns its
         plan, or None when every expert is in host memory (tier off: only possible when
-        the experts were read at load)."""
+        the experts were read at load).
+
+        ``"auto"`` (:data:`AUTO_RAM_BUDGET`) chooses as a load does, from the memory this
+        process may take now (``available``: that many bytes instead) plus what the model
+        holds now: every expert in RAM when the whole model fits (the tier off, or every
+        expert in it when the experts stayed in the file at load), else what fits, at
+        least top-k per layer; ``model.ram_note`` says why in one line. Where the tier is
+        off and cannot be turned on in this load (the experts in pinned memory, which it
+        would not free, or their places in the file unknown), nothing changes and the
+        note says so. An explicit budget clears the note."""
         if self._cache is None or self.model is None or self.model.info is None:
             raise CacheError("the expert cache is off for this model")
+        if is_auto(budget):
+            return self._set_auto_ram_budget(available)
+        ram_plan = self._resize_ram(budget)
+        self.model.ram_note = ""
+        return ram_plan
+
+    def _set_auto_ram_budget(self, available: int | None) -> BudgetPlan | None:
+        """:meth:`set_ram_budget`'s ``"auto"``."""
+        m = self.model
+        assert m is not None and m.info is not None
+        info = m.info
+        slot_bytes = m.plan.bytes_used if m.plan is not None and \
+            _slots_in_ram(m.n_gpu_layers) else 0
+        experts = info.total_expert_bytes if m.ram_plan is None else m.ram_plan.bytes_used
+        held = info.non_expert_bytes + kv_cache_bytes(info, m.n_ctx) + slot_bytes + experts
+        budget, note = auto_ram_budget(info, m.n_ctx, available, slot_bytes, held=held,
+                                       live=True)
+        if budget is None:  # the whole model fits: every expert in RAM, as a load keeps it
+            ram_plan = self._resize_ram(str(info.n_expert))
+        elif m.ram_plan is None and (why := self._no_live_tier()):
+            note = (f"RAM budget auto: {budget} of {info.n_expert} experts per layer fit the "
+                    f"memory available now, but {why}: every expert stays in host memory "
+                    f"(reopen the model for a RAM tier)")
+            ram_plan = None
+        else:
+            ram_plan = self._resize_ram(budget)
+        m.ram_note = note
+        return ram_plan
+
+    def _no_live_tier(self) -> str:
+        """Why this load cannot turn a RAM tier on now ("" when it can)."""
+        assert self.model is not None
+        if self.model.pinned_experts:
+            return "its experts were read into pinned memory at load, which a RAM tier " \
+                   "would not free"
+        if not self._lib.llama_moe_cache_disk_capable(self._ctx):
+            return "the experts' places in the model file are unknown to this load"
+        return ""
+
+    def _resize_ram(self, budget: str) -> BudgetPlan | None:
+        """Set the RAM tier to ``budget`` (explicit); its plan, None for the tier off."""
+        assert self.model is not None and self.model.info is not None
         ram_plan = _ram_plan(self.model.info, budget)
         off = ram_plan.fits_all and not self.model.disk_experts
         rc = self._lib.llama_moe_cache_set_ram_slots(
@@ -1124,25 +1182,39 @@ class _RouteBuffers:
         self.score_ptrs = rows(self.scores, f32)
 
 
+def _slots_in_ram(n_gpu_layers: int | None) -> bool:
+    """The expert slots take host memory: no layer on a GPU, or a CPU build."""
+    from moescope.engine.backend import engine_build
+
+    return n_gpu_layers == 0 or engine_build().backend == "cpu"
+
+
 def auto_ram_budget(info: ModelInfo, n_ctx: int, available: int | None = None,
-                    slot_bytes: int = 0) -> tuple[str | None, str]:
+                    slot_bytes: int = 0, held: int = 0,
+                    live: bool = False) -> tuple[str | None, str]:
     """``(ram_budget, note)`` for :data:`AUTO_RAM_BUDGET`: ``(None, "")`` when the whole
     model fits in ``available`` bytes (default: what this process may take now), else the
     experts per layer that fit and one line saying so. ``slot_bytes``: expert slots that
-    take host memory too (a CPU build's)."""
+    take host memory too (a CPU build's). ``held``: bytes the loaded model holds now,
+    available to it too (a live choice: the memory it would have with nothing loaded);
+    ``live``: a line also when everything fits (the user asked, so it is said)."""
     limit = memory_limit() if available is None else None
-    free = limit.available if limit is not None else int(available or 0)
+    free = (limit.available if limit is not None else int(available or 0)) + max(0, held)
     n = ram_start_experts(info, n_ctx, available=free, slot_bytes=slot_bytes)
-    if n >= info.n_expert:
+    if n >= info.n_expert and not live:
         return None, ""
     need = host_bytes_needed(info, n_ctx, slot_bytes)
     where = ""
     if limit is not None and limit.group is not None and limit.group_limit is not None:
         where = f" (memory cgroup {limit.group}: limit {format_bytes(limit.group_limit)})"
-    return str(n), (
-        f"{info.path.name} needs about {format_bytes(need)} of memory (with its KV cache "
-        f"and working buffers) and "
-        f"{format_bytes(free)} is available{where}: {n} of {info.n_expert} experts per layer "
+    if held > 0:
+        where += f", counting the {format_bytes(held)} it holds now"
+    head = (f"{info.path.name} needs about {format_bytes(need)} of memory (with its KV cache "
+            f"and working buffers) and {format_bytes(free)} is available{where}: ")
+    if n >= info.n_expert:
+        return None, head + f"all {info.n_expert} experts per layer stay in RAM"
+    return str(n), head + (
+        f"{n} of {info.n_expert} experts per layer "
         f"stay in RAM and the others are read from the model file when routed to (a RAM "
         f"budget sets it: --ram-budget, /ram, or the RAM budget slider)")
 

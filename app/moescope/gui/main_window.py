@@ -68,6 +68,7 @@ from moescope.gui.widgets.named_tabs import name_tabs
 from moescope.gui.widgets.screen_fit import fitting
 from moescope.gui.widgets.status_tip import tooltip_follows_message
 from moescope.gui.worker import EngineClient
+from moescope.model.ram_fit import AUTO_CHANGE_MARK, AUTO_RAM_BUDGET
 from moescope.session.snapshots import ModelSummary, TokenSnapshot
 from moescope.session.store import ChatStore
 from moescope.trace import TRACE_SUFFIXES, Change
@@ -254,6 +255,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.controls.policyRequested.connect(self.request_policy)
         self.controls.budgetRequested.connect(self.request_budget)
         self.controls.ramBudgetRequested.connect(self.request_ram_budget)
+        self.controls.ramAutoRequested.connect(self.request_ram_auto)
         self.controls.auditRequested.connect(self._audit_requested)
         self.chat.answerBegan.connect(lambda step: self.cache_panel.add_marker(step, "answer"))
         self.chat.problem.connect(self.show_error)
@@ -362,12 +364,24 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         log.info("RAM budget requested: %d experts per layer", experts)
         self.client.request_ram_budget(f"{experts * m.slot_row_bytes}B")
 
+    def request_ram_auto(self) -> None:
+        """The RAM budget's Auto, live: the engine chooses from the memory available then,
+        as at load; why comes back in the status bar (:meth:`_on_requests_applied`)."""
+        m = self.model
+        if m is None or not m.cache_enabled:
+            return
+        log.info("RAM budget requested: auto")
+        self.client.request_ram_budget(AUTO_RAM_BUDGET)
+
     def _on_requests_applied(self, summary: ModelSummary, changes: list[Change]) -> None:
         self.model = summary
         self._show_applied(summary.requests)
         self.cache_panel.update_model(summary)
         self._update_title()
         self._report_change_errors([c.text for c in changes if c.kind == "error"])
+        if summary.ram_note and any(c.kind == "note" and c.text.startswith("ram=") and
+                                    c.text.endswith(AUTO_CHANGE_MARK) for c in changes):
+            self.show_status_note(summary.ram_note)
         self.changesApplied.emit(summary, changes)
 
     def _show_applied(self, applied: RequestNumbers) -> None:

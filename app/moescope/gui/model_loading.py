@@ -22,6 +22,7 @@ from moescope.gui.chat.welcome import has_get_models, welcome_html
 from moescope.gui.dialogs.open_model import OpenModelDialog
 from moescope.gui.worker import LoadRequest
 from moescope.model.gguf_info import read_model_info
+from moescope.model.ram_fit import is_auto
 from moescope.session.snapshots import ModelSummary
 from moescope.util import paths
 from moescope.util.errors import MoEScopeError
@@ -213,13 +214,14 @@ class ModelLoading(_Window):
         self.chat_settings.set_thinking_choices(summary.thinking_choices)
         self.cache_panel.set_model(summary)
         self.controls.set_model(summary)
+        req = getattr(self, "_pending_request", None)
+        self.controls.set_ram_auto(req is not None and is_auto(req.ram_budget))
         self._restore_audit(summary)
         self.trace_path = Path(summary.trace_path) if summary.trace_path else None
         self.trace_before_compare = None
         self.recording_now = self.trace_path is not None
         self.recent_tokens.clear()
         self._remember_model(summary.path)
-        req = getattr(self, "_pending_request", None)
         if req is not None:
             self.remember_setting(summary.path, "n_ctx", req.n_ctx)
             if isinstance(req.policy, str):
@@ -236,10 +238,16 @@ class ModelLoading(_Window):
         # a RAM tier the load chose (a model larger than memory): told, not asked about
         notice = " · ".join(n for n in (notice, summary.ram_note) if n)
         if notice:
-            log.warning("%s", notice)
-            self.statusBar().showMessage(notice, 30_000)
+            self.show_status_note(notice)
         if summary.notice:
             self.show_warning("Model loaded with a note", summary.notice)
+
+    def show_status_note(self, note: str) -> None:
+        """Something chosen for the user, told not asked about (what auto chose for the RAM
+        tier and why, at load or by the RAM budget's Auto live; a model opened instead of
+        the last one): in the status bar and the log, not in a box."""
+        log.warning("%s", note)
+        self.statusBar().showMessage(note, 30_000)
 
     def _on_load_cancelled(self, message: str) -> None:
         """Nothing is loaded now (the previous model was freed before loading began)."""

@@ -10,7 +10,19 @@ AUTO_RAM_BUDGET = "auto"
 """``ram_budget`` that keeps every expert in RAM when the model fits the memory this
 process may use (:mod:`moescope.util.memory_limit`: cgroup limits included), else a RAM
 tier of what fits (:func:`ram_start_experts`). The front ends' default: without it a
-model larger than RAM is read by page faults, at a few tokens a minute, or does not load."""
+model larger than RAM is read by page faults, at a few tokens a minute, or does not load.
+Also a live RAM budget (``/ram auto``, the window's Auto), chosen again from the memory
+available then."""
+
+
+AUTO_CHANGE_MARK = " (auto)"
+"""How a live RAM-tier change that auto chose ends (``ram=12 (auto)``): the window says
+its note (``LoadedModel.ram_note``) in the status bar for those."""
+
+
+def is_auto(budget: str | None) -> bool:
+    """``budget`` asks for :data:`AUTO_RAM_BUDGET` (any case, spaces around)."""
+    return budget is not None and budget.strip().lower() == AUTO_RAM_BUDGET
 
 RESERVE = 256 << 20
 """Memory kept out of a RAM tier's estimate: llama.cpp's compute buffers, the disk reads'

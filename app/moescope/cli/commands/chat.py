@@ -63,6 +63,7 @@ from moescope.cli.terminal import (
     terminal_reader,
     use_color,
 )
+from moescope.model.ram_fit import is_auto
 from moescope.model.reasoning import THINKING_SETTINGS
 from moescope.session.answer import answer_now
 from moescope.session.recording import Recording, RecordingStopped
@@ -77,7 +78,8 @@ HELP = """\
                  preset:key=value works too, e.g. threshold:theta=0.3; the quality
                  guard: guard:target=1%)
 /budget [X]      show or change the VRAM for expert slots (25%, 12GiB, 16 slots)
-/ram [X]         show or change the host memory for experts (the rest is read from disk)
+/ram [X]         show or change the host memory for experts (the rest is read from disk;
+                 auto: what fits the memory available now, as at load)
 /stats           this session's totals, per policy when more than one was used
 /compare [P,...] [score]
                  answer your last message again under Exact and each policy (default
@@ -418,8 +420,15 @@ class ChatSession:
         except MoEScopeError as err:
             self._error(str(err))
             return
-        self._say("RAM tier off: every expert in host memory" if ram is None else
-                  f"RAM budget {arg} · {ram.slots_per_layer}/{ram.n_expert} experts per layer")
+        auto = is_auto(arg)
+        if ram is None:
+            self._say(f"{'RAM budget auto · ' if auto else ''}RAM tier off: every expert in "
+                      f"host memory")
+        else:
+            self._say(f"RAM budget {'auto' if auto else arg} · {ram.slots_per_layer}/"
+                      f"{ram.n_expert} experts per layer")
+        if auto and model.ram_note:
+            self._say(f"note: {model.ram_note}")
 
     def _slots(self) -> str:
         """``16/64 slots per layer (25.0% resident)``, from what the engine has now."""

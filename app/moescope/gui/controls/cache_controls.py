@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDoubleSpinBox,
     QFormLayout,
@@ -43,6 +44,7 @@ from moescope.display.policy_choices import (
 )
 from moescope.gui.controls.budget_entry import BudgetEntry
 from moescope.gui.widgets.wrapped_label import WrappedLabel
+from moescope.model.ram_fit import is_auto
 from moescope.session.snapshots import ModelSummary
 
 __all__ = ["CUSTOM", "POLICY_CHOICES", "ControlsPanel", "custom_policy"]
@@ -61,6 +63,10 @@ GUARD_PREFIX, GUARD_SHORT_PREFIX = "guard ≤ ", "≤ "
 RAM_TIP = ("Experts per layer kept in host memory (the RAM tier); the rest stay in the model "
            "file and are read from disk when needed (about ten times slower than from RAM). "
            "All the way right: every expert in RAM. Applied live, like the VRAM budget.")
+RAM_AUTO_TIP = ("Auto: what fits the memory this process may use now, chosen as at load: "
+                "every expert in RAM when the model fits, else the experts per layer that "
+                "fit (the status bar says why). Tick it again to choose again; moving the "
+                "slider or typing a budget sets one yourself.")
 CUSTOM_ONLY_TIP = ("Fixed by the chosen preset: choose Custom in Policy to set it "
                    "yourself.")
 NO_CACHE_TIP = "Open a model with an expert cache to change the policy."
@@ -89,6 +95,7 @@ class ControlsPanel(QGroupBox):
     policyRequested = Signal(object)  # Policy
     budgetRequested = Signal(int)  # slots per layer
     ramBudgetRequested = Signal(int)  # RAM-tier experts per layer (n_expert: all)
+    ramAutoRequested = Signal()  # the RAM budget's Auto: chosen from the memory available
     auditRequested = Signal(int)  # audit every N tokens, 0 off
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -206,9 +213,14 @@ class ControlsPanel(QGroupBox):
         self.ram_budget_entry.setAccessibleName("RAM budget, typed")
         self.ram_budget_entry.setToolTip(
             "Type a RAM budget for experts and press Enter: a size (24GiB), a share of the "
-            "experts (50%), or experts per layer (32).")
+            "experts (50%), experts per layer (32), or auto.")
         self.ram_budget_entry.submitted.connect(self.apply_typed_ram_budget)
-        form.addRow("RAM b&udget", self._row(self.ram_budget, self.ram_budget_entry))
+        self.ram_auto = QCheckBox("Auto")
+        self.ram_auto.setAccessibleName("RAM budget: auto")
+        self.ram_auto.setToolTip(RAM_AUTO_TIP)
+        self.ram_auto.toggled.connect(self._ram_auto_toggled)
+        form.addRow("RAM b&udget", self._row(self.ram_budget, self.ram_auto,
+                                              self.ram_budget_entry))
         # what it buys has no row of its own (the window must fit 1024x700): the slider's
         # tooltip and spoken description say it, and the memory view lists the tiers
         self.audit = QComboBox()
@@ -251,8 +263,7 @@ class ControlsPanel(QGroupBox):
         self.budget.valueChanged.connect(self._budget_moved)
         self.budget.sliderReleased.connect(self._budget_released)
         self.ram_budget.valueChanged.connect(self._ram_budget_moved)
-        self.ram_budget.sliderReleased.connect(
-            lambda: self.ramBudgetRequested.emit(self.ram_budget.value()))
+        self.ram_budget.sliderReleased.connect(self._ram_budget_released)
         self._shown = str(self.policy_combo.currentData())
         self._show_values(self._preset(self._shown))
         self._quiet = False
@@ -295,14 +306,15 @@ class ControlsPanel(QGroupBox):
         return s
 
     @staticmethod
-    def _row(control: QWidget, extra: QWidget) -> QWidget:
+    def _row(control: QWidget, *extras: QWidget) -> QWidget:
         w = QWidget()
         row = QHBoxLayout(w)
         row.setContentsMargins(0, 0, 0, 0)
         row.addWidget(control, 1)
-        if isinstance(extra, QLabel):
-            extra.setMinimumWidth(36)
-        row.addWidget(extra)
+        for extra in extras:
+            if isinstance(extra, QLabel):
+                extra.setMinimumWidth(36)
+            row.addWidget(extra)
         return w
 
     # ------------------------------------------------------------------ state in
@@ -323,6 +335,7 @@ class ControlsPanel(QGroupBox):
         self.budget_entry.setEnabled(enabled)
         self.ram_budget.setEnabled(enabled)
         self.ram_budget_entry.setEnabled(enabled)
+        self.ram_auto.setEnabled(enabled)
         self.policy_combo.setEnabled(enabled)
         self._quiet = False
         if model is not None:
@@ -338,8 +351,8 @@ class ControlsPanel(QGroupBox):
         self._quiet = True
         if budget and model.cache_enabled and not self.budget.isSliderDown():
             self.budget.setValue(model.slots_per_layer)
-        if model.cache_enabled and not self.ram_budget.isSliderDown() \
-                and self.ram_budget.value() == self._ram_requested:
+        if model.cache_enabled and not self.ram_budget.isSliderDown() and (
+                self.ram_auto.isChecked() or self.ram_budget.value() == self._ram_requested):
             self.ram_budget.setValue(model.ram_slots_per_layer or model.n_expert)
             self._ram_requested = self.ram_budget.value()
         self._quiet = False
@@ -458,22 +471,65 @@ class ControlsPanel(QGroupBox):
         self.budgetRequested.emit(self.budget.value())
 
     def _ram_budget_moved(self, _value: int) -> None:
-        self._update_ram_label()
         if not self._quiet and not self.ram_budget.isSliderDown():
-            self._ram_requested = self.ram_budget.value()
-            self.ramBudgetRequested.emit(self.ram_budget.value())
+            self._request_ram(self.ram_budget.value())
+        self._update_ram_label()
 
-    def apply_typed_ram_budget(self) -> bool:
-        """The typed RAM budget moves the RAM slider, which requests it."""
+    def _ram_budget_released(self) -> None:
+        self._request_ram(self.ram_budget.value())
+        self._update_ram_label()
+
+    def _request_ram(self, experts: int) -> None:
+        """A RAM budget the user set: Auto is no longer the choice."""
+        self._show_ram_auto(False)
+        self._ram_requested = experts
+        self.ramBudgetRequested.emit(experts)
+
+    def _ram_auto_toggled(self, on: bool) -> None:
+        if not self._quiet:
+            if on:
+                self.ramAutoRequested.emit()
+            else:  # the tier as it is now, the user's own from here on
+                self._request_ram(self.ram_budget.value())
+        self._update_ram_label()
+
+    def _show_ram_auto(self, on: bool) -> None:
+        quiet, self._quiet = self._quiet, True
+        self.ram_auto.setChecked(on)
+        self._quiet = quiet
+
+    def set_ram_auto(self, on: bool) -> None:
+        """Show whether Auto chose the RAM tier (a load's request), requesting nothing."""
+        self._show_ram_auto(on and bool(self.model and self.model.cache_enabled))
+        self._update_ram_label()
+
+    def choose_ram_auto(self) -> bool:
+        """Auto, as the user chooses it: ticked, or chosen again when it already is (the
+        memory available may have changed). False without an expert cache."""
         m = self.model
         if m is None or not m.cache_enabled:
             return False
+        if self.ram_auto.isChecked():
+            self.ramAutoRequested.emit()
+        else:
+            self.ram_auto.setChecked(True)  # _ram_auto_toggled requests it
+        return True
+
+    def apply_typed_ram_budget(self) -> bool:
+        """The typed RAM budget moves the RAM slider, which requests it; "auto" chooses
+        Auto."""
+        m = self.model
+        if m is None or not m.cache_enabled:
+            return False
+        if is_auto(self.ram_budget_entry.text()):
+            self.ram_budget_entry.clear()
+            return self.choose_ram_auto()
         slots = self.ram_budget_entry.take_slots(m.n_expert, m.top_k, m.slot_row_bytes)
         if slots is None:
             return False
         if slots == self.ram_budget.value():
-            self._ram_requested = slots
-            self.ramBudgetRequested.emit(slots)
+            self._request_ram(slots)
+            self._update_ram_label()
         else:
             self.ram_budget.setValue(slots)
         return True
@@ -494,6 +550,8 @@ class ControlsPanel(QGroupBox):
         applied = m.ram_slots_per_layer or m.n_expert
         if n != applied:
             text += f" (applied: {'all' if applied >= m.n_expert else applied})"
+        if self.ram_auto.isChecked():
+            text = f"Auto: {text}"
         self.ram_budget.setAccessibleDescription(text)
         self.ram_budget.setToolTip(f"{RAM_TIP}\n\nNow: {text}.")
 
