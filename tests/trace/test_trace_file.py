@@ -241,6 +241,17 @@ def test_ranked_predictions_are_a_stable_sort_of_the_best(values: list[float],
         rank_predictions(row, keep).tolist() for row in block]
 
 
+def test_ranking_predictions_refuses_what_it_cannot_rank() -> None:
+    """Bounded before the core reads a byte: no experts, nothing to keep."""
+    from moescope.trace import rank_predictions
+
+    with pytest.raises(ValueError, match="at least one score"):
+        rank_predictions(np.zeros((2, 0), np.float32), 3)
+    with pytest.raises(ValueError, match="keep >= 1"):
+        rank_predictions(np.zeros(4, np.float32), 0)
+    assert rank_predictions(np.zeros((0, 4), np.float32), 2).shape == (0, 2)
+
+
 def test_a_failed_write_surfaces_on_the_recording_thread_and_the_file_still_closes(
         tmp_path: Path) -> None:
     """The writer thread's error is raised by the next record (or flush), again by every
