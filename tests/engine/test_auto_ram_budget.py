@@ -32,6 +32,16 @@ APP = Path(__file__).resolve().parents[2] / "app"
 MIB = 1 << 20
 
 
+def in_a_cgroup(test: Callable[..., None]) -> Callable[..., None]:
+    """A test in a real memory cgroup around a CPU build (root only)."""
+    test = pytest.mark.skipif(
+        engine_build().backend != "cpu",
+        reason="the slots' memory is a device's on a GPU build (lavapipe: RAM the "
+               "estimate does not count as the process's)")(test)
+    return pytest.mark.skipif(memory_hierarchy() is None,
+                              reason="needs root and a writable memory cgroup hierarchy")(test)
+
+
 def test_auto_keeps_every_expert_of_a_model_that_fits(tiny_moe: Path) -> None:
     e = Engine()
     try:
@@ -61,11 +71,7 @@ def test_auto_picks_what_fits_and_says_why(tiny_moe: Path) -> None:
     assert auto_ram_budget(info, 256, available=0)[0] == str(info.top_k)
 
 
-@pytest.mark.skipif(memory_hierarchy() is None,
-                    reason="needs root and a writable memory cgroup hierarchy")
-@pytest.mark.skipif(engine_build().backend != "cpu",
-                    reason="the slots' memory is a device's on a GPU build (lavapipe: RAM "
-                           "the estimate does not count as the process's)")
+@in_a_cgroup
 def test_the_cli_in_a_cgroup_too_small_for_the_model_runs_from_a_ram_tier(
         synth_model: Callable[..., Path]) -> None:
     model = synth_model("qwen3moe", "copy-bound", n_layers=1, n_expert=64)  # ~110 MB
@@ -170,11 +176,7 @@ def test_an_auto_request_is_applied_between_tokens_with_its_note(
         e.model.ram_note
 
 
-@pytest.mark.skipif(memory_hierarchy() is None,
-                    reason="needs root and a writable memory cgroup hierarchy")
-@pytest.mark.skipif(engine_build().backend != "cpu",
-                    reason="the slots' memory is a device's on a GPU build (lavapipe: RAM "
-                           "the estimate does not count as the process's)")
+@in_a_cgroup
 def test_ram_auto_in_a_chat_in_a_cgroup_too_small_for_the_model_keeps_a_ram_tier(
         synth_model: Callable[..., Path]) -> None:
     """The terminal chat in a real memory cgroup, loaded with an explicit small RAM budget:
