@@ -8,6 +8,8 @@ what a user feels as a sluggish window), the cache panel's work per token (the G
 of a snapshot) and per repaint (heatmap, plots, labels), with the session trace off and on.
 
     QT_QPA_PLATFORM=offscreen .venv/bin/python bench/window_bench.py
+    QT_QPA_PLATFORM=offscreen .venv/bin/python bench/window_bench.py \
+        --model resources/models/moescope-demo-qwen3moe.gguf
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ GEOMETRIES = {"demo": (6, 64, 4), "qwen3-next": (48, 512, 10)}
 PROMPT = "The quick brown fox jumps over the lazy dog and keeps on running."
 
 
-def measure(geometry: str, tokens: int, policy: str, models: Path, record: bool) -> str:
+def measure(geometry: str, tokens: int, policy: str, models: Path, record: bool,
+            model: Path | None = None) -> str:
     from PySide6.QtCore import Qt, QTimer
 
     from moescope.gui.app import create_app
@@ -38,10 +41,17 @@ def measure(geometry: str, tokens: int, policy: str, models: Path, record: bool)
     from moescope.gui.worker import LoadRequest
     from moescope_testing.synth import SynthSpec, ensure_synth_model
 
-    layers, experts, k = GEOMETRIES[geometry]
-    spec = SynthSpec(arch="qwen3moe", n_layers=layers, n_expert=experts, top_k=k,
-                     n_embd=64, n_ff_exp=32, expert_type="q8_0", ctx=1024)
-    path = ensure_synth_model(models, spec)
+    if model is not None:  # a real file: its own geometry
+        from moescope.model.gguf_info import read_model_info
+
+        info = read_model_info(model)
+        layers, experts, k = len(info.moe_layers), info.n_expert, info.top_k
+        path = model
+    else:
+        layers, experts, k = GEOMETRIES[geometry]
+        spec = SynthSpec(arch="qwen3moe", n_layers=layers, n_expert=experts, top_k=k,
+                         n_embd=64, n_ff_exp=32, expert_type="q8_0", ctx=1024)
+        path = ensure_synth_model(models, spec)
     app = create_app([sys.argv[0]])
     window = MainWindow()
     window.resize(1440, 900)
@@ -110,6 +120,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=300)
     parser.add_argument("--policy", default="quality-first")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="measure this GGUF (e.g. the shipped demo model) instead of "
+                             "the synthetic geometries")
     parser.add_argument("--models", type=Path,
                         default=Path(tempfile.gettempdir()) / "moescope-window-bench")
     args = parser.parse_args()
@@ -117,10 +130,10 @@ def main() -> int:
     print("| geometry | policy | trace | tok/s | loop latency p50 ms | p99 ms "
           "| panel ms/token | frame median ms | frame p99 ms |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
-    for geometry in GEOMETRIES:
+    for geometry in [args.model.name] if args.model is not None else GEOMETRIES:
         for record in (False, True):
-            print(measure(geometry, args.tokens, args.policy, args.models, record),
-                  flush=True)
+            print(measure(geometry, args.tokens, args.policy, args.models, record,
+                          args.model), flush=True)
     return 0
 
 
