@@ -111,31 +111,6 @@ def engine_library() -> Any:
     return lib
 
 
-HELD_GIL = ("llama_moe_cache_last_route", "llama_moe_cache_last_prediction")
-"""Reads of the latest token's routing that the recorder makes per MoE layer after every
-token, on the decode thread (never during a decode): microseconds each. Called through
-``ctypes.PyDLL`` they keep the GIL, where a plain call releases it and must win it back
-from the window's or the trace writer's Python, a convoy that cost a millisecond and more
-a token (48 layers: 96 calls)."""
-
-_held: Any = None
-
-
-def held_gil_library() -> Any:
-    """:data:`HELD_GIL`'s functions, declared as in :func:`engine_library`, on a handle
-    of the same library whose calls keep the GIL. Only for calls that return at once and
-    take no lock another thread could hold while it waits for the GIL."""
-    global _held
-    if _held is None:
-        lib = engine_library()
-        held = ctypes.PyDLL(lib._name, handle=lib._handle)
-        for name in HELD_GIL:
-            fn, src = getattr(held, name), getattr(lib, name)
-            fn.restype, fn.argtypes = src.restype, src.argtypes
-        _held = held
-    return _held
-
-
 def is_patched() -> bool:
     """True when the installed llama_cpp carries the MoEScope expert cache."""
     try:

@@ -718,7 +718,7 @@ class Engine:
         if buf is None:
             return None
         found = np.zeros(len(layers), dtype=np.bool_)
-        read, ctx = bindings.held_gil_library().llama_moe_cache_last_route, self._ctx
+        read, ctx = self._lib.llama_moe_cache_last_route, self._ctx
         for j, layer in enumerate(layers):
             if 0 <= layer < len(buf.route_ptrs):
                 found[j] = read(ctx, layer, *buf.route_ptrs[layer]) == 0
@@ -733,7 +733,7 @@ class Engine:
         if buf is None:
             return None
         nxt = np.zeros(len(layers), dtype=np.int32)
-        read, ctx = bindings.held_gil_library().llama_moe_cache_last_prediction, self._ctx
+        read, ctx = self._lib.llama_moe_cache_last_prediction, self._ctx
         n_expert = buf.scores.shape[1]
         for j, layer in enumerate(layers):
             if 0 <= layer < len(buf.score_ptrs):
