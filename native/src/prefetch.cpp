@@ -24,12 +24,14 @@
 namespace moecache_core {
 
 /* A score as an unsigned key whose order is the scores' descending order: NaN as -inf (it
- * ranks last, so a broken score can never displace a real prediction), -0 as +0. */
+ * ranks last, so a broken score can never displace a real prediction), -0 as +0. In the
+ * integers only, so no floating-point flag of a build can fold the NaN or zero tests. */
 static inline uint32_t descending_key(float x) {
-    x = std::isnan(x) ? -std::numeric_limits<float>::infinity() : x;
-    x += 0.0f; /* -0 -> +0: equal scores, equal keys */
     uint32_t u;
     std::memcpy(&u, &x, sizeof u);
+    const uint32_t mag = u & 0x7FFFFFFFu;
+    u = mag > 0x7F800000u ? 0xFF800000u : u; /* NaN -> -inf */
+    u = mag == 0 ? 0u : u;                  /* -0 -> +0: equal scores, equal keys */
     /* ascending as the floats, without a branch on the sign (a coin toss per score) */
     u ^= static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u;
     return ~u; /* descending */
