@@ -49,7 +49,7 @@ class LayerBarsView(QWidget):
         self.bars: dict[str, pg.BarGraphItem] = {}
         for row, (key, title) in enumerate(BARS):
             plot = self.graphics.addPlot(row=row, col=0)
-            plot.setTitle(title, size="8pt", color=theme.MUTED)
+            theme.set_plot_title(plot, title)
             plot.setMenuEnabled(False)
             plot.setMouseEnabled(x=False, y=False)
             plot.hideButtons()

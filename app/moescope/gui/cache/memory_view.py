@@ -83,7 +83,7 @@ class MemoryView(QWidget):
         self.plots: dict[str, pg.PlotItem] = {}
         for row, (kind, title) in enumerate((("ram", "RAM (GiB)"), ("vram", "VRAM (GiB)"))):
             plot = self.graphics.addPlot(row=row, col=0)
-            plot.setTitle(title, size="8pt", color=theme.MUTED)
+            theme.set_plot_title(plot, title)
             self.plots[kind] = plot
             plot.setMenuEnabled(False)
             plot.hideButtons()
@@ -149,6 +149,6 @@ class MemoryView(QWidget):
             self.curves.pop(f"vram_{who}", None)
         where = ("not measured: no NVIDIA GPU" if self._slots_on_device
                  else "no GPU found (the expert slots are in RAM)")
-        self.plots["ram"].setTitle(f"RAM (GiB) · VRAM: {where}", size="8pt", color=theme.MUTED)
+        theme.set_plot_title(self.plots["ram"], f"RAM (GiB) · VRAM: {where}")
         self.plots["ram"].setLabel("bottom", "seconds")
         self.no_gpu = True
