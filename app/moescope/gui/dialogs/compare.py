@@ -18,7 +18,7 @@ must not interleave with the comparison's.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSize, Qt
+from PySide6.QtCore import QEvent, QObject, QSize, Qt, QTimer
 from PySide6.QtGui import QBrush, QColor, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -77,7 +77,7 @@ COLUMN_TIPS = {
 }
 
 
-DIALOG_SIZE = QSize(900, 640)
+DIALOG_SIZE = QSize(980, 760)
 """The dialog's first size, where the screen has room (less the frame where it has not)."""
 
 
@@ -204,6 +204,13 @@ class CompareDialog(QDialog):
         self.results.setChildrenCollapsible(False)
         self.results.setStretchFactor(0, 1)
         self.results.setStretchFactor(1, 1)
+        self._sized_by_user = False
+        """The user moved the table's border: the table is no longer fitted to its rows."""
+        self.results.splitterMoved.connect(lambda *_: setattr(self, "_sized_by_user", True))
+        # rows out of view (new rows, a sideways scroll bar, a shorter dialog, longer notes
+        # above): fit again, once the splitter has laid the table out
+        self.table.verticalScrollBar().rangeChanged.connect(lambda *_: self._fit_table())
+        self.results.installEventFilter(self)
         layout.addWidget(self.results, 1)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
@@ -340,20 +347,23 @@ class CompareDialog(QDialog):
         """Give the table the height of all its rows where the answer below keeps its
         least height: the splitter's even halves left the fourth row of the usual four
         (Exact and three policies) out of view at 12 pt on a 1024x700 screen, under an
-        answer box with room to spare."""
+        answer box with room to spare. Again whenever rows go out of view (the sideways
+        scroll bar comes with the columns' widths, a smaller dialog), until the user sets
+        the border."""
         sizes = self.results.sizes()
         total = sum(sizes)
-        if total <= 0:
+        if total <= 0 or self._sized_by_user:
             return
         t = self.table
-        header = max(t.horizontalHeader().height(), t.horizontalHeader().sizeHint().height())
-        want = (header + 2 * t.frameWidth() + 2
-                + sum(t.rowHeight(r) for r in range(t.rowCount())))
-        if t.horizontalHeader().length() > t.viewport().width():  # it scrolls sideways
-            want += t.horizontalScrollBar().sizeHint().height()
-        want = min(want, total - self.answer.minimumHeight())
+        short = sum(t.rowHeight(r) for r in range(t.rowCount())) - t.viewport().height()
+        want = min(sizes[0] + short, total - self.answer.minimumHeight())
         if want > sizes[0]:
             self.results.setSizes([want, total - want])
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if watched is self.results and event.type() == QEvent.Type.Resize:
+            QTimer.singleShot(0, self, self._fit_table)
+        return super().eventFilter(watched, event)
 
     def _show_selected(self) -> None:
         rows = self.table.selectionModel().selectedRows()
