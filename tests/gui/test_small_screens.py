@@ -510,3 +510,32 @@ def test_the_cache_panels_small_print_follows_the_font_size_at_1024x700(
     qtbot.wait(50)
     system = QApplication.font().pointSizeF()
     assert abs(panel.summary.font().pointSizeF() - max(8.0, system - 1)) < 0.5
+
+
+@pytest.mark.parametrize("pt", [9, 12])
+def test_the_per_layer_charts_keep_their_y_labels_apart(font_pt: Any, window: Any,
+                                                       qtbot: Any, pt: int) -> None:
+    """At 12 pt pyqtgraph's own ticks put five labels (0, 0.05 … 0.20) over each other on
+    each per-layer chart's 40 px axis. The charts label 0, half and top where the labels
+    are a line of the axis font apart, else 0 and top, and again when the chart's height
+    changes."""
+    font_pt(window, pt)
+    qtbot.wait(50)
+    send(qtbot, window, "hi", max_tokens=16)
+    window.resize(SMALL - WINDOW_FRAME)
+    panel = window.cache_panel
+    bars = panel.layer_bars
+    panel.tabs.setCurrentWidget(bars)
+    panel.draw(force=True)
+    qtbot.wait(100)
+    for key, plot in bars.plots.items():
+        labels = bars.y_tick_labels(key)
+        line = QFontMetrics(plot.getAxis("left").font()).height()
+        assert labels and labels[0] == "0", (key, labels)
+        # centred on their ticks, evenly spaced: a line apart at least
+        assert (len(labels) - 1) * line <= plot.vb.height(), (key, labels, plot.vb.height())
+    tall = bars.graphics.minimumHeight() * 3
+    bars.graphics.setMinimumHeight(tall)  # taller charts: the half-way label too
+    qtbot.waitUntil(lambda: all(len(bars.y_tick_labels(k)) == 3 for k in bars.plots),
+                    timeout=5_000)
+    font_pt(window, 0)  # here: the window is closed before the fixture ends, its chat gone
