@@ -539,3 +539,32 @@ def test_the_per_layer_charts_keep_their_y_labels_apart(font_pt: Any, window: An
     qtbot.waitUntil(lambda: all(len(bars.y_tick_labels(k)) == 3 for k in bars.plots),
                     timeout=5_000)
     font_pt(window, 0)  # here: the window is closed before the fixture ends, its chat gone
+
+
+def test_the_cache_controls_grow_for_a_larger_font_but_keep_a_dragged_height(
+        font_pt: Any, window: Any, qtbot: Any) -> None:
+    """The right-hand splitter kept the cache controls at the height of the first show's
+    font: at 11 pt the budget's line, wrapped onto two lines, was cut to one. They get the
+    height they want when it grows; a height the user dragged them to stays while what
+    they show changes (a new budget's line)."""
+    window.resize(SMALL - WINDOW_FRAME)
+    qtbot.wait(100)
+    split, controls = window.right_split, window.controls
+    least = controls.minimumSizeHint().height()
+    dragged = least + 2
+    split.setSizes([dragged, sum(split.sizes()) - dragged])  # as a drag of the border
+    qtbot.wait(50)
+    assert split.sizes()[0] == dragged
+    controls.budget.setValue(controls.budget.value() + 1)  # a new line under the slider
+    qtbot.waitUntil(lambda: window.model.slots_per_layer == controls.budget.value(),
+                    timeout=10_000)
+    qtbot.wait(100)
+    assert split.sizes()[0] == dragged
+    font_pt(window, 12)
+    window.resize(window.minimumSizeHint().width(), (SMALL - WINDOW_FRAME).height())
+    label = controls.budget_label
+    qtbot.waitUntil(lambda: label.heightForWidth(label.width())
+                    > label.fontMetrics().lineSpacing() * 1.5, timeout=5_000)  # two lines
+    qtbot.waitUntil(lambda: split.sizes()[0] >= controls.sizeHint().height(), timeout=5_000)
+    assert label.height() >= label.heightForWidth(label.width())  # the whole line
+    font_pt(window, 0)  # here: the window is closed before the fixture ends, its chat gone

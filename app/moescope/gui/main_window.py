@@ -213,6 +213,8 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.right_split.addWidget(self.right_tabs)
         self.right_split.setCollapsible(1, False)
         self.right_split.setStretchFactor(1, 1)
+        self._controls_wanted: int | None = None
+        """The cache controls' height wish last seen (``_give_controls_room``)."""
         self.controls.laidOut.connect(self._give_controls_room, Qt.ConnectionType.QueuedConnection)
         right_layout.addWidget(self.right_split, 1)
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
@@ -232,9 +234,13 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         """The cache controls as tall as they want (a larger font wraps the budget's line
         onto two), from the panel below, which scrolls; not where the user folded them
         away, nor past the tabs' least height. The splitter kept the height they had at
-        the font of the first show: the budget's line was cut to one line at 11 pt."""
+        the font of the first show: the budget's line was cut to one line at 11 pt. Only
+        when they want more than before: a height the user dragged them to stays."""
         sizes = self.right_split.sizes()
         want = self.controls.sizeHint().height()
+        wanted, self._controls_wanted = self._controls_wanted, want
+        if wanted is None or want <= wanted:  # the first layout: as the splitter gave it
+            return
         total = sum(sizes)
         room = total - self.right_tabs.minimumSizeHint().height()
         if 0 < sizes[0] < want and sizes[0] < room:
