@@ -449,12 +449,12 @@ def test_the_compare_dialog_fits_1024x700_at_9_to_12_points(font_pt: Any, window
 @pytest.mark.parametrize("pt", [9, 11, 12])
 def test_the_cache_panels_small_print_follows_the_font_size_at_1024x700(
         font_pt: Any, window: Any, qtbot: Any, pt: int) -> None:
-    """The cache panel's stats line, heatmap legend, Memory lines and plot titles and the
-    budget's line stayed at 8 pt whatever the font size (the smallest print at 12 pt): at
-    a point under the font they made the window 37 px taller than a 1024x700 screen's
-    work area at 11 pt. They follow the font now, and the panel scrolls where the window
-    is shorter than it: the window fits, nothing in the panel is squeezed, the budget's
-    line is whole."""
+    """The cache panel's stats line, heatmap legend, Memory lines, plot titles and legends
+    and the budget's line stayed at 8 pt (7 pt) whatever the font size (the smallest print
+    at 12 pt): at a point under the font they made the window 37 px taller than a
+    1024x700 screen's work area at 11 pt. They follow the font now, and the panel scrolls
+    where the window is shorter than it: the window fits, nothing in the panel is
+    squeezed, the budget's line is whole."""
     font_pt(window, pt)
     qtbot.wait(50)
     small = max(8.0, pt - 1.0)
@@ -489,6 +489,12 @@ def test_the_cache_panels_small_print_follows_the_font_size_at_1024x700(
         for plot in view.plots.values():
             size = plot.titleLabel.opts["size"]
             assert size.endswith("pt") and abs(float(size[:-2]) - small) < 0.5, size
+    for plot in memory.plots.values():  # "process", "system": a point under the titles
+        names = plot.legend.items
+        assert names
+        for _, name in names:
+            size = name.opts["size"]
+            assert abs(float(size[:-2]) - (small - 1)) < 0.5, size
     title_row = panel.time_plots.plots["mass"].layout.rowMaximumHeight(0)
     assert title_row >= line  # the title row grew with its text
     # the legend's labels whole, and drawn below the heatmap, not over its axis

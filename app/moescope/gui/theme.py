@@ -282,6 +282,8 @@ def recolour_views(top: QWidget) -> None:
                 axis["item"].setTextPen(TEXT)
             if plot.titleLabel.text:
                 set_plot_title(plot, plot.titleLabel.text)
+            if plot.legend is not None:
+                set_legend_size(plot.legend)
             for item in plot.items:  # change markers: pale yellow on white otherwise
                 if isinstance(item, pg.InfiniteLine) and getattr(item, "moescope_marker",
                                                                  False):
@@ -314,6 +316,20 @@ def set_plot_title(plot: pg.PlotItem, text: str) -> None:
         px = plot_title_px()
         plot.titleLabel.setMaximumHeight(px)
         plot.layout.setRowFixedHeight(0, px)
+
+
+def legend_pt() -> float:
+    """A plot legend's labels: a point under the small print (7 pt at 8 pt)."""
+    return SMALL_PT - 1
+
+
+def set_legend_size(legend: pg.LegendItem) -> None:
+    """``legend``'s labels at :func:`legend_pt`, drawn again at that size."""
+    size = f"{legend_pt():g}pt"
+    legend.opts["labelTextSize"] = size
+    for _, label in legend.items:
+        label.setText(label.text, size=size)
+    legend.updateSize()
 
 
 def style_sheet_path() -> Path | None:

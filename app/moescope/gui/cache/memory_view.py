@@ -88,7 +88,7 @@ class MemoryView(QWidget):
             plot.setMenuEnabled(False)
             plot.hideButtons()
             plot.showGrid(x=True, y=True, alpha=0.15)
-            plot.addLegend(offset=(5, 5), labelTextSize="7pt")
+            plot.addLegend(offset=(5, 5), labelTextSize=f"{theme.legend_pt():g}pt")
             plot.getAxis("left").setWidth(42)
             theme.cache_axes(plot)
             for who in ("process", "system"):
