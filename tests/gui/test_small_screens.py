@@ -574,3 +574,22 @@ def test_the_cache_controls_grow_for_a_larger_font_but_keep_a_dragged_height(
     qtbot.waitUntil(lambda: split.sizes()[0] >= controls.sizeHint().height(), timeout=5_000)
     assert label.height() >= label.heightForWidth(label.width())  # the whole line
     font_pt(window, 0)  # here: the window is closed before the fixture ends, its chat gone
+
+
+def test_a_larger_font_keeps_the_heatmaps_rows_their_height(font_pt: Any, window: Any,
+                                                            qtbot: Any) -> None:
+    """The heatmap is fitted to its rows at each load; a larger font size afterwards grew
+    its legend's lines (the small print follows the font) inside the same splitter share,
+    and the rows lost that height: six layers in 50 px at 12 pt on a 1440x900 screen. It
+    is fitted again at the new size."""
+    window.resize(first_size(QSize(1440, 900)))
+    panel = window.cache_panel
+    heat = panel.heatmap
+    qtbot.wait(100)
+    panel.fit_heatmap()  # as at a load in a window of this size
+    qtbot.waitUntil(lambda: heat.height() == heat.sizeHint().height(), timeout=5_000)
+    rows = heat.graphics.height()
+    font_pt(window, 12)
+    qtbot.waitUntil(lambda: heat.height() == heat.sizeHint().height(), timeout=5_000)
+    assert heat.legend.height() > 0 and heat.graphics.height() >= rows
+    font_pt(window, 0)  # here: the window is closed before the fixture ends
