@@ -11,7 +11,7 @@ room, the panel fills it as before and no scroll bar shows.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, QObject, QSize, Qt
+from PySide6.QtCore import QEvent, QSize, Qt
 from PySide6.QtWidgets import QFrame, QScrollArea, QStyle, QWidget
 
 LEAST_PX = 120
@@ -33,9 +33,6 @@ class ScrollColumn(QScrollArea):
         self.setFocusPolicy(Qt.FocusPolicy.NoFocus)  # the panel's own parts take the focus
         self.viewport().setAutoFillBackground(False)
         panel.setAutoFillBackground(False)
-        # the panel's least size changed (a font, a legend row): it asks its parent, the
-        # viewport, for a layout; this area asks its own layout again
-        self.viewport().installEventFilter(self)
 
     def _bar_px(self) -> int:
         return self.style().pixelMetric(QStyle.PixelMetric.PM_ScrollBarExtent, None, self)
@@ -52,7 +49,9 @@ class ScrollColumn(QScrollArea):
         bar = self.verticalScrollBar()
         return bar.maximum() > bar.minimum()
 
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if watched is self.viewport() and event.type() == QEvent.Type.LayoutRequest:
+    def viewportEvent(self, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.LayoutRequest:
+            # the panel's least size changed (a font, a legend row): it asked its parent,
+            # the viewport, for a layout; this area asks its own layout again
             self.updateGeometry()
-        return super().eventFilter(watched, event)
+        return super().viewportEvent(event)
