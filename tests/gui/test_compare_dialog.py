@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gui_helpers import send
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QPoint, Qt
 
 from moescope.engine.compare import agreement, perplexity_text
 
@@ -191,3 +191,25 @@ def test_a_thinking_answer_is_shown_without_markers() -> None:
     assert shown_text("<think>\nHmm.\n</think>\n\nHi!") == "Thinking: Hmm.\n\nHi!"
     assert shown_text("<think>\nstill going") == "Thinking: still going"
     assert shown_text("Plain <b>text</b>") == "Plain <b>text</b>"
+
+
+def test_the_table_keeps_the_height_the_user_drags_it_to(window: Any, qtbot: Any) -> None:
+    """After a run the table is given the height of its rows (again when its rows go out
+    of view), but not once the user has moved the border between it and the answer: the
+    rows then scroll, as the user set them."""
+    send(qtbot, window, "Tell me about the sea.", max_tokens=8)
+    dialog = _run(window, qtbot, "speed-first", "substitute-all", "psr", tokens=8)
+    table, results = dialog.table, dialog.results
+    qtbot.waitUntil(lambda: table.verticalScrollBar().maximum() == 0, timeout=5_000)
+    handle = results.handle(1)
+    centre = handle.rect().center()
+    qtbot.mousePress(handle, Qt.MouseButton.LeftButton, pos=centre)
+    for step in range(1, 11):  # up to the table's least height: two rows
+        qtbot.mouseMove(handle, pos=centre - QPoint(0, 40 * step))
+    qtbot.mouseRelease(handle, Qt.MouseButton.LeftButton, pos=centre - QPoint(0, 400))
+    qtbot.waitUntil(lambda: results.sizes()[0] <= table.minimumHeight() + 4, timeout=5_000)
+    dragged = results.sizes()[0]
+    qtbot.wait(100)
+    assert results.sizes()[0] <= dragged  # not fitted back to its rows
+    assert table.verticalScrollBar().maximum() > 0  # some rows out of view, as set
+    dialog.reject()

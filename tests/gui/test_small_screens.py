@@ -1,6 +1,7 @@
 """The main window on a small laptop screen (1024x700): it never grows by itself while a
 chat runs, it fits 1024 px wide with a 10 pt font, and the plots' change markers keep
-their labels apart. Real window, real engine, tiny model."""
+their labels apart; the Compare dialog fits too, at 9 to 12 pt, and the cache panel's
+small print follows the font size. Real window, real engine, tiny model."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ from typing import Any
 import pytest
 from gui_helpers import send
 from PySide6.QtCore import QPoint, QSize
-from PySide6.QtWidgets import QStyle, QStyleOptionComboBox
+from PySide6.QtGui import QFontMetrics
+from PySide6.QtWidgets import (
+    QApplication,
+    QLabel,
+    QPushButton,
+    QStyle,
+    QStyleOptionComboBox,
+    QWidget,
+)
 
 from moescope.gui.main_window import first_size
 from moescope.gui.widgets.screen_fit import WINDOW_FRAME
@@ -337,3 +346,250 @@ def test_the_window_fits_1024_pixels_wide_at_12_points(font_pt: Any, window: Any
     qtbot.waitUntil(lambda: guard.prefix() == "guard ≤ " and line.fontMetrics()
                     .horizontalAdvance(line.text()) <= line.width(), timeout=5_000)
     font_pt(window, 0)  # here: the window is closed before the fixture ends, its chat gone
+
+
+def _cut_widgets(top: Any) -> list[str]:
+    """The visible labels, buttons, check boxes and spin boxes in ``top`` narrower or
+    shorter than their text needs (a word-wrapped label: shorter than its lines at its
+    width, unless it is in a scroll area whose bar reaches the rest)."""
+    from PySide6.QtWidgets import (
+        QAbstractButton,
+        QAbstractSpinBox,
+        QLabel,
+        QScrollArea,
+    )
+
+    cut = []
+    for widget in top.findChildren(QWidget):
+        if not widget.isVisible() or widget.width() <= 0:
+            continue
+        if isinstance(widget, QLabel) and widget.text():
+            area = widget.parentWidget().parentWidget() if widget.parentWidget() else None
+            if widget.wordWrap():
+                if isinstance(area, QScrollArea) and area.widget() is widget:
+                    bar = area.verticalScrollBar()
+                    if bar.maximum() > bar.minimum() and not bar.isVisible():
+                        cut.append(f"{widget.text()[:40]!r}: no scroll bar to its end")
+                elif widget.height() < widget.heightForWidth(widget.width()):
+                    cut.append(f"{widget.text()[:40]!r}: {widget.height()} px tall")
+            else:
+                hint = widget.sizeHint()
+                if hint.width() > widget.width() or hint.height() > widget.height():
+                    cut.append(f"{widget.text()[:40]!r}: {widget.size()} < {hint}")
+        elif isinstance(widget, QAbstractButton) and widget.text():
+            hint = widget.minimumSizeHint().expandedTo(widget.sizeHint()) \
+                if not isinstance(widget, QPushButton) else widget.minimumSizeHint()
+            if hint.width() > widget.width() or hint.height() > widget.height():
+                cut.append(f"{widget.text()!r}: {widget.size()} < {hint}")
+        elif isinstance(widget, QAbstractSpinBox):
+            hint = widget.minimumSizeHint()
+            if hint.width() > widget.width() or hint.height() > widget.height():
+                cut.append(f"{widget.accessibleName()}: {widget.size()} < {hint}")
+    return cut
+
+
+def _rows_in_view(table: Any) -> int:
+    """The table's rows whole in its viewport."""
+    height = table.viewport().height()
+    return sum(1 for r in range(table.rowCount())
+               if table.rowViewportPosition(r) >= 0
+               and table.rowViewportPosition(r) + table.rowHeight(r) <= height)
+
+
+@pytest.mark.parametrize("pt", [9, 10, 11, 12])
+def test_the_compare_dialog_fits_1024x700_at_9_to_12_points(font_pt: Any, window: Any,
+                                                          qtbot: Any, pt: int) -> None:
+    """At 12 pt on a 1024x700 screen the Compare dialog's two notes took five lines each
+    (all their lines: a word-wrapped label in a box layout), the policy list was held to
+    150 px (seven and a half of nine policies), and the table under them showed one row
+    and a half of four; its 900x640 took no account of the screen's work area. The notes
+    ask for three lines and scroll the rest, the list is four rows at least and all where
+    there is room, the table and the answer share a splitter, and the table is given the
+    height of its rows after a run. At the screen's room and at the dialog's least size,
+    nothing is cut and the table shows two rows at least."""
+    font_pt(window, pt)
+    qtbot.wait(50)
+    assert QApplication.font().pointSizeF() == pt
+    send(qtbot, window, "Tell me about the sea.", max_tokens=8)
+    room = SMALL - WINDOW_FRAME
+    dialog = window.open_compare_dialog()
+    assert dialog is not None and dialog.isVisible()
+    assert dialog.font().pointSizeF() == pt
+    assert dialog.policies.height() >= 4 * dialog.policies.sizeHintForRow(0)
+    dialog.max_tokens.setValue(8)
+    with qtbot.waitSignal(window.client.worker.compareFinished, timeout=60_000):
+        dialog.run()
+    qtbot.waitUntil(lambda: dialog.result is not None, timeout=10_000)
+    table = dialog.table
+    assert table.rowCount() == 4  # Exact and the three policies checked at first
+    least = dialog.minimumSizeHint()
+    assert least.width() <= room.width() and least.height() <= room.height(), least
+    for size in (room, None):
+        if size is None:  # the least size: the notes' least height follows their width
+            for _ in range(3):
+                dialog.resize(dialog.minimumSizeHint())
+                qtbot.wait(50)
+            assert dialog.width() <= room.width() and dialog.height() <= room.height()
+        else:
+            dialog.resize(size)
+            qtbot.waitUntil(lambda s=size: dialog.size() == s, timeout=5_000)
+        qtbot.wait(100)  # the table fitted to its rows again at this size
+        assert _cut_widgets(dialog) == [], (size, _cut_widgets(dialog))
+        for area in (dialog.intro_area, dialog.status_area):
+            assert area.height() >= area.minimumSizeHint().height()
+        assert _rows_in_view(table) >= (4 if size == room else 2), size
+        assert dialog.answer.height() >= 3 * dialog.answer.fontMetrics().lineSpacing()
+        parts = [dialog.intro_area, dialog.policies, dialog.status_area, dialog.results]
+        for a, b in itertools.pairwise(parts):
+            assert a.geometry().bottom() < b.geometry().top(), (a, b)
+    dialog.reject()
+    font_pt(window, 0)  # here: the window is closed before the fixture ends, its chat gone
+
+
+@pytest.mark.parametrize("pt", [9, 11, 12])
+def test_the_cache_panels_small_print_follows_the_font_size_at_1024x700(
+        font_pt: Any, window: Any, qtbot: Any, pt: int) -> None:
+    """The cache panel's stats line, heatmap legend, Memory lines, plot titles and legends
+    and the budget's line stayed at 8 pt (7 pt) whatever the font size (the smallest print
+    at 12 pt): at a point under the font they made the window 37 px taller than a
+    1024x700 screen's work area at 11 pt. They follow the font now, and the panel scrolls
+    where the window is shorter than it: the window fits, nothing in the panel is
+    squeezed, the budget's line is whole."""
+    font_pt(window, pt)
+    qtbot.wait(50)
+    small = max(8.0, pt - 1.0)
+    assert QApplication.font().pointSizeF() == pt
+    room = SMALL - WINDOW_FRAME
+    send(qtbot, window, "hi", max_tokens=8)
+    window.resize(room)
+    qtbot.waitUntil(lambda: window.size() == room, timeout=5_000)
+    panel = window.cache_panel
+    for tab in range(panel.tabs.count()):
+        panel.tabs.setCurrentIndex(tab)
+        panel.draw(force=True)
+        qtbot.wait(20)
+    panel.tabs.setCurrentIndex(0)
+    qtbot.wait(100)
+    assert window.minimumSizeHint().height() <= room.height()
+    assert window.minimumSizeHint().width() <= room.width()
+    assert window.size() == room  # it did not grow past the screen by itself
+    memory = panel.memory_view
+    small_print = [panel.summary, memory.label, memory.tiers_label, memory.backend_label,
+                   window.controls.budget_label,
+                   *(t for t in panel.heatmap.legend.findChildren(QLabel)
+                     if t.objectName() == "legendText")]
+    assert len(small_print) >= 5 + 6
+    for label in small_print:
+        label.ensurePolished()
+        # the style sheet's size in points comes back through pixels (10 pt: 10.25)
+        assert abs(label.font().pointSizeF() - small) < 0.5, (label.objectName(),
+                                                            label.font().pointSizeF())
+    line = QFontMetrics(panel.summary.font()).height()
+    for view in (panel.time_plots, panel.layer_bars, memory):
+        for plot in view.plots.values():
+            size = plot.titleLabel.opts["size"]
+            assert size.endswith("pt") and abs(float(size[:-2]) - small) < 0.5, size
+    for plot in memory.plots.values():  # "process", "system": a point under the titles
+        names = plot.legend.items
+        assert names
+        for _, name in names:
+            size = name.opts["size"]
+            assert abs(float(size[:-2]) - (small - 1)) < 0.5, size
+    title_row = panel.time_plots.plots["mass"].layout.rowMaximumHeight(0)
+    assert title_row >= line  # the title row grew with its text
+    # the legend's labels whole, and drawn below the heatmap, not over its axis
+    heat = panel.heatmap
+    assert _cut_widgets(heat.legend) == []
+    assert heat.legend.geometry().top() > heat.graphics.geometry().bottom()
+    assert heat.height() >= heat.minimumSizeHint().height()
+    assert panel.splitter.height() >= panel.splitter.minimumSizeHint().height()
+    # the panel keeps its least height; where the window is shorter, its bottom scrolls
+    scroll = window.cache_scroll
+    assert panel.height() >= panel.minimumSizeHint().height()
+    bar = scroll.verticalScrollBar()
+    hidden = panel.height() - scroll.viewport().height()
+    assert bar.maximum() == max(0, hidden)
+    assert bar.isVisible() == (hidden > 0)
+    label = window.controls.budget_label
+    assert label.height() >= label.heightForWidth(label.width())  # the whole line
+    font_pt(window, 0)  # here: the window is closed before the fixture ends, its chat gone
+    qtbot.wait(50)
+    system = QApplication.font().pointSizeF()
+    assert abs(panel.summary.font().pointSizeF() - max(8.0, system - 1)) < 0.5
+
+
+@pytest.mark.parametrize("pt", [9, 12])
+def test_the_per_layer_charts_keep_their_y_labels_apart(font_pt: Any, window: Any,
+                                                       qtbot: Any, pt: int) -> None:
+    """At 12 pt pyqtgraph's own ticks put five labels (0, 0.05 … 0.20) over each other on
+    each per-layer chart's 40 px axis. The charts label 0, half and top where the labels
+    are a line of the axis font apart, else 0 and top, and again when the chart's height
+    changes."""
+    font_pt(window, pt)
+    qtbot.wait(50)
+    send(qtbot, window, "hi", max_tokens=16)
+    window.resize(SMALL - WINDOW_FRAME)
+    panel = window.cache_panel
+    bars = panel.layer_bars
+    panel.tabs.setCurrentWidget(bars)
+    panel.draw(force=True)
+    qtbot.wait(100)
+    for key, plot in bars.plots.items():
+        labels = bars.y_tick_labels(key)
+        line = QFontMetrics(plot.getAxis("left").font()).height()
+        assert labels and labels[0] == "0", (key, labels)
+        # centred on their ticks, evenly spaced: a line apart at least
+        assert (len(labels) - 1) * line <= plot.vb.height(), (key, labels, plot.vb.height())
+    tall = bars.graphics.minimumHeight() * 3
+    bars.graphics.setMinimumHeight(tall)  # taller charts: the half-way label too
+    qtbot.waitUntil(lambda: all(len(bars.y_tick_labels(k)) == 3 for k in bars.plots),
+                    timeout=5_000)
+    font_pt(window, 0)  # here: the window is closed before the fixture ends, its chat gone
+
+
+def test_the_cache_controls_grow_for_a_larger_font_but_keep_a_dragged_height(
+        font_pt: Any, window: Any, qtbot: Any) -> None:
+    """The right-hand splitter kept the cache controls at the height of the first show's
+    font: at 11 pt the budget's line, wrapped onto two lines, was cut to one. They get the
+    height they want when it grows; a height the user dragged them to stays while what
+    they show changes (a new budget's line)."""
+    window.resize(SMALL - WINDOW_FRAME)
+    qtbot.wait(100)
+    split, controls = window.right_split, window.controls
+    least = controls.minimumSizeHint().height()
+    dragged = least + 2
+    split.setSizes([dragged, sum(split.sizes()) - dragged])  # as a drag of the border
+    qtbot.wait(50)
+    assert split.sizes()[0] == dragged
+    controls.budget.setValue(controls.budget.value() + 1)  # a new line under the slider
+    qtbot.waitUntil(lambda: window.model.slots_per_layer == controls.budget.value(),
+                    timeout=10_000)
+    qtbot.wait(100)
+    assert split.sizes()[0] == dragged
+    font_pt(window, 12)
+    window.resize(window.minimumSizeHint().width(), (SMALL - WINDOW_FRAME).height())
+    label = controls.budget_label
+    qtbot.waitUntil(lambda: label.heightForWidth(label.width())
+                    > label.fontMetrics().lineSpacing() * 1.5, timeout=5_000)  # two lines
+    qtbot.waitUntil(lambda: split.sizes()[0] >= controls.sizeHint().height(), timeout=5_000)
+    assert label.height() >= label.heightForWidth(label.width())  # the whole line
+    font_pt(window, 0)  # here: the window is closed before the fixture ends, its chat gone
+
+
+def test_a_larger_font_keeps_the_heatmaps_rows_their_height(font_pt: Any, window: Any,
+                                                            qtbot: Any) -> None:
+    """The heatmap is fitted to its rows at each load; a larger font size afterwards grew
+    its legend's lines (the small print follows the font) inside the same splitter share,
+    and the rows lost that height: six layers in 50 px at 12 pt on a 1440x900 screen. It
+    is fitted again at the new size."""
+    window.resize(first_size(QSize(1440, 900)))
+    panel = window.cache_panel
+    heat = panel.heatmap
+    qtbot.wait(100)
+    panel.fit_heatmap()  # as at a load in a window of this size
+    qtbot.waitUntil(lambda: heat.height() == heat.sizeHint().height(), timeout=5_000)
+    rows = heat.graphics.height()
+    font_pt(window, 12)
+    qtbot.waitUntil(lambda: heat.height() == heat.sizeHint().height(), timeout=5_000)
+    assert heat.legend.height() > 0 and heat.graphics.height() >= rows
+    font_pt(window, 0)  # here: the window is closed before the fixture ends

@@ -66,6 +66,7 @@ from moescope.gui.widgets.elided_label import ElidedLabel
 from moescope.gui.widgets.logs_view import LogsView
 from moescope.gui.widgets.named_tabs import name_tabs
 from moescope.gui.widgets.screen_fit import fitting
+from moescope.gui.widgets.scroll_column import ScrollColumn
 from moescope.gui.widgets.status_tip import tooltip_follows_message
 from moescope.gui.worker import EngineClient
 from moescope.model.ram_fit import AUTO_CHANGE_MARK, AUTO_RAM_BUDGET
@@ -199,7 +200,10 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.right_split = QSplitter(Qt.Orientation.Vertical)  # drag the controls away
         self.right_split.addWidget(self.controls)
         self.right_tabs = QTabWidget()
-        self.right_tabs.addTab(self.cache_panel, "Cache")  # Alt+C is the Chat menu's
+        # scrolls where the window is shorter than the panel (its small print follows the
+        # font size: at 11 pt on a 1024x700 screen it needs more height than there is)
+        self.cache_scroll = ScrollColumn(self.cache_panel)
+        self.right_tabs.addTab(self.cache_scroll, "Cache")  # Alt+C is the Chat menu's
         self.right_tabs.addTab(self.chat_settings, "Chat settin&gs")
         self.right_tabs.addTab(self.logs, "&Logs")
         name_tabs(self.right_tabs, "Side panels", [
@@ -209,6 +213,9 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.right_split.addWidget(self.right_tabs)
         self.right_split.setCollapsible(1, False)
         self.right_split.setStretchFactor(1, 1)
+        self._controls_wanted: int | None = None
+        """The cache controls' height wish last seen (``_give_controls_room``)."""
+        self.controls.laidOut.connect(self._give_controls_room, Qt.ConnectionType.QueuedConnection)
         right_layout.addWidget(self.right_split, 1)
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
         self.splitter.addWidget(self.chat_list)
@@ -222,6 +229,22 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.setCentralWidget(self.splitter)
         self.resize(DEFAULT_SIZE)
         self._geometry_restored = False
+
+    def _give_controls_room(self) -> None:
+        """The cache controls as tall as they want (a larger font wraps the budget's line
+        onto two), from the panel below, which scrolls; not where the user folded them
+        away, nor past the tabs' least height. The splitter kept the height they had at
+        the font of the first show: the budget's line was cut to one line at 11 pt. Only
+        when they want more than before: a height the user dragged them to stays."""
+        sizes = self.right_split.sizes()
+        want = self.controls.sizeHint().height()
+        wanted, self._controls_wanted = self._controls_wanted, want
+        if wanted is None or want <= wanted:  # the first layout: as the splitter gave it
+            return
+        total = sum(sizes)
+        room = total - self.right_tabs.minimumSizeHint().height()
+        if 0 < sizes[0] < want and sizes[0] < room:
+            self.right_split.setSizes([min(want, room), total - min(want, room)])
 
     def _build_status_bar(self) -> None:
         self.model_label = ElidedLabel(NO_MODEL)

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QFont, QFontInfo, QPalette
+from PySide6.QtGui import QColor, QFont, QFontInfo, QFontMetrics, QPalette
 from PySide6.QtWidgets import QApplication, QGraphicsItem, QWidget
 
 from moescope.util.resources import resources_dir
@@ -64,9 +64,11 @@ DIVERGED_BACKGROUND = "#4a2b2e"
 SCHEME = "dark"
 """The scheme in use ("dark" or "light"); the names above are its colours."""
 SMALL_PT = 8.0
-"""The chat's small print (an answer's stats line, a message's links) is half a point
-over this: a point under the app's font, 8 pt at least, so that it follows Preferences ▸
-Font size (fixed at 8.5 pt, the answer's numbers stayed at their smallest at 14 pt).
+"""The small print: a point under the app's font, 8 pt at least, so that it follows
+Preferences ▸ Font size. The chat's (an answer's stats line, a message's links) is half a
+point over this (fixed at 8.5 pt, the answer's numbers stayed at their smallest at 14 pt);
+the cache panel's stats line, heatmap legend, Memory tab lines and plot titles and the
+budget's line are at this size (fixed at 8 pt, they stayed the smallest print at 12 pt).
 Set by :func:`apply_theme`."""
 TITLE_PT = 11.0
 """The chat's title: two points over the app's font (fixed at 11 pt, it was smaller than
@@ -207,13 +209,15 @@ def apply_theme(app: QApplication, choice: str | None = None,
         font.setPointSizeF(_font_pt)
     app.setFont(font)
     size = QFontInfo(font).pointSizeF()
+    resized = max(8.0, size - 1) != SMALL_PT
     globals().update(SMALL_PT=max(8.0, size - 1), TITLE_PT=size + 2)
     qss = style_sheet_path()
     sheet = fill_colours(qss.read_text(encoding="utf-8")) if qss is not None else ""
     sheet = sheet.replace("@TITLE_PT@", f"{TITLE_PT:g}pt")
+    sheet = sheet.replace("@SMALL_PT@", f"{SMALL_PT:g}pt")
     app.setStyleSheet(sheet + indicator_qss())
     configure_pyqtgraph()
-    if changed:
+    if changed or resized:  # plot titles in the new colours, or at the new small print
         recolour_plots(app)
     if not _watching:  # follow the desktop while the choice is "system"
         _watching = True
@@ -277,7 +281,9 @@ def recolour_views(top: QWidget) -> None:
                 axis["item"].setPen(TEXT)
                 axis["item"].setTextPen(TEXT)
             if plot.titleLabel.text:
-                plot.titleLabel.setText(plot.titleLabel.text, color=MUTED)
+                set_plot_title(plot, plot.titleLabel.text)
+            if plot.legend is not None:
+                set_legend_size(plot.legend)
             for item in plot.items:  # change markers: pale yellow on white otherwise
                 if isinstance(item, pg.InfiniteLine) and getattr(item, "moescope_marker",
                                                                  False):
@@ -287,6 +293,43 @@ def recolour_views(top: QWidget) -> None:
                     label = getattr(item, "label", None)  # only where it has one
                     if label is not None:
                         label.setColor(MARKER)
+
+
+def small_print_px() -> int:
+    """The height of a line of the small print (:data:`SMALL_PT`), in pixels."""
+    font = QFont(QApplication.font())
+    font.setPointSizeF(SMALL_PT)
+    return QFontMetrics(font).height()
+
+
+def plot_title_px() -> int:
+    """A plot's title row: one line of the small print (16 px at 8 pt)."""
+    return max(16, small_print_px() + 2)
+
+
+def set_plot_title(plot: pg.PlotItem, text: str) -> None:
+    """``text`` as ``plot``'s title in the small print (:data:`SMALL_PT`, muted). A plot
+    whose title row was held to one line (``moescope_title_row``) gets that row's height
+    for the print's size again."""
+    plot.setTitle(text, size=f"{SMALL_PT:g}pt", color=MUTED)
+    if getattr(plot, "moescope_title_row", False):
+        px = plot_title_px()
+        plot.titleLabel.setMaximumHeight(px)
+        plot.layout.setRowFixedHeight(0, px)
+
+
+def legend_pt() -> float:
+    """A plot legend's labels: a point under the small print (7 pt at 8 pt)."""
+    return SMALL_PT - 1
+
+
+def set_legend_size(legend: pg.LegendItem) -> None:
+    """``legend``'s labels at :func:`legend_pt`, drawn again at that size."""
+    size = f"{legend_pt():g}pt"
+    legend.opts["labelTextSize"] = size
+    for _, label in legend.items:
+        label.setText(label.text, size=size)
+    legend.updateSize()
 
 
 def style_sheet_path() -> Path | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import QFrame, QScrollArea, QVBoxLayout, QWidget
 
 from moescope.display.cache_model import CacheModel, PrefetchSummary
@@ -47,9 +48,11 @@ class LayerBarsView(QWidget):
         layout.addWidget(self.scroll)
         self.plots: dict[str, pg.PlotItem] = {}
         self.bars: dict[str, pg.BarGraphItem] = {}
+        self._y_tops: dict[str, float] = {}
+        self._y_ticks: dict[str, tuple[float, int]] = {}
         for row, (key, title) in enumerate(BARS):
             plot = self.graphics.addPlot(row=row, col=0)
-            plot.setTitle(title, size="8pt", color=theme.MUTED)
+            theme.set_plot_title(plot, title)
             plot.setMenuEnabled(False)
             plot.setMouseEnabled(x=False, y=False)
             plot.hideButtons()
@@ -63,6 +66,8 @@ class LayerBarsView(QWidget):
             plot.addItem(bars)
             self.plots[key] = plot
             self.bars[key] = bars
+            # a taller or shorter chart (a font size, the panel's height): its labels again
+            plot.vb.sigResized.connect(lambda *_a, k=key: self._set_y_ticks(k))
         self.values: dict[str, np.ndarray] = {}
         self.prefetch_tip = ""
         self.reset()
@@ -87,10 +92,33 @@ class LayerBarsView(QWidget):
             self.bars[key].setOpts(x=np.arange(len(values)), height=values)
             top = 1.0 if key == "hit_rate" else theme.nice_ceiling(float(values.max()))
             self.plots[key].setYRange(0, top, padding=0)
+            self._set_y_ticks(key, top)
         tip = self._prefetch_tip(self.model.layer_prefetch())
         if tip != self.prefetch_tip:  # a tooltip change is cheap, but not free at 30 Hz
             self.prefetch_tip = tip
             self.setToolTip(tip)
+
+    def _set_y_ticks(self, key: str, top: float | None = None) -> None:
+        """Labels at 0, half and top where the chart has a line of its font and a gap
+        between them, else at 0 and top: pyqtgraph's own ticks put five labels (0, 0.05 … 0.20)
+        over each other in a 40 px chart at 12 pt."""
+        top = self._y_tops.get(key) if top is None else top
+        plot = self.plots[key]
+        if top is None or plot.vb.height() <= 0:
+            return
+        line = QFontMetrics(plot.getAxis("left").font()).height()
+        # labels are centred on their ticks: a line and a gap between ticks keeps them apart
+        values = (0.0, top / 2, top) if plot.vb.height() >= 2 * (line + 2) else (0.0, top)
+        if self._y_ticks.get(key) == (top, len(values)):
+            return  # the axis is cached: set again, it would be drawn again
+        self._y_tops[key] = top
+        self._y_ticks[key] = (top, len(values))
+        plot.getAxis("left").setTicks([[(v, f"{v:g}") for v in values], []])
+
+    def y_tick_labels(self, key: str) -> list[str]:
+        """The left axis's labels of chart ``key`` (for tests)."""
+        ticks = self.plots[key].getAxis("left")._tickLevels
+        return [label for _, label in ticks[0]] if ticks else []
 
     def _prefetch_tip(self, layers: list[PrefetchSummary] | None) -> str:
         """One line per MoE layer: accuracy and experts prefetched per token ("" when the

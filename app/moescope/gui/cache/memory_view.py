@@ -83,12 +83,12 @@ class MemoryView(QWidget):
         self.plots: dict[str, pg.PlotItem] = {}
         for row, (kind, title) in enumerate((("ram", "RAM (GiB)"), ("vram", "VRAM (GiB)"))):
             plot = self.graphics.addPlot(row=row, col=0)
-            plot.setTitle(title, size="8pt", color=theme.MUTED)
+            theme.set_plot_title(plot, title)
             self.plots[kind] = plot
             plot.setMenuEnabled(False)
             plot.hideButtons()
             plot.showGrid(x=True, y=True, alpha=0.15)
-            plot.addLegend(offset=(5, 5), labelTextSize="7pt")
+            plot.addLegend(offset=(5, 5), labelTextSize=f"{theme.legend_pt():g}pt")
             plot.getAxis("left").setWidth(42)
             theme.cache_axes(plot)
             for who in ("process", "system"):
@@ -149,6 +149,6 @@ class MemoryView(QWidget):
             self.curves.pop(f"vram_{who}", None)
         where = ("not measured: no NVIDIA GPU" if self._slots_on_device
                  else "no GPU found (the expert slots are in RAM)")
-        self.plots["ram"].setTitle(f"RAM (GiB) · VRAM: {where}", size="8pt", color=theme.MUTED)
+        theme.set_plot_title(self.plots["ram"], f"RAM (GiB) · VRAM: {where}")
         self.plots["ram"].setLabel("bottom", "seconds")
         self.no_gpu = True

@@ -13,7 +13,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer
 from PySide6.QtWidgets import QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from moescope.display.cache_model import (
@@ -84,6 +84,11 @@ class CachePanel(QWidget):
         self.splitter.setStretchFactor(0, 1)
         self.splitter.setStretchFactor(1, 1)
         layout.addWidget(self.splitter, 1)
+        self._fit_on_layout = False
+        """Fit the heatmap to its rows whenever it is laid out again (after a font change,
+        until the user moves the splitter)."""
+        self.heatmap.installEventFilter(self)
+        self.splitter.splitterMoved.connect(lambda *_: setattr(self, "_fit_on_layout", False))
         self.repaints = 0
         self.repaint_times: deque[float] = deque(maxlen=4096)
         self._frames = 0
@@ -128,8 +133,25 @@ class CachePanel(QWidget):
         if total <= 0:  # not laid out yet: the first layout uses the size hints
             return
         want = min(self.heatmap.sizeHint().height(), total - self.tabs.minimumSizeHint().height())
-        self.splitter.setSizes([max(want, self.heatmap.minimumSizeHint().height()),
-                                total - want])
+        fitted = [max(want, self.heatmap.minimumSizeHint().height()), total - want]
+        if fitted != sizes:  # after a font change this runs at each of the heatmap's layouts
+            self.splitter.setSizes(fitted)
+
+    def changeEvent(self, event: QEvent) -> None:
+        """A new font size: the heatmap's rows fitted again as it is laid out at it (its
+        legend's lines grew with the small print and took the rows' height: six layers in
+        50 px at 12 pt on a 1440x900 screen, fitted at the load's smaller font), until the
+        user moves the border under it."""
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.FontChange:
+            self._fit_on_layout = True
+            QTimer.singleShot(0, self, self.fit_heatmap)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if (watched is self.heatmap and event.type() == QEvent.Type.LayoutRequest
+                and self._fit_on_layout):  # its size hint may have changed: once settled
+            QTimer.singleShot(0, self, self.fit_heatmap)
+        return super().eventFilter(watched, event)
 
     def update_model(self, summary: ModelSummary) -> None:
         """Same model, new budget or policy (history kept)."""

@@ -25,8 +25,6 @@ X_STEP = 32
 """The window's right edge moves in steps of this many tokens, so the x axis (costly to
 draw) changes a few times per second at most, not on every frame."""
 MAX_MARKERS = 64
-TITLE_PX = 16
-"""Height of a plot's title row (8 pt text)."""
 PLOT_MIN_PX = 78
 """Each plot keeps at least this height (title, a curve, its three y labels); below it
 the plots scroll instead of flattening into lines without axes (a 1024x700 screen)."""
@@ -83,11 +81,10 @@ class TimePlotsView(QWidget):
         first: pg.PlotItem | None = None
         for i, (key, title) in enumerate(PLOTS):
             plot = self.graphics.addPlot(row=i, col=0)
-            plot.setTitle(title, size="8pt", color=theme.MUTED)
             # pyqtgraph reserves 30 px for any title: 4 x 30 px of a short panel went to
             # four lines of 8 pt text, and the curves were squeezed flat
-            plot.titleLabel.setMaximumHeight(TITLE_PX)
-            plot.layout.setRowFixedHeight(0, TITLE_PX)
+            plot.moescope_title_row = True
+            theme.set_plot_title(plot, title)
             plot.setMenuEnabled(False)
             plot.hideButtons()
             plot.showGrid(x=True, y=True, alpha=0.15)

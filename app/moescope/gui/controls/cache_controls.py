@@ -97,6 +97,9 @@ class ControlsPanel(QGroupBox):
     ramBudgetRequested = Signal(int)  # RAM-tier experts per layer (n_expert: all)
     ramAutoRequested = Signal()  # the RAM budget's Auto: chosen from the memory available
     auditRequested = Signal(int)  # audit every N tokens, 0 off
+    laidOut = Signal()
+    """The rows were laid out again (a font size, a line under a slider that wraps): the
+    window gives the panel the height it now wants where it has it."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Cache controls", parent)
@@ -290,6 +293,12 @@ class ControlsPanel(QGroupBox):
         prefix = GUARD_PREFIX if room else GUARD_SHORT_PREFIX
         if box.prefix() != prefix:
             box.setPrefix(prefix)
+
+    def event(self, event: QEvent) -> bool:
+        done = super().event(event)
+        if event.type() == QEvent.Type.LayoutRequest:
+            self.laidOut.emit()
+        return done
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if watched is self.audit_row and event.type() in (

@@ -18,7 +18,7 @@ must not interleave with the comparison's.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, QObject, QSize, Qt, QTimer
 from PySide6.QtGui import QBrush, QColor, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSpinBox,
+    QSplitter,
     QTableWidget,
     QTableWidgetItem,
     QTextBrowser,
@@ -50,6 +51,8 @@ from moescope.display.policy_choices import (
 )
 from moescope.engine.compare import Comparison, PolicyAnswer, perplexity_text, same_start_text
 from moescope.gui import theme
+from moescope.gui.widgets.note_area import NoteArea
+from moescope.gui.widgets.screen_fit import resize_within_screen
 from moescope.gui.worker import CompareRequest, EngineClient
 from moescope.model.reasoning import split_reasoning
 from moescope.session.snapshots import ModelSummary
@@ -72,6 +75,10 @@ COLUMN_TIPS = {
                      "the model's own text (its answer). Chat perplexity measures the "
                      "conversation's given tokens instead.",
 }
+
+
+DIALOG_SIZE = QSize(980, 760)
+"""The dialog's first size, where the screen has room (less the frame where it has not)."""
 
 
 class CompareDialog(QDialog):
@@ -100,13 +107,15 @@ class CompareDialog(QDialog):
             f"tok/s here times the decode alone (greedy, nothing streamed to the window, "
             f"no trace, no Markdown), so it is higher than the chat's, which includes "
             f"sampling, streaming and drawing every token.")
-        intro.setWordWrap(True)
-        layout.addWidget(intro)
+        # the notes ask for three lines (the rest scrolls) and the table and the answer
+        # share the rest by a splitter: at 12 pt on a 1024x700 screen the notes' 5 + 5
+        # lines took that height and left the table one row and a half
+        self.intro_area = NoteArea(intro, lines=2, most=3)
+        layout.addWidget(self.intro_area)
 
         row = QHBoxLayout()
         self.policies = QListWidget()
         self.policies.setAccessibleName("Policies to compare")
-        self.policies.setMaximumHeight(150)
         for key, label in POLICY_CHOICES:
             if key == REFERENCE or (key == CUSTOM and custom is None):
                 continue
@@ -121,6 +130,12 @@ class CompareDialog(QDialog):
             item.setCheckState(Qt.CheckState.Checked if key in DEFAULT_CHOSEN
                                else Qt.CheckState.Unchecked)
             self.policies.addItem(item)
+        # every policy where there is room, four at least (it scrolls), in the font of the
+        # moment: a fixed 150 px showed seven and a half at 12 pt
+        rows = self.policies.sizeHintForRow(0) if self.policies.count() else 0
+        frame = 2 * self.policies.frameWidth()
+        self.policies.setMinimumHeight(rows * min(4, self.policies.count()) + frame)
+        self.policies.setMaximumHeight(rows * self.policies.count() + frame)
         row.addWidget(self.policies, 1)
         side = QVBoxLayout()
         tokens_label = QLabel("&Tokens per answer")
@@ -155,8 +170,8 @@ class CompareDialog(QDialog):
         self.progress.setVisible(False)
         layout.addWidget(self.progress)
         self.status = QLabel("")
-        self.status.setWordWrap(True)
-        layout.addWidget(self.status)
+        self.status_area = NoteArea(self.status, lines=2, most=3)
+        layout.addWidget(self.status_area)
 
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setAccessibleName("Comparison")
@@ -171,15 +186,36 @@ class CompareDialog(QDialog):
         self.table.verticalHeader().setVisible(False)
         self.table.resizeColumnsToContents()  # whole headers before the first run too
         self.table.itemSelectionChanged.connect(self._show_selected)
-        layout.addWidget(self.table, 1)
+        # the header, two rows and the sideways scroll bar at least
+        self.table.setMinimumHeight(self.table.horizontalHeader().sizeHint().height()
+                                    + 2 * self.table.verticalHeader().defaultSectionSize()
+                                    + self.table.horizontalScrollBar().sizeHint().height()
+                                    + 2 * self.table.frameWidth() + 2)
         self.answer = QTextBrowser()
         self.answer.setAccessibleName("Answer of the selected policy")
         self.answer.setOpenLinks(False)
-        layout.addWidget(self.answer, 1)
+        self.answer.setMinimumHeight(3 * self.answer.fontMetrics().lineSpacing()
+                                     + 2 * self.answer.frameWidth()
+                                     + 2 * int(self.answer.document().documentMargin()))
+        self.results = QSplitter(Qt.Orientation.Vertical)
+        self.results.setAccessibleName("Comparison and answer")
+        self.results.addWidget(self.table)
+        self.results.addWidget(self.answer)
+        self.results.setChildrenCollapsible(False)
+        self.results.setStretchFactor(0, 1)
+        self.results.setStretchFactor(1, 1)
+        self._sized_by_user = False
+        """The user moved the table's border: the table is no longer fitted to its rows."""
+        self.results.splitterMoved.connect(lambda *_: setattr(self, "_sized_by_user", True))
+        # rows out of view (new rows, a sideways scroll bar, a shorter dialog, longer notes
+        # above): fit again, once the splitter has laid the table out
+        self.table.verticalScrollBar().rangeChanged.connect(lambda *_: self._fit_table())
+        self.results.installEventFilter(self)
+        layout.addWidget(self.results, 1)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
-        self.resize(900, 640)
+        resize_within_screen(self, DIALOG_SIZE)
 
         w = client
         w.compareProgress.connect(self._on_progress)
@@ -305,6 +341,29 @@ class CompareDialog(QDialog):
                                           | Qt.AlignmentFlag.AlignVCenter)
                 self.table.setItem(r, col, item)
         self.table.resizeColumnsToContents()
+        self._fit_table()
+
+    def _fit_table(self) -> None:
+        """Give the table the height of all its rows where the answer below keeps its
+        least height: the splitter's even halves left the fourth row of the usual four
+        (Exact and three policies) out of view at 12 pt on a 1024x700 screen, under an
+        answer box with room to spare. Again whenever rows go out of view (the sideways
+        scroll bar comes with the columns' widths, a smaller dialog), until the user sets
+        the border."""
+        sizes = self.results.sizes()
+        total = sum(sizes)
+        if total <= 0 or self._sized_by_user:
+            return
+        t = self.table
+        short = sum(t.rowHeight(r) for r in range(t.rowCount())) - t.viewport().height()
+        want = min(sizes[0] + short, total - self.answer.minimumHeight())
+        if want > sizes[0]:
+            self.results.setSizes([want, total - want])
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if watched is self.results and event.type() == QEvent.Type.Resize:
+            QTimer.singleShot(0, self, self._fit_table)
+        return super().eventFilter(watched, event)
 
     def _show_selected(self) -> None:
         rows = self.table.selectionModel().selectedRows()

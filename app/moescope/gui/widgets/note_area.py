@@ -17,13 +17,16 @@ from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QSizePolicy, QWidget
 
 class NoteArea(QScrollArea):
     """Holds ``label`` (word-wrapped here): as tall as its lines where its layout has
-    room, ``lines`` lines at least, with a vertical scroll bar when it is given fewer."""
+    room, ``lines`` lines at least, with a vertical scroll bar when it is given fewer.
+    With ``most``, it asks for that many lines at most (the rest scrolls): a note above a
+    table that takes the room a layout gives beyond its siblings' wishes."""
 
-    def __init__(self, label: QLabel, *, lines: int = 3,
+    def __init__(self, label: QLabel, *, lines: int = 3, most: int | None = None,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.label = label
         self.lines = lines
+        self.most = most
         label.setWordWrap(True)
         label.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
         label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -45,18 +48,24 @@ class NoteArea(QScrollArea):
     def _lines_px(self, width: int) -> int:
         return self.label.heightForWidth(max(width, 1))
 
+    def _height_of(self, lines: int) -> int:
+        margins = self.label.contentsMargins()
+        return (self.label.fontMetrics().lineSpacing() * lines + margins.top()
+                + margins.bottom() + 2 * self.label.margin())
+
     def sizeHint(self) -> QSize:
-        """Every line at the width it has, with no scroll bar."""
+        """Every line at the width it has, with no scroll bar (``most`` lines at most)."""
         hint = super().sizeHint()
         width = self.width() if self.width() > 0 else hint.width()
         frame = 2 * self.frameWidth()
-        return QSize(hint.width(), self._lines_px(width - frame) + frame)
+        need = self._lines_px(width - frame)
+        if self.most is not None:
+            need = min(need, self._height_of(self.most))
+        return QSize(hint.width(), need + frame)
 
     def minimumSizeHint(self) -> QSize:
         """``lines`` lines of the label's font (fewer if its text has fewer)."""
-        margins = self.label.contentsMargins()
-        few = (self.label.fontMetrics().lineSpacing() * self.lines + margins.top()
-               + margins.bottom() + 2 * self.label.margin())
+        few = self._height_of(self.lines)
         frame = 2 * self.frameWidth()
         width = self.width() if self.width() > 0 else super().sizeHint().width()
         height = min(few, self._lines_px(width - frame)) + frame
