@@ -201,6 +201,38 @@ def test_an_empty_list_of_policies_or_budgets_is_refused(
     assert says in err
 
 
+@pytest.mark.parametrize("command", ["generate", "chat", "bench", "eval", "serve", "replay"])
+@pytest.mark.parametrize(("value", "says"), [
+    ("4.7", "has no unit"), ("0", "at least 1"), ("", "empty"),
+])
+def test_a_ram_budget_that_cannot_work_names_its_option_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, value: str,
+        says: str) -> None:
+    """``--ram-budget 4.7`` said "budget '4.7' has no unit", as ``--budget 4.7`` does, and
+    only from the engine's load: with both options given, nothing said which was wrong
+    (here the model and trace do not exist, so the option is read first)."""
+    argv = [command, str(tmp_path / ("never-read.parquet" if command == "replay"
+                                     else "never-read.gguf")), "--ram-budget", value]
+    if command == "eval":
+        argv += ["--text", str(tmp_path / "never-read.txt")]
+    err = _one_line_error(capsys, argv)
+    assert err.startswith("moescope: error: --ram-budget: ") and says in err, err
+
+
+def test_replay_of_a_parquet_trace_a_crash_left_as_its_journal_says_how_to_use_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``replay x.parquet`` after the recording command was killed said only "no such
+    trace file": the tokens are in ``x.parquet.journal.arrows`` beside it."""
+    journal = tmp_path / "x.parquet.journal.arrows"
+    journal.write_bytes(b"a killed session's tokens")
+    err = _one_line_error(capsys, ["replay", str(tmp_path / "x.parquet")])
+    assert "no such trace file" in err and journal.name in err
+    assert f"moescope trace compact {journal}" in err
+    assert journal.read_bytes() == b"a killed session's tokens"
+    err = _one_line_error(capsys, ["replay", str(tmp_path / "y.parquet")])  # no journal
+    assert "no such trace file" in err and "journal" not in err
+
+
 @pytest.mark.parametrize(("spec", "parameter", "allowed"), [
     ("quality-first:half_life=1e-300", "half_life", "between 0.1 and 1e+09 steps"),
     ("quality-first:half_life=inf", "half_life", "between 0.1 and 1e+09 steps"),

@@ -40,6 +40,7 @@ from moescope.cli.options import (
     add_model_argument,
     add_threads_argument,
     check_list,
+    check_ram_budget,
     check_range,
     check_utf8,
     print_load_notes,
@@ -201,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
     check_list("--policies", names, "policies")
     policies = [parse_live_policy(n) for n in names]
     parse_budget(args.budget)
+    check_ram_budget(args.ram_budget)
     if args.tokens < 2:
         raise MoEScopeError("--tokens must be at least 2 (speed is measured between the "
                             "first and the last token)")

@@ -52,6 +52,7 @@ from moescope.cli.options import (
     add_threads_argument,
     check_ctx,
     check_list,
+    check_ram_budget,
     check_utf8,
     not_utf8,
     print_load_notes,
@@ -128,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
 
     policy = parse_live_policy(args.policy)  # fail fast, before loading
     parse_budget(args.budget)
+    check_ram_budget(args.ram_budget)
     sampling_from_args(args)  # --n, --temperature, --seed
     check_utf8("--system", args.system)
     check_ctx(args.ctx)

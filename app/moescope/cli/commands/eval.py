@@ -23,6 +23,7 @@ from moescope.cli.options import (
     add_model_argument,
     add_threads_argument,
     check_list,
+    check_ram_budget,
     print_load_notes,
 )
 from moescope.util.errors import MoEScopeError
@@ -159,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
                 policies.append(parse_policy(f"{preset}:{key}={value:g}"))  # type: ignore[arg-type]
     for b in budgets:
         parse_budget(b)
+    check_ram_budget(args.ram_budget)
     if not policies:
         raise MoEScopeError("--policies names no policy")
     if not budgets:

@@ -29,6 +29,7 @@ from moescope.cli.options import (
     add_model_argument,
     add_no_cache_argument,
     add_policy_argument,
+    check_ram_budget,
     check_range,
     check_utf8,
     print_load_notes,
@@ -71,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     check_every(args.audit)
     policy = parse_live_policy(args.policy)
     check_budget(args.budget)
+    check_ram_budget(args.ram_budget)
     inputs = model_inputs(args.model)
     check_trace_output(args.trace, inputs)
     model = resolve_model(args.model)
