@@ -526,3 +526,20 @@ def test_ram_auto_on_a_model_loaded_whole_keeps_the_tier_off(
     assert "RAM budget auto · RAM tier off: every expert in host memory" in lines
     assert any(line.startswith("note: ") and "all 16 experts per layer stay in RAM" in line
                for line in lines)
+
+
+def test_compare_scoring_a_chat_of_one_block_says_it_has_no_interval(
+        synth_model: Callable[..., Path], spy: Spy,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The chat's interval resamples blocks of 32 tokens: a chat of one block printed
+    ``-2.89% [-2.89, -2.89]``, an interval of no width that read as certainty."""
+    from moescope.engine.compare import SCORE_BLOCK
+
+    code, out, _ = chat(monkeypatch, capsys, synth_model("qwen3moe"),
+                        "Hi\n/compare psr score\n", "--n", "2")
+    assert code == 0
+    scored = int(out.split("the chat scored over ")[1].split()[0])
+    assert 0 < scored <= SCORE_BLOCK, "the chat is longer than one block; shorten it"
+    row = next(line for line in out.splitlines() if line.startswith("psr "))
+    assert row.endswith("% (no interval)") and "[" not in row
+    assert "too few for an interval" in out
