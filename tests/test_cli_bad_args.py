@@ -29,8 +29,8 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 @pytest.mark.parametrize(("option", "value", "says"), [
     ("--n", "0", "--n must be at least 1"),
     ("--n", "-3", "--n must be at least 1"),
-    ("--temperature", "nan", "--temperature must be a number >= 0"),
-    ("--temperature", "-1", "--temperature must be a number >= 0"),
+    ("--temperature", "nan", "--temperature nan must be from 0 to 100 (0 is greedy)"),
+    ("--temperature", "-1", "--temperature -1 must be from 0 to 100 (0 is greedy)"),
     ("--temperature", "1e300", "--temperature 1e+300 must be from 0 to 100"),
 ])
 def test_sampling_values_that_cannot_work(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -79,7 +79,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--runs", type=int, default=3, metavar="R",
                    help=f"timed runs per policy, at most {MAX_RUNS}; the table shows the "
                         "median (default 3)")
-    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text (raw, no template)")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT,
+                   help="prompt text (raw, no template; default: a story's opening, 'Once upon "
+                        "a time, ...')")
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="also write the results as JSON (- for stdout)")
     add_gpu_layers_argument(p)

@@ -49,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         description="Generate from a prompt with the expert cache on; prints the text, then "
                     "a summary line of the cache's work.")
     add_model_argument(p)
-    p.add_argument("--prompt", "-p", default="ROMEO:", help="prompt text (raw, no template)")
+    p.add_argument("--prompt", "-p", default="ROMEO:",
+                   help="prompt text (raw, no template; default '%(default)s')")
     p.add_argument("--chat", action="store_true",
                    help="wrap the prompt as a user message in the model's chat template")
     add_policy_argument(p)
@@ -152,8 +153,8 @@ def sampling_from_args(args: argparse.Namespace) -> Sampling:
         raise MoEScopeError(f"--n must be at least 1, got {args.n}")
     check_range("--n", args.n, 1, MAX_TOKENS)
     if not math.isfinite(args.temperature) or args.temperature < 0:
-        raise MoEScopeError(f"--temperature must be a number >= 0 (0 is greedy), got "
-                            f"{args.temperature}")
+        raise MoEScopeError(f"--temperature {args.temperature:g} must be from 0 to "
+                            f"{MAX_TEMPERATURE:g} (0 is greedy)")
     check_range("--temperature", args.temperature, 0.0, MAX_TEMPERATURE)
     if args.seed != -1 and not 0 <= args.seed <= MAX_SEED:
         raise MoEScopeError(f"--seed {args.seed} must be from 0 to {MAX_SEED}, or -1 for a "
