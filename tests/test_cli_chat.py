@@ -543,3 +543,17 @@ def test_compare_scoring_a_chat_of_one_block_says_it_has_no_interval(
     row = next(line for line in out.splitlines() if line.startswith("psr "))
     assert row.endswith("% (no interval)") and "[" not in row
     assert "too few for an interval" in out
+
+
+def test_a_ram_budget_that_holds_every_expert_is_echoed_with_the_tier_off(
+        synth_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``/ram 24GiB`` on a model loaded whole said only "RAM tier off: ...", not which
+    budget it had taken (``/ram auto`` and a budget that leaves experts in the file did)."""
+    code, out, err = chat(monkeypatch, capsys, synth_model("qwen3moe"),
+                          "/ram 24GiB\n/ram 100%\n/ram\n")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "RAM budget 24GiB · RAM tier off: every expert in host memory" in lines
+    assert "RAM budget 100% · RAM tier off: every expert in host memory" in lines
+    assert "RAM tier off: every expert in host memory" in lines  # /ram alone: the state

@@ -423,9 +423,9 @@ class ChatSession:
             self._error(str(err))
             return
         auto = is_auto(arg)
-        if ram is None:
-            self._say(f"{'RAM budget auto · ' if auto else ''}RAM tier off: every expert in "
-                      f"host memory")
+        if ram is None:  # the budget holds every expert ("/ram 24GiB" said only "off")
+            self._say(f"RAM budget {'auto' if auto else arg} · RAM tier off: every expert "
+                      f"in host memory")
         else:
             self._say(f"RAM budget {'auto' if auto else arg} · {ram.slots_per_layer}/"
                       f"{ram.n_expert} experts per layer")
