@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moescope.cache.budget import format_bytes, parse_budget
+from moescope.cache.guard import GuardSpec
 from moescope.cli.commands.generate import (
     add_gpu_layers_argument,
     check_outputs,
@@ -249,14 +250,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def measure(engine: Engine, policies: Sequence[Policy], prompt: str, tokens: int,
+def measure(engine: Engine, policies: Sequence[Policy | GuardSpec], prompt: str, tokens: int,
             runs: int, progress: Callable[[str], None] = lambda _: None) -> list[PolicyResult]:
     """One untimed warm-up round, then ``runs`` timed rounds of every policy in turn."""
     from moescope.engine import Sampling
 
     sampling = Sampling(temperature=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
                         max_tokens=tokens, seed=0)
-    labels = [p.name or "custom" for p in policies]
+    labels = [p.label if isinstance(p, GuardSpec) else p.name or "custom" for p in policies]
     progress(f"warm-up: {', '.join(labels)}")
     for policy in policies:
         _one_run(engine, policy, prompt, sampling)
@@ -271,10 +272,13 @@ def measure(engine: Engine, policies: Sequence[Policy], prompt: str, tokens: int
     return results
 
 
-def _one_run(engine: Engine, policy: Policy, prompt: str, sampling: Sampling) -> Run:
+def _one_run(engine: Engine, policy: Policy | GuardSpec, prompt: str,
+             sampling: Sampling) -> Run:
     """Switch the policy live, empty the cache, decode; the same start every time."""
     engine.request_policy(policy)
     engine.apply_requests()
+    if not isinstance(policy, GuardSpec) and engine.audit_every:
+        engine.set_audit(0)  # the guard turned audits on for itself; they cost others time
     engine.clear_cache()
     ids = tuple(t.token_id for t in engine.generate(prompt, sampling))
     a = engine.last_answer
