@@ -410,3 +410,19 @@ def test_every_option_of_every_command_says_what_it_does() -> None:
         return out
 
     assert silent(build_parser(), "") == []
+
+
+@pytest.mark.parametrize(("argv", "option", "instead"), [
+    (["replay", "{tmp}/never-read.parquet", "--policy", "exact,guard:target=1%"], "--policy",
+     "'recorded' replays a guarded session"),
+    (["eval", "{tmp}/never-read.gguf", "--text", "{tmp}/never-read.txt", "--policies",
+      "guard"], "--policies", "eval scores fixed policies"),
+])
+def test_replay_and_eval_refuse_the_quality_guard_by_its_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], option: str,
+        instead: str) -> None:
+    """``generate``, ``chat``, ``serve`` and ``bench`` take ``guard:target=1%``; ``replay``
+    and ``eval`` said "unknown policy 'guard'", as if it did not exist."""
+    err = _one_line_error(capsys, [a.format(tmp=tmp_path) for a in argv])
+    assert f"error: {option} guard" in err and "the quality guard steers from audits" in err
+    assert instead in err and "unknown policy" not in err

@@ -132,6 +132,18 @@ def check_ram_budget(text: str | None, *, auto: bool = True) -> None:
         raise MoEScopeError(f"--ram-budget: {err}") from None
 
 
+def refuse_guard(spec: str, option: str, instead: str) -> None:
+    """``replay`` and ``eval`` run fixed policies: the quality guard, which moves its policy
+    from audits of the answers as a session goes, is refused by its name with what to do
+    ``instead`` (it was "unknown policy 'guard'", though ``generate``, ``chat``, ``serve``
+    and ``bench`` take it)."""
+    from moescope.cache.guard import GUARD
+
+    if spec.strip().split(":", 1)[0].strip() == GUARD:
+        raise MoEScopeError(f"{option} {spec.strip()[:60]}: the quality guard steers from "
+                            f"audits of the model's answers as a session goes; {instead}")
+
+
 def add_ctx_argument(p: argparse.ArgumentParser) -> None:
     """The context length of a session (bounded by :func:`check_ctx`)."""
     p.add_argument("--ctx", type=int, default=4096, metavar="N",

@@ -74,7 +74,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add_budget_arguments(p)
     p.add_argument("--policies", action="append", metavar="P[,P...]",
                    help=f"policies, the first is the reference (default {DEFAULT_POLICIES}); "
-                        "preset:key=value works too, e.g. threshold:theta=0.3")
+                        "preset:key=value works too, e.g. threshold:theta=0.3, and the "
+                        "quality guard, guard:target=1%%")
     p.add_argument("-n", "--tokens", type=int, default=64, metavar="N",
                    help="tokens decoded per run, like llama-bench -n (default 64)")
     p.add_argument("--runs", type=int, default=3, metavar="R",

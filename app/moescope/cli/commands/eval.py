@@ -25,6 +25,7 @@ from moescope.cli.options import (
     check_list,
     check_ram_budget,
     print_load_notes,
+    refuse_guard,
 )
 from moescope.util.errors import MoEScopeError
 from moescope.util.resources import demo_model_path
@@ -148,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
     check_list("--budgets", budgets, "budgets")
     policies = []
     for spec in policy_specs:
+        refuse_guard(spec, "--policies", "eval scores fixed policies (its base, e.g. psr, "
+                                         "with --audit N says what it would steer by)")
         policy = parse_policy(spec)
         if policy is None:
             raise MoEScopeError("'recorded' is a replay policy; name presets for eval")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from moescope.cache.budget import parse_budget, plan_slots
 from moescope.cache.policy import PRESET_NAMES
 from moescope.cli.commands.generate import check_outputs, write_output
-from moescope.cli.options import check_list, check_ram_budget, check_range
+from moescope.cli.options import check_list, check_ram_budget, check_range, refuse_guard
 from moescope.trace import TRACE_SUFFIXES
 from moescope.util.errors import MoEScopeError
 
@@ -94,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
     check_list("--policy", policies, "policies")
     check_list("--budget", budgets, "budgets")
     for spec in policies:
+        refuse_guard(spec, "--policy", "a replay has no answers to audit ('recorded' "
+                                       "replays a guarded session as it went)")
         parse_policy(spec)  # fail on a typo before reading a large trace
     for b in budgets:
         if b != "recorded":
