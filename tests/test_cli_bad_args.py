@@ -144,7 +144,7 @@ def test_one_file_for_two_outputs_or_trace_to_stdout_is_refused(
 
 
 # ------------------------------------------------------------------ numbers in arguments
-@pytest.mark.parametrize("command", ["chat", "eval", "bench"])
+@pytest.mark.parametrize("command", ["chat", "eval", "bench", "serve"])
 @pytest.mark.parametrize("threads", ["99999999999", "1000", "513", "0", "-4"])
 def test_a_thread_count_llama_cpp_cannot_run_is_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str,

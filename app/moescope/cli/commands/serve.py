@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from moescope.cli.commands.generate import (
         backend_line,
         cache_state,
+        check_threads,
         parse_live_policy,
         resolve_model,
         start_audits,
@@ -114,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
                                 ("--read-timeout", args.read_timeout, *READ_TIMEOUT_RANGE)):
         check_range(name, value, lo, hi)
     check_ctx(args.ctx)
+    check_threads(args.threads)  # 99999999999 aborted in llama.cpp (std::bad_alloc)
     check_model_id(args.model_id)
     policy = parse_live_policy(args.policy)  # fail fast, before loading
     parse_budget(args.budget)
