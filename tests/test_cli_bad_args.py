@@ -29,8 +29,8 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 @pytest.mark.parametrize(("option", "value", "says"), [
     ("--n", "0", "--n must be at least 1"),
     ("--n", "-3", "--n must be at least 1"),
-    ("--temperature", "nan", "--temperature must be a number >= 0"),
-    ("--temperature", "-1", "--temperature must be a number >= 0"),
+    ("--temperature", "nan", "--temperature nan must be from 0 to 100 (0 is greedy)"),
+    ("--temperature", "-1", "--temperature -1 must be from 0 to 100 (0 is greedy)"),
     ("--temperature", "1e300", "--temperature 1e+300 must be from 0 to 100"),
 ])
 def test_sampling_values_that_cannot_work(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -144,7 +144,7 @@ def test_one_file_for_two_outputs_or_trace_to_stdout_is_refused(
 
 
 # ------------------------------------------------------------------ numbers in arguments
-@pytest.mark.parametrize("command", ["chat", "eval", "bench"])
+@pytest.mark.parametrize("command", ["chat", "eval", "bench", "serve"])
 @pytest.mark.parametrize("threads", ["99999999999", "1000", "513", "0", "-4"])
 def test_a_thread_count_llama_cpp_cannot_run_is_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str,
@@ -199,6 +199,38 @@ def test_an_empty_list_of_policies_or_budgets_is_refused(
     """``replay --policy ''`` printed an empty table."""
     err = _one_line_error(capsys, [a.format(tmp=tmp_path) for a in argv])
     assert says in err
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "bench", "eval", "serve", "replay"])
+@pytest.mark.parametrize(("value", "says"), [
+    ("4.7", "has no unit"), ("0", "at least 1"), ("", "empty"),
+])
+def test_a_ram_budget_that_cannot_work_names_its_option_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, value: str,
+        says: str) -> None:
+    """``--ram-budget 4.7`` said "budget '4.7' has no unit", as ``--budget 4.7`` does, and
+    only from the engine's load: with both options given, nothing said which was wrong
+    (here the model and trace do not exist, so the option is read first)."""
+    argv = [command, str(tmp_path / ("never-read.parquet" if command == "replay"
+                                     else "never-read.gguf")), "--ram-budget", value]
+    if command == "eval":
+        argv += ["--text", str(tmp_path / "never-read.txt")]
+    err = _one_line_error(capsys, argv)
+    assert err.startswith("moescope: error: --ram-budget: ") and says in err, err
+
+
+def test_replay_of_a_parquet_trace_a_crash_left_as_its_journal_says_how_to_use_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``replay x.parquet`` after the recording command was killed said only "no such
+    trace file": the tokens are in ``x.parquet.journal.arrows`` beside it."""
+    journal = tmp_path / "x.parquet.journal.arrows"
+    journal.write_bytes(b"a killed session's tokens")
+    err = _one_line_error(capsys, ["replay", str(tmp_path / "x.parquet")])
+    assert "no such trace file" in err and journal.name in err
+    assert f"moescope trace compact {journal}" in err
+    assert journal.read_bytes() == b"a killed session's tokens"
+    err = _one_line_error(capsys, ["replay", str(tmp_path / "y.parquet")])  # no journal
+    assert "no such trace file" in err and "journal" not in err
 
 
 @pytest.mark.parametrize(("spec", "parameter", "allowed"), [
@@ -378,3 +410,19 @@ def test_every_option_of_every_command_says_what_it_does() -> None:
         return out
 
     assert silent(build_parser(), "") == []
+
+
+@pytest.mark.parametrize(("argv", "option", "instead"), [
+    (["replay", "{tmp}/never-read.parquet", "--policy", "exact,guard:target=1%"], "--policy",
+     "'recorded' replays a guarded session"),
+    (["eval", "{tmp}/never-read.gguf", "--text", "{tmp}/never-read.txt", "--policies",
+      "guard"], "--policies", "eval scores fixed policies"),
+])
+def test_replay_and_eval_refuse_the_quality_guard_by_its_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], option: str,
+        instead: str) -> None:
+    """``generate``, ``chat``, ``serve`` and ``bench`` take ``guard:target=1%``; ``replay``
+    and ``eval`` said "unknown policy 'guard'", as if it did not exist."""
+    err = _one_line_error(capsys, [a.format(tmp=tmp_path) for a in argv])
+    assert f"error: {option} guard" in err and "the quality guard steers from audits" in err
+    assert instead in err and "unknown policy" not in err

@@ -105,3 +105,31 @@ def test_bench_on_a_dense_model_says_there_is_nothing_to_compare(
     assert main(["bench", str(dense_model), *FAST]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "expert cache is off" in err[0]
+
+
+def test_bench_takes_the_quality_guard_and_audits_only_its_runs(
+        synth_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--policies exact,guard:target=1%`` was a traceback (``'GuardSpec' object has no
+    attribute 'name'``) after the model had loaded; and the audits the guard turns on for
+    itself stayed on for the policies measured after it, slowing them."""
+    audited: list[tuple[str, int]] = []
+    generate = Engine.generate
+
+    def spy(self: Engine, *args: Any, **kwargs: Any) -> Any:
+        audited.append((self.policy_name, self.audit_every))
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", spy)
+    out_json = tmp_path / "bench.json"
+    code = main(["bench", str(synth_model("qwen3moe")), "--policies",
+                 "exact,guard:target=1%,speed-first", *FAST, "--json", str(out_json)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "Traceback" not in err
+    assert [r["policy"] for r in json.loads(out_json.read_text())["rows"]] == \
+        ["exact", "guard 1%", "speed-first"]
+    assert any(line.startswith("guard 1% ") for line in out.splitlines())
+    assert len(audited) == 3 * 3  # a warm-up round and two timed ones
+    for policy, every in audited:
+        assert (every > 0) == (policy == "guard"), audited

@@ -526,3 +526,34 @@ def test_ram_auto_on_a_model_loaded_whole_keeps_the_tier_off(
     assert "RAM budget auto · RAM tier off: every expert in host memory" in lines
     assert any(line.startswith("note: ") and "all 16 experts per layer stay in RAM" in line
                for line in lines)
+
+
+def test_compare_scoring_a_chat_of_one_block_says_it_has_no_interval(
+        synth_model: Callable[..., Path], spy: Spy,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The chat's interval resamples blocks of 32 tokens: a chat of one block printed
+    ``-2.89% [-2.89, -2.89]``, an interval of no width that read as certainty."""
+    from moescope.engine.compare import SCORE_BLOCK
+
+    code, out, _ = chat(monkeypatch, capsys, synth_model("qwen3moe"),
+                        "Hi\n/compare psr score\n", "--n", "2")
+    assert code == 0
+    scored = int(out.split("the chat scored over ")[1].split()[0])
+    assert 0 < scored <= SCORE_BLOCK, "the chat is longer than one block; shorten it"
+    row = next(line for line in out.splitlines() if line.startswith("psr "))
+    assert row.endswith("% (no interval)") and "[" not in row
+    assert "too few for an interval" in out
+
+
+def test_a_ram_budget_that_holds_every_expert_is_echoed_with_the_tier_off(
+        synth_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``/ram 24GiB`` on a model loaded whole said only "RAM tier off: ...", not which
+    budget it had taken (``/ram auto`` and a budget that leaves experts in the file did)."""
+    code, out, err = chat(monkeypatch, capsys, synth_model("qwen3moe"),
+                          "/ram 24GiB\n/ram 100%\n/ram\n")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "RAM budget 24GiB · RAM tier off: every expert in host memory" in lines
+    assert "RAM budget 100% · RAM tier off: every expert in host memory" in lines
+    assert "RAM tier off: every expert in host memory" in lines  # /ram alone: the state

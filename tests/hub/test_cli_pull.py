@@ -109,3 +109,35 @@ def test_a_killed_pull_leaves_no_lock_that_blocks_the_next(hub: Hub,
     assert "saved 477.7 KiB" in capsys.readouterr().out
     assert hub.server.ranges[-1] == (file_key(REPO, "Tiny-MoE-Q8_0.gguf"), "bytes=100000-")
     assert first.final.read_bytes() == hub.tiny.read_bytes() and not lock.exists()
+
+
+def test_a_search_on_an_endpoint_without_one_says_so_not_check_the_repository_id(
+        hub: Hub, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A mirror (``HF_ENDPOINT``) that answers 404 to ``/api/models``: ``pull --search``
+    said "the search: not found ... check the repository id and file name", though no
+    repository was named."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class NoSearch(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_error(404)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NoSearch)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+        assert main(["pull", "--search", "qwen"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("moescope: error: the search: not found on 127.0.0.1")
+        assert "offers no model search" in err and "repository id" not in err
+        assert err.count("\n") == 1
+        assert main(["pull", "test-org/Nope"]) == 2  # a repository's 404 keeps its advice
+        assert "check the repository id" in capsys.readouterr().err
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -165,6 +165,26 @@ def test_policy_and_budget_change_live_through_the_api(server: Server) -> None:
         assert server.cache()["policy"] == "exact"
 
 
+def test_steering_refuses_a_field_it_does_not_read(server: Server) -> None:
+    """``{"policy": "speed-first", "budgett": "50%"}`` changed the policy and dropped the
+    misspelt budget in silence (200); ``{"policcy": ...}`` said "give a policy"."""
+    before = server.wait_idle()
+    with server.http() as h:
+        for body, field in (({"policy": "speed-first", "budgett": "50%"}, "budgett"),
+                            ({"policcy": "speed-first"}, "policcy"),
+                            ({"budget": "50%", "audit": 4, "\ud800": 1}, "\\ud800")):
+            r = h.post("/v1/moescope/cache", content=json.dumps(body).encode(),
+                       headers={"Content-Type": "application/json"})  # escapes \ud800
+            assert r.status_code == 400, (body, r.text)
+            error = r.json()["error"]
+            assert error["param"] == field
+            assert error["message"] == (f"unknown field '{field}': this endpoint takes "
+                                        "policy, budget, audit")
+    after = server.cache()
+    for key in ("policy", "budget", "slots_per_layer", "audit_every"):
+        assert after[key] == before[key], key  # nothing of a refused body was applied
+
+
 def test_a_change_during_an_answer_applies_from_its_next_token(
         server_factory: Callable[..., Server]) -> None:
     """Each expert copy sleeps up to 3 ms, so the answer is still running when the change

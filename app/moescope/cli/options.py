@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from moescope.cache.policy import PRESET_NAMES
-from moescope.util.errors import MoEScopeError
+from moescope.util.errors import BudgetError, MoEScopeError
 
 if TYPE_CHECKING:
     from moescope.engine import LoadedModel
@@ -113,6 +113,35 @@ def add_budget_arguments(p: argparse.ArgumentParser, *, vram: bool = True,
                         "it stay in the model file and are read on demand (default: auto, "
                         "all of them when the model fits the memory available, cgroup "
                         "limits included, else what fits; 100%% keeps all)")
+
+
+def check_ram_budget(text: str | None, *, auto: bool = True) -> None:
+    """``--ram-budget`` read by ``cache.budget``'s grammar before a model loads (or a trace
+    is read), its error naming the option: it said "budget '4.7' has no unit" as
+    ``--budget``'s does, so with both given neither said which one was wrong, and it came
+    only from the engine's load. ``auto`` (the default's word) passes where ``auto`` is
+    true (every command but ``replay``)."""
+    from moescope.cache.budget import parse_budget
+    from moescope.model.ram_fit import AUTO_RAM_BUDGET
+
+    if text is None or (auto and text.strip().lower() == AUTO_RAM_BUDGET):
+        return
+    try:
+        parse_budget(text)
+    except BudgetError as err:
+        raise MoEScopeError(f"--ram-budget: {err}") from None
+
+
+def refuse_guard(spec: str, option: str, instead: str) -> None:
+    """``replay`` and ``eval`` run fixed policies: the quality guard, which moves its policy
+    from audits of the answers as a session goes, is refused by its name with what to do
+    ``instead`` (it was "unknown policy 'guard'", though ``generate``, ``chat``, ``serve``
+    and ``bench`` take it)."""
+    from moescope.cache.guard import GUARD
+
+    if spec.strip().split(":", 1)[0].strip() == GUARD:
+        raise MoEScopeError(f"{option} {spec.strip()[:60]}: the quality guard steers from "
+                            f"audits of the model's answers as a session goes; {instead}")
 
 
 def add_ctx_argument(p: argparse.ArgumentParser) -> None:

@@ -40,6 +40,8 @@ MAX_HEADER_BYTES = 64 << 20
 MAX_FILE_BYTES = 1 << 50
 MAX_PAGES = 20
 MAX_SEARCH = 100
+SEARCH = "the search"
+"""What a search request is called in its errors (a 404 there is an endpoint without one)."""
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
 _SPLIT = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 _QUANT = re.compile(
@@ -242,8 +244,9 @@ class HubClient:
             return HubGated(f"{what}: access denied ({code}): the repository is gated or "
                             f"private; {how}")
         if code == 404:
-            return HubNotFound(f"{what}: not found on {self.host} (404): check the "
-                               f"repository id and file name")
+            how = (f"{self.host} offers no model search (is HF_ENDPOINT a mirror without "
+                   f"one?)" if what == SEARCH else "check the repository id and file name")
+            return HubNotFound(f"{what}: not found on {self.host} (404): {how}")
         if code == 429:
             return HubError(f"{self.host}: too many requests (429): wait a minute and "
                             f"try again")
@@ -256,7 +259,7 @@ class HubClient:
         params = {"search": query.strip(), "filter": "gguf", "sort": "downloads",
                   "direction": "-1", "limit": str(limit),
                   "expand": ["downloads", "likes", "gated", "gguf"]}
-        data, _ = self.get_json(f"{self.endpoint}/api/models", what="the search",
+        data, _ = self.get_json(f"{self.endpoint}/api/models", what=SEARCH,
                                 params=params)
         if not isinstance(data, list):
             raise HubError(f"{self.host}: the search answer is not a list")

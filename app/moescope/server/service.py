@@ -356,6 +356,10 @@ class ServeListener(Protocol):
         steering thread, holding the engine's turn)."""
 
 
+STEER_FIELDS = ("policy", "budget", "audit")
+"""What ``POST /v1/moescope/cache`` reads; any other field is a 400 (it is MoEScope's own
+endpoint, which no client sends vendor fields to: a misspelt one was ignored in silence)."""
+
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length",
                   "context full": "length", "stopped": "stop", "grammar": "stop"}
 """``grammar``: the answer's grammar allowed no token of the vocabulary (it cannot spell
@@ -595,6 +599,12 @@ class Service:
 
         if not isinstance(body, dict):
             raise bad_param("body", "the request body must be a JSON object")
+        unknown = [key for key in body if key not in STEER_FIELDS]
+        if unknown:  # {"policy": "exact", "budgett": "50%"} changed the policy alone
+            # written as it was sent: a lone surrogate (\ud800) cannot be encoded back
+            name = unknown[0][:40].encode("utf-8", "backslashreplace").decode("utf-8")
+            raise bad_param(name, f"unknown field '{name}': this endpoint takes "
+                                  f"{', '.join(STEER_FIELDS)}")
         spec, budget, audit = body.get("policy"), body.get("budget"), body.get("audit")
         if spec is None and budget is None and audit is None:
             raise bad_param("policy", "give a policy (e.g. speed-first), a budget "

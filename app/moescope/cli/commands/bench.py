@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moescope.cache.budget import format_bytes, parse_budget
+from moescope.cache.guard import GuardSpec
 from moescope.cli.commands.generate import (
     add_gpu_layers_argument,
     check_outputs,
@@ -40,6 +41,7 @@ from moescope.cli.options import (
     add_model_argument,
     add_threads_argument,
     check_list,
+    check_ram_budget,
     check_range,
     check_utf8,
     print_load_notes,
@@ -72,13 +74,16 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add_budget_arguments(p)
     p.add_argument("--policies", action="append", metavar="P[,P...]",
                    help=f"policies, the first is the reference (default {DEFAULT_POLICIES}); "
-                        "preset:key=value works too, e.g. threshold:theta=0.3")
+                        "preset:key=value works too, e.g. threshold:theta=0.3, and the "
+                        "quality guard, guard:target=1%%")
     p.add_argument("-n", "--tokens", type=int, default=64, metavar="N",
                    help="tokens decoded per run, like llama-bench -n (default 64)")
     p.add_argument("--runs", type=int, default=3, metavar="R",
                    help=f"timed runs per policy, at most {MAX_RUNS}; the table shows the "
                         "median (default 3)")
-    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text (raw, no template)")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT,
+                   help="prompt text (raw, no template; default: a story's opening, 'Once upon "
+                        "a time, ...')")
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="also write the results as JSON (- for stdout)")
     add_gpu_layers_argument(p)
@@ -201,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
     check_list("--policies", names, "policies")
     policies = [parse_live_policy(n) for n in names]
     parse_budget(args.budget)
+    check_ram_budget(args.ram_budget)
     if args.tokens < 2:
         raise MoEScopeError("--tokens must be at least 2 (speed is measured between the "
                             "first and the last token)")
@@ -245,14 +251,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def measure(engine: Engine, policies: Sequence[Policy], prompt: str, tokens: int,
+def measure(engine: Engine, policies: Sequence[Policy | GuardSpec], prompt: str, tokens: int,
             runs: int, progress: Callable[[str], None] = lambda _: None) -> list[PolicyResult]:
     """One untimed warm-up round, then ``runs`` timed rounds of every policy in turn."""
     from moescope.engine import Sampling
 
     sampling = Sampling(temperature=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
                         max_tokens=tokens, seed=0)
-    labels = [p.name or "custom" for p in policies]
+    labels = [p.label if isinstance(p, GuardSpec) else p.name or "custom" for p in policies]
     progress(f"warm-up: {', '.join(labels)}")
     for policy in policies:
         _one_run(engine, policy, prompt, sampling)
@@ -267,10 +273,13 @@ def measure(engine: Engine, policies: Sequence[Policy], prompt: str, tokens: int
     return results
 
 
-def _one_run(engine: Engine, policy: Policy, prompt: str, sampling: Sampling) -> Run:
+def _one_run(engine: Engine, policy: Policy | GuardSpec, prompt: str,
+             sampling: Sampling) -> Run:
     """Switch the policy live, empty the cache, decode; the same start every time."""
     engine.request_policy(policy)
     engine.apply_requests()
+    if not isinstance(policy, GuardSpec) and engine.audit_every:
+        engine.set_audit(0)  # the guard turned audits on for itself; they cost others time
     engine.clear_cache()
     ids = tuple(t.token_id for t in engine.generate(prompt, sampling))
     a = engine.last_answer

@@ -52,6 +52,7 @@ from moescope.cli.options import (
     add_threads_argument,
     check_ctx,
     check_list,
+    check_ram_budget,
     check_utf8,
     not_utf8,
     print_load_notes,
@@ -128,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
 
     policy = parse_live_policy(args.policy)  # fail fast, before loading
     parse_budget(args.budget)
+    check_ram_budget(args.ram_budget)
     sampling_from_args(args)  # --n, --temperature, --seed
     check_utf8("--system", args.system)
     check_ctx(args.ctx)
@@ -421,9 +423,9 @@ class ChatSession:
             self._error(str(err))
             return
         auto = is_auto(arg)
-        if ram is None:
-            self._say(f"{'RAM budget auto · ' if auto else ''}RAM tier off: every expert in "
-                      f"host memory")
+        if ram is None:  # the budget holds every expert ("/ram 24GiB" said only "off")
+            self._say(f"RAM budget {'auto' if auto else arg} · RAM tier off: every expert "
+                      f"in host memory")
         else:
             self._say(f"RAM budget {'auto' if auto else arg} · {ram.slots_per_layer}/"
                       f"{ram.n_expert} experts per layer")
@@ -452,6 +454,7 @@ class ChatSession:
         message is the reference; with ``score``, every policy also reads the whole chat
         teacher-forced (``engine.compare``)."""
         from moescope.engine.compare import (
+            SCORE_BLOCK,
             compare_policies,
             conversation_tokens,
             perplexity_text,
@@ -492,6 +495,16 @@ class ChatSession:
                 self.engine, conversation, ["exact", *policies],
                 max_tokens=min(self.sampling.max_tokens, 256), thinking=self.sampling.thinking,
                 score=tokens, progress=progress, stopped=interrupted)
+        # The interval resamples blocks of SCORE_BLOCK tokens: a chat of one block has
+        # nothing to resample, and its "interval" was the point itself ([x, x]).
+        one_block = 0 < result.scored_tokens <= SCORE_BLOCK
+
+        def chat_perplexity(a: Any) -> str:
+            change = result.perplexity_change(a)
+            if change is not None and one_block:
+                return f"{change[0]:+.2f}% (no interval)"
+            return perplexity_text(change)
+
         rows = [("policy", "tok/s", "vs exact", "same start", "agreement", "hit",
                  "substituted", "mass/tok", "expected cost", "chat perplexity")]
         for i, a in enumerate(result.answers):
@@ -505,7 +518,7 @@ class ChatSession:
                          f"{c.mass_per_token:.3f}",
                          a.audit.cost_text() if a.audit is not None else "–",
                          "reference" if ref and a.nll is not None
-                         else perplexity_text(result.perplexity_change(a))))
+                         else chat_perplexity(a)))
         widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
         for r in rows:
             self._say("  ".join(cell.ljust(w) if k == 0 else cell.rjust(w)
@@ -515,6 +528,9 @@ class ChatSession:
                 "empty cache")
         if scored:
             note += f"; the chat scored over {scored} token{'' if scored == 1 else 's'}"
+            if one_block:
+                note += (f", too few for an interval (it resamples blocks of {SCORE_BLOCK} "
+                         "tokens; a longer chat gives one)")
         if result.stopped:
             note += "; stopped before every policy answered"
         if any(a.audit is not None for a in result.answers):

@@ -23,7 +23,9 @@ from moescope.cli.options import (
     add_model_argument,
     add_threads_argument,
     check_list,
+    check_ram_budget,
     print_load_notes,
+    refuse_guard,
 )
 from moescope.util.errors import MoEScopeError
 from moescope.util.resources import demo_model_path
@@ -147,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
     check_list("--budgets", budgets, "budgets")
     policies = []
     for spec in policy_specs:
+        refuse_guard(spec, "--policies", "eval scores fixed policies (its base, e.g. psr, "
+                                         "with --audit N says what it would steer by)")
         policy = parse_policy(spec)
         if policy is None:
             raise MoEScopeError("'recorded' is a replay policy; name presets for eval")
@@ -159,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
                 policies.append(parse_policy(f"{preset}:{key}={value:g}"))  # type: ignore[arg-type]
     for b in budgets:
         parse_budget(b)
+    check_ram_budget(args.ram_budget)
     if not policies:
         raise MoEScopeError("--policies names no policy")
     if not budgets:

@@ -29,6 +29,7 @@ from moescope.cli.options import (
     add_model_argument,
     add_no_cache_argument,
     add_policy_argument,
+    check_ram_budget,
     check_range,
     check_utf8,
     print_load_notes,
@@ -48,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         description="Generate from a prompt with the expert cache on; prints the text, then "
                     "a summary line of the cache's work.")
     add_model_argument(p)
-    p.add_argument("--prompt", "-p", default="ROMEO:", help="prompt text (raw, no template)")
+    p.add_argument("--prompt", "-p", default="ROMEO:",
+                   help="prompt text (raw, no template; default '%(default)s')")
     p.add_argument("--chat", action="store_true",
                    help="wrap the prompt as a user message in the model's chat template")
     add_policy_argument(p)
@@ -71,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     check_every(args.audit)
     policy = parse_live_policy(args.policy)
     check_budget(args.budget)
+    check_ram_budget(args.ram_budget)
     inputs = model_inputs(args.model)
     check_trace_output(args.trace, inputs)
     model = resolve_model(args.model)
@@ -150,8 +153,8 @@ def sampling_from_args(args: argparse.Namespace) -> Sampling:
         raise MoEScopeError(f"--n must be at least 1, got {args.n}")
     check_range("--n", args.n, 1, MAX_TOKENS)
     if not math.isfinite(args.temperature) or args.temperature < 0:
-        raise MoEScopeError(f"--temperature must be a number >= 0 (0 is greedy), got "
-                            f"{args.temperature}")
+        raise MoEScopeError(f"--temperature {args.temperature:g} must be from 0 to "
+                            f"{MAX_TEMPERATURE:g} (0 is greedy)")
     check_range("--temperature", args.temperature, 0.0, MAX_TEMPERATURE)
     if args.seed != -1 and not 0 <= args.seed <= MAX_SEED:
         raise MoEScopeError(f"--seed {args.seed} must be from 0 to {MAX_SEED}, or -1 for a "

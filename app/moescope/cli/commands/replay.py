@@ -11,6 +11,7 @@ without loading the model. ``--perfetto`` also writes the trace for ui.perfetto.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from moescope.cache.budget import parse_budget, plan_slots
 from moescope.cache.policy import PRESET_NAMES
 from moescope.cli.commands.generate import check_outputs, write_output
-from moescope.cli.options import check_list, check_range
+from moescope.cli.options import check_list, check_ram_budget, check_range, refuse_guard
 from moescope.trace import TRACE_SUFFIXES
 from moescope.util.errors import MoEScopeError
 
@@ -93,17 +94,19 @@ def run(args: argparse.Namespace) -> int:
     check_list("--policy", policies, "policies")
     check_list("--budget", budgets, "budgets")
     for spec in policies:
+        refuse_guard(spec, "--policy", "a replay has no answers to audit ('recorded' "
+                                       "replays a guarded session as it went)")
         parse_policy(spec)  # fail on a typo before reading a large trace
     for b in budgets:
         if b != "recorded":
             parse_budget(b)
-    if args.ram_budget:
-        parse_budget(args.ram_budget)  # a typo fails before a large trace is read
+    check_ram_budget(args.ram_budget, auto=False)  # a typo fails before a large trace is read
     _check_cost_overrides(args)
     inputs = [args.trace]
     to_stdout = check_outputs([("--csv", args.csv), ("--json", args.json),
                                ("--perfetto", args.perfetto),
                                ("--tokens-csv", args.tokens_csv)], inputs)
+    _check_not_only_a_journal(args.trace)
     trace = read_trace(args.trace)
     if trace.truncated:
         print(f"moescope: note: {args.trace.name} ends mid-token (the session was cut off); "
@@ -132,6 +135,21 @@ def run(args: argparse.Namespace) -> int:
         write_output(args.json, to_json(result), "--json", inputs)
     _write_exports(args, trace)
     return 0
+
+
+def _check_not_only_a_journal(path: Path) -> None:
+    """A ``.parquet`` trace whose session was killed is not there, only its journal
+    (``NAME.parquet.journal.arrows``): say so and how to use it, rather than "no such trace
+    file" (the name the user recorded to)."""
+    from moescope.trace.names import journal_path
+
+    if os.path.lexists(path):
+        return
+    journal = journal_path(path)
+    if journal.is_file():
+        raise MoEScopeError(f"{path}: no such trace file, but its journal {journal.name} is "
+                            f"there (the session was cut off): replay the journal, or finish "
+                            f"it with: moescope trace compact {journal}")
 
 
 EXPORTS = (("--perfetto", "perfetto"), ("--tokens-csv", "tokens_csv"))

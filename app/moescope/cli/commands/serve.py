@@ -24,10 +24,10 @@ from moescope.cli.options import (
     add_policy_argument,
     add_threads_argument,
     check_ctx,
+    check_ram_budget,
     check_range,
     print_load_notes,
 )
-from moescope.model.ram_fit import AUTO_RAM_BUDGET
 from moescope.util.errors import MoEScopeError
 
 
@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from moescope.cli.commands.generate import (
         backend_line,
         cache_state,
+        check_threads,
         parse_live_policy,
         resolve_model,
         start_audits,
@@ -114,11 +115,11 @@ def run(args: argparse.Namespace) -> int:
                                 ("--read-timeout", args.read_timeout, *READ_TIMEOUT_RANGE)):
         check_range(name, value, lo, hi)
     check_ctx(args.ctx)
+    check_threads(args.threads)  # 99999999999 aborted in llama.cpp (std::bad_alloc)
     check_model_id(args.model_id)
     policy = parse_live_policy(args.policy)  # fail fast, before loading
     parse_budget(args.budget)
-    if args.ram_budget is not None and args.ram_budget.strip().lower() != AUTO_RAM_BUDGET:
-        parse_budget(args.ram_budget)
+    check_ram_budget(args.ram_budget)
     check_every(args.audit)
     if not port_free(args.host, args.port):
         raise MoEScopeError(f"cannot listen on {args.host}:{args.port}: the port is in use "
