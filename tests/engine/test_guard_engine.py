@@ -90,6 +90,29 @@ def test_another_policy_ends_the_guard(synth_model: Callable[..., Path],
     e.request_policy("quality-first")
     e.apply_requests()
     assert e.guard is None and e.policy_name == "quality-first"
+    assert e.audit_every == 0  # the guard's audits end with it (they cost a decode each)
+    assert all(t.audit is None for t in e.generate("Hello", SAMPLING))
     e.request_policy(GuardSpec(target=0.02))
     e.apply_requests()
     assert e.guard is not None and e.guard.spec.target == 0.02
+
+
+def test_leaving_the_guard_keeps_the_audits_the_user_asked_for(
+        synth_model: Callable[..., Path], engine: Callable[..., Any]) -> None:
+    """Audits asked for before the guard, or while it runs, stay once it is left."""
+    e = engine(synth_model("qwen3moe"), budget="25%", policy="exact")
+    e.request_audit(5)
+    e.apply_requests()
+    e.request_policy("guard:every=2")
+    e.apply_requests()
+    assert e.audit_every == 2
+    e.request_policy("speed-first")
+    e.apply_requests()
+    assert e.audit_every == 5
+    e.request_policy("guard:every=2")
+    e.apply_requests()
+    e.request_audit(3)
+    e.apply_requests()
+    e.request_policy("quality-first")
+    e.apply_requests()
+    assert e.audit_every == 3

@@ -193,6 +193,7 @@ class Engine:
         self._audit_every = 0  # audits: every Nth decode step also computed exactly (0: off)
         self._pending_audit: int | None = None
         self._guard: GuardController | None = None  # the quality guard, when it is the policy
+        self._audit_outside_guard = 0  # the audit period to return to when the guard is left
         self._guard_held: float | None = None
         """The end step's audited KL: given to the guard when the next answer starts, so
         that the step a trace records after the answer still saw the policy it ran with."""
@@ -394,12 +395,15 @@ class Engine:
                    _apply: bool = True) -> None:
         """Switch the policy; the core applies it from the next token. The quality guard
         (a :class:`GuardSpec`, or ``guard[:target=1%...]``) starts at its base preset,
-        turns audits on at its period, and then moves its policy between tokens."""
+        turns audits on at its period, and then moves its policy between tokens; another
+        policy ends it and its audits (back to the period in force before it)."""
         if isinstance(policy, str):
             spec = parse_guard(policy)
             if spec is not None:
                 policy = spec
         if isinstance(policy, (GuardSpec, GuardController)):  # a controller resumes as it was
+            if self._guard is None:  # what audits return to when the guard is left
+                self._audit_outside_guard = self._audit_every
             self._guard = GuardController(policy) if isinstance(policy, GuardSpec) else policy
             self._guard_held = None
             self._policy_name, self._policy = self._guard.policy.name or "guard", \
@@ -408,6 +412,8 @@ class Engine:
             if _apply and self._cache is not None:
                 self._cache.set_policy(self._policy)
             return
+        if self._guard is not None:  # the guard's own audits end with it
+            self.set_audit(self._audit_outside_guard)
         self._guard = None
         self._guard_held = None
         if isinstance(policy, str):
@@ -518,6 +524,7 @@ class Engine:
         if audit is not None:
             try:
                 self.set_audit(audit)
+                self._audit_outside_guard = self._audit_every  # kept after a guard too
             except MoEScopeError as err:
                 changes.append(Change("error", text=f"audit error: {err}"))
         self.changes.append(self._steps_done, changes)

@@ -278,8 +278,6 @@ def _one_run(engine: Engine, policy: Policy | GuardSpec, prompt: str,
     """Switch the policy live, empty the cache, decode; the same start every time."""
     engine.request_policy(policy)
     engine.apply_requests()
-    if not isinstance(policy, GuardSpec) and engine.audit_every:
-        engine.set_audit(0)  # the guard turned audits on for itself; they cost others time
     engine.clear_cache()
     ids = tuple(t.token_id for t in engine.generate(prompt, sampling))
     a = engine.last_answer
