@@ -426,3 +426,13 @@ def test_replay_and_eval_refuse_the_quality_guard_by_its_name(
     err = _one_line_error(capsys, [a.format(tmp=tmp_path) for a in argv])
     assert f"error: {option} guard" in err and "the quality guard steers from audits" in err
     assert instead in err and "unknown policy" not in err
+
+
+def test_eval_does_not_offer_recorded_for_an_unknown_policy(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """eval scores presets and refuses ``recorded``: its unknown-policy message named it
+    among the choices all the same (replay's still does: there it is one)."""
+    err = _one_line_error(capsys, ["eval", str(tmp_path / "never-read.gguf"), "--text",
+                                   str(tmp_path / "never-read.txt"), "--policies", "fastest"])
+    assert "unknown policy 'fastest'" in err and "quality-first" in err
+    assert "recorded" not in err

@@ -54,3 +54,14 @@ def test_the_answer_and_session_lines_say_no_token_was_decoded() -> None:
     assert two.summary().startswith("100.0 tok/s · 3 tokens")
     session.add(two)
     assert session.line("psr").startswith("[psr] 100.0 tok/s | 2 answers, 4 tokens")
+
+
+@pytest.mark.parametrize(("windows", "says"), [(1, "1 window of 16 tokens"),
+                                               (2, "2 windows of 16 tokens")])
+def test_the_mass_hypothesis_counts_one_window(windows: int, says: str) -> None:
+    from moescope.engine.evaluate import MassHypothesis
+
+    nan = float("nan")
+    h = MassHypothesis(runs=("a", "b", "c"), n_windows=windows, window=16, r_runs=nan,
+                       ci_runs=(nan, nan), r_windows=nan, ci_windows=(nan, nan), n_boot=0)
+    assert says in h.describe()

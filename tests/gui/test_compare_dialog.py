@@ -7,7 +7,7 @@ from typing import Any
 from gui_helpers import send
 from PySide6.QtCore import QPoint, Qt
 
-from moescope.engine.compare import agreement, perplexity_text
+from moescope.engine.compare import SCORE_BLOCK, agreement, perplexity_text
 
 
 def _run(window: Any, qtbot: Any, *checked: str, tokens: int = 16,
@@ -101,6 +101,21 @@ def test_scoring_the_chat_adds_each_policys_perplexity_change(window: Any,
     # without the box ticked nothing is scored, and the column says so
     dialog = _run(window, qtbot, "substitute-all", tokens=4)
     assert dialog.result.scored_tokens == 0 and dialog.table.item(1, col).text() == "–"
+    dialog.reject()
+
+
+def test_a_chat_of_one_block_shows_no_interval(window: Any, qtbot: Any) -> None:
+    """The interval resamples blocks of 32 tokens: a chat that short has none, and the
+    table showed the point twice as one ("+x% [+x, +x]")."""
+    send(qtbot, window, "Hi", max_tokens=1)
+    dialog = _run(window, qtbot, "substitute-all", tokens=1, score=True)
+    result = dialog.result
+    assert 0 < result.scored_tokens <= SCORE_BLOCK
+    change = result.perplexity_change(result.answers[1])
+    assert change is not None
+    col = dialog.table.columnCount() - 1
+    assert dialog.table.item(1, col).text() == f"{change[0]:+.2f}% (no interval)"
+    assert "too few for an interval" in dialog.status.text()
     dialog.reject()
 
 

@@ -82,6 +82,30 @@ class Comparison:
             return None
         return change_interval(answer.nll, ref.nll, SCORE_BLOCK)
 
+    @property
+    def one_block(self) -> bool:
+        """The chat scored over one block of :data:`SCORE_BLOCK` tokens or fewer: the
+        interval resamples blocks, so there is none (it would be the point, [x, x])."""
+        return 0 < self.scored_tokens <= SCORE_BLOCK
+
+    def perplexity_text(self, answer: PolicyAnswer) -> str:
+        """:func:`perplexity_text` of ``answer``'s change, "(no interval)" for one block."""
+        change = self.perplexity_change(answer)
+        if change is not None and self.one_block:
+            return f"{change[0]:+.2f}% (no interval)"
+        return perplexity_text(change)
+
+    def scored_note(self) -> str:
+        """"the chat scored over N tokens" (and why there is no interval), "" unscored."""
+        n = self.scored_tokens
+        if not n:
+            return ""
+        note = f"the chat scored over {n} token{'' if n == 1 else 's'}"
+        if self.one_block:
+            note += (f", too few for an interval (it resamples blocks of {SCORE_BLOCK} "
+                     "tokens; a longer chat gives one)")
+        return note
+
     def speedup(self, answer: PolicyAnswer) -> float:
         ref = self.reference
         if ref is None or ref.tokens_per_second <= 0:

@@ -400,7 +400,8 @@ class MassHypothesis:
 
         width = self.ci_runs[1] - self.ci_runs[0]
         return (f"mass hypothesis over {len(self.runs)} first-choice-preserving runs, "
-                f"{self.n_windows} windows of {self.window} tokens"
+                f"{self.n_windows} window{'' if self.n_windows == 1 else 's'} of "
+                f"{self.window} tokens"
                 + (f" in {self.n_segments} segments" if self.n_segments > 1 else "")
                 + ": r = "
                 f"{fmt(self.r_runs, self.ci_runs)} across runs"

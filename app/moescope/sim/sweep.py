@@ -29,17 +29,18 @@ RECORDED = "recorded"
 """A policy or budget spec meaning "as the trace recorded it, changes included"."""
 
 
-def parse_policy(spec: str) -> Policy | None:
+def parse_policy(spec: str, *, recorded: bool = True) -> Policy | None:
     """``recorded`` (None), or a policy in the grammar of
     :func:`moescope.cache.policy.parse_preset` (a preset name, or
-    ``preset:key=value[:key=value]``)."""
+    ``preset:key=value[:key=value]``). ``recorded=False`` (eval, which scores presets):
+    an unknown name's message does not offer ``recorded``."""
     spec = spec.strip()
     if spec == RECORDED:
         return None
     name = spec.split(":", 1)[0]
     if name not in PRESET_NAMES:
-        raise MoEScopeError(f"unknown policy {name!r} (known: {RECORDED}, "
-                            f"{', '.join(PRESET_NAMES)})")
+        known = ([RECORDED] if recorded else []) + list(PRESET_NAMES)
+        raise MoEScopeError(f"unknown policy {name!r} (known: {', '.join(known)})")
     return parse_preset(spec)
 
 

@@ -454,10 +454,8 @@ class ChatSession:
         message is the reference; with ``score``, every policy also reads the whole chat
         teacher-forced (``engine.compare``)."""
         from moescope.engine.compare import (
-            SCORE_BLOCK,
             compare_policies,
             conversation_tokens,
-            perplexity_text,
             same_start_text,
         )
 
@@ -495,16 +493,6 @@ class ChatSession:
                 self.engine, conversation, ["exact", *policies],
                 max_tokens=min(self.sampling.max_tokens, 256), thinking=self.sampling.thinking,
                 score=tokens, progress=progress, stopped=interrupted)
-        # The interval resamples blocks of SCORE_BLOCK tokens: a chat of one block has
-        # nothing to resample, and its "interval" was the point itself ([x, x]).
-        one_block = 0 < result.scored_tokens <= SCORE_BLOCK
-
-        def chat_perplexity(a: Any) -> str:
-            change = result.perplexity_change(a)
-            if change is not None and one_block:
-                return f"{change[0]:+.2f}% (no interval)"
-            return perplexity_text(change)
-
         rows = [("policy", "tok/s", "vs exact", "same start", "agreement", "hit",
                  "substituted", "mass/tok", "expected cost", "chat perplexity")]
         for i, a in enumerate(result.answers):
@@ -518,19 +506,16 @@ class ChatSession:
                          f"{c.mass_per_token:.3f}",
                          a.audit.cost_text() if a.audit is not None else "–",
                          "reference" if ref and a.nll is not None
-                         else chat_perplexity(a)))
+                         else result.perplexity_text(a)))
         widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
         for r in rows:
             self._say("  ".join(cell.ljust(w) if k == 0 else cell.rjust(w)
                                 for k, (cell, w) in enumerate(zip(r, widths, strict=True))))
-        most, scored = result.max_tokens, result.scored_tokens
+        most = result.max_tokens
         note = (f"greedy answers of up to {most} token{'' if most == 1 else 's'}, each from an "
                 "empty cache")
-        if scored:
-            note += f"; the chat scored over {scored} token{'' if scored == 1 else 's'}"
-            if one_block:
-                note += (f", too few for an interval (it resamples blocks of {SCORE_BLOCK} "
-                         "tokens; a longer chat gives one)")
+        if result.scored_tokens:
+            note += f"; {result.scored_note()}"
         if result.stopped:
             note += "; stopped before every policy answered"
         if any(a.audit is not None for a in result.answers):

@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     for spec in policy_specs:
         refuse_guard(spec, "--policies", "eval scores fixed policies (its base, e.g. psr, "
                                          "with --audit N says what it would steer by)")
-        policy = parse_policy(spec)
+        policy = parse_policy(spec, recorded=False)
         if policy is None:
             raise MoEScopeError("'recorded' is a replay policy; name presets for eval")
         policies.append(policy)

@@ -49,7 +49,7 @@ from moescope.display.policy_choices import (
     PREFETCH_OFF,
     control_values,
 )
-from moescope.engine.compare import Comparison, PolicyAnswer, perplexity_text, same_start_text
+from moescope.engine.compare import Comparison, PolicyAnswer, same_start_text
 from moescope.gui import theme
 from moescope.gui.widgets.note_area import NoteArea
 from moescope.gui.widgets.screen_fit import resize_within_screen
@@ -292,7 +292,7 @@ class CompareDialog(QDialog):
         if ref is not None:
             text += f" (Exact gave {n})"
         if result.scored_tokens:
-            text += f"; the chat scored over {result.scored_tokens} tokens"
+            text += f"; {result.scored_note()}"
         if result.stopped:
             text += "; stopped before every policy answered"
         text += ". Select a row to read its answer."
@@ -331,7 +331,7 @@ class CompareDialog(QDialog):
                 f"{c.mass_per_token:.3f}", f"{c.fetched_mb_per_token:.2f}",
                 a.audit.cost_text() if a.audit is not None else "–",
                 "reference" if reference and a.nll is not None
-                else perplexity_text(result.perplexity_change(a)))
+                else result.perplexity_text(a))
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 if COLUMNS[col] == "Expected cost" and a.audit is not None:
