@@ -146,6 +146,7 @@ def test_policy_and_budget_change_live_through_the_api(server: Server) -> None:
         assert state["applied"] is True
         assert state["policy"] == "speed-first" and state["slots_per_layer"] == 8
         assert server.cache()["policy"] == "speed-first"
+        assert "guard" in state["presets"]  # every name "policy" takes, the guard too
         answer = c.chat.completions.create(model="moescope-demo-qwen3moe", messages=HELLO,
                                            max_tokens=16, seed=2)
         numbers = answer.model_extra["moescope"]

@@ -38,6 +38,7 @@ def _error(r) -> dict:  # type: ignore[no-untyped-def, type-arg]
     ({"messages": HELLO, "max_tokens": 0}, "max_tokens"),
     ({"messages": HELLO, "max_tokens": 2.5}, "max_tokens"),
     ({"messages": HELLO, "max_tokens": True}, "max_tokens"),
+    ({"messages": HELLO, "max_tokens": 1 << 31}, "max_tokens"),  # one above a C int
     ({"messages": HELLO, "n": 2}, "n"),
     ({"messages": HELLO, "n": True}, "n"),  # True == 1 in Python: not a count
     ({"messages": HELLO, "presence_penalty": False}, "presence_penalty"),

@@ -170,7 +170,7 @@ def _common(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
         _text(model, "model")
     names = ("max_completion_tokens", "max_tokens")
     name = next((n for n in names if body.get(n) is not None), "max_tokens")
-    max_tokens = _integer(body, name, 1, 1 << 31)
+    max_tokens = _integer(body, name, 1, (1 << 31) - 1)  # a C int, then the server limit
     if max_tokens is not None:
         max_tokens = min(max_tokens, limits.max_tokens)
     seed = _integer(body, "seed", -(1 << 63), (1 << 64) - 1)

@@ -548,6 +548,7 @@ class Service:
     # ------------------------------------------------------------------ the cache
     def cache_state(self) -> dict[str, Any]:
         """``GET /v1/moescope/cache``: the policy, the budget, totals since the start."""
+        from moescope.cache.guard import GUARD
         from moescope.cache.policy import PRESET_NAMES
 
         engine = self.engine
@@ -569,7 +570,7 @@ class Service:
             "cache_enabled": bool(model is not None and model.cache_enabled),
             "policy": engine.policy_name,
             "audit_every": engine.audit_every,
-            "presets": list(PRESET_NAMES),
+            "presets": [*PRESET_NAMES, GUARD],  # all this endpoint's "policy" takes
             "budget": plan.budget.text if plan is not None else None,
             "slots_per_layer": self._slots,
             "n_expert": plan.n_expert if plan is not None else None,
