@@ -193,7 +193,7 @@ class Engine:
         self._audit_every = 0  # audits: every Nth decode step also computed exactly (0: off)
         self._pending_audit: int | None = None
         self._guard: GuardController | None = None  # the quality guard, when it is the policy
-        self._audit_outside_guard = 0  # the audit period to return to when the guard is left
+        self._audit_outside_guard = 0  # the user's audit period: the guard's ends with it
         self._guard_held: float | None = None
         """The end step's audited KL: given to the guard when the next answer starts, so
         that the step a trace records after the answer still saw the policy it ran with."""
@@ -402,18 +402,16 @@ class Engine:
             if spec is not None:
                 policy = spec
         if isinstance(policy, (GuardSpec, GuardController)):  # a controller resumes as it was
-            if self._guard is None:  # what audits return to when the guard is left
-                self._audit_outside_guard = self._audit_every
             self._guard = GuardController(policy) if isinstance(policy, GuardSpec) else policy
             self._guard_held = None
             self._policy_name, self._policy = self._guard.policy.name or "guard", \
                 self._guard.policy
-            self.set_audit(self._guard.spec.every)
+            self._set_audit_period(self._guard.spec.every)
             if _apply and self._cache is not None:
                 self._cache.set_policy(self._policy)
             return
         if self._guard is not None:  # the guard's own audits end with it
-            self.set_audit(self._audit_outside_guard)
+            self._set_audit_period(self._audit_outside_guard)
         self._guard = None
         self._guard_held = None
         if isinstance(policy, str):
@@ -524,7 +522,6 @@ class Engine:
         if audit is not None:
             try:
                 self.set_audit(audit)
-                self._audit_outside_guard = self._audit_every  # kept after a guard too
             except MoEScopeError as err:
                 changes.append(Change("error", text=f"audit error: {err}"))
         self.changes.append(self._steps_done, changes)
@@ -656,7 +653,13 @@ class Engine:
         scratch slots outside the cache, the model's memory of it removed), then by the
         policy as always, so tokens, decisions and traces are the same with audits on or
         off; the step's :class:`TokenStats` carries the comparison
-        (:class:`~moescope.cache.audit.AuditRecord`). Costs top-k scratch slots per layer."""
+        (:class:`~moescope.cache.audit.AuditRecord`). Costs top-k scratch slots per layer.
+        It is also the period audits return to when the quality guard, which sets its own,
+        is left for another policy."""
+        self._set_audit_period(every)
+        self._audit_outside_guard = self._audit_every
+
+    def _set_audit_period(self, every: int) -> None:
         every = check_every(every)
         if self._cache is not None and bool(every) != bool(self._audit_every):
             self._enable_audit_slots(bool(every))
