@@ -436,3 +436,19 @@ def test_eval_does_not_offer_recorded_for_an_unknown_policy(
                                    str(tmp_path / "never-read.txt"), "--policies", "fastest"])
     assert "unknown policy 'fastest'" in err and "quality-first" in err
     assert "recorded" not in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "{tmp}/never-read.gguf"],
+    ["chat", "{tmp}/never-read.gguf"],
+    ["serve", "{tmp}/never-read.gguf"],
+    ["eval", "{tmp}/never-read.gguf", "--text", "{tmp}/never-read.txt"],
+])
+@pytest.mark.parametrize("value", ["-1", "5000"])
+def test_an_audit_period_out_of_range_names_the_option(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+        value: str) -> None:
+    """It said "audit period -1", naming no option, like the guard's own ``every=``."""
+    err = _one_line_error(capsys, [a.format(tmp=tmp_path) for a in argv]
+                          + ["--audit", value])
+    assert f"--audit {value}: give 0 (off) or a number of tokens from 1 to" in err

@@ -91,7 +91,7 @@ def test_eval_with_audits_measures_the_cost_on_the_text(
     assert float(sub["audit_measured_low_pct"]) <= float(sub["audit_measured_pct"]) \
         <= float(sub["audit_measured_high_pct"])
     assert main([*common, "--audit", "-1"]) == 2
-    assert "audit period" in capsys.readouterr().err
+    assert "--audit -1: give 0 (off)" in capsys.readouterr().err
 
 
 def test_eval_with_a_ram_budget_below_the_experts_reads_from_disk_and_keeps_exact(

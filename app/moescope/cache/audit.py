@@ -278,10 +278,11 @@ def estimate(records: Sequence[AuditRecord | None]) -> AuditEstimate | None:
     return AuditEstimate.from_records(r for r in records if r is not None)
 
 
-def check_every(every: int) -> int:
-    """An audit period from the user: 0 (off) or 1..AUDIT_EVERY_MAX."""
+def check_every(every: int, name: str = "audit period") -> int:
+    """An audit period from the user: 0 (off) or 1..AUDIT_EVERY_MAX; ``name`` (an option's,
+    e.g. ``--audit``) starts the message."""
     if isinstance(every, bool) or not isinstance(every, int) or \
             not 0 <= every <= AUDIT_EVERY_MAX:
-        raise MoEScopeError(f"audit period {every!r:.20}: give 0 (off) or a number of tokens "
-                         f"from 1 to {AUDIT_EVERY_MAX}")
+        raise MoEScopeError(f"{name} {every!r:.20}: give 0 (off) or a number of tokens "
+                            f"from 1 to {AUDIT_EVERY_MAX}")
     return every

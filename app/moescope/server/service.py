@@ -613,7 +613,7 @@ class Service:
                                       "(e.g. 16; 0 off)")
         if audit is not None:
             try:
-                check_every(audit)
+                check_every(audit, "audit")
             except MoEScopeError as err:
                 raise bad_param("audit", str(err)) from None
             if audit and (self.engine.model is None or not self.engine.model.cache_enabled):

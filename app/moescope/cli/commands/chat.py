@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     sampling_from_args(args)  # --n, --temperature, --seed
     check_utf8("--system", args.system)
     check_ctx(args.ctx)
-    check_every(args.audit)
+    check_every(args.audit, "--audit")
     check_threads(args.threads)
     inputs = model_inputs(args.model)
     check_trace_output(args.trace, inputs)

@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         raise MoEScopeError(f"--window must be 1..{MAX_TOKENS}, not {args.window}")
     if not 0 <= args.bootstrap <= MAX_BOOTSTRAP:
         raise MoEScopeError(f"--bootstrap must be 0..{MAX_BOOTSTRAP}, not {args.bootstrap}")
-    check_every(args.audit)
+    check_every(args.audit, "--audit")
     check_threads(args.threads)
     inputs = [*model_inputs(args.model), args.text]
     to_stdout = check_outputs([("--csv", args.csv), ("--markdown", args.markdown)], inputs)

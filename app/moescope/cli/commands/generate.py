@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     sampling = sampling_from_args(args)  # fail fast, before loading
     check_utf8("--prompt", args.prompt)
-    check_every(args.audit)
+    check_every(args.audit, "--audit")
     policy = parse_live_policy(args.policy)
     check_budget(args.budget)
     check_ram_budget(args.ram_budget)

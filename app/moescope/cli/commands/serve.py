@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     policy = parse_live_policy(args.policy)  # fail fast, before loading
     parse_budget(args.budget)
     check_ram_budget(args.ram_budget)
-    check_every(args.audit)
+    check_every(args.audit, "--audit")
     if not port_free(args.host, args.port):
         raise MoEScopeError(f"cannot listen on {args.host}:{args.port}: the port is in use "
                             "or the address is not this machine's; try another --port")
