@@ -122,9 +122,9 @@ def check_ram_budget(text: str | None, *, auto: bool = True) -> None:
     only from the engine's load. ``auto`` (the default's word) passes where ``auto`` is
     true (every command but ``replay``)."""
     from moescope.cache.budget import parse_budget
-    from moescope.model.ram_fit import AUTO_RAM_BUDGET
+    from moescope.model.ram_fit import is_auto
 
-    if text is None or (auto and text.strip().lower() == AUTO_RAM_BUDGET):
+    if text is None or (auto and is_auto(text)):
         return
     try:
         parse_budget(text)

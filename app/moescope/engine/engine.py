@@ -396,7 +396,7 @@ class Engine:
         """Switch the policy; the core applies it from the next token. The quality guard
         (a :class:`GuardSpec`, or ``guard[:target=1%...]``) starts at its base preset,
         turns audits on at its period, and then moves its policy between tokens; another
-        policy ends it and its audits (back to the period in force before it)."""
+        policy ends it and its audits (back to the period last set by :meth:`set_audit`)."""
         if isinstance(policy, str):
             spec = parse_guard(policy)
             if spec is not None:

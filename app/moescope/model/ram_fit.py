@@ -24,6 +24,7 @@ def is_auto(budget: str | None) -> bool:
     """``budget`` asks for :data:`AUTO_RAM_BUDGET` (any case, spaces around)."""
     return budget is not None and budget.strip().lower() == AUTO_RAM_BUDGET
 
+
 RESERVE = 256 << 20
 """Memory kept out of a RAM tier's estimate: llama.cpp's compute buffers, the disk reads'
 staging and the app itself (measured: about 45 MiB beyond the model's own bytes for a small
