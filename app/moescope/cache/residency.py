@@ -143,12 +143,15 @@ class Residency:
         self.last_use = np.full(self.resident.shape, -1, dtype=np.int64)
         """The step that last computed each expert: what a guessed shrink keeps."""
 
-    def advance_token(self, token: RecordedToken) -> bool:
+    def advance_token(self, token: RecordedToken,
+                      events: npt.NDArray[Any] | None = None) -> bool:
         """:meth:`advance` with a recorded token's resizes, rows and step (its index + 1:
-        the step the trace window plots it at, and the one ``last_use`` remembers)."""
+        the step the trace window plots it at, and the one ``last_use`` remembers);
+        ``events``: its rows, where the caller has them (default ``token.events``)."""
         slots = [int(c.slots) for c in token.changes
                  if c.kind == "slots" and c.slots is not None]
-        return self.advance(slots, token.events, token.index + 1)
+        return self.advance(slots, token.events if events is None else events,
+                            token.index + 1)
 
     def advance(self, slot_changes: Sequence[int], events: npt.NDArray[Any],
                 step: int) -> bool:

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -46,11 +46,13 @@ from moescope.trace import (
     ANSWER_NOW_NOTE,
     Change,
     ReadProgress,
+    TokenRecord,
     Trace,
     TraceFormatError,
     TraceReadCancelled,
     read_trace,
 )
+from moescope.trace.arrow_format import ColumnToken
 from moescope.trace.names import (
     JOURNAL_SUFFIX,
     RECORD_SUFFIX,
@@ -397,7 +399,9 @@ def reopen(path: str | Path, progress: ReadProgress | None = None) -> ReopenedTr
         for change in rec.changes:
             if change.kind == "policy" and change.policy is not None:
                 policy = change.policy
-        shrunk = residency.advance_token(rec)  # the recorder's own rebuild, then its masks
+        rows = _rows_of(rec)
+        # the recorder's own rebuild, then its masks
+        shrunk = residency.advance_token(rec, rows() if callable(rows) else rows)
         if rec.resident is not None:
             residency.apply_masks(rec.resident)
         elif shrunk:  # an older trace: the shrink's evictions were not recorded
@@ -407,7 +411,7 @@ def reopen(path: str | Path, progress: ReadProgress | None = None) -> ReopenedTr
         tokens.append(TokenSnapshot(
             step=step, index=rec.position, text=rec.text, seconds=rec.seconds,
             policy=rec.policy, slots_per_layer=rec.slots_per_layer, n_prompt_tokens=0,
-            n_ctx=0, events=rec.events, resident=None,
+            n_ctx=0, events=rows, resident=None,
             changes=(*(c.label for c in rec.changes if not _answer_now(c)),
                      *(("answer",) if rec.index in begins else ())),
             ttft=rec.seconds if rec.position == 0 else None,
@@ -424,6 +428,13 @@ def reopen(path: str | Path, progress: ReadProgress | None = None) -> ReopenedTr
                          approximate_from=approximate_from,
                          prefetch=summarize(counted) if counted else None,
                          prefetch_unrecorded=unrecorded)
+
+
+def _rows_of(rec: TokenRecord) -> npt.NDArray[Any] | Callable[[], npt.NDArray[Any]]:
+    """A reopened token's event rows for its snapshot: laid out when read from a version-2
+    trace's columns (the window holds every token, and looks at a few tokens' rows at a
+    time), else the record's own."""
+    return rec.rows_when_read() if isinstance(rec, ColumnToken) else rec.events
 
 
 def _answer_now(change: Change) -> bool:

@@ -12,7 +12,7 @@ panel and a reopened trace therefore show the same picture.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,7 +103,9 @@ class TokenSnapshot:
     n_prompt_tokens: int
     n_ctx: int
     events: npt.NDArray[Any] = field(repr=False)
-    """This token's event rows (``EVENT_DTYPE``), a copy."""
+    """This token's event rows (``EVENT_DTYPE``), a copy. A reopened trace's tokens are
+    given a function instead (:class:`_EventRows`), which lays the rows out from the
+    trace's columns each time they are read."""
     resident: npt.NDArray[np.bool_] | None = field(repr=False, default=None)
     """MoE layers x experts, True where resident after the token (None: cache off, or a
     reopened trace's token before its last: ``ReopenedTrace.resident`` has those)."""
@@ -139,6 +141,28 @@ class TokenSnapshot:
     @property
     def context_used(self) -> int:
         return self.n_prompt_tokens + self.index + 1
+
+
+class _EventRows:
+    """:attr:`TokenSnapshot.events`: the array given, or, given a function, what it
+    returns each time the rows are read. A reopened trace holds a snapshot per token, and
+    its rows laid out for every token were 864 bytes a row (438 MB at 10,000 tokens of
+    Qwen3-Next's geometry) that nothing but the accounting, a chunk at a time, and the
+    token the window shows ever read. ``dataclasses.replace`` reads the rows, so a copy
+    holds them."""
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> npt.NDArray[Any]:
+        if obj is None:
+            raise AttributeError("events")
+        rows = obj.__dict__["_events_given"]
+        return rows() if callable(rows) else rows  # type: ignore[no-any-return]
+
+    def __set__(self, obj: Any, value: npt.NDArray[Any] | Callable[[], npt.NDArray[Any]]
+                ) -> None:
+        obj.__dict__["_events_given"] = value
+
+
+TokenSnapshot.events = _EventRows()  # type: ignore[assignment,method-assign]
 
 
 @dataclass

@@ -161,10 +161,13 @@ def fit_exposed(background: npt.NDArray[np.float64], compute: float, waited: flo
     return (low + high) / 2
 
 
-def _background_bytes(token: TokenRecord, bytes_per_expert: npt.NDArray[np.int64]) -> int:
-    """Bytes ``token`` copied in the background: its admissions (event rows) and its PSR
-    prefetches (counters per MoE layer, which no event row holds)."""
-    admitted = int(token.events["bytes_async"].sum())
+def _background_bytes(token: TokenRecord, bytes_per_expert: npt.NDArray[np.int64],
+                      admitted: int | None = None) -> int:
+    """Bytes ``token`` copied in the background: its admissions (its event rows'
+    ``bytes_async``; ``admitted`` where the caller summed them) and its PSR prefetches
+    (counters per MoE layer, which no event row holds)."""
+    if admitted is None:
+        admitted = int(token.events["bytes_async"].sum())
     if token.prefetches is None:
         return admitted
     return admitted + int((token.prefetches * bytes_per_expert).sum())
@@ -193,16 +196,20 @@ def calibrate(trace: Trace) -> CostModel:
     note says so. Raises when the trace has no timings (not recorded from the engine) or
     never copied anything.
     """
-    timed = [t for t in trace.tokens if t.timings is not None]
+    at = [i for i, t in enumerate(trace.tokens) if t.timings is not None]
+    timed = [trace.tokens[i] for i in at]
     if not timed:
         raise MoEScopeError("the trace has no engine timings; record it from the engine "
                             "(TraceRecorder with the engine as source) to calibrate")
     m = trace.header.model
     per_expert = np.asarray(m.bytes_per_expert, dtype=np.int64)
+    # each token's bytes from the rows' columns (no event rows laid out)
+    fetched, admitted = trace.token_sums("bytes_sync"), trace.token_sums("bytes_async")
     sync_us = sum(t.timings["sync_copy_us"] for t in timed if t.timings)
-    sync_bytes = sum(int(t.events["bytes_sync"].sum()) for t in timed)
+    sync_bytes = int(fetched[at].sum())
     async_us = sum(t.timings["async_copy_us"] for t in timed if t.timings)
-    async_bytes = sum(_background_bytes(t, per_expert) for t in timed)
+    async_bytes = sum(_background_bytes(trace.tokens[i], per_expert, int(admitted[i]))
+                      for i in at)
     waited_us = sum(t.timings["wait_us"] for t in timed if t.timings)
     held = False
     if sync_us > 0 and sync_bytes > 0:
@@ -219,19 +226,21 @@ def calibrate(trace: Trace) -> CostModel:
     else:
         raise MoEScopeError("the trace records no timed expert copies to calibrate "
                             "bandwidth from")
-    decode = [t for t in timed if t.phase == "decode" and t.timings]
+    decode_at = [i for i in at if trace.tokens[i].phase == "decode"
+                 and trace.tokens[i].timings]
+    decode = [trace.tokens[i] for i in decode_at]
     if not decode:
         raise MoEScopeError("the trace has no timed decode tokens to calibrate compute from")
     decode_sync = sum(t.timings["sync_copy_us"] for t in decode if t.timings) * 1e-6
     decode_wait = sum(t.timings["wait_us"] for t in decode if t.timings) * 1e-6
     if held:  # the waits within the decode's fetches, counted once (as waits)
-        copying = sum(int(t.events["bytes_sync"].sum()) for t in decode) / bandwidth
+        copying = int(fetched[decode_at].sum()) / bandwidth
         decode_sync -= max(0.0, decode_sync - copying)
     compute = max(0.0, float(np.mean([t.seconds for t in decode]))
                   - (decode_sync + decode_wait) / len(decode))
     note = f"fitted to {len(decode)} decode tokens of this trace"
-    background = np.array([_background_bytes(t, per_expert) for t in decode],
-                          dtype=np.float64) / bandwidth
+    background = np.array([_background_bytes(trace.tokens[i], per_expert, int(admitted[i]))
+                           for i in decode_at], dtype=np.float64) / bandwidth
     timed_background = (sum(t.timings["async_copy_us"] for t in decode if t.timings) > 0
                         and background.sum() > 0)
     exposed = 0.0

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, overload
 
@@ -58,6 +58,16 @@ SUFFIX = ".arrows"
 MAGIC = b"\xff\xff\xff\xff"
 """An Arrow IPC stream begins with a continuation marker (JSON Lines never does)."""
 HEADER_KEY, TOKEN_KEY, END_KEY = b"moescope.header", b"moescope.token", b"moescope.end"
+
+
+def release_unused_memory() -> None:
+    """Give the memory Arrow's allocator kept after a large read back to the system.
+    pyarrow's default pool (mimalloc here) keeps the pages it freed for its next
+    allocations: 480 MB after a 10,000-token Parquet trace of Qwen3-Next's geometry was
+    read (its columns decoded, checked and dropped), which a window holding the trace
+    would keep for as long as it runs. Returning them takes about 2 ms. mimalloc collects
+    the calling thread's heap: a thread that decoded calls this itself."""
+    pa.default_memory_pool().release_unused()
 
 
 def row_schema(header: TraceHeader) -> pa.Schema:
@@ -455,6 +465,19 @@ def events_of(cols: Mapping[str, Any], k: int) -> npt.NDArray[Any]:
     return ev
 
 
+def _rows_of(cols: Mapping[str, Any], start: int, stop: int) -> dict[str, Any]:
+    """Rows ``start:stop`` of :func:`columns_of`'s arrays (views; the probabilities'
+    blocks left out)."""
+    n = cols["n"]
+    out: dict[str, Any] = {"n": stop - start}
+    for name, value in cols.items():
+        if isinstance(value, np.ndarray) and len(value) == n:
+            out[name] = value[start:stop]
+        elif isinstance(value, tuple) and all(isinstance(v, np.ndarray) for v in value):
+            out[name] = tuple(v[start:stop] for v in value)
+    return out
+
+
 def trace_columns(cols: dict[str, Any], token_rows: npt.NDArray[np.int64], source: str = "",
                   starts: npt.NDArray[np.int64] | None = None) -> TraceColumns:
     """The replay's view of the checked rows: router inputs where recorded; the event rows
@@ -469,19 +492,32 @@ def trace_columns(cols: dict[str, Any], token_rows: npt.NDArray[np.int64], sourc
     predicted = pred[:, :width] if width else None
     kept: list[dict[str, Any]] = [cols]
 
-    def lay_out() -> npt.NDArray[Any]:
+    def weighed() -> dict[str, Any]:
         from moescope.trace.validate import normalized_weights
 
-        laid = kept.pop()
-        laid["normalized"] = normalized_weights(laid, k)  # checked columns: in 0..1
+        laid = kept[0]
+        if "normalized" not in laid:  # checked columns: in 0..1 (every row, once)
+            laid["normalized"] = normalized_weights(laid, k)
+        return laid
+
+    def lay_out() -> npt.NDArray[Any]:
+        laid = weighed()
+        kept.clear()
         return events_of(laid, k)
+
+    def rows(start: int, stop: int) -> npt.NDArray[Any]:
+        return events_of(_rows_of(weighed(), start, stop), k)
 
     return TraceColumns(
         events=lay_out, token_rows=token_rows, exact=cols["probs_valid"],
         probs=cols["probs"], gate=np.asarray(cols["gate"], dtype=np.float32),
         next_layer=cols["next_layer"].astype(np.int32) if width else None,
         predicted=predicted, source=source, ids=cols["ids"],
-        fields={"step": cols["step"], "layer": cols["layer"], "token": cols["batch"]},
+        fields={"step": cols["step"], "layer": cols["layer"], "token": cols["batch"],
+                **{name: cols[name] for name in ("bytes_sync", "bytes_async", "n_admit",
+                                                 "n_evict", "n_disk", "bytes_disk")
+                   if name in cols}},
+        rows=rows,
         # a batch per token, a chunk per batch (empty ones too): the tokens' first rows
         starts=starts if starts is not None else
         token_rows if len(cols["probs"]) == len(token_rows) - 1 else None)
@@ -548,6 +584,17 @@ class ColumnToken(TokenRecord):
             columns, start, stop = self.__dict__["_slice"]
             rows = self.__dict__["_events"] = columns.events[start:stop]
         return rows
+
+    def rows_when_read(self) -> Callable[[], npt.NDArray[Any]]:
+        """A function that gives this token's event rows each time it is called, laid out
+        then from the trace's columns (:meth:`TraceColumns.event_rows`) and kept neither
+        by this token nor by the trace: for a reader that holds every token but looks at
+        a few tokens' rows at a time (a reopened trace's window)."""
+        rows = self.__dict__.get("_events")
+        if rows is not None:
+            return lambda: rows
+        columns, start, stop = self.__dict__["_slice"]
+        return lambda: columns.event_rows(start, stop)
 
     @events.setter
     def events(self, rows: npt.NDArray[Any] | None) -> None:

@@ -468,6 +468,7 @@ class _Probs(af.LazyBlocks):
             with self._lock:  # the file reader is shared with __getitem__
                 for i in groups:
                     self._decode(self._pf, i, out)
+            af.release_unused_memory()
             return out
 
         def work(share: list[int]) -> None:
@@ -481,6 +482,7 @@ class _Probs(af.LazyBlocks):
                     self._decode(pf, i, out)
             finally:
                 pf.close()
+                af.release_unused_memory()  # this thread's heap (mimalloc's is per thread)
 
         with ThreadPoolExecutor(n_threads, thread_name_prefix="moescope-probs") as pool:
             for f in [pool.submit(work, groups[t::n_threads]) for t in range(n_threads)]:
@@ -623,6 +625,11 @@ def read_parquet(p: Path, progress: Any = None) -> Trace:
     if not np.isin(starts, token_rows).all():
         raise TraceFormatError(f"{p.name}: a row group splits a token's rows")
     probs = _Probs(p, pf, starts, exact, header.model.n_expert)
-    return assemble(p, header, metas, end, False, token_rows,
-                    lambda: af.columns_of(table, header, (probs, exact)), starts,
-                    literals=may_hold_literals(raw))
+    held = [table]  # dropped once its columns are numpy's (what they keep of it stays)
+    del table
+    try:
+        return assemble(p, header, metas, end, False, token_rows,
+                        lambda: af.columns_of(held.pop(), header, (probs, exact)), starts,
+                        literals=may_hold_literals(raw))
+    finally:
+        af.release_unused_memory()

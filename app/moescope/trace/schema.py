@@ -36,6 +36,9 @@ JOIN_THREADS = 4
 """Threads joining a long trace's probabilities into one array, at most..."""
 JOIN_SLICE_BYTES = 64 << 20
 """...one per this many bytes of the array."""
+EVENT_ROWS_CHUNK = 4096
+"""Rows :meth:`TraceColumns.event_rows` lays out at once when every row's are not (3.5 MB:
+about 85 tokens of a 48-layer model, read one token after another)."""
 
 _EVENT_SCALARS = ("step", "layer", "token", "k", "substituted_mass", "n_hit", "n_fetch",
                   "n_substitute", "n_admit", "n_evict", "bytes_sync", "bytes_async", "n_disk",
@@ -367,7 +370,10 @@ class TraceColumns:
 
     ``events`` may be given as a function that lays the event rows out
     (``EVENT_DTYPE``, 864 bytes a row) when something first asks for them: a reader that
-    checked the columns need not lay out every row to open a trace.
+    checked the columns need not lay out every row to open a trace. ``rows(start, stop)``
+    lays out only those rows (:meth:`event_rows`), for a reader that looks at a few
+    tokens' rows at a time and should not hold every row's (438 MB at 10,000 tokens of
+    Qwen3-Next's geometry).
     ``fields``: event-row fields the reader has as columns already (by their
     ``EVENT_DTYPE`` names), read by :meth:`row_field` without laying out the rows.
 
@@ -388,8 +394,11 @@ class TraceColumns:
                  predicted: npt.NDArray[Any] | None = None, source: str = "",
                  ids: npt.NDArray[Any] | None = None,
                  starts: npt.NDArray[np.int64] | None = None,
-                 fields: Mapping[str, npt.NDArray[Any]] | None = None) -> None:
+                 fields: Mapping[str, npt.NDArray[Any]] | None = None,
+                 rows: Callable[[int, int], npt.NDArray[Any]] | None = None) -> None:
         self._events: npt.NDArray[Any] | None = None
+        self._rows = rows
+        self._chunk: tuple[int, int, npt.NDArray[Any]] | None = None
         self._lay_out: Callable[[], npt.NDArray[Any]] | None = None
         if callable(events):
             self._lay_out = events
@@ -423,8 +432,23 @@ class TraceColumns:
             if self._events is None:
                 assert self._lay_out is not None
                 self._events = self._lay_out()
-                self._lay_out = None
+                self._lay_out = self._rows = None
+                self._chunk = None
             return self._events
+
+    def event_rows(self, start: int, stop: int) -> npt.NDArray[Any]:
+        """Rows ``start:stop`` as event rows: a view of every row's where those are laid
+        out; else laid out now, :data:`EVENT_ROWS_CHUNK` rows at a time, and not kept for
+        the trace (only the last chunk is, for the next token's rows). The same values
+        as :attr:`events` ``[start:stop]``."""
+        with self._build:
+            if self._events is None and self._rows is not None:
+                c = self._chunk
+                if c is None or not c[0] <= start <= stop <= c[1]:
+                    stop_at = min(len(self.exact), max(stop, start + EVENT_ROWS_CHUNK))
+                    c = self._chunk = (start, stop_at, self._rows(start, stop_at))
+                return c[2][start - c[0]:stop - c[0]]
+        return self.events[start:stop]
 
     @property
     def ids(self) -> npt.NDArray[Any]:
@@ -527,6 +551,19 @@ class Trace:
     @property
     def total_seconds(self) -> float:
         return float(sum(t.seconds for t in self.tokens))
+
+    def token_sums(self, name: str) -> npt.NDArray[np.int64]:
+        """Each token's sum of one whole-number field of its event rows (``bytes_sync``,
+        ``n_fetch``...), from the rows' columns where the reader kept that field
+        (:meth:`TraceColumns.row_field`: no event rows laid out)."""
+        c = self.columns
+        if c is not None and len(c.token_rows) == len(self.tokens) + 1:
+            col = c.row_field(name)
+            total = np.zeros(len(col) + 1, np.int64)
+            np.cumsum(col, dtype=np.int64, out=total[1:])
+            return total[c.token_rows[1:]] - total[c.token_rows[:-1]]
+        return np.fromiter((int(t.events[name].sum()) for t in self.tokens), np.int64,
+                           len(self.tokens))
 
     def events(self) -> npt.NDArray[Any]:
         """Every event row of the trace, in order, as ``EVENT_DTYPE``."""
