@@ -85,10 +85,11 @@ def create_app(service: Service, *, api_key: str | None = None) -> Starlette:
         Route("/v1/moescope/cache", guarded(api.cache), methods=["GET", "POST"]),
     ]
 
-    async def http_error(_request: Request, exc: Exception) -> Response:
+    async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        kind = "not_found" if exc.status_code == 404 else None
-        return error_response(ApiError(exc.status_code, str(exc.detail), code=kind))
+        return error_response(route_error(request.method, request.url.path,
+                                          exc.status_code, exc.headers or {},
+                                          str(exc.detail)))
 
     async def internal_error(_request: Request, exc: Exception) -> Response:
         service.log(f"internal error: {type(exc).__name__}: {exc}")
@@ -108,6 +109,55 @@ def create_app(service: Service, *, api_key: str | None = None) -> Starlette:
                     lifespan=lifespan)
     app.state.service = service
     return app
+
+
+SERVED = ("this server serves POST /v1/chat/completions and POST /v1/completions (and GET "
+          "/v1/models)")
+"""What a request to a path the server does not serve is told."""
+
+NOT_SERVED = {
+    "embeddings": "embeddings", "audio": "audio (speech, transcriptions)",
+    "images": "images", "responses": "the Responses API", "moderations": "moderations",
+    "files": "files", "uploads": "files", "fine_tuning": "fine-tuning",
+    "fine-tunes": "fine-tuning", "batches": "batches", "assistants": "assistants",
+    "threads": "assistants", "vector_stores": "vector stores", "realtime": "realtime",
+    "evals": "evals", "containers": "containers",
+    "conversations": "conversations", "videos": "videos",
+}
+"""OpenAI endpoints (the first part of the path after ``/v1/``) that this server does not
+implement, and what to call them: a client that asks for one gets 501 Not Implemented
+saying what is served (llama.cpp's server answers ``/v1/embeddings`` so when it serves
+completions: 501, ``not_supported_error``), not a bare Not Found it may read as a wrong
+base URL."""
+
+
+def route_error(method: str, path: str, status: int, headers: dict[str, str],
+                detail: str) -> ApiError:
+    """The OpenAI-style error for a request the routes do not take: an OpenAI endpoint this
+    server does not implement (501, with ``x-should-retry: false``: the openai clients
+    retry a 5xx twice otherwise), a path it does not know (404 ``unknown_url``, as
+    OpenAI's; a served path without the ``/v1`` prefix says the base URL needs it), or a
+    served path with the wrong method (405 naming the method to use, with ``Allow``)."""
+    shown = path if len(path) <= 80 else path[:77] + "..."
+    shown = "".join(c if c.isprintable() else "?" for c in shown)
+    if status == 405:
+        allow = headers.get("Allow", "")
+        methods = [m for m in allow.split(", ") if m and m != "HEAD"]
+        use = " or ".join(sorted(methods)) or "another method"
+        return ApiError(405, f"{method} {shown} is not allowed: use {use}",
+                        code="method_not_allowed", headers={"Allow": allow} if allow else None)
+    if status != 404:
+        return ApiError(status, detail)
+    parts = path.strip("/").split("/")
+    if len(parts) >= 2 and parts[0] == "v1" and parts[1] in NOT_SERVED:
+        return ApiError(501, f"{method} {shown}: {SERVED}; it does not serve "
+                             f"{NOT_SERVED[parts[1]]}",
+                        type="not_supported_error", code="not_implemented",
+                        headers={"x-should-retry": "false"})
+    hint = ""
+    if path.rstrip("/") in ("/chat/completions", "/completions", "/models"):
+        hint = " (the base URL must end in /v1: http://HOST:PORT/v1)"
+    return ApiError(404, f"unknown URL {method} {shown}: {SERVED}{hint}", code="unknown_url")
 
 
 PREPARE_ON_LOOP_BYTES = 64 << 10
