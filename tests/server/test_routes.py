@@ -58,7 +58,8 @@ def test_the_openai_client_gets_the_501_at_once_without_retrying(server: Server)
 
 
 @pytest.mark.parametrize(("path", "hint"), [
-    ("/v1/engines", ""), ("/v2/chat/completions", ""), ("/", ""),
+    ("/v1/engines", ""), ("/", ""), ("/v1/chat", ""),
+    ("/v2/chat/completions", " (the base URL must end in /v1: http://HOST:PORT/v1)"),
     ("/chat/completions", " (the base URL must end in /v1: http://HOST:PORT/v1)"),
     ("/models", " (the base URL must end in /v1: http://HOST:PORT/v1)"),
 ])
@@ -86,3 +87,28 @@ def test_a_wrong_method_is_405_naming_the_one_to_use(server: Server, method: str
     err = _error(r)
     assert err["message"] == f"{method} {path} is not allowed: use {use}"
     assert err["code"] == "method_not_allowed"
+
+
+def test_a_base_url_ending_in_a_slash_is_served_not_redirected(server: Server) -> None:
+    """``POST /v1/chat/completions/`` was a 307 with no body (curl printed nothing, and
+    many clients drop a POST's body on a redirect); ``GET /v1/models/`` was "the model ''
+    does not exist here"."""
+    with server.http() as h:
+        for path in ("/v1/chat/completions/", "/v1/completions/"):
+            body = {"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path \
+                else {"prompt": "Hi"}
+            r = h.post(path, json={**body, "max_tokens": 2})
+            assert r.status_code == 200, (path, r.text)
+            assert r.json()["usage"]["completion_tokens"] == 2
+        r = h.get("/v1/models/")
+        assert r.status_code == 200 and r.json()["object"] == "list"
+
+
+def test_a_base_url_ending_in_an_endpoint_says_where_it_should_end(server: Server) -> None:
+    client = openai.OpenAI(base_url=server.base_url + "/chat/completions", api_key="none",
+                           max_retries=0)
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert err.value.message.endswith(
+        "unknown URL POST /v1/chat/completions/chat/completions: "
+        f"{SERVED} (the base URL must end in /v1: http://HOST:PORT/v1)")

@@ -82,6 +82,9 @@ def create_app(service: Service, *, api_key: str | None = None) -> Starlette:
         Route("/v1/models/{model:path}", guarded(api.model), methods=["GET"]),
         Route("/v1/chat/completions", guarded(api.chat), methods=["POST"]),
         Route("/v1/completions", guarded(api.completions), methods=["POST"]),
+        # a base URL ending in "/" (".../v1/") was a bodiless 307 to these
+        Route("/v1/chat/completions/", guarded(api.chat), methods=["POST"]),
+        Route("/v1/completions/", guarded(api.completions), methods=["POST"]),
         Route("/v1/moescope/cache", guarded(api.cache), methods=["GET", "POST"]),
     ]
 
@@ -107,6 +110,7 @@ def create_app(service: Service, *, api_key: str | None = None) -> Starlette:
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error,
                                                        Exception: internal_error},
                     lifespan=lifespan)
+    app.router.redirect_slashes = False  # a POST redirected loses its body in many clients
     app.state.service = service
     return app
 
@@ -155,7 +159,7 @@ def route_error(method: str, path: str, status: int, headers: dict[str, str],
                         type="not_supported_error", code="not_implemented",
                         headers={"x-should-retry": "false"})
     hint = ""
-    if path.rstrip("/") in ("/chat/completions", "/completions", "/models"):
+    if path.rstrip("/").endswith(("/chat/completions", "/completions", "/models")):
         hint = " (the base URL must end in /v1: http://HOST:PORT/v1)"
     return ApiError(404, f"unknown URL {method} {shown}: {SERVED}{hint}", code="unknown_url")
 
@@ -226,6 +230,8 @@ class _Api:
         return JSONResponse({"object": "list", "data": [self._model_card()]})
 
     async def model(self, request: Request) -> Response:
+        if not request.path_params["model"]:  # "/v1/models/"
+            return await self.models(request)
         self.service.check_model(request.path_params["model"])
         return JSONResponse(self._model_card())
 
