@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import itertools
 import json
 import secrets
@@ -23,6 +24,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 from starlette.applications import Starlette
@@ -69,6 +71,8 @@ def create_app(service: Service, *, api_key: str | None = None) -> Starlette:
             try:
                 if api_key is not None:
                     _check_key(request, api_key)
+                else:
+                    _check_not_a_web_page(request)
                 return await handler(request)
             except ApiError as err:
                 return error_response(err)
@@ -176,6 +180,55 @@ def _check_key(request: Request, api_key: str) -> None:
                                                               api_key.encode()):
         raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                        code="invalid_api_key")
+
+
+def _check_not_a_web_page(request: Request) -> None:
+    """Without an API key, a request a web page made is refused (403): a page open in the
+    user's browser could post to ``http://127.0.0.1:8080`` (a form's text/plain body is
+    read as JSON here, with no CORS preflight) and change the policy and budget through
+    ``/v1/moescope/cache``, or, through a DNS name of its own that it points at 127.0.0.1
+    (DNS rebinding), read the answers. So an ``Origin`` header (browsers send one with
+    every cross-site POST; other clients do not) must be this machine's, and the ``Host``
+    an IP address or ``localhost``, never a name a site controls."""
+    origin = request.headers.get("origin")
+    if origin is not None and not _local_name(_hostname(origin), ip=False):
+        raise ApiError(403, f"a request from a web page ({_printable(origin)}) is refused: "
+                            "without an API key any site open in a browser could use this "
+                            "server; start it with --api-key KEY", type="permission_error",
+                       code="cross_origin_refused")
+    host = request.headers.get("host")
+    if host and not _local_name(_hostname(f"//{host}"), ip=True):
+        raise ApiError(403, f"the Host {_printable(host or '')} is a name, not an address: "
+                            "without an API key this server answers only localhost or an "
+                            "IP address (a web page could point a name of its own here); "
+                            "use one, or start it with --api-key KEY",
+                       type="permission_error", code="host_refused")
+
+
+def _hostname(url: str) -> str | None:
+    try:
+        return urlsplit(url).hostname
+    except ValueError:  # "[" without its "]"
+        return None
+
+
+def _local_name(name: str | None, *, ip: bool) -> bool:
+    """``localhost`` (or a name under it), a loopback address, or, with ``ip``, any IP
+    address."""
+    if not name:
+        return False
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return ip or address.is_loopback
+
+
+def _printable(text: str) -> str:
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _client(request: Request) -> str:
