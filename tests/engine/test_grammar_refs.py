@@ -151,3 +151,17 @@ def test_an_anchor_names_its_subschema() -> None:
     by_pointer = schema_grammar({"$defs": {"N": {"type": "integer"}},
                                  "type": "array", "items": {"$ref": "#/$defs/N"}})
     assert by_anchor == by_pointer
+
+
+def test_an_id_of_any_scheme_rebases_the_refs_inside_it() -> None:
+    """A ``urn:`` ``$id`` (urljoin leaves ``#/...`` as it is against one) rebases as an
+    ``https:`` one does."""
+    def schema(own_id: str) -> dict:  # type: ignore[type-arg]
+        return {"$defs": {"A": {"$id": own_id, "$defs": {"B": {"type": "integer"}},
+                                "type": "object", "properties": {"b": {"$ref": "#/$defs/B"}},
+                                "required": ["b"]},
+                          "B": {"type": "string"}},
+                "$ref": "#/$defs/A"}
+    grammar = schema_grammar(schema("urn:example:a"))
+    assert grammar == schema_grammar(schema("https://example.org/a"))
+    assert "B ::= integer" in grammar.splitlines()

@@ -174,8 +174,10 @@ def _rebase_refs(schema: dict[str, Any]) -> None:
                 stack.extend((v, [*path, key, str(i)], base) for i, v in enumerate(node[key]))
     for node, path, base in refs:
         ref = node["$ref"]
-        doc, fragment = urldefrag(urljoin(base, ref)) if base or not ref.startswith("#") \
-            else ("", ref[1:])
+        # a fragment alone is the current resource's, whatever its $id's scheme (urljoin
+        # leaves "#/..." as it is against a urn:)
+        doc, fragment = (base, ref[1:]) if ref.startswith("#") \
+            else urldefrag(urljoin(base, ref))
         if doc not in resources:
             continue  # another document's: check_schema refuses it
         if fragment and not fragment.startswith("/"):
