@@ -144,7 +144,8 @@ def route_error(method: str, path: str, status: int, headers: dict[str, str],
     """The OpenAI-style error for a request the routes do not take: an OpenAI endpoint this
     server does not implement (501, with ``x-should-retry: false``: the openai clients
     retry a 5xx twice otherwise), a path it does not know (404 ``unknown_url``, as
-    OpenAI's; a served path without the ``/v1`` prefix says the base URL needs it), or a
+    OpenAI's; a path ending in a served endpoint under another prefix, as a base URL
+    without ``/v1`` or with the endpoint in it makes, says where the base URL ends), or a
     served path with the wrong method (405 naming the method to use, with ``Allow``)."""
     shown = path if len(path) <= 80 else path[:77] + "..."
     shown = "".join(c if c.isprintable() else "?" for c in shown)
