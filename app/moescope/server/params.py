@@ -105,6 +105,8 @@ def _integer(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
     value = body.get(name)
     if value is None:
         return None
+    if isinstance(value, float) and value.is_integer():  # 100.0: a whole number still
+        value = int(value)  # (llama-server takes it; clients that compute it send it)
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise bad_param(name, f"{name} must be a whole number from {lo} to {hi}, got "
                               f"{_short(value)}")
