@@ -132,6 +132,36 @@ def check_ram_budget(text: str | None, *, auto: bool = True) -> None:
         raise MoEScopeError(f"--ram-budget: {err}") from None
 
 
+def check_model_header(model: Path, *, budget: str | None = None,
+                       ram_budget: str | None = None, ctx: int | None = None,
+                       cache: bool = True) -> None:
+    """What the model's GGUF header (read before the load: bounded, one line on a file
+    that is not a whole GGUF) says of the options, before the slow load: ``--budget`` or
+    ``--ram-budget`` asking for more experts per layer than the model has is refused,
+    naming the option and the model's count (it came after reading the whole header
+    again in the load, as "budget '999': ..." for either option); ``--ctx`` above the
+    model's trained context is clamped to it, and says so in one line on stderr (the
+    startup line alone showed the context used)."""
+    from moescope.cache.budget import parse_budget
+    from moescope.model.gguf_info import read_model_info
+    from moescope.model.ram_fit import is_auto
+
+    info = read_model_info(model, require_moe=False)
+    if ctx is not None and info.context_length and ctx > info.context_length:
+        print(f"moescope: --ctx {ctx} is above the model's {info.context_length}; using "
+              f"{info.context_length}", file=sys.stderr)
+    if not (cache and info.is_moe):
+        return
+    for option, text in (("--budget", budget), ("--ram-budget", ram_budget)):
+        if text is None or is_auto(text):
+            continue
+        slots = parse_budget(text).slots
+        if slots is not None and slots > info.n_expert:
+            raise MoEScopeError(
+                f"{option} {text.strip()} asks for {slots} experts per layer; the model "
+                f"has {info.n_expert} (give at most {info.n_expert}, or 100%)")
+
+
 def refuse_guard(spec: str, option: str, instead: str) -> None:
     """``replay`` and ``eval`` run fixed policies: the quality guard, which moves its policy
     from audits of the answers as a session goes, is refused by its name with what to do
@@ -144,16 +174,29 @@ def refuse_guard(spec: str, option: str, instead: str) -> None:
                             f"audits of the model's answers as a session goes; {instead}")
 
 
+DEFAULT_CTX = 4096
+"""``--ctx`` when it is not given (clamped to the model's own without a word)."""
+
+
 def add_ctx_argument(p: argparse.ArgumentParser) -> None:
-    """The context length of a session (bounded by :func:`check_ctx`)."""
-    p.add_argument("--ctx", type=int, default=4096, metavar="N",
-                   help=f"context length in tokens, at least {MIN_CTX} (default 4096, at "
-                        "most the model's)")
+    """The context length of a session (bounded by :func:`check_ctx`). Left out, it reads
+    None, which :func:`check_ctx` makes :data:`DEFAULT_CTX`: only a ``--ctx`` the user
+    gave is worth a note when the model's context is shorter."""
+    p.add_argument("--ctx", type=int, default=None, metavar="N",
+                   help=f"context length in tokens, at least {MIN_CTX} (default "
+                        f"{DEFAULT_CTX}, at most the model's)")
 
 
-def check_ctx(n: int) -> None:
-    """``--ctx`` from :data:`MIN_CTX` to :data:`MAX_CTX`, the same in every command."""
-    check_range("--ctx", n, MIN_CTX, MAX_CTX)
+def check_ctx(args: argparse.Namespace) -> int | None:
+    """``--ctx`` from :data:`MIN_CTX` to :data:`MAX_CTX`, the same in every command;
+    ``args.ctx`` becomes :data:`DEFAULT_CTX` where it was left out. Returns the ``--ctx``
+    the user gave, or None."""
+    given: int | None = args.ctx
+    if given is None:
+        args.ctx = DEFAULT_CTX
+    else:
+        check_range("--ctx", given, MIN_CTX, MAX_CTX)
+    return given
 
 
 def add_threads_argument(p: argparse.ArgumentParser) -> None:

@@ -104,6 +104,7 @@ def schema_grammar(schema: Any) -> str:
             schema = json.loads(json.dumps(schema))
         except (ValueError, RecursionError):
             raise GrammarError("the schema nests too deeply") from None
+        _rebase_refs(schema)
     for node in check_schema(schema):
         node["pattern"] = _grouped(_json_safe(node["pattern"]))
     try:
@@ -115,6 +116,93 @@ def schema_grammar(schema: Any) -> str:
                            f"{_one_line(f'{type(err).__name__}: {err}')}") from None
     check_grammar(text)
     return str(text)
+
+
+_SCHEMA_MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions",
+                    "dependentSchemas")
+_SCHEMA_KEYS = ("items", "additionalProperties", "additionalItems", "not", "if", "then",
+                "else", "contains", "propertyNames", "unevaluatedItems",
+                "unevaluatedProperties", "contentSchema")
+_SCHEMA_LIST_KEYS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+
+
+def _rebase_refs(schema: dict[str, Any]) -> None:
+    """Every ``$ref`` of ``schema`` made a pointer from its root, in place, as JSON Schema
+    reads it: against the ``$id`` of the nearest subschema around it that has one (a
+    ``#/$defs/B`` inside ``{"$id": "https://x/a", "$defs": {"B": ...}}`` is that
+    subschema's ``B``, not the root's), and a ``$ref`` to such an ``$id`` (``a`` or
+    ``https://x/a#/properties/b``) or to an anchor (``$anchor``, or an ``$id`` of
+    ``#name``) is the subschema it names. The converter resolved every ``#/...`` against
+    the root: the wrong subschema, or a KeyError. A ``$ref`` that points to nothing in the
+    schema is refused here, naming it; one to another document is left to
+    :func:`check_schema`, which refuses it."""
+    from urllib.parse import urldefrag, urljoin
+
+    def own_id(node: dict[str, Any], base: str) -> str | None:
+        value = node.get("$id")
+        if isinstance(value, str) and value and not value.startswith("#"):
+            return str(urldefrag(urljoin(base, value))[0])
+        return None
+
+    root_base = own_id(schema, "") or ""
+    resources: dict[str, list[str]] = {root_base: []}
+    anchors: dict[tuple[str, str], list[str]] = {}
+    refs: list[tuple[dict[str, Any], list[str], str]] = []
+    stack: list[tuple[Any, list[str], str]] = [(schema, [], "")]
+    while stack:
+        node, path, base = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        resource = own_id(node, base) if path else root_base
+        if resource is not None:
+            base = resource
+            resources.setdefault(base, path)
+        for key in ("$anchor", "$id"):
+            name = node.get(key)
+            if isinstance(name, str) and (key == "$anchor" or name.startswith("#")):
+                anchors.setdefault((base, name.lstrip("#")), path)
+        if isinstance(node.get("$ref"), str):
+            refs.append((node, path, base))
+        for key in _SCHEMA_MAP_KEYS:
+            if isinstance(node.get(key), dict):
+                stack.extend((v, [*path, key, k], base) for k, v in node[key].items())
+        for key in _SCHEMA_KEYS:
+            if isinstance(node.get(key), dict):
+                stack.append((node[key], [*path, key], base))
+        for key in _SCHEMA_LIST_KEYS:
+            if isinstance(node.get(key), list):
+                stack.extend((v, [*path, key, str(i)], base) for i, v in enumerate(node[key]))
+    for node, path, base in refs:
+        ref = node["$ref"]
+        # a fragment alone is the current resource's, whatever its $id's scheme (urljoin
+        # leaves "#/..." as it is against a urn:)
+        doc, fragment = (base, ref[1:]) if ref.startswith("#") \
+            else urldefrag(urljoin(base, ref))
+        if doc not in resources:
+            continue  # another document's: check_schema refuses it
+        if fragment and not fragment.startswith("/"):
+            target = anchors.get((doc, fragment))
+            if target is None:
+                raise GrammarError(f"{_where(path)}.$ref {_short(ref)} names no $anchor of "
+                                   "the schema")
+            fragment = ""
+        else:
+            target = resources[doc]
+        if any("/" in part or "~" in part for part in target):
+            raise GrammarError(f"{_where(path)}.$ref {_short(ref)}: a $ref through a key "
+                               "holding '/' or '~' is not supported")
+        pointer = "#" + "".join(f"/{part}" for part in target) + fragment
+        if _local_target(schema, pointer) is None:
+            read = f" (read against its $id, it is {pointer})" if pointer != ref else ""
+            raise GrammarError(f"{_where(path)}.$ref {_short(ref)} points to nothing in the "
+                               f"schema{read}")
+        node["$ref"] = pointer
+
+
+def _where(path: list[str]) -> str:
+    """A subschema's place as messages name it (``properties.age``), ``schema`` for the
+    root."""
+    return ".".join(path) or "schema"
 
 
 def _convert(schema: dict[str, Any]) -> str:
@@ -208,6 +296,28 @@ def _convert(schema: dict[str, Any]) -> str:
                     else f" ( {alternatives} )?"
             return rule + ' "}" space'
 
+        def _resolve_ref(self, ref: str) -> str:
+            """The rule of a ``$ref``'s target, named once per ``$ref``: the converter
+            named it by the pointer's last part and took any rule of that name as the
+            target's, so ``#/$defs/A/$defs/B`` and ``#/$defs/B`` were one rule (the
+            first resolved), and a ``$ref`` to ``#/$defs/item`` was the rule of a
+            property ``item`` written before it: answers the schema does not allow."""
+            names: dict[str, str] = self.__dict__.setdefault("_ref_rules", {})
+            name = names.get(ref)
+            if name is not None:  # resolved, or being resolved (a recursive schema)
+                return name
+            base = re.sub(r"[^a-zA-Z0-9-]+", "-", ref.split("/")[-1]) or "ref"
+            name, i = base, 0
+            taken = set(names.values())
+            while name in self._rules or name in RESERVED_NAMES or name in taken:
+                i += 1
+                name = f"{base}-{i}"
+            names[ref] = name
+            rule = self.visit(self._refs[ref], name)
+            if rule != name and name not in self._rules:  # a primitive: named as asked
+                self._rules[name] = rule
+            return name
+
         def _add_primitive(self, name: str, rule: Any) -> Any:
             if name == "char":  # the converter's let a string hold raw control characters
                 rule = BuiltinRule(_JSON_CHAR, [])
@@ -216,6 +326,9 @@ def _convert(schema: dict[str, Any]) -> str:
             return super()._add_primitive(name, rule)
 
     converter = Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    if isinstance(schema.get("$ref"), str):  # the converter resolves no ref beside it:
+        # a root $ref's target (pydantic's recursive models) kept its $refs unresolved
+        converter.resolve_refs({k: v for k, v in schema.items() if k != "$ref"}, "stdin")
     converter.visit(converter.resolve_refs(schema, "stdin"), "")
     return str(converter.format_grammar())
 
@@ -520,7 +633,7 @@ def _check_keywords(schema: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 _ANNOTATIONS = frozenset({
-    "title", "description", "examples", "default", "$comment", "$schema", "$id",
+    "title", "description", "examples", "default", "$comment", "$schema", "$id", "$anchor",
     "deprecated", "readOnly", "writeOnly", "contentMediaType", "contentEncoding",
     "contentSchema", "discriminator", "nullable", "$defs", "definitions"})
 """Keywords that constrain nothing the grammar writes: annotations, definitions (checked
@@ -1034,6 +1147,125 @@ def check_grammar(text: str) -> None:
                            "(a maxLength or maxItems above about 1000?)")
 
 
+_GBNF_TOKEN = re.compile(r"""
+    (?P<skip>(?:\s|\#[^\r\n]*)+)
+  | (?P<defines>::=)
+  | (?P<literal>"(?:[^"\\]|\\.)*")
+  | (?P<cls>\[(?:[^\]\\]|\\.)*\])
+  | (?P<name>[a-zA-Z0-9-]+)
+  | (?P<rep>[*+?]|\{\s*\d*\s*(?:,\s*\d*\s*)?\})
+  | (?P<other>.)""", re.VERBOSE | re.DOTALL)
+
+
+def left_recursion(text: str) -> str | None:
+    """Why ``text`` (a grammar llama.cpp's parser takes: :func:`gbnf.parse_error` passed
+    it) is left-recursive, naming the rule, or None. llama.cpp refuses a rule that can
+    reach itself before any text ("left recursion or an empty rule" was all that got
+    through), and, where the way back runs through a rule that is empty only by way of
+    another (``a ::= b``, ``b ::= "x" |``), it misses the recursion and never returns from
+    building the grammar. Groups and repetitions are rules of their own here, as llama.cpp
+    makes them; nothing recurses (groups nest up to :data:`MAX_GROUP_DEPTH`)."""
+    # Each rule: alternatives of items (rule index or None for text, may be empty, text
+    # that is empty); rule 0.. are named, the groups come after their rule's name.
+    names: list[str] = []
+    alternatives: list[list[list[tuple[int | None, bool]]]] = []
+    index: dict[str, int] = {}
+
+    def rule(name: str, group: bool = False) -> int:
+        if group or name not in index:
+            alternatives.append([[]])
+            names.append(name)
+            if not group:
+                index[name] = len(names) - 1
+            return len(names) - 1
+        return index[name]
+
+    tokens = [(m.lastgroup, m.group()) for m in _GBNF_TOKEN.finditer(text)
+              if m.lastgroup != "skip"]
+    stack: list[int] = []
+    for i, (kind, value) in enumerate(tokens):
+        if kind == "name" and i + 1 < len(tokens) and tokens[i + 1][0] == "defines":
+            r = rule(value)
+            alternatives[r] = [[]]  # a rule defined again: the last definition holds
+            stack = [r]
+        elif not stack or kind == "defines":
+            continue
+        elif kind == "other" and value == "|":
+            alternatives[stack[-1]].append([])
+        elif kind == "other" and value == "(":
+            stack.append(rule(names[stack[0]], group=True))
+        elif kind == "other" and value == ")" and len(stack) > 1:
+            inner = stack.pop()
+            alternatives[stack[-1]][-1].append((inner, False))
+        elif kind == "rep" and alternatives[stack[-1]][-1]:
+            optional = value in "*?" or re.match(r"\{\s*0*\s*[,}]", value) is not None
+            target, empty = alternatives[stack[-1]][-1][-1]
+            alternatives[stack[-1]][-1][-1] = (target, empty or optional)
+        elif kind == "name":
+            alternatives[stack[-1]][-1].append((rule(value), False))
+        else:  # text: a literal (empty: matches nothing), a class, "."
+            alternatives[stack[-1]][-1].append((None, value == '""'))
+    n = len(names)
+    # Which rules may match no text: a worklist, linear in the grammar's size.
+    empty = [False] * n
+    waiting: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    left: dict[tuple[int, int], int] = {}
+    ready: list[int] = []
+    for r in range(n):
+        for a, items in enumerate(alternatives[r]):
+            if any(t is None and not e for t, e in items):
+                continue
+            refs = [t for t, e in items if t is not None and not e]
+            left[(r, a)] = len(refs)
+            for t in refs:
+                waiting[t].append((r, a))
+            if not refs:
+                ready.append(r)
+    while ready:
+        r = ready.pop()
+        if empty[r]:
+            continue
+        empty[r] = True
+        for key in waiting[r]:
+            left[key] -= 1
+            if left[key] == 0:
+                ready.append(key[0])
+    # The rules each rule may start with (before any text), then a cycle among them.
+    starts: list[list[int]] = [[] for _ in range(n)]
+    for r in range(n):
+        for items in alternatives[r]:
+            for t, e in items:
+                if t is not None:
+                    starts[r].append(t)
+                if not (e or (t is not None and empty[t])):
+                    break
+    state = [0] * n  # 0 unseen, 1 on the path, 2 done
+    for root in range(n):
+        if state[root]:
+            continue
+        path, edges = [root], [iter(starts[root])]
+        state[root] = 1
+        while path:
+            nxt = next(edges[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                edges.pop()
+            elif state[nxt] == 1:
+                cycle = [*path[path.index(nxt):], nxt]
+                shown: list[str] = []
+                for r in cycle:  # groups share their rule's name: said once
+                    if not shown or names[r] != shown[-1] or r == nxt:
+                        shown.append(names[r])
+                return (f"rule '{names[nxt]}' is left-recursive ({' -> '.join(shown)} "
+                        f"before any text): llama.cpp takes no left recursion; write it as a "
+                        f'repetition, e.g. list ::= item ("," item)*')
+            elif state[nxt] == 0:
+                state[nxt] = 1
+                path.append(nxt)
+                edges.append(iter(starts[nxt]))
+    return None
+
+
 def _one_line(text: str, limit: int = 200) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit - 3] + "..."
@@ -1054,6 +1286,8 @@ class Grammar:
         self._low = low
         self._ptr: Any = None
         reason = parse_error(text)  # llama.cpp's parser would print it to fd 2
+        if reason is None:
+            reason = left_recursion(text)  # llama.cpp misses some, and then never returns
         if reason is not None:
             raise GrammarError(f"llama.cpp refused the grammar: {_one_line(reason)}")
         ptr = low.llama_sampler_init_grammar(vocab, text.encode("utf-8"), b"root")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import itertools
 import json
 import secrets
@@ -23,6 +24,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 from starlette.applications import Starlette
@@ -69,6 +71,8 @@ def create_app(service: Service, *, api_key: str | None = None) -> Starlette:
             try:
                 if api_key is not None:
                     _check_key(request, api_key)
+                else:
+                    _check_not_a_web_page(request)
                 return await handler(request)
             except ApiError as err:
                 return error_response(err)
@@ -82,13 +86,17 @@ def create_app(service: Service, *, api_key: str | None = None) -> Starlette:
         Route("/v1/models/{model:path}", guarded(api.model), methods=["GET"]),
         Route("/v1/chat/completions", guarded(api.chat), methods=["POST"]),
         Route("/v1/completions", guarded(api.completions), methods=["POST"]),
+        # a base URL ending in "/" (".../v1/") was a bodiless 307 to these
+        Route("/v1/chat/completions/", guarded(api.chat), methods=["POST"]),
+        Route("/v1/completions/", guarded(api.completions), methods=["POST"]),
         Route("/v1/moescope/cache", guarded(api.cache), methods=["GET", "POST"]),
     ]
 
-    async def http_error(_request: Request, exc: Exception) -> Response:
+    async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        kind = "not_found" if exc.status_code == 404 else None
-        return error_response(ApiError(exc.status_code, str(exc.detail), code=kind))
+        return error_response(route_error(request.method, request.url.path,
+                                          exc.status_code, exc.headers or {},
+                                          str(exc.detail)))
 
     async def internal_error(_request: Request, exc: Exception) -> Response:
         service.log(f"internal error: {type(exc).__name__}: {exc}")
@@ -106,8 +114,59 @@ def create_app(service: Service, *, api_key: str | None = None) -> Starlette:
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error,
                                                        Exception: internal_error},
                     lifespan=lifespan)
+    app.router.redirect_slashes = False  # a POST redirected loses its body in many clients
     app.state.service = service
     return app
+
+
+SERVED = ("this server serves POST /v1/chat/completions and POST /v1/completions (and GET "
+          "/v1/models)")
+"""What a request to a path the server does not serve is told."""
+
+NOT_SERVED = {
+    "embeddings": "embeddings", "audio": "audio (speech, transcriptions)",
+    "images": "images", "responses": "the Responses API", "moderations": "moderations",
+    "files": "files", "uploads": "files", "fine_tuning": "fine-tuning",
+    "fine-tunes": "fine-tuning", "batches": "batches", "assistants": "assistants",
+    "threads": "assistants", "vector_stores": "vector stores", "realtime": "realtime",
+    "evals": "evals", "containers": "containers",
+    "conversations": "conversations", "videos": "videos",
+}
+"""OpenAI endpoints (the first part of the path after ``/v1/``) that this server does not
+implement, and what to call them: a client that asks for one gets 501 Not Implemented
+saying what is served (llama.cpp's server answers ``/v1/embeddings`` so when it serves
+completions: 501, ``not_supported_error``), not a bare Not Found it may read as a wrong
+base URL."""
+
+
+def route_error(method: str, path: str, status: int, headers: dict[str, str],
+                detail: str) -> ApiError:
+    """The OpenAI-style error for a request the routes do not take: an OpenAI endpoint this
+    server does not implement (501, with ``x-should-retry: false``: the openai clients
+    retry a 5xx twice otherwise), a path it does not know (404 ``unknown_url``, as
+    OpenAI's; a path ending in a served endpoint under another prefix, as a base URL
+    without ``/v1`` or with the endpoint in it makes, says where the base URL ends), or a
+    served path with the wrong method (405 naming the method to use, with ``Allow``)."""
+    shown = path if len(path) <= 80 else path[:77] + "..."
+    shown = "".join(c if c.isprintable() else "?" for c in shown)
+    if status == 405:
+        allow = headers.get("Allow", "")
+        methods = [m for m in allow.split(", ") if m and m != "HEAD"]
+        use = " or ".join(sorted(methods)) or "another method"
+        return ApiError(405, f"{method} {shown} is not allowed: use {use}",
+                        code="method_not_allowed", headers={"Allow": allow} if allow else None)
+    if status != 404:
+        return ApiError(status, detail)
+    parts = path.strip("/").split("/")
+    if len(parts) >= 2 and parts[0] == "v1" and parts[1] in NOT_SERVED:
+        return ApiError(501, f"{method} {shown}: {SERVED}; it does not serve "
+                             f"{NOT_SERVED[parts[1]]}",
+                        type="not_supported_error", code="not_implemented",
+                        headers={"x-should-retry": "false"})
+    hint = ""
+    if path.rstrip("/").endswith(("/chat/completions", "/completions", "/models")):
+        hint = " (the base URL must end in /v1: http://HOST:PORT/v1)"
+    return ApiError(404, f"unknown URL {method} {shown}: {SERVED}{hint}", code="unknown_url")
 
 
 PREPARE_ON_LOOP_BYTES = 64 << 10
@@ -122,6 +181,55 @@ def _check_key(request: Request, api_key: str) -> None:
                                                               api_key.encode()):
         raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                        code="invalid_api_key")
+
+
+def _check_not_a_web_page(request: Request) -> None:
+    """Without an API key, a request a web page made is refused (403): a page open in the
+    user's browser could post to ``http://127.0.0.1:8080`` (a form's text/plain body is
+    read as JSON here, with no CORS preflight) and change the policy and budget through
+    ``/v1/moescope/cache``, or, through a DNS name of its own that it points at 127.0.0.1
+    (DNS rebinding), read the answers. So an ``Origin`` header (browsers send one with
+    every cross-site POST; other clients do not) must be this machine's, and the ``Host``
+    an IP address or ``localhost``, never a name a site controls."""
+    origin = request.headers.get("origin")
+    if origin is not None and not _local_name(_hostname(origin), ip=False):
+        raise ApiError(403, f"a request from a web page ({_printable(origin)}) is refused: "
+                            "without an API key any site open in a browser could use this "
+                            "server; start it with --api-key KEY", type="permission_error",
+                       code="cross_origin_refused")
+    host = request.headers.get("host")
+    if host and not _local_name(_hostname(f"//{host}"), ip=True):
+        raise ApiError(403, f"the Host {_printable(host or '')} is a name, not an address: "
+                            "without an API key this server answers only localhost or an "
+                            "IP address (a web page could point a name of its own here); "
+                            "use one, or start it with --api-key KEY",
+                       type="permission_error", code="host_refused")
+
+
+def _hostname(url: str) -> str | None:
+    try:
+        return urlsplit(url).hostname
+    except ValueError:  # "[" without its "]"
+        return None
+
+
+def _local_name(name: str | None, *, ip: bool) -> bool:
+    """``localhost`` (or a name under it), a loopback address, or, with ``ip``, any IP
+    address."""
+    if not name:
+        return False
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return ip or address.is_loopback
+
+
+def _printable(text: str) -> str:
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _client(request: Request) -> str:
@@ -176,6 +284,8 @@ class _Api:
         return JSONResponse({"object": "list", "data": [self._model_card()]})
 
     async def model(self, request: Request) -> Response:
+        if not request.path_params["model"]:  # "/v1/models/"
+            return await self.models(request)
         self.service.check_model(request.path_params["model"])
         return JSONResponse(self._model_card())
 

@@ -105,6 +105,8 @@ def _integer(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
     value = body.get(name)
     if value is None:
         return None
+    if isinstance(value, float) and value.is_integer():  # 100.0: a whole number still
+        value = int(value)  # (llama-server takes it; clients that compute it send it)
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise bad_param(name, f"{name} must be a whole number from {lo} to {hi}, got "
                               f"{_short(value)}")
@@ -277,12 +279,27 @@ def chat_params(body: Any, limits: Limits) -> ChatParams:
     common = _common(body, limits)
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
-        raise bad_param("messages", "messages must be a non-empty list")
+        raise bad_param("messages", "messages must be a non-empty list" + (
+            " (a raw prompt goes to POST /v1/completions)"
+            if raw is None and "prompt" in body else ""))
     if len(raw) > MAX_MESSAGES:
         raise bad_param("messages", f"at most {MAX_MESSAGES} messages, got {len(raw)}")
-    if body.get("tools") or body.get("functions"):
-        raise bad_param("tools", "tools and function calling are not supported by this "
-                                 "server")
+    for name in ("tools", "functions"):
+        if body.get(name):
+            raise bad_param(name, "tools and function calling are not supported by this "
+                                  "server")
+    for name in ("tool_choice", "function_call"):
+        # "auto" with no tools is a plain answer; anything else asks for a call that
+        # would never come (OpenAI refuses it without tools)
+        if body.get(name) not in (None, "none", "auto"):
+            raise bad_param(name, f"{name} {_short(body[name])} asks for a function call, "
+                                  "and this server has no tools or function calling (send "
+                                  "none or auto, or leave it out)")
+    modalities = body.get("modalities")
+    if body.get("audio") is not None or modalities not in (None, [], ["text"]):
+        raise bad_param("audio" if body.get("audio") is not None else "modalities",
+                        "audio output is not supported by this server (text only: "
+                        'modalities ["text"])')
     messages = []
     for i, m in enumerate(raw):
         if not isinstance(m, dict):
@@ -344,7 +361,8 @@ def completion_params(body: Any, limits: Limits) -> CompletionParams:
         common["max_tokens"] = min(16, limits.max_tokens)  # OpenAI's default here
     prompt = body.get("prompt")
     if prompt is None:
-        raise bad_param("prompt", "prompt is required")
+        raise bad_param("prompt", "prompt is required" + (
+            " (chat messages go to POST /v1/chat/completions)" if "messages" in body else ""))
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):

@@ -52,6 +52,7 @@ from moescope.cli.options import (
     add_threads_argument,
     check_ctx,
     check_list,
+    check_model_header,
     check_ram_budget,
     check_utf8,
     not_utf8,
@@ -132,12 +133,14 @@ def run(args: argparse.Namespace) -> int:
     check_ram_budget(args.ram_budget)
     sampling_from_args(args)  # --n, --temperature, --seed
     check_utf8("--system", args.system)
-    check_ctx(args.ctx)
+    ctx_given = check_ctx(args)
     check_every(args.audit, "--audit")
     check_threads(args.threads)
     inputs = model_inputs(args.model)
     check_trace_output(args.trace, inputs)
     model = resolve_model(args.model)
+    check_model_header(model, budget=args.budget, ram_budget=args.ram_budget, ctx=ctx_given,
+                       cache=not args.no_cache)
     engine = Engine()
     recording: Recording | None = None
     try:

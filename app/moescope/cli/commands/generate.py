@@ -29,6 +29,7 @@ from moescope.cli.options import (
     add_model_argument,
     add_no_cache_argument,
     add_policy_argument,
+    check_model_header,
     check_ram_budget,
     check_range,
     check_utf8,
@@ -77,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     inputs = model_inputs(args.model)
     check_trace_output(args.trace, inputs)
     model = resolve_model(args.model)
+    check_model_header(model, budget=args.budget, ram_budget=args.ram_budget,
+                       cache=not args.no_cache)
     engine = Engine()
     loaded = engine.load(model, budget=args.budget, policy=policy,
                          n_gpu_layers=args.n_gpu_layers, cache=not args.no_cache,

@@ -24,6 +24,7 @@ from moescope.cli.options import (
     add_policy_argument,
     add_threads_argument,
     check_ctx,
+    check_model_header,
     check_ram_budget,
     check_range,
     print_load_notes,
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
                                 ("--max-body", args.max_body, 1, 1024),
                                 ("--read-timeout", args.read_timeout, *READ_TIMEOUT_RANGE)):
         check_range(name, value, lo, hi)
-    check_ctx(args.ctx)
+    ctx_given = check_ctx(args)
     check_threads(args.threads)  # 99999999999 aborted in llama.cpp (std::bad_alloc)
     check_model_id(args.model_id)
     policy = parse_live_policy(args.policy)  # fail fast, before loading
@@ -125,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
         raise MoEScopeError(f"cannot listen on {args.host}:{args.port}: the port is in use "
                             "or the address is not this machine's; try another --port")
     model = resolve_model(args.model)
+    check_model_header(model, budget=args.budget, ram_budget=args.ram_budget, ctx=ctx_given,
+                       cache=not args.no_cache)
 
     import uvicorn
 
