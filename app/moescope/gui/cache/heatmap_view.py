@@ -63,12 +63,14 @@ class HeatmapView(QWidget):
 
     def _legend(self) -> QWidget:
         """Labelled swatches that wrap onto a second row in a narrow panel (one fixed row
-        would set the whole window's minimum width). The rows are as many as with the
-        in-RAM and on-disk swatches shown, hidden or not: a RAM budget set mid-chat made
-        the legend a row taller, and the window with it."""
+        would set the whole window's minimum width). The in-RAM and on-disk swatches show,
+        and take room, only while the RAM tier is on."""
         legend = QWidget()
         legend.setAccessibleName("Heatmap legend")
-        flow = FlowLayout(legend, reserve_hidden=True)
+        # no rows kept for the in-RAM and on-disk swatches while hidden: they made the
+        # legend a row taller at 12 pt, over the plots; where the RAM tier comes on, the
+        # panel scrolls rather than grow the window (ScrollColumn)
+        flow = FlowLayout(legend)
         self.tier_swatches: list[QWidget] = []
         """The in-RAM and on-disk swatches, shown only while the RAM tier is on."""
         for state, (colour, label) in enumerate(zip(theme.CELL_COLOURS, CELL_LABELS,

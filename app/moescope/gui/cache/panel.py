@@ -132,10 +132,31 @@ class CachePanel(QWidget):
         total = sum(sizes)
         if total <= 0:  # not laid out yet: the first layout uses the size hints
             return
-        want = min(self.heatmap.sizeHint().height(), total - self.tabs.minimumSizeHint().height())
+        plots = max(self.tabs.minimumSizeHint().height(), self._key_plots_tab_height())
+        want = min(self.heatmap.sizeHint().height(), total - plots)
         fitted = [max(want, self.heatmap.minimumSizeHint().height()), total - want]
         if fitted != sizes:  # after a font change this runs at each of the heatmap's layouts
             self.splitter.setSizes(fitted)
+
+    def _key_plots_tab_height(self) -> int:
+        """The plots' tabs with their tab bar and the first per-token plots whole."""
+        return self.tabs.tabBar().sizeHint().height() + self.time_plots.key_plots_px() + 4
+
+    def key_plots_height(self) -> int:
+        """The panel's height with its stats line, the heatmap at its least and the first
+        per-token plots (substituted mass, tokens/s) whole: what a short window keeps for
+        it before the cache controls' optional rows."""
+        least = self.minimumSizeHint().height() - self.tabs.minimumSizeHint().height()
+        return least + max(self.tabs.minimumSizeHint().height(), self._key_plots_tab_height())
+
+    def set_compact(self, compact: bool) -> None:
+        """A short window: the heatmap's title line (what the stats line above says too)
+        folds away and the stats line keeps to its two lines (the rest in its tooltip),
+        for the plots below; the title's text stays the heatmap's description."""
+        self.summary.set_max_lines(self.summary.lines if compact else None)
+        if self.heatmap.title.isHidden() != compact:
+            self.heatmap.title.setVisible(not compact)
+            self.fit_heatmap()
 
     def changeEvent(self, event: QEvent) -> None:
         """A new font size: the heatmap's rows fitted again as it is laid out at it (its

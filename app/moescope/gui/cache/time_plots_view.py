@@ -25,9 +25,13 @@ X_STEP = 32
 """The window's right edge moves in steps of this many tokens, so the x axis (costly to
 draw) changes a few times per second at most, not on every frame."""
 MAX_MARKERS = 64
-PLOT_MIN_PX = 78
-"""Each plot keeps at least this height (title, a curve, its three y labels); below it
-the plots scroll instead of flattening into lines without axes (a 1024x700 screen)."""
+PLOT_MIN_PX = 60
+"""Each plot keeps at least this height (title, a curve, its y labels); below it the plots
+scroll instead of flattening into lines without axes (a 1024x700 screen). 78 px put the
+second plot below the fold there at 12 pt."""
+KEY_PLOTS = 2
+"""The first plots (substituted mass, tokens/s): a short window keeps room for them whole
+before optional controls (:meth:`TimePlotsView.key_plots_px`)."""
 AXIS_PX = 34
 """The shared x axis under the last plot, with its "token" label."""
 LABEL_ROWS = 3
@@ -125,6 +129,11 @@ class TimePlotsView(QWidget):
             self.cursor_lines.append(line)
         self.graphics.scene().sigMouseClicked.connect(self._clicked)
         self._empty_axes()
+
+    def key_plots_px(self) -> int:
+        """The height that shows the first :data:`KEY_PLOTS` plots whole, from the top."""
+        rows = list(self.plots.values())[:KEY_PLOTS]
+        return sum(int(plot.minimumHeight()) + 6 for plot in rows) + 6
 
     def show_cursor(self, step: float | None) -> None:
         """Mark ``step`` in every plot (None: no mark)."""
