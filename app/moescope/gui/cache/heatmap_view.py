@@ -174,5 +174,5 @@ class HeatmapView(QWidget):
         what the splitter gives it first; the least is ``HEATMAP_MIN_PX``."""
         layers = len(self.model.model.moe_layers) if self.model.model else 6
         rows = min(max(120, 14 * layers + 70), 360)
-        return QSize(480, rows + self.title.sizeHint().height() +
-                     self.legend.sizeHint().height() + 4)
+        title = 0 if self.title.isHidden() else self.title.sizeHint().height()
+        return QSize(480, rows + title + self.legend.sizeHint().height() + 4)

@@ -132,7 +132,9 @@ class CachePanel(QWidget):
         total = sum(sizes)
         if total <= 0:  # not laid out yet: the first layout uses the size hints
             return
-        plots = max(self.tabs.minimumSizeHint().height(), self._key_plots_tab_height())
+        plots = self.tabs.minimumSizeHint().height()
+        if self.heatmap.title.isHidden():  # a short window: the first plots whole first
+            plots = max(plots, self._key_plots_tab_height())
         want = min(self.heatmap.sizeHint().height(), total - plots)
         fitted = [max(want, self.heatmap.minimumSizeHint().height()), total - want]
         if fitted != sizes:  # after a font change this runs at each of the heatmap's layouts
