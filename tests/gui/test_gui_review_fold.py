@@ -184,3 +184,29 @@ def test_the_compare_dialogs_notes_grow_where_it_has_room(window: Any, qtbot: An
     assert status.whole_px() > status.height() and status.clipped()
     assert dialog.results.height() >= dialog.results.minimumSizeHint().height()
     dialog.reject()
+
+
+def test_a_short_window_keeps_the_numbers_in_the_stats_lines_view(
+        make_window: Any, font_pt: Any, qtbot: Any, demo: Path) -> None:
+    """At 1024x700 and 12 pt the stats line's first part (the policy, the slots, the token,
+    the TTFT) wrapped onto both lines it has and the numbers of the last tokens (hit rate,
+    mass, tokens/s) were only in its tooltip. In a short window the numbers come first."""
+    window = make_window()
+    load(qtbot, window, demo)
+    font_pt(window, 12)
+    window.resize(SMALL - WINDOW_FRAME)
+    send(qtbot, window, "Recite some Shakespeare.", max_tokens=24)
+    panel = window.cache_panel
+    qtbot.waitUntil(lambda: panel.heatmap.title.isHidden(), timeout=5_000)
+    panel.draw(force=True)
+    summary = panel.summary
+    qtbot.waitUntil(lambda: "tok/s" in summary.text(), timeout=5_000)
+    shown = " ".join(summary.shown_lines())
+    for part in ("last ", "hit ", "mass/token", "tok/s"):
+        assert part in shown, (part, summary.shown_lines())
+    assert summary.height() <= summary.minimumSizeHint().height() + 1  # two lines
+    window.resize(QSize(1920, 1080) - WINDOW_FRAME)  # room: the usual order, every line
+    qtbot.waitUntil(lambda: not panel.heatmap.title.isHidden(), timeout=5_000)
+    panel.draw(force=True)
+    qtbot.waitUntil(lambda: summary.text().startswith("now: "), timeout=5_000)
+    font_pt(window, 0)

@@ -262,20 +262,26 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         """Fold Custom's parameter rows away under a preset where the right-hand column
         cannot hold the cache controls with them, the cache panel at its least and the
         first per-token plots whole (a 1024x700 screen at 12 pt: the plots were below the
-        Cache tab's fold). A few pixels more are wanted to unfold them than to fold them,
-        so a window at the edge does not flip between the two."""
-        controls = self.controls
+        Cache tab's fold); and make the panel compact (no heatmap title, a two-line stats
+        line) where it cannot hold them otherwise. Both are measured as if the rows were
+        shown and the panel not compact, whatever they are now, so a window at the edge
+        does not flip between the two."""
+        controls, panel = self.controls, self.cache_panel
         if not self.right_split.sizes()[0]:  # folded away by the user: room enough
             controls.set_details_room(True)
+            panel.set_compact(False)
             return
         shown = controls.details_shown()
-        full = controls.sizeHint().height() + (0 if shown else controls.details_height())
-        need = (full + self.right_split.handleWidth()
-                + self.right_tabs.tabBar().sizeHint().height() + 4
-                + self.cache_panel.key_plots_height() + (0 if shown else 8))
-        room = self.right_split.height() >= need
+        details = controls.details_height()
+        full = controls.sizeHint().height() + (0 if shown else details)
+        column = self.right_split.height() - self.right_split.handleWidth() - (
+            self.right_tabs.tabBar().sizeHint().height() + 4)
+        room = column >= full + panel.key_plots_height(compact=True)
         controls.set_details_room(room)
-        self.cache_panel.set_compact(not room)
+        rows = full if controls.details_shown() else full - details
+        panel.set_compact(column < rows + panel.key_plots_height(compact=False))
+        if shown != controls.details_shown():  # their room to the plots, or back
+            QTimer.singleShot(0, self, self._give_controls_room)
 
     def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)

@@ -175,4 +175,9 @@ class HeatmapView(QWidget):
         layers = len(self.model.model.moe_layers) if self.model.model else 6
         rows = min(max(120, 14 * layers + 70), 360)
         title = 0 if self.title.isHidden() else self.title.sizeHint().height()
-        return QSize(480, rows + title + self.legend.sizeHint().height() + 4)
+        # the legend's rows at the width it has (its own hint is one row of everything:
+        # the rows' room lost a legend row's height at 12 pt, its tier rows no longer kept)
+        legend = self.legend.sizeHint().height()
+        if self.width() > 0:
+            legend = max(legend, self.legend.heightForWidth(self.width()))
+        return QSize(480, rows + title + legend + 4)

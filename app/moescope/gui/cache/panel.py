@@ -134,30 +134,41 @@ class CachePanel(QWidget):
             return
         plots = self.tabs.minimumSizeHint().height()
         if self.heatmap.title.isHidden():  # a short window: the first plots whole first
-            plots = max(plots, self._key_plots_tab_height())
+            plots = max(plots, self._key_plots_tab_height(True))
         want = min(self.heatmap.sizeHint().height(), total - plots)
         fitted = [max(want, self.heatmap.minimumSizeHint().height()), total - want]
         if fitted != sizes:  # after a font change this runs at each of the heatmap's layouts
             self.splitter.setSizes(fitted)
 
-    def _key_plots_tab_height(self) -> int:
+    def _key_plots_tab_height(self, compact: bool) -> int:
         """The plots' tabs with their tab bar and the first per-token plots whole."""
-        return self.tabs.tabBar().sizeHint().height() + self.time_plots.key_plots_px() + 4
+        return (self.tabs.tabBar().sizeHint().height()
+                + self.time_plots.key_plots_px(compact=compact) + 4)
 
-    def key_plots_height(self) -> int:
+    def key_plots_height(self, *, compact: bool) -> int:
         """The panel's height with its stats line, the heatmap at its least and the first
-        per-token plots (substituted mass, tokens/s) whole: what a short window keeps for
+        per-token plots (substituted mass, tokens/s) whole, ``compact`` or not (without
+        or with the heatmap's title), whichever it is now: what a short window keeps for
         it before the cache controls' optional rows."""
         least = self.minimumSizeHint().height() - self.tabs.minimumSizeHint().height()
-        return least + max(self.tabs.minimumSizeHint().height(), self._key_plots_tab_height())
+        title = self.heatmap.title
+        title_px = title.minimumSizeHint().height() + self.heatmap.layout().spacing()
+        if compact and not title.isHidden():
+            least -= title_px
+        elif not compact and title.isHidden():
+            least += title_px
+        return least + max(self.tabs.minimumSizeHint().height(),
+                           self._key_plots_tab_height(compact))
 
     def set_compact(self, compact: bool) -> None:
         """A short window: the heatmap's title line (what the stats line above says too)
         folds away and the stats line keeps to its two lines (the rest in its tooltip),
         for the plots below; the title's text stays the heatmap's description."""
         self.summary.set_max_lines(self.summary.lines if compact else None)
+        self.time_plots.set_compact(compact)
         if self.heatmap.title.isHidden() != compact:
             self.heatmap.title.setVisible(not compact)
+            self.summary.setText(self._summary_text())  # its lines' order
             self.fit_heatmap()
 
     def changeEvent(self, event: QEvent) -> None:
@@ -274,6 +285,11 @@ class CachePanel(QWidget):
             ttft = f"TTFT {self.model.ttft_s * 1000:.0f} ms"
             now.append(f"latest answer's {ttft}" if self.live
                        else f"last answer in the trace: {ttft}")
+        if self.heatmap.title.isHidden():
+            # compact (a short window): two lines, the rest in the tooltip; the numbers
+            # first, since the policy and the slots are in the cache controls above (the
+            # first line, wrapped at 12 pt, left no room for the hit rate and tokens/s)
+            return " · ".join(recent) + "\n" + " · ".join(now)
         return " · ".join(now) + "\n" + " · ".join(recent)
 
     def stop(self) -> None:
