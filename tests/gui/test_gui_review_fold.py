@@ -104,6 +104,25 @@ def test_the_live_plots_show_without_scrolling_at_1024x700_and_12_points(
     font_pt(window, 0)
 
 
+@pytest.mark.parametrize("screen", [QSize(1366, 768), QSize(1280, 720)])
+def test_the_live_plots_show_on_a_laptop_screen_at_the_first_start(
+        make_window: Any, qtbot: Any, demo: Path, screen: QSize) -> None:
+    """At the first start on a 1366x768 laptop the heatmap took its rows' height and the
+    plots the rest: the tokens/s plot was cut at the window's bottom. The heatmap gives
+    way to the first plots, at the load and when the window is resized."""
+    from moescope.gui.main_window import first_size
+
+    window = make_window()
+    window.resize(first_size(screen - WINDOW_FRAME))
+    qtbot.wait(100)
+    load(qtbot, window, demo)
+    qtbot.waitUntil(lambda: _key_plots_in_view(window), timeout=5_000)
+    heat = window.cache_panel.heatmap
+    assert heat.graphics.height() >= heat.graphics.minimumHeight()
+    window.resize(window.width(), window.height() - 40)  # shorter: the heatmap gives way
+    qtbot.waitUntil(lambda: _key_plots_in_view(window), timeout=5_000)
+
+
 def test_the_ram_row_shows_what_it_keeps_in_ram(window: Any, qtbot: Any) -> None:
     """The RAM budget's row said nothing of its value (only the slider's tooltip and the
     Memory tab did). It shows the bytes of experts kept in RAM beside the slider, which

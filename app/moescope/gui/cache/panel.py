@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from moescope.display.cache_model import (
@@ -88,7 +89,9 @@ class CachePanel(QWidget):
         """Fit the heatmap to its rows whenever it is laid out again (after a font change,
         until the user moves the splitter)."""
         self.heatmap.installEventFilter(self)
-        self.splitter.splitterMoved.connect(lambda *_: setattr(self, "_fit_on_layout", False))
+        self.splitter.splitterMoved.connect(self._split_by_user)
+        self._user_split = False
+        """The user moved the border under the heatmap: the panel's resizes keep it."""
         self.repaints = 0
         self.repaint_times: deque[float] = deque(maxlen=4096)
         self._frames = 0
@@ -132,9 +135,9 @@ class CachePanel(QWidget):
         total = sum(sizes)
         if total <= 0:  # not laid out yet: the first layout uses the size hints
             return
-        plots = self.tabs.minimumSizeHint().height()
-        if self.heatmap.title.isHidden():  # a short window: the first plots whole first
-            plots = max(plots, self._key_plots_tab_height(True))
+        # the first per-token plots whole first (a 1366x768 screen cut the second one)
+        plots = max(self.tabs.minimumSizeHint().height(),
+                    self._key_plots_tab_height(self.time_plots.compact))
         want = min(self.heatmap.sizeHint().height(), total - plots)
         fitted = [max(want, self.heatmap.minimumSizeHint().height()), total - want]
         if fitted != sizes:  # after a font change this runs at each of the heatmap's layouts
@@ -168,8 +171,20 @@ class CachePanel(QWidget):
         self.time_plots.set_compact(compact)
         if self.heatmap.title.isHidden() != compact:
             self.heatmap.title.setVisible(not compact)
-            self.summary.setText(self._summary_text())  # its lines' order
             self.fit_heatmap()
+
+    def _split_by_user(self, *_args: object) -> None:
+        self._fit_on_layout = False
+        self._user_split = True
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        """A taller or shorter panel (a window resized, the cache controls' rows folded):
+        the heatmap fitted again, the first plots whole first, until the user moves the
+        border under it (the splitter shared a change evenly: a shorter window cut the
+        tokens/s plot while the heatmap kept more than its rows want)."""
+        super().resizeEvent(event)
+        if not self._user_split and event.size().height() != event.oldSize().height():
+            QTimer.singleShot(0, self, self.fit_heatmap)
 
     def changeEvent(self, event: QEvent) -> None:
         """A new font size: the heatmap's rows fitted again as it is laid out at it (its
