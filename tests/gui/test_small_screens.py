@@ -106,7 +106,8 @@ def test_a_running_chat_never_makes_the_window_taller(window: Any, qtbot: Any) -
     long_text = " · ".join(["a long stats line part"] * 40)
     panel.summary.setText(long_text + "\n" + long_text)
     qtbot.wait(100)
-    assert window.minimumSizeHint().height() == least
+    # never taller (shorter, where the cache controls' preset rows folded away)
+    assert window.minimumSizeHint().height() <= least
     assert window.size() == size
     # the stats line still shows what fits, and the whole of it on hover where cut
     assert panel.summary.clipped()
@@ -136,7 +137,12 @@ def test_change_markers_one_token_apart_keep_their_labels_apart(window: Any,
         label = lines[0].label
         if label.isVisible():
             shown.append((marker.label, label.sceneBoundingRect()))
-    assert len(shown) >= 2, shown  # the first two at least: nothing before them
+    # the first at least: in this short window the plots are compact (COMPACT_PLOT_PX,
+    # the first two per-token plots whole without scrolling) and hold one row of labels;
+    # the others keep their lines, and the tooltip names them
+    assert len(shown) >= 1, shown
+    if not plots.compact:
+        assert len(shown) >= 2, shown  # the first two at least: nothing before them
     for (a, ra), (b, rb) in itertools.combinations(shown, 2):
         assert not ra.intersects(rb), (a, ra, b, rb)
     for text, rect in shown:
@@ -257,6 +263,10 @@ def test_the_window_fits_700_pixels_tall_at_11_points(font_pt: Any, window: Any,
     controls = window.controls
     form = controls.form
     for row in range(form.rowCount()):
+        if not form.isRowVisible(row):  # a preset's parameters, folded in a short window
+            field = form.itemAt(row, form.ItemRole.FieldRole).widget()
+            assert field in controls.detail_rows and not controls.details_shown()
+            continue
         for role in (form.ItemRole.LabelRole, form.ItemRole.FieldRole):
             item = form.itemAt(row, role)
             if item is None or item.widget() is None:
@@ -322,6 +332,9 @@ def test_the_window_fits_1024_pixels_wide_at_12_points(font_pt: Any, window: Any
     form = controls.form
     for row in range(form.rowCount()):
         item = form.itemAt(row, form.ItemRole.FieldRole)
+        if not form.isRowVisible(row):  # a preset's parameters, folded in a short window
+            assert item.widget() in controls.detail_rows and not controls.details_shown()
+            continue
         if item is not None and item.widget() is not None:
             widget = item.widget()
             assert widget.isVisible()
@@ -559,6 +572,7 @@ def test_the_cache_controls_grow_for_a_larger_font_but_keep_a_dragged_height(
     least = controls.minimumSizeHint().height()
     dragged = least + 2
     split.setSizes([dragged, sum(split.sizes()) - dragged])  # as a drag of the border
+    split.splitterMoved.emit(dragged, 1)
     qtbot.wait(50)
     assert split.sizes()[0] == dragged
     controls.budget.setValue(controls.budget.value() + 1)  # a new line under the slider

@@ -145,7 +145,7 @@ def test_the_open_dialog_loads_with_a_ram_budget_below_the_experts(
 
     def accept(dialog: OpenModelDialog) -> int:
         assert dialog.ram_budget.value() == dialog.info.n_expert  # fits: all in RAM
-        assert dialog.request().ram_budget is None
+        assert dialog.request().ram_budget == "auto"  # Auto, as the window then shows
         dialog.ram_budget_entry.setText("50%")  # typed, as in the window's RAM row
         assert dialog.apply_typed_ram_budget()
         assert dialog.ram_budget.value() == dialog.info.n_expert // 2

@@ -21,10 +21,11 @@ from PySide6.QtCore import (
     QSettings,
     QSize,
     Qt,
+    QTimer,
     Signal,
     Slot,
 )
-from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QTextCursor
+from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QResizeEvent, QTextCursor
 from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
@@ -216,6 +217,11 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self._controls_wanted: int | None = None
         """The cache controls' height wish last seen (``_give_controls_room``)."""
         self.controls.laidOut.connect(self._give_controls_room, Qt.ConnectionType.QueuedConnection)
+        self.controls.laidOut.connect(self._fit_details, Qt.ConnectionType.QueuedConnection)
+        self._controls_dragged = False
+        """The user moved the border under the cache controls: their height is theirs."""
+        self.right_split.splitterMoved.connect(
+            lambda *_: setattr(self, "_controls_dragged", True))
         right_layout.addWidget(self.right_split, 1)
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
         self.splitter.addWidget(self.chat_list)
@@ -239,12 +245,47 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         sizes = self.right_split.sizes()
         want = self.controls.sizeHint().height()
         wanted, self._controls_wanted = self._controls_wanted, want
+        total = sum(sizes)
+        if (not self.controls.details_shown() and sizes[0] > want
+                and not self._controls_dragged):
+            # rows folded away (Custom's parameters in a short window): the room they
+            # leave goes to the plots below, unless the user dragged the border
+            self.right_split.setSizes([want, total - want])
+            return
         if wanted is None or want <= wanted:  # the first layout: as the splitter gave it
             return
-        total = sum(sizes)
         room = total - self.right_tabs.minimumSizeHint().height()
         if 0 < sizes[0] < want and sizes[0] < room:
             self.right_split.setSizes([min(want, room), total - min(want, room)])
+
+    def _fit_details(self) -> None:
+        """Fold Custom's parameter rows away under a preset where the right-hand column
+        cannot hold the cache controls with them, the cache panel at its least and the
+        first per-token plots whole (a 1024x700 screen at 12 pt: the plots were below the
+        Cache tab's fold); and make the panel compact (no heatmap title, a two-line stats
+        line) where it cannot hold them otherwise. Both are measured as if the rows were
+        shown and the panel not compact, whatever they are now, so a window at the edge
+        does not flip between the two."""
+        controls, panel = self.controls, self.cache_panel
+        if not self.right_split.sizes()[0]:  # folded away by the user: room enough
+            controls.set_details_room(True)
+            panel.set_compact(False)
+            return
+        shown = controls.details_shown()
+        details = controls.details_height()
+        full = controls.sizeHint().height() + (0 if shown else details)
+        column = self.right_split.height() - self.right_split.handleWidth() - (
+            self.right_tabs.tabBar().sizeHint().height() + 4)
+        room = column >= full + panel.key_plots_height(compact=True)
+        controls.set_details_room(room)
+        rows = full if controls.details_shown() else full - details
+        panel.set_compact(column < rows + panel.key_plots_height(compact=False))
+        if shown != controls.details_shown():  # their room to the plots, or back
+            QTimer.singleShot(0, self, self._give_controls_room)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        QTimer.singleShot(0, self, self._fit_details)
 
     def _build_status_bar(self) -> None:
         self.model_label = ElidedLabel(NO_MODEL)

@@ -63,12 +63,14 @@ class HeatmapView(QWidget):
 
     def _legend(self) -> QWidget:
         """Labelled swatches that wrap onto a second row in a narrow panel (one fixed row
-        would set the whole window's minimum width). The rows are as many as with the
-        in-RAM and on-disk swatches shown, hidden or not: a RAM budget set mid-chat made
-        the legend a row taller, and the window with it."""
+        would set the whole window's minimum width). The in-RAM and on-disk swatches show,
+        and take room, only while the RAM tier is on."""
         legend = QWidget()
         legend.setAccessibleName("Heatmap legend")
-        flow = FlowLayout(legend, reserve_hidden=True)
+        # no rows kept for the in-RAM and on-disk swatches while hidden: they made the
+        # legend a row taller at 12 pt, over the plots; where the RAM tier comes on, the
+        # panel scrolls rather than grow the window (ScrollColumn)
+        flow = FlowLayout(legend)
         self.tier_swatches: list[QWidget] = []
         """The in-RAM and on-disk swatches, shown only while the RAM tier is on."""
         for state, (colour, label) in enumerate(zip(theme.CELL_COLOURS, CELL_LABELS,
@@ -172,5 +174,10 @@ class HeatmapView(QWidget):
         what the splitter gives it first; the least is ``HEATMAP_MIN_PX``."""
         layers = len(self.model.model.moe_layers) if self.model.model else 6
         rows = min(max(120, 14 * layers + 70), 360)
-        return QSize(480, rows + self.title.sizeHint().height() +
-                     self.legend.sizeHint().height() + 4)
+        title = 0 if self.title.isHidden() else self.title.sizeHint().height()
+        # the legend's rows at the width it has (its own hint is one row of everything:
+        # the rows' room lost a legend row's height at 12 pt, its tier rows no longer kept)
+        legend = self.legend.sizeHint().height()
+        if self.width() > 0:
+            legend = max(legend, self.legend.heightForWidth(self.width()))
+        return QSize(480, rows + title + legend + 4)

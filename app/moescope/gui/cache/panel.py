@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from moescope.display.cache_model import (
@@ -88,7 +89,9 @@ class CachePanel(QWidget):
         """Fit the heatmap to its rows whenever it is laid out again (after a font change,
         until the user moves the splitter)."""
         self.heatmap.installEventFilter(self)
-        self.splitter.splitterMoved.connect(lambda *_: setattr(self, "_fit_on_layout", False))
+        self.splitter.splitterMoved.connect(self._split_by_user)
+        self._user_split = False
+        """The user moved the border under the heatmap: the panel's resizes keep it."""
         self.repaints = 0
         self.repaint_times: deque[float] = deque(maxlen=4096)
         self._frames = 0
@@ -132,10 +135,56 @@ class CachePanel(QWidget):
         total = sum(sizes)
         if total <= 0:  # not laid out yet: the first layout uses the size hints
             return
-        want = min(self.heatmap.sizeHint().height(), total - self.tabs.minimumSizeHint().height())
+        # the first per-token plots whole first (a 1366x768 screen cut the second one)
+        plots = max(self.tabs.minimumSizeHint().height(),
+                    self._key_plots_tab_height(self.time_plots.compact))
+        want = min(self.heatmap.sizeHint().height(), total - plots)
         fitted = [max(want, self.heatmap.minimumSizeHint().height()), total - want]
         if fitted != sizes:  # after a font change this runs at each of the heatmap's layouts
             self.splitter.setSizes(fitted)
+
+    def _key_plots_tab_height(self, compact: bool) -> int:
+        """The plots' tabs with their tab bar and the first per-token plots whole."""
+        return (self.tabs.tabBar().sizeHint().height()
+                + self.time_plots.key_plots_px(compact=compact) + 4)
+
+    def key_plots_height(self, *, compact: bool) -> int:
+        """The panel's height with its stats line, the heatmap at its least and the first
+        per-token plots (substituted mass, tokens/s) whole, ``compact`` or not (without
+        or with the heatmap's title), whichever it is now: what a short window keeps for
+        it before the cache controls' optional rows."""
+        least = self.minimumSizeHint().height() - self.tabs.minimumSizeHint().height()
+        title = self.heatmap.title
+        title_px = title.minimumSizeHint().height() + self.heatmap.layout().spacing()
+        if compact and not title.isHidden():
+            least -= title_px
+        elif not compact and title.isHidden():
+            least += title_px
+        return least + max(self.tabs.minimumSizeHint().height(),
+                           self._key_plots_tab_height(compact))
+
+    def set_compact(self, compact: bool) -> None:
+        """A short window: the heatmap's title line (what the stats line above says too)
+        folds away and the stats line keeps to its two lines (the rest in its tooltip),
+        for the plots below; the title's text stays the heatmap's description."""
+        self.summary.set_max_lines(self.summary.lines if compact else None)
+        self.time_plots.set_compact(compact)
+        if self.heatmap.title.isHidden() != compact:
+            self.heatmap.title.setVisible(not compact)
+            self.fit_heatmap()
+
+    def _split_by_user(self, *_args: object) -> None:
+        self._fit_on_layout = False
+        self._user_split = True
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        """A taller or shorter panel (a window resized, the cache controls' rows folded):
+        the heatmap fitted again, the first plots whole first, until the user moves the
+        border under it (the splitter shared a change evenly: a shorter window cut the
+        tokens/s plot while the heatmap kept more than its rows want)."""
+        super().resizeEvent(event)
+        if not self._user_split and event.size().height() != event.oldSize().height():
+            QTimer.singleShot(0, self, self.fit_heatmap)
 
     def changeEvent(self, event: QEvent) -> None:
         """A new font size: the heatmap's rows fitted again as it is laid out at it (its
@@ -251,6 +300,11 @@ class CachePanel(QWidget):
             ttft = f"TTFT {self.model.ttft_s * 1000:.0f} ms"
             now.append(f"latest answer's {ttft}" if self.live
                        else f"last answer in the trace: {ttft}")
+        if self.heatmap.title.isHidden():
+            # compact (a short window): two lines, the rest in the tooltip; the numbers
+            # first, since the policy and the slots are in the cache controls above (the
+            # first line, wrapped at 12 pt, left no room for the hit rate and tokens/s)
+            return " · ".join(recent) + "\n" + " · ".join(now)
         return " · ".join(now) + "\n" + " · ".join(recent)
 
     def stop(self) -> None:

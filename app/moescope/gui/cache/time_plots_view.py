@@ -26,8 +26,16 @@ X_STEP = 32
 draw) changes a few times per second at most, not on every frame."""
 MAX_MARKERS = 64
 PLOT_MIN_PX = 78
-"""Each plot keeps at least this height (title, a curve, its three y labels); below it
-the plots scroll instead of flattening into lines without axes (a 1024x700 screen)."""
+"""Each plot keeps at least this height (title, a curve, its three y labels, two rows of
+change labels); below it the plots scroll instead of flattening into lines without axes
+(a 1024x700 screen)."""
+COMPACT_PLOT_PX = 60
+"""The least height in a short window (:meth:`TimePlotsView.set_compact`): the first two
+plots whole without scrolling at 1024x700 and 12 pt (at 78 px the second one was below
+the fold), one row of change labels."""
+KEY_PLOTS = 2
+"""The first plots (substituted mass, tokens/s): a short window keeps room for them whole
+before optional controls (:meth:`TimePlotsView.key_plots_px`)."""
 AXIS_PX = 34
 """The shared x axis under the last plot, with its "token" label."""
 LABEL_ROWS = 3
@@ -65,7 +73,7 @@ class TimePlotsView(QWidget):
         self.graphics.setAccessibleName(self.accessibleName())  # it takes the focus
         self.graphics.setAccessibleDescription(", ".join(title for _, title in PLOTS))
         # the plots' own minimums, plus the layout's spacing and margins
-        self.graphics.setMinimumHeight((PLOT_MIN_PX + 6) * len(PLOTS) + AXIS_PX + 20)
+        self.compact = False
         self.scroll = QScrollArea()
         self.scroll.setWidgetResizable(True)
         self.scroll.setFrameShape(QFrame.Shape.NoFrame)
@@ -92,7 +100,6 @@ class TimePlotsView(QWidget):
             plot.setDownsampling(auto=True, mode="peak")
             plot.disableAutoRange()
             plot.getAxis("left").setWidth(42)
-            plot.setMinimumHeight(PLOT_MIN_PX + (AXIS_PX if i == len(PLOTS) - 1 else 0))
             if i < len(PLOTS) - 1:
                 plot.hideAxis("bottom")  # x is shared: one axis, under the last plot
             else:
@@ -109,6 +116,7 @@ class TimePlotsView(QWidget):
                 curve = plot.plot(pen=pg.mkPen(theme.CURVE[key], width=1.5), connect="finite")
             self.plots[key] = plot
             self.curves[key] = curve
+        self._set_heights()
         # a narrower or shorter plot: the labels laid out again for its size
         self.plots["mass"].vb.sigResized.connect(lambda *_: self._place_labels())
         self.ttft_text = pg.TextItem(color=theme.MUTED, anchor=(1, 0))
@@ -125,6 +133,24 @@ class TimePlotsView(QWidget):
             self.cursor_lines.append(line)
         self.graphics.scene().sigMouseClicked.connect(self._clicked)
         self._empty_axes()
+
+    def _set_heights(self) -> None:
+        least = COMPACT_PLOT_PX if self.compact else PLOT_MIN_PX
+        # the plots' own minimums, plus the layout's spacing and margins
+        self.graphics.setMinimumHeight((least + 6) * len(PLOTS) + AXIS_PX + 20)
+        for i, plot in enumerate(self.plots.values()):
+            plot.setMinimumHeight(least + (AXIS_PX if i == len(PLOTS) - 1 else 0))
+
+    def set_compact(self, compact: bool) -> None:
+        """A short window: the plots may be :data:`COMPACT_PLOT_PX` tall."""
+        if compact != self.compact:
+            self.compact = compact
+            self._set_heights()
+
+    @staticmethod
+    def key_plots_px(*, compact: bool) -> int:
+        """The height that shows the first :data:`KEY_PLOTS` plots whole, from the top."""
+        return KEY_PLOTS * ((COMPACT_PLOT_PX if compact else PLOT_MIN_PX) + 6) + 6
 
     def show_cursor(self, step: float | None) -> None:
         """Mark ``step`` in every plot (None: no mark)."""

@@ -72,6 +72,12 @@ CUSTOM_ONLY_TIP = ("Fixed by the chosen preset: choose Custom in Policy to set i
 NO_CACHE_TIP = "Open a model with an expert cache to change the policy."
 
 
+def ram_short_text(experts: int, n_expert: int, row_bytes: int) -> str:
+    """The RAM budget in its row, short: the bytes of the experts it keeps in RAM (the
+    slider says what share; the tooltip says the whole, and what is read from disk)."""
+    return format_bytes(min(experts, n_expert) * row_bytes)
+
+
 class DiskThresholdBox(QDoubleSpinBox):
     """The disk threshold, whose bottom step reads "disk = θ". The first step up from there
     is the first value above θ: a disk threshold is there to read less from disk than
@@ -197,6 +203,12 @@ class ControlsPanel(QGroupBox):
         self.prefetch_count.setValue(2)
         self.prefetch_count.setSuffix(" experts")
         form.addRow("Prefetch", self._row(self.prefetch_mode, self.prefetch_count))
+        self.detail_rows = [self.theta.parentWidget(), self.beta.parentWidget(),
+                            self.bonus.parentWidget(), self.prefetch_mode.parentWidget()]
+        """The rows of Custom's parameters (θ, β, bonus, prefetch): under a preset they
+        only show its values, greyed, and fold away where the window is short
+        (:meth:`set_details_room`), so that the live plots below keep their room."""
+        self._details_room = True
 
         self.budget = self._slider(1, 1, 1, "VRAM budget for expert slots")
         self.budget.setToolTip("Expert slots per layer kept in VRAM; applied live, the "
@@ -211,6 +223,7 @@ class ControlsPanel(QGroupBox):
         form.addRow("&VRAM budget", self._row(self.budget, self.budget_entry))
         form.addRow("", self.budget_label)
         self.ram_budget = self._slider(1, 1, 1, "RAM budget for experts")
+        self.ram_budget.setMinimumWidth(40)  # its value beside it: not squeezed to a dot
         self.ram_budget.setToolTip(RAM_TIP)
         self.ram_budget_entry = BudgetEntry()
         self.ram_budget_entry.setAccessibleName("RAM budget, typed")
@@ -218,14 +231,19 @@ class ControlsPanel(QGroupBox):
             "Type a RAM budget for experts and press Enter: a size (24GiB), a share of the "
             "experts (50%), experts per layer (32), or auto.")
         self.ram_budget_entry.submitted.connect(self.apply_typed_ram_budget)
+        # what the RAM budget buys, in the row: it was only in the slider's tooltip and the
+        # Memory tab (the whole sentence stays in the tooltip)
+        self.ram_label = QLabel()
+        self.ram_label.setObjectName("ramLabel")
+        self.ram_label.setAccessibleName("RAM budget now")
         self.ram_auto = QCheckBox("Auto")
         self.ram_auto.setAccessibleName("RAM budget: auto")
         self.ram_auto.setToolTip(RAM_AUTO_TIP)
         self.ram_auto.toggled.connect(self._ram_auto_toggled)
-        form.addRow("RAM b&udget", self._row(self.ram_budget, self.ram_auto,
+        form.addRow("RAM b&udget", self._row(self.ram_budget, self.ram_label, self.ram_auto,
                                               self.ram_budget_entry))
-        # what it buys has no row of its own (the window must fit 1024x700): the slider's
-        # tooltip and spoken description say it, and the memory view lists the tiers
+        # what it buys in short beside the slider; the whole of it in the slider's tooltip
+        # and spoken description, and the memory view lists the tiers
         self.audit = QComboBox()
         self.audit.setAccessibleName("Audit tokens")
         for every in (0, 8, 16, 32, 64):
@@ -548,8 +566,11 @@ class ControlsPanel(QGroupBox):
         if m is None or not m.cache_enabled:
             self.ram_budget.setAccessibleDescription("")
             self.ram_budget.setToolTip(RAM_TIP)
+            self.ram_label.setText("–")
+            self.ram_label.setToolTip("")
             return
         n = self.ram_budget.value()
+        self.ram_label.setText(ram_short_text(n, m.n_expert, m.slot_row_bytes))
         if n >= m.n_expert:
             text = f"every expert in RAM ({format_bytes(m.n_expert * m.slot_row_bytes)})"
         else:
@@ -563,6 +584,7 @@ class ControlsPanel(QGroupBox):
             text = f"Auto: {text}"
         self.ram_budget.setAccessibleDescription(text)
         self.ram_budget.setToolTip(f"{RAM_TIP}\n\nNow: {text}.")
+        self.ram_label.setToolTip(f"{text[:1].upper()}{text[1:]}.")
 
     def apply_typed_budget(self) -> bool:
         """The typed budget (a size, a share of the experts, or a slot count) moves the
@@ -583,11 +605,42 @@ class ControlsPanel(QGroupBox):
         return True
 
 
+    # ------------------------------------------------------------------ details
+    def set_details_room(self, room: bool) -> None:
+        """Whether the window has room for Custom's parameter rows under a preset (a short
+        window: they fold away; under Custom they always show)."""
+        if room != self._details_room:
+            self._details_room = room
+            self._update_details()
+
+    def details_shown(self) -> bool:
+        return self.policy_combo.currentData() == CUSTOM or self._details_room
+
+    def details_height(self) -> int:
+        """The height the parameter rows take, or would take, shown."""
+        spacing = max(0, self.form.verticalSpacing())
+        return sum(max(row.sizeHint().height(), row.minimumSizeHint().height()) + spacing
+                   for row in self.detail_rows)
+
+    def _update_details(self) -> None:
+        shown = self.details_shown()
+        for row in self.detail_rows:
+            if self.form.isRowVisible(row) != shown:
+                self.form.setRowVisible(row, shown)
+        why = "" if shown else (
+            f"{self.policy_combo.currentText()}'s parameters (θ, β, bonus, prefetch) are "
+            "folded away while the window is short: choose Custom to set them, or make the "
+            "window taller.")
+        name = self.form.labelForField(self.policy_combo)
+        if isinstance(name, QLabel):
+            name.setToolTip(why)
+
     # ------------------------------------------------------------------ labels
     def _update_custom_enabled(self) -> None:
         """Custom's controls are live only under Custom; θ only while the 0.15 rule is
         the rule (bonus 0), the count only for a fixed prefetch."""
         custom = self.policy_combo.currentData() == CUSTOM and self.policy_combo.isEnabled()
+        self._update_details()
         self.guard_target.setEnabled(self.policy_combo.currentData() == GUARD
                                      and self.policy_combo.isEnabled())
         self.theta.setEnabled(custom and self.bonus.value() == 0)

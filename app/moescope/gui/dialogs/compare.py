@@ -19,7 +19,7 @@ must not interleave with the comparison's.
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QObject, QSize, Qt, QTimer
-from PySide6.QtGui import QBrush, QColor, QTextCharFormat, QTextCursor
+from PySide6.QtGui import QBrush, QColor, QResizeEvent, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
@@ -78,6 +78,11 @@ COLUMN_TIPS = {
 
 
 DIALOG_SIZE = QSize(980, 760)
+NOTE_LINES = 3
+"""The notes' lines where the dialog is short (the rest scrolls)."""
+RESULTS_ROOM_LINES = 10
+"""Lines of room the table and the answer keep beyond their least before the notes grow
+past :data:`NOTE_LINES`."""
 """The dialog's first size, where the screen has room (less the frame where it has not)."""
 
 
@@ -107,10 +112,11 @@ class CompareDialog(QDialog):
             f"tok/s here times the decode alone (greedy, nothing streamed to the window, "
             f"no trace, no Markdown), so it is higher than the chat's, which includes "
             f"sampling, streaming and drawing every token.")
-        # the notes ask for three lines (the rest scrolls) and the table and the answer
-        # share the rest by a splitter: at 12 pt on a 1024x700 screen the notes' 5 + 5
-        # lines took that height and left the table one row and a half
-        self.intro_area = NoteArea(intro, lines=2, most=3)
+        # the notes ask for three lines (the rest scrolls) where the dialog is short, and
+        # the table and the answer share the rest by a splitter: at 12 pt on a 1024x700
+        # screen the notes' 5 + 5 lines took that height and left the table one row and a
+        # half; where the dialog has room they show whole (_fit_notes)
+        self.intro_area = NoteArea(intro, lines=2, most=NOTE_LINES)
         layout.addWidget(self.intro_area)
 
         row = QHBoxLayout()
@@ -170,7 +176,7 @@ class CompareDialog(QDialog):
         self.progress.setVisible(False)
         layout.addWidget(self.progress)
         self.status = QLabel("")
-        self.status_area = NoteArea(self.status, lines=2, most=3)
+        self.status_area = NoteArea(self.status, lines=2, most=NOTE_LINES)
         layout.addWidget(self.status_area)
 
         self.table = QTableWidget(0, len(COLUMNS))
@@ -211,6 +217,7 @@ class CompareDialog(QDialog):
         # above): fit again, once the splitter has laid the table out
         self.table.verticalScrollBar().rangeChanged.connect(lambda *_: self._fit_table())
         self.results.installEventFilter(self)
+        self.status_area.viewport().installEventFilter(self)  # a new status: fit the notes
         layout.addWidget(self.results, 1)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
@@ -360,9 +367,31 @@ class CompareDialog(QDialog):
         if want > sizes[0]:
             self.results.setSizes([want, total - want])
 
+    def _fit_notes(self) -> None:
+        """The notes whole where the table and the answer keep room enough below them
+        (:data:`RESULTS_ROOM_LINES` lines beyond their least), else :data:`NOTE_LINES`
+        lines each (the rest scrolls). Measured with the notes held short, so a dialog
+        at the edge does not flip between the two."""
+        areas = (self.intro_area, self.status_area)
+        short = [min(a.whole_px(), a.lines_px(NOTE_LINES)) for a in areas]
+        extra = sum(a.whole_px() - s for a, s in zip(areas, short, strict=True))
+        results = self.results.height() + sum(a.height() for a in areas) - sum(short)
+        need = (self.results.minimumSizeHint().height()
+                + RESULTS_ROOM_LINES * self.fontMetrics().lineSpacing())
+        most = None if results - extra >= need else NOTE_LINES
+        for area in areas:
+            area.set_most(most)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        QTimer.singleShot(0, self, self._fit_notes)
+
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if watched is self.results and event.type() == QEvent.Type.Resize:
             QTimer.singleShot(0, self, self._fit_table)
+        elif watched is self.status_area.viewport() and event.type() in (
+                QEvent.Type.LayoutRequest, QEvent.Type.Resize):
+            QTimer.singleShot(0, self, self._fit_notes)
         return super().eventFilter(watched, event)
 
     def _show_selected(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
@@ -28,7 +29,7 @@ from moescope.gui.controls.budget_entry import BudgetEntry
 from moescope.gui.widgets.screen_fit import fit_wrapped_height
 from moescope.gui.worker import LoadRequest
 from moescope.model.gguf_info import ModelInfo
-from moescope.model.ram_fit import ram_start_experts
+from moescope.model.ram_fit import AUTO_RAM_BUDGET, is_auto, ram_start_experts
 from moescope.model.reasoning import thinking_choices
 
 
@@ -84,15 +85,31 @@ class OpenModelDialog(QDialog):
             "RAM loads in seconds, and misses on disk cost about ten times a copy from RAM. "
             "All the way right: every expert in RAM.")
         self.ram_budget.setEnabled(info.is_moe)
+        self._slots_in_ram = slots_in_ram
+        self._ram_following = False
+        """The slider moves to Auto's figure (not the user's move)."""
         if info.is_moe:
             self.ram_budget.setRange(info.top_k, info.n_expert)
             self.ram_budget.setValue(ram_start_experts(info, n_ctx, slot_bytes=slots_in_ram))
+        # as the main window's: ticked, the engine chooses at load from the memory available
+        # (the slider shows its choice now), and the window's Auto shows ticked after it;
+        # the dialog sent the figure itself, and the window showed Auto unticked
+        self.ram_auto = QCheckBox("Auto")
+        self.ram_auto.setAccessibleName("RAM budget: auto")
+        self.ram_auto.setToolTip(
+            "Auto: every expert in RAM when the model fits the memory this process may use, "
+            "else the experts per layer that fit; chosen again at load. Moving the slider "
+            "or typing a budget sets one yourself.")
+        self.ram_auto.setChecked(info.is_moe)
+        self.ram_auto.setEnabled(info.is_moe)
+        self.ram_auto.toggled.connect(self._ram_auto_toggled)
         self.ram_budget_entry = BudgetEntry()  # as the main window's RAM budget row
         self.ram_budget_entry.setAccessibleName("RAM budget, typed")
         self.ram_budget_entry.setEnabled(info.is_moe)
         self.ram_budget_entry.submitted.connect(self.apply_typed_ram_budget)
         ram_row = QHBoxLayout()
         ram_row.addWidget(self.ram_budget, 1)
+        ram_row.addWidget(self.ram_auto)
         ram_row.addWidget(self.ram_budget_entry)
         ram_label = QLabel("RAM b&udget")
         ram_label.setBuddy(self.ram_budget)
@@ -126,7 +143,7 @@ class OpenModelDialog(QDialog):
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
         self.budget.valueChanged.connect(self._update)
-        self.ram_budget.valueChanged.connect(self._update)
+        self.ram_budget.valueChanged.connect(self._ram_moved)
         self.n_ctx.valueChanged.connect(self._update)
         self.estimate: FitEstimate | None = None
         self._update()
@@ -136,8 +153,30 @@ class OpenModelDialog(QDialog):
         return self._apply_typed(self.budget_entry, self.budget)
 
     def apply_typed_ram_budget(self) -> bool:
-        """Move the RAM slider to the typed RAM budget (a size, a share, experts)."""
+        """Move the RAM slider to the typed RAM budget (a size, a share, experts); "auto"
+        ticks Auto."""
+        if self.info.is_moe and is_auto(self.ram_budget_entry.text()):
+            self.ram_budget_entry.clear()
+            self.ram_auto.setChecked(True)
+            return True
         return self._apply_typed(self.ram_budget_entry, self.ram_budget)
+
+    def _auto_experts(self) -> int:
+        return ram_start_experts(self.info, self.n_ctx.value(), slot_bytes=self._slots_in_ram)
+
+    def _ram_moved(self, _value: int) -> None:
+        """The user's own RAM budget, unless it is where Auto put it."""
+        if self._ram_following:
+            return
+        self.ram_auto.setChecked(False)
+        self._update()
+
+    def _ram_auto_toggled(self, on: bool) -> None:
+        if on and self.info.is_moe:  # back to the automatic figure for the context now
+            self._ram_following = True
+            self.ram_budget.setValue(self._auto_experts())
+            self._ram_following = False
+        self._update()
 
     def _apply_typed(self, entry: BudgetEntry, slider: QSlider) -> bool:
         if not self.info.is_moe:
@@ -158,14 +197,27 @@ class OpenModelDialog(QDialog):
         return f"{self.budget.value() * self._row_bytes()}B"  # a bare number is slots
 
     def ram_budget_text(self) -> str | None:
-        """The RAM tier's budget in bytes; None: every expert in RAM (no tier)."""
+        """The RAM tier's budget as the load asks for it: ``auto`` while Auto is ticked,
+        else in bytes; None: every expert in RAM (no tier)."""
+        if self.info.is_moe and self.ram_auto.isChecked():
+            return AUTO_RAM_BUDGET
+        return self._ram_figure()
+
+    def _ram_figure(self) -> str | None:
+        """The slider's RAM budget in bytes (None: every expert)."""
         if not self.info.is_moe or self.ram_budget.value() >= self.info.n_expert:
             return None
         return f"{self.ram_budget.value() * self._row_bytes()}B"
 
     def _update(self) -> None:
+        if self.info.is_moe and self.ram_auto.isChecked():  # a new context: Auto's figure
+            auto = self._auto_experts()
+            if auto != self.ram_budget.value():
+                self._ram_following = True
+                self.ram_budget.setValue(auto)
+                self._ram_following = False
         self.estimate = estimate_fit(self.info, self.budget_text(), self.n_ctx.value(),
-                                     ram_budget=self.ram_budget_text())
+                                     ram_budget=self._ram_figure())
         while self.estimate_form.rowCount():
             self.estimate_form.removeRow(0)
         for label, value in [*self.estimate.lines(), *model_facts(self.info)]:

@@ -53,6 +53,20 @@ class NoteArea(QScrollArea):
         return (self.label.fontMetrics().lineSpacing() * lines + margins.top()
                 + margins.bottom() + 2 * self.label.margin())
 
+    def whole_px(self) -> int:
+        """The height of every line at the width it has (no scroll bar)."""
+        return self._lines_px(self.width() - 2 * self.frameWidth()) + 2 * self.frameWidth()
+
+    def lines_px(self, lines: int) -> int:
+        """The height of ``lines`` lines of its font."""
+        return self._height_of(lines) + 2 * self.frameWidth()
+
+    def set_most(self, most: int | None) -> None:
+        """Ask for ``most`` lines at most (None: every line)."""
+        if most != self.most:
+            self.most = most
+            self.updateGeometry()
+
     def sizeHint(self) -> QSize:
         """Every line at the width it has, with no scroll bar (``most`` lines at most)."""
         hint = super().sizeHint()

@@ -33,6 +33,9 @@ class WrappedLabel(QLabel):
                  parent: QWidget | None = None) -> None:
         super().__init__(text, parent)
         self.lines = lines
+        self.max_lines: int | None = None
+        """Where set, it asks for no more than this many lines (the rest: "…", and the
+        whole text in its tooltip)."""
         self._explanation = ""
         self.setWordWrap(True)
         self.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
@@ -46,13 +49,23 @@ class WrappedLabel(QLabel):
         """Every wrapped line at the width it has (its least height, at least)."""
         hint = super().sizeHint()
         height = self.heightForWidth(self.width()) if self.width() > 0 else hint.height()
+        if self.max_lines is not None:
+            height = min(height, self._lines_px(self.max_lines))
         return QSize(hint.width(), max(height, self.minimumSizeHint().height()))
 
+    def set_max_lines(self, lines: int | None) -> None:
+        if lines != self.max_lines:
+            self.max_lines = lines
+            self.updateGeometry()
+            self._update_tip()
+
     def minimumSizeHint(self) -> QSize:
+        return QSize(self.MIN_WIDTH, self._lines_px(self.lines))
+
+    def _lines_px(self, lines: int) -> int:
         margins = self.contentsMargins()
-        height = (self.fontMetrics().lineSpacing() * self.lines + margins.top()
-                  + margins.bottom() + 2 * self.margin())
-        return QSize(self.MIN_WIDTH, height)
+        return (self.fontMetrics().lineSpacing() * lines + margins.top()
+                + margins.bottom() + 2 * self.margin())
 
     def clipped(self) -> bool:
         """Whether the text needs more height than the label has."""
