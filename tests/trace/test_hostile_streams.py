@@ -96,3 +96,46 @@ def test_compacting_such_a_journal_writes_nothing_and_keeps_it(
 
 def test_the_untouched_stream_still_reads(stream: Path) -> None:
     assert len(read_trace(stream).tokens) == 8
+
+
+def _with_probs(source: Path, dest: Path, values: list[float]) -> Path:
+    """``source`` with the first row of batch :data:`BATCH` holding ``values`` (then 0)
+    as its probabilities."""
+    import numpy as np
+
+    reader = ipc.open_stream(str(source))
+    with open(dest, "wb") as f, ipc.new_stream(f, reader.schema) as w:
+        for i, (b, meta) in enumerate(iter(reader.read_next_batch_with_custom_metadata,
+                                           None)):
+            if i == BATCH:
+                a = b.column(b.schema.names.index("probs"))
+                probs = a.values.to_numpy(zero_copy_only=False).copy()
+                probs[:a.type.list_size] = 0
+                probs[:len(values)] = values
+                fixed = pa.FixedSizeListArray.from_arrays(
+                    pa.array(probs.astype(np.float32)), a.type.list_size)
+                b = pa.RecordBatch.from_arrays(
+                    [fixed if n == "probs" else c for n, c in zip(b.schema.names, b.columns,
+                                                                  strict=True)],
+                    schema=reader.schema)
+            w.write_batch(b, custom_metadata=meta)
+    return dest
+
+
+@pytest.mark.parametrize("values", [[float("inf"), float("-inf")], [3e38, 3e38, 3e38]])
+def test_probabilities_that_overflow_their_sum_print_no_numpy_warning(
+        stream: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        values: list[float]) -> None:
+    """The rows' sum (how non-finite values are found fast) of ``inf`` and ``-inf``, or of
+    values near float32's largest, printed numpy's RuntimeWarning above the error line."""
+    import warnings
+
+    bad = _with_probs(stream, tmp_path / "p.arrows", values)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        code = main(["replay", str(bad), "--policy", "exact"])
+    err = capsys.readouterr().err
+    assert "RuntimeWarning" not in err and "Traceback" not in err, err
+    if code:
+        assert code == 2 and err.startswith("moescope: error: p.arrows: row ") \
+            and err.count("\n") == 1, err
