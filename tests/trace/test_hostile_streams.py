@@ -139,3 +139,33 @@ def test_probabilities_that_overflow_their_sum_print_no_numpy_warning(
     if code:
         assert code == 2 and err.startswith("moescope: error: p.arrows: row ") \
             and err.count("\n") == 1, err
+
+
+def test_a_slot_at_int16s_largest_is_one_line_without_a_numpy_warning(
+        stream: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Slots are int16 in a stream: the check's ``slots.max() + 1`` overflowed at 32767,
+    and numpy's RuntimeWarning came out above the error line."""
+    import warnings
+
+    import numpy as np
+
+    reader = ipc.open_stream(str(stream))
+    bad = tmp_path / "s.arrows"
+    with open(bad, "wb") as f, ipc.new_stream(f, reader.schema) as w:
+        for i, (b, meta) in enumerate(iter(reader.read_next_batch_with_custom_metadata,
+                                           None)):
+            if i == BATCH:
+                a = b.column(b.schema.names.index("slots"))
+                slots = pa.FixedSizeListArray.from_arrays(
+                    pa.array(np.full(len(a.values), 32767, np.int16)), a.type.list_size)
+                b = pa.RecordBatch.from_arrays(
+                    [slots if n == "slots" else c for n, c in zip(b.schema.names, b.columns,
+                                                                  strict=True)],
+                    schema=reader.schema)
+            w.write_batch(b, custom_metadata=meta)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["replay", str(bad), "--policy", "exact"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("moescope: error: s.arrows: row ") and "32767 is not a slot" in err \
+        and err.count("\n") == 1, err
