@@ -104,15 +104,27 @@ def format_duration(seconds: float) -> str:
         f"{s // 60}:{s % 60:02d}"
 
 
+NAME_MAX = 255
+"""The longest file name (in bytes) the usual file systems take; a file's name in the
+repository plus :data:`INCOMPLETE` must fit, or every look at it fails (ENAMETOOLONG)."""
+
+
 def model_paths(folder: str | os.PathLike[str], model: RemoteModel) -> list[Path]:
-    """Where each file of ``model`` lands: ``FOLDER/OWNER/NAME/PATH-IN-REPO``."""
+    """Where each file of ``model`` lands: ``FOLDER/OWNER/NAME/PATH-IN-REPO``; a name
+    that cannot be a file here (``..``, a control character, too long) is one
+    :class:`HubError`."""
     base = Path(folder).joinpath(*check_repo_id(model.repo_id).split("/"))
     out = []
     for f in model.files:
         parts = PurePosixPath(f.path).parts
         if not parts or any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts) \
-                or PurePosixPath(f.path).is_absolute():
+                or PurePosixPath(f.path).is_absolute() \
+                or any(ord(c) < 32 or ord(c) == 127 for c in f.path):
             raise HubError(f"{f.path!r}: not a safe file name; not downloaded")
+        longest = max(len(os.fsencode(p)) for p in parts) + len(INCOMPLETE)
+        if longest > NAME_MAX:
+            raise HubError(f"{f.path[:60]!r}...: a name in it is too long for a file here "
+                           f"(over {NAME_MAX - len(INCOMPLETE)} bytes); not downloaded")
         out.append(base.joinpath(*parts))
     return out
 
@@ -406,15 +418,19 @@ def _download_file(client: HubClient, model: RemoteModel, f: RemoteFile, path: P
         meter.restart_window()
         state = _State(offset, hashes)
         failures = 0
+        furthest = offset
         while state.offset < f.size:
             if cancel is not None and cancel.is_set():
                 raise DownloadCancelled(f"download of {model.name} cancelled; the partial "
                                         f"file is kept for resuming")
-            start = state.offset
             try:
                 _fetch(client, model, f, out, state, meter, before, cancel)
             except (httpx2.TransportError, DownloadInterrupted) as err:
-                failures = 1 if state.offset > start else failures + 1
+                # only bytes past the furthest point reached count as progress: a server
+                # whose file is shorter than listed answers the resume with 416, the
+                # download starts over, stops at the same byte, and looped for ever
+                failures = 1 if state.offset > furthest else failures + 1
+                furthest = max(furthest, state.offset)
                 if failures > retries:
                     raise DownloadInterrupted(
                         f"connection lost at {format_bytes(state.offset)} of "

@@ -13,6 +13,7 @@ never asks for more than :data:`MAX_HEADER_BYTES` of one file.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -38,6 +39,10 @@ FIRST_HEADER_BYTES = 1 << 20
 MAX_HEADER_BYTES = 64 << 20
 """The most read of one file for its header (the largest vocabularies need ~10 MB)."""
 MAX_FILE_BYTES = 1 << 50
+MAX_JSON_BYTES = 16 << 20
+"""The longest JSON answer read (a search, a page of a file list): a page of the Hub's
+tree is 1000 entries of ~300 bytes, so 16 MiB is far above any real one, and an endpoint
+that streams without end (a broken mirror) ends in one line, not a MemoryError."""
 MAX_PAGES = 20
 MAX_SEARCH = 100
 SEARCH = "the search"
@@ -223,14 +228,19 @@ class HubClient:
     def get_json(self, url: str, *, what: str, params: dict[str, Any] | None = None
                  ) -> tuple[Any, httpx2.Response]:
         with self.stream(url, what=what, params=params) as response:
+            body = bytearray()
             try:
-                body = response.read()
+                for chunk in response.iter_bytes():
+                    body += chunk
+                    if len(body) > MAX_JSON_BYTES:
+                        raise HubError(f"{self.host}: answered {what} with more than "
+                                       f"{MAX_JSON_BYTES >> 20} MiB; not read")
             except httpx2.TransportError as err:
                 raise HubUnreachable(f"{self.host}: connection lost while reading {what} "
                                      f"({_reason(err)})") from None
             try:
-                return response.json(), response
-            except ValueError:
+                return json.loads(bytes(body)), response
+            except (ValueError, RecursionError):  # nested past the parser's depth too
                 raise HubError(f"{self.host}: answered {what} with something that is not "
                                f"JSON ({len(body)} bytes)") from None
 
@@ -354,7 +364,8 @@ def _remote_file(entry: Any) -> RemoteFile | None:
     if not isinstance(entry, dict) or entry.get("type") != "file":
         return None
     path = entry.get("path")
-    if not isinstance(path, str) or not path.lower().endswith(".gguf") or len(path) > 1000:
+    if not isinstance(path, str) or not path.lower().endswith(".gguf") or len(path) > 1000 \
+            or not _utf8(path):  # a lone surrogate (a \\udc80 escape) has no URL
         return None
     size = entry.get("size")
     if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= MAX_FILE_BYTES:
@@ -368,6 +379,14 @@ def _remote_file(entry: Any) -> RemoteFile | None:
         else None,
         git_oid=oid.lower() if not lfs and isinstance(oid, str)
         and re.fullmatch(r"[0-9a-fA-F]{40}", oid) else None)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _bounded(value: Any) -> int:

@@ -12,8 +12,10 @@ grow with every architecture and every crash fuzzing finds.
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
-from gguf import GGUFReader, GGUFValueType
+from gguf import GGUFEndian, GGUFReader, GGUFValueType
 from gguf.gguf_reader import ReaderField
 
 from moescope.util.errors import ModelFormatError
@@ -168,6 +170,46 @@ def check_header_numbers(name: str, reader: GGUFReader, arch: str) -> None:
         if not 1 <= n_vocab <= MAX_VOCAB:
             raise ModelFormatError(f"{name}: the vocabulary has {n_vocab} tokens, expected "
                                    f"1..{MAX_VOCAB}")
+        _check_distinct_tokens(name, reader, tokens)
+
+
+def _check_distinct_tokens(name: str, reader: GGUFReader, tokens: ReaderField) -> None:
+    """llama.cpp maps each token's text to its id and then asserts that no two tokens
+    shared a text (``GGML_ASSERT(id_to_token.size() == token_to_id.size())``, an abort):
+    a flipped byte that makes one token another's twin must be refused here. Its text is
+    the string up to a NUL (it goes through ``const char *``), an empty one
+    ``[EMPTY_<id>]``."""
+    if tokens.types[-1] != GGUFValueType.STRING:
+        return
+    model = reader.fields.get("tokenizer.ggml.model")
+    if model is not None and model.types[0] == GGUFValueType.STRING \
+            and bytes(model.parts[-1]) in (b"no_vocab", b"none"):
+        return
+    seen: dict[bytes, int] = {}
+    for i, raw in enumerate(_strings(reader, tokens)):
+        text = raw.split(b"\0", 1)[0] or f"[EMPTY_{i}]".encode()
+        first = seen.setdefault(text, i)
+        if first != i:
+            shown = text[:40].decode("utf-8", "replace").encode("unicode_escape").decode()
+            raise ModelFormatError(f"{name}: tokens {first} and {i} of the vocabulary are "
+                                   f"both '{shown}'; llama.cpp needs each token once "
+                                   f"(the file is probably corrupt)")
+
+
+def _strings(reader: GGUFReader, f: ReaderField) -> list[bytes]:
+    """A string array's items: the stock reader's parts, one per string, or the strict
+    reader's (:mod:`.gguf_reader`), one payload of ``(u64 length, bytes)`` items that it
+    has bounded against the file already."""
+    if f.data:
+        return [bytes(f.parts[i]) for i in f.data]
+    payload = np.asarray(f.parts[-1]).tobytes()
+    fmt = "<Q" if reader.endianess == GGUFEndian.LITTLE else ">Q"
+    out, pos = [], 0
+    for _ in range(array_len(f)):
+        (n,) = struct.unpack_from(fmt, payload, pos)
+        out.append(payload[pos + 8:pos + 8 + n])
+        pos += 8 + n
+    return out
 
 
 def _check_mla_latent(name: str, reader: GGUFReader, arch: str) -> None:

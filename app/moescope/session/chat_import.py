@@ -164,7 +164,9 @@ _DROP = object()
 def _scalar(value: object) -> object:
     if value is None or isinstance(value, bool):
         return value
-    if isinstance(value, int | float):
+    if isinstance(value, int):  # compared as an integer: math.isfinite(10**400) raised
+        return value if abs(value) <= MAX_STAT_NUMBER else _DROP
+    if isinstance(value, float):
         ok = math.isfinite(value) and abs(value) <= MAX_STAT_NUMBER
         return value if ok else _DROP
     if isinstance(value, str) and len(value) <= MAX_STAT_STRING:

@@ -195,8 +195,8 @@ class ChatStore:
         rows = self._db.execute(
             "SELECT * FROM messages WHERE chat_id=? ORDER BY position", (chat_id,))
         return [ChatMessage(id=r["id"], chat_id=r["chat_id"], position=r["position"],
-                            role=r["role"], content=r["content"], status=r["status"],
-                            stats=json.loads(r["stats"]) if r["stats"] else {})
+                            role=r["role"], content=_stored_text(r["content"]),
+                            status=r["status"], stats=_stored_stats(r["stats"]))
                 for r in rows]
 
     def add_message(self, chat_id: int, role: str, content: str,
@@ -309,6 +309,29 @@ class AnswerWriter:
 
     def close(self) -> None:
         self._db.close()
+
+
+def _stored_stats(raw: object) -> dict[str, Any]:
+    """An answer's stored stats, or none: a row whose stats are not a JSON object (a
+    database edited or damaged outside the app) loses its stats line, not its chat (one
+    bad row made ``messages`` raise, and the whole chat could not be opened)."""
+    if not raw:
+        return {}
+    try:
+        stats = json.loads(raw)
+    except (TypeError, ValueError, RecursionError):
+        return {}
+    return stats if isinstance(stats, dict) else {}
+
+
+def _stored_text(raw: object) -> str:
+    """A message's stored text as a string: SQLite keeps whatever was written to a column,
+    and bytes (or a number) written there by another tool are shown, not raised on."""
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, bytes):
+        return raw.decode("utf-8", "replace")
+    return "" if raw is None else str(raw)
 
 
 def _message_json(m: ChatMessage) -> dict[str, Any]:

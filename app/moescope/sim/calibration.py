@@ -155,8 +155,9 @@ def save_calibration(cal: Calibration, dest: Path | None = None) -> Path:
 
 def _rate(raw: dict[str, object], key: str, low: float, high: float) -> float:
     value = raw.get(key)
+    # an integer is compared as one (math.isfinite(10**400) raised OverflowError)
     if not isinstance(value, int | float) or isinstance(value, bool) or not (
-            math.isfinite(value) and low <= value <= high):
+            (isinstance(value, int) or math.isfinite(value)) and low <= value <= high):
         raise MoEScopeError(f"{CALIBRATION_FILE}: {key} must be a number in "
                             f"{low:g}..{high:g}; run moescope calibrate again")
     return float(value)

@@ -85,14 +85,14 @@ def live_trace_file(path: str | os.PathLike[str]) -> Path:
     a crash); ``path`` when neither exists. A journal's own name, once the journal is
     compacted and gone, gives the finished file."""
     p = Path(path)
-    if p.exists():
+    if os.path.exists(p):  # not Path.exists: a name too long (the journal's) raised
         return p
     text = os.fspath(p)
     if text.endswith(JOURNAL_SUFFIX) and trace_suffix(text[:-len(JOURNAL_SUFFIX)]):
         finished = Path(text[:-len(JOURNAL_SUFFIX)])
-        return finished if finished.exists() else p
+        return finished if os.path.exists(finished) else p
     journal = journal_path(p)
-    return journal if journal.exists() else p
+    return journal if os.path.exists(journal) else p
 
 
 def with_trace_suffix(path: str | os.PathLike[str], suffix: str) -> Path:

@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from moescope.trace import arrow_format as af
 from moescope.trace.names import JOURNAL_SUFFIX, journal_path
 from moescope.trace.schema import TokenRecord, Trace, TraceFormatError, TraceHeader
-from moescope.util.files import check_output, fill_atomic
+from moescope.util.files import NAME_MAX, check_output, fill_atomic
 
 try:
     import fcntl
@@ -114,7 +114,13 @@ def check_journal_free(path: str | os.PathLike[str]) -> None:
     journal is already there, before anything is loaded: the writer would refuse it
     anyway, after the command had spent minutes loading a big model."""
     journal = journal_path(Path(path))
-    if is_parquet_path(path) and os.path.lexists(journal):
+    if not is_parquet_path(path):
+        return
+    if len(os.fsencode(journal.name)) > NAME_MAX:  # every look at it: ENAMETOOLONG
+        raise TraceFormatError(f"{path}: the name is too long to record to: its journal "
+                               f"({JOURNAL_SUFFIX} added) would be over {NAME_MAX} bytes; "
+                               f"give a shorter name")
+    if os.path.lexists(journal):
         raise _journal_there(journal)
 
 

@@ -413,6 +413,10 @@ def read_journal(p: Path, progress: ReadProgress | None = None) -> Journal:
             if batch is None:
                 truncated = True
                 break
+            # a flipped byte in a message can leave a buffer shorter than its length says
+            # (or list offsets past their values): numpy then read beyond it, and the
+            # compaction's cast raised ArrowInvalid (a traceback); ~20 us a batch
+            batch.validate(full=True)
             if len(meta) == 1 and meta.key(0) == af.TOKEN_KEY:  # a token's (one lookup)
                 text = meta.value(0)
             elif af.END_KEY in meta:

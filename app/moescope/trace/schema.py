@@ -520,7 +520,9 @@ class TraceColumns:
     def _check(self, probs: npt.NDArray[np.float32], first: int) -> None:
         """Rows ``first`` on: a recorded row's probabilities must all be finite (a sum is
         finite only if every value is; rows are looked at one by one only if not)."""
-        if not len(probs) or np.isfinite(probs.sum(dtype=np.float32)):
+        with np.errstate(over="ignore", invalid="ignore"):  # inf - inf, 3e38 + 3e38: no
+            total = probs.sum(dtype=np.float32)  # RuntimeWarning above the one line
+        if not len(probs) or np.isfinite(total):
             return
         bad = self.exact[first:first + len(probs)] & ~np.isfinite(probs).all(axis=1)
         if bad.any():

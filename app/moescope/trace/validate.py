@@ -831,7 +831,9 @@ def check_columns(cols: Mapping[str, Any], header: TraceHeader,
     _within(cols["used_ids"], "row {}.used_ids", 0, n_expert - 1,
             f"is not an expert (0..{n_expert - 1})")
     slots = cols["slots"]
-    if slots.size and (slots.min() < 0 or slots.max() >= in_force.min(initial=slots.max() + 1)):
+    # int(): slots are int16 in a stream, and 32767 + 1 overflowed with numpy's warning
+    if slots.size and (slots.min() < 0
+                       or slots.max() >= in_force.min(initial=int(slots.max()) + 1)):
         row_slots = np.repeat(in_force, counts)  # some token had fewer slots: row by row
         bad = ~((slots >= 0) & (slots < row_slots[:, None]))
     else:

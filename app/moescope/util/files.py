@@ -189,13 +189,37 @@ def _no_new_files(folder: Path, dest: PathLike, err: OSError) -> OutputPathError
                            os.fspath(dest))
 
 
+NAME_MAX = 255
+"""The longest file name, in bytes, of the usual file systems."""
+_TEMP_EXTRA = len("..") + 8 + len(".part")
+"""What a temporary's name adds to its target's: two dots, tempfile's 8 random characters
+and the suffix."""
+
+
+def temp_prefix(name: str) -> str:
+    """``.NAME.``, the start of a temporary's name beside ``NAME``, with ``NAME`` cut (on
+    a character boundary) so that the whole temporary's name fits :data:`NAME_MAX`: an
+    output named with 241 to 255 bytes, a valid name, was refused as "folder does not
+    take new files (File name too long)"."""
+    raw = os.fsencode(name)
+    room = NAME_MAX - _TEMP_EXTRA
+    if len(raw) > room:
+        try:
+            raw.decode("utf-8")
+            name = raw[:room].decode("utf-8", "ignore")  # a character cut in two: dropped
+        except UnicodeDecodeError:  # not UTF-8 (surrogate-escaped): any byte is a character
+            name = os.fsdecode(raw[:room])
+    return f".{name}."
+
+
 def _mkstemp_beside(target: Path, dest: PathLike, folder: Path | None = None
                     ) -> tuple[int, str]:
-    """A temporary ``.NAME.*.part`` in ``folder`` (default: beside ``target``); its failure
-    names ``dest``, not the temporary's name that the user never gave."""
+    """A temporary ``.NAME.*.part`` in ``folder`` (default: beside ``target``; ``NAME``
+    cut to fit, :func:`temp_prefix`); its failure names ``dest``, not the temporary's name
+    that the user never gave."""
     folder = target.parent if folder is None else folder
     try:
-        return tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=folder)
+        return tempfile.mkstemp(prefix=temp_prefix(target.name), suffix=".part", dir=folder)
     except OSError as err:
         raise _no_new_files(folder, dest, err) from None
 

@@ -146,7 +146,7 @@ def _check_not_only_a_journal(path: Path) -> None:
     if os.path.lexists(path):
         return
     journal = journal_path(path)
-    if journal.is_file():
+    if os.path.isfile(journal):  # Path.is_file raised on a name too long (ENAMETOOLONG)
         raise MoEScopeError(f"{path}: no such trace file, but its journal {journal.name} is "
                             f"there (the session was cut off): replay the journal, or finish "
                             f"it with: moescope trace compact {journal}")

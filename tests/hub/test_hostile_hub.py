@@ -1,0 +1,207 @@
+"""A broken or hostile Hub endpoint (``HF_ENDPOINT``: a mirror, a proxy), found by the second
+hostile-input campaign. Each answer below used to end ``moescope pull`` in a traceback, a
+MemoryError or an endless loop; each is now one ``HubError`` line, and nothing is written
+outside the models folder."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+from moescope.cli import main
+from moescope.hub.download import download_model
+from moescope.hub.errors import DownloadInterrupted, HubError
+from moescope.hub.remote import MAX_JSON_BYTES, HubClient
+from moescope.util import paths
+
+REPO = "me/repo"
+
+
+class HostileHub:
+    """``tree``: the body of the file list (bytes, or a callable writing it); ``files``:
+    path in the repository -> the bytes served for it (ranges honoured, 416 past the end,
+    as the Hub does)."""
+
+    def __init__(self, model: bytes) -> None:
+        self.data = model
+        self.sha = hashlib.sha256(model).hexdigest()
+        self.tree: bytes | Callable[[Any], None] = b"[]"
+        self.files: dict[str, bytes] = {}
+        self.requests = 0
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                hub.requests += 1
+                path = unquote(urlsplit(self.path).path)
+                if path.startswith(f"/api/models/{REPO}/tree/"):
+                    if callable(hub.tree):
+                        self.send_response(200)
+                        self.send_header("Connection", "close")
+                        self.end_headers()
+                        hub.tree(self.wfile)
+                        return
+                    return self._send(200, hub.tree)
+                prefix = f"/{REPO}/resolve/main/"
+                data = hub.files.get(path[len(prefix):]) if path.startswith(prefix) else None
+                if data is None:
+                    return self._send(404, b"{}")
+                rng = self.headers.get("Range")
+                if rng:
+                    start = int(rng.removeprefix("bytes=").split("-")[0])
+                    end = rng.removeprefix("bytes=").split("-")[1]
+                    stop = min(int(end) + 1, len(data)) if end else len(data)
+                    if start >= len(data):
+                        return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
+                    return self._send(206, data[start:stop],
+                                      {"Content-Range": f"bytes {start}-{stop - 1}/"
+                                                        f"{len(data)}"})
+                return self._send(200, data)
+
+            def _send(self, code: int, body: bytes,
+                      headers: dict[str, str] | None = None) -> None:
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                with contextlib.suppress(OSError):
+                    self.wfile.write(body)
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def listing(self, *entries: tuple[str, int, str]) -> None:
+        self.tree = json.dumps([{"type": "file", "path": p, "size": size, "lfs": {"oid": sha}}
+                                for p, size, sha in entries]).encode()
+
+
+@pytest.fixture
+def hostile(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+            tiny_moe: Path) -> Iterator[HostileHub]:
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv(paths.ENV_MODELS_DIR, str(tmp_path / "models"))
+    hub = HostileHub(tiny_moe.read_bytes())
+    hub._thread.start()
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    yield hub
+    hub._httpd.shutdown()
+    hub._httpd.server_close()
+
+
+def _one_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("moescope: error: ") and err.count("\n") == 1, err
+    return err
+
+
+def test_a_file_list_that_never_ends_is_refused_past_a_bound(
+        hostile: HostileHub, capsys: pytest.CaptureFixture[str]) -> None:
+    """The whole answer was read into memory: 3 GB of whitespace was a MemoryError."""
+    def endless(out: Any) -> None:
+        chunk = b" " * (1 << 20)
+        try:
+            out.write(b"[")
+            for _ in range((MAX_JSON_BYTES >> 20) * 4):
+                out.write(chunk)
+        except OSError:  # the client stopped reading, as it should
+            pass
+
+    hostile.tree = endless
+    err = _one_line(capsys, ["pull", REPO, "--check"])
+    assert f"more than {MAX_JSON_BYTES >> 20} MiB" in err
+
+
+def test_json_nested_past_the_parsers_depth_is_one_line(
+        hostile: HostileHub, capsys: pytest.CaptureFixture[str]) -> None:
+    hostile.tree = b"[" * 200_000 + b"]" * 200_000
+    assert "is not JSON" in _one_line(capsys, ["pull", REPO, "--check"])
+
+
+def test_a_path_with_a_lone_surrogate_is_skipped(hostile: HostileHub,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``"\\udc80-Q8_0.gguf"`` parses to a string no URL can hold: quote() raised
+    UnicodeEncodeError; such an entry is not a file that can be asked for."""
+    hostile.tree = (b'[{"type": "file", "path": "\\udc80-Q8_0.gguf", "size": 10}]')
+    assert main(["pull", REPO]) == 0
+    assert "no GGUF model files" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["a" * 300 + "-Q8_0.gguf", "b" * 240 + "-Q8_0.gguf",
+                                  "evil\nmoescope: error: spoofed-Q8_0.gguf"])
+def test_a_name_that_cannot_be_a_file_here_is_one_line(
+        hostile: HostileHub, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        name: str) -> None:
+    """A name over 255 bytes (or one whose ``.incomplete`` is): ENAMETOOLONG from a
+    stat, a traceback; a newline in a name wrote a file whose name spoofs an error line."""
+    hostile.listing((name, len(hostile.data), hostile.sha))
+    hostile.files[name] = hostile.data
+    err = _one_line(capsys, ["pull", f"{REPO}:Q8_0", "--dir", str(tmp_path / "m")])
+    assert "not downloaded" in err
+    assert not list((tmp_path / "m").rglob("*.gguf*"))
+
+
+def test_a_server_file_shorter_than_listed_ends_not_loops(hostile: HostileHub,
+                                                          tmp_path: Path) -> None:
+    """The listing gives the file's size, the server has half: the resume got 416, the download
+    started over, stopped at the same byte, and (progress made each time) looped for
+    ever. Now only bytes past the furthest reached count as progress."""
+    hostile.listing(("m-Q8_0.gguf", len(hostile.data), hostile.sha))
+    hostile.files["m-Q8_0.gguf"] = hostile.data[: len(hostile.data) // 2]
+    client = HubClient()
+    model = client.list_models(REPO)[0]
+    raised: list[BaseException] = []
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            download_model(client, model, tmp_path / "m", cancel=stop, retries=1)
+        except BaseException as err:  # the test looks at what it was
+            raised.append(err)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(30)
+    stop.set()  # the old loop stops here at last, cancelled
+    t.join(10)
+    assert raised and isinstance(raised[0], DownloadInterrupted), raised
+    assert hostile.requests < 10
+    assert "run the download again" in str(raised[0]) and "\n" not in str(raised[0])
+    assert not (tmp_path / "m" / "me" / "repo" / "m-Q8_0.gguf").exists()
+
+
+def test_the_bounds_let_a_real_listing_through(hostile: HostileHub, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    hostile.listing(("sub/m-Q8_0.gguf", len(hostile.data), hostile.sha))
+    hostile.files["sub/m-Q8_0.gguf"] = hostile.data
+    models = HubClient().list_models(REPO)
+    assert [m.name for m in models] == ["sub/m-Q8_0.gguf"]
+    path = download_model(HubClient(), models[0], tmp_path / "m")
+    assert path.read_bytes() == hostile.data
+    with pytest.raises(HubError):
+        hostile.tree = b"[" * 200_000
+        HubClient().list_models(REPO)
