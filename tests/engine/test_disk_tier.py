@@ -144,6 +144,27 @@ def test_read_ahead_serves_fetches_and_changes_nothing(
     assert np.array_equal(off[1], on[1])
 
 
+def test_prefill_reads_its_layers_ahead_and_changes_nothing(
+        synth_model: Callable[..., Path], engine: Callable[..., Engine],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefill (not governed: it reads the experts through the model's mapping) with the
+    experts in the file has each MoE layer read into the page cache ahead of its compute;
+    the logits of the prompt and of the tokens after it equal those without."""
+    path = synth_model("qwen3moe", expert_type="q8_0")
+    runs = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv("MOESCOPE_PREFILL_AHEAD", flag)  # read when the cache is made
+        e = engine(path, budget="25%", policy="exact", ram_budget="30%")
+        before = e.timings()["n_prefill_ahead"]
+        # 40 tokens: a prefill, not a governed step
+        logits = _forced(e, n=8, prompt=forced_stream(e._llm.n_vocab(), 40, seed=3))
+        runs.append((logits, e.timings()["n_prefill_ahead"] - before))
+    (off, n_off), (on, n_on) = runs
+    assert n_off == 0
+    assert n_on >= 2  # every MoE layer but the first asked for the next (and itself)
+    assert np.array_equal(off, on)
+
+
 def test_a_disk_threshold_substitutes_disk_misses_it_would_fetch_from_ram(
         synth_model: Callable[..., Path], engine: Callable[..., Engine]) -> None:
     """theta_disk: a miss only on disk needs a larger gate weight to be waited for."""

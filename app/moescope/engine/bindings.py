@@ -44,6 +44,7 @@ class MoeCacheTimings(ctypes.Structure):
         ("disk_bytes", ctypes.c_int64),
         ("n_readahead", ctypes.c_int64),
         ("n_readahead_used", ctypes.c_int64),
+        ("n_prefill_ahead", ctypes.c_int64),
     ]
 
     def as_dict(self) -> dict[str, int]:
@@ -79,6 +80,7 @@ def engine_library() -> Any:
         "llama_moe_cache_expert_bytes": (i64, [vp, i32]),
         "llama_moe_cache_set_max_tokens": (None, [vp, i32]),
         "llama_moe_cache_set_copy_delay": (None, [vp, i32]),
+        "llama_moe_cache_set_prefill_ahead": (None, [vp, ctypes.c_bool]),
         "llama_moe_cache_get_timings": (None, [vp, ctypes.POINTER(MoeCacheTimings)]),
         "llama_moe_cache_reset_timings": (None, [vp]),
         "llama_moe_cache_last_route": (i32, [vp, i32, ctypes.POINTER(ctypes.c_float),

@@ -330,8 +330,25 @@ class Engine:
                                  n_threads=int(getattr(self._llm, "n_threads", 0) or 0),
                                  expert_buffer=(buffer or b"").decode(errors="replace"),
                                  slot_buffer=(slots or b"").decode(errors="replace"))
+        self._set_prefill_ahead()
         report("ready", 1.0)
         return self.model
+
+    def _set_prefill_ahead(self) -> None:
+        """With the experts read from the file (the RAM tier on), a prompt's prefill reads
+        them through the model's mapping; the native side then has each MoE layer's experts
+        read into the page cache while the layer before computes, if memory holds two
+        layers' experts beside what the process takes now. With less, the layer read ahead
+        evicts the one computing: at a 1,400 MB limit on a 2.65 GB model a 1,565-token
+        prompt took 22-26 s with it and 97-101 s without, at 880 MB 147 s with it and 100 s
+        without (``bench/prefill_bench.py``, docs/benchmarks.md)."""
+        if self._cache is None or self.model is None or self.model.info is None:
+            return
+        info = self.model.info
+        layer = max((info.bytes_per_expert[il] * info.n_expert for il in info.moe_layers),
+                    default=0)
+        room = self.ram_slots_per_layer > 0 and memory_limit().available >= 2 * layer
+        self._lib.llama_moe_cache_set_prefill_ahead(self._ctx, room)
 
     def _warm_up(self, short: bool = False) -> None:
         """Decode a short prompt and one token, then forget them: the first decodes of a
@@ -602,6 +619,7 @@ class Engine:
         if rc != bindings.RC_OK:
             raise CacheError(_ram_message(rc, ram_plan))
         self.model.ram_plan = None if off else ram_plan
+        self._set_prefill_ahead()
         return self.model.ram_plan
 
     @property
