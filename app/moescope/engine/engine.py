@@ -340,7 +340,7 @@ class Engine:
         read into the page cache while the layer before computes, if memory holds two
         layers' experts beside what the process takes now. With less, the layer read ahead
         evicts the one computing: at a 1,400 MB limit on a 2.65 GB model a 1,565-token
-        prompt took 22-26 s with it and 97-101 s without, at 880 MB 147 s with it and 100 s
+        prompt took 21-23 s with it and 74-77 s without, at 880 MB 147 s with it and 100 s
         without (``bench/prefill_bench.py``, docs/benchmarks.md)."""
         if self._cache is None or self.model is None or self.model.info is None:
             return
