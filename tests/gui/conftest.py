@@ -6,6 +6,7 @@ dialogs that would block (QMessageBox) are replaced by a recorder the tests read
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import threading
@@ -106,6 +107,22 @@ def demo() -> Path:
     if path is None:
         pytest.skip("this checkout has no demo model")
     return path
+
+
+@pytest.fixture
+def font_pt(make_window: Any) -> Iterator[Any]:
+    """Sets the app's font size through the window's preferences; the system's size
+    again afterwards (the font is the application's, shared by later tests)."""
+    windows: list[Any] = []
+
+    def set_font(window: Any, pt: float) -> None:
+        windows.append(window)
+        window.apply_preferences(dataclasses.replace(window.preferences, font_pt=pt))
+
+    yield set_font
+    if windows:
+        windows[-1].apply_preferences(dataclasses.replace(windows[-1].preferences,
+                                                          font_pt=0))
 
 
 @pytest.fixture

@@ -6,8 +6,6 @@ the demo model, or the tiny synthetic one."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +17,6 @@ from moescope.cache.budget import format_bytes
 from moescope.gui.widgets.screen_fit import WINDOW_FRAME
 
 SMALL = QSize(1024, 700)
-
-
-@pytest.fixture
-def font_pt(make_window: Any) -> Iterator[Any]:
-    """The app's font size through the window's preferences; the system's again after."""
-    windows: list[Any] = []
-
-    def set_font(window: Any, pt: float) -> None:
-        windows.append(window)
-        window.apply_preferences(dataclasses.replace(window.preferences, font_pt=pt))
-
-    yield set_font
-    if windows:
-        windows[-1].apply_preferences(dataclasses.replace(windows[-1].preferences,
-                                                          font_pt=0))
 
 
 def _in_window(widget: Any, rect: QRect) -> QRect:

@@ -5,9 +5,7 @@ small print follows the font size. Real window, real engine, tiny model."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,22 +25,6 @@ from moescope.gui.main_window import first_size
 from moescope.gui.widgets.screen_fit import WINDOW_FRAME
 
 SMALL = QSize(1024, 700)
-
-
-@pytest.fixture
-def font_pt(make_window: Any) -> Iterator[Any]:
-    """Sets the app's font size through the window's preferences; the system's size
-    again afterwards (the font is the application's, shared by later tests)."""
-    windows: list[Any] = []
-
-    def set_font(window: Any, pt: float) -> None:
-        windows.append(window)
-        window.apply_preferences(dataclasses.replace(window.preferences, font_pt=pt))
-
-    yield set_font
-    if windows:
-        windows[-1].apply_preferences(dataclasses.replace(windows[-1].preferences,
-                                                          font_pt=0))
 
 
 @pytest.mark.parametrize("pt", [0, 10, 11])
