@@ -23,6 +23,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -115,16 +116,17 @@ def main() -> int:
                     with open(procs, "w") as f:
                         f.write(str(os.getpid()))
 
-                out = Path(f"/tmp/prefill-bench-{os.getpid()}.json")
-                proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec),
-                                       "--out", str(out)], preexec_fn=enter, env=env,
-                                      capture_output=True, text=True, check=False)
-                if proc.returncode != 0:
-                    tail = (proc.stderr or proc.stdout).strip().splitlines()[-2:]
-                    print(f"  {variant}: exit {proc.returncode}: {' | '.join(tail)}")
-                    continue
-                r = json.loads(out.read_text())
-                out.unlink()
+                # a new file of our own (a fixed name in /tmp could be anyone's symlink)
+                with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
+                    proc = subprocess.run([sys.executable, __file__, "--child",
+                                           json.dumps(spec), "--out", out.name],
+                                          preexec_fn=enter, env=env, capture_output=True,
+                                          text=True, check=False)
+                    if proc.returncode != 0:
+                        tail = (proc.stderr or proc.stdout).strip().splitlines()[-2:]
+                        print(f"  {variant}: exit {proc.returncode}: {' | '.join(tail)}")
+                        continue
+                    r = json.loads(Path(out.name).read_text())
                 results[variant].append(r)
                 print(f"  run {run + 1} {variant:28s} {r['ttft']:7.1f} s", flush=True)
     finally:
