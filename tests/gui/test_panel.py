@@ -148,8 +148,8 @@ def test_fit_estimate_without_nvidia_gpu_says_slots_are_in_ram(tiny_moe: Path,
     import moescope.display.fit as fit_module
 
     monkeypatch.setattr(fit_module, "gpu_status", lambda: None)
-    fit = estimate_fit(read_model_info(tiny_moe), "25%")
-    assert fit.gpu == "no NVIDIA GPU: expert slots in RAM"
+    fit = estimate_fit(read_model_info(tiny_moe), "25%", backend="cpu")
+    assert fit.gpu == "CPU build: expert slots in RAM"
     assert fit.vram_free is None and fit.fits_vram
 
 

@@ -106,6 +106,7 @@ def test_the_fit_estimate_says_where_each_part_lands_per_backend(
         tiny_moe: Path, monkeypatch: Any) -> None:
     import moescope.display.fit as fit_module
     from moescope.display.fit import estimate_fit
+    from moescope.engine.devices import Device
     from moescope.model.gguf_info import read_model_info
     from moescope.model.ram_fit import ram_start_experts
 
@@ -122,8 +123,9 @@ def test_the_fit_estimate_says_where_each_part_lands_per_backend(
     assert "stay in the model file" in rows["Experts on disk"]
     assert "read" in rows["Experts on disk"]
     assert dict(whole.lines())["Experts on disk"].startswith("none")
-    # a Vulkan build without NVML: the slots are in GPU memory, not in RAM
-    vulkan = estimate_fit(info, "25%", n_ctx=512, backend="vulkan")
+    # a Vulkan build's GPU without NVML, free memory not reported: slots in GPU memory
+    card = Device("Vulkan0", "Radeon", "gpu", 0, 0)
+    vulkan = estimate_fit(info, "25%", n_ctx=512, backend="vulkan", device=card)
     assert "slots in RAM" not in vulkan.gpu and "Vulkan" in vulkan.gpu
     assert "GPU memory (Vulkan" in dict(vulkan.lines())["Expert slots"]
     assert vulkan.ram_needed == whole.ram_needed - whole.vram_needed

@@ -5,8 +5,10 @@ VRAM"), and MoE estimates are where the others go wrong: here all experts live i
 and only ``slots_per_layer`` of them per layer take VRAM, so RAM and VRAM are priced
 separately. With a RAM budget below the experts (the RAM tier), the experts beyond it stay
 in the model file and are read from disk on demand: three tiers, each with its speed. Where
-the slots land depends on the engine's build (:mod:`moescope.engine.backend`), not on
-whether NVML sees an NVIDIA GPU: a Vulkan build puts them in GPU memory it cannot measure.
+the slots land depends on the engine's build (:mod:`moescope.engine.backend`) and the GPU
+its ggml sees (:mod:`moescope.engine.devices`: a Vulkan build's AMD or Intel card is measured
+there, NVML only knows NVIDIA's; an integrated GPU's slots are priced as RAM), not on whether
+NVML sees an NVIDIA GPU.
 No Qt here: the dialog formats what this computes.
 """
 
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 
 from moescope.cache.budget import BudgetPlan, format_bytes, plan_for_model
 from moescope.engine.backend import NAMES, engine_build
+from moescope.engine.devices import Device, slot_device
 from moescope.model.gguf_info import ModelInfo
 from moescope.model.ram_fit import kv_cache_bytes
 from moescope.util.gpu import gpu_status
@@ -139,16 +142,24 @@ class FitEstimate:
         return out
 
 
+_FIND = object()
+
+
 def estimate_fit(info: ModelInfo, budget: str, n_ctx: int = 2048,
-                 ram_budget: str | None = None, backend: str | None = None) -> FitEstimate:
+                 ram_budget: str | None = None, backend: str | None = None,
+                 device: Device | object | None = _FIND) -> FitEstimate:
     """The numbers for ``info`` at ``budget`` (``"25%"``, ``"12GiB"``, bytes) and, with
     ``ram_budget``, a RAM tier of that size (experts beyond it read from disk). ``backend``
-    defaults to the installed engine's build."""
+    defaults to the installed engine's build, ``device`` to the GPU its ggml would put the
+    slots on (:func:`moescope.engine.devices.slot_device`; None: no GPU, slots in RAM)."""
     plan = plan_for_model(info, budget) if info.is_moe else None
     ram_plan = plan_for_model(info, ram_budget) if plan is not None and ram_budget else None
     gpu = gpu_status()
     build = engine_build().backend if backend is None else backend
-    slots_on_gpu = build == "vulkan" or (build == "cuda" and gpu is not None)
+    dev = (slot_device(build) if build in ("cuda", "vulkan") else None) \
+        if device is _FIND else device
+    assert dev is None or isinstance(dev, Device)
+    slots_on_gpu = build != "cpu" and dev is not None and not dev.host_memory
     kv = kv_cache_bytes(info, n_ctx)
     slots = plan.bytes_used if plan else 0
     experts_in_ram = info.total_expert_bytes
@@ -156,16 +167,28 @@ def estimate_fit(info: ModelInfo, budget: str, n_ctx: int = 2048,
         experts_in_ram = min(info.total_expert_bytes, ram_plan.bytes_used)
     host = info.non_expert_bytes + experts_in_ram + kv
     ram_needed = host + (0 if slots_on_gpu else slots)
-    if gpu is not None:
+    free: int | None = None
+    name = NAMES.get(build, build)
+    if build == "cpu" or not build:
+        where = "CPU build: expert slots in RAM" + (
+            f" ({gpu.name} is not used by a CPU build)" if gpu is not None else "")
+    elif dev is None:
+        where = f"no GPU seen by the {name} build: expert slots in RAM"
+    elif dev.host_memory:
+        where = (f"{dev.description or dev.name} (integrated GPU, {name}): expert slots in "
+                 f"the memory it shares with the CPU, counted as RAM")
+    elif gpu is not None and build == "cuda":
+        free = gpu.free
         where = f"{gpu.name}: {format_bytes(gpu.free)} VRAM free of {format_bytes(gpu.total)}"
-    elif build == "vulkan":
-        where = "no NVIDIA GPU seen (Vulkan build): expert slots in GPU memory, not measured"
     else:
-        where = "no NVIDIA GPU: expert slots in RAM"
+        free = dev.free if dev.total > 0 else None
+        where = (f"{dev.description or dev.name} ({name}): " +
+                 (f"{format_bytes(dev.free)} free of {format_bytes(dev.total)}"
+                  if free is not None else "free memory not reported"))
     return FitEstimate(
         model_name=info.name or info.file_name, is_moe=info.is_moe,
         non_expert_bytes=info.non_expert_bytes, expert_bytes=info.total_expert_bytes,
         kv_bytes=kv, plan=plan, ram_needed=ram_needed,
         ram_available=memory_limit().available,
-        vram_needed=slots, vram_free=gpu.free if gpu else None, gpu=where,
+        vram_needed=slots, vram_free=free, gpu=where,
         backend=build, slots_on_gpu=slots_on_gpu, ram_plan=ram_plan)

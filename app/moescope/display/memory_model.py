@@ -1,9 +1,9 @@
-"""RAM (psutil) and VRAM (pynvml) of this process and of the whole system, over time.
+"""RAM (psutil) and VRAM (pynvml, else ggml's) of this process and of the whole system.
 
 Sampled about once a second by the cache panel (cheap system calls); the display timer
-draws it with the other plots. VRAM columns stay NaN without an NVIDIA GPU. It also names
-where the experts live in host memory (:func:`expert_memory`), which decides how fast a
-fetch can copy: the engine reports llama.cpp's buffer name once, at load.
+draws it with the other plots. VRAM columns stay NaN without a GPU holding the slots. It
+also names where the experts live in host memory (:func:`expert_memory`), which decides how
+fast a fetch can copy: the engine reports llama.cpp's buffer name once, at load.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import time
 import psutil
 
 from moescope.display.ring import RingBuffer
+from moescope.engine.devices import slot_device
 from moescope.util.gpu import GpuStatus, gpu_status
 from moescope.util.memory_limit import MemoryLimit, memory_limit
 
@@ -44,6 +45,19 @@ def expert_memory(buffer: str) -> tuple[str, str]:
     if buffer == "CPU":
         return "pageable (RAM)", PAGEABLE_TIP.format(how=" (read into RAM)")
     return buffer, f"The experts are in llama.cpp's {buffer} buffer."
+
+
+def device_status() -> GpuStatus | None:
+    """The memory of the GPU the engine's ggml puts the slots on (a Vulkan build's AMD or
+    Intel card, which NVML does not see), as :func:`gpu_status` would give it, without this
+    process's share (ggml does not say); None without one."""
+    dev = slot_device()
+    if dev is None or dev.total <= 0:
+        return None
+    return GpuStatus(name=dev.description or dev.name, total=dev.total,
+                     used=max(0, dev.total - dev.free), free=dev.free, process_used=None)
+
+
 MEMORY_COLUMNS = ("t", "ram_process", "ram_system", "vram_process", "vram_system")
 
 
@@ -62,7 +76,8 @@ class MemoryModel:
         self.expert_buffer = ""
         """llama.cpp's buffer holding the experts (``ModelSummary.expert_buffer``)."""
         self.slots_on_device = False
-        """The slots are in a GPU's memory that NVML cannot see (e.g. a Vulkan build)."""
+        """The slots are in a GPU's memory that NVML cannot see (e.g. a Vulkan build): its
+        memory is then ggml's figure for that device (:func:`device_status`)."""
         self.dirty = False
 
     def sample(self) -> None:
@@ -72,6 +87,8 @@ class MemoryModel:
         except psutil.Error:
             rss = float("nan")
         self.gpu = gpu_status()
+        if self.gpu is None and self.slots_on_device:
+            self.gpu = device_status()
         g = self.gpu
         self.samples.append({
             "t": time.monotonic() - self._t0,

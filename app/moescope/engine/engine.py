@@ -582,7 +582,7 @@ class Engine:
         assert m is not None and m.info is not None
         info = m.info
         slot_bytes = m.plan.bytes_used if m.plan is not None and \
-            _slots_in_ram(m.n_gpu_layers) else 0
+            _slots_in_ram(m.n_gpu_layers, m.slot_buffer) else 0
         experts = info.total_expert_bytes if m.ram_plan is None else m.ram_plan.bytes_used
         held = info.non_expert_bytes + kv_cache_bytes(info, m.n_ctx) + slot_bytes + experts
         budget, note = auto_ram_budget(info, m.n_ctx, available, slot_bytes, held=held,
@@ -1210,11 +1210,18 @@ class _RouteBuffers:
         self.score_ptrs = rows(self.scores, f32)
 
 
-def _slots_in_ram(n_gpu_layers: int | None) -> bool:
-    """The expert slots take host memory: no layer on a GPU, or a CPU build."""
+def _slots_in_ram(n_gpu_layers: int | None, slot_buffer: str = "") -> bool:
+    """The expert slots take host memory: no layer on a GPU, a CPU build, a GPU build that
+    sees no GPU, or an integrated GPU (its memory is the machine's RAM). ``slot_buffer``:
+    llama.cpp's name for a loaded model's slot buffer ("CPU": in RAM), where known."""
     from moescope.engine.backend import engine_build
+    from moescope.engine.devices import slot_device
 
-    return n_gpu_layers == 0 or engine_build().backend == "cpu"
+    if n_gpu_layers == 0 or engine_build().backend == "cpu" or \
+            slot_buffer.upper().startswith("CPU"):
+        return True
+    device = slot_device()
+    return device is None or device.host_memory
 
 
 def auto_ram_budget(info: ModelInfo, n_ctx: int, available: int | None = None,
