@@ -85,3 +85,43 @@ def test_the_estimate_prices_the_slots_where_the_device_keeps_them(
     monkeypatch.setattr("moescope.engine.backend.engine_build",
                         lambda lib_dir=None: type(engine_build())("vulkan"))
     assert engine_module._slots_in_ram(None) is (kind != "gpu")
+
+
+def test_the_backend_line_names_the_gpu_and_its_memory() -> None:
+    from moescope.engine.backend import EngineBuild, backend_text
+
+    vulkan = EngineBuild("vulkan", "glslc found")
+    card = Device("Vulkan0", "Radeon RX 7900 XTX", "gpu", 20 << 30, 24 << 30)
+    apu = Device("Vulkan0", "Radeon 780M", "igpu", 8 << 30, 16 << 30)
+    cpu = Device("CPU", "Ryzen", "cpu", 30 << 30, 64 << 30)
+    assert backend_text(vulkan, devices=[cpu, card]) == (
+        "Vulkan build: glslc found; slots go to GPU memory (Vulkan0: Radeon RX 7900 XTX, "
+        "20.0 GiB free of 24.0 GiB)")
+    assert "integrated: its memory is the machine's RAM" in backend_text(vulkan,
+                                                                         devices=[cpu, apu])
+    assert backend_text(vulkan, devices=[cpu]).endswith("no GPU seen by this build, so "
+                                                        "slots go to RAM")
+    assert backend_text(vulkan, "Vulkan0", devices=[card]).endswith(
+        "slots are in GPU memory (Vulkan0: Radeon RX 7900 XTX, 20.0 GiB free of 24.0 GiB)")
+    assert backend_text(vulkan, "CPU", devices=[card]).endswith("no layers are on the GPU")
+
+
+def test_info_names_where_the_slots_go_and_prints_nothing_else(tiny_moe: Path) -> None:
+    """`moescope info` reads the header only; asking ggml for its devices starts a GPU
+    backend, whose own listing of devices must not reach the terminal."""
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "moescope", "info", str(tiny_moe)],
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    engine_line = [line for line in run.stdout.splitlines() if line.startswith("engine")]
+    assert len(engine_line) == 1
+    dev = slot_device()
+    if engine_build().backend == "cpu":
+        assert "slots are in RAM" in engine_line[0]
+    elif dev is None:
+        assert "no GPU seen by this build" in engine_line[0]
+    else:
+        assert f"slots go to GPU memory ({dev.name}" in engine_line[0]

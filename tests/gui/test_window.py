@@ -56,7 +56,7 @@ def test_memory_view_says_where_the_slots_are_and_why(window: Any) -> None:
     build = engine_build()
     assert build.reason and build.reason in text, "the build recorded why it chose this"
     if llama_cpp.llama_supports_gpu_offload():
-        assert f"slots are in GPU memory ({NAMES[build.backend]}0)" in text
+        assert f"slots are in GPU memory ({NAMES[build.backend]}0" in text  # and its memory
     else:
         assert text.startswith("CPU build") and "slots are in RAM" in text
 

@@ -72,6 +72,10 @@ def _library() -> Any:
                          [vp, ctypes.POINTER(size), ctypes.POINTER(size)])):
                     fn = getattr(lib, name)
                     fn.restype, fn.argtypes = res, args
+                from moescope.engine.engine import _quiet_stderr
+
+                with _quiet_stderr():  # a GPU backend lists its devices as it starts
+                    lib.ggml_backend_dev_count()
                 _ggml, _state = lib, "ok"
             except (ImportError, OSError, AttributeError, TypeError):
                 pass
