@@ -19,6 +19,9 @@ Architectures (``SynthSpec.arch``):
 * ``mixtral`` — written as arch ``llama`` with ``expert_count > 0``;
 * ``qwen3next`` — hybrid gated-delta-net linear attention and gated full attention, with a
   gated shared expert, optionally a merged ``ffn_gate_up_exps``;
+* ``glm4moe`` — GLM-4.5: q/k/v biases, half-rotary heads, a leading dense layer, sigmoid
+  gating with an ``exp_probs_b`` selection bias and a shared expert, and a last NextN (MTP)
+  block whose experts llama.cpp leaves unloaded;
 * ``qwen3`` and ``llama`` — dense models (``n_expert == 0``) for negative tests.
 
 Tensors are streamed to disk one expert at a time, so even multi-gigabyte presets need
@@ -54,7 +57,8 @@ from gguf.quants import quantize
 
 from moescope_testing.vocab import Vocab, build_vocab
 
-MOE_ARCHES: tuple[str, ...] = ("qwen3moe", "olmoe", "gpt-oss", "deepseek2", "mixtral", "qwen3next")
+MOE_ARCHES: tuple[str, ...] = ("qwen3moe", "olmoe", "gpt-oss", "deepseek2", "mixtral", "qwen3next",
+                               "glm4moe")
 DENSE_ARCHES: tuple[str, ...] = ("qwen3", "llama")
 ARCHES: tuple[str, ...] = MOE_ARCHES + DENSE_ARCHES
 
@@ -113,9 +117,10 @@ class SynthSpec:
     chat_template: str | None = None
     """None: the vocabulary's ChatML template (``vocab.THINKING_CHAT_TEMPLATE`` opens a
     reasoning block in the prompt, as Qwen3 Thinking models do)."""
-    # deepseek2 and qwen3next: shared expert width is n_shared_experts * n_ff_exp.
+    # deepseek2, qwen3next and glm4moe: shared expert width is n_shared_experts * n_ff_exp.
     n_shared_experts: int = 1
-    # deepseek2: leading dense layers and MLA ranks (qk_nope = head_dim - qk_rope_dim).
+    # deepseek2 and glm4moe: leading dense layers; deepseek2: MLA ranks (qk_nope = head_dim
+    # - qk_rope_dim).
     n_dense_lead: int = 1
     q_lora_rank: int = 32
     kv_lora_rank: int = 32
@@ -130,6 +135,9 @@ class SynthSpec:
     ssm_state: int = 16
     ssm_k_heads: int = 2
     ssm_v_heads: int = 4
+    # glm4moe: the last n_nextn of the n_layers blocks are multi-token-prediction (NextN)
+    # blocks with experts of their own, which llama.cpp does not load unless asked to.
+    n_nextn: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -145,11 +153,12 @@ class SynthSpec:
 
     @property
     def moe_layers(self) -> tuple[int, ...]:
-        """Indices of the layers that have routed experts."""
+        """Indices of the layers that route tokens to experts (a glm4moe NextN block has
+        expert tensors in the file too, but llama.cpp's decoder never runs it)."""
         if not self.is_moe:
             return ()
-        first = self.n_dense_lead if self.arch == "deepseek2" else 0
-        return tuple(range(first, self.n_layers))
+        first = self.n_dense_lead if self.arch in ("deepseek2", "glm4moe") else 0
+        return tuple(range(first, self.n_layers - self.n_nextn))
 
     def replace(self, **changes: Any) -> SynthSpec:
         """A copy with some fields changed (validated again)."""
@@ -210,6 +219,16 @@ class SynthSpec:
                               "there are both linear and full attention layers")
             if self.ssm_v_heads % self.ssm_k_heads:
                 errors.append("ssm_v_heads must be a multiple of ssm_k_heads")
+        if self.arch == "glm4moe":
+            if not 0 <= self.n_dense_lead < self.n_layers - self.n_nextn:
+                errors.append("glm4moe needs 0 <= n_dense_lead < n_layers - n_nextn (at least "
+                              "one MoE layer before the NextN blocks)")
+            if self.n_nextn > 1:
+                errors.append("glm4moe: llama.cpp runs at most one NextN block (n_nextn <= 1)")
+        if self.n_nextn and self.arch != "glm4moe":
+            errors.append("n_nextn is only read by glm4moe")
+        if self.n_nextn < 0:
+            errors.append("n_nextn must be >= 0")
         if self.merged_gate_up and self.arch not in ("deepseek2", "qwen3next"):
             errors.append("merged_gate_up is only read by deepseek2 and qwen3next")
         if self.head_dim % 2:
@@ -272,6 +291,10 @@ def _arch_defaults(name: str, arch: str, fields: dict[str, Any],
         default("top_k", 2)
     if arch == "deepseek2" and "n_layers" not in fields:
         default("n_layers", 3)  # one leading dense layer plus two MoE layers
+    if arch == "glm4moe":
+        default("n_nextn", 1)
+        if "n_layers" not in fields:
+            default("n_layers", 4)  # a leading dense layer, two MoE layers, a NextN block
     if arch in DENSE_ARCHES:
         default("n_expert", 0)
         default("top_k", 0)
@@ -418,6 +441,8 @@ def _plan(spec: SynthSpec) -> list[_Tensor]:
             _deepseek2_layer(spec, il, out, wt, router, experts, dense_ffn)
         elif arch == "qwen3next":
             _qwen3next_layer(spec, il, out, wt, router, experts, dense_ffn)
+        elif arch == "glm4moe":
+            _glm4moe_layer(spec, il, out, wt, router, experts, dense_ffn, gqa)
         else:  # pragma: no cover - validate() rejects unknown arches
             raise AssertionError(arch)
     return out
@@ -450,6 +475,35 @@ def _deepseek2_layer(spec: SynthSpec, il: int, out: list[_Tensor], wt: GGMLQuant
     out.append(_small(f"{blk}.exp_probs_b.bias", (spec.n_expert,), std=0.05))
     experts(blk)
     dense_ffn(blk, spec.n_ff_exp * spec.n_shared_experts, suffix="_shexp")
+
+
+def _glm4moe_layer(spec: SynthSpec, il: int, out: list[_Tensor], wt: GGMLQuantizationType,
+                   router: Callable[[str], None], experts: Callable[[str], None],
+                   dense_ffn: Callable[..., None], gqa: Callable[..., None]) -> None:
+    """GLM-4.5: attention with q/k/v biases, a post-attention norm, leading dense layers,
+    then sigmoid-routed experts with a selection bias and a shared expert; the last
+    ``n_nextn`` blocks add the NextN (MTP) projection."""
+    blk = f"blk.{il}"
+    D = spec.n_embd
+    out.append(_w(f"{blk}.attn_q.weight", (D, spec.n_head * spec.head_dim), wt))
+    out.append(_w(f"{blk}.attn_k.weight", (D, spec.n_head_kv * spec.head_dim), wt))
+    out.append(_w(f"{blk}.attn_v.weight", (D, spec.n_head_kv * spec.head_dim), wt))
+    out.append(_small(f"{blk}.attn_q.bias", (spec.n_head * spec.head_dim,)))
+    out.append(_small(f"{blk}.attn_k.bias", (spec.n_head_kv * spec.head_dim,)))
+    out.append(_small(f"{blk}.attn_v.bias", (spec.n_head_kv * spec.head_dim,)))
+    out.append(_w(f"{blk}.attn_output.weight", (spec.n_head * spec.head_dim, D), wt))
+    out.append(_ones(f"{blk}.post_attention_norm.weight", (D,)))
+    if il < spec.n_dense_lead:
+        dense_ffn(blk, spec.n_ff)
+    else:
+        router(blk)
+        out.append(_small(f"{blk}.exp_probs_b.bias", (spec.n_expert,), std=0.05))
+        experts(blk)
+        dense_ffn(blk, spec.n_ff_exp * spec.n_shared_experts, suffix="_shexp")
+    if il >= spec.n_layers - spec.n_nextn:
+        out.append(_w(f"{blk}.nextn.eh_proj.weight", (2 * D, D), wt))
+        out.append(_ones(f"{blk}.nextn.enorm.weight", (D,)))
+        out.append(_ones(f"{blk}.nextn.hnorm.weight", (D,)))
 
 
 def _qwen3next_layer(spec: SynthSpec, il: int, out: list[_Tensor], wt: GGMLQuantizationType,
@@ -508,7 +562,17 @@ def _write_metadata(w: GGUFWriter, spec: SynthSpec, name: str,
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0)
     w.add_vocab_size(spec.vocab_size)
-    if arch == "deepseek2":
+    if arch == "glm4moe":
+        w.add_key_length(spec.head_dim)
+        w.add_value_length(spec.head_dim)
+        w.add_rope_dimension_count(spec.head_dim // 2)  # GLM-4.5 rotates half of each head
+        w.add_leading_dense_block_count(spec.n_dense_lead)
+        w.add_expert_shared_count(spec.n_shared_experts)
+        w.add_expert_weights_norm(True)
+        w.add_expert_weights_scale(1.0)
+        w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
+        w.add_nextn_predict_layers(spec.n_nextn)
+    elif arch == "deepseek2":
         w.add_key_length(spec.kv_lora_rank + spec.qk_rope_dim)
         w.add_value_length(spec.kv_lora_rank)
         w.add_key_length_mla(spec.head_dim)
@@ -641,6 +705,8 @@ def spec_digest(spec: SynthSpec) -> str:
         del fields["chat_template"]
     if not fields["add_bos"]:  # likewise
         del fields["add_bos"]
+    if not fields["n_nextn"]:  # likewise
+        del fields["n_nextn"]
     text = repr(sorted(fields.items()))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-ARCHES = ("qwen3moe", "olmoe", "gpt-oss", "deepseek2", "mixtral", "qwen3next")
+ARCHES = ("qwen3moe", "olmoe", "gpt-oss", "deepseek2", "mixtral", "qwen3next", "glm4moe")
 PROMPT = [1, 2, 3]
 
 

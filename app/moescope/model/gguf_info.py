@@ -116,6 +116,11 @@ class ModelInfo:
     metadata: Mapping[str, Any] = field(default_factory=dict, repr=False)
     parts: tuple[Path, ...] = ()
     """Every file of a split model, in order (empty for a single file)."""
+    nextn_layers: tuple[int, ...] = ()
+    """The last blocks, for multi-token prediction (``nextn_predict_layers``): never run
+    by llama.cpp's decoder nor loaded, so in neither ``moe_layers`` nor ``dense_layers``."""
+    nextn_bytes: int = 0
+    """Bytes of those blocks' tensors (in the file, in neither byte count above)."""
 
     @property
     def is_moe(self) -> bool:
@@ -392,6 +397,13 @@ def _describe(files: list[tuple[Path, int, GGUFReader]], require_moe: bool) -> M
     n_layers = int_value(reader, f"{arch}.block_count") or 0
     n_expert = int_value(reader, f"{arch}.expert_count", 0) or 0
     top_k = int_value(reader, f"{arch}.expert_used_count", 0) or 0
+    # the last nextn_predict_layers blocks predict further tokens (MTP, e.g. GLM-4.5's and
+    # Qwen3-Next's): llama.cpp's decoder runs layers 0..block_count - nextn - 1 only and does
+    # not load those blocks unless asked to, so their experts are never routed to, cached
+    # or read (check_header_numbers bounded the count to 0..block_count)
+    n_nextn = int_value(reader, f"{arch}.nextn_predict_layers", 0) or 0
+    first_nextn = n_layers - n_nextn
+    nextn_bytes = 0
 
     expert_tensors: dict[int, list[ExpertTensor]] = {}
     block_layers: set[int] = set()
@@ -407,13 +419,16 @@ def _describe(files: list[tuple[Path, int, GGUFReader]], require_moe: bool) -> M
                 f"{path.name}: file is truncated (tensor {t.name} ends at byte {end}, "
                 f"the file has {file_size})"
             )
-        total_bytes += n_bytes
         if m := _BLOCK_TENSOR.match(t.name):
             if int(m.group(1)) >= n_layers:
                 raise ModelFormatError(
                     f"{path.name}: tensor {t.name} belongs to layer {int(m.group(1))}, but "
                     f"{arch}.block_count says the model has {n_layers} layers (0..{n_layers - 1})")
+            if int(m.group(1)) >= first_nextn:
+                nextn_bytes += n_bytes
+                continue
             block_layers.add(int(m.group(1)))
+        total_bytes += n_bytes
         m = _EXPERT_TENSOR.match(t.name)
         if m is None:
             continue
@@ -436,12 +451,17 @@ def _describe(files: list[tuple[Path, int, GGUFReader]], require_moe: bool) -> M
         ))
         expert_bytes += n_bytes
 
-    missing = sorted(set(range(n_layers)) - block_layers)
-    if missing and not int_value(reader, f"{arch}.nextn_predict_layers", 0):
+    missing = sorted(set(range(first_nextn)) - block_layers)
+    if missing:
         raise ModelFormatError(
             f"{p.name}: {arch}.block_count says {n_layers} layers, but the file has no "
             f"tensors for layer {missing[0]}"
             + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    if n_layers and first_nextn == 0 and require_moe:
+        raise NotMoEError(
+            f"{p.name}: every one of its {n_layers} blocks is a multi-token prediction block "
+            f"({arch}.nextn_predict_layers): a draft for speculative decoding, not a model "
+            f"to chat with; open the full model")
     if n_expert > 0 and not expert_tensors and require_moe:
         raise NotMoEError(
             f"{p.name}: metadata declares {n_expert} experts but the file has no "
@@ -458,7 +478,7 @@ def _describe(files: list[tuple[Path, int, GGUFReader]], require_moe: bool) -> M
         )
 
     moe_layers = tuple(sorted(expert_tensors))
-    all_layers = set(range(n_layers)) | block_layers
+    all_layers = set(range(first_nextn)) | block_layers
     dense_layers = tuple(sorted(all_layers - set(moe_layers)))
     frozen = {
         layer: tuple(sorted(ts, key=lambda t: (_KIND_ORDER[t.kind], _PART_ORDER[t.part])))
@@ -484,6 +504,8 @@ def _describe(files: list[tuple[Path, int, GGUFReader]], require_moe: bool) -> M
                           for layer, ts in frozen.items()},
         total_expert_bytes=expert_bytes,
         non_expert_bytes=total_bytes - expert_bytes,
+        nextn_layers=tuple(range(first_nextn, n_layers)),
+        nextn_bytes=nextn_bytes,
         n_tensors=len(tensors),
         metadata_sha256=hashlib.sha256(header.tobytes()).hexdigest(),
         metadata=_small_metadata(reader),

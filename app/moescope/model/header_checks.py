@@ -239,7 +239,8 @@ def _check_mla_latent(name: str, reader: GGUFReader, arch: str) -> None:
             f"rope.dimension_count = {rank + n_rot} (the latent key of MLA attention)")
 
 
-_ATTENTION_ARCHES = ("qwen3moe", "olmoe", "llama", "qwen3", "gpt-oss", "deepseek2", "qwen3next")
+_ATTENTION_ARCHES = ("qwen3moe", "olmoe", "llama", "qwen3", "gpt-oss", "deepseek2", "qwen3next",
+                     "glm4moe")
 
 
 def _check_attention(name: str, reader: GGUFReader, arch: str,
@@ -268,6 +269,8 @@ def _check_attention(name: str, reader: GGUFReader, arch: str,
           and not head_k == head_v == n_rot):
         why = (f"key head size {head_k}, value head size {head_v} and rope dimensions "
                f"{n_rot} differ; {arch} needs them equal")
+    elif arch == "glm4moe" and head_k != head_v:  # GGML_ASSERT in glm4-moe.cpp's graph
+        why = f"key head size {head_k} and value head size {head_v} differ; {arch} needs them equal"
     elif arch == "olmoe" and head_k * n_head != n_embd:  # its query weight is n_embd wide
         why = (f"{n_head} heads of {head_k} do not make up the hidden size {n_embd}, as "
                f"{arch} needs")

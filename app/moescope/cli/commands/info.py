@@ -151,6 +151,9 @@ def _layers_line(info: ModelInfo) -> str:
     text = f"{info.n_layers} (MoE: {_ranges(info.moe_layers)}"
     if info.dense_layers:
         text += f"; dense: {_ranges(info.dense_layers)}"
+    if info.nextn_layers:
+        text += (f"; multi-token prediction: {_ranges(info.nextn_layers)}, "
+                 f"{format_bytes(info.nextn_bytes)}, not loaded")
     return text + ")"
 
 
