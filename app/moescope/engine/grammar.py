@@ -1361,17 +1361,19 @@ class Grammar:
         """Why masking went wrong (the processor never raises into llama.cpp)."""
 
     def claim(self, *, temperature: float | None = None, top_k: int = 0,
-              repeat_penalty: float = 1.0, penalty_last_n: int = 0) -> None:
+              repeat_penalty: float = 1.0, penalty_last_n: int = 0,
+              frequency_penalty: float = 0.0, presence_penalty: float = 0.0) -> None:
         """Take the grammar for one answer, with the settings of the sampler chain that
-        runs after :meth:`mask` (llama-cpp-python's ``Llama.generate``: repeat penalty
-        over the last ``penalty_last_n`` sampled tokens, no frequency or presence
-        penalty; then greedy at temperature 0, else top-k, top-p, min-p, temperature and
+        runs after :meth:`mask` (llama-cpp-python's ``Llama.generate``: repeat,
+        frequency and presence penalties over the last ``penalty_last_n`` sampled
+        tokens; then greedy at temperature 0, else top-k, top-p, min-p, temperature and
         a random draw). Given them, the mask may check the likeliest tokens first; without
-        (``temperature`` None) it checks the whole vocabulary every token."""
+        (``temperature`` None) it checks the whole vocabulary every token, as it does
+        under a frequency or presence penalty (which the proof below does not model)."""
         if self.claimed:
             raise GrammarError("a grammar constrains one answer; compile it again")
         self.claimed = True
-        if temperature is not None:
+        if temperature is not None and frequency_penalty == 0 and presence_penalty == 0:
             self._sampling = _ChainAfterMask(self._n_vocab, float(temperature), int(top_k),
                                              float(repeat_penalty), int(penalty_last_n))
 
