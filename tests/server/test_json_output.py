@@ -90,6 +90,46 @@ def test_a_text_response_format_changes_nothing(server: Server) -> None:
     assert text.choices[0].message.content == plain.choices[0].message.content
 
 
+TREE = {"type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 10},
+                       "children": {"type": "array", "items": {"$ref": "#"},
+                                    "maxItems": 3}},
+        "required": ["name", "children"], "additionalProperties": False}
+"""A tree: each node's children are trees (``$ref`` to the root)."""
+
+
+def _is_tree(value: object) -> int:
+    """The depth of ``value`` if it is a TREE (1: a leaf), else 0."""
+    if not (isinstance(value, dict) and set(value) == {"name", "children"}
+            and isinstance(value["name"], str) and len(value["name"]) <= 10
+            and isinstance(value["children"], list) and len(value["children"]) <= 3):
+        return 0
+    depths = [_is_tree(child) for child in value["children"]]
+    return 0 if 0 in depths else 1 + max(depths, default=0)
+
+
+@pytest.mark.parametrize("schema", [TREE, {"$defs": {"Node": TREE}, "$ref": "#/$defs/Node"}],
+                         ids=["root", "root-ref-to-defs"])
+def test_a_recursive_schema_gives_its_trees(server: Server, schema: dict) -> None:  # type: ignore[type-arg]
+    """``"$ref": "#"`` (the root, recursively): every answer is a tree as the schema says,
+    nested where the model nests (the grammar's rule for the root recurs). The root may
+    itself be a ``$ref`` (pydantic's recursive models)."""
+    depths = []
+    for seed in range(6):
+        r = server.client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Write a tree."}],
+            max_tokens=300, temperature=1.0, seed=seed,
+            response_format=_schema(schema))  # type: ignore[arg-type]
+        text = r.choices[0].message.content or ""
+        if r.choices[0].finish_reason == "length":
+            assert text.startswith("{")
+            continue
+        depths.append(_is_tree(json.loads(text)))
+        assert depths[-1], text
+    assert len(depths) >= 3 and max(depths) >= 2, depths
+    assert _is_tree({"name": "a", "children": [{"name": "b", "children": [1]}]}) == 0
+
+
 def _schema(schema: object) -> dict:  # type: ignore[type-arg]
     return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
 
@@ -103,7 +143,9 @@ HOSTILE = [
     ("a boolean schema", _schema(True)),
     ("an unknown keyword", _schema({"not": {"type": "string"}})),
     ("an unknown type name", _schema({"type": "frob"})),
-    ("recursion via $ref to the root", _schema({"$ref": "#"})),
+    ("a root that is a $ref to itself", _schema({"$ref": "#"})),
+    ("recursion to the root before any text", _schema({"anyOf": [{"$ref": "#"},
+                                                                 {"type": "integer"}]})),
     ("a $ref loop", _schema({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}})),
     ("a remote $ref", _schema({"$ref": "https://example.com/schema.json"})),
     ("a huge enum", _schema({"enum": [f"v{i}" for i in range(5000)]})),

@@ -42,6 +42,27 @@ def _error(r) -> dict:  # type: ignore[no-untyped-def, type-arg]
     ({"messages": HELLO, "n": 2}, "n"),
     ({"messages": HELLO, "n": True}, "n"),  # True == 1 in Python: not a count
     ({"messages": HELLO, "presence_penalty": False}, "presence_penalty"),
+    ({"messages": HELLO, "presence_penalty": 2.5}, "presence_penalty"),  # OpenAI's -2..2
+    ({"messages": HELLO, "presence_penalty": "high"}, "presence_penalty"),
+    ({"messages": HELLO, "frequency_penalty": -2.01}, "frequency_penalty"),
+    ({"messages": HELLO, "frequency_penalty": True}, "frequency_penalty"),
+    ({"messages": HELLO, "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"messages": HELLO, "stream": False, "stream_options": {}}, "stream_options"),
+    ({"messages": HELLO, "web_search_options": {}}, "web_search_options"),
+    ({"messages": HELLO, "verbosity": "low"}, "verbosity"),
+    ({"messages": [*HELLO, {"role": "assistant", "tool_calls": {"id": "a"}}]},
+     "messages[1].tool_calls"),
+    ({"messages": [*HELLO, {"role": "assistant", "tool_calls": [{"type": "function"}]}]},
+     "messages[1].tool_calls[0]"),
+    ({"messages": [*HELLO, {"role": "assistant", "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "f", "arguments": {}}}]}]},
+     "messages[1].tool_calls[0]"),  # arguments are JSON text, as OpenAI sends them
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]},
+     "messages[0].tool_calls"),
+    ({"messages": [*HELLO, {"role": "assistant", "function_call": {"name": "f"}}]},
+     "messages[1].function_call"),
+    ({"messages": [*HELLO, {"role": "tool", "content": "1", "tool_call_id": 5}]},
+     "messages[1].tool_call_id"),
     ({"messages": HELLO, "stop": [str(i) for i in range(17)]}, "stop"),
     ({"messages": HELLO, "stop": ["x" * 257]}, "stop"),
     ({"messages": HELLO, "stop": [""]}, "stop"),
@@ -368,3 +389,37 @@ def test_a_port_in_use_is_one_line(server: Server) -> None:
                          text=True, timeout=60)
     assert out.returncode == 2
     assert "in use" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_stream_options_without_stream_is_refused_in_openais_words(server: Server) -> None:
+    """OpenAI refuses it; the openai client sends it only when the caller asks."""
+    with server.http() as h:
+        r = h.post("/v1/completions", json={"prompt": "ROMEO:", "max_tokens": 2,
+                                            "stream_options": {"include_usage": True}})
+    assert r.status_code == 400, r.text
+    err = _error(r)
+    assert err["param"] == "stream_options"
+    assert err["message"] == "stream_options is only allowed when stream is true"
+
+
+def test_web_search_is_refused_naming_the_field(server: Server) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        server.client().chat.completions.create(
+            model="moescope-demo-qwen3moe", messages=HELLO,  # type: ignore[arg-type]
+            web_search_options={"search_context_size": "low"})
+    assert caught.value.body["param"] == "web_search_options"  # type: ignore[index]
+    assert "web search" in caught.value.body["message"]  # type: ignore[index]
+
+
+def test_fields_the_server_does_not_know_are_ignored(server: Server) -> None:
+    """As llama-server: clients add vendor fields (``cache_prompt``, ``user``,
+    ``metadata``, ``store``...) freely; what a known field asks for and the server cannot
+    give is a 400 (the lists above)."""
+    base = {"messages": HELLO, "max_tokens": 6, "temperature": 0}
+    with server.http() as h:
+        plain = h.post("/v1/chat/completions", json=base)
+        extra = h.post("/v1/chat/completions", json={
+            **base, "cache_prompt": True, "user": "u1", "metadata": {"a": "b"},
+            "store": False, "verbosity": "medium", "some_vendor_field": [1, 2]})
+    assert plain.status_code == extra.status_code == 200, extra.text
+    assert extra.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]

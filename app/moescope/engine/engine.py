@@ -104,6 +104,13 @@ class Sampling:
     top_k: int = 40
     min_p: float = 0.05
     repeat_penalty: float = 1.1
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time it was sampled among the last
+    ``last_n_tokens_size`` (64) tokens of the answer (llama.cpp's penalties sampler;
+    OpenAI's ``frequency_penalty``, -2..2); 0: off."""
+    presence_penalty: float = 0.0
+    """Subtracted once from the logit of any token sampled among those (OpenAI's
+    ``presence_penalty``); 0: off."""
     max_tokens: int = 256
     seed: int | None = None
     thinking: str = "default"
@@ -984,10 +991,13 @@ class Engine:
         if grammar is not None:  # with the settings of the chain that samples after its mask
             grammar.claim(temperature=s.temperature, top_k=s.top_k,
                           repeat_penalty=s.repeat_penalty,
-                          penalty_last_n=int(self._llm.last_n_tokens_size))
+                          penalty_last_n=int(self._llm.last_n_tokens_size),
+                          frequency_penalty=s.frequency_penalty,
+                          presence_penalty=s.presence_penalty)
         gen = self._llm.generate(tokens, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
                                  temp=s.temperature, repeat_penalty=s.repeat_penalty,
-                                 reset=True,
+                                 frequency_penalty=s.frequency_penalty,
+                                 presence_penalty=s.presence_penalty, reset=True,
                                  logits_processor=[grammar.mask] if grammar else None)
         stop_reason = "length"
         exact: npt.NDArray[np.float32] | None = None  # the audited step's exact logits

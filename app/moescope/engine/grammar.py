@@ -99,14 +99,17 @@ def schema_grammar(schema: Any) -> str:
     """The GBNF grammar of the JSON values ``schema`` allows; :class:`GrammarError` for a
     schema that is not an object, is too large, or that the converter refuses (whatever
     it raises)."""
+    recursive = False
     if isinstance(schema, dict):
         try:  # a copy, whose patterns may be grouped
             schema = json.loads(json.dumps(schema))
         except (ValueError, RecursionError):
             raise GrammarError("the schema nests too deeply") from None
-        _rebase_refs(schema)
+        recursive = any(node["$ref"] == "#" for node in _rebase_refs(schema))
     for node in check_schema(schema):
         node["pattern"] = _grouped(_json_safe(node["pattern"]))
+    if recursive:  # after the checks, whose messages name the places the client wrote
+        schema = _root_as_def(schema)
     try:
         text = _convert(schema)
     except RecursionError:
@@ -115,6 +118,10 @@ def schema_grammar(schema: Any) -> str:
         raise GrammarError(f"the schema cannot be turned into a grammar: "
                            f"{_one_line(f'{type(err).__name__}: {err}')}") from None
     check_grammar(text)
+    if recursive and left_recursion(text) is not None:
+        raise GrammarError('a $ref "#" recurses to the root schema before any JSON text '
+                           '(the root is a $ref "#", or an anyOf/oneOf/allOf holding one): '
+                           "it describes no JSON value")
     return str(text)
 
 
@@ -126,7 +133,29 @@ _SCHEMA_KEYS = ("items", "additionalProperties", "additionalItems", "not", "if",
 _SCHEMA_LIST_KEYS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 
 
-def _rebase_refs(schema: dict[str, Any]) -> None:
+ROOT_DEF = "moescope-root"
+"""The name of the root schema under ``$defs`` when a ``$ref`` recurses to it (``#``)."""
+
+
+def _root_as_def(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema``, whose ``$ref`` (made pointers from its root by :func:`_rebase_refs`)
+    include ``#``, the root itself (a tree whose children are trees), moved under
+    ``$defs`` with every pointer with it: the converter resolves only ``#/...``, and a
+    ``$ref`` to a ``$defs`` entry becomes a rule that may recur (``#`` was a 400)."""
+    stack: list[Any] = [schema]
+    while stack:  # every $ref, wherever it is: they all point from the root
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+                node["$ref"] = f"#/$defs/{ROOT_DEF}{ref[1:]}"
+            stack.extend(v for k, v in node.items() if k not in ("enum", "const"))
+    return {"$defs": {ROOT_DEF: schema}, "$ref": f"#/$defs/{ROOT_DEF}"}
+
+
+def _rebase_refs(schema: dict[str, Any]) -> list[dict[str, Any]]:
     """Every ``$ref`` of ``schema`` made a pointer from its root, in place, as JSON Schema
     reads it: against the ``$id`` of the nearest subschema around it that has one (a
     ``#/$defs/B`` inside ``{"$id": "https://x/a", "$defs": {"B": ...}}`` is that
@@ -135,7 +164,8 @@ def _rebase_refs(schema: dict[str, Any]) -> None:
     ``#name``) is the subschema it names. The converter resolved every ``#/...`` against
     the root: the wrong subschema, or a KeyError. A ``$ref`` that points to nothing in the
     schema is refused here, naming it; one to another document is left to
-    :func:`check_schema`, which refuses it."""
+    :func:`check_schema`, which refuses it. Returns the subschemas that have a
+    ``$ref``."""
     from urllib.parse import urldefrag, urljoin
 
     def own_id(node: dict[str, Any], base: str) -> str | None:
@@ -197,6 +227,7 @@ def _rebase_refs(schema: dict[str, Any]) -> None:
             raise GrammarError(f"{_where(path)}.$ref {_short(ref)} points to nothing in the "
                                f"schema{read}")
         node["$ref"] = pointer
+    return [node for node, _, _ in refs]
 
 
 def _where(path: list[str]) -> str:
@@ -326,9 +357,21 @@ def _convert(schema: dict[str, Any]) -> str:
             return super()._add_primitive(name, rule)
 
     converter = Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
-    if isinstance(schema.get("$ref"), str):  # the converter resolves no ref beside it:
-        # a root $ref's target (pydantic's recursive models) kept its $refs unresolved
-        converter.resolve_refs({k: v for k, v in schema.items() if k != "$ref"}, "stdin")
+    # every $ref's target known before the converter reads them: it resolves none in a
+    # subschema that has a $ref itself (a root $ref's target, pydantic's recursive models
+    # and the root moved under $defs, kept theirs unresolved: a KeyError)
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/"):
+                target = _local_target(schema, ref)
+                if target is not None:
+                    converter._refs[ref] = target
+            stack.extend(v for k, v in node.items() if k not in ("enum", "const"))
     converter.visit(converter.resolve_refs(schema, "stdin"), "")
     return str(converter.format_grammar())
 
@@ -1318,17 +1361,19 @@ class Grammar:
         """Why masking went wrong (the processor never raises into llama.cpp)."""
 
     def claim(self, *, temperature: float | None = None, top_k: int = 0,
-              repeat_penalty: float = 1.0, penalty_last_n: int = 0) -> None:
+              repeat_penalty: float = 1.0, penalty_last_n: int = 0,
+              frequency_penalty: float = 0.0, presence_penalty: float = 0.0) -> None:
         """Take the grammar for one answer, with the settings of the sampler chain that
-        runs after :meth:`mask` (llama-cpp-python's ``Llama.generate``: repeat penalty
-        over the last ``penalty_last_n`` sampled tokens, no frequency or presence
-        penalty; then greedy at temperature 0, else top-k, top-p, min-p, temperature and
+        runs after :meth:`mask` (llama-cpp-python's ``Llama.generate``: repeat,
+        frequency and presence penalties over the last ``penalty_last_n`` sampled
+        tokens; then greedy at temperature 0, else top-k, top-p, min-p, temperature and
         a random draw). Given them, the mask may check the likeliest tokens first; without
-        (``temperature`` None) it checks the whole vocabulary every token."""
+        (``temperature`` None) it checks the whole vocabulary every token, as it does
+        under a frequency or presence penalty (which the proof below does not model)."""
         if self.claimed:
             raise GrammarError("a grammar constrains one answer; compile it again")
         self.claimed = True
-        if temperature is not None:
+        if temperature is not None and frequency_penalty == 0 and presence_penalty == 0:
             self._sampling = _ChainAfterMask(self._n_vocab, float(temperature), int(top_k),
                                              float(repeat_penalty), int(penalty_last_n))
 

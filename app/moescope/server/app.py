@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
@@ -59,9 +59,14 @@ def error_response(err: ApiError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
-def create_app(service: Service, *, api_key: str | None = None) -> Starlette:
+def create_app(service: Service, *, api_key: str | None = None,
+               cors_origins: Sequence[str] = ()) -> Starlette:
     """The ASGI app serving ``service``; with ``api_key``, every ``/v1`` route needs
-    ``Authorization: Bearer <api_key>``."""
+    ``Authorization: Bearer <api_key>``. ``cors_origins`` (``--cors-origin``, checked by
+    ``run.check_cors_origin``): web pages of these origins may call the API from a browser
+    (CORS preflights answered, their requests not refused as a web page's); none by
+    default, and never ``*``."""
+    allowed = frozenset(cors_origins)
     executor = ThreadPoolExecutor(max_workers=service.queue.capacity + 2,
                                   thread_name_prefix="moescope-serve")
     api = _Api(service, executor)
@@ -72,7 +77,7 @@ def create_app(service: Service, *, api_key: str | None = None) -> Starlette:
                 if api_key is not None:
                     _check_key(request, api_key)
                 else:
-                    _check_not_a_web_page(request)
+                    _check_not_a_web_page(request, allowed)
                 return await handler(request)
             except ApiError as err:
                 return error_response(err)
@@ -111,9 +116,18 @@ def create_app(service: Service, *, api_key: str | None = None) -> Starlette:
         yield
         executor.shutdown(wait=False, cancel_futures=True)
 
+    middleware = []
+    if allowed:
+        from starlette.middleware import Middleware
+        from starlette.middleware.cors import CORSMiddleware
+
+        # the key travels in the Authorization header, not as a cookie: no credentials
+        middleware.append(Middleware(CORSMiddleware, allow_origins=sorted(allowed),
+                                     allow_methods=["GET", "POST"], allow_headers=["*"],
+                                     max_age=600))
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error,
                                                        Exception: internal_error},
-                    lifespan=lifespan)
+                    lifespan=lifespan, middleware=middleware)
     app.router.redirect_slashes = False  # a POST redirected loses its body in many clients
     app.state.service = service
     return app
@@ -183,19 +197,22 @@ def _check_key(request: Request, api_key: str) -> None:
                        code="invalid_api_key")
 
 
-def _check_not_a_web_page(request: Request) -> None:
+def _check_not_a_web_page(request: Request, allowed: frozenset[str] = frozenset()) -> None:
     """Without an API key, a request a web page made is refused (403): a page open in the
     user's browser could post to ``http://127.0.0.1:8080`` (a form's text/plain body is
     read as JSON here, with no CORS preflight) and change the policy and budget through
     ``/v1/moescope/cache``, or, through a DNS name of its own that it points at 127.0.0.1
     (DNS rebinding), read the answers. So an ``Origin`` header (browsers send one with
     every cross-site POST; other clients do not) must be this machine's, and the ``Host``
-    an IP address or ``localhost``, never a name a site controls."""
+    an IP address or ``localhost``, never a name a site controls. An origin the server
+    was started to allow (``--cors-origin``) is served: its operator vouched for it."""
     origin = request.headers.get("origin")
-    if origin is not None and not _local_name(_hostname(origin), ip=False):
+    if origin is not None and origin not in allowed \
+            and not _local_name(_hostname(origin), ip=False):
         raise ApiError(403, f"a request from a web page ({_printable(origin)}) is refused: "
                             "without an API key any site open in a browser could use this "
-                            "server; start it with --api-key KEY", type="permission_error",
+                            "server; start it with --api-key KEY (or let this page's "
+                            "origin in with --cors-origin)", type="permission_error",
                        code="cross_origin_refused")
     host = request.headers.get("host")
     if host and not _local_name(_hostname(f"//{host}"), ip=True):

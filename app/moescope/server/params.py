@@ -3,10 +3,13 @@
 Every field a client sends is read here, type-checked and clamped or refused (400 naming
 the field), so the generation code only ever sees sane values: no NaN temperature, no
 ``max_tokens`` of a billion, no ten thousand stop strings. Fields the server does not
-implement but that clients send with neutral values (``n: 1``, ``presence_penalty: 0``)
-pass; any other value is refused rather than silently ignored, so a
-client never believes it got what it asked for when it did not. Unknown extra fields are
-ignored, as llama-server does: clients add vendor fields freely.
+implement but that clients send with neutral values (``n: 1``, ``logit_bias: {}``,
+``verbosity: "medium"``) pass; any other value is refused rather than silently ignored
+(``web_search_options`` whatever its value), so a client never believes it got what it
+asked for when it did not. Unknown extra fields are ignored, as llama-server does: clients
+add vendor fields freely; so are OpenAI's fields that are bookkeeping or hints and change
+no answer (``user``, ``metadata``, ``store``, ``service_tier``, ``prompt_cache_key``,
+``safety_identifier``, ``parallel_tool_calls``, ``prediction``).
 
 ``response_format`` (JSON output) is read here; its schema is bounded and turned into a
 grammar when the request is prepared (``Service``), still before anything waits.
@@ -34,6 +37,10 @@ THINKING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 a template has (gpt-oss's "low"), the rest as they are."""
 _EFFORT_SETTING = {"none": "off", "minimal": "low"}
 ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_TOOL_CALLS = 128
+"""Tool calls in one assistant message of the history (OpenAI's limit on tools)."""
+MAX_TOOL_NAME = 256
+"""Longest function name or call id in the history (OpenAI's names: 64 characters)."""
 
 
 @dataclass
@@ -57,6 +64,8 @@ class GenerationParams:
     top_k: int
     min_p: float
     repeat_penalty: float
+    frequency_penalty: float
+    presence_penalty: float
     seed: int | None
     stop: list[str]
     stream: bool
@@ -79,7 +88,10 @@ class OutputFormat:
 
 @dataclass
 class ChatParams(GenerationParams):
-    messages: list[dict[str, str]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    """Role and content of each message; an assistant's ``tool_calls`` and a tool's
+    ``tool_call_id`` too, where sent (the chat template shows them, or the request is
+    refused: ``Service.prepare_chat``)."""
     thinking: str = "default"
     """The template's thinking switch (``model.reasoning.THINKING_SETTINGS``), from
     ``reasoning_effort`` or ``chat_template_kwargs.enable_thinking``."""
@@ -178,8 +190,6 @@ def _common(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
     seed = _integer(body, "seed", -(1 << 63), (1 << 64) - 1)
     _neutral(body, "n", (1,), "one choice per request")
     _neutral(body, "best_of", (1,), "one choice per request")
-    _neutral(body, "frequency_penalty", (0, 0.0), "use repeat_penalty")
-    _neutral(body, "presence_penalty", (0, 0.0), "use repeat_penalty")
     _neutral(body, "logit_bias", ({},), "no logit bias")
     _neutral(body, "grammar", ("",), "use response_format with a json_schema")
     options = body.get("stream_options")
@@ -189,6 +199,9 @@ def _common(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
         raise bad_param("stream_options", "stream_options.include_usage must be true or "
                                           f"false, got {_short(options['include_usage'])}")
     stream = _flag(body, "stream")
+    if options is not None and not stream:  # OpenAI's 400, in its words
+        raise bad_param("stream_options", "stream_options is only allowed when stream is "
+                                          "true")
     return {
         "model": model,
         "max_tokens": max_tokens,
@@ -198,6 +211,10 @@ def _common(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
         "top_k": 40 if (top_k := _integer(body, "top_k", 0, 1 << 20)) is None else top_k,
         "min_p": _number(body, "min_p", 0.05, 0.0, 1.0),
         "repeat_penalty": _number(body, "repeat_penalty", 1.0, 0.0, 10.0),
+        # OpenAI's range; llama.cpp's penalties sampler subtracts them from the logits of
+        # the tokens the answer has sampled (its last 64)
+        "frequency_penalty": _number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        "presence_penalty": _number(body, "presence_penalty", 0.0, -2.0, 2.0),
         # a negative seed (llama-server's front ends send -1) is a random one; any other
         # folds into llama.cpp's 32 bits without 0xFFFFFFFF (its LLAMA_DEFAULT_SEED,
         # "random each run"), so every seed given reproduces
@@ -272,6 +289,41 @@ def _content(message: dict[str, Any], i: int) -> str:
                                               "text parts")
 
 
+def _tool_calls(value: Any, i: int) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls`` as OpenAI spells them (``[{"id", "type":
+    "function", "function": {"name", "arguments"}}]``), checked, for the chat template
+    (``Service`` then checks that the template shows them)."""
+    param = f"messages[{i}].tool_calls"
+    if not isinstance(value, list):
+        raise bad_param(param, "tool_calls must be a list of calls")
+    if len(value) > MAX_TOOL_CALLS:
+        raise bad_param(param, f"at most {MAX_TOOL_CALLS} tool calls in a message, got "
+                               f"{len(value)}")
+    calls = []
+    for j, call in enumerate(value):
+        where = f"{param}[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or call.get("type", "function") != "function":
+            raise bad_param(where, 'each tool call must be {"id": ..., "type": "function", '
+                                   '"function": {"name": ..., "arguments": ...}}')
+        name, arguments, call_id = function.get("name"), function.get("arguments"), \
+            call.get("id")
+        if not isinstance(name, str) or not 1 <= len(name) <= MAX_TOOL_NAME:
+            raise bad_param(where, f"function.name must be a string of 1 to {MAX_TOOL_NAME} "
+                                   "characters")
+        if not isinstance(arguments, str):
+            raise bad_param(where, "function.arguments must be a string (the arguments as "
+                                   "JSON text)")
+        if call_id is not None and (not isinstance(call_id, str)
+                                    or len(call_id) > MAX_TOOL_NAME):
+            raise bad_param(where, f"id must be a string of at most {MAX_TOOL_NAME} "
+                                   "characters")
+        calls.append({"id": _text(call_id or f"call_{i}_{j}", where), "type": "function",
+                      "function": {"name": _text(name, where),
+                                   "arguments": _text(arguments, where)}})
+    return calls
+
+
 def chat_params(body: Any, limits: Limits) -> ChatParams:
     """Check a ``/v1/chat/completions`` body."""
     if not isinstance(body, dict):
@@ -295,6 +347,11 @@ def chat_params(body: Any, limits: Limits) -> ChatParams:
             raise bad_param(name, f"{name} {_short(body[name])} asks for a function call, "
                                   "and this server has no tools or function calling (send "
                                   "none or auto, or leave it out)")
+    _neutral(body, "verbosity", ("medium",), "no verbosity setting; the model answers as "
+                                             "it does")
+    if body.get("web_search_options") is not None:
+        raise bad_param("web_search_options", "web_search_options is not supported by this "
+                                              "server (it has no web search)")
     modalities = body.get("modalities")
     if body.get("audio") is not None or modalities not in (None, [], ["text"]):
         raise bad_param("audio" if body.get("audio") is not None else "modalities",
@@ -308,8 +365,27 @@ def chat_params(body: Any, limits: Limits) -> ChatParams:
         if role not in ROLES:
             raise bad_param(f"messages[{i}].role", f"role must be one of {', '.join(ROLES)}; "
                                                    f"got {_short(role)}")
-        messages.append({"role": "system" if role == "developer" else role,
-                         "content": _content(m, i)})
+        message: dict[str, Any] = {"role": "system" if role == "developer" else role,
+                                   "content": _content(m, i)}
+        if m.get("function_call") is not None:
+            raise bad_param(f"messages[{i}].function_call",
+                            "function_call (the deprecated form) is not supported in "
+                            "messages; send the call as tool_calls")
+        if m.get("tool_calls") is not None:
+            if role != "assistant":
+                raise bad_param(f"messages[{i}].tool_calls", "only an assistant message "
+                                                             f"has tool_calls, not a {role} one")
+            calls = _tool_calls(m["tool_calls"], i)
+            if calls:
+                message["tool_calls"] = calls
+        if role == "tool":
+            call_id = m.get("tool_call_id")
+            if call_id is not None:
+                if not isinstance(call_id, str) or len(call_id) > MAX_TOOL_NAME:
+                    raise bad_param(f"messages[{i}].tool_call_id", "tool_call_id must be a "
+                                    f"string of at most {MAX_TOOL_NAME} characters")
+                message["tool_call_id"] = _text(call_id, f"messages[{i}].tool_call_id")
+        messages.append(message)
     return ChatParams(**common, messages=messages, thinking=_thinking(body),
                       logprobs=_chat_logprobs(body))
 

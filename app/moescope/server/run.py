@@ -140,6 +140,36 @@ def check_exposure(host: str, api_key: str | None, insecure: bool) -> str | None
             f"port can use the model and steer its cache")
 
 
+MAX_CORS_ORIGINS = 32
+
+
+def check_cors_origin(origin: str) -> str:
+    """A ``--cors-origin`` as browsers send it in ``Origin``: ``scheme://host[:port]``,
+    without a path (a trailing ``/`` is dropped) and never ``*`` (any site in the user's
+    browser could then use the model)."""
+    from urllib.parse import urlsplit
+
+    text = origin.strip().rstrip("/")
+    if text == "*" or "*" in text:
+        raise MoEScopeError("--cors-origin * would let any site open in a browser use this "
+                            "server: name each origin (e.g. https://chat.example.org)")
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError:
+        parts, port = None, None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname \
+            or parts.path or parts.query or parts.fragment or parts.username \
+            or parts.password or not text.isprintable():
+        shown = origin if len(origin) <= 60 else origin[:57] + "..."
+        raise MoEScopeError(f"--cors-origin {shown!r} is not an origin: give "
+                            "scheme://host[:port], e.g. http://localhost:3000")
+    host = parts.hostname
+    host = f"[{host}]" if ":" in host else host
+    default = {"http": 80, "https": 443}[parts.scheme]  # browsers leave it out
+    return f"{parts.scheme}://{host}" + (f":{port}" if port not in (None, default) else "")
+
+
 def check_port(port: int) -> None:
     if not 1 <= port <= 65535:
         raise MoEScopeError(f"--port {port} must be from 1 to 65535")
@@ -149,13 +179,14 @@ class ServerThread:
     """uvicorn serving ``service`` on a background thread; :meth:`stop` ends it."""
 
     def __init__(self, service: Service, host: str = "127.0.0.1", port: int = 8080,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, cors_origins: tuple[str, ...] = ()) -> None:
         import uvicorn
 
         check_port(port)
         self.service = service
         self.host, self.port = host, port
-        config = uvicorn_config(create_app(service, api_key=api_key), host, port,
+        config = uvicorn_config(create_app(service, api_key=api_key,
+                                           cors_origins=cors_origins), host, port,
                                 lifespan="on")
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, name="moescope-api",

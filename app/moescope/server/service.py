@@ -366,6 +366,30 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length",
 what the schema needs): the answer ends there."""
 
 
+def _parsed_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """``messages`` with each tool call's ``arguments`` JSON text that holds an object
+    made that object; None where no call's does."""
+    import json
+
+    changed = False
+    out = []
+    for m in messages:
+        if "tool_calls" in m:
+            calls = []
+            for call in m["tool_calls"]:
+                try:
+                    value = json.loads(call["function"]["arguments"])
+                except (ValueError, RecursionError):
+                    value = None
+                if isinstance(value, dict):
+                    call = {**call, "function": {**call["function"], "arguments": value}}
+                    changed = True
+                calls.append(call)
+            m = {**m, "tool_calls": calls}
+        out.append(m)
+    return out if changed else None
+
+
 class Service:
     """The served model: prepares requests, runs them one at a time, keeps the numbers."""
 
@@ -409,10 +433,13 @@ class Service:
         if p.output is not None and "off" in self._thinking_choices:
             thinking = "off"  # the grammar holds from the first token: no room for thoughts
         try:
-            prompt = self.engine.format_chat(p.messages, thinking)
+            messages = p.messages
+            if any(m["role"] == "tool" or "tool_calls" in m for m in messages):
+                messages = self._tool_messages(messages, thinking)
+            prompt = self.engine.format_chat(messages, thinking)
             # the users' and tools' words read as words: a message holding "<|im_end|>"
             # forges no turn (llama-server reads it as the token)
-            tokens = self.engine.chat_tokens(p.messages, thinking)
+            tokens = self.engine.chat_tokens(messages, thinking)
         except MoEScopeError as err:
             raise bad_param("messages", str(err)) from None
         if thinking not in self._prefixes:
@@ -421,6 +448,62 @@ class Service:
         if p.output is None:
             job.prefix, job.split = self._prefixes[thinking], True
         return job
+
+    def _tool_messages(self, messages: list[dict[str, Any]],
+                       thinking: str) -> list[dict[str, Any]]:
+        """``messages`` as the chat template takes their tool calls: each call's
+        ``arguments`` an object where they parse as one (what Hugging Face templates
+        expect, as llama-server gives them: Qwen3.5's, Llama 3's, gpt-oss's...), else
+        the JSON text OpenAI sends (a template that refuses objects gets the text);
+        checked to show every call and tool result (:meth:`_check_tools_shown`)."""
+        from moescope.engine import ChatTemplateError
+
+        forms = [messages]
+        parsed = _parsed_arguments(messages)
+        if parsed is not None:
+            forms.insert(0, parsed)
+        refused: ChatTemplateError | None = None
+        for form in forms:
+            try:
+                self._check_tools_shown(form, thinking)
+                return form
+            except ChatTemplateError as err:
+                refused = refused or err
+        assert refused is not None
+        raise refused
+
+    def _check_tools_shown(self, messages: list[dict[str, Any]], thinking: str) -> None:
+        """400 naming the first tool call or tool result the model's chat template leaves
+        out of the prompt (a plain ChatML template prints no ``tool_calls``; some skip the
+        ``tool`` role): the model would answer without them, and the client would not
+        know. One rendering with a mark in each call's function name and after each tool
+        result tells which of them reach the prompt."""
+        nonce = secrets.token_hex(6)
+        marked = []
+        for i, m in enumerate(messages):
+            m = dict(m)
+            if "tool_calls" in m:
+                m["tool_calls"] = [
+                    {**c, "function": {**c["function"],
+                                       "name": f"{c['function']['name']}{nonce}c{i}x{j}y"}}
+                    for j, c in enumerate(m["tool_calls"])]
+            if m["role"] == "tool":
+                m["content"] = f"{m['content']}{nonce}t{i}y"
+            marked.append(m)
+        text = self.engine.format_chat(marked, thinking)
+        for i, m in enumerate(messages):
+            for j, _ in enumerate(m.get("tool_calls", ())):
+                if f"{nonce}c{i}x{j}y" not in text:
+                    raise bad_param(f"messages[{i}].tool_calls",
+                                    f"messages[{i}] has tool calls, and this model's chat "
+                                    "template does not show tool calls: the model would "
+                                    "not see them (send them as the assistant's content, "
+                                    "or leave them out)")
+            if m["role"] == "tool" and f"{nonce}t{i}y" not in text:
+                raise bad_param(f"messages[{i}]", f"messages[{i}] is a tool result, and this "
+                                                  "model's chat template leaves tool results "
+                                                  "out: the model would not see it (send it "
+                                                  "as a user message)")
 
     def prepare_completion(self, p: CompletionParams, client: str) -> Job:
         self.check_model(p.model)
@@ -439,7 +522,8 @@ class Service:
                            f"{n_ctx}, with room for at least one token of answer")
         sampling = Sampling(
             temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
-            repeat_penalty=p.repeat_penalty,
+            repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,
+            presence_penalty=p.presence_penalty,
             max_tokens=p.max_tokens or self.limits.max_tokens,
             seed=secrets.randbits(32) if p.seed is None else p.seed,
             grammar=self._grammar(p.output), logprobs=p.logprobs)

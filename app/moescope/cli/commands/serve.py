@@ -49,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--insecure-no-api-key", action="store_true",
                    help="allow a non-loopback --host without an API key (anyone who can "
                         "reach the port can use the model)")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="URL",
+                   help="let web pages of this origin (scheme://host[:port]) call the API "
+                        "from a browser; repeatable (default: none; never *)")
     p.add_argument("--model-id", default=None, metavar="NAME",
                    help="the model's name in the API (default: the file name without "
                         ".gguf)")
@@ -84,9 +87,11 @@ def run(args: argparse.Namespace) -> int:
         start_audits,
     )
     from moescope.server.run import (
+        MAX_CORS_ORIGINS,
         READ_TIMEOUT_RANGE,
         ExposureRefused,
         check_api_key,
+        check_cors_origin,
         check_exposure,
         check_port,
         host_resolves,
@@ -110,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
             f"an --api-key (or set MOESCOPE_API_KEY), or --insecure-no-api-key to serve "
             f"it to anyone who can reach this port") from None
     check_port(args.port)
+    if len(args.cors_origin) > MAX_CORS_ORIGINS:
+        raise MoEScopeError(f"at most {MAX_CORS_ORIGINS} --cors-origin, got "
+                            f"{len(args.cors_origin)}")
+    cors_origins = tuple(dict.fromkeys(check_cors_origin(o) for o in args.cors_origin))
     for name, value, lo, hi in (("--max-tokens", args.max_tokens, 1, 1 << 20),
                                 ("--queue", args.queue, 0, 1024),
                                 ("--max-body", args.max_body, 1, 1024),
@@ -152,14 +161,15 @@ def run(args: argparse.Namespace) -> int:
         service = Service(engine, EngineQueue(args.queue), model_id=args.model_id,
                           limits=Limits(max_tokens=args.max_tokens,
                                         max_body_bytes=args.max_body << 20))
-        app = create_app(service, api_key=api_key)
+        app = create_app(service, api_key=api_key, cors_origins=cors_origins)
         host = f"[{args.host}]" if ":" in args.host else args.host
         if warning:
             print(f"moescope: {warning}", file=sys.stderr)
+        cors = f" · pages of {', '.join(cors_origins)} allowed" if cors_origins else ""
         print(f"moescope serve · {service.model_id} · {cache_state(engine)} · context "
               f"{loaded.n_ctx} tokens · http://{host}:{args.port}/v1"
-              f"{' · API key required' if api_key else ''} · Ctrl+C stops", file=sys.stderr,
-              flush=True)
+              f"{' · API key required' if api_key else ''}{cors} · Ctrl+C stops",
+              file=sys.stderr, flush=True)
         uvicorn.Server(uvicorn_config(app, args.host, args.port,
                                       read_timeout_s=args.read_timeout)).run()
     finally:
