@@ -135,8 +135,9 @@ class SynthSpec:
     ssm_state: int = 16
     ssm_k_heads: int = 2
     ssm_v_heads: int = 4
-    # glm4moe: the last n_nextn of the n_layers blocks are multi-token-prediction (NextN)
-    # blocks with experts of their own, which llama.cpp does not load unless asked to.
+    # glm4moe and qwen3next: the last n_nextn of the n_layers blocks are multi-token
+    # prediction (NextN) blocks with experts of their own, which llama.cpp does not load
+    # unless asked to (qwen3next's is a full-attention block).
     n_nextn: int = 0
 
     def __post_init__(self) -> None:
@@ -214,19 +215,18 @@ class SynthSpec:
                 errors.append("deepseek2 needs kv_lora_rank > 0 and q_lora_rank >= 0")
         if self.arch == "qwen3next":
             # llama.cpp's hybrid memory asserts when either kind of layer is absent.
-            if not 2 <= self.full_attn_interval <= self.n_layers:
+            if not 2 <= self.full_attn_interval <= self.n_layers - self.n_nextn:
                 errors.append("qwen3next needs 2 <= full_attn_interval <= n_layers, so that "
                               "there are both linear and full attention layers")
             if self.ssm_v_heads % self.ssm_k_heads:
                 errors.append("ssm_v_heads must be a multiple of ssm_k_heads")
-        if self.arch == "glm4moe":
-            if not 0 <= self.n_dense_lead < self.n_layers - self.n_nextn:
-                errors.append("glm4moe needs 0 <= n_dense_lead < n_layers - n_nextn (at least "
-                              "one MoE layer before the NextN blocks)")
-            if self.n_nextn > 1:
-                errors.append("glm4moe: llama.cpp runs at most one NextN block (n_nextn <= 1)")
-        if self.n_nextn and self.arch != "glm4moe":
-            errors.append("n_nextn is only read by glm4moe")
+        if self.arch == "glm4moe" and not 0 <= self.n_dense_lead < self.n_layers - self.n_nextn:
+            errors.append("glm4moe needs 0 <= n_dense_lead < n_layers - n_nextn (at least one "
+                          "MoE layer before the NextN blocks)")
+        if self.n_nextn > 1:
+            errors.append("llama.cpp runs at most one NextN block (n_nextn <= 1)")
+        if self.n_nextn and self.arch not in ("glm4moe", "qwen3next"):
+            errors.append("n_nextn is only read by glm4moe and qwen3next")
         if self.n_nextn < 0:
             errors.append("n_nextn must be >= 0")
         if self.merged_gate_up and self.arch not in ("deepseek2", "qwen3next"):
@@ -513,7 +513,8 @@ def _qwen3next_layer(spec: SynthSpec, il: int, out: list[_Tensor], wt: GGMLQuant
     blk = f"blk.{il}"
     D, H, HKV, HD = spec.n_embd, spec.n_head, spec.n_head_kv, spec.head_dim
     out.append(_ones(f"{blk}.post_attention_norm.weight", (D,)))
-    if (il + 1) % spec.full_attn_interval != 0:
+    nextn = il >= spec.n_layers - spec.n_nextn  # a NextN block attends in full
+    if (il + 1) % spec.full_attn_interval != 0 and not nextn:
         key_dim = spec.ssm_state * spec.ssm_k_heads
         value_dim = spec.ssm_state * spec.ssm_v_heads
         conv_dim = 2 * key_dim + value_dim
@@ -539,6 +540,10 @@ def _qwen3next_layer(spec: SynthSpec, il: int, out: list[_Tensor], wt: GGMLQuant
     experts(blk)
     out.append(_w(f"{blk}.ffn_gate_inp_shexp.weight", (D,), _F32))
     dense_ffn(blk, spec.n_ff_exp * spec.n_shared_experts, suffix="_shexp")
+    if nextn:
+        out.append(_w(f"{blk}.nextn.eh_proj.weight", (2 * D, D), wt))
+        out.append(_ones(f"{blk}.nextn.enorm.weight", (D,)))
+        out.append(_ones(f"{blk}.nextn.hnorm.weight", (D,)))
 
 
 # --------------------------------------------------------------------------- metadata
@@ -605,6 +610,8 @@ def _write_metadata(w: GGUFWriter, spec: SynthSpec, name: str,
         w.add_ssm_time_step_rank(spec.ssm_v_heads)
         w.add_ssm_group_count(spec.ssm_k_heads)
         w.add_full_attention_interval(spec.full_attn_interval)
+        if spec.n_nextn:
+            w.add_nextn_predict_layers(spec.n_nextn)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(list(vocab.tokens))

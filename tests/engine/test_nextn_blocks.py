@@ -26,36 +26,42 @@ def _logits(engine: Callable[..., object], path: Path, **kw: object) -> np.ndarr
     return e.forced_logits(exact_prompt(), forced_stream(e._llm.n_vocab(), 24))  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("arch", ["glm4moe", "qwen3next"])
 def test_a_nextn_block_is_neither_routed_nor_counted(
-        synth_model: Callable[..., Path], engine: Callable[..., object],
-        tmp_path: Path) -> None:
-    full = synth_model("glm4moe")  # a dense layer, two MoE layers, a NextN block
-    plain = synth_model("glm4moe", n_layers=3, n_nextn=0)  # the same trunk, no NextN
-    trunk_only = rewrite_gguf(plain, tmp_path / "trunk-only.gguf", set_keys={
-        "glm4moe.block_count": (U32, 4), "glm4moe.nextn_predict_layers": (U32, 1)})
-    infos = {p: read_model_info(p) for p in (full, plain, trunk_only)}
-    for info in infos.values():
-        assert info.moe_layers == (1, 2) and info.dense_layers == (0,)
-    assert infos[full].nextn_layers == infos[trunk_only].nextn_layers == (3,)
-    assert infos[plain].nextn_layers == () and infos[plain].nextn_bytes == 0
-    assert infos[trunk_only].nextn_bytes == 0
+        synth_model: Callable[..., Path], engine: Callable[..., object], tmp_path: Path,
+        arch: str) -> None:
+    if arch == "glm4moe":  # a dense layer, two MoE layers, a NextN block
+        full, plain = synth_model(arch), synth_model(arch, n_layers=3, n_nextn=0)
+        moe, dense, nextn = (1, 2), (0,), (3,)
+    else:  # a linear and a full attention layer, a NextN block
+        full, plain = synth_model(arch, n_layers=3, n_nextn=1), synth_model(arch)
+        moe, dense, nextn = (0, 1), (), (2,)
+    files = [full, plain]
+    if arch == "glm4moe":  # the NextN block declared, its tensors left out (as converted)
+        files.append(rewrite_gguf(plain, tmp_path / "trunk-only.gguf", set_keys={
+            f"{arch}.block_count": (U32, 4), f"{arch}.nextn_predict_layers": (U32, 1)}))
+    infos = [read_model_info(p) for p in files]
+    for info in infos:
+        assert info.moe_layers == moe and info.dense_layers == dense
+    assert infos[0].nextn_layers == nextn and infos[1].nextn_layers == ()
+    assert infos[1].nextn_bytes == 0 and all(i.nextn_layers == nextn for i in infos[2:])
     tensors = sum(int(t.n_bytes) for t in GGUFReader(full).tensors)
-    f = infos[full]
-    assert f.nextn_bytes > f.bytes_per_expert[1] * f.n_expert  # its own experts and more
+    f = infos[0]
+    assert f.nextn_bytes > f.bytes_per_expert[moe[0]] * f.n_expert  # its own experts and more
     assert f.total_expert_bytes + f.non_expert_bytes + f.nextn_bytes == tensors
-    assert f.total_expert_bytes == infos[plain].total_expert_bytes
-    assert f.non_expert_bytes == infos[plain].non_expert_bytes
-    # the engine runs the same trunk: the same logits from all three files, the cache exact
+    assert f.total_expert_bytes == infos[1].total_expert_bytes
+    assert f.non_expert_bytes == infos[1].non_expert_bytes
+    # the engine runs the same trunk: the same logits from every file, the cache exact
     reference = _logits(engine, plain, **reference_kwargs())
     assert np.isfinite(reference).all()
-    for path in (full, trunk_only):
+    for path in files:
         assert np.array_equal(_logits(engine, path, budget="25%", policy="exact"), reference)
     assert np.array_equal(_logits(engine, full, budget="25%", policy="exact",
                                   ram_budget="50%"), reference)
     e = engine(full, budget="25%", policy="psr")
     for _ in e.generate("Hello", Sampling(max_tokens=3, seed=1)):  # type: ignore[attr-defined]
         pass
-    routes = e.last_routes([1, 2, 3])  # type: ignore[attr-defined]
+    routes = e.last_routes([*moe, *nextn])  # type: ignore[attr-defined]
     assert routes is not None and routes[3].tolist() == [True, True, False]
 
 
