@@ -269,6 +269,7 @@ def test_a_string_array_count_is_bounded_before_its_strings_are_walked(
     ("qwen3next", "ssm.group_count", 0, r"time_step_rank 4 is not a multiple of .*group_count 0"),
     ("qwen3next", "ssm.group_count", 3, r"time_step_rank 4 is not a multiple of .*group_count 3"),
     ("qwen3next", "ssm.inner_size", 8, r"inner_size is 8, expected .* = 64"),
+    ("qwen35moe", "ssm.group_count", 3, r"time_step_rank 4 is not a multiple of .*group_count 3"),
     ("qwen3moe", "attention.head_count", 0, "head_count is 0"),
     # glm4moe: GGML_ASSERT(n_embd_head_v == n_embd_head_k); it rotates half of each head
     ("glm4moe", "attention.value_length", 8, "value head size 8 differ; glm4moe needs"),

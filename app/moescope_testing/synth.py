@@ -19,6 +19,8 @@ Architectures (``SynthSpec.arch``):
 * ``mixtral`` — written as arch ``llama`` with ``expert_count > 0``;
 * ``qwen3next`` — hybrid gated-delta-net linear attention and gated full attention, with a
   gated shared expert, optionally a merged ``ffn_gate_up_exps``;
+* ``qwen35moe`` — Qwen3.5's MoE: qwen3next's layout with the delta net's beta and alpha as
+  two projections and interleaved multimodal RoPE sections;
 * ``glm4moe`` — GLM-4.5: q/k/v biases, half-rotary heads, a leading dense layer, sigmoid
   gating with an ``exp_probs_b`` selection bias and a shared expert, and a last NextN (MTP)
   block whose experts llama.cpp leaves unloaded;
@@ -58,7 +60,7 @@ from gguf.quants import quantize
 from moescope_testing.vocab import Vocab, build_vocab
 
 MOE_ARCHES: tuple[str, ...] = ("qwen3moe", "olmoe", "gpt-oss", "deepseek2", "mixtral", "qwen3next",
-                               "glm4moe")
+                               "glm4moe", "qwen35moe")
 DENSE_ARCHES: tuple[str, ...] = ("qwen3", "llama")
 ARCHES: tuple[str, ...] = MOE_ARCHES + DENSE_ARCHES
 
@@ -117,7 +119,8 @@ class SynthSpec:
     chat_template: str | None = None
     """None: the vocabulary's ChatML template (``vocab.THINKING_CHAT_TEMPLATE`` opens a
     reasoning block in the prompt, as Qwen3 Thinking models do)."""
-    # deepseek2, qwen3next and glm4moe: shared expert width is n_shared_experts * n_ff_exp.
+    # deepseek2, qwen3next/qwen35moe and glm4moe: shared expert width is n_shared_experts *
+    # n_ff_exp.
     n_shared_experts: int = 1
     # deepseek2 and glm4moe: leading dense layers; deepseek2: MLA ranks (qk_nope = head_dim
     # - qk_rope_dim).
@@ -125,19 +128,20 @@ class SynthSpec:
     q_lora_rank: int = 32
     kv_lora_rank: int = 32
     qk_rope_dim: int = 8
-    # deepseek2 and qwen3next: one merged ffn_gate_up_exps tensor instead of gate + up.
+    # deepseek2 and qwen3next/qwen35moe: one merged ffn_gate_up_exps tensor, not gate + up.
     merged_gate_up: bool = False
     # gpt-oss: window of the sliding-window layers (every other layer).
     sliding_window: int = 64
-    # qwen3next: every full_attn_interval-th layer is full attention, the rest linear.
+    # qwen3next/qwen35moe: every full_attn_interval-th layer is full attention, the rest
+    # linear.
     full_attn_interval: int = 2
     ssm_conv_kernel: int = 4
     ssm_state: int = 16
     ssm_k_heads: int = 2
     ssm_v_heads: int = 4
-    # glm4moe and qwen3next: the last n_nextn of the n_layers blocks are multi-token
-    # prediction (NextN) blocks with experts of their own, which llama.cpp does not load
-    # unless asked to (qwen3next's is a full-attention block).
+    # glm4moe and qwen3next/qwen35moe: the last n_nextn of the n_layers blocks are
+    # multi-token prediction (NextN) blocks with experts of their own, which llama.cpp does
+    # not load unless asked to (qwen3next's is a full-attention block).
     n_nextn: int = 0
 
     def __post_init__(self) -> None:
@@ -213,10 +217,10 @@ class SynthSpec:
                 errors.append("deepseek2 needs 0 <= n_dense_lead < n_layers")
             if self.kv_lora_rank <= 0 or self.q_lora_rank < 0:
                 errors.append("deepseek2 needs kv_lora_rank > 0 and q_lora_rank >= 0")
-        if self.arch == "qwen3next":
+        if self.arch in ("qwen3next", "qwen35moe"):
             # llama.cpp's hybrid memory asserts when either kind of layer is absent.
             if not 2 <= self.full_attn_interval <= self.n_layers - self.n_nextn:
-                errors.append("qwen3next needs 2 <= full_attn_interval <= n_layers, so that "
+                errors.append(f"{self.arch} needs 2 <= full_attn_interval <= n_layers, so that "
                               "there are both linear and full attention layers")
             if self.ssm_v_heads % self.ssm_k_heads:
                 errors.append("ssm_v_heads must be a multiple of ssm_k_heads")
@@ -225,11 +229,11 @@ class SynthSpec:
                           "MoE layer before the NextN blocks)")
         if self.n_nextn > 1:
             errors.append("llama.cpp runs at most one NextN block (n_nextn <= 1)")
-        if self.n_nextn and self.arch not in ("glm4moe", "qwen3next"):
-            errors.append("n_nextn is only read by glm4moe and qwen3next")
+        if self.n_nextn and self.arch not in ("glm4moe", "qwen3next", "qwen35moe"):
+            errors.append("n_nextn is only read by glm4moe, qwen3next and qwen35moe")
         if self.n_nextn < 0:
             errors.append("n_nextn must be >= 0")
-        if self.merged_gate_up and self.arch not in ("deepseek2", "qwen3next"):
+        if self.merged_gate_up and self.arch not in ("deepseek2", "qwen3next", "qwen35moe"):
             errors.append("merged_gate_up is only read by deepseek2 and qwen3next")
         if self.head_dim % 2:
             errors.append("head_dim must be even (RoPE)")
@@ -439,7 +443,7 @@ def _plan(spec: SynthSpec) -> list[_Tensor]:
             experts(blk, biases=True)
         elif arch == "deepseek2":
             _deepseek2_layer(spec, il, out, wt, router, experts, dense_ffn)
-        elif arch == "qwen3next":
+        elif arch in ("qwen3next", "qwen35moe"):
             _qwen3next_layer(spec, il, out, wt, router, experts, dense_ffn)
         elif arch == "glm4moe":
             _glm4moe_layer(spec, il, out, wt, router, experts, dense_ffn, gqa)
@@ -526,7 +530,11 @@ def _qwen3next_layer(spec: SynthSpec, il: int, out: list[_Tensor], wt: GGMLQuant
         # ssm_a = -exp(A_log): negative decay rates, here in [-1.5, -0.5].
         out.append(_Tensor(f"{blk}.ssm_a", (spec.ssm_v_heads,), _F32,
                            _Init(std=1.0 / math.sqrt(12.0), const=0.5, negative=True)))
-        out.append(_w(f"{blk}.ssm_ba.weight", (D, 2 * spec.ssm_v_heads), wt))
+        if spec.arch == "qwen35moe":  # Qwen3.5: beta and alpha as two projections
+            out.append(_w(f"{blk}.ssm_beta.weight", (D, spec.ssm_v_heads), wt))
+            out.append(_w(f"{blk}.ssm_alpha.weight", (D, spec.ssm_v_heads), wt))
+        else:
+            out.append(_w(f"{blk}.ssm_ba.weight", (D, 2 * spec.ssm_v_heads), wt))
         out.append(_ones(f"{blk}.ssm_norm.weight", (spec.ssm_state,)))
         out.append(_w(f"{blk}.ssm_out.weight", (value_dim, D), wt))
     else:
@@ -602,7 +610,10 @@ def _write_metadata(w: GGUFWriter, spec: SynthSpec, name: str,
         w.add_expert_feed_forward_length(spec.n_ff_exp)
     if arch == "gpt-oss":
         w.add_sliding_window(spec.sliding_window)
-    if arch == "qwen3next":
+    if arch == "qwen35moe":  # interleaved multimodal RoPE: its sections fill half a head
+        half = spec.head_dim // 2
+        w.add_rope_dimension_sections([half - 2 * (half // 3), half // 3, half // 3, 0])
+    if arch in ("qwen3next", "qwen35moe"):
         w.add_expert_shared_feed_forward_length(spec.n_ff_exp * spec.n_shared_experts)
         w.add_ssm_conv_kernel(spec.ssm_conv_kernel)
         w.add_ssm_inner_size(spec.ssm_state * spec.ssm_v_heads)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-ARCHES = ("qwen3moe", "olmoe", "gpt-oss", "deepseek2", "mixtral", "qwen3next", "glm4moe")
+ARCHES = ("qwen3moe", "olmoe", "gpt-oss", "deepseek2", "mixtral", "qwen3next", "glm4moe",
+          "qwen35moe")
 PROMPT = [1, 2, 3]
 
 

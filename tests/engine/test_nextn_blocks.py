@@ -26,7 +26,7 @@ def _logits(engine: Callable[..., object], path: Path, **kw: object) -> np.ndarr
     return e.forced_logits(exact_prompt(), forced_stream(e._llm.n_vocab(), 24))  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("arch", ["glm4moe", "qwen3next"])
+@pytest.mark.parametrize("arch", ["glm4moe", "qwen3next", "qwen35moe"])
 def test_a_nextn_block_is_neither_routed_nor_counted(
         synth_model: Callable[..., Path], engine: Callable[..., object], tmp_path: Path,
         arch: str) -> None:

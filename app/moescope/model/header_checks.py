@@ -240,7 +240,7 @@ def _check_mla_latent(name: str, reader: GGUFReader, arch: str) -> None:
 
 
 _ATTENTION_ARCHES = ("qwen3moe", "olmoe", "llama", "qwen3", "gpt-oss", "deepseek2", "qwen3next",
-                     "glm4moe")
+                     "glm4moe", "qwen35moe")
 
 
 def _check_attention(name: str, reader: GGUFReader, arch: str,
@@ -274,7 +274,7 @@ def _check_attention(name: str, reader: GGUFReader, arch: str,
     elif arch == "olmoe" and head_k * n_head != n_embd:  # its query weight is n_embd wide
         why = (f"{n_head} heads of {head_k} do not make up the hidden size {n_embd}, as "
                f"{arch} needs")
-    elif arch == "qwen3next":
+    elif arch in ("qwen3next", "qwen35moe"):
         groups = int_value(reader, f"{arch}.ssm.group_count", 0) or 0
         rank = int_value(reader, f"{arch}.ssm.time_step_rank", 0) or 0
         inner = int_value(reader, f"{arch}.ssm.inner_size", 0) or 0
