@@ -60,6 +60,8 @@ def _render(template: str, thinking: str) -> str:
     ("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", ("default", "off", "on"),
      ("<think>\n", "", "<think>\n")),
     ("openai-gpt-oss-120b.jinja", ("default", "low", "medium", "high"), ("", "", "", "")),
+    # GLM-4.5/4.6 open their thoughts themselves; off: "/nothink" and an empty block
+    ("GLM-4.6.jinja", ("default", "off", "on"), ("", "", "")),
 ])
 def test_switch_and_prefix_per_setting(name: str, choices: tuple[str, ...],
                                        prefixes: tuple[str, ...]) -> None:
