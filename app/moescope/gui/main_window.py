@@ -419,6 +419,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
     def _audit_requested(self, every: int) -> None:
         """Audit every ``every`` tokens (0 off), and remember it for the next start."""
         self.client.request_audit(every)
+        self.cache_panel.set_audit_every(every)
         self.remember_setting(self.model.path if self.model else None, "audit", every)
 
     def request_budget(self, slots: int) -> None:
