@@ -287,3 +287,74 @@ def test_a_data_folder_that_cannot_hold_the_chats_is_one_line_and_a_dialog(
     assert "MOESCOPE_DATA_DIR" in err
     assert shown == [err.removeprefix("moescope: error: ").strip()]
     assert not (data_dir / LOCK_NAME).exists()
+
+
+def test_a_damaged_chat_database_is_moved_aside_and_the_window_starts_and_says_where(
+        qtbot: Any, data_dir: Path, dialogs: Any) -> None:
+    """A corrupt chats.sqlite3 stopped every start with "Make it writable": the window's
+    owner keeps it under a new name beside it, starts with an empty chat list, and says
+    in one line where it went."""
+    from moescope.gui.app import create_app, open_window
+    from moescope.gui.instance_lock import DataFolderLock
+
+    create_app([])
+    data_dir.mkdir(parents=True)
+    junk = b"\x00this is no SQLite database\n" * 300
+    (data_dir / "chats.sqlite3").write_bytes(junk)
+    lock = DataFolderLock()
+    window = open_window(lock)
+    assert window is not None
+    qtbot.addWidget(window)
+    try:
+        qtbot.waitUntil(lambda: bool(window.notices), timeout=5_000)
+        ((title, line),) = window.notices
+        (moved,) = [p for p in data_dir.iterdir() if ".corrupt-" in p.name]
+        assert moved.name.startswith("chats.sqlite3.corrupt-") and moved.read_bytes() == junk
+        assert title == "Chat database damaged" and "\n" not in line
+        assert str(moved) in line and "file is not a database" in line
+        assert "writable" not in line
+        assert line in window.statusBar().currentMessage()
+        assert window.store.chats() == [] and window.chat_list.titles() == []
+        assert window.store.path == data_dir / "chats.sqlite3"  # a new, working one
+        window.store.create_chat("after the repair")
+        assert [c.title for c in window.store.chats()] == ["after the repair"]
+    finally:
+        window.close()
+        lock.release()
+
+
+def test_a_damaged_chat_database_another_moescope_has_open_is_left_with_fitting_advice(
+        qtbot: Any, data_dir: Path, other_moescope: subprocess.Popen[str]) -> None:
+    """Opened beside another MoEScope, the damaged file is not moved (the other may have it
+    open); the line says what helps, not to make the folder writable."""
+    from moescope.gui.app import (
+        UnusableDataFolder,
+        create_app,
+        data_folder_error_text,
+        open_window,
+    )
+    from moescope.gui.instance_lock import DataFolderLock
+
+    create_app([])
+    (data_dir / "chats.sqlite3").write_bytes(b"garbage" * 100)
+    lock = DataFolderLock()
+    answer_dialog("Open anyway", [])
+    with pytest.raises(UnusableDataFolder) as caught:
+        open_window(lock)
+    assert sorted(p.name for p in data_dir.iterdir() if p.name.startswith("chats")) == [
+        "chats.sqlite3"]
+    text = data_folder_error_text(caught.value.cause)
+    assert "file is not a database" in text and "Make it writable" not in text
+    assert "Close the other MoEScope" in text
+
+
+def test_a_folder_in_the_database_s_place_keeps_the_writable_advice(data_dir: Path) -> None:
+    import sqlite3
+
+    from moescope.gui.app import data_folder_error_text
+    from moescope.session.store_repair import open_chat_store
+
+    (data_dir / "chats.sqlite3").mkdir(parents=True)
+    with pytest.raises(sqlite3.OperationalError) as caught:
+        open_chat_store(data_dir / "chats.sqlite3")
+    assert "Make it writable" in data_folder_error_text(caught.value)

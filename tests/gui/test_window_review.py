@@ -51,7 +51,7 @@ def test_panel_and_answer_line_name_their_span_and_match_engine_and_trace(
     assert "(25.0% resident)" in now and "25.0% resident" in controls
     assert recent.startswith(f"last {n} tokens (quality-first) · ")
     assert f"hit {model.recent_mean('hit_rate'):.0%}" in recent
-    assert f"tok/s (last {model.rolling_rate_tokens()})" in recent
+    assert f"tok/s (last {model.rolling_rate_tokens()} tokens)" in recent
     answer = window.store.messages(window.chat.chat_id)[-1]
     line = answer_line(answer.stats, answer.status)
     assert line in window.chat_view.text()

@@ -12,11 +12,14 @@ from collections.abc import Mapping
 from typing import Any
 
 DONE = "done"
+ANSWER_RATE = "answer average"
+"""How the line names its tokens/s: the cache panel's is over its last few tokens only."""
 DECODE_RATE_TIP = (
-    "this answer: tokens/s over the answer's decode (after its first token, which is the "
-    "prompt's time: TTFT); hit rate, fetched MB and substituted share are totals over every "
-    "expert selection of the answer, and the quality cost is over its audited tokens. The "
-    "cache panel's numbers are over its last tokens only, so they differ.")
+    "This answer: tok/s (answer average) is over the answer's whole decode, after its first "
+    "token (the prompt's time: TTFT); hit rate, fetched MB and substituted share are totals "
+    "over every expert selection of the answer, and the quality cost is over its audited "
+    "tokens. The cache panel's tok/s (last N tokens) is over its latest decode steps only, "
+    "so the two differ: a rate that rose or fell during the answer reads differently.")
 
 
 def _number(stats: Mapping[str, Any], key: str) -> float | None:
@@ -40,7 +43,7 @@ def answer_line(stats: Mapping[str, Any], status: str) -> str:
     parts = [f"this answer: {n_tokens} token{'s' if n_tokens != 1 else ''} under {policies}"]
     rate = _number(stats, "tokens_per_second")
     if n_tokens >= 2 and rate:
-        parts.append(f"{rate:.1f} tok/s")
+        parts.append(f"{rate:.1f} tok/s ({ANSWER_RATE})")
     ttft = _number(stats, "time_to_first_token_s")
     if n_tokens and ttft is not None:
         parts.append(f"TTFT {ttft * 1000:.0f} ms")

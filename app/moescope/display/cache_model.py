@@ -88,9 +88,9 @@ SUMMARY_TIP = (
     "First line: what the cache does now (policy, slots) and the latest token.\n"
     "Second line: hit rate and substituted gate mass per token are means over the last {n} "
     "tokens, under the policies named; tokens/s is over the last {r} decode steps.\n"
-    "The line under each answer in the chat is over that whole answer (its tok/s leaves "
-    "out the first token, its hit rate counts every expert selection), so the two "
-    "differ. The plots below show every token.")
+    "The line under each answer in the chat is over that whole answer (its tok/s, the "
+    "answer average, leaves out the first token; its hit rate counts every expert "
+    "selection), so the two differ. The plots below show every token.")
 TRACE_SUMMARY_TIP = (
     "First line: what the cache did at the end of the trace (policy, slots), its last token, "
     "and the time to first token of the last answer in the trace.\n"

@@ -17,7 +17,8 @@ from moescope import __version__
 from moescope.gui.instance_lock import DataFolderLock, ask_already_open, retake_when_free
 from moescope.gui.main_window import MainWindow
 from moescope.gui.theme import apply_theme
-from moescope.session.store import ChatStore, UnreadableChatsError
+from moescope.session.store import UnreadableChatsError, is_corruption
+from moescope.session.store_repair import open_chat_store
 from moescope.util import paths
 from moescope.util.resources import resources_dir
 
@@ -97,12 +98,14 @@ def open_window(lock: DataFolderLock) -> MainWindow | None:
         if not ask_already_open(lock.folder, holder):
             return None
     # opened here, before the window starts its engine thread: a data folder that cannot
-    # hold the chats (read-only, a file in the way) is said in words, not a traceback
+    # hold the chats (read-only, a file in the way) is said in words, not a traceback; a
+    # damaged one is moved aside by the folder's owner, and the window says where
     try:
-        store = ChatStore(paths.chats_db_path(), recover=holder is None)
+        opened = open_chat_store(paths.chats_db_path(), recover=holder is None,
+                                 repair=holder is None)
     except (OSError, sqlite3.Error) as err:
         raise UnusableDataFolder(err) from err
-    window = MainWindow(store=store, owns_data=holder is None)
+    window = MainWindow(store=opened, owns_data=holder is None)
     if holder is not None:
         retake_when_free(lock, window)
     return window
@@ -125,6 +128,18 @@ def cannot_use_data_folder(err: BaseException, parent: QWidget | None = None) ->
     """Say in one line (on standard error, and in a dialog for a window started from a
     menu, with no terminal) why the data folder cannot be used; returns
     :data:`DATA_FOLDER_ERROR`."""
+    text = data_folder_error_text(err)
+    print(f"moescope: error: {text}", file=sys.stderr)
+    box = QMessageBox(QMessageBox.Icon.Critical, "MoEScope cannot start", text,
+                      QMessageBox.StandardButton.Ok, parent)
+    box.setObjectName("dataFolderError")
+    box.exec()
+    return DATA_FOLDER_ERROR
+
+
+def data_folder_error_text(err: BaseException) -> str:
+    """The one line :func:`cannot_use_data_folder` says: the reason, and the fix that fits
+    it (a permission, a newer MoEScope's chats, a damaged file another MoEScope has open)."""
     folder = paths.data_dir_path()
     if isinstance(err, OSError):
         reason = err.strerror or str(err)
@@ -135,16 +150,14 @@ def cannot_use_data_folder(err: BaseException, parent: QWidget | None = None) ->
     if isinstance(err, UnreadableChatsError):  # a newer MoEScope's, or not ours: no access
         fix = (f"To use MoEScope meanwhile, start it with {paths.ENV_DATA_DIR} set to "
                f"another folder (this one is left as it is).")
+    elif is_corruption(err):  # damaged, and another MoEScope has it open: not moved aside
+        fix = (f"Close the other MoEScope and start again: the damaged file is then kept "
+               f"under a new name and a new one started, or set {paths.ENV_DATA_DIR} to "
+               f"another folder.")
     else:
         fix = (f"Make it writable, or start MoEScope with {paths.ENV_DATA_DIR} set to a "
                f"folder you can write to.")
-    text = f"MoEScope cannot use its data folder {folder}: {reason}. {fix}"
-    print(f"moescope: error: {text}", file=sys.stderr)
-    box = QMessageBox(QMessageBox.Icon.Critical, "MoEScope cannot start", text,
-                      QMessageBox.StandardButton.Ok, parent)
-    box.setObjectName("dataFolderError")
-    box.exec()
-    return DATA_FOLDER_ERROR
+    return f"MoEScope cannot use its data folder {folder}: {reason}. {fix}"
 
 
 def _quit_on_sigint(window: MainWindow) -> None:

@@ -73,6 +73,7 @@ from moescope.gui.worker import EngineClient
 from moescope.model.ram_fit import AUTO_CHANGE_MARK, AUTO_RAM_BUDGET
 from moescope.session.snapshots import ModelSummary, TokenSnapshot
 from moescope.session.store import ChatStore
+from moescope.session.store_repair import OpenedStore, open_chat_store
 from moescope.trace import TRACE_SUFFIXES, Change
 from moescope.trace.names import live_trace_file
 from moescope.util import paths
@@ -117,16 +118,22 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
     traceExportFinished = Signal(object)  # the three files, or None (failed or cancelled)
     changesApplied = Signal(object, object)  # ModelSummary, list[Change] (GUI thread)
 
-    def __init__(self, *, engine: Engine | None = None, store: ChatStore | None = None,
+    def __init__(self, *, engine: Engine | None = None,
+                 store: ChatStore | OpenedStore | None = None,
                  settings: QSettings | None = None, owns_data: bool = True) -> None:
         """``owns_data``: this window holds its data folder's lock (:mod:`.instance_lock`);
-        a window opened beside another one's leaves crash recovery of the chats to it."""
+        a window opened beside another one's leaves crash recovery of the chats, and the
+        moving aside of a damaged chat database, to it."""
         super().__init__()
         self.setWindowTitle("MoEScope")
         self.setAcceptDrops(True)
         self.settings = settings or QSettings(str(paths.settings_path()),
                                               QSettings.Format.IniFormat)
-        self.store = store or ChatStore(paths.chats_db_path(), recover=owns_data)
+        if store is None:
+            store = open_chat_store(paths.chats_db_path(), recover=owns_data,
+                                    repair=owns_data)
+        opened = store if isinstance(store, OpenedStore) else OpenedStore(store)
+        self.store = opened.store
         self.client = EngineClient(engine, parent=self)
         self.model: ModelSummary | None = None
         self.requested = RequestNumbers()
@@ -192,6 +199,9 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         if self.store.recovered:
             log.warning("%d answer(s) were cut off when MoEScope last stopped; their text "
                         "is kept and marked interrupted", self.store.recovered)
+        if opened.moved_to is not None:  # said once the window shows, on top of it
+            notice = opened.notice()
+            QTimer.singleShot(0, self, lambda: self.notify("Chat database damaged", notice))
 
     # ------------------------------------------------------------------ building
     def _build_layout(self) -> None:
@@ -409,6 +419,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
     def _audit_requested(self, every: int) -> None:
         """Audit every ``every`` tokens (0 off), and remember it for the next start."""
         self.client.request_audit(every)
+        self.cache_panel.set_audit_every(every)
         self.remember_setting(self.model.path if self.model else None, "audit", every)
 
     def request_budget(self, slots: int) -> None:

@@ -135,6 +135,7 @@ class ModelLoading(_Window):
         combo.blockSignals(True)
         combo.setCurrentIndex(index)
         combo.blockSignals(False)
+        self.cache_panel.set_audit_every(int(combo.currentData()))
         if combo.currentData():
             self.client.request_audit(int(combo.currentData()))
 

@@ -285,7 +285,9 @@ def recolour_views(top: QWidget) -> None:
             if plot.legend is not None:
                 set_legend_size(plot.legend)
             for item in plot.items:  # change markers: pale yellow on white otherwise
-                if isinstance(item, pg.InfiniteLine) and getattr(item, "moescope_marker",
+                if isinstance(item, pg.TextItem):  # notes in a plot (TTFT, audits off)
+                    item.setColor(MUTED)
+                elif isinstance(item, pg.InfiniteLine) and getattr(item, "moescope_marker",
                                                                  False):
                     pen = pg.mkPen(item.pen)
                     pen.setColor(QColor(MARKER))

@@ -6,7 +6,14 @@ from moescope.util.errors import MoEScopeError
 
 
 class HubError(MoEScopeError):
-    """A search, listing, header read or download that failed for a reason worth telling."""
+    """A search, listing, header read or download that failed for a reason worth telling.
+
+    ``detail``: the system's own words for the cause ("[Errno -2] Name or service not
+    known"), kept out of the sentence for a tooltip or the log."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 class HubUnreachable(HubError):

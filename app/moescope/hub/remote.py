@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
+import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -222,8 +224,8 @@ class HubClient:
         except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.ProxyError,
                 httpx2.UnsupportedProtocol) as err:
             raise HubUnreachable(
-                f"cannot reach {self.host} ({_reason(err)}): check the network connection "
-                f"and the proxy settings (HTTPS_PROXY)") from None
+                f"cannot reach {self.host}: {network_failure(err)}; check the network "
+                f"connection and the proxy settings (HTTPS_PROXY)", _reason(err)) from None
 
     def get_json(self, url: str, *, what: str, params: dict[str, Any] | None = None
                  ) -> tuple[Any, httpx2.Response]:
@@ -236,8 +238,8 @@ class HubClient:
                         raise HubError(f"{self.host}: answered {what} with more than "
                                        f"{MAX_JSON_BYTES >> 20} MiB; not read")
             except httpx2.TransportError as err:
-                raise HubUnreachable(f"{self.host}: connection lost while reading {what} "
-                                     f"({_reason(err)})") from None
+                raise HubUnreachable(f"{self.host}: connection lost while reading {what}",
+                                     _reason(err)) from None
             try:
                 return json.loads(bytes(body)), response
             except (ValueError, RecursionError):  # nested past the parser's depth too
@@ -328,8 +330,8 @@ class HubClient:
                     if len(out) >= want:
                         break
             except httpx2.TransportError as err:
-                raise HubUnreachable(f"{what}: connection lost while reading the header "
-                                     f"({_reason(err)})") from None
+                raise HubUnreachable(f"{what}: connection lost while reading the header",
+                                     _reason(err)) from None
             return bytes(out)
 
     def read_header(self, model: RemoteModel, *, first_bytes: int = FIRST_HEADER_BYTES,
@@ -396,6 +398,40 @@ def _bounded(value: Any) -> int:
 
 def _has_auth(response: httpx2.Response) -> bool:
     return response.request is not None and "authorization" in response.request.headers
+
+
+DNS_WORDS = ("name or service not known", "temporary failure in name resolution",
+             "nodename nor servname", "no address associated with hostname", "getaddrinfo")
+
+
+def network_failure(err: BaseException) -> str:
+    """What a failed connection means, in plain words ("no network or DNS failure"); the
+    system's own text ("[Errno -2] Name or service not known") is :func:`_reason`'s, for
+    the error's ``detail``."""
+    chain: list[BaseException] = []
+    cause: BaseException | None = err
+    while cause is not None and len(chain) < 8:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    text = " ".join(str(e) for e in chain).lower()
+    if any(isinstance(e, socket.gaierror) for e in chain) or any(w in text for w in DNS_WORDS):
+        return "no network or DNS failure (its name does not resolve)"
+    if any(isinstance(e, ssl.SSLError) for e in chain):
+        return "the secure connection (TLS) failed"
+    if isinstance(err, httpx2.ProxyError):
+        return "the proxy refused the connection"
+    if isinstance(err, httpx2.UnsupportedProtocol):
+        return "its address is not an http(s) one"
+    if any(isinstance(e, ConnectionRefusedError) for e in chain) or "refused" in text:
+        return "the connection was refused"
+    if any(isinstance(e, TimeoutError) for e in chain) or isinstance(
+            err, httpx2.TimeoutException) or "timed out" in text:
+        return "no answer in time"
+    if "unreachable" in text:
+        return "no network (unreachable)"
+    if any(isinstance(e, ConnectionResetError) for e in chain) or "reset" in text:
+        return "the connection was reset"
+    return "no connection"
 
 
 def _reason(err: BaseException) -> str:

@@ -70,6 +70,31 @@ class UnreadableChatsError(sqlite3.DatabaseError, MoEScopeError):
     (the window, before it starts) words this one too, without a traceback."""
 
 
+class CorruptChatsError(sqlite3.DatabaseError, MoEScopeError):
+    """The chat database's file is damaged (SQLite's integrity check found a fault): its
+    own class, so that the window moves it aside (:mod:`.store_repair`) instead of
+    advising to make a folder writable."""
+
+
+SQLITE_CORRUPT = 11
+SQLITE_NOTADB = 26
+"""SQLite's primary result codes for a damaged file and for one that is not a database."""
+
+
+def is_corruption(err: BaseException) -> bool:
+    """``err`` says the database file itself is damaged (not a permission, a lock, a full
+    disk or a schema this MoEScope does not read)."""
+    if isinstance(err, CorruptChatsError):
+        return True
+    if not isinstance(err, sqlite3.DatabaseError) or isinstance(err, UnreadableChatsError):
+        return False
+    code = getattr(err, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB)
+    text = str(err).lower()
+    return "file is not a database" in text or "malformed" in text
+
+
 @dataclass
 class ChatMessage:
     """One message as stored; ``stats`` is the answer's numbers (AnswerStats fields)."""
@@ -105,10 +130,11 @@ class ChatStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(self.path), isolation_level=None)
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        try:
+        try:  # a file that is not a database fails here, a damaged one at the check
+            self._check()
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
         except BaseException:
             self._db.close()
@@ -119,6 +145,14 @@ class ChatStore:
     @property
     def schema_version(self) -> int:
         return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def _check(self) -> None:
+        """SQLite's quick integrity check (its first fault): a damaged page found now is
+        said at the start, not as a failure to save in the middle of an answer."""
+        row = self._db.execute("PRAGMA quick_check(1)").fetchone()
+        if row is None or row[0] != "ok":
+            fault = " ".join(str(row[0]).split())[:160] if row is not None else "no answer"
+            raise CorruptChatsError(f"integrity check: {fault}")
 
     def _migrate(self) -> None:
         version = self.schema_version

@@ -67,6 +67,8 @@ class CachePanel(QWidget):
         layout.addWidget(self.summary)
         self.heatmap = HeatmapView(self.model)
         self.time_plots = TimePlotsView(self.model)
+        if not live:  # a reopened trace: audited when it was recorded, or not
+            self.time_plots.set_audit_every(None)
         self.layer_bars = LayerBarsView(self.model)
         self.memory_view = MemoryView(self.memory, self.model, live=live)
         self.tabs = QTabWidget()
@@ -202,6 +204,11 @@ class CachePanel(QWidget):
             QTimer.singleShot(0, self, self.fit_heatmap)
         return super().eventFilter(watched, event)
 
+    def set_audit_every(self, every: int) -> None:
+        """The engine audits every ``every`` tokens from now (0: off): the audited-KL plot
+        says so while it has no point to show."""
+        self.time_plots.set_audit_every(every)
+
     def update_model(self, summary: ModelSummary) -> None:
         """Same model, new budget or policy (history kept)."""
         self.model.set_model(summary)
@@ -295,7 +302,8 @@ class CachePanel(QWidget):
             recent.append(prefetch_text(prefetch))
         tok_s = t.last("tokens_per_s")
         if tok_s == tok_s:
-            recent.append(f"{tok_s:.1f} tok/s (last {self.model.rolling_rate_tokens()})")
+            r = self.model.rolling_rate_tokens()
+            recent.append(f"{tok_s:.1f} tok/s (last {r} token{'s' if r != 1 else ''})")
         if self.model.ttft_s is not None:
             ttft = f"TTFT {self.model.ttft_s * 1000:.0f} ms"
             now.append(f"latest answer's {ttft}" if self.live

@@ -14,6 +14,7 @@ import math
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QFont, QTextOption
 from PySide6.QtWidgets import QFrame, QScrollArea, QVBoxLayout, QWidget
 
 from moescope.display.cache_model import CacheModel, Marker
@@ -45,6 +46,12 @@ before it on a row goes to the next row; with every row taken it is left out (it
 stays, and the marker list in the tooltip names it)."""
 LABEL_GAP_PX = 4
 """Room between two labels, on a row and between rows."""
+
+AUDITS_OFF = ("Audits are off: set Quality audit (Cache controls) to every N tokens to "
+              "measure quality")
+"""Said in the audited-KL plot while the engine audits no token (it stayed empty, unsaid)."""
+AUDITS_WAITING = "Quality audit every {every} tokens: the first audited token shows here"
+AUDITS_NONE_IN_TRACE = "No audited tokens here: Quality audit was off while recording"
 
 PLOTS: tuple[tuple[str, str], ...] = (
     ("mass", "substituted gate mass / token"),
@@ -121,6 +128,18 @@ class TimePlotsView(QWidget):
         self.plots["mass"].vb.sigResized.connect(lambda *_: self._place_labels())
         self.ttft_text = pg.TextItem(color=theme.MUTED, anchor=(1, 0))
         self.plots["tokens_per_s"].addItem(self.ttft_text, ignoreBounds=True)
+        self.audit_every: int | None = 0
+        """The engine audits every this many tokens (0: off; None: a reopened trace)."""
+        self.audit_note = pg.TextItem(color=theme.MUTED, anchor=(0.5, 0.5))
+        """Why the audited-KL plot is empty, in it; hidden once an audited token shows."""
+        font = QFont(self.font())
+        font.setPointSizeF(theme.SMALL_PT)
+        self.audit_note.setFont(font)
+        # wrapped to the plot's width, centred: one line was wider than the plot (1024 px)
+        self.audit_note.textItem.document().setDefaultTextOption(
+            QTextOption(Qt.AlignmentFlag.AlignHCenter))
+        self.plots["audit_kl"].addItem(self.audit_note, ignoreBounds=True)
+        self.plots["audit_kl"].vb.sigResized.connect(lambda *_: self._wrap_audit_note())
         self.cursor_lines: list[pg.InfiniteLine] = []
         """A dashed line in every plot at the token the heatmap shows (a reopened trace's,
         chosen with its slider or by a click on a plot); hidden otherwise."""
@@ -133,6 +152,38 @@ class TimePlotsView(QWidget):
             self.cursor_lines.append(line)
         self.graphics.scene().sigMouseClicked.connect(self._clicked)
         self._empty_axes()
+
+    def set_audit_every(self, every: int | None) -> None:
+        """The audit period now (0: off; None: a reopened trace's, recorded before)."""
+        self.audit_every = every
+        self._place_audit_note()
+
+    def _place_audit_note(self, shown: bool | None = None,
+                          at: tuple[float, float] | None = None) -> None:
+        """The note in the middle of the audited-KL plot (``at``: that middle, where the
+        plot's range is being changed) while it shows no audited token (``shown``: whether
+        it does; None: as the curve's data says)."""
+        if shown is None:
+            shown = self.curves["audit_kl"].xData is not None and \
+                len(self.curves["audit_kl"].xData) > 0
+        if shown:
+            self.audit_note.setVisible(False)
+            return
+        every = self.audit_every
+        self.audit_note.setText(AUDITS_NONE_IN_TRACE if every is None else
+                                AUDITS_WAITING.format(every=every) if every else AUDITS_OFF)
+        if at is None:
+            (lo, hi), (bottom, top) = self.plots["audit_kl"].vb.viewRange()
+            at = ((lo + hi) / 2, (bottom + top) / 2)
+        self.audit_note.setPos(*at)
+        self.audit_note.setVisible(True)
+
+    def _wrap_audit_note(self) -> None:
+        self.audit_note.setTextWidth(max(80.0, self.plots["audit_kl"].vb.width() - 12))
+
+    def audit_note_text(self) -> str:
+        """What the audited-KL plot says in place of points ("" when it shows points)."""
+        return self.audit_note.textItem.toPlainText() if self.audit_note.isVisible() else ""
 
     def _set_heights(self) -> None:
         least = COMPACT_PLOT_PX if self.compact else PLOT_MIN_PX
@@ -176,6 +227,7 @@ class TimePlotsView(QWidget):
             plot.setYRange(0.0, 1.0, padding=0.02)
             self._set_y_ticks(key, 1.0)
         self.plots["mass"].setXRange(0, X_STEP, padding=0.0)
+        self._place_audit_note(False, at=(X_STEP / 2, 0.5))
 
     def reset(self) -> None:
         while self._marker_items:
@@ -197,11 +249,13 @@ class TimePlotsView(QWidget):
             hi = math.ceil(x[-1] / X_STEP) * X_STEP
             lo = max(0.0, hi - WINDOW_TOKENS)
         tops: dict[str, float] = {}
+        audited_shown = False
         for key, curve in self.curves.items():
             y = t.view(key)
             if key == "audit_kl":
                 audited = np.isfinite(y)
                 curve.setData(x[audited], y[audited])
+                audited_shown = bool((audited & (x >= lo)).any())
             else:
                 curve.setData(x, y, connect="finite")
             visible = y[x >= lo]
@@ -210,6 +264,7 @@ class TimePlotsView(QWidget):
             self.plots[key].setYRange(0.0, tops[key], padding=0.02)
             self._set_y_ticks(key, tops[key])
         self.plots["mass"].setXRange(lo, hi, padding=0.0)
+        self._place_audit_note(audited_shown, at=((lo + hi) / 2, tops["audit_kl"] / 2))
         if self.model.ttft_s is not None:
             self.ttft_text.setText(f"TTFT {self.model.ttft_s * 1000:.0f} ms")
             self.ttft_text.setPos(hi, tops["tokens_per_s"])

@@ -42,7 +42,7 @@ from PySide6.QtWidgets import (
 )
 
 from moescope.display import context_meter
-from moescope.display.answer_line import answer_line
+from moescope.display.answer_line import DECODE_RATE_TIP, answer_line
 from moescope.gui import theme
 from moescope.gui.chat.markdown import code_text, is_code_block, markdown_fragment
 from moescope.gui.chat.markdown_stream import LiveMarkdown
@@ -374,8 +374,12 @@ class ChatView(QWidget):
             cursor.insertText(m.content)
         line = answer_line(m.stats, m.status) if m.role == "assistant" else ""
         if line:
-            cursor.insertBlock(self._block("stats", 2), self._stats_format())
-            cursor.insertText(line)
+            # hovered, it says over which tokens its numbers are (the cache panel's tok/s
+            # is over its last few: the two differ)
+            stats = self._stats_format()
+            stats.setToolTip(DECODE_RATE_TIP)
+            cursor.insertBlock(self._block("stats", 2), stats)
+            cursor.insertText(line, stats)
         self._shown.append(_Shown(self._key(m), start, m.role, m.content, m.position))
 
     def _insert_header(self, cursor: QTextCursor, role: str, index: int) -> int:

@@ -56,7 +56,8 @@ class _Job(QObject):
     """``fn(job)`` on a thread; ``done``/``failed`` on the GUI thread (queued signals)."""
 
     done = Signal(object)
-    failed = Signal(str)
+    failed = Signal(str, str)
+    """One line for the status, and the cause in the system's words (or "")."""
     progress = Signal(object)
 
     def __init__(self, fn: Callable[[_Job], Any]) -> None:
@@ -73,10 +74,10 @@ class _Job(QObject):
         try:
             result = self.fn(self)
         except MoEScopeError as err:
-            self.failed.emit(str(err))
+            self.failed.emit(str(err), str(getattr(err, "detail", "")))
         except Exception as err:  # a bug, but the window must say something
             log.exception("Get models: unexpected error")
-            self.failed.emit(f"unexpected error: {type(err).__name__}: {err}")
+            self.failed.emit(f"unexpected error: {type(err).__name__}: {err}", "")
         else:
             self.done.emit(result)
 
@@ -196,7 +197,7 @@ class GetModelsWindow(QWidget):
 
     # ------------------------------------------------------------------ jobs
     def _start(self, fn: Callable[[_Job], Any], done: Callable[[Any], None],
-               failed: Callable[[str], None] | None = None) -> _Job:
+               failed: Callable[[str, str], None] | None = None) -> _Job:
         job = _Job(fn)
         self._jobs.add(job)
 
@@ -204,9 +205,9 @@ class GetModelsWindow(QWidget):
             self._jobs.discard(job)
             done(result)
 
-        def fail(message: str) -> None:
+        def fail(message: str, detail: str) -> None:
             self._jobs.discard(job)
-            (failed or self.show_status)(message)
+            (failed or self.show_status)(message, detail)
 
         job.done.connect(finish)
         job.failed.connect(fail)
@@ -216,8 +217,13 @@ class GetModelsWindow(QWidget):
         """A search, listing, fit or download still running."""
         return bool(self._jobs)
 
-    def show_status(self, text: str) -> None:
+    def show_status(self, text: str, detail: str = "") -> None:
+        """``text`` in the status line; ``detail`` (a failure's cause in the system's
+        words, e.g. "[Errno -2] Name or service not known") in its tooltip and the log."""
         self.status.setText(text)
+        self.status.setToolTip(f"{text}\n\nCause: {detail}" if detail else "")
+        if detail:
+            log.warning("Get models: %s (%s)", text, detail)
 
     # ------------------------------------------------------------------ search
     def run_search(self) -> None:
@@ -387,11 +393,11 @@ class GetModelsWindow(QWidget):
                          f"Open loads it.")
         self._update_buttons()
 
-    def _download_failed(self, message: str) -> None:
+    def _download_failed(self, message: str, detail: str = "") -> None:
         self.download_job = None
         self.downloading = None
         self.progress.hide()
-        self.show_status(message)
+        self.show_status(message, detail)
         self._update_buttons()
 
     def cancel_download(self) -> None:

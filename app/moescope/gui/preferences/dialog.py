@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from moescope.engine.backend import NAMES, EngineBuild, engine_build
 from moescope.gui.preferences.values import (
     FONT_MAX_PT,
     FONT_MIN_PT,
@@ -74,11 +75,31 @@ class WholePlaceholderLineEdit(QLineEdit):
         return super().minimumSizeHint().expandedTo(self.sizeHint())
 
 
+def gpu_layers_auto_text(build: EngineBuild) -> tuple[str, str]:
+    """What Automatic GPU layers does with the engine that runs (the engine puts every
+    layer on the GPU where its build has a GPU backend, none otherwise), and a sentence
+    for the tooltip. On a CPU build it read "all on a GPU build", which said nothing true
+    of the build in use."""
+    if build.backend == "cpu":
+        return ("Automatic (none: CPU build)",
+                "This engine is a CPU build: it runs every layer on the CPU whatever is "
+                "set here.")
+    if build.backend in NAMES:
+        name = NAMES[build.backend]
+        return (f"Automatic (all layers: {name} build)",
+                f"This engine is a {name} build: Automatic puts every layer on the GPU.")
+    return ("Automatic (all on a GPU build, none on a CPU one)",
+            "The engine's backend is not known: Automatic puts every layer on the GPU if "
+            "it has a GPU backend, none otherwise.")
+
+
 class PreferencesDialog(QDialog):
     """Edits a :class:`Preferences`; ``apply`` hands the new one to the window."""
 
     def __init__(self, prefs: Preferences, apply: Callable[[Preferences], None],
-                 parent: QWidget | None = None) -> None:
+                 parent: QWidget | None = None, build: EngineBuild | None = None) -> None:
+        """``build``: the engine's backend (default: the installed engine's, as the About
+        dialog and the memory view read it)."""
         super().__init__(parent)
         self.setWindowTitle("Preferences")
         self._apply = apply
@@ -95,10 +116,11 @@ class PreferencesDialog(QDialog):
         form.addRow("&Threads:", self.threads)
         self.gpu_layers = WholeTextSpinBox()
         self.gpu_layers.setRange(-1, MAX_GPU_LAYERS)
-        self.gpu_layers.setSpecialValueText("Automatic (all on a GPU build)")
+        auto, why = gpu_layers_auto_text(engine_build() if build is None else build)
+        self.gpu_layers.setSpecialValueText(auto)
         self.gpu_layers.setAccessibleName("GPU layers")
         self.gpu_layers.setToolTip("Layers placed on the GPU, their expert slots with them; "
-                                   "0 keeps everything on the CPU")
+                                   f"0 keeps everything on the CPU. {why}")
         form.addRow("&GPU layers:", self.gpu_layers)
         layout.addWidget(engine)
 

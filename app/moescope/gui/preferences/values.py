@@ -24,7 +24,8 @@ class Preferences:
     threads: int = 0
     """Decode threads (0: llama.cpp's choice, half the cores); from the next load."""
     gpu_layers: int = -1
-    """Layers on the GPU (-1: automatic, all on a GPU build, none otherwise); next load."""
+    """Layers on the GPU (-1: automatic, all where the engine has a GPU backend, none on a
+    CPU build); next load."""
     theme: str = "system"
     font_pt: int = 0
     """The app's font size in points (0: the system's)."""
