@@ -213,6 +213,7 @@ class ModelLoading(_Window):
         self.chat.model_name = summary.name
         self.chat.answer_prefixes = dict(summary.answer_prefixes)
         self.chat_settings.set_thinking_choices(summary.thinking_choices)
+        self.chat_settings.set_model_sampling(summary.sampling_defaults)
         self.cache_panel.set_model(summary)
         self.controls.set_model(summary)
         req = getattr(self, "_pending_request", None)

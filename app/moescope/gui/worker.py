@@ -536,6 +536,8 @@ class EngineWorker(QObject):
 
     def summary(self) -> ModelSummary:
         """The loaded model as plain data (worker thread: reads the engine)."""
+        from moescope.model.sampling_defaults import model_sampling
+
         m = self.engine.model
         assert m is not None
         info, plan = m.info, m.plan
@@ -557,6 +559,7 @@ class EngineWorker(QObject):
             ram_slots_per_layer=self.engine.ram_slots_per_layer,
             answer_prefixes=dict(self._answer_prefixes),
             thinking_choices=self._thinking_choices,
+            sampling_defaults=model_sampling(info.metadata) if info else {},
             requests=self.engine.applied_requests)
 
     def _snapshot(self, ts: Any, *, end: bool = False, saved: bool = False) -> TokenSnapshot:

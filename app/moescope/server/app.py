@@ -316,13 +316,14 @@ class _Api:
     # ------------------------------------------------------------------ generation
     async def chat(self, request: Request) -> Response:
         body, size = await self.read(request)
-        p = chat_params(body, self.service.limits)
+        p = chat_params(body, self.service.limits, self.service.sampling_defaults)
         job = await self.prepare(size, self.service.prepare_chat, p, _client(request))
         return await self.generate(request, job, p.stream, p.include_usage)
 
     async def completions(self, request: Request) -> Response:
         body, size = await self.read(request)
-        p = completion_params(body, self.service.limits)
+        p = completion_params(body, self.service.limits,
+                              self.service.sampling_defaults)
         job = await self.prepare(size, self.service.prepare_completion, p, _client(request))
         return await self.generate(request, job, p.stream, p.include_usage)
 

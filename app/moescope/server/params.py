@@ -18,6 +18,7 @@ grammar when the request is prepared (``Service``), still before anything waits.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,7 +177,9 @@ def _stops(body: dict[str, Any]) -> list[str]:
     return [_text(s, "stop") for s in stops]
 
 
-def _common(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
+def _common(body: dict[str, Any], limits: Limits,
+            defaults: Mapping[str, float] | None = None) -> dict[str, Any]:
+    rec = defaults or {}
     model = body.get("model")
     if model is not None:
         if not isinstance(model, str):
@@ -205,12 +208,16 @@ def _common(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
     return {
         "model": model,
         "max_tokens": max_tokens,
-        "temperature": _number(body, "temperature", 0.8, 0.0, 2.0),
-        "top_p": _number(body, "top_p", 0.95, 0.0, 1.0),
+        # a field left out takes the model's recommended value (its GGUF's
+        # general.sampling.*, as llama-server does), else llama-server's default
+        "temperature": _number(body, "temperature", rec.get("temperature", 0.8), 0.0, 2.0),
+        "top_p": _number(body, "top_p", rec.get("top_p", 0.95), 0.0, 1.0),
         # 0: off (every token), as llama-server reads it; absent: llama.cpp's default 40
-        "top_k": 40 if (top_k := _integer(body, "top_k", 0, 1 << 20)) is None else top_k,
-        "min_p": _number(body, "min_p", 0.05, 0.0, 1.0),
-        "repeat_penalty": _number(body, "repeat_penalty", 1.0, 0.0, 10.0),
+        "top_k": int(rec.get("top_k", 40)) if (top_k := _integer(body, "top_k", 0, 1 << 20))
+        is None else top_k,
+        "min_p": _number(body, "min_p", rec.get("min_p", 0.05), 0.0, 1.0),
+        "repeat_penalty": _number(body, "repeat_penalty", rec.get("repeat_penalty", 1.0),
+                                  0.0, 10.0),
         # OpenAI's range; llama.cpp's penalties sampler subtracts them from the logits of
         # the tokens the answer has sampled (its last 64)
         "frequency_penalty": _number(body, "frequency_penalty", 0.0, -2.0, 2.0),
@@ -324,11 +331,14 @@ def _tool_calls(value: Any, i: int) -> list[dict[str, Any]]:
     return calls
 
 
-def chat_params(body: Any, limits: Limits) -> ChatParams:
-    """Check a ``/v1/chat/completions`` body."""
+def chat_params(body: Any, limits: Limits,
+                defaults: Mapping[str, float] | None = None) -> ChatParams:
+    """Check a ``/v1/chat/completions`` body; ``defaults``: the model's recommended
+    sampling (:func:`moescope.model.sampling_defaults.model_sampling`) for fields left
+    out."""
     if not isinstance(body, dict):
         raise bad_param("body", "the request body must be a JSON object")
-    common = _common(body, limits)
+    common = _common(body, limits, defaults)
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise bad_param("messages", "messages must be a non-empty list" + (
@@ -428,11 +438,13 @@ def _thinking(body: dict[str, Any]) -> str:
     return "on" if enable else "off"
 
 
-def completion_params(body: Any, limits: Limits) -> CompletionParams:
-    """Check a ``/v1/completions`` body (one text prompt)."""
+def completion_params(body: Any, limits: Limits,
+                      defaults: Mapping[str, float] | None = None) -> CompletionParams:
+    """Check a ``/v1/completions`` body (one text prompt); ``defaults`` as
+    :func:`chat_params`'."""
     if not isinstance(body, dict):
         raise bad_param("body", "the request body must be a JSON object")
-    common = _common(body, limits)
+    common = _common(body, limits, defaults)
     if common["max_tokens"] is None:
         common["max_tokens"] = min(16, limits.max_tokens)  # OpenAI's default here
     prompt = body.get("prompt")

@@ -415,6 +415,12 @@ class Service:
         self._slots = engine.slots_per_layer
         self._thinking_choices = engine.thinking_choices()
         self._prefixes: dict[str, str] = {}
+        from moescope.model.sampling_defaults import model_sampling
+
+        info = engine.model.info
+        self.sampling_defaults = model_sampling(info.metadata) if info is not None else {}
+        """The model's recommended sampling (its GGUF's ``general.sampling.*``): what a
+        request that leaves a field out gets, as from llama-server."""
 
     # ------------------------------------------------------------------ preparing
     def check_model(self, name: str | None) -> None:

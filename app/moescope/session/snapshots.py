@@ -72,6 +72,8 @@ class ModelSummary:
     """Per thinking setting, what the chat template opens every answer with
     (``"<think>\\n"`` where it opens the thoughts in the prompt): the chat prepends it to
     the stored answer (see ``model.reasoning``)."""
+    sampling_defaults: dict[str, float | int] = field(default_factory=dict)
+    """The sampling the model's GGUF recommends (``model.sampling_defaults``)."""
     requests: RequestNumbers = field(default_factory=RequestNumbers)
     """Numbers of the latest policy and budget requests the engine had applied (see
     ``Engine.applied_requests``): older than the window's latest request means stale."""

@@ -1,5 +1,11 @@
 """System prompt and sampling settings of the current chat (temperature, top-p, top-k,
-max tokens, seed, thinking). Plain widgets; the window saves them (QSettings, chat store)."""
+max tokens, seed, thinking). Plain widgets; the window saves them (QSettings, chat store).
+
+A model whose GGUF recommends sampling (``general.sampling.*``: Qwen3's temperature 0.6,
+top-p 0.95, top-k 20) has it shown under the settings, with *Use* to take it; while the
+settings are MoEScope's own defaults, or were the previous model's recommendation, a newly
+loaded model's recommendation replaces them at once, as llama-server uses it for whatever
+is not set. Its min-p and repeat penalty, which the panel does not show, apply as they are."""
 
 from __future__ import annotations
 
@@ -9,7 +15,10 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
     QFormLayout,
+    QHBoxLayout,
+    QLabel,
     QPlainTextEdit,
+    QPushButton,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -17,6 +26,10 @@ from PySide6.QtWidgets import (
 
 from moescope.engine import Sampling
 from moescope.model.reasoning import THINKING_DEFAULT
+from moescope.model.sampling_defaults import describe
+
+DEFAULTS = {"temperature": 0.7, "top_p": 0.95, "top_k": 40}
+"""MoEScope's own starting values of the settings the panel shows."""
 
 THINKING_LABELS = {
     "default": "Model default", "on": "On", "off": "Off (answer at once)",
@@ -42,11 +55,12 @@ class ChatSettingsPanel(QWidget):
         self.system_prompt.setTabChangesFocus(True)
         self.system_prompt.setMaximumHeight(110)
         form.addRow("S&ystem prompt", self.system_prompt)
-        self.temperature = self._double(0.0, 2.0, 0.05, 0.7, "Temperature (0 = greedy)")
+        self.temperature = self._double(0.0, 2.0, 0.05, DEFAULTS["temperature"],
+                                        "Temperature (0 = greedy)")
         form.addRow("&Temperature", self.temperature)
-        self.top_p = self._double(0.0, 1.0, 0.01, 0.95, "Top-p")
+        self.top_p = self._double(0.0, 1.0, 0.01, DEFAULTS["top_p"], "Top-p")
         form.addRow("Top-p", self.top_p)
-        self.top_k = self._int(0, 1000, 40, "Top-k (0 = off)")
+        self.top_k = self._int(0, 1000, int(DEFAULTS["top_k"]), "Top-k (0 = off)")
         form.addRow("Top-k", self.top_k)
         self.max_tokens = self._int(1, 32768, 512, "Maximum new tokens")
         form.addRow("Ma&x tokens", self.max_tokens)
@@ -61,6 +75,70 @@ class ChatSettingsPanel(QWidget):
         self.thinking.activated.connect(
             lambda _i: setattr(self, "_wanted_thinking", self.thinking.currentData()))
         self.set_thinking_choices((THINKING_DEFAULT,))
+        # the loaded model's recommendation, and whether the settings shown are it
+        self.model_sampling: dict[str, float | int] = {}
+        self.from_model = False
+        self._setting = False  # the panel itself is setting values: not the user's edit
+        self.model_note = QLabel()
+        self.model_note.setWordWrap(True)
+        self.model_note.setToolTip("From the model file (general.sampling.*: its authors' "
+                                   "generation_config.json, as llama.cpp converts it)")
+        self.use_model = QPushButton("&Use")
+        self.use_model.setAccessibleName("Use the model's recommended sampling")
+        self.use_model.clicked.connect(self.apply_model_sampling)
+        row = QHBoxLayout()
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.model_note, 1)
+        row.addWidget(self.use_model)
+        self.model_row = QWidget()
+        self.model_row.setLayout(row)
+        self.model_row.hide()
+        outer.insertWidget(1, self.model_row)
+        for widget in (self.temperature, self.top_p, self.top_k):
+            widget.valueChanged.connect(self._edited)
+
+    def _shown(self) -> dict[str, float | int]:
+        return {"temperature": round(self.temperature.value(), 2),
+                "top_p": round(self.top_p.value(), 2), "top_k": self.top_k.value()}
+
+    def _edited(self) -> None:
+        if not self._setting:
+            self.from_model = False
+        self._show_model_row()
+
+    def _show_model_row(self) -> None:
+        shown = {k: v for k, v in self.model_sampling.items() if k in DEFAULTS}
+        self.model_row.setVisible(bool(self.model_sampling))
+        self.model_note.setText("Recommended by the model: " + describe(self.model_sampling))
+        current = self._shown()
+        self.use_model.setVisible(any(round(float(v), 2) != current[k]
+                                      for k, v in shown.items()))
+
+    def set_model_sampling(self, values: dict[str, float | int]) -> None:
+        """The loaded model's recommended sampling ({} for none): shown, and taken at once
+        while the settings are MoEScope's defaults or the previous model's."""
+        self.model_sampling = dict(values)
+        at_defaults = self._shown() == {k: round(float(v), 2) if k != "top_k" else int(v)
+                                        for k, v in DEFAULTS.items()}
+        if self.from_model or at_defaults:
+            self._set_shown({**DEFAULTS, **values})
+            self.from_model = True
+        self._show_model_row()
+
+    def apply_model_sampling(self) -> None:
+        """*Use*: the model's recommended values in the settings."""
+        self._set_shown({**self._shown(), **self.model_sampling})
+        self.from_model = True
+        self._show_model_row()
+
+    def _set_shown(self, values: dict[str, float | int]) -> None:
+        self._setting = True
+        try:
+            self.temperature.setValue(float(values["temperature"]))
+            self.top_p.setValue(float(values["top_p"]))
+            self.top_k.setValue(int(values["top_k"]))
+        finally:
+            self._setting = False
 
     def set_thinking_choices(self, choices: tuple[str, ...]) -> None:
         """Offer the thinking settings the loaded model's template understands; the choice
@@ -96,15 +174,19 @@ class ChatSettingsPanel(QWidget):
 
     def sampling(self) -> Sampling:
         seed = self.seed.value()
+        extra = {k: v for k, v in self.model_sampling.items()
+                 if k in ("min_p", "repeat_penalty")}  # not shown: the model's, if it says
         return Sampling(temperature=self.temperature.value(), top_p=self.top_p.value(),
                         top_k=self.top_k.value(), max_tokens=self.max_tokens.value(),
+                        **extra,  # type: ignore[arg-type]
                         seed=None if seed < 0 else seed,
                         thinking=self.thinking.currentData() or THINKING_DEFAULT)
 
     def values(self) -> dict[str, object]:
         return {"temperature": self.temperature.value(), "top_p": self.top_p.value(),
                 "top_k": self.top_k.value(), "max_tokens": self.max_tokens.value(),
-                "seed": self.seed.value(), "thinking": self._wanted_thinking}
+                "seed": self.seed.value(), "thinking": self._wanted_thinking,
+                "from_model": self.from_model}
 
     def set_values(self, values: dict[str, object]) -> None:
         """Restore saved values; unknown or malformed entries keep the defaults."""
@@ -115,6 +197,7 @@ class ChatSettingsPanel(QWidget):
                              ("seed", self.seed)):
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 iwidget.setValue(int(float(values[key])))  # type: ignore[arg-type]
+        self.from_model = values.get("from_model") in (True, "true")  # an INI says "true"
         wanted = values.get("thinking")
         if isinstance(wanted, str) and wanted in THINKING_LABELS:
             self._wanted_thinking = wanted
