@@ -270,6 +270,10 @@ def test_a_string_array_count_is_bounded_before_its_strings_are_walked(
     ("qwen3next", "ssm.group_count", 3, r"time_step_rank 4 is not a multiple of .*group_count 3"),
     ("qwen3next", "ssm.inner_size", 8, r"inner_size is 8, expected .* = 64"),
     ("qwen35moe", "ssm.group_count", 3, r"time_step_rank 4 is not a multiple of .*group_count 3"),
+    # ggml's rope kernel: GGML_ASSERT(sections[0] > 0 || ...), GGML_ASSERT(sect_dims <= ne0)
+    ("qwen35moe", "rope.dimension_sections", [0, 0, 0, 0], r"sections is \[0, 0, 0, 0\]"),
+    ("qwen35moe", "rope.dimension_sections", [40, 0, 0, 0], "at most the key head size 16"),
+    ("qwen35moe", "rope.dimension_sections", [-1, 4, 4, 0], r"sections is \[-1, 4, 4, 0\]"),
     ("qwen3moe", "attention.head_count", 0, "head_count is 0"),
     # glm4moe: GGML_ASSERT(n_embd_head_v == n_embd_head_k); it rotates half of each head
     ("glm4moe", "attention.value_length", 8, "value head size 8 differ; glm4moe needs"),
@@ -277,8 +281,9 @@ def test_a_string_array_count_is_bounded_before_its_strings_are_walked(
 ])
 def test_head_sizes_llama_cpp_asserts_on_are_refused(
         synth_model: Callable[..., Path], hostile: Callable[..., Path], arch: str, key: str,
-        value: int, match: str) -> None:
+        value: int | list[int], match: str) -> None:
     gguf_arch = "llama" if arch == "mixtral" else arch
-    path = hostile(base=synth_model(arch),
-                   **{f"{gguf_arch}.{key}".replace(".", "__"): (U32, value)})
+    typed = (T.ARRAY, value, I32) if isinstance(value, list) \
+        else (U32, value)
+    path = hostile(base=synth_model(arch), **{f"{gguf_arch}.{key}".replace(".", "__"): typed})
     _refused(path, match)

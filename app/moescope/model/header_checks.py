@@ -287,8 +287,27 @@ def _check_attention(name: str, reader: GGUFReader, arch: str,
         elif inner != state * rank:  # the graph's value head size is inner / rank
             why = (f"{arch}.ssm.inner_size is {inner}, expected ssm.state_size x "
                    f"ssm.time_step_rank = {state * rank}")
+    if not why and arch in ("qwen35moe", "glm4moe"):
+        why = _rope_sections(reader, arch, head_k)
     if why:
         raise ModelFormatError(f"{name}: {why}")
+
+
+def _rope_sections(reader: GGUFReader, arch: str, head_k: int) -> str:
+    """Multimodal RoPE's sections (Qwen3.5's interleaved ones; GLM-4.5's when it has them)
+    as ggml's rope kernel asserts on them: none negative, at most the key head size in all,
+    and one of the first three above 0 ("" when they are fine or absent)."""
+    key = f"{arch}.rope.dimension_sections"
+    sections = numbers(reader, key, integer=True)
+    if sections is None or sections.size > 4:  # more than 4: llama.cpp's own load error
+        return ""
+    s = [int(v) for v in sections] + [0] * (4 - sections.size)
+    if arch == "glm4moe" and not (s[0] > 0 and s[1] > 0):  # no multimodal RoPE then
+        return ""
+    if min(s) < 0 or sum(s) > head_k or max(s[:3]) <= 0:
+        return (f"{key} is {s}, expected sections of 0 or more, one of the first three "
+                f"above 0, adding up to at most the key head size {head_k}")
+    return ""
 
 
 def _max(values: np.ndarray | None) -> int:
