@@ -24,6 +24,7 @@ reader knows which rows are exact without decoding the probabilities.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import threading
@@ -41,7 +42,13 @@ import pyarrow.parquet as pq
 from moescope.trace import arrow_format as af
 from moescope.trace.names import JOURNAL_SUFFIX, journal_path
 from moescope.trace.schema import TokenRecord, Trace, TraceFormatError, TraceHeader
-from moescope.util.files import NAME_MAX, check_output, fill_atomic
+from moescope.util.files import (
+    LONGEST_PATH,
+    NAME_MAX,
+    OutputPathError,
+    check_output,
+    fill_atomic,
+)
 
 try:
     import fcntl
@@ -122,6 +129,15 @@ def check_journal_free(path: str | os.PathLike[str]) -> None:
                                f"give a shorter name")
     if os.path.lexists(journal):
         raise _journal_there(journal)
+    try:  # where the journal goes must take it: a path near PATH_MAX (4095 bytes) did not
+        check_output(journal)
+    except OutputPathError as err:
+        if err.errno == errno.ENAMETOOLONG:
+            raise TraceFormatError(f"{path}: the path is too long to record to: its journal "
+                                   f"({JOURNAL_SUFFIX} added) would be over {LONGEST_PATH} "
+                                   f"bytes; give a shorter path") from None
+        raise TraceFormatError(f"{path}: its journal {journal.name} cannot be made there "
+                               f"({err.strerror})") from None
 
 
 def _create_new(path: Path) -> IO[bytes]:

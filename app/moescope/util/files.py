@@ -191,6 +191,8 @@ def _no_new_files(folder: Path, dest: PathLike, err: OSError) -> OutputPathError
 
 NAME_MAX = 255
 """The longest file name, in bytes, of the usual file systems."""
+LONGEST_PATH = 4095
+"""The longest path, in bytes, Linux opens (``PATH_MAX``, 4096, counts the closing NUL)."""
 _TEMP_EXTRA = len("..") + 8 + len(".part")
 """What a temporary's name adds to its target's: two dots, tempfile's 8 random characters
 and the suffix."""

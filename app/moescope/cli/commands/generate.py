@@ -311,7 +311,25 @@ def open_trace(path: Path, engine: Engine, inputs: Sequence[Path] = ()) -> Trace
     try:
         return TraceRecorder.for_engine(path, engine)
     except OSError as err:
-        raise MoEScopeError(f"--trace {path}: cannot write ({err.strerror or err})") from None
+        raise write_error("--trace", path, err) from None
+
+
+def write_error(option: str, path: Path, err: OSError) -> MoEScopeError:
+    """The one line for output ``path`` of ``option`` that could not be written: "cannot
+    write" said once. An :class:`~moescope.util.files.OutputPathError` already says what is
+    wrong ("cannot write (File name too long)", "is a folder"), so it was wrapped into
+    "cannot write (cannot write (...))"; the file it names is said when it is not ``path``
+    (the journal beside a ``.parquet``)."""
+    from moescope.util.files import OutputPathError
+
+    said = err.strerror or str(err)
+    named = err.filename is not None and os.fspath(err.filename) != os.fspath(path)
+    if isinstance(err, OutputPathError):
+        return MoEScopeError(f"{option} {path}: "
+                             + (f"{os.fsdecode(err.filename)}: " if named else "") + said)
+    if err.strerror is None or said.startswith("cannot write"):  # a sentence of its own
+        return MoEScopeError(f"{option} {path}: {said}")
+    return MoEScopeError(f"{option} {path}: cannot write ({said})")
 
 
 def cache_state(engine: Engine) -> str:
