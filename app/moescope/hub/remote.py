@@ -317,6 +317,10 @@ class HubClient:
                                   "Accept-Encoding": "identity"}) as response:
             if response.status_code == 416:
                 return b""
+            if response.status_code == 206:
+                bad = range_mismatch(response.headers.get("Content-Range"), start, path)
+                if bad is not None:
+                    raise HubError(f"{bad}; the header was not read")
             skip = 0 if response.status_code == 206 else start  # 200: the whole file
             out = bytearray()
             try:
@@ -357,6 +361,47 @@ class HubClient:
                 if not more:
                     raise HubError(f"{f.path}: the server sent no bytes past {have}") from None
                 prefixes[need.part] = prefixes[need.part] + more
+
+
+_CONTENT_RANGE = re.compile(r"bytes (\d{1,20})-(\d{1,20})/(\d{1,20}|\*)", re.ASCII)
+
+
+def content_range(value: str | None) -> tuple[int, int, int | None] | None:
+    """``bytes 100-199/1000`` -> ``(100, 199, 1000)`` (the size None for ``*``); None for
+    a missing or unreadable header, or one whose last byte is before its first."""
+    m = _CONTENT_RANGE.fullmatch((value or "").strip())
+    if m is None:
+        return None
+    first, last = int(m[1]), int(m[2])
+    total = None if m[3] == "*" else int(m[3])
+    if last < first or (total is not None and last >= total):
+        return None
+    return first, last, total
+
+
+def range_mismatch(value: str | None, start: int, what: str, size: int | None = None
+                   ) -> str | None:
+    """Why a partial response (206) to a request for bytes from ``start`` of ``what`` (a
+    file of ``size`` bytes, if known) cannot be used, or None: without a Content-Range
+    header (or with one that does not parse) where its bytes belong is unknown; one that
+    starts elsewhere, or names a file of another size, is not the bytes asked for. Only
+    from byte 0 is a response without the header taken as the file from its start (what
+    else could it be; a download's sha256 and a header's parser check the bytes)."""
+    if not value and start == 0:
+        return None
+    got = content_range(value)
+    if got is None:
+        how = ("no Content-Range header" if not value else
+               f"a Content-Range header that cannot be read ({value[:60]!r})")
+        return (f"{what}: the server answered the request for bytes from {start:,} with a "
+                f"partial response (206) but {how}, so where its bytes belong is unknown")
+    if got[0] != start:
+        return (f"{what}: asked the server for bytes from {start:,}, it sent bytes from "
+                f"{got[0]:,} (Content-Range {value})")
+    if size is not None and got[2] is not None and got[2] != size:
+        return (f"{what}: the server's file is {got[2]:,} bytes (Content-Range {value}), "
+                f"the listing says {size:,}")
+    return None
 
 
 def _remote_file(entry: Any) -> RemoteFile | None:
