@@ -413,6 +413,20 @@ def test_junk_named_as_a_binary_trace_says_what_it_is_not(tmp_path: Path, name: 
     assert said not in str(err.value)
 
 
+@pytest.mark.parametrize(("suffix", "said"), [(".parquet", "not a Parquet file"),
+                                              (".arrows", "not an Arrow stream")])
+@pytest.mark.parametrize("n_bytes", [1, 2, 3])
+def test_a_binary_trace_cut_within_its_magic_says_what_it_is_not(
+        tmp_path: Path, suffix: str, said: str, n_bytes: int) -> None:
+    """A .parquet or .arrows cut to 1-3 bytes (shorter than its 4-byte magic) was read as
+    JSON Lines: "not a MoEScope trace (its first line is not a JSON record: ...)"."""
+    p = tmp_path / f"x{suffix}"
+    p.write_bytes((b"PAR1" if suffix == ".parquet" else b"\xff\xff\xff\xff")[:n_bytes])
+    with pytest.raises(TraceFormatError, match=f"^x{suffix}: {said}, so not a MoEScope "
+                                               "trace$"):
+        read_trace(p)
+
+
 @pytest.mark.parametrize("argv", [["replay"], ["trace", "compact"]])
 def test_a_fifo_or_a_device_as_the_trace_is_one_line_not_a_hang(argv: list[str],
                                                                  tmp_path: Path) -> None:

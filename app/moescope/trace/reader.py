@@ -244,8 +244,9 @@ def _read_trace(path: str | os.PathLike[str], progress: ReadProgress | None) -> 
         p.suffix.lower())
     # named as one but not begun as one; JSON Lines or gzip bytes read on (a .PARQUET
     # name recorded JSON Lines before suffixes were matched in any letter case)
-    if kind is not None and len(magic) == 4 and magic[:1] != b"{" \
-            and magic[:2] != b"\x1f\x8b":
+    if kind is not None and magic and magic[:1] != b"{" and magic[:2] != b"\x1f\x8b":
+        # (shorter than its magic too: 1-3 bytes read as JSON, "its first line is not a
+        # JSON record")
         raise TraceFormatError(f"{p.name}: not {kind}, so not a MoEScope trace")
     header: TraceHeader | None = None
     tokens: list[TokenRecord] = []
