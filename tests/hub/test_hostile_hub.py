@@ -283,3 +283,66 @@ def test_a_header_read_past_its_first_bytes_needs_the_range_it_asked_for(
     with pytest.raises(HubError, match=r"for bytes from 64 with a partial response \(206\) "
                                        r"but no Content-Range header.*the header was not read"):
         client.read_header(model, first_bytes=64)
+
+
+@pytest.mark.parametrize(("env", "argv"), [
+    ({}, ["--token", "hf_abc\nX-Injected: 1"]),  # h11's LocalProtocolError, a traceback
+    ({}, ["--token", "hf_é"]),  # UnicodeEncodeError, a traceback
+    ({"HF_TOKEN": "hf_abc\x01"}, []),
+])
+def test_a_token_no_header_can_carry_is_one_line_before_any_request(
+        hostile: HostileHub, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch, env: dict[str, str], argv: list[str]) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("HF_HUB_DISABLE_IMPLICIT_TOKEN")
+    err = _one_line(capsys, ["pull", REPO, "--check", *argv])
+    assert "the Hub token (--token, HF_TOKEN or the saved login) holds a character no " \
+           "token has" in err
+    assert "hf_abc" not in err and "hf_é" not in err  # a secret is not printed
+    assert hostile.requests == 0
+
+
+def test_search_words_too_long_for_a_url_are_one_line(
+        hostile: HostileHub, capsys: pytest.CaptureFixture[str]) -> None:
+    """100,000 characters of search words: httpx's InvalidURL, a traceback."""
+    err = _one_line(capsys, ["pull", "--search", "x" * 100_000])
+    assert "the search words are 100,000 characters; at most 1,000" in err
+    assert hostile.requests == 0
+
+
+@pytest.mark.parametrize(("endpoint", "says"), [
+    ("http://[::1", "is not a URL (Invalid IPv6 URL)"),  # a ValueError, in hf's import
+    ("http://127.0.0.1:99999", "is not a URL (Port out of range 0-65535)"),
+    ("http://a\nb", "not a usable address"),  # InvalidURL
+    ("http://127.0.0.1:9/" + "x" * 70_000, "not a usable address"),  # "URL too long"
+    ("ftp://mirror", "is not an http:// or https:// address with a host"),
+])
+def test_an_hf_endpoint_no_client_can_use_is_one_line(
+        tmp_path: Path, endpoint: str, says: str) -> None:
+    """In a fresh process: ``huggingface_hub`` parses ``HF_ENDPOINT`` as it is imported,
+    and a bad one was a traceback from that import."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_OFFLINE": "1",
+           paths.ENV_MODELS_DIR: str(tmp_path / "models")}
+    r = subprocess.run([sys.executable, "-m", "moescope", "pull", REPO, "--check"],
+                       env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-2000:]
+    assert r.stderr.startswith("moescope: error: HF_ENDPOINT ") and says in r.stderr
+
+
+def test_an_empty_dir_is_refused_not_the_current_folder(
+        hostile: HostileHub, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--dir ""`` is ``Path("")``, the current folder: the model was downloaded there."""
+    hostile.listing(("m-Q8_0.gguf", len(hostile.data), hostile.sha))
+    hostile.files["m-Q8_0.gguf"] = hostile.data
+    monkeypatch.chdir(tmp_path)
+    assert main(["pull", f"{REPO}:Q8_0", "--dir", ""]) == 2
+    err = capsys.readouterr().err
+    assert err == ("moescope pull: error: argument --dir: is empty; name a folder (. for "
+                   "this one) (see: moescope pull --help)\n")
+    assert hostile.requests == 0 and not any(tmp_path.iterdir())

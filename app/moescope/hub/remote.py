@@ -30,6 +30,7 @@ from huggingface_hub.utils import build_hf_headers
 
 from moescope import __version__
 from moescope.cache.budget import format_bytes
+from moescope.hub.endpoint import check_endpoint
 from moescope.hub.errors import HubError, HubGated, HubNotFound, HubUnreachable
 from moescope.model.gguf_info import HeaderIncomplete, ModelInfo, read_header_info
 
@@ -45,6 +46,8 @@ tree is 1000 entries of ~300 bytes, so 16 MiB is far above any real one, and an 
 that streams without end (a broken mirror) ends in one line, not a MemoryError."""
 MAX_PAGES = 20
 MAX_SEARCH = 100
+MAX_QUERY = 1000
+"""Most characters of the search words."""
 SEARCH = "the search"
 """What a search request is called in its errors (a 404 there is an endpoint without one)."""
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
@@ -189,15 +192,24 @@ class HubClient:
 
     @property
     def endpoint(self) -> str:
-        return (self._endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+        """The Hub's address, checked (:func:`check_endpoint`)."""
+        return check_endpoint(self._endpoint or os.environ.get("HF_ENDPOINT")
+                              or DEFAULT_ENDPOINT).rstrip("/")
 
     @property
     def host(self) -> str:
         return urlsplit(self.endpoint).netloc or self.endpoint
 
     def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        return build_hf_headers(token=self.token, library_name="moescope",
-                                library_version=__version__, headers=extra)
+        headers = build_hf_headers(token=self.token, library_name="moescope",
+                                   library_version=__version__, headers=extra)
+        auth = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
+        token = auth.partition(" ")[2]
+        if any(not 0x21 <= ord(c) <= 0x7E for c in token):  # the token itself never said
+            raise HubError("the Hub token (--token, HF_TOKEN or the saved login) holds a "
+                           "character no token has (a space, a control character or a "
+                           "non-ASCII letter): check it")
+        return headers
 
     def file_url(self, repo_id: str, path: str, revision: str = "main") -> str:
         return (f"{self.endpoint}/{check_repo_id(repo_id)}/resolve/{quote(revision, safe='')}"
@@ -219,6 +231,9 @@ class HubClient:
         except OfflineModeIsEnabled:
             raise HubUnreachable(f"cannot reach {self.host}: offline mode is on "
                                  f"(HF_HUB_OFFLINE is set)") from None
+        except httpx2.InvalidURL as err:  # a file path or revision making it too long
+            raise HubError(f"{what}: the request's address is not a valid URL "
+                           f"({_reason(err)})") from None
         except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.ProxyError,
                 httpx2.UnsupportedProtocol) as err:
             raise HubUnreachable(
@@ -266,6 +281,9 @@ class HubClient:
     def search(self, query: str, limit: int = 30) -> list[RepoHit]:
         """GGUF repositories matching ``query``, most downloaded first."""
         limit = max(1, min(int(limit), MAX_SEARCH))
+        if len(query) > MAX_QUERY:  # a URL that long is refused by the HTTP library
+            raise HubError(f"the search words are {len(query):,} characters; at most "
+                           f"{MAX_QUERY:,}")
         params = {"search": query.strip(), "filter": "gguf", "sort": "downloads",
                   "direction": "-1", "limit": str(limit),
                   "expand": ["downloads", "likes", "gated", "gguf"]}

@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--ctx", type=int, default=2048, metavar="N",
                    help="context size for the KV estimate (default 2048)")
     p.add_argument("--check", action="store_true", help="show the fit, download nothing")
-    p.add_argument("--dir", type=Path, metavar="DIR",
+    p.add_argument("--dir", type=_folder, metavar="DIR",
                    help="models folder (default: MOESCOPE_MODELS_DIR, else the data folder's "
                         "models/)")
     p.add_argument("--revision", default="main", help="branch, tag or commit (default main)")
@@ -43,8 +43,19 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(func=run)
 
 
+def _folder(text: str) -> Path:
+    """``--dir``'s value: ``--dir ""`` downloaded into the current folder (``Path("")`` is
+    ``.``) without a word."""
+    if not text:
+        raise argparse.ArgumentTypeError("is empty; name a folder (. for this one)")
+    return Path(text)
+
+
 def run(args: argparse.Namespace) -> int:
+    from moescope.hub.endpoint import check_environment
     from moescope.hub.errors import HubError
+
+    check_environment()  # before huggingface_hub parses HF_ENDPOINT on its import
     from moescope.hub.remote import HubClient
     from moescope.util import paths
 
