@@ -57,3 +57,41 @@ def test_one_line_leaves_a_printable_message_as_it_is() -> None:
     for text in ("plain", "café ½ 日本 — “quoted”", "tab-free, 12 GiB"):
         assert one_line(text) is text
     assert one_line("a\tb\r\nc\x00\x7f\u2028\udcff") == "a\\tb\\r\\nc\\x00\\x7f\\u2028\\udcff"
+
+
+@pytest.mark.parametrize(("argv", "option"), [
+    (["info", ""], "MODEL.gguf"),  # read ".", the current folder, as the model
+    (["generate", ""], "MODEL.gguf"),
+    (["generate", "{tmp}/m.gguf", "--trace", ""], "--trace"),
+    (["chat", "{tmp}/m.gguf", "--trace", ""], "--trace"),
+    (["eval", "{tmp}/m.gguf", "--text", ""], "--text"),
+    (["eval", "{tmp}/m.gguf", "--text", "{tmp}/t.txt", "--csv", ""], "--csv"),
+    (["bench", "{tmp}/m.gguf", "--json", ""], "--json"),
+    (["replay", ""], "TRACE"),
+    (["replay", "{tmp}/t.jsonl", "--csv", ""], "--csv"),  # ".: is a folder"
+    (["replay", "{tmp}/t.jsonl", "--tokens-csv", ""], "--tokens-csv"),
+    (["trace", "compact", ""], "JOURNAL"),
+    (["trace", "compact", "{tmp}/j.arrows", ""], "OUT"),
+    (["calibrate", ""], "FILE"),
+])
+def test_an_empty_path_is_refused_as_empty_not_read_as_the_current_folder(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+        option: str) -> None:
+    """``Path("")`` is ``.``: ``--csv ""`` was refused as ".: is a folder", a name the
+    user never typed, and an empty model path read the current folder."""
+    err = _one_line_error(capsys, [a.replace("{tmp}", str(tmp_path)) for a in argv])
+    command = " ".join(argv[:2]) if argv[0] == "trace" else argv[0]
+    assert err == (f"moescope {command}: error: argument {option}: is empty; give a path "
+                   f"(see: moescope {command} --help)\n")
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_trace_that_is_a_symlink_loop_says_so(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    loop = tmp_path / "t.jsonl"
+    loop.symlink_to("t.jsonl")
+    for argv in (["replay", str(loop)], ["trace", "compact", str(loop)]):
+        err = _one_line_error(capsys, argv)
+        assert err == (f"moescope: error: {loop}: a symbolic link that loops (or a chain of "
+                       "too many links), not a trace file\n")
+    assert loop.is_symlink()

@@ -7,6 +7,7 @@ fields against the header's model before anything is sized by them.
 
 from __future__ import annotations
 
+import errno
 import gc
 import gzip
 import json
@@ -188,7 +189,12 @@ def check_regular(p: Path) -> None:
     be. A missing file or a folder is left to the readers' own words."""
     try:
         mode = os.stat(p).st_mode
-    except (OSError, ValueError):
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # was "no such trace file", of a link that is there
+            raise TraceFormatError(f"{p}: a symbolic link that loops (or a chain of too "
+                                   "many links), not a trace file") from None
+        return
+    except ValueError:
         return
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return

@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from moescope.cli.options import path_arg
 from moescope.util.errors import MoEScopeError
 
 
@@ -18,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         description="Read random expert-sized blocks of a file with O_DIRECT (the page "
                     "cache bypassed) and time memory copies; saved in the data folder for "
                     "replay --cost-model calibrated.")
-    p.add_argument("file", type=Path, nargs="?", metavar="FILE",
+    p.add_argument("file", type=path_arg, nargs="?", metavar="FILE",
                    help="a file on the disk the models are read from (default: the demo "
                         "model; a large GGUF gives truer random reads)")
     p.add_argument("--reads", type=int, default=64, metavar="N",

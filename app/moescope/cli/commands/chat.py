@@ -21,7 +21,6 @@ import dataclasses
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from moescope.cache.audit import check_every
@@ -56,6 +55,7 @@ from moescope.cli.options import (
     check_ram_budget,
     check_utf8,
     not_utf8,
+    path_arg,
     print_load_notes,
 )
 from moescope.cli.terminal import (
@@ -116,7 +116,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add_gpu_layers_argument(p)
     add_threads_argument(p)
     add_no_cache_argument(p)
-    p.add_argument("--trace", type=Path, metavar="FILE",
+    p.add_argument("--trace", type=path_arg, metavar="FILE",
                    help="record the session as a trace, in the format its name ends with: "
                         f"{formats_help()} (replay it with `moescope replay`)")
     add_audit_argument(p)

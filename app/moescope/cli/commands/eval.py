@@ -26,6 +26,7 @@ from moescope.cli.options import (
     add_threads_argument,
     check_list,
     check_ram_budget,
+    path_arg,
     print_load_notes,
     refuse_guard,
 )
@@ -50,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         description="Force the same tokens through the engine under each policy and "
                     "budget, one token at a time, and compare perplexity with exact.")
     add_model_argument(p)
-    p.add_argument("--text", type=Path, required=True, metavar="FILE",
+    p.add_argument("--text", type=path_arg, required=True, metavar="FILE",
                    help="UTF-8 text file to score, or a FIFO such as <(zcat corpus.gz) "
                         "(read as it comes: the command waits for its writer)")
     p.add_argument("--policies", action="append", metavar="P[,P...]",
@@ -77,8 +78,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="every Nth token also compute the exact output: the table adds the "
                         "cost measured on the text's tokens and the KL estimate (default 0: "
                         "off)")
-    p.add_argument("--csv", type=Path, metavar="FILE", help="write the table as CSV (- for stdout)")
-    p.add_argument("--markdown", type=Path, metavar="FILE",
+    p.add_argument("--csv", type=path_arg, metavar="FILE",
+                   help="write the table as CSV (- for stdout)")
+    p.add_argument("--markdown", type=path_arg, metavar="FILE",
                    help="also write the Markdown table to a file")
     add_gpu_layers_argument(p)
     add_threads_argument(p)

@@ -33,6 +33,7 @@ from moescope.cli.options import (
     check_ram_budget,
     check_range,
     check_utf8,
+    path_arg,
     print_load_notes,
 )
 from moescope.trace.names import formats_help, record_suffix
@@ -59,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add_sampling_arguments(p, n_default=128, n_help="tokens to generate")
     add_gpu_layers_argument(p)
     add_no_cache_argument(p)
-    p.add_argument("--trace", type=Path, metavar="FILE",
+    p.add_argument("--trace", type=path_arg, metavar="FILE",
                    help="record a session trace, in the format its name ends with: "
                         f"{formats_help()} (replay it with `moescope replay`)")
     add_audit_argument(p)

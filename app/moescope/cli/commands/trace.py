@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from moescope.cli.options import path_arg
+
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add the ``trace`` subcommand."""
@@ -27,9 +29,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         description="Compact a version-2 trace stream (.arrows), such as the journal a "
                     "killed session left beside its .parquet name, into the Parquet form: "
                     "the same rows bit for bit, smaller, open in pandas, polars and DuckDB.")
-    c.add_argument("journal", type=Path, metavar="JOURNAL",
+    c.add_argument("journal", type=path_arg, metavar="JOURNAL",
                    help="a .arrows trace stream (NAME.parquet.journal.arrows, or any)")
-    c.add_argument("out", type=Path, nargs="?", metavar="OUT",
+    c.add_argument("out", type=path_arg, nargs="?", metavar="OUT",
                    help="the Parquet file to write (default: the name the journal was "
                         "recorded for, which it replaces, else JOURNAL with the suffix "
                         ".parquet, which is not overwritten if it is there)")
