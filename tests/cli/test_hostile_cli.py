@@ -95,3 +95,26 @@ def test_a_trace_that_is_a_symlink_loop_says_so(tmp_path: Path,
         assert err == (f"moescope: error: {loop}: a symbolic link that loops (or a chain of "
                        "too many links), not a trace file\n")
     assert loop.is_symlink()
+
+
+@pytest.mark.parametrize(("first", "second"), [
+    ("a.out", "l.out"),  # l.out: a symlink to a.out, which is not there yet
+    ("x.csv", "sub/../x.csv"),
+    ("x.csv", "./x.csv"),
+])
+def test_two_outputs_that_land_in_one_file_not_there_yet_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], first: str,
+        second: str) -> None:
+    """The same-file check compared inodes, so two names of one file that did not exist
+    yet passed it, and the second output was written over the first."""
+    from moescope_testing.traces import core_trace
+
+    trace = core_trace(tmp_path / "t.jsonl")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "l.out").symlink_to("a.out")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    err = _one_line_error(capsys, ["replay", str(trace), "--policy", "exact",
+                                   "--tokens-csv", str(tmp_path / first),
+                                   "--json", str(tmp_path / second)])
+    assert "name the same file" in err and "give each its own" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -240,10 +240,23 @@ def check_outputs(outputs: Sequence[tuple[str, Path | None]],
                             "give one of them a file")
     for i, (option, path) in enumerate(given):
         for other, path2 in given[i + 1:]:
-            if not is_stdout(path) and (path == path2 or same_file(path, path2)):
+            # one file by name too, not only by inode: neither is there yet (x.csv and
+            # ./x.csv, or a symlink to the other's name) and each was written, the second
+            # over the first
+            if not is_stdout(path) and (path == path2 or same_file(path, path2)
+                                        or _lands(path) == _lands(path2)):
                 raise MoEScopeError(f"{option} and {other} name the same file {path}; "
                                     "give each its own")
     return bool(dashes)
+
+
+def _lands(path: Path) -> str:
+    """Where a write to ``path`` lands, by name: symlinks followed (a dangling one to its
+    target's name), ``.`` and ``..`` resolved; the path itself when that cannot be said."""
+    try:
+        return os.path.realpath(path)
+    except (OSError, ValueError):
+        return os.fspath(path)
 
 
 def write_output(path: Path, text: str, option: str, inputs: Sequence[Path] = ()) -> None:
