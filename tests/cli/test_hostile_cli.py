@@ -118,3 +118,34 @@ def test_two_outputs_that_land_in_one_file_not_there_yet_are_refused(
                                    "--json", str(tmp_path / second)])
     assert "name the same file" in err and "give each its own" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_calibrate_checks_where_it_saves_before_it_measures(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A data folder that is a file was "DIR: cannot write (File exists)", and a
+    calibration.json that is a link to the measured file was refused, both only after the
+    minutes of measuring."""
+    from moescope.sim import calibration
+    from moescope.util import paths
+
+    measured: list[Path] = []
+    real = calibration.calibrate_machine
+    monkeypatch.setattr(calibration, "calibrate_machine",
+                        lambda path, **kw: measured.append(path) or real(path, **kw))
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(bytes(range(256)) * (1 << 12))
+    monkeypatch.setenv(paths.ENV_DATA_DIR, str(blob))  # a file where the folder goes
+    err = _one_line_error(capsys, ["calibrate", str(blob), "--reads", "2"])
+    assert err == (f"moescope: error: the data folder {blob} cannot be made (it is there "
+                   "and is not a folder); set MOESCOPE_DATA_DIR to a folder you can write "
+                   "to\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "calibration.json").symlink_to(blob)
+    monkeypatch.setenv(paths.ENV_DATA_DIR, str(data))
+    err = _one_line_error(capsys, ["calibrate", str(blob), "--reads", "2"])
+    assert err.endswith("is an input of this command "
+                        f"({blob}); refusing to overwrite it; the calibration was not saved "
+                        "(nothing was measured)\n")
+    assert measured == [] and (data / "calibration.json").is_symlink()

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         calibration_path,
         save_calibration,
     )
-    from moescope.util.files import OutputPathError
+    from moescope.util.files import OutputPathError, check_output
     from moescope.util.resources import demo_model_path
 
     if not (0.004 <= args.block_mib <= 256):
@@ -44,6 +44,14 @@ def run(args: argparse.Namespace) -> int:
     path = args.file or demo_model_path()
     if path is None:
         raise MoEScopeError("name a file: no demo model in resources/models/")
+    # where it is saved, checked before the minutes of measuring (the data folder a file,
+    # calibration.json a link to the file measured): said after them, all was lost
+    dest = calibration_path()
+    try:
+        check_output(dest, [path])
+    except OutputPathError as err:
+        raise MoEScopeError(f"{err.filename}: {err.strerror}; the calibration was not saved "
+                            "(nothing was measured)") from None
     cal = calibrate_machine(Path(path), block=block, reads=args.reads)
     try:
         dest = save_calibration(cal)
