@@ -149,3 +149,72 @@ def test_calibrate_checks_where_it_saves_before_it_measures(
                         f"({blob}); refusing to overwrite it; the calibration was not saved "
                         "(nothing was measured)\n")
     assert measured == [] and (data / "calibration.json").is_symlink()
+
+
+@pytest.mark.usefixtures("engine_required")
+def test_a_parquet_trace_that_cannot_be_compacted_leaves_its_journal_and_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--trace x.parquet`` where x.parquet is a link to /dev/full: the compaction at the
+    end failed as an OSError traceback; the journal, a whole trace, is named instead."""
+    from moescope.trace import read_trace
+    from moescope.util.resources import demo_model_path
+
+    link = tmp_path / "x.parquet"
+    link.symlink_to("/dev/full")
+    assert main(["generate", str(demo_model_path()), "-p", "hi", "-n", "4",
+                 "--temperature", "0", "--trace", str(link)]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    journal = tmp_path / "x.parquet.journal.arrows"
+    assert err == (f"moescope: error: --trace {link}: the trace could not be finished (No "
+                   f"space left on device); what was recorded is in {journal}")
+    assert len(read_trace(journal).tokens) == 4 and link.is_symlink()
+
+
+@pytest.mark.usefixtures("engine_required")
+@pytest.mark.parametrize("suffix", [".jsonl", ".arrows", ".parquet"])
+def test_a_trace_write_that_fails_mid_answer_is_one_line_and_keeps_the_trace(
+        tmp_path: Path, suffix: str) -> None:
+    """A disk that fills while ``generate --trace`` records (here: a 20 kB file size
+    limit, EFBIG) was a twice-chained OSError traceback; the answer stops, one line says
+    why and where the trace so far is, and that trace reads."""
+    import resource
+    import subprocess
+    import sys
+
+    from moescope.trace import read_trace
+    from moescope.util.resources import demo_model_path
+
+    trace = tmp_path / f"t{suffix}"
+    r = subprocess.run(
+        [sys.executable, "-m", "moescope", "generate", str(demo_model_path()), "-p",
+         "tell me a long story", "-n", "64", "--temperature", "0", "--trace", str(trace)],
+        capture_output=True, text=True, timeout=300, check=False,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000)))
+    kept = tmp_path / (f"t{suffix}.journal.arrows" if suffix == ".parquet" else f"t{suffix}")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.stderr.splitlines()[-1] == (f"moescope: error: --trace {trace}: recording "
+                                         "stopped (File too large), and the answer with it; "
+                                         f"the trace so far is in {kept}")
+    assert 0 < len(read_trace(kept).tokens) < 64
+
+
+@pytest.mark.usefixtures("engine_required")
+def test_chat_names_the_journal_when_recording_a_parquet_trace_stops(tmp_path: Path) -> None:
+    """Chat goes on when a write of its trace fails; its line said "[Errno 27] File too
+    large; the trace so far is in x.parquet", a name with nothing there: the journal is."""
+    import resource
+    import subprocess
+    import sys
+
+    from moescope.util.resources import demo_model_path
+
+    trace = tmp_path / "c.parquet"
+    r = subprocess.run(
+        [sys.executable, "-m", "moescope", "chat", str(demo_model_path()), "-n", "64",
+         "--temperature", "0", "--trace", str(trace)],
+        input="tell me a long story\nand another one\n", capture_output=True, text=True,
+        timeout=300, check=False,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000)))
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert (f"moescope: recording stopped (File too large); the trace so far is in "
+            f"{tmp_path / 'c.parquet.journal.arrows'}") in r.stderr.splitlines()

@@ -94,18 +94,31 @@ def run(args: argparse.Namespace) -> int:
         recorder = open_trace(args.trace, engine, inputs)
     if not args.chat:
         sys.stdout.write(args.prompt)
+    failed: OSError | None = None  # a write of the trace (a full disk): the answer stops
+    during = False
     try:
         for tok in engine.generate(prompt, sampling):
             if recorder is not None:
-                recorder.record(tok, engine)
+                try:
+                    recorder.record(tok, engine)
+                except OSError as err:
+                    failed, during = err, True
+                    break
             sys.stdout.write(tok.text)
             sys.stdout.flush()
     finally:
         if recorder is not None:
             stop_reason = engine.last_answer.stop_reason
             closing = recorder
-            close_trace(args.trace, lambda: closing.close(stop_reason=stop_reason))
+            try:
+                close_trace(args.trace, lambda: closing.close(stop_reason=stop_reason))
+            except OSError as err:  # the same failure again, or the end's own
+                failed = failed or err
     sys.stdout.write("\n")
+    if failed is not None and args.trace is not None:
+        sys.stdout.flush()
+        engine.close()
+        raise recording_failed(args.trace, failed, during=during)
     print(answer_summary(engine))
     engine.close()
     return 0
@@ -326,6 +339,24 @@ def open_trace(path: Path, engine: Engine, inputs: Sequence[Path] = ()) -> Trace
         return TraceRecorder.for_engine(path, engine)
     except OSError as err:
         raise write_error("--trace", path, err) from None
+
+
+def recording_failed(path: Path, err: OSError, *, during: bool) -> MoEScopeError:
+    """The line for a recording to ``path`` that a failed write stopped (a full disk was
+    an OSError traceback, twice chained): ``during`` the answer (which stopped with it),
+    or in finishing the file (a Parquet trace's compaction); what failed, and where what
+    was recorded is (a Parquet trace's journal, when it was not compacted)."""
+    from moescope.trace.names import journal_path, live_trace_file
+
+    said = err.strerror or str(err)
+    journal = journal_path(path)  # a journal left behind is the trace, whatever path is
+    where = journal if record_suffix(path) == ".parquet" and journal.is_file() \
+        else live_trace_file(path)
+    if during:
+        return MoEScopeError(f"--trace {path}: recording stopped ({said}), and the answer "
+                             f"with it; the trace so far is in {where}")
+    return MoEScopeError(f"--trace {path}: the trace could not be finished ({said}); what "
+                         f"was recorded is in {where}")
 
 
 def write_error(option: str, path: Path, err: OSError) -> MoEScopeError:
