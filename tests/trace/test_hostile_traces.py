@@ -445,3 +445,30 @@ def test_a_fifo_or_a_device_as_the_trace_is_one_line_not_a_hang(argv: list[str],
             assert r.outcome == "error", (r.outcome, r.stderr[-1000:])
             assert r.stderr == (f"moescope: error: {path}: {what}, not a regular file; a "
                                 "trace is read from a file\n")
+
+
+@pytest.mark.skipif(__import__("os").name != "posix", reason="advisory locks (flock)")
+def test_trace_compact_leaves_alone_a_journal_a_live_session_records(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``moescope trace compact NAME.parquet.journal.arrows`` while a session (another
+    window, a ``chat --trace``) was recording to it compacted it and removed it: every
+    token after was lost, and the session's own compaction found no journal."""
+    from trace_helpers import psr_header
+
+    from moescope.trace.parquet_format import ParquetTraceWriter
+
+    path = tmp_path / "s.parquet"
+    writer = ParquetTraceWriter(path, psr_header())
+    journal = writer.journal
+    before = journal.read_bytes()
+    for argv in (["trace", "compact", str(journal)],
+                 ["trace", "compact", "--keep", str(journal), str(tmp_path / "o.parquet")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err == (f"moescope: error: {journal}: a session is recording to it (or "
+                       "compacting it) now; not compacted: run this again once it has "
+                       "ended\n")
+    assert journal.read_bytes() == before and not path.exists()
+    assert not (tmp_path / "o.parquet").exists()
+    writer.close()  # the session's own compaction still finds its journal
+    assert path.is_file() and not journal.exists()
