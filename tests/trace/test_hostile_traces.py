@@ -472,3 +472,25 @@ def test_trace_compact_leaves_alone_a_journal_a_live_session_records(
     assert not (tmp_path / "o.parquet").exists()
     writer.close()  # the session's own compaction still finds its journal
     assert path.is_file() and not journal.exists()
+
+
+@pytest.mark.skipif(__import__("os").name != "posix", reason="advisory locks (flock)")
+def test_recording_to_a_name_a_live_session_records_says_so_not_compact_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``generate --trace s.parquet`` while another session records s.parquet: the advice
+    was "a session cut off? `moescope trace compact` finishes it", for a live journal."""
+    from trace_helpers import psr_header
+
+    from moescope.trace.parquet_format import ParquetTraceWriter
+
+    path = tmp_path / "s.parquet"
+    writer = ParquetTraceWriter(path, psr_header())
+    assert main(["generate", str(tmp_path / "never-read.gguf"), "--trace", str(path)]) == 2
+    assert capsys.readouterr().err == (f"moescope: error: {writer.journal}: a session is "
+                                       "recording to this name now; give another name\n")
+    writer.close()
+    left = tmp_path / "t.parquet.journal.arrows"  # a leftover (no lock): compact it
+    left.write_bytes(b"a killed session's tokens")
+    assert main(["generate", str(tmp_path / "never-read.gguf"), "--trace",
+                 str(tmp_path / "t.parquet")]) == 2
+    assert "a session cut off?" in capsys.readouterr().err

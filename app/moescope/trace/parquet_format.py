@@ -111,6 +111,12 @@ class JournalExistsError(TraceFormatError):
 
 
 def _journal_there(journal: Path) -> JournalExistsError:
+    lock = lock_journal(journal)
+    if lock is not None:
+        os.close(lock)
+    elif fcntl is not None and os.path.isfile(journal):  # held: compacting it is no advice
+        return JournalExistsError(f"{journal}: a session is recording to this name now; "
+                                  "give another name")
     return JournalExistsError(f"{journal}: a trace journal is already there (a session cut "
                             f"off? `moescope trace compact {journal}` finishes it); not "
                             f"overwritten")
