@@ -346,3 +346,18 @@ def test_an_empty_dir_is_refused_not_the_current_folder(
     assert err == ("moescope pull: error: argument --dir: is empty; name a folder (. for "
                    "this one) (see: moescope pull --help)\n")
     assert hostile.requests == 0 and not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("argv", "option"), [
+    (["--search", "\udcff\udcfe"], "--search"),  # bytes not UTF-8, as Python gets them
+    ([f"{REPO}:\udcff"], "REPO[:FILE|QUANT]"),
+    ([REPO, "--revision", "\udcff"], "--revision"),
+    ([REPO, "--token", "\udcff"], "--token"),
+])
+def test_an_argument_not_utf8_is_one_line_before_any_request(
+        hostile: HostileHub, capsys: pytest.CaptureFixture[str], argv: list[str],
+        option: str) -> None:
+    """``pull --search $'\\xff'``: a UnicodeEncodeError traceback as the URL was built."""
+    err = _one_line(capsys, ["pull", *argv])
+    assert err.startswith(f"moescope: error: {option} is not UTF-8 text (byte 0xff")
+    assert hostile.requests == 0

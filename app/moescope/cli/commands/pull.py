@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from moescope.cache.budget import format_bytes, parse_budget
+from moescope.cli.options import check_utf8
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -61,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
 
     if not 256 <= args.ctx <= 1 << 20:
         raise HubError(f"--ctx {args.ctx}: must be between 256 and {1 << 20}")
+    for option, text in (("--search", args.search), ("REPO[:FILE|QUANT]", args.target),
+                         ("--revision", args.revision), ("--token", args.token)):
+        check_utf8(option, text)  # a URL of bytes not UTF-8: a UnicodeEncodeError
     if args.search is not None:
         return _search(HubClient(token=args.token), args.search)
     if not args.target:
