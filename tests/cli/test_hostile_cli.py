@@ -218,3 +218,23 @@ def test_chat_names_the_journal_when_recording_a_parquet_trace_stops(tmp_path: P
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     assert (f"moescope: recording stopped (File too large); the trace so far is in "
             f"{tmp_path / 'c.parquet.journal.arrows'}") in r.stderr.splitlines()
+
+
+def test_a_model_name_that_is_not_utf8_prints_as_given_in_a_utf8_locale(
+        tmp_path: Path) -> None:
+    """``moescope info $'\\xff.gguf'`` in an en_US.UTF-8 terminal (standard output's
+    errors "strict"): a UnicodeEncodeError traceback at the first line naming the file."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from moescope.util.resources import demo_model_path
+
+    model = tmp_path / os.fsdecode(b"\xff.gguf")
+    shutil.copy(str(demo_model_path()), model)
+    r = subprocess.run([sys.executable, "-m", "moescope", "info", os.fsencode(model)],
+                       capture_output=True, check=False, timeout=120,
+                       env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"})
+    assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr[-2000:]
+    assert b"\xff.gguf" in r.stdout.splitlines()[0]

@@ -494,3 +494,31 @@ def test_recording_to_a_name_a_live_session_records_says_so_not_compact_it(
     assert main(["generate", str(tmp_path / "never-read.gguf"), "--trace",
                  str(tmp_path / "t.parquet")]) == 2
     assert "a session cut off?" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("sys").platform != "linux", reason="names of any bytes")
+def test_binary_traces_whose_names_are_not_utf8_read_and_compact(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file name with a byte 0xff (valid on Linux; Python holds it as a surrogate):
+    pyarrow encodes a str path as UTF-8, so such an .arrows or .parquet trace was "not a
+    readable Arrow trace ('utf-8' codec can't encode character '\\udcff' ...)"."""
+    import os
+    import subprocess
+    import sys
+
+    from moescope.trace.peek import peek_trace
+
+    arrows = core_trace(tmp_path / os.fsdecode(b"\xff.arrows"))
+    parquet = tmp_path / os.fsdecode(b"\xfe.parquet")
+    # a UTF-8 locale's strict standard output (en_US.UTF-8): printing the name written
+    # was a UnicodeEncodeError traceback once the file was written
+    r = subprocess.run([sys.executable, "-m", "moescope", "trace", "compact", "--keep",
+                        os.fsencode(arrows), os.fsencode(parquet)], capture_output=True,
+                       env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"}, check=False)
+    assert r.returncode == 0 and r.stderr == b"", r.stderr[-2000:]
+    assert r.stdout.startswith(os.fsencode(parquet) + b": ")
+    n = len(read_trace(core_trace(tmp_path / "t.jsonl")).tokens)
+    for p in (arrows, parquet):
+        assert len(read_trace(p).tokens) == n
+        assert peek_trace(p) is not None
+        assert main(["replay", str(p), "--policy", "exact"]) == 0, capsys.readouterr().err

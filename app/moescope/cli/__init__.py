@@ -16,6 +16,7 @@ numpy's heavier users and Qt first.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -106,8 +107,19 @@ def _starts_as_gguf(path: str) -> bool:
         return True
 
 
+def _names_print_as_given() -> None:
+    """Standard output writes a file name that is not UTF-8 (Python holds its bytes as
+    surrogates) as the bytes it was: in a UTF-8 locale its errors are "strict", and
+    ``moescope info $'\xff.gguf'`` or ``trace compact`` of such a name ended in a
+    UnicodeEncodeError traceback after the work was done."""
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        if sys.stdout.errors == "strict":
+            sys.stdout.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit status (the console script passes it to exit)."""
+    _names_print_as_given()
     given = list(sys.argv[1:] if argv is None else argv)
     if len(given) == 1 and _model_argument(given[0]):  # `moescope MODEL.gguf`
         if not os.path.isfile(given[0]):  # the window would open its last model instead

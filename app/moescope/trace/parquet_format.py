@@ -524,7 +524,10 @@ def _said(err: BaseException) -> str:
 
 
 def _open(p: Path) -> pq.ParquetFile:
-    return pq.ParquetFile(p, memory_map=True, thrift_string_size_limit=MAX_FOOTER_BYTES)
+    # mapped by its bytes' name: pyarrow encodes a str path as UTF-8, so a name that is
+    # not (a byte 0xff, as Python holds it: a surrogate) was "not a readable Parquet trace"
+    return pq.ParquetFile(pa.memory_map(os.fsencode(p), "r"),
+                          thrift_string_size_limit=MAX_FOOTER_BYTES)
 
 
 def _footer_length(p: Path) -> int:
