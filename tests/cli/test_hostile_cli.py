@@ -237,4 +237,22 @@ def test_a_model_name_that_is_not_utf8_prints_as_given_in_a_utf8_locale(
                        capture_output=True, check=False, timeout=120,
                        env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"})
     assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr[-2000:]
-    assert b"\xff.gguf" in r.stdout.splitlines()[0]
+    assert b"\\udcff.gguf" in r.stdout.splitlines()[0]  # shown escaped, as a control is
+
+
+def test_info_shows_a_models_own_name_escaped(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A GGUF's ``general.name`` is its author's: one holding an ESC sequence recoloured
+    the terminal, and a newline printed a line of its choosing."""
+    import dataclasses
+
+    from moescope_testing import preset, write_synth_model
+
+    spec = dataclasses.replace(preset("tiny", "qwen3moe"),
+                               name="evil\x1b[31m\nmoescope: error: spoofed\u202e")
+    model = write_synth_model(tmp_path / "m.gguf", spec)
+    assert main(["info", str(model)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out
+    assert not any(line.startswith("moescope: error") for line in out.splitlines())
+    assert "(evil\\x1b[31m\\nmoescope: error: spoofed\\u202e)" in out

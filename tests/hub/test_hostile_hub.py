@@ -361,3 +361,18 @@ def test_an_argument_not_utf8_is_one_line_before_any_request(
     err = _one_line(capsys, ["pull", *argv])
     assert err.startswith(f"moescope: error: {option} is not UTF-8 text (byte 0xff")
     assert hostile.requests == 0
+
+
+def test_a_listing_with_names_that_hold_escapes_prints_one_line_each(
+        hostile: HostileHub, capsys: pytest.CaptureFixture[str]) -> None:
+    """The names a Hub (or a mirror) lists were printed as they came: a newline in one
+    printed a line of the server's choosing, an ESC sequence recoloured the terminal."""
+    evil = "evil\nmoescope: error: spoofed\x1b[2J-Q8_0.gguf"
+    hostile.listing((evil, len(hostile.data), hostile.sha),
+                    ("good-Q4_0.gguf", len(hostile.data), hostile.sha))
+    hostile.files[evil] = hostile.files["good-Q4_0.gguf"] = hostile.data
+    assert main(["pull", REPO, "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out
+    assert not any(line.startswith("moescope: error") for line in out.splitlines())
+    assert "evil\\nmoescope: error: spoofed\\x1b[2J-Q8_0.gguf" in out

@@ -17,6 +17,7 @@ from moescope.cache.budget import BudgetPlan, format_bytes, parse_budget, plan_f
 from moescope.cli.options import path_arg
 from moescope.model.gguf_info import ModelInfo, read_model_info
 from moescope.model.reasoning import thinking_choices
+from moescope.util.errors import one_line
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -144,7 +145,10 @@ def format_info(info: ModelInfo, plan: BudgetPlan | None = None, engine: str = "
     if engine:
         rows.append(("engine", engine))
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    # the file's own strings (its name, its tensors' kinds) are the file's author's: a
+    # general.name holding an ESC sequence recoloured the terminal, one with a newline
+    # printed a line of its choosing ("moescope: error: ...")
+    return "\n".join(f"{k.ljust(width)}  {one_line(v)}" for k, v in rows)
 
 
 def _layers_line(info: ModelInfo) -> str:

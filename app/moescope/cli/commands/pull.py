@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from moescope.cache.budget import format_bytes, parse_budget
 from moescope.cli.options import check_utf8
+from moescope.util.errors import one_line
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -109,7 +110,7 @@ def _search(client: Any, words: str) -> int:
     for h in hits:
         tags = ", ".join(t for t in (h.architecture, "MoE" if h.moe else None,
                                      "gated" if h.gated else None) if t)
-        print(f"{h.repo_id:60s} {h.downloads:>10,} downloads  {tags}")
+        print(one_line(f"{h.repo_id:60s} {h.downloads:>10,} downloads  {tags}"))
     return 0
 
 
@@ -122,22 +123,22 @@ def _pull(client: Any, repo: str, selector: str, folder: Path, args: argparse.Na
     models = client.list_models(repo, args.revision)
     if not selector:
         if not models:
-            print(f"{repo}: no GGUF model files")
+            print(one_line(f"{repo}: no GGUF model files"))
             return 0
         print(f"{repo}: {len(models)} GGUF model(s); fit at a VRAM budget of {args.budget}:")
-        for m in models:
-            print(f"  {m.describe()}")
-            print(f"    {remote_fit(client, m, args.budget, args.ctx).summary()}"
+        for m in models:  # names and numbers the Hub (or a mirror) gave: one line each
+            print(one_line(f"  {m.describe()}"))
+            print(one_line(f"    {remote_fit(client, m, args.budget, args.ctx).summary()}")
                   if m.complete else "    (parts missing on the Hub)")
         if len(models) > 1 or args.check:
             quant = next((m.quant for m in models if m.quant), models[0].name)
-            print(f"download one with: moescope pull {repo}:{quant}")
+            print(one_line(f"download one with: moescope pull {repo}:{quant}"))
             return 0
     model = pick_model(models, selector) if selector else models[0]
     fit = remote_fit(client, model, args.budget, args.ctx)
-    print(f"{model.describe()}: {fit.summary()}")
+    print(one_line(f"{model.describe()}: {fit.summary()}"))
     for line in fit.estimate.warnings():
-        print(f"  warning: {line}")
+        print(one_line(f"  warning: {line}"))
     if args.check:
         return 0
     if is_downloaded(folder, model):
