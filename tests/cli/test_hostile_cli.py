@@ -256,3 +256,12 @@ def test_info_shows_a_models_own_name_escaped(
     assert "\x1b" not in out and "\u202e" not in out
     assert not any(line.startswith("moescope: error") for line in out.splitlines())
     assert "(evil\\x1b[31m\\nmoescope: error: spoofed\\u202e)" in out
+
+
+@pytest.mark.parametrize("host", ["", " "])
+def test_serve_says_an_empty_host_is_empty(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           host: str) -> None:
+    """``--host ''`` said "--host  is not an address of this machine" (a blank name)."""
+    err = _one_line_error(capsys, ["serve", str(tmp_path / "never-read.gguf"), "--host",
+                                   host])
+    assert err.startswith("moescope: error: --host is empty: keep 127.0.0.1")
