@@ -265,3 +265,11 @@ def test_serve_says_an_empty_host_is_empty(tmp_path: Path, capsys: pytest.Captur
     err = _one_line_error(capsys, ["serve", str(tmp_path / "never-read.gguf"), "--host",
                                    host])
     assert err.startswith("moescope: error: --host is empty: keep 127.0.0.1")
+
+
+@pytest.mark.parametrize("reads", ["0", "-1", "10001"])
+def test_calibrate_names_the_reads_option(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          reads: str) -> None:
+    """It said "reads must be 1..10000", naming no option."""
+    err = _one_line_error(capsys, ["calibrate", "--reads", reads])
+    assert err == f"moescope: error: --reads must be 1..10000, not {int(reads)}\n"

@@ -31,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from moescope.sim.calibration import (
+        MAX_READS,
         calibrate_machine,
         calibration_path,
         save_calibration,
@@ -40,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not (0.004 <= args.block_mib <= 256):
         raise MoEScopeError(f"--block-mib must be 0.004..256, not {args.block_mib}")
+    if not 1 <= args.reads <= MAX_READS:  # named as typed ("reads must be..." named none)
+        raise MoEScopeError(f"--reads must be 1..{MAX_READS}, not {args.reads}")
     block = max(4096, round(args.block_mib * 2**20) // 4096 * 4096)
     path = args.file or demo_model_path()
     if path is None:
