@@ -309,3 +309,58 @@ def test_replay_to_an_output_name_too_long_is_one_line(
     assert main(["replay", trace, "--policy", "exact", "--tokens-csv", long]) == 2
     err = capsys.readouterr().err
     assert err == f"moescope: error: --tokens-csv {long}: cannot write (File name too long)\n"
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o755])
+def test_a_replaced_file_keeps_its_permissions(tmp_path: Path, mode: int) -> None:
+    """A private (0600) export written again came back 0644, readable by every user of
+    the machine (the temporary got the umask's default before it was renamed over it)."""
+    from moescope.util.files import StagedOutputs
+
+    dest = tmp_path / "tokens.csv"
+    for write in (lambda: write_atomic(dest, "new\n"),
+                  lambda: copy_atomic(tmp_path / "src", dest)):
+        (tmp_path / "src").write_text("copied\n")
+        dest.write_text("old\n")
+        dest.chmod(mode)
+        write()
+        assert stat.S_IMODE(dest.stat().st_mode) == mode
+    with StagedOutputs() as staged:
+        staged.stage(dest, lambda f: f.write(b"staged\n"))
+        staged.commit()
+    assert dest.read_text() == "staged\n" and stat.S_IMODE(dest.stat().st_mode) == mode
+    new = tmp_path / "new.csv"
+    write_atomic(new, "x")
+    assert stat.S_IMODE(new.stat().st_mode) == 0o666 & ~files._umask()
+
+
+def test_a_read_only_file_is_not_replaced(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Renaming over a file needs only its folder writable: a read-only (0444) output
+    was replaced, though ``> file`` would have refused (and root's too: no write bit)."""
+    from moescope.cli import main
+    from moescope.util.files import OutputPathError
+    from moescope_testing.traces import core_trace
+
+    dest = tmp_path / "keep.csv"
+    dest.write_text("kept\n")
+    dest.chmod(0o444)
+    with pytest.raises(OutputPathError, match="is read-only; not replaced"):
+        write_atomic(dest, "new\n")
+    trace = core_trace(tmp_path / "t.jsonl")
+    assert main(["replay", str(trace), "--policy", "exact", "--csv", str(dest)]) == 2
+    assert capsys.readouterr().err == (f"moescope: error: --csv {dest}: is read-only; not "
+                                       "replaced (make it writable to replace it)\n")
+    assert dest.read_text() == "kept\n" and stat.S_IMODE(dest.stat().st_mode) == 0o444
+
+
+def test_a_staged_file_for_a_device_waits_private(tmp_path: Path) -> None:
+    """What waits in the shared temporary folder for a device or FIFO output (its bytes
+    until the commit) was made readable by everyone (0644)."""
+    from moescope.util.files import StagedOutputs
+
+    with StagedOutputs() as staged:
+        tmp = staged.stage("/dev/null", lambda f: f.write(b"private\n"))
+        assert stat.S_IMODE(tmp.stat().st_mode) == 0o600
+        staged.commit()
+    assert not tmp.exists()

@@ -6,16 +6,19 @@ name too long to exist is "no such file", never an ENAMETOOLONG traceback."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import pytest
 
 from moescope.cli import main
+from moescope.cli.commands.generate import write_error
 from moescope.trace import TraceFormatError
 from moescope.trace.names import journal_path, live_trace_file
 from moescope.trace.parquet_format import check_journal_free
-from moescope.util.files import NAME_MAX, temp_prefix, write_atomic
+from moescope.util.files import LONGEST_PATH, NAME_MAX, OutputPathError, temp_prefix, write_atomic
+from moescope.util.resources import demo_model_path
 from moescope_testing.traces import core_trace
 
 
@@ -76,3 +79,57 @@ def test_a_parquet_name_with_no_room_for_its_journal_is_refused_first(
     assert "\n" not in str(err.value)
     check_journal_free(tmp_path / _name(NAME_MAX - len(".journal.arrows"), ".parquet"))
     assert len(journal_path(_name(NAME_MAX - 15, ".parquet")).name.encode()) == NAME_MAX
+
+
+def _path_near_the_limit(tmp_path: Path, name: str) -> Path:
+    """``FOLDER/name`` of exactly :data:`LONGEST_PATH` bytes, its folders made: the path
+    opens, a probe file beside it fits, but ``name`` + ``.journal.arrows`` does not."""
+    folder = str(tmp_path)
+    width = LONGEST_PATH - len(os.fsencode(name)) - 1
+    while len(folder) < width - 201:
+        folder = os.path.join(folder, "d" * 200)
+    folder = os.path.join(folder, "e" * (width - len(folder) - 1))
+    os.makedirs(folder)
+    path = os.path.join(folder, name)
+    assert len(os.fsencode(path)) == LONGEST_PATH
+    return Path(path)
+
+
+def test_a_parquet_path_with_no_room_for_its_journal_is_refused_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A 4095-byte ``--trace X.parquet`` path: the model loaded, then its journal (15
+    bytes longer than the longest path) failed as "cannot write (cannot write (File name
+    too long))". Now refused in one line before the model is read (it does not exist)."""
+    path = _path_near_the_limit(tmp_path, "t" * 21 + ".parquet")
+    with pytest.raises(TraceFormatError, match="path is too long to record to: its journal"):
+        check_journal_free(path)
+    model = demo_model_path()
+    assert model is not None
+    for argv in (["generate", str(tmp_path / "never-read.gguf"), "--trace", str(path)],
+                 ["generate", str(model), "-p", "hi", "-n", "1", "--trace", str(path)]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1, err
+        assert err == (f"moescope: error: {path}: the path is too long to record to: its "
+                       f"journal (.journal.arrows added) would be over {LONGEST_PATH} "
+                       "bytes; give a shorter path\n")
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))  # nothing was made
+
+
+def test_a_write_error_says_cannot_write_once(tmp_path: Path) -> None:
+    """``open_trace`` wrapped the writer's own "cannot write (...)" in another one."""
+    dest = tmp_path / "t.parquet"
+    journal = tmp_path / "t.parquet.journal.arrows"
+    cases = [
+        (OutputPathError(errno.ENAMETOOLONG, "cannot write (File name too long)", str(dest)),
+         f"--trace {dest}: cannot write (File name too long)"),
+        (OutputPathError(errno.EACCES, "cannot write in folder /x", str(journal)),
+         f"--trace {dest}: {journal}: cannot write in folder /x"),
+        (OSError(errno.ENOSPC, "No space left on device"),
+         f"--trace {dest}: cannot write (No space left on device)"),
+        (OSError(f"{journal}: another MoEScope window took this new journal"),
+         f"--trace {dest}: {journal}: another MoEScope window took this new journal"),
+    ]
+    for err, says in cases:
+        assert str(write_error("--trace", dest, err)) == says
+        assert str(write_error("--trace", dest, err)).count("cannot write") <= 1

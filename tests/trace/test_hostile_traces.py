@@ -413,6 +413,20 @@ def test_junk_named_as_a_binary_trace_says_what_it_is_not(tmp_path: Path, name: 
     assert said not in str(err.value)
 
 
+@pytest.mark.parametrize(("suffix", "said"), [(".parquet", "not a Parquet file"),
+                                              (".arrows", "not an Arrow stream")])
+@pytest.mark.parametrize("n_bytes", [1, 2, 3])
+def test_a_binary_trace_cut_within_its_magic_says_what_it_is_not(
+        tmp_path: Path, suffix: str, said: str, n_bytes: int) -> None:
+    """A .parquet or .arrows cut to 1-3 bytes (shorter than its 4-byte magic) was read as
+    JSON Lines: "not a MoEScope trace (its first line is not a JSON record: ...)"."""
+    p = tmp_path / f"x{suffix}"
+    p.write_bytes((b"PAR1" if suffix == ".parquet" else b"\xff\xff\xff\xff")[:n_bytes])
+    with pytest.raises(TraceFormatError, match=f"^x{suffix}: {said}, so not a MoEScope "
+                                               "trace$"):
+        read_trace(p)
+
+
 @pytest.mark.parametrize("argv", [["replay"], ["trace", "compact"]])
 def test_a_fifo_or_a_device_as_the_trace_is_one_line_not_a_hang(argv: list[str],
                                                                  tmp_path: Path) -> None:
@@ -431,3 +445,80 @@ def test_a_fifo_or_a_device_as_the_trace_is_one_line_not_a_hang(argv: list[str],
             assert r.outcome == "error", (r.outcome, r.stderr[-1000:])
             assert r.stderr == (f"moescope: error: {path}: {what}, not a regular file; a "
                                 "trace is read from a file\n")
+
+
+@pytest.mark.skipif(__import__("os").name != "posix", reason="advisory locks (flock)")
+def test_trace_compact_leaves_alone_a_journal_a_live_session_records(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``moescope trace compact NAME.parquet.journal.arrows`` while a session (another
+    window, a ``chat --trace``) was recording to it compacted it and removed it: every
+    token after was lost, and the session's own compaction found no journal."""
+    from trace_helpers import psr_header
+
+    from moescope.trace.parquet_format import ParquetTraceWriter
+
+    path = tmp_path / "s.parquet"
+    writer = ParquetTraceWriter(path, psr_header())
+    journal = writer.journal
+    before = journal.read_bytes()
+    for argv in (["trace", "compact", str(journal)],
+                 ["trace", "compact", "--keep", str(journal), str(tmp_path / "o.parquet")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err == (f"moescope: error: {journal}: a session is recording to it (or "
+                       "compacting it) now; not compacted: run this again once it has "
+                       "ended\n")
+    assert journal.read_bytes() == before and not path.exists()
+    assert not (tmp_path / "o.parquet").exists()
+    writer.close()  # the session's own compaction still finds its journal
+    assert path.is_file() and not journal.exists()
+
+
+@pytest.mark.skipif(__import__("os").name != "posix", reason="advisory locks (flock)")
+def test_recording_to_a_name_a_live_session_records_says_so_not_compact_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``generate --trace s.parquet`` while another session records s.parquet: the advice
+    was "a session cut off? `moescope trace compact` finishes it", for a live journal."""
+    from trace_helpers import psr_header
+
+    from moescope.trace.parquet_format import ParquetTraceWriter
+
+    path = tmp_path / "s.parquet"
+    writer = ParquetTraceWriter(path, psr_header())
+    assert main(["generate", str(tmp_path / "never-read.gguf"), "--trace", str(path)]) == 2
+    assert capsys.readouterr().err == (f"moescope: error: {writer.journal}: a session is "
+                                       "recording to this name now; give another name\n")
+    writer.close()
+    left = tmp_path / "t.parquet.journal.arrows"  # a leftover (no lock): compact it
+    left.write_bytes(b"a killed session's tokens")
+    assert main(["generate", str(tmp_path / "never-read.gguf"), "--trace",
+                 str(tmp_path / "t.parquet")]) == 2
+    assert "a session cut off?" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("sys").platform != "linux", reason="names of any bytes")
+def test_binary_traces_whose_names_are_not_utf8_read_and_compact(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file name with a byte 0xff (valid on Linux; Python holds it as a surrogate):
+    pyarrow encodes a str path as UTF-8, so such an .arrows or .parquet trace was "not a
+    readable Arrow trace ('utf-8' codec can't encode character '\\udcff' ...)"."""
+    import os
+    import subprocess
+    import sys
+
+    from moescope.trace.peek import peek_trace
+
+    arrows = core_trace(tmp_path / os.fsdecode(b"\xff.arrows"))
+    parquet = tmp_path / os.fsdecode(b"\xfe.parquet")
+    # a UTF-8 locale's strict standard output (en_US.UTF-8): printing the name written
+    # was a UnicodeEncodeError traceback once the file was written
+    r = subprocess.run([sys.executable, "-m", "moescope", "trace", "compact", "--keep",
+                        os.fsencode(arrows), os.fsencode(parquet)], capture_output=True,
+                       env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"}, check=False)
+    assert r.returncode == 0 and r.stderr == b"", r.stderr[-2000:]
+    assert r.stdout.startswith(os.fsencode(parquet) + b": ")
+    n = len(read_trace(core_trace(tmp_path / "t.jsonl")).tokens)
+    for p in (arrows, parquet):
+        assert len(read_trace(p).tokens) == n
+        assert peek_trace(p) is not None
+        assert main(["replay", str(p), "--policy", "exact"]) == 0, capsys.readouterr().err

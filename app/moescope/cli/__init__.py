@@ -4,7 +4,8 @@
 subcommand lives in its own module under :mod:`moescope.cli.commands` (see there for how to
 add one). User mistakes (a missing file, a file that is not a model, a bad budget) are
 raised as :class:`~moescope.util.errors.MoEScopeError` and reported here as one line on
-stderr with exit status 2, never as a traceback.
+stderr with exit status 2, never as a traceback (a newline or an ESC in a name it holds is
+shown escaped: :func:`~moescope.util.errors.one_line`).
 
 Imports inside functions are deliberate in this package (and only here): a subcommand
 module imports the engine, numpy-heavy code or Qt in its ``run``, not at the top, so that
@@ -15,6 +16,7 @@ numpy's heavier users and Qt first.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -24,7 +26,7 @@ from typing import NoReturn
 from moescope import __version__
 from moescope.cli.commands import command_names, load_commands
 from moescope.cli.options import check_range
-from moescope.util.errors import MoEScopeError
+from moescope.util.errors import MoEScopeError, one_line
 
 EXIT_USAGE = 2
 SELF_TEST_TIMEOUT_S = (1.0, 3600.0)
@@ -38,7 +40,8 @@ class _Parser(argparse.ArgumentParser):
     line says where the usage is. Subcommands' parsers are of this class too."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)} "
+                              f"(see: {self.prog} --help)\n")
 
     def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
@@ -104,18 +107,30 @@ def _starts_as_gguf(path: str) -> bool:
         return True
 
 
+def _names_print_as_given() -> None:
+    """Standard output writes a file name that is not UTF-8 (Python holds its bytes as
+    surrogates) as the bytes it was: in a UTF-8 locale its errors are "strict", and
+    ``moescope info $'\xff.gguf'`` or ``trace compact`` of such a name ended in a
+    UnicodeEncodeError traceback after the work was done."""
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        if sys.stdout.errors == "strict":
+            sys.stdout.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit status (the console script passes it to exit)."""
+    _names_print_as_given()
     given = list(sys.argv[1:] if argv is None else argv)
     if len(given) == 1 and _model_argument(given[0]):  # `moescope MODEL.gguf`
         if not os.path.isfile(given[0]):  # the window would open its last model instead
             what = ("is a directory, not a GGUF model file" if os.path.isdir(given[0])
                     else "not a regular file" if os.path.exists(given[0])
                     else "no such model file")
-            print(f"moescope: error: {given[0]}: {what}", file=sys.stderr)
+            print(f"moescope: error: {one_line(given[0])}: {what}", file=sys.stderr)
             return EXIT_USAGE
         if not _starts_as_gguf(given[0]):  # the window would open on an error dialog
-            print(f"moescope: error: {given[0]}: not a GGUF model file", file=sys.stderr)
+            print(f"moescope: error: {one_line(given[0])}: not a GGUF model file",
+                  file=sys.stderr)
             return EXIT_USAGE
         return launch_gui(given[0])
     parser = build_parser()
@@ -140,8 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return launch_gui()
     try:
         return int(args.func(args))
-    except MoEScopeError as err:
-        print(f"moescope: error: {err}", file=sys.stderr)
+    except MoEScopeError as err:  # one line, whatever names it holds
+        print(f"moescope: error: {one_line(str(err))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("moescope: interrupted", file=sys.stderr)

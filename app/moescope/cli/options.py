@@ -84,9 +84,18 @@ def _bound(x: float) -> str:
     return f"{x:g}"
 
 
+def path_arg(text: str) -> Path:
+    """A file path argument (argparse ``type=``): an empty one is refused, where
+    ``Path("")`` is ``.``, the current folder (``--csv ""`` said ".: is a folder", ``pull
+    --dir ""`` downloaded into the current folder, ``info ""`` read "." as the model)."""
+    if not text:
+        raise argparse.ArgumentTypeError("is empty; give a path")
+    return Path(text)
+
+
 def add_model_argument(p: argparse.ArgumentParser) -> None:
     """The optional model path; the bundled demo model when it is left out."""
-    p.add_argument("model", type=Path, nargs="?", metavar="MODEL.gguf",
+    p.add_argument("model", type=path_arg, nargs="?", metavar="MODEL.gguf",
                    help="GGUF model (default: the bundled demo model)")
 
 

@@ -52,7 +52,13 @@ from moescope.hub.errors import (
     HashMismatchError,
     HubError,
 )
-from moescope.hub.remote import HubClient, RemoteFile, RemoteModel, check_repo_id
+from moescope.hub.remote import (
+    HubClient,
+    RemoteFile,
+    RemoteModel,
+    check_repo_id,
+    range_mismatch,
+)
 from moescope.model.gguf_info import PARTIAL_SUFFIXES
 
 INCOMPLETE = ".incomplete"
@@ -424,7 +430,7 @@ def _download_file(client: HubClient, model: RemoteModel, f: RemoteFile, path: P
                 raise DownloadCancelled(f"download of {model.name} cancelled; the partial "
                                         f"file is kept for resuming")
             try:
-                _fetch(client, model, f, out, state, meter, before, cancel)
+                _fetch(client, model, f, out, state, meter, before, cancel, part)
             except (httpx2.TransportError, DownloadInterrupted) as err:
                 # only bytes past the furthest point reached count as progress: a server
                 # whose file is shorter than listed answers the resume with 416, the
@@ -495,7 +501,8 @@ class _State:
 
 
 def _fetch(client: HubClient, model: RemoteModel, f: RemoteFile, out: BinaryIO,
-           state: _State, meter: _Meter, before: int, cancel: threading.Event | None) -> None:
+           state: _State, meter: _Meter, before: int, cancel: threading.Event | None,
+           part: Path) -> None:
     """One GET from ``state.offset`` on, written and hashed as it comes (both start over
     when the server sends the whole file instead of the range); returns early only when
     cancelled."""
@@ -511,10 +518,14 @@ def _fetch(client: HubClient, model: RemoteModel, f: RemoteFile, out: BinaryIO,
                 _restart(out, f, state)
             return
         if response.status_code == 206:
-            start = _content_range_start(response.headers.get("Content-Range", ""))
-            if start != state.offset:
-                raise HubError(f"{f.path}: asked for bytes from {state.offset}, got from "
-                               f"{start}")
+            bad = range_mismatch(response.headers.get("Content-Range"), state.offset,
+                                 f.path, f.size)
+            if bad is not None:  # nothing of it is written; what is on disk stays
+                kept = (f"the {format_bytes(state.offset)} already downloaded are kept in "
+                        f"{part.name}: run the download again to resume, or delete that "
+                        f"file to download from the start" if state.offset else
+                        "nothing was written")
+                raise HubError(f"{bad}; not downloaded: {kept}")
         elif state.offset:
             _restart(out, f, state)
         for chunk in response.iter_bytes():
@@ -538,9 +549,3 @@ def _restart(out: BinaryIO, f: RemoteFile, state: _State) -> None:
     out.truncate(0)
     state.offset, state.hashes = 0, _Hashes(f)
 
-
-def _content_range_start(value: str) -> int | None:
-    """``bytes 100-199/1000`` -> 100."""
-    unit, _, rest = value.partition(" ")
-    first = rest.split("-", 1)[0]
-    return int(first) if unit == "bytes" and first.isdigit() else None

@@ -32,6 +32,7 @@ from huggingface_hub.utils import build_hf_headers
 
 from moescope import __version__
 from moescope.cache.budget import format_bytes
+from moescope.hub.endpoint import check_endpoint
 from moescope.hub.errors import HubError, HubGated, HubNotFound, HubUnreachable
 from moescope.model.gguf_info import HeaderIncomplete, ModelInfo, read_header_info
 
@@ -47,6 +48,8 @@ tree is 1000 entries of ~300 bytes, so 16 MiB is far above any real one, and an 
 that streams without end (a broken mirror) ends in one line, not a MemoryError."""
 MAX_PAGES = 20
 MAX_SEARCH = 100
+MAX_QUERY = 1000
+"""Most characters of the search words."""
 SEARCH = "the search"
 """What a search request is called in its errors (a 404 there is an endpoint without one)."""
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
@@ -191,15 +194,24 @@ class HubClient:
 
     @property
     def endpoint(self) -> str:
-        return (self._endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+        """The Hub's address, checked (:func:`check_endpoint`)."""
+        return check_endpoint(self._endpoint or os.environ.get("HF_ENDPOINT")
+                              or DEFAULT_ENDPOINT).rstrip("/")
 
     @property
     def host(self) -> str:
         return urlsplit(self.endpoint).netloc or self.endpoint
 
     def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        return build_hf_headers(token=self.token, library_name="moescope",
-                                library_version=__version__, headers=extra)
+        headers = build_hf_headers(token=self.token, library_name="moescope",
+                                   library_version=__version__, headers=extra)
+        auth = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
+        token = auth.partition(" ")[2]
+        if any(not 0x21 <= ord(c) <= 0x7E for c in token):  # the token itself never said
+            raise HubError("the Hub token (--token, HF_TOKEN or the saved login) holds a "
+                           "character no token has (a space, a control character or a "
+                           "non-ASCII letter): check it")
+        return headers
 
     def file_url(self, repo_id: str, path: str, revision: str = "main") -> str:
         return (f"{self.endpoint}/{check_repo_id(repo_id)}/resolve/{quote(revision, safe='')}"
@@ -221,6 +233,9 @@ class HubClient:
         except OfflineModeIsEnabled:
             raise HubUnreachable(f"cannot reach {self.host}: offline mode is on "
                                  f"(HF_HUB_OFFLINE is set)") from None
+        except httpx2.InvalidURL as err:  # a file path or revision making it too long
+            raise HubError(f"{what}: the request's address is not a valid URL "
+                           f"({_reason(err)})") from None
         except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.ProxyError,
                 httpx2.UnsupportedProtocol) as err:
             raise HubUnreachable(
@@ -268,6 +283,9 @@ class HubClient:
     def search(self, query: str, limit: int = 30) -> list[RepoHit]:
         """GGUF repositories matching ``query``, most downloaded first."""
         limit = max(1, min(int(limit), MAX_SEARCH))
+        if len(query) > MAX_QUERY:  # a URL that long is refused by the HTTP library
+            raise HubError(f"the search words are {len(query):,} characters; at most "
+                           f"{MAX_QUERY:,}")
         params = {"search": query.strip(), "filter": "gguf", "sort": "downloads",
                   "direction": "-1", "limit": str(limit),
                   "expand": ["downloads", "likes", "gated", "gguf"]}
@@ -319,6 +337,10 @@ class HubClient:
                                   "Accept-Encoding": "identity"}) as response:
             if response.status_code == 416:
                 return b""
+            if response.status_code == 206:
+                bad = range_mismatch(response.headers.get("Content-Range"), start, path)
+                if bad is not None:
+                    raise HubError(f"{bad}; the header was not read")
             skip = 0 if response.status_code == 206 else start  # 200: the whole file
             out = bytearray()
             try:
@@ -359,6 +381,47 @@ class HubClient:
                 if not more:
                     raise HubError(f"{f.path}: the server sent no bytes past {have}") from None
                 prefixes[need.part] = prefixes[need.part] + more
+
+
+_CONTENT_RANGE = re.compile(r"bytes (\d{1,20})-(\d{1,20})/(\d{1,20}|\*)", re.ASCII)
+
+
+def content_range(value: str | None) -> tuple[int, int, int | None] | None:
+    """``bytes 100-199/1000`` -> ``(100, 199, 1000)`` (the size None for ``*``); None for
+    a missing or unreadable header, or one whose last byte is before its first."""
+    m = _CONTENT_RANGE.fullmatch((value or "").strip())
+    if m is None:
+        return None
+    first, last = int(m[1]), int(m[2])
+    total = None if m[3] == "*" else int(m[3])
+    if last < first or (total is not None and last >= total):
+        return None
+    return first, last, total
+
+
+def range_mismatch(value: str | None, start: int, what: str, size: int | None = None
+                   ) -> str | None:
+    """Why a partial response (206) to a request for bytes from ``start`` of ``what`` (a
+    file of ``size`` bytes, if known) cannot be used, or None: without a Content-Range
+    header (or with one that does not parse) where its bytes belong is unknown; one that
+    starts elsewhere, or names a file of another size, is not the bytes asked for. Only
+    from byte 0 is a response without the header taken as the file from its start (what
+    else could it be; a download's sha256 and a header's parser check the bytes)."""
+    if not value and start == 0:
+        return None
+    got = content_range(value)
+    if got is None:
+        how = ("no Content-Range header" if not value else
+               f"a Content-Range header that cannot be read ({value[:60]!r})")
+        return (f"{what}: the server answered the request for bytes from {start:,} with a "
+                f"partial response (206) but {how}, so where its bytes belong is unknown")
+    if got[0] != start:
+        return (f"{what}: asked the server for bytes from {start:,}, it sent bytes from "
+                f"{got[0]:,} (Content-Range {value})")
+    if size is not None and got[2] is not None and got[2] != size:
+        return (f"{what}: the server's file is {got[2]:,} bytes (Content-Range {value}), "
+                f"the listing says {size:,}")
+    return None
 
 
 def _remote_file(entry: Any) -> RemoteFile | None:

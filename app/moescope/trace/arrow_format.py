@@ -288,7 +288,8 @@ def read_batches(path: Path) -> tuple[pa.Schema, Iterator[tuple[pa.RecordBatch |
     # the mapped file read through a buffer (zero-copy, as the map itself; a read from the
     # map's own stream cost ~1 us more a message); one thread: a token's batch is small,
     # and handing its columns to a pool cost more than decoding them
-    source = pa.BufferReader(pa.memory_map(str(path), "r").read_buffer())
+    # (by its bytes' name: a str is encoded as UTF-8, which a name with a byte 0xff is not)
+    source = pa.BufferReader(pa.memory_map(os.fsencode(path), "r").read_buffer())
     reader = ipc.open_stream(source, options=ipc.IpcReadOptions(use_threads=False))
 
     def batches() -> Iterator[tuple[pa.RecordBatch | None, Mapping[bytes, bytes]]]:

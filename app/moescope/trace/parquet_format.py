@@ -24,6 +24,7 @@ reader knows which rows are exact without decoding the probabilities.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import threading
@@ -41,7 +42,13 @@ import pyarrow.parquet as pq
 from moescope.trace import arrow_format as af
 from moescope.trace.names import JOURNAL_SUFFIX, journal_path
 from moescope.trace.schema import TokenRecord, Trace, TraceFormatError, TraceHeader
-from moescope.util.files import NAME_MAX, check_output, fill_atomic
+from moescope.util.files import (
+    LONGEST_PATH,
+    NAME_MAX,
+    OutputPathError,
+    check_output,
+    fill_atomic,
+)
 
 try:
     import fcntl
@@ -104,6 +111,12 @@ class JournalExistsError(TraceFormatError):
 
 
 def _journal_there(journal: Path) -> JournalExistsError:
+    lock = lock_journal(journal)
+    if lock is not None:
+        os.close(lock)
+    elif fcntl is not None and os.path.isfile(journal):  # held: compacting it is no advice
+        return JournalExistsError(f"{journal}: a session is recording to this name now; "
+                                  "give another name")
     return JournalExistsError(f"{journal}: a trace journal is already there (a session cut "
                             f"off? `moescope trace compact {journal}` finishes it); not "
                             f"overwritten")
@@ -122,6 +135,15 @@ def check_journal_free(path: str | os.PathLike[str]) -> None:
                                f"give a shorter name")
     if os.path.lexists(journal):
         raise _journal_there(journal)
+    try:  # where the journal goes must take it: a path near PATH_MAX (4095 bytes) did not
+        check_output(journal)
+    except OutputPathError as err:
+        if err.errno == errno.ENAMETOOLONG:
+            raise TraceFormatError(f"{path}: the path is too long to record to: its journal "
+                                   f"({JOURNAL_SUFFIX} added) would be over {LONGEST_PATH} "
+                                   f"bytes; give a shorter path") from None
+        raise TraceFormatError(f"{path}: its journal {journal.name} cannot be made there "
+                               f"({err.strerror})") from None
 
 
 def _create_new(path: Path) -> IO[bytes]:
@@ -502,7 +524,10 @@ def _said(err: BaseException) -> str:
 
 
 def _open(p: Path) -> pq.ParquetFile:
-    return pq.ParquetFile(p, memory_map=True, thrift_string_size_limit=MAX_FOOTER_BYTES)
+    # mapped by its bytes' name: pyarrow encodes a str path as UTF-8, so a name that is
+    # not (a byte 0xff, as Python holds it: a surrogate) was "not a readable Parquet trace"
+    return pq.ParquetFile(pa.memory_map(os.fsencode(p), "r"),
+                          thrift_string_size_limit=MAX_FOOTER_BYTES)
 
 
 def _footer_length(p: Path) -> int:

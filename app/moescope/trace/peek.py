@@ -141,7 +141,7 @@ def _peek_arrow(p: Path) -> TracePeek:
     from moescope.trace.reader import header_of
 
     try:
-        source = pa.memory_map(str(p), "r")
+        source = pa.memory_map(os.fsencode(p), "r")  # a name not UTF-8 too
     except (pa.ArrowException, OSError) as err:
         raise TraceFormatError(f"{p.name}: cannot read it ({_said(err)})") from None
     with source:

@@ -7,6 +7,7 @@ fields against the header's model before anything is sized by them.
 
 from __future__ import annotations
 
+import errno
 import gc
 import gzip
 import json
@@ -188,7 +189,12 @@ def check_regular(p: Path) -> None:
     be. A missing file or a folder is left to the readers' own words."""
     try:
         mode = os.stat(p).st_mode
-    except (OSError, ValueError):
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # was "no such trace file", of a link that is there
+            raise TraceFormatError(f"{p}: a symbolic link that loops (or a chain of too "
+                                   "many links), not a trace file") from None
+        return
+    except ValueError:
         return
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return
@@ -244,8 +250,9 @@ def _read_trace(path: str | os.PathLike[str], progress: ReadProgress | None) -> 
         p.suffix.lower())
     # named as one but not begun as one; JSON Lines or gzip bytes read on (a .PARQUET
     # name recorded JSON Lines before suffixes were matched in any letter case)
-    if kind is not None and len(magic) == 4 and magic[:1] != b"{" \
-            and magic[:2] != b"\x1f\x8b":
+    if kind is not None and magic and magic[:1] != b"{" and magic[:2] != b"\x1f\x8b":
+        # (shorter than its magic too: 1-3 bytes read as JSON, "its first line is not a
+        # JSON record")
         raise TraceFormatError(f"{p.name}: not {kind}, so not a MoEScope trace")
     header: TraceHeader | None = None
     tokens: list[TokenRecord] = []

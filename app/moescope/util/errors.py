@@ -27,3 +27,21 @@ class NotMoEError(MoEScopeError):
 
 class BudgetError(MoEScopeError):
     """A VRAM budget string could not be parsed or is out of range."""
+
+
+_UNSEEN = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
+"""Unicode categories shown escaped in a message line: controls (a newline, ESC), format
+characters (a right-to-left override), lone surrogates (a name not in UTF-8), separators."""
+
+
+def one_line(text: str) -> str:
+    """``text`` with every character that would not read as itself on a terminal written
+    as its escape (``\\n``, ``\\x1b``, ``\\u202e``, ``\\udcff``): a message names files and
+    values the user or a file chose, and a name holding a newline printed a second
+    ``moescope: error:`` line of its choosing, an ESC sequence recoloured the terminal."""
+    import unicodedata
+
+    if text.isprintable():
+        return text
+    return "".join(ch.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   if unicodedata.category(ch) in _UNSEEN else ch for ch in text)

@@ -159,6 +159,9 @@ def check_output(dest: PathLike, inputs: Iterable[PathLike] = ()) -> None:
     if stat.S_ISDIR(st.st_mode):
         raise OutputPathError(errno.EISDIR, "is a folder; give a file name", os.fspath(dest))
     if stat.S_ISREG(st.st_mode):
+        if not st.st_mode & 0o222 or not os.access(target, os.W_OK):  # root too: no bits
+            raise OutputPathError(errno.EACCES, "is read-only; not replaced (make it "
+                                                "writable to replace it)", os.fspath(dest))
         if not os.access(target.parent, os.W_OK):
             raise OutputPathError(errno.EACCES, f"cannot write in folder {target.parent}",
                                   os.fspath(dest))
@@ -191,6 +194,8 @@ def _no_new_files(folder: Path, dest: PathLike, err: OSError) -> OutputPathError
 
 NAME_MAX = 255
 """The longest file name, in bytes, of the usual file systems."""
+LONGEST_PATH = 4095
+"""The longest path, in bytes, Linux opens (``PATH_MAX``, 4096, counts the closing NUL)."""
 _TEMP_EXTRA = len("..") + 8 + len(".part")
 """What a temporary's name adds to its target's: two dots, tempfile's 8 random characters
 and the suffix."""
@@ -268,7 +273,7 @@ def _atomic(dest: PathLike, fill: Callable[[IO[bytes]], None],
             fill(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, _mode_for(target))
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -298,6 +303,17 @@ def open_stream(dest: PathLike, inputs: Iterable[PathLike] = ()) -> IO[bytes]:
         return open(target, "wb")
     fd = os.open(target, os.O_WRONLY | os.O_NOCTTY)
     return os.fdopen(fd, "wb")
+
+
+def _mode_for(target: Path) -> int:
+    """The permissions a file written to ``target`` gets: those of the file it replaces
+    (a private ``0600`` export stayed private only until it was written again: the new
+    one was ``0644``), else the usual ``0666`` less the umask."""
+    try:
+        st = os.stat(target)
+    except OSError:
+        return 0o666 & ~_umask()
+    return stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else 0o666 & ~_umask()
 
 
 def _umask() -> int:
@@ -379,7 +395,7 @@ class StagedOutputs:
             fill(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, _mode_for(target) if regular else 0o600)
         return tmp
 
     def commit(self) -> None:

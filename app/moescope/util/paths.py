@@ -59,6 +59,9 @@ def _make(path: Path, what: str, env: str) -> Path:
     be: a file in its place, ``/proc/x``, a name too long were tracebacks."""
     try:
         path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as err:  # "(File exists)" said nothing of what was in the way
+        raise FolderError(OSError(err.errno, "it is there and is not a folder"), path,
+                          what, env) from None
     except OSError as err:
         raise FolderError(err, path, what, env) from None
     return path

@@ -44,6 +44,7 @@ from moescope.cli.options import (
     check_ram_budget,
     check_range,
     check_utf8,
+    path_arg,
     print_load_notes,
 )
 from moescope.util.errors import MoEScopeError
@@ -84,7 +85,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--prompt", default=DEFAULT_PROMPT,
                    help="prompt text (raw, no template; default: a story's opening, 'Once upon "
                         "a time, ...')")
-    p.add_argument("--json", type=Path, metavar="FILE",
+    p.add_argument("--json", type=path_arg, metavar="FILE",
                    help="also write the results as JSON (- for stdout)")
     add_gpu_layers_argument(p)
     add_threads_argument(p)

@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from moescope.cli.options import path_arg
 from moescope.util.errors import MoEScopeError
 
 
@@ -18,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         description="Read random expert-sized blocks of a file with O_DIRECT (the page "
                     "cache bypassed) and time memory copies; saved in the data folder for "
                     "replay --cost-model calibrated.")
-    p.add_argument("file", type=Path, nargs="?", metavar="FILE",
+    p.add_argument("file", type=path_arg, nargs="?", metavar="FILE",
                    help="a file on the disk the models are read from (default: the demo "
                         "model; a large GGUF gives truer random reads)")
     p.add_argument("--reads", type=int, default=64, metavar="N",
@@ -30,19 +31,30 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from moescope.sim.calibration import (
+        MAX_READS,
         calibrate_machine,
         calibration_path,
         save_calibration,
     )
-    from moescope.util.files import OutputPathError
+    from moescope.util.files import OutputPathError, check_output
     from moescope.util.resources import demo_model_path
 
     if not (0.004 <= args.block_mib <= 256):
         raise MoEScopeError(f"--block-mib must be 0.004..256, not {args.block_mib}")
+    if not 1 <= args.reads <= MAX_READS:  # named as typed ("reads must be..." named none)
+        raise MoEScopeError(f"--reads must be 1..{MAX_READS}, not {args.reads}")
     block = max(4096, round(args.block_mib * 2**20) // 4096 * 4096)
     path = args.file or demo_model_path()
     if path is None:
         raise MoEScopeError("name a file: no demo model in resources/models/")
+    # where it is saved, checked before the minutes of measuring (the data folder a file,
+    # calibration.json a link to the file measured): said after them, all was lost
+    dest = calibration_path()
+    try:
+        check_output(dest, [path])
+    except OutputPathError as err:
+        raise MoEScopeError(f"{err.filename}: {err.strerror}; the calibration was not saved "
+                            "(nothing was measured)") from None
     cal = calibrate_machine(Path(path), block=block, reads=args.reads)
     try:
         dest = save_calibration(cal)

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from moescope.cache.audit import check_every
@@ -56,6 +56,7 @@ from moescope.cli.options import (
     check_ram_budget,
     check_utf8,
     not_utf8,
+    path_arg,
     print_load_notes,
 )
 from moescope.cli.terminal import (
@@ -69,7 +70,7 @@ from moescope.model.ram_fit import is_auto
 from moescope.model.reasoning import THINKING_SETTINGS
 from moescope.session.answer import answer_now
 from moescope.session.recording import Recording, RecordingStopped
-from moescope.trace.names import formats_help
+from moescope.trace.names import formats_help, live_trace_file
 from moescope.util.errors import MoEScopeError
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add_gpu_layers_argument(p)
     add_threads_argument(p)
     add_no_cache_argument(p)
-    p.add_argument("--trace", type=Path, metavar="FILE",
+    p.add_argument("--trace", type=path_arg, metavar="FILE",
                    help="record the session as a trace, in the format its name ends with: "
                         f"{formats_help()} (replay it with `moescope replay`)")
     add_audit_argument(p)
@@ -341,8 +342,9 @@ class ChatSession:
 
     def _recording_stopped(self, stopped: RecordingStopped) -> None:
         """A failed write (a full disk) stopped recording; the chat goes on."""
-        self._error(f"recording stopped: {stopped.error}; the trace so far is in "
-                    f"{stopped.path}")
+        said = re.sub(r"^\[Errno \d+\] ", "", stopped.error or "a write failed")
+        self._error(f"recording stopped ({said}); the trace so far is in "
+                    f"{live_trace_file(stopped.path)}")
 
     def _add_to_totals(self, a: AnswerStats) -> None:
         if a.n_tokens:

@@ -11,6 +11,8 @@ CIs); ``--csv`` writes the numbers. A progress bar with ETA goes to stderr.
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -24,6 +26,7 @@ from moescope.cli.options import (
     add_threads_argument,
     check_list,
     check_ram_budget,
+    path_arg,
     print_load_notes,
     refuse_guard,
 )
@@ -48,8 +51,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         description="Force the same tokens through the engine under each policy and "
                     "budget, one token at a time, and compare perplexity with exact.")
     add_model_argument(p)
-    p.add_argument("--text", type=Path, required=True, metavar="FILE",
-                   help="UTF-8 text to score")
+    p.add_argument("--text", type=path_arg, required=True, metavar="FILE",
+                   help="UTF-8 text file to score, or a FIFO such as <(zcat corpus.gz) "
+                        "(read as it comes: the command waits for its writer)")
     p.add_argument("--policies", action="append", metavar="P[,P...]",
                    help="policies (presets or preset:key=value); default "
                         "exact,quality-first,speed-first,threshold,first-choice,substitute-all")
@@ -74,8 +78,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="every Nth token also compute the exact output: the table adds the "
                         "cost measured on the text's tokens and the KL estimate (default 0: "
                         "off)")
-    p.add_argument("--csv", type=Path, metavar="FILE", help="write the table as CSV (- for stdout)")
-    p.add_argument("--markdown", type=Path, metavar="FILE",
+    p.add_argument("--csv", type=path_arg, metavar="FILE",
+                   help="write the table as CSV (- for stdout)")
+    p.add_argument("--markdown", type=path_arg, metavar="FILE",
                    help="also write the Markdown table to a file")
     add_gpu_layers_argument(p)
     add_threads_argument(p)
@@ -182,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
     if model is None:
         raise MoEScopeError("no model given and no demo model in resources/models/")
     text = read_text_head(args.text, (args.tokens + 1) * TEXT_BYTES_PER_TOKEN)
+    if not text.strip():  # said before the model loads, not after
+        raise MoEScopeError(f"{args.text}: the text is empty; nothing to score")
 
     engine = Engine()
     try:
@@ -196,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         n_tokens = args.tokens
         tokens = engine.tokenize(text, add_bos=True, special=False)[: n_tokens + 1]
         if len(tokens) < 2:
-            raise MoEScopeError(f"{args.text.name}: the text has fewer than 2 tokens")
+            raise MoEScopeError(f"{args.text}: the text has fewer than 2 tokens")
         if len(tokens) < n_tokens + 1:
             print(f"moescope: note: the text has only {len(tokens) - 1} tokens to score",
                   file=sys.stderr)
@@ -242,19 +249,39 @@ def sweep_values(spec: str, option: str, lo: float, hi: float) -> list[float]:
     return [float(round(v, 6)) for v in np.linspace(a, b, n)]
 
 
+def _text_kind(mode: int) -> str | None:
+    """What a file of ``mode`` is, if it is not text to read (a regular file or a FIFO)."""
+    if stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
 def read_text_head(path: Path, limit: int) -> str:
     """The first ``limit`` bytes of the UTF-8 text at ``path`` (a character cut at the
     limit is left out); a missing, unreadable or non-UTF-8 file is one line. A FIFO or
-    ``/dev/stdin`` is read like a file (``--text <(zcat corpus.gz)``), up to the limit."""
+    ``/dev/stdin`` on a pipe is read like a file (``--text <(zcat corpus.gz)``), up to the
+    limit, waiting for its writer as ``cat`` does. Anything else is refused before it is
+    opened: a folder, a socket, a device (``/dev/zero`` was scored as a text of NULs,
+    ``/dev/null`` failed only once the model had loaded, a terminal waited for typing)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
+        kind = _text_kind(os.stat(path).st_mode)
+        if kind is None:
+            with open(path, "rb") as f:
+                kind = _text_kind(os.fstat(f.fileno()).st_mode)  # swapped since the stat
+                if kind is None:
+                    data = f.read(limit + 1)
     except FileNotFoundError:
         raise MoEScopeError(f"{path}: no such text file") from None
-    except IsADirectoryError:
-        raise MoEScopeError(f"{path}: is a folder, not a text file") from None
     except OSError as err:
         raise MoEScopeError(f"{path}: cannot read text ({err.strerror or err})") from None
+    if kind is not None:
+        raise MoEScopeError(f"{path}: is {kind}, not a text file; give a file or a FIFO")
     cut = len(data) > limit
     data = data[:limit]
     try:

@@ -33,6 +33,7 @@ from moescope.cli.options import (
     check_ram_budget,
     check_range,
     check_utf8,
+    path_arg,
     print_load_notes,
 )
 from moescope.trace.names import formats_help, record_suffix
@@ -59,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add_sampling_arguments(p, n_default=128, n_help="tokens to generate")
     add_gpu_layers_argument(p)
     add_no_cache_argument(p)
-    p.add_argument("--trace", type=Path, metavar="FILE",
+    p.add_argument("--trace", type=path_arg, metavar="FILE",
                    help="record a session trace, in the format its name ends with: "
                         f"{formats_help()} (replay it with `moescope replay`)")
     add_audit_argument(p)
@@ -93,18 +94,31 @@ def run(args: argparse.Namespace) -> int:
         recorder = open_trace(args.trace, engine, inputs)
     if not args.chat:
         sys.stdout.write(args.prompt)
+    failed: OSError | None = None  # a write of the trace (a full disk): the answer stops
+    during = False
     try:
         for tok in engine.generate(prompt, sampling):
             if recorder is not None:
-                recorder.record(tok, engine)
+                try:
+                    recorder.record(tok, engine)
+                except OSError as err:
+                    failed, during = err, True
+                    break
             sys.stdout.write(tok.text)
             sys.stdout.flush()
     finally:
         if recorder is not None:
             stop_reason = engine.last_answer.stop_reason
             closing = recorder
-            close_trace(args.trace, lambda: closing.close(stop_reason=stop_reason))
+            try:
+                close_trace(args.trace, lambda: closing.close(stop_reason=stop_reason))
+            except OSError as err:  # the same failure again, or the end's own
+                failed = failed or err
     sys.stdout.write("\n")
+    if failed is not None and args.trace is not None:
+        sys.stdout.flush()
+        engine.close()
+        raise recording_failed(args.trace, failed, during=during)
     print(answer_summary(engine))
     engine.close()
     return 0
@@ -239,10 +253,23 @@ def check_outputs(outputs: Sequence[tuple[str, Path | None]],
                             "give one of them a file")
     for i, (option, path) in enumerate(given):
         for other, path2 in given[i + 1:]:
-            if not is_stdout(path) and (path == path2 or same_file(path, path2)):
+            # one file by name too, not only by inode: neither is there yet (x.csv and
+            # ./x.csv, or a symlink to the other's name) and each was written, the second
+            # over the first
+            if not is_stdout(path) and (path == path2 or same_file(path, path2)
+                                        or _lands(path) == _lands(path2)):
                 raise MoEScopeError(f"{option} and {other} name the same file {path}; "
                                     "give each its own")
     return bool(dashes)
+
+
+def _lands(path: Path) -> str:
+    """Where a write to ``path`` lands, by name: symlinks followed (a dangling one to its
+    target's name), ``.`` and ``..`` resolved; the path itself when that cannot be said."""
+    try:
+        return os.path.realpath(path)
+    except (OSError, ValueError):
+        return os.fspath(path)
 
 
 def write_output(path: Path, text: str, option: str, inputs: Sequence[Path] = ()) -> None:
@@ -311,7 +338,43 @@ def open_trace(path: Path, engine: Engine, inputs: Sequence[Path] = ()) -> Trace
     try:
         return TraceRecorder.for_engine(path, engine)
     except OSError as err:
-        raise MoEScopeError(f"--trace {path}: cannot write ({err.strerror or err})") from None
+        raise write_error("--trace", path, err) from None
+
+
+def recording_failed(path: Path, err: OSError, *, during: bool) -> MoEScopeError:
+    """The line for a recording to ``path`` that a failed write stopped (a full disk was
+    an OSError traceback, twice chained): ``during`` the answer (which stopped with it),
+    or in finishing the file (a Parquet trace's compaction); what failed, and where what
+    was recorded is (a Parquet trace's journal, when it was not compacted)."""
+    from moescope.trace.names import journal_path, live_trace_file
+
+    said = err.strerror or str(err)
+    journal = journal_path(path)  # a journal left behind is the trace, whatever path is
+    where = journal if record_suffix(path) == ".parquet" and journal.is_file() \
+        else live_trace_file(path)
+    if during:
+        return MoEScopeError(f"--trace {path}: recording stopped ({said}), and the answer "
+                             f"with it; the trace so far is in {where}")
+    return MoEScopeError(f"--trace {path}: the trace could not be finished ({said}); what "
+                         f"was recorded is in {where}")
+
+
+def write_error(option: str, path: Path, err: OSError) -> MoEScopeError:
+    """The one line for output ``path`` of ``option`` that could not be written: "cannot
+    write" said once. An :class:`~moescope.util.files.OutputPathError` already says what is
+    wrong ("cannot write (File name too long)", "is a folder"), so it was wrapped into
+    "cannot write (cannot write (...))"; the file it names is said when it is not ``path``
+    (the journal beside a ``.parquet``)."""
+    from moescope.util.files import OutputPathError
+
+    said = err.strerror or str(err)
+    named = err.filename is not None and os.fspath(err.filename) != os.fspath(path)
+    if isinstance(err, OutputPathError):
+        return MoEScopeError(f"{option} {path}: "
+                             + (f"{os.fsdecode(err.filename)}: " if named else "") + said)
+    if err.strerror is None or said.startswith("cannot write"):  # a sentence of its own
+        return MoEScopeError(f"{option} {path}: {said}")
+    return MoEScopeError(f"{option} {path}: cannot write ({said})")
 
 
 def cache_state(engine: Engine) -> str:

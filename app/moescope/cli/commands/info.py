@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from moescope.cache.budget import BudgetPlan, format_bytes, parse_budget, plan_for_model
+from moescope.cli.options import path_arg
 from moescope.model.gguf_info import ModelInfo, read_model_info
 from moescope.model.reasoning import thinking_choices
+from moescope.util.errors import one_line
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -26,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="show a model's experts and what a VRAM budget buys (reads the header only)",
         description="Show a GGUF model's Mixture-of-Experts layout without loading it.",
     )
-    p.add_argument("model", type=Path, metavar="MODEL.gguf", help="path to a GGUF model")
+    p.add_argument("model", type=path_arg, metavar="MODEL.gguf", help="path to a GGUF model")
     p.add_argument(
         "--budget", metavar="SIZE|PCT",
         help="VRAM for expert slots: 12GiB, 512MiB, 3000000000B (a size needs a unit), "
@@ -144,7 +145,10 @@ def format_info(info: ModelInfo, plan: BudgetPlan | None = None, engine: str = "
     if engine:
         rows.append(("engine", engine))
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    # the file's own strings (its name, its tensors' kinds) are the file's author's: a
+    # general.name holding an ESC sequence recoloured the terminal, one with a newline
+    # printed a line of its choosing ("moescope: error: ...")
+    return "\n".join(f"{k.ljust(width)}  {one_line(v)}" for k, v in rows)
 
 
 def _layers_line(info: ModelInfo) -> str:

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from moescope.cache.budget import format_bytes, parse_budget
+from moescope.cli.options import check_utf8
+from moescope.util.errors import one_line
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -34,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--ctx", type=int, default=2048, metavar="N",
                    help="context size for the KV estimate (default 2048)")
     p.add_argument("--check", action="store_true", help="show the fit, download nothing")
-    p.add_argument("--dir", type=Path, metavar="DIR",
+    p.add_argument("--dir", type=_folder, metavar="DIR",
                    help="models folder (default: MOESCOPE_MODELS_DIR, else the data folder's "
                         "models/)")
     p.add_argument("--revision", default="main", help="branch, tag or commit (default main)")
@@ -43,13 +45,27 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(func=run)
 
 
+def _folder(text: str) -> Path:
+    """``--dir``'s value: ``--dir ""`` downloaded into the current folder (``Path("")`` is
+    ``.``) without a word."""
+    if not text:
+        raise argparse.ArgumentTypeError("is empty; name a folder (. for this one)")
+    return Path(text)
+
+
 def run(args: argparse.Namespace) -> int:
+    from moescope.hub.endpoint import check_environment
     from moescope.hub.errors import HubError
+
+    check_environment()  # before huggingface_hub parses HF_ENDPOINT on its import
     from moescope.hub.remote import HubClient
     from moescope.util import paths
 
     if not 256 <= args.ctx <= 1 << 20:
         raise HubError(f"--ctx {args.ctx}: must be between 256 and {1 << 20}")
+    for option, text in (("--search", args.search), ("REPO[:FILE|QUANT]", args.target),
+                         ("--revision", args.revision), ("--token", args.token)):
+        check_utf8(option, text)  # a URL of bytes not UTF-8: a UnicodeEncodeError
     if args.search is not None:
         return _search(HubClient(token=args.token), args.search)
     if not args.target:
@@ -94,7 +110,7 @@ def _search(client: Any, words: str) -> int:
     for h in hits:
         tags = ", ".join(t for t in (h.architecture, "MoE" if h.moe else None,
                                      "gated" if h.gated else None) if t)
-        print(f"{h.repo_id:60s} {h.downloads:>10,} downloads  {tags}")
+        print(one_line(f"{h.repo_id:60s} {h.downloads:>10,} downloads  {tags}"))
     return 0
 
 
@@ -107,22 +123,22 @@ def _pull(client: Any, repo: str, selector: str, folder: Path, args: argparse.Na
     models = client.list_models(repo, args.revision)
     if not selector:
         if not models:
-            print(f"{repo}: no GGUF model files")
+            print(one_line(f"{repo}: no GGUF model files"))
             return 0
         print(f"{repo}: {len(models)} GGUF model(s); fit at a VRAM budget of {args.budget}:")
-        for m in models:
-            print(f"  {m.describe()}")
-            print(f"    {remote_fit(client, m, args.budget, args.ctx).summary()}"
+        for m in models:  # names and numbers the Hub (or a mirror) gave: one line each
+            print(one_line(f"  {m.describe()}"))
+            print(one_line(f"    {remote_fit(client, m, args.budget, args.ctx).summary()}")
                   if m.complete else "    (parts missing on the Hub)")
         if len(models) > 1 or args.check:
             quant = next((m.quant for m in models if m.quant), models[0].name)
-            print(f"download one with: moescope pull {repo}:{quant}")
+            print(one_line(f"download one with: moescope pull {repo}:{quant}"))
             return 0
     model = pick_model(models, selector) if selector else models[0]
     fit = remote_fit(client, model, args.budget, args.ctx)
-    print(f"{model.describe()}: {fit.summary()}")
+    print(one_line(f"{model.describe()}: {fit.summary()}"))
     for line in fit.estimate.warnings():
-        print(f"  warning: {line}")
+        print(one_line(f"  warning: {line}"))
     if args.check:
         return 0
     if is_downloaded(folder, model):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from moescope.cache.budget import parse_budget, plan_slots
 from moescope.cache.policy import PRESET_NAMES
 from moescope.cli.commands.generate import check_outputs, write_output
-from moescope.cli.options import check_list, check_ram_budget, check_range, refuse_guard
+from moescope.cli.options import check_list, check_ram_budget, check_range, path_arg, refuse_guard
 from moescope.trace import TRACE_SUFFIXES
 from moescope.util.errors import MoEScopeError
 
@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         description="Router-logit simulator: replay the routing recorded in a MoEScope "
                     "trace through the expert-cache core under several policies and "
                     "budgets, and estimate time per token with a cost model.")
-    p.add_argument("trace", type=Path, metavar="TRACE",
+    p.add_argument("trace", type=path_arg, metavar="TRACE",
                    help=f"a trace written by MoEScope ({', '.join(TRACE_SUFFIXES)})")
     p.add_argument("--policy", "-p", action="append", metavar="P[,P...]",
                    help="policies: 'recorded' (as traced, changes included), a preset "
@@ -58,13 +58,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="replay under a RAM tier of this size (25%%, 12GiB, experts per "
                         "layer): the rest of the experts are read from disk, priced by the "
                         "cost model's disk bandwidth and latency (default: every expert in RAM)")
-    p.add_argument("--csv", type=Path, metavar="FILE",
+    p.add_argument("--csv", type=path_arg, metavar="FILE",
                    help="also write the table as CSV (- for stdout)")
-    p.add_argument("--json", type=Path, metavar="FILE",
+    p.add_argument("--json", type=path_arg, metavar="FILE",
                    help="also write the table as JSON (- for stdout)")
-    p.add_argument("--perfetto", type=Path, metavar="FILE",
+    p.add_argument("--perfetto", type=path_arg, metavar="FILE",
                    help="also export the trace as Chrome/Perfetto trace-event JSON")
-    p.add_argument("--tokens-csv", type=Path, metavar="FILE",
+    p.add_argument("--tokens-csv", type=path_arg, metavar="FILE",
                    help="also write the recorded session as CSV, one row per token "
                         "(hits, fetches, substituted mass, bytes, copy times)")
     p.set_defaults(func=run)

@@ -103,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
     elif os.environ.get("MOESCOPE_API_KEY"):
         check_api_key("MOESCOPE_API_KEY", os.environ["MOESCOPE_API_KEY"])
     api_key = args.api_key or os.environ.get("MOESCOPE_API_KEY") or None
+    if not args.host.strip():  # "--host  is not an address": say what it is
+        raise MoEScopeError("--host is empty: keep 127.0.0.1 (this machine only), or give "
+                            "one of its addresses (0.0.0.0: all of them) with an --api-key")
     if not host_resolves(args.host):  # else refused below as reaching other machines
         raise MoEScopeError(f"--host {args.host} is not an address of this machine: keep "
                             "127.0.0.1 (this machine only), or give one of its addresses "

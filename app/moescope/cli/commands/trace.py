@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from moescope.cli.options import path_arg
+
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add the ``trace`` subcommand."""
@@ -27,9 +29,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         description="Compact a version-2 trace stream (.arrows), such as the journal a "
                     "killed session left beside its .parquet name, into the Parquet form: "
                     "the same rows bit for bit, smaller, open in pandas, polars and DuckDB.")
-    c.add_argument("journal", type=Path, metavar="JOURNAL",
+    c.add_argument("journal", type=path_arg, metavar="JOURNAL",
                    help="a .arrows trace stream (NAME.parquet.journal.arrows, or any)")
-    c.add_argument("out", type=Path, nargs="?", metavar="OUT",
+    c.add_argument("out", type=path_arg, nargs="?", metavar="OUT",
                    help="the Parquet file to write (default: the name the journal was "
                         "recorded for, which it replaces, else JOURNAL with the suffix "
                         ".parquet, which is not overwritten if it is there)")
@@ -42,12 +44,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     """Compact; user errors (not a stream, a bad row, an output that must not be written)
     propagate as MoEScopeError (exit 2)."""
-    from moescope.trace.names import JOURNAL_SUFFIX
-    from moescope.trace.parquet_format import compact, compacted_path
     from moescope.trace.reader import check_regular
-    from moescope.trace.schema import TraceFormatError
     from moescope.util.errors import MoEScopeError
-    from moescope.util.files import OutputPathError
 
     src: Path = args.journal
     check_regular(src)  # a FIFO's open would block
@@ -56,6 +54,46 @@ def run(args: argparse.Namespace) -> int:
             magic = f.read(4)
     except OSError as err:
         raise MoEScopeError(f"{src}: cannot read ({err.strerror})") from None
+    lock = _hold(src) if magic != b"PAR1" else None
+    try:
+        return _compact(args, src, magic)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _hold(src: Path) -> int | None:
+    """The journal's advisory lock (:func:`~moescope.trace.parquet_format.lock_journal`),
+    held while it is compacted (a descriptor to close), or None where there are no such
+    locks. A live session's writer or compaction holds it: compacting and removing its
+    journal under it lost every token recorded after, and the session's own compaction
+    at its end found no journal (before its first token: "a session killed before its
+    first token recorded nothing")."""
+    from moescope.trace.parquet_format import fcntl
+    from moescope.util.errors import MoEScopeError
+
+    if fcntl is None:
+        return None
+    fd = os.open(src, os.O_RDONLY | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise MoEScopeError(f"{src}: a session is recording to it (or compacting it) now; "
+                            "not compacted: run this again once it has ended") from None
+    except OSError:  # no locks on this file system
+        os.close(fd)
+        return None
+    return fd
+
+
+def _compact(args: argparse.Namespace, src: Path, magic: bytes) -> int:
+    from moescope.trace.names import JOURNAL_SUFFIX
+    from moescope.trace.parquet_format import compact, compacted_path
+    from moescope.trace.schema import TraceFormatError
+    from moescope.util.errors import MoEScopeError
+    from moescope.util.files import OutputPathError
+
     if magic == b"PAR1":
         raise TraceFormatError(f"{src}: already a Parquet trace; nothing to compact")
     if not magic:
