@@ -179,3 +179,15 @@ def test_a_download_elsewhere_that_stops_gives_download_back(
     qtbot.mouseClick(window.download_button, qtbot_left())
     qtbot.waitUntil(lambda: window.open_button.isEnabled(), timeout=20_000)
     assert other.final.read_bytes() == hub.tiny.read_bytes()
+
+
+def test_an_hf_endpoint_that_is_no_address_is_one_line_not_a_traceback(
+        qtbot: Any, hub: Hub, main_window: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """huggingface_hub's own import raises on an HF_ENDPOINT its URL parser refuses."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://[::1")
+    action = next(a for a in main_window.actions() if a.text() == "&Get models…")
+    action.trigger()
+    assert getattr(main_window, "get_models_window", None) is None
+    title, message = main_window.notices[-1]
+    assert title == "Cannot use the Hugging Face Hub"
+    assert "HF_ENDPOINT" in message and "\n" not in message

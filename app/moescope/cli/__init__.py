@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -117,6 +118,33 @@ def _names_print_as_given() -> None:
             sys.stdout.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
 
 
+class _OneLine(logging.Formatter):
+    """A library warning in a terminal command: ``moescope: warning: …`` on one line, as
+    the command's own messages are (Python's last-resort handler printed it bare)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"moescope: {record.levelname.lower()}: {one_line(record.getMessage())}"
+
+
+class _Stderr(logging.Handler):
+    """To whatever ``sys.stderr`` is when a record comes (not the one at creation)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(OSError, ValueError):  # a closed or full stderr: no one
+            print(self.format(record), file=sys.stderr, flush=True)  # to tell
+
+
+def _terminal_logging() -> None:
+    """The ``moescope`` loggers' warnings and errors to stderr, prefixed (once); with a
+    handler of its own, Python's last-resort one no longer prints them bare."""
+    root = logging.getLogger("moescope")
+    if any(isinstance(h, _Stderr) for h in root.handlers):
+        return
+    handler = _Stderr(logging.WARNING)
+    handler.setFormatter(_OneLine())
+    root.addHandler(handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit status (the console script passes it to exit)."""
     _names_print_as_given()
@@ -153,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return self_test(args.self_test_timeout)
     if args.command is None:
         return launch_gui()
+    _terminal_logging()
     try:
         return int(args.func(args))
     except MoEScopeError as err:  # one line, whatever names it holds
