@@ -135,10 +135,15 @@ class _Stderr(logging.Handler):
 
 
 def _terminal_logging() -> None:
-    """The ``moescope`` loggers' warnings and errors to stderr, prefixed (once); with a
-    handler of its own, Python's last-resort one no longer prints them bare."""
+    """The library's log in a terminal command: what matters there the command says itself,
+    in its own line (a recording that stopped, a trace left as its journal), and Python's
+    last-resort handler printed the library's warning of it again, bare. So its warnings are
+    shown only with ``MOESCOPE_DEBUG`` set, each as one prefixed line (installed once)."""
     root = logging.getLogger("moescope")
-    if any(isinstance(h, _Stderr) for h in root.handlers):
+    if any(isinstance(h, _Stderr | logging.NullHandler) for h in root.handlers):
+        return
+    if not os.environ.get("MOESCOPE_DEBUG"):
+        root.addHandler(logging.NullHandler())
         return
     handler = _Stderr(logging.WARNING)
     handler.setFormatter(_OneLine())

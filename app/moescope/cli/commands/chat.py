@@ -42,6 +42,7 @@ from moescope.cli.commands.generate import (
     sampling_from_args,
     start_audits,
     summary_line,
+    with_model_sampling,
 )
 from moescope.cli.options import (
     add_budget_arguments,
@@ -161,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"moescope: this model's chat template has no '{thinking}' thinking "
                   "setting; it is ignored", file=sys.stderr)
             thinking = "default"
-        sampling = dataclasses.replace(sampling_from_args(args), thinking=thinking)
+        sampling = dataclasses.replace(
+            with_model_sampling(sampling_from_args(args), engine, args), thinking=thinking)
         session = ChatSession(engine, sampling, system=args.system,
                               recording=recording, color=use_color(sys.stdout))
         read = terminal_reader() if tty else stream_reader(stdin)

@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
                          ram_budget=args.ram_budget)
     print_load_notes(loaded)
     print(backend_line(engine), file=sys.stderr)
+    sampling = with_model_sampling(sampling, engine, args)
     start_audits(engine, args.audit)
     prompt: Any = [Message("user", args.prompt)] if args.chat else args.prompt
     recorder = None
@@ -133,6 +134,8 @@ def resolve_model(path: Path | None) -> Path:
     return model
 
 
+DEFAULT_TEMPERATURE = 0.7
+"""``--temperature`` when neither it nor the model's file (``general.sampling.temp``) says."""
 MAX_TEMPERATURE = 100.0
 """The highest ``--temperature``: far past any useful one (2 is already near-uniform
 sampling), bounded as every number an argument gives is."""
@@ -153,9 +156,10 @@ def add_sampling_arguments(p: argparse.ArgumentParser, *, n_default: int,
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help=f"sampling seed, 0 to {MAX_SEED}: the same seed, prompt and options "
                         "give the same text; -1: a random seed each run (default 0)")
-    p.add_argument("--temperature", type=float, default=0.7, metavar="T",
+    p.add_argument("--temperature", type=float, default=None, metavar="T",
                    help=f"sampling temperature, 0 to {MAX_TEMPERATURE:g}: 0 is greedy (the "
-                        "most likely token every time), higher is more varied (default 0.7)")
+                        "most likely token every time), higher is more varied (default: the "
+                        "model's recommendation, else 0.7)")
 
 
 def sampling_from_args(args: argparse.Namespace) -> Sampling:
@@ -169,15 +173,36 @@ def sampling_from_args(args: argparse.Namespace) -> Sampling:
     if args.n < 1:
         raise MoEScopeError(f"--n must be at least 1, got {args.n}")
     check_range("--n", args.n, 1, MAX_TOKENS)
-    if not math.isfinite(args.temperature) or args.temperature < 0:
-        raise MoEScopeError(f"--temperature {args.temperature:g} must be from 0 to "
+    temperature = DEFAULT_TEMPERATURE if args.temperature is None else args.temperature
+    if not math.isfinite(temperature) or temperature < 0:
+        raise MoEScopeError(f"--temperature {temperature:g} must be from 0 to "
                             f"{MAX_TEMPERATURE:g} (0 is greedy)")
-    check_range("--temperature", args.temperature, 0.0, MAX_TEMPERATURE)
+    check_range("--temperature", temperature, 0.0, MAX_TEMPERATURE)
     if args.seed != -1 and not 0 <= args.seed <= MAX_SEED:
         raise MoEScopeError(f"--seed {args.seed} must be from 0 to {MAX_SEED}, or -1 for a "
                             "random seed each run (llama.cpp takes 32 bits)")
-    return Sampling(temperature=args.temperature, max_tokens=args.n,
+    return Sampling(temperature=temperature, max_tokens=args.n,
                     seed=None if args.seed == -1 else args.seed)
+
+
+def with_model_sampling(sampling: Sampling, engine: Any,
+                        args: argparse.Namespace) -> Sampling:
+    """``sampling`` with the loaded model's recommended values (its GGUF's
+    ``general.sampling.*``: temperature, top-p, top-k, min-p, repeat penalty) for what the
+    options leave unset (all but a given ``--temperature``), as llama-cli does; one line on
+    stderr says which."""
+    import dataclasses
+
+    from moescope.model.sampling_defaults import describe, model_sampling
+
+    info = engine.model.info if engine.model is not None else None
+    values = model_sampling(info.metadata) if info is not None else {}
+    if args.temperature is not None:
+        values.pop("temperature", None)
+    if not values:
+        return sampling
+    print(f"sampling: {describe(values)} (the model's recommendation)", file=sys.stderr)
+    return dataclasses.replace(sampling, **values)  # type: ignore[arg-type]
 
 
 MAX_THREADS = 512

@@ -17,6 +17,7 @@ from moescope.cache.budget import BudgetPlan, format_bytes, parse_budget, plan_f
 from moescope.cli.options import path_arg
 from moescope.model.gguf_info import ModelInfo, read_model_info
 from moescope.model.reasoning import thinking_choices
+from moescope.model.sampling_defaults import describe, model_sampling
 from moescope.util.errors import one_line
 
 
@@ -132,6 +133,9 @@ def format_info(info: ModelInfo, plan: BudgetPlan | None = None, engine: str = "
     if choices:
         rows.append(("thinking", f"chat template switch: {'/'.join(choices)} "
                                  "(moescope chat --thinking, GUI: Chat settings)"))
+    if recommended := describe(model_sampling(info.metadata)):
+        rows.append(("sampling", f"{recommended} (the model's recommendation: what "
+                                 "generate, chat, serve and the window use unless told)"))
     if plan is not None:
         rows += [
             (f"budget {plan.budget.text}",
