@@ -205,6 +205,20 @@ def test_sweep_values_are_bounded_and_evenly_spaced() -> None:
             sweep_values(bad, "--sweep-theta", 0.0, 1.0)
 
 
+@pytest.mark.parametrize("option", ["--sweep-theta", "--sweep-bonus"])
+def test_an_empty_sweep_is_refused_not_taken_for_none(
+        option: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``eval --sweep-theta ''`` ran no sweep and said nothing (a shell variable unset)."""
+    from moescope.cli import main
+
+    text = tmp_path / "t.txt"
+    text.write_text("To be, or not to be, that is the question.\n")
+    assert main(["eval", "--text", str(text), option, ""]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"moescope: error: {option} '': expected LO:HI:N")
+    assert err.count("\n") == 1
+
+
 def test_split_segments_scores_every_token_once_within_the_context() -> None:
     """With BOS every segment starts with it; without, with the previous segment's last
     token. Either way each of ``tokens[1:]`` is scored once, in order, and a text that fits

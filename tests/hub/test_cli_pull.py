@@ -69,6 +69,30 @@ def test_errors_are_one_line(hub: Hub, capsys: pytest.CaptureFixture[str], argv:
     assert err.count("\n") == 1
 
 
+@pytest.mark.parametrize("argv", [["pull", "test-org/Nope"], ["pull", f"{REPO}:Q4_0", "--check"]])
+def test_a_pull_that_saves_nothing_makes_no_models_folder(
+        hub: Hub, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    """The models folder was made before the Hub was asked: a refused or --check pull left
+    an empty one behind."""
+    folder = Path(os.environ["MOESCOPE_MODELS_DIR"])
+    assert not folder.exists()
+    main(argv)
+    capsys.readouterr()
+    assert not folder.exists()
+
+
+def test_an_unusable_models_folder_is_refused_before_the_hub_is_asked(
+        hub: Hub, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("x")
+    monkeypatch.setenv("MOESCOPE_MODELS_DIR", str(tmp_path / "a-file" / "models"))
+    monkeypatch.setenv("HF_ENDPOINT", closed_port_endpoint())  # asked, it would say so
+    assert main(["pull", f"{REPO}:Q8_0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("moescope: error: the models folder ") and "not a folder" in err
+    assert err.count("\n") == 1
+
+
 def test_no_network(hub: Hub, monkeypatch: pytest.MonkeyPatch,
                     capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("HF_ENDPOINT", closed_port_endpoint())

@@ -91,10 +91,11 @@ def traces_dir() -> Path:
     return _make(path / "traces", "traces folder", ENV_DATA_DIR)
 
 
-def models_dir() -> Path:
+def models_dir(make: bool = True) -> Path:
     """Where downloaded models land (and the Open dialog starts): ``MOESCOPE_MODELS_DIR``,
-    else the folder chosen in Preferences, else ``models/`` in the data directory."""
+    else the folder chosen in Preferences, else ``models/`` in the data directory; created
+    unless ``make`` is false (``pull`` makes it only once there is something to save)."""
     env = os.environ.get(ENV_MODELS_DIR)
     path = (Path(env).expanduser() if env else _chosen.get("models")
-            or data_dir() / "models")
-    return _make(path, "models folder", ENV_MODELS_DIR)
+            or (data_dir() if make else data_dir_path()) / "models")
+    return _make(path, "models folder", ENV_MODELS_DIR) if make else path

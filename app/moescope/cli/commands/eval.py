@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         policies.append(policy)
     for key, preset in (("theta", "quality-first"), ("bonus", "cache-prior")):
         spec = getattr(args, f"sweep_{key}")
-        if spec:
+        if spec is not None:  # '' is a mistake to say, not "no sweep"
             for value in sweep_values(spec, f"--sweep-{key}", 0.0, 1.0 if key == "theta"
                                       else 10.0):
                 policies.append(parse_policy(f"{preset}:{key}={value:g}"))  # type: ignore[arg-type]

@@ -71,14 +71,16 @@ def run(args: argparse.Namespace) -> int:
     if not args.target:
         raise HubError("name a repository (moescope pull owner/name[:QUANT]) or --search")
     parse_budget(args.budget)  # the arguments are checked before the Hub is asked
-    if args.dir is not None:
-        check_models_dir(args.dir, write=not args.check)
+    # the folder is checked now and made only when a file is saved: a pull the Hub
+    # refuses (or --check) left an empty models folder behind
+    folder = args.dir if args.dir is not None else paths.models_dir(make=False)
+    check_models_dir(folder, write=not args.check,
+                     option="--dir" if args.dir is not None else "the models folder")
     repo, _, selector = args.target.partition(":")
-    folder = args.dir if args.dir is not None else paths.models_dir()
     return _pull(HubClient(token=args.token), repo, selector, folder, args)
 
 
-def check_models_dir(folder: Path, *, write: bool) -> None:
+def check_models_dir(folder: Path, *, write: bool, option: str = "--dir") -> None:
     """``--dir`` names a folder, or one that can be made in the nearest folder above it
     that exists (writable, when ``write``): ``--dir /dev/null`` was refused only after
     the Hub had been asked (or "cannot reach huggingface.co" offline)."""
@@ -89,16 +91,16 @@ def check_models_dir(folder: Path, *, write: bool) -> None:
         there = there.parent
     if not there.is_dir():
         which = "" if there == folder else f" ({there} is not a folder)"
-        raise HubError(f"--dir {folder}: not a folder{which}")
+        raise HubError(f"{option} {folder}: not a folder{which}")
     if write and not os.access(there, os.W_OK | os.X_OK):
-        raise HubError(f"--dir {folder}: cannot write in {there}")
+        raise HubError(f"{option} {folder}: cannot write in {there}")
     if write:  # permissions can say yes where nothing can be made (/proc, as root)
         import tempfile
 
         try:
             os.rmdir(tempfile.mkdtemp(prefix=".moescope-probe.", dir=there))
         except OSError as err:
-            raise HubError(f"--dir {folder}: folder {there} does not take new files "
+            raise HubError(f"{option} {folder}: folder {there} does not take new files "
                            f"({err.strerror or err})") from None
 
 
