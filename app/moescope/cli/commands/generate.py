@@ -134,8 +134,6 @@ def resolve_model(path: Path | None) -> Path:
     return model
 
 
-DEFAULT_TEMPERATURE = 0.7
-"""``--temperature`` when neither it nor the model's file (``general.sampling.temp``) says."""
 MAX_TEMPERATURE = 100.0
 """The highest ``--temperature``: far past any useful one (2 is already near-uniform
 sampling), bounded as every number an argument gives is."""
@@ -173,7 +171,8 @@ def sampling_from_args(args: argparse.Namespace) -> Sampling:
     if args.n < 1:
         raise MoEScopeError(f"--n must be at least 1, got {args.n}")
     check_range("--n", args.n, 1, MAX_TOKENS)
-    temperature = DEFAULT_TEMPERATURE if args.temperature is None else args.temperature
+    # neither the option nor (until the model loads) its file says: the engine's default
+    temperature = Sampling.temperature if args.temperature is None else args.temperature
     if not math.isfinite(temperature) or temperature < 0:
         raise MoEScopeError(f"--temperature {temperature:g} must be from 0 to "
                             f"{MAX_TEMPERATURE:g} (0 is greedy)")

@@ -28,8 +28,9 @@ from moescope.engine import Sampling
 from moescope.model.reasoning import THINKING_DEFAULT
 from moescope.model.sampling_defaults import describe
 
-DEFAULTS = {"temperature": 0.7, "top_p": 0.95, "top_k": 40}
-"""MoEScope's own starting values of the settings the panel shows."""
+DEFAULTS: dict[str, float | int] = {k: getattr(Sampling(), k)
+                                     for k in ("temperature", "top_p", "top_k")}
+"""MoEScope's own starting values of the settings the panel shows (the engine's)."""
 
 THINKING_LABELS = {
     "default": "Model default", "on": "On", "off": "Off (answer at once)",
