@@ -13,6 +13,7 @@ import time
 import psutil
 
 from moescope.display.ring import RingBuffer
+from moescope.engine.backend import engine_build
 from moescope.engine.devices import slot_device
 from moescope.util.gpu import GpuStatus, gpu_status
 from moescope.util.memory_limit import MemoryLimit, memory_limit
@@ -47,11 +48,12 @@ def expert_memory(buffer: str) -> tuple[str, str]:
     return buffer, f"The experts are in llama.cpp's {buffer} buffer."
 
 
-def device_status() -> GpuStatus | None:
+def device_status(backend: str | None = None) -> GpuStatus | None:
     """The memory of the GPU the engine's ggml puts the slots on (a Vulkan build's AMD or
     Intel card, which NVML does not see), as :func:`gpu_status` would give it, without this
-    process's share (ggml does not say); None without one."""
-    dev = slot_device()
+    process's share (ggml does not say); None without one. ``backend``: the build's, as
+    :func:`slot_device` takes it (default: read from the installed engine's record)."""
+    dev = slot_device(backend)
     if dev is None or dev.total <= 0:
         return None
     return GpuStatus(name=dev.description or dev.name, total=dev.total,
@@ -79,6 +81,9 @@ class MemoryModel:
         """The slots are in a GPU's memory that NVML cannot see (e.g. a Vulkan build): its
         memory is then ggml's figure for that device (:func:`device_status`)."""
         self.dirty = False
+        self._backend: str | None = None
+        """The engine build's backend, read from its record once (it cannot change while
+        the window runs), not at every sample."""
 
     def sample(self) -> None:
         vm = psutil.virtual_memory()
@@ -88,7 +93,9 @@ class MemoryModel:
             rss = float("nan")
         self.gpu = gpu_status()
         if self.gpu is None and self.slots_on_device:
-            self.gpu = device_status()
+            if self._backend is None:
+                self._backend = engine_build().backend
+            self.gpu = device_status(self._backend)
         g = self.gpu
         self.samples.append({
             "t": time.monotonic() - self._t0,
