@@ -333,7 +333,8 @@ int32_t rank_row_reference(const float * row, int32_t n, RankScratch & s, uint16
 }  // namespace moecache_core
 
 #if MOECACHE_RANK_SSE2
-namespace rank_sse2 { /* named: the engine compiles the core as one unit */
+namespace rank_sse2 { /* named: the engine compiles the core as one unit (its functions static:
+                      * llama.cpp builds with -Wmissing-declarations) */
 
 /* (prev[3], v[0], v[1], v[2]): a sorted list of four lanes shifted up by one. */
 inline __m128 shift_in(__m128 v, __m128 prev) {
@@ -383,7 +384,7 @@ float kth_smallest(const float * s, int32_t ns, int32_t kth) {
 }
 
 /* The kth smallest of the sample (kth < 32, ns = 64) by the shortest list holding it. */
-float kth_of_sample(const float * s, int32_t ns, int32_t kth) {
+static float kth_of_sample(const float * s, int32_t ns, int32_t kth) {
     return kth < 12 ? kth_smallest<3>(s, ns, kth)
            : kth < 16 ? kth_smallest<4>(s, ns, kth) : kth_smallest<8>(s, ns, kth);
 }
@@ -392,7 +393,7 @@ float kth_of_sample(const float * s, int32_t ns, int32_t kth) {
  * samples), found by the vector selection from whichever end of the sample its rank is
  * nearer (within 32). A NaN makes it meaningless, never undefined behaviour (nth_element's
  * would be): the filter then finds the NaN. */
-float sample_threshold(const float * row, int32_t n) {
+static float sample_threshold(const float * row, int32_t n) {
     float sample[64];
     int32_t q = 0;
     const int32_t ns = take_sample(row, n, sample, &q);
@@ -408,7 +409,8 @@ float sample_threshold(const float * row, int32_t n) {
 /* The row's experts at or above `threshold` (values at vals, ids at idx, in id order), from
  * a bit mask per 64 experts: the loop over them branches once per candidate, not once per
  * expert. Returns how many, or -1 if the row holds a NaN. */
-int32_t candidates(const float * row, int32_t n, float threshold, float * vals, int32_t * idx) {
+static int32_t candidates(const float * row, int32_t n, float threshold, float * vals,
+                          int32_t * idx) {
     const __m128 t = _mm_set1_ps(threshold);
     __m128 unordered = _mm_setzero_ps();
     int32_t m = 0;
@@ -449,7 +451,7 @@ int32_t candidates(const float * row, int32_t n, float threshold, float * vals, 
  * (vals padded with -inf to a multiple of 8, NaN-free); those placed below the width are
  * written to out (width + 1 entries: the last takes the rest). False where two values tie
  * (the places then collide: the caller sorts instead), found by the places' sum. */
-bool place_by_count(float * vals, const int32_t * idx, int32_t m, uint16_t * out) {
+static bool place_by_count(float * vals, const int32_t * idx, int32_t m, uint16_t * out) {
     constexpr int32_t width = MOECACHE_RANK_WIDTH;
     const int32_t padded = (m + 7) & ~7;
     for (int32_t j = m; j < padded; ++j) {
