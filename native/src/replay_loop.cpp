@@ -69,14 +69,6 @@ constexpr int64_t kAheadShare = 8;    /* ask ahead while over 1 in this many rea
 constexpr int32_t kQueue = 16;    /* victims one scan keeps in order, at most */
 constexpr int32_t kScanSlots = 40; /* frequency victims by scan (prefetching policies) up to */
 
-/* `v` where `take`, else `was`, by masks: no branch for the compiler to make of it (a
- * selection's residency is a coin toss, which a branch mispredicts about one time in
- * three: measured with callgrind's branch simulation, 3 a row) */
-inline int64_t select(bool take, int64_t v, int64_t was) {
-    const int64_t m = -static_cast<int64_t>(take);
-    return (v & m) | (was & ~m);
-}
-
 /* Set bits: the instruction where the build has it, else a few ALU steps (the portable
  * build's __builtin_popcount is a call into libgcc: 4% of exact's instructions) */
 inline int32_t popcount(uint32_t x) {
@@ -1362,8 +1354,7 @@ int32_t FastReplay::go() {
                 for (int32_t j = 0; j < per_token; ++j) {
                     const int32_t e = pick[j];
                     const bool in = X[e].slot >= 0;
-                    const int64_t was = pin_[e];
-                    pin_[e] = select(in, ppin, was);
+                    pin_[e] = ppin; /* an absent one is pinned at its insert anyway */
                     fetch_list[absent] = e;
                     absent += !in;
                 }
@@ -1451,21 +1442,23 @@ int32_t FastReplay::go() {
             const int64_t pin = ++pin_epoch_;
             /* each row's selections as bits (top_k <= 32): its misses, then those it fetches
              * and those it substitutes, in selection order (the bits' order) */
+            /* Every selection is pinned, the absent ones too: only residents are ever
+             * victims, and an absent selection is pinned when it is inserted (fetched or
+             * admitted) in this epoch, so pinning it beforehand changes no victim and
+             * saves a load and a select a selection. */
             uint32_t miss0 = 0; /* the first row's misses, found with the pins */
             int32_t absent = 0;
             for (int32_t j = 0; j < k; ++j) {
                 const int32_t e = ids[j];
                 const bool in = X[e].slot >= 0;
-                const int64_t was = pin_[e];
-                pin_[e] = select(in, pin, was);
+                pin_[e] = pin; /* see the note above */
                 miss0 |= static_cast<uint32_t>(!in) << j;
                 absent += !in;
             }
             for (int32_t i = k; i < nk; ++i) {
                 const int32_t e = ids[i];
                 const bool in = X[e].slot >= 0;
-                const int64_t was = pin_[e];
-                pin_[e] = select(in, pin, was);
+                pin_[e] = pin;
                 absent += !in;
             }
             hint_ = std::max(absent, 1);
