@@ -50,6 +50,10 @@
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
+#if defined(__SSE2__) && defined(__GNUC__) /* x86-64 GCC and Clang */
+#include <emmintrin.h>
+#define MOECACHE_LOOP_SSE2 1
+#endif
 
 namespace moecache_core {
 
@@ -88,6 +92,23 @@ inline int32_t popcount(uint32_t x) {
     x = (x + (x >> 4)) & 0x0F0F0F0Fu;
     return static_cast<int32_t>((x * 0x01010101u) >> 24);
 #endif
+}
+
+/* Bit j set where w[j] >= theta, for j < k (a NaN compares false either way). */
+inline uint32_t at_least(const float * w, int32_t k, float theta) {
+    uint32_t bits = 0;
+    int32_t j = 0;
+#if MOECACHE_LOOP_SSE2
+    const __m128 t = _mm_set1_ps(theta);
+    for (; j + 4 <= k; j += 4) {
+        const int m = _mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(w + j), t));
+        bits |= static_cast<uint32_t>(m) << j;
+    }
+#endif
+    for (; j < k; ++j) {
+        bits |= static_cast<uint32_t>(w[j] >= theta) << j;
+    }
+    return bits;
 }
 
 /* One expert of the layer being replayed: what every selection reads. */
@@ -1481,10 +1502,7 @@ int32_t FastReplay::go() {
                 if (Rule != MOECACHE_FETCH_ALL) {
                     uint32_t may = 0; /* the selections the rule would fetch */
                     if (Rule == MOECACHE_THRESHOLD) {
-                        may = 1;
-                        for (int32_t j = 1; j < k; ++j) {
-                            may |= static_cast<uint32_t>(wt[base + j] >= theta) << j;
-                        }
+                        may = at_least(wt + base, k, theta) | 1u; /* the first always */
                     } else if (Rule == MOECACHE_FIRST_CHOICE) {
                         may = 1;
                     }
@@ -1599,21 +1617,38 @@ int32_t FastReplay::go() {
                 fail_call = c;
                 break;
             }
-            /* commit */
+            /* commit: recency and counts, then PSR's prefetch hits (independent of them);
+             * each loop under its own test, not a test a selection */
             const int32_t * uses = Rule == MOECACHE_FETCH_ALL ? ids : used_ids;
-            for (int32_t r = 0; r < n; ++r) {
-                const int32_t base = r * k;
-                const uint32_t fetch = fetch_bits[r];
-                for (int32_t j = 0; j < k; ++j) {
-                    const int32_t i = base + j;
-                    const int32_t u = uses[i];
-                    if (evicts_) {
-                        used<Freq>(u);
+            if (evicts_) {
+#ifndef MOECACHE_SELFCHECK
+                if (Freq && pkeys_ != nullptr) { /* record_selection with the plan's keys */
+                    const double * keys = pkeys_ + p0 * k;
+                    for (int32_t i = 0; i < nk; ++i) {
+                        X_[uses[i]].last_use = ++clock_;
+                        const int32_t e = ids[i];
+                        const uint32_t v = F_[e].kver + 1;
+                        F_[e].kver = v;
+                        kkver_[e] = v;
+                        kkey_[e] = keys[i];
+                    }
+                } else
+#endif
+                {
+                    for (int32_t i = 0; i < nk; ++i) {
+                        used<Freq>(uses[i]);
                         if (Freq) {
                             record_selection(ids[i], p0 * k + i);
                         }
                     }
-                    if (prefetching) {
+                }
+            }
+            if (prefetching) {
+                for (int32_t r = 0; r < n; ++r) {
+                    const int32_t base = r * k;
+                    const uint32_t fetch = fetch_bits[r];
+                    for (int32_t j = 0; j < k; ++j) {
+                        const int32_t u = uses[base + j];
                         const int8_t was = X[u].prefetched;
                         const int8_t hit =
                             static_cast<int8_t>(was & static_cast<int8_t>(~(fetch >> j) & 1u));
