@@ -73,27 +73,6 @@ constexpr int64_t kAheadShare = 8;    /* ask ahead while over 1 in this many rea
 constexpr int32_t kQueue = 16;    /* victims one scan keeps in order, at most */
 constexpr int32_t kScanSlots = 40; /* frequency victims by scan (prefetching policies) up to */
 
-/* Set bits: the instruction where the build has it, else a few ALU steps (the portable
- * build's __builtin_popcount is a call into libgcc: 4% of exact's instructions) */
-inline int32_t popcount(uint32_t x) {
-#if defined(__POPCNT__) || !defined(__GNUC__)
-#if defined(__GNUC__)
-    return __builtin_popcount(x);
-#else
-    int32_t n = 0;
-    for (; x != 0; x &= x - 1) {
-        ++n;
-    }
-    return n;
-#endif
-#else
-    x = x - ((x >> 1) & 0x55555555u);
-    x = (x & 0x33333333u) + ((x >> 2) & 0x33333333u);
-    x = (x + (x >> 4)) & 0x0F0F0F0Fu;
-    return static_cast<int32_t>((x * 0x01010101u) >> 24);
-#endif
-}
-
 /* Bit j set where w[j] >= theta, for j < k (a NaN compares false either way). */
 inline uint32_t at_least(const float * w, int32_t k, float theta) {
     uint32_t bits = 0;
@@ -1665,46 +1644,47 @@ int32_t FastReplay::go() {
                     X[fetched[f]].prefetched = 0;
                 }
             }
-            /* admission, then each row's counts (admit_lost_mass, record_token) */
-            for (int32_t r = 0; r < n; ++r) {
-                const int32_t base = r * k;
-                const uint32_t subst = subst_bits[r];
-                /* counted without a loop (whose length a branch would guess) */
-                const int32_t n_fetch = popcount(fetch_bits[r]);
-                const int32_t n_subst = popcount(subst);
-                int32_t n_admit = 0;
-                float mass = 0.0f; /* and admission, in the same walk of the bits */
-                for (uint32_t b = subst; b != 0; b &= b - 1) {
-                    const int32_t i = base + __builtin_ctz(b);
-                    mass += wt[i];
-                    if (Rule == MOECACHE_FETCH_ALL || !admission) {
-                        continue;
+            /* admission, then the call's counts (admit_lost_mass, record_token): every
+             * fetch bit was fetched (n_fetched), the substitutions are counted in the walk
+             * of their bits that sums their mass, a row at a time (the core's order) */
+            int32_t n_subst = 0, n_admit = 0;
+            if (Rule != MOECACHE_FETCH_ALL) { /* else nothing is substituted */
+                for (int32_t r = 0; r < n; ++r) {
+                    const int32_t base = r * k;
+                    float mass = 0.0f;
+                    for (uint32_t b = subst_bits[r]; b != 0; b &= b - 1) {
+                        const int32_t i = base + __builtin_ctz(b);
+                        mass += wt[i];
+                        n_subst += 1;
+                        if (!admission) {
+                            continue;
+                        }
+                        const int32_t e = ids[i];
+                        if (X[e].slot >= 0) {
+                            continue;
+                        }
+                        lost[e] += wt[i];
+                        if (lost[e] < beta) {
+                            continue;
+                        }
+                        if (insert<Freq>(e) < 0) {
+                            continue;
+                        }
+                        pin_[e] = pin;
+                        used<Freq>(e);
+                        lost[e] = 0.0f;
+                        X[e].prefetched = 0;
+                        n_admit += 1;
                     }
-                    const int32_t e = ids[i];
-                    if (X[e].slot >= 0) {
-                        continue;
-                    }
-                    lost[e] += wt[i];
-                    if (lost[e] < beta) {
-                        continue;
-                    }
-                    if (insert<Freq>(e) < 0) {
-                        continue;
-                    }
-                    pin_[e] = pin;
-                    used<Freq>(e);
-                    lost[e] = 0.0f;
-                    X[e].prefetched = 0;
-                    n_admit += 1;
+                    layer_mass += static_cast<double>(mass);
                 }
-                o.hits += k - n_fetch - n_subst;
-                o.fetches += n_fetch;
-                o.substitutions += n_subst;
-                o.admissions += n_admit;
-                layer_mass += static_cast<double>(mass);
-                o.bytes_sync += n_fetch * eb;
-                o.bytes_async += n_admit * eb;
             }
+            o.hits += nk - n_fetched - n_subst;
+            o.fetches += n_fetched;
+            o.substitutions += n_subst;
+            o.admissions += n_admit;
+            o.bytes_sync += n_fetched * eb;
+            o.bytes_async += n_admit * eb;
             o.rows += n;
             o.selections += static_cast<int64_t>(nk);
         }
