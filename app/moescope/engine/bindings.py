@@ -246,3 +246,30 @@ def audit_decode(llm: Any, token: int, pos: int) -> Any:
             low.llama_state_seq_set_data_ext(ctx, saved, len(saved), 0, flags)
         low.llama_memory_seq_rm(low.llama_get_memory(ctx), 0, int(pos), -1)
     return logits
+
+
+class FilePath(str):
+    """A file path as ``llama_cpp.Llama(model_path=...)`` takes it, whose bytes reach
+    llama.cpp's ``char *`` as the file system has them. llama-cpp-python passes
+    ``model_path.encode("utf-8")`` (``_internals.LlamaModel``): a name that is not UTF-8,
+    which Python holds as lone surrogates (``surrogateescape``), raised UnicodeEncodeError
+    there, and the model could not be loaded. Here ``encode`` gives ``os.fsencode``'s bytes,
+    which for a UTF-8 name are the same as before."""
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        import os
+        import sys
+
+        return str.encode(str(self), sys.getfilesystemencoding(),
+                          "surrogateescape" if os.name == "posix" else errors)
+
+
+def model_path_argument(path: Any) -> str:
+    """``path`` (a ``Path``) for ``Llama(model_path=...)``: a plain ``str`` where it is
+    UTF-8, else a :class:`FilePath` (its bytes as the file system has them)."""
+    text = str(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return FilePath(text)
+    return text

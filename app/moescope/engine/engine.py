@@ -278,8 +278,8 @@ class Engine:
             with _quiet_stderr(), llama_errors() as errors, loading(p), load_progress(
                     lambda f: report("loading weights", 0.1 + 0.7 * f), self._cancel_load):
                 self._llm = llama_cpp.Llama(
-                    model_path=str(p), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
-                    n_threads=n_threads, verbose=False, logits_all=False,
+                    model_path=bindings.model_path_argument(p), n_ctx=n_ctx,
+                    n_gpu_layers=n_gpu_layers, n_threads=n_threads, verbose=False, logits_all=False,
                     use_mmap=not (pinned_experts or disk_experts))
         except (ValueError, RuntimeError, OSError) as err:
             self._lib.llama_moe_set_disk_experts(False)

@@ -390,6 +390,16 @@ def _parsed_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | 
     return out if changed else None
 
 
+def utf8_name(name: str) -> str:
+    """A file name as UTF-8 text: each byte that is not UTF-8 (held as a lone surrogate)
+    written as its escape, ``\\xff``; a UTF-8 name as it is."""
+    try:
+        raw = name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no file system byte gives: its escape
+        raw = name.encode("utf-8", "backslashreplace")
+    return raw.decode("utf-8", "backslashreplace")
+
+
 class Service:
     """The served model: prepares requests, runs them one at a time, keeps the numbers."""
 
@@ -401,7 +411,10 @@ class Service:
         self.engine = engine
         self.queue = queue or EngineQueue()
         self.limits = limits or Limits()
-        self.model_id = model_id or engine.model.path.stem
+        self.model_id = model_id or utf8_name(engine.model.path.stem)
+        """The id clients see and send: the file's stem, a byte of it that is not UTF-8 (a
+        name Python holds with ``surrogateescape``) written ``\\xff``, since JSON carries
+        UTF-8 only."""
         self.created = int(time.time())
         self.listeners: list[ServeListener] = []
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -426,7 +439,8 @@ class Service:
     def check_model(self, name: str | None) -> None:
         """404 for a model this server does not serve (its id or file name pass)."""
         model = self.engine.model
-        names = {self.model_id, model.path.name, model.path.stem} if model else {self.model_id}
+        names = {self.model_id, model.path.name, model.path.stem,
+                 utf8_name(model.path.name)} if model else {self.model_id}
         if name is not None and name not in names:
             raise ApiError(404, f"the model '{name}' does not exist here; this server "
                                 f"serves '{self.model_id}'", param="model",
