@@ -273,3 +273,63 @@ def model_path_argument(path: Any) -> str:
     except UnicodeEncodeError:
         return FilePath(text)
     return text
+
+
+_llama_type: Any = None
+
+
+def llama_type() -> Any:
+    """``llama_cpp.Llama`` with the samplers its chain lacks, as llama.cpp's own chain has
+    them (``common_sampler_init``):
+
+    - XTC ("exclude top choices", ``llama_sampler_init_xtc``), after min-p and before the
+      temperature, also at temperature 0 (before the greedy pick: what llama.cpp's chain
+      does, whose temperature 0 keeps the likeliest of what XTC left);
+    - mirostat 1 and 2 after a temperature sampler (llama-cpp-python left the temperature
+      out, so a mirostat answer ignored it).
+
+    Set per answer before ``generate`` in the instance's ``moescope_xtc`` ((probability,
+    threshold), or None: off). It overrides ``Llama._init_sampler``, private: the one
+    place the chain is made; it builds llama-cpp-python's chain, then moves its tail
+    (``llama_sampler_chain_remove`` hands a sampler back, ``_add`` appends it again)."""
+    global _llama_type
+    if _llama_type is not None:
+        return _llama_type
+    import llama_cpp
+    from llama_cpp import llama_cpp as low
+
+    class MoeLlama(llama_cpp.Llama):  # type: ignore[misc]
+        moescope_xtc: tuple[float, float] | None = None
+
+        def _init_sampler(self, *args: Any, **kwargs: Any) -> Any:
+            sampler = super()._init_sampler(*args, **kwargs)
+            temp = float(kwargs.get("temp", 0.8))
+            mirostat = int(kwargs.get("mirostat_mode", 0))
+            chain = sampler.sampler
+            if temp > 0 and mirostat in (1, 2):  # [.., mirostat] -> [.., temp, mirostat]
+                tail = _take_tail(low, chain, 1)
+                sampler.add_temp(temp)
+                for s in tail:
+                    low.llama_sampler_chain_add(chain, s)
+            elif self.moescope_xtc is not None and temp >= 0 and mirostat == 0:
+                p, t = self.moescope_xtc
+                # [.., min_p, temp, dist] -> [.., min_p, xtc, temp, dist]; [.., greedy] ->
+                # [.., xtc, greedy]
+                tail = _take_tail(low, chain, 2 if temp > 0 else 1)
+                sampler.add_xtc(p, t, 1, self._seed)
+                for s in tail:
+                    low.llama_sampler_chain_add(chain, s)
+            return sampler
+
+    _llama_type = MoeLlama
+    return _llama_type
+
+
+def _take_tail(low: Any, chain: Any, n: int) -> list[Any]:
+    """The chain's last ``n`` samplers, removed (the caller owns them until it adds them
+    back), in their order."""
+    size = int(low.llama_sampler_chain_n(chain))
+    if size < n:
+        raise MoEScopeError(f"llama-cpp-python's sampler chain has {size} samplers, fewer "
+                            f"than the {n} expected at its end")
+    return [low.llama_sampler_chain_remove(chain, size - n) for _ in range(n)]

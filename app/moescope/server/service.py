@@ -431,7 +431,8 @@ class Service:
         from moescope.model.sampling_defaults import model_sampling
 
         info = engine.model.info
-        self.sampling_defaults = model_sampling(info.metadata) if info is not None else {}
+        self.sampling_defaults = model_sampling(info.metadata, extra=True) \
+            if info is not None else {}
         """The model's recommended sampling (its GGUF's ``general.sampling.*``): what a
         request that leaves a field out gets, as from llama-server."""
 
@@ -543,7 +544,9 @@ class Service:
         sampling = Sampling(
             temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
             repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,
-            presence_penalty=p.presence_penalty,
+            presence_penalty=p.presence_penalty, xtc_probability=p.xtc_probability,
+            xtc_threshold=p.xtc_threshold, mirostat=p.mirostat,
+            mirostat_tau=p.mirostat_tau, mirostat_eta=p.mirostat_eta,
             max_tokens=p.max_tokens or self.limits.max_tokens,
             seed=secrets.randbits(32) if p.seed is None else p.seed,
             grammar=self._grammar(p.output), logprobs=p.logprobs)
