@@ -6,8 +6,9 @@ and events are reached through the core's own C API (:mod:`moescope.cache.native
 handle ``llama_moe_cache_core`` returns: one implementation, shared with the simulator.
 
 The end of this module is also the one place the engine reaches past ``llama_cpp.Llama``'s
-public API (its ``_ctx`` and ``_model`` wrappers), each function with its reason, so an
-upgrade of llama-cpp-python that renames them breaks here and nowhere else.
+public API (its ``_ctx`` and ``_model`` wrappers, its ``_init_sampler`` and the way it
+encodes a model path), each function with its reason, so an upgrade of llama-cpp-python
+that renames them breaks here and nowhere else.
 """
 
 from __future__ import annotations
