@@ -171,7 +171,7 @@ def chat_tokens(messages: Sequence[dict[str, Any]], render: Render, tokenize: To
         if parts is None or "".join(p for p, _ in parts) != plain \
                 or sum(1 for _, content in parts if content) < \
                 sum(1 for m in msgs if m.get("role") in GUARDED_ROLES
-                    and special(m.get("content") or "")):
+                    and isinstance(m.get("content"), str) and special(m["content"])):
             continue
         parts[-1] = (parts[-1][0] + answer_start, parts[-1][1])
         tokens: list[int] = []
