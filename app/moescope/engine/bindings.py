@@ -6,8 +6,9 @@ and events are reached through the core's own C API (:mod:`moescope.cache.native
 handle ``llama_moe_cache_core`` returns: one implementation, shared with the simulator.
 
 The end of this module is also the one place the engine reaches past ``llama_cpp.Llama``'s
-public API (its ``_ctx`` and ``_model`` wrappers), each function with its reason, so an
-upgrade of llama-cpp-python that renames them breaks here and nowhere else.
+public API (its ``_ctx`` and ``_model`` wrappers, its ``_init_sampler`` and the way it
+encodes a model path), each function with its reason, so an upgrade of llama-cpp-python
+that renames them breaks here and nowhere else.
 """
 
 from __future__ import annotations
@@ -246,3 +247,90 @@ def audit_decode(llm: Any, token: int, pos: int) -> Any:
             low.llama_state_seq_set_data_ext(ctx, saved, len(saved), 0, flags)
         low.llama_memory_seq_rm(low.llama_get_memory(ctx), 0, int(pos), -1)
     return logits
+
+
+class FilePath(str):
+    """A file path as ``llama_cpp.Llama(model_path=...)`` takes it, whose bytes reach
+    llama.cpp's ``char *`` as the file system has them. llama-cpp-python passes
+    ``model_path.encode("utf-8")`` (``_internals.LlamaModel``): a name that is not UTF-8,
+    which Python holds as lone surrogates (``surrogateescape``), raised UnicodeEncodeError
+    there, and the model could not be loaded. Here ``encode`` gives ``os.fsencode``'s bytes,
+    which for a UTF-8 name are the same as before."""
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        import os
+        import sys
+
+        return str.encode(str(self), sys.getfilesystemencoding(),
+                          "surrogateescape" if os.name == "posix" else errors)
+
+
+def model_path_argument(path: Any) -> str:
+    """``path`` (a ``Path``) for ``Llama(model_path=...)``: a plain ``str`` where it is
+    UTF-8, else a :class:`FilePath` (its bytes as the file system has them)."""
+    text = str(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return FilePath(text)
+    return text
+
+
+_llama_type: Any = None
+
+
+def llama_type() -> Any:
+    """``llama_cpp.Llama`` with the samplers its chain lacks, as llama.cpp's own chain has
+    them (``common_sampler_init``):
+
+    - XTC ("exclude top choices", ``llama_sampler_init_xtc``), after min-p and before the
+      temperature, also at temperature 0 (before the greedy pick: what llama.cpp's chain
+      does, whose temperature 0 keeps the likeliest of what XTC left);
+    - mirostat 1 and 2 after a temperature sampler (llama-cpp-python left the temperature
+      out, so a mirostat answer ignored it).
+
+    Set per answer before ``generate`` in the instance's ``moescope_xtc`` ((probability,
+    threshold), or None: off). It overrides ``Llama._init_sampler``, private: the one
+    place the chain is made; it builds llama-cpp-python's chain, then moves its tail
+    (``llama_sampler_chain_remove`` hands a sampler back, ``_add`` appends it again)."""
+    global _llama_type
+    if _llama_type is not None:
+        return _llama_type
+    import llama_cpp
+    from llama_cpp import llama_cpp as low
+
+    class MoeLlama(llama_cpp.Llama):  # type: ignore[misc]
+        moescope_xtc: tuple[float, float] | None = None
+
+        def _init_sampler(self, *args: Any, **kwargs: Any) -> Any:
+            sampler = super()._init_sampler(*args, **kwargs)
+            temp = float(kwargs.get("temp", 0.8))
+            mirostat = int(kwargs.get("mirostat_mode", 0))
+            chain = sampler.sampler
+            if temp > 0 and mirostat in (1, 2):  # [.., mirostat] -> [.., temp, mirostat]
+                tail = _take_tail(low, chain, 1)
+                sampler.add_temp(temp)
+                for s in tail:
+                    low.llama_sampler_chain_add(chain, s)
+            elif self.moescope_xtc is not None and temp >= 0 and mirostat == 0:
+                p, t = self.moescope_xtc
+                # [.., min_p, temp, dist] -> [.., min_p, xtc, temp, dist]; [.., greedy] ->
+                # [.., xtc, greedy]
+                tail = _take_tail(low, chain, 2 if temp > 0 else 1)
+                sampler.add_xtc(p, t, 1, self._seed)
+                for s in tail:
+                    low.llama_sampler_chain_add(chain, s)
+            return sampler
+
+    _llama_type = MoeLlama
+    return _llama_type
+
+
+def _take_tail(low: Any, chain: Any, n: int) -> list[Any]:
+    """The chain's last ``n`` samplers, removed (the caller owns them until it adds them
+    back), in their order."""
+    size = int(low.llama_sampler_chain_n(chain))
+    if size < n:
+        raise MoEScopeError(f"llama-cpp-python's sampler chain has {size} samplers, fewer "
+                            f"than the {n} expected at its end")
+    return [low.llama_sampler_chain_remove(chain, size - n) for _ in range(n)]

@@ -111,6 +111,19 @@ class Sampling:
     presence_penalty: float = 0.0
     """Subtracted once from the logit of any token sampled among those (OpenAI's
     ``presence_penalty``); 0: off."""
+    xtc_probability: float = 0.0
+    """XTC ("exclude top choices", llama.cpp's ``xtc`` sampler): the chance, per token,
+    that every candidate at least ``xtc_threshold`` likely but the least likely of them is
+    left out, after min-p (also at temperature 0); 0: off."""
+    xtc_threshold: float = 0.1
+    """XTC's threshold (llama.cpp's default 0.1); above 0.5 XTC does nothing."""
+    mirostat: int = 0
+    """Mirostat sampling, llama.cpp's: 0 off, 1 (Mirostat), 2 (Mirostat 2.0); it replaces
+    top-k, top-p, min-p and XTC, after the penalties and the temperature."""
+    mirostat_tau: float = 5.0
+    """Mirostat's target surprise (cross-entropy), llama.cpp's default 5."""
+    mirostat_eta: float = 0.1
+    """Mirostat's learning rate, llama.cpp's default 0.1."""
     max_tokens: int = 256
     seed: int | None = None
     thinking: str = "default"
@@ -122,6 +135,32 @@ class Sampling:
     logprobs: int | None = None
     """Give each token its log-probability and this many likeliest alternatives
     (0..``logprobs.MAX_TOP``) in :attr:`TokenStats.logprob`; None: none computed."""
+
+
+SAMPLING_BOUNDS: dict[str, tuple[float, float]] = {
+    "xtc_probability": (0.0, 1.0),
+    "xtc_threshold": (0.0, 1.0),
+    "mirostat": (0, 2),
+    "mirostat_tau": (0.0, 100.0),
+    "mirostat_eta": (0.0, 1.0),
+}
+"""The bounds of :class:`Sampling`'s XTC and mirostat fields (``mirostat`` whole), which
+every front end checks its numbers against."""
+
+
+def check_sampling(s: Sampling) -> None:
+    """:class:`MoEScopeError` in one line for an XTC or mirostat field out of
+    :data:`SAMPLING_BOUNDS` (not finite, or of the wrong kind)."""
+    import math
+
+    for name, (lo, hi) in SAMPLING_BOUNDS.items():
+        value = getattr(s, name)
+        whole = isinstance(lo, int)
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or (whole and not isinstance(value, int)) \
+                or not math.isfinite(value) or not lo <= value <= hi:
+            raise MoEScopeError(f"{name} must be {'a whole number' if whole else 'a number'}"
+                                f" from {lo:g} to {hi:g}, got {value!r}")
 
 
 @dataclass
@@ -277,9 +316,9 @@ class Engine:
         try:
             with _quiet_stderr(), llama_errors() as errors, loading(p), load_progress(
                     lambda f: report("loading weights", 0.1 + 0.7 * f), self._cancel_load):
-                self._llm = llama_cpp.Llama(
-                    model_path=str(p), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
-                    n_threads=n_threads, verbose=False, logits_all=False,
+                self._llm = bindings.llama_type()(
+                    model_path=bindings.model_path_argument(p), n_ctx=n_ctx,
+                    n_gpu_layers=n_gpu_layers, n_threads=n_threads, verbose=False, logits_all=False,
                     use_mmap=not (pinned_experts or disk_experts))
         except (ValueError, RuntimeError, OSError) as err:
             self._lib.llama_moe_set_disk_experts(False)
@@ -943,6 +982,7 @@ class Engine:
         if s.logprobs is not None and not 0 <= s.logprobs <= MAX_TOP:
             raise MoEScopeError(f"logprobs is {s.logprobs}: ask for 0 to {MAX_TOP} "
                                 "alternatives per token")
+        check_sampling(s)
         n_ctx = self.n_ctx
         dropped = 0
         if isinstance(prompt, ChatTokens):  # a conversation tokenized already, whole
@@ -988,16 +1028,23 @@ class Engine:
             self._guard_observe(held)
         self.apply_requests()
         grammar = s.grammar
+        xtc = (s.xtc_probability, s.xtc_threshold) \
+            if s.xtc_probability > 0 and s.xtc_threshold <= 0.5 and not s.mirostat else None
         if grammar is not None:  # with the settings of the chain that samples after its mask
-            grammar.claim(temperature=s.temperature, top_k=s.top_k,
+            # (XTC and mirostat: a chain its proof does not model, so the whole vocabulary)
+            grammar.claim(temperature=None if xtc or s.mirostat else s.temperature,
+                          top_k=s.top_k,
                           repeat_penalty=s.repeat_penalty,
                           penalty_last_n=int(self._llm.last_n_tokens_size),
                           frequency_penalty=s.frequency_penalty,
                           presence_penalty=s.presence_penalty)
+        self._llm.moescope_xtc = xtc  # read when generate makes its sampler chain
         gen = self._llm.generate(tokens, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
                                  temp=s.temperature, repeat_penalty=s.repeat_penalty,
                                  frequency_penalty=s.frequency_penalty,
                                  presence_penalty=s.presence_penalty, reset=True,
+                                 mirostat_mode=s.mirostat, mirostat_tau=s.mirostat_tau,
+                                 mirostat_eta=s.mirostat_eta,
                                  logits_processor=[grammar.mask] if grammar else None)
         stop_reason = "length"
         exact: npt.NDArray[np.float32] | None = None  # the audited step's exact logits

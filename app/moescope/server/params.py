@@ -75,6 +75,13 @@ class GenerationParams:
     """JSON output asked for (``response_format``); None: free text."""
     logprobs: int | None = None
     """Log-probabilities asked for, with this many alternatives per token; None: none."""
+    xtc_probability: float = 0.0
+    """llama-server's XTC fields (``engine.Sampling``); 0: off."""
+    xtc_threshold: float = 0.1
+    mirostat: int = 0
+    """llama-server's mirostat fields: 0 off, 1 or 2."""
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
 
 
 @dataclass
@@ -227,10 +234,27 @@ def _common(body: dict[str, Any], limits: Limits,
         # "random each run"), so every seed given reproduces
         "seed": None if seed is None or seed < 0 else seed % 0xFFFFFFFF,
         "stop": _stops(body),
+        # llama-server's XTC and mirostat fields, its defaults (off) where neither the
+        # request nor the model says; the bounds are the engine's (SAMPLING_BOUNDS)
+        **_xtc_mirostat(body, rec),
         "stream": stream,
         "include_usage": stream and bool((options or {}).get("include_usage")),
         "output": _output(body),
     }
+
+
+def _xtc_mirostat(body: dict[str, Any], rec: Mapping[str, float]) -> dict[str, Any]:
+    from moescope.engine.engine import SAMPLING_BOUNDS, Sampling
+
+    out: dict[str, Any] = {}
+    for name, (lo, hi) in SAMPLING_BOUNDS.items():
+        default = rec.get(name, getattr(Sampling, name))
+        if isinstance(lo, int):
+            value = _integer(body, name, int(lo), int(hi))
+            out[name] = int(default) if value is None else value
+        else:
+            out[name] = _number(body, name, float(default), lo, hi)
+    return out
 
 
 def _output(body: dict[str, Any]) -> OutputFormat | None:

@@ -390,6 +390,16 @@ def _parsed_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | 
     return out if changed else None
 
 
+def utf8_name(name: str) -> str:
+    """A file name as UTF-8 text: each byte that is not UTF-8 (held as a lone surrogate)
+    written as its escape, ``\\xff``; a UTF-8 name as it is."""
+    try:
+        raw = name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no file system byte gives: its escape
+        raw = name.encode("utf-8", "backslashreplace")
+    return raw.decode("utf-8", "backslashreplace")
+
+
 class Service:
     """The served model: prepares requests, runs them one at a time, keeps the numbers."""
 
@@ -401,7 +411,10 @@ class Service:
         self.engine = engine
         self.queue = queue or EngineQueue()
         self.limits = limits or Limits()
-        self.model_id = model_id or engine.model.path.stem
+        self.model_id = model_id or utf8_name(engine.model.path.stem)
+        """The id clients see and send: the file's stem, a byte of it that is not UTF-8 (a
+        name Python holds with ``surrogateescape``) written ``\\xff``, since JSON carries
+        UTF-8 only."""
         self.created = int(time.time())
         self.listeners: list[ServeListener] = []
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -418,7 +431,8 @@ class Service:
         from moescope.model.sampling_defaults import model_sampling
 
         info = engine.model.info
-        self.sampling_defaults = model_sampling(info.metadata) if info is not None else {}
+        self.sampling_defaults = model_sampling(info.metadata, extra=True) \
+            if info is not None else {}
         """The model's recommended sampling (its GGUF's ``general.sampling.*``): what a
         request that leaves a field out gets, as from llama-server."""
 
@@ -426,7 +440,8 @@ class Service:
     def check_model(self, name: str | None) -> None:
         """404 for a model this server does not serve (its id or file name pass)."""
         model = self.engine.model
-        names = {self.model_id, model.path.name, model.path.stem} if model else {self.model_id}
+        names = {self.model_id, model.path.name, model.path.stem,
+                 utf8_name(model.path.name)} if model else {self.model_id}
         if name is not None and name not in names:
             raise ApiError(404, f"the model '{name}' does not exist here; this server "
                                 f"serves '{self.model_id}'", param="model",
@@ -529,7 +544,9 @@ class Service:
         sampling = Sampling(
             temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
             repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,
-            presence_penalty=p.presence_penalty,
+            presence_penalty=p.presence_penalty, xtc_probability=p.xtc_probability,
+            xtc_threshold=p.xtc_threshold, mirostat=p.mirostat,
+            mirostat_tau=p.mirostat_tau, mirostat_eta=p.mirostat_eta,
             max_tokens=p.max_tokens or self.limits.max_tokens,
             seed=secrets.randbits(32) if p.seed is None else p.seed,
             grammar=self._grammar(p.output), logprobs=p.logprobs)

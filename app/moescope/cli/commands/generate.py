@@ -58,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add_policy_argument(p)
     add_budget_arguments(p)
     add_sampling_arguments(p, n_default=128, n_help="tokens to generate")
+    add_xtc_mirostat_arguments(p)
     add_gpu_layers_argument(p)
     add_no_cache_argument(p)
     p.add_argument("--trace", type=path_arg, metavar="FILE",
@@ -160,6 +161,34 @@ def add_sampling_arguments(p: argparse.ArgumentParser, *, n_default: int,
                         "model's recommendation, else 0.7)")
 
 
+XTC_MIROSTAT_OPTIONS = {"xtc_probability": "--xtc-probability",
+                        "xtc_threshold": "--xtc-threshold", "mirostat": "--mirostat",
+                        "mirostat_tau": "--mirostat-ent", "mirostat_eta": "--mirostat-lr"}
+"""Sampling field -> option, llama-cli's spellings (``--mirostat-tau``/``-eta`` too)."""
+
+
+def add_xtc_mirostat_arguments(p: argparse.ArgumentParser) -> None:
+    """llama-cli's XTC and mirostat options (default: the model's recommendation, else
+    off); :func:`sampling_from_args` checks them against ``engine.SAMPLING_BOUNDS``."""
+    p.add_argument("--xtc-probability", type=float, default=None, metavar="P",
+                   help="XTC: the chance per token, 0 to 1, that the likeliest candidates "
+                        "above --xtc-threshold are left out (all but the least likely of "
+                        "them); default: the model's recommendation, else 0 (off)")
+    p.add_argument("--xtc-threshold", type=float, default=None, metavar="T",
+                   help="XTC's threshold, 0 to 1 (above 0.5: XTC does nothing); default: "
+                        "the model's recommendation, else 0.1")
+    p.add_argument("--mirostat", type=int, default=None, metavar="N",
+                   help="mirostat sampling: 0 off, 1 Mirostat, 2 Mirostat 2.0 (replaces "
+                        "top-k, top-p, min-p and XTC); default: the model's "
+                        "recommendation, else 0")
+    p.add_argument("--mirostat-ent", "--mirostat-tau", dest="mirostat_tau", type=float,
+                   default=None, metavar="TAU",
+                   help="mirostat's target entropy, 0 to 100 (default: the model's, else 5)")
+    p.add_argument("--mirostat-lr", "--mirostat-eta", dest="mirostat_eta", type=float,
+                   default=None, metavar="ETA",
+                   help="mirostat's learning rate, 0 to 1 (default: the model's, else 0.1)")
+
+
 def sampling_from_args(args: argparse.Namespace) -> Sampling:
     """The :class:`Sampling` that :func:`add_sampling_arguments`' options describe.
 
@@ -180,8 +209,17 @@ def sampling_from_args(args: argparse.Namespace) -> Sampling:
     if args.seed != -1 and not 0 <= args.seed <= MAX_SEED:
         raise MoEScopeError(f"--seed {args.seed} must be from 0 to {MAX_SEED}, or -1 for a "
                             "random seed each run (llama.cpp takes 32 bits)")
+    from moescope.engine.engine import SAMPLING_BOUNDS
+
+    given: dict[str, Any] = {}
+    for name, option in XTC_MIROSTAT_OPTIONS.items():
+        value = getattr(args, name, None)
+        if value is not None:
+            lo, hi = SAMPLING_BOUNDS[name]
+            check_range(option, value, lo, hi)
+            given[name] = value
     return Sampling(temperature=temperature, max_tokens=args.n,
-                    seed=None if args.seed == -1 else args.seed)
+                    seed=None if args.seed == -1 else args.seed, **given)
 
 
 def with_model_sampling(sampling: Sampling, engine: Any,
@@ -195,9 +233,15 @@ def with_model_sampling(sampling: Sampling, engine: Any,
     from moescope.model.sampling_defaults import describe, model_sampling
 
     info = engine.model.info if engine.model is not None else None
-    values = model_sampling(info.metadata) if info is not None else {}
+    # XTC and mirostat where the command has their options (a value the model
+    # recommends can then be overridden)
+    extra = hasattr(args, "mirostat")
+    values = model_sampling(info.metadata, extra=extra) if info is not None else {}
     if args.temperature is not None:
         values.pop("temperature", None)
+    for name in XTC_MIROSTAT_OPTIONS:
+        if getattr(args, name, None) is not None:
+            values.pop(name, None)
     if not values:
         return sampling
     print(f"sampling: {describe(values)} (the model's recommendation)", file=sys.stderr)

@@ -17,7 +17,7 @@ from moescope.cache.budget import BudgetPlan, format_bytes, parse_budget, plan_f
 from moescope.cli.options import path_arg
 from moescope.model.gguf_info import ModelInfo, read_model_info
 from moescope.model.reasoning import thinking_choices
-from moescope.model.sampling_defaults import describe, model_sampling
+from moescope.model.sampling_defaults import EXTRA_KEYS, describe, model_sampling, unapplied
 from moescope.util.errors import one_line
 
 
@@ -136,6 +136,14 @@ def format_info(info: ModelInfo, plan: BudgetPlan | None = None, engine: str = "
     if recommended := describe(model_sampling(info.metadata)):
         rows.append(("sampling", f"{recommended} (the model's recommendation: what "
                                  "generate, chat, serve and the window use unless told)"))
+    if recommended := describe({k: v for k, v in model_sampling(
+            info.metadata, extra=True).items() if k in EXTRA_KEYS}):
+        rows.append(("sampling+", f"{recommended} (the model's recommendation: what "
+                                  "generate, chat and serve use unless told; not the "
+                                  "window)"))
+    if ignored := unapplied(info.metadata):
+        rows.append(("not applied", f"{ignored} (recommended by the model; MoEScope's "
+                                    "sampler keeps its own)"))
     if plan is not None:
         rows += [
             (f"budget {plan.budget.text}",
