@@ -104,6 +104,10 @@ typedef struct moecache_policy {
                                   from moecache_prefetch's prediction; 0 = off, -1 = top_k */
     float   theta_disk;        /* THRESHOLD, RAM tier on: the threshold for a miss that is only
                                   on disk (not in the RAM tier); -1 = theta. In [0, 1] or -1 */
+    int32_t fill_free;         /* 1: while the layer has a free slot, a miss is fetched into it
+                                  whatever the rule (an empty slot stands in for nothing; at a
+                                  budget holding every expert the output is Exact's); 0: the
+                                  rule alone (traces recorded before this field) */
 } moecache_policy;
 
 /* One expert copy the caller must perform: host bytes of `expert` into `slot` of `layer`.

@@ -320,7 +320,8 @@ void moecache_clear(moecache * c) {
 }
 
 const char * moecache_version(void) {
-    return "0.3.0"; /* 0.3: RAM tier, theta_disk; 0.2: routing bonus in gate-weight units */
+    return "0.4.0"; /* 0.4: fill_free (moecache_policy grew); 0.3: RAM tier, theta_disk;
+                     * 0.2: routing bonus in gate-weight units */
 }
 
 }  // extern "C"

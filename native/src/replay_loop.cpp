@@ -90,6 +90,15 @@ inline uint32_t at_least(const float * w, int32_t k, float theta) {
     return bits;
 }
 
+/* The lowest `n` set bits of `m` (all of them when it has no more). */
+inline uint32_t lowest_bits(uint32_t m, int32_t n) {
+    uint32_t rest = m;
+    for (; n > 0 && rest != 0; --n) {
+        rest &= rest - 1;
+    }
+    return m & ~rest;
+}
+
 /* One expert of the layer being replayed: what every selection reads. */
 struct Expert {
     int32_t last_use;  /* the layer's clock at its last use, 0 never */
@@ -773,7 +782,9 @@ private:
     static constexpr int64_t kLow = std::numeric_limits<int64_t>::min();
     bool bq_ = false;
     bool evicts_ = true;
-    bool full_ = false; /* a slot was wanted with every slot full */
+    bool full_ = false; /* a slot was wanted with every slot full, or (fill_free) a miss was
+                         * substituted that a free slot would have taken: either way a larger
+                         * budget may decide otherwise */
     double bq_q_ = 1.0;
     int64_t bq_top_ = kLow;
     int64_t bq_cur_ = 0; /* no ring bucket of the window below it lists a resident */
@@ -1203,6 +1214,7 @@ int32_t FastReplay::go() {
         }
     }
     const bool admission = p_.admission != 0;
+    const bool fill = p_.fill_free != 0; /* a free slot takes a miss whatever the rule */
     if (admission) {
         w.lost.resize(static_cast<size_t>(E_));
     }
@@ -1393,8 +1405,10 @@ int32_t FastReplay::go() {
                 o.selections += static_cast<int64_t>(nk);
                 continue;
             }
-            if (Rule == MOECACHE_SUBSTITUTE_ALL && !admission && !prefetching && n_res_ >= k) {
-                /* substitute-all holding k or more residents: a row's unmarked residents
+            if (Rule == MOECACHE_SUBSTITUTE_ALL && !admission && !prefetching && n_res_ >= k &&
+                (!fill || n_res_ == S_)) {
+                /* substitute-all holding k or more residents (and with fill_free, every slot
+                 * full: before, a miss fills a free slot): a row's unmarked residents
                  * (n_res - its hits) are at least its misses (k - hits), so every miss is
                  * substituted and nothing is fetched, now and after (the residents never
                  * change). Without admission or prefetch nothing reads which resident
@@ -1413,6 +1427,7 @@ int32_t FastReplay::go() {
                     }
                     o.hits += hits;
                     o.substitutions += k - hits;
+                    full_ |= fill && hits < k; /* every slot full: a larger budget fetches it */
                     layer_mass += static_cast<double>(mass);
                 }
                 o.rows += n;
@@ -1485,8 +1500,12 @@ int32_t FastReplay::go() {
                     } else if (Rule == MOECACHE_FIRST_CHOICE) {
                         may = 1;
                     }
+                    if (fill && n_res_ < S_) { /* decide_token's free_slots */
+                        may |= lowest_bits(miss, S_ - n_res_);
+                    }
                     fetch = miss & may;
                     subst = miss & ~may;
+                    full_ |= fill && subst != 0;
                     if (subst != 0) {
                         /* the row's own selections are no substitutes */
                         const int64_t me = ++mark_epoch_;

@@ -123,6 +123,10 @@ bool decide_token(moecache & c, LayerState & L, int32_t t, const float * probs,
     for (int32_t j = 0; j < k; ++j) {
         sum += weights[base + j];
     }
+    /* fill_free: the layer's free slots take this token's first misses, whatever the rule */
+    int32_t free_slots = c.policy.fill_free != 0
+                             ? static_cast<int32_t>(L.expert_of.size()) - L.n_resident
+                             : 0;
     for (int32_t j = 0; j < k; ++j) {
         const int32_t i = base + j;
         const int32_t e = ids[i];
@@ -133,8 +137,9 @@ bool decide_token(moecache & c, LayerState & L, int32_t t, const float * probs,
         sc.tier[i] = L.slot_of[e] >= 0 ? 0 : (disk_only ? 2 : 1);
         if (L.slot_of[e] >= 0) {
             sc.action[i] = MOECACHE_HIT;
-        } else if (miss_rule_fetches(c.policy, j, sc.wnorm[i], disk_only)) {
+        } else if (free_slots > 0 || miss_rule_fetches(c.policy, j, sc.wnorm[i], disk_only)) {
             sc.action[i] = MOECACHE_FETCH;
+            free_slots -= free_slots > 0;
         } else {
             sc.action[i] = MOECACHE_SUBSTITUTE;
         }

@@ -28,6 +28,7 @@ bool policy_valid(const moecache_policy & p) {
     const bool subw_ok =
         p.substitute_weight == MOECACHE_SUBW_MISSING || p.substitute_weight == MOECACHE_SUBW_OWN;
     const bool admission_ok = p.admission == 0 || p.admission == 1;
+    const bool fill_ok = p.fill_free == 0 || p.fill_free == 1;
     const bool theta_ok = std::isfinite(p.theta) && p.theta >= 0.0f && p.theta <= 1.0f;
     const bool half_life_ok = std::isfinite(p.half_life) && p.half_life > 0.0f;
     const bool beta_ok = std::isfinite(p.beta) && p.beta > 0.0f;
@@ -37,7 +38,7 @@ bool policy_valid(const moecache_policy & p) {
                                (std::isfinite(p.theta_disk) && p.theta_disk >= 0.0f &&
                                 p.theta_disk <= 1.0f);
     return rule_ok && evict_ok && subw_ok && admission_ok && theta_ok && half_life_ok && beta_ok &&
-           bonus_ok && prefetch_ok && theta_disk_ok;
+           bonus_ok && prefetch_ok && theta_disk_ok && fill_ok;
 }
 
 /* The presets. Quality-first and speed-first are paper 1's recommended operating points;
@@ -59,6 +60,7 @@ int32_t preset(const char * name, moecache_policy * out) {
     p.bonus = MOECACHE_DEFAULT_BONUS;
     p.prefetch = 0;
     p.theta_disk = MOECACHE_THETA_DISK_AS_THETA;
+    p.fill_free = 1;
     if (std::strcmp(name, "exact") == 0) {
         /* defaults */
     } else if (std::strcmp(name, "quality-first") == 0) {

@@ -135,6 +135,39 @@ void test_threshold_substitutes_small_miss() {
     moecache_destroy(c);
 }
 
+/* fill_free: while a slot is free a miss is fetched into it whatever the rule; at a budget
+ * holding every expert nothing is ever substituted. Off, the rule alone decides. */
+void test_free_slots_fill_first() {
+    for (const int32_t fill : {1, 0}) {
+        moecache_policy p = preset("first-choice");
+        CHECK(p.fill_free == 1);
+        p.fill_free = fill;
+        moecache * c = moecache_create(1, kExperts, kTopK, 4, &p);
+        route(c, 0, token(0, 0.9f, 1, 0.1f)); /* nothing resident: both fetched either way */
+        Result r = route(c, 0, token(2, 0.9f, 3, 0.1f));
+        moecache_layer_stats s{};
+        moecache_get_layer_stats(c, 0, &s);
+        if (fill) { /* two slots free: 3 is fetched */
+            CHECK(r.plan.size() == 2 && r.out_ids[1] == 3 && s.substitutions == 0);
+        } else { /* 3 is not the first choice: a resident stands in */
+            CHECK(r.plan.size() == 1 && r.out_ids[1] != 3 && s.substitutions == 1);
+        }
+        moecache_destroy(c);
+    }
+    moecache_policy p = preset("speed-first");
+    moecache * c = moecache_create(1, kExperts, kTopK, kExperts, &p);
+    for (int i = 0; i < 40; ++i) {
+        moecache_begin_step(c);
+        route(c, 0, token((i * 7) % kExperts, 0.8f, (i * 7 + 3) % kExperts, 0.2f));
+    }
+    moecache_layer_stats s{};
+    moecache_get_layer_stats(c, 0, &s);
+    CHECK(s.substitutions == 0 && s.fetches == kExperts && s.hits == 80 - kExperts);
+    moecache_destroy(c);
+    p.fill_free = 2;
+    CHECK(moecache_create(1, kExperts, kTopK, 4, &p) == nullptr);
+}
+
 void test_lru_evicts_least_recent() {
     moecache * c = moecache_create(1, kExperts, kTopK, 4, nullptr);
     route(c, 0, token(0, 0.5f, 1, 0.5f));
@@ -296,6 +329,7 @@ void test_theta_disk() {
 void test_audit_route_changes_nothing() {
     moecache_policy p;
     moecache_preset("speed-first", &p);
+    p.fill_free = 0; /* the rule alone: a free slot would take the small miss below */
     moecache * c = moecache_create(1, kExperts, kTopK, 4, &p);
     moecache_begin_step(c);
     route(c, 0, token(0, 0.5f, 1, 0.5f));
@@ -337,6 +371,7 @@ int main() {
     test_create_rejects_bad_shapes();
     test_fetch_then_hit();
     test_threshold_substitutes_small_miss();
+    test_free_slots_fill_first();
     test_lru_evicts_least_recent();
     test_batch_without_room_changes_nothing();
     test_resize_compacts();

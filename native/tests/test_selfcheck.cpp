@@ -76,6 +76,7 @@ moecache_policy custom_policy(std::mt19937 & rng) {
     const float bonuses[] = {0.0f, 0.05f, 0.3f, 2.0f};
     p.bonus = bonuses[rng() % 4];
     p.prefetch = static_cast<int32_t>(rng() % 8) - 1;
+    p.fill_free = static_cast<int32_t>(rng() % 2);
     return p;
 }
 
@@ -265,6 +266,15 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
                 configs.push_back(cfg);
             }
         }
+        /* substitute-all by its rule alone (no free slot filled first) at the same budgets:
+         * its run at k slots is its run at every budget (the reuse below) */
+        for (const int32_t slots : {k, k + 3, n_experts / 4, n_experts / 2 + 1, n_experts}) {
+            moecache_replay_config cfg{};
+            moecache_preset("substitute-all", &cfg.policy);
+            cfg.policy.fill_free = 0;
+            cfg.slots = std::max(k, std::min(slots, n_experts));
+            configs.push_back(cfg);
+        }
         for (int i = 0; i < 12; ++i) {
             moecache_replay_config cfg{};
             cfg.policy = custom_policy(rng);
@@ -364,8 +374,8 @@ int64_t batch_replays(std::mt19937 & rng, const char * const * names) {
             return -1;
         }
         /* on one thread each configuration's smaller budgets have finished before it: the
-         * runs it takes are certain (substitute-all keeps the first row's k experts, so its
-         * run at k slots is its run at every budget here) */
+         * runs it takes are certain (substitute-all without fill_free keeps the first row's k
+         * experts, so its run at k slots is its run at every budget here) */
         {
             std::vector<moecache_replay_token> one(a.size());
             const int64_t before = moecache_core::replay_reused_configs.load();

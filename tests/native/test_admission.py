@@ -78,8 +78,9 @@ def test_no_accumulation_without_admission(make_cache: MakeCache, route: RouteFn
 
 
 def test_admission_takes_a_free_slot_first(make_cache: MakeCache, route: RouteFn) -> None:
-    cache = full_cache(make_cache, route, ADMIT, slots=6)
-    route(cache, [0, 9], [0.5, 0.5])  # substitute-all substitutes even with free slots
+    # the rule alone (fill_free off): substitute-all substitutes even with free slots
+    cache = full_cache(make_cache, route, ADMIT.replace(fill_free=False), slots=6)
+    route(cache, [0, 9], [0.5, 0.5])
     row = cache.drain_events()[0]
     assert row["n_admit"] == 1 and row["admitted"][0] == 9
     assert row["n_evict"] == 0

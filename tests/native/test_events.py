@@ -18,6 +18,7 @@ from moescope.cache.native import (
     RouteResult,
     event_ring_rows,
 )
+from moescope.cache.policy import Policy
 
 MakeCache = Callable[..., ExpertCache]
 RouteFn = Callable[..., RouteResult]
@@ -54,7 +55,8 @@ def test_a_row_records_the_decision(make_cache: MakeCache, route: RouteFn) -> No
     cache = make_cache("exact")
     cache.set_expert_bytes(0, 1000)
     route(cache, [0, 1])
-    cache.set_policy("first-choice")
+    # the rule alone: with fill_free a free slot would take the last row's miss
+    cache.set_policy(Policy.preset("first-choice").replace(fill_free=False))
     cache.begin_step()
     route(cache, [9, 0], [0.6, 0.4])
     route(cache, [9, 10], [0.9, 0.1])

@@ -25,8 +25,10 @@ MakeCache = Callable[..., ExpertCache]
 RouteFn = Callable[..., RouteResult]
 
 
-def bonus_policy(bonus: float, prefetch: int = 0) -> Policy:
-    return Policy(miss_rule=MissRule.ROUTING_BONUS, bonus=bonus, prefetch=prefetch)
+def bonus_policy(bonus: float, prefetch: int = 0, fill_free: bool = False) -> Policy:
+    """The routing bonus alone by default: these tests steer with slots still free."""
+    return Policy(miss_rule=MissRule.ROUTING_BONUS, bonus=bonus, prefetch=prefetch,
+                  fill_free=fill_free)
 
 
 def softmax_row(rng: np.random.Generator, n: int) -> npt.NDArray[np.float32]:
@@ -128,7 +130,9 @@ def test_bonus_steers_the_weakest_miss_first(make_cache: MakeCache) -> None:
 
 
 def test_cache_prior_substitute_computes_with_its_own_weight(make_cache: MakeCache) -> None:
-    cache = make_cache("cache-prior", slots=4, top_k=2, n_experts=16)
+    # two slots are free: the rule alone (fill_free off) steers
+    cache = make_cache(Policy.preset("cache-prior").replace(fill_free=False), slots=4, top_k=2,
+                       n_experts=16)
     fill(cache, 0, [10, 11])
     probs = np.full(16, 0.001, dtype=np.float32)
     probs[[0, 1, 10]] = [0.5, 0.2, 0.19]

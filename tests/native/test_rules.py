@@ -165,7 +165,7 @@ def test_the_last_unused_resident_is_still_a_substitute(
 ) -> None:
     cache = make_cache("exact", slots=4, top_k=3)
     route(cache, [0, 1, 2])
-    cache.set_policy("substitute-all")
+    cache.set_policy(Policy.preset("substitute-all").replace(fill_free=False))  # a slot is free
     cache.begin_step()
     r = route(cache, [9, 0, 1], [0.4, 0.3, 0.3], probs={2: 0.0})
     assert r.out_ids.tolist() == [2, 0, 1]

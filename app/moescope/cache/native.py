@@ -54,6 +54,7 @@ class CPolicy(ctypes.Structure):
         ("bonus", ctypes.c_float),
         ("prefetch", ctypes.c_int32),
         ("theta_disk", ctypes.c_float),
+        ("fill_free", ctypes.c_int32),
     ]
 
 
@@ -65,6 +66,7 @@ def policy_to_c(policy: Policy) -> CPolicy:
         half_life=policy.half_life, admission=int(policy.admission), beta=policy.beta,
         substitute_weight=int(policy.substitute_weight), bonus=policy.bonus,
         prefetch=policy.prefetch, theta_disk=policy.theta_disk,
+        fill_free=int(policy.fill_free),
     )
 
 
@@ -77,7 +79,7 @@ def policy_from_c(c: CPolicy) -> Policy:
         admission=bool(c.admission), beta=_from_float32(c.beta),
         substitute_weight=SubstituteWeight(c.substitute_weight),
         bonus=_from_float32(c.bonus), prefetch=int(c.prefetch),
-        theta_disk=_from_float32(c.theta_disk),
+        theta_disk=_from_float32(c.theta_disk), fill_free=bool(c.fill_free),
     )
 
 
@@ -330,7 +332,27 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         fn = getattr(lib, name)
         fn.restype = restype
         fn.argtypes = argtypes
+    found = lib.moecache_version().decode(errors="replace")
+    if _version_tuple(found) < CORE_VERSION:
+        # its structs are smaller than ours: every call passing a policy would misread them
+        raise NativeLibraryNotFoundError(
+            f"the native core is version {found[:20]}, older than this MoEScope's "
+            f"{'.'.join(map(str, CORE_VERSION))}: rebuild it with `make` (the engine and "
+            "build/native)")
     return lib
+
+
+CORE_VERSION = (0, 4)
+"""The oldest ``moecache_version()`` whose structs match these (0.4: ``fill_free``)."""
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for part in text.split(".")[:3]:
+        if not part.isdigit():
+            return ()
+        parts.append(int(part))
+    return tuple(parts)
 
 
 def rank_predictions(scores: npt.ArrayLike, keep: int) -> npt.NDArray[np.int32]:

@@ -104,6 +104,11 @@ class Policy:
     theta_disk: float = THETA_DISK_AS_THETA
     """THRESHOLD with the RAM tier on: the threshold for a miss that is only on disk
     (-1: ``theta``)."""
+    fill_free: bool = True
+    """While a layer has a free slot, a miss is fetched into it whatever the rule: an empty
+    slot stands in for nothing, so substituting then only loses quality (at a budget holding
+    every expert, the output is Exact's). False: the rule alone, as traces recorded before
+    this setting replay."""
     name: str | None = field(default=None, compare=False)
     """The preset this policy is (a label for the UI and traces; not part of equality)."""
 
@@ -113,6 +118,7 @@ class Policy:
         object.__setattr__(self, "eviction", Eviction(self.eviction))
         object.__setattr__(self, "substitute_weight", SubstituteWeight(self.substitute_weight))
         object.__setattr__(self, "admission", bool(self.admission))
+        object.__setattr__(self, "fill_free", bool(self.fill_free))
         for key, (low, high, unit) in PARAMETER_RANGES.items():
             value = getattr(self, key)
             if not (math.isfinite(value) and low <= value <= high):  # NaN fails too
@@ -199,7 +205,8 @@ def parse_preset(spec: str) -> Policy:
     (on|off), ``miss_rule`` (fetch_all|threshold|first_choice|substitute_all|
     routing_bonus),
     ``substitute_weight`` (missing|own), ``bonus`` (routing bonus), ``prefetch``
-    (off|top-k|N experts per token). A policy with parameters is labelled by its spec.
+    (off|top-k|N experts per token), ``fill_free`` (on|off: free slots take misses first).
+    A policy with parameters is labelled by its spec.
     """
     spec = spec.strip()
     name, *params = spec.split(":")
@@ -227,7 +234,7 @@ def parse_preset(spec: str) -> Policy:
                 changes[key] = MissRule[value.upper().replace("-", "_")]
             elif key == "substitute_weight":
                 changes[key] = SubstituteWeight[value.upper()]
-            elif key == "admission":
+            elif key in ("admission", "fill_free"):
                 if value not in ("on", "off", "true", "false", "1", "0"):
                     raise ValueError("use on or off")
                 changes[key] = value in ("on", "true", "1")

@@ -151,6 +151,7 @@ def policy_to_json(policy: Policy) -> dict[str, Any]:
         "half_life": policy.half_life, "admission": policy.admission, "beta": policy.beta,
         "substitute_weight": policy.substitute_weight.name.lower(),
         "bonus": policy.bonus, "prefetch": policy.prefetch, "theta_disk": policy.theta_disk,
+        "fill_free": policy.fill_free,
     }
 
 
@@ -183,6 +184,8 @@ def policy_label(policy: Policy) -> str:
     if policy.prefetch:
         top_k = policy.prefetch == PREFETCH_TOP_K
         parts.append("pf" + ("top-k" if top_k else str(policy.prefetch)))
+    if not policy.fill_free and not policy.exact:
+        parts.append("nofill")
     return " ".join(parts)
 
 

@@ -358,6 +358,10 @@ def _policy_from_json(raw: Any, where: str) -> Policy:
     admission = _get(d, "admission", f"{where}.")
     if admission not in (True, False) or type(admission) not in (bool, int):
         raise ValueError(f"{where}.admission is {_show(admission)}, not true or false")
+    # recorded before the setting existed: the rule alone decided, as the replay must
+    fill_free = d.get("fill_free", False)
+    if fill_free not in (True, False) or type(fill_free) not in (bool, int):
+        raise ValueError(f"{where}.fill_free is {_show(fill_free)}, not true or false")
     try:
         policy = Policy(
             miss_rule=enum(MissRule, "miss_rule"), theta=number("theta"),
@@ -366,7 +370,7 @@ def _policy_from_json(raw: Any, where: str) -> Policy:
             substitute_weight=enum(SubstituteWeight, "substitute_weight"),
             bonus=number("bonus", DEFAULT_BONUS),
             prefetch=_int(d.get("prefetch", 0), f"{where}.prefetch", -1, _I32),
-            theta_disk=number("theta_disk", -1.0),
+            theta_disk=number("theta_disk", -1.0), fill_free=bool(fill_free),
             name=_text(d.get("name"), f"{where}.name", optional=True),
         )
     except ValueError as err:  # Policy's own ranges: what the core keeps meaningful
