@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE messages ADD COLUMN status TEXT NOT NULL DEFAULT 'done'",
         "ALTER TABLE messages ADD COLUMN stats TEXT",
         "CREATE INDEX chats_by_title ON chats(title COLLATE NOCASE)",
+    ),
+    # 3: each chat's sampling settings (JSON; NULL: a chat from before, none saved yet)
+    (
+        "ALTER TABLE chats ADD COLUMN sampling TEXT",
     ),
 )
 """``MIGRATIONS[i]`` upgrades a database at schema version ``i`` to ``i + 1``; each runs in
@@ -115,6 +119,10 @@ class Chat:
     system_prompt: str = ""
     model: str = ""
     updated: float = 0.0
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """The chat's sampling settings as the window saved them (temperature, top-p, top-k,
+    max tokens, seed, thinking, whether they follow the model's recommendation); empty for
+    a chat none were saved for (one from before they were kept per chat)."""
 
 
 class ChatStore:
@@ -182,13 +190,14 @@ class ChatStore:
 
     # ------------------------------------------------------------------ chats
     def create_chat(self, title: str = "New chat", system_prompt: str = "",
-                    model: str = "") -> Chat:
+                    model: str = "", sampling: Mapping[str, Any] | None = None) -> Chat:
         now = time.time()
         cur = self._db.execute(
-            "INSERT INTO chats(title, system_prompt, model, created, updated) "
-            "VALUES (?, ?, ?, ?, ?)", (title, system_prompt, model, now, now))
+            "INSERT INTO chats(title, system_prompt, model, sampling, created, updated) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (title, system_prompt, model, _sampling_json(sampling), now, now))
         return Chat(id=int(cur.lastrowid or 0), title=title, system_prompt=system_prompt,
-                    model=model, updated=now)
+                    model=model, updated=now, sampling=dict(sampling or {}))
 
     def chats(self, search: str = "") -> list[Chat]:
         """Chats, most recently updated first; ``search`` keeps those whose title or any
@@ -199,21 +208,22 @@ class ChatStore:
             "OR EXISTS (SELECT 1 FROM messages WHERE messages.chat_id = chats.id "
             "AND messages.content LIKE ?1 ESCAPE '\\' COLLATE NOCASE) "
             "ORDER BY updated DESC, id DESC", (pattern,))
-        return [Chat(id=r["id"], title=r["title"], system_prompt=r["system_prompt"],
-                     model=r["model"], updated=r["updated"]) for r in rows]
+        return [_chat(r) for r in rows]
 
     def chat(self, chat_id: int) -> Chat | None:
         r = self._db.execute("SELECT * FROM chats WHERE id=?", (chat_id,)).fetchone()
-        if r is None:
-            return None
-        return Chat(id=r["id"], title=r["title"], system_prompt=r["system_prompt"],
-                    model=r["model"], updated=r["updated"])
+        return None if r is None else _chat(r)
 
     def rename_chat(self, chat_id: int, title: str) -> None:
         self._db.execute("UPDATE chats SET title=? WHERE id=?", (title, chat_id))
 
     def set_system_prompt(self, chat_id: int, text: str) -> None:
         self._db.execute("UPDATE chats SET system_prompt=? WHERE id=?", (text, chat_id))
+
+    def set_sampling(self, chat_id: int, sampling: Mapping[str, Any]) -> None:
+        """Save the chat's sampling settings (a JSON object of plain values)."""
+        self._db.execute("UPDATE chats SET sampling=? WHERE id=?",
+                         (_sampling_json(sampling), chat_id))
 
     def set_model(self, chat_id: int, model: str) -> None:
         self._db.execute("UPDATE chats SET model=? WHERE id=?", (model, chat_id))
@@ -271,14 +281,16 @@ class ChatStore:
 
     # ------------------------------------------------------------------ branch, import
     def add_chat(self, title: str, system_prompt: str, model: str,
-                 messages: Sequence[tuple[str, str, str, dict[str, Any]]]) -> Chat:
+                 messages: Sequence[tuple[str, str, str, dict[str, Any]]],
+                 sampling: Mapping[str, Any] | None = None) -> Chat:
         """A new chat holding ``messages`` (role, content, status, stats), written in one
         transaction: an import or a branch is there whole or not at all."""
         now = time.time()
         with self._tx():
             cur = self._db.execute(
-                "INSERT INTO chats(title, system_prompt, model, created, updated) "
-                "VALUES (?, ?, ?, ?, ?)", (title, system_prompt, model, now, now))
+                "INSERT INTO chats(title, system_prompt, model, sampling, created, updated) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (title, system_prompt, model, _sampling_json(sampling), now, now))
             chat_id = int(cur.lastrowid or 0)
             self._db.executemany(
                 "INSERT INTO messages(chat_id, position, role, content, status, stats, "
@@ -286,17 +298,17 @@ class ChatStore:
                 [(chat_id, i, role, content, status, json.dumps(stats) if stats else None,
                   now) for i, (role, content, status, stats) in enumerate(messages)])
         return Chat(id=chat_id, title=title, system_prompt=system_prompt, model=model,
-                    updated=now)
+                    updated=now, sampling=dict(sampling or {}))
 
     def branch_chat(self, chat_id: int, position: int, title: str) -> Chat:
         """A new chat with ``chat_id``'s messages up to and including ``position`` (its
-        system prompt and model too); the original is unchanged."""
+        system prompt, model and sampling settings too); the original is unchanged."""
         chat = self.chat(chat_id)
         if chat is None:
             raise KeyError(chat_id)
         kept = [(m.role, m.content, INTERRUPTED if m.status == GENERATING else m.status,
                  m.stats) for m in self.messages(chat_id) if m.position <= position]
-        return self.add_chat(title, chat.system_prompt, chat.model, kept)
+        return self.add_chat(title, chat.system_prompt, chat.model, kept, chat.sampling)
 
     # ------------------------------------------------------------------ export
     def export_json(self, chat_id: int) -> str:
@@ -343,6 +355,24 @@ class AnswerWriter:
 
     def close(self) -> None:
         self._db.close()
+
+
+def _chat(r: sqlite3.Row) -> Chat:
+    return Chat(id=r["id"], title=_stored_text(r["title"]),
+                system_prompt=_stored_text(r["system_prompt"]), model=_stored_text(r["model"]),
+                updated=r["updated"], sampling=stored_sampling(r["sampling"]))
+
+
+def _sampling_json(sampling: Mapping[str, Any] | None) -> str | None:
+    return json.dumps(dict(sampling), allow_nan=False) if sampling else None
+
+
+def stored_sampling(raw: object) -> dict[str, Any]:
+    """A chat's stored sampling settings, or none ({}): a cell that is not a JSON object
+    (NULL for a chat from before they were saved, or one edited or damaged outside the
+    app) leaves the chat with the settings a new chat starts with, not unopenable. Each
+    value is checked again where it is used."""
+    return _stored_stats(raw)
 
 
 def _stored_stats(raw: object) -> dict[str, Any]:
