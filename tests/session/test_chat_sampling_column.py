@@ -89,3 +89,29 @@ def test_a_damaged_settings_cell_reads_as_none(tmp_path: Path, stored: object) -
         assert [m.content for m in store.messages(chat.id)] == ["kept"]
     finally:
         store.close()
+
+
+def test_a_damaged_schema_2_database_is_salvaged_without_settings(tmp_path: Path) -> None:
+    """The salvage reads an old file too: its chats come over with no settings saved."""
+    from moescope.session.store_repair import open_chat_store
+
+    path = tmp_path / "chats.sqlite3"
+    _schema_2(path)
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("INSERT INTO chats VALUES (2, 'long', '', '', 3, 3)")
+    db.executemany("INSERT INTO messages VALUES (?, 2, ?, 'user', ?, 3, 'done', NULL)",
+                   [(10 + i, i, f"x{i} " * 3000) for i in range(40)])
+    db.close()
+    data = bytearray(path.read_bytes())
+    for p in range(1, len(data) // 4096):  # break the long chat's 20th message
+        if b"x20 x20" in data[p * 4096:(p + 1) * 4096]:
+            data[p * 4096:p * 4096 + 4] = b"\x7f\xff\xff\xff"
+    path.write_bytes(bytes(data))
+    opened = open_chat_store(path)
+    try:
+        assert opened.moved_to is not None and opened.salvaged == 1
+        (chat,) = opened.store.chats()
+        assert (chat.title, chat.system_prompt, chat.sampling) == ("a", "sys", {})
+        assert [m.content for m in opened.store.messages(chat.id)] == ["hello", "hi"]
+    finally:
+        opened.store.close()
