@@ -218,6 +218,9 @@ def test_chat_names_the_journal_when_recording_a_parquet_trace_stops(tmp_path: P
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     assert (f"moescope: recording stopped (File too large); the trace so far is in "
             f"{tmp_path / 'c.parquet.journal.arrows'}") in r.stderr.splitlines()
+    # both messages were answered, yet the trace is cut: a script must notice (it exited 0)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert r.stdout.count("tok/s") == 2, r.stdout
     # the library's own warning of it is prefixed too, not a bare line from Python's
     # last-resort handler
     # said once: the library's own warning of it is not printed again, bare, by Python's

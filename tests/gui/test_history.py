@@ -44,6 +44,22 @@ def test_history_and_settings_survive_a_restart(make_window: Any, qtbot: Any,
     assert second.settings.value("last_model") == str(tiny_moe)
 
 
+def test_a_window_closed_cleanly_lets_the_next_start_skip_the_full_check(
+        make_window: Any, qtbot: Any, tiny_moe: Path, data_dir: Path) -> None:
+    """The window's close (its decode thread's connection closed first) leaves the stamp
+    of a clean close; the next window reads the header and schema only."""
+    first = make_window()
+    assert first.store.checked == "full"  # a new database: no stamp yet
+    load(qtbot, first, tiny_moe)
+    send(qtbot, first, "hello", max_tokens=4)
+    first.close()
+    assert (data_dir / "chats.sqlite3.clean").is_file()
+    assert not (data_dir / "chats.sqlite3-wal").exists()
+    second = make_window()
+    assert second.store.checked == "header"
+    assert second.chat_list.titles() == ["hello"]
+
+
 def test_killed_process_loses_at_most_the_answer_in_flight(data_dir: Path,
                                                            tiny_moe: Path) -> None:
     env = dict(os.environ, MOESCOPE_DATA_DIR=str(data_dir), QT_QPA_PLATFORM="offscreen")
@@ -64,6 +80,7 @@ def test_killed_process_loses_at_most_the_answer_in_flight(data_dir: Path,
     assert child.returncode == -signal.SIGKILL
     store = ChatStore(data_dir / "chats.sqlite3")
     assert store.recovered == 1
+    assert store.checked == "full"  # no clean close: the whole file is checked
     (chat,) = store.chats()
     messages = store.messages(chat.id)
     assert [(m.role, m.status) for m in messages] == [

@@ -20,7 +20,7 @@ def _kept_chats(path: Path) -> None:
     """A database with a small chat ("keep me") and a long one whose text fills pages of
     its own (the one damaged in :func:`_damage_long_chat`)."""
     store = ChatStore(path)
-    keep = store.create_chat("keep me")
+    keep = store.create_chat("keep me", sampling={"temperature": 0.35, "seed": 5})
     store.add_message(keep.id, "user", "hello")
     store.add_message(keep.id, "assistant", "hi there")
     long = store.create_chat("long one")
@@ -78,6 +78,7 @@ def test_a_damaged_database_keeps_its_readable_chats_in_the_new_one(tmp_path: Pa
         assert opened.moved_to is not None and opened.moved_to.read_bytes() == damaged
         chats = opened.store.chats()
         assert [c.title for c in chats] == ["keep me"] and opened.salvaged == 1
+        assert chats[0].sampling == {"temperature": 0.35, "seed": 5}  # its settings too
         assert [(m.role, m.content) for m in opened.store.messages(chats[0].id)] == [
             ("user", "hello"), ("assistant", "hi there")]
         assert "1 chat it still held whole is copied" in opened.notice()

@@ -385,7 +385,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         self.settings.setValue("window/geometry", self.saveGeometry())
         for key, splitter in self._splitters().items():
             self.settings.setValue(key, splitter.saveState())
-        self.settings.setValue("chat/sampling", self.chat_settings.values())
+        self.settings.setValue("chat/sampling", self.chat_settings.defaults)  # a new chat's
         self.settings.setValue("record_traces", self.recording)
         draft = self.chat_view.input.toPlainText()
         if draft.strip():

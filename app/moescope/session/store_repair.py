@@ -26,6 +26,7 @@ from moescope.session.store import (
     _stored_stats,
     _stored_text,
     is_corruption,
+    stored_sampling,
 )
 
 log = logging.getLogger(__name__)
@@ -126,11 +127,13 @@ def salvage(damaged: Path, store: ChatStore) -> int:
     copied = 0
     try:
         try:
-            chats = old.execute("SELECT id, title, system_prompt, model FROM chats "
-                                "ORDER BY updated, id").fetchall()
+            columns = {r[1] for r in old.execute("PRAGMA table_info(chats)")}
+            sampling = "sampling" if "sampling" in columns else "NULL"  # older than schema 3
+            chats = old.execute(f"SELECT id, title, system_prompt, model, {sampling} "
+                                "FROM chats ORDER BY updated, id").fetchall()
         except sqlite3.Error:
             return 0
-        for chat_id, title, system_prompt, model in chats:
+        for chat_id, title, system_prompt, model, settings in chats:
             try:
                 rows = old.execute("SELECT role, content, status, stats FROM messages "
                                    "WHERE chat_id=? ORDER BY position", (chat_id,)).fetchall()
@@ -138,7 +141,8 @@ def salvage(damaged: Path, store: ChatStore) -> int:
                              INTERRUPTED if status == GENERATING else _stored_text(status),
                              _stored_stats(stats)) for role, content, status, stats in rows]
                 store.add_chat(_stored_text(title) or "Recovered chat",
-                               _stored_text(system_prompt), _stored_text(model), messages)
+                               _stored_text(system_prompt), _stored_text(model), messages,
+                               stored_sampling(settings))
             except (sqlite3.Error, ValueError) as err:
                 log.warning("chat %s of the damaged database not copied: %s", chat_id, err)
                 continue

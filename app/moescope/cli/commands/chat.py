@@ -7,9 +7,13 @@ and slash commands that steer the cache live, as the window's controls do: ``/po
 kept. Ctrl+C stops an answer (what was generated stays in the conversation); Ctrl+C or
 Ctrl+D at an empty prompt quits. With stdin not a terminal it reads one message per line
 and prints only answers and summaries, so a session can be scripted (exit status 1 when
-a message got no answer). A thinking model's thoughts (``<think>`` or harmony
-channels, see ``model.reasoning``) print dim before the answer on a terminal, not at all
-in a script, and never go back into the conversation;
+a message got no answer). With ``--trace``, a recording that stopped before the end (a
+full disk, a file size limit) is said when it happens, the chat goes on, and the command
+exits with status 1 at the end, so a script does not take the trace for a whole one. The
+terminal chat keeps no history: the conversation lives in memory and ends with the
+command (``--trace`` records the cache's work, not a chat to reopen). A thinking model's
+thoughts (``<think>`` or harmony channels, see ``model.reasoning``) print dim before the
+answer on a terminal, not at all in a script, and never go back into the conversation;
 Ctrl+C while it thinks means "answer now" (the thoughts are closed and it answers), a
 second Ctrl+C stops.
 """
@@ -173,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
                 break
         if not tty and session.unanswered:  # a script learns that a message failed
             return 1
+        if session.recording_stopped is not None:  # said when it stopped; the trace is cut
+            return 1
     finally:
         if recording is not None:
             stop_reason = engine.last_answer.stop_reason
@@ -243,6 +249,9 @@ class ChatSession:
     unanswered: int = 0
     """Messages that got no answer (one that did not fit the context, a template that
     refused it): a scripted session with any ends with exit status 1."""
+    recording_stopped: RecordingStopped | None = None
+    """Why ``--trace``'s recording stopped before the session ended (None: it did not):
+    the command then ends with exit status 1."""
 
     _answer_prefix: str | None = field(default=None, init=False, repr=False)
 
@@ -343,7 +352,9 @@ class ChatSession:
                 self.recording.record(tok, self.engine)
 
     def _recording_stopped(self, stopped: RecordingStopped) -> None:
-        """A failed write (a full disk) stopped recording; the chat goes on."""
+        """A failed write (a full disk) stopped recording; the chat goes on, and the
+        command ends with exit status 1."""
+        self.recording_stopped = stopped
         said = re.sub(r"^\[Errno \d+\] ", "", stopped.error or "a write failed")
         self._error(f"recording stopped ({said}); the trace so far is in "
                     f"{live_trace_file(stopped.path)}")

@@ -9,6 +9,11 @@ again; Edit puts a user message (the last, or any through its header's link) bac
 box and Resend replaces it and everything after it; Branch copies the conversation up to a
 message into a new chat.
 
+Each chat keeps its own sampling settings (the *Chat settings* panel): shown when it is
+opened, saved with it at every change and again with each answer it is asked for (an edit
+whose save failed), so a chat reopened later samples as it did; a new chat starts from the
+user's defaults (see :mod:`.settings`).
+
 When the disk is full (or the database cannot be written) nothing is lost: a message that
 cannot be stored is not sent and stays in the box; an answer's text that cannot be stored
 stays on screen and in memory (:class:`PendingSave`) and is written with the next tokens,
@@ -121,6 +126,7 @@ class ChatController(QObject):
         chat_list.newRequested.connect(self.new_chat)
         chat_list.searchChanged.connect(self._search_changed)
         settings.system_prompt.textChanged.connect(self._system_prompt_edited)
+        settings.changed.connect(self._sampling_changed)
         client.tokens.connect(self.on_tokens)
         client.finished.connect(self.on_finished)
 
@@ -145,7 +151,7 @@ class ChatController(QObject):
             return self.chat_id or 0
         try:
             chat = self.store.create_chat(NEW_CHAT, self.settings.system_prompt.toPlainText(),
-                                          self.model_name)
+                                          self.model_name, self.settings.new_chat_values())
         except STORE_ERRORS as err:
             self.problem.emit("Could not create a chat", f"Saving failed: {err}.")
             return self.chat_id or 0
@@ -167,6 +173,7 @@ class ChatController(QObject):
         self.settings.system_prompt.blockSignals(True)
         self.settings.system_prompt.setPlainText(chat.system_prompt)
         self.settings.system_prompt.blockSignals(False)
+        self.settings.show_chat(chat.sampling)
         self.render()
         self.show_context()
         self.refresh_list()
@@ -221,6 +228,7 @@ class ChatController(QObject):
                 self.select_chat(remaining[0].id)
                 return
             self.view.render([], "No chat")
+            self.settings.show_chat(None)  # what the next chat starts with
             self.show_context()
             self._update_buttons()
         self.refresh_list()
@@ -251,6 +259,24 @@ class ChatController(QObject):
                                              self.settings.system_prompt.toPlainText())
             except STORE_ERRORS as err:  # saved again when the next message is sent
                 log.warning("could not save the system prompt: %s", err)
+
+    def _sampling_changed(self, _by_user: bool) -> None:
+        """The settings shown changed (the user's edit, or a loaded model's recommendation
+        taken): they are the current chat's, saved with it."""
+        if self.chat_id is not None:
+            try:
+                self.store.set_sampling(self.chat_id, self.settings.values())
+            except STORE_ERRORS as err:  # saved again when the next answer starts
+                log.warning("could not save the chat's settings: %s", err)
+
+    def _pin_sampling(self) -> None:
+        """Save the settings the answer samples with into the chat, where they differ from
+        what it has (an edit whose save failed, a chat from before settings were kept)."""
+        assert self.chat_id is not None
+        chat = self.store.chat(self.chat_id)
+        values = self.settings.values()
+        if chat is not None and chat.sampling != values:
+            self.store.set_sampling(self.chat_id, values)
 
     # ------------------------------------------------------------------ sending
     def send(self, text: str) -> bool:
@@ -431,6 +457,7 @@ class ChatController(QObject):
         try:
             if not self.flush_pending():  # an earlier answer's text first, in order
                 raise OSError(self.save_error)
+            self._pin_sampling()
             answer = self.store.add_message(self.chat_id, "assistant", self.answer_prefix,
                                             GENERATING)
         except STORE_ERRORS as err:

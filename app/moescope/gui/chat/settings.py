@@ -1,16 +1,28 @@
 """System prompt and sampling settings of the current chat (temperature, top-p, top-k,
-max tokens, seed, thinking). Plain widgets; the window saves them (QSettings, chat store).
+max tokens, seed, thinking). Plain widgets; the controller saves them with the chat (chat
+store), the window the user's defaults (QSettings).
+
+Each chat keeps its own settings: opening a chat shows (and samples with) what it was
+given; a change applies to the chat shown and is saved with it. A new chat starts from
+the user's defaults: the settings last chosen in the panel (in any chat), or MoEScope's
+own until then. A chat from before settings were kept per chat has none saved: it is
+shown with the user's defaults, and keeps them once it is sent to or edited.
 
 A model whose GGUF recommends sampling (``general.sampling.*``: Qwen3's temperature 0.6,
 top-p 0.95, top-k 20) has it shown under the settings, with *Use* to take it; while the
 settings are MoEScope's own defaults, or were the previous model's recommendation, a newly
 loaded model's recommendation replaces them at once, as llama-server uses it for whatever
-is not set. Its min-p and repeat penalty, which the panel does not show, apply as they are."""
+is not set. Its min-p and repeat penalty, which the panel does not show, apply as they are.
+A chat whose settings follow the model's recommendation (``from_model``) follows the model
+loaded when it is opened; a chat whose settings the user chose keeps them."""
 
 from __future__ import annotations
 
 import contextlib
+import math
+from collections.abc import Mapping
 
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
@@ -39,7 +51,36 @@ THINKING_LABELS = {
 NO_SWITCH_TIP = "This model's chat template has no thinking switch"
 
 
+def _rounded(values: Mapping[str, object]) -> dict[str, float | int] | None:
+    """The three values the panel shows, as it shows them (None: one is not a number)."""
+    try:
+        return {"temperature": round(float(values["temperature"]), 2),  # type: ignore[arg-type]
+                "top_p": round(float(values["top_p"]), 2),  # type: ignore[arg-type]
+                "top_k": int(float(values["top_k"]))}  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+
+
+def follow_model(values: Mapping[str, object], recommended: Mapping[str, float | int], *,
+                 at_defaults_too: bool = True) -> dict[str, object]:
+    """``values`` with a loaded model's recommendation taken where the panel's rule takes
+    it: when they follow the model (``from_model``) or, with ``at_defaults_too``, are
+    MoEScope's own defaults; what the model leaves unsaid is MoEScope's default."""
+    out = dict(values)
+    follows = out.get("from_model") in (True, "true")
+    if not follows and at_defaults_too:
+        follows = _rounded(out) == _rounded(DEFAULTS)
+    if follows:
+        out.update({**DEFAULTS, **{k: v for k, v in recommended.items() if k in DEFAULTS}})
+        out["from_model"] = True
+    return out
+
+
 class ChatSettingsPanel(QWidget):
+    changed = Signal(bool)
+    """The settings shown changed: by the user (True: an edit, *Use*) or by a loaded
+    model's recommendation (False); not when a chat's saved settings are shown."""
+
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         outer = QVBoxLayout(self)
@@ -73,11 +114,14 @@ class ChatSettingsPanel(QWidget):
         form.addRow("Thin&king", self.thinking)
         self._wanted_thinking = THINKING_DEFAULT
         """The saved choice, kept while a model without it is loaded."""
-        self.thinking.activated.connect(
-            lambda _i: setattr(self, "_wanted_thinking", self.thinking.currentData()))
+        self._listing = False  # the choices are being listed anew: not the user's choice
+        self._restoring = False  # a chat's saved settings are being shown: no change
+        self.thinking.currentIndexChanged.connect(self._thinking_chosen)
         self.set_thinking_choices((THINKING_DEFAULT,))
         # the loaded model's recommendation, and whether the settings shown are it
         self.model_sampling: dict[str, float | int] = {}
+        self.model_known = False
+        """A model's recommendation (or its lack) was set: a loaded model's rule applies."""
         self.from_model = False
         self._setting = False  # the panel itself is setting values: not the user's edit
         self.model_note = QLabel()
@@ -97,15 +141,39 @@ class ChatSettingsPanel(QWidget):
         outer.insertWidget(1, self.model_row)
         for widget in (self.temperature, self.top_p, self.top_k):
             widget.valueChanged.connect(self._edited)
+        for widget in (self.max_tokens, self.seed):
+            widget.valueChanged.connect(self._other_edited)
+        self.defaults: dict[str, object] = self.values()
+        """What a new chat starts from: the settings last chosen by the user (restored
+        with the window's settings), before a loaded model's rule."""
 
     def _shown(self) -> dict[str, float | int]:
         return {"temperature": round(self.temperature.value(), 2),
                 "top_p": round(self.top_p.value(), 2), "top_k": self.top_k.value()}
 
     def _edited(self) -> None:
+        if self._restoring:
+            return
         if not self._setting:
             self.from_model = False
         self._show_model_row()
+        if not self._setting:
+            self._user_changed()
+
+    def _other_edited(self) -> None:
+        if not self._restoring:
+            self._user_changed()
+
+    def _thinking_chosen(self, _index: int) -> None:
+        if self._restoring or self._listing or self.thinking.currentData() is None:
+            return
+        self._wanted_thinking = self.thinking.currentData()
+        self._user_changed()
+
+    def _user_changed(self) -> None:
+        """The user chose these settings: they are the next new chat's too."""
+        self.defaults = self.values()
+        self.changed.emit(True)
 
     def _show_model_row(self) -> None:
         shown = {k: v for k, v in self.model_sampling.items() if k in DEFAULTS}
@@ -119,18 +187,22 @@ class ChatSettingsPanel(QWidget):
         """The loaded model's recommended sampling ({} for none): shown, and taken at once
         while the settings are MoEScope's defaults or the previous model's."""
         self.model_sampling = dict(values)
-        at_defaults = self._shown() == {k: round(float(v), 2) if k != "top_k" else int(v)
-                                        for k, v in DEFAULTS.items()}
-        if self.from_model or at_defaults:
-            self._set_shown({**DEFAULTS, **values})
+        self.model_known = True
+        shown = self.values()
+        taken = follow_model(shown, values)
+        if taken.get("from_model") is True:
+            self._set_shown(taken)  # type: ignore[arg-type]
             self.from_model = True
         self._show_model_row()
+        if self.values() != shown:  # the chat shown samples with them: saved with it
+            self.changed.emit(False)
 
     def apply_model_sampling(self) -> None:
         """*Use*: the model's recommended values in the settings."""
         self._set_shown({**self._shown(), **self.model_sampling})
         self.from_model = True
         self._show_model_row()
+        self._user_changed()
 
     def _set_shown(self, values: dict[str, float | int]) -> None:
         self._setting = True
@@ -144,11 +216,15 @@ class ChatSettingsPanel(QWidget):
     def set_thinking_choices(self, choices: tuple[str, ...]) -> None:
         """Offer the thinking settings the loaded model's template understands; the choice
         made earlier is kept when the new model offers it too."""
-        self.thinking.clear()
-        for choice in choices:
-            self.thinking.addItem(THINKING_LABELS.get(choice, choice), choice)
-        index = self.thinking.findData(self._wanted_thinking)
-        self.thinking.setCurrentIndex(max(index, 0))
+        self._listing = True
+        try:
+            self.thinking.clear()
+            for choice in choices:
+                self.thinking.addItem(THINKING_LABELS.get(choice, choice), choice)
+            index = self.thinking.findData(self._wanted_thinking)
+            self.thinking.setCurrentIndex(max(index, 0))
+        finally:
+            self._listing = False
         switch = len(choices) > 1
         self.thinking.setEnabled(switch)
         self.thinking.setToolTip(
@@ -189,19 +265,53 @@ class ChatSettingsPanel(QWidget):
                 "seed": self.seed.value(), "thinking": self._wanted_thinking,
                 "from_model": self.from_model}
 
-    def set_values(self, values: dict[str, object]) -> None:
-        """Restore saved values; unknown or malformed entries keep the defaults."""
-        for key, widget in (("temperature", self.temperature), ("top_p", self.top_p)):
-            with contextlib.suppress(KeyError, TypeError, ValueError):
-                widget.setValue(float(values[key]))  # type: ignore[arg-type]
-        for key, iwidget in (("top_k", self.top_k), ("max_tokens", self.max_tokens),
-                             ("seed", self.seed)):
-            with contextlib.suppress(KeyError, TypeError, ValueError):
-                iwidget.setValue(int(float(values[key])))  # type: ignore[arg-type]
-        self.from_model = values.get("from_model") in (True, "true")  # an INI says "true"
-        wanted = values.get("thinking")
-        if isinstance(wanted, str) and wanted in THINKING_LABELS:
-            self._wanted_thinking = wanted
-            index = self.thinking.findData(wanted)
-            if index >= 0:
-                self.thinking.setCurrentIndex(index)
+    def set_values(self, values: Mapping[str, object]) -> None:
+        """Restore the user's defaults (the window's settings at start): shown, and what
+        a new chat starts from; unknown or malformed entries keep MoEScope's own."""
+        self._apply(self.defaults)
+        self._apply(values)
+        self.defaults = self.values()
+
+    def show_chat(self, saved: Mapping[str, object] | None) -> None:
+        """Show a chat's saved settings (None or {}: it has none: a new chat's, from the
+        user's defaults), without it counting as a change. Malformed saved entries keep
+        the user's defaults. Settings that follow the model's recommendation follow the
+        model loaded now; saved ones the user chose stay as they are."""
+        self._apply(self.defaults)  # what a malformed saved entry leaves
+        self._apply(saved or {})
+        if self.model_known:
+            self._apply(follow_model(self.values(), self.model_sampling,
+                                     at_defaults_too=not saved))
+
+    def new_chat_values(self) -> dict[str, object]:
+        """The settings a new chat starts with (the user's defaults, the loaded model's
+        recommendation where the rule takes it), as :meth:`values` gives them."""
+        values = dict(self.defaults)
+        if self.model_known:
+            values = follow_model(values, self.model_sampling)
+        return values
+
+    def _apply(self, values: Mapping[str, object]) -> None:
+        """Set every setting from ``values`` (no change signalled); a missing, malformed
+        or non-finite entry leaves the setting as it is."""
+        self._restoring = True
+        try:
+            for key, widget in (("temperature", self.temperature), ("top_p", self.top_p)):
+                with contextlib.suppress(KeyError, TypeError, ValueError):
+                    number = float(values[key])  # type: ignore[arg-type]
+                    if math.isfinite(number):
+                        widget.setValue(number)
+            for key, iwidget in (("top_k", self.top_k), ("max_tokens", self.max_tokens),
+                                 ("seed", self.seed)):
+                with contextlib.suppress(KeyError, TypeError, ValueError, OverflowError):
+                    iwidget.setValue(int(float(values[key])))  # type: ignore[arg-type]
+            if "from_model" in values:
+                self.from_model = values["from_model"] in (True, "true")  # an INI: "true"
+            wanted = values.get("thinking")
+            if isinstance(wanted, str) and wanted in THINKING_LABELS:
+                self._wanted_thinking = wanted
+                index = self.thinking.findData(wanted)
+                self.thinking.setCurrentIndex(max(index, 0))
+        finally:
+            self._restoring = False
+        self._show_model_row()
