@@ -99,3 +99,14 @@ def test_a_trace_holding_the_surrogate_reads_back_escaped(
     assert read_trace(out).header.model.file_name == ESCAPED
     _replays(out, tmp_path)
     capsys.readouterr()
+
+
+def test_a_stream_so_recorded_compacts(odd_copy: Path, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    stream = tmp_path / "run.arrows"
+    assert main(["generate", str(odd_copy), "-n", "3", "--trace", str(stream)]) == 0
+    out = tmp_path / "run.parquet"
+    assert main(["trace", "compact", "--keep", str(stream), str(out)]) == 0
+    assert read_trace(out).header.model.file_name == ESCAPED
+    _replays(out, tmp_path)
+    capsys.readouterr()
