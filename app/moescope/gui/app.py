@@ -19,6 +19,7 @@ from moescope.gui.main_window import MainWindow
 from moescope.gui.theme import apply_theme
 from moescope.session.store import UnreadableChatsError, is_corruption
 from moescope.session.store_repair import open_chat_store
+from moescope.trace.schema import utf8_name
 from moescope.util import paths
 from moescope.util.resources import resources_dir
 
@@ -39,13 +40,22 @@ DESKTOP_ID = "io.github.moescope.MoEScope"
 """The freedesktop application id (packaging/linux/)."""
 
 
+def qt_arguments(argv: Sequence[str]) -> list[str]:
+    """``argv`` as Qt may take it: each argument UTF-8 text. A model file name that is not
+    UTF-8 (``moescope demo-$'\\xff'.gguf``, which Python holds with lone surrogates)
+    crashed ``QApplication`` (a segmentation fault converting it); such an argument is
+    handed over with its bytes escaped (``\\xff``). Qt only looks for its own options
+    there (``-platform``, ``-style``…); the model is taken from the unescaped list."""
+    return [utf8_name(str(a)) for a in argv]
+
+
 def create_app(argv: Sequence[str] | None = None) -> QApplication:
     """The QApplication with MoEScope's names, icon and dark theme (reused if one exists,
     e.g. under pytest-qt)."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     existing = QApplication.instance()
     app = existing if isinstance(existing, QApplication) else QApplication(
-        list(argv if argv is not None else sys.argv))
+        qt_arguments(argv if argv is not None else sys.argv))
     app.setApplicationName("MoEScope")
     app.setOrganizationName("MoEScope")
     app.setApplicationVersion(__version__)

@@ -55,7 +55,7 @@ from moescope.gui.dialogs.about import AboutDialog
 from moescope.gui.dialogs.compare import CompareDialog
 from moescope.gui.dialogs.shortcuts import ShortcutsDialog
 from moescope.gui.menus import MENU_POLICIES, WindowMenus
-from moescope.gui.model_loading import ModelLoading, budget_percent
+from moescope.gui.model_loading import ModelLoading, budget_percent, found_on_disk, shown_path
 from moescope.gui.preferences import PreferencesFeature, read_preferences
 from moescope.gui.serve import ServeFeature
 from moescope.gui.traces.session_list import SessionsDialog
@@ -400,10 +400,13 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
             self.setWindowTitle("MoEScope")
             self.model_label.setText(NO_MODEL)
             return
-        self.setWindowTitle(f"{m.name} — MoEScope")
+        # the file's name where the model has none: a byte of it that is not UTF-8, which
+        # Qt would drop, written \xff
+        name = shown_path(m.name)
+        self.setWindowTitle(f"{name} — MoEScope")
         cache = (f"{m.slots_per_layer}/{m.n_expert} expert slots per layer · "
                  f"{m.n_moe_layers} MoE layers" if m.cache_enabled else "expert cache off")
-        parts = [m.name, m.architecture, cache, f"context {m.n_ctx}"]
+        parts = [name, m.architecture, cache, f"context {m.n_ctx}"]
         self.model_label.setText(" · ".join(p for p in parts if p))  # a dense model: no arch
 
     # ------------------------------------------------------------------ live control
@@ -595,7 +598,7 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
             event.acceptProposedAction()
 
     def dropEvent(self, event: QDropEvent) -> None:
-        path = event.mimeData().urls()[0].toLocalFile()
+        path = found_on_disk(event.mimeData().urls()[0].toLocalFile())
         event.acceptProposedAction()
         if path.lower().endswith(TRACE_SUFFIXES):
             self.open_trace(path)

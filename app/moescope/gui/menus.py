@@ -14,6 +14,7 @@ from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 
 from moescope.display.policy_choices import POLICY_TIPS
 from moescope.gui.hub import show_get_models
+from moescope.gui.model_loading import shown_path
 
 if TYPE_CHECKING:
     from moescope.gui.main_window import MainWindow
@@ -150,7 +151,7 @@ class WindowMenus(_Window):
         self.recent_menu.clear()
         recent = self.recent_models()
         for path in recent:
-            action = self.recent_menu.addAction(Path(path).name)
-            action.setStatusTip(path)
+            action = self.recent_menu.addAction(shown_path(Path(path).name))
+            action.setStatusTip(shown_path(path))
             action.triggered.connect(lambda _=False, p=path: self.prepare_open(p))
         self.recent_menu.setEnabled(bool(recent))

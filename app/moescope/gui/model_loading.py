@@ -12,10 +12,12 @@ import dataclasses
 import hashlib
 import logging
 import math
+import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from PySide6.QtCore import QByteArray
 from PySide6.QtWidgets import QFileDialog
 
 from moescope.gui.chat.welcome import has_get_models, welcome_html
@@ -24,6 +26,7 @@ from moescope.gui.worker import LoadRequest
 from moescope.model.gguf_info import read_model_info
 from moescope.model.ram_fit import is_auto
 from moescope.session.snapshots import ModelSummary
+from moescope.trace.schema import utf8_name
 from moescope.util import paths
 from moescope.util.errors import MoEScopeError
 from moescope.util.resources import demo_model_path
@@ -51,7 +54,52 @@ def model_key(path: str | Path) -> str:
     model names the first), so budget, policy and context are remembered per model."""
     p = Path(path).expanduser().resolve()
     name = re.sub(r"-\d{5}-of-(\d{5})\.gguf$", r"-00001-of-\1.gguf", p.name)
-    return "model-" + hashlib.sha1(str(p.with_name(name)).encode()).hexdigest()[:16]
+    # the name's bytes (the same as its UTF-8 for a UTF-8 name): one that is not UTF-8
+    # (lone surrogates) could not be encoded
+    return "model-" + hashlib.sha1(os.fsencode(p.with_name(name))).hexdigest()[:16]
+
+
+def path_setting(path: str) -> str | QByteArray:
+    """``path`` as the settings keep it: text, or where its name is not UTF-8 (a byte
+    Python holds as a lone surrogate) its bytes, a ``@ByteArray`` in the settings file.
+    QSettings drops a lone surrogate from a string: the path stored as text named another
+    file (``demo-.gguf`` for ``demo-\\xff.gguf``), which was then "no longer there"."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return QByteArray(os.fsencode(path))
+    return path
+
+
+def setting_path(value: object) -> str:
+    """A path read back from the settings (as :func:`path_setting` stored it); "" for
+    anything else (an edited settings file)."""
+    if isinstance(value, QByteArray | bytes | bytearray):
+        return os.fsdecode(bytes(value)) if len(value) else ""
+    return value if isinstance(value, str) else ""
+
+
+def shown_path(path: str | Path) -> str:
+    """``path`` as the window writes it: a byte that is not UTF-8 written ``\\xff`` (as the
+    server's model id and the trace's model name are), which Qt would drop."""
+    return utf8_name(str(path))
+
+
+def found_on_disk(path: str) -> str:
+    """The file a path from Qt names (the file dialog, a drop). Qt decodes a file name as
+    UTF-8 with U+FFFD for each byte that is not: ``demo-\\ufffd.gguf`` names no file. Where
+    ``path`` is missing and its folder holds exactly one file whose name decodes so, that
+    file's (Python's) path; else ``path`` as it is."""
+    if "\ufffd" not in path or os.path.exists(path):
+        return path
+    folder, name = os.path.split(path)
+    try:
+        entries = os.listdir(folder or ".")
+    except OSError:
+        return path
+    fits = [e for e in entries if e != name and os.fsencode(e).decode("utf-8", "replace")
+            == name]
+    return os.path.join(folder, fits[0]) if len(fits) == 1 else path
 
 
 class ModelLoading(_Window):
@@ -59,14 +107,19 @@ class ModelLoading(_Window):
 
     def recent_models(self) -> list[str]:
         value = self.settings.value("recent_models", [])
-        if isinstance(value, str):
+        if not isinstance(value, list):  # one entry reads back as itself
             value = [value]
-        return [str(v) for v in (value or [])]
+        return [p for p in (setting_path(v) for v in value) if p]
+
+    def last_model(self) -> str:
+        """The model opened last ("" when none was)."""
+        return setting_path(self.settings.value("last_model", ""))
 
     def _remember_model(self, path: str) -> None:
         recent = [path] + [p for p in self.recent_models() if p != path]
-        self.settings.setValue("recent_models", recent[:MAX_RECENT])
-        self.settings.setValue("last_model", path)
+        self.settings.setValue("recent_models",
+                               [path_setting(p) for p in recent[:MAX_RECENT]])
+        self.settings.setValue("last_model", path_setting(path))
         self._rebuild_recent_menu()
 
     # ------------------------------------------------------------------ model
@@ -75,13 +128,13 @@ class ModelLoading(_Window):
         path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", str(start),
                                               "GGUF models (*.gguf);;All files (*)")
         if path:
-            self.prepare_open(path)
+            self.prepare_open(found_on_disk(path))
 
     def _open_dialog_start(self) -> str:
         """The last model opened, unless that is the bundled demo (every first start):
         then the models folder, where Get models puts downloads, rather than the folder
         inside the checkout or bundle that the demo ships in."""
-        last = str(self.settings.value("last_model", "") or "")
+        last = self.last_model()
         demo = demo_model_path()
         if last and demo is not None:
             try:
@@ -89,6 +142,9 @@ class ModelLoading(_Window):
                     last = ""
             except OSError:  # gone or unreadable: the dialog copes with a missing file
                 pass
+        # a folder rather than the file where its name is not UTF-8 (Qt would drop the byte)
+        if last and shown_path(last) != last:
+            last = os.path.dirname(last)
         return last or str(paths.models_dir())
 
     def prepare_open(self, path: str | Path) -> None:
@@ -163,7 +219,7 @@ class ModelLoading(_Window):
         self.loading = True
         self.chat.model_loaded = False
         self.chat._update_buttons()
-        self.model_label.setText(f"Loading {Path(request.path).name}…")
+        self.model_label.setText(f"Loading {shown_path(Path(request.path).name)}…")
         self.progress.setValue(0)
         self.progress.show()
         self.cancel_load_button.setEnabled(True)
@@ -276,16 +332,16 @@ class ModelLoading(_Window):
 
     def autoload(self, model: str | Path | None = None) -> bool:
         """Load ``model``, else the last model, else the bundled demo model."""
-        last = str(self.settings.value("last_model", "") or "")
+        last = self.last_model()
         candidates = [model, last, demo_model_path()]
         for candidate in candidates:
             if candidate and Path(str(candidate)).is_file():
                 if last and candidate != last and not model:  # the last one is gone
                     # said when the load ends, or the progress line would cover it
+                    opened = ("the demo model" if candidate == candidates[-1]
+                              else shown_path(candidate))
                     self._autoload_notice = (
-                        f"The last model, {last}, is no longer there (moved, deleted or "
-                        f"on a drive not mounted): opened "
-                        f"{'the demo model' if candidate == candidates[-1] else candidate}"
-                        f" instead.")
+                        f"The last model, {shown_path(last)}, is no longer there (moved, "
+                        f"deleted or on a drive not mounted): opened {opened} instead.")
                 return self.load_model(str(candidate))
         return False

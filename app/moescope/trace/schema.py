@@ -45,6 +45,20 @@ _EVENT_SCALARS = ("step", "layer", "token", "k", "substituted_mass", "n_hit", "n
                   "bytes_disk")
 
 
+def utf8_name(name: str) -> str:
+    """A model's file name as the trace keeps it: UTF-8 text, each byte of it that is not
+    UTF-8 (which Python holds as a lone surrogate, ``surrogateescape``) written as its
+    escape, ``\\xff``; a UTF-8 name as it is. The server's model id is written the same
+    way (``moescope.server.service.utf8_name``). JSON Lines, Arrow and Parquet metadata
+    carry UTF-8 only: the surrogate could not be written (the recording failed), or was
+    written as JSON's ``\\udcff`` and broke whatever printed the name read back."""
+    try:
+        raw = name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no file system byte gives: its escape
+        raw = name.encode("utf-8", "backslashreplace")
+    return raw.decode("utf-8", "backslashreplace")
+
+
 class TraceFormatError(MoEScopeError):
     """A trace file is not a valid MoEScope trace; the message names the line."""
 
@@ -86,7 +100,8 @@ class TraceModel:
             weights = sum(t.bytes_per_expert for t in tensors if t.part == "weight")
             per_layer.append(int(weights or info.bytes_per_expert[layer]))
         return cls(
-            file_name=str(info.file_name), metadata_sha256=str(info.metadata_sha256),
+            file_name=utf8_name(str(info.file_name)),
+            metadata_sha256=str(info.metadata_sha256),
             architecture=str(info.architecture), n_layers=int(info.n_layers),
             moe_layers=tuple(int(x) for x in info.moe_layers), n_expert=int(info.n_expert),
             top_k=int(info.top_k), bytes_per_expert=tuple(per_layer),
@@ -105,7 +120,8 @@ class TraceModel:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> TraceModel:
         return cls(
-            file_name=str(d["file_name"]), metadata_sha256=str(d["metadata_sha256"]),
+            file_name=utf8_name(str(d["file_name"])),
+            metadata_sha256=str(d["metadata_sha256"]),
             architecture=str(d["architecture"]), n_layers=int(d["n_layers"]),
             moe_layers=tuple(int(x) for x in d["moe_layers"]), n_expert=int(d["n_expert"]),
             top_k=int(d["top_k"]), bytes_per_expert=tuple(int(x) for x in d["bytes_per_expert"]),

@@ -40,6 +40,7 @@ from moescope.trace.schema import (
     TraceFormatError,
     TraceHeader,
     TraceModel,
+    utf8_name,
 )
 
 MAX_LAYERS = 1024
@@ -279,7 +280,8 @@ def _model_from_json(raw: Any) -> TraceModel:
         raise ValueError("bytes_per_expert needs one entry per MoE layer")
     _within(per_expert, "model.bytes_per_expert[{}]", 0, _MAX_BYTES)
     return TraceModel(
-        file_name=_text(_get(d, "file_name", "model."), "model.file_name"),
+        # a trace written before names were escaped holds the byte as JSON's \udcff
+        file_name=utf8_name(_text(_get(d, "file_name", "model."), "model.file_name")),
         metadata_sha256=_text(_get(d, "metadata_sha256", "model."), "model.metadata_sha256"),
         architecture=_text(_get(d, "architecture", "model."), "model.architecture"),
         n_layers=n_layers, moe_layers=tuple(moe.tolist()), n_expert=n_expert, top_k=top_k,
