@@ -171,12 +171,17 @@ def data_folder_error_text(err: BaseException) -> str:
 
 
 def _quit_on_sigint(window: MainWindow) -> None:
-    """Ctrl+C in the terminal closes the window cleanly (stops an answer, saves chats).
+    """Ctrl+C in the terminal, ``kill`` (SIGTERM: a logout, a session manager, systemd) and a
+    closed terminal (SIGHUP) close the window cleanly: an answer stops and is saved, the
+    session's trace is finished (its journal compacted), as File → Quit does.
 
     Qt's event loop runs in C++, so Python's signal handler only runs when some Python code
     does: a 200 ms timer gives it that chance.
     """
-    signal.signal(signal.SIGINT, lambda *_: window.close())
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        number = getattr(signal, name, None)  # SIGHUP: not on Windows
+        if number is not None:
+            signal.signal(number, lambda *_: window.close())
     timer = QTimer(window)
     timer.timeout.connect(lambda: None)
     timer.start(200)

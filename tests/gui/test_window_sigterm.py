@@ -1,0 +1,45 @@
+"""``kill`` (SIGTERM) and a closed terminal (SIGHUP) close the window as File → Quit does:
+the process exits 0 and the session's trace is finished (its journal compacted into the
+trace file), not left for the next start to finish (new-user review, 2026-12-04)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moescope.trace import read_trace
+from moescope.util.resources import demo_model_path
+
+HERE = Path(__file__).parent
+CHILD_TIMEOUT_S = 120
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_quits_cleanly_and_finishes_the_trace(tmp_path: Path,
+                                                       sig: signal.Signals) -> None:
+    model = demo_model_path()
+    assert model is not None
+    env = dict(os.environ, MOESCOPE_DATA_DIR=str(tmp_path / "data"),
+               QT_QPA_PLATFORM="offscreen", OPENBLAS_NUM_THREADS="1")
+    child = subprocess.Popen([sys.executable, str(HERE / "sigterm_target.py"), str(model)],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline().decode().split()
+        assert line[:1] == ["answered"], child.stderr.read().decode(errors="replace")[-2000:]
+        trace = Path(line[1])
+        child.send_signal(sig)
+        code = child.wait(timeout=CHILD_TIMEOUT_S)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert code == 0
+    assert trace.is_file() and trace.suffix == ".parquet"
+    assert not any(p.name.endswith(".journal.arrows") for p in trace.parent.iterdir())
+    assert len(read_trace(trace).tokens) > 0
