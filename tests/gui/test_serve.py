@@ -153,3 +153,21 @@ def test_the_panel_offers_the_address_and_port_it_last_served_on(
     third.serve.show_panel()
     assert third.serve.panel.port.value() == 8080
     assert third.serve.panel.host.text() == "127.0.0.1"
+
+
+def test_the_status_bar_says_while_serving_after_the_panel_closes(window: Any) -> None:
+    """Serving goes on when the *Serve API* window is closed: the main window's status bar
+    shows the address, opens that window on a click, and hides when serving stops."""
+    assert window.serving_button.isHidden()
+    window.serve.show_panel()
+    panel = window.serve.panel
+    panel.port.setValue(_free_port())
+    panel.button.click()
+    assert window.serve.serving, panel.error.text()
+    panel.close()
+    assert not window.serving_button.isHidden()
+    assert window.serve.url in window.serving_button.text()
+    window.serving_button.click()
+    assert panel.isVisible()
+    panel.button.click()  # stop
+    assert not window.serve.serving and window.serving_button.isHidden()

@@ -316,6 +316,23 @@ class MainWindow(WindowMenus, ModelLoading, ChatActions, SessionTraces, Preferen
         tooltip_follows_message(self.statusBar())
         self.statusBar().addPermanentWidget(self.progress)
         self.statusBar().addPermanentWidget(self.cancel_load_button)
+        # File → Serve API… keeps serving when its window is closed: say so here, where the
+        # user looks, and open that window on a click (new-user review: nothing did)
+        self.serving_button = QPushButton()
+        self.serving_button.setFlat(True)
+        self.serving_button.setAccessibleName("API server status")
+        self.serving_button.clicked.connect(self.serve.show_panel)
+        self.serving_button.hide()
+        self.statusBar().addPermanentWidget(self.serving_button)
+        self.serve.servingChanged.connect(self._show_serving)
+
+    def _show_serving(self, serving: bool) -> None:
+        """The status bar's API indicator: the address while serving, hidden otherwise."""
+        self.serving_button.setVisible(serving)
+        if serving:
+            self.serving_button.setText(f"API: serving at {self.serve.url}")
+            self.serving_button.setToolTip("Other programs can use the loaded model through "
+                                           "this address. Click to see requests or stop.")
 
     def _connect(self) -> None:
         w = self.client

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from PySide6.QtCore import QSize
+from PySide6.QtCore import QEvent, QSize, QTimer
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -165,6 +165,7 @@ class PreferencesDialog(QDialog):
         profile = QLabel(f"Chats and settings stay in {paths.data_dir()} "
                          f"(set {paths.ENV_DATA_DIR} to move them).")
         profile.setObjectName("statsLabel")
+        self.profile_note = profile
         profile.setWordWrap(True)
         form.addRow(profile)
         self.record = QCheckBox("&Record session traces")
@@ -242,6 +243,41 @@ class PreferencesDialog(QDialog):
                 if not os.access(path, os.W_OK | os.X_OK):
                     return f"The {name} {path} cannot be written to."
         return ""
+
+    def changeEvent(self, event: QEvent) -> None:
+        """A font size applied from the dialog (Apply) grows its rows: the dialog grows with
+        them once Qt has laid them out in the new font. Its wrapped note's height depends on
+        the width, which a dialog's minimum size does not count, so the note was cut off
+        under the Data folder row (new-user review, 12 pt at 1366x768)."""
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.FontChange:
+            self._fit_pending = True
+
+    def event(self, event: QEvent) -> bool:
+        """After a font change, each relayout the new font brings (the rows' hints change
+        one by one) fits the dialog again."""
+        done = super().event(event)
+        if event.type() == QEvent.Type.LayoutRequest and getattr(self, "_fit_pending", False):
+            QTimer.singleShot(0, self, self.fit_to_contents)  # not after the dialog is gone
+        return done
+
+    def fit_to_contents(self) -> None:
+        """At least as large as its rows need at the current width (the wrapped lines
+        included), within the screen."""
+        layout = self.layout()
+        if layout is None:
+            return
+        layout.activate()
+        width = max(self.width(), self.sizeHint().width())
+        height = max(self.height(), self.sizeHint().height())
+        if layout.hasHeightForWidth():
+            height = max(height, layout.totalHeightForWidth(width))
+        screen = self.screen()
+        if screen is not None:
+            room = screen.availableGeometry()
+            width, height = min(width, room.width()), min(height, room.height())
+        if (width, height) != (self.width(), self.height()):
+            self.resize(width, height)
 
     def apply(self) -> bool:
         """Hand the values to the window; False (and the reason shown) when a folder is
