@@ -47,7 +47,7 @@ def test_moescope_name_starts_loads_chats_and_remembers_it(
     the last and recent model and opens it again."""
     env = dict(os.environ, MOESCOPE_DATA_DIR=str(data_dir), QT_QPA_PLATFORM="offscreen",
                OPENBLAS_NUM_THREADS="1")
-    child = subprocess.run([sys.executable, str(HERE / "odd_name_target.py"),
+    child = subprocess.run([sys.executable, str(HERE / "window_child.py"),
                             os.fsencode(odd)], env=env, capture_output=True,
                            timeout=CHILD_TIMEOUT_S)
     assert child.returncode == 0, (child.returncode,

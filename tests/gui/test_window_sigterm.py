@@ -4,6 +4,7 @@ trace file), not left for the next start to finish (new-user review, 2026-12-04)
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -26,13 +27,16 @@ def test_a_signal_quits_cleanly_and_finishes_the_trace(tmp_path: Path,
     assert model is not None
     env = dict(os.environ, MOESCOPE_DATA_DIR=str(tmp_path / "data"),
                QT_QPA_PLATFORM="offscreen", OPENBLAS_NUM_THREADS="1")
-    child = subprocess.Popen([sys.executable, str(HERE / "sigterm_target.py"), str(model)],
+    child = subprocess.Popen([sys.executable, str(HERE / "window_child.py"), "--stay",
+                              str(model)],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert child.stdout is not None
-        line = child.stdout.readline().decode().split()
-        assert line[:1] == ["answered"], child.stderr.read().decode(errors="replace")[-2000:]
-        trace = Path(line[1])
+        line = child.stdout.readline().decode()
+        assert line, child.stderr.read().decode(errors="replace")[-2000:]
+        seen = json.loads(line)  # the answer is in and saved
+        assert seen["tokens"] > 0 and seen["trace"]
+        trace = Path(os.fsdecode(bytes.fromhex(seen["trace"])))
         child.send_signal(sig)
         code = child.wait(timeout=CHILD_TIMEOUT_S)
     finally:

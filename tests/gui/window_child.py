@@ -1,9 +1,10 @@
-"""Child process for the odd-name test: ``moescope MODEL.gguf`` as a user starts it (the
-command line's own ``main``, so ``sys.argv`` holds the name Python decoded with lone
-surrogates), with a hook on the window: once the model loads, one short chat answer; then
-one JSON line (what the window shows and saved) and the window closes.
+"""Child process for the window tests that need a process of their own: ``moescope MODEL``
+as a user starts it (the command line's own ``main``, so ``sys.argv`` holds a name Python
+decoded with lone surrogates), with a hook on the window: once the model loads, one short
+chat answer; then one JSON line (what the window shows and saved), and the window closes,
+or with ``--stay`` (taken out of the arguments first) stays open for the parent to signal.
 
-Run as ``python odd_name_target.py MODEL.gguf`` with MOESCOPE_DATA_DIR and
+Run as ``python window_child.py [--stay] MODEL.gguf`` with MOESCOPE_DATA_DIR and
 QT_QPA_PLATFORM=offscreen set.
 """
 
@@ -18,6 +19,9 @@ from moescope.cli import main
 from moescope.gui.main_window import MainWindow
 
 _autoload = MainWindow.autoload
+STAY = "--stay" in sys.argv
+if STAY:
+    sys.argv.remove("--stay")
 
 
 def autoload(self: MainWindow, model: Any = None) -> bool:
@@ -38,7 +42,8 @@ def autoload(self: MainWindow, model: Any = None) -> bool:
         seen["answer"] = self.store.messages(self.chat.chat_id)[-1].content
         seen["trace"] = os.fsencode(self.trace_path).hex() if self.trace_path else ""
         print(json.dumps(seen), flush=True)
-        self.close()
+        if not STAY:
+            self.close()
 
     self.modelLoaded.connect(loaded)
     self.chat.answerFinished.connect(finished)
