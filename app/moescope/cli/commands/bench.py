@@ -48,6 +48,7 @@ from moescope.cli.options import (
     print_load_notes,
 )
 from moescope.util.errors import MoEScopeError
+from moescope.util.words import plural
 
 if TYPE_CHECKING:
     from moescope.cache.policy import Policy
@@ -231,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
         print_load_notes(loaded)
         prompt_tokens = len(engine.tokenize(args.prompt, add_bos=True, special=True))
         if prompt_tokens + args.tokens >= loaded.n_ctx:
-            raise MoEScopeError(f"the prompt ({prompt_tokens} tokens) and --tokens "
+            raise MoEScopeError(f"the prompt ({plural(prompt_tokens, 'token')}) and --tokens "
                                 f"{args.tokens} do not fit the model's context of "
                                 f"{loaded.n_ctx} tokens")
         rows = measure(engine, policies, args.prompt, args.tokens, args.runs, _progress)
@@ -291,8 +292,9 @@ def _notes(rows: Sequence[PolicyResult], tokens: int) -> list[str]:
     for row in rows:
         short = [r for r in row.runs if r.tokens < tokens]
         if short:
-            notes.append(f"{row.name}: {len(short)} of {len(row.runs)} runs ended early "
-                         f"({short[0].stop_reason} after {short[0].tokens} tokens); its "
+            notes.append(f"{row.name}: {len(short)} of {plural(len(row.runs), 'run')} ended "
+                         f"early ({short[0].stop_reason} after "
+                         f"{plural(short[0].tokens, 'token')}); its "
                          "numbers cover fewer tokens")
         if not row.deterministic:
             notes.append(f"{row.name}: runs made different cache decisions although each "
@@ -334,7 +336,7 @@ def format_report(result: BenchResult) -> str:
         f"layer ({result.slots_per_layer / result.n_expert:.1%} resident), "
         f"{format_bytes(result.slot_bytes)} of expert slots",
         f"decode  {result.tokens} tokens greedy from the same {result.prompt_tokens}-token "
-        f"prompt; {runs} timed run{'s' if runs != 1 else ''} per policy after a warm-up, "
+        f"prompt; {plural(runs, 'timed run')} per policy after a warm-up, "
         "round-robin, cache emptied before each run; tok/s is the median",
         f"engine  {where}",
         "",

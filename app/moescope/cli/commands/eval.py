@@ -32,6 +32,7 @@ from moescope.cli.options import (
 )
 from moescope.util.errors import MoEScopeError
 from moescope.util.resources import demo_model_path
+from moescope.util.words import plural
 
 MAX_CONTEXT = 32_768
 """Largest context eval asks for: a longer text is scored in segments, so the KV cache of a
@@ -205,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
         if len(tokens) < 2:
             raise MoEScopeError(f"{args.text}: the text has fewer than 2 tokens")
         if len(tokens) < n_tokens + 1:
-            print(f"moescope: note: the text has only {len(tokens) - 1} tokens to score",
+            print(f"moescope: note: the text has only {plural(len(tokens) - 1, 'token')} to "
+                  "score",
                   file=sys.stderr)
         per_segment = loaded.n_ctx - 1  # the engine clamps n_ctx to the model's context
         prefix = engine.tokenize("", add_bos=True, special=False)  # [BOS] if it adds one

@@ -19,6 +19,7 @@ from moescope.model.gguf_info import ModelInfo, read_model_info
 from moescope.model.reasoning import thinking_choices
 from moescope.model.sampling_defaults import EXTRA_KEYS, describe, model_sampling, unapplied
 from moescope.util.errors import one_line
+from moescope.util.words import plural
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -90,7 +91,8 @@ def _memory_line(m: dict[str, Any]) -> str:
             f"and working buffers; {format_bytes(m['available_bytes'])} available{where}")
     return head + (": every expert in RAM by default"
                    if m["needs_bytes"] <= m["available_bytes"] else
-                   f": by default {m['ram_experts_per_layer']} experts per layer stay in RAM, "
+                   f": by default {plural(m['ram_experts_per_layer'], 'expert')} per layer "
+                   f"{'stays' if m['ram_experts_per_layer'] == 1 else 'stay'} in RAM, "
                    f"the others are read from the file (--ram-budget auto)")
 
 
@@ -124,7 +126,8 @@ def format_info(info: ModelInfo, plan: BudgetPlan | None = None, engine: str = "
         rows.append(("  by type", by_type))
     rows += [
         ("expert bytes", f"{format_bytes(info.total_expert_bytes)} "
-                         f"({len(info.moe_layers)} layers x {info.n_expert} experts)"),
+                         f"({plural(len(info.moe_layers), 'layer')} x "
+                         f"{plural(info.n_expert, 'expert')})"),
         ("non-expert", format_bytes(info.non_expert_bytes)),
         ("metadata", f"sha256:{info.metadata_sha256}"),
     ]

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from moescope.cache.budget import format_bytes, parse_budget
 from moescope.cli.options import check_utf8
 from moescope.util.errors import one_line
+from moescope.util.words import plural
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -127,7 +128,8 @@ def _pull(client: Any, repo: str, selector: str, folder: Path, args: argparse.Na
         if not models:
             print(one_line(f"{repo}: no GGUF model files"))
             return 0
-        print(f"{repo}: {len(models)} GGUF model(s); fit at a VRAM budget of {args.budget}:")
+        print(f"{repo}: {plural(len(models), 'GGUF model')}; fit at a VRAM budget of "
+              f"{args.budget}:")
         for m in models:  # names and numbers the Hub (or a mirror) gave: one line each
             print(one_line(f"  {m.describe()}"))
             print(one_line(f"    {remote_fit(client, m, args.budget, args.ctx).summary()}")

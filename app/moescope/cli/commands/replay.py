@@ -22,6 +22,7 @@ from moescope.cli.commands.generate import check_outputs, write_output
 from moescope.cli.options import check_list, check_ram_budget, check_range, path_arg, refuse_guard
 from moescope.trace import TRACE_SUFFIXES
 from moescope.util.errors import MoEScopeError
+from moescope.util.words import plural
 
 if TYPE_CHECKING:
     from moescope.sim.cost import CostModel
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     trace = read_trace(args.trace)
     if trace.truncated:
         print(f"moescope: note: {args.trace.name} ends mid-token (the session was cut off); "
-              f"replaying its {len(trace.tokens)} complete tokens", file=sys.stderr)
+              f"replaying its {plural(len(trace.tokens), 'complete token')}", file=sys.stderr)
     if not trace.tokens:
         raise MoEScopeError(f"{args.trace.name}: the trace has no tokens to replay")
     why = nothing_to_replay(trace)
