@@ -29,7 +29,6 @@ from moescope.cache.guard import GuardSpec
 from moescope.cli.commands.generate import (
     add_gpu_layers_argument,
     check_outputs,
-    check_threads,
     model_inputs,
     parse_live_policy,
     resolve_model,
@@ -40,9 +39,11 @@ from moescope.cli.options import (
     add_budget_arguments,
     add_model_argument,
     add_threads_argument,
+    add_tokens_argument,
     check_list,
     check_ram_budget,
     check_range,
+    check_threads,
     check_utf8,
     path_arg,
     print_load_notes,
@@ -78,8 +79,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help=f"policies, the first is the reference (default {DEFAULT_POLICIES}); "
                         "preset:key=value works too, e.g. threshold:theta=0.3, and the "
                         "quality guard, guard:target=1%%")
-    p.add_argument("-n", "--tokens", type=int, default=64, metavar="N",
-                   help="tokens decoded per run, like llama-bench -n (default 64)")
+    add_tokens_argument(p, default=64, what="tokens decoded per run, like llama-bench -n")
     p.add_argument("--runs", type=int, default=3, metavar="R",
                    help=f"timed runs per policy, at most {MAX_RUNS}; the table shows the "
                         "median (default 3)")

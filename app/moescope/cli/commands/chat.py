@@ -36,7 +36,6 @@ from moescope.cli.commands.generate import (
     add_sampling_arguments,
     answer_summary,
     cache_state,
-    check_threads,
     check_trace_output,
     close_trace,
     model_inputs,
@@ -59,6 +58,7 @@ from moescope.cli.options import (
     check_list,
     check_model_header,
     check_ram_budget,
+    check_threads,
     check_utf8,
     not_utf8,
     path_arg,
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     policy = parse_live_policy(args.policy)  # fail fast, before loading
     parse_budget(args.budget)
     check_ram_budget(args.ram_budget)
-    sampling_from_args(args)  # --n, --temperature, --seed
+    sampling_from_args(args)  # --tokens, --temperature, --seed
     check_utf8("--system", args.system)
     ctx_given = check_ctx(args)
     check_every(args.audit, "--audit")

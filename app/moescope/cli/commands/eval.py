@@ -24,8 +24,10 @@ from moescope.cli.options import (
     add_budget_arguments,
     add_model_argument,
     add_threads_argument,
+    add_tokens_argument,
     check_list,
     check_ram_budget,
+    check_threads,
     path_arg,
     print_load_notes,
     refuse_guard,
@@ -67,10 +69,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--sweep-bonus", metavar="LO:HI:N",
                    help="also run cache-prior at N routing bonuses from LO to HI; runs "
                         "that substituted a first choice are left out of r")
-    p.add_argument("--tokens", type=int, default=512, metavar="N",
-                   help="tokens to score (default 512; fewer if the text is shorter); beyond "
-                        "the model's context, in consecutive segments each from an empty "
-                        f"context (at most {MAX_TOKENS})")
+    add_tokens_argument(p, default=512, what=f"tokens to score, at most {MAX_TOKENS} (fewer "
+                        "if the text is shorter); beyond the model's context, in consecutive "
+                        "segments each from an empty context")
     p.add_argument("--window", type=int, default=64, metavar="W",
                    help="window, in tokens, of the mass-hypothesis correlation (default 64)")
     p.add_argument("--bootstrap", type=int, default=1000, metavar="B",
@@ -140,7 +141,6 @@ def run(args: argparse.Namespace) -> int:
     from moescope.cache.budget import parse_budget
     from moescope.cli.commands.generate import (
         check_outputs,
-        check_threads,
         model_inputs,
         write_output,
     )
