@@ -180,3 +180,15 @@ def test_replay_of_a_folder_or_a_missing_file_without_a_suffix_says_so(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "is a folder" in _one_line_error(capsys, ["replay", str(tmp_path)])
     assert "suffix" not in _one_line_error(capsys, ["replay", str(tmp_path / "gone")])
+
+
+@pytest.mark.parametrize("argv", [["info", "{model}"], ["pull", "x/y"]])
+def test_info_and_pull_take_the_shared_ctx_and_its_bounds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    """The context their RAM figure prices is ``--ctx``, bounded as chat's."""
+    model = str(tmp_path / "never-read.gguf")
+    err = _one_line_error(capsys, [a.replace("{model}", model) for a in argv]
+                          + ["--ctx", "8"])
+    assert "--ctx 8 must be from 16 to 4194304" in err
+    args = build_parser().parse_args([a.replace("{model}", model) for a in argv])
+    assert args.ctx is None  # left out: 4096, at most the model's (options.check_ctx)
