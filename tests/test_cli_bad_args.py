@@ -27,8 +27,8 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 
 @pytest.mark.parametrize("command", ["generate", "chat"])
 @pytest.mark.parametrize(("option", "value", "says"), [
-    ("--n", "0", "--n must be at least 1"),
-    ("--n", "-3", "--n must be at least 1"),
+    ("--n", "0", "--tokens must be at least 1"),
+    ("--n", "-3", "--tokens must be at least 1"),
     ("--temperature", "nan", "--temperature nan must be from 0 to 100 (0 is greedy)"),
     ("--temperature", "-1", "--temperature -1 must be from 0 to 100 (0 is greedy)"),
     ("--temperature", "1e300", "--temperature 1e+300 must be from 0 to 100"),
@@ -292,9 +292,9 @@ def test_the_window_without_a_display_says_so_in_one_line(
 
 
 @pytest.mark.parametrize(("argv", "dest", "says"), [
-    (["generate", "-n", "40"], "n", "--n must be at least 1"),
-    (["generate", "-n40"], "n", "--n must be at least 1"),
-    (["chat", "-n", "40"], "n", "--n must be at least 1"),
+    (["generate", "-n", "40"], "tokens", "--tokens must be at least 1"),
+    (["generate", "-n40"], "tokens", "--tokens must be at least 1"),
+    (["chat", "-n", "40"], "tokens", "--tokens must be at least 1"),
     (["bench", "-n", "40"], "tokens", "--tokens must be at least 2"),
 ])
 def test_llama_cpp_short_n_is_the_token_count(tmp_path: Path,

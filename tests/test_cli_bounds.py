@@ -111,7 +111,7 @@ def test_the_token_count_is_bounded_above_too(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
     err = _one_line_error(capsys, [command, str(tmp_path / "never-read.gguf"), "-n",
                                    "99999999999"])
-    assert "--n 99999999999 must be from 1 to 1000000" in err
+    assert "--tokens 99999999999 must be from 1 to 1000000" in err
 
 
 @pytest.mark.parametrize(("argv", "says"), [

@@ -17,7 +17,7 @@ def test_listing_shows_each_models_fit_without_downloading(hub: Hub,
         capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["pull", REPO, "--budget", "50%"]) == 0
     out = capsys.readouterr().out
-    assert "2 GGUF model(s)" in out and "Tiny-MoE-Q4_0.gguf" in out
+    assert "2 GGUF models;" in out and "Tiny-MoE-Q4_0.gguf" in out
     assert out.count("8/16 experts per layer cached in VRAM (50.0% resident") == 2
     assert f"moescope pull {REPO}:Q4_0" in out
     assert not list(Path(os.environ["MOESCOPE_MODELS_DIR"]).rglob("*.gguf*"))

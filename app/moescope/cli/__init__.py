@@ -20,9 +20,10 @@ import contextlib
 import importlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from moescope import __version__
 from moescope.cli.commands import command_names, load_commands
@@ -39,6 +40,14 @@ class _Parser(argparse.ArgumentParser):
     """argparse's parser whose errors are one line, as every other error of the CLI is
     (argparse printed its whole usage block first: 5-8 lines for a mistyped number); the
     line says where the usage is. Subcommands' parsers are of this class too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # argparse takes an argument for an option's value only when it does not start
+        # with "-", or is a plain negative number ("-5", "-.5"): so `--budget -5GiB` was
+        # "expected one argument", not the budget's own error. A "-" then a digit (or ".")
+        # is a value: no option of ours is spelt so.
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)} "

@@ -4,6 +4,7 @@ help wherever they appear (``generate``, ``chat``, ``bench``, ``eval``, ``serve`
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,8 +21,8 @@ hold a chat template's turn."""
 MAX_CTX = 1 << 22
 """The longest context ``--ctx`` may ask for (the model's own is the usual cap)."""
 MAX_TOKENS = 1_000_000
-"""Most tokens a count in an argument may ask to generate or score (``--n``, ``bench
---tokens``, ``eval --tokens``)."""
+"""Most tokens a count in an argument may ask to generate or score (``--tokens`` in
+``generate``, ``chat``, ``bench`` and ``eval``)."""
 
 
 def check_range(option: str, value: float, lo: float, hi: float, unit: str = "") -> None:
@@ -208,9 +209,34 @@ def check_ctx(args: argparse.Namespace) -> int | None:
     return given
 
 
+MAX_THREADS = 512
+"""llama.cpp's ``GGML_MAX_N_THREADS``: more threads abort inside ggml (``bad_alloc``) or
+end in a bare libgomp line."""
+
+
 def add_threads_argument(p: argparse.ArgumentParser) -> None:
-    """llama.cpp's CPU threads (bounded by ``generate.check_threads``)."""
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp (1-512)")
+    """llama.cpp's CPU threads (bounded by :func:`check_threads`)."""
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help=f"CPU threads for llama.cpp, 1 to {MAX_THREADS} (default: "
+                        "llama.cpp's choice)")
+
+
+def check_threads(n: int | None) -> None:
+    """``--threads`` within what llama.cpp accepts (None: llama.cpp's default)."""
+    if n is not None and not 1 <= n <= MAX_THREADS:
+        raise MoEScopeError(f"--threads must be between 1 and {MAX_THREADS} (this machine "
+                            f"has {os.cpu_count() or 1} CPUs), got {n}")
+
+
+def add_tokens_argument(p: argparse.ArgumentParser, *, default: int, what: str) -> None:
+    """The token count, spelt the same in every command (``generate``, ``chat``,
+    ``bench``, ``eval``): ``--tokens``, ``-n`` (llama.cpp's spelling, which people bring
+    with them) and ``--n`` (``generate``'s and ``chat``'s old spelling, still taken); it
+    reads as ``args.tokens``."""
+    p.add_argument("-n", "--tokens", "--n", dest="tokens", type=int, default=default,
+                   metavar="N",
+                   help=f"{what} (default {default}; also -n, and --n, generate's and chat's "
+                        "old spelling)")
 
 
 def add_no_cache_argument(p: argparse.ArgumentParser) -> None:

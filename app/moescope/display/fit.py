@@ -20,7 +20,7 @@ from moescope.cache.budget import BudgetPlan, format_bytes, plan_for_model
 from moescope.engine.backend import NAMES, engine_build
 from moescope.engine.devices import Device, slot_device
 from moescope.model.gguf_info import ModelInfo
-from moescope.model.ram_fit import kv_cache_bytes
+from moescope.model.ram_fit import RESERVE, host_bytes_needed, kv_cache_bytes
 from moescope.util.gpu import gpu_status
 from moescope.util.memory_limit import memory_limit
 
@@ -49,6 +49,11 @@ class FitEstimate:
     """The slots go to GPU memory (a CUDA build with a GPU, or a Vulkan build)."""
     ram_plan: BudgetPlan | None = None
     """The RAM tier's plan (experts per layer kept in RAM); None: every expert in RAM."""
+    n_ctx: int = 0
+    """The context the KV cache is priced for (the one asked for, at most the model's)."""
+    working_bytes: int = RESERVE
+    """llama.cpp's compute buffers, the disk reads' staging and the app (an estimate),
+    counted in :attr:`ram_needed` as ``moescope info`` counts them."""
 
     @property
     def ram_expert_bytes(self) -> int:
@@ -109,7 +114,8 @@ class FitEstimate:
              if not self.disk_expert_bytes else
              f"{format_bytes(self.expert_bytes)} ({format_bytes(self.ram_expert_bytes)} in "
              f"RAM, the rest read from disk)"),
-            ("KV cache (f16, estimate)", format_bytes(self.kv_bytes)),
+            ("KV cache (f16, estimate)", format_bytes(self.kv_bytes)
+             + (f" for {self.n_ctx} tokens" if self.n_ctx else "")),
         ]
         if self.plan is not None:
             p = self.plan
@@ -121,7 +127,8 @@ class FitEstimate:
         else:
             rows.append(("Expert cache", "off: dense model (no routed experts)"))
         rows += [
-            ("RAM needed", f"{format_bytes(self.ram_needed)} "
+            ("RAM needed", f"{format_bytes(self.ram_needed)} with the KV cache and "
+                           f"{format_bytes(self.working_bytes)} of working buffers "
                            f"({format_bytes(self.ram_available)} available)"),
             ("GPU", self.gpu),
         ]
@@ -151,7 +158,12 @@ def estimate_fit(info: ModelInfo, budget: str, n_ctx: int = 2048,
     """The numbers for ``info`` at ``budget`` (``"25%"``, ``"12GiB"``, bytes) and, with
     ``ram_budget``, a RAM tier of that size (experts beyond it read from disk). ``backend``
     defaults to the installed engine's build, ``device`` to the GPU its ggml would put the
-    slots on (:func:`moescope.engine.devices.slot_device`; None: no GPU, slots in RAM)."""
+    slots on (:func:`moescope.engine.devices.slot_device`; None: no GPU, slots in RAM).
+
+    ``ram_needed`` is :func:`moescope.model.ram_fit.host_bytes_needed`, as ``moescope
+    info`` says it: the weights kept in RAM, the KV cache for ``n_ctx`` (at most the
+    model's context, as the engine loads it), slots in host memory and working
+    buffers."""
     plan = plan_for_model(info, budget) if info.is_moe else None
     ram_plan = plan_for_model(info, ram_budget) if plan is not None and ram_budget else None
     gpu = gpu_status()
@@ -160,13 +172,14 @@ def estimate_fit(info: ModelInfo, budget: str, n_ctx: int = 2048,
         if device is _FIND else device
     assert dev is None or isinstance(dev, Device)
     slots_on_gpu = build != "cpu" and dev is not None and not dev.host_memory
+    if info.context_length:
+        n_ctx = min(n_ctx, info.context_length)
     kv = kv_cache_bytes(info, n_ctx)
     slots = plan.bytes_used if plan else 0
     experts_in_ram = info.total_expert_bytes
     if ram_plan is not None and not ram_plan.fits_all:
         experts_in_ram = min(info.total_expert_bytes, ram_plan.bytes_used)
-    host = info.non_expert_bytes + experts_in_ram + kv
-    ram_needed = host + (0 if slots_on_gpu else slots)
+    ram_needed = host_bytes_needed(info, n_ctx, 0 if slots_on_gpu else slots, experts_in_ram)
     free: int | None = None
     name = NAMES.get(build, build)
     if build == "cpu" or not build:
@@ -191,4 +204,4 @@ def estimate_fit(info: ModelInfo, budget: str, n_ctx: int = 2048,
         kv_bytes=kv, plan=plan, ram_needed=ram_needed,
         ram_available=memory_limit().available,
         vram_needed=slots, vram_free=free, gpu=where,
-        backend=build, slots_on_gpu=slots_on_gpu, ram_plan=ram_plan)
+        backend=build, slots_on_gpu=slots_on_gpu, ram_plan=ram_plan, n_ctx=n_ctx)

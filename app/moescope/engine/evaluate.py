@@ -359,16 +359,54 @@ def change_interval(nll: npt.ArrayLike, base: npt.ArrayLike, block: int, *,
     return point, float(low), float(high)
 
 
-def pearson(x: npt.ArrayLike, y: npt.ArrayLike) -> float:
-    """Pearson's r; NaN when either side has no variance or fewer than 3 points."""
+MIN_RUNS_FOR_R = 5
+"""First-choice-preserving runs, with as many different substituted masses and
+perplexity changes, that r across runs needs. Fewer points and r is near ±1 whatever the
+runs did: 2 points always give ±1 and 3 give |r| near 1 for most orderings, so the
+bootstrap of 3 runs put r = +1.000 outside its own interval [-0.987, +0.999]. With
+fewer, the report says so in words instead of printing r."""
+
+
+def distinct_values(x: npt.ArrayLike) -> int:
+    """How many different values ``x`` holds, values within 1e-9 of its largest magnitude
+    counting as one (a run that substitutes nothing has mass 0 and the same perplexity as
+    Exact, bit for bit or to rounding)."""
+    v = np.sort(np.asarray(x, dtype=np.float64).ravel())
+    if v.size == 0:
+        return 0
+    tol = 1e-9 * float(np.abs(v).max())
+    return 1 + int((np.diff(v) > tol).sum())
+
+
+def pearson(x: npt.ArrayLike, y: npt.ArrayLike, *, min_distinct: int = 3) -> float:
+    """Pearson's r; NaN when either side has fewer than ``min_distinct`` (at least 3)
+    different values (:func:`distinct_values`): with 2 the line through them makes r
+    exactly ±1, which says nothing about the data (no variance at all is NaN too)."""
     a = np.asarray(x, dtype=np.float64)
     b = np.asarray(y, dtype=np.float64)
-    if a.size < 3 or a.size != b.size:
+    need = max(3, min_distinct)
+    if a.size < need or a.size != b.size:
+        return float("nan")
+    if distinct_values(a) < need or distinct_values(b) < need:
         return float("nan")
     a = a - a.mean()
     b = b - b.mean()
     den = math.sqrt(float((a * a).sum()) * float((b * b).sum()))
     return float((a * b).sum() / den) if den > 0 else float("nan")
+
+
+def bootstrap_interval(point: float, samples: Sequence[float], *,
+                       least: int) -> tuple[float, float]:
+    """The 95% percentile interval of the bootstrap ``samples`` (NaN ones, degenerate
+    resamples, left out), taken out to ``point`` where the samples lie to one side of it,
+    so the interval always contains the estimate it belongs to (a skewed bootstrap: r
+    near ±1 from few runs). NaN when ``point`` is NaN or fewer than ``least`` samples are
+    usable."""
+    v = np.asarray([s for s in samples if not math.isnan(s)], dtype=np.float64)
+    if math.isnan(point) or v.size < max(1, least):
+        return (float("nan"), float("nan"))
+    lo, hi = np.percentile(v, [2.5, 97.5])
+    return (min(float(lo), point), max(float(hi), point))
 
 
 @dataclass(frozen=True)
@@ -377,7 +415,8 @@ class MassHypothesis:
 
     ``r_runs``: one point per run (policy x budget), mass per token against perplexity
     change over the whole text; ``r_windows``: one point per run and window. Both have
-    95% bootstrap intervals from resampling windows with replacement.
+    95% bootstrap intervals from resampling windows with replacement. ``r_runs`` is NaN,
+    and said in words, with fewer than :data:`MIN_RUNS_FOR_R` runs or different values.
     """
 
     runs: tuple[str, ...]
@@ -390,6 +429,24 @@ class MassHypothesis:
     n_boot: int
     n_segments: int = 1
     """Segments of the text the windows were cut from (none straddles two)."""
+    distinct_runs: int = -1
+    """Different points among the runs (the fewer of their different masses and
+    perplexity changes); -1: as many as runs."""
+
+    @property
+    def too_few_runs(self) -> str:
+        """Why r across runs is not given (too few runs, or too few that differ), or ""."""
+        n = len(self.runs)
+        differ = n if self.distinct_runs < 0 else self.distinct_runs
+        if n < MIN_RUNS_FOR_R:
+            return (f"r needs at least {MIN_RUNS_FOR_R} first-choice-preserving runs; this "
+                    f"eval has {n} (add budgets, or a theta sweep: --sweep-theta)")
+        if differ < MIN_RUNS_FOR_R:
+            return (f"r needs at least {MIN_RUNS_FOR_R} first-choice-preserving runs that "
+                    f"differ in substituted mass and perplexity; this eval's {n} give "
+                    f"{differ} different points (runs that substitute nothing are one: "
+                    f"Exact's)")
+        return ""
 
     def describe(self) -> str:
         def fmt(r: float, ci: tuple[float, float]) -> str:
@@ -398,12 +455,17 @@ class MassHypothesis:
             lo, hi = ci
             return f"{r:+.3f}" + ("" if math.isnan(lo) else f" [95% CI {lo:+.3f}, {hi:+.3f}]")
 
-        width = self.ci_runs[1] - self.ci_runs[0]
-        return (f"mass hypothesis over {len(self.runs)} first-choice-preserving runs, "
+        n = len(self.runs)
+        head = (f"mass hypothesis over {n} first-choice-preserving "
+                f"run{'' if n == 1 else 's'}, "
                 f"{self.n_windows} window{'' if self.n_windows == 1 else 's'} of "
                 f"{self.window} tokens"
-                + (f" in {self.n_segments} segments" if self.n_segments > 1 else "")
-                + ": r = "
+                + (f" in {self.n_segments} segments" if self.n_segments > 1 else ""))
+        if why := self.too_few_runs:
+            return (f"{head}: {why}; across run x window points r = "
+                    f"{fmt(self.r_windows, self.ci_windows)}")
+        width = self.ci_runs[1] - self.ci_runs[0]
+        return (head + ": r = "
                 f"{fmt(self.r_runs, self.ci_runs)} across runs"
                 + ("" if math.isnan(width) else f" (interval width {width:.3f})")
                 + f", {fmt(self.r_windows, self.ci_windows)} across run x window points")
@@ -454,29 +516,29 @@ def mass_hypothesis(runs: Sequence[RunResult], baseline: RunResult, window: int,
         d_nll = nll[:, idx] - base_nll[idx]  # per-window log perplexity ratio
         change_w = 100.0 * np.expm1(d_nll)
         change_runs = 100.0 * np.expm1(d_nll.mean(axis=1))
-        return (pearson(mass[:, idx].mean(axis=1), change_runs),
+        # a resample where fewer runs differ than r needs is degenerate: NaN, not ±1
+        return (pearson(mass[:, idx].mean(axis=1), change_runs,
+                        min_distinct=MIN_RUNS_FOR_R),
                 pearson(mass[:, idx].ravel(), change_w.ravel()))
 
     everything = np.arange(n_windows)
     r_runs, r_windows = stats(everything)
+    d_all = nll - base_nll
+    distinct = min(distinct_values(mass.mean(axis=1)),
+                   distinct_values(100.0 * np.expm1(d_all.mean(axis=1))))
     rng = np.random.default_rng(seed)
     boots: list[tuple[float, float]] = []
     if n_windows > 1:
         boots = [stats(rng.integers(0, n_windows, n_windows)) for _ in range(n_boot)]
-
-    def interval(values: list[float]) -> tuple[float, float]:
-        v = np.asarray([x for x in values if not math.isnan(x)])
-        if v.size < max(10, n_boot // 10):
-            return nan2
-        lo, hi = np.percentile(v, [2.5, 97.5])
-        return (float(lo), float(hi))
+    least = max(10, n_boot // 10)
 
     return MassHypothesis(
         runs=tuple(f"{r.spec.label}@{r.spec.budget}" for r in eligible), n_windows=n_windows,
         window=window, r_runs=r_runs,
-        ci_runs=interval([b[0] for b in boots]), r_windows=r_windows,
-        ci_windows=interval([b[1] for b in boots]), n_boot=len(boots),
-        n_segments=len(starts),
+        ci_runs=bootstrap_interval(r_runs, [b[0] for b in boots], least=least),
+        r_windows=r_windows,
+        ci_windows=bootstrap_interval(r_windows, [b[1] for b in boots], least=least),
+        n_boot=len(boots), n_segments=len(starts), distinct_runs=distinct,
     )
 
 

@@ -13,6 +13,7 @@ import numpy.typing as npt
 from moescope.cache.audit import AuditEstimate, AuditRecord, estimate
 from moescope.cache.totals import CacheTotals
 from moescope.engine.logprobs import TokenLogprob
+from moescope.util.words import plural
 
 
 @dataclass
@@ -81,7 +82,7 @@ class AnswerStats:
         n = self.n_tokens
         rate = (f"{self.tokens_per_second:.1f} tok/s" if n > 1
                 else "– tok/s (no decode token)")
-        return (f"{rate} · {n} token{'' if n == 1 else 's'} · "
+        return (f"{rate} · {plural(n, 'token')} · "
                 f"TTFT {self.time_to_first_token_s * 1000:.0f} ms · hit {c.hit_rate:.1%} · "
                 f"fetched {c.fetched_mb_per_token:.2f} MB/tok · "
                 f"substituted {c.substituted_fraction:.1%} · "
@@ -91,5 +92,5 @@ class AnswerStats:
                 + (f"{self.audit.describe()} · " if self.audits else "")
                 + f"{'/'.join(self.policies) or '-'} · "
                 f"{self.stop_reason}"
-                + (f" · {self.dropped_messages} earliest messages left out to fit the context"
-                   if self.dropped_messages else ""))
+                + (f" · {plural(self.dropped_messages, 'earliest message')} left out to fit "
+                   "the context" if self.dropped_messages else ""))

@@ -65,8 +65,15 @@ def ram_start_experts(info: ModelInfo, n_ctx: int, available: int | None = None,
     return max(info.top_k, min(info.n_expert, int(0.8 * (free - rest)) // row))
 
 
-def host_bytes_needed(info: ModelInfo, n_ctx: int, slot_bytes: int = 0) -> int:
-    """Host memory the whole model takes with every expert in RAM: its bytes, the KV
-    cache, ``slot_bytes`` of slots in host memory and :data:`RESERVE`."""
-    return info.non_expert_bytes + info.total_expert_bytes + kv_cache_bytes(info, n_ctx) + \
+def host_bytes_needed(info: ModelInfo, n_ctx: int, slot_bytes: int = 0,
+                      ram_expert_bytes: int | None = None) -> int:
+    """Host memory the model takes: its non-expert weights, ``ram_expert_bytes`` of
+    experts kept in RAM (default: every expert; a RAM tier keeps fewer, the rest stay in
+    the file), the KV cache for ``n_ctx`` tokens, ``slot_bytes`` of slots in host memory
+    and :data:`RESERVE` (working buffers). The one accounting of "RAM needed": ``moescope
+    info``, the fit the Open dialog and ``pull`` show (:mod:`moescope.display.fit`) and
+    the RAM tier ``auto`` chooses all use it."""
+    experts = info.total_expert_bytes if ram_expert_bytes is None else \
+        max(0, min(ram_expert_bytes, info.total_expert_bytes))
+    return info.non_expert_bytes + experts + kv_cache_bytes(info, n_ctx) + \
         max(0, slot_bytes) + RESERVE

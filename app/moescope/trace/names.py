@@ -58,6 +58,18 @@ def unknown_suffix_message(name: str | os.PathLike[str]) -> str:
             f"{', '.join(TRACE_SUFFIXES)}")
 
 
+def not_a_trace_name_message(name: str | os.PathLike[str]) -> str:
+    """Why a file whose name has no trace suffix (``README.md``) could not be read as a
+    trace: the suffixes a trace's name ends with, and what this one ends with (the
+    reader's own reason, "its first line is not a JSON record", read as a damaged
+    trace)."""
+    base = os.path.basename(os.fspath(name))
+    dot = base.rfind(".")
+    ends = f"this one ends with {base[dot:]}" if dot > 0 else "this one has no suffix"
+    return (f"{base}: not a MoEScope trace: a trace's name ends with "
+            f"{', '.join(TRACE_SUFFIXES[:-1])} or {TRACE_SUFFIXES[-1]}; {ends}")
+
+
 def journal_path(path: str | os.PathLike[str]) -> Path:
     """Where a trace finished at close (``NAME.parquet``) is written while recording."""
     return Path(os.fspath(path) + JOURNAL_SUFFIX)

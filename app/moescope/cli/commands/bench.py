@@ -29,7 +29,6 @@ from moescope.cache.guard import GuardSpec
 from moescope.cli.commands.generate import (
     add_gpu_layers_argument,
     check_outputs,
-    check_threads,
     model_inputs,
     parse_live_policy,
     resolve_model,
@@ -40,14 +39,17 @@ from moescope.cli.options import (
     add_budget_arguments,
     add_model_argument,
     add_threads_argument,
+    add_tokens_argument,
     check_list,
     check_ram_budget,
     check_range,
+    check_threads,
     check_utf8,
     path_arg,
     print_load_notes,
 )
 from moescope.util.errors import MoEScopeError
+from moescope.util.words import plural
 
 if TYPE_CHECKING:
     from moescope.cache.policy import Policy
@@ -77,8 +79,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help=f"policies, the first is the reference (default {DEFAULT_POLICIES}); "
                         "preset:key=value works too, e.g. threshold:theta=0.3, and the "
                         "quality guard, guard:target=1%%")
-    p.add_argument("-n", "--tokens", type=int, default=64, metavar="N",
-                   help="tokens decoded per run, like llama-bench -n (default 64)")
+    add_tokens_argument(p, default=64, what="tokens decoded per run, like llama-bench -n")
     p.add_argument("--runs", type=int, default=3, metavar="R",
                    help=f"timed runs per policy, at most {MAX_RUNS}; the table shows the "
                         "median (default 3)")
@@ -231,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
         print_load_notes(loaded)
         prompt_tokens = len(engine.tokenize(args.prompt, add_bos=True, special=True))
         if prompt_tokens + args.tokens >= loaded.n_ctx:
-            raise MoEScopeError(f"the prompt ({prompt_tokens} tokens) and --tokens "
+            raise MoEScopeError(f"the prompt ({plural(prompt_tokens, 'token')}) and --tokens "
                                 f"{args.tokens} do not fit the model's context of "
                                 f"{loaded.n_ctx} tokens")
         rows = measure(engine, policies, args.prompt, args.tokens, args.runs, _progress)
@@ -291,8 +292,9 @@ def _notes(rows: Sequence[PolicyResult], tokens: int) -> list[str]:
     for row in rows:
         short = [r for r in row.runs if r.tokens < tokens]
         if short:
-            notes.append(f"{row.name}: {len(short)} of {len(row.runs)} runs ended early "
-                         f"({short[0].stop_reason} after {short[0].tokens} tokens); its "
+            notes.append(f"{row.name}: {len(short)} of {plural(len(row.runs), 'run')} ended "
+                         f"early ({short[0].stop_reason} after "
+                         f"{plural(short[0].tokens, 'token')}); its "
                          "numbers cover fewer tokens")
         if not row.deterministic:
             notes.append(f"{row.name}: runs made different cache decisions although each "
@@ -334,7 +336,7 @@ def format_report(result: BenchResult) -> str:
         f"layer ({result.slots_per_layer / result.n_expert:.1%} resident), "
         f"{format_bytes(result.slot_bytes)} of expert slots",
         f"decode  {result.tokens} tokens greedy from the same {result.prompt_tokens}-token "
-        f"prompt; {runs} timed run{'s' if runs != 1 else ''} per policy after a warm-up, "
+        f"prompt; {plural(runs, 'timed run')} per policy after a warm-up, "
         "round-robin, cache emptied before each run; tok/s is the median",
         f"engine  {where}",
         "",

@@ -36,7 +36,6 @@ from moescope.cli.commands.generate import (
     add_sampling_arguments,
     answer_summary,
     cache_state,
-    check_threads,
     check_trace_output,
     close_trace,
     model_inputs,
@@ -59,6 +58,7 @@ from moescope.cli.options import (
     check_list,
     check_model_header,
     check_ram_budget,
+    check_threads,
     check_utf8,
     not_utf8,
     path_arg,
@@ -77,6 +77,7 @@ from moescope.session.answer import answer_now
 from moescope.session.recording import Recording, RecordingStopped
 from moescope.trace.names import formats_help, live_trace_file
 from moescope.util.errors import MoEScopeError
+from moescope.util.words import plural
 
 if TYPE_CHECKING:
     from moescope.engine import AnswerStats, CacheTotals, Engine, Message, Sampling
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     policy = parse_live_policy(args.policy)  # fail fast, before loading
     parse_budget(args.budget)
     check_ram_budget(args.ram_budget)
-    sampling_from_args(args)  # --n, --temperature, --seed
+    sampling_from_args(args)  # --tokens, --temperature, --seed
     check_utf8("--system", args.system)
     ctx_given = check_ctx(args)
     check_every(args.audit, "--audit")
@@ -188,6 +189,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def dropped_note(n: int) -> str:
+    """The dim line after an answer whose prompt left out the ``n`` earliest messages."""
+    return (f"({plural(n, 'earliest message')} {'was' if n == 1 else 'were'} left out of "
+            "the prompt to fit the context; /reset starts a new conversation)")
+
+
 # ------------------------------------------------------------------------------ session
 @dataclass
 class SessionStats:
@@ -221,10 +228,10 @@ class SessionStats:
     def line(self, label: str) -> str:
         from moescope.engine import CacheTotals
 
-        answers = f"{self.answers} answer{'' if self.answers == 1 else 's'}"
+        answers = plural(self.answers, "answer")
         return summary_line(label, self.tokens_per_second if self.decode_tokens else None,
                             self.cache or CacheTotals(),
-                            f"{answers}, {self.tokens} token{'' if self.tokens == 1 else 's'}",
+                            f"{answers}, {plural(self.tokens, 'token')}",
                             ram_tier=self.ram_tier)
 
 
@@ -332,8 +339,7 @@ class ChatSession:
         a = engine.last_answer
         self._dim(answer_summary(engine))
         if a.dropped_messages:
-            self._dim(f"({a.dropped_messages} earliest messages were left out of the prompt "
-                      "to fit the context; /reset starts a new conversation)")
+            self._dim(dropped_note(a.dropped_messages))
         self._add_to_totals(a)
         if a.stop_reason == "context full":
             self._error("the context is full; /reset starts a new conversation")
@@ -530,7 +536,7 @@ class ChatSession:
             self._say("  ".join(cell.ljust(w) if k == 0 else cell.rjust(w)
                                 for k, (cell, w) in enumerate(zip(r, widths, strict=True))))
         most = result.max_tokens
-        note = (f"greedy answers of up to {most} token{'' if most == 1 else 's'}, each from an "
+        note = (f"greedy answers of up to {plural(most, 'token')}, each from an "
                 "empty cache")
         if result.scored_tokens:
             note += f"; {result.scored_note()}"

@@ -24,14 +24,17 @@ from moescope.cli.options import (
     add_budget_arguments,
     add_model_argument,
     add_threads_argument,
+    add_tokens_argument,
     check_list,
     check_ram_budget,
+    check_threads,
     path_arg,
     print_load_notes,
     refuse_guard,
 )
 from moescope.util.errors import MoEScopeError
 from moescope.util.resources import demo_model_path
+from moescope.util.words import plural
 
 MAX_CONTEXT = 32_768
 """Largest context eval asks for: a longer text is scored in segments, so the KV cache of a
@@ -66,10 +69,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--sweep-bonus", metavar="LO:HI:N",
                    help="also run cache-prior at N routing bonuses from LO to HI; runs "
                         "that substituted a first choice are left out of r")
-    p.add_argument("--tokens", type=int, default=512, metavar="N",
-                   help="tokens to score (default 512; fewer if the text is shorter); beyond "
-                        "the model's context, in consecutive segments each from an empty "
-                        f"context (at most {MAX_TOKENS})")
+    add_tokens_argument(p, default=512, what=f"tokens to score, at most {MAX_TOKENS} (fewer "
+                        "if the text is shorter); beyond the model's context, in consecutive "
+                        "segments each from an empty context")
     p.add_argument("--window", type=int, default=64, metavar="W",
                    help="window, in tokens, of the mass-hypothesis correlation (default 64)")
     p.add_argument("--bootstrap", type=int, default=1000, metavar="B",
@@ -139,7 +141,6 @@ def run(args: argparse.Namespace) -> int:
     from moescope.cache.budget import parse_budget
     from moescope.cli.commands.generate import (
         check_outputs,
-        check_threads,
         model_inputs,
         write_output,
     )
@@ -205,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
         if len(tokens) < 2:
             raise MoEScopeError(f"{args.text}: the text has fewer than 2 tokens")
         if len(tokens) < n_tokens + 1:
-            print(f"moescope: note: the text has only {len(tokens) - 1} tokens to score",
+            print(f"moescope: note: the text has only {plural(len(tokens) - 1, 'token')} to "
+                  "score",
                   file=sys.stderr)
         per_segment = loaded.n_ctx - 1  # the engine clamps n_ctx to the model's context
         prefix = engine.tokenize("", add_bos=True, special=False)  # [BOS] if it adds one

@@ -26,12 +26,17 @@ from moescope.cache.guard import parse_live_policy
 from moescope.cli.options import (
     MAX_TOKENS,
     add_budget_arguments,
+    add_ctx_argument,
     add_model_argument,
     add_no_cache_argument,
     add_policy_argument,
+    add_threads_argument,
+    add_tokens_argument,
+    check_ctx,
     check_model_header,
     check_ram_budget,
     check_range,
+    check_threads,
     check_utf8,
     path_arg,
     print_load_notes,
@@ -59,7 +64,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add_budget_arguments(p)
     add_sampling_arguments(p, n_default=128, n_help="tokens to generate")
     add_xtc_mirostat_arguments(p)
+    add_ctx_argument(p)
     add_gpu_layers_argument(p)
+    add_threads_argument(p)
     add_no_cache_argument(p)
     p.add_argument("--trace", type=path_arg, metavar="FILE",
                    help="record a session trace, in the format its name ends with: "
@@ -77,15 +84,17 @@ def run(args: argparse.Namespace) -> int:
     policy = parse_live_policy(args.policy)
     check_budget(args.budget)
     check_ram_budget(args.ram_budget)
+    ctx_given = check_ctx(args)
+    check_threads(args.threads)
     inputs = model_inputs(args.model)
     check_trace_output(args.trace, inputs)
     model = resolve_model(args.model)
-    check_model_header(model, budget=args.budget, ram_budget=args.ram_budget,
+    check_model_header(model, budget=args.budget, ram_budget=args.ram_budget, ctx=ctx_given,
                        cache=not args.no_cache)
     engine = Engine()
-    loaded = engine.load(model, budget=args.budget, policy=policy,
-                         n_gpu_layers=args.n_gpu_layers, cache=not args.no_cache,
-                         ram_budget=args.ram_budget)
+    loaded = engine.load(model, budget=args.budget, policy=policy, n_ctx=args.ctx,
+                         n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
+                         cache=not args.no_cache, ram_budget=args.ram_budget)
     print_load_notes(loaded)
     print(backend_line(engine), file=sys.stderr)
     sampling = with_model_sampling(sampling, engine, args)
@@ -146,12 +155,9 @@ seed each run"."""
 
 def add_sampling_arguments(p: argparse.ArgumentParser, *, n_default: int,
                            n_help: str) -> None:
-    """``--n``/``-n``, ``--seed``, ``--temperature``: the same spelling in every command.
-
-    ``-n`` is llama.cpp's spelling; people bring that habit with them.
-    """
-    p.add_argument("-n", "--n", type=int, default=n_default, metavar="N",
-                   help=f"{n_help} (default {n_default})")
+    """``--tokens`` (``-n``, ``--n``), ``--seed``, ``--temperature``: the same spelling in
+    every command."""
+    add_tokens_argument(p, default=n_default, what=n_help)
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help=f"sampling seed, 0 to {MAX_SEED}: the same seed, prompt and options "
                         "give the same text; -1: a random seed each run (default 0)")
@@ -192,14 +198,14 @@ def add_xtc_mirostat_arguments(p: argparse.ArgumentParser) -> None:
 def sampling_from_args(args: argparse.Namespace) -> Sampling:
     """The :class:`Sampling` that :func:`add_sampling_arguments`' options describe.
 
-    Checked here, before a model loads: ``--n 0`` would otherwise still generate one token,
+    Checked here, before a model loads: ``--tokens 0`` would otherwise still generate one token,
     a NaN temperature samples garbage without a word, and a seed outside 32 bits wraps.
     """
     from moescope.engine import Sampling
 
-    if args.n < 1:
-        raise MoEScopeError(f"--n must be at least 1, got {args.n}")
-    check_range("--n", args.n, 1, MAX_TOKENS)
+    if args.tokens < 1:
+        raise MoEScopeError(f"--tokens must be at least 1, got {args.tokens}")
+    check_range("--tokens", args.tokens, 1, MAX_TOKENS)
     # neither the option nor (until the model loads) its file says: the engine's default
     temperature = Sampling.temperature if args.temperature is None else args.temperature
     if not math.isfinite(temperature) or temperature < 0:
@@ -218,7 +224,7 @@ def sampling_from_args(args: argparse.Namespace) -> Sampling:
             lo, hi = SAMPLING_BOUNDS[name]
             check_range(option, value, lo, hi)
             given[name] = value
-    return Sampling(temperature=temperature, max_tokens=args.n,
+    return Sampling(temperature=temperature, max_tokens=args.tokens,
                     seed=None if args.seed == -1 else args.seed, **given)
 
 
@@ -246,18 +252,6 @@ def with_model_sampling(sampling: Sampling, engine: Any,
         return sampling
     print(f"sampling: {describe(values)} (the model's recommendation)", file=sys.stderr)
     return dataclasses.replace(sampling, **values)  # type: ignore[arg-type]
-
-
-MAX_THREADS = 512
-"""llama.cpp's ``GGML_MAX_N_THREADS``: more threads abort inside ggml (``bad_alloc``) or
-end in a bare libgomp line."""
-
-
-def check_threads(n: int | None) -> None:
-    """``--threads`` within what llama.cpp accepts (None: llama.cpp's default)."""
-    if n is not None and not 1 <= n <= MAX_THREADS:
-        raise MoEScopeError(f"--threads must be between 1 and {MAX_THREADS} (this machine "
-                            f"has {os.cpu_count() or 1} CPUs), got {n}")
 
 
 def check_budget(text: str) -> None:

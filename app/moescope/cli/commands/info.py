@@ -14,11 +14,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from moescope.cache.budget import BudgetPlan, format_bytes, parse_budget, plan_for_model
-from moescope.cli.options import path_arg
+from moescope.cli.options import add_ctx_argument, check_ctx, path_arg
 from moescope.model.gguf_info import ModelInfo, read_model_info
 from moescope.model.reasoning import thinking_choices
 from moescope.model.sampling_defaults import EXTRA_KEYS, describe, model_sampling, unapplied
 from moescope.util.errors import one_line
+from moescope.util.words import plural
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -34,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="VRAM for expert slots: 12GiB, 512MiB, 3000000000B (a size needs a unit), "
              "25%% of the experts, or 16 (slots per layer)",
     )
+    add_ctx_argument(p)  # the KV cache the memory line prices
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=run)
 
@@ -41,12 +43,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the model summary; user errors propagate as MoEScopeError (exit 2)."""
     budget = parse_budget(args.budget) if args.budget is not None else None  # before I/O
+    check_ctx(args)
     info = read_model_info(args.model)
     plan = plan_for_model(info, budget) if budget is not None else None
     from moescope.engine.backend import backend_text, engine_build
 
     build = engine_build()
-    memory = _memory(info, plan, slots_in_ram=build.backend in ("cpu", ""))
+    memory = _memory(info, args.budget or DEFAULT_FIT_BUDGET, args.ctx)
     if args.json:
         out: dict[str, Any] = info.to_dict()
         if plan is not None:
@@ -59,23 +62,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-MEMORY_CTX = 4096
-"""The context the memory line prices (``chat``'s and ``serve``'s default ``--ctx``)."""
+DEFAULT_FIT_BUDGET = "25%"
+"""The VRAM budget the memory line prices where ``--budget`` is not given (the default
+of ``generate``, ``chat``, ``serve``, ``pull`` and the Open dialog)."""
 
 
-def _memory(info: ModelInfo, plan: BudgetPlan | None, *, slots_in_ram: bool
-            ) -> dict[str, Any]:
-    """What loading would keep in RAM by default (``--ram-budget auto``) here, now."""
+def _memory(info: ModelInfo, budget: str, n_ctx: int) -> dict[str, Any]:
+    """What loading would keep in RAM by default (``--ram-budget auto``) here, now: the
+    fit's :attr:`~moescope.display.fit.FitEstimate.ram_needed` at ``budget`` and ``n_ctx``
+    (the Open dialog's and ``pull``'s figure: weights, the KV cache, the slots where this
+    engine puts them in host memory, working buffers)."""
+    from moescope.display.fit import estimate_fit
     from moescope.engine.engine import auto_ram_budget
-    from moescope.model.ram_fit import host_bytes_needed
     from moescope.util.memory_limit import memory_limit
 
     limit = memory_limit()
-    n_ctx = min(MEMORY_CTX, info.context_length or MEMORY_CTX)
-    slot_bytes = 0
-    if slots_in_ram and info.is_moe:  # the default budget's slots where none is given
-        slot_bytes = (plan if plan is not None else plan_for_model(info, "25%")).bytes_used
-    need = host_bytes_needed(info, n_ctx, slot_bytes)
+    fit = estimate_fit(info, budget, n_ctx)
+    n_ctx = fit.n_ctx
+    slot_bytes = 0 if fit.slots_on_gpu else fit.vram_needed
+    need = fit.ram_needed
     tier = auto_ram_budget(info, n_ctx, available=limit.available,
                            slot_bytes=slot_bytes)[0] if info.is_moe else None
     return {"n_ctx": n_ctx, "needs_bytes": need, "available_bytes": limit.available,
@@ -90,7 +95,8 @@ def _memory_line(m: dict[str, Any]) -> str:
             f"and working buffers; {format_bytes(m['available_bytes'])} available{where}")
     return head + (": every expert in RAM by default"
                    if m["needs_bytes"] <= m["available_bytes"] else
-                   f": by default {m['ram_experts_per_layer']} experts per layer stay in RAM, "
+                   f": by default {plural(m['ram_experts_per_layer'], 'expert')} per layer "
+                   f"{'stays' if m['ram_experts_per_layer'] == 1 else 'stay'} in RAM, "
                    f"the others are read from the file (--ram-budget auto)")
 
 
@@ -124,7 +130,8 @@ def format_info(info: ModelInfo, plan: BudgetPlan | None = None, engine: str = "
         rows.append(("  by type", by_type))
     rows += [
         ("expert bytes", f"{format_bytes(info.total_expert_bytes)} "
-                         f"({len(info.moe_layers)} layers x {info.n_expert} experts)"),
+                         f"({plural(len(info.moe_layers), 'layer')} x "
+                         f"{plural(info.n_expert, 'expert')})"),
         ("non-expert", format_bytes(info.non_expert_bytes)),
         ("metadata", f"sha256:{info.metadata_sha256}"),
     ]

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from moescope.cache.budget import format_bytes, parse_budget
-from moescope.cli.options import check_utf8
+from moescope.cli.options import add_ctx_argument, check_ctx, check_utf8
 from moescope.util.errors import one_line
+from moescope.util.words import plural
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -33,8 +34,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--search", metavar="WORDS", help="find GGUF repositories instead")
     p.add_argument("--budget", default="25%", metavar="SIZE|PCT",
                    help="VRAM for expert slots for the fit: 12GiB, 25%% (default) or slots")
-    p.add_argument("--ctx", type=int, default=2048, metavar="N",
-                   help="context size for the KV estimate (default 2048)")
+    add_ctx_argument(p)  # the KV cache the fit prices: chat's, serve's and info's
     p.add_argument("--check", action="store_true", help="show the fit, download nothing")
     p.add_argument("--dir", type=_folder, metavar="DIR",
                    help="models folder (default: MOESCOPE_MODELS_DIR, else the data folder's "
@@ -61,8 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from moescope.hub.remote import HubClient
     from moescope.util import paths
 
-    if not 256 <= args.ctx <= 1 << 20:
-        raise HubError(f"--ctx {args.ctx}: must be between 256 and {1 << 20}")
+    check_ctx(args)
     for option, text in (("--search", args.search), ("REPO[:FILE|QUANT]", args.target),
                          ("--revision", args.revision), ("--token", args.token)):
         check_utf8(option, text)  # a URL of bytes not UTF-8: a UnicodeEncodeError
@@ -127,7 +126,8 @@ def _pull(client: Any, repo: str, selector: str, folder: Path, args: argparse.Na
         if not models:
             print(one_line(f"{repo}: no GGUF model files"))
             return 0
-        print(f"{repo}: {len(models)} GGUF model(s); fit at a VRAM budget of {args.budget}:")
+        print(f"{repo}: {plural(len(models), 'GGUF model')}; fit at a VRAM budget of "
+              f"{args.budget}:")
         for m in models:  # names and numbers the Hub (or a mirror) gave: one line each
             print(one_line(f"  {m.describe()}"))
             print(one_line(f"    {remote_fit(client, m, args.budget, args.ctx).summary()}")

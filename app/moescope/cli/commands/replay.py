@@ -22,6 +22,7 @@ from moescope.cli.commands.generate import check_outputs, write_output
 from moescope.cli.options import check_list, check_ram_budget, check_range, path_arg, refuse_guard
 from moescope.trace import TRACE_SUFFIXES
 from moescope.util.errors import MoEScopeError
+from moescope.util.words import plural
 
 if TYPE_CHECKING:
     from moescope.sim.cost import CostModel
@@ -83,7 +84,6 @@ def run(args: argparse.Namespace) -> int:
         to_csv,
         to_json,
     )
-    from moescope.trace import read_trace
 
     policies = split_list(args.policy or ["recorded,exact,quality-first,speed-first"])
     budgets = split_list(args.budget or ["recorded"])
@@ -107,10 +107,10 @@ def run(args: argparse.Namespace) -> int:
                                ("--perfetto", args.perfetto),
                                ("--tokens-csv", args.tokens_csv)], inputs)
     _check_not_only_a_journal(args.trace)
-    trace = read_trace(args.trace)
+    trace = _read(args.trace)
     if trace.truncated:
         print(f"moescope: note: {args.trace.name} ends mid-token (the session was cut off); "
-              f"replaying its {len(trace.tokens)} complete tokens", file=sys.stderr)
+              f"replaying its {plural(len(trace.tokens), 'complete token')}", file=sys.stderr)
     if not trace.tokens:
         raise MoEScopeError(f"{args.trace.name}: the trace has no tokens to replay")
     why = nothing_to_replay(trace)
@@ -135,6 +135,32 @@ def run(args: argparse.Namespace) -> int:
         write_output(args.json, to_json(result), "--json", inputs)
     _write_exports(args, trace)
     return 0
+
+
+def _read(path: Path) -> Trace:
+    """The trace at ``path``; a file that is not one and whose name has no trace suffix
+    (``replay README.md``) is refused naming the suffixes a trace has, not by the first
+    line the reader could not parse (a folder, a missing file and a GGUF model keep the
+    reader's words: "is a folder", "open it as a model")."""
+    from moescope.trace import read_trace
+    from moescope.trace.names import not_a_trace_name_message, record_suffix
+    from moescope.trace.schema import TraceFormatError
+
+    try:
+        return read_trace(path)
+    except TraceFormatError:
+        if (record_suffix(path) is not None or not os.path.isfile(path)  # a folder, a
+                or _starts_with(path, b"GGUF")):  # device: the reader's words say so
+            raise
+        raise MoEScopeError(not_a_trace_name_message(path)) from None
+
+
+def _starts_with(path: Path, magic: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(magic)) == magic
+    except OSError:
+        return False
 
 
 def _check_not_only_a_journal(path: Path) -> None:

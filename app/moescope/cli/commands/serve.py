@@ -27,6 +27,7 @@ from moescope.cli.options import (
     check_model_header,
     check_ram_budget,
     check_range,
+    check_threads,
     print_load_notes,
 )
 from moescope.util.errors import MoEScopeError
@@ -81,7 +82,6 @@ def run(args: argparse.Namespace) -> int:
     from moescope.cli.commands.generate import (
         backend_line,
         cache_state,
-        check_threads,
         parse_live_policy,
         resolve_model,
         start_audits,
