@@ -17,8 +17,8 @@ import pytest
 
 from moescope.cli import main
 from moescope.trace import TRACE_SUFFIXES, read_trace
-from moescope.trace.schema import utf8_name
 from moescope.util.resources import demo_model_path
+from moescope.util.words import utf8_name
 
 pytestmark = pytest.mark.engine
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from moescope.cache.policy import PRESET_NAMES
+from moescope.model.ram_fit import DEFAULT_CONTEXT
 from moescope.util.errors import BudgetError, MoEScopeError
 
 if TYPE_CHECKING:
@@ -184,7 +185,7 @@ def refuse_guard(spec: str, option: str, instead: str) -> None:
                             f"audits of the model's answers as a session goes; {instead}")
 
 
-DEFAULT_CTX = 4096
+DEFAULT_CTX = DEFAULT_CONTEXT
 """``--ctx`` when it is not given (clamped to the model's own without a word)."""
 
 

@@ -19,9 +19,9 @@ from moescope.gui.main_window import MainWindow
 from moescope.gui.theme import apply_theme
 from moescope.session.store import UnreadableChatsError, is_corruption
 from moescope.session.store_repair import open_chat_store
-from moescope.trace.schema import utf8_name
 from moescope.util import paths
 from moescope.util.resources import resources_dir
+from moescope.util.words import utf8_name
 
 
 def app_icon() -> QIcon:

@@ -24,12 +24,12 @@ from moescope.gui.chat.welcome import has_get_models, welcome_html
 from moescope.gui.dialogs.open_model import OpenModelDialog
 from moescope.gui.worker import LoadRequest
 from moescope.model.gguf_info import read_model_info
-from moescope.model.ram_fit import is_auto
+from moescope.model.ram_fit import DEFAULT_CONTEXT, is_auto
 from moescope.session.snapshots import ModelSummary
-from moescope.trace.schema import utf8_name
 from moescope.util import paths
 from moescope.util.errors import MoEScopeError
 from moescope.util.resources import demo_model_path
+from moescope.util.words import utf8_name
 
 log = logging.getLogger("moescope.gui")
 
@@ -157,7 +157,7 @@ class ModelLoading(_Window):
         dialog = OpenModelDialog(info, budget=self.default_budget(info.path),
                                  policy=str(self.model_setting(info.path, "policy",
                                                                "quality-first")),
-                                 n_ctx=int(self.model_setting(info.path, "n_ctx", 2048)),
+                                 n_ctx=int(self.model_setting(info.path, "n_ctx", DEFAULT_CONTEXT)),
                                  parent=self)
         accepted = dialog.exec() == OpenModelDialog.DialogCode.Accepted
         request = dialog.request()
@@ -208,7 +208,7 @@ class ModelLoading(_Window):
             request = LoadRequest(path=str(path), budget=self.default_budget(path),
                                   policy=str(self.model_setting(path, "policy",
                                                                 "quality-first")),
-                                  n_ctx=int(self.model_setting(path, "n_ctx", 2048)))
+                                  n_ctx=int(self.model_setting(path, "n_ctx", DEFAULT_CONTEXT)))
         request = self.with_preferences(request)
         if self.recording and request.trace_dir is None:
             request = dataclasses.replace(request, trace_dir=str(paths.traces_dir()))

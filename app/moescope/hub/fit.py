@@ -14,6 +14,7 @@ from moescope.cache.budget import format_bytes, parse_budget
 from moescope.display.fit import FitEstimate, estimate_fit
 from moescope.hub.remote import FIRST_HEADER_BYTES, HubClient, RemoteModel
 from moescope.model.gguf_info import ModelInfo
+from moescope.model.ram_fit import DEFAULT_CONTEXT
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class RemoteFit:
 
 
 def remote_fit(client: HubClient, model: RemoteModel, budget: str = "25%",
-               n_ctx: int = 2048, *, first_bytes: int = FIRST_HEADER_BYTES) -> RemoteFit:
+               n_ctx: int = DEFAULT_CONTEXT, *, first_bytes: int = FIRST_HEADER_BYTES) -> RemoteFit:
     """Read ``model``'s header over HTTP and estimate its fit at ``budget``."""
     parse_budget(budget)  # a bad budget fails before any request
     info, read = client.read_header(model, first_bytes=first_bytes)

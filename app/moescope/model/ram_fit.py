@@ -30,6 +30,11 @@ RESERVE = 256 << 20
 staging and the app itself (measured: about 45 MiB beyond the model's own bytes for a small
 model on the CPU build; a 30B model's compute buffer at 4k context is a few hundred)."""
 
+DEFAULT_CONTEXT = 4096
+"""A session's context length in tokens when none is chosen, capped at the model's own:
+the window's Open and Get models dialogs, ``generate``, ``chat``, ``serve``, ``info`` and
+``pull`` alike, so their memory figures agree."""
+
 
 def kv_cache_bytes(info: ModelInfo, n_ctx: int) -> int:
     """K and V in f16 for every layer: 2 x layers x ctx x kv_heads x head_dim x 2 bytes."""

@@ -24,6 +24,7 @@ from moescope.cache.native import rank_predictions as native_rank_predictions
 from moescope.cache.policy import PREFETCH_TOP_K, THETA_DISK_AS_THETA, MissRule, Policy
 from moescope.cache.residency import masks_to_json
 from moescope.util.errors import MoEScopeError
+from moescope.util.words import utf8_name
 
 TRACE_FORMAT = "moescope-trace"
 TRACE_VERSION = 1
@@ -43,20 +44,6 @@ about 85 tokens of a 48-layer model, read one token after another)."""
 _EVENT_SCALARS = ("step", "layer", "token", "k", "substituted_mass", "n_hit", "n_fetch",
                   "n_substitute", "n_admit", "n_evict", "bytes_sync", "bytes_async", "n_disk",
                   "bytes_disk")
-
-
-def utf8_name(name: str) -> str:
-    """A model's file name as the trace keeps it: UTF-8 text, each byte of it that is not
-    UTF-8 (which Python holds as a lone surrogate, ``surrogateescape``) written as its
-    escape, ``\\xff``; a UTF-8 name as it is. The server's model id is written the same
-    way (``moescope.server.service.utf8_name``). JSON Lines, Arrow and Parquet metadata
-    carry UTF-8 only: the surrogate could not be written (the recording failed), or was
-    written as JSON's ``\\udcff`` and broke whatever printed the name read back."""
-    try:
-        raw = name.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:  # a surrogate no file system byte gives: its escape
-        raw = name.encode("utf-8", "backslashreplace")
-    return raw.decode("utf-8", "backslashreplace")
 
 
 class TraceFormatError(MoEScopeError):

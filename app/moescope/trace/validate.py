@@ -40,8 +40,8 @@ from moescope.trace.schema import (
     TraceFormatError,
     TraceHeader,
     TraceModel,
-    utf8_name,
 )
+from moescope.util.words import utf8_name
 
 MAX_LAYERS = 1024
 MAX_EXPERTS = 8192

@@ -29,8 +29,9 @@ from moescope.gui.controls.budget_entry import BudgetEntry
 from moescope.gui.widgets.screen_fit import fit_wrapped_height
 from moescope.gui.worker import LoadRequest
 from moescope.model.gguf_info import ModelInfo
-from moescope.model.ram_fit import AUTO_RAM_BUDGET, is_auto, ram_start_experts
+from moescope.model.ram_fit import AUTO_RAM_BUDGET, DEFAULT_CONTEXT, is_auto, ram_start_experts
 from moescope.model.reasoning import thinking_choices
+from moescope.util.words import utf8_name
 
 
 def model_facts(info: ModelInfo) -> list[tuple[str, str]]:
@@ -50,10 +51,10 @@ class OpenModelDialog(QDialog):
     """Fit estimate and load settings for one GGUF; ``request()`` after ``exec()``."""
 
     def __init__(self, info: ModelInfo, *, budget: str = "25%", policy: str = "quality-first",
-                 n_ctx: int = 2048, parent: QWidget | None = None) -> None:
+                 n_ctx: int = DEFAULT_CONTEXT, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.info = info
-        self.setWindowTitle(f"Open {info.file_name}")
+        self.setWindowTitle(f"Open {utf8_name(info.file_name)}")  # Qt drops a non-UTF-8 byte
         self.setAccessibleName("Open model")
         self.setMinimumWidth(520)  # the fit's lines ("RAM needed", the GPU) unwrapped
         layout = QVBoxLayout(self)

@@ -42,6 +42,7 @@ from moescope.hub.download import (
 )
 from moescope.hub.fit import remote_fit
 from moescope.hub.remote import HubClient, RemoteModel, RepoHit
+from moescope.model.ram_fit import DEFAULT_CONTEXT
 from moescope.util import paths
 from moescope.util.errors import MoEScopeError
 
@@ -458,4 +459,4 @@ def _open(main: Any, path: str, budget: str) -> None:
     main.load_model(LoadRequest(
         path=path, budget=budget,
         policy=str(main.model_setting(path, "policy", "quality-first")),
-        n_ctx=int(main.model_setting(path, "n_ctx", 2048))))
+        n_ctx=int(main.model_setting(path, "n_ctx", DEFAULT_CONTEXT))))
