@@ -96,3 +96,17 @@ def test_a_suggested_prompt_too_long_goes_to_the_box(window: Any, qtbot: Any) ->
     assert window.chat_view.input.toPlainText() == LONG.strip()
     assert window.chat_view.input_note.isVisibleTo(window)
     assert _saved(window) == []
+
+
+def test_an_edit_too_long_keeps_the_message_it_would_replace(window: Any, qtbot: Any) -> None:
+    """Resending an edited message replaces it and what follows: one too long is refused
+    before anything is deleted, and the edit goes on (Resend, the text in the box)."""
+    send(qtbot, window, "Hello there", max_tokens=8, timeout=60_000)
+    before = [(m.role, m.content) for m in _saved(window)]
+    assert window.chat.edit_last()
+    view = window.chat_view
+    view.input.setPlainText(LONG)
+    view._submit()
+    assert [(m.role, m.content) for m in _saved(window)] == before
+    assert view.editing_position is not None and view.input.toPlainText() == LONG
+    assert view.input_note.isVisibleTo(window)
