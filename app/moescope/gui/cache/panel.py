@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer
-from PySide6.QtGui import QResizeEvent
+from PySide6.QtGui import QResizeEvent, QTextLayout, QTextOption
 from PySide6.QtWidgets import QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from moescope.display.cache_model import (
@@ -41,6 +41,64 @@ LABEL_EVERY_FRAMES = 6  # labels at ~5 Hz
 MEMORY_SAMPLE_MS = 1000
 
 
+class StatsLabel(WrappedLabel):
+    """The panel's stats: its lines ("now: …", then the last tokens' numbers) each start
+    on a line of their own also where they do not all fit (the label's own shortening
+    ran them together: "…TTFT 512 ms last 32 tokens (quality-first)…"), and the last
+    one, the numbers, keeps its lines first: in a short window the numbers stay in view
+    and the first line gives way (the policy and the slots are in the cache controls
+    above; the whole text is in the tooltip)."""
+
+    def shown_lines(self) -> list[str]:
+        paragraphs = self.text().split("\n")
+        if len(paragraphs) == 1 or not self.clipped():
+            return super().shown_lines()
+        rect = self.contentsRect().adjusted(self.margin(), self.margin(), -self.margin(),
+                                            -self.margin())
+        width = max(1, rect.width())
+        left = max(1, rect.height() // max(1, self.fontMetrics().lineSpacing()))
+        wrapped = [self._wrap(p, width) for p in paragraphs]
+        given = [0] * len(paragraphs)
+        for i in reversed(range(len(paragraphs))):  # the numbers first, then upwards
+            given[i] = min(len(wrapped[i]), left)
+            left -= given[i]
+        lines: list[str] = []
+        for text, spans, n in zip(paragraphs, wrapped, given, strict=True):
+            if n == 0:
+                continue
+            if n == len(spans):
+                lines.extend(text[a:a + k].rstrip() for a, k in spans)
+                continue
+            lines.extend(text[a:a + k].rstrip() for a, k in spans[:n - 1])
+            lines.append(self._elided(text[spans[n - 1][0]:], width))
+        return lines
+
+    def _wrap(self, text: str, width: int) -> list[tuple[int, int]]:
+        """Where ``text`` breaks into lines ``width`` wide: (start, length) each."""
+        layout = QTextLayout(text, self.font())
+        option = QTextOption()
+        option.setWrapMode(QTextOption.WrapMode.WordWrap)
+        layout.setTextOption(option)
+        layout.beginLayout()
+        spans = []
+        while (line := layout.createLine()).isValid():
+            line.setLineWidth(width)
+            spans.append((line.textStart(), line.textLength()))
+        layout.endLayout()
+        return spans or [(0, 0)]
+
+    def _elided(self, rest: str, width: int) -> str:
+        """``rest`` cut to one line at a whole part (" · "), else a whole word, + " …"."""
+        metrics = self.fontMetrics()
+        for sep in (" · ", " "):
+            parts = rest.split(sep)
+            for n in range(len(parts) - 1, 0, -1):
+                cut = sep.join(parts[:n]).rstrip(" ·")
+                if metrics.horizontalAdvance(cut + " …") <= width:
+                    return cut + " …"
+        return metrics.elidedText(rest, Qt.TextElideMode.ElideRight, width)
+
+
 class CachePanel(QWidget):
     """Shows a :class:`CacheModel`; ``live=False`` for a reopened trace (no memory
     sampling, no timer: it draws once when filled)."""
@@ -56,7 +114,7 @@ class CachePanel(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         # two lines at least whatever it says: a plain wrapped label grew a line with each
         # part a chat added, and the window with it (past a 700-pixel screen's bottom)
-        self.summary = WrappedLabel("No model loaded", lines=2)
+        self.summary = StatsLabel("No model loaded", lines=2)
         self.summary.setObjectName("statsLabel")
         self.summary.setAccessibleName("Cache statistics")
         # selectable by keyboard too, so it is in the Tab chain: the hit rate and tokens/s
@@ -308,11 +366,9 @@ class CachePanel(QWidget):
             ttft = f"TTFT {self.model.ttft_s * 1000:.0f} ms"
             now.append(f"latest answer's {ttft}" if self.live
                        else f"last answer in the trace: {ttft}")
-        if self.heatmap.title.isHidden():
-            # compact (a short window): two lines, the rest in the tooltip; the numbers
-            # first, since the policy and the slots are in the cache controls above (the
-            # first line, wrapped at 12 pt, left no room for the hit rate and tokens/s)
-            return " · ".join(recent) + "\n" + " · ".join(now)
+        # always in this order (a short window had put the numbers first, so the lines
+        # changed places as the window was resized); where the label is short, the
+        # numbers keep their lines and the first line gives way (StatsLabel)
         return " · ".join(now) + "\n" + " · ".join(recent)
 
     def stop(self) -> None:

@@ -32,6 +32,7 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import (
     QHBoxLayout,
+    QLabel,
     QMenu,
     QPlainTextEdit,
     QProgressBar,
@@ -211,6 +212,17 @@ class ChatView(QWidget):
         self.input.setTabChangesFocus(True)
         self.input.submitted.connect(self._submit)
         layout.addWidget(self.input)
+        # why the message in the box was not sent (longer than the context): a line under
+        # it, not a modal box, gone as soon as the message is edited
+        self.input_note = QLabel()
+        self.input_note.setObjectName("inputNote")
+        self.input_note.setAccessibleName("Why the message was not sent")
+        self.input_note.setWordWrap(True)
+        self.input_note.setTextFormat(Qt.TextFormat.PlainText)
+        self.input_note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.input_note.setVisible(False)
+        self.input.textChanged.connect(self.clear_input_note)
+        layout.addWidget(self.input_note)
 
         buttons = QHBoxLayout()
         buttons.setSpacing(4)
@@ -631,6 +643,16 @@ class ChatView(QWidget):
         if not text or not self.send_button.isEnabled():
             return
         self.sendRequested.emit(text)
+
+    def show_input_note(self, text: str) -> None:
+        """Say under the message box why its message was not sent (it stays there)."""
+        self.input_note.setText(f"⚠ {text}")
+        self.input_note.setVisible(True)
+
+    def clear_input_note(self) -> None:
+        if self.input_note.isVisible() or self.input_note.text():
+            self.input_note.clear()
+            self.input_note.setVisible(False)
 
     def set_generating(self, generating: bool, can_regenerate: bool = False,
                        can_edit: bool = False) -> None:

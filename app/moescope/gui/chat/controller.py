@@ -33,6 +33,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from moescope.gui.chat.chat_list import ChatListPanel
 from moescope.gui.chat.chat_view import ChatView
+from moescope.gui.chat.message_fit import MessageFit, too_long
 from moescope.gui.chat.settings import ChatSettingsPanel
 from moescope.gui.worker import AnswerSave, EngineClient, GenerateRequest
 from moescope.model.reasoning import split_reasoning
@@ -289,6 +290,15 @@ class ChatController(QObject):
                               "Open a model first (File ▸ Open model…, or drop a .gguf file "
                               "on the window).")
             return False
+        refused = self.check_length(text)
+        if refused is not None:
+            if not self.view.input.toPlainText().strip():  # a suggested prompt: to the box
+                self.view.input.setPlainText(text)
+            self.view.show_input_note(refused.text())  # after: an edit of the box clears it
+            log.info("message not sent: %d tokens, room for %d", refused.message_tokens,
+                     refused.room)
+            return False
+        self.view.clear_input_note()
         if self.chat_id is None:
             self.new_chat()
         if self.chat_id is None:
@@ -324,6 +334,27 @@ class ChatController(QObject):
             self.view.input.clear()  # (a suggested prompt leaves what is being typed)
         self._start_answer()
         return True
+
+    def check_length(self, text: str) -> MessageFit | None:
+        """How far ``text`` is from fitting the context, where it does not fit after the
+        chat's history as the engine will fit it (the message being edited replaces it and
+        every later message); None where it fits."""
+        history: list[dict[str, str]] = []
+        prompt = self.settings.system_prompt.toPlainText()
+        if prompt.strip():
+            history.append({"role": "system", "content": prompt})
+        if self.chat_id is not None:
+            editing = self.view.editing_position
+            kept = [m for m in self.messages()
+                    if editing is None or m.position < editing]
+            for m in kept:
+                content = (split_reasoning(m.content).answer if m.role == "assistant"
+                           else m.content)
+                if content or m.role == "user":
+                    history.append({"role": m.role, "content": content})
+        sampling = self.settings.sampling()
+        return too_long(self.client.worker.engine, history, text,
+                        max_tokens=sampling.max_tokens, thinking=sampling.thinking)
 
     def regenerate(self) -> bool:
         """Drop the last answer and generate a new one for the same conversation."""

@@ -128,7 +128,9 @@ class ChatSettingsPanel(QWidget):
         self.model_note.setWordWrap(True)
         self.model_note.setToolTip("From the model file (general.sampling.*: its authors' "
                                    "generation_config.json, as llama.cpp converts it)")
-        self.use_model = QPushButton("&Use")
+        # no Alt+letter: every letter of "Use" is another control's in this window (Alt+U
+        # the cache controls' RAM budget); Tab from Thinking reaches it
+        self.use_model = QPushButton("Use")
         self.use_model.setAccessibleName("Use the model's recommended sampling")
         self.use_model.clicked.connect(self.apply_model_sampling)
         row = QHBoxLayout()

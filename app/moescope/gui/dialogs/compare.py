@@ -52,29 +52,50 @@ from moescope.display.policy_choices import (
 from moescope.engine.compare import Comparison, PolicyAnswer, same_start_text
 from moescope.gui import theme
 from moescope.gui.widgets.note_area import NoteArea
-from moescope.gui.widgets.screen_fit import resize_within_screen
+from moescope.gui.widgets.screen_fit import WINDOW_FRAME, resize_within_screen
 from moescope.gui.worker import CompareRequest, EngineClient
 from moescope.model.reasoning import split_reasoning
 from moescope.session.snapshots import ModelSummary
 
 REFERENCE = "exact"
 DEFAULT_CHOSEN = ("quality-first", "speed-first", "psr")
-COLUMNS = ("Policy", "tok/s", "vs Exact", "Same start", "Agreement", "Hit rate",
+COLUMNS = ("Policy", "tok/s", "vs Exact", "Same start", "Agreement", "Tokens", "Hit rate",
            "Substituted", "Mass/token", "Fetched MB/token", "Expected cost", "Chat perplexity")
+TIMED_NOTE = (
+    "tok/s here times the decode alone (greedy, nothing streamed to the window, no trace, "
+    "no Markdown), so it is higher than the chat's, which includes sampling, streaming "
+    "and drawing every token.")
 MEASURED_NOTE = (
     "tok/s is measured on this machine, each policy timing its own answer (answers that "
     "part can differ in length). A trace's What-if instead models a GPU and its copy link "
     "(pcie4 by default) over one recorded routing, so the two can rank policies "
     "differently: PSR's prefetches, hidden under compute there, take this machine's CPU "
     "time here, and the decode waits for any still in flight.")
-"""Said under a run where a prefetching policy answered, and as the tok/s header's tip."""
+"""The tok/s header's tip (the notes above the table were cut at 12 pt on 1366x768)."""
+PREFETCH_NOTE = ("A prefetching policy's tok/s counts its prefetches on this machine's CPU "
+                 "(a trace's What-if models a GPU instead: see the tok/s header).")
+"""Said under a run where a prefetching policy answered."""
+LENGTH_NOTE = (
+    "* Different lengths (Tokens column): each tok/s is over its own answer, whose first "
+    "tokens, from an empty cache, cost the most: not like for like. For equal lengths, "
+    "set Tokens per answer below the shortest.")
+"""Said above the table, on the line after the answers' count, where a speed-up compares
+answers of different lengths (Exact gave 9 tokens, Quality-first 64: "2.60×", with the only
+caveat cut off)."""
 COLUMN_TIPS = {
-    "tok/s": MEASURED_NOTE,
+    "tok/s": f"{TIMED_NOTE}\n\n{MEASURED_NOTE}",
+    "vs Exact": "This policy's tok/s over Exact's, each over its own answer; * where the "
+                "two answers differ in length (not like for like).",
+    "Tokens": "The answer's length in tokens (it ends at the model's end of answer, or at "
+              "Tokens per answer).",
     "Expected cost": "The answer's audited quality cost (audits on): exp(mean KL(exact || "
                      "policy)) - 1 over its audited tokens, the perplexity cost expected on "
                      "the model's own text (its answer). Chat perplexity measures the "
                      "conversation's given tokens instead.",
 }
+OPTIONAL_COLUMNS = ("Expected cost", "Chat perplexity")
+"""Shown only where a row has a value (audits on; the chat scored): eleven columns needed
+a sideways scroll at 12 pt on 1366x768, and these were "–" down to the last row."""
 
 
 DIALOG_SIZE = QSize(980, 760)
@@ -107,11 +128,9 @@ class CompareDialog(QDialog):
         intro = QLabel(
             f"Greedy answers to your last message under each policy, each from an empty "
             f"expert cache at the current budget ({model.slots_per_layer}/{model.n_expert} "
-            f"experts per layer). Exact (every miss fetched: bitwise the answer of llama.cpp "
-            f"without the cache) is the reference. "
-            f"tok/s here times the decode alone (greedy, nothing streamed to the window, "
-            f"no trace, no Markdown), so it is higher than the chat's, which includes "
-            f"sampling, streaming and drawing every token.")
+            f"experts per layer); Exact (every miss fetched: llama.cpp's answer without the "
+            f"cache) is the reference. tok/s times the decode alone: hover a column's "
+            f"header for what it measures.")
         # the notes ask for three lines (the rest scrolls) where the dialog is short, and
         # the table and the answer share the rest by a splitter: at 12 pt on a 1024x700
         # screen the notes' 5 + 5 lines took that height and left the table one row and a
@@ -303,8 +322,10 @@ class CompareDialog(QDialog):
         if result.stopped:
             text += "; stopped before every policy answered"
         text += ". Select a row to read its answer."
+        if any(unequal_length(result, a) for a in result.answers):
+            text += f"\n{LENGTH_NOTE}"  # before the prefetch note: in the first three lines
         if any(self._prefetches(a.policy) for a in result.answers):
-            text += f" {MEASURED_NOTE}"
+            text += f"\n{PREFETCH_NOTE}"
         self.status.setText(text)
         if self.table.rowCount():
             self.table.selectRow(min(1, self.table.rowCount() - 1))
@@ -331,9 +352,11 @@ class CompareDialog(QDialog):
             reference = r == 0
             cells = (
                 POLICY_NAMES.get(a.policy, a.policy), f"{a.tokens_per_second:.1f}",
-                "reference" if reference else f"{result.speedup(a):.2f}×",
+                "reference" if reference else
+                f"{result.speedup(a):.2f}×{'*' if unequal_length(result, a) else ''}",
                 "reference" if reference else same_start_text(a),
                 "reference" if reference else f"{a.agreement:.0%}",
+                str(len(a.token_ids)),
                 f"{c.hit_rate:.1%}", f"{c.substituted_fraction:.1%}",
                 f"{c.mass_per_token:.3f}", f"{c.fetched_mb_per_token:.2f}",
                 a.audit.cost_text() if a.audit is not None else "–",
@@ -347,8 +370,30 @@ class CompareDialog(QDialog):
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight
                                           | Qt.AlignmentFlag.AlignVCenter)
                 self.table.setItem(r, col, item)
+        for name in OPTIONAL_COLUMNS:
+            col = COLUMNS.index(name)
+            self.table.setColumnHidden(col, all(
+                (self.table.item(r, col) is None or self.table.item(r, col).text() == "–")
+                for r in range(self.table.rowCount())))
         self.table.resizeColumnsToContents()
+        self._fit_width()
         self._fit_table()
+
+    def _fit_width(self) -> None:
+        """Wide enough for every column where the screen is (it stays if wider): at 12 pt
+        the table needed a sideways scroll in the dialog's first 980 px."""
+        short = self.table.horizontalHeader().length() - self.table.viewport().width()
+        if short <= 0:
+            return
+        screen = self.screen().availableGeometry() if self.screen() else None
+        width = self.width() + short + 2
+        if screen is not None:
+            width = min(width, screen.width() - WINDOW_FRAME.width())
+        if width > self.width():
+            self.resize(width, self.height())
+            if screen is not None and self.frameGeometry().right() > screen.right():
+                self.move(max(screen.left(), screen.right() + 1
+                              - self.frameGeometry().width()), self.y())
 
     def _fit_table(self) -> None:
         """Give the table the height of all its rows where the answer below keeps its
@@ -411,6 +456,13 @@ class CompareDialog(QDialog):
                              (w.compareFailed, self._on_failed)):
             signal.disconnect(slot)
         super().reject()
+
+
+def unequal_length(result: Comparison, answer: PolicyAnswer) -> bool:
+    """Whether ``answer``'s speed-up over Exact compares answers of different lengths."""
+    ref = result.reference
+    return ref is not None and answer is not ref \
+        and len(answer.token_ids) != len(ref.token_ids)
 
 
 def custom_text(policy: Policy) -> str:
