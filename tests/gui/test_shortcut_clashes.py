@@ -135,9 +135,6 @@ def test_no_window_has_two_controls_on_one_key(window: Any, demo: Path) -> None:
     assert keys["Alt+K"] == ["label Thin&king"]
 
 
-@pytest.mark.xfail(strict=True, reason="menus.py (another helper's file until 02:55): "
-                   "File has Open &recent and &Record session traces, Chat &New chat and "
-                   "Re&name chat; the report gives the change")
 def test_no_menu_has_two_items_on_one_letter(window: Any) -> None:
     found = []
     for bar in window.findChildren(QMenuBar):

@@ -101,7 +101,7 @@ def test_preferences_apply_live_and_at_the_next_load(demo_window: Any, qtbot: An
     assert app.font().pointSizeF() == 13
     assert w.chat_view.transcript.font().pointSizeF() == 13
     assert not w.recording and not w.recording_now
-    assert not _action(w, "&Record session traces").isChecked()
+    assert not _action(w, "Recor&d session traces").isChecked()
     assert paths.models_dir() == models
     assert paths.traces_dir() == data / "traces"
     # threads and GPU layers: from the next load, which the engine really gets

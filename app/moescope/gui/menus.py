@@ -78,7 +78,7 @@ class WindowMenus(_Window):
         self.sessions_menu.aboutToShow.connect(self._rebuild_sessions_menu)
         self.sessions_menu.addAction(self.sessions_action)
         self.record_action = self._action(
-            "&Record session traces", self._toggle_recording,
+            "Recor&d session traces", self._toggle_recording,
             tip="Record each model session to a trace file: off stops the current one at "
                 "once, on starts with the next model load")
         self.record_action.setCheckable(True)
@@ -100,7 +100,7 @@ class WindowMenus(_Window):
                                     "neither, cancel the edit of a message"))
         chat.addAction(self._action("&Regenerate", self.chat.regenerate, "Ctrl+R"))
         chat.addAction(self._action("&Edit last message", self.chat.edit_last, "Ctrl+E"))
-        chat.addAction(self._action("Re&name chat…", self.rename_current_dialog, "F2"))
+        chat.addAction(self._action("Ren&ame chat…", self.rename_current_dialog, "F2"))
         chat.addAction(self._action("&Delete chat", self.delete_current_dialog))
         chat.addAction(self._action("Focus &message box", self.chat_view.input.setFocus,
                                     "Ctrl+L"))
