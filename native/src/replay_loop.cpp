@@ -1310,8 +1310,15 @@ int32_t FastReplay::go() {
                 bq_advance(e_.step);
             }
             const int64_t tok = e_.token;
-            for (; filled < tok; ++filled) {
-                cum_mass[layer * n_tokens + filled] = layer_mass;
+            if (filled < tok) {
+                /* mostly one token (the next): a store, not the memset call the compiler
+                 * makes of the loop (31 instructions a row) */
+                double * cm = cum_mass + layer * n_tokens;
+                cm[filled] = layer_mass;
+                for (int64_t f = filled + 1; f < tok; ++f) {
+                    cm[f] = layer_mass;
+                }
+                filled = tok;
             }
             moecache_replay_token & o = out_[tok];
             const int64_t r0 = e_.row;
