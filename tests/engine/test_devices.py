@@ -42,7 +42,7 @@ def test_the_device_the_engine_uses_is_the_one_named_and_measured(
         assert slots == "CPU"
         assert not fit.slots_on_gpu and fit.vram_free is None and "slots in RAM" in fit.gpu
         assert fit.ram_needed == (info.non_expert_bytes + info.total_expert_bytes
-                                  + fit.kv_bytes + fit.vram_needed)
+                                  + fit.kv_bytes + fit.vram_needed + fit.working_bytes)
         assert engine_module._slots_in_ram(None)
         assert memory.gpu is None and math.isnan(memory.samples.last("vram_system"))
         return
@@ -72,7 +72,7 @@ def test_the_estimate_prices_the_slots_where_the_device_keeps_them(
     info = read_model_info(tiny_moe)
     dev = None if kind is None else Device("Vulkan0", "Radeon", kind, 1 << 10, 1 << 30)
     fit = estimate_fit(info, "25%", n_ctx=512, backend="vulkan", device=dev)
-    host = info.non_expert_bytes + info.total_expert_bytes + fit.kv_bytes
+    host = info.non_expert_bytes + info.total_expert_bytes + fit.kv_bytes + fit.working_bytes
     if kind == "gpu":
         assert fit.slots_on_gpu and fit.ram_needed == host and fit.vram_free == 1 << 10
         assert "Radeon (Vulkan): 1.00 KiB free of 1.00 GiB" in fit.gpu

@@ -26,14 +26,16 @@ def test_a_signal_quits_cleanly_and_finishes_the_trace(tmp_path: Path,
     model = demo_model_path()
     assert model is not None
     env = dict(os.environ, MOESCOPE_DATA_DIR=str(tmp_path / "data"),
-               QT_QPA_PLATFORM="offscreen", OPENBLAS_NUM_THREADS="1")
+               QT_QPA_PLATFORM="offscreen", OPENBLAS_NUM_THREADS="1",
+               PYTHONFAULTHANDLER="1")  # a crash prints every thread's stack
     child = subprocess.Popen([sys.executable, str(HERE / "window_child.py"), "--stay",
                               str(model)],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             env=env, stdout=subprocess.PIPE,
+                             stderr=(tmp_path / "stderr").open("wb"))  # never a full pipe
     try:
         assert child.stdout is not None
         line = child.stdout.readline().decode()
-        assert line, child.stderr.read().decode(errors="replace")[-2000:]
+        assert line, (tmp_path / "stderr").read_text(errors="replace")[-2000:]
         seen = json.loads(line)  # the answer is in and saved
         assert seen["tokens"] > 0 and seen["trace"]
         trace = Path(os.fsdecode(bytes.fromhex(seen["trace"])))
@@ -43,7 +45,7 @@ def test_a_signal_quits_cleanly_and_finishes_the_trace(tmp_path: Path,
         if child.poll() is None:
             child.kill()
             child.wait()
-    assert code == 0
+    assert code == 0, (tmp_path / "stderr").read_text(errors="replace")[-4000:]
     assert trace.is_file() and trace.suffix == ".parquet"
     assert not any(p.name.endswith(".journal.arrows") for p in trace.parent.iterdir())
     assert len(read_trace(trace).tokens) > 0

@@ -176,12 +176,15 @@ def _quit_on_sigint(window: MainWindow) -> None:
     session's trace is finished (its journal compacted), as File → Quit does.
 
     Qt's event loop runs in C++, so Python's signal handler only runs when some Python code
-    does: a 200 ms timer gives it that chance.
+    does: a 200 ms timer gives it that chance. The handler runs between two bytecodes of
+    whatever Python code that is (a slot half done), so it only asks the event loop to
+    close the window once that code has returned: closing from inside it crashed the
+    process now and then (a segfault in a loaded test run).
     """
     for name in ("SIGINT", "SIGTERM", "SIGHUP"):
         number = getattr(signal, name, None)  # SIGHUP: not on Windows
         if number is not None:
-            signal.signal(number, lambda *_: window.close())
+            signal.signal(number, lambda *_: QTimer.singleShot(0, window, window.close))
     timer = QTimer(window)
     timer.timeout.connect(lambda: None)
     timer.start(200)
