@@ -1,0 +1,252 @@
+"""Tool calls (OpenAI's function calling) in the format a model's chat template teaches it.
+
+The tools go to the template (its Jinja ``tools`` variable), which writes them into the
+system prompt in its own way, and tells the model how to call one. This module says which
+format a template uses (:func:`template_format`), reads the calls out of an answer as it
+streams (:class:`ToolCallStream`) and writes the grammar that makes an answer a call
+(:func:`call_grammar`, for ``tool_choice: "required"`` or a named function).
+
+Formats:
+
+- **Hermes** (Qwen2.5, QwQ, Qwen3, Qwen3-Next, and the many fine-tunes that copied it):
+  ``<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>``, one block per call.
+  Read, and forced by a grammar.
+- **Qwen3-Coder XML** (``<tool_call>\\n<function=f>\\n<parameter=p>\\nvalue\\n</parameter>
+  \\n</function>\\n</tool_call>``), **GLM-4.5's** (``<tool_call>f\\n<arg_key>p</arg_key>
+  <arg_value>v</arg_value></tool_call>``), **gpt-oss's harmony** (a ``commentary``
+  message to ``functions.f``), and any other: refused in one line (:data:`REFUSED`), as a
+  template without ``tools`` is: the server would not know a call from an answer.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from moescope.util.errors import MoEScopeError
+
+HERMES = "hermes"
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+REFUSED = {
+    "none": "this model's chat template has no tool support (it never reads tools), so "
+            "the model cannot call one; send tool_choice \"none\" or leave tools out",
+    "qwen3-coder": "this model's chat template calls tools in Qwen3-Coder's XML "
+                   "(<function=...><parameter=...>), which this server does not read yet "
+                   "(it reads Hermes/Qwen <tool_call> JSON); send tool_choice \"none\"",
+    "glm": "this model's chat template calls tools in GLM-4.5's XML "
+           "(<tool_call>name<arg_key>...), which this server does not read yet (it reads "
+           "Hermes/Qwen <tool_call> JSON); send tool_choice \"none\"",
+    "harmony": "gpt-oss's harmony tool calls (commentary to functions.NAME) are not read by "
+               "this server yet (it reads Hermes/Qwen <tool_call> JSON); send tool_choice "
+               "\"none\"",
+    "other": "this model's chat template calls tools in a format this server does not read "
+             "(it reads Hermes/Qwen <tool_call> JSON); send tool_choice \"none\"",
+}
+"""Why a request with tools is refused, by the template's format."""
+
+
+class ToolCallError(MoEScopeError):
+    """Tools that cannot be called on this model, or a grammar that cannot force them."""
+
+
+def template_format(template: str | None) -> str:
+    """The tool-call format of a chat template: :data:`HERMES`, or a key of
+    :data:`REFUSED` (``none`` where the template never reads ``tools``)."""
+    if not template or not re.search(r"\btools\b", template):
+        return "none"
+    if "<|channel|>" in template or "<|call|>" in template:
+        return "harmony"
+    if "<arg_key>" in template:
+        return "glm"
+    if "<function=" in template:
+        return "qwen3-coder"
+    if OPEN in template:
+        return HERMES
+    return "other"
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str
+    """The arguments as JSON text (OpenAI's ``function.arguments``)."""
+    id: str = field(default_factory=lambda: "call_" + secrets.token_hex(12))
+
+    def openai(self, index: int | None = None) -> dict[str, Any]:
+        """The call as OpenAI writes it in ``message.tool_calls`` (with ``index``: in a
+        streamed ``delta.tool_calls``)."""
+        out: dict[str, Any] = {} if index is None else {"index": index}
+        out.update({"id": self.id, "type": "function",
+                    "function": {"name": self.name, "arguments": self.arguments}})
+        return out
+
+
+def parse_hermes(body: str, names: Iterable[str]) -> ToolCall | None:
+    """The call a ``<tool_call>`` block holds (``{"name": ..., "arguments": {...}}``,
+    ``arguments`` also as JSON text, or ``parameters``), or None where it is not one: not
+    JSON, not an object, or a function that is not among ``names``."""
+    try:
+        obj = json.loads(body.strip())
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    name = obj.get("name")
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except (ValueError, RecursionError):
+            return None
+    if not isinstance(name, str) or name not in set(names) or not isinstance(args, dict):
+        return None
+    return ToolCall(name, json.dumps(args, ensure_ascii=False))
+
+
+class ToolCallStream:
+    """An answer's content with its Hermes tool calls taken out, as it streams.
+
+    :meth:`feed` takes each new piece of the content and returns the text to send as
+    content now and the calls completed now. Text that may begin ``<tool_call>`` is held
+    back until it is known not to, and so is white space (the blank lines before a call
+    are not content); a block is sent as a call once its ``</tool_call>`` closes it and it
+    parses (:func:`parse_hermes`), else as the content it is. With ``parallel`` False
+    the answer is :attr:`done` after its first call (the caller stops generating)."""
+
+    def __init__(self, names: Iterable[str], parallel: bool = True) -> None:
+        self.names = frozenset(names)
+        self.parallel = parallel
+        self.calls: list[ToolCall] = []
+        self.content = ""
+        """The content sent so far."""
+        self.done = False
+        self._pending = ""
+        self._inside = False
+
+    def feed(self, piece: str) -> tuple[str, list[ToolCall]]:
+        if self.done:
+            return "", []
+        self._pending += piece
+        out, calls = "", []
+        while True:
+            if self._inside:
+                end = self._pending.find(CLOSE)
+                if end < 0:
+                    break
+                body, self._pending = self._pending[:end], self._pending[end + len(CLOSE):]
+                self._inside = False
+                call = parse_hermes(body, self.names)
+                if call is None:
+                    out += OPEN + body + CLOSE
+                    continue
+                calls.append(call)
+                self.calls.append(call)
+                if not self.parallel:
+                    self.done = True
+                    self._pending = ""
+                    break
+                continue
+            start = self._pending.find(OPEN)
+            if start >= 0:
+                before = self._pending[:start]
+                if before.strip():  # the words before a call, without the blank lines
+                    out += before.rstrip()
+                self._pending = self._pending[start + len(OPEN):]
+                self._inside = True
+                continue
+            held = _held(self._pending)
+            text = self._pending[:len(self._pending) - held]
+            if text.strip():
+                out += text
+                self._pending = self._pending[len(text):]
+            break
+        self.content += out
+        return out, calls
+
+    def finish(self) -> str:
+        """The content held back, now that the answer is over: an unclosed block is the
+        text it is (a call cut short by the length limit is no call); white space at the
+        end goes only where no call was made."""
+        rest = (OPEN if self._inside else "") + self._pending
+        self._pending, self._inside = "", False
+        if self.done or (self.calls and not rest.strip()):
+            return ""
+        self.content += rest
+        return rest
+
+
+def _held(text: str) -> int:
+    """Length of the tail of ``text`` to hold back: white space, and what may begin
+    ``<tool_call>`` (after that white space)."""
+    n = len(text) - len(text.rstrip())
+    body = text[:len(text) - n]
+    for k in range(min(len(OPEN) - 1, len(body)), 0, -1):
+        if OPEN.startswith(body[-k:]):
+            return n + k
+    return n
+
+
+MAX_TOOLS = 128
+"""Tools in one request (OpenAI's limit)."""
+NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+"""A function's name, as OpenAI allows it."""
+
+
+def call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON schema of one Hermes call to any of ``tools`` (OpenAI's shape, checked):
+    ``{"name": <const>, "arguments": <the function's parameters>}``, one branch per
+    function; each function's ``$defs``/``definitions`` moved to the root under names of
+    their own, with its ``$ref`` rewritten to them."""
+    branches, defs = [], {}
+    for i, tool in enumerate(tools):
+        function = tool["function"]
+        params = copy.deepcopy(function.get("parameters") or {"type": "object"})
+        moved: dict[str, str] = {}
+        for key in ("$defs", "definitions"):
+            if isinstance(params.get(key), dict):
+                for name, value in params.pop(key).items():
+                    new = f"t{i}-{re.sub(r'[^a-zA-Z0-9-]+', '-', name)}-{len(defs)}"
+                    moved[f"#/{key}/{name}"] = f"#/$defs/{new}"
+                    defs[new] = value
+        stack: list[Any] = [params, *(defs[m.rsplit("/", 1)[1]] for m in moved.values())]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, list):
+                stack.extend(node)
+            elif isinstance(node, dict):
+                ref = node.get("$ref")
+                if isinstance(ref, str) and ref.startswith("#"):
+                    target = next((new + ref[len(old):] for old, new in moved.items()
+                                   if ref == old or ref.startswith(old + "/")), None)
+                    if target is None:
+                        raise ToolCallError(f"tools[{i}].function.parameters: $ref {ref!r} "
+                                            "points outside the function's $defs")
+                    node["$ref"] = target
+                stack.extend(v for k, v in node.items() if k not in ("enum", "const"))
+        branches.append({"type": "object",
+                         "properties": {"name": {"const": function["name"]},
+                                        "arguments": params},
+                         "required": ["name", "arguments"], "additionalProperties": False})
+    schema: dict[str, Any] = branches[0] if len(branches) == 1 else {"anyOf": branches}
+    if defs:
+        schema = {**schema, "$defs": defs}
+    return schema
+
+
+def call_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
+    """GBNF of an answer that is a Hermes call to one of ``tools`` (its arguments as the
+    function's ``parameters`` allow), or, with ``parallel``, one or more calls.
+    :class:`~moescope.engine.grammar.GrammarError` where a schema cannot be enforced."""
+    from moescope.engine.grammar import schema_grammar
+
+    text = schema_grammar(call_schema(tools))
+    text = re.sub(r"^root ::=", "tool-call ::=", text, flags=re.M)
+    one = r'"<tool_call>\n" tool-call "\n</tool_call>"'
+    root = f"root ::= {one}" + (f" ( \"\\n\" {one} )*" if parallel else "")
+    return root + "\n" + text
