@@ -50,6 +50,37 @@ TEMPLATE = (
 """Qwen3's template, cut to what tools need: the tools as JSON lines in a system turn, the
 Hermes format, calls replayed as ``<tool_call>`` blocks, results in a user turn."""
 
+XML_TEMPLATE = (
+    "{%- if tools %}"
+    "{{ '<|im_start|>system\\n# Tools\\n\\nYou have access to the following functions:"
+    "\\n\\n<tools>' }}"
+    "{%- for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{%- endfor %}"
+    "{{ '\\n</tools>\\n\\nIf you choose to call a function ONLY reply in the following "
+    "format with NO suffix:\\n\\n<tool_call>\\n<function=example_function_name>\\n"
+    "<parameter=example_parameter_1>\\nvalue_1\\n</parameter>\\n</function>\\n"
+    "</tool_call><|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' and message.tool_calls %}"
+    "{{ '<|im_start|>assistant\\n' + (message.content or '') }}"
+    "{%- for call in message.tool_calls %}"
+    "{{ '\\n<tool_call>\\n<function=' + call.function.name + '>\\n' }}"
+    "{%- for key, value in call.function.arguments.items() %}"
+    "{{ '<parameter=' + key + '>\\n' }}"
+    "{%- if value is string %}{{ value }}{%- else %}{{ value | tojson }}{%- endif %}"
+    "{{ '\\n</parameter>\\n' }}"
+    "{%- endfor %}{{ '</function>\\n</tool_call>' }}"
+    "{%- endfor %}{{ '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' + message.content "
+    "+ '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}{{ '<|im_start|>' + message.role + '\\n' + message.content "
+    "+ '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}")
+"""Qwen3.5's (and Qwen3-Coder's) way: the Qwen3-Coder XML calls, each parameter's value
+as raw text (a string) or JSON."""
+
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 WEATHER = {"type": "function", "function": {
@@ -65,12 +96,29 @@ ADD = {"type": "function", "function": {
         "type": "object", "properties": {"a": {"$ref": "#/$defs/Small"},
                                          "b": {"$ref": "#/$defs/Small"}},
         "required": ["a", "b"]}}}
+ADD_PLAIN = {"type": "function", "function": {
+    "name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                         "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["a", "b"]}}}
+"""``add`` without a ``$ref``, which Qwen3-Coder's XML calls cannot force."""
 TOOLS = [WEATHER, ADD]
 
 
+@pytest.fixture(scope="module", params=["hermes", "xml"])
+def fmt(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def tool_model(synth_model: Callable[..., Path]) -> Path:
-    return synth_model("qwen3moe", expert_type="q8_0", chat_template=TEMPLATE, ctx=4096)
+def tool_model(synth_model: Callable[..., Path], fmt: str) -> Path:
+    return synth_model("qwen3moe", expert_type="q8_0", ctx=4096,
+                       chat_template=TEMPLATE if fmt == "hermes" else XML_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def tools(fmt: str) -> list[dict[str, Any]]:
+    return TOOLS if fmt == "hermes" else [WEATHER, ADD_PLAIN]
 
 
 @pytest.fixture
@@ -80,7 +128,7 @@ def tools_server(server_factory: Callable[..., Server], tool_model: Path) -> Ser
 
 def _ask(server: Server, **kwargs: Any) -> Any:
     kwargs.setdefault("messages", ASK)
-    kwargs.setdefault("max_tokens", 120)
+    kwargs.setdefault("max_tokens", 400)
     kwargs.setdefault("temperature", 0)
     return server.client().chat.completions.create(
         model=server.client().models.list().data[0].id, **kwargs)
@@ -102,9 +150,10 @@ def _meets(arguments: str, name: str) -> dict[str, Any]:
     return args
 
 
-def test_tool_choice_none_answers_as_without_tools(tools_server: Server) -> None:
+def test_tool_choice_none_answers_as_without_tools(tools_server: Server,
+                                                   tools: list[dict[str, Any]]) -> None:
     plain = _ask(tools_server, max_tokens=8, seed=3)
-    none = _ask(tools_server, max_tokens=8, seed=3, tools=TOOLS, tool_choice="none")
+    none = _ask(tools_server, max_tokens=8, seed=3, tools=tools, tool_choice="none")
     [choice] = none.choices
     assert choice.message.tool_calls is None and choice.finish_reason != "tool_calls"
     # no tools in the prompt: the same prompt, the same answer
@@ -112,19 +161,20 @@ def test_tool_choice_none_answers_as_without_tools(tools_server: Server) -> None
     assert choice.message.content == plain.choices[0].message.content
 
 
-def test_auto_shows_the_tools_to_the_model(tools_server: Server) -> None:
+def test_auto_shows_the_tools_to_the_model(tools_server: Server,
+                                          tools: list[dict[str, Any]]) -> None:
     plain = _ask(tools_server, max_tokens=4)
-    auto = _ask(tools_server, max_tokens=4, tools=TOOLS)
+    auto = _ask(tools_server, max_tokens=4, tools=tools)
     # the template's tool prompt, with each function's schema, is in the prompt
     assert auto.usage.prompt_tokens > plain.usage.prompt_tokens + 100
     assert auto.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
 @pytest.mark.parametrize("parallel", [False, True])
-def test_required_gives_a_call_whose_arguments_meet_the_schema(tools_server: Server,
-                                                               parallel: bool) -> None:
-    r = _ask(tools_server, tools=TOOLS, tool_choice="required", seed=1,
-             parallel_tool_calls=parallel, max_tokens=200)
+def test_required_gives_a_call_whose_arguments_meet_the_schema(
+        tools_server: Server, tools: list[dict[str, Any]], parallel: bool) -> None:
+    r = _ask(tools_server, tools=tools, tool_choice="required", seed=1,
+             parallel_tool_calls=parallel, max_tokens=600)
     [choice] = r.choices
     assert choice.finish_reason == "tool_calls", choice
     calls = choice.message.tool_calls
@@ -137,17 +187,19 @@ def test_required_gives_a_call_whose_arguments_meet_the_schema(tools_server: Ser
     assert len({c.id for c in calls}) == len(calls)
 
 
-def test_a_named_function_is_the_one_called(tools_server: Server) -> None:
-    r = _ask(tools_server, tools=TOOLS, seed=2,
+def test_a_named_function_is_the_one_called(tools_server: Server,
+                                           tools: list[dict[str, Any]]) -> None:
+    r = _ask(tools_server, tools=tools, seed=2,
              tool_choice={"type": "function", "function": {"name": "add"}})
     [call] = r.choices[0].message.tool_calls
     assert call.function.name == "add"
     _meets(call.function.arguments, "add")
 
 
-def test_a_streamed_call_reassembles_in_the_client(tools_server: Server) -> None:
-    kwargs: dict[str, Any] = {"tools": TOOLS, "tool_choice": "required", "seed": 5,
-                              "max_tokens": 200, "temperature": 0, "messages": ASK}
+def test_a_streamed_call_reassembles_in_the_client(tools_server: Server,
+                                                   tools: list[dict[str, Any]]) -> None:
+    kwargs: dict[str, Any] = {"tools": tools, "tool_choice": "required", "seed": 5,
+                              "max_tokens": 600, "temperature": 0, "messages": ASK}
     whole = _ask(tools_server, **kwargs)
     client = tools_server.client()
     with client.chat.completions.stream(model=client.models.list().data[0].id,
@@ -169,20 +221,21 @@ def test_a_streamed_call_reassembles_in_the_client(tools_server: Server) -> None
     assert all(c.id and c.type == "function" and c.function.name for c in calls)
 
 
-def test_a_tool_result_continues_the_conversation(tools_server: Server) -> None:
-    first = _ask(tools_server, tools=TOOLS, seed=1,
+def test_a_tool_result_continues_the_conversation(tools_server: Server,
+                                                  tools: list[dict[str, Any]]) -> None:
+    first = _ask(tools_server, tools=tools, seed=1,
                  tool_choice={"type": "function", "function": {"name": "get_weather"}})
     message = first.choices[0].message
     [call] = message.tool_calls
     history = [*ASK, message.model_dump(exclude_none=True),
                {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}]
-    second = _ask(tools_server, messages=history, tools=TOOLS, tool_choice="none",
+    second = _ask(tools_server, messages=history, tools=tools, tool_choice="none",
                   max_tokens=6)
     assert second.choices[0].message.content and second.choices[0].message.tool_calls is None
     # the call and the result reached the prompt (without the tools: "none" shows none)
     assert second.usage.prompt_tokens > _ask(tools_server, max_tokens=1).usage.prompt_tokens + 20
     # and with the tools shown, the model may call again or answer
-    third = _ask(tools_server, messages=history, tools=TOOLS, max_tokens=6)
+    third = _ask(tools_server, messages=history, tools=tools, max_tokens=6)
     assert third.usage.prompt_tokens > first.usage.prompt_tokens
     assert third.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
@@ -253,3 +306,28 @@ def test_on_a_template_without_tools_none_answers_and_a_call_is_refused(
         body = err.value.body
         assert isinstance(body, dict) and body["param"] == "tools"
         assert "has no tool support" in body["message"]
+
+
+@pytest.mark.parametrize(("tool", "says"), [
+    (ADD, "a $ref cannot be forced in Qwen3-Coder's XML calls"),
+    (_tool(parameters={"type": "object", "properties": {"s": {"type": "string",
+                                                           "pattern": "^a+$"}}}),
+     "a string's pattern cannot be forced in raw text"),
+    (_tool(parameters={"type": "object", "properties": {"a<b": {"type": "integer"}}}),
+     "cannot be written in Qwen3-Coder's XML"),
+])
+def test_what_an_xml_call_cannot_force_is_400(tools_server: Server, fmt: str,
+                                              tool: dict[str, Any], says: str) -> None:
+    if fmt != "xml":
+        pytest.skip("Qwen3-Coder's XML calls only")
+    with tools_server.http() as h:
+        r = h.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 2,
+                                                  "tools": [tool], "tool_choice": "required"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "tools" and says in err["message"], err
+    # auto reads such calls all the same: no grammar is needed
+    with tools_server.http() as h:
+        r = h.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 2,
+                                                  "tools": [tool]})
+    assert r.status_code == 200, r.text

@@ -11,11 +11,15 @@ Formats:
 - **Hermes** (Qwen2.5, QwQ, Qwen3, Qwen3-Next, and the many fine-tunes that copied it):
   ``<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>``, one block per call.
   Read, and forced by a grammar.
-- **Qwen3-Coder XML** (``<tool_call>\\n<function=f>\\n<parameter=p>\\nvalue\\n</parameter>
-  \\n</function>\\n</tool_call>``), **GLM-4.5's** (``<tool_call>f\\n<arg_key>p</arg_key>
-  <arg_value>v</arg_value></tool_call>``), **gpt-oss's harmony** (a ``commentary``
-  message to ``functions.f``), and any other: refused in one line (:data:`REFUSED`), as a
-  template without ``tools`` is: the server would not know a call from an answer.
+- **Qwen3-Coder XML** (Qwen3.5, Qwen3-Coder, Qwen3-Coder-Next): ``<tool_call>\\n
+  <function=f>\\n<parameter=p>\\nvalue\\n</parameter>\\n</function>\\n</tool_call>``,
+  a string parameter's value as raw text, any other as JSON (:func:`parse_xml`). Read,
+  and forced by a grammar (:func:`xml_call_grammar`) where each string parameter is free
+  text or an enum (a string's pattern, length or format cannot be forced in raw text).
+- **GLM-4.5's** (``<tool_call>f\\n<arg_key>p</arg_key><arg_value>v</arg_value>
+  </tool_call>``), **gpt-oss's harmony** (a ``commentary`` message to ``functions.f``),
+  and any other: refused in one line (:data:`REFUSED`), as a template without ``tools``
+  is: the server would not know a call from an answer.
 """
 
 from __future__ import annotations
@@ -24,21 +28,21 @@ import copy
 import json
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from moescope.util.errors import MoEScopeError
 
 HERMES = "hermes"
+XML = "qwen3-coder"
+READ = (HERMES, XML)
+"""The formats this module reads."""
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 REFUSED = {
     "none": "this model's chat template has no tool support (it never reads tools), so "
             "the model cannot call one; send tool_choice \"none\" or leave tools out",
-    "qwen3-coder": "this model's chat template calls tools in Qwen3-Coder's XML "
-                   "(<function=...><parameter=...>), which this server does not read yet "
-                   "(it reads Hermes/Qwen <tool_call> JSON); send tool_choice \"none\"",
     "glm": "this model's chat template calls tools in GLM-4.5's XML "
            "(<tool_call>name<arg_key>...), which this server does not read yet (it reads "
            "Hermes/Qwen <tool_call> JSON); send tool_choice \"none\"",
@@ -56,7 +60,7 @@ class ToolCallError(MoEScopeError):
 
 
 def template_format(template: str | None) -> str:
-    """The tool-call format of a chat template: :data:`HERMES`, or a key of
+    """The tool-call format of a chat template: one of :data:`READ`, or a key of
     :data:`REFUSED` (``none`` where the template never reads ``tools``)."""
     if not template or not re.search(r"\btools\b", template):
         return "none"
@@ -64,8 +68,8 @@ def template_format(template: str | None) -> str:
         return "harmony"
     if "<arg_key>" in template:
         return "glm"
-    if "<function=" in template:
-        return "qwen3-coder"
+    if "<function=" in template and "<parameter=" in template:
+        return XML
     if OPEN in template:
         return HERMES
     return "other"
@@ -115,12 +119,15 @@ class ToolCallStream:
     :meth:`feed` takes each new piece of the content and returns the text to send as
     content now and the calls completed now. Text that may begin ``<tool_call>`` is held
     back until it is known not to, and so is white space (the blank lines before a call
-    are not content); a block is sent as a call once its ``</tool_call>`` closes it and it
-    parses (:func:`parse_hermes`), else as the content it is. With ``parallel`` False
+    are not content); a block is sent as a call once its ``</tool_call>`` closes it and
+    ``parse`` reads it (:func:`parse_hermes`, :func:`parse_xml`), else as the content it
+    is. With ``parallel`` False
     the answer is :attr:`done` after its first call (the caller stops generating)."""
 
-    def __init__(self, names: Iterable[str], parallel: bool = True) -> None:
-        self.names = frozenset(names)
+    def __init__(self, parse: Callable[[str], ToolCall | None],
+                 parallel: bool = True) -> None:
+        self.parse = parse
+        """A ``<tool_call>`` block's body to its call (None: it is not one)."""
         self.parallel = parallel
         self.calls: list[ToolCall] = []
         self.content = ""
@@ -141,7 +148,7 @@ class ToolCallStream:
                     break
                 body, self._pending = self._pending[:end], self._pending[end + len(CLOSE):]
                 self._inside = False
-                call = parse_hermes(body, self.names)
+                call = self.parse(body)
                 if call is None:
                     out += OPEN + body + CLOSE
                     continue
@@ -182,14 +189,12 @@ class ToolCallStream:
 
 
 def _held(text: str) -> int:
-    """Length of the tail of ``text`` to hold back: white space, and what may begin
-    ``<tool_call>`` (after that white space)."""
-    n = len(text) - len(text.rstrip())
-    body = text[:len(text) - n]
-    for k in range(min(len(OPEN) - 1, len(body)), 0, -1):
-        if OPEN.startswith(body[-k:]):
-            return n + k
-    return n
+    """Length of the tail of ``text`` to hold back: what may begin ``<tool_call>``, and
+    the white space before it (or at the end)."""
+    k = next((k for k in range(min(len(OPEN) - 1, len(text)), 0, -1)
+              if OPEN.startswith(text[-k:])), 0)
+    body = text[:len(text) - k]
+    return k + len(body) - len(body.rstrip())
 
 
 MAX_TOOLS = 128
@@ -250,3 +255,140 @@ def call_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
     one = r'"<tool_call>\n" tool-call "\n</tool_call>"'
     root = f"root ::= {one}" + (f" ( \"\\n\" {one} )*" if parallel else "")
     return root + "\n" + text
+
+
+def parser(fmt: str, tools: list[dict[str, Any]]) -> Callable[[str], ToolCall | None]:
+    """How a ``<tool_call>`` block of format ``fmt`` (one of :data:`READ`) is read, for
+    ``tools``."""
+    if fmt == HERMES:
+        names = frozenset(t["function"]["name"] for t in tools)
+        return lambda body: parse_hermes(body, names)
+    schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
+    return lambda body: parse_xml(body, schemas)
+
+
+_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*", re.S)
+_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+
+
+def parse_xml(body: str, schemas: dict[str, dict[str, Any]]) -> ToolCall | None:
+    """The call a Qwen3-Coder ``<tool_call>`` block holds (``<function=f>`` with its
+    ``<parameter=p>`` values), or None where it is not one (no function, one not among
+    ``schemas``, text outside the parameters). A value is read as its parameter's type
+    wants: raw text for a string (one newline after the opening tag and one before the
+    closing one are the format's), else JSON, else the text."""
+    m = _FUNCTION.fullmatch(body)
+    if m is None or m[1].strip() not in schemas:
+        return None
+    name = m[1].strip()
+    properties = schemas[name].get("properties")
+    properties = properties if isinstance(properties, dict) else {}
+    args: dict[str, Any] = {}
+    if _PARAMETER.sub("", m[2]).strip():
+        return None
+    for p in _PARAMETER.finditer(m[2]):
+        key, raw = p[1].strip(), p[2]
+        raw = raw[1:] if raw.startswith("\n") else raw
+        raw = raw[:-1] if raw.endswith("\n") else raw
+        schema = properties.get(key)
+        args[key] = raw if _is_text(schema) else _json_or_text(raw)
+    return ToolCall(name, json.dumps(args, ensure_ascii=False))
+
+
+def _is_text(schema: Any) -> bool:
+    """Whether a parameter's value is written as raw text: its type is ``string`` (or a
+    list holding it and no other type but null)."""
+    if not isinstance(schema, dict):
+        return False
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return "string" in kind and set(kind) <= {"string", "null"}
+    return kind == "string" or (kind is None and isinstance(schema.get("enum"), list)
+                                and all(isinstance(v, str) for v in schema["enum"]))
+
+
+def _json_or_text(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return raw
+
+
+_ANNOTATIONS = {"title", "description", "examples", "default", "$comment", "deprecated",
+                "readOnly", "writeOnly"}
+
+
+def _literal(text: str) -> str:
+    """``text`` as a GBNF literal."""
+    out = []
+    for c in text:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif c == "\n":
+            out.append("\\n")
+        elif ord(c) < 0x20 or c == "\x7f":
+            out.append(f"\\x{ord(c):02x}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
+def xml_call_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
+    """GBNF of an answer that is a Qwen3-Coder XML call to one of ``tools``, or, with
+    ``parallel``, one or more: each required parameter once, the optional ones maybe, in
+    the schema's order, no other; a string parameter's value raw text without ``<`` (or
+    one of its enum's values), any other the JSON its schema allows (the converter's
+    rules, :func:`~moescope.engine.grammar.schema_grammar`).
+    :class:`ToolCallError` for what raw text cannot be held to (a string's pattern,
+    length or format) or a ``$ref``; :class:`~moescope.engine.grammar.GrammarError` for
+    a schema that cannot be enforced."""
+    from moescope.engine.grammar import schema_grammar
+
+    values: dict[str, Any] = {}
+    functions = []
+    for i, tool in enumerate(tools):
+        function = tool["function"]
+        params = function.get("parameters") or {}
+        where = f"tools[{i}].function.parameters"
+        if "$ref" in json.dumps(params):
+            raise ToolCallError(f"{where}: a $ref cannot be forced in Qwen3-Coder's XML calls")
+        properties = params.get("properties") or {}
+        required = set(params.get("required") or ())
+        parts = []
+        for j, (key, schema) in enumerate(properties.items()):
+            if not isinstance(key, str) or not key or any(c in key for c in "<>\n"):
+                raise ToolCallError(f"{where}: the parameter name {key!r} cannot be written "
+                                    "in Qwen3-Coder's XML")
+            if _is_text(schema):
+                extra = set(schema) - _ANNOTATIONS - {"type", "enum"}
+                if extra:
+                    raise ToolCallError(f"{where}.properties.{key}: a string's "
+                                        f"{sorted(extra)[0]} cannot be forced in raw text "
+                                        "(Qwen3-Coder's XML calls)")
+                value = " | ".join(_literal(v) for v in schema["enum"]) \
+                    if isinstance(schema.get("enum"), list) else "xml-text"
+                value = f"( {value} )"
+            else:  # a placeholder for the converter's rule of the value
+                value = f"@v{i}x{j}@"
+                values[f"v{i}x{j}"] = schema if isinstance(schema, dict) else {}
+            one = f'"<parameter=" {_literal(key)} ">\\n" {value} "\\n</parameter>\\n"'
+            parts.append(one if key in required else f"( {one} )?")
+        body = " ".join(parts)
+        functions.append(f'"<function=" {_literal(function["name"])} ">\\n" {body} '
+                         '"</function>"')
+    call = f"xml-call ::= {' | '.join(f'( {f} )' for f in functions)}"
+    lines = ["xml-text ::= [^<]*"]
+    if values:  # one object of every JSON value: the converter writes their rules
+        text = schema_grammar({"type": "object", "required": list(values),
+                               "properties": values})
+        lines.append(re.sub(r"^root ::=", "xml-values ::=", text, flags=re.M))
+        for key in values:
+            kv = re.search(rf'^{key}-kv ::= "\\"{key}\\"" space ":" space (\S+)$', text,
+                           flags=re.M)
+            if kv is None:
+                raise ToolCallError(f"the converter wrote no rule for a parameter ({key})")
+            call = call.replace(f"@{key}@", kv[1])
+    lines.insert(0, call)
+    one = r'"<tool_call>\n" xml-call "\n</tool_call>"'
+    root = f"root ::= {one}" + (f" ( \"\\n\" {one} )*" if parallel else "")
+    return "\n".join([root, *lines])

@@ -190,9 +190,10 @@ class Job:
     split: bool = False
     tokens: ChatTokens | None = None
     """A chat's prompt tokens (its users' words read as text); None: ``prompt``'s."""
-    tools: list[str] | None = None
-    """The functions the answer may call (their names): its content is read for calls
-    (``tool_calls.ToolCallStream``); None: no tools."""
+    tools: list[dict[str, Any]] | None = None
+    """The functions the answer may call: its content is read for calls in
+    ``tool_format`` (``tool_calls.ToolCallStream``); None: no tools."""
+    tool_format: str = ""
     parallel_tool_calls: bool = True
     cancelled: threading.Event = field(default_factory=threading.Event)
     generated: int = 0
@@ -484,7 +485,7 @@ class Service:
         if p.output is None and grammar is None:
             job.prefix, job.split = self._prefixes[thinking], True
         if tools:
-            job.tools = [t["function"]["name"] for t in tools]
+            job.tools, job.tool_format = tools, self._tool_format
             job.parallel_tool_calls = p.parallel_tool_calls
         return job
 
@@ -496,9 +497,16 @@ class Service:
         import json
 
         from moescope.engine.grammar import GrammarError
-        from moescope.engine.tool_calls import HERMES, REFUSED, ToolCallError, call_grammar
+        from moescope.engine.tool_calls import (
+            HERMES,
+            READ,
+            REFUSED,
+            ToolCallError,
+            call_grammar,
+            xml_call_grammar,
+        )
 
-        if self._tool_format != HERMES:
+        if self._tool_format not in READ:
             raise bad_param("tools", REFUSED[self._tool_format])
         for i, tool in enumerate(tools):
             # the template writes the tools as markup: a description holding "<|im_end|>"
@@ -518,9 +526,11 @@ class Service:
                 schema_grammar(tool["function"]["parameters"])
             except GrammarError as err:
                 raise bad_param(where, f"{where}: the call cannot be forced: {err}") from None
+        parallel = p.parallel_tool_calls and p.tool_choice == "required"
         try:
             return self.engine.compile_grammar(
-                call_grammar(forced, p.parallel_tool_calls and p.tool_choice == "required"))
+                call_grammar(forced, parallel) if self._tool_format == HERMES
+                else xml_call_grammar(forced, parallel))
         except (GrammarError, ToolCallError) as err:
             raise bad_param("tools", f"tools: the call cannot be forced: {err}") from None
 
@@ -659,9 +669,9 @@ class Service:
         track = LogprobTrack() if job.sampling.logprobs is not None else None
         calls = None
         if job.tools is not None:
-            from moescope.engine.tool_calls import ToolCallStream
+            from moescope.engine.tool_calls import ToolCallStream, parser
 
-            calls = ToolCallStream(job.tools, job.parallel_tool_calls)
+            calls = ToolCallStream(parser(job.tool_format, job.tools), job.parallel_tool_calls)
         for listener in self.listeners:
             listener.request_started(job)
         for tok in engine.generate(job.tokens if job.tokens is not None else job.prompt,
