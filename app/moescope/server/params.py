@@ -3,8 +3,8 @@
 Every field a client sends is read here, type-checked and clamped or refused (400 naming
 the field), so the generation code only ever sees sane values: no NaN temperature, no
 ``max_tokens`` of a billion, no ten thousand stop strings. Fields the server does not
-implement but that clients send with neutral values (``n: 1``, ``logit_bias: {}``,
-``verbosity: "medium"``) pass; any other value is refused rather than silently ignored
+implement but that clients send with neutral values (``n: 1``, ``verbosity:
+"medium"``) pass; any other value is refused rather than silently ignored
 (``web_search_options`` whatever its value), so a client never believes it got what it
 asked for when it did not. Unknown extra fields are ignored, as llama-server does: clients
 add vendor fields freely; so are OpenAI's fields that are bookkeeping or hints and change
@@ -12,7 +12,10 @@ no answer (``user``, ``metadata``, ``store``, ``service_tier``, ``prompt_cache_k
 ``safety_identifier``, ``prediction``).
 
 ``response_format`` (JSON output) is read here; its schema is bounded and turned into a
-grammar when the request is prepared (``Service``), still before anything waits.
+grammar when the request is prepared (``Service``), still before anything waits. So are
+``tools`` (bounded here: count, names, description and schema sizes), ``tool_choice`` and
+``parallel_tool_calls``; whether the model's template can call them, and the grammar that
+forces a call, are the ``Service``'s.
 """
 
 from __future__ import annotations
