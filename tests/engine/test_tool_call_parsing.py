@@ -1,7 +1,7 @@
 """Reading tool calls out of an answer as it streams (``engine.tool_calls``): Hermes JSON
-blocks and Qwen3-Coder XML blocks, whatever the pieces the text comes in; the words before
-a call are content, a block that is not a call stays the text it is; which format a
-chat template uses."""
+blocks, Qwen3-Coder XML blocks and GLM-4.5's, whatever the pieces the text comes in; the
+words before a call are content, a block that is not a call stays the text it is; which
+format a chat template uses."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from moescope.engine.gbnf import parse_error
 from moescope.engine.tool_calls import (
+    GLM,
     HERMES,
     XML,
     ToolCallStream,
@@ -34,6 +35,11 @@ XML_ANSWER = ("I will look.\n<tool_call>\n<function=get_weather>\n<parameter=cit
               '<parameter=tags>\n["a", "b"]\n</parameter>\n</function>\n</tool_call>\n'
               "<tool_call>\n<function=add>\n</function>\n</tool_call>")
 
+GLM_ANSWER = ("I will look.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>"
+              "Paris\nFrance</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n"
+              '<arg_key>tags</arg_key><arg_value>["a", "b"]</arg_value></tool_call>\n'
+              "<tool_call>add</tool_call>")
+
 
 def _run(fmt: str, text: str, step: int, parallel: bool = True) -> tuple[str, list[tuple]]:  # type: ignore[type-arg]
     stream = ToolCallStream(parser(fmt, TOOLS), parallel)
@@ -51,13 +57,14 @@ def _run(fmt: str, text: str, step: int, parallel: bool = True) -> tuple[str, li
 
 @pytest.mark.parametrize("step", [1, 2, 3, 7, 1000])
 @pytest.mark.parametrize(("fmt", "text", "city"), [(HERMES, HERMES_ANSWER, "Paris <3"),
-                                                   (XML, XML_ANSWER, "Paris\nFrance")])
+                                                   (XML, XML_ANSWER, "Paris\nFrance"),
+                                                   (GLM, GLM_ANSWER, "Paris\nFrance")])
 def test_calls_are_read_whatever_the_pieces(fmt: str, text: str, city: str,
                                             step: int) -> None:
     content, calls = _run(fmt, text, step)
     assert content == "I will look."
     want_weather = {"city": city, "days": 2}
-    if fmt == XML:
+    if fmt != HERMES:
         want_weather["tags"] = ["a", "b"]
     assert calls == [("get_weather", want_weather), ("add", {})]
     # not parallel: the first call, and the answer is done
@@ -86,7 +93,7 @@ def test_arguments_as_json_text_are_read_too() -> None:
      "<tool_call>\n{\"name\": ...}\n</tool_call>{% endif %}", HERMES),
     ("{% if tools %}<tool_call>\n<function=example_function_name>\n"
      "<parameter=example_parameter_1>{% endif %}", XML),
-    ("{% if tools %}<tool_call>{{ name }}<arg_key>k</arg_key>{% endif %}", "glm"),
+    ("{% if tools %}<tool_call>{{ name }}<arg_key>k</arg_key>{% endif %}", GLM),
     ("{% if tools %}<|start|>assistant<|channel|>commentary to=functions.f{% endif %}",
      "harmony"),
     ("{% if tools %}<|python_tag|>{{ tools | tojson }}{% endif %}", "other"),
@@ -99,5 +106,6 @@ def test_a_template_s_format(template: str | None, fmt: str) -> None:
 
 def test_the_grammars_parse() -> None:
     for text in (call_grammar(TOOLS, True), call_grammar(TOOLS[:1], False),
-                 xml_call_grammar(TOOLS, True), xml_call_grammar(TOOLS[1:], False)):
+                 xml_call_grammar(TOOLS, True), xml_call_grammar(TOOLS[1:], False),
+                 xml_call_grammar(TOOLS, True, GLM)):
         assert parse_error(text) is None, text

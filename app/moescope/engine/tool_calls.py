@@ -16,10 +16,12 @@ Formats:
   a string parameter's value as raw text, any other as JSON (:func:`parse_xml`). Read,
   and forced by a grammar (:func:`xml_call_grammar`) where each string parameter is free
   text or an enum (a string's pattern, length or format cannot be forced in raw text).
-- **GLM-4.5's** (``<tool_call>f\\n<arg_key>p</arg_key><arg_value>v</arg_value>
-  </tool_call>``), **gpt-oss's harmony** (a ``commentary`` message to ``functions.f``),
-  and any other: refused in one line (:data:`REFUSED`), as a template without ``tools``
-  is: the server would not know a call from an answer.
+- **GLM-4.5's** (GLM-4.5, 4.6, 4.7): ``<tool_call>f\\n<arg_key>p</arg_key>\\n
+  <arg_value>v</arg_value>\\n</tool_call>``, values as in Qwen3-Coder's; read and forced
+  the same way.
+- **gpt-oss's harmony** (a ``commentary`` message to ``functions.f``) and any other:
+  refused in one line (:data:`REFUSED`), as a template without ``tools`` is: the server
+  would not know a call from an answer.
 """
 
 from __future__ import annotations
@@ -36,21 +38,19 @@ from moescope.util.errors import MoEScopeError
 
 HERMES = "hermes"
 XML = "qwen3-coder"
-READ = (HERMES, XML)
+GLM = "glm"
+READ = (HERMES, XML, GLM)
 """The formats this module reads."""
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
+_READ_WORDS = "it reads Hermes/Qwen JSON, Qwen3-Coder XML and GLM-4.5 calls"
 REFUSED = {
     "none": "this model's chat template has no tool support (it never reads tools), so "
             "the model cannot call one; send tool_choice \"none\" or leave tools out",
-    "glm": "this model's chat template calls tools in GLM-4.5's XML "
-           "(<tool_call>name<arg_key>...), which this server does not read yet (it reads "
-           "Hermes/Qwen <tool_call> JSON); send tool_choice \"none\"",
     "harmony": "gpt-oss's harmony tool calls (commentary to functions.NAME) are not read by "
-               "this server yet (it reads Hermes/Qwen <tool_call> JSON); send tool_choice "
-               "\"none\"",
+               f"this server yet ({_READ_WORDS}); send tool_choice \"none\"",
     "other": "this model's chat template calls tools in a format this server does not read "
-             "(it reads Hermes/Qwen <tool_call> JSON); send tool_choice \"none\"",
+             f"({_READ_WORDS}); send tool_choice \"none\"",
 }
 """Why a request with tools is refused, by the template's format."""
 
@@ -264,6 +264,8 @@ def parser(fmt: str, tools: list[dict[str, Any]]) -> Callable[[str], ToolCall | 
         names = frozenset(t["function"]["name"] for t in tools)
         return lambda body: parse_hermes(body, names)
     schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
+    if fmt == "glm":
+        return lambda body: parse_glm(body, schemas)
     return lambda body: parse_xml(body, schemas)
 
 
@@ -292,6 +294,28 @@ def parse_xml(body: str, schemas: dict[str, dict[str, Any]]) -> ToolCall | None:
         raw = raw[:-1] if raw.endswith("\n") else raw
         schema = properties.get(key)
         args[key] = raw if _is_text(schema) else _json_or_text(raw)
+    return ToolCall(name, json.dumps(args, ensure_ascii=False))
+
+
+_GLM = re.compile(r"\s*([^<\n]+?)\s*((?:<arg_key>.*?</arg_key>\s*<arg_value>.*?</arg_value>"
+                  r"\s*)*)", re.S)
+_GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
+
+
+def parse_glm(body: str, schemas: dict[str, dict[str, Any]]) -> ToolCall | None:
+    """The call a GLM-4.5 ``<tool_call>`` block holds (the function's name, then
+    ``<arg_key>k</arg_key><arg_value>v</arg_value>`` pairs), or None where it is not one.
+    A value is read as :func:`parse_xml` reads one."""
+    m = _GLM.fullmatch(body)
+    if m is None or m[1].strip() not in schemas:
+        return None
+    name = m[1].strip()
+    properties = schemas[name].get("properties")
+    properties = properties if isinstance(properties, dict) else {}
+    args: dict[str, Any] = {}
+    for key, raw in _GLM_PAIR.findall(m[2]):
+        key = key.strip()
+        args[key] = raw if _is_text(properties.get(key)) else _json_or_text(raw)
     return ToolCall(name, json.dumps(args, ensure_ascii=False))
 
 
@@ -333,8 +357,21 @@ def _literal(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def xml_call_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
-    """GBNF of an answer that is a Qwen3-Coder XML call to one of ``tools``, or, with
+_TAGGED = {
+    XML: ("Qwen3-Coder's XML", r'"<tool_call>\n" xml-call "\n</tool_call>"',
+          '"<function=" {name} ">\\n" {body} "</function>"',
+          '"<parameter=" {key} ">\\n" {value} "\\n</parameter>\\n"'),
+    "glm": ("GLM-4.5's XML", r'"<tool_call>" xml-call "</tool_call>"',
+            '{name} "\\n" {body}',
+            '"<arg_key>" {key} "</arg_key>\\n<arg_value>" {value} "</arg_value>\\n"'),
+}
+"""How each tagged format writes a call: its name in messages, a block, a function with
+its parameters, a parameter with its value (GBNF)."""
+
+
+def xml_call_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str = XML) -> str:
+    """GBNF of an answer that is a call in ``fmt`` (Qwen3-Coder's XML, or GLM-4.5's
+    ``<arg_key>``/``<arg_value>`` pairs) to one of ``tools``, or, with
     ``parallel``, one or more: each required parameter once, the optional ones maybe, in
     the schema's order, no other; a string parameter's value raw text without ``<`` (or
     one of its enum's values), any other the JSON its schema allows (the converter's
@@ -344,6 +381,7 @@ def xml_call_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
     a schema that cannot be enforced."""
     from moescope.engine.grammar import schema_grammar
 
+    words, block, function_rule, parameter_rule = _TAGGED[fmt]
     values: dict[str, Any] = {}
     functions = []
     for i, tool in enumerate(tools):
@@ -351,31 +389,30 @@ def xml_call_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
         params = function.get("parameters") or {}
         where = f"tools[{i}].function.parameters"
         if "$ref" in json.dumps(params):
-            raise ToolCallError(f"{where}: a $ref cannot be forced in Qwen3-Coder's XML calls")
+            raise ToolCallError(f"{where}: a $ref cannot be forced in {words} calls")
         properties = params.get("properties") or {}
         required = set(params.get("required") or ())
         parts = []
         for j, (key, schema) in enumerate(properties.items()):
             if not isinstance(key, str) or not key or any(c in key for c in "<>\n"):
                 raise ToolCallError(f"{where}: the parameter name {key!r} cannot be written "
-                                    "in Qwen3-Coder's XML")
+                                    f"in {words}")
             if _is_text(schema):
                 extra = set(schema) - _ANNOTATIONS - {"type", "enum"}
                 if extra:
                     raise ToolCallError(f"{where}.properties.{key}: a string's "
                                         f"{sorted(extra)[0]} cannot be forced in raw text "
-                                        "(Qwen3-Coder's XML calls)")
+                                        f"({words} calls)")
                 value = " | ".join(_literal(v) for v in schema["enum"]) \
                     if isinstance(schema.get("enum"), list) else "xml-text"
                 value = f"( {value} )"
             else:  # a placeholder for the converter's rule of the value
                 value = f"@v{i}x{j}@"
                 values[f"v{i}x{j}"] = schema if isinstance(schema, dict) else {}
-            one = f'"<parameter=" {_literal(key)} ">\\n" {value} "\\n</parameter>\\n"'
+            one = parameter_rule.format(key=_literal(key), value=value)
             parts.append(one if key in required else f"( {one} )?")
-        body = " ".join(parts)
-        functions.append(f'"<function=" {_literal(function["name"])} ">\\n" {body} '
-                         '"</function>"')
+        functions.append(function_rule.format(name=_literal(function["name"]),
+                                              body=" ".join(parts)))
     call = f"xml-call ::= {' | '.join(f'( {f} )' for f in functions)}"
     lines = ["xml-text ::= [^<]*"]
     if values:  # one object of every JSON value: the converter writes their rules
@@ -389,6 +426,5 @@ def xml_call_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
                 raise ToolCallError(f"the converter wrote no rule for a parameter ({key})")
             call = call.replace(f"@{key}@", kv[1])
     lines.insert(0, call)
-    one = r'"<tool_call>\n" xml-call "\n</tool_call>"'
-    root = f"root ::= {one}" + (f" ( \"\\n\" {one} )*" if parallel else "")
+    root = f"root ::= {block}" + (f" ( \"\\n\" {block} )*" if parallel else "")
     return "\n".join([root, *lines])

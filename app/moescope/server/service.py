@@ -530,7 +530,7 @@ class Service:
         try:
             return self.engine.compile_grammar(
                 call_grammar(forced, parallel) if self._tool_format == HERMES
-                else xml_call_grammar(forced, parallel))
+                else xml_call_grammar(forced, parallel, self._tool_format))
         except (GrammarError, ToolCallError) as err:
             raise bad_param("tools", f"tools: the call cannot be forced: {err}") from None
 
