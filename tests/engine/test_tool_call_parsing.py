@@ -12,10 +12,13 @@ import pytest
 from moescope.engine.gbnf import parse_error
 from moescope.engine.tool_calls import (
     GLM,
+    HARMONY,
     HERMES,
     XML,
+    HarmonyCallStream,
     ToolCallStream,
     call_grammar,
+    harmony_call_grammar,
     parser,
     template_format,
     xml_call_grammar,
@@ -95,7 +98,7 @@ def test_arguments_as_json_text_are_read_too() -> None:
      "<parameter=example_parameter_1>{% endif %}", XML),
     ("{% if tools %}<tool_call>{{ name }}<arg_key>k</arg_key>{% endif %}", GLM),
     ("{% if tools %}<|start|>assistant<|channel|>commentary to=functions.f{% endif %}",
-     "harmony"),
+     HARMONY),
     ("{% if tools %}<|python_tag|>{{ tools | tojson }}{% endif %}", "other"),
     ("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}", "none"),
     (None, "none"),
@@ -109,3 +112,44 @@ def test_the_grammars_parse() -> None:
                  xml_call_grammar(TOOLS, True), xml_call_grammar(TOOLS[1:], False),
                  xml_call_grammar(TOOLS, True, GLM)):
         assert parse_error(text) is None, text
+
+
+HARMONY_CALL = ('<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant'
+                '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
+                '{"city": "Paris", "days": 2}')
+
+
+def _harmony(text: str, step: int) -> tuple[str, list[tuple]]:  # type: ignore[type-arg]
+    stream = HarmonyCallStream(["get_weather", "add"])
+    out = ""
+    for i in range(0, len(text), step):
+        out += stream.feed(text[i:i + step])
+    out += stream.finish()
+    return out, [(c.name, json.loads(c.arguments)) for c in stream.calls]
+
+
+@pytest.mark.parametrize("step", [1, 2, 5, 1000])
+def test_a_harmony_call_is_taken_out_of_the_raw_answer(step: int) -> None:
+    text, calls = _harmony(HARMONY_CALL, step)
+    assert text == "<|channel|>analysis<|message|>Need the weather.<|end|>"
+    assert calls == [("get_weather", {"city": "Paris", "days": 2})]
+    # the recipient may come before the channel
+    other = ('<|start|>assistant to=functions.add<|channel|>commentary json<|message|>'
+             '{"a": 1}')
+    assert _harmony(other, step) == ("", [("add", {"a": 1})])
+
+
+@pytest.mark.parametrize("text", [
+    "<|channel|>analysis<|message|>thinking<|end|><|start|>assistant<|channel|>final"
+    "<|message|>The answer.",
+    "<|channel|>commentary to=functions.nope <|constrain|>json<|message|>{}",  # not a tool
+    "<|channel|>commentary to=functions.add <|constrain|>json<|message|>{not json",
+    "plain <|chan",
+])
+def test_what_is_no_harmony_call_passes_as_it_is(text: str) -> None:
+    for step in (1, 3, 1000):
+        assert _harmony(text, step) == (text, [])
+
+
+def test_the_harmony_grammar_parses() -> None:
+    assert parse_error(harmony_call_grammar(TOOLS)) is None

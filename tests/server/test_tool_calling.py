@@ -110,6 +110,33 @@ GLM_TEMPLATE = (
 """GLM-4.5's way, in ChatML's turns (the synthetic vocabulary's): the name, then
 ``<arg_key>``/``<arg_value>`` pairs."""
 
+HARMONY_TEMPLATE = (
+    "{%- if tools %}"
+    "{{ '<|start|>developer<|message|># Tools\\n\\n## functions\\n\\nnamespace functions {' }}"
+    "{%- for tool in tools %}"
+    "{{ '\\n// ' + (tool.function.description or '') + '\\ntype ' + tool.function.name "
+    "+ ' = (_: ' }}{{ tool.function.parameters | tojson }}{{ ') => any;' }}"
+    "{%- endfor %}{{ '\\n} // namespace functions<|end|>' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' and message.tool_calls %}"
+    "{%- for call in message.tool_calls %}"
+    "{{ '<|start|>assistant<|channel|>commentary to=functions.' + call.function.name "
+    "+ ' <|constrain|>json<|message|>' }}"
+    "{%- if call.function.arguments is string %}{{ call.function.arguments }}"
+    "{%- else %}{{ call.function.arguments | tojson }}{%- endif %}{{ '<|call|>' }}"
+    "{%- endfor %}"
+    "{%- elif message.role == 'tool' %}"
+    "{{ '<|start|>functions to=assistant<|channel|>commentary<|message|>' "
+    "+ message.content + '<|end|>' }}"
+    "{%- else %}{{ '<|start|>' + message.role + '<|message|>' + message.content "
+    "+ '<|end|>' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|start|>assistant' }}{%- endif %}")
+"""gpt-oss's harmony, cut to what tools need: the functions as a namespace in a developer
+message, a call as a commentary message to ``functions.NAME``, its result from
+``functions``."""
+
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 WEATHER = {"type": "function", "function": {
@@ -134,7 +161,7 @@ ADD_PLAIN = {"type": "function", "function": {
 TOOLS = [WEATHER, ADD]
 
 
-@pytest.fixture(scope="module", params=["hermes", "xml", "glm"])
+@pytest.fixture(scope="module", params=["hermes", "xml", "glm", "harmony"])
 def fmt(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -143,12 +170,13 @@ def fmt(request: pytest.FixtureRequest) -> str:
 def tool_model(synth_model: Callable[..., Path], fmt: str) -> Path:
     return synth_model("qwen3moe", expert_type="q8_0", ctx=4096,
                        chat_template={"hermes": TEMPLATE, "xml": XML_TEMPLATE,
-                                      "glm": GLM_TEMPLATE}[fmt])
+                                      "glm": GLM_TEMPLATE,
+                                      "harmony": HARMONY_TEMPLATE}[fmt])
 
 
 @pytest.fixture(scope="module")
 def tools(fmt: str) -> list[dict[str, Any]]:
-    return TOOLS if fmt == "hermes" else [WEATHER, ADD_PLAIN]
+    return TOOLS if fmt in ("hermes", "harmony") else [WEATHER, ADD_PLAIN]
 
 
 @pytest.fixture
@@ -348,7 +376,7 @@ def test_on_a_template_without_tools_none_answers_and_a_call_is_refused(
 ])
 def test_what_an_xml_call_cannot_force_is_400(tools_server: Server, fmt: str,
                                               tool: dict[str, Any], says: str) -> None:
-    if fmt == "hermes":
+    if fmt in ("hermes", "harmony"):
         pytest.skip("the XML formats only (Qwen3-Coder's, GLM's)")
     with tools_server.http() as h:
         r = h.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 2,

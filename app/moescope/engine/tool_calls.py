@@ -19,9 +19,12 @@ Formats:
 - **GLM-4.5's** (GLM-4.5, 4.6, 4.7): ``<tool_call>f\\n<arg_key>p</arg_key>\\n
   <arg_value>v</arg_value>\\n</tool_call>``, values as in Qwen3-Coder's; read and forced
   the same way.
-- **gpt-oss's harmony** (a ``commentary`` message to ``functions.f``) and any other:
-  refused in one line (:data:`REFUSED`), as a template without ``tools`` is: the server
-  would not know a call from an answer.
+- **gpt-oss's harmony**: a ``commentary`` message to ``functions.f`` (``<|channel|>
+  commentary to=functions.f <|constrain|>json<|message|>{...}<|call|>``), one per answer,
+  taken out of the raw answer before its thoughts are split off
+  (:class:`HarmonyCallStream`); forced by :func:`harmony_call_grammar`.
+- Any other (Llama 3's, Mistral's...): refused in one line (:data:`REFUSED`), as a
+  template without ``tools`` is: the server would not know a call from an answer.
 """
 
 from __future__ import annotations
@@ -39,16 +42,15 @@ from moescope.util.errors import MoEScopeError
 HERMES = "hermes"
 XML = "qwen3-coder"
 GLM = "glm"
-READ = (HERMES, XML, GLM)
+READ = (HERMES, XML, GLM, "harmony")
 """The formats this module reads."""
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
-_READ_WORDS = "it reads Hermes/Qwen JSON, Qwen3-Coder XML and GLM-4.5 calls"
+_READ_WORDS = ("it reads Hermes/Qwen JSON, Qwen3-Coder XML, GLM-4.5 and gpt-oss harmony "
+               "calls")
 REFUSED = {
     "none": "this model's chat template has no tool support (it never reads tools), so "
             "the model cannot call one; send tool_choice \"none\" or leave tools out",
-    "harmony": "gpt-oss's harmony tool calls (commentary to functions.NAME) are not read by "
-               f"this server yet ({_READ_WORDS}); send tool_choice \"none\"",
     "other": "this model's chat template calls tools in a format this server does not read "
              f"({_READ_WORDS}); send tool_choice \"none\"",
 }
@@ -203,15 +205,14 @@ NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 """A function's name, as OpenAI allows it."""
 
 
-def call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
-    """The JSON schema of one Hermes call to any of ``tools`` (OpenAI's shape, checked):
-    ``{"name": <const>, "arguments": <the function's parameters>}``, one branch per
-    function; each function's ``$defs``/``definitions`` moved to the root under names of
-    their own, with its ``$ref`` rewritten to them."""
-    branches, defs = [], {}
+def _hoisted(tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Each function's parameters schema (a copy) and one ``$defs`` for them all: each
+    function's ``$defs``/``definitions`` moved there under names of their own, with its
+    ``$ref`` rewritten to them (a ``$ref`` elsewhere, such as ``#``, is a
+    :class:`ToolCallError`)."""
+    out, defs = [], {}
     for i, tool in enumerate(tools):
-        function = tool["function"]
-        params = copy.deepcopy(function.get("parameters") or {"type": "object"})
+        params = copy.deepcopy(tool["function"].get("parameters") or {"type": "object"})
         moved: dict[str, str] = {}
         for key in ("$defs", "definitions"):
             if isinstance(params.get(key), dict):
@@ -234,10 +235,20 @@ def call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
                                             "points outside the function's $defs")
                     node["$ref"] = target
                 stack.extend(v for k, v in node.items() if k not in ("enum", "const"))
-        branches.append({"type": "object",
-                         "properties": {"name": {"const": function["name"]},
-                                        "arguments": params},
-                         "required": ["name", "arguments"], "additionalProperties": False})
+        out.append(params)
+    return out, defs
+
+
+def call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON schema of one Hermes call to any of ``tools`` (OpenAI's shape, checked):
+    ``{"name": <const>, "arguments": <the function's parameters>}``, one branch per
+    function, their ``$defs`` at the root (:func:`_hoisted`)."""
+    params, defs = _hoisted(tools)
+    branches = [{"type": "object",
+                 "properties": {"name": {"const": tool["function"]["name"]},
+                                "arguments": p},
+                 "required": ["name", "arguments"], "additionalProperties": False}
+                for tool, p in zip(tools, params, strict=True)]
     schema: dict[str, Any] = branches[0] if len(branches) == 1 else {"anyOf": branches}
     if defs:
         schema = {**schema, "$defs": defs}
@@ -379,8 +390,6 @@ def xml_call_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str = XML
     :class:`ToolCallError` for what raw text cannot be held to (a string's pattern,
     length or format) or a ``$ref``; :class:`~moescope.engine.grammar.GrammarError` for
     a schema that cannot be enforced."""
-    from moescope.engine.grammar import schema_grammar
-
     words, block, function_rule, parameter_rule = _TAGGED[fmt]
     values: dict[str, Any] = {}
     functions = []
@@ -415,16 +424,116 @@ def xml_call_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str = XML
                                               body=" ".join(parts)))
     call = f"xml-call ::= {' | '.join(f'( {f} )' for f in functions)}"
     lines = ["xml-text ::= [^<]*"]
-    if values:  # one object of every JSON value: the converter writes their rules
-        text = schema_grammar({"type": "object", "required": list(values),
-                               "properties": values})
-        lines.append(re.sub(r"^root ::=", "xml-values ::=", text, flags=re.M))
-        for key in values:
-            kv = re.search(rf'^{key}-kv ::= "\\"{key}\\"" space ":" space (\S+)$', text,
-                           flags=re.M)
-            if kv is None:
-                raise ToolCallError(f"the converter wrote no rule for a parameter ({key})")
-            call = call.replace(f"@{key}@", kv[1])
+    if values:
+        rules, text = _value_rules(values)
+        lines.append(text)
+        for key, rule in rules.items():
+            call = call.replace(f"@{key}@", rule)
     lines.insert(0, call)
     root = f"root ::= {block}" + (f" ( \"\\n\" {block} )*" if parallel else "")
     return "\n".join([root, *lines])
+
+
+def _value_rules(values: dict[str, Any],
+                 defs: dict[str, Any] | None = None) -> tuple[dict[str, str], str]:
+    """Rules of JSON values, each as its schema of ``values`` allows (``defs``: the
+    ``$defs`` their ``$ref`` point to): one object of them all turned into a grammar (the
+    converter names each value's rule; its root is renamed ``json-values`` and left
+    unused); the rule of each key, and the grammar's text."""
+    from moescope.engine.grammar import schema_grammar
+
+    schema: dict[str, Any] = {"type": "object", "required": list(values),
+                              "properties": values}
+    if defs:
+        schema["$defs"] = defs
+    text = schema_grammar(schema)
+    text = re.sub(r"^root ::=", "json-values ::=", text, flags=re.M)
+    rules = {}
+    for key in values:
+        kv = re.search(rf'^{key}-kv ::= "\\"{key}\\"" space ":" space (\S+)$', text, flags=re.M)
+        if kv is None:
+            raise ToolCallError(f"the converter wrote no rule for a value ({key})")
+        rules[key] = kv[1]
+    return rules, text
+
+
+HARMONY = "harmony"
+_START, _CHANNEL, _MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
+_RECIPIENT = re.compile(r"to=functions\.([A-Za-z0-9_-]+)")
+
+
+class HarmonyCallStream:
+    """gpt-oss's tool call taken out of its raw answer (before the reasoning split), as
+    it streams: a message whose header (from ``<|start|>`` or ``<|channel|>`` to
+    ``<|message|>``) names a recipient ``to=functions.NAME`` is a call, its message the
+    arguments (JSON), up to ``<|call|>``, which ends generation. :meth:`feed` returns the
+    raw text to pass on (a header is held back until it is whole); :meth:`finish` the rest
+    and the call (none where its arguments are no JSON object or the function is not among
+    ``names``: then the text goes on as it was)."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = frozenset(names)
+        self.calls: list[ToolCall] = []
+        self._pending = ""
+        self._name: str | None = None
+        self._header = ""
+        self._args = ""
+
+    def feed(self, piece: str) -> str:
+        if self._name is not None:
+            self._args += piece
+            return ""
+        self._pending += piece
+        out = ""
+        while True:
+            starts = [i for i in (self._pending.find(_START), self._pending.find(_CHANNEL))
+                      if i >= 0]
+            if not starts:
+                held = next((k for k in range(min(len(_CHANNEL) - 1, len(self._pending)), 0,
+                                              -1)
+                             if _START.startswith(self._pending[-k:])
+                             or _CHANNEL.startswith(self._pending[-k:])), 0)
+                out += self._pending[:len(self._pending) - held]
+                self._pending = self._pending[len(self._pending) - held:]
+                return out
+            i = min(starts)
+            end = self._pending.find(_MESSAGE, i)
+            if end < 0:  # the header is still arriving
+                out += self._pending[:i]
+                self._pending = self._pending[i:]
+                return out
+            end += len(_MESSAGE)
+            header = self._pending[i:end]
+            m = _RECIPIENT.search(header)
+            if m is not None:
+                out += self._pending[:i]
+                self._name, self._header = m[1], header
+                self._args, self._pending = self._pending[end:], ""
+                return out
+            out += self._pending[:end]
+            self._pending = self._pending[end:]
+
+    def finish(self) -> str:
+        rest, self._pending = self._pending, ""
+        if self._name is None:
+            return rest
+        try:
+            args = json.loads(self._args)
+        except (ValueError, RecursionError):
+            args = None
+        if self._name in self.names and isinstance(args, dict):
+            self.calls.append(ToolCall(self._name, json.dumps(args, ensure_ascii=False)))
+            return rest
+        return rest + self._header + self._args
+
+
+def harmony_call_grammar(tools: list[dict[str, Any]]) -> str:
+    """GBNF of a gpt-oss answer that is a call to one of ``tools``: a ``commentary``
+    message to ``functions.NAME`` whose arguments are JSON the function's parameters
+    allow (gpt-oss calls one function per answer)."""
+    params, defs = _hoisted(tools)
+    values = {f"v{i}": p for i, p in enumerate(params)}
+    rules, text = _value_rules(values, defs)
+    calls = " | ".join(f'( {_literal(t["function"]["name"])} " <|constrain|>json<|message|>" '
+                       f'{rules[f"v{i}"]} )' for i, t in enumerate(tools))
+    return f'root ::= "<|channel|>commentary to=functions." ( {calls} )\n{text}'

@@ -498,11 +498,13 @@ class Service:
 
         from moescope.engine.grammar import GrammarError
         from moescope.engine.tool_calls import (
+            HARMONY,
             HERMES,
             READ,
             REFUSED,
             ToolCallError,
             call_grammar,
+            harmony_call_grammar,
             xml_call_grammar,
         )
 
@@ -530,6 +532,7 @@ class Service:
         try:
             return self.engine.compile_grammar(
                 call_grammar(forced, parallel) if self._tool_format == HERMES
+                else harmony_call_grammar(forced) if self._tool_format == HARMONY
                 else xml_call_grammar(forced, parallel, self._tool_format))
         except (GrammarError, ToolCallError) as err:
             raise bad_param("tools", f"tools: the call cannot be forced: {err}") from None
@@ -667,11 +670,20 @@ class Service:
         engine = self.engine
         stream = TextStream(job.stops, job.prefix, job.split)
         track = LogprobTrack() if job.sampling.logprobs is not None else None
-        calls = None
+        calls = harmony = None
         if job.tools is not None:
-            from moescope.engine.tool_calls import ToolCallStream, parser
+            from moescope.engine.tool_calls import (
+                HARMONY,
+                HarmonyCallStream,
+                ToolCallStream,
+                parser,
+            )
 
-            calls = ToolCallStream(parser(job.tool_format, job.tools), job.parallel_tool_calls)
+            if job.tool_format == HARMONY:  # taken out of the raw text, before the split
+                harmony = HarmonyCallStream(t["function"]["name"] for t in job.tools)
+            else:
+                calls = ToolCallStream(parser(job.tool_format, job.tools),
+                                       job.parallel_tool_calls)
         for listener in self.listeners:
             listener.request_started(job)
         for tok in engine.generate(job.tokens if job.tokens is not None else job.prompt,
@@ -679,7 +691,8 @@ class Service:
             job.generated += 1
             for listener in self.listeners:
                 listener.token(tok, job)
-            reasoning, content = stream.feed(tok.text)
+            reasoning, content = stream.feed(tok.text if harmony is None
+                                             else harmony.feed(tok.text))
             made = None
             if calls is not None:
                 content, made = calls.feed(content)
@@ -690,8 +703,13 @@ class Service:
                            else track.release(stream.content_span()), made or None))
             if stream.stopped or job.cancelled.is_set() or (calls is not None and calls.done):
                 engine.stop()
-        reasoning, content = stream.finish()
         made = None
+        if harmony is not None:
+            reasoning, content = stream.feed(harmony.finish())
+            if reasoning or content:
+                emit(Delta(reasoning, content))
+            made = harmony.calls
+        reasoning, content = stream.finish()
         if calls is not None:
             content, made = calls.feed(content)
             content += calls.finish()
@@ -704,9 +722,11 @@ class Service:
         record = self._record(job, turn, a, stream)
         if calls is not None:
             record.content = calls.content
-            record.tool_calls = list(calls.calls)
-            if calls.calls:
-                record.finish_reason = "tool_calls"
+        made_calls = calls.calls if calls is not None else harmony.calls \
+            if harmony is not None else []
+        if made_calls:
+            record.tool_calls = list(made_calls)
+            record.finish_reason = "tool_calls"
         if track is not None:
             record.logprobs = track.sent
         with self._lock:
