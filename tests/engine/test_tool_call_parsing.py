@@ -137,6 +137,9 @@ def test_a_harmony_call_is_taken_out_of_the_raw_answer(step: int) -> None:
     other = ('<|start|>assistant to=functions.add<|channel|>commentary json<|message|>'
              '{"a": 1}')
     assert _harmony(other, step) == ("", [("add", {"a": 1})])
+    # or, right after the prompt's "<|start|>assistant", begin the answer
+    first = ' to=functions.add<|channel|>commentary json<|message|>{"a": 2}'
+    assert _harmony(first, step) == ("", [("add", {"a": 2})])
 
 
 @pytest.mark.parametrize("text", [
@@ -145,6 +148,8 @@ def test_a_harmony_call_is_taken_out_of_the_raw_answer(step: int) -> None:
     "<|channel|>commentary to=functions.nope <|constrain|>json<|message|>{}",  # not a tool
     "<|channel|>commentary to=functions.add <|constrain|>json<|message|>{not json",
     "plain <|chan",
+    " to=browser.search<|channel|>commentary<|message|>{}",  # not a function
+    "to",
 ])
 def test_what_is_no_harmony_call_passes_as_it_is(text: str) -> None:
     for step in (1, 3, 1000):

@@ -68,13 +68,13 @@ def template_format(template: str | None) -> str:
         return "none"
     if "<|channel|>" in template or "<|call|>" in template:
         return "harmony"
+    if OPEN not in template or "<invoke" in template or "<tool_calls>" in template:
+        return "other"  # MiniMax's <invoke>, Apriel's list, Seed's <seed:tool_call>...
     if "<arg_key>" in template:
-        return "glm"
+        return GLM
     if "<function=" in template and "<parameter=" in template:
         return XML
-    if OPEN in template:
-        return HERMES
-    return "other"
+    return HERMES
 
 
 @dataclass
@@ -478,6 +478,9 @@ class HarmonyCallStream:
         self._name: str | None = None
         self._header = ""
         self._args = ""
+        self._first = True
+        self._added = False
+        """A ``<|start|>`` put before the answer's first header, not the model's."""
 
     def feed(self, piece: str) -> str:
         if self._name is not None:
@@ -485,6 +488,14 @@ class HarmonyCallStream:
             return ""
         self._pending += piece
         out = ""
+        if self._first:  # the prompt ended "<|start|>assistant": a header may go on here
+            head = self._pending.lstrip()
+            if len(head) < 3 and "to=".startswith(head):
+                return ""
+            self._first = False
+            if head.startswith("to="):
+                self._pending = _START + self._pending  # its header, whole
+                self._added = True
         while True:
             starts = [i for i in (self._pending.find(_START), self._pending.find(_CHANNEL))
                       if i >= 0]
@@ -507,14 +518,14 @@ class HarmonyCallStream:
             m = _RECIPIENT.search(header)
             if m is not None:
                 out += self._pending[:i]
-                self._name, self._header = m[1], header
+                self._name, self._header = m[1], self._own(header)
                 self._args, self._pending = self._pending[end:], ""
                 return out
-            out += self._pending[:end]
+            out += self._own(self._pending[:end])
             self._pending = self._pending[end:]
 
     def finish(self) -> str:
-        rest, self._pending = self._pending, ""
+        rest, self._pending = self._own(self._pending), ""
         if self._name is None:
             return rest
         try:
@@ -525,6 +536,14 @@ class HarmonyCallStream:
             self.calls.append(ToolCall(self._name, json.dumps(args, ensure_ascii=False)))
             return rest
         return rest + self._header + self._args
+
+    def _own(self, text: str) -> str:
+        """``text`` without the ``<|start|>`` put before the first header, if it begins
+        there."""
+        if self._added:
+            self._added = False
+            return text.removeprefix(_START)
+        return text
 
 
 def harmony_call_grammar(tools: list[dict[str, Any]]) -> str:
