@@ -57,6 +57,16 @@ REFUSED = {
 """Why a request with tools is refused, by the template's format."""
 
 
+TAGS = {
+    "hermes": (OPEN, CLOSE),
+    "qwen3-coder": (OPEN, CLOSE),
+    "glm": (OPEN, CLOSE, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
+    "harmony": ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"),
+}
+"""The tags each format's calls are read by: where one is a control token of the
+vocabulary, the server writes its text (the engine writes a control token as none)."""
+
+
 class ToolCallError(MoEScopeError):
     """Tools that cannot be called on this model, or a grammar that cannot force them."""
 

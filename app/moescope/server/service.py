@@ -441,6 +441,7 @@ class Service:
 
         self._tool_format = template_format(engine.chat_template)
         """The tool-call format of the model's chat template (``tool_calls``)."""
+        self._tag_texts: dict[int, str] | None = None
         self._prefixes: dict[str, str] = {}
         from moescope.model.sampling_defaults import model_sampling
 
@@ -488,6 +489,22 @@ class Service:
             job.tools, job.tool_format = tools, self._tool_format
             job.parallel_tool_calls = p.parallel_tool_calls
         return job
+
+    def _tags(self) -> dict[int, str]:
+        """The tool-call tags of the template's format that are control tokens in this
+        vocabulary, by id, with their texts: the engine writes a control token as no text
+        (as llama.cpp does unless asked), and llama-server reads calls from text that has
+        them (it renders every token's text)."""
+        if self._tag_texts is None:
+            from moescope.engine.tool_calls import TAGS
+
+            found = {}
+            for tag in TAGS.get(self._tool_format, ()):
+                ids = self.engine.tokenize(tag, add_bos=False, special=True)
+                if len(ids) == 1 and self.engine.holds_control(tag):
+                    found[ids[0]] = tag
+            self._tag_texts = found
+        return self._tag_texts
 
     def _tool_grammar(self, p: ChatParams, tools: list[dict[str, Any]]) -> Grammar | None:
         """400 for tools this model cannot call (its template has no tool support, or a
@@ -670,7 +687,7 @@ class Service:
         engine = self.engine
         stream = TextStream(job.stops, job.prefix, job.split)
         track = LogprobTrack() if job.sampling.logprobs is not None else None
-        calls = harmony = None
+        calls = harmony = tags = None
         if job.tools is not None:
             from moescope.engine.tool_calls import (
                 HARMONY,
@@ -679,6 +696,7 @@ class Service:
                 parser,
             )
 
+            tags = self._tags()
             if job.tool_format == HARMONY:  # taken out of the raw text, before the split
                 harmony = HarmonyCallStream(t["function"]["name"] for t in job.tools)
             else:
@@ -691,8 +709,8 @@ class Service:
             job.generated += 1
             for listener in self.listeners:
                 listener.token(tok, job)
-            reasoning, content = stream.feed(tok.text if harmony is None
-                                             else harmony.feed(tok.text))
+            text = tok.text if tags is None else tags.get(tok.token_id, tok.text)
+            reasoning, content = stream.feed(text if harmony is None else harmony.feed(text))
             made = None
             if calls is not None:
                 content, made = calls.feed(content)
