@@ -944,7 +944,8 @@ class Engine:
         :meth:`holds_control`)."""
         msgs = [m if isinstance(m, dict) else {"role": m.role, "content": m.content}
                 for m in messages]
-        return chat_tokens(msgs, lambda ms: self.format_chat(ms, thinking, tools=tools),
+        return chat_tokens(msgs, (lambda ms: self.format_chat(ms, thinking, tools=tools))
+                           if tools else (lambda ms: self.format_chat(ms, thinking)),
                            lambda text, bos, special: self.tokenize(text, add_bos=bos,
                                                                     special=special),
                            answer_start, seen, self._holds_control)
