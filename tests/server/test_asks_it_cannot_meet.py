@@ -1,4 +1,4 @@
-"""A request that asks for what this server cannot give (a tool call, audio) is a 400
+"""A request that asks for what this server cannot give (a tool call without tools, audio) is a 400
 naming the field, not an answer without it; a body sent to the other endpoint says where
 it goes."""
 
@@ -15,13 +15,12 @@ HELLO = [{"role": "user", "content": "Hello"}]
 
 @pytest.mark.parametrize(("extra", "param", "says"), [
     ({"tool_choice": "required"}, "tool_choice",
-     "tool_choice 'required' asks for a function call, and this server has no tools or "
-     "function calling (send none or auto, or leave it out)"),
+     "tool_choice 'required' asks for a function call, and the request has no tools"),
     ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice",
-     "asks for a function call"),
-    ({"function_call": {"name": "f"}}, "function_call", "asks for a function call"),
+     "asks for a function call, and the request has no tools"),
+    ({"function_call": {"name": "f"}}, "function_call", "send tools and tool_choice"),
     ({"functions": [{"name": "f", "parameters": {}}]}, "functions",
-     "tools and function calling are not supported"),
+     "not supported; send them as tools"),
     ({"modalities": ["text", "audio"]}, "modalities", "audio output is not supported"),
     ({"audio": {"voice": "alloy", "format": "wav"}}, "audio", "audio output is not supported"),
 ])

@@ -73,7 +73,7 @@ def _error(r) -> dict:  # type: ignore[no-untyped-def, type-arg]
      "stream_options"),  # a non-empty string was read as true
     ({"messages": HELLO, "logprobs": "yes"}, "logprobs"),
     ({"messages": HELLO, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ({"messages": HELLO, "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": HELLO, "tools": [{"type": "function"}]}, "tools[0]"),
     ({"messages": HELLO, "reasoning_effort": "extreme"}, "reasoning_effort"),
     ({"messages": HELLO, "model": 5}, "model"),
     ([1, 2, 3], "body"),

@@ -135,6 +135,21 @@ class Sampling:
     logprobs: int | None = None
     """Give each token its log-probability and this many likeliest alternatives
     (0..``logprobs.MAX_TOP``) in :attr:`TokenStats.logprob`; None: none computed."""
+    logit_bias: dict[int, float] | None = None
+    """Added to these tokens' logits before anything samples (OpenAI's ``logit_bias``,
+    -100..100; -100 bans a token, 100 all but forces it); None or empty: none."""
+
+
+LOGIT_BIAS = 100.0
+"""The bound of a :attr:`Sampling.logit_bias` value (OpenAI's)."""
+MAX_LOGIT_BIAS = 1024
+"""Tokens one :attr:`Sampling.logit_bias` may bias."""
+
+
+TURN_STARTS = ("<|im_start|>", "<start_of_turn>", "<|start_header_id|>", "<|user|>",
+               "<|system|>", "<|observation|>", "<\uff5cUser\uff5c>")
+"""Chat templates' turn openers (ChatML, Gemma, Llama 3, GLM, DeepSeek's full-width
+bars) that end an answer where the model writes one (:meth:`Engine.turn_stops`)."""
 
 
 SAMPLING_BOUNDS: dict[str, tuple[float, float]] = {
@@ -161,6 +176,12 @@ def check_sampling(s: Sampling) -> None:
                 or not math.isfinite(value) or not lo <= value <= hi:
             raise MoEScopeError(f"{name} must be {'a whole number' if whole else 'a number'}"
                                 f" from {lo:g} to {hi:g}, got {value!r}")
+    for token, bias in (s.logit_bias or {}).items():
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0 \
+                or isinstance(bias, bool) or not isinstance(bias, int | float) \
+                or not math.isfinite(bias) or not -LOGIT_BIAS <= bias <= LOGIT_BIAS:
+            raise MoEScopeError(f"logit_bias maps token ids to numbers from {-LOGIT_BIAS:g} "
+                                f"to {LOGIT_BIAS:g}, got {token!r}: {bias!r}")
 
 
 @dataclass
@@ -232,6 +253,9 @@ class Engine:
         self._eog_mask: npt.NDArray[np.bool_] | None = None
         self._control: tuple[frozenset[int], frozenset[str]] | None = None
         """The vocabulary's control tokens and their texts' first characters, once asked."""
+        self._turn_stops: frozenset[int] | None = None
+        """Control tokens that open a turn in the model's chat template (``<|im_start|>``),
+        which end an answer as its end-of-generation tokens do (:meth:`turn_stops`)."""
         """Which tokens end generation: what a grammar at a dead end lets through."""
         """The last generate call's prompt tokens and generated tokens (see _continuation)."""
         self.changes = ChangeLog()
@@ -451,6 +475,7 @@ class Engine:
         self._previous = None
         self._eog_mask = None
         self._control = None
+        self._turn_stops = None
         self._file_identity = None
 
     # ------------------------------------------------------------------ steering
@@ -850,10 +875,18 @@ class Engine:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return bytes(self._llm.detokenize(list(tokens))).decode("utf-8", errors="replace")
 
+    @property
+    def chat_template(self) -> str | None:
+        """The model's chat template (GGUF ``tokenizer.chat_template``), if it has one."""
+        template = self._llm.metadata.get("tokenizer.chat_template")
+        return template or None
+
     def format_chat(self, messages: Sequence[Message | dict[str, str]],
-                    thinking: str = "default") -> str:
+                    thinking: str = "default", *,
+                    tools: Sequence[dict[str, Any]] | None = None) -> str:
         """The model's own chat template (GGUF ``tokenizer.chat_template``), else a plain
-        one; ``thinking`` sets the template's thinking switch (see ``Sampling.thinking``)."""
+        one; ``thinking`` sets the template's thinking switch (see ``Sampling.thinking``);
+        ``tools`` (OpenAI's function tools) go to the template's ``tools`` variable."""
         msgs = [m if isinstance(m, dict) else {"role": m.role, "content": m.content}
                 for m in messages]
         template = self._llm.metadata.get("tokenizer.chat_template")
@@ -864,7 +897,8 @@ class Engine:
             bos = self._token_text(self._llm.token_bos())
             try:
                 return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)(
-                    messages=msgs, **template_variables(thinking)).prompt
+                    messages=msgs, tools=list(tools) if tools else None,
+                    **template_variables(thinking)).prompt
             except Exception as err:  # the template is the model's code, not ours
                 raise ChatTemplateError(
                     f"the model's chat template refused this conversation: "
@@ -888,6 +922,11 @@ class Engine:
             return ""
 
     @property
+    def n_vocab(self) -> int:
+        """Tokens in the model's vocabulary (ids 0 to ``n_vocab - 1``)."""
+        return int(self._llm.n_vocab())
+
+    @property
     def n_ctx(self) -> int:
         """Tokens the conversation may use: the context size asked for. llama.cpp may pad
         its context beyond it, but llama-cpp-python's token buffer has the size asked for,
@@ -896,16 +935,25 @@ class Engine:
 
     def chat_tokens(self, messages: Sequence[Message | dict[str, str]],
                     thinking: str = "default", answer_start: str = "", *,
-                    seen: dict[str, bool] | None = None) -> ChatTokens:
+                    seen: dict[str, bool] | None = None,
+                    tools: Sequence[dict[str, Any]] | None = None) -> ChatTokens:
         """The conversation's prompt tokens: the template's markup with its special tokens,
         the users' and tools' words as words (see :mod:`moescope.engine.chat_tokens`), then
-        ``answer_start`` (ours: special tokens parsed)."""
+        ``answer_start`` (ours: special tokens parsed); ``tools`` as :meth:`format_chat`
+        takes them (the caller checks that they hold no control token's text:
+        :meth:`holds_control`)."""
         msgs = [m if isinstance(m, dict) else {"role": m.role, "content": m.content}
                 for m in messages]
-        return chat_tokens(msgs, lambda ms: self.format_chat(ms, thinking),
+        return chat_tokens(msgs, (lambda ms: self.format_chat(ms, thinking, tools=tools))
+                           if tools else (lambda ms: self.format_chat(ms, thinking)),
                            lambda text, bos, special: self.tokenize(text, add_bos=bos,
                                                                     special=special),
                            answer_start, seen, self._holds_control)
+
+    def holds_control(self, text: str) -> bool:
+        """Whether ``text`` holds a control token's text (``<|im_end|>``) that special-token
+        parsing would read as the token."""
+        return self._holds_control(text)
 
     def _holds_control(self, text: str) -> bool:
         """Whether ``text`` tokenizes to a control token when special tokens are parsed:
@@ -950,8 +998,36 @@ class Engine:
         return bindings.token_piece(self._llm, token)
 
     def _is_eog(self, token: int) -> bool:
-        """End of generation: EOS or any token the vocabulary marks as end-of-turn."""
-        return bindings.is_end_of_generation(self._vocab, token)
+        """End of generation: EOS, any token the vocabulary marks as end-of-turn, or a
+        control token that opens a turn in the chat template (:meth:`turn_stops`)."""
+        return bindings.is_end_of_generation(self._vocab, token) or token in self.turn_stops()
+
+    def turn_stops(self) -> frozenset[int]:
+        """The control tokens that open a new turn in the model's chat template and that
+        llama.cpp does not count as an end of generation: ChatML's ``<|im_start|>``
+        (Qwen's vocabularies mark only ``<|im_end|>`` and ``<|endoftext|>``), Gemma's
+        ``<start_of_turn>``, Llama 3's ``<|start_header_id|>``, GLM's ``<|user|>``... A
+        model that writes one mid-answer has begun a turn of its own (``assistant``,
+        then a made-up exchange): the answer ends there. Only a marker of
+        :data:`TURN_STARTS` that the template writes, that is one token and a control
+        token (only the template's markup gives it, never a text) counts: harmony's
+        ``<|start|>`` is not one (gpt-oss writes it between its channels)."""
+        if self._turn_stops is None:
+            template = self._llm.metadata.get("tokenizer.chat_template") or ""
+            if self._control is None:
+                self._control = bindings.control_tokens(self._llm)
+            ids = self._control[0]
+            voc = bindings.vocab(self._llm)
+            stops = set()
+            for marker in TURN_STARTS:
+                if marker not in template:
+                    continue
+                tokens = self.tokenize(marker, add_bos=False, special=True)
+                if len(tokens) == 1 and tokens[0] in ids \
+                        and not bindings.is_end_of_generation(voc, tokens[0]):
+                    stops.add(tokens[0])
+            self._turn_stops = frozenset(stops)
+        return self._turn_stops
 
     # ------------------------------------------------------------------ generation
     def stop(self) -> None:
@@ -983,6 +1059,7 @@ class Engine:
             raise MoEScopeError(f"logprobs is {s.logprobs}: ask for 0 to {MAX_TOP} "
                                 "alternatives per token")
         check_sampling(s)
+        bias = self._bias(s.logit_bias) if s.logit_bias else None
         n_ctx = self.n_ctx
         dropped = 0
         if isinstance(prompt, ChatTokens):  # a conversation tokenized already, whole
@@ -1039,13 +1116,18 @@ class Engine:
                           frequency_penalty=s.frequency_penalty,
                           presence_penalty=s.presence_penalty)
         self._llm.moescope_xtc = xtc  # read when generate makes its sampler chain
+        processors: list[Any] = []
+        if bias is not None:
+            processors.append(bias)
+        if grammar is not None:
+            processors.append(grammar.mask)
         gen = self._llm.generate(tokens, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
                                  temp=s.temperature, repeat_penalty=s.repeat_penalty,
                                  frequency_penalty=s.frequency_penalty,
                                  presence_penalty=s.presence_penalty, reset=True,
                                  mirostat_mode=s.mirostat, mirostat_tau=s.mirostat_tau,
                                  mirostat_eta=s.mirostat_eta,
-                                 logits_processor=[grammar.mask] if grammar else None)
+                                 logits_processor=processors or None)
         stop_reason = "length"
         exact: npt.NDArray[np.float32] | None = None  # the audited step's exact logits
         try:
@@ -1123,6 +1205,25 @@ class Engine:
             answer.stop_reason = stop_reason
             answer.seconds = time.perf_counter() - t0
             self._previous = (tokens, out_tokens)
+
+    def _bias(self, bias: dict[int, float]) -> Callable[[Any, npt.NDArray[np.float32]],
+                                                     npt.NDArray[np.float32]]:
+        """A logits processor adding ``bias`` (token ids checked against the vocabulary
+        here: one past it is a :class:`MoEScopeError` before anything decodes)."""
+        n_vocab = self.n_vocab
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise MoEScopeError(f"logit_bias has {len(bias)} tokens; at most {MAX_LOGIT_BIAS}")
+        wrong = [t for t in bias if t >= n_vocab]
+        if wrong:
+            raise MoEScopeError(f"logit_bias has token {wrong[0]}; this model's tokens are "
+                                f"0 to {n_vocab - 1}")
+        ids = np.fromiter(bias, dtype=np.int64, count=len(bias))
+        values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
+
+        def add(_input_ids: Any, logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+            logits[ids] += values
+            return logits
+        return add
 
     def compile_grammar(self, text: str) -> Grammar:
         """``text`` (GBNF) compiled for the loaded vocabulary, for one answer's

@@ -114,6 +114,8 @@ def schema_grammar(schema: Any) -> str:
         text = _convert(schema)
     except RecursionError:
         raise GrammarError("the schema nests too deeply to turn into a grammar") from None
+    except GrammarError:
+        raise
     except Exception as err:  # the converter asserts, KeyErrors, TypeErrors...
         raise GrammarError(f"the schema cannot be turned into a grammar: "
                            f"{_one_line(f'{type(err).__name__}: {err}')}") from None
@@ -284,6 +286,9 @@ def _convert(schema: dict[str, Any]) -> str:
             if kind in (None, "string") and node.get("format") == "ipv4" \
                     and "pattern" not in node:
                 return self._add_rule(rule, _IPV4)
+            if kind == "string" and not any(k in node for k in ("pattern", "format")) \
+                    and max(node.get("minLength", 0), node.get("maxLength", 0)) > _SPLIT:
+                return self._add_rule(rule, _long_string(self, node))
             return super().visit(node, name)
 
         def _build_object_rule(self, properties: Any, required: Any, name: str,
@@ -374,6 +379,43 @@ def _convert(schema: dict[str, Any]) -> str:
             stack.extend(v for k, v in node.items() if k not in ("enum", "const"))
     converter.visit(converter.resolve_refs(schema, "stdin"), "")
     return str(converter.format_grammar())
+
+
+_SPLIT = 500
+"""A string's length bound above which its characters are written as GBNF repetitions
+(``char{0,500}``, which llama.cpp expands itself), not the converter's nested groups: a
+``maxLength`` of 2,083 (pydantic's ``HttpUrl``) nested 2,082 groups, past
+:data:`MAX_GROUP_DEPTH`."""
+
+
+MAX_STRING_LENGTH = 4096
+"""The largest ``minLength``/``maxLength`` a string's grammar writes out (llama.cpp makes
+a rule of each repetition: ``maxLength: 50000`` took minutes to compile)."""
+
+
+def _long_string(converter: Any, node: dict[str, Any]) -> str:
+    """A string of ``minLength`` to ``maxLength`` characters as repetitions of at most
+    :data:`_SPLIT` each (below llama.cpp's bound of 2,000 on one): ``char{a,500}
+    char{b,500}...``, whose lengths add up to every length in the range and no other."""
+    from llama_cpp.llama_grammar import PRIMITIVE_RULES
+
+    low, high = int(node.get("minLength", 0)), node.get("maxLength")
+    if max(low, high or 0) > MAX_STRING_LENGTH:
+        key = "maxLength" if (high or 0) > MAX_STRING_LENGTH else "minLength"
+        raise GrammarError(f"a string's {key} above {MAX_STRING_LENGTH} is not supported "
+                           f"(got {node[key]})")
+    char = converter._add_primitive("char", PRIMITIVE_RULES["char"])
+    parts = []
+    while (high is None and low > _SPLIT) or (high is not None and high > 0):
+        top = _SPLIT if high is None else min(high, _SPLIT)
+        least = min(low, top)
+        parts.append(f"{char}{{{least},{top}}}")
+        low -= least
+        if high is not None:
+            high -= top
+    if high is None:
+        parts.append(f"{char}{{{low},}}")
+    return '"\\"" ' + " ".join(parts) + ' "\\"" space'
 
 
 _JSON_CHAR = (r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] '
@@ -625,6 +667,7 @@ def _check_keywords(schema: dict[str, Any]) -> list[dict[str, Any]]:
         for key in ("pattern", "format"):
             if key in node and not isinstance(node[key], str):
                 raise bad(key, "a string")
+        _unknown_format(node)
         if isinstance(node.get("pattern"), str):
             _check_pattern(node["pattern"], f"{path + '.' if path else ''}pattern")
             patterned.append(node)
@@ -690,8 +733,42 @@ _ENFORCED = frozenset({
 """Keywords the grammar enforces (where :func:`_check_supported` and
 :func:`_check_values` let them through) or refuses in their own words."""
 FORMATS = ("date", "time", "date-time", "uuid", "ipv4")
-"""String formats the grammar enforces (``uuid1`` to ``uuid5`` as ``uuid``); any other
-is refused."""
+"""String formats the grammar enforces as they are defined (``uuid1`` to ``uuid5`` as
+``uuid``)."""
+FORMAT_PATTERNS = {
+    "email": (r"^[A-Za-z0-9_%+-][A-Za-z0-9._%+-]{0,30}@[A-Za-z0-9-]{1,30}[.][a-z]{2,6}$",
+              6, 69),
+    "uri": (r"^https?://[A-Za-z0-9-]{1,40}([.][a-z]{2,6})?(/[A-Za-z0-9._~%/-]{0,40})?$",
+            8, 96),
+}
+"""Formats the grammar narrows to a plain form that meets them, with the shortest and the
+longest string the form allows: an address ``name@domain.tld``; an ``http(s)://host/path``
+URI, which pydantic's ``HttpUrl`` and ``AnyUrl`` both take. ``url`` and ``iri`` are read
+as ``uri``, ``idn-email`` as ``email``. The form applies where no ``pattern`` is beside
+the format and any ``minLength``/``maxLength`` holds every string of it (pydantic's
+``HttpUrl`` has 1 and 2,083); otherwise the format is ignored, as any other is."""
+_FORMAT_ALIASES = {"url": "uri", "iri": "uri", "idn-email": "email"}
+
+
+def _unknown_format(node: dict[str, Any]) -> None:
+    """A ``format`` the grammar does not enforce, as llama-server reads it: ignored (the
+    string follows its other keywords), or, for an email address or a URI, the pattern of
+    :data:`FORMAT_PATTERNS` (its lengths within the schema's, which it then replaces)."""
+    fmt = node.get("format")
+    if not isinstance(fmt, str) or fmt in FORMATS or re.fullmatch(r"uuid[1-5]", fmt):
+        return
+    del node["format"]
+    form = FORMAT_PATTERNS.get(_FORMAT_ALIASES.get(fmt, fmt))
+    if form is None or node.get("type", "string") != "string" \
+            or any(key in node for key in ("pattern", "enum", "const")):
+        return
+    pattern, shortest, longest = form
+    low, high = node.get("minLength", 0), node.get("maxLength", longest)
+    if isinstance(low, int) and isinstance(high, int) and low <= shortest \
+            and high >= longest:
+        node.pop("minLength", None)
+        node.pop("maxLength", None)
+        node["pattern"] = pattern
 _MEMBER_KEYWORDS = {"object": ("properties", "additionalProperties"),
                     "array": ("items", "prefixItems", "additionalItems"),
                     "string": ("format",)}
@@ -744,9 +821,6 @@ def _check_supported(node: dict[str, Any], path: str, root: dict[str, Any]) -> N
                                          f"and drop {member})")
         return
     strings = not kinds or "string" in kinds
-    fmt = node.get("format")
-    if isinstance(fmt, str) and fmt not in FORMATS and not re.fullmatch(r"uuid[1-5]", fmt):
-        raise refuse(f"format {fmt!r}", f"the grammar enforces only {', '.join(FORMATS)}")
     if strings:
         shape = "pattern" if "pattern" in node else "format" if "format" in node else None
         for key in ("minLength", "maxLength"):

@@ -332,10 +332,12 @@ class _Api:
         """The template and the tokens: on the loop for a usual request (well under a
         millisecond; a thread hop costs more on a busy machine), on a thread for a long
         one (a 4 MiB prompt takes ~1.5 s to tokenize), so that other clients' streams
-        keep flowing meanwhile. A ``response_format`` schema always goes to a thread: its
+        keep flowing meanwhile. A ``response_format`` schema (or a forced tool call's) always
+        goes to a thread: its
         conversion to a grammar is llama-cpp-python's code, whose time we do not bound (a
         stray ``]`` in a pattern once looped in it forever, stalling every client)."""
-        if size <= PREPARE_ON_LOOP_BYTES and getattr(p, "output", None) is None:
+        if size <= PREPARE_ON_LOOP_BYTES and getattr(p, "output", None) is None \
+                and getattr(p, "tool_choice", "none") in ("none", "auto"):
             return prepare(p, client)
         return await anyio.to_thread.run_sync(prepare, p, client)
 
@@ -411,6 +413,8 @@ class _Shape:
         self.prompt_chars = prompt_chars
         """A text completion's ``text_offset`` counts from the prompt's start, as OpenAI's."""
         self.id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{_ID_PREFIX}{next(_ids):08x}"
+        self.calls = 0
+        """Tool calls streamed so far (the next one's ``index``)."""
         self.created = int(time.time())
         self.object = "chat.completion" if kind == "chat" else "text_completion"
         self._head = (f'{{"id":"{self.id}","object":"'
@@ -431,6 +435,9 @@ class _Shape:
             message: dict[str, Any] = {"role": "assistant", "content": r.content}
             if r.reasoning:
                 message["reasoning_content"] = r.reasoning
+            if r.tool_calls:  # OpenAI's: content null unless the model wrote words too
+                message["content"] = r.content or None
+                message["tool_calls"] = [c.openai() for c in r.tool_calls]
             choice: dict[str, Any] = {"index": 0, "message": message,
                                       "finish_reason": r.finish_reason,
                                       "logprobs": self.logprobs(r.logprobs)}
@@ -446,8 +453,12 @@ class _Shape:
             parts = ['"role":"assistant"'] if first else []
             if d.reasoning:
                 parts.append(f'"reasoning_content":{_compact(d.reasoning)}')
-            if d.content or not d.reasoning:
+            if d.content or not (d.reasoning or d.tool_calls):
                 parts.append(f'"content":{_compact(d.content)}')
+            if d.tool_calls:  # each call whole in one chunk, numbered across the answer
+                calls = [c.openai(self.calls + i) for i, c in enumerate(d.tool_calls)]
+                self.calls += len(calls)
+                parts.append(f'"tool_calls":{_compact(calls)}')
             choice = f'{{"index":0,"delta":{{{",".join(parts)}}}'
         else:
             choice = f'{{"index":0,"text":{_compact(d.content)}'
@@ -600,8 +611,10 @@ def _merged(batch: list[Event]) -> list[Event]:
         if isinstance(event, Delta) and isinstance(last, Delta):
             lps = None if last.logprobs is None and event.logprobs is None \
                 else (last.logprobs or []) + (event.logprobs or [])
+            tools = None if last.tool_calls is None and event.tool_calls is None \
+                else (last.tool_calls or []) + (event.tool_calls or [])
             out[-1] = Delta(last.reasoning + event.reasoning, last.content + event.content,
-                            lps)
+                            lps, tools)
         else:
             out.append(event)
     return out

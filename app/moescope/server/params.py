@@ -3,20 +3,24 @@
 Every field a client sends is read here, type-checked and clamped or refused (400 naming
 the field), so the generation code only ever sees sane values: no NaN temperature, no
 ``max_tokens`` of a billion, no ten thousand stop strings. Fields the server does not
-implement but that clients send with neutral values (``n: 1``, ``logit_bias: {}``,
-``verbosity: "medium"``) pass; any other value is refused rather than silently ignored
+implement but that clients send with neutral values (``n: 1``, ``verbosity:
+"medium"``) pass; any other value is refused rather than silently ignored
 (``web_search_options`` whatever its value), so a client never believes it got what it
 asked for when it did not. Unknown extra fields are ignored, as llama-server does: clients
 add vendor fields freely; so are OpenAI's fields that are bookkeeping or hints and change
 no answer (``user``, ``metadata``, ``store``, ``service_tier``, ``prompt_cache_key``,
-``safety_identifier``, ``parallel_tool_calls``, ``prediction``).
+``safety_identifier``, ``prediction``).
 
 ``response_format`` (JSON output) is read here; its schema is bounded and turned into a
-grammar when the request is prepared (``Service``), still before anything waits.
+grammar when the request is prepared (``Service``), still before anything waits. So are
+``tools`` (bounded here: count, names, description and schema sizes), ``tool_choice`` and
+``parallel_tool_calls``; whether the model's template can call them, and the grammar that
+forces a call, are the ``Service``'s.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -82,6 +86,8 @@ class GenerationParams:
     """llama-server's mirostat fields: 0 off, 1 or 2."""
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
+    logit_bias: dict[int, float] | None = None
+    """Token ids to numbers added to their logits (OpenAI's ``logit_bias``); None: none."""
 
 
 @dataclass
@@ -103,6 +109,11 @@ class ChatParams(GenerationParams):
     thinking: str = "default"
     """The template's thinking switch (``model.reasoning.THINKING_SETTINGS``), from
     ``reasoning_effort`` or ``chat_template_kwargs.enable_thinking``."""
+    tools: list[dict[str, Any]] | None = None
+    """Function tools, OpenAI's shape, checked (their parameters bounded)."""
+    tool_choice: str = "none"
+    """``none``, ``auto``, ``required`` or ``function:NAME``."""
+    parallel_tool_calls: bool = True
 
 
 @dataclass
@@ -200,7 +211,6 @@ def _common(body: dict[str, Any], limits: Limits,
     seed = _integer(body, "seed", -(1 << 63), (1 << 64) - 1)
     _neutral(body, "n", (1,), "one choice per request")
     _neutral(body, "best_of", (1,), "one choice per request")
-    _neutral(body, "logit_bias", ({},), "no logit bias")
     _neutral(body, "grammar", ("",), "use response_format with a json_schema")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
@@ -240,7 +250,36 @@ def _common(body: dict[str, Any], limits: Limits,
         "stream": stream,
         "include_usage": stream and bool((options or {}).get("include_usage")),
         "output": _output(body),
+        "logit_bias": _logit_bias(body),
     }
+
+
+def _logit_bias(body: dict[str, Any]) -> dict[int, float] | None:
+    """OpenAI's ``logit_bias``: token ids (as JSON keys, strings of digits) to numbers
+    from -100 to 100, at most ``MAX_LOGIT_BIAS`` of them; the ids are checked against the
+    model's vocabulary when the request is prepared."""
+    from moescope.engine.engine import LOGIT_BIAS, MAX_LOGIT_BIAS
+
+    value = body.get("logit_bias")
+    if value is None or value == {}:
+        return None
+    if not isinstance(value, dict):
+        raise bad_param("logit_bias", "logit_bias must be an object of token ids to numbers")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise bad_param("logit_bias", f"logit_bias has {len(value)} tokens; at most "
+                                      f"{MAX_LOGIT_BIAS}")
+    out: dict[int, float] = {}
+    for key, bias in value.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 9):
+            raise bad_param("logit_bias", f"logit_bias keys are token ids (whole numbers "
+                                          f"from 0), got {_short(key)}")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) \
+                or not math.isfinite(bias) or not -LOGIT_BIAS <= bias <= LOGIT_BIAS:
+            raise bad_param("logit_bias", f"logit_bias values must be numbers from "
+                                          f"{-LOGIT_BIAS:g} to {LOGIT_BIAS:g}, got "
+                                          f"{_short(bias)} for token {key}")
+        out[int(key)] = float(bias)
+    return out
 
 
 def _xtc_mirostat(body: dict[str, Any], rec: Mapping[str, float]) -> dict[str, Any]:
@@ -370,17 +409,25 @@ def chat_params(body: Any, limits: Limits,
             if raw is None and "prompt" in body else ""))
     if len(raw) > MAX_MESSAGES:
         raise bad_param("messages", f"at most {MAX_MESSAGES} messages, got {len(raw)}")
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise bad_param(name, "tools and function calling are not supported by this "
-                                  "server")
-    for name in ("tool_choice", "function_call"):
-        # "auto" with no tools is a plain answer; anything else asks for a call that
-        # would never come (OpenAI refuses it without tools)
-        if body.get(name) not in (None, "none", "auto"):
-            raise bad_param(name, f"{name} {_short(body[name])} asks for a function call, "
-                                  "and this server has no tools or function calling (send "
-                                  "none or auto, or leave it out)")
+    if body.get("functions"):
+        raise bad_param("functions", "functions (OpenAI's deprecated function calling) is "
+                                     "not supported; send them as tools")
+    if body.get("function_call") not in (None, "none", "auto"):
+        raise bad_param("function_call", f"function_call {_short(body['function_call'])} "
+                                         "(the deprecated form) is not supported; send "
+                                         "tools and tool_choice")
+    tools = _tools(body)
+    choice = _tool_choice(body, tools)
+    parallel = body.get("parallel_tool_calls", True)
+    if parallel is None:
+        parallel = True
+    if not isinstance(parallel, bool):
+        raise bad_param("parallel_tool_calls", "parallel_tool_calls must be true or false, "
+                                               f"got {_short(parallel)}")
+    if tools and choice != "none" and common["output"] is not None:
+        raise bad_param("response_format", "response_format and tools together are not "
+                                           "supported: ask for one (or send tool_choice "
+                                           "\"none\")")
     _neutral(body, "verbosity", ("medium",), "no verbosity setting; the model answers as "
                                              "it does")
     if body.get("web_search_options") is not None:
@@ -420,8 +467,121 @@ def chat_params(body: Any, limits: Limits,
                                     f"string of at most {MAX_TOOL_NAME} characters")
                 message["tool_call_id"] = _text(call_id, f"messages[{i}].tool_call_id")
         messages.append(message)
+    logprobs = _chat_logprobs(body)
+    if tools and choice != "none" and logprobs is not None:
+        raise bad_param("logprobs", "logprobs with tools is not supported (send tool_choice "
+                                    "\"none\" or leave logprobs out)")
     return ChatParams(**common, messages=messages, thinking=_thinking(body),
-                      logprobs=_chat_logprobs(body))
+                      logprobs=logprobs, tools=tools or None, tool_choice=choice,
+                      parallel_tool_calls=parallel)
+
+
+MAX_TOOL_DESCRIPTION = 16 << 10
+"""Characters of a tool's description."""
+
+
+def _tools(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """``tools`` as OpenAI spells them (``[{"type": "function", "function": {"name",
+    "description", "parameters", "strict"}}]``), checked and bounded: at most
+    ``MAX_TOOLS``, names as OpenAI allows them (``^[a-zA-Z0-9_-]{1,64}$``) and not twice,
+    each ``parameters`` an object schema of bounded size and depth (the grammar's
+    bounds; it is checked whole when a call is forced)."""
+    from moescope.engine.grammar import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
+    from moescope.engine.tool_calls import MAX_TOOLS, NAME
+
+    raw = body.get("tools")
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise bad_param("tools", "tools must be a list of "
+                                 '{"type": "function", "function": {"name": ...}}')
+    if len(raw) > MAX_TOOLS:
+        raise bad_param("tools", f"at most {MAX_TOOLS} tools, got {len(raw)}")
+    out: list[dict[str, Any]] = []
+    names: set[str] = set()
+    for i, tool in enumerate(raw):
+        where = f"tools[{i}]"
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or tool.get("type") != "function":
+            raise bad_param(where, f'{where} must be {{"type": "function", "function": '
+                                   '{"name": ..., "parameters": {...}}} (only function tools '
+                                   "are supported)")
+        name = function.get("name")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise bad_param(f"{where}.function.name", f"{where}.function.name must match "
+                            f"^[a-zA-Z0-9_-]{{1,64}}$, got {_short(name)}")
+        if name in names:
+            raise bad_param(f"{where}.function.name", f"two tools are named {name!r}")
+        names.add(name)
+        description = function.get("description")
+        if description is not None and (not isinstance(description, str)
+                                        or len(description) > MAX_TOOL_DESCRIPTION):
+            raise bad_param(f"{where}.function.description", f"{where}.function.description "
+                            f"must be a string of at most {MAX_TOOL_DESCRIPTION} characters")
+        strict = function.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise bad_param(f"{where}.function.strict", "strict must be true or false")
+        params = function.get("parameters")
+        param = f"{where}.function.parameters"
+        if params is None:
+            params = {"type": "object", "properties": {}}
+        if not isinstance(params, dict):
+            raise bad_param(param, f"{param} must be a JSON schema (an object)")
+        if params.get("type", "object") != "object":
+            raise bad_param(param, f"{param} must describe an object (type \"object\"), got "
+                                   f"type {_short(params.get('type'))}")
+        try:
+            size = len(json.dumps(params, separators=(",", ":")))
+        except (ValueError, RecursionError):
+            raise bad_param(param, f"{param} nests too deeply") from None
+        if size > MAX_SCHEMA_BYTES:
+            raise bad_param(param, f"{param} has {size} bytes; at most {MAX_SCHEMA_BYTES}")
+        if _depth(params) > MAX_SCHEMA_DEPTH:
+            raise bad_param(param, f"{param} nests deeper than {MAX_SCHEMA_DEPTH} levels")
+        entry: dict[str, Any] = {"name": _text(name, where)}
+        if description is not None:
+            entry["description"] = _text(description, f"{where}.function.description")
+        entry["parameters"] = params
+        out.append({"type": "function", "function": entry})
+    return out
+
+
+def _depth(value: Any) -> int:
+    """How deep objects and arrays nest in ``value`` (without recursion)."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, depth)
+            items = node.values() if isinstance(node, dict) else node
+            stack.extend((v, depth + 1) for v in items if isinstance(v, dict | list))
+    return deepest
+
+
+def _tool_choice(body: dict[str, Any], tools: list[dict[str, Any]]) -> str:
+    """``tool_choice``: ``none``, ``auto`` (the default with tools), ``required``, or a
+    function's name (from ``{"type": "function", "function": {"name": ...}}``, which
+    must be among ``tools``)."""
+    choice = body.get("tool_choice")
+    if choice is None:
+        return "auto" if tools else "none"
+    if choice in ("none", "auto", "required"):
+        if choice == "required" and not tools:
+            raise bad_param("tool_choice", "tool_choice 'required' asks for a function call, "
+                                           "and the request has no tools")
+        return "none" if not tools else str(choice)
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or choice.get("type") != "function":
+        raise bad_param("tool_choice", 'tool_choice must be "none", "auto", "required" or '
+                                       '{"type": "function", "function": {"name": ...}}, got '
+                                       f"{_short(choice)}")
+    if name not in {t["function"]["name"] for t in tools}:
+        raise bad_param("tool_choice", f"tool_choice names {_short(name)}, which is not among "
+                                       "the tools" if tools else "tool_choice asks for a "
+                                       "function call, and the request has no tools")
+    return f"function:{name}"
 
 
 def _chat_logprobs(body: dict[str, Any]) -> int | None:

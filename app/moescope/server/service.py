@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from moescope.engine.chat_tokens import ChatTokens
     from moescope.engine.grammar import Grammar
     from moescope.engine.logprobs import TokenLogprob
+    from moescope.engine.tool_calls import ToolCall
     from moescope.trace.schema import Change
 
 
@@ -189,6 +190,11 @@ class Job:
     split: bool = False
     tokens: ChatTokens | None = None
     """A chat's prompt tokens (its users' words read as text); None: ``prompt``'s."""
+    tools: list[dict[str, Any]] | None = None
+    """The functions the answer may call: its content is read for calls in
+    ``tool_format`` (``tool_calls.ToolCallStream``); None: no tools."""
+    tool_format: str = ""
+    parallel_tool_calls: bool = True
     cancelled: threading.Event = field(default_factory=threading.Event)
     generated: int = 0
     """Tokens generated so far."""
@@ -218,6 +224,8 @@ class Delta:
     logprobs: list[SentToken] | None = None
     """The log-probabilities of the tokens whose text this delta's content brings, when
     the request asked for them (None: it did not)."""
+    tool_calls: list[ToolCall] | None = None
+    """Calls completed with this delta (each whole: name, arguments, id)."""
 
 
 class LogprobTrack:
@@ -292,6 +300,8 @@ class RequestRecord:
     """The answer's audited quality cost, when audits were on (``Engine.set_audit``)."""
     logprobs: list[SentToken] | None = None
     """The content's tokens with their log-probabilities, when the request asked."""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    """The calls the answer made (its content is then the text around them)."""
 
     @property
     def prefill_tokens(self) -> int:
@@ -427,6 +437,11 @@ class Service:
         self._lock = threading.Lock()
         self._slots = engine.slots_per_layer
         self._thinking_choices = engine.thinking_choices()
+        from moescope.engine.tool_calls import template_format
+
+        self._tool_format = template_format(engine.chat_template)
+        """The tool-call format of the model's chat template (``tool_calls``)."""
+        self._tag_texts: dict[int, str] | None = None
         self._prefixes: dict[str, str] = {}
         from moescope.model.sampling_defaults import model_sampling
 
@@ -451,24 +466,93 @@ class Service:
         """Template, tokens and checks of a chat request (any thread: reads only)."""
         self.check_model(p.model)
         thinking = p.thinking if p.thinking in self._thinking_choices else "default"
-        if p.output is not None and "off" in self._thinking_choices:
+        tools = p.tools if p.tools and p.tool_choice != "none" else None
+        grammar = self._tool_grammar(p, tools) if tools else None
+        if (p.output is not None or grammar is not None) and "off" in self._thinking_choices:
             thinking = "off"  # the grammar holds from the first token: no room for thoughts
         try:
             messages = p.messages
             if any(m["role"] == "tool" or "tool_calls" in m for m in messages):
                 messages = self._tool_messages(messages, thinking)
-            prompt = self.engine.format_chat(messages, thinking)
+            prompt = self.engine.format_chat(messages, thinking, tools=tools)
             # the users' and tools' words read as words: a message holding "<|im_end|>"
             # forges no turn (llama-server reads it as the token)
-            tokens = self.engine.chat_tokens(messages, thinking)
+            tokens = self.engine.chat_tokens(messages, thinking, tools=tools)
         except MoEScopeError as err:
             raise bad_param("messages", str(err)) from None
         if thinking not in self._prefixes:
             self._prefixes[thinking] = self.engine.answer_prefix(thinking)
-        job = self._job("chat", client, prompt, p, tokens)
-        if p.output is None:
+        job = self._job("chat", client, prompt, p, tokens, grammar)
+        if p.output is None and grammar is None:
             job.prefix, job.split = self._prefixes[thinking], True
+        if tools:
+            job.tools, job.tool_format = tools, self._tool_format
+            job.parallel_tool_calls = p.parallel_tool_calls
         return job
+
+    def _tags(self) -> dict[int, str]:
+        """The tool-call tags of the template's format that are control tokens in this
+        vocabulary, by id, with their texts: the engine writes a control token as no text
+        (as llama.cpp does unless asked), and llama-server reads calls from text that has
+        them (it renders every token's text)."""
+        if self._tag_texts is None:
+            from moescope.engine.tool_calls import TAGS
+
+            found = {}
+            for tag in TAGS.get(self._tool_format, ()):
+                ids = self.engine.tokenize(tag, add_bos=False, special=True)
+                if len(ids) == 1 and self.engine.holds_control(tag):
+                    found[ids[0]] = tag
+            self._tag_texts = found
+        return self._tag_texts
+
+    def _tool_grammar(self, p: ChatParams, tools: list[dict[str, Any]]) -> Grammar | None:
+        """400 for tools this model cannot call (its template has no tool support, or a
+        format the server does not read, or they hold its control tokens' text); the
+        grammar that makes the answer a call for ``required`` or a named function (None
+        for ``auto``)."""
+        import json
+
+        from moescope.engine.grammar import GrammarError
+        from moescope.engine.tool_calls import (
+            HARMONY,
+            HERMES,
+            READ,
+            REFUSED,
+            ToolCallError,
+            call_grammar,
+            harmony_call_grammar,
+            xml_call_grammar,
+        )
+
+        if self._tool_format not in READ:
+            raise bad_param("tools", REFUSED[self._tool_format])
+        for i, tool in enumerate(tools):
+            # the template writes the tools as markup: a description holding "<|im_end|>"
+            # would close the system turn
+            if self.engine.holds_control(json.dumps(tool, ensure_ascii=False)):
+                raise bad_param(f"tools[{i}]", f"tools[{i}] holds the text of one of this "
+                                               "model's control tokens (<|im_end|>...)")
+        if p.tool_choice == "auto":
+            return None
+        forced = tools if p.tool_choice == "required" else \
+            [t for t in tools if t["function"]["name"] == p.tool_choice.split(":", 1)[1]]
+        from moescope.engine.grammar import schema_grammar
+
+        for tool in forced:  # each schema alone first: its errors name its place
+            where = f"tools[{tools.index(tool)}].function.parameters"
+            try:
+                schema_grammar(tool["function"]["parameters"])
+            except GrammarError as err:
+                raise bad_param(where, f"{where}: the call cannot be forced: {err}") from None
+        parallel = p.parallel_tool_calls and p.tool_choice == "required"
+        try:
+            return self.engine.compile_grammar(
+                call_grammar(forced, parallel) if self._tool_format == HERMES
+                else harmony_call_grammar(forced) if self._tool_format == HARMONY
+                else xml_call_grammar(forced, parallel, self._tool_format))
+        except (GrammarError, ToolCallError) as err:
+            raise bad_param("tools", f"tools: the call cannot be forced: {err}") from None
 
     def _tool_messages(self, messages: list[dict[str, Any]],
                        thinking: str) -> list[dict[str, Any]]:
@@ -531,10 +615,13 @@ class Service:
         return self._job("completion", client, p.prompt, p)
 
     def _job(self, kind: str, client: str, prompt: str, p: GenerationParams,
-             tokens: ChatTokens | None = None) -> Job:
+             tokens: ChatTokens | None = None, grammar: Grammar | None = None) -> Job:
         from moescope.engine import Sampling
 
         n_ctx = self.engine.n_ctx
+        if p.logit_bias and max(p.logit_bias) >= self.engine.n_vocab:
+            raise bad_param("logit_bias", f"logit_bias has token {max(p.logit_bias)}; this "
+                                          f"model's tokens are 0 to {self.engine.n_vocab - 1}")
         n_prompt = max(len(tokens.tokens) if tokens is not None else
                        len(self.engine.tokenize(prompt, add_bos=True, special=True)), 1)
         if n_prompt >= n_ctx:
@@ -549,7 +636,8 @@ class Service:
             mirostat_tau=p.mirostat_tau, mirostat_eta=p.mirostat_eta,
             max_tokens=p.max_tokens or self.limits.max_tokens,
             seed=secrets.randbits(32) if p.seed is None else p.seed,
-            grammar=self._grammar(p.output), logprobs=p.logprobs)
+            grammar=self._grammar(p.output) if grammar is None else grammar,
+            logprobs=p.logprobs, logit_bias=p.logit_bias)
         return Job(kind=kind, client=client, prompt=prompt, n_prompt_tokens=n_prompt,
                    sampling=sampling, stops=p.stop, tokens=tokens)
 
@@ -599,6 +687,21 @@ class Service:
         engine = self.engine
         stream = TextStream(job.stops, job.prefix, job.split)
         track = LogprobTrack() if job.sampling.logprobs is not None else None
+        calls = harmony = tags = None
+        if job.tools is not None:
+            from moescope.engine.tool_calls import (
+                HARMONY,
+                HarmonyCallStream,
+                ToolCallStream,
+                parser,
+            )
+
+            tags = self._tags()
+            if job.tool_format == HARMONY:  # taken out of the raw text, before the split
+                harmony = HarmonyCallStream(t["function"]["name"] for t in job.tools)
+            else:
+                calls = ToolCallStream(parser(job.tool_format, job.tools),
+                                       job.parallel_tool_calls)
         for listener in self.listeners:
             listener.request_started(job)
         for tok in engine.generate(job.tokens if job.tokens is not None else job.prompt,
@@ -606,22 +709,42 @@ class Service:
             job.generated += 1
             for listener in self.listeners:
                 listener.token(tok, job)
-            reasoning, content = stream.feed(tok.text)
+            text = tok.text if tags is None else tags.get(tok.token_id, tok.text)
+            reasoning, content = stream.feed(text if harmony is None else harmony.feed(text))
+            made = None
+            if calls is not None:
+                content, made = calls.feed(content)
             if track is not None and tok.logprob is not None:
                 track.add(tok.text, tok.logprob)
-            if reasoning or content:
+            if reasoning or content or made:
                 emit(Delta(reasoning, content, None if track is None
-                           else track.release(stream.content_span())))
-            if stream.stopped or job.cancelled.is_set():
+                           else track.release(stream.content_span()), made or None))
+            if stream.stopped or job.cancelled.is_set() or (calls is not None and calls.done):
                 engine.stop()
+        made = None
+        if harmony is not None:
+            reasoning, content = stream.feed(harmony.finish())
+            if reasoning or content:
+                emit(Delta(reasoning, content))
+            made = harmony.calls
         reasoning, content = stream.finish()
+        if calls is not None:
+            content, made = calls.feed(content)
+            content += calls.finish()
         lps = None if track is None else track.release(stream.content_span(),
                                                        last=not stream.stopped)
-        if reasoning or content or lps:
-            emit(Delta(reasoning, content, lps))
+        if reasoning or content or lps or made:
+            emit(Delta(reasoning, content, lps, made or None))
         a = engine.last_answer
         self._slots = engine.slots_per_layer
         record = self._record(job, turn, a, stream)
+        if calls is not None:
+            record.content = calls.content
+        made_calls = calls.calls if calls is not None else harmony.calls \
+            if harmony is not None else []
+        if made_calls:
+            record.tool_calls = list(made_calls)
+            record.finish_reason = "tool_calls"
         if track is not None:
             record.logprobs = track.sent
         with self._lock:
