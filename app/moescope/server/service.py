@@ -38,6 +38,7 @@ from moescope.server.params import (
 )
 from moescope.session.turns import EngineQueue, QueueFull, Turn
 from moescope.util.errors import MoEScopeError
+from moescope.util.words import utf8_name
 
 if TYPE_CHECKING:
     from moescope.engine import AnswerStats, CacheTotals, Engine, Sampling, TokenStats
@@ -398,16 +399,6 @@ def _parsed_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | 
             m = {**m, "tool_calls": calls}
         out.append(m)
     return out if changed else None
-
-
-def utf8_name(name: str) -> str:
-    """A file name as UTF-8 text: each byte that is not UTF-8 (held as a lone surrogate)
-    written as its escape, ``\\xff``; a UTF-8 name as it is."""
-    try:
-        raw = name.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:  # a surrogate no file system byte gives: its escape
-        raw = name.encode("utf-8", "backslashreplace")
-    return raw.decode("utf-8", "backslashreplace")
 
 
 class Service:
