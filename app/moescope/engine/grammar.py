@@ -365,18 +365,12 @@ def _convert(schema: dict[str, Any]) -> str:
     # every $ref's target known before the converter reads them: it resolves none in a
     # subschema that has a $ref itself (a root $ref's target, pydantic's recursive models
     # and the root moved under $defs, kept theirs unresolved: a KeyError)
-    stack: list[Any] = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(node)
-        elif isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#/"):
-                target = _local_target(schema, ref)
-                if target is not None:
-                    converter._refs[ref] = target
-            stack.extend(v for k, v in node.items() if k not in ("enum", "const"))
+    for node in schema_refs(schema):
+        ref = node["$ref"]
+        if ref.startswith("#/"):
+            target = _local_target(schema, ref)
+            if target is not None:
+                converter._refs[ref] = target
     converter.visit(converter.resolve_refs(schema, "stdin"), "")
     return str(converter.format_grammar())
 
@@ -956,6 +950,22 @@ def _disjoint(root: dict[str, Any], a: Any, b: Any) -> bool:
     both = set(a.get("required") or []) & set(b.get("required") or [])
     return any(_disjoint(root, _resolved(root, pa.get(name)), _resolved(root, pb.get(name)))
                for name in sorted(both))
+
+
+def schema_refs(*roots: Any) -> Iterator[dict[str, Any]]:
+    """Every object in JSON schemas ``roots`` whose ``$ref`` is local text ("#..."), found
+    in the schemas' own words (an ``enum``'s or a ``const``'s values are data, never read).
+    A caller may change a node's ``$ref`` as it gets it."""
+    stack: list[Any] = list(roots)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                yield node
+            stack.extend(v for k, v in node.items() if k not in ("enum", "const"))
 
 
 def _local_target(root: dict[str, Any], ref: str) -> Any:

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from moescope.engine.grammar import schema_refs
 from moescope.util.errors import MoEScopeError
 
 HERMES = "hermes"
@@ -230,21 +231,14 @@ def _hoisted(tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[st
                     new = f"t{i}-{re.sub(r'[^a-zA-Z0-9-]+', '-', name)}-{len(defs)}"
                     moved[f"#/{key}/{name}"] = f"#/$defs/{new}"
                     defs[new] = value
-        stack: list[Any] = [params, *(defs[m.rsplit("/", 1)[1]] for m in moved.values())]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, list):
-                stack.extend(node)
-            elif isinstance(node, dict):
-                ref = node.get("$ref")
-                if isinstance(ref, str) and ref.startswith("#"):
-                    target = next((new + ref[len(old):] for old, new in moved.items()
-                                   if ref == old or ref.startswith(old + "/")), None)
-                    if target is None:
-                        raise ToolCallError(f"tools[{i}].function.parameters: $ref {ref!r} "
-                                            "points outside the function's $defs")
-                    node["$ref"] = target
-                stack.extend(v for k, v in node.items() if k not in ("enum", "const"))
+        for node in schema_refs(params, *(defs[m.rsplit("/", 1)[1]] for m in moved.values())):
+            ref = node["$ref"]
+            target = next((new + ref[len(old):] for old, new in moved.items()
+                           if ref == old or ref.startswith(old + "/")), None)
+            if target is None:
+                raise ToolCallError(f"tools[{i}].function.parameters: $ref {ref!r} "
+                                    "points outside the function's $defs")
+            node["$ref"] = target
         out.append(params)
     return out, defs
 
@@ -301,11 +295,10 @@ def parse_xml(body: str, schemas: dict[str, dict[str, Any]]) -> ToolCall | None:
     wants: raw text for a string (one newline after the opening tag and one before the
     closing one are the format's), else JSON, else the text."""
     m = _FUNCTION.fullmatch(body)
-    if m is None or m[1].strip() not in schemas:
+    properties = _named_properties(m, schemas)
+    if m is None or properties is None:
         return None
     name = m[1].strip()
-    properties = schemas[name].get("properties")
-    properties = properties if isinstance(properties, dict) else {}
     args: dict[str, Any] = {}
     if _PARAMETER.sub("", m[2]).strip():
         return None
@@ -318,6 +311,17 @@ def parse_xml(body: str, schemas: dict[str, dict[str, Any]]) -> ToolCall | None:
     return ToolCall(name, json.dumps(args, ensure_ascii=False))
 
 
+def _named_properties(m: re.Match[str] | None,
+                      schemas: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The ``properties`` of the function a parsed block names (its first group), {} where
+    its schema has none; None where the block did not parse or names no function among
+    ``schemas``."""
+    if m is None or m[1].strip() not in schemas:
+        return None
+    properties = schemas[m[1].strip()].get("properties")
+    return properties if isinstance(properties, dict) else {}
+
+
 _GLM = re.compile(r"\s*([^<\n]+?)\s*((?:<arg_key>.*?</arg_key>\s*<arg_value>.*?</arg_value>"
                   r"\s*)*)", re.S)
 _GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
@@ -328,11 +332,10 @@ def parse_glm(body: str, schemas: dict[str, dict[str, Any]]) -> ToolCall | None:
     ``<arg_key>k</arg_key><arg_value>v</arg_value>`` pairs), or None where it is not one.
     A value is read as :func:`parse_xml` reads one."""
     m = _GLM.fullmatch(body)
-    if m is None or m[1].strip() not in schemas:
+    properties = _named_properties(m, schemas)
+    if m is None or properties is None:
         return None
     name = m[1].strip()
-    properties = schemas[name].get("properties")
-    properties = properties if isinstance(properties, dict) else {}
     args: dict[str, Any] = {}
     for key, raw in _GLM_PAIR.findall(m[2]):
         key = key.strip()
