@@ -69,7 +69,7 @@ def test_generate_and_info_take_it_and_print_it_escaped(
     assert "3 tokens" in summary or "stop: eos" in summary
     assert main(["info", str(odd_copy)]) == 0
     out = capsys.readouterr().out
-    assert "demo-\\udcff.gguf" in out  # escaped, in one line (util.errors.one_line)
+    assert "demo-\\xff.gguf" in out  # escaped as traces and the server write it (one_line)
 
 
 def test_a_broken_file_so_named_is_one_line_naming_it_escaped(
@@ -80,4 +80,4 @@ def test_a_broken_file_so_named_is_one_line_naming_it_escaped(
         assert main([command, str(bad)]) != 0
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1
-        assert "bad-\\udcfe.gguf" in err and "not a GGUF" in err
+        assert "bad-\\xfe.gguf" in err and "not a GGUF" in err

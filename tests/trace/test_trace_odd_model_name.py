@@ -81,7 +81,7 @@ def test_chat_records_it(odd_copy: Path, tmp_path: Path) -> None:
         input=b"Hello there\n", capture_output=True, timeout=300,
         env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr.decode(errors="replace")
-    assert b"demo-\\udcff.gguf" in done.stderr  # the chat's own line, escaped
+    assert b"demo-\\xff.gguf" in done.stderr  # the chat's own line, escaped
     assert read_trace(out).header.model.file_name == ESCAPED
 
 

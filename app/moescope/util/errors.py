@@ -36,12 +36,19 @@ characters (a right-to-left override), lone surrogates (a name not in UTF-8), se
 
 def one_line(text: str) -> str:
     """``text`` with every character that would not read as itself on a terminal written
-    as its escape (``\\n``, ``\\x1b``, ``\\u202e``, ``\\udcff``): a message names files and
-    values the user or a file chose, and a name holding a newline printed a second
-    ``moescope: error:`` line of its choosing, an ESC sequence recoloured the terminal."""
+    as its escape (``\\n``, ``\\x1b``, ``\\u202e``): a message names files and values the
+    user or a file chose, and a name holding a newline printed a second ``moescope: error:``
+    line of its choosing, an ESC sequence recoloured the terminal. A byte of a file name
+    that is not UTF-8 (Python's lone surrogate) is written as the byte, ``\\xff``, as
+    traces, the server and the window write it (``util.words.utf8_name``)."""
     import unicodedata
 
     if text.isprintable():
         return text
-    return "".join(ch.encode("unicode_escape", "backslashreplace").decode("ascii")
-                   if unicodedata.category(ch) in _UNSEEN else ch for ch in text)
+
+    def escape(ch: str) -> str:
+        if 0xDC80 <= ord(ch) <= 0xDCFF:  # surrogateescape's byte 0x80-0xff
+            return f"\\x{ord(ch) - 0xDC00:02x}"
+        return ch.encode("unicode_escape", "backslashreplace").decode("ascii")
+
+    return "".join(escape(ch) if unicodedata.category(ch) in _UNSEEN else ch for ch in text)

@@ -77,7 +77,7 @@ from moescope.session.answer import answer_now
 from moescope.session.recording import Recording, RecordingStopped
 from moescope.trace.names import formats_help, live_trace_file
 from moescope.util.errors import MoEScopeError
-from moescope.util.words import plural
+from moescope.util.words import plural, utf8_name
 
 if TYPE_CHECKING:
     from moescope.engine import AnswerStats, CacheTotals, Engine, Message, Sampling
@@ -160,8 +160,9 @@ def run(args: argparse.Namespace) -> int:
             recording = Recording(open_trace(args.trace, engine, inputs))
         stdin = sys.stdin
         tty = stdin.isatty()
-        print(f"moescope chat · {loaded.path.name} · {cache_state(engine)} · context "
-              f"{loaded.n_ctx} tokens · /help for commands, Ctrl+D to quit", file=sys.stderr)
+        print(f"moescope chat · {utf8_name(loaded.path.name)} · {cache_state(engine)} · "
+              f"context {loaded.n_ctx} tokens · /help for commands, Ctrl+D to quit",
+              file=sys.stderr)
         thinking = args.thinking
         if thinking not in engine.thinking_choices():
             print(f"moescope: this model's chat template has no '{thinking}' thinking "
