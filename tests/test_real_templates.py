@@ -4,11 +4,7 @@ the sdist is not in the build cache."""
 
 from __future__ import annotations
 
-import functools
-import os
 import re
-import tarfile
-from pathlib import Path
 
 import pytest
 
@@ -18,33 +14,16 @@ from moescope.model.reasoning import (
     template_variables,
     thinking_choices,
 )
+from moescope_testing.templates import SDIST, sdist_templates
 
-ROOT = Path(__file__).resolve().parent.parent
-LOCK = dict(line.split("=", 1) for line in (ROOT / "engine_patch/sdist.lock").read_text()
-            .splitlines() if "=" in line and not line.startswith("#"))
-SDIST = Path(os.environ.get("MOESCOPE_CACHE", Path.home() / ".cache/moescope")) / "sdist" \
-    / LOCK["filename"]
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
             {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "2+2?"}]
 
 pytestmark = pytest.mark.skipif(not SDIST.exists(), reason=f"{SDIST} not built yet")
 
 
-@functools.cache
-def _templates() -> dict[str, str]:
-    """Every chat template in the sdist, read in one pass over the archive."""
-    out = {}
-    with tarfile.open(SDIST) as tar:
-        for member in tar:
-            if "/models/templates/" in member.name and member.name.endswith(".jinja"):
-                f = tar.extractfile(member)
-                assert f is not None
-                out[member.name.rsplit("/", 1)[1]] = f.read().decode("utf-8")
-    return out
-
-
 def _template(name: str) -> str:
-    return _templates()[name]
+    return sdist_templates()[name]
 
 
 def _render(template: str, thinking: str) -> str:

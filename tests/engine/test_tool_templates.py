@@ -7,12 +7,8 @@ as the same call: the parsers read what the models were trained to write."""
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import re
-import tarfile
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,12 +23,7 @@ from moescope.engine.tool_calls import (
     template_format,
 )
 from moescope.model.reasoning import template_variables
-
-ROOT = Path(__file__).resolve().parents[2]
-LOCK = dict(line.split("=", 1) for line in (ROOT / "engine_patch/sdist.lock").read_text()
-            .splitlines() if "=" in line and not line.startswith("#"))
-SDIST = Path(os.environ.get("MOESCOPE_CACHE", Path.home() / ".cache/moescope")) / "sdist" \
-    / LOCK["filename"]
+from moescope_testing.templates import SDIST, sdist_templates
 
 pytestmark = pytest.mark.skipif(not SDIST.exists(), reason=f"{SDIST} not built yet")
 
@@ -48,18 +39,6 @@ HISTORY = [{"role": "user", "content": "Weather in Paris?"},
                 "function": {"name": "get_weather", "arguments": ARGS}}]},
            {"role": "tool", "tool_call_id": "call_1", "content": "18 C"},
            {"role": "user", "content": "Thanks. And Rome?"}]
-
-
-@functools.cache
-def _templates() -> dict[str, str]:
-    out = {}
-    with tarfile.open(SDIST) as tar:
-        for member in tar:
-            if "/models/templates/" in member.name and member.name.endswith(".jinja"):
-                f = tar.extractfile(member)
-                assert f is not None
-                out[member.name.rsplit("/", 1)[1]] = f.read().decode("utf-8")
-    return out
 
 
 def _render(template: str, messages: list[dict[str, Any]]) -> str:
@@ -86,12 +65,12 @@ READ = [("Qwen-Qwen3-0.6B.jinja", HERMES), ("Qwen-Qwen2.5-7B-Instruct.jinja", HE
     ("google-gemma-2-2b-it.jinja", "none"),
 ])
 def test_each_template_s_format(name: str, fmt: str) -> None:
-    assert template_format(_templates()[name]) == fmt
+    assert template_format(sdist_templates()[name]) == fmt
 
 
 @pytest.mark.parametrize(("name", "fmt"), READ)
 def test_the_template_s_own_call_reads_back(name: str, fmt: str) -> None:
-    template = _templates()[name]
+    template = sdist_templates()[name]
     plain = _render(template, HISTORY[:1])
     assert "get_weather" in plain and "Weather of a city" in plain  # the tools are shown
     prompt = _render(template, HISTORY)
