@@ -683,9 +683,8 @@ struct FastWorkspace {
     std::vector<int32_t> expert_of;
     std::vector<double> cum_mass;
     std::vector<int64_t> pin, mark;
-    std::vector<int32_t> bq_head, bq_next, bq_prev;
+    std::vector<int32_t> bq_head, bq_next;
     std::vector<uint64_t> bq_occ;
-    std::vector<int64_t> bq_idx;
     std::vector<uint32_t> bq_kver;
     std::vector<double> kkey;
     std::vector<uint32_t> kkver;
@@ -792,9 +791,9 @@ private:
     int64_t bq_from_epoch_ = -1, bq_from_ = 0; /* where this epoch's next search starts */
     int32_t * bq_head_ = nullptr;  /* [kRing] */
     uint64_t * bq_occ_ = nullptr;  /* [kRing / 64] a bit per non-empty ring bucket */
-    int32_t * bq_next_ = nullptr;  /* [E] */
-    int32_t * bq_prev_ = nullptr;  /* [E] */
-    int64_t * bq_idx_ = nullptr;   /* [E] bucket listed in, kLow for the LOW list */
+    int32_t * bq_next_ = nullptr;  /* [E] the next in its list (singly linked) */
+    int64_t bq_vlist_ = 0;         /* the last victim's list (kLow: LOW) */
+    int32_t bq_vpred_ = -1;        /* and the entry before it there (-1: its head) */
     uint32_t * bq_kver_ = nullptr; /* [E] count version when listed */
     double * kkey_ = nullptr;  /* [E] each expert's key as of its count version kkver_ */
     uint32_t * kkver_ = nullptr;
@@ -869,51 +868,11 @@ private:
         q_epoch_ = pin_epoch_;
     }
 
-    int32_t & bq_list(int64_t idx) {
-        return idx == kLow ? bq_low_ : bq_head_[idx & (kRing - 1)];
-    }
-
-    void bq_link(int32_t e, int64_t idx) {
-        int32_t & head = bq_list(idx);
-        bq_idx_[e] = idx;
-        bq_prev_[e] = -1;
-        bq_next_[e] = head;
-        if (head >= 0) {
-            bq_prev_[head] = e;
-        }
-        head = e;
-        if (idx != kLow) {
-            const int64_t slot = idx & (kRing - 1);
-            bq_occ_[slot >> 6] |= uint64_t{1} << (slot & 63);
-            bq_cur_ = std::min(bq_cur_, idx);
-        }
-    }
-
-    void bq_unlink(int32_t e) {
-        const int64_t idx = bq_idx_[e];
-        const int32_t p = bq_prev_[e];
-        const int32_t n = bq_next_[e];
-        if (p >= 0) {
-            bq_next_[p] = n;
-        } else {
-            bq_list(idx) = n;
-        }
-        if (n >= 0) {
-            bq_prev_[n] = p;
-        }
-        if (idx != kLow && p < 0 && n < 0) {
-            const int64_t slot = idx & (kRing - 1);
-            bq_occ_[slot >> 6] &= ~(uint64_t{1} << (slot & 63));
-        }
-    }
-
-    /* list e under its current key (its count version then) */
-    void bq_place(int32_t e) {
-        const double key = scan_key(e);
-        bq_kver_[e] = F_[e].kver;
-        /* a selected expert's key is at least 0 (f >= 1, step >= 0), so the cast floors it;
-         * anything else goes to LOW, where it is compared in full */
-        const double b = key * bq_q_;
+    /* the bucket a resident's current key lists it in (kLow: the LOW list); a selected
+     * expert's key is at least 0 (f >= 1, step >= 0), so the cast floors it; anything
+     * else goes to LOW, where it is compared in full */
+    int64_t bq_bucket(int32_t e) {
+        const double b = scan_key(e) * bq_q_;
         int64_t idx = kLow;
         if (b >= 0.0 && b <= static_cast<double>(bq_top_)) {
             idx = static_cast<int64_t>(b);
@@ -921,7 +880,56 @@ private:
                 idx = kLow;
             }
         }
-        bq_link(e, idx);
+        return idx;
+    }
+
+    /* e at the head of list idx (singly linked: each list is only ever walked from its
+     * head, so a walk knows the node before the one it takes out) */
+    void bq_push(int32_t e, int64_t idx) {
+        if (idx == kLow) {
+            bq_next_[e] = bq_low_;
+            bq_low_ = e;
+            return;
+        }
+        const int64_t slot = idx & (kRing - 1);
+        bq_next_[e] = bq_head_[slot];
+        bq_head_[slot] = e;
+        bq_occ_[slot >> 6] |= uint64_t{1} << (slot & 63);
+        bq_cur_ = std::min(bq_cur_, idx);
+    }
+
+    /* list e under its current key (its count version then) */
+    void bq_place(int32_t e) {
+        bq_kver_[e] = F_[e].kver;
+        bq_push(e, bq_bucket(e));
+    }
+
+    /* e, after `pred` (-1: the head) in the list whose head is `head`, taken out */
+    void bq_cut(int32_t & head, int32_t pred, int32_t e) {
+        if (pred < 0) {
+            head = bq_next_[e];
+        } else {
+            bq_next_[pred] = bq_next_[e];
+        }
+    }
+
+    /* the last victim (bq_victim's), out of its list */
+    void bq_take_victim(int32_t v) {
+        const bool low = bq_vlist_ == kLow;
+        const int64_t slot = bq_vlist_ & (kRing - 1);
+        int32_t & head = low ? bq_low_ : bq_head_[slot];
+        int32_t pred = bq_vpred_;
+        if (pred < 0 ? head != v : bq_next_[pred] != v) {
+            /* a later push to the head of its list (LOW, from the ring's walk) moved it */
+            pred = -1;
+            for (int32_t e = head; e != v; e = bq_next_[e]) {
+                pred = e;
+            }
+        }
+        bq_cut(head, pred, v);
+        if (!low && head < 0) {
+            bq_occ_[slot >> 6] &= ~(uint64_t{1} << (slot & 63));
+        }
     }
 
     /* the window follows the step: buckets that leave it go to the LOW list */
@@ -936,12 +944,15 @@ private:
             const int64_t from = bq_top_ - kRing + 1;
             const int64_t to = std::min(top - kRing + 1, from + kRing);
             for (int64_t i = std::max(from, bq_cur_); i < to; ++i) {
-                int32_t & head = bq_head_[i & (kRing - 1)];
+                const int64_t slot = i & (kRing - 1);
+                int32_t & head = bq_head_[slot];
                 while (head >= 0) {
                     const int32_t e = head;
-                    bq_unlink(e);
-                    bq_link(e, kLow);
+                    head = bq_next_[e];
+                    bq_next_[e] = bq_low_;
+                    bq_low_ = e;
                 }
+                bq_occ_[slot >> 6] &= ~(uint64_t{1} << (slot & 63));
             }
         }
         bq_top_ = top;
@@ -958,29 +969,33 @@ private:
     }
 
     /* least: e where it is unpinned and evicts before least (-1: none yet) */
-    void bq_keep_least(int32_t e, int32_t & least) const {
-        if (pin_[e] != pin_epoch_ && (least < 0 || bq_before(e, least))) {
-            least = e;
-        }
-    }
-
-    /* a stale listing moved to its current key's bucket; returns where it is now */
-    int64_t bq_refresh(int32_t e) {
-        bq_unlink(e);
-        bq_place(e);
-        return bq_idx_[e];
+    bool bq_less(int32_t e, int32_t least) const {
+        return pin_[e] != pin_epoch_ && (least < 0 || bq_before(e, least));
     }
 
     int32_t bq_victim() {
-        int32_t low = -1;
-        for (int32_t e = bq_low_; e >= 0;) {
-            const int32_t nx = bq_next_[e];
-            if (bq_kver_[e] != F_[e].kver && bq_refresh(e) != kLow) {
+        int32_t low = -1, low_pred = -1;
+        {
+            int32_t pred = -1;
+            for (int32_t e = bq_low_; e >= 0;) {
+                const int32_t nx = bq_next_[e];
+                if (bq_kver_[e] != F_[e].kver) {
+                    bq_kver_[e] = F_[e].kver;
+                    const int64_t now = bq_bucket(e);
+                    if (now != kLow) { /* into the window: met there */
+                        bq_cut(bq_low_, pred, e);
+                        bq_push(e, now);
+                        e = nx;
+                        continue;
+                    }
+                }
+                if (bq_less(e, low)) {
+                    low = e;
+                    low_pred = pred;
+                }
+                pred = e;
                 e = nx;
-                continue;
             }
-            bq_keep_least(e, low);
-            e = nx;
         }
         const int64_t top = bq_top_;
         /* a later search of the same pin epoch goes on from the last one's victim's bucket:
@@ -1005,30 +1020,56 @@ private:
             if (empty_below) {
                 bq_cur_ = idx;
             }
-            int32_t best = -1;
-            for (int32_t e = bq_head_[idx & (kRing - 1)]; e >= 0;) {
+            const int64_t at = idx & (kRing - 1);
+            int32_t & head = bq_head_[at];
+            int32_t best = -1, best_pred = -1, pred = -1;
+            for (int32_t e = head; e >= 0;) {
                 const int32_t nx = bq_next_[e];
-                const int64_t now = bq_kver_[e] != F_[e].kver ? bq_refresh(e) : idx;
-                if (now == idx) {
-                    bq_keep_least(e, best);
-                } else if (now == kLow) {
-                    bq_keep_least(e, low); /* its key left the window: LOW's now */
-                } /* else moved to a later bucket, met there */
+                if (bq_kver_[e] != F_[e].kver) {
+                    bq_kver_[e] = F_[e].kver;
+                    const int64_t now = bq_bucket(e);
+                    if (now != idx) { /* a selection raised it: a later bucket, or LOW */
+                        bq_cut(head, pred, e);
+                        bq_push(e, now);
+                        if (now == kLow && bq_less(e, low)) { /* its key left the window */
+                            low = e;
+                            low_pred = -1;
+                        }
+                        e = nx;
+                        continue;
+                    }
+                }
+                if (bq_less(e, best)) {
+                    best = e;
+                    best_pred = pred;
+                }
+                pred = e;
                 e = nx;
             }
             if (best >= 0) {
                 bq_from_epoch_ = pin_epoch_;
                 bq_from_ = idx;
-                return low >= 0 && bq_before(low, best) ? low : best;
+                if (low >= 0 && bq_before(low, best)) {
+                    bq_vlist_ = kLow;
+                    bq_vpred_ = low_pred;
+                    return low;
+                }
+                bq_vlist_ = idx;
+                bq_vpred_ = best_pred;
+                return best;
             }
-            if (bq_head_[idx & (kRing - 1)] >= 0) {
+            if (head >= 0) {
                 empty_below = false; /* its residents are all pinned */
+            } else {
+                bq_occ_[at >> 6] &= ~(uint64_t{1} << (at & 63));
             }
             ++idx;
         }
         if (empty_below) {
             bq_cur_ = top + 1;
         }
+        bq_vlist_ = kLow;
+        bq_vpred_ = low_pred;
         return low;
     }
 
@@ -1157,7 +1198,7 @@ private:
             if (!Freq) {
                 unlink(v);
             } else if (bq_) {
-                bq_unlink(v);
+                bq_take_victim(v);
             }
         }
         X_[e].slot = static_cast<int16_t>(slot);
@@ -1242,14 +1283,10 @@ int32_t FastReplay::go() {
         w.bq_head.resize(kRing);
         w.bq_occ.resize(kRing / 64);
         w.bq_next.resize(static_cast<size_t>(E_));
-        w.bq_prev.resize(static_cast<size_t>(E_));
-        w.bq_idx.resize(static_cast<size_t>(E_));
         w.bq_kver.resize(static_cast<size_t>(E_));
         bq_head_ = w.bq_head.data();
         bq_occ_ = w.bq_occ.data();
         bq_next_ = w.bq_next.data();
-        bq_prev_ = w.bq_prev.data();
-        bq_idx_ = w.bq_idx.data();
         bq_kver_ = w.bq_kver.data();
         /* a step a bucket (measured against 1/2, 2 and 4: within the noise, this the
          * least), and the window's upper half above every key: a key
