@@ -15,7 +15,8 @@
  *   - victims: LRU from a list of residents in recency order (pinned ones skipped);
  *     frequency from a bucket queue: each resident listed under floor(key * q), a lower
  *     bound of its current key (a selection only raises a key), moved up when its bucket
- *     is reached; the least (key, recency, id) of the first bucket holding an unpinned
+ *     is reached (singly linked: a walk from a list's head knows each entry's predecessor,
+ *     so neither a move nor an eviction needs back links); the least (key, recency, id) of the first bucket holding an unpinned
  *     resident is the victim (bq_victim); under PSR's prefetches (several victims a call)
  *     in layers of few slots, the next victims of a call from one scan of its unpinned
  *     residents instead (scan_fill);
