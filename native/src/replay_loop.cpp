@@ -106,8 +106,9 @@ struct Expert {
     int16_t slot;      /* -1: not resident */
     int16_t prev;      /* LRU: residents in recency order, least recent first (-1: end) */
     int16_t next;
-    int8_t prefetched; /* brought in by PSR and not used since */
-    int8_t unused;
+    bool prefetched; /* brought in by PSR and not used since (a bool: its stores, unlike a
+                      * byte's, alias nothing the loop keeps in registers) */
+    bool unused;
 };
 
 /* Frequency eviction's count of one expert. */
@@ -686,7 +687,8 @@ struct FastWorkspace {
     std::vector<int64_t> pin, mark;
     std::vector<int32_t> bq_head, bq_next;
     std::vector<uint64_t> bq_occ;
-    std::vector<uint32_t> bq_kver;
+    std::unique_ptr<bool[]> bq_stale; /* bool, not a byte: a store to it aliases nothing else */
+    size_t bq_stale_n = 0;
     std::vector<double> kkey;
     std::vector<uint32_t> kkver;
     std::vector<uint32_t> fetch_bits, subst_bits; /* [rows of a call] */
@@ -787,6 +789,7 @@ private:
                          * budget may decide otherwise */
     double bq_q_ = 1.0;
     int64_t bq_top_ = kLow;
+    int64_t bq_step_ = kLow; /* the step bq_top_ was last brought to */
     int64_t bq_cur_ = 0; /* no ring bucket of the window below it lists a resident */
     int32_t bq_low_ = -1;
     int64_t bq_from_epoch_ = -1, bq_from_ = 0; /* where this epoch's next search starts */
@@ -795,7 +798,7 @@ private:
     int32_t * bq_next_ = nullptr;  /* [E] the next in its list (singly linked) */
     int64_t bq_vlist_ = 0;         /* the last victim's list (kLow: LOW) */
     int32_t bq_vpred_ = -1;        /* and the entry before it there (-1: its head) */
-    uint32_t * bq_kver_ = nullptr; /* [E] count version when listed */
+    bool * bq_stale_ = nullptr; /* [E] its count changed since it was listed */
     double * kkey_ = nullptr;  /* [E] each expert's key as of its count version kkver_ */
     uint32_t * kkver_ = nullptr;
 
@@ -807,6 +810,7 @@ private:
      * from the plan where the plan has them for this half-life */
     void record_selection(int32_t e, int64_t i) {
         Fq & x = F_[e];
+        bq_stale_[e] = true;
         if (pkeys_ == nullptr) {
             decay_->record(x, step_);
             return;
@@ -817,7 +821,7 @@ private:
             std::abort();
         }
 #else
-        x.kver += 1; /* the count and step are never read: only the key */
+        (void)x; /* the count is never read: only the key (kkver_ and kver stay 0) */
 #endif
         kkver_[e] = x.kver;
         kkey_[e] = pkeys_[i];
@@ -901,7 +905,7 @@ private:
 
     /* list e under its current key (its count version then) */
     void bq_place(int32_t e) {
-        bq_kver_[e] = F_[e].kver;
+        bq_stale_[e] = false;
         bq_push(e, bq_bucket(e));
     }
 
@@ -935,8 +939,14 @@ private:
 
     /* the window follows the step: buckets that leave it go to the LOW list */
     void bq_advance(int64_t step) {
-        const int64_t top = static_cast<int64_t>(
-                                std::floor(static_cast<double>(step) / h_ * bq_q_)) +
+        if (step == bq_step_) { /* a token's route call and the prefetch into it share one */
+            return;
+        }
+        bq_step_ = step;
+        const double b = static_cast<double>(step) / h_ * bq_q_;
+        /* floor (a libm call here) only where truncation differs: below zero */
+        const int64_t top = (b >= 0.0 ? static_cast<int64_t>(b)
+                                      : static_cast<int64_t>(std::floor(b))) +
                             kRing / 2;
         if (top <= bq_top_) {
             return;
@@ -980,8 +990,8 @@ private:
             int32_t pred = -1;
             for (int32_t e = bq_low_; e >= 0;) {
                 const int32_t nx = bq_next_[e];
-                if (bq_kver_[e] != F_[e].kver) {
-                    bq_kver_[e] = F_[e].kver;
+                if (bq_stale_[e]) {
+                    bq_stale_[e] = false;
                     const int64_t now = bq_bucket(e);
                     if (now != kLow) { /* into the window: met there */
                         bq_cut(bq_low_, pred, e);
@@ -1026,8 +1036,8 @@ private:
             int32_t best = -1, best_pred = -1, pred = -1;
             for (int32_t e = head; e >= 0;) {
                 const int32_t nx = bq_next_[e];
-                if (bq_kver_[e] != F_[e].kver) {
-                    bq_kver_[e] = F_[e].kver;
+                if (bq_stale_[e]) {
+                    bq_stale_[e] = false;
                     const int64_t now = bq_bucket(e);
                     if (now != idx) { /* a selection raised it: a later bucket, or LOW */
                         bq_cut(head, pred, e);
@@ -1248,6 +1258,11 @@ int32_t FastReplay::go() {
         h_ = static_cast<double>(p_.half_life);
         w.kkey.resize(static_cast<size_t>(E_));
         w.kkver.resize(static_cast<size_t>(E_));
+        if (w.bq_stale_n < static_cast<size_t>(E_)) {
+            w.bq_stale.reset(new bool[static_cast<size_t>(E_)]());
+            w.bq_stale_n = static_cast<size_t>(E_);
+        }
+        bq_stale_ = w.bq_stale.get();
         kkey_ = w.kkey.data();
         kkver_ = w.kkver.data();
         decay_.reset(new Decay(p_.half_life));
@@ -1284,11 +1299,9 @@ int32_t FastReplay::go() {
         w.bq_head.resize(kRing);
         w.bq_occ.resize(kRing / 64);
         w.bq_next.resize(static_cast<size_t>(E_));
-        w.bq_kver.resize(static_cast<size_t>(E_));
         bq_head_ = w.bq_head.data();
         bq_occ_ = w.bq_occ.data();
         bq_next_ = w.bq_next.data();
-        bq_kver_ = w.bq_kver.data();
         /* a step a bucket (measured against 1/2, 2 and 4: within the noise, this the
          * least), and the window's upper half above every key: a key
          * is at most step / h + log2(f), f <= rows + 1 (fast_covers) */
@@ -1305,11 +1318,18 @@ int32_t FastReplay::go() {
     int64_t fail_call = t_.n_calls; /* the first call that found every slot pinned */
 
     for (int32_t layer = 0; layer < n_layers; ++layer) {
-        std::fill(w.ex.begin(), w.ex.end(), Expert{0, -1, -1, -1, 0, 0});
+        std::fill(w.ex.begin(), w.ex.end(), Expert{0, -1, -1, -1, false, false});
         std::fill(w.expert_of.begin(), w.expert_of.end(), -1);
         if (Freq) {
             std::fill(w.fq.begin(), w.fq.end(), Fq{0.0, 0, 0});
-            std::fill(w.kkver.begin(), w.kkver.end(), ~0u);
+            if (pkeys_ != nullptr) {
+                /* the plan's keys: kkey_ is each expert's key throughout (a count version
+                 * never changes), the count-less one until its first selection */
+                std::fill(w.kkver.begin(), w.kkver.end(), 0u);
+                std::fill(w.kkey.begin(), w.kkey.end(), kNoCount);
+            } else {
+                std::fill(w.kkver.begin(), w.kkver.end(), ~0u);
+            }
             q_epoch_ = -1;
         } else {
             w.ex[static_cast<size_t>(E_)].prev = w.ex[static_cast<size_t>(E_)].next =
@@ -1320,6 +1340,7 @@ int32_t FastReplay::go() {
             std::fill(w.bq_occ.begin(), w.bq_occ.end(), uint64_t{0});
             bq_low_ = -1;
             bq_top_ = kLow;
+            bq_step_ = kLow;
             bq_cur_ = std::numeric_limits<int64_t>::max();
             bq_from_epoch_ = -1;
         }
@@ -1426,7 +1447,7 @@ int32_t FastReplay::go() {
                     if (admission) {
                         lost[e] = 0.0f;
                     }
-                    X[e].prefetched = 1;
+                    X[e].prefetched = true;
                     o.prefetches += 1;
                     o.bytes_async += eb;
                 }
@@ -1442,7 +1463,7 @@ int32_t FastReplay::go() {
                     for (int32_t i = 0; i < nk; ++i) {
                         const int32_t u = ids[i];
                         o.prefetch_hits += X[u].prefetched;
-                        X[u].prefetched = 0;
+                        X[u].prefetched = false;
                     }
                 }
                 o.hits += nk;
@@ -1670,9 +1691,7 @@ int32_t FastReplay::go() {
                     for (int32_t i = 0; i < nk; ++i) {
                         X_[uses[i]].last_use = ++clock_;
                         const int32_t e = ids[i];
-                        const uint32_t v = F_[e].kver + 1;
-                        F_[e].kver = v;
-                        kkver_[e] = v;
+                        bq_stale_[e] = true;
                         kkey_[e] = keys[i];
                     }
                 } else
@@ -1686,16 +1705,33 @@ int32_t FastReplay::go() {
                     }
                 }
             }
-            if (prefetching) {
+            if (prefetching && n == 1) {
+                /* one row: a resident selection (not a miss) is a hit, a missed one is
+                 * fetched (its flag cleared below) or stands in by its substitute: the flags
+                 * read as bits, only the set ones written */
+                uint32_t pf = 0;
+                for (int32_t j = 0; j < k; ++j) {
+                    pf |= static_cast<uint32_t>(X[ids[j]].prefetched) << j;
+                }
+                const uint32_t hit = pf & ~miss0;
+                o.prefetch_hits += __builtin_popcount(hit);
+                for (uint32_t b = hit; b != 0; b &= b - 1) {
+                    X[ids[__builtin_ctz(b)]].prefetched = false;
+                }
+                for (uint32_t b = subst_bits[0]; b != 0; b &= b - 1) {
+                    const int32_t u = uses[__builtin_ctz(b)];
+                    o.prefetch_hits += X[u].prefetched;
+                    X[u].prefetched = false;
+                }
+            } else if (prefetching) {
                 for (int32_t r = 0; r < n; ++r) {
                     const int32_t base = r * k;
                     const uint32_t fetch = fetch_bits[r];
                     for (int32_t j = 0; j < k; ++j) {
                         const int32_t u = uses[base + j];
-                        const int8_t was = X[u].prefetched;
-                        const int8_t hit =
-                            static_cast<int8_t>(was & static_cast<int8_t>(~(fetch >> j) & 1u));
-                        X[u].prefetched = static_cast<int8_t>(was & ~hit);
+                        const uint32_t was = X[u].prefetched;
+                        const uint32_t hit = was & ~(fetch >> j) & 1u;
+                        X[u].prefetched = (was & ~hit) != 0;
                         o.prefetch_hits += hit;
                     }
                 }
