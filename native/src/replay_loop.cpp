@@ -1158,7 +1158,9 @@ private:
 #endif
 
     /* LRU's list is a ring through a sentinel (the entry after the last expert), so that
-     * neither end needs a branch */
+     * neither end needs a branch; an inserted expert is linked at its first use (until
+     * then it is pinned, so no victim search needs it listed), its links meanwhile the
+     * entry after the sentinel, which unlinking it then only writes to */
     void unlink(int32_t e) {
         Expert * X = X_;
         const int32_t p = X[e].prev;
@@ -1215,7 +1217,7 @@ private:
         X_[e].slot = static_cast<int16_t>(slot);
         slots_[slot] = e;
         if (!Freq) {
-            link_tail(e);
+            X_[e].prev = X_[e].next = static_cast<int16_t>(E_ + 1);
         } else if (bq_) {
             bq_place(e);
         }
@@ -1236,7 +1238,7 @@ int32_t FastReplay::go() {
     }
     const size_t sel = static_cast<size_t>(max_call) * k;
     FastWorkspace & w = w_;
-    w.ex.resize(static_cast<size_t>(E_) + 1); /* and LRU's sentinel */
+    w.ex.resize(static_cast<size_t>(E_) + 2); /* and LRU's sentinel, and the unlinked's */
     w.expert_of.resize(static_cast<size_t>(S_));
     w.pin.assign(static_cast<size_t>(E_), 0);
     w.mark.assign(static_cast<size_t>(E_), 0);
@@ -1688,20 +1690,47 @@ int32_t FastReplay::go() {
 #ifndef MOECACHE_SELFCHECK
                 if (Freq && pkeys_ != nullptr) { /* record_selection with the plan's keys */
                     const double * keys = pkeys_ + p0 * k;
+                    /* the clock in a register: a store to last_use may alias the member */
+                    int32_t clock = clock_;
+                    Expert * X2 = X_;
+                    bool * stale = bq_stale_;
+                    double * kkey = kkey_;
                     for (int32_t i = 0; i < nk; ++i) {
-                        X_[uses[i]].last_use = ++clock_;
+                        X2[uses[i]].last_use = ++clock;
                         const int32_t e = ids[i];
-                        bq_stale_[e] = true;
-                        kkey_[e] = keys[i];
+                        stale[e] = true;
+                        kkey[e] = keys[i];
                     }
+                    clock_ = clock;
                 } else
 #endif
-                {
+                if (!Freq) {
+                    /* every use to the tail (an expert there already stays), the tail kept
+                     * in a register: no store and load of the sentinel's link a use */
+                    Expert * X2 = X_;
+                    int32_t last = X2[E_].prev;
+                    for (int32_t i = 0; i < nk; ++i) {
+                        const int32_t e = uses[i];
+#ifdef MOECACHE_SELFCHECK
+                        X2[e].last_use = ++clock_;
+#endif
+                        if (e == last) {
+                            continue;
+                        }
+                        const int32_t p = X2[e].prev;
+                        const int32_t nx = X2[e].next; /* not the sentinel: e is not the tail */
+                        X2[p].next = static_cast<int16_t>(nx);
+                        X2[nx].prev = static_cast<int16_t>(p);
+                        X2[e].prev = static_cast<int16_t>(last);
+                        X2[e].next = static_cast<int16_t>(E_);
+                        X2[last].next = static_cast<int16_t>(e);
+                        last = e;
+                    }
+                    X2[E_].prev = static_cast<int16_t>(last);
+                } else {
                     for (int32_t i = 0; i < nk; ++i) {
                         used<Freq>(uses[i]);
-                        if (Freq) {
-                            record_selection(ids[i], p0 * k + i);
-                        }
+                        record_selection(ids[i], p0 * k + i);
                     }
                 }
             }
@@ -1843,7 +1872,7 @@ bool fast_covers(const moecache_replay_trace & t, const moecache_replay_config &
     }
     const int64_t kInt32 = std::numeric_limits<int32_t>::max();
     if (ticks >= static_cast<double>(kInt32) || max_step >= kInt32 ||
-        t.n_experts > std::numeric_limits<int16_t>::max()) {
+        t.n_experts + 1 > std::numeric_limits<int16_t>::max()) { /* LRU's entries E, E + 1 */
         return false;
     }
     if (p.eviction == MOECACHE_EVICT_FREQUENCY) {
