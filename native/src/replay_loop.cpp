@@ -158,6 +158,19 @@ struct Substitutes {
     int32_t n_experts;
     int64_t * mark;
     int64_t * reads; /* rows whose probabilities were read (counted, for asking ahead) */
+    const int32_t * own = nullptr; /* the row's own selections: no substitutes */
+    int32_t k = 0;
+
+    /* the row's own selections and the first n picks marked with `token`: only a search
+     * beyond the row's ranking reads marks (the ranking names neither) */
+    void mark_row(int64_t token, int32_t n, const int32_t * picks) const {
+        for (int32_t j = 0; j < k; ++j) {
+            mark[own[j]] = token;
+        }
+        for (int32_t i = 0; i < n; ++i) {
+            mark[picks[i]] = token;
+        }
+    }
 
     /* pick_substitute: the reference scan in slot order (a NaN row) */
     int32_t one(const float * row, int64_t token) const {
@@ -196,25 +209,28 @@ struct Substitutes {
         if (rank_count > 0 && n_res <= 2 * want + 8) {
             /* so few residents that the ranking would mostly name others: the same picks
              * (a ranked row has no NaN) from the residents directly */
+            mark_row(token, 0, out);
             return best_of_rest(row, token, want, out);
         }
         if (rank_count > 0) {
             /* without a branch on whether each is taken (residency is a coin toss per
              * entry): every entry is written at n, which moves on only when it is taken */
             if (at_rank != nullptr) {
-                n = walk<true>(token, want, out, rank_row, rank_count, at_rank);
+                n = walk<true>(want, out, rank_row, rank_count, at_rank);
                 if (n < want) {
                     at_rank[n] = -1;
                 }
             } else {
-                n = walk<false>(token, want, out, rank_row, rank_count, at_rank);
+                n = walk<false>(want, out, rank_row, rank_count, at_rank);
             }
             if (n == want || ranked_all ||
                 (steer != nullptr && !(floor + bonus > steer[n]))) {
                 return n;
             }
+            mark_row(token, n, out);
             return n + best_of_rest(row, token, want - n, out + n);
         }
+        mark_row(token, 0, out);
         ++*reads;
         float best_p[MOECACHE_MAX_K];
         bool nan = false;
@@ -250,7 +266,7 @@ struct Substitutes {
     }
 
     template <bool AtRank>
-    int32_t walk(int64_t token, int32_t want, int32_t * out, const uint16_t * rank_row,
+    int32_t walk(int32_t want, int32_t * out, const uint16_t * rank_row,
                  int32_t rank_count, int32_t * at_rank) const {
         int32_t n = 0;
         for (int32_t j = 0; j < rank_count; ++j) {
@@ -265,11 +281,7 @@ struct Substitutes {
                 break;
             }
         }
-        /* marked after the walk (a ranking names an expert once), so the walk only loads */
-        for (int32_t i = 0; i < n; ++i) {
-            mark[out[i]] = token;
-        }
-        return n;
+        return n; /* marked (mark_row) only where a search goes on beyond the ranking */
     }
 
     /* The best `need` unmarked residents of a row without NaN (any order of meeting them). */
@@ -1357,6 +1369,7 @@ int32_t FastReplay::go() {
          * a later row's ahead only while that is common (decayed every kAheadWindow) */
         int64_t row_reads = 0, row_visits = 0;
         Substitutes subst_{X, slots_, &n_res_, E_, mark, &row_reads};
+        subst_.k = k;
         double layer_mass = 0.0;
         int64_t filled = 0; /* tokens whose cumulative mass of this layer is written */
         const PlanEvent * ev = plan_.events.data();
@@ -1531,12 +1544,12 @@ int32_t FastReplay::go() {
              * saves a load and a select a selection. */
             uint32_t miss0 = 0; /* the first row's misses, found with the pins */
             int32_t absent = 0;
-            for (int32_t j = 0; j < k; ++j) {
+            for (int32_t j = k - 1; j >= 0; --j) { /* the bits shifted in: no shift by j */
                 const int32_t e = ids[j];
-                const bool in = X[e].slot >= 0;
+                const uint32_t out = static_cast<uint32_t>(static_cast<uint16_t>(X[e].slot)) >> 15;
                 pin_[e] = pin; /* see the note above */
-                miss0 |= static_cast<uint32_t>(!in) << j;
-                absent += !in;
+                miss0 = (miss0 << 1) | out;
+                absent += static_cast<int32_t>(out);
             }
             for (int32_t i = k; i < nk; ++i) {
                 const int32_t e = ids[i];
@@ -1575,11 +1588,10 @@ int32_t FastReplay::go() {
                     subst = miss & ~may;
                     full_ |= fill && subst != 0;
                     if (subst != 0) {
-                        /* the row's own selections are no substitutes */
+                        /* the row's own selections are no substitutes (marked with `me` where
+                         * the search reads marks) */
                         const int64_t me = ++mark_epoch_;
-                        for (int32_t j = 0; j < k; ++j) {
-                            mark[ids[base + j]] = me;
-                        }
+                        subst_.own = ids + base;
                         const float * prow = t_.probs + row * E_;
                         const uint16_t * rank_row = ranks + (p0 + r) * MOECACHE_RANK_WIDTH;
                         const int32_t rank_count = rank_counts[p0 + r] & kRankCount;
