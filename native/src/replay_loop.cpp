@@ -705,6 +705,7 @@ struct FastWorkspace {
     std::vector<uint32_t> kkver;
     std::vector<uint32_t> fetch_bits, subst_bits; /* [rows of a call] */
     std::vector<int32_t> used_ids, fetched, chosen, fetch_list, last_place;
+    std::vector<int32_t> pending; /* PSR's prefetches not yet in the bucket queue */
 };
 
 FastWorkspace * fast_workspace_new() {
@@ -802,6 +803,16 @@ private:
     double bq_q_ = 1.0;
     int64_t bq_top_ = kLow;
     int64_t bq_step_ = kLow; /* the step bq_top_ was last brought to */
+    int32_t * pending_ = nullptr; /* PSR's prefetches since the layer's last route call, not
+                                   * yet listed (pinned until that call) */
+    int32_t n_pending_ = 0;
+
+    void place_pending() {
+        for (int32_t i = 0; i < n_pending_; ++i) {
+            bq_place(pending_[i]);
+        }
+        n_pending_ = 0;
+    }
     int64_t bq_cur_ = 0; /* no ring bucket of the window below it lists a resident */
     int32_t bq_low_ = -1;
     int64_t bq_from_epoch_ = -1, bq_from_ = 0; /* where this epoch's next search starts */
@@ -1206,8 +1217,11 @@ private:
         }
     }
 
-    /* acquire_slot + layer_insert: -1 when every resident is pinned. */
-    template <bool Freq>
+    /* acquire_slot + layer_insert: -1 when every resident is pinned. Place: list it in the
+     * bucket queue now (else the caller does, after a selection of it sets its key: a
+     * fetch is pinned until then, so no victim search misses it, and its listing is not
+     * stale at once). */
+    template <bool Freq, bool Place = true>
     int32_t insert(int32_t e) {
         int32_t slot;
         if (n_res_ < S_) {
@@ -1230,7 +1244,7 @@ private:
         slots_[slot] = e;
         if (!Freq) {
             X_[e].prev = X_[e].next = static_cast<int16_t>(E_ + 1);
-        } else if (bq_) {
+        } else if (Place && bq_) {
             bq_place(e);
         }
         return slot;
@@ -1299,6 +1313,8 @@ int32_t FastReplay::go() {
     double * cum_mass = w.cum_mass.data();
 
     const int32_t per_token = prefetch_per_token(t_, p_, S_);
+    w.pending.resize(static_cast<size_t>(std::max(per_token, 1)));
+    pending_ = w.pending.data();
     const bool prefetching = per_token > 0;
     /* PSR's prefetches evict several experts a call: at few slots one scan for them beats a
      * bucket search each (measured: 26 slots scan 1.25x faster, 51 slots 1.1x slower) */
@@ -1357,6 +1373,7 @@ int32_t FastReplay::go() {
             bq_step_ = kLow;
             bq_cur_ = std::numeric_limits<int64_t>::max();
             bq_from_epoch_ = -1;
+            n_pending_ = 0;
         }
         if (admission) {
             std::fill(w.lost.begin(), w.lost.end(), 0.0f);
@@ -1441,6 +1458,9 @@ int32_t FastReplay::go() {
                         }
                     }
                 }
+                if (bq_) {
+                    place_pending();
+                }
                 const int64_t ppin = ++pin_epoch_;
                 int32_t absent = 0; /* the picks not resident, in order (distinct: each
                                      * stays absent until its own insert) */
@@ -1454,8 +1474,13 @@ int32_t FastReplay::go() {
                 hint_ = std::max(absent, 1);
                 for (int32_t j = 0; j < absent; ++j) {
                     const int32_t e = fetch_list[j];
-                    if (insert<Freq>(e) < 0) {
+                    /* listed at the layer's next event: after its selection there, if it
+                     * is selected (pinned meanwhile), else before that call's searches */
+                    if (insert<Freq, false>(e) < 0) {
                         break;
+                    }
+                    if (bq_) {
+                        pending_[n_pending_++] = e;
                     }
                     pin_[e] = ppin;
                     used<Freq>(e);
@@ -1558,6 +1583,18 @@ int32_t FastReplay::go() {
                 absent += !in;
             }
             hint_ = std::max(absent, 1);
+            /* the prefetches before this call: those it selects (pinned) are listed after
+             * its commit, the others now, before its first search */
+            int32_t n_late = 0;
+            for (int32_t i = 0; i < n_pending_; ++i) {
+                const int32_t e = pending_[i];
+                if (pin_[e] == pin) {
+                    pending_[n_late++] = e;
+                } else {
+                    bq_place(e);
+                }
+            }
+            n_pending_ = 0;
             if (Rule != MOECACHE_FETCH_ALL) {
                 std::memcpy(used_ids, ids, static_cast<size_t>(nk) * sizeof(int32_t));
             }
@@ -1683,7 +1720,7 @@ int32_t FastReplay::go() {
                 subst_bits[r] = subst;
                 for (uint32_t b = fetch; b != 0; b &= b - 1) {
                     const int32_t e = ids[base + __builtin_ctz(b)];
-                    if (insert<Freq>(e) < 0) {
+                    if (insert<Freq, false>(e) < 0) { /* listed after the commit */
                         failed = true;
                         break;
                     }
@@ -1743,6 +1780,15 @@ int32_t FastReplay::go() {
                     for (int32_t i = 0; i < nk; ++i) {
                         used<Freq>(uses[i]);
                         record_selection(ids[i], p0 * k + i);
+                    }
+                }
+                if (Freq && bq_) { /* the fetches and the prefetches selected, under the keys
+                                    * their selections gave */
+                    for (int32_t f = 0; f < n_fetched; ++f) {
+                        bq_place(fetched[f]);
+                    }
+                    for (int32_t i = 0; i < n_late; ++i) {
+                        bq_place(pending_[i]);
                     }
                 }
             }
