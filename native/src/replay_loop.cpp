@@ -852,6 +852,9 @@ private:
 
     /* The key of a resident as the scan compares it (cached per count version). */
     double scan_key(int32_t e) {
+        if (pkeys_ != nullptr) { /* the plan's keys: kkey_ is every expert's key */
+            return kkey_[e];
+        }
         const uint32_t v = F_[e].kver;
         if (kkver_[e] != v) {
             kkver_[e] = v;
@@ -1673,29 +1676,26 @@ int32_t FastReplay::go() {
                             const int32_t n_best =
                                 subst_.pick(prow, me, m, best, rank_row, rank_count, ranked_all, n_res_,
                                             at_rank, rank_count > 0 ? need : nullptr, floor, bonus);
-                            bool steering = true;
-                            for (int32_t i2 = 0; i2 < m; ++i2) {
+                            /* substitutes in order while the bonus steers the miss to its
+                             * pick; from the first that it does not on, every miss is fetched */
+                            int32_t i2 = 0;
+                            for (const int32_t lim = std::min(m, n_best); i2 < lim; ++i2) {
                                 const int32_t i = order[i2];
-                                const uint32_t bit = 1u << (i - base);
-                                const int32_t s = steering && i2 < n_best ? best[i2] : -1;
-                                if (s < 0) {
-                                    subst &= ~bit;
-                                    fetch |= bit;
-                                    steering = false;
-                                    continue;
-                                }
+                                const int32_t s = best[i2];
                                 const int32_t j = at_rank[i2];
                                 const bool ranked = j >= 0 && j < kRankP;
                                 row_reads += !ranked;
                                 const float p_s = ranked ? ranked_p[j] : prow[s];
-                                if (p_s + bonus > p_sel[i - base]) {
-                                    used_ids[i] = s;
-                                    pin_[s] = pin;
-                                } else {
-                                    subst &= ~bit;
-                                    fetch |= bit;
-                                    steering = false;
+                                if (!(p_s + bonus > p_sel[i - base])) {
+                                    break;
                                 }
+                                used_ids[i] = s;
+                                pin_[s] = pin;
+                            }
+                            for (; i2 < m; ++i2) {
+                                const uint32_t bit = 1u << (order[i2] - base);
+                                subst &= ~bit;
+                                fetch |= bit;
                             }
                         } else {
                             const int32_t n_best =
