@@ -1,6 +1,6 @@
 """The rows' repeat check (validate._first_repeat) against a plain per-row reference: the
-first row naming a value twice, across chunk boundaries, with and without padding, by its
-bitmap (rows dense in their values) and by its table of places (sparse ones)."""
+first row naming a value twice, across chunk boundaries, with and without padding, at
+several widths and numbers of experts."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_the_first_repeating_row_is_found_wherever_it_is(n_values: int, width: i
         assert _first_repeat(bad, n_values) == reference(bad, False) == at
 
 
-@pytest.mark.parametrize("n_values", [512, 8192])  # a bitmap, then a table of places
+@pytest.mark.parametrize("n_values", [512, 8192])
 def test_padding_is_left_out_and_never_repeats(n_values: int) -> None:
     rng = np.random.default_rng(7)
     n, width = 3000, 32

@@ -206,42 +206,25 @@ def _within(a: npt.NDArray[Any], name: str, lo: float, hi: float, what: str = ""
 
 def _first_repeat(ids: npt.NDArray[Any], n_values: int, padded: bool = False) -> int:
     """The first row of ``ids`` (each entry in 0..n_values-1, or with ``padded`` a negative
-    padding entry, left out) that names a value twice, -1 if none does. A chunk of rows at
-    a time marks a table of (row, value) cells, where each row's padding has cells of its
-    own. Where rows are dense in their values (top-k or a prediction of a few hundred
-    experts), the table is a bitmap: a row repeats a value exactly when fewer cells are
-    marked than it has entries. Where they are sparse (thousands of experts), clearing and
-    counting a bitmap would cost more than its entries: each entry writes its place into
-    its cell, and one whose cell does not hold it back was repeated. Either way several
-    times faster than sorting each row (numpy sorts short rows one call apiece)."""
+    padding entry, left out) that names a value twice, -1 if none does: each row sorted
+    (numpy sorts a 2-D array's rows in one call), then neighbours compared, a chunk of
+    rows at a time. Measured on 19,200 rows of 512 experts (a 400-token trace): 0.46 ms
+    for top-10 and 0.79 ms for 32-wide padded predictions, where marking a bitmap of
+    (row, value) cells and counting it took 0.84 and 2.08 ms (a row's cells are the
+    experts, 50 bytes an entry to clear and count). ``n_values`` is not read: kept for
+    the callers' bounds."""
+    del n_values
     n, w = ids.shape
     if n == 0 or w < 2:
         return -1
-    width = n_values + (w if padded else 0)  # a padding entry's cell: n_values + its column
-    dense = 64 * w >= width
-    # rows a chunk: a table of 1 MB (bitmap) or 4 MB (places) at most, cached
-    per = max(1, min(n, (1 << 20) // width, (1 << 16) // w))
-    cell = np.arange(per, dtype=np.intp)[:, None] * width
-    pad = n_values + np.arange(w)[None, :]
-    seen = np.empty(per * width, np.bool_ if dense else np.int32)
-    place = None if dense else np.arange(per * w, dtype=np.int32)
+    per = max(1, (1 << 20) // w)  # rows a chunk: a sorted copy of ~8 MB at most
     for a in range(0, n, per):
-        block = ids[a:a + per]
+        s = np.sort(ids[a:a + per], axis=1)
+        same = s[:, 1:] == s[:, :-1]
         if padded:
-            block = np.where(block < 0, pad, block)
-        if place is None:
-            used = seen[:len(block) * width]
-            used.fill(False)
-            used[cell[:len(block)] + block] = True  # (a temporary: freed at once, reused)
-            repeated = np.count_nonzero(used) != block.size
-        else:
-            flat = (cell[:len(block)] + block).ravel()
-            mine = place[:flat.size]
-            seen[flat] = mine
-            repeated = not (seen[flat] == mine).all()
-        if repeated:
-            s = np.sort(block, axis=1)  # which row
-            return a + int(np.argmax((s[:, 1:] == s[:, :-1]).any(axis=1)))
+            same &= s[:, 1:] >= 0  # padding (negative) sorts first and never repeats
+        if same.any():  # flat: the row only where one repeats
+            return a + int(np.argmax(same.any(axis=1)))
     return -1
 
 
