@@ -12,14 +12,17 @@
  *   - one layer after another (FastPlan: each layer's route calls and the prefetches aimed
  *     at it, in trace order, with their rows packed once for every configuration: per trace
  *     in a kept moecache_replay_plan, else per batch);
- *   - victims: LRU from a list of residents in recency order (pinned ones skipped);
+ *   - victims: LRU from a list of residents in recency order (pinned ones skipped; a call's
+ *     uses moved to the tail with the tail in a register, a fetch linked at its first use);
  *     frequency from a bucket queue: each resident listed under floor(key * q), a lower
  *     bound of its current key (a selection only raises a key), moved up when its bucket
  *     is reached (singly linked: a walk from a list's head knows each entry's predecessor,
- *     so neither a move nor an eviction needs back links); the least (key, recency, id) of the first bucket holding an unpinned
- *     resident is the victim (bq_victim); under PSR's prefetches (several victims a call)
- *     in layers of few slots, the next victims of a call from one scan of its unpinned
- *     residents instead (scan_fill);
+ *     so neither a move nor an eviction needs back links); a fetch, and a PSR prefetch that
+ *     its layer's next call selects, listed only once that selection has set its key
+ *     (pinned until then); the least (key, recency, id) of the first bucket holding an
+ *     unpinned resident is the victim (bq_victim); under PSR's prefetches (several victims
+ *     a call) in layers of few slots, the next victims of a call from one scan of its
+ *     unpinned residents instead (scan_fill);
  *   - every selection hits once every expert is resident (no resize in this loop);
  *   - substitute-all without admission or prefetch, once it holds top-k residents, never
  *     fetches again and nothing reads which resident stands in: its rows are counted only;
@@ -104,7 +107,8 @@ inline uint32_t lowest_bits(uint32_t m, int32_t n) {
 struct Expert {
     int32_t last_use;  /* the layer's clock at its last use, 0 never */
     int16_t slot;      /* -1: not resident */
-    int16_t prev;      /* LRU: residents in recency order, least recent first (-1: end) */
+    int16_t prev;      /* LRU: residents in recency order, a ring through the sentinel E;
+                        * E + 1 while inserted and not yet used (unlinked) */
     int16_t next;
     bool prefetched; /* brought in by PSR and not used since (a bool: its stores, unlike a
                       * byte's, alias nothing the loop keeps in registers) */
@@ -115,7 +119,8 @@ struct Expert {
 struct Fq {
     double freq;   /* decayed selection count as of step */
     int32_t step;
-    uint32_t kver; /* changes with its count (an older listing's key is stale) */
+    uint32_t kver; /* changes with its count (versions kkey_'s cache where the plan has no
+                    * keys for the half-life) */
 };
 
 /* record_selection and the key (eviction.cpp's), with memoized decay factors: the same
@@ -803,16 +808,9 @@ private:
     double bq_q_ = 1.0;
     int64_t bq_top_ = kLow;
     int64_t bq_step_ = kLow; /* the step bq_top_ was last brought to */
-    int32_t * pending_ = nullptr; /* PSR's prefetches since the layer's last route call, not
-                                   * yet listed (pinned until that call) */
+    int32_t * pending_ = nullptr; /* PSR's prefetches since the layer's last event, not yet
+                                   * listed: listed at its next one (pinned until then) */
     int32_t n_pending_ = 0;
-
-    void place_pending() {
-        for (int32_t i = 0; i < n_pending_; ++i) {
-            bq_place(pending_[i]);
-        }
-        n_pending_ = 0;
-    }
     int64_t bq_cur_ = 0; /* no ring bucket of the window below it lists a resident */
     int32_t bq_low_ = -1;
     int64_t bq_from_epoch_ = -1, bq_from_ = 0; /* where this epoch's next search starts */
@@ -822,7 +820,8 @@ private:
     int64_t bq_vlist_ = 0;         /* the last victim's list (kLow: LOW) */
     int32_t bq_vpred_ = -1;        /* and the entry before it there (-1: its head) */
     bool * bq_stale_ = nullptr; /* [E] its count changed since it was listed */
-    double * kkey_ = nullptr;  /* [E] each expert's key as of its count version kkver_ */
+    double * kkey_ = nullptr;  /* [E] each expert's key: with the plan's keys always, else
+                                * as of its count version kkver_ */
     uint32_t * kkver_ = nullptr;
 
     double key_of(const Fq & x) const {
@@ -843,10 +842,10 @@ private:
         if (!(decay_->key(x) == pkeys_[i])) {
             std::abort();
         }
+        kkver_[e] = x.kver;
 #else
         (void)x; /* the count is never read: only the key (kkver_ and kver stay 0) */
 #endif
-        kkver_[e] = x.kver;
         kkey_[e] = pkeys_[i];
     }
 
@@ -929,7 +928,7 @@ private:
         bq_cur_ = std::min(bq_cur_, idx);
     }
 
-    /* list e under its current key (its count version then) */
+    /* list e under its current key */
     void bq_place(int32_t e) {
         bq_stale_[e] = false;
         bq_push(e, bq_bucket(e));
@@ -944,6 +943,13 @@ private:
         }
     }
 
+    void place_pending() {
+        for (int32_t i = 0; i < n_pending_; ++i) {
+            bq_place(pending_[i]);
+        }
+        n_pending_ = 0;
+    }
+
     /* the last victim (bq_victim's), out of its list */
     void bq_take_victim(int32_t v) {
         const bool low = bq_vlist_ == kLow;
@@ -951,7 +957,8 @@ private:
         int32_t & head = low ? bq_low_ : bq_head_[slot];
         int32_t pred = bq_vpred_;
         if (pred < 0 ? head != v : bq_next_[pred] != v) {
-            /* a later push to the head of its list (LOW, from the ring's walk) moved it */
+            /* an entry pushed ahead of it (to LOW's head, from a ring walk: not met in the
+             * tests, where no key outgrows the window's top; kept so that one would be right) */
             pred = -1;
             for (int32_t e = head; e != v; e = bq_next_[e]) {
                 pred = e;
@@ -1068,7 +1075,8 @@ private:
                     if (now != idx) { /* a selection raised it: a later bucket, or LOW */
                         bq_cut(head, pred, e);
                         bq_push(e, now);
-                        if (now == kLow && bq_less(e, low)) { /* its key left the window */
+                        if (now == kLow && bq_less(e, low)) { /* its key left the window (not
+                                                              * met in the tests) */
                             low = e;
                             low_pred = -1;
                         }
@@ -1221,9 +1229,10 @@ private:
     }
 
     /* acquire_slot + layer_insert: -1 when every resident is pinned. Place: list it in the
-     * bucket queue now (else the caller does, after a selection of it sets its key: a
-     * fetch is pinned until then, so no victim search misses it, and its listing is not
-     * stale at once). */
+     * bucket queue now (else the caller does later: a fetch after its selection sets its
+     * key, a prefetch at its layer's next event, after that call's selection if it selects
+     * it, else before that call's first search; pinned until then, so no victim search
+     * misses it, and a listing is not stale at once). */
     template <bool Freq, bool Place = true>
     int32_t insert(int32_t e) {
         int32_t slot;
@@ -1477,8 +1486,9 @@ int32_t FastReplay::go() {
                 hint_ = std::max(absent, 1);
                 for (int32_t j = 0; j < absent; ++j) {
                     const int32_t e = fetch_list[j];
-                    /* listed at the layer's next event: after its selection there, if it
-                     * is selected (pinned meanwhile), else before that call's searches */
+                    /* listed at the layer's next event: a route call lists it after its
+                     * selection there if it selects it (pinned meanwhile), else before its
+                     * first search; a prefetch lists it first (place_pending) */
                     if (insert<Freq, false>(e) < 0) {
                         break;
                     }
@@ -1930,7 +1940,7 @@ bool fast_covers(const moecache_replay_trace & t, const moecache_replay_config &
     }
     const int64_t kInt32 = std::numeric_limits<int32_t>::max();
     if (ticks >= static_cast<double>(kInt32) || max_step >= kInt32 ||
-        t.n_experts + 1 > std::numeric_limits<int16_t>::max()) { /* LRU's entries E, E + 1 */
+        t.n_experts >= std::numeric_limits<int16_t>::max()) { /* LRU's entries E, E + 1 */
         return false;
     }
     if (p.eviction == MOECACHE_EVICT_FREQUENCY) {
