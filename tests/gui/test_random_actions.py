@@ -99,8 +99,11 @@ def test_random_actions_leave_a_consistent_window(
              if m.status == GENERATING]
     assert not stuck, f"answers left generating after {done}"
     assert window.chat.pending is None
-    # and the chat still works: the next message is answered and saved
+    # and the chat still works: the next message is answered and saved (a random seed's
+    # first token may be the template's end of turn: an answer of 0 tokens, still one)
     with qtbot.waitSignal(window.chat.answerFinished, timeout=30_000) as finished:
         assert window.chat.send("One more"), done
-    assert finished.args[0].n_tokens > 0, done
+    answer = finished.args[0]
+    assert answer.stop_reason != "error", done
+    assert answer.n_tokens > 0 or answer.stop_reason == "eos", (answer.stop_reason, done)
     assert window.store.messages(window.chat.chat_id)[-1].status != GENERATING

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gui_helpers import load, send
+from gui_helpers import LONG_SEED, load, send
 
 from moescope.gui.app import qt_arguments
 from moescope.gui.model_loading import found_on_disk, path_setting, setting_path
@@ -77,6 +77,7 @@ def test_the_window_loads_it_and_an_answer_streams(odd: Path, make_window: Any,
     w = make_window()
     summary = load(qtbot, w, odd)
     assert summary.path == str(odd)
+    w.chat_settings.seed.setValue(LONG_SEED)  # a random one may end the answer at once
     answer = send(qtbot, w, "Hello there", max_tokens=6)
     assert answer.n_tokens > 0 and w.chat.tokens_received == answer.n_tokens
     assert w.store.messages(w.chat.chat_id)[-1].content
