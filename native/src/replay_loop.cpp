@@ -1810,10 +1810,9 @@ int32_t FastReplay::go() {
                 for (int32_t j = 0; j < k; ++j) {
                     pf |= static_cast<uint32_t>(X[ids[j]].prefetched) << j;
                 }
-                const uint32_t hit = pf & ~miss0;
-                o.prefetch_hits += __builtin_popcount(hit);
-                for (uint32_t b = hit; b != 0; b &= b - 1) {
+                for (uint32_t b = pf & ~miss0; b != 0; b &= b - 1) { /* the hits */
                     X[ids[__builtin_ctz(b)]].prefetched = false;
+                    o.prefetch_hits += 1;
                 }
                 for (uint32_t b = subst_bits[0]; b != 0; b &= b - 1) {
                     const int32_t u = uses[__builtin_ctz(b)];

@@ -28,7 +28,7 @@ def test_the_first_repeating_row_is_found_wherever_it_is(n_values: int, width: i
     rng = np.random.default_rng(n_values + width)
     n = 5000  # several of the check's chunks at 512 values
     ids = rows(rng, n, width, n_values)
-    assert _first_repeat(ids, n_values) == -1
+    assert _first_repeat(ids) == -1
     if width < 2:
         return
     for at in (0, 1, 2047, 2048, 2049, n - 1, int(rng.integers(n))):
@@ -37,7 +37,7 @@ def test_the_first_repeating_row_is_found_wherever_it_is(n_values: int, width: i
         bad[at, j] = bad[at, int(rng.integers(j))]
         later = min(n - 1, at + 7)
         bad[later, 0] = bad[later, 1]
-        assert _first_repeat(bad, n_values) == reference(bad, False) == at
+        assert _first_repeat(bad) == reference(bad, False) == at
 
 
 @pytest.mark.parametrize("n_values", [512, 8192])
@@ -47,9 +47,9 @@ def test_padding_is_left_out_and_never_repeats(n_values: int) -> None:
     ids = rows(rng, n, width, n_values).astype(np.int16)
     lengths = rng.integers(0, width + 1, n)
     ids[np.arange(width)[None, :] >= lengths[:, None]] = -1
-    assert _first_repeat(ids, n_values, padded=True) == reference(ids, True) == -1
+    assert _first_repeat(ids, padded=True) == reference(ids, True) == -1
     long_rows = np.flatnonzero(lengths >= 2)
     for at in (long_rows[0], long_rows[len(long_rows) // 2], long_rows[-1]):
         bad = ids.copy()
         bad[at, 1] = bad[at, 0]
-        assert _first_repeat(bad, n_values, padded=True) == reference(bad, True) == at
+        assert _first_repeat(bad, padded=True) == reference(bad, True) == at
