@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gui_helpers import LONG_PROMPT, load, send, slow_down
+from gui_helpers import LONG_PROMPT, LONG_SEED, load, send, slow_down
 from PySide6.QtCore import Qt
 
 from moescope.session.snapshots import IN_RAM, ON_DISK
@@ -20,6 +20,9 @@ def _tiered_window(make_window: Any, qtbot: Any, tiny_moe: Path) -> Any:
     summary = load(qtbot, w, tiny_moe, budget="25%", policy="exact", n_ctx=512,
                    ram_budget="40%")
     assert 0 < summary.ram_slots_per_layer < summary.n_expert
+    # a seed that answers at length: a random one may end the answer before a change
+    # asked for mid-answer applies (make test, 2026-12-04)
+    w.chat_settings.seed.setValue(LONG_SEED)
     return w
 
 
